@@ -1,0 +1,59 @@
+"""``entrain`` command line. Each subcommand lives in its own module exposing
+``add_parser(subparsers)``; ``main`` only dispatches and turns ``EntrainError`` into a one-line
+message on stderr with exit code 2 (no traceback for a user's mistake)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from entrain import __version__
+from entrain.core.errors import EntrainError
+
+# subcommand -> module; a module registers its parser and sets ``func`` on it.
+SUBCOMMANDS: dict[str, str] = {
+    "data": "entrain.cli.data",
+    "plan": "entrain.cli.plan",
+    "assign": "entrain.cli.assign",
+    "simulate": "entrain.cli.simulate",
+    "bench": "entrain.cli.bench",
+    "profile": "entrain.cli.profile",
+    "train": "entrain.cli.train",
+    "export": "entrain.cli.export",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="entrain",
+        description="Load-balanced distributed training of multimodal LLMs (Entrain).",
+    )
+    parser.add_argument("--version", action="version", version=f"entrain {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in SUBCOMMANDS.values():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:  # subcommand not built yet
+                continue
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except EntrainError as e:
+        print(f"entrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

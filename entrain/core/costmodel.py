@@ -1,0 +1,302 @@
+"""Per-layer cost model: ``T(x) = a*x^2 + b*x + c`` per layer, phase and TP/CP degree.
+
+One schema serves the analytic presets (``entrain.core.presets``) and measured profiles
+(``entrain profile``). Units: milliseconds, bytes, tokens.
+
+How ``x`` is counted: a layer is evaluated once per *sequence unit* (an image for the encoder:
+its ViT patches; a sample for the LLM: its tokens) and the quadratic term is per unit because
+attention never crosses units (per-image attention in the ViT, per-sample causal masks in packed
+LLM microbatches). The constant ``c`` is paid once per call, i.e. once per (sub-)microbatch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from entrain.core.samples import SampleMeta
+from entrain.core.work import SampleWork
+
+__all__ = [
+    "Quadratic",
+    "LayerCost",
+    "ComponentCost",
+    "HardwareSpec",
+    "CostModel",
+    "parallel_key",
+    "COMPONENTS",
+]
+
+Component = Literal["encoder", "llm"]
+Phase = Literal["fwd", "bwd"]
+COMPONENTS: tuple[Component, ...] = ("encoder", "llm")
+SCHEMA_VERSION = 1
+
+
+def parallel_key(tp: int, cp: int) -> str:
+    """Key of a TP/CP degree in a layer's cost tables, e.g. ``"tp2cp1"``."""
+    return f"tp{tp}cp{cp}"
+
+
+@dataclass(frozen=True, slots=True)
+class Quadratic:
+    """``a*x^2 + b*x + c`` milliseconds for ``x`` tokens of one sequence unit."""
+
+    a: float = 0.0
+    b: float = 0.0
+    c: float = 0.0
+
+    def variable_ms(self, x: float) -> float:
+        """The size-dependent part ``a*x^2 + b*x`` (no per-call constant)."""
+        return self.a * x * x + self.b * x
+
+    def __call__(self, x: float) -> float:
+        return self.variable_ms(x) + self.c
+
+    def to_json(self) -> dict:
+        return {"a": self.a, "b": self.b, "c": self.c}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Quadratic:
+        return cls(float(d.get("a", 0.0)), float(d.get("b", 0.0)), float(d.get("c", 0.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """One layer (patch embedding, a ViT block, the merger, token embedding, a decoder layer,
+    final norm, lm_head, loss) of one component."""
+
+    name: str
+    kind: str
+    fwd: dict[str, Quadratic]
+    """Forward time per TP/CP key (``parallel_key``)."""
+    bwd: dict[str, Quadratic]
+    """Full backward time (input + weight gradients) per TP/CP key."""
+    activation_bytes_per_token: float = 0.0
+    """Bytes held for backward per input token at TP=CP=1 (Megatron's formula, bf16)."""
+    output_bytes_per_token: float = 0.0
+    """Bytes of this layer's output per token: what crosses a stage boundary after it."""
+    param_bytes: float = 0.0
+    trainable: bool = True
+    bwd_input_fraction: float = 0.5
+    """Share of ``bwd`` spent on input gradients (what a frozen layer still runs)."""
+
+    def keys(self) -> list[str]:
+        return sorted(self.fwd)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "fwd": {k: q.to_json() for k, q in self.fwd.items()},
+            "bwd": {k: q.to_json() for k, q in self.bwd.items()},
+            "activation_bytes_per_token": self.activation_bytes_per_token,
+            "output_bytes_per_token": self.output_bytes_per_token,
+            "param_bytes": self.param_bytes,
+            "trainable": self.trainable,
+            "bwd_input_fraction": self.bwd_input_fraction,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> LayerCost:
+        return cls(
+            name=d["name"],
+            kind=d["kind"],
+            fwd={k: Quadratic.from_json(v) for k, v in d["fwd"].items()},
+            bwd={k: Quadratic.from_json(v) for k, v in d["bwd"].items()},
+            activation_bytes_per_token=float(d.get("activation_bytes_per_token", 0.0)),
+            output_bytes_per_token=float(d.get("output_bytes_per_token", 0.0)),
+            param_bytes=float(d.get("param_bytes", 0.0)),
+            trainable=bool(d.get("trainable", True)),
+            bwd_input_fraction=float(d.get("bwd_input_fraction", 0.5)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentCost:
+    """The ordered layer list of one component (``encoder`` or ``llm``)."""
+
+    name: Component
+    layers: tuple[LayerCost, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def needs_input_grad(self, layer_idx: int) -> bool:
+        """True if some layer before ``layer_idx`` (or the component before it) trains, so the
+        gradient must flow through this layer. The LLM always passes gradients to the encoder
+        side when any encoder layer trains; the caller decides that via ``upstream_trainable``."""
+        return any(layer.trainable for layer in self.layers[:layer_idx])
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "layers": [layer.to_json() for layer in self.layers]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> ComponentCost:
+        return cls(name=d["name"], layers=tuple(LayerCost.from_json(x) for x in d["layers"]))
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """Device and interconnect facts the simulator and the memory check use."""
+
+    name: str
+    device_memory_bytes: float = 48e9
+    p2p_bandwidth_bytes_per_ms: float = 25e6
+    """25e6 B/ms = 25 GB/s."""
+    p2p_latency_ms: float = 0.01
+    allreduce_bandwidth_bytes_per_ms: float = 12.5e6
+    allreduce_latency_ms: float = 0.05
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "device_memory_bytes": self.device_memory_bytes,
+            "p2p_bandwidth_bytes_per_ms": self.p2p_bandwidth_bytes_per_ms,
+            "p2p_latency_ms": self.p2p_latency_ms,
+            "allreduce_bandwidth_bytes_per_ms": self.allreduce_bandwidth_bytes_per_ms,
+            "allreduce_latency_ms": self.allreduce_latency_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> HardwareSpec:
+        return cls(**{k: (v if k == "name" else float(v)) for k, v in d.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Per-layer costs of both components on one hardware, plus the token rule they use."""
+
+    model: str
+    hardware: HardwareSpec
+    encoder: ComponentCost
+    llm: ComponentCost
+    notes: dict = field(default_factory=dict, compare=False)
+    """Free-form provenance (preset fit residuals, profile device, ...)."""
+
+    def component(self, name: Component) -> ComponentCost:
+        if name == "encoder":
+            return self.encoder
+        if name == "llm":
+            return self.llm
+        raise ValueError(f"unknown component {name!r}; expected one of {COMPONENTS}")
+
+    # --- sequence units -------------------------------------------------------------------------
+    @staticmethod
+    def units(component: Component, sample: SampleMeta) -> tuple[int, ...]:
+        """The sequence units a sample contributes: per-image ViT patches, or one LLM sequence."""
+        if component == "encoder":
+            return sample.vit_patches_per_image
+        return (sample.llm_tokens,)
+
+    # --- layer and stage times ------------------------------------------------------------------
+    def layer_ms(
+        self,
+        component: Component,
+        layer_idx: int,
+        units: Iterable[int],
+        phase: Phase,
+        tp: int = 1,
+        cp: int = 1,
+        num_calls: int = 1,
+    ) -> float:
+        """Time of one layer over ``units`` (all in ``num_calls`` calls; 0 calls = no constant)."""
+        comp = self.component(component)
+        layer = comp.layers[layer_idx]
+        key = parallel_key(tp, cp)
+        if key not in layer.fwd:
+            raise KeyError(f"{self.model}/{component}/{layer.name}: no cost for {key}; have {layer.keys()}")
+        q = layer.fwd[key] if phase == "fwd" else self._bwd_quadratic(comp, layer_idx, key)
+        if q is None:
+            return 0.0
+        return sum(q.variable_ms(x) for x in units) + q.c * num_calls
+
+    def _bwd_quadratic(self, comp: ComponentCost, layer_idx: int, key: str) -> Quadratic | None:
+        layer = comp.layers[layer_idx]
+        q = layer.bwd[key]
+        if layer.trainable:
+            return q
+        # A frozen layer computes input gradients only if something before it trains; the LLM
+        # passes gradients to a trainable encoder, which the encoder's first layers cannot see.
+        upstream = comp.needs_input_grad(layer_idx)
+        if comp.name == "llm" and any(x.trainable for x in self.encoder.layers):
+            upstream = True
+        if not upstream:
+            return None
+        f = layer.bwd_input_fraction
+        return Quadratic(q.a * f, q.b * f, q.c * f)
+
+    def stage_ms(
+        self,
+        component: Component,
+        first: int,
+        end: int,
+        units: Sequence[int],
+        phase: Phase,
+        tp: int = 1,
+        cp: int = 1,
+        num_calls: int = 1,
+    ) -> float:
+        """Time of layers ``[first, end)`` over ``units`` in ``num_calls`` calls."""
+        return sum(self.layer_ms(component, i, units, phase, tp, cp, num_calls) for i in range(first, end))
+
+    def sample_work(self, sample: SampleMeta, tp: int = 1, cp: int = 1) -> SampleWork:
+        """Forward + backward ms of the whole of each component for one sample, constants excluded."""
+        enc_units = self.units("encoder", sample)
+        llm_units = self.units("llm", sample)
+        n_enc, n_llm = self.encoder.num_layers, self.llm.num_layers
+        enc = sum(
+            self.stage_ms("encoder", 0, n_enc, enc_units, p, tp, cp, num_calls=0) for p in ("fwd", "bwd")
+        )
+        llm = sum(self.stage_ms("llm", 0, n_llm, llm_units, p, tp, cp, num_calls=0) for p in ("fwd", "bwd"))
+        return SampleWork(sample.id, enc, llm, sample)
+
+    def per_call_ms(self, component: Component, tp: int = 1, cp: int = 1) -> float:
+        """Forward + backward per-call constants of a whole component (one microbatch call)."""
+        n = self.component(component).num_layers
+        return sum(self.stage_ms(component, 0, n, (), p, tp, cp, num_calls=1) for p in ("fwd", "bwd"))
+
+    def activation_bytes(self, component: Component, first: int, end: int, tokens: int, tp: int = 1, cp: int = 1) -> float:
+        layers = self.component(component).layers[first:end]
+        return tokens * sum(layer.activation_bytes_per_token for layer in layers) / (tp * cp)
+
+    def boundary_bytes(self, component: Component, layer_idx: int, tokens: int) -> float:
+        """Bytes sent after layer ``layer_idx`` (exclusive end of a stage) for ``tokens`` tokens."""
+        return tokens * self.component(component).layers[layer_idx - 1].output_bytes_per_token
+
+    # --- serialisation ----------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "hardware": self.hardware.to_json(),
+            "components": {"encoder": self.encoder.to_json(), "llm": self.llm.to_json()},
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> CostModel:
+        comps = d["components"]
+        return cls(
+            model=d["model"],
+            hardware=HardwareSpec.from_json(d["hardware"]),
+            encoder=ComponentCost.from_json(comps["encoder"]),
+            llm=ComponentCost.from_json(comps["llm"]),
+            notes=dict(d.get("notes", {})),
+        )
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> CostModel:
+        with open(path) as f:
+            return cls.from_json(json.load(f))

@@ -1,0 +1,25 @@
+"""Error types. Bad user input raises a subclass of ``EntrainError`` with a one-line message."""
+
+from __future__ import annotations
+
+
+class EntrainError(Exception):
+    """Base class of every error Entrain reports to a user (the CLI prints it without a traceback)."""
+
+
+class ConfigError(EntrainError, ValueError):
+    """An impossible or inconsistent configuration (layout, batch sizes, flags)."""
+
+
+class DataError(EntrainError, ValueError):
+    """A bad input record. The message names the file, the record (line or index) and the field."""
+
+    def __init__(self, path: str, record: int | str | None, field: str | None, reason: str):
+        self.path, self.record, self.field, self.reason = str(path), record, field, reason
+        where = self.path if record is None else f"{self.path}:{record}"
+        what = f" field {field!r}:" if field else ""
+        super().__init__(f"{where}:{what} {reason}")
+
+
+class ScheduleError(EntrainError, ValueError):
+    """A broken Plan; the message carries the per-rank action grid with the offending step marked."""

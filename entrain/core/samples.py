@@ -1,0 +1,111 @@
+"""Sample metadata and the Qwen2.5-VL vision-token rule.
+
+A sample is its images' ``(H, W)`` sizes plus its text token count. Vision work is counted in ViT
+patches and LLM work in tokens (text + merged image tokens), both after Qwen's ``smart_resize``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = [
+    "VisionTokenConfig",
+    "SampleMeta",
+    "smart_resize",
+    "image_llm_tokens",
+    "image_vit_patches",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VisionTokenConfig:
+    """Qwen2.5-VL image processor limits (the released checkpoints' ``preprocessor_config.json``)."""
+
+    factor: int = 28
+    """patch_size (14) x spatial merge (2): resized sides are multiples of this."""
+    min_pixels: int = 3136
+    max_pixels: int = 12845056
+    max_aspect_ratio: float = 200.0
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0 or self.min_pixels <= 0 or self.max_pixels < self.min_pixels:
+            raise ValueError(f"invalid vision token limits: {self}")
+
+
+DEFAULT_VISION = VisionTokenConfig()
+
+
+def smart_resize(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_VISION) -> tuple[int, int]:
+    """Qwen2-VL / Qwen2.5-VL ``smart_resize``: the resized ``(H', W')``, both multiples of ``cfg.factor``.
+
+    Raises ValueError for a non-positive side or an aspect ratio above ``cfg.max_aspect_ratio``.
+    """
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    if max(height, width) / min(height, width) > cfg.max_aspect_ratio:
+        raise ValueError(
+            f"aspect ratio {max(height, width) / min(height, width):.1f} of a {height}x{width} image "
+            f"exceeds {cfg.max_aspect_ratio:g}"
+        )
+    f = cfg.factor
+    h_bar = max(f, round(height / f) * f)
+    w_bar = max(f, round(width / f) * f)
+    if h_bar * w_bar > cfg.max_pixels:
+        beta = math.sqrt(height * width / cfg.max_pixels)
+        h_bar = max(f, math.floor(height / beta / f) * f)
+        w_bar = max(f, math.floor(width / beta / f) * f)
+    elif h_bar * w_bar < cfg.min_pixels:
+        beta = math.sqrt(cfg.min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / f) * f
+        w_bar = math.ceil(width * beta / f) * f
+    return h_bar, w_bar
+
+
+def image_llm_tokens(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_VISION) -> int:
+    """Merged image tokens the LLM sees: ``(H'/28) * (W'/28)``."""
+    h_bar, w_bar = smart_resize(height, width, cfg)
+    return (h_bar // cfg.factor) * (w_bar // cfg.factor)
+
+
+def image_vit_patches(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_VISION) -> int:
+    """ViT patch tokens of a still image: ``4 * (H'/28) * (W'/28)`` (14x14 patches before the 2x2 merge)."""
+    return 4 * image_llm_tokens(height, width, cfg)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMeta:
+    """One training sample's metadata: what the planner and the assignment need to know about it.
+
+    ``images`` holds ``(H, W)`` per image in pixels; ``text_tokens`` counts every non-image token
+    of the formatted conversation (chat template and vision start/end markers included).
+    """
+
+    id: str
+    images: tuple[tuple[int, int], ...]
+    text_tokens: int
+    vision: VisionTokenConfig = field(default=DEFAULT_VISION, compare=False, repr=False)
+
+    @property
+    def vit_patches_per_image(self) -> tuple[int, ...]:
+        return tuple(image_vit_patches(h, w, self.vision) for h, w in self.images)
+
+    @property
+    def image_tokens_per_image(self) -> tuple[int, ...]:
+        return tuple(image_llm_tokens(h, w, self.vision) for h, w in self.images)
+
+    @property
+    def vit_patches(self) -> int:
+        return sum(self.vit_patches_per_image)
+
+    @property
+    def image_tokens(self) -> int:
+        return sum(self.image_tokens_per_image)
+
+    @property
+    def llm_tokens(self) -> int:
+        """Sequence length on the LLM: text tokens plus merged image tokens."""
+        return self.text_tokens + self.image_tokens
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "images": [[h, w] for h, w in self.images], "text_tokens": self.text_tokens}

@@ -1,0 +1,1 @@
+"""Discrete-event simulator of Plans (depends on ``entrain.core`` only; never imports torch)."""

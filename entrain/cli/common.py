@@ -1,0 +1,92 @@
+"""Flags shared by the planner/simulator commands (CONTRACT.md "Common flags") and their resolution
+into samples, per-sample work and a cost model. Every subcommand uses these helpers, so flag names
+and meanings are defined once."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
+from entrain.core.work import SampleWork
+
+MODEL_PRESETS = ("tiny", "qwen25vl-llama3-1b", "qwen25vl-llama3-3b")
+HARDWARE_PRESETS = ("a40-flops", "a40-paper", "cpu-tiny")
+SYSTEMS = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy")
+
+
+def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None = None) -> None:
+    p.add_argument("--dataset", "--work-file", dest="dataset", default="synthchartnet",
+                   help="built-in generator name, workload JSONL, raw-work JSONL or LLaVA JSON/JSONL")
+    p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS)
+    p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS,
+                   help="default: cpu-tiny for tiny, a40-paper otherwise")
+    p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
+    p.add_argument("--gpus", type=int, default=64)
+    p.add_argument("--dp", type=int, default=None, help="default: chosen by the planner")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--global-batch", type=int, default=512)
+    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
+    p.add_argument("--image-root", default=None, help="folder that LLaVA image paths are relative to")
+    if systems_default is not None:
+        p.add_argument("--systems", default=systems_default, help="comma list of systems")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def default_hardware(model: str) -> str:
+    return "cpu-tiny" if model == "tiny" else "a40-paper"
+
+
+def resolve_cost_model(args: argparse.Namespace) -> CostModel:
+    """The cost model named by ``--model``/``--hardware``, or the measured ``--profile``."""
+    if getattr(args, "profile", None):
+        return CostModel.load(args.profile)
+    from entrain.core.presets import build_cost_model
+
+    return build_cost_model(args.model, args.hardware or default_hardware(args.model))
+
+
+def parse_systems(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SYSTEMS]
+    if unknown:
+        raise ConfigError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+    return names
+
+
+@dataclass
+class WorkloadSource:
+    """Per-iteration global batches of ``SampleWork`` for a ``--dataset`` value."""
+
+    name: str
+    cost: CostModel
+    seed: int
+    tp: int = 1
+    cp: int = 1
+    shuffle: bool = False
+    image_root: str | None = None
+
+    def batches(self, global_batch: int, iterations: int) -> Iterator[list[SampleWork]]:
+        from entrain.data.workload_io import load_workload
+
+        yield from load_workload(
+            self.name, self.cost, global_batch=global_batch, iterations=iterations, seed=self.seed,
+            tp=self.tp, cp=self.cp, shuffle=self.shuffle, image_root=self.image_root,
+        )
+
+
+def workload_source(args: argparse.Namespace, cost: CostModel) -> WorkloadSource:
+    return WorkloadSource(args.dataset, cost, args.seed, tp=args.tp, shuffle=args.shuffle,
+                          image_root=getattr(args, "image_root", None))
+
+
+def emit_json(obj: dict) -> None:
+    json.dump(obj, sys.stdout, separators=(",", ":"))
+    sys.stdout.write("\n")

@@ -20,11 +20,20 @@ SYSTEMS = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "d
 
 
 def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None = None) -> None:
-    p.add_argument("--dataset", "--work-file", dest="dataset", default="synthchartnet",
-                   help="built-in generator name, workload JSONL, raw-work JSONL or LLaVA JSON/JSONL")
+    p.add_argument(
+        "--dataset",
+        "--work-file",
+        dest="dataset",
+        default="synthchartnet",
+        help="built-in generator name, workload JSONL, raw-work JSONL or LLaVA JSON/JSONL",
+    )
     p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS)
-    p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS,
-                   help="default: cpu-tiny for tiny, a40-paper otherwise")
+    p.add_argument(
+        "--hardware",
+        default=None,
+        choices=HARDWARE_PRESETS,
+        help="default: cpu-tiny for tiny, a40-paper otherwise",
+    )
     p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
     p.add_argument("--gpus", type=int, default=64)
     p.add_argument("--dp", type=int, default=None, help="default: chosen by the planner")
@@ -77,14 +86,27 @@ class WorkloadSource:
         from entrain.data.workload_io import load_workload
 
         yield from load_workload(
-            self.name, self.cost, global_batch=global_batch, iterations=iterations, seed=self.seed,
-            tp=self.tp, cp=self.cp, shuffle=self.shuffle, image_root=self.image_root,
+            self.name,
+            self.cost,
+            global_batch=global_batch,
+            iterations=iterations,
+            seed=self.seed,
+            tp=self.tp,
+            cp=self.cp,
+            shuffle=self.shuffle,
+            image_root=self.image_root,
         )
 
 
 def workload_source(args: argparse.Namespace, cost: CostModel) -> WorkloadSource:
-    return WorkloadSource(args.dataset, cost, args.seed, tp=args.tp, shuffle=args.shuffle,
-                          image_root=getattr(args, "image_root", None))
+    return WorkloadSource(
+        args.dataset,
+        cost,
+        args.seed,
+        tp=args.tp,
+        shuffle=args.shuffle,
+        image_root=getattr(args, "image_root", None),
+    )
 
 
 def emit_json(obj: dict) -> None:

@@ -263,7 +263,9 @@ class CostModel:
         n = self.component(component).num_layers
         return sum(self.stage_ms(component, 0, n, (), p, tp, cp, num_calls=1) for p in ("fwd", "bwd"))
 
-    def activation_bytes(self, component: Component, first: int, end: int, tokens: int, tp: int = 1, cp: int = 1) -> float:
+    def activation_bytes(
+        self, component: Component, first: int, end: int, tokens: int, tp: int = 1, cp: int = 1
+    ) -> float:
         layers = self.component(component).layers[first:end]
         return tokens * sum(layer.activation_bytes_per_token for layer in layers) / (tp * cp)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 from entrain.core.assignment.types import IterationAssignment
@@ -54,7 +54,7 @@ PLAN_SCHEMA_VERSION = 1
 Component = Literal["encoder", "llm"]
 
 
-class ActionKind(str, Enum):
+class ActionKind(StrEnum):
     F = "F"
     B = "B"
     I = "I"  # noqa: E741 - torch.distributed.pipelining's name for backward-input
@@ -256,7 +256,9 @@ class IterationPlan:
         return cls(
             assignment=IterationAssignment.from_json(d["assignment"]),
             microbatches=tuple(tuple(MicrobatchSpec.from_json(m) for m in rep) for rep in d["microbatches"]),
-            actions={int(r): tuple(Action.parse(a) for a in text.split()) for r, text in d["actions"].items()},
+            actions={
+                int(r): tuple(Action.parse(a) for a in text.split()) for r, text in d["actions"].items()
+            },
         )
 
 
@@ -285,7 +287,9 @@ class Plan:
     @classmethod
     def from_json(cls, d: dict) -> Plan:
         if d.get("schema_version") != PLAN_SCHEMA_VERSION:
-            raise ValueError(f"plan schema_version {d.get('schema_version')!r}, expected {PLAN_SCHEMA_VERSION}")
+            raise ValueError(
+                f"plan schema_version {d.get('schema_version')!r}, expected {PLAN_SCHEMA_VERSION}"
+            )
         samples = {s["id"]: _sample_from_json(s) for s in d.get("samples", [])}
         return cls(
             system=d["system"],

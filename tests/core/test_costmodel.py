@@ -1,0 +1,63 @@
+import math
+
+import pytest
+
+from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
+from entrain.core.samples import SampleMeta
+
+
+def _layer(name, a=0.0, b=1.0, c=2.0, trainable=True):
+    q = {"tp1cp1": Quadratic(a, b, c)}
+    qb = {"tp1cp1": Quadratic(2 * a, 2 * b, 2 * c)}
+    return LayerCost(
+        name, "block", q, qb, activation_bytes_per_token=10.0, output_bytes_per_token=4.0, trainable=trainable
+    )
+
+
+def _model(enc_trainable=True, llm_trainable=True):
+    enc = ComponentCost(
+        "encoder", (_layer("e0", trainable=enc_trainable), _layer("e1", a=0.01, trainable=enc_trainable))
+    )
+    llm = ComponentCost("llm", (_layer("l0", trainable=llm_trainable), _layer("l1", trainable=llm_trainable)))
+    return CostModel("toy", HardwareSpec("toy"), enc, llm)
+
+
+def test_layer_time_is_per_unit_quadratic_plus_per_call_constant():
+    m = _model()
+    # e1: 0.01*x^2 + x per image, + c=2 once per call
+    assert m.layer_ms("encoder", 1, [10, 20], "fwd") == pytest.approx(0.01 * 100 + 10 + 0.01 * 400 + 20 + 2)
+    assert m.layer_ms("encoder", 1, [10, 20], "fwd", num_calls=3) == pytest.approx(35 + 6)
+    assert m.layer_ms("encoder", 1, [10], "bwd", num_calls=0) == pytest.approx(2 * (0.01 * 100 + 10))
+
+
+def test_sample_work_excludes_constants_and_uses_token_rule():
+    m = _model()
+    s = SampleMeta("s", ((56, 56),), 6)  # 4 LLM image tokens, 16 ViT patches
+    w = m.sample_work(s)
+    assert w.encoder == pytest.approx(3 * (16 + 16 + 0.01 * 256))
+    assert w.llm == pytest.approx(3 * 2 * (6 + 4))
+    assert m.per_call_ms("llm") == pytest.approx(3 * 2 * 2)
+
+
+def test_frozen_encoder_runs_no_backward_and_frozen_llm_passes_input_grads():
+    frozen_enc = _model(enc_trainable=False)
+    assert frozen_enc.layer_ms("encoder", 0, [10], "bwd") == 0.0
+    # frozen LLM in front of a trainable encoder computes input gradients only (half of bwd)
+    frozen_llm = _model(llm_trainable=False)
+    full = _model().layer_ms("llm", 1, [10], "bwd")
+    assert frozen_llm.layer_ms("llm", 1, [10], "bwd") == pytest.approx(0.5 * full)
+
+
+def test_missing_parallel_degree_is_a_clear_error():
+    with pytest.raises(KeyError, match="tp2cp1"):
+        _model().layer_ms("llm", 0, [1], "fwd", tp=2)
+
+
+def test_json_round_trip(tmp_path):
+    m = _model(enc_trainable=False)
+    path = tmp_path / "cost.json"
+    m.save(str(path))
+    again = CostModel.load(str(path))
+    assert again == m
+    assert math.isclose(again.activation_bytes("encoder", 0, 2, 100), 2000.0)
+    assert again.boundary_bytes("llm", 2, 10) == 40.0

@@ -1,0 +1,85 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from entrain.core.assignment.types import Deferral, IterationAssignment, ReplicaAssignment
+from entrain.core.plan import (
+    Action,
+    ActionKind,
+    ComponentLayout,
+    IterationPlan,
+    Layout,
+    MicrobatchSpec,
+    Plan,
+    StageSpec,
+)
+from entrain.core.samples import SampleMeta
+from entrain.core.work import SampleWork
+
+
+@given(
+    st.integers(0, 99),
+    st.sampled_from(list(ActionKind)),
+    st.integers(0, 999),
+    st.one_of(st.none(), st.integers(0, 9)),
+)
+def test_action_text_round_trip(stage, kind, mb, sub):
+    a = Action(stage, kind, mb, sub)
+    assert Action.parse(str(a)) == a
+
+
+@pytest.mark.parametrize("bad", ["", "F0", "2X0", "2F", "2F0.", "a2F0"])
+def test_action_parse_rejects(bad):
+    with pytest.raises(ValueError, match="not an action"):
+        Action.parse(bad)
+
+
+def _tiny_plan() -> Plan:
+    layout = Layout(
+        dp=1,
+        microbatch_size=1,
+        num_microbatches=2,
+        components={"encoder": ComponentLayout(pp=1), "llm": ComponentLayout(pp=1)},
+        stages=(StageSpec(0, "encoder", 0, 3, 0), StageSpec(1, "llm", 0, 5, 1)),
+    )
+    rep = ReplicaAssignment(
+        k_eff=2,
+        encoder_microbatches=(("a", "b"), ("c",)),
+        llm_microbatches=(("a",), ("c", "b")),
+        execution_order=(0, 1),
+        deferrals=(Deferral("b", 0, 1),),
+        encoder_work=(2.0, 1.0),
+        llm_work=(1.0, 2.0),
+    )
+    mbs = (
+        MicrobatchSpec(0, 0, (("a",), ("b",)), (("a",),)),
+        MicrobatchSpec(1, 1, (("c",),), (("c", "b"),)),
+    )
+    acts = {
+        0: tuple(Action.parse(x) for x in "0F0.0 0SEND_F0.0 0F0.1 0SEND_F0.1".split()),
+        1: tuple(Action.parse(x) for x in "1RECV_F0.0 1F0".split()),
+    }
+    samples = {
+        "a": SampleWork("a", 1.0, 1.0, SampleMeta("a", ((56, 56),), 10)),
+        "b": SampleWork("b", 1.0, 1.0),
+        "c": SampleWork("c", 1.0, 1.0),
+    }
+    return Plan(
+        "entrain", layout, (IterationPlan(IterationAssignment((rep,)), (mbs,), acts),), samples, {"x": 1}
+    )
+
+
+def test_plan_json_round_trip():
+    plan = _tiny_plan()
+    again = Plan.loads(plan.dumps())
+    assert again == plan
+    assert again.layout.world_size == 2
+    assert again.layout.replica_of(1) == (0, 1)
+    assert again.iterations[0].assignment.replicas[0].deferred_from(0) == ("b",)
+
+
+def test_replica_assignment_checks_shape():
+    with pytest.raises(ValueError, match="permutation"):
+        ReplicaAssignment(1, (("a",),), (("a",),), (1,))
+    with pytest.raises(ValueError, match="k_eff"):
+        ReplicaAssignment(2, (("a",),), (("a",),), (0,))

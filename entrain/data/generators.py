@@ -1,0 +1,328 @@
+"""Calibrated, seeded workload generators for the built-in datasets (pure numpy).
+
+Each generator draws a sample's image size ``(H, W)`` in pixels and its text token count (chat
+template included: ``11 + 2*n_images + sum_turns(10 + q + a)``, ``reference/datasets.md`` §1).
+
+Calibration (bounds and sources in ``entrain/data/calibration/bounds.json``, checked by
+``tests/data/test_generators.py``):
+
+- text: per-sample turns, question and answer tokens reproduce FineVision's per-subset totals
+  (``datasets.md`` §3); the shapes (lognormals, turn-count laws) are that note's fits.
+- images: ViT-patch CDFs of the paper's Fig. 3 (COCO-QA / LLaVA ~1-2K patches, ChartQA mostly ~2K
+  with a tail past 4K, SynthChartNet broadest ~400-8K) and, for SynthChartNet, the per-microbatch
+  vision-work variability of Table 3 / Fig. 15 (std/mean ~0.7 under DistTrain-like batching). The
+  latter cannot come from independent samples (16-sample sums average it away), so SynthChartNet's
+  data order is a regime process: runs of charts from one *family* (compact thumbnails, default
+  120-DPI figures, high-resolution canvases), each run's family drawn from fixed weights.
+
+Determinism and slicing: sample ``index`` of ``(name, seed)`` is a pure function of
+``(name, seed, index)``. Indices are grouped in blocks of ``BLOCK_SIZE``; block ``k`` is drawn,
+vectorised, from ``np.random.SeedSequence([seed, dataset_key, k])``, so any ``[start, start+n)``
+slice equals the same slice of a longer draw. Regime runs restart at block boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from entrain.core.errors import ConfigError
+from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+
+__all__ = [
+    "DATASETS",
+    "ALIASES",
+    "BLOCK_SIZE",
+    "SampleArrays",
+    "canonical_name",
+    "is_builtin",
+    "generate_arrays",
+    "generate_samples",
+    "random_samples",
+]
+
+DATASETS: tuple[str, ...] = ("synthchartnet", "chartqa", "cocoqa", "llava150k", "synthchartnet-fv", "skewed")
+ALIASES: dict[str, str] = {"llava_instruct_150k": "llava150k"}
+BLOCK_SIZE = 256
+"""Samples per independently seeded block (also the longest possible SynthChartNet regime run)."""
+
+SYSTEM_TOKENS = 11
+"""Qwen2 chat template's default system block."""
+TURN_TOKENS = 10
+"""Template tokens of one user + assistant turn."""
+VISION_MARKER_TOKENS = 2
+"""``<|vision_start|>`` + ``<|vision_end|>`` per image."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleArrays:
+    """Column form of a one-image-per-sample draw: ``heights``/``widths`` in pixels, ``text_tokens``."""
+
+    name: str
+    seed: int
+    start: int
+    heights: np.ndarray
+    widths: np.ndarray
+    text_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.text_tokens.shape[0])
+
+    def ids(self) -> list[str]:
+        return [f"{self.name}-{self.seed}-{i}" for i in range(self.start, self.start + len(self))]
+
+    def to_samples(self, vision: VisionTokenConfig = DEFAULT_VISION) -> list[SampleMeta]:
+        rows = zip(self.ids(), self.heights.tolist(), self.widths.tolist(), self.text_tokens.tolist())
+        return [SampleMeta(i, ((h, w),), t, vision) for i, h, w, t in rows]
+
+
+# --- random helpers -------------------------------------------------------------------------------
+
+
+def _ln(rng: np.random.Generator, mean: float, sigma: float, size) -> np.ndarray:
+    """Lognormal with the given *mean* (not median) and log-sd ``sigma``."""
+    return rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma, size)
+
+
+def _tok(x: np.ndarray, lo: int = 1) -> np.ndarray:
+    """Round half to even (like Python's ``round``) and floor at ``lo``."""
+    return np.maximum(lo, np.rint(x)).astype(np.int64)
+
+
+def _choice(rng: np.random.Generator, probs: list[float], size: int) -> np.ndarray:
+    p = np.asarray(probs, dtype=float)
+    return rng.choice(len(p), size=size, p=p / p.sum())
+
+
+def _turn_sums(k: np.ndarray, q: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Template + question + answer tokens of the first ``k[i]`` turns of row ``i``."""
+    used = np.arange(q.shape[1])[None, :] < k[:, None]
+    return ((TURN_TOKENS + q + a) * used).sum(axis=1)
+
+
+def _text_total(turn_tokens: np.ndarray) -> np.ndarray:
+    return (SYSTEM_TOKENS + VISION_MARKER_TOKENS + turn_tokens).astype(np.int64)
+
+
+# --- text generators (FineVision-calibrated, datasets.md §3) -------------------------------------
+
+
+def _llava_text(rng: np.random.Generator, n: int) -> np.ndarray:
+    subset = _choice(rng, [0.362, 0.148, 0.490], n)  # conversation / detail / complex reasoning
+    k_conv = 1 + _choice(rng, [0.02, 0.12, 0.20, 0.20, 0.18, 0.13, 0.08, 0.04, 0.02, 0.01], n)
+    conv = _turn_sums(k_conv, _tok(_ln(rng, 12, 0.35, (n, 10))), _tok(_ln(rng, 58, 0.6, (n, 10)), 2))
+    detail = TURN_TOKENS + _tok(_ln(rng, 10, 0.2, n)) + _tok(_ln(rng, 122, 0.3, n), 20)
+    complex_ = TURN_TOKENS + _tok(_ln(rng, 16.5, 0.35, n)) + _tok(_ln(rng, 147, 0.35, n), 20)
+    return _text_total(np.choose(subset, [conv, detail, complex_]))
+
+
+def _chartqa_text(rng: np.random.Generator, n: int) -> np.ndarray:
+    k = 1 + _choice(rng, [0.50, 0.45, 0.05], n)
+    return _text_total(_turn_sums(k, _tok(_ln(rng, 22.1, 0.3, (n, 3))), _tok(_ln(rng, 4.8, 0.6, (n, 3)))))
+
+
+def _cocoqa_text(rng: np.random.Generator, n: int) -> np.ndarray:
+    k = 1 + _choice(rng, [0.48, 0.37, 0.12, 0.03], n)
+    answers = np.minimum(8, 1 + rng.poisson(1.7, (n, 4)))
+    return _text_total(_turn_sums(k, _tok(_ln(rng, 14.4, 0.25, (n, 4))), answers))
+
+
+def _synthchart_text(rng: np.random.Generator, n: int) -> np.ndarray:
+    question = np.where(rng.random(n) < 0.66, 4, 5)
+    answer = np.clip(_ln(rng, 135, 0.45, n), 30, 1200).astype(np.int64)
+    return _text_total(TURN_TOKENS + question + answer)
+
+
+# --- image generators: return (heights, widths) ---------------------------------------------------
+
+_COCO_SIZES = [  # (W, H), weight: the common Flickr-640 sizes of COCO
+    ((640, 480), 0.35), ((640, 427), 0.27), ((480, 640), 0.08), ((427, 640), 0.08), ((640, 426), 0.03),
+    ((640, 428), 0.03), ((500, 375), 0.03), ((640, 640), 0.025), ((612, 612), 0.015),
+]  # fmt: skip
+
+
+def _coco_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    u = rng.random(n)
+    cat = _choice(rng, [p for _, p in _COCO_SIZES], n)
+    w = np.array([s[0] for s, _ in _COCO_SIZES])[cat]
+    h = np.array([s[1] for s, _ in _COCO_SIZES])[cat]
+    # small tail: long side U(320, 500), short/long U(0.6, 1), 75% landscape
+    long_side = rng.uniform(320, 500, n).astype(np.int64)
+    short_side = (long_side * rng.uniform(0.6, 1.0, n)).astype(np.int64)
+    landscape = rng.random(n) < 0.75
+    small = u < 0.055
+    w = np.where(small, np.where(landscape, long_side, short_side), w)
+    h = np.where(small, np.where(landscape, short_side, long_side), h)
+    wide = (u >= 0.055) & (u < 0.085)  # panoramic tail, 640 x U(300, 420)
+    square = (u >= 0.085) & (u < 0.10)  # near-square large tail, 640 x U(560, 639)
+    w = np.where(wide | square, 640, w)
+    h = np.where(wide, rng.uniform(300, 420, n).astype(np.int64), h)
+    h = np.where(square, rng.uniform(560, 639, n).astype(np.int64), h)
+    return h, w
+
+
+def _chartqa_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    source = _choice(rng, [0.60, 0.30, 0.10], n)  # Statista-like / Pew-like / OWID-OECD-like
+    statista_h = np.clip(rng.normal(560, 50, n), 380, 900).astype(np.int64)
+    pew_w = np.array([310, 420, 640, 800])[_choice(rng, [0.35, 0.30, 0.20, 0.15], n)]
+    pew_h = (pew_w * np.clip(_ln(rng, 1.15, 0.35, n), 0.5, 2.6)).astype(np.int64)
+    owid_h = np.clip(rng.normal(600, 40, n), 450, 750).astype(np.int64)
+    w = np.choose(source, [np.full(n, 800), pew_w, np.full(n, 850)])
+    h = np.choose(source, [statista_h, pew_h, owid_h])
+    return h, w
+
+
+def _synthchart_fv_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """FineVision-size SynthChartNet: 120-DPI Matplotlib/Seaborn figures or Pyecharts' 900x500."""
+    fig = _choice(rng, [0.7, 0.2, 0.1], n)  # 6.4x4.8 / 8x6 / 10x6 inches at 120 DPI
+    mpl_w = np.array([768, 960, 1200])[fig]
+    mpl_h = np.array([576, 720, 720])[fig]
+    pyecharts = rng.random(n) >= 2 / 3
+    return np.where(pyecharts, 500, mpl_h), np.where(pyecharts, 900, mpl_w)
+
+
+# SynthChartNet chart families (regimes). Width ranges are pixels; aspect = H/W.
+_FAMILY_WEIGHTS = [0.40, 0.40, 0.20]
+"""compact / default / high-resolution share of runs (tuned to Table 3's std/mean, Fig. 3's spread)."""
+_FAMILY_WIDTH = [(300, 520), (0, 0), (1150, 1500)]
+_ASPECTS = [0.75, 0.6667, 0.5625]
+_DEFAULT_SIZES = [((768, 576), 0.45), ((900, 500), 0.30), ((960, 720), 0.15), ((1000, 600), 0.10)]  # (W, H)
+_MEAN_RUN_SAMPLES = 24
+"""Mean length of a run of one family in data order (geometric)."""
+
+
+def _regimes(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Family index per position: runs of geometric length, each run's family drawn independently."""
+    new_run = rng.random(n) < 1.0 / _MEAN_RUN_SAMPLES
+    new_run[0] = True
+    run_id = np.cumsum(new_run) - 1
+    run_family = _choice(rng, _FAMILY_WEIGHTS, n)  # one draw per possible run
+    return run_family[run_id]
+
+
+def _synthchart_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    family = _regimes(rng, n)
+    aspect = np.array(_ASPECTS)[_choice(rng, [0.5, 0.25, 0.25], n)]
+    width = np.zeros(n, dtype=np.int64)
+    for f, (lo, hi) in enumerate(_FAMILY_WIDTH):
+        if hi:
+            width = np.where(family == f, rng.uniform(lo, hi, n).astype(np.int64), width)
+    height = (width * aspect).astype(np.int64)
+    cat = _choice(rng, [p for _, p in _DEFAULT_SIZES], n)
+    default_w = np.array([s[0] for s, _ in _DEFAULT_SIZES])[cat]
+    default_h = np.array([s[1] for s, _ in _DEFAULT_SIZES])[cat]
+    is_default = family == 1
+    return np.where(is_default, default_h, height), np.where(is_default, default_w, width)
+
+
+def _skewed_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    sides = np.exp(rng.uniform(math.log(112), math.log(896), (2, n)))
+    sides = np.clip(np.rint(sides), 112, 896).astype(np.int64)
+    return sides[0], sides[1]
+
+
+def _skewed_text(rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.clip(np.rint(np.exp(rng.uniform(math.log(16), math.log(256), n))), 16, 256).astype(np.int64)
+
+
+Gen = Callable[[np.random.Generator, int], np.ndarray]
+ImgGen = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
+_GENERATORS: dict[str, tuple[Gen, ImgGen]] = {
+    "synthchartnet": (_synthchart_text, _synthchart_images),
+    "chartqa": (_chartqa_text, _chartqa_images),
+    "cocoqa": (_cocoqa_text, _coco_images),
+    "llava150k": (_llava_text, _coco_images),
+    "synthchartnet-fv": (_synthchart_text, _synthchart_fv_images),
+    "skewed": (_skewed_text, _skewed_images),
+}
+
+
+# --- public API -----------------------------------------------------------------------------------
+
+
+def canonical_name(name: str) -> str:
+    """The built-in dataset ``name`` refers to (aliases resolved); ConfigError if none."""
+    canonical = ALIASES.get(name, name)
+    if canonical not in _GENERATORS:
+        valid = ", ".join([*DATASETS, *ALIASES])
+        raise ConfigError(f"unknown dataset {name!r}; built-in datasets: {valid}")
+    return canonical
+
+
+def is_builtin(name: str) -> bool:
+    return ALIASES.get(name, name) in _GENERATORS
+
+
+def _block(name: str, seed: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    key = zlib.crc32(name.encode())
+    rng = np.random.default_rng(np.random.SeedSequence([seed, key, block]))
+    text_gen, image_gen = _GENERATORS[name]
+    text = text_gen(rng, BLOCK_SIZE)
+    heights, widths = image_gen(rng, BLOCK_SIZE)
+    return heights, widths, text
+
+
+def _check_args(num_samples: int, seed: int, start: int) -> None:
+    if num_samples < 0 or start < 0:
+        raise ConfigError(f"num_samples and start must be >= 0, got {num_samples} and {start}")
+    if seed < 0:
+        raise ConfigError(f"seed must be >= 0 for the built-in generators, got {seed}")
+
+
+def generate_arrays(name: str, num_samples: int, seed: int, start: int = 0) -> SampleArrays:
+    """Samples ``[start, start + num_samples)`` of dataset ``name`` with ``seed``, as columns."""
+    name = canonical_name(name)
+    _check_args(num_samples, seed, start)
+    if num_samples == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return SampleArrays(name, seed, start, empty, empty, empty)
+    first, last = start // BLOCK_SIZE, (start + num_samples - 1) // BLOCK_SIZE
+    blocks = [_block(name, seed, b) for b in range(first, last + 1)]
+    offset = start - first * BLOCK_SIZE
+    heights, widths, text = (np.concatenate(col)[offset : offset + num_samples] for col in zip(*blocks))
+    return SampleArrays(name, seed, start, heights, widths, text)
+
+
+def generate_samples(
+    name: str, num_samples: int, seed: int, start: int = 0, vision: VisionTokenConfig = DEFAULT_VISION
+) -> list[SampleMeta]:
+    """Samples ``[start, start + num_samples)``; ids ``f"{name}-{seed}-{index}"`` (canonical name).
+
+    Sample ``index`` is the same whatever ``start``/``num_samples`` select it.
+    """
+    return generate_arrays(name, num_samples, seed, start).to_samples(vision)
+
+
+def random_samples(
+    name: str,
+    num_samples: int,
+    seed: int,
+    *,
+    population: int = 1 << 20,
+    vision: VisionTokenConfig = DEFAULT_VISION,
+) -> list[SampleMeta]:
+    """``num_samples`` distinct indices drawn uniformly from ``[0, population)`` (sorted), i.e. an
+    i.i.d.-like draw that ignores data-order correlation. Use this for profiling batches
+    (Algorithm 1 draws random batches); contiguous slices keep SynthChartNet's regime runs."""
+    _check_args(num_samples, seed, 0)
+    if num_samples > population:
+        raise ConfigError(f"cannot draw {num_samples} distinct samples from a population of {population}")
+    pick = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED])).choice(
+        population, num_samples, replace=False
+    )
+    name = canonical_name(name)
+    blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    out: list[SampleMeta] = []
+    for idx in sorted(pick.tolist()):
+        if idx // BLOCK_SIZE not in blocks:
+            blocks[idx // BLOCK_SIZE] = _block(name, seed, idx // BLOCK_SIZE)
+        heights, widths, text = blocks[idx // BLOCK_SIZE]
+        j = idx % BLOCK_SIZE
+        out.append(
+            SampleMeta(f"{name}-{seed}-{idx}", ((int(heights[j]), int(widths[j])),), int(text[j]), vision)
+        )
+    return out

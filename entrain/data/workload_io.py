@@ -1,0 +1,301 @@
+"""Workload files and the ``--dataset`` resolver every planner/simulator command uses.
+
+Formats (CONTRACT.md "Names"), one JSON object per line, detected per file from the first
+record's keys:
+
+- workload JSONL: ``{"id": str, "images": [[H, W], ...], "text_tokens": int}`` (pixels, tokens);
+- raw-work JSONL: ``{"id": str, "encoder": ms, "llm": ms}``: per-sample forward+backward ms of the
+  whole component on one replica, used as given (the cost model is not consulted);
+- LLaVA JSON/JSONL (records with ``conversations``): refused until the data issue (issue 5) lands.
+
+A bad record raises ``DataError`` naming ``file:line`` and the field; blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError, DataError
+from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, smart_resize
+from entrain.core.work import SampleWork
+from entrain.data.generators import DATASETS, canonical_name, generate_samples, is_builtin
+
+__all__ = [
+    "detect_format",
+    "load_workload",
+    "read_workload_jsonl",
+    "write_workload_jsonl",
+    "read_raw_work_jsonl",
+    "read_samples",
+    "sample_works",
+]
+
+WORKLOAD_KEYS = ("id", "images", "text_tokens")
+RAW_WORK_KEYS = ("id", "encoder", "llm")
+LLAVA_KEYS = ("conversations", "messages")
+
+
+# --- format detection ---------------------------------------------------------------------------
+
+
+def _first_record(path: str) -> tuple[int, str] | None:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                return line_no, line
+    return None
+
+
+def _refuse_llava(path: str) -> None:
+    raise ConfigError(
+        f"{path}: LLaVA-format input (records with 'conversations') arrives with issue 5 (real data); "
+        f'convert it to a workload JSONL ({{"id", "images": [[H, W], ...], "text_tokens"}}) for now'
+    )
+
+
+def detect_format(path: str) -> str:
+    """``"workload"`` or ``"raw_work"`` from the first record's keys; ConfigError for LLaVA/JSON
+    arrays or an empty file, DataError for a first record of neither format."""
+    first = _first_record(path)
+    if first is None:
+        raise ConfigError(f"{path}: file has no records")
+    line_no, line = first
+    if line.lstrip().startswith("["):
+        if any(f'"{k}"' in line for k in LLAVA_KEYS) or _array_is_llava(path):
+            _refuse_llava(path)
+        raise ConfigError(f"{path}: a JSON array; workload files are JSONL (one JSON object per line)")
+    record = _parse_line(path, line_no, line)
+    if any(k in record for k in LLAVA_KEYS):
+        _refuse_llava(path)
+    if "encoder" in record or "llm" in record:
+        return "raw_work"
+    if "images" in record or "text_tokens" in record:
+        return "workload"
+    raise DataError(
+        path, line_no, None,
+        f"unknown record format with keys {sorted(record)}; expected {list(WORKLOAD_KEYS)} "
+        f"(workload) or {list(RAW_WORK_KEYS)} (raw work)",
+    )  # fmt: skip
+
+
+def _array_is_llava(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return bool(data) and isinstance(data[0], dict) and any(k in data[0] for k in LLAVA_KEYS)
+
+
+# --- record parsing -----------------------------------------------------------------------------
+
+
+def _parse_line(path: str, line_no: int, line: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(path, line_no, None, f"invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(record, dict):
+        raise DataError(path, line_no, None, f"expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def _field(path: str, line_no: int, record: dict, name: str) -> Any:
+    if name not in record:
+        raise DataError(path, line_no, name, "missing")
+    return record[name]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return (isinstance(x, int | float)) and not isinstance(x, bool)
+
+
+def _parse_id(path: str, line_no: int, record: dict) -> str:
+    sample_id = _field(path, line_no, record, "id")
+    if not isinstance(sample_id, str) or not sample_id:
+        raise DataError(path, line_no, "id", f"expected a non-empty string, got {sample_id!r}")
+    return sample_id
+
+
+def _parse_images(
+    path: str, line_no: int, record: dict, vision: VisionTokenConfig
+) -> tuple[tuple[int, int], ...]:
+    images = _field(path, line_no, record, "images")
+    if not isinstance(images, list):
+        raise DataError(path, line_no, "images", f"expected a list of [H, W] pairs, got {images!r}")
+    out = []
+    for k, size in enumerate(images):
+        if not (isinstance(size, list) and len(size) == 2 and all(_is_int(x) for x in size)):
+            raise DataError(path, line_no, "images", f"image {k}: expected [H, W] integers, got {size!r}")
+        if size[0] <= 0 or size[1] <= 0:
+            raise DataError(path, line_no, "images", f"image {k}: sizes must be positive, got {size}")
+        try:
+            smart_resize(size[0], size[1], vision)
+        except ValueError as e:
+            raise DataError(path, line_no, "images", f"image {k}: {e}") from None
+        out.append((size[0], size[1]))
+    return tuple(out)
+
+
+def _parse_workload(path: str, line_no: int, record: dict, vision: VisionTokenConfig) -> SampleMeta:
+    sample_id = _parse_id(path, line_no, record)
+    images = _parse_images(path, line_no, record, vision)
+    text = _field(path, line_no, record, "text_tokens")
+    if not _is_int(text) or text < 0:
+        raise DataError(path, line_no, "text_tokens", f"expected an integer >= 0, got {text!r}")
+    if text == 0 and not images:
+        raise DataError(path, line_no, "text_tokens", "sample has no images and no text tokens")
+    return SampleMeta(sample_id, images, text, vision)
+
+
+def _parse_raw_work(path: str, line_no: int, record: dict) -> SampleWork:
+    sample_id = _parse_id(path, line_no, record)
+    values = []
+    for name in ("encoder", "llm"):
+        x = _field(path, line_no, record, name)
+        if not _is_number(x) or not math.isfinite(x) or x < 0:
+            raise DataError(path, line_no, name, f"expected a finite number of ms >= 0, got {x!r}")
+        values.append(float(x))
+    return SampleWork(sample_id, values[0], values[1], None)
+
+
+def _read_records(path: str, parse: Callable[[int, dict], Any]) -> list[Any]:
+    out, first_line = [], {}
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            item = parse(line_no, _parse_line(path, line_no, line))
+            if item.id in first_line:
+                raise DataError(
+                    path, line_no, "id", f"duplicate id {item.id!r} (first on line {first_line[item.id]})"
+                )
+            first_line[item.id] = line_no
+            out.append(item)
+    return out
+
+
+def read_workload_jsonl(path: str, vision: VisionTokenConfig = DEFAULT_VISION) -> list[SampleMeta]:
+    """Samples of a workload JSONL in file order."""
+    return _read_records(str(path), lambda n, r: _parse_workload(str(path), n, r, vision))
+
+
+def read_raw_work_jsonl(path: str) -> list[SampleWork]:
+    """Per-sample work of a raw-work JSONL in file order (``meta`` is ``None``)."""
+    return _read_records(str(path), lambda n, r: _parse_raw_work(str(path), n, r))
+
+
+def write_workload_jsonl(path: str, samples: Iterable[SampleMeta]) -> None:
+    """One ``{"id", "images", "text_tokens"}`` object per line."""
+    with open(path, "w", encoding="utf-8") as f:
+        for s in samples:
+            f.write(json.dumps(s.to_json(), separators=(",", ":")) + "\n")
+
+
+def read_samples(path: str, vision: VisionTokenConfig = DEFAULT_VISION) -> list[SampleMeta]:
+    """Sample metadata of a workload file; ConfigError for formats that carry none (raw work)."""
+    if detect_format(path) != "workload":
+        raise ConfigError(f"{path}: a raw-work file has no token metadata; expected a workload JSONL")
+    return read_workload_jsonl(path, vision)
+
+
+# --- per-sample work ----------------------------------------------------------------------------
+
+
+def sample_works(
+    samples: Sequence[SampleMeta], cost: CostModel, tp: int = 1, cp: int = 1, memo: dict | None = None
+) -> list[SampleWork]:
+    """``cost.sample_work(s, tp, cp)`` for each sample, memoised on the sample's sequence units
+    (the only input of ``sample_work``), so equal-sized samples are costed once. Pass the same
+    ``memo`` dict to reuse it across calls with the same ``cost``, ``tp`` and ``cp``."""
+    memo = {} if memo is None else memo
+    out = []
+    for s in samples:
+        key = (cost.units("encoder", s), cost.units("llm", s))
+        w = memo.get(key)
+        if w is None:
+            w = memo[key] = cost.sample_work(s, tp, cp)
+        out.append(SampleWork(s.id, w.encoder, w.llm, s))
+    return out
+
+
+# --- the --dataset resolver ---------------------------------------------------------------------
+
+
+def _check_batching(global_batch: int, iterations: int) -> None:
+    if global_batch <= 0 or iterations <= 0:
+        raise ConfigError(
+            f"--global-batch and --iterations must be positive, got {global_batch} and {iterations}"
+        )
+
+
+def _resolve_file(name: str) -> str:
+    if not os.path.isfile(name):
+        raise ConfigError(
+            f"--dataset {name!r} is neither a built-in dataset ({', '.join(DATASETS)}, alias llava_instruct_150k) "
+            f"nor an existing file"
+        )
+    return name
+
+
+def _file_works(path: str, cost: CostModel, tp: int, cp: int) -> list[SampleWork]:
+    if detect_format(path) == "raw_work":
+        return read_raw_work_jsonl(path)
+    return sample_works(read_workload_jsonl(path), cost, tp, cp)
+
+
+def load_workload(
+    name: str,
+    cost: CostModel,
+    *,
+    global_batch: int,
+    iterations: int,
+    seed: int,
+    tp: int = 1,
+    cp: int = 1,
+    shuffle: bool = False,
+    image_root: str | None = None,
+) -> Iterator[list[SampleWork]]:
+    """One list of ``global_batch`` SampleWork per iteration.
+
+    A built-in name draws samples ``[i*B, (i+1)*B)`` of ``(name, seed)`` for iteration ``i``; a
+    file is read in file order (shuffled with ``seed`` first if ``shuffle``) and iteration ``i`` uses
+    its samples ``[i*B, (i+1)*B)``. ``image_root`` is for LLaVA input (issue 5) and unused here.
+    """
+    _check_batching(global_batch, iterations)
+    if is_builtin(name):
+        if seed < 0:
+            raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
+        return _builtin_batches(canonical_name(name), cost, global_batch, iterations, seed, tp, cp)
+    path = _resolve_file(name)
+    works = _file_works(path, cost, tp, cp)
+    need = global_batch * iterations
+    if len(works) < need:
+        raise ConfigError(
+            f"{path}: has {len(works)} samples but --global-batch {global_batch} x --iterations {iterations} "
+            f"needs {need}"
+        )
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(len(works))
+        works = [works[i] for i in order]
+    return iter([works[i * global_batch : (i + 1) * global_batch] for i in range(iterations)])
+
+
+def _builtin_batches(
+    name: str, cost: CostModel, global_batch: int, iterations: int, seed: int, tp: int, cp: int
+) -> Iterator[list[SampleWork]]:
+    memo: dict = {}
+    for i in range(iterations):
+        samples = generate_samples(name, global_batch, seed, start=i * global_batch)
+        yield sample_works(samples, cost, tp, cp, memo)

@@ -1,1 +1,30 @@
+"""Per-iteration microbatch assignment: Entrain's hierarchical algorithm (paper Algorithm 3), one
+module per step: ``dp_split`` (replicas), ``stratified`` (K_eff + coarse/fine LPT encoder
+microbatches), ``deferral`` (subset-sum DP, ``V``/``L``), ``matching`` (BottleneckMatch),
+``hierarchical`` (the whole pipeline, ``assign_entrain``). Data types live in ``types``.
 
+Attributes are imported lazily so that ``entrain.core.assignment.types`` stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "assign_entrain": "hierarchical",
+    "assign_replica": "hierarchical",
+    "replica_assignment": "hierarchical",
+    "plan_deferral": "hierarchical",
+    "bottleneck_match": "matching",
+    "split_dp": "dp_split",
+    "stratified_assign": "stratified",
+    "effective_num_microbatches": "stratified",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

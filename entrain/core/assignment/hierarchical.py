@@ -1,0 +1,109 @@
+"""Entrain's hierarchical microbatch assignment (paper Algorithm 3): DP split -> stratified encoder
+microbatches -> pairwise deferral -> interleaved execution order.
+
+Execution order (pinned): matched pairs run ``ol0, ul0, ol1, ul1, ...`` with the pairs ordered by
+their OL microbatch's index ascending (the order of the paper's Fig. 8/9 example: MB3, MB2, MB4,
+MB5, MB6, MB1); with odd ``K_eff`` the median microbatch runs last, alone. Each UL microbatch runs
+immediately after its OL partner, so a deferred sample's encoder output waits exactly one slot.
+
+``llm_microbatches[i]`` (the LLM microbatch executed with encoder microbatch ``i``) = encoder
+microbatch ``i``'s samples minus those it defers, in encoder order, followed by the samples
+deferred *to* ``i`` (ascending id). Reported works are exact sums (``math.fsum``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from entrain.core.assignment.deferral import NUM_BUCKETS, deferral_candidates
+from entrain.core.assignment.dp_split import check_batch, split_dp
+from entrain.core.assignment.matching import bottleneck_match, complete_pairing
+from entrain.core.assignment.stratified import stratified_assign
+from entrain.core.assignment.types import Deferral, IterationAssignment, ReplicaAssignment
+from entrain.core.work import SampleWork
+
+__all__ = ["DeferralPlan", "plan_deferral", "replica_assignment", "assign_replica", "assign_entrain"]
+
+
+@dataclass(frozen=True)
+class DeferralPlan:
+    """Result of pairwise deferral for one replica's encoder microbatches.
+
+    ``pairs``: ``(ol, ul, deferred ids)`` in execution order; ``t_star``: the bottleneck threshold
+    (0 when there is no pair); ``execution_order``: encoder microbatch indices in run order.
+    """
+
+    t_star: float
+    pairs: tuple[tuple[int, int, tuple[str, ...]], ...]
+    median: int | None
+    execution_order: tuple[int, ...]
+
+
+def plan_deferral(
+    ids: Sequence[Sequence[str]], llm_work: Sequence[Sequence[float]], num_buckets: int = NUM_BUCKETS
+) -> DeferralPlan:
+    """Pairwise deferral (paper §5.2) on microbatches given as ids and per-sample LLM work."""
+    cand = deferral_candidates(ids, llm_work, num_buckets)
+    t_star, match = bottleneck_match(cand.V, cand.L)
+    pairs = []
+    for row, col, defers in complete_pairing(match, len(cand.ul)):
+        moved = cand.deferred[row][col] if defers else ()
+        pairs.append((cand.ol[row], cand.ul[col], moved))
+    order = [m for ol, ul, _ in pairs for m in (ol, ul)]
+    if cand.median is not None:
+        order.append(cand.median)
+    return DeferralPlan(t_star, tuple(pairs), cand.median, tuple(order))
+
+
+def replica_assignment(
+    encoder_mbs: Sequence[Sequence[SampleWork]], num_buckets: int = NUM_BUCKETS
+) -> ReplicaAssignment:
+    """Apply pairwise deferral to given encoder microbatches and build the ``ReplicaAssignment``."""
+    ids = [[s.id for s in mb] for mb in encoder_mbs]
+    plan = plan_deferral(ids, [[s.llm for s in mb] for mb in encoder_mbs], num_buckets)
+    llm_of = {s.id: s.llm for mb in encoder_mbs for s in mb}
+    llm_mbs = [list(mb) for mb in ids]
+    deferrals = []
+    for ol, ul, moved in plan.pairs:
+        gone = set(moved)
+        llm_mbs[ol] = [s for s in llm_mbs[ol] if s not in gone]
+        llm_mbs[ul] = llm_mbs[ul] + list(moved)
+        deferrals += [Deferral(s, ol, ul) for s in moved]
+    return ReplicaAssignment(
+        k_eff=len(encoder_mbs),
+        encoder_microbatches=tuple(tuple(mb) for mb in ids),
+        llm_microbatches=tuple(tuple(mb) for mb in llm_mbs),
+        execution_order=plan.execution_order,
+        deferrals=tuple(deferrals),
+        encoder_work=tuple(math.fsum(s.encoder for s in mb) for mb in encoder_mbs),
+        llm_work=tuple(math.fsum(llm_of[s] for s in mb) for mb in llm_mbs),
+    )
+
+
+def assign_replica(
+    samples: Sequence[SampleWork], num_microbatches: int, num_buckets: int = NUM_BUCKETS
+) -> ReplicaAssignment:
+    """Stratified assignment + pairwise deferral for one replica's minibatch."""
+    return replica_assignment(stratified_assign(samples, num_microbatches), num_buckets)
+
+
+def assign_entrain(
+    batch: Sequence[SampleWork],
+    dp: int,
+    num_microbatches: int,
+    *,
+    num_buckets: int = NUM_BUCKETS,
+    **_: object,
+) -> IterationAssignment:
+    """Entrain's assignment of one global batch: ``dp`` replicas of ``B/dp`` samples, each with
+    ``K_eff <= num_microbatches`` encoder microbatches and deferral-balanced LLM microbatches.
+
+    Deterministic: a function of the batch contents (ids and work) only; the input order does not
+    matter. Extra keyword arguments (e.g. ``stage_times``, used by other batchers) are ignored.
+    """
+    check_batch(batch, dp, num_microbatches)
+    return IterationAssignment(
+        tuple(assign_replica(r, num_microbatches, num_buckets) for r in split_dp(batch, dp))
+    )

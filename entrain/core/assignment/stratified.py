@@ -1,0 +1,73 @@
+"""Stratified sample assignment (paper §5.1, Algorithm 3 lines 3-6): encoder microbatches.
+
+Pinned (DESIGN.md §1):
+
+* ``K_eff = min(K, floor(sum(w_enc) / max(w_enc)))``, at least 1. The floor is taken with a
+  relative tolerance of 1e-9 so that ``3 * (1/3) / (1/3)`` counts as 3. A replica whose encoder
+  work is all zero (text-only) gets ``K_eff = min(K, n)``.
+* Coarse set = samples whose LLM work is strictly above the replica's median LLM work; fine set =
+  the rest. Each set is sorted on (encoder work descending, id ascending).
+* LPT list scheduling, coarse set first then fine set: each sample goes to the microbatch with the
+  least encoder work; exact ties go to the microbatch with fewer samples, then the lowest index
+  (the sample-count step only matters for zero-work samples and guarantees no empty microbatch
+  whenever ``n >= K_eff``).
+
+Guarantee (Graham's list-scheduling bound, valid for any list order): the largest encoder load is
+at most ``sum/K_eff + (1 - 1/K_eff) * max_sample <= (2 - 1/K_eff) * max(sum/K_eff, max_sample)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from entrain.core.assignment.dp_split import sort_desc
+from entrain.core.work import SampleWork
+
+__all__ = ["effective_num_microbatches", "coarse_fine_split", "lpt_assign", "stratified_assign"]
+
+_FLOOR_RTOL = 1e-9
+
+
+def effective_num_microbatches(encoder_work: Sequence[float], num_microbatches: int) -> int:
+    """``K_eff`` for one replica (see module docstring). ``num_microbatches`` is the user's ``K``."""
+    n = len(encoder_work)
+    w_max = max(encoder_work, default=0.0)
+    if w_max <= 0.0:
+        return max(1, min(num_microbatches, n))
+    ratio = math.fsum(encoder_work) / w_max
+    return max(1, min(num_microbatches, math.floor(ratio * (1.0 + _FLOOR_RTOL))))
+
+
+def coarse_fine_split(samples: Sequence[SampleWork]) -> tuple[list[SampleWork], list[SampleWork]]:
+    """(coarse, fine): coarse = LLM work strictly above the median; each sorted encoder-descending."""
+    if not samples:
+        return [], []
+    median = float(np.median([s.llm for s in samples]))
+    coarse = [s for s in samples if s.llm > median]
+    fine = [s for s in samples if not s.llm > median]
+    return sort_desc(coarse, "encoder"), sort_desc(fine, "encoder")
+
+
+def lpt_assign(samples: Sequence[SampleWork], num_bins: int) -> list[list[SampleWork]]:
+    """Greedy list scheduling of ``samples`` in the given order into ``num_bins`` bins by encoder work.
+
+    Each sample goes to the bin with (least encoder load, fewest samples, lowest index).
+    """
+    bins: list[list[SampleWork]] = [[] for _ in range(num_bins)]
+    heap = [(0.0, 0, i) for i in range(num_bins)]  # (load, count, index): heap order = tie-break order
+    for s in samples:
+        load, count, i = heapq.heappop(heap)
+        bins[i].append(s)
+        heapq.heappush(heap, (load + s.encoder, count + 1, i))
+    return bins
+
+
+def stratified_assign(samples: Sequence[SampleWork], num_microbatches: int) -> list[list[SampleWork]]:
+    """One replica's encoder microbatches: ``K_eff`` bins from coarse-then-fine LPT."""
+    k_eff = effective_num_microbatches([s.encoder for s in samples], num_microbatches)
+    coarse, fine = coarse_fine_split(samples)
+    return lpt_assign(coarse + fine, k_eff)

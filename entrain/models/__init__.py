@@ -1,0 +1,3 @@
+"""torch + transformers: the vision-language model built from Hugging Face configs, cut into stages.
+
+Importing this package registers the packed causal attention with transformers."""

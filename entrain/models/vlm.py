@@ -1,0 +1,292 @@
+"""Build the vision-language model from Hugging Face configs and cut it into pipeline stages.
+
+Shape legend: ``N`` ViT patches, ``M`` merged image tokens (``N / 4``), ``T`` packed LLM tokens,
+``H`` LLM hidden size, ``V`` vocabulary, ``P`` patch values (1,176).
+
+The model is built once from a seed (or loaded from a local weights folder), so every rank that builds
+it holds the same weights as a single-process reference. ``build_stage`` keeps references to the
+submodules of a layer range; parameter names stay the full model's names (``named_parameters`` of the
+stage module is keyed by them) so gradients can be compared tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+from transformers.vision_utils import (
+    get_vision_attention_seqlens,
+    get_vision_position_ids,
+    get_vision_window_index,
+)
+
+from entrain.core.errors import ConfigError
+from entrain.models.attention import PACKED_ATTENTION
+from entrain.models.config import VLMConfig
+
+__all__ = ["VLM", "build_vlm", "EncoderStage", "LLMStage", "LLMBatch", "build_stage", "set_trainable"]
+
+
+def _vision_hf_config(cfg: VLMConfig) -> Qwen2_5_VLVisionConfig:
+    v = cfg.vision
+    return Qwen2_5_VLVisionConfig(
+        depth=v.depth,
+        hidden_size=v.hidden_size,
+        intermediate_size=v.intermediate_size,
+        num_heads=v.num_heads,
+        in_channels=v.in_channels,
+        patch_size=v.patch_size,
+        spatial_merge_size=v.spatial_merge_size,
+        temporal_patch_size=v.temporal_patch_size,
+        window_size=v.window_size,
+        out_hidden_size=cfg.llm.hidden_size,
+        fullatt_block_indexes=list(v.fullatt_block_indexes),
+    )
+
+
+def _llm_hf_config(cfg: VLMConfig) -> LlamaConfig:
+    d = cfg.llm
+    hf = LlamaConfig(
+        vocab_size=d.vocab_size,
+        hidden_size=d.hidden_size,
+        intermediate_size=d.intermediate_size,
+        num_hidden_layers=d.num_layers,
+        num_attention_heads=d.num_heads,
+        num_key_value_heads=d.num_kv_heads,
+        head_dim=d.head_dim,
+        max_position_embeddings=d.max_position_embeddings,
+        rms_norm_eps=d.rms_norm_eps,
+        rope_theta=d.rope_theta,
+        tie_word_embeddings=False,
+    )
+    hf._attn_implementation = PACKED_ATTENTION
+    return hf
+
+
+class VLM(nn.Module):
+    """Vision tower (its merger projects to the LLM width) + Llama causal LM."""
+
+    def __init__(self, cfg: VLMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.vision = Qwen2_5_VisionTransformerPretrainedModel(_vision_hf_config(cfg))
+        self.llm = LlamaForCausalLM(_llm_hf_config(cfg))
+
+
+def build_vlm(
+    cfg: VLMConfig, *, seed: int = 0, weights_dir: str | None = None, dtype: torch.dtype = torch.float32
+) -> VLM:
+    """Random init from ``seed``, or the weights in ``weights_dir`` (``vision/`` and ``llm/`` Hugging Face
+    folders, or one ``model.safetensors`` / ``model.pt`` state dict of this ``VLM``)."""
+    torch.manual_seed(seed)
+    model = VLM(cfg)
+    if weights_dir is not None:
+        _load_weights(model, weights_dir)
+    return model.to(dtype)
+
+
+def _load_weights(model: VLM, weights_dir: str) -> None:
+    if not os.path.isdir(weights_dir):
+        raise ConfigError(f"weights folder {weights_dir!r} does not exist")
+    flat = [os.path.join(weights_dir, f) for f in ("model.safetensors", "model.pt")]
+    found = [p for p in flat if os.path.exists(p)]
+    if found:
+        if found[0].endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            state = load_file(found[0])
+        else:
+            state = torch.load(found[0], map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+        return
+    for part, module in (("vision", model.vision), ("llm", model.llm)):
+        sub = os.path.join(weights_dir, part)
+        if not os.path.isdir(sub):
+            raise ConfigError(f"weights folder {weights_dir!r} has neither model.safetensors nor {part}/")
+        loaded = type(module).from_pretrained(sub, config=module.config)
+        state = loaded.state_dict()
+        if part == "llm" and "lm_head.weight" not in state:  # tied checkpoint: untie
+            state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+        module.load_state_dict(state)
+
+
+def set_trainable(model: VLM, *, encoder: bool = True, merger: bool = True, llm: bool = True) -> None:
+    """Freeze or unfreeze components (DESIGN.md section 1: frozen encoder or LLM)."""
+    for name, p in model.vision.named_parameters():
+        p.requires_grad_(merger if name.startswith("merger.") else encoder)
+    for p in model.llm.parameters():
+        p.requires_grad_(llm)
+
+
+# --------------------------------------------------------------------------------------------------
+# Encoder stages
+
+
+@dataclass
+class VisionGeometry:
+    """Per-call index tensors of a packed set of images (what every encoder stage recomputes)."""
+
+    window_index: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_window_seqlens: torch.Tensor
+    position_embeddings: tuple[torch.Tensor, torch.Tensor]
+
+
+class EncoderStage(nn.Module):
+    """Encoder layers ``[first, end)`` of ``[patch_embed, blocks..., merger]``.
+
+    Input: ``[N, P]`` patches (first stage) or ``[N, hidden]`` window-permuted states; plus
+    ``grid_thw [images, 3]``. Output: window-permuted ``[N, hidden]`` or, after the merger,
+    ``[M, H]`` merged tokens in image order.
+    """
+
+    def __init__(self, model: VLM, first: int, end: int):
+        super().__init__()
+        vis = model.vision
+        depth = len(vis.blocks)
+        self.first, self.end = first, end
+        self.vis = vis
+        self.block_ids = [i - 1 for i in range(max(first, 1), min(end, depth + 1))]
+        self.has_patch_embed = first == 0
+        self.has_merger = end == depth + 2
+        self.prefix = "vision."
+
+    def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        parts: list[tuple[str, nn.Module]] = []
+        if self.has_patch_embed:
+            parts.append(("patch_embed", self.vis.patch_embed))
+        parts += [(f"blocks.{i}", self.vis.blocks[i]) for i in self.block_ids]
+        if self.has_merger:
+            parts.append(("merger", self.vis.merger))
+        return [(f"{self.prefix}{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
+
+    def geometry(self, grid_thw: torch.Tensor, like: torch.Tensor) -> VisionGeometry:
+        vis = self.vis
+        pos_ids = get_vision_position_ids(grid_thw, vis.spatial_merge_size)
+        cu_seqlens, _ = get_vision_attention_seqlens(grid_thw, vis.config)
+        window_index, cu_window = get_vision_window_index(
+            grid_thw,
+            spatial_merge_size=vis.spatial_merge_size,
+            window_size=vis.window_size,
+            patch_size=vis.patch_size,
+        )
+        n = int(cu_seqlens[-1])
+        dummy = like.new_empty((n, vis.config.hidden_size))
+        emb = vis.rotary_pos_emb(dummy, pos_ids.to(like.device))
+        emb = tuple(
+            vis.permute_input_for_window_attn(e, window_index.to(like.device), seq_len=n) for e in emb
+        )
+        return VisionGeometry(
+            window_index.to(like.device), cu_seqlens.to(like.device), cu_window.to(like.device), emb
+        )
+
+    def forward(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        vis = self.vis
+        geo = self.geometry(grid_thw, x)
+        if self.has_patch_embed:
+            x = vis.patch_embed(x)
+            x = vis.permute_input_for_window_attn(x, geo.window_index, seq_len=x.shape[0])
+        for i in self.block_ids:
+            full = i in vis.fullatt_block_indexes
+            x = vis.blocks[i](
+                x,
+                cu_seqlens=geo.cu_seqlens if full else geo.cu_window_seqlens,
+                position_embeddings=geo.position_embeddings,
+            )
+        if self.has_merger:
+            x = vis.merger(x)[torch.argsort(geo.window_index)]
+        return x
+
+
+# --------------------------------------------------------------------------------------------------
+# LLM stages
+
+
+@dataclass
+class LLMBatch:
+    """A packed LLM (sub-)microbatch: samples concatenated along the sequence.
+
+    ``input_ids [T]``; ``position_ids [T]`` restart at 0 per sample; ``seq_lens`` per sample;
+    ``image_positions [M]`` the placeholder positions, in sample order (the image features fill them in
+    the same order); ``label_positions [n]`` and ``targets [n]`` where the loss is taken (the target
+    is the next token); ``loss_scale`` = 1 / label tokens of the global batch.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    seq_lens: tuple[int, ...]
+    image_positions: torch.Tensor
+    label_positions: torch.Tensor
+    targets: torch.Tensor
+    loss_scale: float
+
+
+class LLMStage(nn.Module):
+    """LLM layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]``.
+
+    Input: image features ``[M, H]`` (first stage), ``[1, T, H]`` hidden states, or ``[n, V]``
+    logits at label positions. Output: ``[1, T, H]``, ``[n, V]`` logits, or the scalar loss
+    ``sum(token CE) * loss_scale``.
+    """
+
+    def __init__(self, model: VLM, first: int, end: int):
+        super().__init__()
+        llm = model.llm
+        num_layers = len(llm.model.layers)
+        self.first, self.end = first, end
+        self.llm = llm
+        self.has_embed = first == 0
+        self.layer_ids = [i - 1 for i in range(max(first, 1), min(end, num_layers + 1))]
+        self.has_norm = first <= num_layers + 1 < end
+        self.has_lm_head = first <= num_layers + 2 < end
+        self.has_loss = end == num_layers + 4
+
+    def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        inner = self.llm.model
+        parts: list[tuple[str, nn.Module]] = []
+        if self.has_embed:
+            parts.append(("model.embed_tokens", inner.embed_tokens))
+        parts += [(f"model.layers.{i}", inner.layers[i]) for i in self.layer_ids]
+        if self.has_norm:
+            parts.append(("model.norm", inner.norm))
+        if self.has_lm_head:
+            parts.append(("lm_head", self.llm.lm_head))
+        return [(f"llm.{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
+
+    def forward(self, x: torch.Tensor | None, batch: LLMBatch) -> torch.Tensor:
+        inner = self.llm.model
+        if self.has_embed:
+            h = inner.embed_tokens(batch.input_ids)
+            if batch.image_positions.numel():
+                h = h.index_put((batch.image_positions,), x.to(h.dtype))
+            x = h.unsqueeze(0)
+        if self.layer_ids:
+            pos = batch.position_ids.unsqueeze(0)
+            emb = inner.rotary_emb(x, pos)
+            for i in self.layer_ids:
+                x = inner.layers[i](
+                    x, position_ids=pos, position_embeddings=emb, entrain_seq_lens=batch.seq_lens
+                )
+        if self.has_norm:
+            x = inner.norm(x)
+        if self.has_lm_head:
+            x = self.llm.lm_head(x[0, batch.label_positions])
+        if self.has_loss:
+            x = F.cross_entropy(x.float(), batch.targets, reduction="sum") * batch.loss_scale
+        return x
+
+
+def build_stage(model: VLM, component: str, first: int, end: int) -> EncoderStage | LLMStage:
+    """The stage module of layers ``[first, end)`` of ``component`` (``encoder`` or ``llm``)."""
+    n = len(model.cfg.layer_names(component))
+    if not 0 <= first < end <= n:
+        raise ConfigError(f"{component} stage layers [{first}, {end}) outside 0..{n}")
+    if component == "encoder":
+        return EncoderStage(model, first, end)
+    return LLMStage(model, first, end)

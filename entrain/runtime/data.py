@@ -1,0 +1,171 @@
+"""Render sample metadata into real tensors and pack them per (sub-)microbatch.
+
+A rendered sample is deterministic in ``(seed, sample id)``, so every rank renders the same tensors
+for a sample without communication. Layout of one sample's LLM sequence (Qwen2.5-VL style)::
+
+    [<|vision_start|> <|image_pad|> * m_i <|vision_end|>] per image, prompt text, answer text
+
+``text_tokens`` counts every non-image token (markers included). The answer is the last
+``max(1, text_tokens // 4)`` tokens; the loss is taken at the positions that predict them (labels on
+the answer part only). Pixel values are seeded N(0, 1) patches of the ``smart_resize``-d size:
+``[(H'/14) * (W'/14), 1176]`` rows per image with ``grid_thw = (1, H'/14, W'/14)``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from entrain.core.samples import SampleMeta, smart_resize
+from entrain.models.config import IMAGE_PAD_ID, QWEN2_SPECIAL_BASE, VISION_END_ID, VISION_START_ID, VLMConfig
+from entrain.models.vlm import LLMBatch
+
+__all__ = ["RenderedSample", "SampleRenderer", "EncoderInput"]
+
+
+@dataclass(frozen=True)
+class RenderedSample:
+    id: str
+    input_ids: torch.Tensor
+    """``[L]`` int64, already in the model's vocabulary."""
+    image_positions: torch.Tensor
+    """``[M]`` positions of the image placeholders, images in order."""
+    label_positions: torch.Tensor
+    targets: torch.Tensor
+    grid_thw: tuple[tuple[int, int, int], ...]
+    image_tokens: int
+    """Merged image tokens (rows of this sample's encoder output)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.label_positions.numel())
+
+
+@dataclass(frozen=True)
+class EncoderInput:
+    patches: torch.Tensor
+    """``[N, 1176]`` packed patches of every image of the (sub-)microbatch."""
+    grid_thw: torch.Tensor
+    """``[images, 3]`` int64."""
+    rows_per_sample: tuple[int, ...]
+    """Merged output rows each sample contributes, in order."""
+
+
+def _seed_of(seed: int, sample_id: str, salt: str) -> int:
+    return zlib.crc32(f"{seed}:{salt}:{sample_id}".encode())
+
+
+class SampleRenderer:
+    """Renders ``SampleMeta`` into tensors for ``cfg`` (seeded by ``seed``) and packs them."""
+
+    def __init__(
+        self,
+        cfg: VLMConfig,
+        metas: dict[str, SampleMeta],
+        *,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):
+        self.cfg, self.metas, self.seed = cfg, metas, seed
+        self.device, self.dtype = torch.device(device), dtype
+        self._cache: dict[str, RenderedSample] = {}
+
+    def add(self, metas: dict[str, SampleMeta]) -> None:
+        self.metas.update(metas)
+
+    # --- one sample ---------------------------------------------------------------------------------
+    def grid(self, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
+        p = self.cfg.vision.patch_size
+        out = []
+        for h, w in meta.images:
+            hr, wr = smart_resize(h, w, meta.vision)
+            out.append((1, hr // p, wr // p))
+        return tuple(out)
+
+    def sample(self, sample_id: str) -> RenderedSample:
+        if sample_id not in self._cache:
+            self._cache[sample_id] = self._render(self.metas[sample_id])
+        return self._cache[sample_id]
+
+    def _render(self, meta: SampleMeta) -> RenderedSample:
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(_seed_of(self.seed, meta.id, "text"))
+        grid = self.grid(meta)
+        merge = cfg.vision.spatial_merge_size**2
+        img_tokens = [t * h * w // merge for t, h, w in grid]
+        text = meta.text_tokens
+        use_markers = text >= 2 * len(grid) + 2
+        num_markers = 2 * len(grid) if use_markers else 0
+        num_answer = max(0, min(max(1, text // 4), text - num_markers - 1))
+        words = torch.randint(0, QWEN2_SPECIAL_BASE, (text - num_markers,), generator=gen).tolist()
+        ids: list[int] = []
+        image_pos: list[int] = []
+        for m in img_tokens:
+            if use_markers:
+                ids.append(VISION_START_ID)
+            image_pos.extend(range(len(ids), len(ids) + m))
+            ids.extend([IMAGE_PAD_ID] * m)
+            if use_markers:
+                ids.append(VISION_END_ID)
+        ids.extend(words)
+        ids_t = torch.tensor([cfg.token_id(i) for i in ids], dtype=torch.int64)
+        n = len(ids)
+        label_pos = torch.arange(n - num_answer - 1, n - 1, dtype=torch.int64)
+        return RenderedSample(
+            id=meta.id,
+            input_ids=ids_t,
+            image_positions=torch.tensor(image_pos, dtype=torch.int64),
+            label_positions=label_pos,
+            targets=ids_t[label_pos + 1],
+            grid_thw=grid,
+            image_tokens=sum(img_tokens),
+        )
+
+    def patches(self, sample_id: str) -> torch.Tensor:
+        """``[N, 1176]`` seeded pixel patches of every image of a sample (not cached: large)."""
+        s = self.sample(sample_id)
+        gen = torch.Generator().manual_seed(_seed_of(self.seed, sample_id, "pixels"))
+        rows = sum(t * h * w for t, h, w in s.grid_thw)
+        return torch.randn((rows, self.cfg.vision.patch_dim), generator=gen).to(self.device, self.dtype)
+
+    # --- packs --------------------------------------------------------------------------------------
+    def encoder_input(self, ids: Sequence[str]) -> EncoderInput:
+        samples = [self.sample(i) for i in ids]
+        with_images = [s for s in samples if s.grid_thw]
+        patches = [self.patches(s.id) for s in with_images]
+        grid = [g for s in with_images for g in s.grid_thw]
+        return EncoderInput(
+            patches=torch.cat(patches)
+            if patches
+            else torch.empty((0, self.cfg.vision.patch_dim), device=self.device, dtype=self.dtype),
+            grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3).to(self.device),
+            rows_per_sample=tuple(s.image_tokens for s in samples),
+        )
+
+    def llm_batch(self, ids: Sequence[str], loss_scale: float) -> LLMBatch:
+        samples = [self.sample(i) for i in ids]
+        offsets = [0]
+        for s in samples:
+            offsets.append(offsets[-1] + s.num_tokens)
+        dev = self.device
+        cat = torch.cat
+        return LLMBatch(
+            input_ids=cat([s.input_ids for s in samples]).to(dev),
+            position_ids=cat([torch.arange(s.num_tokens) for s in samples]).to(dev),
+            seq_lens=tuple(s.num_tokens for s in samples),
+            image_positions=cat([s.image_positions + o for s, o in zip(samples, offsets)]).to(dev),
+            label_positions=cat([s.label_positions + o for s, o in zip(samples, offsets)]).to(dev),
+            targets=cat([s.targets for s in samples]).to(dev),
+            loss_scale=loss_scale,
+        )
+
+    def num_labels(self, ids: Sequence[str]) -> int:
+        return sum(self.sample(i).num_labels for i in ids)

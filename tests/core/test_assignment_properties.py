@@ -1,0 +1,112 @@
+"""Hypothesis property tests of Entrain's hierarchical assignment (issue 2 req. 9)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from entrain.core.assignment.dp_split import split_dp
+from entrain.core.assignment.hierarchical import assign_entrain
+from entrain.core.work import SampleWork
+
+work = st.one_of(st.just(0.0), st.floats(0.01, 100.0), st.integers(1, 20).map(float))
+
+
+@st.composite
+def batches(draw):
+    dp = draw(st.integers(1, 4))
+    per_replica = draw(st.integers(1, 14))
+    k = draw(st.integers(1, 8))
+    pairs = draw(st.lists(st.tuples(work, work), min_size=dp * per_replica, max_size=dp * per_replica))
+    batch = [SampleWork(f"s{i:03d}", e, m) for i, (e, m) in enumerate(pairs)]
+    return batch, dp, k
+
+
+def _tol(x: float) -> float:
+    return 1e-9 * max(1.0, abs(x))
+
+
+@given(batches())
+def test_every_sample_once_and_equal_replica_sizes(case):
+    batch, dp, k = case
+    it = assign_entrain(batch, dp, k)
+    ids = sorted(s.id for s in batch)
+    enc = [s for r in it.replicas for mb in r.encoder_microbatches for s in mb]
+    llm = [s for r in it.replicas for mb in r.llm_microbatches for s in mb]
+    assert sorted(enc) == ids and sorted(llm) == ids
+    assert len(it.replicas) == dp
+    for r in it.replicas:
+        assert sorted(r.sample_ids) == sorted(s for mb in r.llm_microbatches for s in mb)
+        assert len(r.sample_ids) == len(batch) // dp
+        assert 1 <= r.k_eff <= k
+        assert all(len(mb) > 0 for mb in r.encoder_microbatches)
+
+
+@given(batches())
+def test_deferral_only_from_ol_to_the_partner_run_right_after(case):
+    batch, dp, k = case
+    llm_of = {s.id: s.llm for s in batch}
+    for r in assign_entrain(batch, dp, k).replicas:
+        pos = {mb: p for p, mb in enumerate(r.execution_order)}
+        before = [math.fsum(llm_of[s] for s in mb) for mb in r.encoder_microbatches]
+        for d in r.deferrals:
+            assert pos[d.to_mb] == pos[d.from_mb] + 1
+            assert pos[d.from_mb] % 2 == 0  # the OL microbatch opens its pair
+            assert before[d.from_mb] >= before[d.to_mb]
+            assert d.id in r.encoder_microbatches[d.from_mb]
+            assert d.id in r.llm_microbatches[d.to_mb] and d.id not in r.llm_microbatches[d.from_mb]
+        # no other sample changes microbatch between encoder and LLM
+        moved = {d.id for d in r.deferrals}
+        for i, mb in enumerate(r.encoder_microbatches):
+            assert [s for s in mb if s not in moved] == [s for s in r.llm_microbatches[i] if s not in moved]
+
+
+@given(batches())
+def test_largest_llm_microbatch_never_grows(case):
+    batch, dp, k = case
+    llm_of = {s.id: s.llm for s in batch}
+    for r in assign_entrain(batch, dp, k).replicas:
+        before = max(math.fsum(llm_of[s] for s in mb) for mb in r.encoder_microbatches)
+        assert max(r.llm_work) <= before + _tol(before)
+        # every LLM microbatch of a pair stays within the pair's larger pre-deferral load
+        for p in range(0, len(r.execution_order) - 1, 2):
+            ol, ul = r.execution_order[p], r.execution_order[p + 1]
+            w_ol = math.fsum(llm_of[s] for s in r.encoder_microbatches[ol])
+            assert r.llm_work[ol] <= w_ol + _tol(w_ol) and r.llm_work[ul] <= w_ol + _tol(w_ol)
+
+
+@given(batches())
+def test_encoder_lpt_within_graham_bound(case):
+    """List scheduling (any list order, so also coarse-then-fine) guarantees
+    ``max_load <= sum/K + (1 - 1/K) * p_max``: when the last sample of the heaviest microbatch was
+    placed, that microbatch was the least loaded, so its load then was at most (sum - p)/K.
+    This implies Graham's ``(2 - 1/K) * max(mean, p_max)``, which we check too."""
+    batch, dp, k = case
+    enc_of = {s.id: s.encoder for s in batch}
+    for r in assign_entrain(batch, dp, k).replicas:
+        works = [enc_of[s] for s in r.sample_ids]
+        total, p_max, kk = math.fsum(works), max(works), r.k_eff
+        bound = total / kk + (1 - 1 / kk) * p_max
+        assert max(r.encoder_work) <= bound + _tol(bound)
+        graham = (2 - 1 / kk) * max(total / kk, p_max)
+        assert max(r.encoder_work) <= graham + _tol(graham)
+
+
+@given(batches(), st.integers(0, 2**32 - 1))
+def test_deterministic_and_independent_of_input_order(case, seed):
+    batch, dp, k = case
+    first = assign_entrain(batch, dp, k)
+    assert assign_entrain(list(batch), dp, k) == first
+    shuffled = list(batch)
+    random.Random(seed).shuffle(shuffled)
+    assert assign_entrain(shuffled, dp, k) == first
+
+
+@given(batches())
+def test_dp_split_sizes(case):
+    batch, dp, _ = case
+    reps = split_dp(batch, dp)
+    assert [len(r) for r in reps] == [len(batch) // dp] * dp

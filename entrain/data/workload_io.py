@@ -35,6 +35,7 @@ __all__ = [
     "read_raw_work_jsonl",
     "read_samples",
     "sample_works",
+    "resolve_dataset_file",
 ]
 
 WORKLOAD_KEYS = ("id", "images", "text_tokens")
@@ -240,7 +241,7 @@ def _check_batching(global_batch: int, iterations: int) -> None:
         )
 
 
-def _resolve_file(name: str) -> str:
+def resolve_dataset_file(name: str) -> str:
     if not os.path.isfile(name):
         raise ConfigError(
             f"--dataset {name!r} is neither a built-in dataset ({', '.join(DATASETS)}, alias llava_instruct_150k) "
@@ -278,7 +279,7 @@ def load_workload(
         if seed < 0:
             raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
         return _builtin_batches(canonical_name(name), cost, global_batch, iterations, seed, tp, cp)
-    path = _resolve_file(name)
+    path = resolve_dataset_file(name)
     works = _file_works(path, cost, tp, cp)
     need = global_batch * iterations
     if len(works) < need:

@@ -1,0 +1,136 @@
+"""``entrain data``: dataset tools. ``stats`` summarises a dataset's token and work distributions
+(CONTRACT.md); ``check`` and ``synth`` arrive with issue 5 and register beside it in ``add_parser``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from entrain.cli.common import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    default_hardware,
+    emit_json,
+    resolve_cost_model,
+)
+from entrain.core.errors import ConfigError
+from entrain.core.samples import SampleMeta
+from entrain.data.generators import canonical_name, generate_samples, is_builtin
+from entrain.data.workload_io import read_samples, resolve_dataset_file, sample_works
+
+DEFAULT_NUM_SAMPLES = 10_000
+QUANTITIES = ("text_tokens", "image_tokens", "vit_patches", "encoder_llm_ratio")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("data", help="dataset statistics (and, from issue 5, checks and synthesis)")
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    _add_stats_parser(sub)
+
+
+def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="token and encoder:LLM work-ratio distributions of a dataset")
+    p.add_argument("--dataset", "--work-file", dest="dataset", default="synthchartnet",
+                   help="built-in dataset name or workload JSONL")  # fmt: skip
+    p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS)
+    p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS,
+                   help="default: cpu-tiny for tiny, a40-paper otherwise")  # fmt: skip
+    p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
+    p.add_argument("--num-samples", type=int, default=None,
+                   help=f"samples to draw (default {DEFAULT_NUM_SAMPLES}); a file's first N (default all)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument(
+        "--plot", default=None, metavar="FILE.png", help="write text/vision token CDFs (paper Fig. 3)"
+    )
+    p.set_defaults(func=run_stats)
+
+
+def _load(args: argparse.Namespace) -> tuple[str, list[SampleMeta]]:
+    if is_builtin(args.dataset):
+        name = canonical_name(args.dataset)
+        n = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
+        return name, generate_samples(name, n, args.seed)
+    samples = read_samples(resolve_dataset_file(args.dataset))
+    return args.dataset, samples if args.num_samples is None else samples[: args.num_samples]
+
+
+def _summary(x: np.ndarray) -> dict[str, float]:
+    p5, p50, p95 = np.percentile(x, [5, 50, 95])
+    return {"mean": float(x.mean()), "p5": float(p5), "p50": float(p50), "p95": float(p95)}
+
+
+def compute_stats(samples: list[SampleMeta], cost) -> tuple[dict, dict[str, np.ndarray]]:
+    """The CONTRACT ``data stats`` object and the per-sample columns it summarises."""
+    works = sample_works(samples, cost)
+    cols = {
+        "text_tokens": np.array([s.text_tokens for s in samples], dtype=float),
+        "image_tokens": np.array([s.image_tokens for s in samples], dtype=float),
+        "vit_patches": np.array([s.vit_patches for s in samples], dtype=float),
+        "encoder_llm_ratio": np.array([w.encoder / w.llm for w in works], dtype=float),
+    }
+    return {"num_samples": len(samples), **{q: _summary(cols[q]) for q in QUANTITIES}}, cols
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    name, samples = _load(args)
+    if not samples:
+        raise ConfigError(f"--dataset {args.dataset}: no samples to summarise")
+    cost = resolve_cost_model(args)
+    stats, cols = compute_stats(samples, cost)
+    if args.plot:
+        plot_token_cdfs(cols, name, args.plot)
+    if args.json:
+        emit_json(stats)
+    else:
+        hardware = args.hardware or default_hardware(args.model)
+        source = f"profile {args.profile}" if args.profile else f"{args.model} on {hardware}"
+        print(
+            format_stats(stats, f"{name} ({stats['num_samples']} samples, seed {args.seed}; ratio: {source})")
+        )
+        if args.plot:
+            print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def format_stats(stats: dict, title: str) -> str:
+    lines = [title, f"{'quantity':<20}{'mean':>10}{'p5':>10}{'p50':>10}{'p95':>10}"]
+    for q in QUANTITIES:
+        s = stats[q]
+        fmt = "{:>10.2f}" if q == "encoder_llm_ratio" else "{:>10.0f}"
+        lines.append(f"{q:<20}" + "".join(fmt.format(s[k]) for k in ("mean", "p5", "p50", "p95")))
+    return "\n".join(lines)
+
+
+def plot_token_cdfs(cols: dict[str, np.ndarray], name: str, path: str) -> None:
+    """Two panels like paper Fig. 3: text tokens and vision tokens (ViT patches and merged LLM image
+    tokens) per sample, empirical CDFs on log2 x axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_text, ax_vis) = plt.subplots(1, 2, figsize=(9, 3.4), constrained_layout=True)
+    _cdf(ax_text, cols["text_tokens"], "text tokens", "-")
+    _cdf(ax_vis, cols["vit_patches"], "ViT patches", "-")
+    _cdf(ax_vis, cols["image_tokens"], "LLM image tokens (2x2 merged)", "--")
+    ax_text.set_title(f"{name}: text tokens per sample", fontsize=10)
+    ax_vis.set_title(f"{name}: vision tokens per sample", fontsize=10)
+    for ax in (ax_text, ax_vis):
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.02)
+        ax.set_ylabel("CDF")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    ax_text.set_xlabel("tokens (log2)")
+    ax_vis.set_xlabel("tokens (log2)")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _cdf(ax, values: np.ndarray, label: str, style: str) -> None:
+    x = np.sort(values[values > 0])
+    if x.size:
+        ax.step(x, np.arange(1, x.size + 1) / x.size, style, where="post", label=label)

@@ -46,3 +46,98 @@ def test_arch_facts():
 def test_unknown_arch():
     with pytest.raises(ConfigError, match="unknown model preset"):
         get_arch("gpt5")
+
+
+# --- cost presets ---------------------------------------------------------------------------------
+from entrain.core.costmodel import CostModel, parallel_key  # noqa: E402
+from entrain.core.presets import HARDWARE_PRESETS, build_cost_model  # noqa: E402
+from entrain.core.samples import SampleMeta  # noqa: E402
+
+SAMPLE = SampleMeta("s", ((576, 768),), 162)
+
+
+@pytest.mark.parametrize("hardware", HARDWARE_PRESETS)
+@pytest.mark.parametrize("model", sorted(MODEL_PRESETS))
+def test_every_model_on_every_hardware(model, hardware):
+    cost = build_cost_model(model, hardware)
+    arch = get_arch(model)
+    assert cost.encoder.num_layers == arch.vision.depth + 2  # patch_embed, blocks, merger
+    assert cost.llm.num_layers == arch.llm.num_hidden_layers + 4  # embed, layers, norm, lm_head, loss
+    assert cost.encoder.layer_names[0] == "patch_embed" and cost.encoder.layer_names[-1] == "merger"
+    assert cost.llm.layer_names[-3:] == ["norm", "lm_head", "loss"]
+    for layer in cost.encoder.layers + cost.llm.layers:
+        assert {"tp1cp1", "tp1cp2", "tp2cp1"} <= set(layer.fwd) and set(layer.fwd) == set(layer.bwd)
+    work = cost.sample_work(SAMPLE)
+    assert work.encoder > 0 and work.llm > 0
+    assert CostModel.from_json(cost.to_json()) == cost
+    # parameter bytes are bf16 of the architecture's parameters
+    assert sum(x.param_bytes for x in cost.encoder.layers) == 2 * arch.vision.num_params()
+    assert sum(x.param_bytes for x in cost.llm.layers) == 2 * arch.llm.num_params()
+
+
+def test_lm_head_costs_about_four_decoder_layers_at_all_tokens():
+    cost = build_cost_model("qwen25vl-llama3-1b", "a40-flops", label_fraction=1.0)
+    names = cost.llm.layer_names
+    head = cost.llm.layers[names.index("lm_head")].fwd["tp1cp1"].b
+    layer = cost.llm.layers[names.index("layers.0")].fwd["tp1cp1"].b
+    assert 4.0 <= head / layer <= 5.5
+    # at the default label fraction the head is much cheaper
+    cost_default = build_cost_model("qwen25vl-llama3-1b", "a40-flops")
+    assert cost_default.llm.layers[names.index("lm_head")].fwd["tp1cp1"].b == pytest.approx(0.2 * head)
+
+
+def test_window_vs_full_attention_blocks():
+    cost = build_cost_model("qwen25vl-llama3-1b", "a40-flops")
+    by_name = {x.name: x for x in cost.encoder.layers}
+    assert by_name["blocks.0"].fwd["tp1cp1"].a == 0.0 and by_name["blocks.0"].kind == "vit_block_window"
+    for b in (7, 15, 23, 31):
+        assert by_name[f"blocks.{b}"].fwd["tp1cp1"].a > 0 and by_name[f"blocks.{b}"].kind == "vit_block_full"
+
+
+def test_backward_costs_more_and_tp_shards():
+    cost = build_cost_model("qwen25vl-llama3-3b", "a40-flops")
+    layer = cost.llm.layers[1]
+    f1, b1 = layer.fwd[parallel_key(1, 1)], layer.bwd[parallel_key(1, 1)]
+    assert b1.b == pytest.approx(2 * f1.b) and b1.a == pytest.approx(2.5 * f1.a)
+    f2 = layer.fwd[parallel_key(2, 1)]
+    assert f1.b / 2 < f2.b < f1.b  # half the FLOPs plus the all-reduces
+    assert cost.activation_bytes("llm", 1, 2, 1000, tp=2) == pytest.approx(
+        cost.activation_bytes("llm", 1, 2, 1000) / 2
+    )
+
+
+def test_cpu_tiny_matches_measured_scale():
+    cost = build_cost_model("tiny", "cpu-tiny")
+    assert cost.per_call_ms("encoder") == pytest.approx(14.0)
+    assert cost.per_call_ms("llm") == pytest.approx(14.0)
+    # one square image of 1024 patches: 157.7 ms measured (F+B incl. the constant)
+    img = SampleMeta("i", ((448, 448),), 1)
+    assert img.vit_patches == 1024
+    enc = cost.sample_work(img).encoder + cost.per_call_ms("encoder")
+    assert 157.7 * 0.8 < enc < 157.7 * 1.25
+
+
+def test_frozen_components():
+    full = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
+    frozen_enc = build_cost_model("qwen25vl-llama3-1b", "a40-paper", freeze=("encoder",))
+    assert not any(x.trainable for x in frozen_enc.encoder.layers)
+    n = frozen_enc.encoder.num_layers
+    assert frozen_enc.stage_ms("encoder", 0, n, (1000,), "bwd") == 0.0  # frozen tower runs no backward
+    vit = build_cost_model("qwen25vl-llama3-1b", "a40-paper", freeze=("vit",))
+    assert [x.trainable for x in vit.encoder.layers] == [False] * (n - 1) + [True]
+    merger_bwd = vit.layer_ms("encoder", n - 1, (1000,), "bwd", num_calls=0)
+    assert merger_bwd == pytest.approx(0.5 * full.layer_ms("encoder", n - 1, (1000,), "bwd", num_calls=0))
+    assert vit.stage_ms("encoder", 0, n - 1, (1000,), "bwd") == 0.0
+    frozen_llm = build_cost_model("qwen25vl-llama3-1b", "a40-paper", freeze=("llm",))
+    # LLM computes input gradients only (the encoder trains)
+    x = (800,)
+    assert frozen_llm.stage_ms("llm", 1, 2, x, "bwd", num_calls=0) == pytest.approx(
+        0.5 * full.stage_ms("llm", 1, 2, x, "bwd", num_calls=0)
+    )
+    with pytest.raises(ConfigError, match="unknown freeze"):
+        build_cost_model("tiny", "cpu-tiny", freeze=("decoder",))
+
+
+def test_unknown_hardware():
+    with pytest.raises(ConfigError, match="unknown hardware preset"):
+        build_cost_model("tiny", "h100")

@@ -1,0 +1,483 @@
+"""Analytic cost-model presets: ``build_cost_model(model, hardware)``.
+
+Every model preset (``entrain.core.architectures.MODEL_PRESETS``) works with every hardware preset:
+
+* ``a40-flops``: per-layer FLOPs / (A40 bf16 peak 149.7 TFLOP/s x one efficiency factor), memory-bound
+  layers (embedding, norms, loss) at the A40's 696 GB/s x the same factor, TP/CP collectives on the
+  A40 cluster's links, plus a per-call constant per layer (kernel launches).
+* ``a40-paper``: the same model with per-component efficiency factors fitted so that Algorithm 1's
+  ProportionalAllocation on b=256 draws reproduces the paper's b=256 GPU splits (Tables 2, 5-11).
+  The fit is ``benchmarks/fit_a40_paper.py``; results in ``benchmarks/results/a40_paper_fit.md`` and
+  ``docs/cost_model.md``.
+* ``cpu-tiny``: FLOP-proportional layer costs scaled to the single-thread CPU measurements of the
+  ``tiny`` model (``reference/cpu-feasibility.md`` section 2), with the measured ~7 ms forward + ~7 ms
+  backward per-call constant per component split evenly over its layers.
+
+Modelling choices (see ``docs/cost_model.md``):
+
+* Sequence units: per image (ViT patches) for the encoder, per sample (text + merged image tokens)
+  for the LLM; quadratic terms come from attention within a unit.
+* ViT blocks: window attention over 112-px windows (64 patches) is linear in the patch count (each
+  patch attends its window); the full-attention blocks (7, 15, 23, 31) are quadratic per image.
+* LLM attention is causal (half the FLOPs of full attention).
+* ``lm_head`` and ``loss`` run only at label positions. The cost model sees only the LLM sequence
+  length ``x``, so label tokens are modelled as a fixed fraction ``label_fraction`` of ``x`` (default
+  ``LABEL_FRACTION`` = 0.2: SynthChartNet's answers are ~17 % of its LLM tokens, LLaVA's ~30 %,
+  ChartQA / COCO-QA's ~1 %).
+* Backward = 2x forward FLOPs for matmuls (input + weight gradients, ``bwd_input_fraction`` 0.5),
+  2.5x for attention scores (flash-attention recomputation).
+* Activation bytes per token: Megatron's accounting (Korthikanti et al. 2022) in bf16 with flash
+  attention (no s^2 term), no dropout, SwiGLU MLP: ``16h + 6i`` per ViT block and
+  ``8h + 4*q_dim + 4*kv_dim + 6i`` per decoder layer (``h`` hidden, ``i`` intermediate).
+* Parameter bytes are bf16 (2 per parameter); a tied lm_head adds none (its weight is the embedding's).
+* TP: Megatron tensor parallelism (2 all-reduces of ``x*h*2`` bytes forward, 2 backward, per block);
+  CP: each rank computes ``x/cp`` queries against all keys and gathers the other ranks' K/V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from entrain.core.architectures import LLMArch, ModelArch, VisionArch, get_arch
+from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic, parallel_key
+from entrain.core.errors import ConfigError
+
+__all__ = [
+    "HARDWARE_PRESETS",
+    "FREEZE_OPTIONS",
+    "LABEL_FRACTION",
+    "TP_DEGREES",
+    "CP_DEGREES",
+    "DeviceModel",
+    "build_cost_model",
+    "cost_model_for",
+    "layer_specs",
+]
+
+TP_DEGREES = (1, 2, 4, 8)
+CP_DEGREES = (1, 2)
+LABEL_FRACTION = 0.2
+HARDWARE_PRESETS = ("a40-flops", "a40-paper", "cpu-tiny")
+FREEZE_OPTIONS = ("encoder", "vit", "llm")
+"""``encoder``: the whole vision tower incl. merger; ``vit``: the tower without the merger (the merger
+trains, computing only its own weight gradients); ``llm``: every LLM layer."""
+
+BWD_MATMUL_FACTOR = 2.0
+BWD_ATTENTION_FACTOR = 2.5
+
+
+# --------------------------------------------------------------------------------------------------
+# Layer specifications: hardware-independent work of one layer per sequence unit.
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """Forward work of one layer for one sequence unit of ``x`` tokens:
+    ``quad_flops * x^2 + lin_flops * x`` FLOPs and ``mem_bytes * x`` memory traffic (memory-bound
+    layers). Collectives: ``tp_allreduces`` all-reduces of ``x * hidden * 2`` bytes per phase under
+    TP; ``cp_kv_bytes * x`` bytes of K/V gathered per phase under CP."""
+
+    name: str
+    kind: str
+    component: str
+    quad_flops: float
+    lin_flops: float
+    mem_bytes: float
+    hidden: int
+    tp_allreduces: int
+    cp_kv_bytes: float
+    max_tp: int
+    activation_bytes_per_token: float
+    output_bytes_per_token: float
+    param_count: int
+
+
+def _vision_specs(v: VisionArch) -> list[LayerSpec]:
+    h, i = v.hidden_size, v.intermediate_size
+    block_lin = 2.0 * (4 * h * h + 3 * h * i)
+    block_act = 16.0 * h + 6.0 * i
+    specs = [
+        LayerSpec(
+            "patch_embed",
+            "patch_embed",
+            "encoder",
+            0.0,
+            2.0 * v.patch_dim * h,
+            0.0,
+            h,
+            0,
+            0.0,
+            v.num_heads,
+            2.0 * v.patch_dim,
+            2.0 * h,
+            v.patch_embed_params(),
+        ),
+    ]
+    for b in range(v.depth):
+        if v.is_full_attention(b):
+            quad, lin, kind, kv = 4.0 * h, block_lin, "vit_block_full", 2.0 * 2 * h
+        else:  # each patch attends its 64-patch window: QK^T and AV are 2*h*w FLOPs each
+            quad, lin, kind, kv = 0.0, block_lin + 4.0 * h * v.window_patches, "vit_block_window", 0.0
+        specs.append(
+            LayerSpec(
+                f"blocks.{b}",
+                kind,
+                "encoder",
+                quad,
+                lin,
+                0.0,
+                h,
+                2,
+                kv,
+                v.num_heads,
+                block_act,
+                2.0 * h,
+                v.block_params(),
+            )
+        )
+    m = v.merger_hidden
+    merger_lin = (2.0 * m * m + 2.0 * m * v.out_hidden_size) / v.merge_factor
+    specs.append(
+        LayerSpec(
+            "merger",
+            "merger",
+            "encoder",
+            0.0,
+            merger_lin,
+            0.0,
+            h,
+            0,
+            0.0,
+            v.num_heads,
+            8.0 * h,
+            2.0 * v.out_hidden_size / v.merge_factor,
+            v.merger_params(),
+        )
+    )
+    return specs
+
+
+def _llm_specs(llm: LLMArch, label_fraction: float) -> list[LayerSpec]:
+    h, i, q, kv = llm.hidden_size, llm.intermediate_size, llm.q_dim, llm.kv_dim
+    vocab, f = llm.vocab_size, label_fraction
+    layer_lin = 2.0 * (h * q + 2 * h * kv + q * h + 3 * h * i)
+    layer_act = 8.0 * h + 4.0 * q + 4.0 * kv + 6.0 * i
+    heads = llm.num_attention_heads
+    specs = [
+        LayerSpec(
+            "embed_tokens",
+            "embedding",
+            "llm",
+            0.0,
+            0.0,
+            4.0 * h,
+            h,
+            0,
+            0.0,
+            heads,
+            0.0,
+            2.0 * h,
+            llm.embedding_params(),
+        )
+    ]
+    for n in range(llm.num_hidden_layers):
+        specs.append(
+            LayerSpec(
+                f"layers.{n}",
+                "decoder_layer",
+                "llm",
+                2.0 * q,
+                layer_lin,
+                0.0,
+                h,
+                2,
+                2.0 * 2 * kv,
+                heads,
+                layer_act,
+                2.0 * h,
+                llm.layer_params(),
+            )
+        )
+    specs += [
+        LayerSpec("norm", "final_norm", "llm", 0.0, 0.0, 4.0 * h, h, 0, 0.0, heads, 2.0 * h, 2.0 * h, h),
+        LayerSpec(
+            "lm_head",
+            "lm_head",
+            "llm",
+            0.0,
+            f * 2.0 * h * vocab,
+            0.0,
+            h,
+            0,
+            0.0,
+            heads,
+            f * 2.0 * h,
+            f * 2.0 * vocab,
+            llm.lm_head_params(),
+        ),
+        # cross-entropy: read bf16 logits, write/read fp32 softmax; saves fp32 softmax + bf16 logits
+        LayerSpec(
+            "loss",
+            "loss",
+            "llm",
+            0.0,
+            f * 5.0 * vocab,
+            f * 10.0 * vocab,
+            h,
+            0,
+            0.0,
+            heads,
+            f * 6.0 * vocab,
+            4.0 * f,
+            0,
+        ),
+    ]
+    return specs
+
+
+def layer_specs(arch: ModelArch, label_fraction: float = LABEL_FRACTION) -> dict[str, list[LayerSpec]]:
+    """The hardware-independent layer lists of both components."""
+    if not 0.0 < label_fraction <= 1.0:
+        raise ConfigError(f"label_fraction must be in (0, 1], got {label_fraction}")
+    return {"encoder": _vision_specs(arch.vision), "llm": _llm_specs(arch.llm, label_fraction)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Device models: how work becomes milliseconds.
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DeviceModel:
+    """Rates turning a ``LayerSpec`` into ``Quadratic`` costs, per component.
+
+    ``lin_flops_per_ms`` / ``quad_flops_per_ms``: effective FLOP rates for the linear and the
+    quadratic (attention-score) terms; ``bytes_per_ms``: memory traffic rate; ``fwd_call_ms`` /
+    ``bwd_call_ms``: per-call constant of one whole component, spread evenly over its layers;
+    ``collective_bytes_per_ms[degree]``: TP/CP link bandwidth; ``collective_latency_ms`` per collective."""
+
+    spec: HardwareSpec
+    lin_flops_per_ms: dict[str, float]
+    quad_flops_per_ms: dict[str, float]
+    bytes_per_ms: dict[str, float]
+    fwd_call_ms: dict[str, float]
+    bwd_call_ms: dict[str, float]
+    collective_bytes_per_ms: dict[int, float]
+    collective_latency_ms: float
+    notes: dict
+
+
+def _quadratics(
+    s: LayerSpec, dev: DeviceModel, num_layers: int, tp: int, cp: int
+) -> tuple[Quadratic, Quadratic]:
+    comp = s.component
+    shard = tp * cp
+    lin_ms = s.lin_flops / dev.lin_flops_per_ms[comp] + s.mem_bytes / dev.bytes_per_ms[comp]
+    quad_ms = s.quad_flops / dev.quad_flops_per_ms[comp]
+    comm_ms, comm_lat = 0.0, 0.0
+    if tp > 1 and s.tp_allreduces:
+        bw = dev.collective_bytes_per_ms[tp]
+        comm_ms += s.tp_allreduces * 2.0 * (tp - 1) / tp * (2.0 * s.hidden) / cp / bw
+        comm_lat += s.tp_allreduces * dev.collective_latency_ms
+    if cp > 1 and s.cp_kv_bytes:
+        comm_ms += (cp - 1) / cp * s.cp_kv_bytes / tp / dev.collective_bytes_per_ms[cp]
+        comm_lat += dev.collective_latency_ms
+    fwd = Quadratic(quad_ms / shard, lin_ms / shard + comm_ms, dev.fwd_call_ms[comp] / num_layers + comm_lat)
+    bwd = Quadratic(
+        BWD_ATTENTION_FACTOR * quad_ms / shard,
+        BWD_MATMUL_FACTOR * lin_ms / shard + comm_ms * (2.0 if s.cp_kv_bytes and cp > 1 else 1.0),
+        dev.bwd_call_ms[comp] / num_layers + comm_lat,
+    )
+    return fwd, bwd
+
+
+def _layer_cost(s: LayerSpec, dev: DeviceModel, num_layers: int, trainable: bool) -> LayerCost:
+    fwd, bwd = {}, {}
+    for tp in TP_DEGREES:
+        if s.max_tp % tp:
+            continue
+        for cp in CP_DEGREES:
+            key = parallel_key(tp, cp)
+            fwd[key], bwd[key] = _quadratics(s, dev, num_layers, tp, cp)
+    return LayerCost(
+        name=s.name,
+        kind=s.kind,
+        fwd=fwd,
+        bwd=bwd,
+        activation_bytes_per_token=s.activation_bytes_per_token,
+        output_bytes_per_token=s.output_bytes_per_token,
+        param_bytes=2.0 * s.param_count,
+        trainable=trainable,
+        bwd_input_fraction=0.0 if s.kind in ("patch_embed", "embedding") else 0.5,
+    )
+
+
+# --- A40 -------------------------------------------------------------------------------------------
+A40_PEAK_BF16_FLOPS_PER_MS = 149.7e9
+A40_MEMORY_BYTES_PER_MS = 696e6
+A40_FLOPS_EFFICIENCY = 0.45
+"""``a40-flops``: one factor for every layer and component (typical large-GEMM utilisation on A40)."""
+A40_FWD_CALL_MS_PER_LAYER = 0.03
+A40_BWD_CALL_MS_PER_LAYER = 0.06
+A40_COLLECTIVE_BYTES_PER_MS = {1: 1e12, 2: 50e6, 4: 12e6, 8: 10e6}
+"""TP/CP link per degree: an NVLink pair (2), PCIe 4.0 within a node (4), 200 Gb/s InfiniBand (8)."""
+A40_SPEC = HardwareSpec(
+    name="a40",
+    device_memory_bytes=48e9,
+    p2p_bandwidth_bytes_per_ms=25e6,
+    p2p_latency_ms=0.01,
+    allreduce_bandwidth_bytes_per_ms=12.5e6,
+    allreduce_latency_ms=0.05,
+)
+
+# Fitted by benchmarks/fit_a40_paper.py (see benchmarks/results/a40_paper_fit.md and docs/cost_model.md):
+# per-component efficiency factors (fraction of the bf16 peak) of the a40-paper preset.
+A40_PAPER_EFFICIENCY = {
+    "encoder": 0.45,
+    "llm": {"qwen25vl-llama3-1b": 0.45, "qwen25vl-llama3-3b": 0.45, "tiny": 0.45},
+}
+
+
+def _a40_device(name: str, model: str, encoder_eff: float, llm_eff: float, layer_counts: dict) -> DeviceModel:
+    eff = {"encoder": encoder_eff, "llm": llm_eff}
+    return DeviceModel(
+        spec=replace(A40_SPEC, name=name),
+        lin_flops_per_ms={c: A40_PEAK_BF16_FLOPS_PER_MS * e for c, e in eff.items()},
+        quad_flops_per_ms={c: A40_PEAK_BF16_FLOPS_PER_MS * e for c, e in eff.items()},
+        bytes_per_ms={c: A40_MEMORY_BYTES_PER_MS * e for c, e in eff.items()},
+        fwd_call_ms={c: A40_FWD_CALL_MS_PER_LAYER * n for c, n in layer_counts.items()},
+        bwd_call_ms={c: A40_BWD_CALL_MS_PER_LAYER * n for c, n in layer_counts.items()},
+        collective_bytes_per_ms=A40_COLLECTIVE_BYTES_PER_MS,
+        collective_latency_ms=0.02,
+        notes={"encoder_efficiency": encoder_eff, "llm_efficiency": llm_eff},
+    )
+
+
+# --- CPU (tiny) --------------------------------------------------------------------------------------
+# Single-thread thread-CPU time of the tiny model (reference/cpu-feasibility.md section 2), forward +
+# backward with a 7 ms + 7 ms per-call constant: LLM (vocab 1000, logits at all tokens) 0.064 ms/token +
+# 5.35e-5 ms/token^2 (fit of the T=64..4096 table, relative error within 26 %); vision 0.11 ms/patch
+# (between the single-image fit 0.094 and packed 256-patch images 0.143) + 4.9e-5 ms/patch^2.
+CPU_TINY_LLM_MS_PER_TOKEN = 0.064
+CPU_TINY_LLM_MS_PER_TOKEN2 = 5.35e-5
+CPU_TINY_MEASURED_VOCAB = 1000
+CPU_TINY_VISION_MS_PER_PATCH = 0.11
+CPU_TINY_VISION_MS_PER_PATCH2 = 4.9e-5
+CPU_TINY_FWD_CALL_MS = 7.0
+CPU_TINY_BWD_CALL_MS = 7.0
+CPU_SPEC = HardwareSpec(
+    name="cpu-tiny",
+    device_memory_bytes=8e9,
+    p2p_bandwidth_bytes_per_ms=2.5e6,
+    p2p_latency_ms=0.1,
+    allreduce_bandwidth_bytes_per_ms=0.8e6,
+    allreduce_latency_ms=0.6,
+)
+
+
+def _fb(spec: LayerSpec, term: str) -> float:
+    """Forward + backward FLOPs of one term (``lin`` or ``quad``) per unit power of x."""
+    if term == "lin":
+        return (1.0 + BWD_MATMUL_FACTOR) * spec.lin_flops
+    return (1.0 + BWD_ATTENTION_FACTOR) * spec.quad_flops
+
+
+def _cpu_device(layer_counts: dict) -> DeviceModel:
+    tiny = get_arch("tiny")
+    measured = layer_specs(replace(tiny, llm=replace(tiny.llm, vocab_size=CPU_TINY_MEASURED_VOCAB)), 1.0)
+    vis, llm = measured["encoder"], measured["llm"]
+    lin = {
+        "encoder": sum(_fb(s, "lin") for s in vis) / CPU_TINY_VISION_MS_PER_PATCH,
+        "llm": sum(_fb(s, "lin") for s in llm) / CPU_TINY_LLM_MS_PER_TOKEN,
+    }
+    quad = {
+        "encoder": sum(_fb(s, "quad") for s in vis) / CPU_TINY_VISION_MS_PER_PATCH2,
+        "llm": sum(_fb(s, "quad") for s in llm) / CPU_TINY_LLM_MS_PER_TOKEN2,
+    }
+    return DeviceModel(
+        spec=CPU_SPEC,
+        lin_flops_per_ms=lin,
+        quad_flops_per_ms=quad,
+        bytes_per_ms={"encoder": 5e6, "llm": 5e6},
+        fwd_call_ms={c: CPU_TINY_FWD_CALL_MS for c in layer_counts},
+        bwd_call_ms={c: CPU_TINY_BWD_CALL_MS for c in layer_counts},
+        collective_bytes_per_ms={1: 1e12, 2: 2.5e6, 4: 1.2e6, 8: 0.6e6},
+        collective_latency_ms=0.6,
+        notes={"source": "reference/cpu-feasibility.md section 2 (1 thread, thread-CPU time)"},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+def _frozen_flags(specs: dict[str, list[LayerSpec]], freeze: Iterable[str]) -> dict[str, list[bool]]:
+    freeze = tuple(freeze)
+    unknown = [f for f in freeze if f not in FREEZE_OPTIONS]
+    if unknown:
+        raise ConfigError(f"unknown freeze option(s) {unknown}; choose from {', '.join(FREEZE_OPTIONS)}")
+    flags = {c: [True] * len(layers) for c, layers in specs.items()}
+    if "llm" in freeze:
+        flags["llm"] = [False] * len(specs["llm"])
+    if "encoder" in freeze or "vit" in freeze:
+        keep_merger = "encoder" not in freeze
+        flags["encoder"] = [keep_merger and s.kind == "merger" for s in specs["encoder"]]
+    return flags
+
+
+def cost_model_for(
+    arch: ModelArch,
+    device: DeviceModel,
+    *,
+    hardware_name: str,
+    freeze: Iterable[str] = (),
+    label_fraction: float = LABEL_FRACTION,
+) -> CostModel:
+    """Build the per-layer cost model of ``arch`` on ``device`` (public for fits and custom presets)."""
+    specs = layer_specs(arch, label_fraction)
+    trainable = _frozen_flags(specs, freeze)
+    comps = {}
+    for comp, layers in specs.items():
+        costs = [_layer_cost(s, device, len(layers), t) for s, t in zip(layers, trainable[comp])]
+        if comp == "encoder" and not any(trainable[comp][:-1]) and trainable[comp][-1]:
+            # a trainable merger behind a frozen tower computes only its weight gradients
+            m = costs[-1]
+            w = 1.0 - m.bwd_input_fraction
+            costs[-1] = replace(m, bwd={k: Quadratic(q.a * w, q.b * w, q.c * w) for k, q in m.bwd.items()})
+        comps[comp] = ComponentCost(comp, tuple(costs))
+    notes = dict(device.notes)
+    notes.update(
+        {
+            "preset": f"{arch.name}/{hardware_name}",
+            "label_fraction": label_fraction,
+            "frozen": sorted(set(freeze)),
+        }
+    )
+    return CostModel(
+        model=arch.name,
+        hardware=replace(device.spec, name=hardware_name),
+        encoder=comps["encoder"],
+        llm=comps["llm"],
+        notes=notes,
+    )
+
+
+def build_cost_model(
+    model: str,
+    hardware: str,
+    *,
+    freeze: Iterable[str] = (),
+    label_fraction: float = LABEL_FRACTION,
+) -> CostModel:
+    """The analytic cost model of a model preset on a hardware preset.
+
+    ``freeze``: any of ``FREEZE_OPTIONS``. ConfigError names the valid choices for unknown names.
+    """
+    arch = get_arch(model)
+    counts = {c: len(v) for c, v in layer_specs(arch, label_fraction).items()}
+    if hardware == "a40-flops":
+        dev = _a40_device(hardware, model, A40_FLOPS_EFFICIENCY, A40_FLOPS_EFFICIENCY, counts)
+    elif hardware == "a40-paper":
+        llm_eff = A40_PAPER_EFFICIENCY["llm"].get(model, A40_FLOPS_EFFICIENCY)
+        dev = _a40_device(hardware, model, A40_PAPER_EFFICIENCY["encoder"], llm_eff, counts)
+        dev.notes["fit"] = "benchmarks/fit_a40_paper.py"
+    elif hardware == "cpu-tiny":
+        dev = _cpu_device(counts)
+    else:
+        raise ConfigError(f"unknown hardware preset {hardware!r}; choose from {', '.join(HARDWARE_PRESETS)}")
+    return cost_model_for(arch, dev, hardware_name=hardware, freeze=freeze, label_fraction=label_fraction)

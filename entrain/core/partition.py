@@ -1,0 +1,79 @@
+"""1-D min-max layer partition (paper Eq. 1): split a component's ordered layers into contiguous
+pipeline stages minimising the slowest stage.
+
+``F(l, p) = min_{l' < l} max(F(l', p-1), sum(T[l'..l)))``. Every stage holds at least one layer.
+Tie-break (deterministic): among partitions with the optimal bottleneck, the lexicographically
+smallest tuple of stage boundaries, i.e. earlier stages as short as possible (they hold the most
+in-flight activations under 1F1B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from entrain.core.errors import ConfigError
+
+__all__ = ["Partition", "min_max_partition", "stage_times"]
+
+_REL_TOL = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """Stage ``s`` holds layers ``[ranges[s][0], ranges[s][1])`` and takes ``stage_ms[s]``."""
+
+    ranges: tuple[tuple[int, int], ...]
+    stage_ms: tuple[float, ...]
+
+    @property
+    def bottleneck_ms(self) -> float:
+        return max(self.stage_ms)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.ranges)
+
+
+def stage_times(layer_ms: Sequence[float], ranges: Sequence[tuple[int, int]]) -> tuple[float, ...]:
+    """Sum of ``layer_ms`` over each ``[first, end)`` range."""
+    prefix = [0.0, *accumulate(float(x) for x in layer_ms)]
+    return tuple(prefix[e] - prefix[f] for f, e in ranges)
+
+
+def min_max_partition(layer_ms: Sequence[float], num_stages: int) -> Partition:
+    """Optimal contiguous split of ``layer_ms`` (per-layer times, >= 0) into ``num_stages`` stages.
+
+    Raises ConfigError if ``num_stages`` is not in ``1..len(layer_ms)``.
+    """
+    n = len(layer_ms)
+    if not 1 <= num_stages <= n:
+        raise ConfigError(f"cannot split {n} layers into {num_stages} stages (need 1..{n})")
+    if any(x < 0 for x in layer_ms):
+        raise ConfigError("layer times must be non-negative")
+    prefix = [0.0, *accumulate(float(x) for x in layer_ms)]
+
+    def seg(i: int, j: int) -> float:
+        return prefix[j] - prefix[i]
+
+    # suffix[q][i]: best bottleneck of layers [i, n) in q stages (inf if fewer than q layers left)
+    inf = float("inf")
+    suffix = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+    for i in range(n):
+        suffix[1][i] = seg(i, n)
+    for q in range(2, num_stages + 1):
+        for i in range(n - q + 1):
+            suffix[q][i] = min(max(seg(i, j), suffix[q - 1][j]) for j in range(i + 1, n - q + 2))
+    best = suffix[num_stages][0]
+    limit = best + _REL_TOL * max(abs(best), 1.0)
+
+    bounds, start = [], 0
+    for q in range(num_stages, 1, -1):  # choose the shortest feasible stage each time
+        end = next(
+            j for j in range(start + 1, n - q + 2) if seg(start, j) <= limit and suffix[q - 1][j] <= limit
+        )
+        bounds.append((start, end))
+        start = end
+    bounds.append((start, n))
+    return Partition(tuple(bounds), stage_times(layer_ms, bounds))

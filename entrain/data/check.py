@@ -1,0 +1,352 @@
+"""Dataset validation: ``entrain data check`` and the trainer's ``--on-bad-sample error|skip``.
+
+Every record of a LLaVA JSON/JSONL or FineVision Parquet file is parsed, its images decoded fully
+and run through the Qwen2.5-VL image processor, and its chat-formatted length measured. Findings:
+
+- severity ``error`` (the record is bad): invalid JSON (with line), a missing or empty field, an
+  unknown role, ``<image>`` placeholder count != image count, an image missing / unreadable /
+  truncated / rejected by the processor, aspect ratio > 200, more than ``max_tokens`` LLM tokens
+  (text + merged image tokens), and every occurrence of an id after its first.
+- severity ``converted`` (not bad): grayscale, RGBA, palette, 16-bit, ... images, which are
+  converted to RGB8 before processing.
+
+``screen_dataset`` is the trainer's entry point: with ``on_bad="error"`` a dataset with any bad
+record raises ``BadSamplesError`` (a ``DataError`` whose message is the report); with ``"skip"`` the
+bad records are written to ``skipped.jsonl`` and the rest returned. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from entrain.core.errors import DataError
+from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, image_llm_tokens
+from entrain.data.llava import Parsed, Record, iter_parsed
+from entrain.data.processing import conversion_reason, count_text_tokens
+from entrain.data.tokenizer import TextTokenizer, default_tokenizer
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "BadSamplesError",
+    "CheckReport",
+    "Finding",
+    "Screened",
+    "check_dataset",
+    "screen_dataset",
+]
+
+DEFAULT_MAX_TOKENS = 8192
+ERROR, CONVERTED = "error", "converted"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem with one record. ``index`` is the record's 0-based position in ``file``."""
+
+    file: str
+    index: int
+    id: str | None
+    field: str
+    reason: str
+    severity: str
+    line: int | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "file": self.file,
+            "index": self.index,
+            "id": self.id,
+            "field": self.field,
+            "reason": self.reason,
+            "severity": self.severity,
+            "line": self.line,
+        }
+
+    def format(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        rid = f" id {self.id!r}" if self.id is not None else ""
+        return f"{where}: record {self.index}{rid}: {self.field}: {self.reason} [{self.severity}]"
+
+
+@dataclass
+class CheckReport:
+    """Findings over ``records`` records; ``complete`` is False when a syntax error stopped reading."""
+
+    records: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    complete: bool = True
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    def _records_with(self, severity: str) -> list[tuple[str, int]]:
+        seen: dict[tuple[str, int], None] = {}
+        for f in self.findings:
+            if f.severity == severity:
+                seen[(f.file, f.index)] = None
+        return list(seen)
+
+    @property
+    def bad(self) -> int:
+        """Records with at least one ``error`` finding."""
+        return len(self._records_with(ERROR))
+
+    @property
+    def converted(self) -> int:
+        """Records with at least one converted image."""
+        return len(self._records_with(CONVERTED))
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def bad_ids(self) -> list[str]:
+        out: dict[str, None] = {}
+        for f in self.errors:
+            out[f.id if f.id is not None else f"record {f.index}"] = None
+        return list(out)
+
+    def to_json(self) -> dict:
+        return {
+            "records": self.records,
+            "bad": self.bad,
+            "converted": self.converted,
+            "complete": self.complete,
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+    def format_text(self, max_findings: int | None = None) -> str:
+        shown = self.findings if max_findings is None else self.findings[:max_findings]
+        lines = [f.format() for f in shown]
+        if len(shown) < len(self.findings):
+            lines.append(f"... {len(self.findings) - len(shown)} more finding(s)")
+        summary = f"{self.records} record(s): {self.bad} bad, {self.converted} with converted images"
+        if not self.complete:
+            summary += " (reading stopped at a JSON syntax error; later records were not checked)"
+        lines.append(summary)
+        if self.bad:
+            lines.append("bad ids: " + ", ".join(self.bad_ids()))
+        return "\n".join(lines)
+
+
+class BadSamplesError(DataError):
+    """Raised by ``screen_dataset(on_bad="error")``; ``report`` holds every finding."""
+
+    def __init__(self, path: str, report: CheckReport, max_findings: int = 50):
+        self.report = report
+        reason = (
+            f"{report.bad} of {report.records} record(s) are bad (fix them, or pass --on-bad-sample skip "
+            f"to train on the rest):\n{report.format_text(max_findings)}"
+        )
+        super().__init__(path, None, None, reason)
+
+
+# --- per-record checks -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _ImageResult:
+    hw: tuple[int, int] | None = None
+    tokens: int | None = None
+    problems: list[tuple[str, str, str]] = field(default_factory=list)  # (field, reason, severity)
+
+
+def _short(src: str | bytes) -> str:
+    return src if isinstance(src, str) else f"<{len(src)} encoded bytes>"
+
+
+def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processor: bool) -> _ImageResult:
+    import io
+
+    from PIL import Image
+
+    res = _ImageResult()
+    if isinstance(src, str) and not Path(src).is_file():
+        res.problems.append((fld, f"image file not found: {src}", ERROR))
+        return res
+    try:
+        with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+            width, height = im.size
+            mode = im.mode
+            try:
+                im.load()
+            except OSError as e:
+                kind = "truncated" if "truncated" in str(e).lower() else "unreadable"
+                res.problems.append((fld, f"image {kind}: {_short(src)}: {e}", ERROR))
+                return res
+            from entrain.data.processing import _to_rgb
+
+            rgb = _to_rgb(im)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        res.problems.append((fld, f"image unreadable: {_short(src)}: {e}", ERROR))
+        return res
+    reason = conversion_reason(mode)
+    if reason is not None:
+        res.problems.append((fld, reason, CONVERTED))
+    ratio = max(width, height) / max(1, min(width, height))
+    if ratio > vision.max_aspect_ratio:
+        res.problems.append(
+            (
+                fld,
+                f"aspect ratio {ratio:.1f} of a {width}x{height} image > {vision.max_aspect_ratio:g}",
+                ERROR,
+            )
+        )
+        return res
+    res.hw = (height, width)
+    if processor:
+        from entrain.data.processing import merged_tokens, process_images
+
+        try:
+            _, grid = process_images([rgb], vision)
+            res.tokens = merged_tokens(grid)[0]
+        except Exception as e:  # noqa: BLE001 - any processor failure rejects the image
+            res.problems.append((fld, f"rejected by the image processor: {type(e).__name__}: {e}", ERROR))
+    else:
+        res.tokens = image_llm_tokens(height, width, vision)
+    return res
+
+
+def _record_findings(
+    rec: Record, tokenizer: TextTokenizer, max_tokens: int, vision: VisionTokenConfig, processor: bool
+) -> tuple[list[tuple[str, str, str]], SampleMeta | None]:
+    problems: list[tuple[str, str, str]] = []
+    sizes, image_tokens = [], 0
+    for i, src in enumerate(rec.images):
+        res = _check_image(src, f"images[{i}]", vision, processor)
+        problems.extend(res.problems)
+        if res.hw is not None:
+            sizes.append(res.hw)
+            image_tokens += res.tokens or 0
+    if any(sev == ERROR for _, _, sev in problems):
+        return problems, None
+    text = count_text_tokens(rec.turns, tokenizer)
+    if text + image_tokens > max_tokens:
+        problems.append(
+            (
+                "conversations",
+                f"{text + image_tokens} tokens (text {text} + image {image_tokens}) > max {max_tokens}",
+                ERROR,
+            )
+        )
+        return problems, None
+    return problems, SampleMeta(rec.id, tuple(sizes), text, vision)
+
+
+@dataclass
+class Screened:
+    """A dataset after screening: the usable records with their metadata, and the report."""
+
+    report: CheckReport
+    records: list[Record]
+    samples: list[SampleMeta]
+    skipped_path: Path | None = None
+
+
+def _scan(
+    items: Iterable[Parsed],
+    tokenizer: TextTokenizer,
+    max_tokens: int,
+    vision: VisionTokenConfig,
+    processor: bool,
+    keep: bool,
+) -> Screened:
+    report = CheckReport()
+    first_index: dict[str, int] = {}
+    good: list[Record] = []
+    samples: list[SampleMeta] = []
+    for item in items:
+        report.records += 1
+        first_finding = len(report.findings)
+
+        def add(fld: str, reason: str, severity: str, item: Parsed = item) -> None:
+            report.findings.append(Finding(item.file, item.index, item.id, fld, reason, severity, item.line))
+
+        for fld, reason in item.problems:
+            add(fld, reason, ERROR)
+        if item.fatal:
+            report.complete = False
+            break
+        if item.id is not None:
+            if item.id in first_index:
+                add("id", f"duplicate id (first used by record {first_index[item.id]})", ERROR)
+            else:
+                first_index[item.id] = item.index
+        if item.record is None:
+            continue
+        problems, meta = _record_findings(item.record, tokenizer, max_tokens, vision, processor)
+        for fld, reason, severity in problems:
+            add(fld, reason, severity)
+        bad = any(f.severity == ERROR for f in report.findings[first_finding:])
+        if keep and meta is not None and not bad:
+            good.append(item.record)
+            samples.append(meta)
+    return Screened(report, good, samples)
+
+
+def check_dataset(
+    path: str | Path,
+    image_root: str | Path | None = None,
+    tokenizer: TextTokenizer | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    vision: VisionTokenConfig = DEFAULT_VISION,
+    *,
+    processor: bool = True,
+) -> CheckReport:
+    """Check every record of ``path``. ``processor=False`` skips running the image processor
+    (images are still fully decoded; token counts then come from ``smart_resize``)."""
+    tok = tokenizer if tokenizer is not None else default_tokenizer()
+    return _scan(iter_parsed(path, image_root), tok, max_tokens, vision, processor, keep=False).report
+
+
+def _skipped_lines(report: CheckReport) -> list[dict]:
+    grouped: dict[tuple[str, int], dict] = {}
+    for f in report.errors:
+        entry = grouped.setdefault(
+            (f.file, f.index), {"file": f.file, "index": f.index, "line": f.line, "id": f.id, "reasons": []}
+        )
+        entry["reasons"].append({"field": f.field, "reason": f.reason})
+    return list(grouped.values())
+
+
+def screen_dataset(
+    path: str | Path,
+    *,
+    on_bad: Literal["error", "skip"] = "error",
+    out_dir: str | Path | None = None,
+    image_root: str | Path | None = None,
+    tokenizer: TextTokenizer | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    vision: VisionTokenConfig = DEFAULT_VISION,
+    processor: bool = False,
+) -> Screened:
+    """Check ``path`` before training and return its usable records with their ``SampleMeta``.
+
+    ``on_bad="error"``: any bad record raises ``BadSamplesError`` (the report, before any training).
+    ``on_bad="skip"``: bad records are left out and listed, one JSON object per record with every
+    reason, in ``out_dir/skipped.jsonl`` (written even when empty; ``out_dir`` is required).
+    """
+    if on_bad not in ("error", "skip"):
+        raise ValueError(f"on_bad must be 'error' or 'skip', got {on_bad!r}")
+    if on_bad == "skip" and out_dir is None:
+        raise ValueError("on_bad='skip' needs out_dir for skipped.jsonl")
+    tok = tokenizer if tokenizer is not None else default_tokenizer()
+    screened = _scan(iter_parsed(path, image_root), tok, max_tokens, vision, processor, keep=True)
+    report = screened.report
+    if on_bad == "error" and not report.ok:
+        raise BadSamplesError(str(path), report)
+    if on_bad == "skip":
+        out = Path(out_dir) / "skipped.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", encoding="utf-8") as f:
+            for entry in _skipped_lines(report):
+                f.write(json.dumps(entry) + "\n")
+        screened.skipped_path = out
+    if not screened.records:
+        raise DataError(str(path), None, None, "no usable records")
+    return screened

@@ -1,0 +1,469 @@
+"""Streaming readers for LLaVA-format datasets and their per-sample metadata.
+
+Formats (``reference/datasets.md`` §5):
+
+- LLaVA JSON: one array of records ``{"id", "image": path | [paths] (or "images": [paths]),
+  "conversations": [{"from": "human"|"gpt"|"system", "value": "<image>\\n..."}, ...]}``; one
+  ``<image>`` placeholder per image; records without images are text-only samples.
+- LLaVA JSONL: the same records, one per line (also accepted in a ``.json`` file whose first
+  character is ``{``). OpenAI-style ``"messages": [{"role", "content"}]`` is read like
+  ``conversations``.
+- FineVision-style Parquet: see ``entrain.data.parquet``.
+
+Relative image paths resolve against ``image_root`` when given, else the data file's folder.
+Arrays are parsed incrementally (``json.JSONDecoder.raw_decode`` over chunks), so a multi-GB file
+is never loaded whole. Every reader yields ``Parsed`` items: the normalised ``Record`` (roles
+``system``/``user``/``assistant``) or the problems that made it unusable, each naming a field.
+
+``read_metadata`` turns a dataset into ``SampleMeta`` (image sizes from the image headers, no
+decode; text tokens of the Qwen2 chat-formatted conversation) and caches the result on disk
+(``entrain.data.metadata_cache``) keyed by the file's path, size and mtime.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entrain.core.errors import DataError
+from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "ROLES",
+    "Parsed",
+    "Record",
+    "data_format",
+    "image_size",
+    "iter_parsed",
+    "iter_records",
+    "parse_record",
+    "read_metadata",
+    "record_meta",
+]
+
+IMAGE_PLACEHOLDER = "<image>"
+ROLES: dict[str, str] = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+"""Accepted speaker names and the chat role each maps to."""
+
+_CHUNK_CHARS = 1 << 20
+_MAX_RECORD_CHARS = 1 << 28
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One normalised sample.
+
+    ``images`` holds resolved file paths (``str``) or encoded image bytes (Parquet);
+    ``turns`` holds ``(role, text)`` with role in ``system``/``user``/``assistant`` and ``<image>``
+    placeholders left in the text. ``index`` is the record's 0-based position in ``file``;
+    ``line`` its 1-based line where known.
+    """
+
+    id: str
+    images: tuple[str | bytes, ...]
+    turns: tuple[tuple[str, str], ...]
+    file: str = ""
+    index: int = 0
+    line: int | None = None
+
+    @property
+    def image_paths(self) -> tuple[str, ...]:
+        return tuple(i for i in self.images if isinstance(i, str))
+
+    @property
+    def where(self) -> str:
+        """``file:line`` (or ``file:#index``) for messages."""
+        return f"{self.file}:{self.line}" if self.line is not None else f"{self.file}:#{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A reader's item: the record, or ``problems`` ``[(field, reason)]`` that make it unusable.
+
+    ``fatal`` marks a problem after which the reader cannot continue (a JSON array's syntax error).
+    """
+
+    file: str
+    index: int
+    line: int | None
+    id: str | None
+    record: Record | None
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    fatal: bool = False
+
+
+# --- raw JSON / JSONL streaming -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Raw:
+    index: int
+    line: int | None
+    obj: Any = None
+    error: str | None = None
+    fatal: bool = False
+
+
+def _iter_jsonl(path: Path) -> Iterator[_Raw]:
+    index = 0
+    with open(path, encoding="utf-8", errors="strict") as f:
+        line_no = 0
+        while True:
+            try:
+                text = f.readline()
+            except UnicodeDecodeError as e:
+                yield _Raw(
+                    index, line_no + 1, error=f"not UTF-8 text after line {line_no}: {e.reason}", fatal=True
+                )
+                return
+            if not text:
+                return
+            line_no += 1
+            if not text.strip():
+                continue
+            try:
+                yield _Raw(index, line_no, obj=json.loads(text))
+            except json.JSONDecodeError as e:
+                yield _Raw(index, line_no, error=f"invalid JSON at line {line_no}, column {e.colno}: {e.msg}")
+            index += 1
+
+
+class _ArrayStream:
+    """Incremental reader of a top-level JSON array: yields its elements one by one."""
+
+    def __init__(self, f, chunk_chars: int, max_record_chars: int):
+        self.f, self.chunk, self.max_record = f, chunk_chars, max_record_chars
+        self.buf, self.pos, self.line, self.eof = "", 0, 1, False
+        self.decoder = json.JSONDecoder()
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        data = self.f.read(self.chunk)
+        if not data:
+            self.eof = True
+            return False
+        self.buf = self.buf[self.pos :] + data
+        self.pos = 0
+        return True
+
+    def _advance(self, end: int) -> None:
+        self.line += self.buf.count("\n", self.pos, end)
+        self.pos = end
+
+    def _peek(self) -> str:
+        """The next non-whitespace character ('' at end of file), consuming the whitespace."""
+        while True:
+            n = len(self.buf)
+            i = self.pos
+            while i < n and self.buf[i] in " \t\r\n":
+                i += 1
+            self._advance(i)
+            if i < n:
+                return self.buf[i]
+            if not self._fill():
+                return ""
+
+    def _error(self, pos: int, msg: str) -> str:
+        line = self.line + self.buf.count("\n", self.pos, pos)
+        col = pos - (self.buf.rfind("\n", 0, pos) + 1) + 1
+        return f"invalid JSON at line {line}, column {col}: {msg}"
+
+    def _decode(self) -> tuple[Any, int]:
+        while True:
+            try:
+                obj, end = self.decoder.raw_decode(self.buf, self.pos)
+                if end < len(self.buf) or self.eof:
+                    return obj, end
+            except json.JSONDecodeError as e:
+                if self.eof or len(self.buf) - self.pos > self.max_record:
+                    raise ValueError(self._error(e.pos, e.msg)) from None
+            self._fill()
+
+    def __iter__(self) -> Iterator[_Raw]:
+        index = 0
+        if self._peek() != "[":
+            yield _Raw(0, self.line, error=self._error(self.pos, "expected '[' (a JSON array)"), fatal=True)
+            return
+        self._advance(self.pos + 1)
+        if self._peek() == "]":
+            return
+        while True:
+            if not self._peek():
+                yield _Raw(
+                    index, self.line, error=self._error(self.pos, "unexpected end of file"), fatal=True
+                )
+                return
+            line = self.line
+            try:
+                obj, end = self._decode()
+            except ValueError as e:
+                yield _Raw(index, line, error=str(e), fatal=True)
+                return
+            self._advance(end)
+            yield _Raw(index, line, obj=obj)
+            index += 1
+            c = self._peek()
+            if c == ",":
+                self._advance(self.pos + 1)
+                continue
+            if c == "]":
+                self._advance(self.pos + 1)
+                if self._peek():
+                    yield _Raw(
+                        index,
+                        self.line,
+                        error=self._error(self.pos, "extra data after the array"),
+                        fatal=True,
+                    )
+                return
+            msg = "unexpected end of file" if not c else "expected ',' or ']'"
+            yield _Raw(index, self.line, error=self._error(self.pos, msg), fatal=True)
+            return
+
+
+def _iter_json_array(path: Path, chunk_chars: int = _CHUNK_CHARS) -> Iterator[_Raw]:
+    with open(path, encoding="utf-8") as f:
+        try:
+            yield from _ArrayStream(f, chunk_chars, _MAX_RECORD_CHARS)
+        except UnicodeDecodeError as e:
+            yield _Raw(0, None, error=f"not UTF-8 text: {e.reason}", fatal=True)
+
+
+def data_format(path: str | Path) -> str:
+    """``"json"`` (array), ``"jsonl"`` or ``"parquet"``, from the suffix and first character."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix == ".jsonl":
+        return "jsonl"
+    with open(p, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return "jsonl" if head.startswith(b"{") else "json"
+
+
+# --- record normalisation -------------------------------------------------------------------------
+
+
+def _resolve(path: str, base: Path) -> str:
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else base / p)
+
+
+def _image_list(obj: dict, base: Path, problems: list[tuple[str, str]]) -> list[str]:
+    key = "images" if "images" in obj else "image" if "image" in obj else None
+    if key is None or obj[key] is None:
+        return []
+    value = obj[key]
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        problems.append((key, f"must be a path or a list of paths, got {type(value).__name__}"))
+        return []
+    out: list[str] = []
+    for i, item in enumerate(items):
+        fld = key if isinstance(value, str) else f"{key}[{i}]"
+        if not isinstance(item, str):
+            problems.append((fld, f"must be a path string, got {type(item).__name__}"))
+        elif not item.strip():
+            problems.append((fld, "empty image path"))
+        else:
+            out.append(_resolve(item, base))
+    return out
+
+
+def _turn_list(obj: dict, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    key, role_key, text_key = "conversations", "from", "value"
+    if "conversations" not in obj and "messages" in obj:
+        key, role_key, text_key = "messages", "role", "content"
+    conv = obj.get(key)
+    if conv is None:
+        problems.append(("conversations", "missing"))
+        return []
+    if not isinstance(conv, list) or not conv:
+        problems.append((key, "must be a non-empty list of turns"))
+        return []
+    turns: list[tuple[str, str]] = []
+    for i, turn in enumerate(conv):
+        where = f"{key}[{i}]"
+        if not isinstance(turn, dict):
+            problems.append((where, f"must be an object, got {type(turn).__name__}"))
+            continue
+        speaker, text = turn.get(role_key), turn.get(text_key)
+        if speaker is None:
+            problems.append((f"{where}.{role_key}", "missing"))
+        elif not isinstance(speaker, str) or speaker.lower() not in ROLES:
+            problems.append(
+                (f"{where}.{role_key}", f"unknown role {speaker!r} (expected one of {', '.join(ROLES)})")
+            )
+        if text is None:
+            problems.append((f"{where}.{text_key}", "missing"))
+        elif not isinstance(text, str):
+            problems.append((f"{where}.{text_key}", f"must be a string, got {type(text).__name__}"))
+        elif not text.strip():
+            problems.append((f"{where}.{text_key}", "empty"))
+        if isinstance(speaker, str) and speaker.lower() in ROLES and isinstance(text, str) and text.strip():
+            turns.append((ROLES[speaker.lower()], text))
+    if turns and not problems and not any(role == "assistant" for role, _ in turns):
+        problems.append((key, "no assistant turn (nothing to train on)"))
+    return turns
+
+
+def _record_id(obj: dict, problems: list[tuple[str, str]]) -> str | None:
+    rid = obj.get("id")
+    if rid is None:
+        problems.append(("id", "missing"))
+        return None
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        problems.append(("id", f"must be a string or an integer, got {type(rid).__name__}"))
+        return None
+    if isinstance(rid, str) and not rid.strip():
+        problems.append(("id", "empty"))
+        return None
+    return str(rid)
+
+
+def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Path) -> Parsed:
+    """Normalise one LLaVA record; relative image paths resolve against ``base``."""
+    if not isinstance(obj, dict):
+        return Parsed(
+            file, index, line, None, None, [("record", f"must be an object, got {type(obj).__name__}")]
+        )
+    problems: list[tuple[str, str]] = []
+    rid = _record_id(obj, problems)
+    images = _image_list(obj, base, problems)
+    turns = _turn_list(obj, problems)
+    placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+    if not problems and placeholders != len(images):
+        problems.append(
+            ("conversations", f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s)")
+        )
+    record = None if problems else Record(rid or "", tuple(images), tuple(turns), file, index, line)
+    return Parsed(file, index, line, rid, record, problems)
+
+
+def iter_parsed(path: str | Path, image_root: str | Path | None = None) -> Iterator[Parsed]:
+    """Every record of a LLaVA JSON/JSONL or FineVision Parquet file, parsed, in file order."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(str(p), None, None, "no such file")
+    fmt = data_format(p)
+    if fmt == "parquet":
+        from entrain.data.parquet import iter_parquet
+
+        yield from iter_parquet(p, image_root)
+        return
+    base = Path(image_root) if image_root is not None else p.parent
+    raws = _iter_jsonl(p) if fmt == "jsonl" else _iter_json_array(p)
+    for raw in raws:
+        if raw.error is not None:
+            yield Parsed(str(p), raw.index, raw.line, None, None, [("json", raw.error)], raw.fatal)
+        else:
+            yield parse_record(raw.obj, file=str(p), index=raw.index, line=raw.line, base=base)
+
+
+def _raise(item: Parsed) -> None:
+    fld, reason = item.problems[0]
+    record = item.line if item.line is not None else f"#{item.index}"
+    if item.id is not None:
+        record = f"{record} (id {item.id})"
+    hint = "; run `entrain data check` for every problem" if len(item.problems) == 1 else ""
+    raise DataError(item.file, record, fld, f"{reason}{hint}")
+
+
+def iter_records(path: str | Path, image_root: str | Path | None = None) -> Iterator[Record]:
+    """The file's records; raises DataError (file, record, field) at the first unusable one."""
+    for item in iter_parsed(path, image_root):
+        if item.record is None:
+            _raise(item)
+        yield item.record
+
+
+# --- metadata ---------------------------------------------------------------------------------------
+
+
+def image_size(src: str | bytes) -> tuple[int, int]:
+    """``(H, W)`` of an image file or encoded bytes, from its header (no pixel decode)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+        width, height = im.size
+    return height, width
+
+
+def record_meta(
+    record: Record, tokenizer, vision: VisionTokenConfig = DEFAULT_VISION, sizes=None
+) -> SampleMeta:
+    """``SampleMeta`` of ``record``: header image sizes and chat-formatted text tokens.
+
+    ``sizes`` is an optional dict cache ``path -> (H, W)`` (datasets reuse images). Raises DataError
+    naming the record and image for an unreadable image.
+    """
+    from entrain.data.processing import count_text_tokens
+
+    dims = []
+    for i, src in enumerate(record.images):
+        key = src if isinstance(src, str) else None
+        hw = sizes.get(key) if sizes is not None and key is not None else None
+        if hw is None:
+            try:
+                hw = image_size(src)
+            except (OSError, ValueError, SyntaxError) as e:
+                fld = f"images[{i}]"
+                raise DataError(
+                    record.file, record.line or f"#{record.index}", fld, f"{_short(src)}: {e}"
+                ) from None
+            if sizes is not None and key is not None:
+                sizes[key] = hw
+        dims.append(hw)
+    text = count_text_tokens(record.turns, tokenizer)
+    return SampleMeta(record.id, tuple(dims), text, vision)
+
+
+def _short(src: str | bytes) -> str:
+    return src if isinstance(src, str) else f"<{len(src)} bytes>"
+
+
+def read_metadata(
+    path: str | Path,
+    image_root: str | Path | None = None,
+    tokenizer=None,
+    vision: VisionTokenConfig = DEFAULT_VISION,
+    *,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+) -> list[SampleMeta]:
+    """Per-sample metadata of a LLaVA JSON/JSONL or FineVision Parquet dataset, in file order.
+
+    Streams the file (memory ~ the metadata list) and reads only image headers. With ``use_cache``
+    the result is stored next to the data (``.entrain_cache/``) or in ``cache_dir`` and reused while
+    the file's path, size and mtime, the image root, tokenizer and vision limits are unchanged.
+    ``tokenizer`` defaults to the offline Qwen2 tokenizer. Raises DataError at the first bad record
+    (run ``entrain data check`` to list them all).
+    """
+    from entrain.data import metadata_cache
+    from entrain.data.tokenizer import default_tokenizer
+
+    tok = tokenizer if tokenizer is not None else default_tokenizer()
+    key = metadata_cache.cache_key(path, image_root, tok.name, vision) if use_cache else None
+    if key is not None:
+        cached = metadata_cache.load(path, key, vision, cache_dir)
+        if cached is not None:
+            return cached
+    sizes: dict[str, tuple[int, int]] = {}
+    samples = [record_meta(rec, tok, vision, sizes) for rec in iter_records(path, image_root)]
+    if key is not None:
+        metadata_cache.store(path, key, samples, cache_dir)
+    return samples

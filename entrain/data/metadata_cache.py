@@ -1,0 +1,86 @@
+"""On-disk cache of a dataset file's per-sample metadata.
+
+One JSONL file per dataset file: a header line holding the key (the data file's absolute path,
+size in bytes and mtime in ns, plus the image root, tokenizer and vision limits that the metadata
+depends on), then one ``SampleMeta.to_json()`` per line. The cache lives in ``.entrain_cache/``
+next to the data file, or in a given folder; a stale or unreadable cache is ignored and rewritten.
+Image files are not part of the key: after replacing images in place, delete the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from entrain.core.samples import SampleMeta, VisionTokenConfig
+
+__all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "load", "store"]
+
+CACHE_DIRNAME = ".entrain_cache"
+_VERSION = 1
+
+
+def cache_key(
+    path: str | Path, image_root: str | Path | None, tokenizer: str, vision: VisionTokenConfig
+) -> dict:
+    """What the cached metadata of ``path`` depends on."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return {
+        "version": _VERSION,
+        "path": str(p),
+        "size_bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "image_root": None if image_root is None else str(Path(image_root).resolve()),
+        "tokenizer": tokenizer,
+        "vision": asdict(vision),
+    }
+
+
+def cache_path(path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Where ``path``'s metadata cache lives."""
+    p = Path(path).resolve()
+    folder = Path(cache_dir) if cache_dir is not None else p.parent / CACHE_DIRNAME
+    digest = hashlib.sha1(str(p).encode()).hexdigest()[:12]
+    return folder / f"{p.name}.{digest}.meta.jsonl"
+
+
+def load(
+    path: str | Path, key: dict, vision: VisionTokenConfig, cache_dir: str | Path | None = None
+) -> list[SampleMeta] | None:
+    """The cached metadata if the cache exists and its key equals ``key``; else None."""
+    file = cache_path(path, cache_dir)
+    try:
+        with open(file, encoding="utf-8") as f:
+            if json.loads(f.readline()) != key:
+                return None
+            out = []
+            for line in f:
+                d = json.loads(line)
+                images = tuple((int(h), int(w)) for h, w in d["images"])
+                out.append(SampleMeta(str(d["id"]), images, int(d["text_tokens"]), vision))
+            return out
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(
+    path: str | Path, key: dict, samples: list[SampleMeta], cache_dir: str | Path | None = None
+) -> Path | None:
+    """Write the cache atomically; returns its path, or None where the folder is not writable."""
+    file = cache_path(path, cache_dir)
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(key, sort_keys=True) + "\n")
+            for s in samples:
+                f.write(json.dumps(s.to_json(), separators=(",", ":")) + "\n")
+        os.replace(tmp, file)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return None
+    return file

@@ -1,0 +1,237 @@
+"""Turning a ``Record`` into model inputs: images through the Qwen2.5-VL image processor and the
+conversation through the Qwen2 chat template.
+
+- Images: ``transformers``' ``Qwen2VLImageProcessorPil`` (the image processor Qwen2.5-VL uses; PIL
+  backend, no torchvision) does the ``smart_resize``, normalisation and 14x14 patching; this module
+  only decodes files and converts non-RGB8 images to RGB8 (alpha composited onto white, 16-bit
+  scaled to 8-bit), like Qwen's ``qwen_vl_utils``.
+- Text: ``<|im_start|>{role}\\n{text}<|im_end|>\\n`` per turn after the default system block
+  ``You are a helpful assistant.`` (unless the record starts with a system turn); each ``<image>``
+  placeholder becomes ``<|vision_start|>`` + N x ``<|image_pad|>`` + ``<|vision_end|>`` with N the
+  image's merged token count. Labels copy the ids of each assistant turn after its
+  ``<|im_start|>assistant\\n`` header and are -100 elsewhere.
+
+``transformers`` is imported only when images are processed.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from entrain.core.errors import DataError
+from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
+from entrain.data.llava import IMAGE_PLACEHOLDER, Record
+from entrain.data.tokenizer import TextTokenizer
+
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "IGNORE_INDEX",
+    "EncodedSample",
+    "conversion_reason",
+    "count_text_tokens",
+    "encode_sample",
+    "format_chat",
+    "image_processor",
+    "load_image",
+    "process_images",
+]
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+IGNORE_INDEX = -100
+MERGE_SIZE = 2
+"""Qwen2.5-VL's spatial merge (2x2 ViT patches -> one LLM token)."""
+
+VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+def _messages(turns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    if turns and turns[0][0] == "system":
+        return list(turns)
+    return [("system", DEFAULT_SYSTEM_PROMPT), *turns]
+
+
+def _expand(text: str, counts: Sequence[int], first: int) -> tuple[str, int]:
+    """``text`` with its placeholders expanded using ``counts[first:]``; returns (text, next index)."""
+    parts = text.split(IMAGE_PLACEHOLDER)
+    out = [parts[0]]
+    k = first
+    for part in parts[1:]:
+        out.append(VISION_START + IMAGE_PAD * counts[k] + VISION_END + part)
+        k += 1
+    return "".join(out), k
+
+
+def format_chat(
+    turns: Sequence[tuple[str, str]], image_tokens: Sequence[int], tokenizer: TextTokenizer
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of a conversation whose i-th ``<image>`` has ``image_tokens[i]`` tokens.
+
+    Raises ValueError if the placeholder count differs from ``len(image_tokens)``.
+    """
+    placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+    if placeholders != len(image_tokens):
+        raise ValueError(
+            f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(image_tokens)} image(s)"
+        )
+    ids: list[int] = []
+    labels: list[int] = []
+    k = 0
+    header_len = {}
+    for role, text in _messages(turns):
+        body, k = _expand(text, image_tokens, k)
+        msg = tokenizer.encode(f"{IM_START}{role}\n{body}{IM_END}\n")
+        ids.extend(msg)
+        if role == "assistant":
+            if role not in header_len:
+                header_len[role] = len(tokenizer.encode(f"{IM_START}{role}\n"))
+            h = header_len[role]
+            labels.extend([IGNORE_INDEX] * h + msg[h:])
+        else:
+            labels.extend([IGNORE_INDEX] * len(msg))
+    return ids, labels
+
+
+def count_text_tokens(turns: Sequence[tuple[str, str]], tokenizer: TextTokenizer) -> int:
+    """Tokens of the chat-formatted conversation other than ``<|image_pad|>`` (template and vision
+    start/end markers included): ``len(input_ids) - sum(image tokens)``."""
+    n = 0
+    for role, text in _messages(turns):
+        body = text.replace(IMAGE_PLACEHOLDER, VISION_START + VISION_END)
+        n += tokenizer.count(f"{IM_START}{role}\n{body}{IM_END}\n")
+    return n
+
+
+# --- images ---------------------------------------------------------------------------------------
+
+_CONVERSIONS = {
+    "1": "bilevel (1-bit) converted to RGB",
+    "L": "grayscale converted to RGB",
+    "LA": "grayscale with alpha converted to RGB",
+    "La": "grayscale with alpha converted to RGB",
+    "RGBA": "RGBA converted to RGB (alpha onto white)",
+    "RGBa": "RGBA converted to RGB (alpha onto white)",
+    "P": "palette converted to RGB",
+    "PA": "palette with alpha converted to RGB",
+    "I;16": "16-bit converted to 8-bit RGB",
+    "I;16L": "16-bit converted to 8-bit RGB",
+    "I;16B": "16-bit converted to 8-bit RGB",
+    "I;16N": "16-bit converted to 8-bit RGB",
+    "I": "32-bit integer converted to 8-bit RGB",
+    "F": "32-bit float converted to 8-bit RGB",
+    "CMYK": "CMYK converted to RGB",
+    "YCbCr": "YCbCr converted to RGB",
+    "LAB": "LAB converted to RGB",
+    "HSV": "HSV converted to RGB",
+}
+
+
+def conversion_reason(mode: str) -> str | None:
+    """Why an image of PIL ``mode`` is converted before processing (None for RGB8)."""
+    if mode == "RGB":
+        return None
+    return _CONVERSIONS.get(mode, f"mode {mode} converted to RGB")
+
+
+def _to_rgb(im):
+    from PIL import Image
+
+    if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        arr = np.asarray(im)
+        if im.mode != "F" and arr.max(initial=0) > 255:
+            arr = arr.astype(np.int64) >> 8
+        im = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")
+    if im.mode in ("P", "PA") and ("transparency" in im.info or im.mode == "PA"):
+        im = im.convert("RGBA")
+    if im.mode in ("RGBA", "RGBa", "LA", "La"):
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return im.convert("RGB") if im.mode != "RGB" else im
+
+
+def load_image(src: str | bytes):
+    """Decode an image file or bytes fully and return it as an RGB8 PIL image.
+
+    Raises OSError/ValueError for a missing, unreadable or truncated image.
+    """
+    from PIL import Image
+
+    with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+        im.load()
+        return _to_rgb(im)
+
+
+@functools.cache
+def image_processor(vision: VisionTokenConfig = DEFAULT_VISION):
+    """The Qwen2.5-VL image processor (PIL backend) configured with ``vision``'s pixel limits."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        min_pixels=vision.min_pixels,
+        max_pixels=vision.max_pixels,
+        patch_size=vision.factor // MERGE_SIZE,
+        merge_size=MERGE_SIZE,
+    )
+
+
+def process_images(
+    images: Sequence, vision: VisionTokenConfig = DEFAULT_VISION
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(pixel_values [sum of patches, 3*2*14*14] float32, image_grid_thw [n, 3] int64)``."""
+    out = image_processor(vision)(images=list(images), return_tensors="np")
+    return np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(
+        out["image_grid_thw"], dtype=np.int64
+    )
+
+
+def merged_tokens(grid_thw: np.ndarray) -> list[int]:
+    """LLM tokens per image from its ``(t, h, w)`` patch grid: ``t*h*w / merge**2``."""
+    return [int(np.prod(g)) // (MERGE_SIZE * MERGE_SIZE) for g in np.asarray(grid_thw).reshape(-1, 3)]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedSample:
+    """Model inputs of one record. ``labels`` is -100 except on assistant turns."""
+
+    id: str
+    input_ids: np.ndarray
+    labels: np.ndarray
+    pixel_values: np.ndarray
+    image_grid_thw: np.ndarray
+
+    @property
+    def num_image_tokens(self) -> int:
+        return sum(merged_tokens(self.image_grid_thw)) if len(self.image_grid_thw) else 0
+
+
+def encode_sample(
+    record: Record, tokenizer: TextTokenizer, vision: VisionTokenConfig = DEFAULT_VISION
+) -> EncodedSample:
+    """Decode, convert and process ``record``'s images and format its conversation into ids/labels.
+
+    Raises DataError naming the record and image for an unreadable image or one the processor rejects.
+    """
+    images = []
+    for i, src in enumerate(record.images):
+        try:
+            images.append(load_image(src))
+        except (OSError, ValueError, SyntaxError) as e:
+            raise DataError(record.file, record.line or f"#{record.index}", f"images[{i}]", str(e)) from None
+    if images:
+        try:
+            pixels, grid = process_images(images, vision)
+        except ValueError as e:
+            raise DataError(
+                record.file, record.line or f"#{record.index}", "images", f"processor: {e}"
+            ) from None
+    else:
+        patch = vision.factor // MERGE_SIZE
+        pixels, grid = np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)
+    ids, labels = format_chat(record.turns, merged_tokens(grid), tokenizer)
+    return EncodedSample(record.id, np.asarray(ids, np.int64), np.asarray(labels, np.int64), pixels, grid)

@@ -1,0 +1,162 @@
+"""Durations, message sizes and activation bytes of Plan actions under a ``CostModel``.
+
+Shared by the generators that need timing (eager-forward budget, the greedy DIP interleaver) and
+by the simulator, so every executor of a Plan prices an action the same way.
+
+* A stage's time for a (sub-)microbatch = the sum over its layers of ``a*x^2 + b*x`` per sequence
+  unit (an image's ViT patches on the encoder, a sample's tokens on the LLM) plus each layer's
+  per-call constant ``c`` once (one call per (sub-)microbatch), at the component's TP/CP degree.
+* A raw-work sample (no token metadata) has only its whole-component forward+backward work ``w``.
+  It is priced as ``x = w / sum_l (b_fwd,l + b_bwd,l)`` linear-equivalent tokens: each stage gets
+  ``sum_{l in stage} b_l * x``, i.e. the sample's work split over stages (and over forward and
+  backward) by the stages' share of the per-layer linear costs; activation and message bytes use
+  the same ``x``. Per-call constants are added as for any sample.
+* p2p time of a message = ``latency + bytes / bandwidth`` (``HardwareSpec``); gradient messages
+  have the size of the activations they answer. DP all-reduce of a rank's trainable parameter
+  gradients (bf16 ``param_bytes / tp``): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from entrain.core.costmodel import CostModel
+from entrain.core.plan import ActionKind, Layout
+from entrain.core.work import SampleWork
+
+__all__ = ["PlanCosts", "StageQuad"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageQuad:
+    """A stage's summed per-unit quadratic ``a*x^2 + b*x`` and per-call constant ``c``, per phase."""
+
+    fwd_a: float
+    fwd_b: float
+    fwd_c: float
+    bwd_a: float
+    bwd_b: float
+    bwd_c: float
+    activation_bytes_per_token: float
+    output_bytes_per_token: float
+    grad_bytes: float
+    """Trainable parameter gradient bytes held by one rank of this stage (bf16, / tp)."""
+
+
+def _fit_quadratic(f1: float, f2: float) -> tuple[float, float]:
+    """(a, b) of ``g(x) = a x^2 + b x`` from ``g(1)`` and ``g(2)``."""
+    a = (f2 - 2.0 * f1) / 2.0
+    return a, f1 - a
+
+
+class PlanCosts:
+    """Prices the actions of Plans over ``layout`` for the given samples (ids -> work)."""
+
+    def __init__(self, layout: Layout, cost: CostModel, samples: dict[str, SampleWork]):
+        self.layout = layout
+        self.cost = cost
+        self.samples = samples
+        self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
+        self._raw_tokens_per_ms = {c: self._linear_ms_per_token(c) for c in ("encoder", "llm")}
+        self._unit_sums: dict[tuple[str, str], tuple[float, float]] = {}
+
+    # --- per-stage coefficients --------------------------------------------------------------------
+    def _stage_quad(self, stage: int) -> StageQuad:
+        spec = self.layout.stages[stage]
+        comp = spec.component
+        par = self.layout.components.get(comp)
+        tp, cp = (par.tp, par.cp) if par else (1, 1)
+        first, end = spec.first_layer, spec.end_layer
+        coef = []
+        for phase in ("fwd", "bwd"):
+            g1 = self.cost.stage_ms(comp, first, end, (1,), phase, tp, cp, num_calls=0)
+            g2 = self.cost.stage_ms(comp, first, end, (2,), phase, tp, cp, num_calls=0)
+            c = self.cost.stage_ms(comp, first, end, (), phase, tp, cp, num_calls=1)
+            coef += [*_fit_quadratic(g1, g2), c]
+        layers = self.cost.component(comp).layers[first:end]
+        act = sum(layer.activation_bytes_per_token for layer in layers) / (tp * cp)
+        out = layers[-1].output_bytes_per_token / (tp * cp) if layers else 0.0
+        grad = sum(layer.param_bytes for layer in layers if layer.trainable) / tp
+        return StageQuad(*coef, act, out, grad)
+
+    def _linear_ms_per_token(self, comp: str) -> float:
+        """Sum over the whole component of the per-token linear coefficient, forward + backward."""
+        par = self.layout.components.get(comp)
+        tp, cp = (par.tp, par.cp) if par else (1, 1)
+        n = self.cost.component(comp).num_layers
+        total = 0.0
+        for phase in ("fwd", "bwd"):
+            g1 = self.cost.stage_ms(comp, 0, n, (1,), phase, tp, cp, num_calls=0)
+            g2 = self.cost.stage_ms(comp, 0, n, (2,), phase, tp, cp, num_calls=0)
+            total += _fit_quadratic(g1, g2)[1]
+        return total
+
+    # --- per-sample unit sums --------------------------------------------------------------------------
+    def unit_sums(self, comp: str, sid: str) -> tuple[float, float]:
+        """(sum of x^2, sum of x) over the sample's sequence units on ``comp``."""
+        key = (comp, sid)
+        got = self._unit_sums.get(key)
+        if got is None:
+            got = self._compute_unit_sums(comp, self.samples[sid])
+            self._unit_sums[key] = got
+        return got
+
+    def _compute_unit_sums(self, comp: str, work: SampleWork) -> tuple[float, float]:
+        if work.meta is not None:
+            units = self.cost.units(comp, work.meta)
+            return float(sum(x * x for x in units)), float(sum(units))
+        per_token = self._raw_tokens_per_ms[comp]
+        w = work.encoder if comp == "encoder" else work.llm
+        return 0.0, (w / per_token if per_token > 0 else 0.0)
+
+    def _sums(self, stage: int, ids: Iterable[str]) -> tuple[float, float]:
+        comp = self.layout.stages[stage].component
+        sq = lin = 0.0
+        for sid in ids:
+            s, x = self.unit_sums(comp, sid)
+            sq += s
+            lin += x
+        return sq, lin
+
+    # --- prices -------------------------------------------------------------------------------------
+    def compute_ms(self, stage: int, kind: ActionKind, ids: Iterable[str]) -> float:
+        """Duration of a compute action over the samples ``ids`` (one call)."""
+        q = self.stage_quads[stage]
+        sq, lin = self._sums(stage, ids)
+        if kind is ActionKind.F:
+            return q.fwd_a * sq + q.fwd_b * lin + q.fwd_c
+        bwd = q.bwd_a * sq + q.bwd_b * lin + q.bwd_c
+        if kind is ActionKind.B:
+            return bwd
+        if kind in (ActionKind.I, ActionKind.W):
+            return 0.5 * bwd
+        raise ValueError(f"{kind} is not a compute action")
+
+    def tokens(self, stage: int, ids: Iterable[str]) -> float:
+        return self._sums(stage, ids)[1]
+
+    def activation_bytes(self, stage: int, ids: Iterable[str]) -> float:
+        """Bytes a forward of ``ids`` on ``stage`` keeps until its backward."""
+        return self.stage_quads[stage].activation_bytes_per_token * self.tokens(stage, ids)
+
+    def message_bytes(self, src_stage: int, ids: Iterable[str]) -> float:
+        """Bytes of the activations ``src_stage`` sends for ``ids`` (gradients: the same size)."""
+        return self.stage_quads[src_stage].output_bytes_per_token * self.tokens(src_stage, ids)
+
+    def p2p_ms(self, num_bytes: float) -> float:
+        hw = self.cost.hardware
+        return hw.p2p_latency_ms + num_bytes / hw.p2p_bandwidth_bytes_per_ms
+
+    def allreduce_ms(self, pp_rank: int) -> float:
+        """DP gradient all-reduce time of one pipeline rank's stages (0 when dp == 1)."""
+        dp = self.layout.dp
+        if dp <= 1:
+            return 0.0
+        num_bytes = sum(
+            q.grad_bytes for s, q in zip(self.layout.stages, self.stage_quads) if s.pp_rank == pp_rank
+        )
+        if num_bytes <= 0:
+            return 0.0
+        hw = self.cost.hardware
+        return hw.allreduce_latency_ms + 2.0 * (dp - 1) / dp * num_bytes / hw.allreduce_bandwidth_bytes_per_ms

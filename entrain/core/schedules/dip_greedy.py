@@ -1,0 +1,143 @@
+"""``dip-greedy``: DIP-like placement and sub-microbatches (``dip``) with DIP's greedy dual-queue
+interleaver instead of the fixed phase order: whenever a rank is free it runs the next action of
+its 1F1B-style preferred queue (``dip.phase_orders``) if that action's inputs exist, otherwise
+the earliest (in queue order) action whose inputs already exist — filling bubbles with other
+stages' work; if nothing is ready it waits for whatever becomes ready first. Timing for these
+decisions comes from the cost model (``costs.PlanCosts``: compute and p2p times), as DIP's
+planner uses its step emulator. The resulting per-rank orders are topological, so deadlock-free.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from entrain.core.assignment.types import IterationAssignment
+from entrain.core.costmodel import CostModel
+from entrain.core.plan import Action, ActionKind, Layout, Plan
+from entrain.core.schedules import dip
+from entrain.core.schedules.common import ScheduleOptions
+from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.work import SampleWork
+
+__all__ = ["generate", "greedy_orders"]
+
+NAME = "dip-greedy"
+
+
+def _deps(graph: ReplicaGraph, costs: PlanCosts, a: Action) -> list[tuple[tuple, float]]:
+    """(predecessor key, delay after its end) for a compute action."""
+    u = a.sub_index
+    out = []
+    if a.kind is ActionKind.F:
+        for msg in graph.fwd_inputs(a.stage, a.mb, u):
+            delay = (
+                costs.p2p_ms(costs.message_bytes(msg.src, graph.ids(msg.src, msg.mb, msg.sub)))
+                if graph.is_remote(msg)
+                else 0.0
+            )
+            out.append((("F", msg.src, msg.mb, msg.sub), delay))
+        return out
+    out.append((("F", a.stage, a.mb, u), 0.0))
+    for msg in graph.bwd_inputs(a.stage, a.mb, u):
+        delay = (
+            costs.p2p_ms(costs.message_bytes(msg.dst, graph.ids(msg.dst, msg.mb, msg.sub)))
+            if graph.is_remote(msg)
+            else 0.0
+        )
+        out += [(("B", *t), delay) for t in graph.bwd_producers(msg)]
+    return out
+
+
+def greedy_orders(graph: ReplicaGraph, costs: PlanCosts) -> dict[int, list[Action]]:
+    queues = dip.phase_orders(graph)
+    key_of = {}
+    info = {}  # key -> (rank, queue index, duration, deps)
+    for rank, acts in queues.items():
+        for i, a in enumerate(acts):
+            k = ("F" if a.kind is ActionKind.F else "B", a.stage, a.mb, a.sub_index)
+            key_of[(rank, i)] = k
+            ids = graph.ids(a.stage, a.mb, a.sub_index)
+            info[k] = (rank, i, costs.compute_ms(a.stage, a.kind, ids), _deps(graph, costs, a))
+    succ: dict[tuple, list[tuple]] = {}
+    unmet = {}
+    for k, (_, _, _, deps) in info.items():
+        unmet[k] = len(deps)
+        for d, _ in deps:
+            succ.setdefault(d, []).append(k)
+    end: dict[tuple, float] = {}
+    ready_at: dict[tuple, float] = {}
+    avail: dict[int, dict[int, float]] = {r: {} for r in queues}  # rank -> {queue index: ready time}
+    for k, n in unmet.items():
+        if n == 0:
+            rank, i = info[k][:2]
+            avail[rank][i] = ready_at[k] = 0.0
+    free = dict.fromkeys(queues, 0.0)
+    head = dict.fromkeys(queues, 0)
+    done_idx = {r: set() for r in queues}
+    out = {r: [] for r in queues}
+    heap: list[tuple[float, int, int]] = []
+
+    def candidate(rank: int) -> tuple[float, int] | None:
+        cand = avail[rank]
+        if not cand:
+            return None
+        t = free[rank]
+        h = head[rank]
+        if h in cand and cand[h] <= t:
+            return t, h
+        now = [i for i, rt in cand.items() if rt <= t]
+        if now:
+            return t, min(now)
+        t2 = min(cand.values())
+        if h in cand and cand[h] <= t2:
+            return t2, h
+        return t2, min(i for i, rt in cand.items() if rt <= t2)
+
+    def push(rank: int) -> None:
+        c = candidate(rank)
+        if c is not None:
+            heapq.heappush(heap, (c[0], rank, c[1]))
+
+    for r in queues:
+        push(r)
+    total = len(info)
+    while len(end) < total:
+        start, rank, i = heapq.heappop(heap)
+        c = candidate(rank)
+        if c is None or c != (start, i):  # stale entry
+            continue
+        k = key_of[(rank, i)]
+        end[k] = start + info[k][2]
+        free[rank] = end[k]
+        del avail[rank][i]
+        done_idx[rank].add(i)
+        while head[rank] in done_idx[rank]:
+            head[rank] += 1
+        out[rank].append(queues[rank][i])
+        touched = {rank}
+        for s in succ.get(k, []):
+            unmet[s] -= 1
+            if unmet[s] == 0:
+                srank, si, _, deps = info[s]
+                rt = max(end[d] + delay for d, delay in deps)
+                avail[srank][si] = ready_at[s] = rt
+                touched.add(srank)
+        for r in touched:
+            push(r)
+    return out
+
+
+def generate(
+    layout: Layout,
+    assignments: Sequence[IterationAssignment],
+    samples: dict[str, SampleWork],
+    cost: CostModel | None = None,
+    options: ScheduleOptions | None = None,
+    system: str = NAME,
+) -> Plan:
+    def order(costs: PlanCosts):
+        return lambda graph: greedy_orders(graph, costs)
+
+    return dip.generate(layout, assignments, samples, cost, options, system=system, order=order)

@@ -1,0 +1,317 @@
+"""Discrete-event executor of a Plan under a cost model.
+
+Model (documented assumptions):
+
+* Each rank runs its action list in order, one action at a time. A compute action starts when the
+  rank is free and its inputs exist (``entrain.core.schedules.graph``); it lasts
+  ``PlanCosts.compute_ms`` (per-call constant per (sub-)microbatch; raw-work samples split over
+  stages by the stages' share of the per-layer linear costs — see ``entrain.core.schedules.costs``).
+* ``SEND`` is asynchronous: it costs the sender nothing; the message arrives
+  ``latency + bytes / bandwidth`` later. Links are not contended. ``RECV`` blocks the receiver until
+  the message has arrived. A plan without communication actions (compute-only orders) gets the
+  same transfer delays implicitly.
+* Memory: a forward allocates its activation bytes on its rank at its start; the backward (``B``,
+  or ``W`` when split) frees them at its end. Only activations are counted (no weights, optimizer
+  state or received-message buffers).
+* Replicas run independently; the iteration ends when every pipeline rank of every replica has
+  finished and then all-reduced its gradients over DP (``PlanCosts.allreduce_ms``): iteration time
+  = max over pipeline ranks r of (latest end of rank r over replicas + all-reduce of rank r).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from entrain.core.costmodel import CostModel
+from entrain.core.errors import ScheduleError
+from entrain.core.plan import Action, ActionKind, IterationPlan, Layout, Plan
+from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.graph import Message, ReplicaGraph
+from entrain.core.validate import format_grid, message_of
+
+__all__ = ["Span", "ReplicaRun", "IterationRun", "simulate_plan", "run_iteration", "run_replica"]
+
+_F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One executed compute action: global rank, action, start and end (ms from iteration start)."""
+
+    rank: int
+    action: Action
+    start_ms: float
+    end_ms: float
+
+
+@dataclass
+class ReplicaRun:
+    replica: int
+    num_microbatches: int
+    busy_ms: dict[int, float]
+    """Per global rank: summed compute time."""
+    end_ms: dict[int, float]
+    """Per global rank: end of its last action."""
+    peak_bytes: dict[int, float]
+    fwd_ms: dict[tuple[int, int, int], float]
+    """(stage, mb, sub) -> forward duration."""
+    bwd_ms: dict[tuple[int, int, int], float]
+    spans: list[Span] = field(default_factory=list)
+    memory: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    """Per global rank, (time, bytes after the change) steps; only when traced."""
+
+    @property
+    def makespan_ms(self) -> float:
+        return max(self.end_ms.values(), default=0.0)
+
+
+@dataclass
+class IterationRun:
+    replicas: list[ReplicaRun]
+    iteration_time_ms: float
+    allreduce_ms: dict[int, float]
+    """Per pipeline rank."""
+
+
+def simulate_plan(
+    plan: Plan, cost: CostModel, *, comm: bool = True, trace_iterations: int = 1
+) -> list[IterationRun]:
+    """Run every iteration of ``plan``; spans and memory traces are kept for the first
+    ``trace_iterations`` iterations. ``comm=False`` makes every transfer free."""
+    costs = PlanCosts(plan.layout, cost, plan.samples)
+    return [
+        run_iteration(plan.layout, it, costs, comm=comm, trace=i < trace_iterations)
+        for i, it in enumerate(plan.iterations)
+    ]
+
+
+def run_iteration(
+    layout: Layout, it: IterationPlan, costs: PlanCosts, *, comm: bool = True, trace: bool = False
+) -> IterationRun:
+    runs = []
+    for replica in range(layout.dp):
+        ranks = [layout.global_rank(replica, r) for r in range(layout.ranks_per_replica)]
+        graph = ReplicaGraph(layout, it.microbatches[replica])
+        runs.append(
+            run_replica(graph, {g: it.actions[g] for g in ranks}, costs, replica, comm=comm, trace=trace)
+        )
+    allreduce = {r: costs.allreduce_ms(r) for r in range(layout.ranks_per_replica)}
+    t = 0.0
+    for r in range(layout.ranks_per_replica):
+        last = max(run.end_ms[layout.global_rank(run.replica, r)] for run in runs)
+        t = max(t, last + allreduce[r])
+    return IterationRun(runs, t, allreduce)
+
+
+class _Replica:
+    """Event-driven in-order execution of one replica's ranks."""
+
+    def __init__(self, graph: ReplicaGraph, actions: dict, costs: PlanCosts, comm: bool, trace: bool):
+        self.graph, self.actions, self.costs, self.comm, self.trace = graph, actions, costs, comm, trace
+        self.has_comm_actions = any(a.kind.is_comm for acts in actions.values() for a in acts)
+        self.ends: dict[tuple, float] = {}
+        self.arrival: dict[Message, float] = {}
+        self.waiters: dict[object, list[int]] = {}
+        self.ptr = dict.fromkeys(actions, 0)
+        self.clock = dict.fromkeys(actions, 0.0)
+        self.busy = dict.fromkeys(actions, 0.0)
+        self.mem = dict.fromkeys(actions, 0.0)
+        self.peak = dict.fromkeys(actions, 0.0)
+        self.memory = {g: [(0.0, 0.0)] for g in actions} if trace else {}
+        self.fwd_ms: dict[tuple[int, int, int], float] = {}
+        self.bwd_ms: dict[tuple[int, int, int], float] = {}
+        self.spans: list[Span] = []
+        self.held: dict[tuple[int, int, int], float] = {}
+        self._pending_wake: list[int] = []
+
+    # --- availability --------------------------------------------------------------------------
+    def _transfer_ms(self, msg: Message) -> float:
+        if not self.comm:
+            return 0.0
+        fwd_stage = msg.src if msg.kind == "F" else msg.dst
+        return self.costs.p2p_ms(
+            self.costs.message_bytes(fwd_stage, self.graph.ids(fwd_stage, msg.mb, msg.sub))
+        )
+
+    def _msg_ready(self, msg: Message) -> float | None:
+        """Time the message is usable by its consumer, or None (not yet known)."""
+        if self.graph.is_remote(msg):
+            return self.arrival.get(msg)
+        if msg.kind == "F":
+            return self.ends.get(("F", msg.src, msg.mb, msg.sub))
+        times = [self.ends.get(("B", *t)) for t in self.graph.bwd_producers(msg)]
+        return None if None in times else max(times, default=0.0)
+
+    def _inputs(self, a: Action) -> list[Message]:
+        u = a.sub_index
+        if a.kind is _F:
+            return self.graph.fwd_inputs(a.stage, a.mb, u)
+        if a.kind in (_B, _I):
+            return self.graph.bwd_inputs(a.stage, a.mb, u)
+        return []
+
+    def _ready_time(self, a: Action) -> tuple[float | None, object]:
+        """(time the action's inputs exist, key to wait on if unknown)."""
+        t = 0.0
+        u = a.sub_index
+        if a.kind in (_B, _I):
+            own = self.ends.get(("F", a.stage, a.mb, u))
+            if own is None:
+                return None, ("F", a.stage, a.mb, u)
+            t = own
+        if a.kind is _W:
+            own = self.ends.get(("I", a.stage, a.mb, u))
+            return (own, ("I", a.stage, a.mb, u)) if own is None else (own, None)
+        for msg in self._inputs(a):
+            r = self._msg_ready(msg)
+            if r is None:
+                return None, self._wait_key(msg)
+            t = max(t, r)
+        return t, None
+
+    def _wait_key(self, msg: Message) -> object:
+        if self.graph.is_remote(msg):
+            return msg
+        if msg.kind == "F":
+            return ("F", msg.src, msg.mb, msg.sub)
+        pending = [("B", *t) for t in self.graph.bwd_producers(msg) if ("B", *t) not in self.ends]
+        return pending[0]
+
+    # --- execution -----------------------------------------------------------------------------
+    def _wake(self, key: object) -> list[int]:
+        return self.waiters.pop(key, [])
+
+    def _advance(self, g: int) -> object | None:
+        """Run rank g until it blocks (returns the wait key) or finishes (None)."""
+        acts = self.actions[g]
+        woken: list[int] = []
+        while self.ptr[g] < len(acts):
+            a = acts[self.ptr[g]]
+            if a.kind.is_compute:
+                ready, key = self._ready_time(a)
+                if ready is None:
+                    self._requeue(woken)
+                    return key
+                woken += self._compute(g, a, max(ready, self.clock[g]))
+            elif a.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+                msg = message_of(a)
+                arrived = self.arrival.get(msg)
+                if arrived is None:
+                    self._requeue(woken)
+                    return msg
+                self.clock[g] = max(self.clock[g], arrived)
+            else:
+                msg = message_of(a)
+                self.arrival[msg] = self.clock[g] + self._transfer_ms(msg)
+                woken += self._wake(msg)
+            self.ptr[g] += 1
+        self._requeue(woken)
+        return None
+
+    def _requeue(self, ranks: list[int]) -> None:
+        self._pending_wake.extend(ranks)
+
+    def _compute(self, g: int, a: Action, start: float) -> list[int]:
+        u = a.sub_index
+        task = (a.stage, a.mb, u)
+        ids = self.graph.ids(*task)
+        dur = self.costs.compute_ms(a.stage, a.kind, ids)
+        end = start + dur
+        self.clock[g] = end
+        self.busy[g] += dur
+        if self.trace:
+            self.spans.append(Span(g, a, start, end))
+        woken: list[int] = []
+        if a.kind is _F:
+            self.fwd_ms[task] = dur
+            act = self.costs.activation_bytes(a.stage, ids)
+            self.held[task] = act
+            self._mem(g, start, act)
+            self.ends[("F", *task)] = end
+            woken += self._wake(("F", *task))
+            if not self.has_comm_actions:
+                for msg in self.graph.fwd_outputs(*task):
+                    if self.graph.is_remote(msg):
+                        self.arrival[msg] = end + self._transfer_ms(msg)
+                        woken += self._wake(msg)
+        else:
+            self.bwd_ms[task] = self.bwd_ms.get(task, 0.0) + dur
+            if a.kind in (_B, _W):
+                self._mem(g, end, -self.held.pop(task, 0.0))
+            key = ("I" if a.kind is _I else "W" if a.kind is _W else "B", *task)
+            self.ends[key] = end
+            if a.kind is _I:
+                self.ends[("B", *task)] = end
+                woken += self._wake(("B", *task))
+            woken += self._wake(key)
+            if not self.has_comm_actions and a.kind in (_B, _I):
+                woken += self._implicit_grad_sends(task)
+        return woken
+
+    def _implicit_grad_sends(self, task: tuple[int, int, int]) -> list[int]:
+        woken: list[int] = []
+        for msg in self.graph.bwd_outputs(*task):
+            if not self.graph.is_remote(msg) or msg in self.arrival:
+                continue
+            times = [self.ends.get(("B", *t)) for t in self.graph.bwd_producers(msg)]
+            if None not in times:
+                self.arrival[msg] = max(times) + self._transfer_ms(msg)
+                woken += self._wake(msg)
+        return woken
+
+    def _mem(self, g: int, t: float, delta: float) -> None:
+        self.mem[g] += delta
+        self.peak[g] = max(self.peak[g], self.mem[g])
+        if self.trace:
+            self.memory[g].append((t, self.mem[g]))
+
+
+def _run(rep: _Replica) -> None:
+    stack = sorted(rep.actions, reverse=True)
+    while stack:
+        g = stack.pop()
+        key = rep._advance(g)
+        if key is not None:
+            if _resolved(rep, key):
+                stack.append(g)
+            else:
+                rep.waiters.setdefault(key, []).append(g)
+        stack.extend(rep._pending_wake)
+        rep._pending_wake = []
+    blocked = {g: p for g, p in rep.ptr.items() if p < len(rep.actions[g])}
+    if blocked:
+        g0 = min(blocked)
+        raise ScheduleError(
+            f"deadlock in simulation: rank {g0} step {blocked[g0]} ({rep.actions[g0][blocked[g0]]}) never becomes ready\n"
+            + format_grid({g: list(a) for g, a in rep.actions.items()}, blocked, primary=g0)
+        )
+
+
+def _resolved(rep: _Replica, key: object) -> bool:
+    if isinstance(key, Message):
+        return key in rep.arrival
+    return key in rep.ends
+
+
+def run_replica(
+    graph: ReplicaGraph,
+    actions: dict[int, tuple[Action, ...]],
+    costs: PlanCosts,
+    replica: int = 0,
+    *,
+    comm: bool = True,
+    trace: bool = False,
+) -> ReplicaRun:
+    rep = _Replica(graph, actions, costs, comm, trace)
+    _run(rep)
+    return ReplicaRun(
+        replica=replica,
+        num_microbatches=len(graph.microbatches),
+        busy_ms=rep.busy,
+        end_ms=dict(rep.clock),
+        peak_bytes=rep.peak,
+        fwd_ms=rep.fwd_ms,
+        bwd_ms=rep.bwd_ms,
+        spans=rep.spans,
+        memory=rep.memory,
+    )

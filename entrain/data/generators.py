@@ -165,8 +165,13 @@ def _coco_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarr
     return h, w
 
 
+_CHARTQA_MEAN_RUN_SAMPLES = 16
+"""Mean run of one chart source in ChartQA's data order (tuned to Table 3's DistTrain vision std)."""
+
+
 def _chartqa_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    source = _choice(rng, [0.60, 0.30, 0.10], n)  # Statista-like / Pew-like / OWID-OECD-like
+    # Statista-like / Pew-like / OWID-OECD-like charts, arriving in runs by source (data order)
+    source = _regimes(rng, n, [0.60, 0.30, 0.10], _CHARTQA_MEAN_RUN_SAMPLES)
     statista_h = np.clip(rng.normal(560, 50, n), 380, 900).astype(np.int64)
     pew_w = np.array([310, 420, 640, 800])[_choice(rng, [0.35, 0.30, 0.20, 0.15], n)]
     pew_h = (pew_w * np.clip(_ln(rng, 1.15, 0.35, n), 0.5, 2.6)).astype(np.int64)
@@ -186,26 +191,27 @@ def _synthchart_fv_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray,
 
 
 # SynthChartNet chart families (regimes). Width ranges are pixels; aspect = H/W.
-_FAMILY_WEIGHTS = [0.40, 0.40, 0.20]
+_FAMILY_WEIGHTS = [0.45, 0.35, 0.20]
 """compact / default / high-resolution share of runs (tuned to Table 3's std/mean, Fig. 3's spread)."""
-_FAMILY_WIDTH = [(300, 520), (0, 0), (1150, 1500)]
+_FAMILY_WIDTH = [(340, 560), (0, 0), (1150, 1500)]
 _ASPECTS = [0.75, 0.6667, 0.5625]
 _DEFAULT_SIZES = [((768, 576), 0.45), ((900, 500), 0.30), ((960, 720), 0.15), ((1000, 600), 0.10)]  # (W, H)
-_MEAN_RUN_SAMPLES = 24
+_MEAN_RUN_SAMPLES = 16
 """Mean length of a run of one family in data order (geometric)."""
 
 
-def _regimes(rng: np.random.Generator, n: int) -> np.ndarray:
-    """Family index per position: runs of geometric length, each run's family drawn independently."""
-    new_run = rng.random(n) < 1.0 / _MEAN_RUN_SAMPLES
+def _regimes(rng: np.random.Generator, n: int, weights: list[float], mean_run: float) -> np.ndarray:
+    """Regime index per position in data order: runs of geometric length (mean ``mean_run``), each
+    run's regime drawn independently from ``weights``."""
+    new_run = rng.random(n) < 1.0 / mean_run
     new_run[0] = True
     run_id = np.cumsum(new_run) - 1
-    run_family = _choice(rng, _FAMILY_WEIGHTS, n)  # one draw per possible run
-    return run_family[run_id]
+    run_regime = _choice(rng, weights, n)  # one draw per possible run
+    return run_regime[run_id]
 
 
 def _synthchart_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    family = _regimes(rng, n)
+    family = _regimes(rng, n, _FAMILY_WEIGHTS, _MEAN_RUN_SAMPLES)
     aspect = np.array(_ASPECTS)[_choice(rng, [0.5, 0.25, 0.25], n)]
     width = np.zeros(n, dtype=np.int64)
     for f, (lo, hi) in enumerate(_FAMILY_WIDTH):

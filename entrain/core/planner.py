@@ -1,0 +1,792 @@
+"""Macroscopic planning: Algorithm 1 (``b_min``) and Algorithm 2 (static configuration search).
+
+Pinned as in DESIGN.md section 1:
+
+* Workload of a sample = forward + backward ms of each whole component at TP = CP = 1, per-call
+  constants excluded (``CostModel.sample_work``). A batch's encoder share ``P`` = total encoder work /
+  total work.
+* ProportionalAllocation: the encoder gets ``round(G * P)`` of a replica's ``G`` GPUs, rounded to the
+  nearest whole GPU with ties to the LLM, clamped so each component keeps at least one GPU.
+* Algorithm 1: ``k = ceil(ln(alpha) / ln(1 - p_error))`` validation batches; ``n`` starts at
+  ``n0`` and doubles; draws are seeded (``draw_seed(seed, n, t)``: ``t = 0`` is the reference batch,
+  ``1..k`` the validation batches). All ``k`` validation batches are drawn even after a mismatch, so
+  the trial table lists every allocation seen (like paper Tables 2, 5-11).
+* Algorithm 2: per component, every TP x CP with ``PP = floor(M/(TP*CP))`` and ``ceil(M/(TP*CP))``
+  (both tried, at least 1, at most the component's layer count), combined so the replica's GPUs are
+  not exceeded; a 1-D min-max layer partition per component (``partition.min_max_partition``) of the
+  mean microbatch's per-layer forward + backward times; score = paper Eq. 2,
+  ``sum(stage times) + (K - 1) * slowest stage`` with ``K = B / (dp * U)``; a candidate is dropped if a
+  stage's memory (weights + gradients + Adam states of trainable layers, bf16 weights of frozen ones,
+  divided by TP, plus the activations of its 1F1B in-flight microbatches) exceeds
+  ``HardwareSpec.device_memory_bytes``, or if ``B`` is not divisible by ``dp * U``. Best = lowest Eq. 2
+  time (= highest throughput ``dp * K / T``); ties go to fewer GPUs, then the lexicographically
+  smallest (dp, encoder tp, cp, pp, llm tp, cp, pp).
+
+A *sampler* is ``sampler(n, seed) -> Sequence[SampleMeta | SampleWork]``: ``n`` samples drawn i.i.d.
+from the dataset with that seed (the CLI builds one from the data generators; ``pool_sampler``
+draws from a fixed list). Items without token metadata (raw-work samples) are supported for
+Algorithm 1; Algorithm 2 then spreads a component's work over its layers by their linear costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from entrain.core.costmodel import COMPONENTS, CostModel, parallel_key
+from entrain.core.errors import ConfigError
+from entrain.core.partition import min_max_partition
+from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.samples import SampleMeta
+from entrain.core.work import SampleWork
+
+__all__ = [
+    "Sampler",
+    "SampleStats",
+    "MacroscopicProfiler",
+    "TrialResult",
+    "BMinResult",
+    "ComponentConfig",
+    "StaticConfig",
+    "PlanResult",
+    "num_validation_trials",
+    "proportional_allocation",
+    "draw_seed",
+    "pool_sampler",
+    "find_b_min",
+    "search_candidates",
+    "search_config",
+    "evaluate_config",
+    "plan",
+    "disttrain_profile_sample",
+    "PAPER_TABLE1",
+    "paper_table1_config",
+    "dip_layout",
+]
+
+Item = SampleMeta | SampleWork
+Sampler = Callable[[int, int], Sequence[Item]]
+
+ADAM_BYTES_PER_BF16_WEIGHT_BYTE = 9.0
+"""Trainable layer: bf16 weight (2) + fp32 gradient (4) + fp32 master, m, v (12) = 18 bytes per
+parameter = 9x its bf16 ``param_bytes``."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-sample statistics and vectorised work
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SampleStats:
+    """Column statistics of a batch: per sample, encoder units' sum and sum of squares (ViT patches
+    over its images), LLM tokens and their square; ``raw_*`` = given work for items without metadata
+    (NaN otherwise)."""
+
+    ids: tuple[str, ...]
+    enc_x1: np.ndarray
+    enc_x2: np.ndarray
+    llm_x1: np.ndarray
+    llm_x2: np.ndarray
+    raw_encoder: np.ndarray
+    raw_llm: np.ndarray
+
+    @classmethod
+    def of(cls, items: Sequence[Item]) -> SampleStats:
+        n = len(items)
+        cols = np.full((6, n), np.nan)
+        ids = []
+        for j, item in enumerate(items):
+            meta = item if isinstance(item, SampleMeta) else item.meta
+            ids.append(item.id)
+            if meta is not None:
+                patches = meta.vit_patches_per_image
+                x = meta.llm_tokens
+                cols[0, j] = sum(patches)
+                cols[1, j] = sum(p * p for p in patches)
+                cols[2, j] = x
+                cols[3, j] = x * x
+            else:
+                cols[4, j] = item.encoder
+                cols[5, j] = item.llm
+        return cls(tuple(ids), *cols)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def has_tokens(self) -> bool:
+        return not np.isnan(self.enc_x1).any()
+
+    def work(self, cost: CostModel, tp: int = 1, cp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Per-sample (encoder, llm) forward+backward ms without per-call constants."""
+        out = []
+        for comp, x1, x2, raw in (
+            ("encoder", self.enc_x1, self.enc_x2, self.raw_encoder),
+            ("llm", self.llm_x1, self.llm_x2, self.raw_llm),
+        ):
+            coeffs = layer_coefficients(cost, comp, tp, cp).sum(axis=0)
+            w = coeffs[0] * x2 + coeffs[1] * x1
+            out.append(np.where(np.isnan(x1), raw, w))
+        return out[0], out[1]
+
+
+def layer_coefficients(cost: CostModel, component: str, tp: int = 1, cp: int = 1) -> np.ndarray:
+    """``[num_layers, 3]`` array of each layer's forward + backward ``(a, b, c)`` at ``(tp, cp)``,
+    frozen layers' backward rules included (derived from ``CostModel.layer_ms``)."""
+    key = (id(cost), component, tp, cp)
+    hit = _COEFF_CACHE.get(key)
+    if hit is not None and hit[0] is cost:
+        return hit[1]
+    rows = []
+    for i in range(cost.component(component).num_layers):
+
+        def t(units, calls, i=i):
+            return sum(cost.layer_ms(component, i, units, p, tp, cp, num_calls=calls) for p in ("fwd", "bwd"))
+
+        v1, v2 = t((1,), 0), t((2,), 0)
+        a = (v2 - 2.0 * v1) / 2.0
+        rows.append((a, v1 - a, t((), 1)))
+    arr = np.asarray(rows, dtype=float)
+    _COEFF_CACHE[key] = (cost, arr)
+    return arr
+
+
+_COEFF_CACHE: dict[tuple, tuple[CostModel, np.ndarray]] = {}
+
+
+def _has_key(cost: CostModel, component: str, tp: int, cp: int) -> bool:
+    key = parallel_key(tp, cp)
+    return all(key in layer.fwd for layer in cost.component(component).layers)
+
+
+# --------------------------------------------------------------------------------------------------
+# Algorithm 1
+# --------------------------------------------------------------------------------------------------
+def num_validation_trials(alpha: float, p_error: float) -> int:
+    """``k = ceil(ln(alpha) / ln(1 - p_error))`` (59 for alpha = p_error = 0.05)."""
+    if not (0.0 < alpha < 1.0 and 0.0 < p_error < 1.0):
+        raise ConfigError(f"alpha and p_error must be in (0, 1), got {alpha} and {p_error}")
+    return math.ceil(math.log(alpha) / math.log(1.0 - p_error) - 1e-12)
+
+
+def proportional_allocation(gpus_per_replica: int, encoder_share: float) -> tuple[int, int]:
+    """(encoder GPUs, LLM GPUs): nearest whole GPU, ties to the LLM, each at least 1."""
+    g = int(gpus_per_replica)
+    if g < 2:
+        raise ConfigError(f"a replica needs at least 2 GPUs (one per component), got {g}")
+    enc = math.ceil(g * float(encoder_share) - 0.5)
+    enc = min(max(enc, 1), g - 1)
+    return enc, g - enc
+
+
+def draw_seed(seed: int, batch_size: int, trial: int) -> int:
+    """Seed of draw ``trial`` (0 = reference) at ``batch_size``."""
+    return int(np.random.SeedSequence([int(seed), int(batch_size), int(trial)]).generate_state(1)[0])
+
+
+def pool_sampler(items: Sequence[Item]) -> Sampler:
+    """i.i.d. draws from a fixed list: ``n`` distinct items (with replacement if ``n > len``)."""
+    pool = list(items)
+    if not pool:
+        raise ConfigError("cannot sample from an empty dataset")
+
+    def sample(n: int, seed: int) -> list[Item]:
+        rng = np.random.default_rng(seed)
+        idx = rng.choice(len(pool), size=n, replace=n > len(pool))
+        return [pool[i] for i in idx.tolist()]
+
+    return sample
+
+
+class MacroscopicProfiler:
+    """Seeded draws of a sampler with their statistics, cached per ``(batch_size, trial)``."""
+
+    def __init__(self, sampler: Sampler, cost: CostModel, *, seed: int = 0):
+        self.sampler, self.cost, self.seed = sampler, cost, seed
+        self._draws: dict[tuple[int, int], tuple[Sequence[Item], SampleStats]] = {}
+
+    def draw(self, batch_size: int, trial: int) -> tuple[Sequence[Item], SampleStats]:
+        key = (batch_size, trial)
+        if key not in self._draws:
+            items = self.sampler(batch_size, draw_seed(self.seed, batch_size, trial))
+            if len(items) != batch_size:
+                raise ConfigError(f"sampler returned {len(items)} samples, expected {batch_size}")
+            self._draws[key] = (items, SampleStats.of(items))
+        return self._draws[key]
+
+    def encoder_share(self, batch_size: int, trial: int) -> float:
+        enc, llm = self.draw(batch_size, trial)[1].work(self.cost)
+        total = float(enc.sum() + llm.sum())
+        return float(enc.sum()) / total if total > 0 else 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class TrialResult:
+    """One batch size of Algorithm 1: the reference allocation, every allocation seen (encoder GPUs
+    descending) and whether all ``k`` validation batches matched the reference."""
+
+    batch_size: int
+    reference: tuple[int, int]
+    allocations_seen: tuple[tuple[int, int], ...]
+    stable: bool
+    encoder_shares: tuple[float, ...]
+    """Reference share first, then the validation batches'."""
+
+    def to_json(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "allocations_seen": [list(a) for a in self.allocations_seen],
+            "stable": self.stable,
+            "reference": list(self.reference),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BMinResult:
+    b_min: int
+    """Smallest stable size on the doubling path (the largest size tried when ``converged`` is False)."""
+    converged: bool
+    k_trials: int
+    gpus_per_replica: int
+    allocation: tuple[int, int]
+    """Reference allocation at ``b_min``."""
+    trials: tuple[TrialResult, ...]
+    """Doubling path plus any extra sizes requested, by batch size."""
+    alpha: float
+    p_error: float
+    n0: int
+    seed: int
+
+    def trial(self, batch_size: int) -> TrialResult:
+        return next(t for t in self.trials if t.batch_size == batch_size)
+
+
+def _trial(profiler: MacroscopicProfiler, n: int, k: int, gpus_per_replica: int) -> TrialResult:
+    shares = [profiler.encoder_share(n, t) for t in range(k + 1)]
+    allocs = [proportional_allocation(gpus_per_replica, s) for s in shares]
+    seen = tuple(sorted(set(allocs), key=lambda a: (-a[0], a[1])))
+    return TrialResult(n, allocs[0], seen, all(a == allocs[0] for a in allocs[1:]), tuple(shares))
+
+
+def find_b_min(
+    sampler: Sampler | MacroscopicProfiler,
+    cost: CostModel,
+    *,
+    gpus: int,
+    dp: int,
+    alpha: float = 0.05,
+    p_error: float = 0.05,
+    n0: int = 4,
+    growth: int = 2,
+    seed: int = 0,
+    max_batch_size: int = 1 << 16,
+    extra_sizes: Sequence[int] = (),
+) -> BMinResult:
+    """Algorithm 1: the smallest profiling batch size whose GPU split is stable over ``k`` draws."""
+    if dp < 1 or gpus % dp:
+        raise ConfigError(f"--gpus {gpus} is not divisible by --dp {dp}")
+    if n0 < 1 or growth < 2:
+        raise ConfigError(f"n0 must be >= 1 and growth >= 2, got {n0} and {growth}")
+    profiler = (
+        sampler if isinstance(sampler, MacroscopicProfiler) else MacroscopicProfiler(sampler, cost, seed=seed)
+    )
+    g = gpus // dp
+    k = num_validation_trials(alpha, p_error)
+    trials: dict[int, TrialResult] = {}
+    n, b_min, converged = n0, n0, False
+    while n <= max_batch_size:
+        trials[n] = _trial(profiler, n, k, g)
+        b_min = n
+        if trials[n].stable:
+            converged = True
+            break
+        n *= growth
+    for size in extra_sizes:
+        if size not in trials:
+            trials[size] = _trial(profiler, int(size), k, g)
+    return BMinResult(
+        b_min=b_min,
+        converged=converged,
+        k_trials=k,
+        gpus_per_replica=g,
+        allocation=trials[b_min].reference,
+        trials=tuple(trials[s] for s in sorted(trials)),
+        alpha=alpha,
+        p_error=p_error,
+        n0=n0,
+        seed=profiler.seed,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Algorithm 2
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ComponentConfig:
+    name: str
+    tp: int
+    cp: int
+    pp: int
+    layer_names: tuple[str, ...]
+    layer_ranges: tuple[tuple[int, int], ...]
+    stage_ms: tuple[float, ...]
+    """Forward + backward ms of the mean microbatch per stage (per-call constants included)."""
+    stage_memory_bytes: tuple[float, ...]
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    def to_json(self) -> dict:
+        return {
+            "tp": self.tp,
+            "cp": self.cp,
+            "pp": self.pp,
+            "layer_names": list(self.layer_names),
+            "layers_per_stage": [list(r) for r in self.layer_ranges],
+            "stage_time_ms": list(self.stage_ms),
+            "stage_memory_bytes": list(self.stage_memory_bytes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StaticConfig:
+    """One evaluated static configuration (Algorithm 2's candidate or choice)."""
+
+    dp: int
+    microbatch_size: int
+    num_microbatches: int
+    gpus_per_replica: int
+    allocation: tuple[int, int]
+    """ProportionalAllocation's (encoder, LLM) GPU budgets M_i."""
+    encoder: ComponentConfig
+    llm: ComponentConfig
+    predicted_iteration_time_ms: float
+    """Paper Eq. 2: ``sum(stage times) + (K - 1) * slowest stage``."""
+    memory_ok: bool
+    device_memory_bytes: float
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.microbatch_size * self.num_microbatches
+
+    @property
+    def components(self) -> dict[str, ComponentConfig]:
+        return {"encoder": self.encoder, "llm": self.llm}
+
+    @property
+    def throughput_microbatches_per_ms(self) -> float:
+        return self.dp * self.num_microbatches / self.predicted_iteration_time_ms
+
+    @property
+    def gpus_used_per_replica(self) -> int:
+        return self.encoder.gpus + self.llm.gpus
+
+    def sort_key(self) -> tuple:
+        e, m = self.encoder, self.llm
+        return (
+            self.predicted_iteration_time_ms,
+            self.gpus_used_per_replica * self.dp,
+            self.dp,
+            e.tp,
+            e.cp,
+            e.pp,
+            m.tp,
+            m.cp,
+            m.pp,
+        )
+
+    def to_layout(self) -> Layout:
+        """Disjoint encoder-then-LLM stages, one stage per pipeline rank."""
+        stages, s = [], 0
+        for comp in (self.encoder, self.llm):
+            for first, end in comp.layer_ranges:
+                stages.append(StageSpec(s, comp.name, first, end, s))
+                s += 1
+        return Layout(
+            dp=self.dp,
+            microbatch_size=self.microbatch_size,
+            num_microbatches=self.num_microbatches,
+            components={c.name: ComponentLayout(c.tp, c.cp, c.pp) for c in (self.encoder, self.llm)},
+            stages=tuple(stages),
+        )
+
+    def to_json(self) -> dict:
+        """The ``config`` object of ``entrain plan --json`` (CONTRACT.md) plus extra keys."""
+        return {
+            "dp": self.dp,
+            "microbatch_size": self.microbatch_size,
+            "num_microbatches": self.num_microbatches,
+            "gpus_per_replica": self.gpus_per_replica,
+            "allocation": list(self.allocation),
+            "components": {"encoder": self.encoder.to_json(), "llm": self.llm.to_json()},
+            "memory_ok": self.memory_ok,
+        }
+
+
+def _mean_layer_ms(stats: SampleStats, cost: CostModel, comp: str, tp: int, cp: int, u: int) -> np.ndarray:
+    """Per-layer forward + backward ms of a microbatch of ``u`` mean samples (constants included)."""
+    coeffs = layer_coefficients(cost, comp, tp, cp)
+    x1 = stats.enc_x1 if comp == "encoder" else stats.llm_x1
+    x2 = stats.enc_x2 if comp == "encoder" else stats.llm_x2
+    if stats.has_tokens:
+        var = coeffs[:, 0] * float(x2.mean()) + coeffs[:, 1] * float(x1.mean())
+    else:  # raw work: spread the mean work over the layers by their linear costs
+        enc, llm = stats.work(cost, 1, 1)
+        mean_work = float((enc if comp == "encoder" else llm).mean())
+        ref = layer_coefficients(cost, comp, 1, 1)[:, 1]
+        scale = coeffs[:, 1].sum() / max(ref.sum(), 1e-300)
+        var = mean_work * scale * coeffs[:, 1] / max(coeffs[:, 1].sum(), 1e-300)
+    return u * var + coeffs[:, 2]
+
+
+def _stage_memory(
+    cost: CostModel,
+    comp: str,
+    ranges,
+    tp: int,
+    cp: int,
+    tokens_per_mb: float,
+    first_stage: int,
+    num_stages: int,
+) -> tuple[float, ...]:
+    layers = cost.component(comp).layers
+    out = []
+    for j, (f, e) in enumerate(ranges):
+        params = (
+            sum(
+                layer.param_bytes * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
+                for layer in layers[f:e]
+            )
+            / tp
+        )
+        # only layers that run a backward keep activations
+        act_per_token = sum(
+            layer.activation_bytes_per_token
+            for i, layer in enumerate(layers[f:e], start=f)
+            if cost.layer_ms(comp, i, (1,), "bwd", tp, cp, num_calls=0) > 0
+        )
+        in_flight = num_stages - (first_stage + j)
+        out.append(params + in_flight * tokens_per_mb * act_per_token / (tp * cp))
+    return tuple(out)
+
+
+def evaluate_config(
+    profile: Sequence[Item] | SampleStats,
+    cost: CostModel,
+    *,
+    dp: int,
+    encoder: tuple[int, int, int],
+    llm: tuple[int, int, int],
+    global_batch: int,
+    microbatch_size: int,
+    gpus_per_replica: int | None = None,
+    allocation: tuple[int, int] | None = None,
+) -> StaticConfig:
+    """Evaluate one configuration: ``encoder`` / ``llm`` = (tp, cp, pp); min-max partition per
+    component, Eq. 2 time and the memory check. ConfigError if the batch is not divisible by
+    ``dp * microbatch_size`` or a component has fewer layers than stages."""
+    stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
+    if len(stats) == 0:
+        raise ConfigError("the profile has no samples")
+    u = int(microbatch_size)
+    if dp < 1 or u < 1 or global_batch % (dp * u):
+        raise ConfigError(
+            f"global batch {global_batch} is not divisible by dp x microbatch size = {dp} x {microbatch_size}"
+        )
+    k = global_batch // (dp * u)
+    degrees = {"encoder": encoder, "llm": llm}
+    num_stages = encoder[2] + llm[2]
+    comps, first = {}, 0
+    for comp in COMPONENTS:
+        tp, cp, pp = degrees[comp]
+        if not _has_key(cost, comp, tp, cp):
+            raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
+        layer_ms = _mean_layer_ms(stats, cost, comp, tp, cp, u)
+        part = min_max_partition(layer_ms.tolist(), pp)
+        if stats.has_tokens:
+            x1 = stats.enc_x1 if comp == "encoder" else stats.llm_x1
+            tokens = u * float(x1.mean())
+        else:
+            tokens = 0.0
+        mem = _stage_memory(cost, comp, part.ranges, tp, cp, tokens, first, num_stages)
+        comps[comp] = ComponentConfig(
+            comp, tp, cp, pp, tuple(cost.component(comp).layer_names), part.ranges, part.stage_ms, mem
+        )
+        first += pp
+    stage_ms = comps["encoder"].stage_ms + comps["llm"].stage_ms
+    t_iter = sum(stage_ms) + (k - 1) * max(stage_ms)
+    limit = cost.hardware.device_memory_bytes
+    mem_ok = all(m <= limit for c in comps.values() for m in c.stage_memory_bytes)
+    g = gpus_per_replica if gpus_per_replica is not None else comps["encoder"].gpus + comps["llm"].gpus
+    alloc = allocation if allocation is not None else (comps["encoder"].gpus, comps["llm"].gpus)
+    return StaticConfig(dp, u, k, g, alloc, comps["encoder"], comps["llm"], t_iter, mem_ok, limit)
+
+
+def _component_options(cost: CostModel, comp: str, budget: int, tp: int | None, cp: int | None):
+    tps = [tp] if tp is not None else [1, 2, 4, 8]
+    cps = [cp] if cp is not None else [1, 2]
+    n_layers = cost.component(comp).num_layers
+    out = []
+    for t in tps:
+        for c in cps:
+            if not _has_key(cost, comp, t, c):
+                continue
+            for pp in sorted({budget // (t * c), -(-budget // (t * c))}):
+                if 1 <= pp <= n_layers and (t, c, pp) not in out:
+                    out.append((t, c, pp))
+    return out
+
+
+def _dp_options(gpus: int, dp: int | None, global_batch: int, microbatch_size: int) -> list[int]:
+    if dp is not None:
+        if dp < 1 or gpus % dp:
+            raise ConfigError(f"--gpus {gpus} is not divisible by --dp {dp}")
+        if gpus // dp < 2:
+            raise ConfigError(f"--gpus {gpus} / --dp {dp} leaves fewer than 2 GPUs per replica")
+        if global_batch % (dp * microbatch_size):
+            raise ConfigError(
+                f"global batch {global_batch} is not divisible by dp x microbatch size = {dp} x {microbatch_size}"
+            )
+        return [dp]
+    out = [d for d in range(1, gpus // 2 + 1) if gpus % d == 0 and global_batch % (d * microbatch_size) == 0]
+    if not out:
+        raise ConfigError(
+            f"no DP degree divides both --gpus {gpus} (>= 2 GPUs per replica) and the global batch "
+            f"{global_batch} / microbatch size {microbatch_size}"
+        )
+    return out
+
+
+def search_candidates(
+    profile: Sequence[Item] | SampleStats,
+    cost: CostModel,
+    *,
+    gpus: int,
+    dp: int | None = None,
+    tp: int | None = 1,
+    cp: int | None = 1,
+    global_batch: int,
+    microbatch_size: int,
+) -> list[StaticConfig]:
+    """Every candidate Algorithm 2 visits (feasible or not), best first (``StaticConfig.sort_key``,
+    infeasible ones last). ``tp``/``cp`` = None searches {1, 2, 4, 8} / {1, 2} per component."""
+    stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
+    enc, llm = stats.work(cost)
+    share = float(enc.sum()) / float(enc.sum() + llm.sum())
+    out = []
+    for d in _dp_options(gpus, dp, global_batch, microbatch_size):
+        g = gpus // d
+        m_enc, m_llm = proportional_allocation(g, share)
+        for e in _component_options(cost, "encoder", m_enc, tp, cp):
+            for m in _component_options(cost, "llm", m_llm, tp, cp):
+                if e[0] * e[1] * e[2] + m[0] * m[1] * m[2] > g:
+                    continue
+                out.append(
+                    evaluate_config(
+                        stats,
+                        cost,
+                        dp=d,
+                        encoder=e,
+                        llm=m,
+                        global_batch=global_batch,
+                        microbatch_size=microbatch_size,
+                        gpus_per_replica=g,
+                        allocation=(m_enc, m_llm),
+                    )
+                )
+    out.sort(key=lambda c: (not c.memory_ok, c.sort_key()))
+    return out
+
+
+def search_config(
+    profile: Sequence[Item] | SampleStats,
+    cost: CostModel,
+    *,
+    gpus: int,
+    dp: int | None = None,
+    tp: int | None = 1,
+    cp: int | None = 1,
+    global_batch: int,
+    microbatch_size: int,
+) -> StaticConfig:
+    """Algorithm 2: the best feasible static configuration for the profile batch."""
+    cands = search_candidates(
+        profile,
+        cost,
+        gpus=gpus,
+        dp=dp,
+        tp=tp,
+        cp=cp,
+        global_batch=global_batch,
+        microbatch_size=microbatch_size,
+    )
+    if not cands:
+        raise ConfigError(
+            f"no configuration fits: --gpus {gpus}, --dp {dp}, --tp {tp} leave no TP x CP x PP factorisation "
+            "within each component's GPU budget"
+        )
+    best = cands[0]
+    if not best.memory_ok:
+        worst = max(m for c in best.components.values() for m in c.stage_memory_bytes)
+        raise ConfigError(
+            f"no configuration fits in device memory ({best.device_memory_bytes / 1e9:.1f} GB; the best "
+            f"candidate needs {worst / 1e9:.1f} GB on a stage); use more GPUs or a smaller microbatch"
+        )
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """Algorithm 1 + Algorithm 2 for one run: the b_min search (of the chosen DP) and the config."""
+
+    b_min: BMinResult
+    config: StaticConfig
+    per_dp: dict[int, tuple[BMinResult, StaticConfig]] = field(default_factory=dict)
+
+
+def plan(
+    sampler: Sampler,
+    cost: CostModel,
+    *,
+    gpus: int,
+    dp: int | None = None,
+    tp: int | None = 1,
+    cp: int | None = 1,
+    global_batch: int,
+    microbatch_size: int,
+    alpha: float = 0.05,
+    p_error: float = 0.05,
+    n0: int = 4,
+    seed: int = 0,
+    extra_sizes: Sequence[int] = (),
+) -> PlanResult:
+    """Find ``b_min`` (per DP visited when ``dp`` is None) and search the configuration from the
+    reference batch drawn at ``b_min``; the result is the DP with the best Eq. 2 time."""
+    profiler = MacroscopicProfiler(sampler, cost, seed=seed)
+    per_dp = {}
+    for d in _dp_options(gpus, dp, global_batch, microbatch_size):
+        bmin = find_b_min(
+            profiler, cost, gpus=gpus, dp=d, alpha=alpha, p_error=p_error, n0=n0, extra_sizes=extra_sizes
+        )
+        _, stats = profiler.draw(bmin.b_min, 0)
+        try:
+            cfg = search_config(
+                stats,
+                cost,
+                gpus=gpus,
+                dp=d,
+                tp=tp,
+                cp=cp,
+                global_batch=global_batch,
+                microbatch_size=microbatch_size,
+            )
+        except ConfigError:
+            if dp is not None:
+                raise
+            continue
+        per_dp[d] = (bmin, cfg)
+    if not per_dp:
+        raise ConfigError(f"no DP degree yields a feasible configuration on {gpus} GPUs")
+    best = min(per_dp, key=lambda d: per_dp[d][1].sort_key())
+    return PlanResult(per_dp[best][0], per_dp[best][1], per_dp)
+
+
+# --------------------------------------------------------------------------------------------------
+# Baselines' configurations
+# --------------------------------------------------------------------------------------------------
+def disttrain_profile_sample(
+    sampler: Sampler, cost: CostModel, *, seed: int = 0, num_draw: int = 1024
+) -> Item:
+    """DistTrain profiles one sample: the median encoder:LLM work-ratio sample of a seeded
+    ``num_draw``-sample draw (stable sort on (ratio, id); the lower median)."""
+    items = sampler(num_draw, draw_seed(seed, num_draw, 0x0D15))
+    enc, llm = SampleStats.of(items).work(cost)
+    ratio = enc / np.maximum(llm, 1e-300)
+    order = sorted(range(len(items)), key=lambda i: (float(ratio[i]), items[i].id))
+    return items[order[(len(items) - 1) // 2]]
+
+
+PAPER_TABLE1: dict[tuple[str, str], dict[str, tuple[int, int]]] = {
+    ("synthchartnet", "qwen25vl-llama3-1b"): {"disttrain": (4, 4), "dip": (8, 8), "entrain": (5, 3)},
+    ("synthchartnet", "qwen25vl-llama3-3b"): {"disttrain": (5, 3), "dip": (8, 8), "entrain": (4, 4)},
+    ("llava150k", "qwen25vl-llama3-1b"): {"disttrain": (5, 3), "dip": (8, 8), "entrain": (4, 4)},
+    ("chartqa", "qwen25vl-llama3-1b"): {"disttrain": (5, 3), "dip": (8, 8), "entrain": (5, 3)},
+    ("cocoqa", "qwen25vl-llama3-1b"): {"disttrain": (4, 4), "dip": (8, 8), "entrain": (5, 3)},
+    ("llava150k", "qwen25vl-llama3-3b"): {"disttrain": (4, 4), "dip": (8, 8), "entrain": (3, 5)},
+    ("chartqa", "qwen25vl-llama3-3b"): {"disttrain": (4, 4), "dip": (8, 8), "entrain": (4, 4)},
+    ("cocoqa", "qwen25vl-llama3-3b"): {"disttrain": (4, 4), "dip": (8, 8), "entrain": (3, 5)},
+}
+"""Paper Table 1 (E.PP, L.PP) per system; all with TP 2, CP 1, DP 4, microbatch 4, global batch 512.
+DIP's (8, 8) = both modalities over the same 8 ranks."""
+
+PAPER_TP, PAPER_DP, PAPER_GLOBAL_BATCH, PAPER_MICROBATCH = 2, 4, 512, 4
+
+
+def paper_table1_config(
+    dataset: str,
+    model: str,
+    profile: Sequence[Item] | SampleStats,
+    cost: CostModel,
+    *,
+    system: str = "disttrain",
+    global_batch: int = PAPER_GLOBAL_BATCH,
+    microbatch_size: int = PAPER_MICROBATCH,
+) -> StaticConfig:
+    """Table 1's (E.PP, L.PP) for ``system`` with TP 2, DP 4; layer ranges by the min-max DP on
+    ``profile`` (DistTrain: its one-sample profile). ConfigError for pairs the table lacks."""
+    key = (_PAPER_DATASET_ALIASES.get(dataset, dataset), model)
+    if key not in PAPER_TABLE1:
+        known = ", ".join(f"{d}/{m}" for d, m in PAPER_TABLE1)
+        raise ConfigError(f"paper Table 1 has no configuration for {dataset}/{model}; it covers {known}")
+    if system not in ("disttrain", "entrain"):
+        raise ConfigError(f"Table 1 disjoint-stage configs exist for disttrain and entrain, not {system!r}")
+    e_pp, l_pp = PAPER_TABLE1[key][system]
+    return evaluate_config(
+        profile,
+        cost,
+        dp=PAPER_DP,
+        encoder=(PAPER_TP, 1, e_pp),
+        llm=(PAPER_TP, 1, l_pp),
+        global_batch=global_batch,
+        microbatch_size=microbatch_size,
+    )
+
+
+_PAPER_DATASET_ALIASES = {"llava_instruct_150k": "llava150k"}
+
+
+def dip_layout(
+    profile: Sequence[Item] | SampleStats,
+    cost: CostModel,
+    *,
+    dp: int,
+    pp: int,
+    global_batch: int,
+    microbatch_size: int,
+    tp: int = 1,
+    cp: int = 1,
+) -> Layout:
+    """DIP-like colocated layout: pipeline rank ``r`` of a replica holds encoder chunk ``r`` (stage
+    ``r``) and LLM chunk ``r`` (stage ``pp + r``); each modality is split over all ``pp`` ranks by
+    the min-max DP on ``profile`` (DIP: its 4-sample profile)."""
+    cfg = evaluate_config(
+        profile,
+        cost,
+        dp=dp,
+        encoder=(tp, cp, pp),
+        llm=(tp, cp, pp),
+        global_batch=global_batch,
+        microbatch_size=microbatch_size,
+    )
+    stages = [StageSpec(r, "encoder", f, e, r) for r, (f, e) in enumerate(cfg.encoder.layer_ranges)]
+    stages += [StageSpec(pp + r, "llm", f, e, r) for r, (f, e) in enumerate(cfg.llm.layer_ranges)]
+    return Layout(
+        dp=dp,
+        microbatch_size=microbatch_size,
+        num_microbatches=cfg.num_microbatches,
+        components={"encoder": ComponentLayout(tp, cp, pp), "llm": ComponentLayout(tp, cp, pp)},
+        stages=tuple(stages),
+    )

@@ -75,6 +75,8 @@ def compute_stats(samples: list[SampleMeta], cost) -> tuple[dict, dict[str, np.n
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    if args.num_samples is not None and args.num_samples < 1:
+        raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
     name, samples = _load(args)
     if not samples:
         raise ConfigError(f"--dataset {args.dataset}: no samples to summarise")
@@ -82,16 +84,17 @@ def run_stats(args: argparse.Namespace) -> int:
     stats, cols = compute_stats(samples, cost)
     if args.plot:
         plot_token_cdfs(cols, name, args.plot)
+    hardware = None if args.profile else args.hardware or default_hardware(args.model)
     if args.json:
-        emit_json(stats)
-    else:
-        hardware = args.hardware or default_hardware(args.model)
-        source = f"profile {args.profile}" if args.profile else f"{args.model} on {hardware}"
-        print(
-            format_stats(stats, f"{name} ({stats['num_samples']} samples, seed {args.seed}; ratio: {source})")
-        )
-        if args.plot:
-            print(f"wrote {args.plot}", file=sys.stderr)
+        emit_json({**stats, "dataset": name, "seed": args.seed, "model": args.model, "hardware": hardware,
+                   "profile": args.profile})  # fmt: skip
+        return 0
+    source = f"profile {args.profile}" if args.profile else f"{args.model} on {hardware}"
+    print(
+        format_stats(stats, f"{name}: {stats['num_samples']} samples, seed {args.seed}; ratio under {source}")
+    )
+    if args.plot:
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -108,6 +111,7 @@ def plot_token_cdfs(cols: dict[str, np.ndarray], name: str, path: str) -> None:
     """Two panels like paper Fig. 3: text tokens and vision tokens (ViT patches and merged LLM image
     tokens) per sample, empirical CDFs on log2 x axes."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -120,14 +124,20 @@ def plot_token_cdfs(cols: dict[str, np.ndarray], name: str, path: str) -> None:
     ax_vis.set_title(f"{name}: vision tokens per sample", fontsize=10)
     for ax in (ax_text, ax_vis):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_token_label))
         ax.set_ylim(0, 1.02)
         ax.set_ylabel("CDF")
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left")
     ax_text.set_xlabel("tokens (log2)")
     ax_vis.set_xlabel("tokens (log2)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _token_label(x: float, _pos: int) -> str:
+    """Powers of two as 32, 512, 1K, 16K (paper Fig. 3's axis labels)."""
+    return f"{x / 1024:g}K" if x >= 1024 else f"{x:g}"
 
 
 def _cdf(ax, values: np.ndarray, label: str, style: str) -> None:

@@ -103,10 +103,10 @@ def test_deferral_discards_subsets_above_gap_and_never_raises_max():
     # OL 10 = {6, 4}, UL 5: delta 2.5; 4 is closest and <= 5 -> loads 6:9 ... V = 9
     cand = deferral_candidates([["a", "b"], ["c"]], [[6.0, 4.0], [5.0]])
     assert cand.V.tolist() == [[9.0]]
-    assert cand.deferred[0][0] == ("b",)
+    assert cand.deferred(0, 0) == ("b",)
     # OL 10 = {7, 3}, UL 9: gap 1, every non-empty subset exceeds it -> no deferral
     cand = deferral_candidates([["a", "b"], ["c"]], [[7.0, 3.0], [9.0]])
-    assert cand.V.tolist() == [[10.0]] and cand.deferred[0][0] == ()
+    assert cand.V.tolist() == [[10.0]] and cand.deferred(0, 0) == ()
 
 
 def test_effective_num_microbatches():

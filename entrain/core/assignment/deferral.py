@@ -58,14 +58,22 @@ class SubsetTable:
 
 @dataclass(frozen=True)
 class DeferralCandidates:
-    """``V`` (num_OL x num_UL), ``L`` (num_OL) and the deferred ids of every (OL row, UL column)."""
+    """``V`` (num_OL x num_UL), ``L`` (num_OL) and, per OL row, what ``deferred(row, col)`` needs."""
 
     ol: tuple[int, ...]
     ul: tuple[int, ...]
     median: int | None
     V: np.ndarray
     L: np.ndarray
-    deferred: tuple[tuple[tuple[str, ...], ...], ...]
+    sorted_ids: tuple[tuple[str, ...], ...]
+    tables: tuple[SubsetTable, ...]
+    choices: np.ndarray
+    """``choices[row, col]``: the chosen row of ``tables[row]`` for that partner."""
+
+    def deferred(self, row: int, col: int) -> tuple[str, ...]:
+        """Ids (ascending) that OL row ``row`` defers when paired with UL column ``col``."""
+        members = self.tables[row].members[self.choices[row, col]]
+        return tuple(s for s, m in zip(self.sorted_ids[row], members) if m)
 
 
 def split_overloaded(llm_loads: Sequence[float]) -> tuple[list[int], list[int], int | None]:
@@ -149,14 +157,15 @@ def deferral_candidates(
     ol, ul, median = split_overloaded(loads)
     w_ul = np.array([loads[j] for j in ul], dtype=float)
     V = np.empty((len(ol), len(ul)))
-    deferred = []
+    choices = np.empty((len(ol), len(ul)), dtype=np.int64)
+    sorted_ids, tables = [], []
     for a, i in enumerate(ol):
         order = sorted(range(len(ids[i])), key=lambda k: ids[i][k])
-        sorted_ids = [ids[i][k] for k in order]
+        sorted_ids.append(tuple(ids[i][k] for k in order))
         table = subset_table(np.asarray(llm_work[i], dtype=float)[order], num_buckets)
-        rows = choose_deferrals(table, loads[i], w_ul)
-        d = table.exact[rows]
+        tables.append(table)
+        choices[a] = choose_deferrals(table, loads[i], w_ul)
+        d = table.exact[choices[a]]
         V[a] = np.maximum(loads[i] - d, w_ul + d)
-        deferred.append(tuple(tuple(s for s, m in zip(sorted_ids, table.members[r]) if m) for r in rows))
     L = np.array([loads[i] for i in ol], dtype=float)
-    return DeferralCandidates(tuple(ol), tuple(ul), median, V, L, tuple(deferred))
+    return DeferralCandidates(tuple(ol), tuple(ul), median, V, L, tuple(sorted_ids), tuple(tables), choices)

@@ -49,7 +49,7 @@ def plan_deferral(
     t_star, match = bottleneck_match(cand.V, cand.L)
     pairs = []
     for row, col, defers in complete_pairing(match, len(cand.ul)):
-        moved = cand.deferred[row][col] if defers else ()
+        moved = cand.deferred(row, col) if defers else ()
         pairs.append((cand.ol[row], cand.ul[col], moved))
     order = [m for ol, ul, _ in pairs for m in (ol, ul)]
     if cand.median is not None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 import numpy as np
@@ -24,10 +25,25 @@ DEFAULT_NUM_SAMPLES = 10_000
 QUANTITIES = ("text_tokens", "image_tokens", "vit_patches", "encoder_llm_ratio")
 
 
+# Sub-subcommands living in their own modules (issue 5): module -> its registration function.
+EXTENSIONS: dict[str, str] = {
+    "entrain.cli.data_check": "add_check_parser",
+    "entrain.cli.data_synth": "add_synth_parser",
+}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("data", help="dataset statistics (and, from issue 5, checks and synthesis)")
+    p = subparsers.add_parser("data", help="dataset statistics, checks and synthesis")
     sub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     _add_stats_parser(sub)
+    for module_name, register in EXTENSIONS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:  # not built yet
+                continue
+            raise
+        getattr(module, register)(sub)
 
 
 def _add_stats_parser(sub: argparse._SubParsersAction) -> None:

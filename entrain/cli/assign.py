@@ -23,10 +23,11 @@ import numpy as np
 from entrain.cli.common import add_common_args, emit_json, parse_systems, resolve_cost_model, workload_source
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.batching import get_batcher
+from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.work import SampleWork
 
 DEFAULT_SYSTEMS = "entrain,1f1b,disttrain,dip"
-DEFAULT_DP = 4
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -63,14 +64,21 @@ def summarize(iterations: Sequence[IterationAssignment]) -> dict[str, float]:
     }
 
 
-def resolve_dp(args: argparse.Namespace) -> int:
-    """``--dp``, or ``DEFAULT_DP`` when not given (noted on stderr)."""
+def resolve_dp(args: argparse.Namespace, first_batch: Sequence[SampleWork], cost: CostModel) -> int:
+    """``--dp``, or the DP of the planner's configuration (Algorithm 2, ``search_config``) profiled
+    on the first iteration's global batch, on ``--gpus`` GPUs (noted on stderr)."""
     if args.dp is not None:
         if args.dp < 1:
             raise ConfigError(f"--dp must be >= 1, got {args.dp}")
         return args.dp
-    print(f"entrain assign: --dp not given, using dp={DEFAULT_DP}", file=sys.stderr)
-    return DEFAULT_DP
+    from entrain.core.planner import search_config
+
+    cfg = search_config(first_batch, cost, gpus=args.gpus, dp=None, tp=args.tp, cp=1,
+                        global_batch=args.global_batch, microbatch_size=args.microbatch_size)  # fmt: skip
+    print(
+        f"entrain assign: --dp not given; the planner chose dp={cfg.dp} for {args.gpus} GPUs", file=sys.stderr
+    )
+    return cfg.dp
 
 
 def num_microbatches(global_batch: int, dp: int, microbatch_size: int) -> int:
@@ -106,10 +114,10 @@ def _table(results: dict[str, dict], times_ms: dict[str, float], head: str) -> s
 
 def run(args: argparse.Namespace) -> int:
     systems = parse_systems(args.systems)
-    dp = resolve_dp(args)
-    k = num_microbatches(args.global_batch, dp, args.microbatch_size)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
+    dp = resolve_dp(args, batches[0], cost)
+    k = num_microbatches(args.global_batch, dp, args.microbatch_size)
     results: dict[str, dict] = {}
     times_ms: dict[str, float] = {}
     for name in systems:

@@ -93,3 +93,14 @@ def test_short_file_names_both_counts(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert str(path) in err and "10" in err and "16" in err
+
+
+def test_dp_defaults_to_the_planners_choice(capsys, schema):
+    assert main(["assign", "--iterations", "1", "--global-batch", "64", "--gpus", "16", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    jsonschema.validate(out, schema)
+    assert "planner chose dp=" in captured.err
+    dp = out["dp"]
+    assert 16 % dp == 0 and 64 % (dp * 4) == 0
+    assert all(len(it["replicas"]) == dp for s in out["systems"].values() for it in s["iterations"])

@@ -190,12 +190,17 @@ def _synthchart_fv_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray,
     return np.where(pyecharts, 500, mpl_h), np.where(pyecharts, 900, mpl_w)
 
 
-# SynthChartNet chart families (regimes). Width ranges are pixels; aspect = H/W.
+# SynthChartNet chart families (regimes): 0 compact, 1 default, 2 high-resolution. [F], tuned to
+# Table 3's std/mean, Fig. 15's min/max and Fig. 3's ~400-8K patch spread.
 _FAMILY_WEIGHTS = [0.45, 0.35, 0.20]
-"""compact / default / high-resolution share of runs (tuned to Table 3's std/mean, Fig. 3's spread)."""
-_FAMILY_WIDTH = [(340, 560), (0, 0), (1150, 1500)]
+_COMPACT_WIDTH_PX = (340, 560)
+"""Small figures / thumbnails: ~450-1.2K ViT patches."""
+_HIRES_WIDTH_PX = (1150, 1500)
+"""Large canvases / high-DPI renders: ~4.5K-8.6K ViT patches."""
 _ASPECTS = [0.75, 0.6667, 0.5625]
-_DEFAULT_SIZES = [((768, 576), 0.45), ((900, 500), 0.30), ((960, 720), 0.15), ((1000, 600), 0.10)]  # (W, H)
+"""H/W of compact and high-resolution charts (4:3, 3:2, 16:9), drawn .5/.25/.25."""
+_DEFAULT_SIZES = [((768, 576), 0.45), ((900, 500), 0.30), ((960, 720), 0.15), ((1000, 600), 0.10)]
+"""(W, H) of 120-DPI Matplotlib/Seaborn figures and Pyecharts' canvas: ~2.3K-3.5K ViT patches."""
 _MEAN_RUN_SAMPLES = 16
 """Mean length of a run of one family in data order (geometric)."""
 
@@ -213,16 +218,14 @@ def _regimes(rng: np.random.Generator, n: int, weights: list[float], mean_run: f
 def _synthchart_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     family = _regimes(rng, n, _FAMILY_WEIGHTS, _MEAN_RUN_SAMPLES)
     aspect = np.array(_ASPECTS)[_choice(rng, [0.5, 0.25, 0.25], n)]
-    width = np.zeros(n, dtype=np.int64)
-    for f, (lo, hi) in enumerate(_FAMILY_WIDTH):
-        if hi:
-            width = np.where(family == f, rng.uniform(lo, hi, n).astype(np.int64), width)
-    height = (width * aspect).astype(np.int64)
+    compact_w = rng.uniform(*_COMPACT_WIDTH_PX, n).astype(np.int64)
+    hires_w = rng.uniform(*_HIRES_WIDTH_PX, n).astype(np.int64)
     cat = _choice(rng, [p for _, p in _DEFAULT_SIZES], n)
     default_w = np.array([s[0] for s, _ in _DEFAULT_SIZES])[cat]
     default_h = np.array([s[1] for s, _ in _DEFAULT_SIZES])[cat]
-    is_default = family == 1
-    return np.where(is_default, default_h, height), np.where(is_default, default_w, width)
+    width = np.choose(family, [compact_w, default_w, hires_w])
+    height = np.where(family == 1, default_h, (width * aspect).astype(np.int64))
+    return height, width
 
 
 def _skewed_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,41 @@
+"""``entrain data check PATH``: validate a LLaVA JSON/JSONL or FineVision Parquet dataset
+(CONTRACT.md). Exit 0 iff no finding has severity ``error``, else 1."""
+
+from __future__ import annotations
+
+import argparse
+
+from entrain.cli.common import emit_json
+from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset
+from entrain.data.tokenizer import load_tokenizer
+
+
+def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``check`` on the ``entrain data`` sub-subcommands."""
+    p = subparsers.add_parser("check", help="validate a LLaVA JSON/JSONL or Parquet dataset and its images")
+    p.add_argument("path", metavar="PATH", help="LLaVA JSON (array), JSONL or FineVision-style Parquet file")
+    p.add_argument(
+        "--image-root", default=None, help="folder image paths are relative to (default: the file's)"
+    )
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="max LLM tokens per sample")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="local tokenizer folder or tokenizer.json (default: offline Qwen2)")  # fmt: skip
+    p.add_argument("--no-processor", action="store_true",
+                   help="decode images but skip running the Qwen2.5-VL image processor on them")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    report = check_dataset(
+        args.path,
+        image_root=args.image_root,
+        tokenizer=load_tokenizer(args.tokenizer),
+        max_tokens=args.max_tokens,
+        processor=not args.no_processor,
+    )
+    if args.json:
+        emit_json(report.to_json())
+    else:
+        print(report.format_text())
+    return 0 if report.ok else 1

@@ -1,0 +1,162 @@
+"""``entrain plan``: macroscopic planning (CONTRACT.md ``entrain plan``).
+
+Algorithm 1 finds ``b_min``, the smallest profiling batch size whose encoder:LLM GPU split is the
+same in ``k = ceil(ln(alpha)/ln(1-p_error))`` validation draws (trial table like paper Tables 2,
+5-11); Algorithm 2 then searches the static configuration (DP, per-component TP x CP x PP, layer
+ranges per stage) from the ``b_min`` reference batch and predicts the iteration time (paper Eq. 2,
+forward + backward stage times, K = B / (dp * U)).
+
+Profiling batches are i.i.d. draws: from a pool of the built-in generator's samples (2^15 samples
+of ``--seed``), or from a file's samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from entrain.cli.common import add_common_args, emit_json, resolve_cost_model
+from entrain.core.errors import ConfigError
+from entrain.core.planner import PlanResult, Sampler, plan, pool_sampler
+
+POOL_SIZE = 1 << 15
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="find b_min (Algorithm 1) and the static parallel configuration (Algorithm 2)",
+        description=__doc__.split("\n\n")[0],
+    )
+    add_common_args(p)
+    p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the stability test")
+    p.add_argument("--p-error", type=float, default=0.05, help="tolerated probability of a different split")
+    p.add_argument("--n0", type=int, default=4, help="first profiling batch size (doubles until stable)")
+    p.add_argument("--cp", type=int, default=1, help="context parallel degree (0 = search {1, 2})")
+    p.add_argument("--sizes", default="", help="extra batch sizes to test, e.g. 1,4,16,64,256")
+    p.add_argument("--freeze", default="", help="comma list of frozen parts: encoder, vit, llm")
+    p.set_defaults(func=run)
+
+
+def _cost(args: argparse.Namespace):
+    freeze = tuple(x.strip() for x in args.freeze.split(",") if x.strip())
+    if not freeze:
+        return resolve_cost_model(args)
+    if args.profile:
+        raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")
+    from entrain.cli.common import default_hardware
+    from entrain.core.presets import build_cost_model
+
+    return build_cost_model(args.model, args.hardware or default_hardware(args.model), freeze=freeze)
+
+
+def build_sampler(dataset: str, seed: int) -> Sampler:
+    """i.i.d. draws from the dataset named by ``--dataset``."""
+    from entrain.data.generators import generate_samples, is_builtin
+    from entrain.data.workload_io import (
+        detect_format,
+        read_raw_work_jsonl,
+        read_samples,
+        resolve_dataset_file,
+    )
+
+    if is_builtin(dataset):
+        if seed < 0:
+            raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
+        return pool_sampler(generate_samples(dataset, POOL_SIZE, seed))
+    path = resolve_dataset_file(dataset)
+    if detect_format(path) == "raw_work":
+        return pool_sampler(read_raw_work_jsonl(path))
+    return pool_sampler(read_samples(path))
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--sizes must be a comma list of integers, got {text!r}") from None
+    if any(s < 1 for s in sizes):
+        raise ConfigError(f"--sizes must be positive, got {text!r}")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    cost = _cost(args)
+    sampler = build_sampler(args.dataset, args.seed)
+    if args.tp < 0 or args.cp < 0:
+        raise ConfigError("--tp and --cp must be >= 0 (0 = search)")
+    result = plan(
+        sampler,
+        cost,
+        gpus=args.gpus,
+        dp=args.dp,
+        tp=args.tp or None,
+        cp=args.cp or None,
+        global_batch=args.global_batch,
+        microbatch_size=args.microbatch_size,
+        alpha=args.alpha,
+        p_error=args.p_error,
+        n0=args.n0,
+        seed=args.seed,
+        extra_sizes=_sizes(args.sizes),
+    )
+    if result.b_min.b_min > args.global_batch:
+        print(
+            f"entrain plan: warning: b_min {result.b_min.b_min} exceeds --global-batch {args.global_batch}; "
+            "the static split is not guaranteed stable across iterations",
+            file=sys.stderr,
+        )
+    if args.json:
+        emit_json(to_json(result, args, cost.model, cost.hardware.name))
+    else:
+        print_human(result, cost.model, cost.hardware.name, args.dataset)
+    return 0
+
+
+def to_json(result: PlanResult, args: argparse.Namespace, model: str, hardware: str) -> dict:
+    b, cfg = result.b_min, result.config
+    return {
+        "b_min": b.b_min,
+        "k_trials": b.k_trials,
+        "trials": [t.to_json() for t in b.trials],
+        "config": cfg.to_json(),
+        "predicted_iteration_time_ms": cfg.predicted_iteration_time_ms,
+        "converged": b.converged,
+        "allocation": list(b.allocation),
+        "gpus_per_replica": b.gpus_per_replica,
+        "dataset": args.dataset,
+        "model": model,
+        "hardware": hardware,
+        "gpus": args.gpus,
+        "global_batch": args.global_batch,
+        "alpha": b.alpha,
+        "p_error": b.p_error,
+        "n0": b.n0,
+        "seed": b.seed,
+    }
+
+
+def print_human(result: PlanResult, model: str, hardware: str, dataset: str) -> None:
+    b, cfg = result.b_min, result.config
+    print(f"entrain plan: {dataset} on {model} / {hardware}")
+    print(
+        f"Algorithm 1: alpha {b.alpha:g}, p_error {b.p_error:g} -> k = {b.k_trials} validation batches; "
+        f"{b.gpus_per_replica} GPUs per replica (dp {cfg.dp})"
+    )
+    print(f"  {'batch size':>10}  {'encoder:LLM GPUs seen':<32} stable")
+    for t in b.trials:
+        seen = ", ".join(f"{e}:{m}" for e, m in t.allocations_seen)
+        print(f"  {t.batch_size:>10}  {seen:<32} {'yes' if t.stable else 'no'}")
+    note = "" if b.converged else " (not converged: largest size tried)"
+    print(f"b_min = {b.b_min}{note}; split {b.allocation[0]}:{b.allocation[1]}")
+    print(
+        f"Algorithm 2: dp {cfg.dp}, microbatch size {cfg.microbatch_size}, "
+        f"K = {cfg.num_microbatches} microbatches per replica"
+    )
+    for comp in (cfg.encoder, cfg.llm):
+        print(f"  {comp.name}: tp {comp.tp} cp {comp.cp} pp {comp.pp}")
+        for s, ((f, e), ms) in enumerate(zip(comp.layer_ranges, comp.stage_ms)):
+            names = comp.layer_names
+            span = names[f] if e - f == 1 else f"{names[f]}..{names[e - 1]}"
+            print(f"    stage {s}: layers [{f}, {e}) {span:<28} {ms:10.1f} ms")
+    print(f"predicted iteration time (paper Eq. 2): {cfg.predicted_iteration_time_ms:.1f} ms")

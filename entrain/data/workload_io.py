@@ -217,17 +217,20 @@ def read_samples(path: str, vision: VisionTokenConfig = DEFAULT_VISION) -> list[
 def sample_works(
     samples: Sequence[SampleMeta], cost: CostModel, tp: int = 1, cp: int = 1, memo: dict | None = None
 ) -> list[SampleWork]:
-    """``cost.sample_work(s, tp, cp)`` for each sample, memoised on the sample's sequence units
-    (the only input of ``sample_work``), so equal-sized samples are costed once. Pass the same
-    ``memo`` dict to reuse it across calls with the same ``cost``, ``tp`` and ``cp``."""
+    """``cost.sample_work(s, tp, cp)`` for each sample, memoised per component on the sample's
+    sequence units (``CostModel.units``, the only input of ``sample_work``): the encoder part is
+    costed once per distinct image-size tuple, the LLM part once per distinct sequence length. Pass
+    the same ``memo`` dict to reuse it across calls with the same ``cost``, ``tp`` and ``cp``."""
     memo = {} if memo is None else memo
     out = []
     for s in samples:
-        key = (cost.units("encoder", s), cost.units("llm", s))
-        w = memo.get(key)
-        if w is None:
-            w = memo[key] = cost.sample_work(s, tp, cp)
-        out.append(SampleWork(s.id, w.encoder, w.llm, s))
+        enc_key = ("encoder", cost.units("encoder", s))
+        llm_key = ("llm", cost.units("llm", s))
+        if enc_key not in memo or llm_key not in memo:
+            w = cost.sample_work(s, tp, cp)
+            memo.setdefault(enc_key, w.encoder)
+            memo.setdefault(llm_key, w.llm)
+        out.append(SampleWork(s.id, memo[enc_key], memo[llm_key], s))
     return out
 
 

@@ -11,13 +11,12 @@ Vocabulary: the paper-scale presets use the Qwen2 tokenizer's 151,936 ids. ``tin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from entrain.core.architectures import MODEL_PRESETS, LLMArch, ModelArch, VisionArch, get_arch
 from entrain.core.errors import ConfigError
 
 __all__ = [
-    "VisionDims",
-    "LLMDims",
     "VLMConfig",
     "QWEN2_VOCAB_SIZE",
     "QWEN2_SPECIAL_BASE",
@@ -58,59 +57,32 @@ def tiny_token_id(qwen_id: int) -> int:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class VisionDims:
-    """Qwen2.5-VL vision tower dimensions (``Qwen2_5_VLVisionConfig`` fields)."""
-
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    window_size: int = 112
-    fullatt_block_indexes: tuple[int, ...] = ()
-    patch_size: int = 14
-    spatial_merge_size: int = 2
-    temporal_patch_size: int = 2
-    in_channels: int = 3
-
-    @property
-    def patch_dim(self) -> int:
-        """Values per flattened patch row: ``C * T * P * P`` (1,176 for Qwen2.5-VL)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size**2
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LLMDims:
-    """Llama decoder dimensions (``LlamaConfig`` fields)."""
-
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    head_dim: int | None = None
-    rope_theta: float = 500_000.0
-    rms_norm_eps: float = 1e-5
-    max_position_embeddings: int = 131_072
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class VLMConfig:
-    """One model preset: vision tower + LLM (the merger projects to the LLM width)."""
+    """One model preset: its architecture (``entrain.core.architectures``, the single source of the
+    dimensions the cost model also uses) plus how token ids are mapped.
 
-    name: str
-    vision: VisionDims
-    llm: LLMDims
+    Tied embeddings (Llama-3.2) are built untied, initialised equal: the token embedding and the
+    lm_head may live on different pipeline stages.
+    """
+
+    arch: ModelArch
     tiny_vocab: bool = False
     """True: token ids go through ``tiny_token_id``."""
-    notes: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.arch.name
+
+    @property
+    def vision(self) -> VisionArch:
+        return self.arch.vision
+
+    @property
+    def llm(self) -> LLMArch:
+        return self.arch.llm
 
     def token_id(self, qwen_id: int) -> int:
         return tiny_token_id(qwen_id) if self.tiny_vocab else qwen_id
-
-    @property
-    def image_pad_id(self) -> int:
-        return self.token_id(IMAGE_PAD_ID)
 
     @property
     def encoder_layer_names(self) -> list[str]:
@@ -118,13 +90,8 @@ class VLMConfig:
 
     @property
     def llm_layer_names(self) -> list[str]:
-        return [
-            "embed_tokens",
-            *(f"layers.{i}" for i in range(self.llm.num_layers)),
-            "norm",
-            "lm_head",
-            "loss",
-        ]
+        n = self.llm.num_hidden_layers
+        return ["embed_tokens", *(f"layers.{i}" for i in range(n)), "norm", "lm_head", "loss"]
 
     def layer_names(self, component: str) -> list[str]:
         if component == "encoder":
@@ -134,67 +101,11 @@ class VLMConfig:
         raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
 
 
-_QWEN25_VIT = VisionDims(
-    depth=32,
-    hidden_size=1280,
-    intermediate_size=3420,
-    num_heads=16,
-    window_size=112,
-    fullatt_block_indexes=(7, 15, 23, 31),
-)
-
-_PRESETS: dict[str, VLMConfig] = {
-    "tiny": VLMConfig(
-        name="tiny",
-        vision=VisionDims(
-            depth=2, hidden_size=128, intermediate_size=256, num_heads=4, fullatt_block_indexes=(1,)
-        ),
-        llm=LLMDims(
-            num_layers=4,
-            hidden_size=128,
-            intermediate_size=256,
-            num_heads=4,
-            num_kv_heads=2,
-            vocab_size=TINY_VOCAB_SIZE,
-            max_position_embeddings=16_384,
-        ),
-        tiny_vocab=True,
-    ),
-    # Llama-3.2-1B / -3B decoders with the Qwen2 tokenizer's vocabulary (embeddings untied, so the
-    # token embedding and lm_head can live on different pipeline stages).
-    "qwen25vl-llama3-1b": VLMConfig(
-        name="qwen25vl-llama3-1b",
-        vision=_QWEN25_VIT,
-        llm=LLMDims(
-            num_layers=16,
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_heads=32,
-            num_kv_heads=8,
-            head_dim=64,
-            vocab_size=QWEN2_VOCAB_SIZE,
-        ),
-    ),
-    "qwen25vl-llama3-3b": VLMConfig(
-        name="qwen25vl-llama3-3b",
-        vision=_QWEN25_VIT,
-        llm=LLMDims(
-            num_layers=28,
-            hidden_size=3072,
-            intermediate_size=8192,
-            num_heads=24,
-            num_kv_heads=8,
-            head_dim=128,
-            vocab_size=QWEN2_VOCAB_SIZE,
-        ),
-    ),
-}
-MODEL_NAMES = tuple(_PRESETS)
+MODEL_NAMES = tuple(MODEL_PRESETS)
 
 
 def get_model_config(name: str) -> VLMConfig:
     """The preset ``name`` (``tiny``, ``qwen25vl-llama3-1b``, ``qwen25vl-llama3-3b``)."""
-    try:
-        return _PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown model {name!r}; choose from {', '.join(_PRESETS)}") from None
+    arch = get_arch(name)
+    tiny = arch.llm.vocab_size <= TINY_VOCAB_SIZE
+    return VLMConfig(arch=arch, tiny_vocab=tiny)

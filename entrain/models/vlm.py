@@ -34,37 +34,11 @@ __all__ = ["VLM", "build_vlm", "EncoderStage", "LLMStage", "LLMBatch", "build_st
 
 
 def _vision_hf_config(cfg: VLMConfig) -> Qwen2_5_VLVisionConfig:
-    v = cfg.vision
-    return Qwen2_5_VLVisionConfig(
-        depth=v.depth,
-        hidden_size=v.hidden_size,
-        intermediate_size=v.intermediate_size,
-        num_heads=v.num_heads,
-        in_channels=v.in_channels,
-        patch_size=v.patch_size,
-        spatial_merge_size=v.spatial_merge_size,
-        temporal_patch_size=v.temporal_patch_size,
-        window_size=v.window_size,
-        out_hidden_size=cfg.llm.hidden_size,
-        fullatt_block_indexes=list(v.fullatt_block_indexes),
-    )
+    return Qwen2_5_VLVisionConfig(**cfg.vision.hf_kwargs())
 
 
 def _llm_hf_config(cfg: VLMConfig) -> LlamaConfig:
-    d = cfg.llm
-    hf = LlamaConfig(
-        vocab_size=d.vocab_size,
-        hidden_size=d.hidden_size,
-        intermediate_size=d.intermediate_size,
-        num_hidden_layers=d.num_layers,
-        num_attention_heads=d.num_heads,
-        num_key_value_heads=d.num_kv_heads,
-        head_dim=d.head_dim,
-        max_position_embeddings=d.max_position_embeddings,
-        rms_norm_eps=d.rms_norm_eps,
-        rope_theta=d.rope_theta,
-        tie_word_embeddings=False,
-    )
+    hf = LlamaConfig(**{**cfg.llm.hf_kwargs(), "tie_word_embeddings": False})
     hf._attn_implementation = PACKED_ATTENTION
     return hf
 
@@ -77,6 +51,8 @@ class VLM(nn.Module):
         self.cfg = cfg
         self.vision = Qwen2_5_VisionTransformerPretrainedModel(_vision_hf_config(cfg))
         self.llm = LlamaForCausalLM(_llm_hf_config(cfg))
+        if cfg.llm.tie_word_embeddings:  # untied copy: embedding and lm_head may sit on different stages
+            self.llm.lm_head.weight.data.copy_(self.llm.model.embed_tokens.weight.data)
 
 
 def build_vlm(
@@ -165,6 +141,12 @@ class EncoderStage(nn.Module):
         if self.has_merger:
             parts.append(("merger", self.vis.merger))
         return [(f"{self.prefix}{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
+
+    def move_to(self, device: torch.device) -> None:
+        """Move only what this stage owns (and the rotary tables) to ``device``."""
+        for _, p in self.owned_parameters():
+            p.data = p.data.to(device)
+        self.vis.rotary_pos_emb.to(device)
 
     def geometry(self, grid_thw: torch.Tensor, like: torch.Tensor) -> VisionGeometry:
         vis = self.vis
@@ -258,6 +240,12 @@ class LLMStage(nn.Module):
         if self.has_lm_head:
             parts.append(("lm_head", self.llm.lm_head))
         return [(f"llm.{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
+
+    def move_to(self, device: torch.device) -> None:
+        """Move only what this stage owns (and the rotary tables) to ``device``."""
+        for _, p in self.owned_parameters():
+            p.data = p.data.to(device)
+        self.llm.model.rotary_emb.to(device)
 
     def forward(self, x: torch.Tensor | None, batch: LLMBatch) -> torch.Tensor:
         inner = self.llm.model

@@ -6,7 +6,7 @@ for a sample without communication. Layout of one sample's LLM sequence (Qwen2.5
     [<|vision_start|> <|image_pad|> * m_i <|vision_end|>] per image, prompt text, answer text
 
 ``text_tokens`` counts every non-image token (markers included). The answer is the last
-``max(1, text_tokens // 4)`` tokens; the loss is taken at the positions that predict them (labels on
+``max(1, round(0.2 * text_tokens))`` tokens (``LABEL_FRACTION``, as the cost presets assume); the loss is taken at the positions that predict them (labels on
 the answer part only). Pixel values are seeded N(0, 1) patches of the ``smart_resize``-d size:
 ``[(H'/14) * (W'/14), 1176]`` rows per image with ``grid_thw = (1, H'/14, W'/14)``.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from entrain.core.presets import LABEL_FRACTION
 from entrain.core.samples import SampleMeta, smart_resize
 from entrain.models.config import IMAGE_PAD_ID, QWEN2_SPECIAL_BASE, VISION_END_ID, VISION_START_ID, VLMConfig
 from entrain.models.vlm import LLMBatch
@@ -104,7 +105,7 @@ class SampleRenderer:
         text = meta.text_tokens
         use_markers = text >= 2 * len(grid) + 2
         num_markers = 2 * len(grid) if use_markers else 0
-        num_answer = max(0, min(max(1, text // 4), text - num_markers - 1))
+        num_answer = max(0, min(max(1, round(LABEL_FRACTION * text)), text - num_markers - 1))
         words = torch.randint(0, QWEN2_SPECIAL_BASE, (text - num_markers,), generator=gen).tolist()
         ids: list[int] = []
         image_pos: list[int] = []
@@ -149,6 +150,11 @@ class SampleRenderer:
             grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3).to(self.device),
             rows_per_sample=tuple(s.image_tokens for s in samples),
         )
+
+    def grid_thw(self, ids: Sequence[str]) -> torch.Tensor:
+        """``[images, 3]`` grids of the samples' images, in order (no pixels rendered)."""
+        grid = [g for i in ids for g in self.sample(i).grid_thw]
+        return torch.tensor(grid, dtype=torch.int64).reshape(-1, 3).to(self.device)
 
     def llm_batch(self, ids: Sequence[str], loss_scale: float) -> LLMBatch:
         samples = [self.sample(i) for i in ids]

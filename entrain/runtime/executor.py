@@ -1,0 +1,295 @@
+"""Interpret one rank's action list of an ``IterationPlan`` (DESIGN.md section 3).
+
+The executor knows nothing about the system that made the Plan: it runs the actions in order through
+a dispatch table with one small handler per ``ActionKind``. Conventions (``entrain.core.plan``):
+
+* a stage's input for ``(mb, sub)`` is a leaf tensor (``detach().requires_grad_()``) received from the
+  previous stage; its ``.grad`` is what ``SEND_B`` returns;
+* on the first LLM stage the leaves are *encoder messages* ``(mb, sub)`` of the last encoder stage,
+  cut into per-sample rows and routed by sample id to whichever LLM (sub-)microbatch consumes them
+  (deferred samples simply wait there); the gradient of a message goes back once the Plan says so;
+* neighbouring stages on the same rank hand tensors over locally (with or without comm actions);
+* ``I`` computes input gradients only and keeps the graph for ``W`` (weight gradients).
+
+Loss: the last stage's output is ``sum(token CE) / label tokens of the global batch``; backward of
+that scalar makes gradients independent of grouping, deferral and splitting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
+from entrain.models.vlm import EncoderStage, LLMStage
+from entrain.runtime.comm import MessageKey, Transport
+from entrain.runtime.data import SampleRenderer
+
+__all__ = ["Executor", "ComputeRecord", "StepOutput"]
+
+Key = tuple[int, int, int]  # (stage, mb, sub)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeRecord:
+    stage: int
+    kind: str
+    mb: int
+    sub: int
+    ms: float
+
+
+@dataclass
+class StepOutput:
+    loss_sum: float = 0.0
+    """Sum of this rank's last-stage loss contributions (already divided by the global label count)."""
+    records: list[ComputeRecord] = field(default_factory=list)
+
+
+class Executor:
+    """Runs action lists for the stages one rank holds (several stage chunks are fine)."""
+
+    def __init__(
+        self,
+        *,
+        layout: Layout,
+        rank: int,
+        modules: dict[int, EncoderStage | LLMStage],
+        transport: Transport,
+        renderer: SampleRenderer,
+        input_grad: dict[int, bool],
+        autocast: Callable[[], AbstractContextManager] | None = None,
+        sync: Callable[[], None] | None = None,
+    ):
+        self.layout, self.rank, self.modules = layout, rank, modules
+        self.replica, self.pp_rank = layout.replica_of(rank)
+        self.transport, self.renderer = transport, renderer
+        self.input_grad = input_grad
+        """Per stage: whether its input needs a gradient (something upstream trains)."""
+        self.autocast = autocast or nullcontext
+        self.sync = sync or (lambda: None)
+        self.first_llm = layout.num_encoder_stages
+        self.last_stage = len(layout.stages) - 1
+        self._handlers: dict[ActionKind, Callable[[Action], None]] = {
+            ActionKind.F: self._forward,
+            ActionKind.B: self._backward,
+            ActionKind.I: self._backward_input,
+            ActionKind.W: self._backward_weight,
+            ActionKind.SEND_F: self._send_forward,
+            ActionKind.RECV_F: self._recv_forward,
+            ActionKind.SEND_B: self._send_backward,
+            ActionKind.RECV_B: self._recv_backward,
+        }
+
+    # --- public -------------------------------------------------------------------------------------
+    def run(
+        self, it: IterationPlan, actions: tuple[Action, ...], *, loss_scale: float, forward_only: bool = False
+    ) -> StepOutput:
+        """Execute ``actions`` of iteration ``it``; gradients accumulate into the stage parameters."""
+        self._reset(it, loss_scale, forward_only)
+        todo = [a for a in actions if not forward_only or a.kind in _FORWARD_KINDS]
+        grad_mode = torch.no_grad() if forward_only else nullcontext()
+        with grad_mode:
+            for a in todo:
+                if a.stage not in self.modules:
+                    raise RuntimeError(
+                        f"rank {self.rank}: action {a} for stage {a.stage}, which it does not hold"
+                    )
+                self._handlers[a.kind](a)
+        out = StepOutput(self._loss_sum, self._records)
+        self._reset(it, loss_scale, forward_only)
+        return out
+
+    # --- state --------------------------------------------------------------------------------------
+    def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
+        self._it, self._loss_scale, self._forward_only = it, loss_scale, forward_only
+        self._inputs: dict[Key, torch.Tensor] = {}
+        self._messages: dict[tuple[int, int], torch.Tensor] = {}
+        self._features: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}
+        self._used: dict[Key, list[torch.Tensor]] = {}
+        self._outputs: dict[Key, torch.Tensor] = {}
+        self._out_grads: dict[Key, torch.Tensor] = {}
+        self._pending_w: dict[Key, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._loss_sum = 0.0
+        self._records: list[ComputeRecord] = []
+
+    def _ids(self, stage: int, mb: int, sub: int) -> tuple[str, ...]:
+        spec = self._it.microbatches[self.replica][mb]
+        subs = spec.encoder_subs if stage < self.first_llm else spec.llm_subs
+        return subs[sub]
+
+    def _peer(self, stage: int) -> int:
+        return self.layout.global_rank(self.replica, self.layout.stages[stage].pp_rank)
+
+    def _is_local(self, stage: int) -> bool:
+        return 0 <= stage <= self.last_stage and self._peer(stage) == self.rank
+
+    def _leaf(self, t: torch.Tensor, stage: int) -> torch.Tensor:
+        t = t.detach()
+        return t.requires_grad_(self.input_grad[stage] and not self._forward_only and t.is_floating_point())
+
+    def _accept_input(self, stage: int, mb: int, sub: int, t: torch.Tensor) -> None:
+        """Store stage ``stage``'s input (mb, sub); on the first LLM stage, route rows by sample id."""
+        leaf = self._leaf(t, stage)
+        if stage != self.first_llm:
+            self._inputs[(stage, mb, sub)] = leaf
+            return
+        self._messages[(mb, sub)] = leaf
+        start = 0
+        for sid in self._ids(stage - 1, mb, sub):
+            rows = self.renderer.sample(sid).image_tokens
+            self._features[sid] = ((mb, sub), leaf[start : start + rows])
+            start += rows
+        assert start == leaf.shape[0], f"encoder message {mb}.{sub}: {leaf.shape[0]} rows, plan says {start}"
+
+    def _input_leaf(self, stage: int, mb: int, sub: int) -> torch.Tensor:
+        return self._messages[(mb, sub)] if stage == self.first_llm else self._inputs[(stage, mb, sub)]
+
+    def _timed(self, a: Action, kind: str, fn: Callable[[], None]) -> None:
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        self._records.append(
+            ComputeRecord(a.stage, kind, a.mb, a.sub_index, (time.perf_counter() - t0) * 1e3)
+        )
+
+    # --- compute ------------------------------------------------------------------------------------
+    def _forward(self, a: Action) -> None:
+        self._timed(a, "F", lambda: self._forward_compute(a))
+
+    def _forward_compute(self, a: Action) -> None:
+        s, mb, sub = a.stage, a.mb, a.sub_index
+        ids = self._ids(s, mb, sub)
+        module = self.modules[s]
+        with self.autocast():
+            if isinstance(module, EncoderStage):
+                out = self._encoder_forward(module, s, mb, sub, ids)
+            else:
+                out = self._llm_forward(module, s, mb, sub, ids)
+        self._outputs[(s, mb, sub)] = out
+        if s == self.last_stage:
+            self._loss_sum += float(out.detach())
+        elif self._is_local(s + 1):
+            self._accept_input(s + 1, mb, sub, out)
+
+    def _encoder_forward(self, module: EncoderStage, s: int, mb: int, sub: int, ids) -> torch.Tensor:
+        if s == 0:
+            enc = self.renderer.encoder_input(ids)
+            x, grid = enc.patches, enc.grid_thw
+        else:
+            x = self._inputs[(s, mb, sub)]
+            self._used[(s, mb, sub)] = [x]
+            grid = self.renderer.grid_thw(ids)
+        if grid.shape[0] == 0:  # text-only samples: nothing to encode
+            dim = self.layout_out_dim(module)
+            return x.new_zeros((0, dim))
+        return module(x, grid)
+
+    def layout_out_dim(self, module: EncoderStage) -> int:
+        vis = module.vis
+        return vis.merger.mlp[-1].out_features if module.has_merger else vis.config.hidden_size
+
+    def _llm_forward(self, module: LLMStage, s: int, mb: int, sub: int, ids) -> torch.Tensor:
+        if s == self.first_llm:
+            with_images = [sid for sid in ids if self.renderer.sample(sid).image_tokens]
+            missing = [sid for sid in with_images if sid not in self._features]
+            if missing:
+                raise RuntimeError(
+                    f"rank {self.rank}: {s}F{mb}.{sub} has no encoder output for samples {missing}"
+                )
+            parts = [self._features.pop(sid) for sid in with_images]
+            x = torch.cat([rows for _, rows in parts]) if parts else None
+            self._used[(s, mb, sub)] = [self._messages[k] for k in dict.fromkeys(k for k, _ in parts)]
+        else:
+            x = self._inputs[(s, mb, sub)]
+            self._used[(s, mb, sub)] = [x]
+        batch = self.renderer.llm_batch(ids, self._loss_scale)
+        return module(x, batch)
+
+    def _output_grad(self, s: int, mb: int, sub: int) -> torch.Tensor | None:
+        if s == self.last_stage:
+            return None
+        key = (s, mb, sub)
+        if key in self._out_grads:
+            return self._out_grads.pop(key)
+        assert self._is_local(s + 1), f"rank {self.rank}: no gradient received for {s}B{mb}.{sub}"
+        g = self._input_leaf(s + 1, mb, sub).grad
+        out = self._outputs[key]
+        return torch.zeros_like(out) if g is None else g
+
+    def _backward(self, a: Action) -> None:
+        def run() -> None:
+            key = (a.stage, a.mb, a.sub_index)
+            grad = self._output_grad(*key)
+            out = self._outputs.pop(key)
+            self._used.pop(key, None)
+            if out.requires_grad:
+                torch.autograd.backward(out, grad)
+
+        self._timed(a, "B", run)
+
+    def _backward_input(self, a: Action) -> None:
+        def run() -> None:
+            key = (a.stage, a.mb, a.sub_index)
+            grad = self._output_grad(*key)
+            out = self._outputs.pop(key)
+            leaves = [t for t in self._used.pop(key, []) if t.requires_grad]
+            if out.requires_grad and leaves:
+                torch.autograd.backward(out, grad, inputs=leaves, retain_graph=True)
+            self._pending_w[key] = (out, grad)
+
+        self._timed(a, "I", run)
+
+    def _backward_weight(self, a: Action) -> None:
+        def run() -> None:
+            out, grad = self._pending_w.pop((a.stage, a.mb, a.sub_index))
+            params = [p for _, p in self.modules[a.stage].owned_parameters() if p.requires_grad]
+            if out.requires_grad and params:
+                torch.autograd.backward(out, grad, inputs=params)
+
+        self._timed(a, "W", run)
+
+    # --- communication ------------------------------------------------------------------------------
+    def _send_forward(self, a: Action) -> None:
+        s, mb, sub = a.stage, a.mb, a.sub_index
+        if self._is_local(s + 1):
+            return
+        out = self._outputs[(s, mb, sub)]
+        self.transport.send(
+            out.detach(), self._peer(s + 1), MessageKey(s, False, mb, sub), self._ids(s, mb, sub)
+        )
+
+    def _recv_forward(self, a: Action) -> None:
+        s, mb, sub = a.stage, a.mb, a.sub_index
+        if self._is_local(s - 1):
+            return
+        t = self.transport.recv(
+            self._peer(s - 1), MessageKey(s - 1, False, mb, sub), self._ids(s - 1, mb, sub)
+        )
+        self._accept_input(s, mb, sub, t)
+
+    def _send_backward(self, a: Action) -> None:
+        s, mb, sub = a.stage, a.mb, a.sub_index
+        if self._is_local(s - 1):
+            return
+        leaf = self._input_leaf(s, mb, sub)
+        g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        ids = self._ids(s - 1, mb, sub) if s == self.first_llm else self._ids(s, mb, sub)
+        self.transport.send(g, self._peer(s - 1), MessageKey(s, True, mb, sub), ids)
+
+    def _recv_backward(self, a: Action) -> None:
+        s, mb, sub = a.stage, a.mb, a.sub_index
+        if self._is_local(s + 1):
+            return
+        ids = self._ids(s, mb, sub)
+        self._out_grads[(s, mb, sub)] = self.transport.recv(
+            self._peer(s + 1), MessageKey(s + 1, True, mb, sub), ids
+        )
+
+
+_FORWARD_KINDS = (ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F)

@@ -1,0 +1,243 @@
+"""The training loop around the executor: loss normalisation, DP gradient reduction, global-norm
+clipping, AdamW with linear warm-up then cosine decay, validation, per-step metrics.
+
+One ``PipelineTrainer`` per rank. Every rank builds the whole model from the same seed (so its stage
+weights equal a single-process reference) and keeps the stage chunks the Plan places on it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from entrain.core.plan import IterationPlan, Layout
+from entrain.models.vlm import VLM, build_stage
+from entrain.runtime.comm import Transport
+from entrain.runtime.data import SampleRenderer
+from entrain.runtime.distributed import DistEnv, build_dp_groups, check_runtime_layout
+from entrain.runtime.executor import ComputeRecord, Executor
+
+__all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimConfig:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.01
+    warmup_steps: int = 2
+    """Linear warm-up from lr / warmup_steps to lr over this many steps."""
+    total_steps: int = 100
+    """Cosine decay from lr to ``min_lr_ratio * lr`` between the end of warm-up and this step."""
+    min_lr_ratio: float = 0.1
+    max_grad_norm: float | None = 1.0
+    """Global-norm clipping over all stages and replicas; None disables it."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.warmup_steps < 0 or self.total_steps < 1:
+            raise ValueError(f"invalid optimiser config {self}")
+
+
+def lr_factor(step: int, cfg: OptimConfig) -> float:
+    """Multiplier of ``cfg.lr`` at 0-based ``step``."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class StepResult:
+    loss: float
+    iteration_time_ms: float
+    grad_norm: float
+    lr: float
+    llm_tokens: int
+    records: list[dict] = field(default_factory=list)
+    """Rank 0 only: per (rank, stage, mb, sub) forward / backward ms measured on the ranks."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.llm_tokens / max(self.iteration_time_ms, 1e-9) * 1e3
+
+
+class PipelineTrainer:
+    def __init__(
+        self,
+        *,
+        layout: Layout,
+        model: VLM,
+        env: DistEnv,
+        renderer: SampleRenderer,
+        optim: OptimConfig,
+        autocast_dtype: torch.dtype | None = None,
+    ):
+        check_runtime_layout(layout, env.world_size)
+        self.layout, self.env, self.renderer, self.optim_cfg = layout, env, renderer, optim
+        self.replica, self.pp_rank = layout.replica_of(env.rank)
+        all_stages = {
+            s.stage: build_stage(model, s.component, s.first_layer, s.end_layer) for s in layout.stages
+        }
+        self.modules = {s.stage: all_stages[s.stage] for s in layout.stages_of(self.pp_rank)}
+        for m in self.modules.values():
+            m.move_to(env.device)
+        trains = [
+            any(p.requires_grad for _, p in all_stages[s].owned_parameters()) for s in sorted(all_stages)
+        ]
+        input_grad = {s: any(trains[:s]) for s in all_stages}
+        self.named_params = [(n, p) for m in self.modules.values() for n, p in m.owned_parameters()]
+        self.params = [p for _, p in self.named_params if p.requires_grad]
+        self.dp_group = build_dp_groups(layout)[self.pp_rank]
+        self.transport = Transport(env.device)
+        autocast = None
+        if autocast_dtype is not None:
+
+            def autocast() -> torch.autocast:
+                return torch.autocast(env.device.type, dtype=autocast_dtype)
+
+        sync = torch.cuda.synchronize if env.device.type == "cuda" else None
+        self.executor = Executor(
+            layout=layout,
+            rank=env.rank,
+            modules=self.modules,
+            transport=self.transport,
+            renderer=renderer,
+            input_grad=input_grad,
+            autocast=autocast,
+            sync=sync,
+        )
+        self.optimizer = (
+            torch.optim.AdamW(self.params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+            if self.params
+            else None
+        )
+        self.step_index = 0
+        self.last_stage_rank = layout.stages[-1].pp_rank
+
+    # --- helpers ------------------------------------------------------------------------------------
+    def _replica_ids(self, it: IterationPlan) -> list[str]:
+        return [s for mb in it.microbatches[self.replica] for s in mb.llm_ids]
+
+    def _global_labels(self, it: IterationPlan) -> int:
+        """Label tokens of the global batch: each replica's last stage counts its samples; all-reduced."""
+        mine = self.renderer.num_labels(self._replica_ids(it)) if self.pp_rank == self.last_stage_rank else 0
+        t = torch.tensor([float(mine)], dtype=torch.float64, device=self.env.device)
+        dist.all_reduce(t)
+        return int(t.item())
+
+    def _reduce_dp(self) -> None:
+        if self.dp_group is None or not self.params:
+            return
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        dist.all_reduce(flat, group=self.dp_group)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+    def _clip(self) -> float:
+        """Global grad norm over all stages and replicas (replicas hold equal grads after the DP sum)."""
+        sq = sum(
+            (p.grad.double().pow(2).sum() for p in self.params if p.grad is not None),
+            torch.zeros((), dtype=torch.float64, device=self.env.device),
+        )
+        t = sq.reshape(1).to(torch.float64)
+        dist.all_reduce(t)
+        norm = math.sqrt(t.item() / self.layout.dp)
+        max_norm = self.optim_cfg.max_grad_norm
+        if max_norm is not None:
+            coef = min(1.0, max_norm / (norm + 1e-6))
+            if coef < 1.0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        return norm
+
+    def _gather_records(self, records: list[ComputeRecord]) -> list[dict]:
+        merged: dict[tuple[int, int, int], dict] = {}
+        for r in records:
+            row = merged.setdefault(
+                (r.stage, r.mb, r.sub),
+                {
+                    "rank": self.env.rank,
+                    "stage": r.stage,
+                    "mb": r.mb,
+                    "sub": r.sub,
+                    "fwd_ms": 0.0,
+                    "bwd_ms": 0.0,
+                },
+            )
+            row["fwd_ms" if r.kind == "F" else "bwd_ms"] += r.ms
+        out: list[list[dict]] | None = [None] * self.env.world_size if self.env.rank == 0 else None
+        dist.gather_object(list(merged.values()), out, dst=0)
+        return [row for part in out for row in part] if out is not None else []
+
+    def _llm_tokens(self, it: IterationPlan) -> int:
+        ids = [s for rep in it.microbatches for mb in rep for s in mb.llm_ids]
+        return sum(self.renderer.sample(s).num_tokens for s in ids)
+
+    # --- public -------------------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def forward_backward(self, it: IterationPlan) -> float:
+        """Run this rank's actions; gradients summed over DP replicas. Returns the global mean loss."""
+        self.zero_grad()
+        scale = 1.0 / max(1, self._global_labels(it))
+        out = self.executor.run(it, it.actions.get(self.env.rank, ()), loss_scale=scale)
+        self.transport.wait_all()
+        self._reduce_dp()
+        self._last_records = out.records
+        loss = torch.tensor([out.loss_sum], dtype=torch.float64, device=self.env.device)
+        dist.all_reduce(loss)
+        return float(loss.item())
+
+    def train_step(self, it: IterationPlan, *, gather_records: bool = True) -> StepResult:
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = self.forward_backward(it)
+        norm = self._clip()
+        lr = self.optim_cfg.lr * lr_factor(self.step_index, self.optim_cfg)
+        if self.optimizer is not None:
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+            self.optimizer.step()
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor(
+            [(time.perf_counter() - t0) * 1e3], dtype=torch.float64, device=self.env.device
+        )
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        self.step_index += 1
+        records = self._gather_records(self._last_records) if gather_records else []
+        return StepResult(loss, float(elapsed.item()), norm, lr, self._llm_tokens(it), records)
+
+    def evaluate(self, it: IterationPlan) -> float:
+        """Forward-only global mean loss of ``it``'s samples (held-out batch)."""
+        scale = 1.0 / max(1, self._global_labels(it))
+        out = self.executor.run(it, it.actions.get(self.env.rank, ()), loss_scale=scale, forward_only=True)
+        self.transport.wait_all()
+        loss = torch.tensor([out.loss_sum], dtype=torch.float64, device=self.env.device)
+        dist.all_reduce(loss)
+        return float(loss.item())
+
+    def named_grads(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad.detach().clone() for n, p in self.named_params if p.grad is not None}
+
+    def close(self) -> None:
+        self.transport.wait_all()
+
+
+def no_autocast() -> nullcontext:
+    return nullcontext()

@@ -1,0 +1,48 @@
+"""Shared fixtures of the runtime tests: a skewed 8-sample batch of the tiny model, plans per system."""
+
+from __future__ import annotations
+
+import random
+
+from entrain.core.presets import build_cost_model
+from entrain.core.samples import SampleMeta
+from entrain.core.work import SampleWork
+from entrain.runtime.planning import COLOCATED_SYSTEMS, make_plan, runtime_layout
+
+SEED = 0
+MAX_GRAD_NORM = 0.05
+
+
+def batch_metas(n: int = 8, seed: int = 0) -> list[SampleMeta]:
+    """Small images and skewed text lengths: enough imbalance for Entrain to defer samples."""
+    rng = random.Random(seed)
+    return [
+        SampleMeta(
+            f"s{i}",
+            ((rng.choice([56, 84, 112, 168]), rng.choice([56, 84, 112])),),
+            rng.choice([16, 24, 40, 90, 160]),
+        )
+        for i in range(n)
+    ]
+
+
+def works(metas: list[SampleMeta]) -> list[SampleWork]:
+    cost = build_cost_model("tiny", "cpu-tiny")
+    return [cost.sample_work(m) for m in metas]
+
+
+def plan_for(
+    system: str, encoder_stages: int, llm_stages: int, dp: int, num_microbatches: int, batch: list[SampleWork]
+):
+    cost = build_cost_model("tiny", "cpu-tiny")
+    layout = runtime_layout(
+        cost,
+        encoder_stages=encoder_stages,
+        llm_stages=llm_stages,
+        dp=dp,
+        microbatch_size=len(batch) // (dp * num_microbatches),
+        num_microbatches=num_microbatches,
+        probe=batch,
+        colocated=system in COLOCATED_SYSTEMS,
+    )
+    return make_plan(system, layout, [batch], cost)

@@ -1,0 +1,118 @@
+"""Forked gloo workers for runtime tests (cpu-feasibility.md section 6.7): the parent has imported
+torch and transformers already, workers fork from it (no re-import), rendezvous through a file store
+in the test's tmp folder, use one thread each, and report through files. A worker that raises writes
+its traceback, which the parent re-raises; a hung group fails after ``timeout_s``."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from entrain.core.samples import SampleMeta
+from entrain.models.config import VLMConfig
+from entrain.models.vlm import VLM
+from entrain.runtime.data import SampleRenderer
+
+
+def _worker(fn: Callable, rank: int, world: int, folder: str, args: tuple) -> None:
+    out = Path(folder) / f"rank{rank}.pkl"
+    try:
+        torch.set_num_threads(1)
+        from entrain.runtime.distributed import init_distributed, shutdown
+
+        env = init_distributed(
+            timeout_s=60, rank=rank, world_size=world, init_method=f"file://{folder}/store"
+        )
+        result = fn(env, *args)
+        shutdown()
+        out.write_bytes(pickle.dumps(("ok", result)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out.write_bytes(pickle.dumps(("error", traceback.format_exc())))
+        os._exit(1)
+    os._exit(0)
+
+
+def run_workers(fn: Callable, world: int, folder: Path, *args, timeout_s: float = 60.0) -> list:
+    """Run ``fn(env, *args)`` on ``world`` forked ranks; returns each rank's result."""
+    torch.set_num_threads(1)
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_worker, args=(fn, r, world, str(folder), args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:
+        procs[r].kill()
+        procs[r].join()
+    results = []
+    for r in range(world):
+        f = folder / f"rank{r}.pkl"
+        if not f.exists():
+            raise AssertionError(
+                f"rank {r} produced no result (hung: {hung}, exit codes {[p.exitcode for p in procs]})"
+            )
+        status, value = pickle.loads(f.read_bytes())
+        if status != "ok":
+            raise AssertionError(f"rank {r} failed:\n{value}")
+        results.append(value)
+    return results
+
+
+def reference_grads(
+    model: VLM,
+    cfg: VLMConfig,
+    metas: dict[str, SampleMeta],
+    ids: list[str],
+    *,
+    seed: int,
+    max_grad_norm: float | None,
+) -> tuple[dict[str, torch.Tensor], float]:
+    """Single process, full batch, every sample alone (unpacked) through the Hugging Face modules:
+    ``loss = sum(token CE) / label tokens of the batch``; then global-norm clipping."""
+    dtype = next(model.parameters()).dtype
+    r = SampleRenderer(cfg, dict(metas), seed=seed, dtype=dtype)
+    num_labels = r.num_labels(ids)
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for sid in ids:
+        s = r.sample(sid)
+        emb = model.llm.model.embed_tokens(s.input_ids)
+        if s.grid_thw:
+            grid = torch.tensor(s.grid_thw, dtype=torch.int64)
+            feats = model.vision(r.patches(sid), grid).pooler_output
+            emb = emb.index_put((s.image_positions,), feats)
+        hidden = model.llm.model(inputs_embeds=emb[None]).last_hidden_state
+        logits = model.llm.lm_head(hidden[0, s.label_positions])
+        loss = F.cross_entropy(logits.float(), s.targets, reduction="sum") / num_labels
+        loss.backward()
+        total += float(loss.detach())
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_grad_norm)
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}, total
+
+
+def relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    out = {}
+    for name, g_ref in ref.items():
+        g = grads.get(name)
+        if g is None:
+            out[name] = float("inf")
+            continue
+        out[name] = float((g.double() - g_ref.double()).norm() / max(float(g_ref.double().norm()), 1e-12))
+    extra = set(grads) - set(ref)
+    for name in extra:
+        out[name] = float(grads[name].norm())
+    return out
+
+
+def dumps(obj) -> bytes:
+    return pickle.dumps(obj)

@@ -13,7 +13,10 @@ Calibration (bounds and sources in ``entrain/data/calibration/bounds.json``, che
   vision-work variability of Table 3 / Fig. 15 (std/mean ~0.7 under DistTrain-like batching). The
   latter cannot come from independent samples (16-sample sums average it away), so SynthChartNet's
   data order is a regime process: runs of charts from one *family* (compact thumbnails, default
-  120-DPI figures, high-resolution canvases), each run's family drawn from fixed weights.
+  120-DPI figures, high-resolution canvases), each run's family drawn from fixed weights. ChartQA's
+  sources (Statista / Pew / OWID-like) also arrive in runs, which gives Table 3's SynthChartNet :
+  ChartQA DistTrain vision-std ratio (~3.5 after removing the noise floor); COCO-QA and LLaVA are
+  i.i.d. Profiling batches should use ``random_samples`` (i.i.d. over a large index space).
 
 Determinism and slicing: sample ``index`` of ``(name, seed)`` is a pure function of
 ``(name, seed, index)``. Indices are grouped in blocks of ``BLOCK_SIZE``; block ``k`` is drawn,

@@ -158,3 +158,12 @@ def test_raw_work_file_is_used_as_given(tmp_path, cost):
 def test_unknown_name_is_a_config_error(cost):
     with pytest.raises(ConfigError, match="neither a built-in dataset"):
         load_workload("no-such-dataset", cost, global_batch=4, iterations=1, seed=0)
+
+
+def test_tensor_parallel_work_comes_from_the_cost_model():
+    from entrain.core.presets import build_cost_model
+
+    cost = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
+    (batch,) = load_workload("synthchartnet", cost, global_batch=16, iterations=1, seed=0, tp=2)
+    assert all(w == cost.sample_work(w.meta, 2, 1) for w in batch)
+    assert all(w != cost.sample_work(w.meta) for w in batch)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.assignment.dp_split import split_dp
 from entrain.core.assignment.hierarchical import assign_entrain
+from entrain.core.assignment.matching import bottleneck_match
 from entrain.core.work import SampleWork
 
 work = st.one_of(st.just(0.0), st.floats(0.01, 100.0), st.integers(1, 20).map(float))
@@ -110,3 +113,26 @@ def test_dp_split_sizes(case):
     batch, dp, _ = case
     reps = split_dp(batch, dp)
     assert [len(r) for r in reps] == [len(batch) // dp] * dp
+
+
+@st.composite
+def v_and_l(draw):
+    m = draw(st.integers(1, 4))
+    values = st.integers(0, 12).map(float)
+    L = np.array(draw(st.lists(values, min_size=m, max_size=m)))
+    V = np.array([[min(L[i], draw(values)) for _ in range(m)] for i in range(m)])  # V <= L by construction
+    return V, L
+
+
+@given(v_and_l())
+def test_bottleneck_match_equals_brute_force(case):
+    V, L = case
+    m = len(L)
+    t_star, match = bottleneck_match(V, L)
+    # brute force: the best max-load over every full pairing, each row deferring or not
+    best = min(max(min(L[i], V[i, perm[i]]) for i in range(m)) for perm in itertools.permutations(range(m)))
+    assert t_star == best
+    used = [c for c in match if c >= 0]
+    assert len(used) == len(set(used))
+    for i in range(m):
+        assert (L[i] <= t_star and match[i] == -1) or (L[i] > t_star and V[i, match[i]] <= t_star)

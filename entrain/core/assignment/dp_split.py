@@ -7,6 +7,7 @@ still have room (exactly ``B / dp`` samples each); ties go to the lowest replica
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,12 +53,10 @@ def split_dp(batch: Sequence[SampleWork], dp: int) -> list[list[SampleWork]]:
     """
     per_replica = check_batch(batch, dp)
     replicas: list[list[SampleWork]] = [[] for _ in range(dp)]
-    llm_load = [0.0] * dp
-    open_ = list(range(dp))  # replicas with room, ascending index
+    heap = [(0.0, r) for r in range(dp)]  # open replicas: (LLM load, index) = the tie-break order
     for s in sort_desc(batch, "encoder"):
-        r = min(open_, key=lambda i: (llm_load[i], i))
+        load, r = heapq.heappop(heap)
         replicas[r].append(s)
-        llm_load[r] += s.llm
-        if len(replicas[r]) == per_replica:
-            open_.remove(r)
+        if len(replicas[r]) < per_replica:
+            heapq.heappush(heap, (load + s.llm, r))
     return replicas

@@ -48,7 +48,9 @@ def bottleneck_match(V: np.ndarray, L: np.ndarray) -> tuple[float, np.ndarray]:
     if L.size == 0:
         return 0.0, np.zeros(0, dtype=np.int64)
     candidates = np.unique(np.concatenate([V.ravel(), L]))
-    lo, hi = 0, len(candidates) - 1
+    # every row ends at or below T either alone (L[i]) or paired (some V[i, j]); V[i, j] <= L[i]
+    lower_bound = np.minimum(V.min(axis=1, initial=np.inf), L).max()
+    lo, hi = int(np.searchsorted(candidates, lower_bound)), len(candidates) - 1
     best = _critical_matching(V, L, candidates[hi])
     assert best is not None  # T = max(V ∪ L) >= max(L): nothing is critical
     while lo < hi:

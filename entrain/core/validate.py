@@ -265,7 +265,7 @@ def format_grid(
     center = marks[primary]
     lo = max(0, center - before)
     hi = max(center + after + 1, lo + 1)
-    width = max([len(str(a)) for acts in actions.values() for a in acts[lo:hi]] + [4]) + 2
+    width = max([len(str(a)) for acts in actions.values() for a in acts[lo:hi]] + [5]) + 3
     header = "step    | " + "".join(f"{s:<{width}}" for s in range(lo, hi))
     rows = [header]
     for g in sorted(actions):

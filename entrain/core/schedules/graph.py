@@ -16,8 +16,8 @@ dependencies; the lowering pass, the validator, the greedy interleaver and the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 from entrain.core.plan import Action, ActionKind, Layout, MicrobatchSpec
 
@@ -27,8 +27,7 @@ Task = tuple[int, int, int]
 """(stage, mb, sub)."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Message:
+class Message(NamedTuple):
     """A p2p message: ``kind`` ``"F"`` (activations, ``src = dst - 1``) or ``"B"`` (gradients,
     ``src = dst + 1``), labelled ``(mb, sub)`` as the communication actions are."""
 

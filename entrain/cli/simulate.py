@@ -1,0 +1,125 @@
+"""``entrain simulate``: run each system's Plan (its own batcher, schedule and configuration) through
+the discrete-event simulator and report iteration time, bubbles, per-microbatch variability and
+memory (CONTRACT.md ``entrain simulate``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from entrain.cli.common import add_common_args, emit_json, parse_systems, resolve_cost_model, workload_source
+from entrain.core.errors import ConfigError
+from entrain.sim.run import SystemRun, run_system
+from entrain.sim.systems import ConfigRequest, system_setups
+
+DEFAULT_SYSTEMS = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="simulate each system's pipeline schedule", description=__doc__
+    )
+    add_common_args(p, systems_default=DEFAULT_SYSTEMS)
+    p.add_argument("--plot-dir", default=None, help="write gantt_<system>.png, fwd_time.png, memory.png here")
+    p.add_argument(
+        "--eager-budget-factor",
+        type=float,
+        default=1.25,
+        help="Entrain's eager-forward activation budget factor (default 1.25)",
+    )
+    p.set_defaults(func=run)
+
+
+def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict[str, SystemRun], dict]:
+    """Run every system; returns the runs and the setups' descriptions."""
+    if args.iterations < 1:
+        raise ConfigError(f"--iterations must be >= 1, got {args.iterations}")
+    cost = resolve_cost_model(args)
+    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
+    req = ConfigRequest(
+        args.dataset,
+        args.model,
+        args.gpus,
+        args.dp,
+        args.tp,
+        args.global_batch,
+        args.microbatch_size,
+        args.seed,
+    )
+    setups = system_setups(systems, req, cost, batches)
+    runs = {}
+    for name in systems:
+        setup = setups[name]
+        options = dict(setup.options)
+        if name == "entrain":
+            options["eager_budget_factor"] = args.eager_budget_factor
+        print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
+        runs[name] = run_system(name, setup.layout, batches, cost, options)
+    if "entrain" in runs:
+        base = runs["entrain"].metrics.iteration_time_ms
+        for r in runs.values():
+            r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
+    return runs, {n: _describe(s.layout, s.source) for n, s in setups.items()}
+
+
+def _describe(layout, source: str) -> dict:
+    comps = {k: v.to_json() for k, v in layout.components.items()}
+    return {
+        "source": source,
+        "dp": layout.dp,
+        "num_microbatches": layout.num_microbatches,
+        "ranks_per_replica": layout.ranks_per_replica,
+        "components": comps,
+    }
+
+
+def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace) -> dict:
+    top = runs.get("entrain") or next(iter(runs.values()))
+    return {
+        "systems": {n: {**r.metrics.to_json(), "config": configs[n]} for n, r in runs.items()},
+        "ideal_ms": top.metrics.ideal_ms,
+        "lower_bound_ms": top.metrics.lower_bound_ms,
+        "dataset": args.dataset,
+        "model": args.model,
+        "hardware": args.hardware or ("cpu-tiny" if args.model == "tiny" else "a40-paper"),
+        "iterations": args.iterations,
+        "global_batch": args.global_batch,
+        "microbatch_size": args.microbatch_size,
+        "seed": args.seed,
+    }
+
+
+def table(runs: dict[str, SystemRun], configs: dict) -> str:
+    cols = (f"{'system':<16}{'iter ms':>10}{'vs entrain':>11}{'bubble':>8}{'enc std':>9}{'llm std':>9}"
+            f"{'peak GB':>9}{'ideal':>9}{'part.ideal':>11}{'lower bd':>10}  config")  # fmt: skip
+    lines = [cols, "-" * len(cols)]
+    for name, r in runs.items():
+        m = r.metrics
+        c = configs[name]["components"]
+        speed = f"{m.entrain_speedup:.2f}x" if m.entrain_speedup else "-"
+        cfg = f"E.PP {c['encoder']['pp']} / L.PP {c['llm']['pp']} (tp {c['llm']['tp']}, dp {configs[name]['dp']})"
+        lines.append(
+            f"{name:<16}{m.iteration_time_ms:>10.1f}{speed:>11}{m.bubble_ratio:>8.3f}{m.encoder_fwd_std_ms:>9.1f}"
+            f"{m.llm_fwd_std_ms:>9.1f}{m.peak_activation_bytes / 1e9:>9.2f}{m.ideal_ms:>9.1f}"
+            f"{m.partition_ideal_ms:>11.1f}{m.lower_bound_ms:>10.1f}  {cfg}"
+        )
+    lines += ["", "times in ms (forward+backward, per iteration, mean over iterations); vs entrain = "
+              "iteration time / Entrain's; std = per-microbatch forward time std"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    systems = parse_systems(args.systems)
+    runs, configs = simulate_systems(args, systems)
+    if args.plot_dir:
+        from entrain.sim.plots import write_all
+
+        for path in write_all(list(runs.values()), args.plot_dir):
+            print(f"entrain simulate: wrote {path}", file=sys.stderr)
+    if args.json:
+        emit_json(to_json(runs, configs, args))
+        return 0
+    print(f"entrain simulate: dataset {args.dataset}, model {args.model}, {args.iterations} iterations, "
+          f"global batch {args.global_batch}, microbatch size {args.microbatch_size}")  # fmt: skip
+    print(table(runs, configs))
+    return 0

@@ -1,0 +1,132 @@
+"""Metrics of simulated iterations, exactly as CONTRACT.md ``entrain simulate`` defines them.
+
+Per iteration (then averaged over iterations):
+
+* ``iteration_time_ms``: slowest pipeline rank over replicas + its DP all-reduce (``executor``).
+* ``bubble_ratio`` = 1 - sum(busy) / (world size x iteration time).
+* ``encoder_fwd_std_ms`` / ``llm_fwd_std_ms``: per executed microbatch, the forward time summed over
+  that modality's stages and sub-microbatches (Entrain: both encoder subs; DIP: the parent);
+  population std across a replica's microbatches; mean over (iteration, replica).
+* ``ideal_ms`` = (K + p - 1) * t with p = pipeline ranks per replica, K the slowest replica's
+  microbatch count, t = that replica's total compute / (K * p) (compute only).
+* ``partition_ideal_ms``: 1F1B makespan over the system's pipeline ranks (a rank's stages
+  together; one stage per rank except DIP) with every microbatch equal to the replica's mean
+  per-rank forward and backward time; max over replicas (compute only).
+* ``lower_bound_ms`` = max over ranks of busy time.
+* ``peak_activation_bytes_per_rank``: per pipeline rank (index = pp rank within a replica), the
+  peak over replicas and iterations; ``peak_activation_bytes`` = its max.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from entrain.core.plan import Layout
+from entrain.core.schedules.one_f_one_b import one_f_one_b_makespan
+from entrain.sim.executor import IterationRun, ReplicaRun
+
+__all__ = ["SystemMetrics", "compute_metrics", "per_microbatch_fwd_ms"]
+
+
+@dataclass
+class SystemMetrics:
+    iteration_time_ms: float
+    iteration_time_ms_per_iter: list[float]
+    bubble_ratio: float
+    encoder_fwd_std_ms: float
+    llm_fwd_std_ms: float
+    peak_activation_bytes: float
+    peak_activation_bytes_per_rank: list[float]
+    ideal_ms: float
+    partition_ideal_ms: float
+    lower_bound_ms: float
+    entrain_speedup: float | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "iteration_time_ms": self.iteration_time_ms,
+            "iteration_time_ms_per_iter": list(self.iteration_time_ms_per_iter),
+            "bubble_ratio": self.bubble_ratio,
+            "encoder_fwd_std_ms": self.encoder_fwd_std_ms,
+            "llm_fwd_std_ms": self.llm_fwd_std_ms,
+            "peak_activation_bytes": self.peak_activation_bytes,
+            "peak_activation_bytes_per_rank": list(self.peak_activation_bytes_per_rank),
+            "ideal_ms": self.ideal_ms,
+            "partition_ideal_ms": self.partition_ideal_ms,
+            "lower_bound_ms": self.lower_bound_ms,
+            "entrain_speedup": self.entrain_speedup,
+        }
+
+
+def per_microbatch_fwd_ms(layout: Layout, run: ReplicaRun) -> tuple[list[float], list[float]]:
+    """(encoder, LLM) forward ms per executed microbatch, summed over stages and subs."""
+    e = layout.num_encoder_stages
+    enc = [0.0] * run.num_microbatches
+    llm = [0.0] * run.num_microbatches
+    for (stage, mb, _), ms in run.fwd_ms.items():
+        (enc if stage < e else llm)[mb] += ms
+    return enc, llm
+
+
+def _partition_ideal(layout: Layout, run: ReplicaRun) -> float:
+    k = run.num_microbatches
+    p = layout.ranks_per_replica
+    fwd, bwd = [0.0] * p, [0.0] * p
+    for (stage, _, _), ms in run.fwd_ms.items():
+        fwd[layout.stages[stage].pp_rank] += ms / k
+    for (stage, _, _), ms in run.bwd_ms.items():
+        bwd[layout.stages[stage].pp_rank] += ms / k
+    return one_f_one_b_makespan(fwd, bwd, k)
+
+
+def _iteration_metrics(layout: Layout, it: IterationRun) -> dict:
+    world = layout.world_size
+    busy = [b for run in it.replicas for b in run.busy_ms.values()]
+    t = it.iteration_time_ms
+    p = layout.ranks_per_replica
+    slow = max(it.replicas, key=lambda r: (sum(r.busy_ms.values()), -r.replica))
+    k = slow.num_microbatches
+    per_stage_mb = sum(slow.busy_ms.values()) / (k * p) if k else 0.0
+    enc_std, llm_std = [], []
+    for run in it.replicas:
+        enc, llm = per_microbatch_fwd_ms(layout, run)
+        enc_std.append(float(np.std(enc)) if enc else 0.0)
+        llm_std.append(float(np.std(llm)) if llm else 0.0)
+    return {
+        "time": t,
+        "bubble": 1.0 - sum(busy) / (world * t) if t > 0 else 0.0,
+        "enc_std": float(np.mean(enc_std)),
+        "llm_std": float(np.mean(llm_std)),
+        "ideal": (k + p - 1) * per_stage_mb,
+        "partition_ideal": max(_partition_ideal(layout, run) for run in it.replicas),
+        "lower_bound": max(busy),
+    }
+
+
+def compute_metrics(layout: Layout, iterations: list[IterationRun]) -> SystemMetrics:
+    rows = [_iteration_metrics(layout, it) for it in iterations]
+    p = layout.ranks_per_replica
+    peaks = [0.0] * p
+    for it in iterations:
+        for run in it.replicas:
+            for g, peak in run.peak_bytes.items():
+                r = layout.replica_of(g)[1]
+                peaks[r] = max(peaks[r], peak)
+
+    def mean(key: str) -> float:
+        return float(np.mean([r[key] for r in rows])) if rows else 0.0
+
+    return SystemMetrics(
+        iteration_time_ms=mean("time"),
+        iteration_time_ms_per_iter=[r["time"] for r in rows],
+        bubble_ratio=mean("bubble"),
+        encoder_fwd_std_ms=mean("enc_std"),
+        llm_fwd_std_ms=mean("llm_std"),
+        peak_activation_bytes=max(peaks, default=0.0),
+        peak_activation_bytes_per_rank=peaks,
+        ideal_ms=mean("ideal"),
+        partition_ideal_ms=mean("partition_ideal"),
+        lower_bound_ms=mean("lower_bound"),
+    )

@@ -1,0 +1,134 @@
+"""Each system's own configuration (DESIGN.md §2), chosen the way its method would choose it.
+
+* ``entrain``, ``entrain-1f1b``, ``1f1b``: Algorithm 1 (``b_min``) then Algorithm 2 on the
+  ``b_min`` reference batch (``planner.plan``).
+* ``disttrain``: Algorithm 2 on one profiled sample (``planner.disttrain_profile_sample``).
+* ``disttrain-paper``: the paper's Table 1 DistTrain config (``planner.paper_table1_config``).
+* ``dip``, ``dip-greedy``: the colocated layout over all ``gpus / (dp * tp)`` ranks of a replica
+  (dp: ``--dp``, else Entrain's planner's choice when it ran, else 4)
+  ``planner.dip_layout`` from a 4-sample profile (one microbatch), whose mean per-sample ViT
+  patches and LLM tokens, doubled, cap the sub-microbatches.
+
+Configs are computed once per (system kind, dataset, cost model) and shared by systems that use
+the same one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
+from entrain.core.plan import Layout
+from entrain.core.planner import (
+    Sampler,
+    dip_layout,
+    disttrain_profile_sample,
+    draw_seed,
+    paper_table1_config,
+    plan,
+    pool_sampler,
+    search_config,
+)
+from entrain.core.work import SampleWork
+
+__all__ = ["SystemSetup", "ConfigRequest", "dataset_sampler", "system_setups", "config_kind"]
+
+_KIND = {
+    "entrain": "entrain",
+    "entrain-1f1b": "entrain",
+    "1f1b": "entrain",
+    "disttrain": "disttrain",
+    "disttrain-paper": "disttrain-paper",
+    "dip": "dip",
+    "dip-greedy": "dip",
+}
+
+
+@dataclass(frozen=True)
+class ConfigRequest:
+    dataset: str
+    model: str
+    gpus: int
+    dp: int | None
+    tp: int
+    global_batch: int
+    microbatch_size: int
+    seed: int = 0
+
+
+@dataclass
+class SystemSetup:
+    layout: Layout
+    options: dict
+    """Schedule options (``ScheduleOptions`` fields) this configuration fixes."""
+    source: str
+    """How the config was chosen, for reports."""
+    b_min: int | None = None
+
+
+def config_kind(system: str) -> str:
+    try:
+        return _KIND[system]
+    except KeyError:
+        raise ConfigError(f"unknown system {system!r}; choose from {', '.join(_KIND)}") from None
+
+
+def dataset_sampler(dataset: str, batches: Sequence[Sequence[SampleWork]]) -> Sampler:
+    """Built-in generators draw fresh i.i.d. samples; a file's samples form the pool."""
+    from entrain.data.generators import is_builtin, random_samples
+
+    if is_builtin(dataset):
+        return lambda n, seed: random_samples(dataset, n, seed)
+    return pool_sampler([s.meta if s.meta is not None else s for b in batches for s in b])
+
+
+def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> SystemSetup:
+    common = dict(global_batch=req.global_batch, microbatch_size=req.microbatch_size)
+    if kind == "entrain":
+        res = plan(sampler, cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, seed=req.seed, **common)
+        return SystemSetup(
+            res.config.to_layout(), {}, f"Algorithm 1+2 (b_min={res.b_min.b_min})", res.b_min.b_min
+        )
+    if kind == "disttrain":
+        one = disttrain_profile_sample(sampler, cost, seed=req.seed)
+        cfg = search_config([one], cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, **common)
+        return SystemSetup(cfg.to_layout(), {}, "Algorithm 2 on one sample")
+    if kind == "disttrain-paper":
+        one = disttrain_profile_sample(sampler, cost, seed=req.seed)
+        cfg = paper_table1_config(req.dataset, req.model, [one], cost, system="disttrain", **common)
+        return SystemSetup(cfg.to_layout(), {}, "paper Table 1")
+    profile = sampler(4, draw_seed(req.seed, 4, 0xD1B))
+    dp = req.dp or 4
+    pp = req.gpus // (dp * req.tp)
+    if pp < 1:
+        raise ConfigError(f"dip: --gpus {req.gpus} cannot hold dp {dp} x tp {req.tp}")
+    layout = dip_layout(profile, cost, dp=dp, pp=pp, tp=req.tp, **common)
+    return SystemSetup(layout, _dip_caps(profile, cost, req.tp), "colocated, 4-sample profile")
+
+
+def _dip_caps(profile, cost: CostModel, tp: int) -> dict:
+    metas = [p.meta if isinstance(p, SampleWork) else p for p in profile]
+    if any(m is None for m in metas):
+        return {}  # raw-work profile: the generator derives caps from linear-equivalent tokens
+    n = max(1, len(metas))
+    return {
+        "dip_encoder_cap_patches": 2.0 * sum(m.vit_patches for m in metas) / n,
+        "dip_llm_cap_tokens": 2.0 * sum(m.llm_tokens for m in metas) / n,
+    }
+
+
+def system_setups(
+    systems: Sequence[str], req: ConfigRequest, cost: CostModel, batches: Sequence[Sequence[SampleWork]]
+) -> dict[str, SystemSetup]:
+    sampler = dataset_sampler(req.dataset, batches)
+    by_kind: dict[str, SystemSetup] = {}
+    kinds = sorted({config_kind(n) for n in systems}, key=lambda k: k != "entrain")
+    for kind in kinds:
+        if kind == "dip" and req.dp is None and "entrain" in by_kind:
+            # DIP keeps the DP degree Entrain's planner chose (DIP fixes DP/TP/PP up front).
+            by_kind[kind] = _setup(kind, replace(req, dp=by_kind["entrain"].layout.dp), cost, sampler)
+        else:
+            by_kind[kind] = _setup(kind, req, cost, sampler)
+    return {name: by_kind[config_kind(name)] for name in systems}

@@ -1,0 +1,66 @@
+"""``entrain simulate``: JSON validated against entrain/schemas/simulate.json; table; plots; errors."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import jsonschema
+import pytest
+
+from entrain.cli.main import main
+
+SMALL = ["--model", "tiny", "--dataset", "skewed", "--gpus", "8", "--dp", "2", "--global-batch", "32",
+         "--microbatch-size", "2", "--iterations", "2"]  # fmt: skip
+ALL = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return json.loads(resources.files("entrain").joinpath("schemas/simulate.json").read_text())
+
+
+def test_json_matches_schema_and_contract(capsys, schema):
+    assert main(["simulate", *SMALL, "--systems", ALL, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, schema)
+    systems = out["systems"]
+    assert list(systems) == ALL.split(",")
+    assert systems["entrain"]["entrain_speedup"] == pytest.approx(1.0)
+    assert out["ideal_ms"] == systems["entrain"]["ideal_ms"]
+    assert out["lower_bound_ms"] == systems["entrain"]["lower_bound_ms"]
+    for s in systems.values():
+        assert len(s["iteration_time_ms_per_iter"]) == 2
+        assert s["iteration_time_ms"] == pytest.approx(sum(s["iteration_time_ms_per_iter"]) / 2)
+        assert s["iteration_time_ms"] >= s["lower_bound_ms"]
+        assert s["peak_activation_bytes"] == max(s["peak_activation_bytes_per_rank"])
+        assert len(s["peak_activation_bytes_per_rank"]) == s["config"]["ranks_per_replica"]
+    ratio = systems["dip"]["iteration_time_ms"] / systems["entrain"]["iteration_time_ms"]
+    assert systems["dip"]["entrain_speedup"] == pytest.approx(ratio)
+
+
+def test_without_entrain_speedup_is_null(capsys, schema):
+    assert main(["simulate", *SMALL, "--systems", "1f1b", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, schema)
+    assert out["systems"]["1f1b"]["entrain_speedup"] is None
+
+
+def test_table_and_plots(capsys, tmp_path):
+    assert main(["simulate", *SMALL, "--systems", "entrain,dip", "--plot-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "entrain" in text and "dip" in text and "part.ideal" in text
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["fwd_time.png", "gantt_dip.png", "gantt_entrain.png", "memory.png"]
+    assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+
+
+def test_unknown_system_is_a_one_line_error(capsys):
+    assert main(["simulate", *SMALL, "--systems", "entrain,megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "megatron" in err[0]
+
+
+def test_paper_config_for_a_non_paper_case_is_an_error(capsys):
+    assert main(["simulate", *SMALL, "--systems", "disttrain-paper"]) == 2
+    assert "Table 1" in capsys.readouterr().err

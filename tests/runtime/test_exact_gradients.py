@@ -1,13 +1,19 @@
 """Requirement 4 (DESIGN.md section 3): the runtime's gradients equal a single-process full-batch
-unpacked reference, per parameter tensor, for every system on several layouts, with clipping on."""
+unpacked reference, per parameter tensor, for every system on several layouts, with clipping on.
+
+Every rank count is one forked group that runs all of its cases; each case also checks the
+forward-only (validation) loss, the training loss and that clipping was active."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
+from entrain.core.plan import ActionKind, Plan
 from entrain.models.config import get_model_config
-from entrain.models.vlm import build_vlm
+from entrain.models.vlm import build_vlm, set_trainable
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
@@ -15,19 +21,35 @@ from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, works
 from .harness import reference_grads, relative_errors, run_workers
 
 SYSTEMS = ("1f1b", "entrain", "disttrain")
+F32, F64 = torch.float32, torch.float64
 # (name, system, encoder stages, llm stages, dp, K, dtype)
 CASES_BY_WORLD = {
-    1: [("dip-1+1", "dip", 1, 1, 1, 4, torch.float32)],
-    2: [(f"{s}-1+1", s, 1, 1, 1, 4, torch.float32) for s in SYSTEMS]
+    1: [("dip-1+1", "dip", 1, 1, 1, 4, F32)],
+    2: [(f"{s}-1+1", s, 1, 1, 1, 4, F32) for s in SYSTEMS]
     + [
-        ("dip-2+2", "dip", 2, 2, 1, 4, torch.float32),
-        ("dip-dp2x1+1", "dip", 1, 1, 2, 2, torch.float32),
-        ("entrain-1+1-fp64", "entrain", 1, 1, 1, 4, torch.float64),
+        ("dip-2+2", "dip", 2, 2, 1, 4, F32),
+        ("dip-dp2x1+1", "dip", 1, 1, 2, 2, F32),
+        ("entrain-1+1-fp64", "entrain", 1, 1, 1, 4, F64),
+        ("entrain-1+1-split-IW", "entrain", 1, 1, 1, 4, F32),
+        ("1f1b-1+1-frozen-vit", "1f1b", 1, 1, 1, 4, F32),
     ],
-    3: [(f"{s}-1+2", s, 1, 2, 1, 4, torch.float32) for s in SYSTEMS],
-    4: [(f"{s}-2+2", s, 2, 2, 1, 4, torch.float32) for s in SYSTEMS]
-    + [(f"{s}-dp2x1+1", s, 1, 1, 2, 2, torch.float32) for s in SYSTEMS],
+    3: [(f"{s}-1+2", s, 1, 2, 1, 4, F32) for s in SYSTEMS],
+    4: [(f"{s}-2+2", s, 2, 2, 1, 4, F32) for s in SYSTEMS]
+    + [(f"{s}-dp2x1+1", s, 1, 1, 2, 2, F32) for s in SYSTEMS],
 }
+
+
+def _split_backward(plan: Plan) -> Plan:
+    """The same Plan with every ``B`` replaced by ``I`` then ``W`` (zero-bubble style split)."""
+    it = plan.iterations[0]
+    split = (ActionKind.I, ActionKind.W)
+    actions = {
+        r: tuple(
+            x for a in acts for x in ([replace(a, kind=k) for k in split] if a.kind is ActionKind.B else [a])
+        )
+        for r, acts in it.actions.items()
+    }
+    return replace(plan, iterations=(replace(it, actions=actions),))
 
 
 def _train_cases(env, cases):
@@ -36,16 +58,14 @@ def _train_cases(env, cases):
     out = {}
     for name, plan, dtype in cases:
         model = build_vlm(cfg, seed=SEED, dtype=dtype)
+        if "frozen" in name:
+            set_trainable(model, encoder=False, merger=True, llm=True)
         renderer = SampleRenderer(cfg, dict(metas), seed=SEED, dtype=dtype)
-        trainer = PipelineTrainer(
-            layout=plan.layout,
-            model=model,
-            env=env,
-            renderer=renderer,
-            optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM),
-        )
+        optim = OptimConfig(max_grad_norm=MAX_GRAD_NORM)
+        trainer = PipelineTrainer(layout=plan.layout, model=model, env=env, renderer=renderer, optim=optim)
+        val_loss = trainer.evaluate(plan.iterations[0])
         result = trainer.train_step(plan.iterations[0])
-        out[name] = (trainer.named_grads(), result.loss, result.grad_norm)
+        out[name] = (trainer.named_grads(), result.loss, result.grad_norm, val_loss)
     return out
 
 
@@ -56,8 +76,15 @@ def references():
     in another order), so the fp32 bound below measures the runtime's round-off, not the reference's."""
     cfg = get_model_config("tiny")
     metas = {m.id: m for m in batch_metas()}
-    model = build_vlm(cfg, seed=SEED, dtype=torch.float64)
-    return reference_grads(model, cfg, metas, sorted(metas), seed=SEED, max_grad_norm=MAX_GRAD_NORM)
+    refs = {}
+    for frozen in (False, True):
+        model = build_vlm(cfg, seed=SEED, dtype=F64)
+        if frozen:
+            set_trainable(model, encoder=False, merger=True, llm=True)
+        refs[frozen] = reference_grads(
+            model, cfg, metas, sorted(metas), seed=SEED, max_grad_norm=MAX_GRAD_NORM
+        )
+    return refs
 
 
 @pytest.mark.parametrize("world", sorted(CASES_BY_WORLD))
@@ -70,19 +97,23 @@ def test_gradients_match_reference(world, references, tmp_path):
         if system == "entrain":
             deferrals = sum(len(r.deferrals) for it in plan.iterations for r in it.assignment.replicas)
             assert deferrals >= 1, f"{name}: the test batch must make Entrain defer samples"
+        if "split-IW" in name:
+            plan = _split_backward(plan)
         cases.append((name, plan, dtype))
-        tolerances[name] = 1e-10 if dtype == torch.float64 else 1e-5
+        tolerances[name] = 1e-10 if dtype == F64 else 1e-5
     results = run_workers(_train_cases, world, tmp_path, cases)
     for name, tol in tolerances.items():
         grads = {}
         for rank_result in results:
             grads.update(rank_result[name][0])
-        ref_grads, ref_loss = references
-        ref_norm_check = torch.sqrt(sum(g.double().pow(2).sum() for g in ref_grads.values()))
-        assert float(ref_norm_check) <= MAX_GRAD_NORM * (1 + 1e-4)  # clipping was active in the reference
+        ref_grads, ref_loss = references["frozen" in name]
+        ref_norm = float(torch.sqrt(sum(g.pow(2).sum() for g in ref_grads.values())))
+        assert ref_norm <= MAX_GRAD_NORM * (1 + 1e-9)  # clipping was active in the reference
         errors = relative_errors(grads, ref_grads)
         worst = max(errors, key=errors.get)
         assert errors[worst] < tol, f"{name}: {worst} relative error {errors[worst]:.3g} >= {tol}"
-        loss = results[0][name][1]
+        _, loss, grad_norm, val_loss = results[0][name]
         assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss), f"{name}: loss {loss} vs reference {ref_loss}"
-        assert results[0][name][2] > MAX_GRAD_NORM, f"{name}: clipping was not exercised"
+        assert grad_norm > MAX_GRAD_NORM, f"{name}: clipping was not exercised"
+        # forward-only pass of the same batch before the update
+        assert abs(val_loss - ref_loss) < 1e-5 * abs(ref_loss), f"{name}: validation loss {val_loss}"

@@ -12,7 +12,7 @@ Pinned as in DESIGN.md section 1:
   ``1..k`` the validation batches). All ``k`` validation batches are drawn even after a mismatch, so
   the trial table lists every allocation seen (like paper Tables 2, 5-11).
 * Algorithm 2: per component, every TP x CP with ``PP = floor(M/(TP*CP))`` and ``ceil(M/(TP*CP))``
-  (both tried, at least 1, at most the component's layer count), combined so the replica's GPUs are
+  (both tried, at least 1, clamped to the component's layer count), combined so the replica's GPUs are
   not exceeded; a 1-D min-max layer partition per component (``partition.min_max_partition``) of the
   mean microbatch's per-layer forward + backward times; score = paper Eq. 2,
   ``sum(stage times) + (K - 1) * slowest stage`` with ``K = B / (dp * U)``; a candidate is dropped if a
@@ -534,8 +534,9 @@ def _component_options(cost: CostModel, comp: str, budget: int, tp: int | None, 
         for c in cps:
             if not _has_key(cost, comp, t, c):
                 continue
-            for pp in sorted({budget // (t * c), -(-budget // (t * c))}):
-                if 1 <= pp <= n_layers and (t, c, pp) not in out:
+            # floor and ceil of the budget; more stages than layers is clamped to one layer a stage
+            for pp in sorted({min(budget // (t * c), n_layers), min(-(-budget // (t * c)), n_layers)}):
+                if pp >= 1 and (t, c, pp) not in out:
                     out.append((t, c, pp))
     return out
 

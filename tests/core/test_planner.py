@@ -214,3 +214,11 @@ def test_a40_paper_reproduces_table1_entrain_configs(model):
         got = (res.config.encoder.pp, res.config.llm.pp)
         if (dataset, model) != ("cocoqa", "qwen25vl-llama3-3b"):
             assert got == PAPER_TABLE1[(dataset, model)]["entrain"], dataset
+
+
+def test_budget_beyond_layer_count_is_clamped():
+    cost = build_cost_model("tiny", "cpu-tiny")
+    cfg = search_config(meta_pool(32), cost, gpus=64, dp=2, global_batch=64, microbatch_size=4)
+    assert cfg.encoder.pp == cost.encoder.num_layers  # 4 layers, budget far larger
+    assert all(e - f == 1 for f, e in cfg.encoder.layer_ranges)
+    assert cfg.gpus_used_per_replica <= 32

@@ -122,7 +122,7 @@ _CONVERSIONS = {
     "I;16L": "16-bit converted to 8-bit RGB",
     "I;16B": "16-bit converted to 8-bit RGB",
     "I;16N": "16-bit converted to 8-bit RGB",
-    "I": "32-bit integer converted to 8-bit RGB",
+    "I": "16-bit or 32-bit integer converted to 8-bit RGB",
     "F": "32-bit float converted to 8-bit RGB",
     "CMYK": "CMYK converted to RGB",
     "YCbCr": "YCbCr converted to RGB",
@@ -145,7 +145,7 @@ def _to_rgb(im):
         arr = np.asarray(im)
         if im.mode != "F" and arr.max(initial=0) > 255:
             arr = arr.astype(np.int64) >> 8
-        im = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")
+        im = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
     if im.mode in ("P", "PA") and ("transparency" in im.info or im.mode == "PA"):
         im = im.convert("RGBA")
     if im.mode in ("RGBA", "RGBa", "LA", "La"):

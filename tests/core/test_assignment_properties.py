@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from entrain.core.assignment.deferral import deferral_candidates
 from entrain.core.assignment.dp_split import split_dp
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.assignment.matching import bottleneck_match
@@ -136,3 +137,28 @@ def test_bottleneck_match_equals_brute_force(case):
     assert len(used) == len(set(used))
     for i in range(m):
         assert (L[i] <= t_star and match[i] == -1) or (L[i] > t_star and V[i, match[i]] <= t_star)
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=7), st.integers(0, 40))
+def test_subset_choice_equals_brute_force_when_buckets_are_exact(works, w_ul):
+    """With integer work and one bucket per unit, the DP's pick must be the exhaustive optimum:
+    closest to delta, not above the gap, then fewest samples, then smallest ids."""
+    total = sum(works)
+    if total <= w_ul:
+        w_ul = 0
+    ol_ids = [f"a{i}" for i in range(len(works))]
+    cand = deferral_candidates(
+        [ol_ids, ["b"]], [[float(w) for w in works], [float(w_ul)]], num_buckets=max(1, total)
+    )
+    assert cand.ol == (0,) and cand.ul == (1,)
+    gap, delta = total - w_ul, (total - w_ul) / 2
+    best = min(
+        (
+            (abs(sum(works[i] for i in sub) - delta), len(sub), list(sub))
+            for r in range(len(works) + 1)
+            for sub in itertools.combinations(range(len(works)), r)
+            if sum(works[i] for i in sub) <= gap
+        ),
+    )
+    assert cand.deferred(0, 0) == tuple(ol_ids[i] for i in best[2])
+    assert cand.V[0, 0] == max(total - sum(works[i] for i in best[2]), w_ul + sum(works[i] for i in best[2]))

@@ -22,6 +22,7 @@ from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import Layout
 from entrain.core.planner import (
+    MacroscopicProfiler,
     Sampler,
     dip_layout,
     disttrain_profile_sample,
@@ -56,6 +57,8 @@ class ConfigRequest:
     global_batch: int
     microbatch_size: int
     seed: int = 0
+    extra_sizes: tuple[int, ...] = ()
+    """Extra Algorithm 1 batch sizes to report trials for (``bench paper``: 1, 4, 16, 64, 256)."""
 
 
 @dataclass
@@ -66,6 +69,10 @@ class SystemSetup:
     source: str
     """How the config was chosen, for reports."""
     b_min: int | None = None
+    b_min_result: object | None = None
+    """``planner.BMinResult`` of Entrain's planner (trial table), when it ran."""
+    profile: object | None = None
+    """The profile the config was searched on (``SampleStats`` or samples)."""
 
 
 def config_kind(system: str) -> str:
@@ -87,14 +94,17 @@ def dataset_sampler(dataset: str, batches: Sequence[Sequence[SampleWork]]) -> Sa
 def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> SystemSetup:
     common = dict(global_batch=req.global_batch, microbatch_size=req.microbatch_size)
     if kind == "entrain":
-        res = plan(sampler, cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, seed=req.seed, **common)
-        return SystemSetup(
-            res.config.to_layout(), {}, f"Algorithm 1+2 (b_min={res.b_min.b_min})", res.b_min.b_min
-        )
+        res = plan(
+            sampler, cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, seed=req.seed,
+            extra_sizes=req.extra_sizes, **common,
+        )  # fmt: skip
+        profile = MacroscopicProfiler(sampler, cost, seed=req.seed).draw(res.b_min.b_min, 0)[1]
+        source = f"Algorithm 1+2 (b_min={res.b_min.b_min})"
+        return SystemSetup(res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile)
     if kind == "disttrain":
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
         cfg = search_config([one], cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, **common)
-        return SystemSetup(cfg.to_layout(), {}, "Algorithm 2 on one sample")
+        return SystemSetup(cfg.to_layout(), {}, "Algorithm 2 on one sample", profile=[one])
     if kind == "disttrain-paper":
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
         cfg = paper_table1_config(req.dataset, req.model, [one], cost, system="disttrain", **common)
@@ -105,7 +115,9 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
     if pp < 1:
         raise ConfigError(f"dip: --gpus {req.gpus} cannot hold dp {dp} x tp {req.tp}")
     layout = dip_layout(profile, cost, dp=dp, pp=pp, tp=req.tp, **common)
-    return SystemSetup(layout, _dip_caps(profile, cost, req.tp), "colocated, 4-sample profile")
+    return SystemSetup(
+        layout, _dip_caps(profile, cost, req.tp), "colocated, 4-sample profile", profile=profile
+    )
 
 
 def _dip_caps(profile, cost: CostModel, tp: int) -> dict:

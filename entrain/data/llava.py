@@ -38,6 +38,7 @@ __all__ = [
     "Record",
     "data_format",
     "image_size",
+    "is_conversation_file",
     "iter_parsed",
     "iter_records",
     "parse_record",
@@ -251,6 +252,24 @@ def data_format(path: str | Path) -> str:
     with open(p, "rb") as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     return "jsonl" if head.startswith(b"{") else "json"
+
+
+def is_conversation_file(path: str | Path) -> bool:
+    """True for a Parquet file or a JSON/JSONL file whose first record has ``conversations`` or
+    ``messages`` (a LLaVA/ShareGPT dataset, not a workload JSONL of sizes and token counts)."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    fmt = data_format(p)
+    if fmt == "parquet":
+        return True
+    raws = _iter_jsonl(p) if fmt == "jsonl" else _iter_json_array(p)
+    first = next(iter(raws), None)
+    return (
+        first is not None
+        and isinstance(first.obj, dict)
+        and ("conversations" in first.obj or "messages" in first.obj)
+    )
 
 
 # --- record normalisation -------------------------------------------------------------------------

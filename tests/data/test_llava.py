@@ -217,3 +217,13 @@ def test_parquet_finevision_schema(tmp_path):
     metas = llava.read_metadata(path, use_cache=False)
     assert [m.images for m in metas] == [((427, 640),), ((60, 90),), ()]
     assert metas[2].text_tokens == 11 + 10 + TOK.count("Text only?") + TOK.count("Yes.")
+
+
+def test_is_conversation_file(dataset):
+    root, records = dataset
+    assert llava.is_conversation_file(_write_json(root / "d.json", records))
+    assert llava.is_conversation_file(_write_jsonl(root / "d.jsonl", records))
+    workload = root / "w.jsonl"
+    workload.write_text(json.dumps({"id": "a", "images": [[48, 64]], "text_tokens": 40}) + "\n")
+    assert not llava.is_conversation_file(workload)
+    assert not llava.is_conversation_file(root / "missing.json")

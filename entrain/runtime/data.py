@@ -7,7 +7,7 @@ for a sample without communication. Layout of one sample's LLM sequence (Qwen2.5
 
 ``text_tokens`` counts every non-image token (markers included). The answer is the last
 ``max(1, round(0.2 * text_tokens))`` tokens (``LABEL_FRACTION``, as the cost presets assume); the loss is taken at the positions that predict them (labels on
-the answer part only). Pixel values are seeded N(0, 1) patches of the ``smart_resize``-d size:
+the answer part only). Pixel values are seeded N(0, 1) patches (windows of a seeded bank) of the ``smart_resize``-d size:
 ``[(H'/14) * (W'/14), 1176]`` rows per image with ``grid_thw = (1, H'/14, W'/14)``.
 """
 
@@ -24,7 +24,9 @@ from entrain.core.samples import SampleMeta, smart_resize
 from entrain.models.config import IMAGE_PAD_ID, QWEN2_SPECIAL_BASE, VISION_END_ID, VISION_START_ID, VLMConfig
 from entrain.models.vlm import LLMBatch
 
-__all__ = ["RenderedSample", "SampleRenderer", "EncoderInput"]
+__all__ = ["RenderedSample", "SampleRenderer", "EncoderInput", "PATCH_BANK_ROWS"]
+
+PATCH_BANK_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class SampleRenderer:
         self.cfg, self.metas, self.seed = cfg, metas, seed
         self.device, self.dtype = torch.device(device), dtype
         self._cache: dict[str, RenderedSample] = {}
+        self._bank: torch.Tensor | None = None
 
     def add(self, metas: dict[str, SampleMeta]) -> None:
         self.metas.update(metas)
@@ -131,11 +134,21 @@ class SampleRenderer:
         )
 
     def patches(self, sample_id: str) -> torch.Tensor:
-        """``[N, 1176]`` seeded pixel patches of every image of a sample (not cached: large)."""
+        """``[N, 1176]`` seeded pixel patches of every image of a sample: a window of a seeded N(0, 1)
+        bank (``PATCH_BANK_ROWS`` rows, drawn once), starting at a per-sample seeded offset, so
+        rendering costs a slice rather than drawing millions of numbers inside a step."""
         s = self.sample(sample_id)
-        gen = torch.Generator().manual_seed(_seed_of(self.seed, sample_id, "pixels"))
         rows = sum(t * h * w for t, h, w in s.grid_thw)
-        return torch.randn((rows, self.cfg.vision.patch_dim), generator=gen).to(self.device, self.dtype)
+        bank = self._patch_bank()
+        start = _seed_of(self.seed, sample_id, "pixels") % bank.shape[0]
+        index = (start + torch.arange(rows)) % bank.shape[0]
+        return bank[index].to(self.device, self.dtype)
+
+    def _patch_bank(self) -> torch.Tensor:
+        if self._bank is None:
+            gen = torch.Generator().manual_seed(_seed_of(self.seed, "", "patch-bank"))
+            self._bank = torch.randn((PATCH_BANK_ROWS, self.cfg.vision.patch_dim), generator=gen)
+        return self._bank
 
     # --- packs --------------------------------------------------------------------------------------
     def encoder_input(self, ids: Sequence[str]) -> EncoderInput:

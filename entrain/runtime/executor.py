@@ -160,31 +160,36 @@ class Executor:
 
     # --- compute ------------------------------------------------------------------------------------
     def _forward(self, a: Action) -> None:
-        self._timed(a, "F", lambda: self._forward_compute(a))
-
-    def _forward_compute(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
         ids = self._ids(s, mb, sub)
         module = self.modules[s]
+        # data (rendered tensors) is prepared outside the timed compute, as a data loader would
+        if isinstance(module, EncoderStage):
+            inputs = self.renderer.encoder_input(ids) if s == 0 else self.renderer.grid_thw(ids)
+        else:
+            inputs = self.renderer.llm_batch(ids, self._loss_scale)
+        self._timed(a, "F", lambda: self._forward_compute(a, ids, module, inputs))
+
+    def _forward_compute(self, a: Action, ids, module, inputs) -> None:
+        s, mb, sub = a.stage, a.mb, a.sub_index
         with self.autocast():
             if isinstance(module, EncoderStage):
-                out = self._encoder_forward(module, s, mb, sub, ids)
+                out = self._encoder_forward(module, s, mb, sub, inputs)
             else:
-                out = self._llm_forward(module, s, mb, sub, ids)
+                out = self._llm_forward(module, s, mb, sub, ids, inputs)
         self._outputs[(s, mb, sub)] = out
         if s == self.last_stage:
             self._loss_sum += float(out.detach())
         elif self._is_local(s + 1):
             self._accept_input(s + 1, mb, sub, out)
 
-    def _encoder_forward(self, module: EncoderStage, s: int, mb: int, sub: int, ids) -> torch.Tensor:
+    def _encoder_forward(self, module: EncoderStage, s: int, mb: int, sub: int, inputs) -> torch.Tensor:
         if s == 0:
-            enc = self.renderer.encoder_input(ids)
-            x, grid = enc.patches, enc.grid_thw
+            x, grid = inputs.patches, inputs.grid_thw
         else:
             x = self._inputs[(s, mb, sub)]
             self._used[(s, mb, sub)] = [x]
-            grid = self.renderer.grid_thw(ids)
+            grid = inputs
         if grid.shape[0] == 0:  # text-only samples: nothing to encode
             dim = self.layout_out_dim(module)
             return x.new_zeros((0, dim))
@@ -194,7 +199,7 @@ class Executor:
         vis = module.vis
         return vis.merger.mlp[-1].out_features if module.has_merger else vis.config.hidden_size
 
-    def _llm_forward(self, module: LLMStage, s: int, mb: int, sub: int, ids) -> torch.Tensor:
+    def _llm_forward(self, module: LLMStage, s: int, mb: int, sub: int, ids, batch) -> torch.Tensor:
         if s == self.first_llm:
             with_images = [sid for sid in ids if self.renderer.sample(sid).image_tokens]
             missing = [sid for sid in with_images if sid not in self._features]
@@ -208,7 +213,6 @@ class Executor:
         else:
             x = self._inputs[(s, mb, sub)]
             self._used[(s, mb, sub)] = [x]
-        batch = self.renderer.llm_batch(ids, self._loss_scale)
         return module(x, batch)
 
     def _output_grad(self, s: int, mb: int, sub: int) -> torch.Tensor | None:

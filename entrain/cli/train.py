@@ -1,0 +1,247 @@
+"""``entrain train``: train a vision-language model with a system's Plans on torch.distributed.
+
+Launch as ``torchrun --standalone --nproc-per-node N -m entrain train ...`` or let ``--nproc N`` start
+torchrun. ``--system`` takes one system or a comma list (each trained in turn, fresh model, run folder
+``OUT/<system>``); rank 0 then prints one summary line per system on stdout. ``--demo`` is the README
+main job: the tiny VLM on ``skewed`` with ``entrain`` then ``1f1b`` on 2 processes (1 encoder + 1
+LLM stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+from entrain.cli.common import HARDWARE_PRESETS, MODEL_PRESETS, SYSTEMS
+from entrain.core.errors import ConfigError
+
+DEMO = {
+    "model": "tiny",
+    "dataset": "skewed",
+    "system": "entrain,1f1b",
+    "encoder_stages": 1,
+    "llm_stages": 1,
+    "nproc": 2,
+    "global_batch": 16,
+    "microbatch_size": 2,
+    "steps": 6,
+    "out": "runs/demo",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a VLM with a system's Plans (torchrun)", description=__doc__
+    )
+    p.add_argument(
+        "--dataset",
+        "--work-file",
+        dest="dataset",
+        default="skewed",
+        help="built-in generator name or workload JSONL (LLaVA data arrives with the data issue)",
+    )
+    p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
+    p.add_argument("--model", default="tiny", choices=MODEL_PRESETS)
+    p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS, help="cost model used to plan")
+    p.add_argument(
+        "--profile", default=None, metavar="FILE", help="measured profile (entrain profile) to plan with"
+    )
+    p.add_argument("--system", default="entrain", help=f"one of {', '.join(SYSTEMS)} (or a comma list)")
+    p.add_argument("--encoder-stages", type=int, default=1)
+    p.add_argument("--llm-stages", type=int, default=1)
+    p.add_argument(
+        "--dp", type=int, default=None, help="data-parallel replicas (default: processes / stages)"
+    )
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (the runtime supports 1)")
+    p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--microbatch-size", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
+    p.add_argument("--out", default="runs/train", help="run folder")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0 disables")
+    p.add_argument("--val-every", type=int, default=0, help="validation loss every N steps (0: never)")
+    p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
+    p.add_argument("--freeze", default="", help="comma list of encoder, vit (tower without merger), llm")
+    p.add_argument("--weights", default=None, help="local weights folder (default: random init from --seed)")
+    p.add_argument("--on-bad-sample", choices=("error", "skip"), default="error")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds")
+    p.add_argument("--nproc", type=int, default=None, help="start torchrun with this many local processes")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="README main job: tiny on skewed, entrain then 1f1b, 2 processes (flags still override)",
+    )
+    p.set_defaults(func=run)
+    _DEFAULTS.update({a.dest: a.default for a in p._actions})
+
+
+_DEFAULTS: dict = {}
+
+
+def _spec(args: argparse.Namespace):
+    from entrain.runtime.session import TrainSpec
+
+    systems = tuple(s.strip() for s in args.system.split(",") if s.strip())
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        raise ConfigError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+    freeze = tuple(f.strip() for f in args.freeze.split(",") if f.strip())
+    if args.checkpoint_every or args.resume:
+        raise ConfigError(
+            "--checkpoint-every / --resume arrive with issue 6 (checkpointing); not implemented yet"
+        )
+    if args.on_bad_sample == "skip":
+        raise ConfigError(
+            "--on-bad-sample skip arrives with the data issue (LLaVA inputs); built-in data has no bad samples"
+        )
+    return TrainSpec(
+        dataset=args.dataset,
+        model=args.model,
+        systems=systems,
+        encoder_stages=args.encoder_stages,
+        llm_stages=args.llm_stages,
+        dp=args.dp,
+        tp=args.tp,
+        cp=args.cp,
+        global_batch=args.global_batch,
+        microbatch_size=args.microbatch_size,
+        steps=args.steps,
+        seed=args.seed,
+        out=args.out,
+        hardware=args.hardware,
+        profile=args.profile,
+        image_root=args.image_root,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps,
+        max_grad_norm=args.max_grad_norm or None,
+        val_every=args.val_every,
+        val_batches=args.val_batches,
+        freeze=freeze,
+        weights=args.weights,
+        timeout_s=args.timeout_s,
+        progress=not args.no_progress,
+        shuffle=args.shuffle,
+    )
+
+
+_FORWARDED = (
+    "dataset",
+    "image_root",
+    "model",
+    "hardware",
+    "profile",
+    "system",
+    "encoder_stages",
+    "llm_stages",
+    "dp",
+    "tp",
+    "cp",
+    "global_batch",
+    "microbatch_size",
+    "steps",
+    "seed",
+    "out",
+    "lr",
+    "weight_decay",
+    "warmup_steps",
+    "max_grad_norm",
+    "val_every",
+    "val_batches",
+    "freeze",
+    "weights",
+    "on_bad_sample",
+    "checkpoint_every",
+    "timeout_s",
+)
+_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress")
+
+
+def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
+    """Demo values for every flag the user left at its default."""
+    for key, value in DEMO.items():
+        if getattr(args, key) == defaults.get(key):
+            setattr(args, key, value)
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """The resolved flags, spelled out for the torchrun children."""
+    out = []
+    for key in _FORWARDED:
+        value = getattr(args, key)
+        if value is not None and value != "":
+            out += ["--" + key.replace("_", "-"), str(value)]
+    out += ["--" + k.replace("_", "-") for k in _FLAGS_FORWARDED if getattr(args, k)]
+    return out
+
+
+def _launch(args: argparse.Namespace, nproc: int) -> int:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "entrain",
+        "train",
+        *_child_argv(args),
+    ]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.call(cmd, env=env)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.demo:
+        _apply_demo(args, _DEFAULTS)
+    spec = _spec(args)
+    from entrain.runtime.session import check_spec, world_size_of
+
+    check_spec(spec)
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if args.nproc is not None and not under_torchrun:
+        if args.nproc != world_size_of(spec):
+            raise ConfigError(f"--nproc {args.nproc} but the layout needs {world_size_of(spec)} processes")
+        return _launch(args, args.nproc)
+    return _run_rank(spec, under_torchrun)
+
+
+def _run_rank(spec, under_torchrun: bool) -> int:
+    import torch
+
+    from entrain.runtime.distributed import init_distributed, shutdown
+    from entrain.runtime.session import run_systems, summary_line
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if under_torchrun:
+        env = init_distributed(timeout_s=spec.timeout_s)
+    else:
+        store = tempfile.mkdtemp(prefix="entrain-store-")
+        env = init_distributed(
+            timeout_s=spec.timeout_s, rank=0, world_size=1, init_method=f"file://{store}/store"
+        )
+    try:
+        summaries = run_systems(spec, env)
+    except BaseException:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    if env.rank == 0:
+        for s in summaries:
+            print(summary_line(s), flush=True)
+    shutdown()
+    return 0

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from entrain.cli.common import emit_json
 from entrain.core.errors import ConfigError
 from entrain.core.planner import PAPER_TABLE1, evaluate_config
 from entrain.sim.executor import simulate_plan
@@ -84,6 +85,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     paper.add_argument("--iterations", type=int, default=20)
     paper.add_argument("--sweep-iterations", type=int, default=10, help="iterations per Fig. 14 sweep point")
     paper.add_argument("--seed", type=int, default=0)
+    paper.add_argument(
+        "--json", action="store_true", help="also print the numbers as one JSON object on stdout"
+    )
     paper.set_defaults(func=run)
 
 
@@ -445,6 +449,9 @@ def run(args: argparse.Namespace) -> int:
     with open(json_path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"entrain bench paper: wrote {args.out} and {json_path}", file=sys.stderr)
+    if args.json:
+        emit_json(res)
+        return 0
     for t in res["targets"]:
         print(f"{'MET ' if t['met'] else 'MISS'}  {t['target']:<45} {t['case']:<40} {t['value']}")
     return 0

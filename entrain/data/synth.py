@@ -251,6 +251,14 @@ _CHARTQA_SUFFIX = (
     "Read the values from the chart.",
     "Give only the final answer.",
 )
+_CHARTQA_CLOSERS = (
+    "Be precise.",
+    "Thanks.",
+    "Please.",
+    "Use the chart.",
+    "Answer briefly.",
+    "Answer with a number or a label.",
+)
 
 
 def _otsl(chart: Chart, budget: int, rng: np.random.Generator, tok: TextTokenizer) -> str:
@@ -285,9 +293,12 @@ def _join(text: str, piece: str) -> str:
     return f"{text} {piece}" if text else piece
 
 
-def _fill(pieces, budget: int, tok: TextTokenizer, text: str = "") -> str:
-    """``text`` extended by whole ``pieces`` (sentences), then single words of the next piece, while
-    it stays within ``budget`` tokens; never cuts a word. May end below ``budget``."""
+def _fill(
+    pieces, budget: int, tok: TextTokenizer, text: str = "", closers: tuple[str, ...] = (), words: bool = True
+) -> str:
+    """``text`` extended by whole ``pieces`` (sentences) while it stays within ``budget`` tokens; the
+    rest is closed with the longest fitting ``closers`` (short sentences), then (with ``words``)
+    single words of the next piece. Never cuts a word; may end below ``budget``."""
     for piece in pieces:
         cand = _join(text, piece)
         n = tok.count(cand)
@@ -296,12 +307,22 @@ def _fill(pieces, budget: int, tok: TextTokenizer, text: str = "") -> str:
             if n == budget:
                 return text
             continue
-        for word in piece.split():
+        text = _close(text, budget, tok, closers)
+        for word in piece.split() if words else ():
             cand = _join(text, word)
             if tok.count(cand) > budget:
                 break
             text = cand
         return text
+    return text
+
+
+def _close(text: str, budget: int, tok: TextTokenizer, closers: tuple[str, ...]) -> str:
+    """Append the longest closers that still fit, longest first, until none does."""
+    for closer in sorted(closers, key=lambda c: (-tok.count(c), c)):
+        cand = _join(text, closer)
+        if tok.count(cand) <= budget:
+            text = cand
     return text
 
 
@@ -364,7 +385,7 @@ def _turn_budgets(name: str, text_tokens: int, rng: np.random.Generator) -> list
         k = int(np.clip(round(body / per_turn), 1, style.max_turns))
     k = max(1, min(k, body // (_TURN + 2)))
     share = body / k - _TURN
-    q = max(1, round(share * style.q_mean / (style.q_mean + style.a_mean)))
+    q = int(np.clip(round(share * style.q_mean / (style.q_mean + style.a_mean)), 1, round(3 * style.q_mean)))
     budgets = [(q, max(1, round(share) - q)) for _ in range(k)]
     used = sum(_TURN + a + b for a, b in budgets)
     last_q, last_a = budgets[-1]
@@ -379,19 +400,34 @@ _PHOTO_REQUESTS = (
     "Keep the answer factual.",
     "Explain what makes the scene interesting.",
 )
+_PHOTO_CLOSERS = (
+    "Thanks.",
+    "Please.",
+    "Look closely.",
+    "Be specific.",
+    "Use the picture.",
+    "Answer from the image.",
+)
 
 
-def _qa_turns(budgets, next_pair, request_pool, tok) -> list[tuple[str, str]]:
+def _qa_turns(budgets, next_pair, request_pool, closers, tok) -> list[tuple[str, str]]:
     """Fit each ``(question, answer)`` from ``next_pair(answer_budget)`` to its budgets; an answer's
     unused budget moves to its question, a question's to the next question."""
     turns, carry = [], 0
     for q_budget, a_budget in budgets:
         question, answer = next_pair(a_budget)
         q_budget = q_budget + a_budget - tok.count(answer) + carry
-        q_text = _fill(itertools.cycle(request_pool), q_budget, tok, question) if request_pool else question
+        q_text = _fill(iter(request_pool), q_budget, tok, question, closers)
         carry = q_budget - tok.count(q_text)
         turns.append((q_text, answer))
+    if carry > 0:  # the last question takes what is left, word by word
+        q_text, answer = turns[-1]
+        budget = tok.count(q_text) + carry
+        turns[-1] = (_fill(iter(_TOP_UP), budget, tok, q_text), answer)
     return turns
+
+
+_TOP_UP = ("Please look at the image carefully and answer the question as well as you can.",)
 
 
 def _photo_turns(photo: Photo, budgets, rng, tok) -> list[tuple[str, str]]:
@@ -410,9 +446,11 @@ def _photo_turns(photo: Photo, budgets, rng, tok) -> list[tuple[str, str]]:
         if a_budget <= 8:
             question, answer = next(short)
             return question, _phrase(_short_answers(answer), a_budget, tok)
-        return next(long_questions), _fill(_cycle_sentences(sentences, rng), a_budget, tok)
+        return next(long_questions), _fill(
+            _cycle_sentences(sentences, rng), a_budget, tok, closers=sentences, words=False
+        )
 
-    return _qa_turns(budgets, next_pair, _PHOTO_REQUESTS, tok)
+    return _qa_turns(budgets, next_pair, _PHOTO_REQUESTS, _PHOTO_CLOSERS, tok)
 
 
 def _chart_turns(name: str, chart: Chart, budgets, rng, tok) -> list[tuple[str, str]]:
@@ -430,7 +468,7 @@ def _chart_turns(name: str, chart: Chart, budgets, rng, tok) -> list[tuple[str, 
         question, answer = next(qa)
         return question, _phrase(_short_answers(answer), a_budget, tok)
 
-    return _qa_turns(budgets, next_pair, _CHARTQA_SUFFIX, tok)
+    return _qa_turns(budgets, next_pair, _CHARTQA_SUFFIX, _CHARTQA_CLOSERS, tok)
 
 
 def _conversation(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -75,7 +75,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds")
-    p.add_argument("--nproc", type=int, default=None, help="start torchrun with this many local processes")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="start torchrun with this many local processes (default: what the layout needs)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument(
         "--demo",
@@ -211,11 +216,14 @@ def run(args: argparse.Namespace) -> int:
 
     check_spec(spec)
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if args.nproc is not None and not under_torchrun:
-        if args.nproc != world_size_of(spec):
-            raise ConfigError(f"--nproc {args.nproc} but the layout needs {world_size_of(spec)} processes")
-        return _launch(args, args.nproc)
-    return _run_rank(spec, under_torchrun)
+    if under_torchrun:
+        return _run_rank(spec, under_torchrun=True)
+    need = world_size_of(spec)
+    if args.nproc is not None and args.nproc != need:
+        raise ConfigError(f"--nproc {args.nproc} but the layout needs {need} processes")
+    if need > 1:  # not under torchrun: start it (``--nproc`` defaults to what the layout needs)
+        return _launch(args, need)
+    return _run_rank(spec, under_torchrun=False)
 
 
 def _run_rank(spec, under_torchrun: bool) -> int:

@@ -1,13 +1,10 @@
 """Plans for a run: layout from stage counts (min-max layer partition under the cost model), then the
-system's batcher and schedule generator per iteration. Pure core calls; no torch."""
+system's batcher and schedule generator per iteration (as the simulator plans). No torch."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 
-from entrain.core.assignment.types import IterationAssignment
-from entrain.core.batching import get_batcher
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.partition import min_max_partition
@@ -76,20 +73,12 @@ def runtime_layout(
     )
 
 
-def make_plan(
-    system: str,
-    layout: Layout,
-    batches: Sequence[Sequence[SampleWork]],
-    cost: CostModel,
-    options: dict | None = None,
-) -> Plan:
-    """One iteration per global batch in ``batches``, by ``system``'s batcher and generator."""
+def make_plan(system: str, layout: Layout, batches: Sequence[Sequence[SampleWork]], cost: CostModel,
+              options: dict | None = None) -> Plan:
+    """One iteration per global batch in ``batches``, by ``system``'s batcher and generator: the same
+    Plans the simulator runs (``entrain.sim.run.plan_system``)."""
     if system not in GENERATOR_MODULES:
         raise ConfigError(f"unknown system {system!r}; choose from {', '.join(GENERATOR_MODULES)}")
-    batcher = get_batcher(system)
-    assignments: list[IterationAssignment] = [
-        batcher(list(batch), layout.dp, layout.num_microbatches) for batch in batches
-    ]
-    samples = {w.id: w for batch in batches for w in batch}
-    gen = importlib.import_module(f"entrain.core.schedules.{GENERATOR_MODULES[system]}")
-    return gen.generate(layout, assignments, samples, cost, options, system=system)
+    from entrain.sim.run import plan_system
+
+    return plan_system(system, layout, batches, cost, options)

@@ -1,0 +1,107 @@
+"""``entrain train``: flags, refusals, the in-process (1-rank) path and the README main job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from entrain.cli.main import main
+
+FAST = [
+    "--model",
+    "tiny",
+    "--dataset",
+    "skewed",
+    "--global-batch",
+    "4",
+    "--microbatch-size",
+    "1",
+    "--no-progress",
+]
+
+
+def test_tp_and_cp_are_refused_before_any_process_group(capsys):
+    import torch.distributed as dist
+
+    assert main(["train", *FAST, "--tp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "TP = 2" in err and "TP = CP = 1" in err
+    assert main(["train", *FAST, "--cp", "2"]) == 2
+    assert "CP = 2" in capsys.readouterr().err
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--checkpoint-every", "5"], "issue 6"),
+        (["--resume"], "issue 6"),
+        (["--on-bad-sample", "skip"], "data issue"),
+        (["--system", "nope"], "unknown system"),
+        (["--global-batch", "5", "--microbatch-size", "2"], "not a multiple"),
+        (["--nproc", "3"], "needs 2 processes"),
+    ],
+)
+def test_bad_or_pending_flags_give_one_line_errors(flags, message, capsys):
+    assert main(["train", *FAST, *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_single_process_dip_run_writes_the_run_folder(tmp_path, capsys):
+    """DIP with 1 + 1 colocated stages needs one process: runs in this process, no torchrun."""
+    out = tmp_path / "run"
+    rc = main(["train", *FAST, "--system", "dip", "--steps", "2", "--val-every", "1", "--out", str(out)])
+    assert rc == 0
+    line = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"system=dip iter_ms=[\d.]+ stage_std_ms=[\d.]+ loss=[\d.]+->[\d.]+", line)
+    assert {"config.json", "plan.json", "metrics.jsonl"} <= set(os.listdir(out))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert {"step", "loss", "iteration_time_ms", "tokens_per_s", "stage_times", "val_loss"} <= set(r)
+        assert r["tokens_per_s"] > 0 and r["loss"] > 0
+        stages = {(t["stage"], t["mb"], t["sub"]) for t in r["stage_times"]}
+        assert {s for s, _, _ in stages} == {0, 1}
+        assert all(t["fwd_ms"] > 0 and t["bwd_ms"] > 0 and t["rank"] == 0 for t in r["stage_times"])
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["system"] == "dip" and len(plan["iterations"]) == 2
+    config = json.loads((out / "config.json").read_text())
+    assert config["world_size"] == 1 and config["backend"] in ("gloo", "nccl")
+
+
+@pytest.mark.slow
+def test_readme_main_job_with_two_steps(tmp_path):
+    """The README main job (``entrain train --demo``) on 2 torchrun processes, 2 steps per system."""
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "entrain",
+            "train",
+            "--demo",
+            "--steps",
+            "2",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["system=entrain", "system=1f1b"]
+    losses = [re.search(r"loss=([\d.]+)->([\d.]+)", line).groups() for line in lines]
+    assert losses[0] == losses[1]  # exact math: the same samples give the same loss under both systems
+    for system in ("entrain", "1f1b"):
+        rows = [json.loads(x) for x in (out / system / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == 2
+        assert {t["rank"] for t in rows[0]["stage_times"]} == {0, 1}

@@ -7,7 +7,8 @@ Formats (``reference/datasets.md`` §5):
   ``<image>`` placeholder per image; records without images are text-only samples.
 - LLaVA JSONL: the same records, one per line (also accepted in a ``.json`` file whose first
   character is ``{``). OpenAI-style ``"messages": [{"role", "content"}]`` is read like
-  ``conversations``.
+  ``conversations``; ``content`` may be a string or chat-template parts
+  (``[{"type": "image"}, {"type": "text", "text": ...}]``, each image part a placeholder).
 - FineVision-style Parquet: see ``entrain.data.parquet``.
 
 Relative image paths resolve against ``image_root`` when given, else the data file's folder.
@@ -319,6 +320,8 @@ def _turn_list(obj: dict, problems: list[tuple[str, str]]) -> list[tuple[str, st
             problems.append((where, f"must be an object, got {type(turn).__name__}"))
             continue
         speaker, text = turn.get(role_key), turn.get(text_key)
+        if isinstance(text, list):  # chat-template content parts: [{"type": "image"}, {"type": "text", ...}]
+            text = _content_parts(text, f"{where}.{text_key}", problems)
         if speaker is None:
             problems.append((f"{where}.{role_key}", "missing"))
         elif not isinstance(speaker, str) or speaker.lower() not in ROLES:
@@ -336,6 +339,22 @@ def _turn_list(obj: dict, problems: list[tuple[str, str]]) -> list[tuple[str, st
     if turns and not problems and not any(role == "assistant" for role, _ in turns):
         problems.append((key, "no assistant turn (nothing to train on)"))
     return turns
+
+
+def _content_parts(parts: list, where: str, problems: list[tuple[str, str]]) -> str | None:
+    out = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image":
+            out.append(IMAGE_PLACEHOLDER)
+        elif kind == "text" and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        else:
+            problems.append(
+                (f"{where}[{j}]", "content part must be {'type': 'image'} or {'type': 'text', 'text': ...}")
+            )
+            return None
+    return "".join(out)
 
 
 def _record_id(obj: dict, problems: list[tuple[str, str]]) -> str | None:

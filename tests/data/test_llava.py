@@ -227,3 +227,20 @@ def test_is_conversation_file(dataset):
     workload.write_text(json.dumps({"id": "a", "images": [[48, 64]], "text_tokens": 40}) + "\n")
     assert not llava.is_conversation_file(workload)
     assert not llava.is_conversation_file(root / "missing.json")
+
+
+def test_openai_messages_with_content_parts(dataset):
+    root, _ = dataset
+    record = {
+        "id": "m",
+        "images": ["img/a.png"],
+        "messages": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
+            {"role": "assistant", "content": "A red square."},
+        ],
+    }
+    bad = {"id": "z", "messages": [{"role": "user", "content": [{"type": "video"}]}]}
+    path = _write_jsonl(root / "m.jsonl", [record, bad])
+    good, broken = llava.iter_parsed(path)
+    assert good.record.turns == (("user", "<image>What is it?"), ("assistant", "A red square."))
+    assert broken.problems[0][0] == "messages[0].content[0]"

@@ -125,3 +125,10 @@ def test_conversions_to_rgb8(tmp_path, mode, reason):
     assert rgb.mode == "RGB" and rgb.size == (40, 30)
     if mode == "I;16":  # scaled down, not clipped to white
         assert np.asarray(rgb)[..., 0].max() == 250
+
+
+def test_encode_text_only_sample():
+    rec = Record("t", (), (("user", "Hi"), ("assistant", "Hello")))
+    enc = pr.encode_sample(rec, TOK)
+    assert enc.num_image_tokens == 0 and enc.pixel_values.shape == (0, 1176)
+    assert len(enc.input_ids) == pr.count_text_tokens(rec.turns, TOK)

@@ -58,6 +58,7 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"samples to draw (default {DEFAULT_NUM_SAMPLES}); a file's first N (default all)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
     p.add_argument(
         "--plot", default=None, metavar="FILE.png", help="write text/vision token CDFs (paper Fig. 3)"
     )
@@ -69,7 +70,7 @@ def _load(args: argparse.Namespace) -> tuple[str, list[SampleMeta]]:
         name = canonical_name(args.dataset)
         n = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
         return name, generate_samples(name, n, args.seed)
-    samples = read_samples(resolve_dataset_file(args.dataset))
+    samples = read_samples(resolve_dataset_file(args.dataset), image_root=getattr(args, "image_root", None))
     return args.dataset, samples if args.num_samples is None else samples[: args.num_samples]
 
 

@@ -50,7 +50,7 @@ def _cost(args: argparse.Namespace):
     return build_cost_model(args.model, args.hardware or default_hardware(args.model), freeze=freeze)
 
 
-def build_sampler(dataset: str, seed: int) -> Sampler:
+def build_sampler(dataset: str, seed: int, image_root: str | None = None) -> Sampler:
     """i.i.d. draws from the dataset named by ``--dataset``."""
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import (
@@ -67,7 +67,7 @@ def build_sampler(dataset: str, seed: int) -> Sampler:
     path = resolve_dataset_file(dataset)
     if detect_format(path) == "raw_work":
         return pool_sampler(read_raw_work_jsonl(path))
-    return pool_sampler(read_samples(path))
+    return pool_sampler(read_samples(path, image_root=image_root))
 
 
 def _sizes(text: str) -> list[int]:
@@ -82,7 +82,7 @@ def _sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     cost = _cost(args)
-    sampler = build_sampler(args.dataset, args.seed)
+    sampler = build_sampler(args.dataset, args.seed, args.image_root)
     if args.tp < 0 or args.cp < 0:
         raise ConfigError("--tp and --cp must be >= 0 (0 = search)")
     result = plan(

@@ -49,8 +49,8 @@ def smart_resize(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_VISIO
             f"exceeds {cfg.max_aspect_ratio:g}"
         )
     f = cfg.factor
-    h_bar = max(f, round(height / f) * f)
-    w_bar = max(f, round(width / f) * f)
+    h_bar = round(height / f) * f  # Python round: banker's rounding, as transformers
+    w_bar = round(width / f) * f
     if h_bar * w_bar > cfg.max_pixels:
         beta = math.sqrt(height * width / cfg.max_pixels)
         h_bar = max(f, math.floor(height / beta / f) * f)

@@ -54,27 +54,21 @@ def _first_record(path: str) -> tuple[int, str] | None:
     return None
 
 
-def _refuse_llava(path: str) -> None:
-    raise ConfigError(
-        f"{path}: LLaVA-format input (records with 'conversations') arrives with issue 5 (real data); "
-        f'convert it to a workload JSONL ({{"id", "images": [[H, W], ...], "text_tokens"}}) for now'
-    )
-
-
 def detect_format(path: str) -> str:
-    """``"workload"`` or ``"raw_work"`` from the first record's keys; ConfigError for LLaVA/JSON
-    arrays or an empty file, DataError for a first record of neither format."""
+    """``"conversation"`` for a LLaVA/ShareGPT JSON or JSONL or a FineVision-style Parquet file,
+    else ``"workload"`` or ``"raw_work"`` from the first record's keys; ConfigError for other JSON
+    arrays or an empty file, DataError for a first record of no known format."""
+    from entrain.data.llava import is_conversation_file
+
+    if is_conversation_file(path):
+        return "conversation"
     first = _first_record(path)
     if first is None:
         raise ConfigError(f"{path}: file has no records")
     line_no, line = first
     if line.lstrip().startswith("["):
-        if any(f'"{k}"' in line for k in LLAVA_KEYS) or _array_is_llava(path):
-            _refuse_llava(path)
         raise ConfigError(f"{path}: a JSON array; workload files are JSONL (one JSON object per line)")
     record = _parse_line(path, line_no, line)
-    if any(k in record for k in LLAVA_KEYS):
-        _refuse_llava(path)
     if "encoder" in record or "llm" in record:
         return "raw_work"
     if "images" in record or "text_tokens" in record:
@@ -84,15 +78,6 @@ def detect_format(path: str) -> str:
         f"unknown record format with keys {sorted(record)}; expected {list(WORKLOAD_KEYS)} "
         f"(workload) or {list(RAW_WORK_KEYS)} (raw work)",
     )  # fmt: skip
-
-
-def _array_is_llava(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return bool(data) and isinstance(data[0], dict) and any(k in data[0] for k in LLAVA_KEYS)
 
 
 # --- record parsing -----------------------------------------------------------------------------
@@ -204,9 +189,17 @@ def write_workload_jsonl(path: str, samples: Iterable[SampleMeta]) -> None:
             f.write(json.dumps(s.to_json(), separators=(",", ":")) + "\n")
 
 
-def read_samples(path: str, vision: VisionTokenConfig = DEFAULT_VISION) -> list[SampleMeta]:
-    """Sample metadata of a workload file; ConfigError for formats that carry none (raw work)."""
-    if detect_format(path) != "workload":
+def read_samples(
+    path: str, vision: VisionTokenConfig = DEFAULT_VISION, image_root: str | None = None
+) -> list[SampleMeta]:
+    """Sample metadata of a workload JSONL or a LLaVA/Parquet dataset (image headers and chat-formatted
+    token counts, cached next to the data); ConfigError for formats that carry none (raw work)."""
+    fmt = detect_format(path)
+    if fmt == "conversation":
+        from entrain.data.llava import read_metadata
+
+        return read_metadata(path, image_root, vision=vision)
+    if fmt != "workload":
         raise ConfigError(f"{path}: a raw-work file has no token metadata; expected a workload JSONL")
     return read_workload_jsonl(path, vision)
 
@@ -253,10 +246,10 @@ def resolve_dataset_file(name: str) -> str:
     return name
 
 
-def _file_works(path: str, cost: CostModel, tp: int, cp: int) -> list[SampleWork]:
+def _file_works(path: str, cost: CostModel, tp: int, cp: int, image_root: str | None) -> list[SampleWork]:
     if detect_format(path) == "raw_work":
         return read_raw_work_jsonl(path)
-    return sample_works(read_workload_jsonl(path), cost, tp, cp)
+    return sample_works(read_samples(path, image_root=image_root), cost, tp, cp)
 
 
 def load_workload(
@@ -275,7 +268,7 @@ def load_workload(
 
     A built-in name draws samples ``[i*B, (i+1)*B)`` of ``(name, seed)`` for iteration ``i``; a
     file is read in file order (shuffled with ``seed`` first if ``shuffle``) and iteration ``i`` uses
-    its samples ``[i*B, (i+1)*B)``. ``image_root`` is for LLaVA input (issue 5) and unused here.
+    its samples ``[i*B, (i+1)*B)``. ``image_root`` resolves a LLaVA file's relative image paths.
     """
     _check_batching(global_batch, iterations)
     if is_builtin(name):
@@ -283,7 +276,7 @@ def load_workload(
             raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
         return _builtin_batches(canonical_name(name), cost, global_batch, iterations, seed, tp, cp)
     path = resolve_dataset_file(name)
-    works = _file_works(path, cost, tp, cp)
+    works = _file_works(path, cost, tp, cp, image_root)
     need = global_batch * iterations
     if len(works) < need:
         raise ConfigError(

@@ -134,9 +134,6 @@ def test_encode_text_only_sample():
     assert len(enc.input_ids) == pr.count_text_tokens(rec.turns, TOK)
 
 
-@pytest.mark.xfail(
-    reason="core smart_resize floors a rounded side at 28 px; transformers' rounds it to 0 first"
-)
 def test_processor_token_count_for_sub_patch_sides():
     im = Image.new("RGB", (100, 1), "white")  # W=100, H=1: processor 20 tokens, core rule 4
     _, grid = pr.process_images([im])

@@ -107,14 +107,13 @@ def test_unknown_first_record_format(tmp_path):
         detect_format(path)
 
 
-def test_llava_input_is_refused_for_now(tmp_path):
+def test_llava_input_is_detected(tmp_path):
     record = {"id": "1", "image": "a.jpg", "conversations": [{"from": "human", "value": "<image>\nhi"}]}
     jsonl = _write(tmp_path / "llava.jsonl", [json.dumps(record)])
     array = tmp_path / "llava.json"
     array.write_text(json.dumps([record], indent=1))
     for path in (jsonl, str(array)):
-        with pytest.raises(ConfigError, match="issue 5"):
-            detect_format(path)
+        assert detect_format(path) == "conversation"
 
 
 def test_load_builtin_draws_consecutive_slices(cost):

@@ -73,8 +73,13 @@ def runtime_layout(
     )
 
 
-def make_plan(system: str, layout: Layout, batches: Sequence[Sequence[SampleWork]], cost: CostModel,
-              options: dict | None = None) -> Plan:
+def make_plan(
+    system: str,
+    layout: Layout,
+    batches: Sequence[Sequence[SampleWork]],
+    cost: CostModel,
+    options: dict | None = None,
+) -> Plan:
     """One iteration per global batch in ``batches``, by ``system``'s batcher and generator: the same
     Plans the simulator runs (``entrain.sim.run.plan_system``)."""
     if system not in GENERATOR_MODULES:

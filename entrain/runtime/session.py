@@ -294,6 +294,7 @@ def _run_one(
                 "tokens_per_s": res.tokens_per_s,
                 "lr": res.lr,
                 "grad_norm": res.grad_norm,
+                "cpu_ms": res.cpu_ms,
                 "stage_times": res.records,
             }
             if peak:

@@ -59,6 +59,8 @@ class StepResult:
     grad_norm: float
     lr: float
     llm_tokens: int
+    cpu_ms: list[float] = field(default_factory=list)
+    """Per rank, process CPU time of the step (next to the wall-clock ``iteration_time_ms``)."""
     records: list[dict] = field(default_factory=list)
     """Rank 0 only: per (rank, stage, mb, sub) forward / backward ms measured on the ranks."""
 
@@ -205,7 +207,7 @@ class PipelineTrainer:
 
     def train_step(self, it: IterationPlan, *, gather_records: bool = True) -> StepResult:
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         loss = self.forward_backward(it)
         norm = self._clip()
         lr = self.optim_cfg.lr * lr_factor(self.step_index, self.optim_cfg)
@@ -218,10 +220,13 @@ class PipelineTrainer:
         elapsed = torch.tensor(
             [(time.perf_counter() - t0) * 1e3], dtype=torch.float64, device=self.env.device
         )
+        cpu = torch.zeros(self.env.world_size, dtype=torch.float64, device=self.env.device)
+        cpu[self.env.rank] = (time.process_time() - cpu0) * 1e3
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu)
         self.step_index += 1
         records = self._gather_records(self._last_records) if gather_records else []
-        return StepResult(loss, float(elapsed.item()), norm, lr, self._llm_tokens(it), records)
+        return StepResult(loss, float(elapsed.item()), norm, lr, self._llm_tokens(it), cpu.tolist(), records)
 
     def evaluate(self, it: IterationPlan) -> float:
         """Forward-only global mean loss of ``it``'s samples (held-out batch)."""

@@ -1,0 +1,83 @@
+"""Transport (metadata first, match by key), layout refusals, learning-rate schedule, weights folder."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from entrain.core.errors import ConfigError
+from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.models.config import get_model_config
+from entrain.models.vlm import build_vlm
+from entrain.runtime.comm import MessageKey, Transport
+from entrain.runtime.distributed import check_runtime_layout
+from entrain.runtime.trainer import OptimConfig, lr_factor
+
+from .harness import run_workers
+
+
+def _exchange(env):
+    t = Transport(env.device)
+    a, b = MessageKey(0, False, 0, 0), MessageKey(0, False, 1, 1)
+    if env.rank == 0:
+        t.send(torch.arange(6.0).reshape(2, 3), 1, a, ["x", "y"])
+        t.send(torch.ones(5, 1, 2, dtype=torch.bfloat16), 1, b, ["z"])
+        t.send(torch.zeros(3), 1, MessageKey(0, True, 2, 0), ["w"])
+        t.wait_all()
+        return None
+    got_b = t.recv(0, b, ["z"])  # arrives second: the first message is stashed, matched by key later
+    got_a = t.recv(0, a, ["x", "y"])
+    try:
+        t.recv(0, MessageKey(0, True, 2, 0), ["not-w"])
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    return got_a, got_b, error
+
+
+def test_variable_shapes_arrive_by_key_and_ids_are_checked(tmp_path):
+    _, (got_a, got_b, error) = run_workers(_exchange, 2, tmp_path)
+    torch.testing.assert_close(got_a, torch.arange(6.0).reshape(2, 3))
+    assert got_b.dtype == torch.bfloat16 and got_b.shape == (5, 1, 2)
+    assert error is not None and "other sample ids" in error and "0SEND_B2.0" in error
+
+
+def _layout(tp: int = 1, cp: int = 1) -> Layout:
+    stages = (StageSpec(0, "encoder", 0, 4, 0), StageSpec(1, "llm", 0, 6, 1))
+    comps = {"encoder": ComponentLayout(tp=1, pp=1), "llm": ComponentLayout(tp=tp, cp=cp, pp=1)}
+    return Layout(dp=1, microbatch_size=1, num_microbatches=2, components=comps, stages=stages)
+
+
+def test_tp_and_cp_plans_are_refused_naming_component_and_degree():
+    check_runtime_layout(_layout(), 2)
+    with pytest.raises(ConfigError, match="llm has TP = 4"):
+        check_runtime_layout(_layout(tp=4))
+    with pytest.raises(ConfigError, match="llm has CP = 2"):
+        check_runtime_layout(_layout(cp=2))
+    with pytest.raises(ConfigError, match="needs 2 processes"):
+        check_runtime_layout(_layout(), 3)
+
+
+def test_lr_warmup_then_cosine():
+    cfg = OptimConfig(lr=1.0, warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    values = [lr_factor(s, cfg) for s in range(16)]
+    assert values[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert values[4] == pytest.approx(1.0)
+    assert values[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert values[14] == pytest.approx(0.1) and values[15] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(values[3:], values[4:]))
+
+
+def test_weights_folder_round_trip(tmp_path):
+    from safetensors.torch import save_file
+
+    cfg = get_model_config("tiny")
+    model = build_vlm(cfg, seed=3)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    loaded = build_vlm(cfg, seed=0, weights_dir=str(tmp_path))
+    for (name, p), (_, q) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(p, q), name
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_vlm(cfg, weights_dir=str(tmp_path / "missing"))

@@ -26,8 +26,9 @@ DEMO = {
     "llm_stages": 1,
     "nproc": 2,
     "global_batch": 16,
-    "microbatch_size": 2,
-    "steps": 6,
+    "microbatch_size": 1,
+    "steps": 8,
+    "lr": 3e-3,
     "out": "runs/demo",
 }
 

@@ -5,7 +5,8 @@ for a sample without communication. Layout of one sample's LLM sequence (Qwen2.5
 
     [<|vision_start|> <|image_pad|> * m_i <|vision_end|>] per image, prompt text, answer text
 
-``text_tokens`` counts every non-image token (markers included). The answer is the last
+``text_tokens`` counts every non-image token (markers included); text ids follow a Zipf law over the
+first 4,000 regular ids. The answer is the last
 ``max(1, round(0.2 * text_tokens))`` tokens (``LABEL_FRACTION``, as the cost presets assume); the loss is taken at the positions that predict them (labels on
 the answer part only). Pixel values are seeded N(0, 1) patches (windows of a seeded bank) of the ``smart_resize``-d size:
 ``[(H'/14) * (W'/14), 1176]`` rows per image with ``grid_thw = (1, H'/14, W'/14)``.
@@ -21,12 +22,15 @@ import torch
 
 from entrain.core.presets import LABEL_FRACTION
 from entrain.core.samples import SampleMeta, smart_resize
-from entrain.models.config import IMAGE_PAD_ID, QWEN2_SPECIAL_BASE, VISION_END_ID, VISION_START_ID, VLMConfig
+from entrain.models.config import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, VLMConfig
 from entrain.models.vlm import LLMBatch
 
 __all__ = ["RenderedSample", "SampleRenderer", "EncoderInput", "PATCH_BANK_ROWS"]
 
 PATCH_BANK_ROWS = 8192
+ZIPF_EXPONENT = 1.1
+TEXT_VOCAB = 4_000
+"""Text ids are drawn from ``0..TEXT_VOCAB-1`` (regular ids in every vocabulary, tiny's included)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class SampleRenderer:
         self.device, self.dtype = torch.device(device), dtype
         self._cache: dict[str, RenderedSample] = {}
         self._bank: torch.Tensor | None = None
+        self._zipf_cdf: torch.Tensor | None = None
 
     def add(self, metas: dict[str, SampleMeta]) -> None:
         self.metas.update(metas)
@@ -109,7 +114,7 @@ class SampleRenderer:
         use_markers = text >= 2 * len(grid) + 2
         num_markers = 2 * len(grid) if use_markers else 0
         num_answer = max(0, min(max(1, round(LABEL_FRACTION * text)), text - num_markers - 1))
-        words = torch.randint(0, QWEN2_SPECIAL_BASE, (text - num_markers,), generator=gen).tolist()
+        words = self._words(text - num_markers, gen)
         ids: list[int] = []
         image_pos: list[int] = []
         for m in img_tokens:
@@ -132,6 +137,16 @@ class SampleRenderer:
             grid_thw=grid,
             image_tokens=sum(img_tokens),
         )
+
+    def _words(self, n: int, gen: torch.Generator) -> list[int]:
+        """``n`` text token ids drawn from a Zipf(1.1) law over the regular ids (learnable statistics,
+        like text, so a short demo run shows the loss falling)."""
+        if self._zipf_cdf is None:
+            ranks = torch.arange(1, TEXT_VOCAB + 1, dtype=torch.float64)
+            p = ranks.pow(-ZIPF_EXPONENT)
+            self._zipf_cdf = torch.cumsum(p / p.sum(), 0)
+        u = torch.rand(n, generator=gen, dtype=torch.float64)
+        return torch.searchsorted(self._zipf_cdf, u).clamp_(max=TEXT_VOCAB - 1).tolist()
 
     def patches(self, sample_id: str) -> torch.Tensor:
         """``[N, 1176]`` seeded pixel patches of every image of a sample: a window of a seeded N(0, 1)

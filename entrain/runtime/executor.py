@@ -191,11 +191,12 @@ class Executor:
             self._used[(s, mb, sub)] = [x]
             grid = inputs
         if grid.shape[0] == 0:  # text-only samples: nothing to encode
-            dim = self.layout_out_dim(module)
+            dim = self._out_dim(module)
             return x.new_zeros((0, dim))
         return module(x, grid)
 
-    def layout_out_dim(self, module: EncoderStage) -> int:
+    @staticmethod
+    def _out_dim(module: EncoderStage) -> int:
         vis = module.vis
         return vis.merger.mlp[-1].out_features if module.has_merger else vis.config.hidden_size
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -242,7 +241,3 @@ class PipelineTrainer:
 
     def close(self) -> None:
         self.transport.wait_all()
-
-
-def no_autocast() -> nullcontext:
-    return nullcontext()

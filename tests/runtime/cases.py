@@ -26,6 +26,13 @@ def batch_metas(n: int = 8, seed: int = 0) -> list[SampleMeta]:
     ]
 
 
+def text_only_metas() -> list[SampleMeta]:
+    """``batch_metas`` with sample s3 turned text-only: an encoder microbatch with nothing to encode."""
+    metas = batch_metas()
+    metas[3] = SampleMeta("s3", (), 30)
+    return metas
+
+
 def works(metas: list[SampleMeta]) -> list[SampleWork]:
     cost = build_cost_model("tiny", "cpu-tiny")
     return [cost.sample_work(m) for m in metas]

@@ -17,7 +17,7 @@ from entrain.models.vlm import build_vlm, set_trainable
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
-from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, works
+from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, text_only_metas, works
 from .harness import reference_grads, relative_errors, run_workers
 
 SYSTEMS = ("1f1b", "entrain", "disttrain")
@@ -32,6 +32,7 @@ CASES_BY_WORLD = {
         ("entrain-1+1-fp64", "entrain", 1, 1, 1, 4, F64),
         ("entrain-1+1-split-IW", "entrain", 1, 1, 1, 4, F32),
         ("1f1b-1+1-frozen-vit", "1f1b", 1, 1, 1, 4, F32),
+        ("1f1b-1+1-text-only", "1f1b", 1, 1, 1, 8, F32),
     ],
     3: [(f"{s}-1+2", s, 1, 2, 1, 4, F32) for s in SYSTEMS],
     4: [(f"{s}-2+2", s, 2, 2, 1, 4, F32) for s in SYSTEMS]
@@ -52,11 +53,15 @@ def _split_backward(plan: Plan) -> Plan:
     return replace(plan, iterations=(replace(it, actions=actions),))
 
 
+def _metas(name: str) -> dict:
+    return {m.id: m for m in (text_only_metas() if "text-only" in name else batch_metas())}
+
+
 def _train_cases(env, cases):
     cfg = get_model_config("tiny")
-    metas = {m.id: m for m in batch_metas()}
     out = {}
     for name, plan, dtype in cases:
+        metas = _metas(name)
         model = build_vlm(cfg, seed=SEED, dtype=dtype)
         if "frozen" in name:
             set_trainable(model, encoder=False, merger=True, llm=True)
@@ -75,24 +80,25 @@ def references():
     reference differs from the exact gradients by ~2e-5 on some norm weights (per-image calls reduce
     in another order), so the fp32 bound below measures the runtime's round-off, not the reference's."""
     cfg = get_model_config("tiny")
-    metas = {m.id: m for m in batch_metas()}
     refs = {}
-    for frozen in (False, True):
+    for kind in ("plain", "frozen", "text-only"):
+        metas = _metas(kind)
         model = build_vlm(cfg, seed=SEED, dtype=F64)
-        if frozen:
+        if kind == "frozen":
             set_trainable(model, encoder=False, merger=True, llm=True)
-        refs[frozen] = reference_grads(
-            model, cfg, metas, sorted(metas), seed=SEED, max_grad_norm=MAX_GRAD_NORM
-        )
+        refs[kind] = reference_grads(model, cfg, metas, sorted(metas), seed=SEED, max_grad_norm=MAX_GRAD_NORM)
     return refs
+
+
+def _reference_kind(name: str) -> str:
+    return next((k for k in ("frozen", "text-only") if k in name), "plain")
 
 
 @pytest.mark.parametrize("world", sorted(CASES_BY_WORLD))
 def test_gradients_match_reference(world, references, tmp_path):
-    batch = works(batch_metas())
     cases, tolerances = [], {}
     for name, system, enc, llm, dp, k, dtype in CASES_BY_WORLD[world]:
-        plan = plan_for(system, enc, llm, dp, k, batch)
+        plan = plan_for(system, enc, llm, dp, k, works(list(_metas(name).values())))
         assert plan.layout.world_size == world, name
         if system == "entrain":
             deferrals = sum(len(r.deferrals) for it in plan.iterations for r in it.assignment.replicas)
@@ -106,7 +112,7 @@ def test_gradients_match_reference(world, references, tmp_path):
         grads = {}
         for rank_result in results:
             grads.update(rank_result[name][0])
-        ref_grads, ref_loss = references["frozen" in name]
+        ref_grads, ref_loss = references[_reference_kind(name)]
         ref_norm = float(torch.sqrt(sum(g.pow(2).sum() for g in ref_grads.values())))
         assert ref_norm <= MAX_GRAD_NORM * (1 + 1e-9)  # clipping was active in the reference
         errors = relative_errors(grads, ref_grads)

@@ -25,7 +25,7 @@ from entrain.core.samples import SampleMeta, smart_resize
 from entrain.models.config import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, VLMConfig
 from entrain.models.vlm import LLMBatch
 
-__all__ = ["RenderedSample", "SampleRenderer", "EncoderInput", "PATCH_BANK_ROWS"]
+__all__ = ["RenderedSample", "SampleRenderer", "RecordSource", "EncoderInput", "PATCH_BANK_ROWS"]
 
 PATCH_BANK_ROWS = 8192
 ZIPF_EXPONENT = 1.1
@@ -69,8 +69,26 @@ def _seed_of(seed: int, sample_id: str, salt: str) -> int:
     return zlib.crc32(f"{seed}:{salt}:{sample_id}".encode())
 
 
+class RecordSource:
+    """Real samples of a LLaVA JSON/JSONL or Parquet dataset: the Qwen2.5-VL image processor's pixel
+    patches and the chat template's ids / labels (``entrain.data.processing``), by sample id."""
+
+    def __init__(self, path: str, image_root: str | None = None):
+        from entrain.data.llava import iter_records
+        from entrain.data.tokenizer import default_tokenizer
+
+        self.records = {r.id: r for r in iter_records(path, image_root)}
+        self.tokenizer = default_tokenizer()
+
+    def encode(self, sample_id: str, vision):
+        from entrain.data.processing import encode_sample
+
+        return encode_sample(self.records[sample_id], self.tokenizer, vision)
+
+
 class SampleRenderer:
-    """Renders ``SampleMeta`` into tensors for ``cfg`` (seeded by ``seed``) and packs them."""
+    """Renders ``SampleMeta`` into tensors for ``cfg`` (seeded by ``seed``) and packs them; with a
+    ``source`` (a LLaVA dataset) the real images and conversations are used instead."""
 
     def __init__(
         self,
@@ -80,8 +98,9 @@ class SampleRenderer:
         seed: int = 0,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        source: RecordSource | None = None,
     ):
-        self.cfg, self.metas, self.seed = cfg, metas, seed
+        self.cfg, self.metas, self.seed, self.source = cfg, metas, seed, source
         self.device, self.dtype = torch.device(device), dtype
         self._cache: dict[str, RenderedSample] = {}
         self._bank: torch.Tensor | None = None
@@ -105,6 +124,8 @@ class SampleRenderer:
         return self._cache[sample_id]
 
     def _render(self, meta: SampleMeta) -> RenderedSample:
+        if self.source is not None:
+            return self._from_record(meta)
         cfg = self.cfg
         gen = torch.Generator().manual_seed(_seed_of(self.seed, meta.id, "text"))
         grid = self.grid(meta)
@@ -138,6 +159,23 @@ class SampleRenderer:
             image_tokens=sum(img_tokens),
         )
 
+    def _from_record(self, meta: SampleMeta) -> RenderedSample:
+        enc = self.source.encode(meta.id, meta.vision)
+        ids = torch.tensor([self.cfg.token_id(int(i)) for i in enc.input_ids], dtype=torch.int64)
+        labels = torch.as_tensor(enc.labels, dtype=torch.int64)
+        label_pos = torch.nonzero(labels[1:] != -100).flatten()
+        grid = tuple(tuple(int(v) for v in g) for g in enc.image_grid_thw)
+        merge = self.cfg.vision.spatial_merge_size**2
+        return RenderedSample(
+            id=meta.id,
+            input_ids=ids,
+            image_positions=torch.nonzero(torch.as_tensor(enc.input_ids) == IMAGE_PAD_ID).flatten(),
+            label_positions=label_pos,
+            targets=ids[label_pos + 1],
+            grid_thw=grid,
+            image_tokens=sum(t * h * w // merge for t, h, w in grid),
+        )
+
     def _words(self, n: int, gen: torch.Generator) -> list[int]:
         """``n`` text token ids drawn from a Zipf(1.1) law over the regular ids (learnable statistics,
         like text, so a short demo run shows the loss falling)."""
@@ -152,6 +190,9 @@ class SampleRenderer:
         """``[N, 1176]`` seeded pixel patches of every image of a sample: a window of a seeded N(0, 1)
         bank (``PATCH_BANK_ROWS`` rows, drawn once), starting at a per-sample seeded offset, so
         rendering costs a slice rather than drawing millions of numbers inside a step."""
+        if self.source is not None:
+            enc = self.source.encode(sample_id, self.metas[sample_id].vision)
+            return torch.as_tensor(enc.pixel_values).to(self.device, self.dtype)
         s = self.sample(sample_id)
         rows = sum(t * h * w for t, h, w in s.grid_thw)
         bank = self._patch_bank()

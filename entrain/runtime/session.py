@@ -148,6 +148,19 @@ def load_batches(spec: TrainSpec, cost: CostModel) -> tuple[list[list[SampleWork
     return batches[: spec.steps], batches[spec.steps :]
 
 
+def record_source(spec: TrainSpec):
+    """A LLaVA / Parquet dataset's real samples (images and conversations); None for the built-in
+    generators and workload files, whose samples are rendered from their metadata."""
+    from entrain.data.generators import is_builtin
+    from entrain.data.workload_io import detect_format, resolve_dataset_file
+    from entrain.runtime.data import RecordSource
+
+    if is_builtin(spec.dataset):
+        return None
+    path = resolve_dataset_file(spec.dataset)
+    return RecordSource(path, spec.image_root) if detect_format(path) == "conversation" else None
+
+
 def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[SampleWork]) -> Layout:
     layout = runtime_layout(
         cost,
@@ -263,7 +276,7 @@ def _run_one(
         llm="llm" not in spec.freeze,
     )
     metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
-    renderer = SampleRenderer(cfg, metas, seed=spec.seed, device=env.device)
+    renderer = SampleRenderer(cfg, metas, seed=spec.seed, device=env.device, source=record_source(spec))
     optim = OptimConfig(
         lr=spec.lr,
         weight_decay=spec.weight_decay,

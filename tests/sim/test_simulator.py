@@ -130,7 +130,8 @@ def workloads(draw):
     llm_pp = draw(st.integers(1, 3))
     dp = draw(st.integers(1, 2))
     latency = draw(st.sampled_from([0.0, 0.3]))
-    return groups, works, deferred, enc_pp, llm_pp, dp, latency
+    ramp = draw(st.sampled_from([0, 0, 1, 2]))
+    return groups, works, deferred, enc_pp, llm_pp, dp, latency, ramp
 
 
 def _reps(groups, deferred, dp, system):
@@ -147,7 +148,7 @@ def _reps(groups, deferred, dp, system):
 @pytest.mark.parametrize("system", sorted(GENERATORS))
 @given(w=workloads())
 def test_every_generator_valid_deadlock_free_and_accounted(system, w):
-    groups, works, deferred, enc_pp, llm_pp, dp, latency = w
+    groups, works, deferred, enc_pp, llm_pp, dp, latency, ramp = w
     cost = toy_cost(enc_layers=6, llm_layers=6, call_ms=0.1, out_bytes_per_token=1e5, latency_ms=latency)
     if system.startswith("dip"):
         layout = colocated_layout(max(enc_pp, llm_pp), dp=dp, k=len(groups), enc_layers=6, llm_layers=6)
@@ -180,3 +181,19 @@ def test_every_generator_valid_deadlock_free_and_accounted(system, w):
     assert metrics.iteration_time_ms >= metrics.lower_bound_ms * (1 - 1e-12)
     assert 0.0 <= metrics.bubble_ratio <= 1.0
     assert math.isfinite(metrics.partition_ideal_ms) and metrics.ideal_ms > 0
+
+
+def test_ramp_cuts_first_and_last_microbatches_into_balanced_pieces():
+    cost = toy_cost(enc_layers=2, llm_layers=2)
+    layout = disjoint_layout(1, 1, k=3, enc_layers=2, llm_layers=2)
+    samples = raw_samples({s: (float(i + 1), 1.0) for i, s in enumerate("abcdefgh")})
+    asg = one_iteration(deferral_assignment([["a", "b", "c"], ["d", "e"], ["f", "g", "h"]], {"c": (0, 1)}))
+    plan = generate_plan("entrain", layout, asg, samples, cost, {"ramp_microbatches": 1})
+    validate_plan(plan)
+    mbs = plan.iterations[0].microbatches[0]
+    assert mbs[0].encoder_subs == (("a",), ("b",), ("c",))  # kept part in 2 pieces, deferred sub last
+    assert mbs[0].llm_subs == (("a",), ("b",))
+    assert mbs[1].encoder_subs == (("d", "e"),)  # the middle microbatch is untouched
+    assert mbs[2].encoder_subs == (("f", "g"), ("h",))
+    assert mbs[2].llm_subs == (("f", "g"), ("h",))
+    simulate_plan(plan, cost)

@@ -48,6 +48,11 @@ class ScheduleOptions:
     """DIP: at most this many LLM tokens per LLM sub-microbatch (None: 2x the profile's mean)."""
     dip_profile_samples: int = 4
     """DIP's profile (one microbatch): the first this-many samples of the first iteration."""
+    ramp_microbatches: int = 0
+    """Entrain extension (off by default; not in the paper): cut the first and the last this-many
+    microbatches (encoder non-deferred part and LLM microbatch) into ``ramp_pieces`` work-balanced
+    sub-microbatches, so the pipeline fills and drains at a finer grain."""
+    ramp_pieces: int = 2
 
     @classmethod
     def from_any(cls, options: ScheduleOptions | dict | None) -> ScheduleOptions:
@@ -74,21 +79,46 @@ def plain_specs(rep: ReplicaAssignment) -> tuple[MicrobatchSpec, ...]:
     )
 
 
-def entrain_specs(rep: ReplicaAssignment) -> tuple[MicrobatchSpec, ...]:
+def entrain_specs(
+    rep: ReplicaAssignment, samples: dict[str, SampleWork] | None = None, ramp: int = 0, pieces: int = 2
+) -> tuple[MicrobatchSpec, ...]:
     """Entrain: an encoder microbatch with deferrals runs as sub 0 (non-deferred samples) and
-    sub 1 (deferred samples, consumed by the next LLM microbatch); LLM microbatches whole."""
+    sub 1 (deferred samples, consumed by the next LLM microbatch); LLM microbatches whole.
+
+    With ``ramp > 0`` (an extension, see ``ScheduleOptions.ramp_microbatches``) the first and last
+    ``ramp`` microbatches cut their non-deferred encoder part and their LLM microbatch into
+    ``pieces`` work-balanced subs (the deferred encoder sub, if any, stays last)."""
     out = []
+    k = len(rep.execution_order)
     for pos, i in enumerate(rep.execution_order):
         ids = rep.encoder_microbatches[i]
         deferred = set(rep.deferred_from(i))
-        if deferred:
-            kept = tuple(s for s in ids if s not in deferred)
-            moved = tuple(s for s in ids if s in deferred)
-            subs = (kept, moved) if kept else (moved,)
-        else:
-            subs = (ids,)
-        out.append(MicrobatchSpec(pos, i, subs, (rep.llm_microbatches[i],)))
+        kept = tuple(s for s in ids if s not in deferred)
+        moved = tuple(s for s in ids if s in deferred)
+        llm_subs: tuple[tuple[str, ...], ...] = (rep.llm_microbatches[i],)
+        enc_kept: tuple[tuple[str, ...], ...] = (kept,) if kept else ()
+        if samples is not None and ramp > 0 and (pos < ramp or pos >= k - ramp):
+            enc_kept = balanced_pieces(kept, [samples[s].encoder for s in kept], pieces)
+            llm_subs = balanced_pieces(llm_subs[0], [samples[s].llm for s in llm_subs[0]], pieces)
+        subs = enc_kept + ((moved,) if moved else ()) or ((),)
+        out.append(MicrobatchSpec(pos, i, subs, llm_subs))
     return tuple(out)
+
+
+def balanced_pieces(ids: Sequence[str], work: Sequence[float], pieces: int) -> tuple[tuple[str, ...], ...]:
+    """Cut ``ids`` in order into at most ``pieces`` non-empty runs of about equal ``work``."""
+    if len(ids) < 2 or pieces < 2:
+        return (tuple(ids),) if ids else ()
+    total = float(sum(work))
+    out: list[list[str]] = [[]]
+    acc = 0.0
+    for sid, w in zip(ids, work):
+        target = total * len(out) / pieces
+        if out[-1] and len(out) < pieces and abs(acc + w - target) > abs(acc - target):
+            out.append([])
+        out[-1].append(sid)
+        acc += w
+    return tuple(tuple(g) for g in out)
 
 
 # --- 1F1B over units -------------------------------------------------------------------------------

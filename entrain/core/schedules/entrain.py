@@ -108,12 +108,11 @@ def generate(
         raise ConfigError("entrain's eager forward needs a cost model (activation bytes)")
     costs = PlanCosts(layout, cost, samples) if eager else None
     plan_options = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
-    return build_plan(
-        system,
-        layout,
-        assignments,
-        samples,
-        entrain_specs,
-        _compute_order(costs, opts.eager_budget_factor, eager),
-        plan_options,
-    )
+    if opts.ramp_microbatches:
+        plan_options.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
+
+    def specs(rep):
+        return entrain_specs(rep, samples, opts.ramp_microbatches, opts.ramp_pieces)
+
+    order = _compute_order(costs, opts.eager_budget_factor, eager)
+    return build_plan(system, layout, assignments, samples, specs, order, plan_options)

@@ -25,7 +25,7 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
         "qwen25vl-llama3-1b",
         "a40-paper",
     )
-    assert set(case["systems"]) == {
+    names = {
         "entrain",
         "entrain-1f1b",
         "1f1b",
@@ -33,7 +33,9 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
         "disttrain-paper",
         "dip",
         "dip-greedy",
+        "entrain+ramp",
     }
+    assert set(case["systems"]) == names
     assert case["systems"]["entrain"]["entrain_speedup"] == 1.0
     assert {t["batch_size"] for t in case["trials"]} >= {1, 4, 16, 64, 256}
     gap = case["gap"]

@@ -88,6 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     paper.add_argument("--iterations", type=int, default=20)
     paper.add_argument("--sweep-iterations", type=int, default=5, help="iterations per Fig. 14 sweep point")
     paper.add_argument("--seed", type=int, default=0)
+    paper.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                       help="worker processes (default: 2 or the CPU count if lower)")  # fmt: skip
     paper.add_argument(
         "--json", action="store_true", help="also print the numbers as one JSON object on stdout"
     )
@@ -175,25 +177,50 @@ def _sweep(profile, cost, batches) -> dict:
     return out
 
 
-def bench_paper(*, quick: bool, iterations: int, sweep_iterations: int, seed: int, log=print) -> dict:
+def bench_paper(
+    *, quick: bool, iterations: int, sweep_iterations: int, seed: int, jobs: int = 1, log=print
+) -> dict:
+    """Run every case (``jobs`` worker processes; each case is independent and deterministic)."""
     t0 = time.perf_counter()
     if quick:
         plan = [("synthchartnet", MODELS[0], "a40-paper")]
         iterations, sweep_iterations = 2, 2
     else:
-        plan = [(d, m, h) for h in HARDWARE for m in MODELS for d in DATASETS]
-    cases = []
-    for d, m, h in plan:
-        sweep = h == "a40-paper"
-        case = run_case(
-            d, m, h, iterations=iterations, seed=seed, sweep_iterations=sweep_iterations, sweep=sweep
-        )
-        log(f"bench paper: {d} + {SHORT[m]} on {h}: entrain {case['systems']['entrain']['iteration_time_ms'] / 1e3:.2f} s "
-            f"({case['wall_s']:.0f} s wall)")  # fmt: skip
-        cases.append(case)
+        # slowest cases first so the workers finish together
+        plan = [(d, m, h) for h in HARDWARE for m in reversed(MODELS) for d in reversed(DATASETS)]
+    kwargs = [dict(dataset=d, model=m, hardware=h, iterations=iterations, seed=seed,
+                   sweep_iterations=sweep_iterations, sweep=h == "a40-paper") for d, m, h in plan]  # fmt: skip
+    cases: list[dict] = []
+    if jobs <= 1 or len(plan) == 1:
+        for kw in kwargs:
+            cases.append(_logged(run_case_kw(kw), log))
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(run_case_kw, kw) for kw in kwargs]
+            for fut in as_completed(futures):
+                cases.append(_logged(fut.result(), log))
+    order = {
+        (d, m, h): i
+        for i, (d, m, h) in enumerate((d, m, h) for h in HARDWARE for m in MODELS for d in DATASETS)
+    }
+    cases.sort(key=lambda c: order.get((c["dataset"], c["model"], c["hardware"]), 0))
     return {"quick": quick, "iterations": iterations, "sweep_iterations": sweep_iterations, "seed": seed,
-            "setup": {"gpus": GPUS, "dp": DP, "tp": TP, "global_batch": GLOBAL_BATCH, "microbatch_size": MICROBATCH},
+            "jobs": jobs, "setup": {"gpus": GPUS, "dp": DP, "tp": TP, "global_batch": GLOBAL_BATCH,
+                                    "microbatch_size": MICROBATCH},
             "cases": cases, "targets": targets(cases), "wall_s": time.perf_counter() - t0}  # fmt: skip
+
+
+def run_case_kw(kw: dict) -> dict:
+    kw = dict(kw)
+    return run_case(kw.pop("dataset"), kw.pop("model"), kw.pop("hardware"), **kw)
+
+
+def _logged(case: dict, log) -> dict:
+    log(f"bench paper: {case['dataset']} + {SHORT[case['model']]} on {case['hardware']}: entrain "
+        f"{case['systems']['entrain']['iteration_time_ms'] / 1e3:.2f} s ({case['wall_s']:.0f} s wall)")  # fmt: skip
+    return case
 
 
 # --- targets -------------------------------------------------------------------------------------------
@@ -572,7 +599,7 @@ def _best_split(c: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     res = bench_paper(quick=args.quick, iterations=args.iterations, sweep_iterations=args.sweep_iterations,
-                      seed=args.seed, log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+                      seed=args.seed, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
     text = render(res)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

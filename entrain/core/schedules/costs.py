@@ -60,6 +60,7 @@ class PlanCosts:
         self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
         self._raw_tokens_per_ms = {c: self._linear_ms_per_token(c) for c in ("encoder", "llm")}
         self._unit_sums: dict[tuple[str, str], tuple[float, float]] = {}
+        self._sums_memo: dict[tuple[str, tuple[str, ...]], tuple[float, float]] = {}
 
     # --- per-stage coefficients --------------------------------------------------------------------
     def _stage_quad(self, stage: int) -> StageQuad:
@@ -111,6 +112,15 @@ class PlanCosts:
         return 0.0, (w / per_token if per_token > 0 else 0.0)
 
     def _sums(self, stage: int, ids: Iterable[str]) -> tuple[float, float]:
+        if isinstance(ids, tuple):
+            key = (self.layout.stages[stage].component, ids)
+            got = self._sums_memo.get(key)
+            if got is None:
+                got = self._sums_memo[key] = self._sums_uncached(stage, ids)
+            return got
+        return self._sums_uncached(stage, ids)
+
+    def _sums_uncached(self, stage: int, ids: Iterable[str]) -> tuple[float, float]:
         comp = self.layout.stages[stage].component
         sq = lin = 0.0
         for sid in ids:

@@ -24,14 +24,28 @@ from dataclasses import dataclass, field
 
 import torch
 
+from entrain.core.errors import EntrainError
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.models.vlm import EncoderStage, LLMStage
 from entrain.runtime.comm import MessageKey, Transport
 from entrain.runtime.data import SampleRenderer
 
-__all__ = ["Executor", "ComputeRecord", "StepOutput"]
+__all__ = ["Executor", "ExecutionError", "ComputeRecord", "StepOutput"]
 
 Key = tuple[int, int, int]  # (stage, mb, sub)
+
+
+class ExecutionError(EntrainError, RuntimeError):
+    """An action failed (a peer died or stalled past the process-group timeout, a schedule mismatch):
+    names the rank, the action (stage, microbatch, sub) and the peer rank."""
+
+    def __init__(self, rank: int, action: Action, peer: int | None, cause: BaseException):
+        self.rank, self.action, self.peer = rank, action, peer
+        with_peer = f" with rank {peer}" if peer is not None else ""
+        super().__init__(
+            f"rank {rank}: action {action} (stage {action.stage}, microbatch {action.mb}, sub "
+            f"{action.sub_index}){with_peer} failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +113,10 @@ class Executor:
                     raise RuntimeError(
                         f"rank {self.rank}: action {a} for stage {a.stage}, which it does not hold"
                     )
-                self._handlers[a.kind](a)
+                try:
+                    self._handlers[a.kind](a)
+                except Exception as e:
+                    raise ExecutionError(self.rank, a, self._peer_of(a), e) from e
         out = StepOutput(self._loss_sum, self._records)
         self._reset(it, loss_scale, forward_only)
         return out
@@ -124,6 +141,14 @@ class Executor:
 
     def _peer(self, stage: int) -> int:
         return self.layout.global_rank(self.replica, self.layout.stages[stage].pp_rank)
+
+    def _peer_of(self, a: Action) -> int | None:
+        """The rank a communication action talks to (None for compute)."""
+        if a.kind in (ActionKind.SEND_F, ActionKind.RECV_B):
+            return self._peer(a.stage + 1)
+        if a.kind in (ActionKind.RECV_F, ActionKind.SEND_B):
+            return self._peer(a.stage - 1)
+        return None
 
     def _is_local(self, stage: int) -> bool:
         return 0 <= stage <= self.last_stage and self._peer(stage) == self.rank

@@ -92,6 +92,16 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
                 f"the runtime executes Plans with TP = CP = 1; the encoder and llm have {name} = {degree} "
                 "(the planner and simulator cover it)"
             )
+    from entrain.models.config import get_model_config
+
+    cfg = get_model_config(spec.model)
+    for comp, n in (("encoder", spec.encoder_stages), ("llm", spec.llm_stages)):
+        layers = len(cfg.layer_names(comp))
+        if not 1 <= n <= layers:
+            raise ConfigError(
+                f"--{comp}-stages {n}: the {spec.model} {comp} has {layers} layers "
+                f"({', '.join(cfg.layer_names(comp)[:3])}, ...); use 1..{layers} stages"
+            )
     if spec.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {spec.steps}")
     dp = spec.dp_or_1

@@ -21,17 +21,20 @@ from entrain.models.vlm import VLM
 from entrain.runtime.data import SampleRenderer
 
 
-def _worker(fn: Callable, rank: int, world: int, folder: str, args: tuple) -> None:
+def _worker(
+    fn: Callable, rank: int, world: int, folder: str, args: tuple, pg_timeout_s: float, clean_shutdown: bool
+) -> None:
     out = Path(folder) / f"rank{rank}.pkl"
     try:
         torch.set_num_threads(1)
         from entrain.runtime.distributed import init_distributed, shutdown
 
         env = init_distributed(
-            timeout_s=60, rank=rank, world_size=world, init_method=f"file://{folder}/store"
+            timeout_s=pg_timeout_s, rank=rank, world_size=world, init_method=f"file://{folder}/store"
         )
         result = fn(env, *args)
-        shutdown()
+        if clean_shutdown:
+            shutdown()
         out.write_bytes(pickle.dumps(("ok", result)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         out.write_bytes(pickle.dumps(("error", traceback.format_exc())))
@@ -39,12 +42,24 @@ def _worker(fn: Callable, rank: int, world: int, folder: str, args: tuple) -> No
     os._exit(0)
 
 
-def run_workers(fn: Callable, world: int, folder: Path, *args, timeout_s: float = 60.0) -> list:
-    """Run ``fn(env, *args)`` on ``world`` forked ranks; returns each rank's result."""
+def run_workers(
+    fn: Callable,
+    world: int,
+    folder: Path,
+    *args,
+    timeout_s: float = 60.0,
+    pg_timeout_s: float = 60.0,
+    clean_shutdown: bool = True,
+) -> list:
+    """Run ``fn(env, *args)`` on ``world`` forked ranks; returns each rank's result. ``pg_timeout_s``:
+    the process-group timeout; ``clean_shutdown=False`` skips the final barrier (broken groups)."""
     torch.set_num_threads(1)
     folder.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_worker, args=(fn, r, world, str(folder), args)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_worker, args=(fn, r, world, str(folder), args, pg_timeout_s, clean_shutdown))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     for p in procs:

@@ -12,9 +12,11 @@ from entrain.core.plan import ComponentLayout, Layout, StageSpec
 from entrain.models.config import get_model_config
 from entrain.models.vlm import build_vlm
 from entrain.runtime.comm import MessageKey, Transport
+from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import check_runtime_layout
-from entrain.runtime.trainer import OptimConfig, lr_factor
+from entrain.runtime.trainer import OptimConfig, PipelineTrainer, lr_factor
 
+from .cases import batch_metas, plan_for, works
 from .harness import run_workers
 
 
@@ -81,3 +83,38 @@ def test_weights_folder_round_trip(tmp_path):
         assert torch.equal(p, q), name
     with pytest.raises(ConfigError, match="does not exist"):
         build_vlm(cfg, weights_dir=str(tmp_path / "missing"))
+
+
+def _stalled_peer(env, plan):
+    import time
+
+    from entrain.runtime.executor import ExecutionError
+
+    cfg = get_model_config("tiny")
+    metas = {m.id: m for m in batch_metas()}
+    trainer = PipelineTrainer(
+        layout=plan.layout,
+        model=build_vlm(cfg, seed=0),
+        env=env,
+        renderer=SampleRenderer(cfg, metas),
+        optim=OptimConfig(),
+    )
+    if env.rank == 1:  # the LLM rank stalls: never runs its actions
+        time.sleep(6)
+        return None
+    it = plan.iterations[0]
+    t0 = time.monotonic()
+    try:
+        trainer.executor.run(it, it.actions[0], loss_scale=1.0)
+    except ExecutionError as e:
+        return str(e), e.peer, time.monotonic() - t0
+    return None
+
+
+def test_a_stalled_peer_fails_with_rank_action_and_peer(tmp_path):
+    plan = plan_for("1f1b", 1, 1, 1, 4, works(batch_metas()))
+    (message, peer, waited_s), _ = run_workers(
+        _stalled_peer, 2, tmp_path, plan, pg_timeout_s=2, clean_shutdown=False
+    )
+    assert peer == 1 and waited_s < 30
+    assert message.startswith("rank 0: action 0RECV_B0 (stage 0, microbatch 0, sub 0) with rank 1 failed")

@@ -66,6 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/train", help="run folder")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--betas", default="0.9,0.95", help="AdamW beta1,beta2")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0 disables")
     p.add_argument("--val-every", type=int, default=0, help="validation loss every N steps (0: never)")
@@ -93,6 +94,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 _DEFAULTS: dict = {}
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--betas must be two comma-separated numbers, got {text!r}") from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ConfigError(f"--betas must lie in [0, 1), got {text!r}")
+    return b1, b2
 
 
 def _spec(args: argparse.Namespace):
@@ -130,6 +141,7 @@ def _spec(args: argparse.Namespace):
         image_root=args.image_root,
         lr=args.lr,
         weight_decay=args.weight_decay,
+        betas=_betas(args.betas),
         warmup_steps=args.warmup_steps,
         max_grad_norm=args.max_grad_norm or None,
         val_every=args.val_every,
@@ -163,6 +175,7 @@ _FORWARDED = (
     "weight_decay",
     "warmup_steps",
     "max_grad_norm",
+    "betas",
     "val_every",
     "val_batches",
     "freeze",

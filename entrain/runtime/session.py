@@ -48,6 +48,7 @@ class TrainSpec:
     image_root: str | None = None
     lr: float = 1e-3
     weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 2
     max_grad_norm: float | None = 1.0
     val_every: int = 0
@@ -290,6 +291,7 @@ def _run_one(
     optim = OptimConfig(
         lr=spec.lr,
         weight_decay=spec.weight_decay,
+        betas=spec.betas,
         warmup_steps=spec.warmup_steps,
         total_steps=spec.steps,
         max_grad_norm=spec.max_grad_norm,

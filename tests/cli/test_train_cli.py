@@ -56,21 +56,39 @@ def test_bad_or_pending_flags_give_one_line_errors(flags, message, capsys):
 def test_single_process_dip_run_writes_the_run_folder(tmp_path, capsys):
     """DIP with 1 + 1 colocated stages needs one process: runs in this process, no torchrun."""
     out = tmp_path / "run"
-    rc = main(["train", *FAST, "--system", "dip", "--steps", "2", "--val-every", "1", "--out", str(out)])
+    rc = main(
+        [
+            "train",
+            *FAST,
+            "--system",
+            "dip",
+            "--steps",
+            "4",
+            "--lr",
+            "3e-3",
+            "--val-every",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     line = capsys.readouterr().out.strip()
     assert re.fullmatch(r"system=dip iter_ms=[\d.]+ stage_std_ms=[\d.]+ loss=[\d.]+->[\d.]+", line)
     assert {"config.json", "plan.json", "metrics.jsonl"} <= set(os.listdir(out))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3  # it learns (Zipf text statistics)
+    assert [("val_loss" in r) for r in rows] == [False, True, False, True]
+    assert rows[0]["lr"] == pytest.approx(1.5e-3)  # warm-up step 1 of 2
     for r in rows:
-        assert {"step", "loss", "iteration_time_ms", "tokens_per_s", "stage_times", "val_loss"} <= set(r)
+        assert {"step", "loss", "iteration_time_ms", "tokens_per_s", "stage_times", "cpu_ms"} <= set(r)
         assert r["tokens_per_s"] > 0 and r["loss"] > 0
         stages = {(t["stage"], t["mb"], t["sub"]) for t in r["stage_times"]}
         assert {s for s, _, _ in stages} == {0, 1}
         assert all(t["fwd_ms"] > 0 and t["bwd_ms"] > 0 and t["rank"] == 0 for t in r["stage_times"])
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["system"] == "dip" and len(plan["iterations"]) == 2
+    assert plan["system"] == "dip" and len(plan["iterations"]) == 4
     config = json.loads((out / "config.json").read_text())
     assert config["world_size"] == 1 and config["backend"] in ("gloo", "nccl")
 

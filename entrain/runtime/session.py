@@ -194,12 +194,12 @@ def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[
 
 
 def stage_std_ms(records: Sequence[dict]) -> float:
-    """Per stage, the population std across microbatches of (forward + backward) ms summed over the
-    microbatch's subs; mean over stages."""
-    per_stage: dict[int, dict[int, float]] = {}
+    """Per (rank, stage) -- a stage of one replica --, the population std across microbatches of
+    (forward + backward) ms summed over the microbatch's subs; mean over them."""
+    per_stage: dict[tuple[int, int], dict[int, float]] = {}
     for r in records:
-        per_stage.setdefault(r["stage"], {}).setdefault(r["mb"], 0.0)
-        per_stage[r["stage"]][r["mb"]] += r["fwd_ms"] + r["bwd_ms"]
+        mbs = per_stage.setdefault((r["rank"], r["stage"]), {})
+        mbs[r["mb"]] = mbs.get(r["mb"], 0.0) + r["fwd_ms"] + r["bwd_ms"]
     stds = [statistics.pstdev(v.values()) for v in per_stage.values() if len(v) > 1]
     return statistics.fmean(stds) if stds else 0.0
 

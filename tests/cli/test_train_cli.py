@@ -123,3 +123,20 @@ def test_readme_main_job_with_two_steps(tmp_path):
         rows = [json.loads(x) for x in (out / system / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 2
         assert {t["rank"] for t in rows[0]["stage_times"]} == {0, 1}
+
+
+def test_stage_std_is_per_replica_stage_over_microbatches():
+    from entrain.runtime.session import stage_std_ms
+
+    rows = [
+        {"rank": rank, "stage": 0, "mb": mb, "sub": sub, "fwd_ms": f, "bwd_ms": 0.0}
+        for rank, mb, sub, f in [
+            (0, 0, 0, 1.0),
+            (0, 0, 1, 1.0),
+            (0, 1, 0, 4.0),
+            (2, 0, 0, 10.0),
+            (2, 1, 0, 10.0),
+        ]
+    ]
+    # rank 0: microbatches 2 ms and 4 ms -> std 1; rank 2 (other replica): 10 and 10 -> std 0
+    assert stage_std_ms(rows) == pytest.approx(0.5)

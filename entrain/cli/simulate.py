@@ -27,6 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=1.25,
         help="Entrain's eager-forward activation budget factor (default 1.25)",
     )
+    p.add_argument("--ramp-microbatches", type=int, default=0,
+                   help="Entrain extension (not in the paper): cut the first and last N microbatches into 2 "
+                        "sub-microbatches so the pipeline fills and drains faster (default 0 = off)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -53,6 +56,8 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         options = dict(setup.options)
         if name == "entrain":
             options["eager_budget_factor"] = args.eager_budget_factor
+        if name in ("entrain", "entrain-1f1b") and args.ramp_microbatches:
+            options["ramp_microbatches"] = args.ramp_microbatches
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
         runs[name] = run_system(name, setup.layout, batches, cost, options)
     if "entrain" in runs:

@@ -64,3 +64,13 @@ def test_unknown_system_is_a_one_line_error(capsys):
 def test_paper_config_for_a_non_paper_case_is_an_error(capsys):
     assert main(["simulate", *SMALL, "--systems", "disttrain-paper"]) == 2
     assert "Table 1" in capsys.readouterr().err
+
+
+def test_ramp_flag_changes_only_entrain(capsys):
+    base = ["simulate", *SMALL, "--systems", "entrain,dip", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["systems"]
+    assert main([*base, "--ramp-microbatches", "2"]) == 0
+    ramp = json.loads(capsys.readouterr().out)["systems"]
+    assert ramp["dip"] == {**plain["dip"], "entrain_speedup": ramp["dip"]["entrain_speedup"]}
+    assert ramp["entrain"]["iteration_time_ms"] != plain["entrain"]["iteration_time_ms"]

@@ -8,7 +8,8 @@ Model (documented assumptions):
   stages by the stages' share of the per-layer linear costs — see ``entrain.core.schedules.costs``).
 * ``SEND`` is asynchronous: it costs the sender nothing; the message arrives
   ``latency + bytes / bandwidth`` later. Links are not contended. ``RECV`` blocks the receiver until
-  the message has arrived. A plan without communication actions (compute-only orders) gets the
+  the message has arrived, and a consumer may use a remote input only after its rank ran the
+  ``RECV`` (a plan receiving after use deadlocks, as it would at run time). A plan without communication actions (compute-only orders) gets the
   same transfer delays implicitly.
 * Memory: a forward allocates its activation bytes on its rank at its start; the backward (``B``,
   or ``W`` when split) frees them at its end. Only activations are counted (no weights, optimizer
@@ -123,6 +124,7 @@ class _Replica:
         self.spans: list[Span] = []
         self.held: dict[tuple[int, int, int], float] = {}
         self._pending_wake: list[int] = []
+        self.received: dict[Message, float] = {}
 
     # --- availability --------------------------------------------------------------------------
     def _transfer_ms(self, msg: Message) -> float:
@@ -136,7 +138,8 @@ class _Replica:
     def _msg_ready(self, msg: Message) -> float | None:
         """Time the message is usable by its consumer, or None (not yet known)."""
         if self.graph.is_remote(msg):
-            return self.arrival.get(msg)
+            # with communication actions, a message is usable once this rank has run its RECV
+            return self.received.get(msg) if self.has_comm_actions else self.arrival.get(msg)
         if msg.kind == "F":
             return self.ends.get(("F", msg.src, msg.mb, msg.sub))
         times = [self.ends.get(("B", *t)) for t in self.graph.bwd_producers(msg)]
@@ -171,7 +174,7 @@ class _Replica:
 
     def _wait_key(self, msg: Message) -> object:
         if self.graph.is_remote(msg):
-            return msg
+            return ("recv", msg) if self.has_comm_actions else msg
         if msg.kind == "F":
             return ("F", msg.src, msg.mb, msg.sub)
         pending = [("B", *t) for t in self.graph.bwd_producers(msg) if ("B", *t) not in self.ends]
@@ -200,6 +203,7 @@ class _Replica:
                     self._requeue(woken)
                     return msg
                 self.clock[g] = max(self.clock[g], arrived)
+                self.received[msg] = self.clock[g]
             else:
                 msg = message_of(a)
                 self.arrival[msg] = self.clock[g] + self._transfer_ms(msg)
@@ -268,21 +272,28 @@ class _Replica:
 
 def _run(rep: _Replica) -> None:
     stack = sorted(rep.actions, reverse=True)
+    waiting: dict[int, object] = {}
     while stack:
         g = stack.pop()
+        waiting.pop(g, None)
         key = rep._advance(g)
         if key is not None:
             if _resolved(rep, key):
                 stack.append(g)
             else:
                 rep.waiters.setdefault(key, []).append(g)
+                waiting[g] = key
         stack.extend(rep._pending_wake)
         rep._pending_wake = []
     blocked = {g: p for g, p in rep.ptr.items() if p < len(rep.actions[g])}
     if blocked:
-        g0 = min(blocked)
+        # blame a rank stuck on its own missing receive or local input before ranks waiting on peers
+        local = [g for g in sorted(blocked) if not isinstance(waiting.get(g), Message)]
+        g0 = local[0] if local else min(blocked)
+        lines = "; ".join(f"rank {g} step {p} ({rep.actions[g][p]})" for g, p in sorted(blocked.items()))
         raise ScheduleError(
-            f"deadlock in simulation: rank {g0} step {blocked[g0]} ({rep.actions[g0][blocked[g0]]}) never becomes ready\n"
+            f"deadlock in simulation: rank {g0} step {blocked[g0]} ({rep.actions[g0][blocked[g0]]}) never becomes "
+            f"ready; blocked: {lines}\n"
             + format_grid({g: list(a) for g, a in rep.actions.items()}, blocked, primary=g0)
         )
 
@@ -290,6 +301,8 @@ def _run(rep: _Replica) -> None:
 def _resolved(rep: _Replica, key: object) -> bool:
     if isinstance(key, Message):
         return key in rep.arrival
+    if key[0] == "recv":
+        return key[1] in rep.received
     return key in rep.ends
 
 

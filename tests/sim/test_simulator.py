@@ -197,3 +197,21 @@ def test_ramp_cuts_first_and_last_microbatches_into_balanced_pieces():
     assert mbs[2].encoder_subs == (("f", "g"), ("h",))
     assert mbs[2].llm_subs == (("f", "g"), ("h",))
     simulate_plan(plan, cost)
+
+
+def test_simulator_reports_a_deadlocked_plan_with_the_grid():
+    from dataclasses import replace
+
+    from entrain.core.errors import ScheduleError
+    from entrain.core.plan import Action
+
+    cost = toy_cost(enc_layers=2, llm_layers=2)
+    plan = _uniform_plan(3, 1, 1, cost)
+    it = plan.iterations[0]
+    acts = list(it.actions[1])
+    acts.remove(Action.parse("1RECV_F1"))
+    acts.append(Action.parse("1RECV_F1"))  # rank 1 would wait for F1 forever
+    broken = replace(plan, iterations=(replace(it, actions={**it.actions, 1: tuple(acts)}),))
+    with pytest.raises(ScheduleError, match=r"deadlock in simulation: rank 1 step \d+ \(1F1\)") as err:
+        simulate_plan(broken, cost)
+    assert "<-- ERROR HERE" in str(err.value)

@@ -220,6 +220,8 @@ class _Validator:
             done.add(("B", a.stage, a.mb, a.sub_index))
             if a.kind is _I:
                 done.add(("I", a.stage, a.mb, a.sub_index))
+        elif a.kind is _W:
+            done.add(("W", a.stage, a.mb, a.sub_index))
         elif a.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
             msg = message_of(a)
             if msg.kind == "F" and ("F", msg.src, msg.mb, msg.sub) not in done:

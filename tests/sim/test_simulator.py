@@ -4,6 +4,7 @@ workloads for every generator."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -215,3 +216,40 @@ def test_simulator_reports_a_deadlocked_plan_with_the_grid():
     with pytest.raises(ScheduleError, match=r"deadlock in simulation: rank 1 step \d+ \(1F1\)") as err:
         simulate_plan(broken, cost)
     assert "<-- ERROR HERE" in str(err.value)
+
+
+def test_split_backward_input_weight_actions_validate_and_simulate():
+    """I (backward for inputs) then W (weights) instead of B: lowering sends gradients after I,
+    the validator accepts it and the simulator charges half a backward to each."""
+    from entrain.core.plan import Action, IterationPlan
+    from entrain.core.schedules.graph import ReplicaGraph
+    from entrain.core.schedules.lowering import add_comms, strip_comms
+
+    cost = toy_cost(enc_layers=2, llm_layers=2)
+    plan = _uniform_plan(3, 1, 1, cost)
+    it = plan.iterations[0]
+    graph = ReplicaGraph(plan.layout, it.microbatches[0])
+    compute = {}
+    for rank, acts in it.actions.items():
+        out = []
+        for a in strip_comms(acts):
+            if a.kind is ActionKind.B:
+                out += [
+                    Action(a.stage, ActionKind.I, a.mb, a.sub),
+                    Action(a.stage, ActionKind.W, a.mb, a.sub),
+                ]
+            else:
+                out.append(a)
+        compute[rank] = out
+    lowered = add_comms(graph, compute)
+    assert "1I0 1SEND_B0 1W0" in " ".join(str(a) for a in lowered[1])
+    split = replace(
+        plan,
+        iterations=(
+            IterationPlan(it.assignment, it.microbatches, {r: tuple(a) for r, a in lowered.items()}),
+        ),
+    )
+    validate_plan(split)
+    run = simulate_plan(split, cost)[0]
+    assert run.replicas[0].busy_ms == simulate_plan(plan, cost)[0].replicas[0].busy_ms
+    assert run.iteration_time_ms <= simulate_plan(plan, cost)[0].iteration_time_ms

@@ -1,12 +1,18 @@
 """``entrain profile``: measure per-layer forward / backward times of a model preset on this machine and
-write a cost model JSON (the analytic presets' schema) for ``--profile`` of every other command."""
+write a cost model JSON (the analytic presets' schema) for ``--profile`` of every other command.
+
+One layer per layer kind is measured and replicated onto the layers of that kind (``--all-layers``
+measures each one). Per layer and phase the fit quality (R^2, worst relative residual) is printed on
+stderr; a layer whose quadratic misses a measurement by more than 20 % gets a monotone
+piecewise-linear table instead (see docs/profiling.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from entrain.cli.common import MODEL_PRESETS, default_hardware
+from entrain.cli.common import MODEL_PRESETS, default_hardware, emit_json
 from entrain.core.errors import ConfigError
 
 
@@ -19,12 +25,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tokens",
         default="64,256,1024,4096",
-        help="comma list of sequence-unit sizes (ViT patches per image / LLM tokens per sample)",
+        help="comma list of sequence-unit sizes (ViT patches per image / LLM tokens per sample); "
+        "2 sizes fit b, c only",
     )
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per size (median), after one warm-up")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per size (median), at most")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per size before the timed ones")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=1.0,
+        help="wall seconds per layer and size after which timed runs stop early (at least one runs)",
+    )
+    p.add_argument("--all-layers", action="store_true", help="measure every layer, not one per kind")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="profile JSON to write")
-    p.add_argument("--verbose", action="store_true", help="per-layer times on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object (fits) on stdout")
+    p.add_argument("--verbose", action="store_true", help="measured times per size on stderr")
     p.set_defaults(func=run)
 
 
@@ -33,38 +49,75 @@ def _tokens(text: str) -> list[int]:
         values = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
         raise ConfigError(f"--tokens must be a comma list of integers, got {text!r}") from None
-    if len(values) < 3 or values[0] < 4:
-        raise ConfigError(f"--tokens needs at least 3 distinct sizes >= 4 to fit a, b, c; got {text!r}")
+    if len(values) < 2 or values[0] < 4:
+        raise ConfigError(f"--tokens needs at least 2 distinct sizes >= 4 to fit a curve; got {text!r}")
     return values
+
+
+def _fit_line(fit) -> str:
+    table = " table" if fit.table else ""
+    return (
+        f"{fit.component:7s} {fit.layer:12s} {fit.kind:16s} {fit.phase}  R^2 {fit.quadratic.r2:7.4f}  "
+        f"worst residual {fit.quadratic.worst_rel_residual:6.1%}{table}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     tokens = _tokens(args.tokens)
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
     import torch
 
     from entrain.core.presets import build_cost_model
     from entrain.models.config import get_model_config
-    from entrain.models.vlm import build_vlm
     from entrain.runtime.profiler import profile_model
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda but torch sees no GPU")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)
-    cfg = get_model_config(args.model)
-    model = build_vlm(cfg, seed=args.seed).to(device)
-    analytic = build_cost_model(args.model, default_hardware(args.model))
-    log = (lambda m: print(m, file=sys.stderr)) if args.verbose else None
-    cost = profile_model(
-        model, cfg, analytic, tokens=tokens, device=device, repeats=args.repeats, progress=log
-    )
+
+    def log(fit) -> None:
+        print(_fit_line(fit), file=sys.stderr)
+        if args.verbose:
+            print(f"    ms {[round(m, 3) for m in fit.ms]} at {list(fit.xs)}", file=sys.stderr)
+
+    try:
+        cost, fits = profile_model(
+            get_model_config(args.model),
+            build_cost_model(args.model, default_hardware(args.model)),
+            tokens=tokens,
+            device=device,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            budget_s=args.budget_s,
+            all_layers=args.all_layers,
+            seed=args.seed,
+            progress=log,
+        )
+    finally:
+        torch.set_num_threads(threads)
     cost.save(args.out)
+    tables = sum(f.table for f in fits)
     print(
-        f"wrote {args.out}: {len(cost.encoder.layers)} encoder + {len(cost.llm.layers)} LLM layers "
-        f"profiled on {device}",
+        f"wrote {args.out}: {len(cost.encoder.layers)} encoder + {len(cost.llm.layers)} LLM layers of "
+        f"{args.model} from {len(fits) // 2} measured layers on {device}; {tables} of {len(fits)} "
+        "fits use a table",
         file=sys.stderr,
     )
+    if args.json:
+        emit_json(
+            {
+                "model": args.model,
+                "device": str(device),
+                "tokens": tokens,
+                "out": args.out,
+                "layers": cost.notes["layers"],
+                "fits": [f.to_json() for f in fits],
+            }
+        )
     return 0

@@ -12,10 +12,12 @@ LLM microbatches). The constant ``c`` is paid once per call, i.e. once per (sub-
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from entrain.core.errors import ConfigError
 from entrain.core.samples import SampleMeta
 from entrain.core.work import SampleWork
 
@@ -40,27 +42,87 @@ def parallel_key(tp: int, cp: int) -> str:
     return f"tp{tp}cp{cp}"
 
 
+def _first(point: tuple[float, float]) -> float:
+    return point[0]
+
+
 @dataclass(frozen=True, slots=True)
 class Quadratic:
-    """``a*x^2 + b*x + c`` milliseconds for ``x`` tokens of one sequence unit."""
+    """``a*x^2 + b*x + c`` milliseconds for ``x`` tokens of one sequence unit.
+
+    Optional ``table``: measured ``(x, ms)`` points of a monotone piecewise-linear curve (``entrain
+    profile`` writes one where the quadratic fits its measurements badly). When present it replaces
+    ``a, b, c`` (kept as the least-squares fit, for reference): ``T(x)`` interpolates linearly between
+    the points, extends the last segment beyond the last point, and goes linearly from
+    ``(0, constant_ms)`` to the first point below it; ``constant_ms`` (the per-call part) is the first
+    segment extrapolated to ``x = 0``, clamped to ``[0, first ms]``.
+    """
 
     a: float = 0.0
     b: float = 0.0
     c: float = 0.0
+    table: tuple[tuple[float, float], ...] = ()
+    """``(x, ms)`` points, ``x`` strictly increasing, ``ms`` non-decreasing; empty: the quadratic."""
+
+    def __post_init__(self) -> None:
+        xs = [x for x, _ in self.table]
+        ms = [y for _, y in self.table]
+        if self.table and (
+            xs[0] <= 0
+            or ms[0] < 0
+            or any(b <= a for a, b in zip(xs, xs[1:]))
+            or any(b < a for a, b in zip(ms, ms[1:]))
+        ):
+            raise ConfigError(
+                f"cost table {list(self.table)}: x must be positive and increasing, ms non-negative and non-decreasing"
+            )
+
+    @property
+    def constant_ms(self) -> float:
+        """The per-call constant (``c``, or the table's value at ``x = 0``)."""
+        if not self.table:
+            return self.c
+        (x0, y0) = self.table[0]
+        if len(self.table) == 1:
+            return y0
+        (x1, y1) = self.table[1]
+        return min(y0, max(0.0, y0 - (y1 - y0) / (x1 - x0) * x0))
 
     def variable_ms(self, x: float) -> float:
         """The size-dependent part ``a*x^2 + b*x`` (no per-call constant)."""
+        if self.table:
+            return self._table_ms(x) - self.constant_ms
         return self.a * x * x + self.b * x
 
+    def _table_ms(self, x: float) -> float:
+        pts = self.table
+        if len(pts) == 1:
+            return pts[0][1] * (x / pts[0][0] if x < pts[0][0] else 1.0)
+        if x <= pts[0][0]:
+            c = self.constant_ms
+            return c + (pts[0][1] - c) * max(0.0, x) / pts[0][0]
+        i = min(bisect_right(pts, x, key=_first), len(pts) - 1)
+        (xa, ya), (xb, yb) = pts[i - 1], pts[i]
+        return ya + (yb - ya) * (x - xa) / (xb - xa)
+
     def __call__(self, x: float) -> float:
-        return self.variable_ms(x) + self.c
+        return self.variable_ms(x) + self.constant_ms
+
+    def scaled(self, factor: float) -> Quadratic:
+        """Every time multiplied by ``factor`` (coefficients and table alike)."""
+        table = tuple((x, ms * factor) for x, ms in self.table)
+        return Quadratic(self.a * factor, self.b * factor, self.c * factor, table)
 
     def to_json(self) -> dict:
-        return {"a": self.a, "b": self.b, "c": self.c}
+        out = {"a": self.a, "b": self.b, "c": self.c}
+        if self.table:
+            out["table"] = [[x, ms] for x, ms in self.table]
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> Quadratic:
-        return cls(float(d.get("a", 0.0)), float(d.get("b", 0.0)), float(d.get("c", 0.0)))
+        table = tuple((float(x), float(ms)) for x, ms in d.get("table", ()))
+        return cls(float(d.get("a", 0.0)), float(d.get("b", 0.0)), float(d.get("c", 0.0)), table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +278,7 @@ class CostModel:
         q = layer.fwd[key] if phase == "fwd" else self._bwd_quadratic(comp, layer_idx, key)
         if q is None:
             return 0.0
-        return sum(q.variable_ms(x) for x in units) + q.c * num_calls
+        return sum(q.variable_ms(x) for x in units) + q.constant_ms * num_calls
 
     def _bwd_quadratic(self, comp: ComponentCost, layer_idx: int, key: str) -> Quadratic | None:
         layer = comp.layers[layer_idx]
@@ -230,8 +292,7 @@ class CostModel:
             upstream = True
         if not upstream:
             return None
-        f = layer.bwd_input_fraction
-        return Quadratic(q.a * f, q.b * f, q.c * f)
+        return q.scaled(layer.bwd_input_fraction)
 
     def stage_ms(
         self,

@@ -3,10 +3,20 @@
 Every layer of the cost model's lists (encoder: patch_embed, blocks, merger; LLM: embed_tokens,
 decoder layers, norm, lm_head, loss) runs alone as a one-layer stage on one sequence unit of ``x``
 tokens (an image of ``x`` ViT patches; a sample of ``x`` LLM tokens with ``LABEL_FRACTION`` of them
-labelled). Each size: one warm-up, then the median of ``repeats`` runs; thread-CPU time on the CPU
-(one thread), wall time after ``synchronize`` on CUDA. The fit is non-negative least squares
-(``scipy.optimize.nnls``). The result has the analytic preset's schema: its layers with the measured
-``tp1cp1`` forward / backward quadratics.
+labelled). Each size: ``warmup`` untimed runs, then the median of ``repeats`` timed runs; thread-CPU
+time on the CPU (one thread), CUDA events around the forward and the backward on a GPU.
+
+Representative layers: layers of one ``kind`` (``vit_block_window``, ``vit_block_full``,
+``decoder_layer``, ...) have identical shapes, so by default ONE layer per kind is measured, in a
+model built with one block per kind (the paper-size presets do not fit in this CPU's time or memory
+otherwise: a 1B decoder layer at 4,096 tokens takes seconds per pass), and its costs are replicated
+onto every layer of that kind. ``all_layers=True`` measures every layer of the full model instead.
+
+Fit: least squares with a non-negativity constraint on ``a, b, c`` (``scipy.optimize.nnls``; two
+sizes fit ``b, c`` only). Fit quality per layer and phase: R^2 and the worst relative residual
+``max |fit - measured| / measured``. Where that residual exceeds ``MAX_REL_RESIDUAL`` the layer also
+gets a monotone piecewise-linear ``table`` (isotonic regression of the medians,
+``scipy.optimize.isotonic_regression``) which ``CostModel.layer_ms`` uses instead of the quadratic.
 """
 
 from __future__ import annotations
@@ -15,31 +25,129 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
+from scipy.optimize import isotonic_regression, nnls
 
-from entrain.core.costmodel import ComponentCost, CostModel, Quadratic, parallel_key
+from entrain.core.costmodel import ComponentCost, CostModel, LayerCost, Quadratic, parallel_key
 from entrain.core.presets import LABEL_FRACTION
 from entrain.models.config import VLMConfig
 from entrain.models.vlm import VLM, LLMBatch, build_stage
 
-__all__ = ["profile_model", "fit_quadratic", "image_grid"]
+__all__ = [
+    "MAX_REL_RESIDUAL",
+    "FitQuality",
+    "LayerFit",
+    "fit_quadratic",
+    "fit_curve",
+    "fit_quality",
+    "image_grid",
+    "representative_config",
+    "profile_model",
+]
 
 KEY = parallel_key(1, 1)
+MAX_REL_RESIDUAL = 0.2
+"""Worst relative residual of the quadratic above which a layer gets a piecewise-linear table."""
 
 
+@dataclass(frozen=True, slots=True)
+class FitQuality:
+    r2: float
+    """Coefficient of determination (1.0 when the measurements are all equal and matched)."""
+    worst_rel_residual: float
+    """``max |fit(x) - ms| / ms`` over the measured sizes."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerFit:
+    """Measurements and fit of one layer and phase (what ``entrain profile`` prints)."""
+
+    component: str
+    layer: str
+    kind: str
+    phase: str
+    xs: tuple[int, ...]
+    ms: tuple[float, ...]
+    quadratic: FitQuality
+    """Quality of the quadratic alone."""
+    table: bool
+    """True when the quadratic's worst residual exceeded ``MAX_REL_RESIDUAL`` and a table is used."""
+    used: FitQuality
+    """Quality of the curve the profile uses (the table where there is one)."""
+
+    def to_json(self) -> dict:
+        return {
+            "component": self.component,
+            "layer": self.layer,
+            "kind": self.kind,
+            "phase": self.phase,
+            "tokens": list(self.xs),
+            "ms": list(self.ms),
+            "r2": self.quadratic.r2,
+            "worst_rel_residual": self.quadratic.worst_rel_residual,
+            "table": self.table,
+            "used_r2": self.used.r2,
+            "used_worst_rel_residual": self.used.worst_rel_residual,
+        }
+
+
+# --- fitting -----------------------------------------------------------------------------------------
 def fit_quadratic(xs: Sequence[float], ms: Sequence[float]) -> Quadratic:
-    """Non-negative least-squares ``a, b, c`` of ``ms ~ a x^2 + b x + c``."""
+    """Non-negative least-squares ``a, b, c`` of ``ms ~ a x^2 + b x + c`` (``b, c`` only for fewer
+    than three distinct sizes)."""
     x = np.asarray(xs, dtype=float)
     scale = max(float(x.max()), 1.0)
-    design = np.stack([(x / scale) ** 2, x / scale, np.ones_like(x)], axis=1)
-    coef, _ = nnls(design, np.asarray(ms, dtype=float))
+    cols = [(x / scale) ** 2, x / scale, np.ones_like(x)]
+    if len(set(xs)) < 3:
+        cols = cols[1:]
+    coef, _ = nnls(np.stack(cols, axis=1), np.asarray(ms, dtype=float))
+    if len(coef) == 2:
+        coef = np.concatenate([[0.0], coef])
     return Quadratic(float(coef[0] / scale**2), float(coef[1] / scale), float(coef[2]))
 
 
+def fit_quality(curve: Callable[[float], float], xs: Sequence[float], ms: Sequence[float]) -> FitQuality:
+    pred = np.array([curve(x) for x in xs])
+    y = np.asarray(ms, dtype=float)
+    ss_res = float(((y - pred) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    rel = np.abs(pred - y) / np.maximum(y, 1e-9)
+    return FitQuality(r2, float(rel.max()) if len(rel) else 0.0)
+
+
+def monotone_table(xs: Sequence[float], ms: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    """``(x, ms)`` points, ``x`` increasing (duplicate sizes averaged), ``ms`` the isotonic (non-
+    decreasing) fit of the measurements, least squares in relative terms (weights ``1 / ms^2``)."""
+    by_x: dict[float, list[float]] = {}
+    for x, y in zip(xs, ms):
+        by_x.setdefault(float(x), []).append(float(y))
+    ux = sorted(by_x)
+    y = [statistics.fmean(by_x[x]) for x in ux]
+    w = [len(by_x[x]) / max(v, 1e-9) ** 2 for x, v in zip(ux, y)]
+    iso = isotonic_regression(y, weights=w, increasing=True).x
+    return tuple((x, max(0.0, float(v))) for x, v in zip(ux, iso))
+
+
+def fit_curve(xs: Sequence[float], ms: Sequence[float]) -> tuple[Quadratic, FitQuality, FitQuality]:
+    """(curve, quality of the quadratic, quality of the curve): the NNLS quadratic, or it plus a
+    monotone table when the quadratic's worst relative residual exceeds ``MAX_REL_RESIDUAL`` and the
+    table's is smaller."""
+    q = fit_quadratic(xs, ms)
+    quality = fit_quality(q, xs, ms)
+    if quality.worst_rel_residual <= MAX_REL_RESIDUAL:
+        return q, quality, quality
+    curve = replace(q, table=monotone_table(xs, ms))
+    used = fit_quality(curve, xs, ms)
+    if used.worst_rel_residual >= quality.worst_rel_residual:
+        return q, quality, quality
+    return curve, quality, used
+
+
+# --- inputs --------------------------------------------------------------------------------------------
 def image_grid(num_patches: int, merge: int = 2) -> tuple[int, int, int]:
     """A still image ``(1, h, w)`` of about ``num_patches`` patches, ``h`` and ``w`` multiples of ``merge``."""
     side = max(merge, int(round(math.sqrt(num_patches) / merge)) * merge)
@@ -47,48 +155,39 @@ def image_grid(num_patches: int, merge: int = 2) -> tuple[int, int, int]:
     return (1, side, w)
 
 
-class _Clock:
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return time.perf_counter()
-        return time.thread_time()
-
-
-def _measure(run_fwd: Callable[[], torch.Tensor], clock: _Clock, repeats: int) -> tuple[float, float]:
-    """(median forward ms, median backward ms) after one warm-up."""
-    fwd, bwd = [], []
-    for i in range(repeats + 1):
-        t0 = clock.now()
-        out = run_fwd()
-        t1 = clock.now()
-        grad = torch.ones_like(out) if out.dim() else None
-        torch.autograd.backward(out, grad)
-        t2 = clock.now()
-        if i:
-            fwd.append((t1 - t0) * 1e3)
-            bwd.append((t2 - t1) * 1e3)
-    return statistics.median(fwd), statistics.median(bwd)
+def representative_config(cfg: VLMConfig) -> tuple[VLMConfig, dict[str, dict[int, int]]]:
+    """A model with one vision block per attention kind (window, full) and one decoder layer, and per
+    component the map from each layer of ``cfg``'s lists to the layer of the small model measured
+    for it (same kind)."""
+    vis = cfg.vision
+    kinds = [vis.is_full_attention(i) for i in range(vis.depth)]
+    order = list(dict.fromkeys(kinds))  # kinds in order of first appearance
+    small_vis = replace(
+        vis, depth=len(order), fullatt_block_indexes=tuple(i for i, full in enumerate(order) if full)
+    )
+    small_llm = replace(cfg.llm, num_hidden_layers=1)
+    small = replace(cfg, arch=replace(cfg.arch, vision=small_vis, llm=small_llm))
+    d = vis.depth
+    enc = {0: 0, d + 1: len(order) + 1}
+    enc.update({i + 1: order.index(kinds[i]) + 1 for i in range(d)})
+    n = cfg.llm.num_hidden_layers
+    llm = {0: 0, n + 1: 2, n + 2: 3, n + 3: 4}
+    llm.update({i + 1: 1 for i in range(n)})
+    return small, {"encoder": enc, "llm": llm}
 
 
-def _encoder_runner(model: VLM, layer: int, x: int, device: torch.device) -> Callable[[], torch.Tensor]:
+def _encoder_input(model: VLM, layer: int, x: int, device: torch.device):
     cfg = model.cfg
-    stage = build_stage(model, "encoder", layer, layer + 1)
     grid_t = image_grid(x, cfg.vision.spatial_merge_size)
     grid = torch.tensor([grid_t], dtype=torch.int64, device=device)
     n = grid_t[1] * grid_t[2]
     width = cfg.vision.patch_dim if layer == 0 else cfg.vision.hidden_size
     inp = torch.randn((n, width), device=device, requires_grad=layer > 0)
-    return lambda: stage(inp, grid)
+    return (inp, grid), n
 
 
-def _llm_runner(model: VLM, layer: int, x: int, device: torch.device) -> Callable[[], torch.Tensor]:
+def _llm_input(model: VLM, layer: int, x: int, device: torch.device):
     cfg = model.cfg
-    names = cfg.llm_layer_names
-    stage = build_stage(model, "llm", layer, layer + 1)
     num_labels = max(1, round(LABEL_FRACTION * x))
     ids = torch.randint(0, cfg.llm.vocab_size, (x,), device=device)
     label_pos = torch.arange(x - num_labels, x, device=device)
@@ -101,7 +200,7 @@ def _llm_runner(model: VLM, layer: int, x: int, device: torch.device) -> Callabl
         targets=ids[label_pos],
         loss_scale=1.0 / num_labels,
     )
-    name = names[layer]
+    name = cfg.llm_layer_names[layer]
     h = cfg.llm.hidden_size
     if name == "embed_tokens":
         inp = None
@@ -109,53 +208,166 @@ def _llm_runner(model: VLM, layer: int, x: int, device: torch.device) -> Callabl
         inp = torch.randn((num_labels, cfg.llm.vocab_size), device=device, requires_grad=True)
     else:
         inp = torch.randn((1, x, h), device=device, requires_grad=True)
-    return lambda: stage(inp, batch)
+    return (inp, batch), x
 
 
-def profile_model(
+def timing_model(cfg: VLMConfig, seed: int = 0) -> VLM:
+    """The model with cheap uniform(-0.02, 0.02) weights instead of the Hugging Face initialisers
+    (3x faster for the paper-size vocabularies; times do not depend on the values)."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = VLM(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-0.02, 0.02, generator=gen)
+    return model
+
+
+# --- timing --------------------------------------------------------------------------------------------
+def _time_once(run_fwd: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, float]:
+    """(forward ms, backward ms) of one pass: thread-CPU time on the CPU, CUDA events on a GPU."""
+    if device.type == "cuda":
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        ev[0].record()
+        out = run_fwd()
+        ev[1].record()
+        torch.autograd.backward(out, torch.ones_like(out) if out.dim() else None)
+        ev[2].record()
+        torch.cuda.synchronize()
+        return ev[0].elapsed_time(ev[1]), ev[1].elapsed_time(ev[2])
+    t0 = time.thread_time()
+    out = run_fwd()
+    t1 = time.thread_time()
+    torch.autograd.backward(out, torch.ones_like(out) if out.dim() else None)
+    t2 = time.thread_time()
+    return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+
+def _measure(
+    run_fwd: Callable[[], torch.Tensor], device: torch.device, repeats: int, warmup: int, budget_s: float
+) -> tuple[float, float]:
+    """(median forward ms, median backward ms) of up to ``repeats`` passes after ``warmup`` untimed
+    ones; the timed passes stop early (after at least one) once they have taken ``budget_s`` of wall
+    time, so slow layers of big models do not take minutes."""
+    for _ in range(warmup):
+        _time_once(run_fwd, device)
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats and (not times or time.perf_counter() - start < budget_s):
+        times.append(_time_once(run_fwd, device))
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+
+
+def _measure_layer(
     model: VLM,
+    comp: str,
+    layer: int,
+    tokens: Sequence[int],
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    budget_s: float = math.inf,
+) -> tuple[list[int], list[float], list[float]]:
+    stage = build_stage(model, comp, layer, layer + 1)
+    make = _encoder_input if comp == "encoder" else _llm_input
+    xs, fwd, bwd = [], [], []
+    for x in tokens:
+        args, units = make(model, layer, x, device)
+        f, b = _measure(lambda args=args: stage(*args), device, repeats, warmup, budget_s)
+        xs.append(units)
+        fwd.append(f)
+        bwd.append(b)
+        model.zero_grad(set_to_none=True)
+    return xs, fwd, bwd
+
+
+# --- the profile ---------------------------------------------------------------------------------------
+def profile_model(
     cfg: VLMConfig,
     analytic: CostModel,
     *,
     tokens: Sequence[int],
     device: torch.device,
     repeats: int = 5,
+    warmup: int = 1,
+    budget_s: float = 1.0,
+    all_layers: bool = False,
+    seed: int = 0,
     hardware_name: str | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> CostModel:
-    """Measured per-layer costs in ``analytic``'s schema (its other layer fields are kept)."""
-    clock = _Clock(device)
+    progress: Callable[[LayerFit], None] | None = None,
+) -> tuple[CostModel, list[LayerFit]]:
+    """Measured per-layer costs in ``analytic``'s schema (its other layer fields are kept), and the
+    fit of every measured layer and phase. ``all_layers``: measure every layer of the full model;
+    else one representative per layer kind (``representative_config``). ``budget_s``: wall seconds
+    after which the timed passes of one layer and size stop (at least one runs)."""
+    if all_layers:
+        small = cfg
+        rep = {c: {i: i for i in range(len(cfg.layer_names(c)))} for c in ("encoder", "llm")}
+    else:
+        small, rep = representative_config(cfg)
+    model = timing_model(small, seed).to(device)
+    fits: list[LayerFit] = []
     comps = {}
-    for comp, runner in (("encoder", _encoder_runner), ("llm", _llm_runner)):
-        layers = []
-        for i, base in enumerate(analytic.component(comp).layers):
-            fwd_ms, bwd_ms, xs = [], [], []
-            for x in tokens:
-                run = runner(model, i, x, device)
-                f, b = _measure(run, clock, repeats)
-                xs.append(image_grid(x)[1] * image_grid(x)[2] if comp == "encoder" else x)
-                fwd_ms.append(f)
-                bwd_ms.append(b)
-            model.zero_grad(set_to_none=True)
-            layers.append(
-                replace(base, fwd={KEY: fit_quadratic(xs, fwd_ms)}, bwd={KEY: fit_quadratic(xs, bwd_ms)})
-            )
-            if progress:
-                progress(f"{comp}/{base.name}: fwd {fwd_ms} bwd {bwd_ms} ms at {xs}")
+    for comp in ("encoder", "llm"):
+        measured: dict[int, tuple[Quadratic, Quadratic]] = {}
+        base_layers = analytic.component(comp).layers
+        for i in sorted(set(rep[comp].values())):
+            full_idx = min(k for k, v in rep[comp].items() if v == i)
+            base = base_layers[full_idx]
+            xs, fwd, bwd = _measure_layer(model, comp, i, tokens, device, repeats, warmup, budget_s)
+            curves = []
+            for phase, ms in (("fwd", fwd), ("bwd", bwd)):
+                curve, q_quality, used = fit_curve(xs, ms)
+                curves.append(curve)
+                fit = LayerFit(
+                    comp,
+                    base.name,
+                    base.kind,
+                    phase,
+                    tuple(xs),
+                    tuple(ms),
+                    q_quality,
+                    bool(curve.table),
+                    used,
+                )
+                fits.append(fit)
+                if progress:
+                    progress(fit)
+            measured[i] = (curves[0], curves[1])
+        layers: list[LayerCost] = []
+        for k, base in enumerate(base_layers):
+            f, b = measured[rep[comp][k]]
+            layers.append(replace(base, fwd={KEY: f}, bwd={KEY: b}))
         comps[comp] = ComponentCost(comp, tuple(layers))
-    name = hardware_name or f"profile-{device.type}"
     notes = {
         "source": "entrain profile",
         "device": str(device),
         "tokens": list(tokens),
         "repeats": repeats,
-        "clock": "cuda synchronize + perf_counter" if device.type == "cuda" else "thread_time (1 thread)",
+        "warmup": warmup,
+        "budget_s_per_size": budget_s,
+        "clock": "cuda events" if device.type == "cuda" else "thread_time (1 thread)",
+        "fit": f"NNLS a,b,c >= 0; monotone table where worst relative residual > {MAX_REL_RESIDUAL:.0%}",
+        "layers": "all measured" if all_layers else "one representative per kind, replicated",
+        "representatives": {
+            c: {base_layers_name: small.layer_names(c)[i] for base_layers_name, i in _named(cfg, c, rep[c])}
+            for c in ("encoder", "llm")
+        },
+        "fits": [f.to_json() for f in fits],
         "torch": torch.__version__,
     }
-    return CostModel(
+    cost = CostModel(
         model=cfg.name,
-        hardware=replace(analytic.hardware, name=name),
+        hardware=replace(analytic.hardware, name=hardware_name or f"profile-{device.type}"),
         encoder=comps["encoder"],
         llm=comps["llm"],
         notes=notes,
     )
+    return cost, fits
+
+
+def _named(cfg: VLMConfig, comp: str, rep: dict[int, int]) -> list[tuple[str, int]]:
+    names = cfg.layer_names(comp)
+    return [(names[k], v) for k, v in sorted(rep.items())]

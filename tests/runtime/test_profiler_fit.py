@@ -1,0 +1,132 @@
+"""Profile fitting: NNLS quadratic, fit quality, the monotone piecewise-linear table and how the cost
+model prices with it, and the representative-layer map of the paper-size presets."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
+from entrain.core.errors import ConfigError
+from entrain.models.config import get_model_config
+from entrain.runtime.profiler import (
+    MAX_REL_RESIDUAL,
+    fit_curve,
+    fit_quadratic,
+    fit_quality,
+    image_grid,
+    monotone_table,
+    representative_config,
+)
+
+XS = [16, 64, 256, 1024]
+
+
+def test_fit_recovers_a_quadratic_and_stays_non_negative():
+    q = fit_quadratic(XS, [2e-5 * x * x + 0.1 * x + 3.0 for x in XS])
+    assert q.a == pytest.approx(2e-5, rel=1e-6) and q.b == pytest.approx(0.1, rel=1e-6)
+    assert q.c == pytest.approx(3.0, rel=1e-6)
+    q = fit_quadratic(XS, [5.0 - 0.001 * x for x in XS])  # decreasing data: no negative coefficients
+    assert min(q.a, q.b, q.c) >= 0
+
+
+def test_two_sizes_fit_a_line():
+    q = fit_quadratic([64, 256], [1.0 + 0.01 * 64, 1.0 + 0.01 * 256])
+    assert q.a == 0 and q.b == pytest.approx(0.01) and q.c == pytest.approx(1.0)
+
+
+def test_fit_quality_of_an_exact_and_a_bad_fit():
+    ms = [2e-5 * x * x + 0.1 * x + 3.0 for x in XS]
+    good = fit_quality(fit_quadratic(XS, ms), XS, ms)
+    assert good.r2 == pytest.approx(1.0) and good.worst_rel_residual < 1e-6
+    bad = fit_quality(lambda x: 1.0, XS, ms)
+    assert bad.r2 < 0 and bad.worst_rel_residual == pytest.approx(1 - 1 / ms[-1])
+
+
+def test_a_well_fitting_quadratic_gets_no_table():
+    curve, quality, used = fit_curve(XS, [0.5 * x + 3.0 for x in XS])
+    assert curve.table == () and quality == used and quality.worst_rel_residual <= MAX_REL_RESIDUAL
+
+
+def test_a_step_gets_a_monotone_table_that_fits_better():
+    ms = [1.0, 1.0, 10.0, 10.5]  # a step no quadratic with a, b, c >= 0 follows within 20 %
+    curve, quality, used = fit_curve(XS, ms)
+    assert quality.worst_rel_residual > MAX_REL_RESIDUAL
+    assert curve.table and used.worst_rel_residual < quality.worst_rel_residual
+    assert [x for x, _ in curve.table] == XS
+    assert curve(64) == pytest.approx(1.0) and curve(1024) == pytest.approx(10.5)
+
+
+@given(st.lists(st.floats(0.01, 100.0), min_size=2, max_size=6))
+def test_monotone_table_is_non_decreasing(ms):
+    xs = [8 * 2**i for i in range(len(ms))]
+    table = monotone_table(xs, ms)
+    values = [v for _, v in table]
+    assert [x for x, _ in table] == xs
+    assert all(b >= a for a, b in zip(values, values[1:])) and min(values) >= 0
+    q = Quadratic(table=table)  # accepted by the cost model's validation
+    assert q(xs[0]) == pytest.approx(values[0]) and q(xs[-1]) == pytest.approx(values[-1])
+
+
+def test_table_interpolates_extrapolates_and_splits_the_per_call_constant():
+    q = Quadratic(9.0, 9.0, 9.0, table=((10.0, 2.0), (20.0, 3.0), (40.0, 7.0)))
+    assert q.constant_ms == pytest.approx(1.0)  # the first segment at x = 0
+    assert q(0) == pytest.approx(1.0) and q(5) == pytest.approx(1.5)
+    assert q(30) == pytest.approx(5.0) and q(60) == pytest.approx(11.0)  # last segment extended
+    assert q.variable_ms(30) == pytest.approx(4.0)
+    assert Quadratic.from_json(q.to_json()) == q
+    assert q.scaled(0.5)(30) == pytest.approx(2.5)
+    assert "table" not in Quadratic(1, 2, 3).to_json()  # the analytic presets' JSON is unchanged
+
+
+@pytest.mark.parametrize(
+    "table", [((0.0, 1.0), (2.0, 2.0)), ((4.0, 1.0), (2.0, 2.0)), ((2.0, 3.0), (4.0, 2.0))]
+)
+def test_bad_tables_are_refused(table):
+    with pytest.raises(ConfigError, match="cost table"):
+        Quadratic(table=table)
+
+
+def _cost(curve: Quadratic, trainable: bool = True) -> CostModel:
+    layer = LayerCost("l0", "decoder_layer", {"tp1cp1": curve}, {"tp1cp1": curve}, trainable=trainable)
+    embed = LayerCost("e", "embedding", {"tp1cp1": Quadratic()}, {"tp1cp1": Quadratic()})
+    return CostModel(
+        "m",
+        HardwareSpec("h"),
+        ComponentCost("encoder", (layer,)),
+        ComponentCost("llm", (embed, layer)),
+    )
+
+
+def test_layer_ms_prices_units_with_the_table_and_round_trips():
+    curve = Quadratic(table=((10.0, 2.0), (20.0, 3.0)))
+    cost = _cost(curve)
+    # two units of 20 in one call: 2 x variable (2.0) + one constant (1.0)
+    assert cost.layer_ms("llm", 1, [20, 20], "fwd") == pytest.approx(5.0)
+    assert cost.layer_ms("llm", 1, [20, 20], "fwd", num_calls=0) == pytest.approx(4.0)
+    assert CostModel.from_json(cost.to_json()).layer_ms("llm", 1, [15], "bwd") == pytest.approx(2.5)
+    frozen = _cost(curve, trainable=False)  # input gradients only: bwd_input_fraction of the table
+    assert frozen.layer_ms("llm", 1, [20], "bwd") == pytest.approx(1.5)
+
+
+def test_representatives_of_the_1b_preset():
+    cfg = get_model_config("qwen25vl-llama3-1b")
+    small, rep = representative_config(cfg)
+    assert small.llm.num_hidden_layers == 1 and small.vision.depth == 2
+    assert small.name == cfg.name
+    enc, llm = rep["encoder"], rep["llm"]
+    assert sorted(enc) == list(range(len(cfg.encoder_layer_names)))
+    assert sorted(llm) == list(range(len(cfg.llm_layer_names)))
+    for block in range(cfg.vision.depth):  # each block maps to the small block of its attention kind
+        small_block = enc[block + 1] - 1
+        assert small.vision.is_full_attention(small_block) == cfg.vision.is_full_attention(block)
+    assert enc[0] == 0 and enc[cfg.vision.depth + 1] == 3
+    n = cfg.llm.num_hidden_layers
+    assert [llm[0], llm[1], llm[n], llm[n + 1], llm[n + 2], llm[n + 3]] == [0, 1, 1, 2, 3, 4]
+
+
+def test_image_grid_has_mergeable_sides():
+    for n in (16, 64, 100, 256, 1000, 4096):
+        t, h, w = image_grid(n)
+        assert t == 1 and h % 2 == 0 and w % 2 == 0 and abs(h * w - n) <= max(8, 0.25 * n)

@@ -73,10 +73,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
     p.add_argument("--freeze", default="", help="comma list of encoder, vit (tower without merger), llm")
     p.add_argument("--weights", default=None, help="local weights folder (default: random init from --seed)")
-    p.add_argument("--on-bad-sample", choices=("error", "skip"), default="error")
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds")
+    p.add_argument(
+        "--on-bad-sample",
+        choices=("error", "skip"),
+        default="error",
+        help="a LLaVA/Parquet dataset's bad records: stop before training with the report (error), or "
+        "train on the rest and list them in OUT/skipped.jsonl (skip)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="save a checkpoint every N steps in OUT/checkpoints (0: only the final one)",
+    )
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="complete checkpoints kept (newest)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest complete checkpoint (same flags; --steps may grow)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=300.0,
+        help="longest wait of any collective or point-to-point transfer before the ranks fail with an error",
+    )
     p.add_argument(
         "--nproc",
         type=int,
@@ -114,14 +135,13 @@ def _spec(args: argparse.Namespace):
     if unknown or not systems:
         raise ConfigError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
     freeze = tuple(f.strip() for f in args.freeze.split(",") if f.strip())
-    if args.checkpoint_every or args.resume:
+    if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
         raise ConfigError(
-            "--checkpoint-every / --resume arrive with issue 6 (checkpointing); not implemented yet"
+            f"--checkpoint-every must be >= 0 and --keep-checkpoints >= 1, got {args.checkpoint_every} and "
+            f"{args.keep_checkpoints}"
         )
-    if args.on_bad_sample == "skip":
-        raise ConfigError(
-            "--on-bad-sample skip arrives with the data issue (LLaVA inputs); built-in data has no bad samples"
-        )
+    if args.timeout_s <= 0:
+        raise ConfigError(f"--timeout-s must be positive, got {args.timeout_s}")
     return TrainSpec(
         dataset=args.dataset,
         model=args.model,
@@ -151,6 +171,10 @@ def _spec(args: argparse.Namespace):
         timeout_s=args.timeout_s,
         progress=not args.no_progress,
         shuffle=args.shuffle,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        resume=args.resume,
+        on_bad_sample=args.on_bad_sample,
     )
 
 
@@ -182,6 +206,7 @@ _FORWARDED = (
     "weights",
     "on_bad_sample",
     "checkpoint_every",
+    "keep_checkpoints",
     "timeout_s",
 )
 _FLAGS_FORWARDED = ("shuffle", "resume", "no_progress")
@@ -219,23 +244,115 @@ def _launch(args: argparse.Namespace, nproc: int) -> int:
     ]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    # a fresh rendezvous store per restart round: the shared agent store keeps the previous round's
+    # gloo addresses, which a restarted group then tries to connect to
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return subprocess.call(cmd, env=env)
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _infer_dp(args: argparse.Namespace, world: int | None) -> None:
+    """``--dp`` from the process count (``--nproc`` or torchrun's WORLD_SIZE) when not given."""
+    if args.dp is not None or world is None:
+        return
+    from entrain.runtime.planning import COLOCATED_SYSTEMS
+
+    systems = [s.strip() for s in args.system.split(",") if s.strip()]
+    per_replica = max(
+        args.encoder_stages if s in COLOCATED_SYSTEMS else args.encoder_stages + args.llm_stages
+        for s in systems
+    )
+    if world % per_replica:
+        lower = max(per_replica, world // per_replica * per_replica)
+        raise ConfigError(
+            f"{world} processes cannot form whole replicas of {per_replica} pipeline ranks ({args.encoder_stages} "
+            f"encoder + {args.llm_stages} LLM stages): start a multiple of {per_replica} processes (e.g. "
+            f"--nproc {lower} or {lower + per_replica}) or change --encoder-stages / --llm-stages"
+        )
+    args.dp = world // per_replica
+
+
+def _check_resume(spec) -> None:
+    """Refuse ``--resume`` into a run folder written by another configuration (before any launch)."""
+    from entrain.runtime.checkpoint import check_resumable
+    from entrain.runtime.session import fingerprint, system_out
+
+    for system in spec.systems:
+        check_resumable(system_out(spec, system), fingerprint(spec, system))
+
+
+def _is_conversation_file(dataset: str) -> bool:
+    from entrain.data.generators import is_builtin
+    from entrain.data.workload_io import detect_format
+
+    return not is_builtin(dataset) and os.path.isfile(dataset) and detect_format(dataset) == "conversation"
+
+
+B_MIN_POOL = 4096
+
+
+def warn_below_b_min(spec) -> int | None:
+    """Warn on stderr when the per-replica batch is below ``b_min`` (Algorithm 1 under the run's cost
+    model, on a pool of ``B_MIN_POOL`` samples of the dataset); returns b_min (None: not checked --
+    colocated systems only, or a LLaVA/Parquet file, whose metadata pass would be a second screening)."""
+    from entrain.core.planner import find_b_min, pool_sampler
+    from entrain.data.generators import generate_samples, is_builtin
+    from entrain.data.workload_io import read_samples
+    from entrain.runtime.planning import COLOCATED_SYSTEMS
+    from entrain.runtime.session import resolve_cost
+
+    if all(s in COLOCATED_SYSTEMS for s in spec.systems) or _is_conversation_file(spec.dataset):
+        return None
+    if is_builtin(spec.dataset):
+        pool = generate_samples(spec.dataset, B_MIN_POOL, spec.seed)
+    else:
+        pool = read_samples(spec.dataset, image_root=spec.image_root)[:B_MIN_POOL]
+    dp = spec.dp_or_1
+    result = find_b_min(
+        pool_sampler(pool),
+        resolve_cost(spec),
+        gpus=dp * (spec.encoder_stages + spec.llm_stages),
+        dp=dp,
+        seed=spec.seed,
+        max_batch_size=B_MIN_POOL,
+    )
+    per_replica = spec.global_batch // dp
+    if per_replica < result.b_min:
+        print(
+            f"entrain: warning: --global-batch {spec.global_batch} ({per_replica} per replica) is below b_min "
+            f"= {result.b_min} for this dataset and layout (Algorithm 1): the encoder/LLM work split varies "
+            f"from batch to batch at this size, so the balance guarantee no longer holds; use "
+            f"--global-batch {result.b_min * dp} or more",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result.b_min
 
 
 def run(args: argparse.Namespace) -> int:
     if args.demo:
         _apply_demo(args, _DEFAULTS)
+    under_torchrun = _under_torchrun()
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
+    _infer_dp(args, world)
     spec = _spec(args)
-    from entrain.runtime.session import check_spec, world_size_of
+    from entrain.runtime.session import check_spec, screen, world_size_of
 
-    check_spec(spec)
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    check_spec(spec, world)
     if under_torchrun:
+        if os.environ["RANK"] == "0":
+            warn_below_b_min(spec)
         return _run_rank(spec, under_torchrun=True)
+    if spec.resume:
+        _check_resume(spec)
+    warn_below_b_min(spec)
     need = world_size_of(spec)
-    if args.nproc is not None and args.nproc != need:
-        raise ConfigError(f"--nproc {args.nproc} but the layout needs {need} processes")
     if need > 1:  # not under torchrun: start it (``--nproc`` defaults to what the layout needs)
+        if spec.on_bad_sample == "error" and _is_conversation_file(spec.dataset):
+            screen(spec, None)  # a bad dataset stops here, with the report, before torchrun starts
         return _launch(args, need)
     return _run_rank(spec, under_torchrun=False)
 

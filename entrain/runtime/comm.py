@@ -15,6 +15,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,8 @@ def ids_checksum(ids: Sequence[str]) -> int:
 @dataclass
 class Transport:
     device: torch.device
+    timeout_s: float | None = None
+    """Longest wait for a pending send in ``wait_all`` (None: the process group's timeout)."""
     pending: list[tuple[object, torch.Tensor]] = field(default_factory=list)
     stash: dict[tuple[int, int], tuple[int, torch.Tensor]] = field(default_factory=dict)
     """(peer, key code) -> (ids crc, data) of messages that arrived before the one being waited for."""
@@ -91,8 +94,12 @@ class Transport:
 
     def wait_all(self) -> None:
         """Wait for every pending send (end of a step, and before shutdown)."""
+        timeout = timedelta(seconds=self.timeout_s) if self.timeout_s is not None else None
         for work, _ in self.pending:
-            work.wait()
+            if timeout is None:
+                work.wait()
+            else:
+                work.wait(timeout)
         self.pending.clear()
         if self.stash:
             raise RuntimeError(

@@ -73,11 +73,14 @@ class RecordSource:
     """Real samples of a LLaVA JSON/JSONL or Parquet dataset: the Qwen2.5-VL image processor's pixel
     patches and the chat template's ids / labels (``entrain.data.processing``), by sample id."""
 
-    def __init__(self, path: str, image_root: str | None = None):
+    def __init__(self, path: str, image_root: str | None = None, records: Sequence | None = None):
+        """``records``: the already parsed (screened) records of ``path``; read from it when None."""
         from entrain.data.llava import iter_records
         from entrain.data.tokenizer import default_tokenizer
 
-        self.records = {r.id: r for r in iter_records(path, image_root)}
+        if records is None:
+            records = iter_records(path, image_root)
+        self.records = {r.id: r for r in records}
         self.tokenizer = default_tokenizer()
 
     def encode(self, sample_id: str, vision):

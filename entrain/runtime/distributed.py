@@ -79,12 +79,14 @@ def check_runtime_layout(layout: Layout, world_size: int | None = None) -> None:
         )
 
 
-def build_dp_groups(layout: Layout) -> dict[int, dist.ProcessGroup | None]:
-    """Per pipeline rank, the DP group of its replicas (None when dp = 1). Every rank must call this."""
+def build_dp_groups(layout: Layout, timeout_s: float | None = None) -> dict[int, dist.ProcessGroup | None]:
+    """Per pipeline rank, the DP group of its replicas (None when dp = 1). Every rank must call this.
+    ``timeout_s``: the groups' collective timeout (``new_group`` does not inherit the default group's)."""
     groups: dict[int, dist.ProcessGroup | None] = {}
+    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
     for pp in range(layout.ranks_per_replica):
         ranks = [layout.global_rank(r, pp) for r in range(layout.dp)]
-        groups[pp] = dist.new_group(ranks) if layout.dp > 1 else None
+        groups[pp] = dist.new_group(ranks, **kwargs) if layout.dp > 1 else None
     return groups
 
 

@@ -30,7 +30,7 @@ from entrain.models.vlm import EncoderStage, LLMStage
 from entrain.runtime.comm import MessageKey, Transport
 from entrain.runtime.data import SampleRenderer
 
-__all__ = ["Executor", "ExecutionError", "ComputeRecord", "StepOutput"]
+__all__ = ["Executor", "ExecutionError", "CollectiveError", "ComputeRecord", "StepOutput"]
 
 Key = tuple[int, int, int]  # (stage, mb, sub)
 
@@ -45,6 +45,19 @@ class ExecutionError(EntrainError, RuntimeError):
         super().__init__(
             f"rank {rank}: action {action} (stage {action.stage}, microbatch {action.mb}, sub "
             f"{action.sub_index}){with_peer} failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        )
+
+
+class CollectiveError(EntrainError, RuntimeError):
+    """A collective outside the pipeline actions failed (a peer died or stalled past the timeout):
+    names the rank, the step and what the collective was for."""
+
+    def __init__(self, rank: int, step: int, what: str, cause: BaseException):
+        self.rank, self.step, self.what = rank, step, what
+        first = str(cause).splitlines()[0] if str(cause) else ""
+        super().__init__(
+            f"rank {rank}: step {step}: {what} failed (a peer rank died or stalled past --timeout-s): "
+            f"{type(cause).__name__}: {first}"
         )
 
 

@@ -1,9 +1,14 @@
 """One training run on this rank: data -> Plans -> model -> steps -> run folder.
 
 Every rank computes the same Plans locally (they are deterministic functions of the dataset order,
-seed and config); rank 0 writes ``config.json``, ``plan.json`` and ``metrics.jsonl`` and shows the
-progress bar on stderr. Shutdown waits on every pending send, runs a barrier, then destroys the
-process group (cpu-feasibility.md section 6.8).
+seed and config); rank 0 writes ``config.json``, ``plan.json`` and ``metrics.jsonl`` (with each
+step's ``plan_hash``, epoch and sample ids) and shows the progress bar on stderr. Checkpoints
+(``entrain.runtime.checkpoint``) are saved every ``checkpoint_every`` steps and at the end; with
+``resume`` (or on a torchrun restart) the run continues from the newest complete one: the same Plans,
+the model, AdamW and RNG states, and the step counter (which is the data position: see
+``entrain.runtime.accounting``), so the continued run is bitwise the uninterrupted one. Shutdown
+waits on every pending send, runs a barrier, then destroys the process group
+(cpu-feasibility.md section 6.8).
 """
 
 from __future__ import annotations
@@ -21,9 +26,26 @@ from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ComponentLayout, Layout, Plan
 from entrain.core.work import SampleWork
+from entrain.runtime.accounting import (
+    DataPosition,
+    EpochStream,
+    endless_position,
+    plan_hash,
+    split_validation,
+)
 from entrain.runtime.planning import COLOCATED_SYSTEMS, make_plan, runtime_layout
 
-__all__ = ["TrainSpec", "SystemSummary", "build_layout", "check_spec", "run_systems", "summary_line"]
+__all__ = [
+    "TrainSpec",
+    "SystemSummary",
+    "RunData",
+    "build_layout",
+    "check_spec",
+    "fingerprint",
+    "load_data",
+    "run_systems",
+    "summary_line",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +80,11 @@ class TrainSpec:
     timeout_s: float = 300.0
     progress: bool = True
     shuffle: bool = False
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only at the end)."""
+    keep_checkpoints: int = 3
+    resume: bool = False
+    on_bad_sample: str = "error"
     extra: dict = field(default_factory=dict)
 
     @property
@@ -106,17 +133,26 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
     if spec.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {spec.steps}")
     dp = spec.dp_or_1
-    if spec.global_batch % (dp * spec.microbatch_size):
+    unit = dp * spec.microbatch_size
+    if spec.microbatch_size < 1 or spec.global_batch < 1 or spec.global_batch % unit:
+        up = max(unit, -(-spec.global_batch // unit) * unit)
         raise ConfigError(
             f"--global-batch {spec.global_batch} is not a multiple of dp {dp} x --microbatch-size "
-            f"{spec.microbatch_size}"
+            f"{spec.microbatch_size} = {unit}: every replica runs whole microbatches; use --global-batch {up} "
+            f"(or a smaller --microbatch-size)"
         )
     for system in spec.systems:
         need = dp * _ranks_per_replica(spec, system)
         if world_size is not None and need != world_size:
+            per = _ranks_per_replica(spec, system)
+            hint = (
+                f"start {need} processes (--nproc {need})"
+                if world_size % per
+                else f"start {need} processes (--nproc {need}) or pass --dp {world_size // per}"
+            )
             raise ConfigError(
                 f"{system} with {spec.encoder_stages} encoder + {spec.llm_stages} LLM stages and dp {dp} needs "
-                f"{need} processes, but {world_size} were started"
+                f"{need} processes, but {world_size} were started: {hint}"
             )
 
 
@@ -133,43 +169,147 @@ def resolve_cost(spec: TrainSpec) -> CostModel:
     return build_cost_model(spec.model, spec.hardware or default_hardware(spec.model), freeze=spec.freeze)
 
 
-def load_batches(spec: TrainSpec, cost: CostModel) -> tuple[list[list[SampleWork]], list[list[SampleWork]]]:
-    """(training batches, held-out validation batches): consecutive global batches of the dataset."""
-    from entrain.data.workload_io import load_workload
+@dataclass
+class RunData:
+    """The batches of a run: training steps, held-out validation batches, and where they come from."""
 
-    num_val = spec.val_batches if spec.val_every > 0 else 0
-    batches = list(
-        load_workload(
+    train: list[list[SampleWork]]
+    val: list[list[SampleWork]]
+    stream: EpochStream | None = None
+    """The epoch stream of a file dataset (None for a built-in generator: one endless epoch)."""
+    records: list | None = None
+    """A LLaVA / Parquet dataset's usable records (rendered from the real images and text)."""
+
+    def position(self, step: int, global_batch: int) -> DataPosition:
+        if self.stream is None:
+            return endless_position(step, global_batch)
+        return self.stream.position(step, global_batch)
+
+
+def _check_meta(spec: TrainSpec, works: Sequence[SampleWork]) -> None:
+    for w in works:
+        if w.meta is None:
+            raise ConfigError(
+                f"{spec.dataset}: sample {w.id!r} has no token metadata (a raw-work file); "
+                "training needs images and text token counts"
+            )
+
+
+def screen(spec: TrainSpec, out_dir: str | None):
+    """``entrain.data.check.screen_dataset`` of a LLaVA / Parquet ``--dataset`` with
+    ``--on-bad-sample``: ``error`` raises the report, ``skip`` writes ``out_dir/skipped.jsonl``
+    (``out_dir`` None: a scratch folder, for the ranks that do not own the run folder)."""
+    import shutil
+    import tempfile
+
+    from entrain.data.check import screen_dataset
+
+    scratch = tempfile.mkdtemp(prefix="entrain-screen-") if out_dir is None else None
+    try:
+        return screen_dataset(
             spec.dataset,
-            cost,
-            global_batch=spec.global_batch,
-            iterations=spec.steps + num_val,
-            seed=spec.seed,
-            shuffle=spec.shuffle,
+            on_bad=spec.on_bad_sample,
+            out_dir=out_dir or scratch,
             image_root=spec.image_root,
         )
-    )
-    for batch in batches:
-        for w in batch:
-            if w.meta is None:
-                raise ConfigError(
-                    f"{spec.dataset}: sample {w.id!r} has no token metadata (a raw-work file); "
-                    "training needs images and text token counts"
-                )
-    return batches[: spec.steps], batches[spec.steps :]
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
-def record_source(spec: TrainSpec):
-    """A LLaVA / Parquet dataset's real samples (images and conversations); None for the built-in
-    generators and workload files, whose samples are rendered from their metadata."""
+def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunData:
+    """Training and validation batches. A built-in generator: samples ``[i*B, (i+1)*B)`` for step
+    ``i``, validation batches after the last step. A file: its last ``val_batches`` global batches
+    are held out and the rest is an epoch stream (``entrain.runtime.accounting``). A LLaVA / Parquet
+    file is screened first (``--on-bad-sample``); ``owner`` (rank 0) writes ``skipped.jsonl``."""
     from entrain.data.generators import is_builtin
-    from entrain.data.workload_io import detect_format, resolve_dataset_file
+    from entrain.data.workload_io import (
+        detect_format,
+        load_workload,
+        read_raw_work_jsonl,
+        read_workload_jsonl,
+        resolve_dataset_file,
+        sample_works,
+    )
+
+    num_val = spec.val_batches if spec.val_every > 0 else 0
+    if is_builtin(spec.dataset):
+        batches = list(
+            load_workload(
+                spec.dataset,
+                cost,
+                global_batch=spec.global_batch,
+                iterations=spec.steps + num_val,
+                seed=spec.seed,
+                image_root=spec.image_root,
+            )
+        )
+        return RunData(batches[: spec.steps], batches[spec.steps :])
+    path = resolve_dataset_file(spec.dataset)
+    fmt = detect_format(path)
+    records = None
+    if fmt == "conversation":
+        screened = screen(spec, spec.out if owner else None)
+        works, records = sample_works(screened.samples, cost), screened.records
+    elif fmt == "workload":
+        works = sample_works(read_workload_jsonl(path), cost)
+    else:
+        works = read_raw_work_jsonl(path)
+    _check_meta(spec, works)
+    train, val = split_validation(works, spec.global_batch, num_val)
+    stream = EpochStream(tuple(train), spec.seed, spec.shuffle)
+    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records)
+
+
+def record_source(spec: TrainSpec, data: RunData):
+    """The real samples (images and conversations) of a LLaVA / Parquet dataset; None for the built-in
+    generators and workload files, whose samples are rendered from their metadata."""
     from entrain.runtime.data import RecordSource
 
-    if is_builtin(spec.dataset):
+    if data.records is None:
         return None
-    path = resolve_dataset_file(spec.dataset)
-    return RecordSource(path, spec.image_root) if detect_format(path) == "conversation" else None
+    return RecordSource(spec.dataset, spec.image_root, records=data.records)
+
+
+FINGERPRINT_KEYS = (
+    "dataset",
+    "model",
+    "encoder_stages",
+    "llm_stages",
+    "dp",
+    "tp",
+    "cp",
+    "global_batch",
+    "microbatch_size",
+    "seed",
+    "shuffle",
+    "hardware",
+    "profile",
+    "image_root",
+    "lr",
+    "weight_decay",
+    "betas",
+    "warmup_steps",
+    "max_grad_norm",
+    "val_every",
+    "val_batches",
+    "freeze",
+    "weights",
+    "on_bad_sample",
+)
+"""What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
+
+
+def fingerprint(spec: TrainSpec, system: str) -> dict:
+    """The run's resume fingerprint, JSON-normalised (as stored in a checkpoint manifest)."""
+    fp = {k: getattr(spec, k) for k in FINGERPRINT_KEYS}
+    fp["dp"] = spec.dp_or_1
+    fp["system"] = system
+    return json.loads(json.dumps(fp))
+
+
+def system_out(spec: TrainSpec, system: str) -> str:
+    return spec.out if len(spec.systems) == 1 else os.path.join(spec.out, system)
 
 
 def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[SampleWork]) -> Layout:
@@ -245,28 +385,136 @@ def run_systems(spec: TrainSpec, env) -> list[SystemSummary]:
     """Train each of ``spec.systems`` in turn (fresh model each) on an initialised process group."""
     check_spec(spec, env.world_size)
     cost = resolve_cost(spec)
-    train_batches, val_batches = load_batches(spec, cost)
-    summaries = []
-    for system in spec.systems:
-        out = spec.out if len(spec.systems) == 1 else os.path.join(spec.out, system)
-        summaries.append(_run_one(spec, system, cost, train_batches, val_batches, env, out))
-    return summaries
+    if env.rank == 0:
+        os.makedirs(spec.out, exist_ok=True)
+    data = load_data(spec, cost, owner=env.rank == 0)
+    return [_run_one(spec, system, cost, data, env, system_out(spec, system)) for system in spec.systems]
 
 
-def _run_one(
-    spec: TrainSpec, system: str, cost: CostModel, train_batches, val_batches, env, out: str
-) -> SystemSummary:
+def _agree(env):
+    """All-gather of one picklable value per rank (rank order)."""
+    import torch.distributed as dist
+
+    def gather(value):
+        out = [None] * env.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    return gather
+
+
+def _say(env):
+    def say(msg: str) -> None:
+        if env.rank == 0:
+            print(msg, file=sys.stderr, flush=True)
+
+    return say
+
+
+def _restarted() -> bool:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
+
+
+def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str):
+    """The checkpoint to continue from (None: a fresh start). Resuming (``--resume`` or a torchrun
+    restart) refuses a checkpoint of another configuration; a fresh start clears stale checkpoints."""
+    import shutil
+
+    from entrain.runtime import checkpoint as ck
+
+    replica, pp_rank = layout.replica_of(env.rank)
+    # one decision for all ranks: agents may restart their workers with different restart counts
+    if not any(_agree(env)(bool(spec.resume or _restarted()))):
+        stale = os.path.join(out, ck.CHECKPOINT_DIR)
+        if env.rank == 0 and os.path.isdir(stale):
+            _say(env)(f"entrain: a fresh run (no --resume): removing the old checkpoints in {stale}")
+            shutil.rmtree(stale, ignore_errors=True)
+        return None
+    ck.check_resumable(out, fingerprint(spec, system), layout.to_json())
+    found = ck.select_checkpoint(out, rank=env.rank, pp_rank=pp_rank, agree=_agree(env), say=_say(env))
+    if found is None:
+        _say(env)(f"entrain: no complete checkpoint in {out}; starting from step 0")
+        return None
+    if found.step > spec.steps:
+        raise ConfigError(
+            f"--resume: the newest checkpoint in {out} is at step {found.step}, past --steps {spec.steps}; "
+            f"pass --steps {found.step} or more"
+        )
+    _say(env)(f"entrain: resuming {system} from {found.folder} (step {found.step} of {spec.steps})")
+    return found
+
+
+def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str, trainer, data, step: int):
+    """Every rank writes its files; rank 0 then writes the manifest (last) and prunes old ones."""
+    import torch.distributed as dist
+
+    from entrain.runtime import checkpoint as ck
+
+    replica, pp_rank = layout.replica_of(env.rank)
+    folder = ck.step_dir(out, step)
+    if env.rank == 0 and (folder / ck.MANIFEST).exists():  # the same step again (after a restart)
+        (folder / ck.MANIFEST).unlink()
+    dist.barrier()
+    position = data.position(step, spec.global_batch).to_json()
+    entries = ck.write_shards(
+        folder,
+        rank=env.rank,
+        pp_rank=pp_rank,
+        replica=replica,
+        model=trainer.model_state() if replica == 0 else None,
+        rank_state={"step": step, "rng": ck.rng_state(), "data_position": position},
+    )
+    gathered = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(entries, gathered, dst=0)
+    if env.rank == 0:
+        files = {name: e for part in gathered for name, e in part.items()}
+        ck.write_manifest(
+            folder,
+            {
+                "format": ck.FORMAT_VERSION,
+                "step": step,
+                "system": system,
+                "model": spec.model,
+                "world_size": env.world_size,
+                "layout": layout.to_json(),
+                "fingerprint": fingerprint(spec, system),
+                "data_position": position,
+                "files": files,
+            },
+        )
+        ck.prune(out, spec.keep_checkpoints)
+    dist.barrier()
+
+
+def _history(metrics_path: str, start: int) -> list[dict]:
+    """Metrics rows of the steps before ``start`` (a resumed run keeps them, drops later ones)."""
+    if start == 0 or not os.path.exists(metrics_path):
+        return []
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if r["step"] < start]
+
+
+def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
     from entrain.models.config import get_model_config
     from entrain.models.vlm import build_vlm, set_trainable
+    from entrain.runtime.checkpoint import set_rng_state
     from entrain.runtime.data import SampleRenderer
+    from entrain.runtime.faults import fault_from_env
     from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
+    train_batches, val_batches = data.train, data.val
     layout = build_layout(spec, system, cost, train_batches[0])
     plan: Plan = make_plan(system, layout, train_batches, cost)
     val_plan = make_plan(system, layout, val_batches, cost) if val_batches else None
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
+    ckpt = _start_state(spec, system, layout, env, out)
+    start = ckpt.step if ckpt is not None else 0
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    history = _history(metrics_path, start) if rank0 else []
+    if rank0:
         config = {
             "spec": asdict(spec),
             "system": system,
@@ -275,6 +523,8 @@ def _run_one(
             "backend": env.backend,
             "layout": layout.to_json(),
             "torch": torch.__version__,
+            "resumed_from_step": start,
+            "fingerprint": fingerprint(spec, system),
         }
         _write_json(os.path.join(out, "config.json"), config)
         _write_json(os.path.join(out, "plan.json"), plan.to_json())
@@ -287,7 +537,7 @@ def _run_one(
         llm="llm" not in spec.freeze,
     )
     metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
-    renderer = SampleRenderer(cfg, metas, seed=spec.seed, device=env.device, source=record_source(spec))
+    renderer = SampleRenderer(cfg, metas, seed=spec.seed, device=env.device, source=record_source(spec, data))
     optim = OptimConfig(
         lr=spec.lr,
         weight_decay=spec.weight_decay,
@@ -298,19 +548,42 @@ def _run_one(
     )
     autocast = torch.bfloat16 if env.device.type == "cuda" else None
     trainer = PipelineTrainer(
-        layout=layout, model=model, env=env, renderer=renderer, optim=optim, autocast_dtype=autocast
+        layout=layout,
+        model=model,
+        env=env,
+        renderer=renderer,
+        optim=optim,
+        autocast_dtype=autocast,
+        timeout_s=spec.timeout_s,
     )
+    if ckpt is not None:
+        trainer.load_model_state(ckpt.model, ckpt.step)
+        set_rng_state(ckpt.rank_state["rng"])
+    fault = fault_from_env(resumed=ckpt is not None)
+    if fault is not None:
+        trainer.fault_hook = fault.maybe_fire
     peak = _peak_flops(env.device)
     bar = None
     if rank0 and spec.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=spec.steps, desc=system, file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
-    losses, times, stds, tps = [], [], [], []
-    metrics_path = os.path.join(out, "metrics.jsonl")
-    metrics = open(metrics_path, "w") if rank0 else None  # noqa: SIM115 - closed below
+        bar = tqdm(
+            total=spec.steps, initial=start, desc=system, file=sys.stderr, dynamic_ncols=True, mininterval=0.5
+        )
+    losses = [r["loss"] for r in history]
+    times = [r["iteration_time_ms"] for r in history]
+    tps = [r["tokens_per_s"] for r in history]
+    stds = [stage_std_ms(r["stage_times"]) for r in history]
+    metrics = None
+    if rank0:
+        metrics = open(metrics_path, "w")  # noqa: SIM115 - closed below
+        for r in history:
+            metrics.write(json.dumps(r) + "\n")
+        metrics.flush()
+    ok = False
     try:
-        for step, it in enumerate(plan.iterations):
+        for step in range(start, spec.steps):
+            it = plan.iterations[step]
             res = trainer.train_step(it)
             row = {
                 "step": step,
@@ -320,6 +593,9 @@ def _run_one(
                 "lr": res.lr,
                 "grad_norm": res.grad_norm,
                 "cpu_ms": res.cpu_ms,
+                "plan_hash": plan_hash(it),
+                "epoch": data.position(step, spec.global_batch).epoch,
+                "sample_ids": [w.id for w in train_batches[step]],
                 "stage_times": res.records,
             }
             if peak:
@@ -337,6 +613,9 @@ def _run_one(
                 stds.append(stage_std_ms(res.records))
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
+            done = step + 1
+            if done == spec.steps or (spec.checkpoint_every > 0 and done % spec.checkpoint_every == 0):
+                _save_checkpoint(spec, system, layout, env, out, trainer, data, done)
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{res.loss:.3f}",
@@ -344,19 +623,22 @@ def _run_one(
                     tok_s=f"{res.tokens_per_s:.0f}",
                 )
                 bar.update(1)
+        ok = True
     finally:
         if metrics is not None:
             metrics.close()
         if bar is not None:
             bar.close()
-        trainer.close()
+        if ok:  # after a failure the pending sends may never complete: the error is what matters
+            trainer.close()
+    nan = float("nan")
     warm = slice(1, None) if len(times) > 1 else slice(None)
     return SystemSummary(
         system=system,
-        iter_ms=statistics.median(times[warm]),
+        iter_ms=statistics.median(times[warm]) if times else nan,
         stage_std_ms=statistics.median(stds[warm]) if stds else 0.0,
-        first_loss=losses[0],
-        last_loss=losses[-1],
-        tokens_per_s=statistics.median(tps[warm]),
+        first_loss=losses[0] if losses else nan,
+        last_loss=losses[-1] if losses else nan,
+        tokens_per_s=statistics.median(tps[warm]) if tps else nan,
         out=out,
     )

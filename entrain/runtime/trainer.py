@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +20,7 @@ from entrain.models.vlm import VLM, build_stage
 from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import DistEnv, build_dp_groups, check_runtime_layout
-from entrain.runtime.executor import ComputeRecord, Executor
+from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
 
 __all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
 
@@ -78,6 +79,7 @@ class PipelineTrainer:
         renderer: SampleRenderer,
         optim: OptimConfig,
         autocast_dtype: torch.dtype | None = None,
+        timeout_s: float | None = None,
     ):
         check_runtime_layout(layout, env.world_size)
         self.layout, self.env, self.renderer, self.optim_cfg = layout, env, renderer, optim
@@ -94,8 +96,8 @@ class PipelineTrainer:
         input_grad = {s: any(trains[:s]) for s in all_stages}
         self.named_params = [(n, p) for m in self.modules.values() for n, p in m.owned_parameters()]
         self.params = [p for _, p in self.named_params if p.requires_grad]
-        self.dp_group = build_dp_groups(layout)[self.pp_rank]
-        self.transport = Transport(env.device)
+        self.dp_group = build_dp_groups(layout, timeout_s)[self.pp_rank]
+        self.transport = Transport(env.device, timeout_s)
         autocast = None
         if autocast_dtype is not None:
 
@@ -120,16 +122,52 @@ class PipelineTrainer:
         )
         self.step_index = 0
         self.last_stage_rank = layout.stages[-1].pp_rank
+        self.fault_hook: Callable[[int, int], None] | None = None
+        """Called as ``hook(rank, step)`` mid-step, before the pipeline actions (fault injection)."""
+
+    # --- checkpoint state ---------------------------------------------------------------------------
+    def model_state(self) -> dict:
+        """This rank's stage parameters (full-model names, CPU copies) and AdamW state."""
+        return {
+            "params": {n: p.detach().to("cpu", copy=True) for n, p in self.named_params},
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+        }
+
+    def load_model_state(self, state: dict, step_index: int) -> None:
+        """Restore ``model_state()`` output and the step counter (the LR schedule position)."""
+        params = state["params"]
+        mine = {n for n, _ in self.named_params}
+        if set(params) != mine:
+            from entrain.core.errors import ConfigError
+
+            missing, extra = sorted(mine - set(params)), sorted(set(params) - mine)
+            raise ConfigError(
+                f"checkpoint holds other parameters than this rank's stages (missing {missing[:3]}, "
+                f"unexpected {extra[:3]}); the stage layout differs"
+            )
+        with torch.no_grad():
+            for n, p in self.named_params:
+                p.copy_(params[n].to(p.device, p.dtype))
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.step_index = step_index
 
     # --- helpers ------------------------------------------------------------------------------------
     def _replica_ids(self, it: IterationPlan) -> list[str]:
         return [s for mb in it.microbatches[self.replica] for s in mb.llm_ids]
 
+    def _collective(self, what: str, fn: Callable[[], object]):
+        """Run a collective; a failure (dead or stalled peer) becomes a CollectiveError naming it."""
+        try:
+            return fn()
+        except Exception as e:
+            raise CollectiveError(self.env.rank, self.step_index, what, e) from e
+
     def _global_labels(self, it: IterationPlan) -> int:
         """Label tokens of the global batch: each replica's last stage counts its samples; all-reduced."""
         mine = self.renderer.num_labels(self._replica_ids(it)) if self.pp_rank == self.last_stage_rank else 0
         t = torch.tensor([float(mine)], dtype=torch.float64, device=self.env.device)
-        dist.all_reduce(t)
+        self._collective("all-reduce of the label count", lambda: dist.all_reduce(t))
         return int(t.item())
 
     def _reduce_dp(self) -> None:
@@ -139,7 +177,11 @@ class PipelineTrainer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        dist.all_reduce(flat, group=self.dp_group)
+        ranks = [self.layout.global_rank(r, self.pp_rank) for r in range(self.layout.dp)]
+        self._collective(
+            f"data-parallel gradient all-reduce with ranks {ranks}",
+            lambda: dist.all_reduce(flat, group=self.dp_group),
+        )
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -153,7 +195,7 @@ class PipelineTrainer:
             torch.zeros((), dtype=torch.float64, device=self.env.device),
         )
         t = sq.reshape(1).to(torch.float64)
-        dist.all_reduce(t)
+        self._collective("all-reduce of the gradient norm", lambda: dist.all_reduce(t))
         norm = math.sqrt(t.item() / self.layout.dp)
         max_norm = self.optim_cfg.max_grad_norm
         if max_norm is not None:
@@ -180,7 +222,9 @@ class PipelineTrainer:
             )
             row["fwd_ms" if r.kind == "F" else "bwd_ms"] += r.ms
         out: list[list[dict]] | None = [None] * self.env.world_size if self.env.rank == 0 else None
-        dist.gather_object(list(merged.values()), out, dst=0)
+        self._collective(
+            "gather of the stage times", lambda: dist.gather_object(list(merged.values()), out, dst=0)
+        )
         return [row for part in out for row in part] if out is not None else []
 
     def _llm_tokens(self, it: IterationPlan) -> int:
@@ -196,16 +240,18 @@ class PipelineTrainer:
         """Run this rank's actions; gradients summed over DP replicas. Returns the global mean loss."""
         self.zero_grad()
         scale = 1.0 / max(1, self._global_labels(it))
+        if self.fault_hook is not None:
+            self.fault_hook(self.env.rank, self.step_index)
         out = self.executor.run(it, it.actions.get(self.env.rank, ()), loss_scale=scale)
-        self.transport.wait_all()
+        self._collective("wait for the pipeline sends", self.transport.wait_all)
         self._reduce_dp()
         self._last_records = out.records
         loss = torch.tensor([out.loss_sum], dtype=torch.float64, device=self.env.device)
-        dist.all_reduce(loss)
+        self._collective("all-reduce of the loss", lambda: dist.all_reduce(loss))
         return float(loss.item())
 
     def train_step(self, it: IterationPlan, *, gather_records: bool = True) -> StepResult:
-        dist.barrier()
+        self._collective("barrier at the start of the step", dist.barrier)
         t0, cpu0 = time.perf_counter(), time.process_time()
         loss = self.forward_backward(it)
         norm = self._clip()
@@ -221,8 +267,10 @@ class PipelineTrainer:
         )
         cpu = torch.zeros(self.env.world_size, dtype=torch.float64, device=self.env.device)
         cpu[self.env.rank] = (time.process_time() - cpu0) * 1e3
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        dist.all_reduce(cpu)
+        self._collective(
+            "all-reduce of the step times",
+            lambda: (dist.all_reduce(elapsed, op=dist.ReduceOp.MAX), dist.all_reduce(cpu)),
+        )
         self.step_index += 1
         records = self._gather_records(self._last_records) if gather_records else []
         return StepResult(loss, float(elapsed.item()), norm, lr, self._llm_tokens(it), cpu.tolist(), records)

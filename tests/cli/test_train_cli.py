@@ -39,12 +39,18 @@ def test_tp_and_cp_are_refused_before_any_process_group(capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--checkpoint-every", "5"], "issue 6"),
-        (["--resume"], "issue 6"),
-        (["--on-bad-sample", "skip"], "data issue"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0"),
+        (["--timeout-s", "0"], "--timeout-s must be positive"),
         (["--system", "nope"], "unknown system"),
-        (["--global-batch", "5", "--microbatch-size", "2"], "not a multiple"),
-        (["--nproc", "3"], "needs 2 processes"),
+        (
+            ["--global-batch", "5", "--microbatch-size", "2"],
+            "not a multiple of dp 1 x --microbatch-size 2 = 2",
+        ),
+        (["--global-batch", "6", "--microbatch-size", "2", "--dp", "2"], "use --global-batch 8"),
+        (["--nproc", "3"], "3 processes cannot form whole replicas of 2 pipeline ranks"),
+        (["--nproc", "3"], "--nproc 2 or 4"),
+        (["--dp", "2", "--nproc", "2"], "needs 4 processes, but 2 were started: start 4 processes"),
+        (["--llm-stages", "99"], "use 1.."),
     ],
 )
 def test_bad_or_pending_flags_give_one_line_errors(flags, message, capsys):

@@ -1,0 +1,52 @@
+"""A peer that stalls or dies makes the surviving rank exit non-zero, naming the peer and the action,
+within the ``--timeout-s`` (5 s here), not hang: forked ranks of ``entrain train``, no torchrun."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .cli_ranks import run_ranks
+
+ARGV = [
+    "train",
+    "--model",
+    "tiny",
+    "--dataset",
+    "skewed",
+    "--system",
+    "1f1b",
+    "--global-batch",
+    "4",
+    "--microbatch-size",
+    "1",
+    "--steps",
+    "3",
+    "--timeout-s",
+    "5",
+    "--no-progress",
+]
+
+
+@pytest.mark.parametrize("fault", ["stall:1:1:8", "kill:1:1"])
+def test_a_stalled_or_dead_peer_fails_the_survivor_with_peer_and_action(tmp_path, fault):
+    """Rank 1 (the LLM stage) stalls past the timeout or is SIGKILLed in step 1, after the step's
+    first all-reduce: rank 0 (the encoder stage) waits for microbatch 0's gradient from it."""
+    results = run_ranks(
+        [*ARGV, "--out", str(tmp_path / "run")],
+        2,
+        tmp_path / "ranks",
+        env={"ENTRAIN_FAULT": fault},
+        timeout_s=100,
+    )
+    survivor = results[0]
+    assert survivor.exitcode is not None, "rank 0 hung"
+    assert survivor.exitcode != 0
+    message = next(line for line in survivor.stderr.splitlines() if line.startswith("entrain train: error:"))
+    if fault.startswith("stall"):  # the first wait on rank 1: microbatch 0's gradient
+        assert "rank 0: action 0RECV_B0 (stage 0, microbatch 0, sub 0) with rank 1 failed" in message, message
+    else:  # a dead peer fails whichever transfer touches it first
+        pattern = r"rank 0: action 0(SEND_F|RECV_B)(\d+) \(stage 0, microbatch \2, sub 0\) with rank 1 failed"
+        assert re.search(pattern, message), message
+    assert results[1].exitcode is not None and results[1].exitcode != 0  # killed, or failed after its stall

@@ -45,6 +45,10 @@ def test_plan_and_train_from_a_llava_dataset_with_a_measured_profile(tmp_path, c
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     assert {t["rank"] for r in rows for t in r["stage_times"]} == {0, 1}
+    # wall and thread-CPU time per action (the profile's clock): both measured, CPU <= wall + slack
+    for t in (t for r in rows for t in r["stage_times"]):
+        assert t["fwd_cpu_ms"] > 0 and t["bwd_cpu_ms"] > 0
+        assert t["fwd_cpu_ms"] <= t["fwd_ms"] * 1.05 + 1.0
     trained = json.loads((run / "plan.json").read_text())
     assert {s["id"] for s in trained["samples"]} <= set(ids) and len(trained["iterations"]) == 2
     assert json.loads((run / "config.json").read_text())["spec"]["profile"] == str(prof)

@@ -68,6 +68,8 @@ class ComputeRecord:
     mb: int
     sub: int
     ms: float
+    cpu_ms: float = 0.0
+    """This thread's CPU time of the action (what ``entrain profile`` measures on the CPU)."""
 
 
 @dataclass
@@ -189,12 +191,11 @@ class Executor:
 
     def _timed(self, a: Action, kind: str, fn: Callable[[], None]) -> None:
         self.sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         fn()
         self.sync()
-        self._records.append(
-            ComputeRecord(a.stage, kind, a.mb, a.sub_index, (time.perf_counter() - t0) * 1e3)
-        )
+        wall_ms, cpu_ms = (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3
+        self._records.append(ComputeRecord(a.stage, kind, a.mb, a.sub_index, wall_ms, cpu_ms))
 
     # --- compute ------------------------------------------------------------------------------------
     def _forward(self, a: Action) -> None:

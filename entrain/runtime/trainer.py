@@ -218,9 +218,12 @@ class PipelineTrainer:
                     "sub": r.sub,
                     "fwd_ms": 0.0,
                     "bwd_ms": 0.0,
+                    "fwd_cpu_ms": 0.0,
+                    "bwd_cpu_ms": 0.0,
                 },
             )
             row["fwd_ms" if r.kind == "F" else "bwd_ms"] += r.ms
+            row["fwd_cpu_ms" if r.kind == "F" else "bwd_cpu_ms"] += r.cpu_ms
         out: list[list[dict]] | None = [None] * self.env.world_size if self.env.rank == 0 else None
         self._collective(
             "gather of the stage times", lambda: dist.gather_object(list(merged.values()), out, dst=0)

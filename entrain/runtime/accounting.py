@@ -5,7 +5,7 @@ order, or a permutation seeded by ``(seed, e)`` with ``--shuffle``; epoch 0 with
 ``numpy.random.default_rng(seed).permutation``), and the epochs are laid end to end. Step ``i``
 trains the stream's samples ``[i*B, (i+1)*B)``. So every valid sample is trained exactly once per
 epoch, a remainder smaller than the global batch ``B`` is completed by the next epoch's first samples
-(never dropped, never padded), and the data position of a checkpoint is simply the step count. A
+that it does not already hold (never dropped, never padded, never twice in one batch), and the data position of a checkpoint is simply the step count. A
 built-in generator is an endless stream (one "epoch"). Plans are hashed per iteration
 (``plan_hash``) so two runs can be compared step by step. No torch.
 """
@@ -69,16 +69,31 @@ class EpochStream:
         return rng.permutation(n).tolist()
 
     def batches(self, global_batch: int, steps: int) -> list[list[SampleWork]]:
-        """Steps ``0 .. steps-1``: ``global_batch`` consecutive samples of the stream each."""
+        """Steps ``0 .. steps-1``: ``global_batch`` consecutive samples of the stream each. A batch that
+        spans an epoch boundary takes the next epoch's first samples that are not already in it (a
+        sample appears at most once per global batch; the next epoch's order is otherwise kept)."""
+        if global_batch > self.epoch_size:
+            raise ConfigError(
+                f"--global-batch {global_batch} is larger than the dataset's {self.epoch_size} training "
+                f"samples: a global batch would hold a sample twice; use --global-batch {self.epoch_size} or less"
+            )
         out: list[list[SampleWork]] = []
-        flat: list[SampleWork] = []
+        flat: list[int] = []
         epoch = 0
         need = global_batch * steps
         while len(flat) < need:
-            flat.extend(self.works[i] for i in self.order(epoch))
+            order = self.order(epoch)
+            partial = set(flat[len(flat) - len(flat) % global_batch :])
+            if partial:
+                fill = global_batch - len(partial)
+                head = [i for i in order if i not in partial][:fill]
+                taken = set(head)
+                order = head + [i for i in order if i not in taken]
+            flat.extend(order)
             epoch += 1
+        flat_works = [self.works[i] for i in flat]
         for i in range(steps):
-            out.append(flat[i * global_batch : (i + 1) * global_batch])
+            out.append(flat_works[i * global_batch : (i + 1) * global_batch])
         return out
 
     def position(self, step: int, global_batch: int) -> DataPosition:

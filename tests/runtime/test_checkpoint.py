@@ -1,0 +1,165 @@
+"""Checkpoints: atomic files, manifest last, corrupt or missing shards passed over, pruning, and exact
+resume (CPU, one thread): 2N steps straight == N steps, a crash, ``--resume``, N more -- bitwise."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from entrain.cli.main import main
+from entrain.runtime import checkpoint as ck
+
+FAST = [
+    "train",
+    "--model",
+    "tiny",
+    "--dataset",
+    "skewed",
+    "--system",
+    "dip",
+    "--global-batch",
+    "4",
+    "--microbatch-size",
+    "1",
+    "--steps",
+    "4",
+    "--checkpoint-every",
+    "2",
+    "--no-progress",
+]
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _state(out, step: int) -> tuple[dict, dict]:
+    folder = ck.step_dir(out, step)
+    _, params = ck.load_model_state(folder)
+    model = torch.load(folder / "model-pp0.pt", weights_only=True)
+    return params, model["optimizer"]
+
+
+def _assert_same_optimizer(a: dict, b: dict) -> None:
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        for name, value in a["state"][k].items():
+            assert torch.equal(value, b["state"][k][name]), (k, name)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """4 steps without interruption, checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("straight") / "run"
+    assert main([*FAST, "--out", str(out)]) == 0
+    return out
+
+
+def test_exact_resume_after_a_crash_is_bitwise_the_straight_run(straight, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    monkeypatch.setenv("ENTRAIN_FAULT", "raise:0:2")  # dies in step 2, after the step-2 checkpoint
+    assert main([*FAST, "--out", str(out)]) == 2
+    assert "injected fault at step 2" in capsys.readouterr().err
+    assert [r["step"] for r in _rows(out)] == [0, 1]
+    assert main([*FAST, "--out", str(out), "--resume"]) == 0
+    assert "resuming dip from" in capsys.readouterr().err
+    a, b = _rows(straight), _rows(out)
+    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["plan_hash"] for r in a] == [r["plan_hash"] for r in b]
+    assert [r["sample_ids"] for r in a] == [r["sample_ids"] for r in b]
+    params_a, optim_a = _state(straight, 4)
+    params_b, optim_b = _state(out, 4)
+    assert params_a.keys() == params_b.keys() and len(params_a) > 10
+    for name in params_a:
+        assert torch.equal(params_a[name], params_b[name]), name
+    _assert_same_optimizer(optim_a, optim_b)
+    config = json.loads((out / "config.json").read_text())
+    assert config["resumed_from_step"] == 2
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(straight, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    shard = ck.step_dir(out, 4) / "model-pp0.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert main([*FAST, "--out", str(out), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "step 4) is incomplete or corrupt (rank 0: model-pp0.pt is corrupt" in err
+    assert "using the previous complete checkpoint" in err and "step-00000002 (step 2 of 4)" in err
+    params_a, _ = _state(straight, 4)
+    params_b, _ = _state(out, 4)  # step 4 retrained from step 2 and saved again
+    assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)
+
+
+def test_resume_refuses_another_configuration_before_any_process_group(straight, tmp_path, capsys):
+    import shutil
+
+    import torch.distributed as dist
+
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    argv = [*FAST, "--out", str(out), "--resume"]
+    argv[argv.index("--global-batch") + 1] = "8"
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--resume: the checkpoints in" in err and "global_batch: 4 -> 8" in err and "new --out" in err
+    assert not dist.is_initialized()
+
+
+def test_resume_with_nothing_to_resume_starts_fresh(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [*FAST, "--out", str(out), "--resume", "--steps", "1"]
+    assert main(argv) == 0
+    assert "no complete checkpoint" in capsys.readouterr().err
+    assert [r["step"] for r in _rows(out)] == [0]
+
+
+def test_missing_shard_or_manifest_is_detected(tmp_path):
+    folder = ck.step_dir(tmp_path, 3)
+    entries = ck.write_shards(
+        folder, rank=0, pp_rank=0, replica=0, model={"params": {}}, rank_state={"step": 3}
+    )
+    found, why = ck.try_load(folder, rank=0, pp_rank=0)
+    assert found is None and "no manifest" in why
+    ck.write_manifest(folder, {"format": ck.FORMAT_VERSION, "step": 3, "files": entries})
+    found, why = ck.try_load(folder, rank=0, pp_rank=0)
+    assert why is None and found.step == 3 and found.rank_state == {"step": 3}
+    (folder / "rank0.pt").unlink()
+    assert ck.try_load(folder, rank=0, pp_rank=0) == (None, "rank0.pt is missing")
+    assert not [p for p in folder.iterdir() if ".tmp" in p.name]  # no temporary files left
+
+
+def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
+    for step in (2, 4, 6, 8):
+        folder = ck.step_dir(tmp_path, step)
+        folder.mkdir(parents=True)
+        ck.write_manifest(folder, {})
+    ck.step_dir(tmp_path, 1).mkdir()  # incomplete, older than complete ones: a crash leftover
+    ck.step_dir(tmp_path, 10).mkdir()  # incomplete, newest: maybe being written
+    ck.prune(tmp_path, keep=2)
+    assert [s for s, _ in ck.checkpoint_dirs(tmp_path)] == [10, 8, 6]
+
+
+def test_rng_states_round_trip():
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    state = ck.rng_state()
+    expect = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    restored = torch.load(io.BytesIO(ck._to_bytes(state)), weights_only=True)  # as a checkpoint stores it
+    ck.set_rng_state(restored)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expect

@@ -27,10 +27,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=1.25,
         help="Entrain's eager-forward activation budget factor (default 1.25)",
     )
-    p.add_argument("--ramp-microbatches", type=int, default=0,
+    p.add_argument("--ramp-microbatches", type=_ramp, default="auto",
                    help="Entrain extension (not in the paper): cut the first and last N microbatches into 2 "
-                        "sub-microbatches so the pipeline fills and drains faster (default 0 = off)")  # fmt: skip
+                        "sub-microbatches so the pipeline fills and drains faster; 'auto' (default) keeps the "
+                        "ramp per replica only where the cost model predicts a shorter makespan; 0 = off")  # fmt: skip
+    p.add_argument("--entrain-layout", choices=("auto", "shared", "disjoint"), default="auto",
+                   help="Entrain extension (not in the paper): 'shared' lets the rank where encoder and LLM "
+                        "meet hold the last encoder and the first LLM stage (one min-max partition of the "
+                        "concatenated layers); 'auto' (default) uses it when Eq. 2 predicts it faster; "
+                        "'disjoint' = the paper's E.PP:L.PP stages")  # fmt: skip
+    p.add_argument(
+        "--paper-entrain",
+        action="store_true",
+        help="Entrain exactly as the paper: same as --ramp-microbatches 0 --entrain-layout disjoint",
+    )
     p.set_defaults(func=run)
+
+
+def _ramp(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'auto', got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'auto', got {text!r}")
+    return n
 
 
 def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict[str, SystemRun], dict]:
@@ -48,6 +71,8 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         args.global_batch,
         args.microbatch_size,
         args.seed,
+        entrain_layout="disjoint" if args.paper_entrain else args.entrain_layout,
+        entrain_ramp=0 if args.paper_entrain else args.ramp_microbatches,
     )
     setups = system_setups(systems, req, cost, batches)
     runs = {}
@@ -56,8 +81,6 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         options = dict(setup.options)
         if name == "entrain":
             options["eager_budget_factor"] = args.eager_budget_factor
-        if name in ("entrain", "entrain-1f1b") and args.ramp_microbatches:
-            options["ramp_microbatches"] = args.ramp_microbatches
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
         runs[name] = run_system(name, setup.layout, batches, cost, options)
     if "entrain" in runs:
@@ -96,20 +119,23 @@ def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace)
 
 def table(runs: dict[str, SystemRun], configs: dict) -> str:
     cols = (f"{'system':<16}{'iter ms':>10}{'vs entrain':>11}{'bubble':>8}{'enc std':>9}{'llm std':>9}"
-            f"{'peak GB':>9}{'ideal':>9}{'part.ideal':>11}{'lower bd':>10}  config")  # fmt: skip
+            f"{'peak GB':>9}{'mem GB':>11}{'ideal':>9}{'part.ideal':>11}{'lower bd':>10}  config")  # fmt: skip
     lines = [cols, "-" * len(cols)]
     for name, r in runs.items():
         m = r.metrics
         c = configs[name]["components"]
         speed = f"{m.entrain_speedup:.2f}x" if m.entrain_speedup else "-"
+        peaks = m.peak_memory_bytes_per_rank
+        mem = "-" if not peaks else f"{max(peaks) / 1e9:.1f}" + ("" if m.fits_memory else " OOM")
         cfg = f"E.PP {c['encoder']['pp']} / L.PP {c['llm']['pp']} (tp {c['llm']['tp']}, dp {configs[name]['dp']})"
         lines.append(
             f"{name:<16}{m.iteration_time_ms:>10.1f}{speed:>11}{m.bubble_ratio:>8.3f}{m.encoder_fwd_std_ms:>9.1f}"
-            f"{m.llm_fwd_std_ms:>9.1f}{m.peak_activation_bytes / 1e9:>9.2f}{m.ideal_ms:>9.1f}"
+            f"{m.llm_fwd_std_ms:>9.1f}{m.peak_activation_bytes / 1e9:>9.2f}{mem:>11}{m.ideal_ms:>9.1f}"
             f"{m.partition_ideal_ms:>11.1f}{m.lower_bound_ms:>10.1f}  {cfg}"
         )
     lines += ["", "times in ms (forward+backward, per iteration, mean over iterations); vs entrain = "
-              "iteration time / Entrain's; std = per-microbatch forward time std"]  # fmt: skip
+              "iteration time / Entrain's; std = per-microbatch forward time std; peak GB = activations; mem GB = "
+              "model state (weights, grads, AdamW) + activations on the fullest rank, OOM = over device memory"]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -65,6 +65,8 @@ __all__ = [
     "PAPER_TABLE1",
     "paper_table1_config",
     "dip_layout",
+    "SharedBoundaryConfig",
+    "boundary_sharing_config",
 ]
 
 Item = SampleMeta | SampleWork
@@ -791,3 +793,85 @@ def dip_layout(
         components={"encoder": ComponentLayout(tp, cp, pp), "llm": ComponentLayout(tp, cp, pp)},
         stages=tuple(stages),
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Extension: boundary sharing (not in the paper)
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SharedBoundaryConfig:
+    """Entrain's boundary-sharing layout: the ``ranks`` pipeline ranks of a replica cover the
+    concatenated layer list (encoder layers, then LLM layers) by one min-max partition, so the rank
+    where the modalities meet may hold the last encoder stage *and* the first LLM stage."""
+
+    layout: Layout
+    rank_ms: tuple[float, ...]
+    """Forward + backward ms of the mean microbatch per pipeline rank (per-call constants included)."""
+    rank_memory_bytes: tuple[float, ...]
+    predicted_iteration_time_ms: float
+    """Paper Eq. 2 over the ranks: ``sum(rank times) + (K - 1) * slowest rank``."""
+    memory_ok: bool
+
+    @property
+    def shares_boundary(self) -> bool:
+        return len(self.layout.stages) > self.layout.ranks_per_replica
+
+
+def boundary_sharing_config(
+    profile: Sequence[Item] | SampleStats,
+    cost: CostModel,
+    *,
+    dp: int,
+    ranks: int,
+    tp: int,
+    cp: int = 1,
+    global_batch: int,
+    microbatch_size: int,
+) -> SharedBoundaryConfig:
+    """One min-max partition (``partition.min_max_partition``) of the mean microbatch's per-layer
+    forward + backward ms over the concatenated encoder-then-LLM layer list into ``ranks`` ranks
+    (both components at the same ``tp`` x ``cp``, so a rank's GPUs can hold either). A rank whose
+    range crosses the boundary gets two stages. Memory per rank as Algorithm 2's check."""
+    stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
+    if len(stats) == 0:
+        raise ConfigError("the profile has no samples")
+    u = int(microbatch_size)
+    if dp < 1 or u < 1 or global_batch % (dp * u):
+        raise ConfigError(
+            f"global batch {global_batch} is not divisible by dp x microbatch size = {dp} x {microbatch_size}"
+        )
+    for comp in COMPONENTS:
+        if not _has_key(cost, comp, tp, cp):
+            raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
+    enc_ms = _mean_layer_ms(stats, cost, "encoder", tp, cp, u)
+    llm_ms = _mean_layer_ms(stats, cost, "llm", tp, cp, u)
+    n_enc = len(enc_ms)
+    part = min_max_partition([*enc_ms.tolist(), *llm_ms.tolist()], ranks)
+    pieces: list[tuple[str, int, int, int]] = []  # (component, first, end, rank)
+    for r, (f, e) in enumerate(part.ranges):
+        if f < n_enc:
+            pieces.append(("encoder", f, min(e, n_enc), r))
+        if e > n_enc:
+            pieces.append(("llm", max(f, n_enc) - n_enc, e - n_enc, r))
+    pieces.sort(key=lambda p: (p[0] != "encoder", p[1]))
+    stages = tuple(StageSpec(i, c, f, e, r) for i, (c, f, e, r) in enumerate(pieces))
+    num_enc = sum(1 for p in pieces if p[0] == "encoder")
+    k = global_batch // (dp * u)
+    layout = Layout(
+        dp=dp,
+        microbatch_size=u,
+        num_microbatches=k,
+        components={
+            "encoder": ComponentLayout(tp, cp, num_enc),
+            "llm": ComponentLayout(tp, cp, len(pieces) - num_enc),
+        },
+        stages=stages,
+    )
+    memory = [0.0] * ranks
+    for c, f, e, r in pieces:
+        x1 = stats.enc_x1 if c == "encoder" else stats.llm_x1
+        tokens = u * float(x1.mean()) if stats.has_tokens else 0.0
+        memory[r] += _stage_memory(cost, c, [(f, e)], tp, cp, tokens, r, ranks)[0]
+    t_iter = sum(part.stage_ms) + (k - 1) * max(part.stage_ms)
+    ok = all(m <= cost.hardware.device_memory_bytes for m in memory)
+    return SharedBoundaryConfig(layout, part.stage_ms, tuple(memory), t_iter, ok)

@@ -15,6 +15,11 @@ Per iteration (then averaged over iterations):
 * ``lower_bound_ms`` = max over ranks of busy time.
 * ``peak_activation_bytes_per_rank``: per pipeline rank (index = pp rank within a replica), the
   peak over replicas and iterations; ``peak_activation_bytes`` = its max.
+* Memory realism (additive keys): ``model_state_bytes_per_rank`` = weights + gradients + AdamW state
+  of the rank's layers (``PlanCosts.model_state_bytes``: 18 bytes per trainable parameter, / TP);
+  ``peak_memory_bytes_per_rank`` = that + the rank's peak activation bytes; ``fits_memory`` = every
+  rank's total <= ``HardwareSpec.device_memory_bytes``. Timings are not changed by a misfit: a
+  system that does not fit is reported as such (an OOM configuration could not run as simulated).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from entrain.core.plan import Layout
+from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.one_f_one_b import one_f_one_b_makespan
 from entrain.sim.executor import IterationRun, ReplicaRun
 
@@ -43,6 +49,33 @@ class SystemMetrics:
     partition_ideal_ms: float
     lower_bound_ms: float
     entrain_speedup: float | None = None
+    model_state_bytes_per_rank: list[float] | None = None
+    device_memory_bytes: float | None = None
+
+    @property
+    def peak_memory_bytes_per_rank(self) -> list[float] | None:
+        if self.model_state_bytes_per_rank is None:
+            return None
+        return [a + m for a, m in zip(self.peak_activation_bytes_per_rank, self.model_state_bytes_per_rank)]
+
+    @property
+    def fits_memory(self) -> bool | None:
+        peaks = self.peak_memory_bytes_per_rank
+        if peaks is None or self.device_memory_bytes is None:
+            return None
+        return max(peaks, default=0.0) <= self.device_memory_bytes
+
+    def memory_json(self) -> dict:
+        if self.model_state_bytes_per_rank is None:
+            return {}
+        peaks = self.peak_memory_bytes_per_rank
+        return {
+            "model_state_bytes_per_rank": list(self.model_state_bytes_per_rank),
+            "peak_memory_bytes_per_rank": peaks,
+            "peak_memory_bytes": max(peaks, default=0.0),
+            "device_memory_bytes": self.device_memory_bytes,
+            "fits_memory": self.fits_memory,
+        }
 
     def to_json(self) -> dict:
         return {
@@ -57,6 +90,7 @@ class SystemMetrics:
             "partition_ideal_ms": self.partition_ideal_ms,
             "lower_bound_ms": self.lower_bound_ms,
             "entrain_speedup": self.entrain_speedup,
+            **self.memory_json(),
         }
 
 
@@ -105,7 +139,10 @@ def _iteration_metrics(layout: Layout, it: IterationRun) -> dict:
     }
 
 
-def compute_metrics(layout: Layout, iterations: list[IterationRun]) -> SystemMetrics:
+def compute_metrics(
+    layout: Layout, iterations: list[IterationRun], costs: PlanCosts | None = None
+) -> SystemMetrics:
+    """Metrics of ``iterations``; with ``costs``, also the memory-realism keys."""
     rows = [_iteration_metrics(layout, it) for it in iterations]
     p = layout.ranks_per_replica
     peaks = [0.0] * p
@@ -129,4 +166,6 @@ def compute_metrics(layout: Layout, iterations: list[IterationRun]) -> SystemMet
         ideal_ms=mean("ideal"),
         partition_ideal_ms=mean("partition_ideal"),
         lower_bound_ms=mean("lower_bound"),
+        model_state_bytes_per_rank=None if costs is None else [costs.model_state_bytes(r) for r in range(p)],
+        device_memory_bytes=None if costs is None else costs.cost.hardware.device_memory_bytes,
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from entrain.core.costmodel import CostModel
 from entrain.core.plan import Layout, Plan
 from entrain.core.schedules import ScheduleOptions
+from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.system import plan_system, stage_times_fn
 from entrain.core.work import SampleWork
 from entrain.sim.executor import IterationRun, simulate_plan
@@ -41,4 +42,5 @@ def run_system(
 ) -> SystemRun:
     plan = plan_system(system, layout, batches, cost, options)
     iterations = simulate_plan(plan, cost, trace_iterations=trace_iterations)
-    return SystemRun(system, layout, plan, iterations, compute_metrics(layout, iterations))
+    costs = PlanCosts(layout, cost, plan.samples)
+    return SystemRun(system, layout, plan, iterations, compute_metrics(layout, iterations, costs))

@@ -11,6 +11,17 @@
 
 Configs are computed once per (system kind, dataset, cost model) and shared by systems that use
 the same one.
+
+Entrain extensions (ours, not the paper's; ``ConfigRequest.entrain_layout`` and
+``ConfigRequest.entrain_ramp``, both ``"auto"`` by default; ``"disjoint"`` and ``0`` give the paper's
+Entrain):
+
+* ``entrain_layout``: ``"shared"`` = the boundary-sharing layout (``planner.boundary_sharing_config``)
+  over the ranks of Algorithm 2's configuration (same TP, CP, DP and GPU count); ``"auto"`` = that
+  layout when its Eq. 2 time is lower than the disjoint one's and it fits memory (it never is higher:
+  the disjoint split is one of the partitions it considers). Applies to ``entrain`` and
+  ``entrain-1f1b``; ``1f1b`` keeps the disjoint layout (a baseline).
+* ``entrain_ramp``: ``ScheduleOptions.ramp_microbatches`` for ``entrain`` and ``entrain-1f1b``.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from entrain.core.plan import Layout
 from entrain.core.planner import (
     MacroscopicProfiler,
     Sampler,
+    boundary_sharing_config,
     dip_layout,
     disttrain_profile_sample,
     draw_seed,
@@ -34,7 +46,15 @@ from entrain.core.planner import (
 )
 from entrain.core.work import SampleWork
 
-__all__ = ["SystemSetup", "ConfigRequest", "dataset_sampler", "system_setups", "config_kind"]
+__all__ = [
+    "SystemSetup",
+    "ConfigRequest",
+    "dataset_sampler",
+    "system_setups",
+    "config_kind",
+    "entrain_variant",
+    "ENTRAIN_LAYOUTS",
+]
 
 _KIND = {
     "entrain": "entrain",
@@ -59,6 +79,10 @@ class ConfigRequest:
     seed: int = 0
     extra_sizes: tuple[int, ...] = ()
     """Extra Algorithm 1 batch sizes to report trials for (``bench paper``: 1, 4, 16, 64, 256)."""
+    entrain_layout: str = "auto"
+    """``"disjoint"`` (paper), ``"shared"`` (boundary sharing) or ``"auto"`` (shared if Eq. 2 says so)."""
+    entrain_ramp: int | str = "auto"
+    """Entrain's ``ramp_microbatches`` (0 = paper's schedule)."""
 
 
 @dataclass
@@ -73,6 +97,8 @@ class SystemSetup:
     """``planner.BMinResult`` of Entrain's planner (trial table), when it ran."""
     profile: object | None = None
     """The profile the config was searched on (``SampleStats`` or samples)."""
+    config: object | None = None
+    """Algorithm 2's ``StaticConfig`` (Entrain's planner), when it ran."""
 
 
 def config_kind(system: str) -> str:
@@ -100,7 +126,9 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
         )  # fmt: skip
         profile = MacroscopicProfiler(sampler, cost, seed=req.seed).draw(res.b_min.b_min, 0)[1]
         source = f"Algorithm 1+2 (b_min={res.b_min.b_min})"
-        return SystemSetup(res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile)
+        return SystemSetup(
+            res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile, config=res.config
+        )
     if kind == "disttrain":
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
         cfg = search_config([one], cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, **common)
@@ -131,6 +159,39 @@ def _dip_caps(profile, cost: CostModel, tp: int) -> dict:
     }
 
 
+ENTRAIN_LAYOUTS = ("auto", "shared", "disjoint")
+_EXTENDED = ("entrain", "entrain-1f1b")
+
+
+def entrain_variant(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> SystemSetup:
+    """Entrain's setup with the extensions ``req`` asks for (layout, ramp)."""
+    if req.entrain_layout not in ENTRAIN_LAYOUTS:
+        raise ConfigError(f"entrain layout {req.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
+    layout, source = setup.layout, setup.source
+    enc, llm = layout.components["encoder"], layout.components["llm"]
+    same_gpus = (enc.tp, enc.cp) == (llm.tp, llm.cp)
+    if req.entrain_layout != "disjoint" and same_gpus and setup.profile is not None:
+        shared = boundary_sharing_config(
+            setup.profile, cost, dp=layout.dp, ranks=layout.ranks_per_replica, tp=enc.tp, cp=enc.cp,
+            global_batch=req.global_batch, microbatch_size=req.microbatch_size,
+        )  # fmt: skip
+        cfg = setup.config
+        disjoint_ms = cfg.predicted_iteration_time_ms if cfg is not None else float("inf")
+        better = shared.memory_ok and shared.predicted_iteration_time_ms < disjoint_ms
+        if req.entrain_layout == "shared" or better:
+            layout = shared.layout
+            source += (
+                f"; boundary sharing (Eq. 2 {shared.predicted_iteration_time_ms:.0f} vs {disjoint_ms:.0f} ms)"
+            )
+    elif req.entrain_layout == "shared":
+        raise ConfigError("boundary sharing needs the same TP and CP for the encoder and the LLM")
+    options = dict(setup.options)
+    if req.entrain_ramp:
+        options["ramp_microbatches"] = req.entrain_ramp
+        source += f"; ramp_microbatches={req.entrain_ramp}"
+    return replace(setup, layout=layout, options=options, source=source)
+
+
 def system_setups(
     systems: Sequence[str], req: ConfigRequest, cost: CostModel, batches: Sequence[Sequence[SampleWork]]
 ) -> dict[str, SystemSetup]:
@@ -143,4 +204,8 @@ def system_setups(
             by_kind[kind] = _setup(kind, replace(req, dp=by_kind["entrain"].layout.dp), cost, sampler)
         else:
             by_kind[kind] = _setup(kind, req, cost, sampler)
-    return {name: by_kind[config_kind(name)] for name in systems}
+    out = {name: by_kind[config_kind(name)] for name in systems}
+    if any(n in out for n in _EXTENDED) and (req.entrain_layout != "disjoint" or req.entrain_ramp):
+        variant = entrain_variant(by_kind["entrain"], req, cost)
+        out.update({n: variant for n in _EXTENDED if n in out})
+    return out

@@ -34,9 +34,27 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
         "dip",
         "dip-greedy",
         "entrain+ramp",
+        "entrain+shared",
+        "entrain-paper",
     }
     assert set(case["systems"]) == names
-    assert case["systems"]["entrain"]["entrain_speedup"] == 1.0
+    systems = case["systems"]
+    assert systems["entrain"]["entrain_speedup"] == 1.0
+    # the paper's Entrain is Algorithm 2's disjoint split without ramp; the default may extend it
+    assert (
+        not systems["entrain-paper"]["shared_boundary"]
+        and "ramp_chosen_counts" not in systems["entrain-paper"]
+    )
+    assert sum(systems["entrain"]["ramp_chosen_counts"].values()) == 2 * 4  # 2 iterations x DP 4
+    # memory realism: DIP's activations alone exceed the A40 here; it is flagged, not dropped
+    for name, s in systems.items():
+        assert s["fits_memory"] == (max(s["peak_memory_bytes_per_rank"]) <= 48e9), name
+    assert systems["dip"]["fits_memory"] is False and systems["entrain"]["fits_memory"] is True
+    assert "**OOM**" in out.read_text()
+    assert {t["target"] for t in written["targets"]} >= {
+        "Entrain faster than every baseline",
+        "Entrain (paper: no extensions) faster than every baseline",
+    }
     assert {t["batch_size"] for t in case["trials"]} >= {1, 4, 16, 64, 256}
     gap = case["gap"]
     total = (
@@ -46,6 +64,7 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
         + gap["communication_ms"]
     )
     assert abs(total - gap["iteration_time_ms"]) < 1e-6 * gap["iteration_time_ms"]
+    assert case["gap_paper"]["iteration_time_ms"] == systems["entrain-paper"]["iteration_time_ms"]
     assert set(case["sweep"]) == {f"{e}:{8 - e}" for e in range(1, 8)}
     text = out.read_text()
     for section in (

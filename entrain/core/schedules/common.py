@@ -30,6 +30,9 @@ __all__ = [
     "stage_units",
     "build_plan",
     "require_one_stage_per_rank",
+    "require_stage_chain",
+    "rank_units",
+    "build_plan_per_replica",
 ]
 
 ComputeOrder = Callable[[ReplicaGraph], dict[int, list[Action]]]
@@ -48,11 +51,22 @@ class ScheduleOptions:
     """DIP: at most this many LLM tokens per LLM sub-microbatch (None: 2x the profile's mean)."""
     dip_profile_samples: int = 4
     """DIP's profile (one microbatch): the first this-many samples of the first iteration."""
-    ramp_microbatches: int = 0
-    """Entrain extension (off by default; not in the paper): cut the first and the last this-many
-    microbatches (encoder non-deferred part and LLM microbatch) into ``ramp_pieces`` work-balanced
-    sub-microbatches, so the pipeline fills and drains at a finer grain."""
+    ramp_microbatches: int | str = 0
+    """Entrain extension (not in the paper; 0 = off, the paper's schedule): cut the first and the last
+    this-many microbatches (encoder non-deferred part and LLM microbatch) into ``ramp_pieces``
+    work-balanced sub-microbatches, so the pipeline fills and drains at a finer grain. ``"auto"``:
+    per replica, generate the plain order and the orders ramped over ``p - 1`` microbatches (``p`` =
+    pipeline ranks) in 2 .. min(microbatch size, 8) pieces, and keep the one with the lowest
+    predicted makespan (``predict.predicted_makespan_ms``; ties: the earlier candidate, no ramp
+    first)."""
     ramp_pieces: int = 2
+
+    def __post_init__(self) -> None:
+        r = self.ramp_microbatches
+        if not (r == "auto" or (isinstance(r, int) and not isinstance(r, bool) and r >= 0)):
+            raise ConfigError(f"ramp_microbatches must be a count >= 0 or 'auto', got {r!r}")
+        if self.ramp_pieces < 2:
+            raise ConfigError(f"ramp_pieces must be >= 2, got {self.ramp_pieces}")
 
     @classmethod
     def from_any(cls, options: ScheduleOptions | dict | None) -> ScheduleOptions:
@@ -143,6 +157,24 @@ def stage_units(graph: ReplicaGraph, stage: int) -> tuple[list[list[Action]], li
     return fwd, bwd
 
 
+def rank_units(graph: ReplicaGraph, rank: int) -> tuple[list[list[Action]], list[list[Action]]]:
+    """(forward units, backward slots) of a pipeline rank holding consecutive stages (a chain):
+    forward unit k runs the rank's stages in stage order, backward slot k in reverse order, so a
+    rank holding the last encoder stage and the first LLM stage feeds its LLM forward locally and
+    runs an encoder backward right after the LLM backwards that supply its gradients."""
+    stages = [s.stage for s in graph.layout.stages_of(rank)]
+    k = len(graph.microbatches)
+    fwd: list[list[Action]] = [[] for _ in range(k)]
+    bwd: list[list[Action]] = [[] for _ in range(k)]
+    per_stage = [stage_units(graph, s) for s in stages]
+    for m in range(k):
+        for f, _ in per_stage:
+            fwd[m] += f[m]
+        for _, b in reversed(per_stage):
+            bwd[m] += b[m]
+    return fwd, bwd
+
+
 def one_f_one_b_order(fwd: Sequence[list[Action]], bwd: Sequence[list[Action]], warmup: int) -> list[Action]:
     """Warm-up forwards, then (forward unit, backward slot) pairs, then the remaining slots."""
     n = len(fwd)
@@ -164,6 +196,17 @@ def require_one_stage_per_rank(layout: Layout, system: str) -> None:
         )
 
 
+def require_stage_chain(layout: Layout, system: str) -> None:
+    """Stages must form one chain over the pipeline ranks: stage 0 on rank 0 and each next stage on
+    the same rank or the next one (several consecutive stages per rank allowed: boundary sharing)."""
+    ranks = [s.pp_rank for s in layout.stages]
+    ok = ranks[0] == 0 and all(b - a in (0, 1) for a, b in zip(ranks, ranks[1:]))
+    if not ok:
+        raise ConfigError(
+            f"{system} needs consecutive stages on consecutive pipeline ranks; the layout places stages on {ranks}"
+        )
+
+
 # --- plan assembly ---------------------------------------------------------------------------------
 def build_plan(
     system: str,
@@ -175,15 +218,32 @@ def build_plan(
     options: dict,
 ) -> Plan:
     """Assemble a Plan: per iteration and replica, microbatch specs, compute order, lowering."""
+
+    def replica(rep: ReplicaAssignment) -> tuple[tuple[MicrobatchSpec, ...], dict[int, list[Action]]]:
+        mbs = specs(rep)
+        return mbs, order(ReplicaGraph(layout, mbs))
+
+    return build_plan_per_replica(system, layout, assignments, samples, replica, options)
+
+
+def build_plan_per_replica(
+    system: str,
+    layout: Layout,
+    assignments: Sequence[IterationAssignment],
+    samples: dict[str, SampleWork],
+    replica: Callable[[ReplicaAssignment], tuple[tuple[MicrobatchSpec, ...], dict[int, list[Action]]]],
+    options: dict,
+) -> Plan:
+    """``build_plan`` with one function returning a replica's (microbatch specs, compute order)."""
     iterations = []
     for ia in assignments:
         if len(ia.replicas) != layout.dp:
             raise ConfigError(f"assignment has {len(ia.replicas)} replicas but the layout has dp={layout.dp}")
         all_specs, actions = [], {}
         for r, rep in enumerate(ia.replicas):
-            mbs = specs(rep)
+            mbs, compute = replica(rep)
             graph = ReplicaGraph(layout, mbs)
-            lowered = add_comms(graph, order(graph))
+            lowered = add_comms(graph, compute)
             for pp, acts in lowered.items():
                 actions[layout.global_rank(r, pp)] = tuple(acts)
             all_specs.append(mbs)

@@ -14,6 +14,9 @@ by the simulator, so every executor of a Plan prices an action the same way.
 * p2p time of a message = ``latency + bytes / bandwidth`` (``HardwareSpec``); gradient messages
   have the size of the activations they answer. DP all-reduce of a rank's trainable parameter
   gradients (bf16 ``param_bytes / tp``): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
+* Model state of a rank (``model_state_bytes``): 18 bytes per trainable parameter (bf16 weight, fp32
+  gradient, fp32 master weight and AdamW m, v), 2 per frozen one, divided by TP — the planner's
+  memory check (``planner.ADAM_BYTES_PER_BF16_WEIGHT_BYTE``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 from entrain.core.costmodel import CostModel
 from entrain.core.plan import ActionKind, Layout
+from entrain.core.planner import ADAM_BYTES_PER_BF16_WEIGHT_BYTE
 from entrain.core.work import SampleWork
 
 __all__ = ["PlanCosts", "StageQuad"]
@@ -42,6 +46,9 @@ class StageQuad:
     output_bytes_per_token: float
     grad_bytes: float
     """Trainable parameter gradient bytes held by one rank of this stage (bf16, / tp)."""
+    state_bytes: float = 0.0
+    """Model state one rank of this stage holds (mixed-precision AdamW: bf16 weight + fp32 gradient +
+    fp32 master, m, v = 18 bytes per trainable parameter, bf16 weights of frozen layers; / tp)."""
 
 
 def _fit_quadratic(f1: float, f2: float) -> tuple[float, float]:
@@ -79,7 +86,11 @@ class PlanCosts:
         act = sum(layer.activation_bytes_per_token for layer in layers) / (tp * cp)
         out = layers[-1].output_bytes_per_token / (tp * cp) if layers else 0.0
         grad = sum(layer.param_bytes for layer in layers if layer.trainable) / tp
-        return StageQuad(*coef, act, out, grad)
+        state = sum(
+            layer.param_bytes * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
+            for layer in layers
+        )
+        return StageQuad(*coef, act, out, grad, state / tp)
 
     def _linear_ms_per_token(self, comp: str) -> float:
         """Sum over the whole component of the per-token linear coefficient, forward + backward."""
@@ -157,6 +168,13 @@ class PlanCosts:
     def p2p_ms(self, num_bytes: float) -> float:
         hw = self.cost.hardware
         return hw.p2p_latency_ms + num_bytes / hw.p2p_bandwidth_bytes_per_ms
+
+    def model_state_bytes(self, pp_rank: int) -> float:
+        """Weights, gradients and AdamW state held by one GPU of pipeline rank ``pp_rank`` (every stage
+        it holds; the same per-parameter layout as the planner's memory check)."""
+        return sum(
+            q.state_bytes for s, q in zip(self.layout.stages, self.stage_quads) if s.pp_rank == pp_rank
+        )
 
     def allreduce_ms(self, pp_rank: int) -> float:
         """DP gradient all-reduce time of one pipeline rank's stages (0 when dp == 1)."""

@@ -19,6 +19,7 @@ from entrain.core.schedules import dip
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.predict import compute_deps
 from entrain.core.work import SampleWork
 
 __all__ = ["generate", "greedy_orders"]
@@ -27,27 +28,8 @@ NAME = "dip-greedy"
 
 
 def _deps(graph: ReplicaGraph, costs: PlanCosts, a: Action) -> list[tuple[tuple, float]]:
-    """(predecessor key, delay after its end) for a compute action."""
-    u = a.sub_index
-    out = []
-    if a.kind is ActionKind.F:
-        for msg in graph.fwd_inputs(a.stage, a.mb, u):
-            delay = (
-                costs.p2p_ms(costs.message_bytes(msg.src, graph.ids(msg.src, msg.mb, msg.sub)))
-                if graph.is_remote(msg)
-                else 0.0
-            )
-            out.append((("F", msg.src, msg.mb, msg.sub), delay))
-        return out
-    out.append((("F", a.stage, a.mb, u), 0.0))
-    for msg in graph.bwd_inputs(a.stage, a.mb, u):
-        delay = (
-            costs.p2p_ms(costs.message_bytes(msg.dst, graph.ids(msg.dst, msg.mb, msg.sub)))
-            if graph.is_remote(msg)
-            else 0.0
-        )
-        out += [(("B", *t), delay) for t in graph.bwd_producers(msg)]
-    return out
+    """(predecessor key, delay after its end) for a compute action (``predict.compute_deps``)."""
+    return compute_deps(graph, costs, a)
 
 
 def greedy_orders(graph: ReplicaGraph, costs: PlanCosts) -> dict[int, list[Action]]:

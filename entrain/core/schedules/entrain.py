@@ -12,6 +12,25 @@
   deferred sub-microbatches it holds), at least the plain ``p - s - 1``; warm-ups are then made
   non-increasing along the pipeline (stage ``s+1`` never warms up more than stage ``s``), which
   keeps the order deadlock-free. The budget per rank is recorded in ``Plan.options``.
+
+Extensions (ours, not the paper's; each can be switched off to get the paper's schedule):
+
+* Ramped fill/drain (``ScheduleOptions.ramp_microbatches``): the first and last ``p - 1``
+  microbatches run their non-deferred encoder part and their LLM microbatch as 2 work-balanced
+  sub-microbatches, so the pipeline fills and drains at half the grain (balanced microbatches
+  otherwise pay the full ``(p - 1)`` fill/drain, which DistTrain's reorder and DIP's
+  sub-microbatches shorten). ``"auto"`` keeps, per replica, whichever of the plain order and the
+  orders ramped over ``p - 1`` microbatches in 2 .. min(microbatch size, 8) pieces has the lowest
+  predicted makespan (``predict.predicted_makespan_ms``: the cost model's compute and p2p times, the
+  simulator's rules; ties to the earlier candidate); the choices ``[ramp, pieces]`` are recorded in
+  ``Plan.options["ramp_chosen"][iteration][replica]``. Gradients are unchanged by construction (the loss is
+  normalised by the global label count; tested against the single-process reference).
+* Boundary sharing (the layout, ``planner.boundary_sharing_layout``): a pipeline rank may hold
+  several consecutive stages — the last encoder stage and the first LLM stage. Such a rank runs
+  them as one fused stage (``common.rank_units``): forward unit k = its encoder sub-forwards of
+  microbatch k, then the LLM forward of k (fed locally, deferred samples included); backward slot k
+  = the LLM backward of k, then the encoder backwards whose gradients it completes. Warm-up and
+  eager forward are per rank; deferral is unchanged.
 """
 
 from __future__ import annotations
@@ -24,14 +43,15 @@ from entrain.core.errors import ConfigError
 from entrain.core.plan import Action, Layout, Plan
 from entrain.core.schedules.common import (
     ScheduleOptions,
-    build_plan,
+    build_plan_per_replica,
     entrain_specs,
     one_f_one_b_order,
-    require_one_stage_per_rank,
-    stage_units,
+    rank_units,
+    require_stage_chain,
 )
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.work import SampleWork
 
 __all__ = ["generate", "eager_warmups", "peak_bytes"]
@@ -53,41 +73,57 @@ def peak_bytes(fwd_bytes: Sequence[float], bwd_bytes: Sequence[float], warmup: i
 
 
 def eager_warmups(graph: ReplicaGraph, costs: PlanCosts, factor: float) -> tuple[list[int], list[float]]:
-    """(warm-up forwards per stage, budget bytes per stage) for eager forward."""
-    p = graph.num_stages
+    """(warm-up forwards per pipeline rank, budget bytes per rank) for eager forward."""
+    p = graph.layout.ranks_per_replica
     warm: list[int] = []
     budgets: list[float] = []
-    for stage in range(p):
-        fwd, bwd = stage_units(graph, stage)
+    for rank in range(p):
+        fwd, bwd = rank_units(graph, rank)
         fb = [
-            sum(costs.activation_bytes(stage, graph.ids(stage, a.mb, a.sub_index)) for a in unit)
+            sum(costs.activation_bytes(a.stage, graph.ids(a.stage, a.mb, a.sub_index)) for a in unit)
             for unit in fwd
         ]
         bb = [
-            sum(costs.activation_bytes(stage, graph.ids(stage, a.mb, a.sub_index)) for a in slot)
+            sum(costs.activation_bytes(a.stage, graph.ids(a.stage, a.mb, a.sub_index)) for a in slot)
             for slot in bwd
         ]
-        plain = p - stage - 1
+        plain = p - rank - 1
         budget = factor * peak_bytes(fb, bb, plain)
         w = plain
         if budget > 0:
             while w < len(fwd) and peak_bytes(fb, bb, w + 1) <= budget:
                 w += 1
-        if stage > 0:
+        if rank > 0:
             w = min(w, warm[-1])
         warm.append(max(w, min(plain, len(fwd))))
         budgets.append(budget)
     return warm, budgets
 
 
+MAX_AUTO_PIECES = 8
+
+
+def _ramp_candidates(opts: ScheduleOptions, layout: Layout, rep) -> list[tuple[int, int]]:
+    """(ramp microbatches, pieces) to try: the option itself, or for ``"auto"`` no ramp, then the
+    first and last ``p - 1`` microbatches cut into 2 .. min(largest microbatch, 8) pieces."""
+    if opts.ramp_microbatches != "auto":
+        return [(int(opts.ramp_microbatches), opts.ramp_pieces)]
+    largest = max((len(m) for m in rep.llm_microbatches), default=1)
+    ramp = layout.ranks_per_replica - 1
+    out = [(0, opts.ramp_pieces)]
+    if ramp > 0:
+        out += [(ramp, q) for q in range(2, min(largest, MAX_AUTO_PIECES) + 1)]
+    return out
+
+
 def _compute_order(costs: PlanCosts | None, factor: float, eager: bool):
     def order(graph: ReplicaGraph) -> dict[int, list[Action]]:
-        p = graph.num_stages
-        warm = eager_warmups(graph, costs, factor)[0] if eager else [p - s - 1 for s in range(p)]
+        p = graph.layout.ranks_per_replica
+        warm = eager_warmups(graph, costs, factor)[0] if eager else [p - r - 1 for r in range(p)]
         out = {}
-        for stage in range(p):
-            fwd, bwd = stage_units(graph, stage)
-            out[graph.rank_of(stage)] = one_f_one_b_order(fwd, bwd, warm[stage])
+        for rank in range(p):
+            fwd, bwd = rank_units(graph, rank)
+            out[rank] = one_f_one_b_order(fwd, bwd, warm[rank])
         return out
 
     return order
@@ -102,17 +138,33 @@ def generate(
     system: str = NAME,
     eager: bool = True,
 ) -> Plan:
-    require_one_stage_per_rank(layout, system)
+    require_stage_chain(layout, system)
     opts = ScheduleOptions.from_any(options)
-    if eager and cost is None:
-        raise ConfigError("entrain's eager forward needs a cost model (activation bytes)")
-    costs = PlanCosts(layout, cost, samples) if eager else None
-    plan_options = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
+    auto = opts.ramp_microbatches == "auto"
+    if (eager or auto) and cost is None:
+        raise ConfigError("entrain's eager forward and ramp='auto' need a cost model")
+    costs = PlanCosts(layout, cost, samples) if cost is not None else None
+    plan_options: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
     if opts.ramp_microbatches:
         plan_options.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
-
-    def specs(rep):
-        return entrain_specs(rep, samples, opts.ramp_microbatches, opts.ramp_pieces)
-
     order = _compute_order(costs, opts.eager_budget_factor, eager)
-    return build_plan(system, layout, assignments, samples, specs, order, plan_options)
+    chosen: list[list[int]] = []
+
+    def replica(rep):
+        best = None
+        for ramp, pieces in _ramp_candidates(opts, layout, rep):
+            mbs = entrain_specs(rep, samples, ramp, pieces)
+            graph = ReplicaGraph(layout, mbs)
+            compute = order(graph)
+            t = predicted_makespan_ms(graph, costs, compute) if auto else 0.0
+            if best is None or t < best[0]:
+                best = (t, [ramp, pieces], mbs, compute)
+        chosen.append(best[1])
+        return best[2], best[3]
+
+    plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options)
+    if auto:
+        plan.options["ramp_chosen"] = [
+            chosen[i * layout.dp : (i + 1) * layout.dp] for i in range(len(assignments))
+        ]
+    return plan

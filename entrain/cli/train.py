@@ -300,7 +300,7 @@ def warn_below_b_min(spec) -> int | None:
     colocated systems only, or a LLaVA/Parquet file, whose metadata pass would be a second screening)."""
     from entrain.core.planner import find_b_min, pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
-    from entrain.data.workload_io import read_samples
+    from entrain.data.workload_io import read_samples, resolve_dataset_file
     from entrain.runtime.planning import COLOCATED_SYSTEMS
     from entrain.runtime.session import resolve_cost
 
@@ -309,7 +309,7 @@ def warn_below_b_min(spec) -> int | None:
     if is_builtin(spec.dataset):
         pool = generate_samples(spec.dataset, B_MIN_POOL, spec.seed)
     else:
-        pool = read_samples(spec.dataset, image_root=spec.image_root)[:B_MIN_POOL]
+        pool = read_samples(resolve_dataset_file(spec.dataset), image_root=spec.image_root)[:B_MIN_POOL]
     dp = spec.dp_or_1
     result = find_b_min(
         pool_sampler(pool),

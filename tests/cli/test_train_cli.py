@@ -146,3 +146,23 @@ def test_stage_std_is_per_replica_stage_over_microbatches():
     ]
     # rank 0: microbatches 2 ms and 4 ms -> std 1; rank 2 (other replica): 10 and 10 -> std 0
     assert stage_std_ms(rows) == pytest.approx(0.5)
+
+
+def test_a_global_batch_below_b_min_warns_that_balance_is_not_guaranteed(capsys):
+    from entrain.cli.main import build_parser
+    from entrain.cli.train import _spec, warn_below_b_min
+
+    argv = ["train", "--dataset", "skewed", "--encoder-stages", "4", "--llm-stages", "4"]
+    spec = _spec(build_parser().parse_args([*argv, "--global-batch", "16", "--microbatch-size", "1"]))
+    b_min = warn_below_b_min(spec)
+    err = capsys.readouterr().err
+    assert b_min > 16
+    assert f"below b_min = {b_min}" in err and "balance guarantee no longer holds" in err
+    spec = _spec(build_parser().parse_args([*argv, "--global-batch", str(b_min), "--microbatch-size", "1"]))
+    assert warn_below_b_min(spec) == b_min and capsys.readouterr().err == ""
+
+
+def test_an_unknown_dataset_is_one_line_before_any_launch(capsys):
+    assert main(["train", *FAST, "--dataset", "no-such-file.jsonl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "neither a built-in dataset" in err and "\n" not in err

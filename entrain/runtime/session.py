@@ -180,6 +180,19 @@ class RunData:
     records: list | None = None
     """A LLaVA / Parquet dataset's usable records (rendered from the real images and text)."""
 
+    def identity(self) -> dict | None:
+        """A file dataset's training pool: sample count and sha256 of the ids in file order (a resume
+        refuses a dataset that changed since the checkpoint); None for a built-in generator."""
+        if self.stream is None:
+            return None
+        import hashlib
+
+        ids = "\x1f".join(w.id for w in self.stream.works)
+        return {
+            "train_samples": self.stream.epoch_size,
+            "ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
+        }
+
     def position(self, step: int, global_batch: int) -> DataPosition:
         if self.stream is None:
             return endless_position(step, global_batch)
@@ -415,7 +428,7 @@ def _restarted() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 
 
-def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str):
+def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, data: RunData):
     """The checkpoint to continue from (None: a fresh start). Resuming (``--resume`` or a torchrun
     restart) refuses a checkpoint of another configuration; a fresh start clears stale checkpoints."""
     import shutil
@@ -435,6 +448,12 @@ def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str):
     if found is None:
         _say(env)(f"entrain: no complete checkpoint in {out}; starting from step 0")
         return None
+    saved = found.manifest.get("data")
+    if saved != data.identity():
+        raise ConfigError(
+            f"--resume: the dataset {spec.dataset} changed since the checkpoint {found.folder} was written "
+            f"(training samples and ids: {saved} then, {data.identity()} now); restore it or train into a new --out"
+        )
     if found.step > spec.steps:
         raise ConfigError(
             f"--resume: the newest checkpoint in {out} is at step {found.step}, past --steps {spec.steps}; "
@@ -479,6 +498,7 @@ def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str
                 "layout": layout.to_json(),
                 "fingerprint": fingerprint(spec, system),
                 "data_position": position,
+                "data": data.identity(),
                 "files": files,
             },
         )
@@ -510,7 +530,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
-    ckpt = _start_state(spec, system, layout, env, out)
+    ckpt = _start_state(spec, system, layout, env, out, data)
     start = ckpt.step if ckpt is not None else 0
     metrics_path = os.path.join(out, "metrics.jsonl")
     history = _history(metrics_path, start) if rank0 else []

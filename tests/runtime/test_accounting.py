@@ -129,3 +129,13 @@ def test_bad_samples_are_skipped_and_listed_or_stop_training(llava_with_a_bad_re
     skipped = [json.loads(x) for x in (out / "skipped.jsonl").read_text().splitlines()]
     assert [s["id"] for s in skipped] == ["broken"] and skipped[0]["reasons"]
     assert Counter(_ids(_rows(out))) == Counter(good)  # 3 steps x 2 = the 6 valid samples, once each
+
+
+def test_resume_refuses_a_dataset_that_changed(tmp_path, capsys):
+    path, out = tmp_path / "data.jsonl", tmp_path / "run"
+    write_workload_jsonl(str(path), batch_metas(10))
+    argv = [*ARGV, "--dataset", str(path), "--global-batch", "4", "--steps", "1", "--out", str(out)]
+    assert main(argv) == 0
+    write_workload_jsonl(str(path), batch_metas(10)[:9])
+    assert main([*argv, "--steps", "2", "--resume"]) == 2
+    assert "changed since the checkpoint" in capsys.readouterr().err

@@ -1,0 +1,121 @@
+"""Entrain's extensions run exactly: a ramped Plan (first and last microbatches cut into
+sub-microbatches) and boundary-sharing layouts (one rank holds the last encoder stage and the first
+LLM stage) give the single-process reference gradients (fp32, < 1e-5 relative per tensor), with
+deferrals and clipping on. One forked 2-rank gloo group runs every case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from entrain.core.plan import ComponentLayout, Layout, Plan, StageSpec
+from entrain.core.presets import build_cost_model
+from entrain.core.validate import validate_plan
+from entrain.models.config import get_model_config
+from entrain.models.vlm import build_vlm
+from entrain.runtime.data import SampleRenderer
+from entrain.runtime.planning import make_plan, runtime_layout
+from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+
+from .cases import MAX_GRAD_NORM, SEED, batch_metas, works
+from .harness import reference_grads, relative_errors, run_workers
+
+K = 4
+TOL = 1e-5
+
+
+def _shared_layout(stages: list[tuple[str, int, int, int]], enc_pp: int, llm_pp: int) -> Layout:
+    return Layout(
+        dp=1,
+        microbatch_size=2,
+        num_microbatches=K,
+        components={"encoder": ComponentLayout(pp=enc_pp), "llm": ComponentLayout(pp=llm_pp)},
+        stages=tuple(StageSpec(i, c, f, e, r) for i, (c, f, e, r) in enumerate(stages)),
+    )
+
+
+LAYOUTS = {
+    # rank 0: the whole encoder + embed_tokens, layers.0, layers.1; rank 1: norm, lm_head, loss
+    "shared-rank0": _shared_layout([("encoder", 0, 4, 0), ("llm", 0, 3, 0), ("llm", 3, 6, 1)], 1, 2),
+    # rank 0: patch_embed, blocks.0; rank 1: blocks.1, merger + the whole LLM
+    "shared-rank1": _shared_layout([("encoder", 0, 2, 0), ("encoder", 2, 4, 1), ("llm", 0, 6, 1)], 2, 1),
+}
+# (name, layout or None for the disjoint 1+1 runtime layout, schedule options)
+CASES = [
+    ("ramp-1+1", None, {"ramp_microbatches": 1}),
+    ("ramp-1+1-4pieces", None, {"ramp_microbatches": 1, "ramp_pieces": 4}),
+    ("shared-rank0", "shared-rank0", {}),
+    ("shared-rank0-ramp", "shared-rank0", {"ramp_microbatches": 1}),
+    ("shared-rank1-ramp", "shared-rank1", {"ramp_microbatches": 1}),
+]
+
+
+def _plan(layout_name: str | None, options: dict) -> Plan:
+    cost = build_cost_model("tiny", "cpu-tiny")
+    batch = works(batch_metas())
+    if layout_name is None:
+        layout = runtime_layout(
+            cost, encoder_stages=1, llm_stages=1, dp=1, microbatch_size=2, num_microbatches=K, probe=batch
+        )
+    else:
+        layout = LAYOUTS[layout_name]
+    return make_plan("entrain", layout, [batch], cost, options)
+
+
+def _train(env, cases):
+    cfg = get_model_config("tiny")
+    metas = {m.id: m for m in batch_metas()}
+    out = {}
+    for name, plan in cases:
+        model = build_vlm(cfg, seed=SEED, dtype=torch.float32)
+        renderer = SampleRenderer(cfg, dict(metas), seed=SEED, dtype=torch.float32)
+        trainer = PipelineTrainer(
+            layout=plan.layout, model=model, env=env, renderer=renderer, optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM)
+        )
+        result = trainer.train_step(plan.iterations[0])
+        out[name] = (trainer.named_grads(), result.loss, result.grad_norm)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cfg = get_model_config("tiny")
+    metas = {m.id: m for m in batch_metas()}
+    model = build_vlm(cfg, seed=SEED, dtype=torch.float64)
+    return reference_grads(model, cfg, metas, sorted(metas), seed=SEED, max_grad_norm=MAX_GRAD_NORM)
+
+
+def test_ramped_and_boundary_sharing_plans_give_reference_gradients(reference, tmp_path):
+    cases = []
+    for name, layout_name, options in CASES:
+        plan = _plan(layout_name, options)
+        validate_plan(plan)
+        assert plan.layout.world_size == 2, name
+        it = plan.iterations[0]
+        (rep,) = it.assignment.replicas
+        assert rep.deferrals, f"{name}: the test batch must make Entrain defer samples"
+        mbs = it.microbatches[0]
+        if options.get("ramp_microbatches"):
+            # the last microbatch is cut (a deferred sample lands in one of its pieces), the middle
+            # ones are not; the first keeps its deferred encoder sub last
+            assert len(mbs[-1].llm_subs) >= 2, name
+            deferred = {d.id for d in rep.deferrals}
+            assert any(deferred & set(sub) for sub in mbs[-1].llm_subs), name
+            assert all(len(m.llm_subs) == 1 for m in mbs[1:-1]), name
+            assert set(mbs[0].encoder_subs[-1]) <= deferred, name
+        if layout_name is not None:
+            e = plan.layout.num_encoder_stages
+            assert plan.layout.stages[e - 1].pp_rank == plan.layout.stages[e].pp_rank, name
+        cases.append((name, plan))
+    results = run_workers(_train, 2, tmp_path, cases)
+    ref_grads, ref_loss = reference
+    for name, _, _ in CASES:
+        grads = {}
+        for rank_result in results:
+            grads.update(rank_result[name][0])
+        errors = relative_errors(grads, ref_grads)
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < TOL, f"{name}: {worst} relative error {errors[worst]:.3g} >= {TOL}"
+        _, loss, grad_norm = results[0][name]
+        assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss), f"{name}: loss {loss} vs reference {ref_loss}"
+        assert grad_norm > MAX_GRAD_NORM, f"{name}: clipping was not exercised"

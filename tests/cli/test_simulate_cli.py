@@ -67,10 +67,33 @@ def test_paper_config_for_a_non_paper_case_is_an_error(capsys):
 
 
 def test_ramp_flag_changes_only_entrain(capsys):
-    base = ["simulate", *SMALL, "--systems", "entrain,dip", "--json"]
-    assert main(base) == 0
+    base = ["simulate", *SMALL, "--systems", "entrain,dip", "--json", "--entrain-layout", "disjoint"]
+    assert main([*base, "--ramp-microbatches", "0"]) == 0
     plain = json.loads(capsys.readouterr().out)["systems"]
     assert main([*base, "--ramp-microbatches", "2"]) == 0
     ramp = json.loads(capsys.readouterr().out)["systems"]
     assert ramp["dip"] == {**plain["dip"], "entrain_speedup": ramp["dip"]["entrain_speedup"]}
     assert ramp["entrain"]["iteration_time_ms"] != plain["entrain"]["iteration_time_ms"]
+
+
+def test_paper_entrain_flag_and_memory_keys(capsys, schema):
+    base = ["simulate", *SMALL, "--systems", "entrain,entrain-1f1b,1f1b", "--json"]
+    assert main([*base, "--paper-entrain"]) == 0
+    paper = json.loads(capsys.readouterr().out)
+    assert main([*base, "--entrain-layout", "disjoint", "--ramp-microbatches", "0"]) == 0
+    assert json.loads(capsys.readouterr().out) == paper
+    assert main([*base, "--entrain-layout", "shared"]) == 0
+    shared = json.loads(capsys.readouterr().out)
+    jsonschema.validate(shared, schema)
+    assert shared["systems"]["1f1b"] == {
+        **paper["systems"]["1f1b"],
+        "entrain_speedup": shared["systems"]["1f1b"]["entrain_speedup"],
+    }
+    assert "boundary sharing" in shared["systems"]["entrain"]["config"]["source"]
+    for s in shared["systems"].values():
+        peaks = [a + m for a, m in zip(s["peak_activation_bytes_per_rank"], s["model_state_bytes_per_rank"])]
+        assert s["peak_memory_bytes_per_rank"] == pytest.approx(peaks)
+        assert s["fits_memory"] == (max(peaks) <= s["device_memory_bytes"])
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--ramp-microbatches", "often"])
+    assert exc.value.code == 2 and "count >= 0 or 'auto'" in capsys.readouterr().err

@@ -222,3 +222,33 @@ def test_budget_beyond_layer_count_is_clamped():
     assert cfg.encoder.pp == cost.encoder.num_layers  # 4 layers, budget far larger
     assert all(e - f == 1 for f, e in cfg.encoder.layer_ranges)
     assert cfg.gpus_used_per_replica <= 32
+
+
+@pytest.mark.parametrize("ranks", [2, 5, 8])
+def test_boundary_sharing_covers_layers_and_is_no_slower_than_any_disjoint_split(ranks):
+    """One min-max partition of the concatenated encoder-then-LLM layers: every layer on exactly one
+    stage, stages on consecutive ranks (a rank holds two only where encoder meets LLM), and the slowest
+    rank no slower than the slowest stage of any disjoint E:L split of the same ranks."""
+    from entrain.core.planner import boundary_sharing_config
+
+    profile = meta_pool(64)
+    common = dict(dp=4, global_batch=512, microbatch_size=4)
+    cfg = boundary_sharing_config(profile, COST_1B, ranks=ranks, tp=2, **common)
+    layout = cfg.layout
+    assert layout.ranks_per_replica == ranks and len(cfg.rank_ms) == ranks
+    for comp in ("encoder", "llm"):
+        ranges = [(s.first_layer, s.end_layer) for s in layout.stages if s.component == comp]
+        assert ranges[0][0] == 0 and ranges[-1][1] == COST_1B.component(comp).num_layers
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    per_rank = [len(layout.stages_of(r)) for r in range(ranks)]
+    assert sum(per_rank) == len(layout.stages) <= ranks + 1 and max(per_rank) <= 2
+    assert cfg.shares_boundary == (len(layout.stages) == ranks + 1)
+    disjoint = [
+        evaluate_config(profile, COST_1B, encoder=(2, 1, e), llm=(2, 1, ranks - e), **common)
+        for e in range(1, ranks)
+    ]
+    best = min(max(c.encoder.stage_ms + c.llm.stage_ms) for c in disjoint)
+    assert max(cfg.rank_ms) <= best * (1 + 1e-12)
+    assert sum(cfg.rank_ms) == pytest.approx(sum(disjoint[0].encoder.stage_ms + disjoint[0].llm.stage_ms))
+    k = layout.num_microbatches
+    assert cfg.predicted_iteration_time_ms == pytest.approx(sum(cfg.rank_ms) + (k - 1) * max(cfg.rank_ms))

@@ -1,0 +1,165 @@
+"""Entrain's extensions and memory realism in simulation: the predicted makespan the ``ramp="auto"``
+choice uses equals the simulator's, ``auto`` never loses to either candidate, boundary-sharing
+layouts (a rank holding the last encoder and the first LLM stage) are valid, deadlock-free and
+accounted, and model state + activations are compared with device memory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from entrain.core.errors import ConfigError
+from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.schedules import generate_plan
+from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.lowering import strip_comms
+from entrain.core.schedules.predict import predicted_makespan_ms
+from entrain.core.validate import validate_plan
+from entrain.sim.executor import simulate_plan
+from entrain.sim.metrics import compute_metrics
+from tests.sim.fixtures import (
+    deferral_assignment,
+    disjoint_layout,
+    one_iteration,
+    raw_samples,
+    split,
+    toy_cost,
+)
+
+
+def _chain_layout(
+    enc_pp: int, llm_pp: int, shared: bool, *, dp: int = 1, k: int = 4, layers: int = 6
+) -> Layout:
+    """Encoder stages then LLM stages on consecutive ranks; ``shared``: the last encoder stage and the
+    first LLM stage on one rank."""
+    stages = []
+    for i, (a, b) in enumerate(split(layers, enc_pp)):
+        stages.append(StageSpec(i, "encoder", a, b, i))
+    first_llm_rank = enc_pp - 1 if shared else enc_pp
+    for j, (a, b) in enumerate(split(layers, llm_pp)):
+        stages.append(StageSpec(enc_pp + j, "llm", a, b, first_llm_rank + j))
+    comps = {"encoder": ComponentLayout(pp=enc_pp), "llm": ComponentLayout(pp=llm_pp)}
+    return Layout(dp, 1, k, comps, tuple(stages))
+
+
+@st.composite
+def workloads(draw):
+    k = draw(st.integers(2, 7))
+    per_mb = [draw(st.integers(1, 4)) for _ in range(k)]
+    ids = [f"s{i}" for i in range(sum(per_mb))]
+    works = {s: (draw(st.floats(0.5, 20.0)), draw(st.floats(0.5, 20.0))) for s in ids}
+    groups, i = [], 0
+    for n in per_mb:
+        groups.append(ids[i : i + n])
+        i += n
+    deferred = {}
+    for j in range(0, k - 1, 2):
+        if len(groups[j]) > 1 and draw(st.booleans()):
+            deferred[groups[j][-1]] = (j, j + 1)
+    enc_pp, llm_pp = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    shared = draw(st.booleans())
+    latency = draw(st.sampled_from([0.0, 0.3]))
+    ramp = draw(st.sampled_from([0, 1, 2, "auto"]))
+    return groups, works, deferred, enc_pp, llm_pp, shared, latency, ramp
+
+
+def _setup(w, system="entrain"):
+    groups, works, deferred, enc_pp, llm_pp, shared, latency, ramp = w
+    cost = toy_cost(enc_layers=6, llm_layers=6, call_ms=0.1, out_bytes_per_token=1e5, latency_ms=latency)
+    layout = _chain_layout(enc_pp, llm_pp, shared, k=len(groups))
+    samples = raw_samples(works)
+    asg = one_iteration(deferral_assignment(groups, deferred))
+    plan = generate_plan(system, layout, asg, samples, cost, {"ramp_microbatches": ramp})
+    return cost, layout, samples, plan
+
+
+@pytest.mark.parametrize("system", ["entrain", "entrain-1f1b"])
+@given(w=workloads())
+def test_chain_layouts_with_ramp_are_valid_and_predicted_exactly(system, w):
+    cost, layout, samples, plan = _setup(w, system)
+    validate_plan(plan)
+    (run,) = simulate_plan(plan, cost)
+    costs = PlanCosts(layout, cost, samples)
+    it = plan.iterations[0]
+    graph = ReplicaGraph(layout, it.microbatches[0])
+    compute = {g: strip_comms(a) for g, a in it.actions.items()}
+    rep = run.replicas[0]
+    # the prediction ramp="auto" decides on is the simulator's compute-and-p2p makespan
+    assert predicted_makespan_ms(graph, costs, compute) == pytest.approx(rep.makespan_ms)
+    for g, busy in rep.busy_ms.items():
+        expected = sum(
+            costs.compute_ms(a.stage, a.kind, graph.ids(a.stage, a.mb, a.sub_index))
+            for a in it.actions[g]
+            if a.kind.is_compute
+        )
+        assert busy == pytest.approx(expected)
+    m = compute_metrics(layout, [run], costs)
+    assert m.iteration_time_ms >= m.lower_bound_ms * (1 - 1e-12)
+
+
+@given(w=workloads())
+def test_auto_ramp_never_loses_to_any_candidate(w):
+    cost, layout, samples, auto = _setup((*w[:-1], "auto"))
+    (rep,) = auto.iterations[0].assignment.replicas
+    ramp = layout.ranks_per_replica - 1
+    largest = max(len(m) for m in rep.llm_microbatches)
+    candidates = [(0, 2)] + [(ramp, q) for q in range(2, min(largest, 8) + 1)] if ramp else [(0, 2)]
+    times = []
+    for r, q in candidates:
+        plan = generate_plan("entrain", layout, one_iteration(rep), samples, cost,
+                             {"ramp_microbatches": r, "ramp_pieces": q})  # fmt: skip
+        times.append(simulate_plan(plan, cost)[0].replicas[0].makespan_ms)
+    mine = simulate_plan(auto, cost)[0].replicas[0].makespan_ms
+    assert mine <= min(times) * (1 + 1e-12)
+    assert list(auto.options["ramp_chosen"][0][0]) in [list(c) for c in candidates]
+
+
+def test_auto_ramp_is_taken_when_fill_and_drain_dominate():
+    """Uniform microbatches, 4 stages, 4 microbatches: halving the fill/drain grain is a clear gain."""
+    cost = toy_cost(enc_layers=4, llm_layers=4)
+    layout = disjoint_layout(2, 2, k=4)
+    ids = [f"s{i}" for i in range(8)]
+    samples = raw_samples({s: (4.0, 4.0) for s in ids})
+    asg = one_iteration(deferral_assignment([ids[i : i + 2] for i in range(0, 8, 2)], {}))
+    auto = generate_plan("entrain", layout, asg, samples, cost, {"ramp_microbatches": "auto"})
+    plain = generate_plan("entrain", layout, asg, samples, cost)
+    assert auto.options["ramp_chosen"] == [[[3, 2]]]
+    t_auto = simulate_plan(auto, cost)[0].iteration_time_ms
+    t_plain = simulate_plan(plain, cost)[0].iteration_time_ms
+    assert t_auto < t_plain
+
+
+def test_stages_must_form_a_chain():
+    layout = _chain_layout(2, 2, True)
+    broken = replace(layout, stages=(*layout.stages[:-1], replace(layout.stages[-1], pp_rank=0)))
+    samples = raw_samples({"a": (1.0, 1.0)})
+    asg = one_iteration(deferral_assignment([["a"], [], [], []], {}))
+    with pytest.raises(ConfigError, match="consecutive"):
+        generate_plan("entrain", broken, asg, samples, toy_cost(enc_layers=6, llm_layers=6))
+    with pytest.raises(ConfigError, match="ramp_microbatches"):
+        generate_plan("entrain", layout, asg, samples, toy_cost(), {"ramp_microbatches": "sometimes"})
+
+
+def test_memory_realism_counts_model_state_and_activations():
+    """18 bytes per trainable parameter (bf16 weight, fp32 grad, fp32 master + AdamW m, v) / TP,
+    plus the simulated peak activations; fits_memory compares with the device memory."""
+    cost = toy_cost(enc_layers=4, llm_layers=4, param_bytes=3e9)  # 1.5e9 bf16 params per layer
+    layout = disjoint_layout(2, 2, k=2)
+    samples = raw_samples({s: (4.0, 4.0) for s in "abcd"})
+    asg = one_iteration(deferral_assignment([["a", "b"], ["c", "d"]], {}))
+    plan = generate_plan("1f1b", layout, asg, samples, cost)
+    runs = simulate_plan(plan, cost)
+    costs = PlanCosts(layout, cost, samples)
+    m = compute_metrics(layout, runs, costs)
+    assert m.model_state_bytes_per_rank == [2 * 9 * 3e9] * 4  # two layers a rank, 18 B/param
+    assert m.peak_memory_bytes_per_rank == [
+        s + a for s, a in zip(m.model_state_bytes_per_rank, m.peak_activation_bytes_per_rank)
+    ]
+    assert m.fits_memory is False  # 54 GB of model state alone > the default 48 GB
+    big = replace(cost, hardware=replace(cost.hardware, device_memory_bytes=1e12))
+    assert compute_metrics(layout, runs, PlanCosts(layout, big, samples)).fits_memory is True
+    assert compute_metrics(layout, runs).to_json().get("fits_memory") is None  # no costs: no keys

@@ -457,16 +457,26 @@ def _table3_md(cases: list[dict]) -> list[str]:
 
 def _fig13_md(cases: list[dict]) -> list[str]:
     out = ["## Fig. 13 — peak activation memory per pipeline rank (GB), `a40-paper`", "",
-           "| case | system | rank 0 … 7 | max |", "|---|---|---|---|"]  # fmt: skip
+           "| case | system | rank 0 … 7 | max | + model state: max total (GB) |", "|---|---|---|---|---|"]  # fmt: skip
     for c in cases:
-        for n in ("disttrain", "dip", "entrain", "entrain-1f1b"):
-            s = c["systems"][n]
+        for n in ("disttrain", "dip", "dip-greedy", PAPER, "entrain", "entrain-1f1b"):
+            s = c["systems"].get(n)
+            if s is None:
+                continue
             ranks = " ".join(f"{b / 1e9:.1f}" for b in s["peak_activation_bytes_per_rank"])
+            total = s.get("peak_memory_bytes")
+            cell = (
+                "-"
+                if total is None
+                else f"{total / 1e9:.1f}" + (" **OOM**" if s.get("fits_memory") is False else "")
+            )
             out.append(
-                f"| {c['dataset']} + {SHORT[c['model']]} | {n} | {ranks} | {s['peak_activation_bytes'] / 1e9:.1f} |"
+                f"| {c['dataset']} + {SHORT[c['model']]} | {n} | {ranks} | {s['peak_activation_bytes'] / 1e9:.1f} | {cell} |"
             )
     return out + ["", "Paper (SynthChartNet + 3B, rank 7, read off Fig. 13): DistTrain ≈ 8.5 GB, DIP ≈ 12–14 GB, Entrain ≈ 5.5 GB. "
-                  "Ours counts activations only (no weights/optimizer state, no receive buffers).", ""]  # fmt: skip
+                  "The rank columns count activations only (Megatron's formula, no receive buffers); the last column adds "
+                  "each rank's model state (bf16 weights, fp32 gradients, fp32 master weights and AdamW m, v: 18 bytes per "
+                  "trainable parameter, / TP) and marks **OOM** above the A40's 48 GB.", ""]  # fmt: skip
 
 
 def _fig14_md(cases: list[dict]) -> list[str]:
@@ -517,17 +527,44 @@ def _gap_md(cases: list[dict]) -> list[str]:
                   "1F1B's); communication = p2p waits + DP all-reduce. paper = `entrain-paper`, default = `entrain`.", ""]  # fmt: skip
 
 
+def _wins(cases: list[dict], who: str, *, fitting: bool = False) -> int:
+    """Cases where ``who`` beats every baseline (``fitting``: ignoring baselines that do not fit memory)."""
+    n = 0
+    for c in cases:
+        s = c["systems"]
+        rivals = [b for b in BASELINES if b in s and not (fitting and s[b].get("fits_memory") is False)]
+        n += all(s[b]["iteration_time_ms"] > s[who]["iteration_time_ms"] for b in rivals)
+    return n
+
+
+def _rng(xs: list[float], digits: int = 2) -> str:
+    return f"{min(xs):.{digits}f}–{max(xs):.{digits}f}" if xs else "-"
+
+
 def _analysis_md(res: dict) -> list[str]:
     cases = res["cases"]
     paper_cases = [c for c in cases if c["hardware"] == "a40-paper"] or cases
     missed = [t for t in res["targets"] if not t["met"]]
     out = ["## Analysis of the differences", "",
-           f"{len(res['targets']) - len(missed)} of {len(res['targets'])} target checks are met (both hardware presets, "
-           "with and without the ramp extension); every miss is listed above and explained here. No baseline was "
-           "weakened to meet a target.", ""]  # fmt: skip
+           f"{len(res['targets']) - len(missed)} of {len(res['targets'])} target checks are met (both hardware presets; "
+           "Entrain as the paper and Entrain with our extensions); every miss is listed above and explained here. No "
+           "baseline was weakened to meet a target.", ""]  # fmt: skip
 
     def ratio(c, a, b="entrain"):
         return c["systems"][a]["iteration_time_ms"] / c["systems"][b]["iteration_time_ms"]
+
+    for hw in HARDWARE:
+        hc = [c for c in cases if c["hardware"] == hw]
+        if not hc:
+            continue
+        for who, label in (
+            ("entrain", "Entrain (default, with extensions)"),
+            (PAPER, "Entrain as the paper"),
+        ):
+            out.append(f"- `{hw}`: {label} is faster than every baseline in {_wins(hc, who)}/{len(hc)} cases; "
+                       f"{_wins(hc, who, fitting=True)}/{len(hc)} when baselines that do not fit the 48 GB A40 are "
+                       "not counted as wins.")  # fmt: skip
+    out.append("")
 
     def split_ok(c):
         return c["systems"][PAPER]["split"] == ":".join(
@@ -536,13 +573,24 @@ def _analysis_md(res: dict) -> list[str]:
 
     hw_match = {h: (sum(split_ok(c) for c in cases if c["hardware"] == h),
                     sum(1 for c in cases if c["hardware"] == h)) for h in HARDWARE}  # fmt: skip
+    slow = max(cases, key=lambda c: c["b_min"])
     out.append("**Configurations (Table 1, Tables 2, 5–11).** Entrain's planner reproduces the paper's Entrain split in "
                + ", ".join(f"{m}/{n} cases under `{h}`" for h, (m, n) in hw_match.items() if n)
                + ", so `a40-paper` (per-component factors fitted to the paper's b=256 allocations) is the preset that "
                "reproduces Table 1; `a40-flops` (one FLOP efficiency for both components) does not. Our `b_min` differs "
                "from the paper's (we stop at the first size whose 59 draws all agree; the paper's tables pass at 64 or "
-               "256): our generators' encoder share has a different spread, and a share close to an allocation "
-               "breakpoint (LLaVA-3B under `a40-flops`) needs thousands of samples. Our one-sample DistTrain profile (the "
+               "256)."
+               + (f" The largest, b_min = {slow['b_min']} ({slow['dataset']} + {SHORT[slow['model']]}, `{slow['hardware']}`), "
+                  "is an allocation sitting on a rounding breakpoint, not slow code: ProportionalAllocation rounds 16·P "
+                  "(P = encoder share), and for LLaVA + 3B under `a40-flops` 16·P ≈ 5.47 ± 0.02 over 2,048-sample "
+                  "draws, next to the 5.5 boundary between 5:11 and 6:10, so the draws keep disagreeing until the "
+                  "spread of P falls below that margin (LLaVA + 1B sits at 16·P ≈ 9.42, b_min 1024). The search's time "
+                  "is almost all sample generation (`entrain.data.generators.random_samples` draws 59 + 1 batches per "
+                  "size, ≈ 97% of the time; our per-sample statistics are already vectorised numpy, ≈ 3%), so it "
+                  "cannot be made "
+                  if slow["b_min"] >= 1024 else "")
+               + ("cheaper in the planner without changing which samples are drawn. " if slow["b_min"] >= 1024 else " ")
+               + "Our one-sample DistTrain profile (the "
                "median-ratio sample of a 1,024 draw, DESIGN.md §2) is representative by construction, so our "
                "`disttrain` mostly picks Entrain's own split, unlike the paper's DistTrain (Table 1); `disttrain-paper` "
                "uses the paper's DistTrain splits.")  # fmt: skip
@@ -553,106 +601,143 @@ def _analysis_md(res: dict) -> list[str]:
         if p:
             errs.append(abs(c["systems"][PAPER]["iteration_time_ms"] / 1e3 / p[2] - 1))
     if errs:
-        out.append(f"**Absolute times.** Under `a40-paper`, Entrain's simulated iteration time is within "
+        out.append(f"**Absolute times.** Under `a40-paper`, the paper's Entrain (`entrain-paper`) simulates within "
                    f"{100 * max(errs):.0f}% (mean {100 * sum(errs) / len(errs):.0f}%) of the paper's Fig. 11 bars. "
                    "`a40-flops` (one FLOP efficiency, no fitted factors) gives several times shorter iteration times "
                    "than the testbed's; its speedups are reported for completeness.")  # fmt: skip
         out.append("")
-    dt = [ratio(c, "disttrain") for c in paper_cases]
-    dtp = [ratio(c, "disttrain-paper") for c in paper_cases]
-    out.append(f"**DistTrain.** Ours is {min(dt):.2f}–{max(dt):.2f}x Entrain's time (`disttrain-paper`: "
-               f"{min(dtp):.2f}–{max(dtp):.2f}x) against the paper's 1.06–1.35x. Two reasons, both favouring our "
+    dt = [ratio(c, "disttrain", PAPER) for c in paper_cases]
+    dtd = [ratio(c, "disttrain") for c in paper_cases]
+    dtp = [ratio(c, "disttrain-paper", PAPER) for c in paper_cases]
+    out.append(f"**DistTrain.** Ours is {_rng(dt)}x the paper Entrain's time (`disttrain-paper`: {_rng(dtp)}x; "
+               f"{_rng(dtd)}x our default Entrain's) against the paper's 1.06–1.35x. Two reasons, both favouring our "
                "baseline: (1) the config — with the paper's DistTrain splits the gap grows wherever they differ from "
                "Entrain's; (2) our stand-in for DistTrain's unpublished reordering inserts whole microbatches greedily "
                "by the exact 1F1B makespan recurrence fed with the simulator's own stage times, so it places the "
                "lightest microbatches at the pipeline's fill and drain. With K = 32 and 8 stages, fill and drain are "
-               "about (p − 1)/(K + p − 1) ≈ 18% of an iteration, and balanced microbatches (Entrain) always pay them "
-               "in full; where variability is high (SynthChartNet) the reordering cannot hide the steady-state "
-               "stalls and Entrain wins, where it is low DistTrain's shaped fill/drain can beat Entrain at the same "
-               "split. Entrain's per-microbatch balance itself is confirmed (Table 3).")  # fmt: skip
+               "about (p − 1)/(K + p − 1) ≈ 18% of an iteration, and the paper's balanced microbatches always pay "
+               "them in full; where variability is high (SynthChartNet) the reordering cannot hide the steady-state "
+               "stalls and Entrain wins, where it is low DistTrain's shaped fill/drain can beat the paper's Entrain at "
+               "the same split. Our ramp extension (below) takes that advantage away.")  # fmt: skip
     out.append("")
     dp_ = [ratio(c, "dip") for c in paper_cases]
     dg = [ratio(c, "dip-greedy") for c in paper_cases]
-    mem = cases[0]["systems"]["dip"]
-    over = [c for c in paper_cases if c["systems"]["dip"]["peak_activation_bytes"] > 48e9]
+    oom = {n: [f"{c['dataset']} + {SHORT[c['model']]}" for c in paper_cases if c["systems"][n].get("fits_memory") is False]
+           for n in ("dip", "dip-greedy", "disttrain", "entrain", PAPER)}  # fmt: skip
+    worst = max(paper_cases, key=lambda c: c["systems"]["dip-greedy"].get("peak_memory_bytes", 0.0))
     out.append(f"**DIP.** The phase-ordered `dip` (all encoder forwards, LLM 1F1B, all encoder backwards — what "
-               f"paper Fig. 12 shows) is {min(dp_):.2f}–{max(dp_):.2f}x Entrain's time; the greedy interleaver "
-               f"`dip-greedy` is {min(dg):.2f}–{max(dg):.2f}x. `dip-greedy` beats Entrain on the low-variability "
-               "datasets because colocating encoder chunk r and LLM chunk r on every rank removes the partition "
-               "granularity that Entrain's disjoint E.PP:L.PP split pays (the largest term of Entrain's gap below), and "
-               "size-capped sub-microbatches plus bubble filling shrink fill and drain. Our simulator is kind to DIP in "
-               "three ways the paper's testbed is not: (a) a sub-microbatch costs only the cost model's per-call "
-               "constants, while small GPU kernels lose real efficiency (DIP itself sizes sub-microbatches for 95% of "
-               "peak); (b) DIP's greedy decisions use the exact simulated costs; (c) memory is not enforced — DIP keeps "
-               f"every encoder activation until its backward, {mem['peak_activation_bytes'] / 1e9:.0f} GB of "
-               f"activations on one rank for {cases[0]['dataset']} + {SHORT[cases[0]['model']]}, and in "
-               f"{len(over)} of {len(paper_cases)} `a40-paper` cases DIP's activations alone exceed the A40's 48 GB, "
-               "so that schedule could not run as simulated (the paper's DIP fits in 12–14 GB with its memory "
-               "optimiser, at a time cost we do not model). The 1.41x target is met against `dip` on SynthChartNet "
-               "but not against the stronger `dip-greedy`.")  # fmt: skip
+               f"paper Fig. 12 shows) is {_rng(dp_)}x our default Entrain's time; the greedy interleaver `dip-greedy` is "
+               f"{_rng(dg)}x. Memory is now modelled (model state + peak activations per rank vs the A40's 48 GB; the "
+               "simulator still does not change timings): under `a40-paper` `dip` does not fit in "
+               f"{len(oom['dip'])}/{len(paper_cases)} cases ({', '.join(oom['dip']) or 'none'}) and `dip-greedy` in "
+               f"{len(oom['dip-greedy'])}/{len(paper_cases)} ({', '.join(oom['dip-greedy']) or 'none'}; up to "
+               f"{worst['systems']['dip-greedy'].get('peak_memory_bytes', 0) / 1e9:.0f} GB on "
+               f"{worst['dataset']} + {SHORT[worst['model']]}) — DIP keeps every encoder activation until its backward; "
+               "the paper's DIP fits in 12–14 GB with its memory optimiser, at a time cost we do not model. Those "
+               "configurations' times are shown but are not valid wins. Entrain fits in every case "
+               f"(default: {len(oom['entrain'])} misfits, paper: {len(oom[PAPER])}); DistTrain: {len(oom['disttrain'])}. "
+               "Where DIP fits (the low-variability datasets) `dip-greedy` stays the strongest baseline: colocating "
+               "encoder chunk r and LLM chunk r on every rank makes each rank two virtual pipeline stages, i.e. an "
+               "interleaved pipeline whose fill and drain bubbles are half those of any one-chunk-per-rank schedule, and "
+               "its greedy bubble filling uses the exact simulated costs. Our simulator is also kind to DIP's small "
+               "sub-microbatches: a sub-microbatch costs only the cost model's per-call constants, while small GPU "
+               "kernels lose real efficiency (DIP itself sizes sub-microbatches for 95% of peak).")  # fmt: skip
+    out.append("")
+    rr = [ratio(c, RAMP, PAPER) for c in paper_cases if RAMP in c["systems"]]
+    sh = [ratio(c, SHARED, PAPER) for c in paper_cases if SHARED in c["systems"]]
+    df = [ratio(c, "entrain", PAPER) for c in paper_cases]
+    n_shared = sum(bool(c["systems"]["entrain"].get("shared_boundary")) for c in cases)
+    ramp_share = []
+    for c in cases:
+        counts = c["systems"]["entrain"].get("ramp_chosen_counts", {})
+        tot = sum(counts.values())
+        ramp_share.append(1 - counts.get("0", 0) / tot if tot else 0.0)
+    out.append("**Extensions (ours, not the paper's; `entrain` = both, `entrain-paper` = neither).** "
+               f"(1) *Ramped fill/drain* (`ramp_microbatches=\"auto\"`): per replica and iteration the generator "
+               "builds the plain order and the orders whose first and last p − 1 microbatches are cut into 2 .. U "
+               "work-balanced pieces, and keeps the one with the lowest predicted makespan (the cost model's compute "
+               "and p2p times under the simulator's rules — a test checks the prediction equals the simulated "
+               f"makespan). It was taken for {100 * min(ramp_share):.0f}–{100 * max(ramp_share):.0f}% of the "
+               f"(iteration, replica) pairs and changes the paper Entrain's time by {_rng(rr)}x (`entrain+ramp`, "
+               "`a40-paper`); the runtime executes ramped Plans with deferrals exactly (fp32 gradients < 1e-5 of the "
+               "single-process reference, `tests/runtime/test_exact_gradients_extensions.py`). (2) *Boundary "
+               "sharing*: one min-max partition of the concatenated encoder-then-LLM layers over the 8 ranks, so the "
+               "rank where the modalities meet holds the last encoder and the first LLM stage (runtime-tested the "
+               "same way). It is used where Eq. 2 predicts it faster (never slower: the disjoint split is one of the "
+               f"partitions it considers): in {n_shared}/{len(cases)} cases; `entrain+shared` changes the paper "
+               f"Entrain's time by {_rng(sh)}x. It cannot remove all of the granularity loss: single heavy layers "
+               "(the LLM's lm_head + loss, the ViT's patch embedding at high resolution) still bound a rank, and on "
+               "SynthChartNet the disjoint split already is the best partition. Together (our default `entrain`): "
+               f"{_rng(df)}x the paper Entrain's time under `a40-paper`. Both are switchable (`entrain simulate "
+               "--paper-entrain`, `--ramp-microbatches 0`, `--entrain-layout disjoint`).")  # fmt: skip
+    out.append("")
+    syn1 = next((c for c in paper_cases if c["dataset"] == "synthchartnet" and c["model"] == MODELS[0]), None)
+    if syn1:
+        s1 = syn1["systems"]
+        dname, dtime = _best_dip(syn1)
+        out.append(f"**The 1.35x / 1.41x targets (SynthChartNet + 1B).** Ours: {s1['disttrain']['iteration_time_ms'] / s1['entrain']['iteration_time_ms']:.2f}x "
+                   f"vs `disttrain` and {dtime / s1['entrain']['iteration_time_ms']:.2f}x vs `{dname}` (paper Entrain: "
+                   f"{s1['disttrain']['iteration_time_ms'] / s1[PAPER]['iteration_time_ms']:.2f}x / "
+                   f"{dtime / s1[PAPER]['iteration_time_ms']:.2f}x). The DIP ratio passes 1.41x only against the "
+                   "phase-ordered `dip`; both DIP variants need more than 48 GB here, so neither is a runnable "
+                   "configuration on the paper's A40s. The DistTrain ratio stays well below 1.35x because our DistTrain "
+                   "stand-in is stronger than the paper's (see DistTrain above: representative profile, exact-cost "
+                   "reordering that shapes fill and drain), not because Entrain's balance is worse: its per-microbatch "
+                   "std targets are met by a wide margin (Table 3).")  # fmt: skip
+        out.append("")
+    out.append("**What remains and why.** Every remaining \"faster than every baseline\" miss is against `dip-greedy` "
+               "on a low-variability dataset where DIP fits in memory, or against our exact-cost DistTrain "
+               "reordering; the margin is the interleaving advantage described under DIP. Closing it would take an "
+               "interleaved Entrain (encoder and LLM chunks on every rank, two virtual stages each, with Entrain's "
+               "pairing and deferral): the Plan IR, the simulator and the runtime already run such multi-chunk Plans "
+               "(DIP's), but the generator is not written. Algorithm 2 could also pick TP per component (the paper "
+               "setup fixes TP 2 for both, which `bench paper` keeps); boundary sharing needs equal TP and CP on both "
+               "sides of the shared rank.")  # fmt: skip
     out.append("")
     syn = [c for c in paper_cases if c["dataset"] == "synthchartnet"]
     if syn:
-        enc_r = [
-            c["systems"]["disttrain"]["encoder_fwd_std_ms"]
-            / max(c["systems"]["entrain"]["encoder_fwd_std_ms"], 1e-9)
-            for c in syn
-        ]
-        llm_r = [
-            c["systems"]["disttrain"]["llm_fwd_std_ms"] / max(c["systems"]["entrain"]["llm_fwd_std_ms"], 1e-9)
-            for c in syn
-        ]
+        enc_r = [c["systems"]["disttrain"]["encoder_fwd_std_ms"] / max(c["systems"]["entrain"]["encoder_fwd_std_ms"], 1e-9)
+                 for c in syn]  # fmt: skip
+        llm_r = [c["systems"]["disttrain"]["llm_fwd_std_ms"] / max(c["systems"]["entrain"]["llm_fwd_std_ms"], 1e-9)
+                 for c in syn]  # fmt: skip
         out.append(f"**Variability (Table 3).** On SynthChartNet Entrain's encoder forward-time std is "
-                   f"{min(enc_r):.0f}–{max(enc_r):.0f}x and its LLM std {min(llm_r):.0f}–{max(llm_r):.0f}x below "
-                   "DistTrain's, more than the paper's 10.6x / 4.1x: our cost model is deterministic (no kernel jitter "
-                   "or measurement noise, which put a floor under the paper's Entrain std), and our DistTrain "
-                   "per-microbatch std is larger than the paper's because our SynthChartNet generator keeps the regime "
-                   "runs (consecutive heavy charts) that make data-order microbatches differ most.")  # fmt: skip
+                   f"{_rng(enc_r, 0)}x and its LLM std {_rng(llm_r, 0)}x below DistTrain's (per microbatch, summed over "
+                   "its sub-microbatches), more than the paper's 10.6x / 4.1x: our cost model is deterministic (no "
+                   "kernel jitter or measurement noise, which put a floor under the paper's Entrain std), and our "
+                   "DistTrain per-microbatch std is larger than the paper's because our SynthChartNet generator keeps "
+                   "the regime runs (consecutive heavy charts) that make data-order microbatches differ most.")  # fmt: skip
         out.append("")
     m3 = next((c for c in paper_cases if c["dataset"] == "synthchartnet" and SHORT[c["model"]] == "3B"), None)
     if m3:
         r7 = {
             n: m3["systems"][n]["peak_activation_bytes_per_rank"][-1] / 1e9
-            for n in ("disttrain", "dip", "entrain")
+            for n in ("disttrain", "dip", PAPER)
         }
-        out.append(f"**Memory (Fig. 13).** SynthChartNet + 3B, last rank: ours DistTrain {r7['disttrain']:.1f} GB, DIP "
-                   f"{r7['dip']:.1f} GB, Entrain {r7['entrain']:.1f} GB (paper ≈ 8.5, 12–14, 5.5 GB). We count "
-                   "activations only (Megatron's formula, no recomputation, no weights or optimizer state), and our "
-                   "per-rank peaks are highest on the first ranks (1F1B holds p − s microbatches on stage s), where the "
-                   "paper plots rank 7. The ordering matches the paper: DIP holds the most (every encoder activation "
-                   "until its backward), DistTrain more than Entrain (heavy microbatches in flight together). Eager "
-                   "forward raises Entrain's peak by design (compare `entrain-1f1b`), within its 1.25x budget.")  # fmt: skip
+        out.append(f"**Memory (Fig. 13).** SynthChartNet + 3B, last rank, activations: ours DistTrain {r7['disttrain']:.1f} GB, "
+                   f"DIP {r7['dip']:.1f} GB, Entrain {r7[PAPER]:.1f} GB (paper ≈ 8.5, 12–14, 5.5 GB). Our per-rank "
+                   "activation peaks are highest on the first ranks (1F1B holds p − s microbatches on stage s), where "
+                   "the paper plots rank 7. The ordering matches the paper: DIP holds the most, DistTrain more than "
+                   "Entrain (heavy microbatches in flight together). Eager forward raises Entrain's peak by design "
+                   "(compare `entrain-1f1b`), within its 1.25x budget.")  # fmt: skip
         out.append("")
     if any("sweep" in c for c in cases):
         best = sum(1 for c in cases if "sweep" in c and _best_split(c) == c["systems"][PAPER]["split"])
         tot = sum(1 for c in cases if "sweep" in c)
-        out.append(f"**Sensitivity (Fig. 14).** The profiled split is the best of all seven in {best}/{tot} cases. "
-                   "Bad splits cost more in our simulation than in the paper (see the 7:1 and 1:7 columns): the "
-                   "simulated pipeline is purely compute-bound, so the slowest stage sets the pace exactly, while on "
-                   "the testbed communication and kernel overheads compress the differences.")  # fmt: skip
+        out.append(f"**Sensitivity (Fig. 14, the paper's Entrain).** The profiled split is the best of all seven in "
+                   f"{best}/{tot} cases. Bad splits cost more in our simulation than in the paper (see the 7:1 and 1:7 "
+                   "columns): the simulated pipeline is purely compute-bound, so the slowest stage sets the pace "
+                   "exactly, while on the testbed communication and kernel overheads compress the differences.")  # fmt: skip
         out.append("")
-    gaps = [c["gap"] for c in paper_cases]
-    out.append("**Entrain's gap to ideal.** Partition granularity dominates ("
-               f"{min(g['partition_granularity_ms'] for g in gaps) / 1e3:.2f}–"
-               f"{max(g['partition_granularity_ms'] for g in gaps) / 1e3:.2f} s under `a40-paper`): whole layers on "
-               "disjoint stages cannot split a component's work exactly 1/8 per stage. The microbatch residual is "
-               "small or negative (balanced microbatches run at the mean-microbatch pace; eager forward absorbs the "
-               "rest) and communication is a few tens of ms (p2p overlapped by asynchronous sends, bf16 gradient "
-               "all-reduce at 12.5 GB/s).")  # fmt: skip
-    out.append("")
-    rr = [ratio(c, RAMP) for c in paper_cases if RAMP in c["systems"]]
-    if rr:
-        out.append(f"**Extension: ramped fill/drain.** Cutting only the first and last p − 1 microbatches into two "
-                   f"work-balanced sub-microbatches (`ScheduleOptions.ramp_microbatches`, off by default) changes "
-                   f"Entrain's time by {min(rr):.2f}–{max(rr):.2f}x: it recovers the fill/drain that DistTrain's "
-                   "reordering and DIP's sub-microbatches exploit, at 2(p − 1) extra per-call constants. It is not "
-                   "part of the paper's Entrain and is reported separately in the targets.")  # fmt: skip
-        for who, label in (("entrain", "Entrain"), (RAMP, "Entrain + ramp")):
-            wins = sum(all(c["systems"][n]["iteration_time_ms"] > c["systems"][who]["iteration_time_ms"]
-                           for n in BASELINES if n in c["systems"]) for c in paper_cases)  # fmt: skip
-            out.append(
-                f"- {label} is faster than every baseline in {wins}/{len(paper_cases)} `a40-paper` cases."
-            )
+    gp = [c["gap_paper"] for c in paper_cases if "gap_paper" in c]
+    gd = [c["gap"] for c in paper_cases]
+    if gp:
+        out.append("**Entrain's gap to ideal.** For the paper's Entrain partition granularity dominates "
+                   f"({_rng([g['partition_granularity_ms'] / 1e3 for g in gp])} s under `a40-paper`): whole layers on "
+                   "disjoint stages cannot split a component's work exactly 1/8 per stage. Boundary sharing lowers it to "
+                   f"{_rng([g['partition_granularity_ms'] / 1e3 for g in gd])} s for the default, and the ramp turns the "
+                   f"microbatch residual negative ({_rng([g['microbatch_residual_ms'] / 1e3 for g in gd])} s: fill and "
+                   "drain below 1F1B's). Communication is a few tens of ms (p2p overlapped by asynchronous sends, bf16 "
+                   "gradient all-reduce at 12.5 GB/s).")  # fmt: skip
         out.append("")
     return out
 

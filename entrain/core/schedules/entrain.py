@@ -72,13 +72,17 @@ def peak_bytes(fwd_bytes: Sequence[float], bwd_bytes: Sequence[float], warmup: i
     return peak
 
 
-def eager_warmups(graph: ReplicaGraph, costs: PlanCosts, factor: float) -> tuple[list[int], list[float]]:
-    """(warm-up forwards per pipeline rank, budget bytes per rank) for eager forward."""
+def eager_warmups(
+    graph: ReplicaGraph, costs: PlanCosts, factor: float, units: list | None = None
+) -> tuple[list[int], list[float]]:
+    """(warm-up forwards per pipeline rank, budget bytes per rank) for eager forward; ``units``:
+    ``rank_units`` of every rank when already computed."""
     p = graph.layout.ranks_per_replica
+    units = units or [rank_units(graph, r) for r in range(p)]
     warm: list[int] = []
     budgets: list[float] = []
     for rank in range(p):
-        fwd, bwd = rank_units(graph, rank)
+        fwd, bwd = units[rank]
         fb = [
             sum(costs.activation_bytes(a.stage, graph.ids(a.stage, a.mb, a.sub_index)) for a in unit)
             for unit in fwd
@@ -119,10 +123,11 @@ def _ramp_candidates(opts: ScheduleOptions, layout: Layout, rep) -> list[tuple[i
 def _compute_order(costs: PlanCosts | None, factor: float, eager: bool):
     def order(graph: ReplicaGraph) -> dict[int, list[Action]]:
         p = graph.layout.ranks_per_replica
-        warm = eager_warmups(graph, costs, factor)[0] if eager else [p - r - 1 for r in range(p)]
+        units = [rank_units(graph, r) for r in range(p)]
+        warm = eager_warmups(graph, costs, factor, units)[0] if eager else [p - r - 1 for r in range(p)]
         out = {}
         for rank in range(p):
-            fwd, bwd = rank_units(graph, rank)
+            fwd, bwd = units[rank]
             out[rank] = one_f_one_b_order(fwd, bwd, warm[rank])
         return out
 

@@ -60,31 +60,42 @@ def _key(a: Action) -> Key:
 
 def predicted_makespan_ms(graph: ReplicaGraph, costs: PlanCosts, orders: dict[int, list[Action]]) -> float:
     """Makespan (ms) of one replica's per-rank compute orders; ``inf`` if the orders deadlock."""
-    ptr = dict.fromkeys(orders, 0)
-    clock = dict.fromkeys(orders, 0.0)
+    work: dict[int, list[tuple[Key, float, list[tuple[Key, float]]]]] = {}
+    for rank, acts in orders.items():
+        work[rank] = [
+            (
+                _key(a),
+                costs.compute_ms(a.stage, a.kind, graph.ids(a.stage, a.mb, a.sub_index)),
+                compute_deps(graph, costs, a),
+            )
+            for a in acts
+            if a.kind.is_compute
+        ]
+    ptr = dict.fromkeys(work, 0)
+    clock = dict.fromkeys(work, 0.0)
     end: dict[Key, float] = {}
-    remaining = sum(len(v) for v in orders.values())
-    while remaining:
-        progressed = False
-        for rank, acts in orders.items():
-            while ptr[rank] < len(acts):
-                a = acts[ptr[rank]]
-                if not a.kind.is_compute:
-                    ptr[rank] += 1
-                    remaining -= 1
-                    continue
-                deps = compute_deps(graph, costs, a)
-                if any(d not in end for d, _ in deps):
-                    break
-                start = max([clock[rank]] + [end[d] + delay for d, delay in deps])
-                clock[rank] = start + costs.compute_ms(a.stage, a.kind, graph.ids(a.stage, a.mb, a.sub_index))
-                key = _key(a)
-                end[key] = clock[rank]
-                if a.kind is ActionKind.I:
-                    end[("B", *key[1:])] = clock[rank]
-                ptr[rank] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            return float("inf")
+    waiters: dict[Key, list[int]] = {}
+    stack = sorted(work, reverse=True)
+    while stack:
+        rank = stack.pop()
+        items = work[rank]
+        while ptr[rank] < len(items):
+            key, dur, deps = items[ptr[rank]]
+            missing = next((d for d, _ in deps if d not in end), None)
+            if missing is not None:
+                waiters.setdefault(missing, []).append(rank)
+                break
+            start = clock[rank]
+            for d, delay in deps:
+                start = max(start, end[d] + delay)
+            clock[rank] = start + dur
+            end[key] = clock[rank]
+            stack.extend(waiters.pop(key, ()))
+            if key[0] == "I":
+                alias = ("B", *key[1:])
+                end[alias] = clock[rank]
+                stack.extend(waiters.pop(alias, ()))
+            ptr[rank] += 1
+    if any(ptr[r] < len(items) for r, items in work.items()):
+        return float("inf")
     return max(clock.values(), default=0.0)

@@ -22,6 +22,12 @@ Pinned as in DESIGN.md section 1:
   time (= highest throughput ``dp * K / T``); ties go to fewer GPUs, then the lexicographically
   smallest (dp, encoder tp, cp, pp, llm tp, cp, pp).
 
+Extension (ours, not the paper's): ``boundary_sharing_config`` partitions the concatenated
+encoder-then-LLM layer list over a replica's pipeline ranks in one min-max pass, so the rank where
+the modalities meet may hold the last encoder stage and the first LLM stage (same TP x CP on both).
+Its Eq. 2 time is never above the disjoint split's on the same ranks (the disjoint split is one of
+its candidate partitions); ``entrain.sim.systems`` uses it for Entrain where Eq. 2 is lower.
+
 A *sampler* is ``sampler(n, seed) -> Sequence[SampleMeta | SampleWork]``: ``n`` samples drawn i.i.d.
 from the dataset with that seed (the CLI builds one from the data generators; ``pool_sampler``
 draws from a fixed list). Items without token metadata (raw-work samples) are supported for

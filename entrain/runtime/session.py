@@ -595,11 +595,12 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     tps = [r["tokens_per_s"] for r in history]
     stds = [stage_std_ms(r["stage_times"]) for r in history]
     metrics = None
-    if rank0:
-        metrics = open(metrics_path, "w")  # noqa: SIM115 - closed below
-        for r in history:
-            metrics.write(json.dumps(r) + "\n")
-        metrics.flush()
+    if rank0:  # the kept rows replace the file atomically, then new rows are appended
+        tmp = metrics_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in history)
+        os.replace(tmp, metrics_path)
+        metrics = open(metrics_path, "a")  # noqa: SIM115 - closed below
     ok = False
     try:
         for step in range(start, spec.steps):

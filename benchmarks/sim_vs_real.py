@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -61,6 +62,27 @@ def cpu_idle_fraction(interval_s: float = 2.0) -> float:
     time.sleep(interval_s)
     idle1, total1 = read()
     return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def _busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def foreign_load(fn) -> float:
+    """Run ``fn``; return the average number of cores other processes kept busy meanwhile (machine
+    busy CPU seconds minus this benchmark's children's, over the wall time)."""
+    t0, b0, c0 = time.monotonic(), _busy_s(), _children_s()
+    fn()
+    wall = time.monotonic() - t0
+    return max(0.0, (_busy_s() - b0) - (_children_s() - c0)) / wall
 
 
 def wait_idle(max_wait_s: float) -> dict:
@@ -218,7 +240,8 @@ def report(summary: dict, launches: list[dict], prof: dict, steps: int) -> str:
         "Idle checks (target >= 90 % idle over 2 s): "
         + "; ".join(
             f"launch {i}: {launch['idle']['idle']:.0%} idle "
-            f"({'passed' if launch['idle']['passed'] else 'NOT passed'}, waited {launch['idle']['waited_s']} s)"
+            f"({'passed' if launch['idle']['passed'] else 'NOT passed'}, waited {launch['idle']['waited_s']} s), "
+            f"other jobs used {launch['foreign_cores']:.2f} of {os.cpu_count()} cores during it"
             for i, launch in enumerate(launches)
         ),
         "",
@@ -252,15 +275,16 @@ def report(summary: dict, launches: list[dict], prof: dict, steps: int) -> str:
         "Where the iteration goes (busiest rank, medians over kept steps):",
         "",
         "| system | real iteration ms | real compute ms (wall) | real compute ms (thread CPU) | "
-        "sim compute ms | sim iteration ms | real outside timed compute |",
-        "|---|---|---|---|---|---|---|",
+        "sim compute ms | sim / real compute (CPU) | sim iteration ms | real outside timed compute |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for system in SYSTEMS:
         d = summary[system]["decomposition"]
         outside = 1 - d["real_compute_wall_ms"] / d["real_iteration_ms"]
         lines.append(
             f"| {system} | {d['real_iteration_ms']:.0f} | {d['real_compute_wall_ms']:.0f} | "
-            f"{d['real_compute_cpu_ms']:.0f} | {d['sim_compute_ms']:.0f} | {d['sim_iteration_ms']:.0f} | "
+            f"{d['real_compute_cpu_ms']:.0f} | {d['sim_compute_ms']:.0f} | "
+            f"{d['sim_compute_ms'] / d['real_compute_cpu_ms']:.3f} | {d['sim_iteration_ms']:.0f} | "
             f"{outside:.0%} |"
         )
     med = max(summary[s]["stage"]["median_abs_pct"] for s in SYSTEMS)
@@ -296,10 +320,10 @@ def main() -> int:
             if i:
                 idle = wait_idle(args.max_idle_wait_s) if not args.skip_idle_check else idle
             run_dir = os.path.join(tmp, f"launch{i}")
-            train(data, prof_path, run_dir, args.steps)
+            foreign = foreign_load(lambda run_dir=run_dir: train(data, prof_path, run_dir, args.steps))
             pairs = {s: compare(os.path.join(run_dir, s), prof_path) for s in SYSTEMS}
-            launches.append({"idle": idle, "pairs": pairs})
-            print(f"launch {i}: idle {idle['idle']:.0%}", file=sys.stderr)
+            launches.append({"idle": idle, "foreign_cores": foreign, "pairs": pairs})
+            print(f"launch {i}: idle {idle['idle']:.0%}, other jobs {foreign:.2f} cores", file=sys.stderr)
         os.makedirs(args.out, exist_ok=True)
         shutil.copyfile(prof_path, os.path.join(args.out, "sim_vs_real.profile.json"))
     summary = summarize(launches)

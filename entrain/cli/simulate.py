@@ -128,6 +128,11 @@ def table(runs: dict[str, SystemRun], configs: dict) -> str:
         peaks = m.peak_memory_bytes_per_rank
         mem = "-" if not peaks else f"{max(peaks) / 1e9:.1f}" + ("" if m.fits_memory else " OOM")
         cfg = f"E.PP {c['encoder']['pp']} / L.PP {c['llm']['pp']} (tp {c['llm']['tp']}, dp {configs[name]['dp']})"
+        if (
+            name.startswith("entrain")
+            and c["encoder"]["pp"] + c["llm"]["pp"] > configs[name]["ranks_per_replica"]
+        ):
+            cfg += f", {configs[name]['ranks_per_replica']} ranks: one shares the encoder/LLM boundary"
         lines.append(
             f"{name:<16}{m.iteration_time_ms:>10.1f}{speed:>11}{m.bubble_ratio:>8.3f}{m.encoder_fwd_std_ms:>9.1f}"
             f"{m.llm_fwd_std_ms:>9.1f}{m.peak_activation_bytes / 1e9:>9.2f}{mem:>11}{m.ideal_ms:>9.1f}"

@@ -70,7 +70,11 @@ def _train(env, cases):
         model = build_vlm(cfg, seed=SEED, dtype=torch.float32)
         renderer = SampleRenderer(cfg, dict(metas), seed=SEED, dtype=torch.float32)
         trainer = PipelineTrainer(
-            layout=plan.layout, model=model, env=env, renderer=renderer, optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM)
+            layout=plan.layout,
+            model=model,
+            env=env,
+            renderer=renderer,
+            optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM),
         )
         result = trainer.train_step(plan.iterations[0])
         out[name] = (trainer.named_grads(), result.loss, result.grad_norm)

@@ -53,10 +53,17 @@ def default_hardware(model: str) -> str:
     return "cpu-tiny" if model == "tiny" else "a40-paper"
 
 
+def hardware_label(args: argparse.Namespace) -> str:
+    """What the costs come from, for reports: the hardware preset, or ``profile:FILE``."""
+    if getattr(args, "profile", None):
+        return f"profile:{args.profile}"
+    return args.hardware or default_hardware(args.model)
+
+
 def resolve_cost_model(args: argparse.Namespace) -> CostModel:
     """The cost model named by ``--model``/``--hardware``, or the measured ``--profile``."""
     if getattr(args, "profile", None):
-        return CostModel.load(args.profile)
+        return CostModel.load(args.profile, expect_model=args.model)
     from entrain.core.presets import build_cost_model
 
     return build_cost_model(args.model, args.hardware or default_hardware(args.model))

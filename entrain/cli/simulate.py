@@ -7,7 +7,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from entrain.cli.common import add_common_args, emit_json, parse_systems, resolve_cost_model, workload_source
+from entrain.cli.common import (
+    add_common_args,
+    emit_json,
+    hardware_label,
+    parse_systems,
+    resolve_cost_model,
+    workload_source,
+)
 from entrain.core.errors import ConfigError
 from entrain.sim.run import SystemRun, run_system
 from entrain.sim.systems import ConfigRequest, system_setups
@@ -109,7 +116,7 @@ def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace)
         "lower_bound_ms": top.metrics.lower_bound_ms,
         "dataset": args.dataset,
         "model": args.model,
-        "hardware": args.hardware or ("cpu-tiny" if args.model == "tiny" else "a40-paper"),
+        "hardware": hardware_label(args),
         "iterations": args.iterations,
         "global_batch": args.global_batch,
         "microbatch_size": args.microbatch_size,

@@ -360,6 +360,13 @@ class CostModel:
             json.dump(self.to_json(), f, indent=1)
 
     @classmethod
-    def load(cls, path: str) -> CostModel:
+    def load(cls, path: str, expect_model: str | None = None) -> CostModel:
+        """Read a profile/cost-model JSON; with ``expect_model``, refuse one measured for another model."""
         with open(path) as f:
-            return cls.from_json(json.load(f))
+            cost = cls.from_json(json.load(f))
+        if expect_model is not None and cost.model != expect_model:
+            raise ConfigError(
+                f"{path}: profile is for model {cost.model!r} but --model is {expect_model!r}; "
+                f"pass --model {cost.model} or profile {expect_model} (entrain profile --model {expect_model})"
+            )
+        return cost

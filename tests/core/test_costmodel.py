@@ -61,3 +61,13 @@ def test_json_round_trip(tmp_path):
     assert again == m
     assert math.isclose(again.activation_bytes("encoder", 0, 2, 100), 2000.0)
     assert again.boundary_bytes("llm", 2, 10) == 40.0
+
+
+def test_load_refuses_a_profile_of_another_model(tmp_path):
+    from entrain.core.errors import ConfigError
+
+    path = tmp_path / "cost.json"
+    _model().save(str(path))
+    assert CostModel.load(str(path), expect_model="toy").model == "toy"
+    with pytest.raises(ConfigError, match="profile is for model 'toy' but --model is 'tiny'"):
+        CostModel.load(str(path), expect_model="tiny")

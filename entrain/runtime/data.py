@@ -15,13 +15,16 @@ the answer part only). Pixel values are seeded N(0, 1) patches (windows of a see
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from entrain.core.errors import DataError
 from entrain.core.presets import LABEL_FRACTION
-from entrain.core.samples import SampleMeta, smart_resize
+from entrain.core.samples import SampleMeta, VisionTokenConfig, smart_resize
 from entrain.models.config import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, VLMConfig
 from entrain.models.vlm import LLMBatch
 
@@ -70,8 +73,10 @@ def _seed_of(seed: int, sample_id: str, salt: str) -> int:
 
 
 class RecordSource:
-    """Real samples of a LLaVA JSON/JSONL or Parquet dataset: the Qwen2.5-VL image processor's pixel
-    patches and the chat template's ids / labels (``entrain.data.processing``), by sample id."""
+    """Real samples of a LLaVA JSON/JSONL or Parquet dataset, by sample id: the chat template's ids /
+    labels (``text``, no image decoded: the image token counts come from the header sizes in the
+    sample's metadata) and the Qwen2.5-VL image processor's pixel patches (``pixels``), separately, so
+    each is computed only where and when it is needed (``entrain.data.processing``)."""
 
     def __init__(self, path: str, image_root: str | None = None, records: Sequence | None = None):
         """``records``: the already parsed (screened) records of ``path``; read from it when None."""
@@ -83,7 +88,44 @@ class RecordSource:
         self.records = {r.id: r for r in records}
         self.tokenizer = default_tokenizer()
 
+    def _where(self, sample_id: str) -> tuple[str, str]:
+        r = self.records[sample_id]
+        return r.file, r.line or f"#{r.index}"
+
+    def text(self, sample_id: str, image_tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+        """``(input_ids, labels)`` of the conversation whose i-th image has ``image_tokens[i]`` merged
+        tokens (``entrain.core.samples.image_llm_tokens`` of its header size, equal to the image
+        processor's count). Raises DataError if the record's image count differs."""
+        from entrain.data.processing import format_chat
+
+        try:
+            return format_chat(self.records[sample_id].turns, image_tokens, self.tokenizer)
+        except ValueError as e:
+            raise DataError(*self._where(sample_id), "conversations", str(e)) from None
+
+    def pixels(self, sample_id: str, vision: VisionTokenConfig) -> tuple[np.ndarray, np.ndarray]:
+        """``(pixel_values [patches, 1176] float32, image_grid_thw [images, 3] int64)`` of the record's
+        images through the image processor. Raises DataError naming an unreadable image. Thread-safe
+        (no shared state), so it runs on the renderer's prefetch thread."""
+        from entrain.data.processing import MERGE_SIZE, load_image, process_images
+
+        record = self.records[sample_id]
+        images = []
+        for i, src in enumerate(record.images):
+            try:
+                images.append(load_image(src))
+            except (OSError, ValueError, SyntaxError) as e:
+                raise DataError(*self._where(sample_id), f"images[{i}]", str(e)) from None
+        if not images:
+            patch = vision.factor // MERGE_SIZE
+            return np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)
+        try:
+            return process_images(images, vision)
+        except ValueError as e:
+            raise DataError(*self._where(sample_id), "images", f"processor: {e}") from None
+
     def encode(self, sample_id: str, vision):
+        """The whole ``EncodedSample`` (images and text) of one record."""
         from entrain.data.processing import encode_sample
 
         return encode_sample(self.records[sample_id], self.tokenizer, vision)
@@ -91,7 +133,14 @@ class RecordSource:
 
 class SampleRenderer:
     """Renders ``SampleMeta`` into tensors for ``cfg`` (seeded by ``seed``) and packs them; with a
-    ``source`` (a LLaVA dataset) the real images and conversations are used instead."""
+    ``source`` (a LLaVA dataset) the real images and conversations are used instead.
+
+    With a source, ``sample`` (ids, labels, grid) never runs the image processor: the grid and merged
+    token counts follow from the header sizes in the metadata. Pixels are processed only by
+    ``patches`` (the first encoder stage), once per use; ``prefetch`` queues the pixels of the next
+    step's samples on one background thread so the processing overlaps the current step. Results are
+    the same tensors with or without prefetching.
+    """
 
     def __init__(
         self,
@@ -106,6 +155,10 @@ class SampleRenderer:
         self.cfg, self.metas, self.seed, self.source = cfg, metas, seed, source
         self.device, self.dtype = torch.device(device), dtype
         self._cache: dict[str, RenderedSample] = {}
+        self._pending: dict[str, Future] = {}
+        """Prefetched pixels by sample id (consumed by ``patches``)."""
+        self._wanted: set[str] = set()
+        self._pool: ThreadPoolExecutor | None = None
         self._bank: torch.Tensor | None = None
         self._zipf_cdf: torch.Tensor | None = None
 
@@ -163,20 +216,25 @@ class SampleRenderer:
         )
 
     def _from_record(self, meta: SampleMeta) -> RenderedSample:
-        enc = self.source.encode(meta.id, meta.vision)
-        ids = torch.tensor([self.cfg.token_id(int(i)) for i in enc.input_ids], dtype=torch.int64)
-        labels = torch.as_tensor(enc.labels, dtype=torch.int64)
+        merge = self.cfg.vision.spatial_merge_size
+        patch = meta.vision.factor // merge
+        grid = []
+        for h, w in meta.images:
+            hr, wr = smart_resize(h, w, meta.vision)
+            grid.append((1, hr // patch, wr // patch))
+        counts = [t * h * w // merge**2 for t, h, w in grid]
+        raw_ids, raw_labels = self.source.text(meta.id, counts)
+        ids = torch.tensor([self.cfg.token_id(int(i)) for i in raw_ids], dtype=torch.int64)
+        labels = torch.as_tensor(raw_labels, dtype=torch.int64)
         label_pos = torch.nonzero(labels[1:] != -100).flatten()
-        grid = tuple(tuple(int(v) for v in g) for g in enc.image_grid_thw)
-        merge = self.cfg.vision.spatial_merge_size**2
         return RenderedSample(
             id=meta.id,
             input_ids=ids,
-            image_positions=torch.nonzero(torch.as_tensor(enc.input_ids) == IMAGE_PAD_ID).flatten(),
+            image_positions=torch.nonzero(torch.as_tensor(raw_ids) == IMAGE_PAD_ID).flatten(),
             label_positions=label_pos,
             targets=ids[label_pos + 1],
-            grid_thw=grid,
-            image_tokens=sum(t * h * w // merge for t, h, w in grid),
+            grid_thw=tuple(grid),
+            image_tokens=sum(counts),
         )
 
     def _words(self, n: int, gen: torch.Generator) -> list[int]:
@@ -194,14 +252,52 @@ class SampleRenderer:
         bank (``PATCH_BANK_ROWS`` rows, drawn once), starting at a per-sample seeded offset, so
         rendering costs a slice rather than drawing millions of numbers inside a step."""
         if self.source is not None:
-            enc = self.source.encode(sample_id, self.metas[sample_id].vision)
-            return torch.as_tensor(enc.pixel_values).to(self.device, self.dtype)
+            return self._record_patches(sample_id)
         s = self.sample(sample_id)
         rows = sum(t * h * w for t, h, w in s.grid_thw)
         bank = self._patch_bank()
         start = _seed_of(self.seed, sample_id, "pixels") % bank.shape[0]
         index = (start + torch.arange(rows)) % bank.shape[0]
         return bank[index].to(self.device, self.dtype)
+
+    def _record_patches(self, sample_id: str) -> torch.Tensor:
+        pending = self._pending.pop(sample_id, None)
+        vision = self.metas[sample_id].vision
+        pixels, grid = pending.result() if pending is not None else self.source.pixels(sample_id, vision)
+        expected = self.sample(sample_id).grid_thw
+        got = tuple(tuple(int(v) for v in g) for g in grid)
+        if got != expected:
+            raise DataError(
+                *self.source._where(sample_id),
+                "images",
+                f"image processor grids {list(got)} differ from the header sizes' {list(expected)} "
+                "(an image whose decoded size differs from its header)",
+            )
+        return torch.as_tensor(pixels).to(self.device, self.dtype)
+
+    def prefetch(self, ids: Iterable[str]) -> None:
+        """Start processing the pixels of ``ids`` (the samples the next ``patches`` calls will ask
+        for) on a background thread, in order. A no-op without a source (seeded patches cost a
+        slice). Prefetched pixels not asked for by the time of the next-but-one call are dropped."""
+        if self.source is None:
+            return
+        ids = [i for i in dict.fromkeys(ids) if self.metas[i].images]
+        keep = self._wanted | set(ids)
+        for sid in [k for k in self._pending if k not in keep]:
+            self._pending.pop(sid).cancel()
+        self._wanted = set(ids)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="entrain-data")
+        for sid in ids:
+            if sid not in self._pending:
+                self._pending[sid] = self._pool.submit(self.source.pixels, sid, self.metas[sid].vision)
+
+    def close(self) -> None:
+        """Stop the prefetch thread (queued work is cancelled)."""
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def _patch_bank(self) -> torch.Tensor:
         if self._bank is None:

@@ -24,7 +24,7 @@ import torch
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import ComponentLayout, Layout, Plan
+from entrain.core.plan import ComponentLayout, IterationPlan, Layout, Plan
 from entrain.core.work import SampleWork
 from entrain.runtime.accounting import (
     DataPosition,
@@ -515,6 +515,15 @@ def _history(metrics_path: str, start: int) -> list[dict]:
     return [r for r in rows if r["step"] < start]
 
 
+def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
+    """Samples whose pixels ``rank`` processes in ``it``: its replica's encoder samples, in order,
+    when it holds the first encoder stage; none otherwise (LLM-only ranks need ids only)."""
+    replica, pp_rank = layout.replica_of(rank)
+    if not layout.stages or layout.stages[0].component != "encoder" or layout.stages[0].pp_rank != pp_rank:
+        return []
+    return [s for mb in it.microbatches[replica] for s in mb.encoder_ids]
+
+
 def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
     from entrain.models.config import get_model_config
     from entrain.models.vlm import build_vlm, set_trainable
@@ -603,8 +612,12 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         metrics = open(metrics_path, "a")  # noqa: SIM115 - closed below
     ok = False
     try:
+        if start < spec.steps:
+            renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[start]))
         for step in range(start, spec.steps):
             it = plan.iterations[step]
+            if step + 1 < spec.steps:  # the next step's pixels are processed while this one runs
+                renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[step + 1]))
             res = trainer.train_step(it)
             row = {
                 "step": step,
@@ -646,6 +659,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
                 bar.update(1)
         ok = True
     finally:
+        renderer.close()
         if metrics is not None:
             metrics.close()
         if bar is not None:

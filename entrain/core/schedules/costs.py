@@ -6,6 +6,10 @@ by the simulator, so every executor of a Plan prices an action the same way.
 * A stage's time for a (sub-)microbatch = the sum over its layers of ``a*x^2 + b*x`` per sequence
   unit (an image's ViT patches on the encoder, a sample's tokens on the LLM) plus each layer's
   per-call constant ``c`` once (one call per (sub-)microbatch), at the component's TP/CP degree.
+* A stage with a layer priced by a measured piecewise-linear ``table`` (``Quadratic.table``, from
+  ``entrain profile``) is not a quadratic: its (sub-)microbatch time is the exact
+  ``CostModel.stage_ms`` over the samples' units, summed per sample (memoised) plus the per-call
+  constants once. Stages of pure quadratics keep the closed form above.
 * A raw-work sample (no token metadata) has only its whole-component forward+backward work ``w``.
   It is priced as ``x = w / sum_l (b_fwd,l + b_bwd,l)`` linear-equivalent tokens: each stage gets
   ``sum_{l in stage} b_l * x``, i.e. the sample's work split over stages (and over forward and
@@ -24,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costmodel import CostModel, parallel_key
 from entrain.core.plan import ActionKind, Layout
 from entrain.core.planner import ADAM_BYTES_PER_BF16_WEIGHT_BYTE
 from entrain.core.work import SampleWork
@@ -65,6 +69,9 @@ class PlanCosts:
         self.cost = cost
         self.samples = samples
         self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
+        self.tabled = tuple(self._has_table(i) for i in range(len(layout.stages)))
+        """Per stage: whether a layer has a cost table (priced exactly per sample, not by its quad)."""
+        self._sample_ms: dict[tuple[int, str, str], float] = {}
         self._raw_tokens_per_ms = {c: self._linear_ms_per_token(c) for c in ("encoder", "llm")}
         self._unit_sums: dict[tuple[str, str], tuple[float, float]] = {}
         self._sums_memo: dict[tuple[str, tuple[str, ...]], tuple[float, float]] = {}
@@ -91,6 +98,40 @@ class PlanCosts:
             for layer in layers
         )
         return StageQuad(*coef, act, out, grad, state / tp)
+
+    def _parallel(self, comp: str) -> tuple[int, int]:
+        par = self.layout.components.get(comp)
+        return (par.tp, par.cp) if par else (1, 1)
+
+    def _has_table(self, stage: int) -> bool:
+        spec = self.layout.stages[stage]
+        key = parallel_key(*self._parallel(spec.component))
+        layers = self.cost.component(spec.component).layers[spec.first_layer : spec.end_layer]
+        return any(
+            q is not None and bool(q.table)
+            for layer in layers
+            for q in (layer.fwd.get(key), layer.bwd.get(key))
+        )
+
+    def _variable_ms(self, stage: int, phase: str, sid: str) -> float:
+        """A sample's share of a tabled stage's time (constants excluded), exact; raw-work samples
+        keep their linear-equivalent price."""
+        key = (stage, phase, sid)
+        got = self._sample_ms.get(key)
+        if got is None:
+            spec = self.layout.stages[stage]
+            work = self.samples[sid]
+            if work.meta is not None:
+                tp, cp = self._parallel(spec.component)
+                units = self.cost.units(spec.component, work.meta)
+                got = self.cost.stage_ms(
+                    spec.component, spec.first_layer, spec.end_layer, units, phase, tp, cp, num_calls=0
+                )
+            else:
+                q = self.stage_quads[stage]
+                got = (q.fwd_b if phase == "fwd" else q.bwd_b) * self.unit_sums(spec.component, sid)[1]
+            self._sample_ms[key] = got
+        return got
 
     def _linear_ms_per_token(self, comp: str) -> float:
         """Sum over the whole component of the per-token linear coefficient, forward + backward."""
@@ -144,10 +185,17 @@ class PlanCosts:
     def compute_ms(self, stage: int, kind: ActionKind, ids: Iterable[str]) -> float:
         """Duration of a compute action over the samples ``ids`` (one call)."""
         q = self.stage_quads[stage]
-        sq, lin = self._sums(stage, ids)
-        if kind is ActionKind.F:
+        if self.tabled[stage]:
+            ids = tuple(ids)
+            if kind is ActionKind.F:
+                return sum(self._variable_ms(stage, "fwd", s) for s in ids) + q.fwd_c
+            bwd = sum(self._variable_ms(stage, "bwd", s) for s in ids) + q.bwd_c
+        elif kind is ActionKind.F:
+            sq, lin = self._sums(stage, ids)
             return q.fwd_a * sq + q.fwd_b * lin + q.fwd_c
-        bwd = q.bwd_a * sq + q.bwd_b * lin + q.bwd_c
+        else:
+            sq, lin = self._sums(stage, ids)
+            bwd = q.bwd_a * sq + q.bwd_b * lin + q.bwd_c
         if kind is ActionKind.B:
             return bwd
         if kind in (ActionKind.I, ActionKind.W):

@@ -1,0 +1,65 @@
+"""Simulator pricing of measured cost tables: a stage with a piecewise-linear ``table`` layer is
+priced exactly (``CostModel.stage_ms`` over the samples' units), not by its first segment."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from entrain.core.costmodel import Quadratic
+from entrain.core.plan import ActionKind
+from entrain.core.samples import SampleMeta
+from entrain.core.schedules.costs import PlanCosts
+from entrain.core.work import SampleWork
+from tests.sim.fixtures import KEY, disjoint_layout, toy_cost
+
+# flat (per-call overhead) up to 64 tokens, then steep: the first segment's slope is 0.001 ms/token
+TABLE = ((16.0, 1.0), (64.0, 1.05), (256.0, 9.0), (1024.0, 40.0))
+
+
+def _tabled_cost():
+    cost = toy_cost(enc_layers=2, llm_layers=2, call_ms=0.1)
+    layers = list(cost.llm.layers)
+    q = Quadratic(0.0, 0.001, 1.0, TABLE)
+    layers[1] = replace(layers[1], fwd={KEY: q}, bwd={KEY: q.scaled(2.0)})
+    return replace(cost, llm=replace(cost.llm, layers=tuple(layers)))
+
+
+def _samples(cost) -> dict[str, SampleWork]:
+    metas = [SampleMeta(f"s{i}", ((28 * (i + 1), 56),), text_tokens=40 + 150 * i) for i in range(4)]
+    return {m.id: cost.sample_work(m) for m in metas}
+
+
+@pytest.mark.parametrize("kind", [ActionKind.F, ActionKind.B, ActionKind.W])
+@pytest.mark.parametrize("ids", [("s0",), ("s3",), ("s1", "s2"), ("s0", "s1", "s2", "s3")])
+def test_tabled_stage_is_priced_exactly(kind, ids):
+    cost = _tabled_cost()
+    layout = disjoint_layout(1, 2, enc_layers=2, llm_layers=2)
+    samples = _samples(cost)
+    costs = PlanCosts(layout, cost, samples)
+    assert costs.tabled == (False, False, True)
+    units = [x for sid in ids for x in cost.units("llm", samples[sid].meta)]
+    phase = "fwd" if kind is ActionKind.F else "bwd"
+    exact = cost.stage_ms("llm", 1, 2, units, phase, num_calls=1)
+    factor = 0.5 if kind is ActionKind.W else 1.0
+    assert costs.compute_ms(2, kind, ids) == pytest.approx(factor * exact)
+    # the 1-and-2-token sampling of the quadratic path would follow the flat first segment
+    quad = costs.stage_quads[2]
+    sq, lin = costs._sums(2, ids)
+    first_segment = (quad.fwd_a * sq + quad.fwd_b * lin + quad.fwd_c) if phase == "fwd" else None
+    if phase == "fwd" and max(units) > 64:
+        assert first_segment < 0.5 * exact
+
+
+def test_quadratic_stages_keep_the_closed_form():
+    cost = toy_cost(enc_layers=2, llm_layers=2, call_ms=0.1)
+    layout = disjoint_layout(1, 2, enc_layers=2, llm_layers=2)
+    samples = _samples(cost)
+    costs = PlanCosts(layout, cost, samples)
+    assert costs.tabled == (False, False, False)
+    ids = ("s1", "s3")
+    for stage, (comp, first, end) in enumerate([("encoder", 0, 2), ("llm", 0, 1), ("llm", 1, 2)]):
+        units = [x for sid in ids for x in cost.units(comp, samples[sid].meta)]
+        exact = cost.stage_ms(comp, first, end, units, "bwd", num_calls=1)
+        assert costs.compute_ms(stage, ActionKind.B, ids) == pytest.approx(exact)

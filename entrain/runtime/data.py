@@ -68,6 +68,18 @@ class EncoderInput:
     """Merged output rows each sample contributes, in order."""
 
 
+def _background_priority() -> None:
+    """Lower the calling thread's scheduling priority (Linux: nice 19 on its thread id), so data
+    preparation takes idle CPU time and yields the cores to the ranks' compute when they contend."""
+    import os
+    import threading
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux / not permitted: run at normal priority
+        pass
+
+
 def _seed_of(seed: int, sample_id: str, salt: str) -> int:
     return zlib.crc32(f"{seed}:{salt}:{sample_id}".encode())
 
@@ -287,7 +299,9 @@ class SampleRenderer:
             self._pending.pop(sid).cancel()
         self._wanted = set(ids)
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="entrain-data")
+            self._pool = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="entrain-data", initializer=_background_priority
+            )
         for sid in ids:
             if sid not in self._pending:
                 self._pending[sid] = self._pool.submit(self.source.pixels, sid, self.metas[sid].vision)

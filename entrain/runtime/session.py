@@ -162,7 +162,7 @@ def world_size_of(spec: TrainSpec) -> int:
 
 def resolve_cost(spec: TrainSpec) -> CostModel:
     if spec.profile:
-        return CostModel.load(spec.profile)
+        return CostModel.load(spec.profile, expect_model=spec.model)
     from entrain.cli.common import default_hardware
     from entrain.core.presets import build_cost_model
 

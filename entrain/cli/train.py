@@ -88,6 +88,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--keep-checkpoints", type=int, default=3, help="complete checkpoints kept (newest)")
     p.add_argument(
+        "--entrain-layout",
+        choices=("disjoint", "shared"),
+        default="disjoint",
+        help="entrain/entrain-1f1b only: 'shared' = boundary-sharing layout (one min-max partition of the "
+        "encoder-then-LLM layers over the pipeline ranks; our extension, not the paper's)",
+    )
+    p.add_argument(
+        "--ramp-microbatches",
+        default="0",
+        help="entrain only: fill/drain ramp, 'auto' or a piece count (0 = the paper's schedule)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out from its newest complete checkpoint (same flags; --steps may grow)",
@@ -125,6 +137,18 @@ def _betas(text: str) -> tuple[float, float]:
     if not (0 <= b1 < 1 and 0 <= b2 < 1):
         raise ConfigError(f"--betas must lie in [0, 1), got {text!r}")
     return b1, b2
+
+
+def _ramp(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"--ramp-microbatches must be 'auto' or a count >= 0, got {text!r}")
+    return n
 
 
 def _spec(args: argparse.Namespace):
@@ -175,6 +199,8 @@ def _spec(args: argparse.Namespace):
         keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
         on_bad_sample=args.on_bad_sample,
+        entrain_layout=args.entrain_layout,
+        ramp_microbatches=_ramp(args.ramp_microbatches),
     )
 
 
@@ -208,6 +234,8 @@ _FORWARDED = (
     "checkpoint_every",
     "keep_checkpoints",
     "timeout_s",
+    "entrain_layout",
+    "ramp_microbatches",
 )
 _FLAGS_FORWARDED = ("shuffle", "resume", "no_progress")
 

@@ -85,6 +85,12 @@ class TrainSpec:
     keep_checkpoints: int = 3
     resume: bool = False
     on_bad_sample: str = "error"
+    entrain_layout: str = "disjoint"
+    """``shared``: Entrain's boundary-sharing layout (one min-max partition of the encoder-then-LLM
+    layer list over the pipeline ranks; a rank may hold the last encoder and the first LLM stage).
+    Applies to ``entrain`` and ``entrain-1f1b``; the other systems keep disjoint stages."""
+    ramp_microbatches: int | str = 0
+    """Entrain's fill/drain ramp (``auto`` or a piece count; 0 = the paper's schedule)."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -325,7 +331,23 @@ def system_out(spec: TrainSpec, system: str) -> str:
     return spec.out if len(spec.systems) == 1 else os.path.join(spec.out, system)
 
 
+ENTRAIN_FAMILY = ("entrain", "entrain-1f1b")
+
+
 def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[SampleWork]) -> Layout:
+    if spec.entrain_layout == "shared" and system in ENTRAIN_FAMILY:
+        from entrain.core.planner import boundary_sharing_config
+
+        return boundary_sharing_config(
+            [w.meta for w in probe if w.meta is not None] or list(probe),
+            cost,
+            dp=spec.dp_or_1,
+            ranks=spec.encoder_stages + spec.llm_stages,
+            tp=spec.tp,
+            cp=spec.cp,
+            global_batch=spec.global_batch,
+            microbatch_size=spec.microbatch_size,
+        ).layout
     layout = runtime_layout(
         cost,
         encoder_stages=spec.encoder_stages,
@@ -534,8 +556,9 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
 
     train_batches, val_batches = data.train, data.val
     layout = build_layout(spec, system, cost, train_batches[0])
-    plan: Plan = make_plan(system, layout, train_batches, cost)
-    val_plan = make_plan(system, layout, val_batches, cost) if val_batches else None
+    options = {"ramp_microbatches": spec.ramp_microbatches} if system in ENTRAIN_FAMILY else None
+    plan: Plan = make_plan(system, layout, train_batches, cost, options)
+    val_plan = make_plan(system, layout, val_batches, cost, options) if val_batches else None
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)

@@ -1,0 +1,40 @@
+"""``entrain train --entrain-layout shared`` / ``--ramp-microbatches``: Entrain's extensions reach the
+training Plans (the Plans themselves are proven exact in test_exact_gradients_extensions.py)."""
+
+import pytest
+
+from entrain.cli.main import build_parser
+from entrain.cli.train import _spec
+from entrain.core.errors import ConfigError
+from entrain.runtime.session import build_layout, load_data, resolve_cost
+
+
+def _layouts(tmp_path, *flags):
+    spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), *flags]))
+    cost = resolve_cost(spec)
+    probe = load_data(spec, cost, owner=False).train[0]
+    return {s: build_layout(spec, s, cost, probe) for s in ("entrain", "1f1b")}
+
+
+def test_shared_layout_puts_the_boundary_on_one_rank_for_entrain_only(tmp_path):
+    layouts = _layouts(tmp_path, "--entrain-layout", "shared")
+    ent, base = layouts["entrain"], layouts["1f1b"]
+    assert ent.ranks_per_replica == base.ranks_per_replica == 2
+    assert len(ent.stages) == 3  # encoder split over both ranks, LLM on the second
+    shared_rank = [r for r in range(2) if {s.component for s in ent.stages_of(r)} == {"encoder", "llm"}]
+    assert shared_rank == [1]
+    assert [(s.component, s.pp_rank) for s in base.stages] == [("encoder", 0), ("llm", 1)]
+    n_enc = sum(1 for s in ent.stages if s.component == "encoder")
+    enc_ranges = [(s.first_layer, s.end_layer) for s in ent.stages if s.component == "encoder"]
+    assert n_enc == 2 and enc_ranges[0][0] == 0 and enc_ranges[0][1] == enc_ranges[1][0]
+
+
+def test_default_layout_is_the_papers_disjoint_one(tmp_path):
+    layouts = _layouts(tmp_path)
+    assert [(s.component, s.pp_rank) for s in layouts["entrain"].stages] == [("encoder", 0), ("llm", 1)]
+
+
+@pytest.mark.parametrize("bad", ["-1", "x"])
+def test_bad_ramp_value_is_a_config_error(tmp_path, bad):
+    with pytest.raises(ConfigError, match="--ramp-microbatches"):
+        _spec(build_parser().parse_args(["train", "--out", str(tmp_path), "--ramp-microbatches", bad]))

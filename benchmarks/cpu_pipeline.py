@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
+
 SYSTEMS = ("entrain", "1f1b", "disttrain")
 SHARED = "entrain-shared"
 """Entrain with its boundary-sharing layout (our extension): the same 2 processes, but one min-max
@@ -42,24 +44,12 @@ CONFIG = {
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def _cpu_idle_fraction(interval_s: float = 2.0) -> float:
-    def read() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return fields[3] + fields[4], sum(fields)
-
-    idle0, total0 = read()
-    time.sleep(interval_s)
-    idle1, total1 = read()
-    return (idle1 - idle0) / max(1, total1 - total0)
-
-
 def wait_idle(max_wait_s: float) -> tuple[bool, float]:
     """(became idle, last idle fraction): wait until the CPUs are at least 90 % idle."""
     deadline = time.monotonic() + max_wait_s
-    idle = _cpu_idle_fraction()
+    idle = cpu_idle_fraction()
     while idle < 0.9 and time.monotonic() < deadline:
-        idle = _cpu_idle_fraction()
+        idle = cpu_idle_fraction()
     return idle >= 0.9, idle
 
 

@@ -34,6 +34,7 @@ import tempfile
 import time
 
 import numpy as np
+from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
 
 SYSTEMS = ("entrain", "1f1b")
 WARMUP = 1
@@ -57,18 +58,6 @@ stage times then measure the contention, which no per-layer profile can predict)
 
 
 # --- idle check ------------------------------------------------------------------------------------
-def cpu_idle_fraction(interval_s: float = 2.0) -> float:
-    def read() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return fields[3] + fields[4], sum(fields)
-
-    idle0, total0 = read()
-    time.sleep(interval_s)
-    idle1, total1 = read()
-    return (idle1 - idle0) / max(1, total1 - total0)
-
-
 def _busy_s() -> float:
     """CPU seconds the whole machine has spent busy (all cores), from /proc/stat."""
     with open("/proc/stat") as f:

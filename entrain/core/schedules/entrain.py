@@ -25,7 +25,7 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   simulator's rules; ties to the earlier candidate); the choices ``[ramp, pieces]`` are recorded in
   ``Plan.options["ramp_chosen"][iteration][replica]``. Gradients are unchanged by construction (the loss is
   normalised by the global label count; tested against the single-process reference).
-* Boundary sharing (the layout, ``planner.boundary_sharing_layout``): a pipeline rank may hold
+* Boundary sharing (the layout, ``planner.boundary_sharing_config``): a pipeline rank may hold
   several consecutive stages — the last encoder stage and the first LLM stage. Such a rank runs
   them as one fused stage (``common.rank_units``): forward unit k = its encoder sub-forwards of
   microbatch k, then the LLM forward of k (fed locally, deferred samples included); backward slot k

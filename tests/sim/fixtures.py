@@ -128,3 +128,21 @@ def deferral_assignment(groups: list[list[str]], deferred: dict[str, tuple[int, 
 
 def one_iteration(*replicas: ReplicaAssignment) -> list[IterationAssignment]:
     return [IterationAssignment(tuple(replicas))]
+
+
+def draw_grouped_work(draw, st, max_mbs: int, max_per_mb: int, min_mbs: int = 1):
+    """Hypothesis helper: random microbatch groups of sample ids, per-sample (encoder, llm) work and
+    deferrals (the last sample of every other microbatch, to the next one, when drawn)."""
+    k = draw(st.integers(min_mbs, max_mbs))
+    per_mb = [draw(st.integers(1, max_per_mb)) for _ in range(k)]
+    ids = [f"s{i}" for i in range(sum(per_mb))]
+    works = {s: (draw(st.floats(0.5, 20.0)), draw(st.floats(0.5, 20.0))) for s in ids}
+    groups, i = [], 0
+    for n in per_mb:
+        groups.append(ids[i : i + n])
+        i += n
+    deferred = {}
+    for j in range(0, k - 1, 2):
+        if len(groups[j]) > 1 and draw(st.booleans()):
+            deferred[groups[j][-1]] = (j, j + 1)
+    return groups, works, deferred

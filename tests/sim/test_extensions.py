@@ -24,6 +24,7 @@ from entrain.sim.metrics import compute_metrics
 from tests.sim.fixtures import (
     deferral_assignment,
     disjoint_layout,
+    draw_grouped_work,
     one_iteration,
     raw_samples,
     split,
@@ -48,18 +49,7 @@ def _chain_layout(
 
 @st.composite
 def workloads(draw):
-    k = draw(st.integers(2, 7))
-    per_mb = [draw(st.integers(1, 4)) for _ in range(k)]
-    ids = [f"s{i}" for i in range(sum(per_mb))]
-    works = {s: (draw(st.floats(0.5, 20.0)), draw(st.floats(0.5, 20.0))) for s in ids}
-    groups, i = [], 0
-    for n in per_mb:
-        groups.append(ids[i : i + n])
-        i += n
-    deferred = {}
-    for j in range(0, k - 1, 2):
-        if len(groups[j]) > 1 and draw(st.booleans()):
-            deferred[groups[j][-1]] = (j, j + 1)
+    groups, works, deferred = draw_grouped_work(draw, st, max_mbs=7, max_per_mb=4, min_mbs=2)
     enc_pp, llm_pp = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     shared = draw(st.booleans())
     latency = draw(st.sampled_from([0.0, 0.3]))

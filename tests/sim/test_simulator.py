@@ -21,6 +21,7 @@ from tests.sim.fixtures import (
     colocated_layout,
     deferral_assignment,
     disjoint_layout,
+    draw_grouped_work,
     one_iteration,
     plain_assignment,
     raw_samples,
@@ -115,18 +116,7 @@ def test_entrain_split_backward_runs_deferred_sub_after_partner_llm_backward():
 # --- properties over random workloads, every generator ------------------------------------------
 @st.composite
 def workloads(draw):
-    k = draw(st.integers(1, 5))
-    per_mb = [draw(st.integers(1, 3)) for _ in range(k)]
-    ids = [f"s{i}" for i in range(sum(per_mb))]
-    works = {s: (draw(st.floats(0.5, 20.0)), draw(st.floats(0.5, 20.0))) for s in ids}
-    groups, i = [], 0
-    for n in per_mb:
-        groups.append(ids[i : i + n])
-        i += n
-    deferred = {}
-    for j in range(0, k - 1, 2):
-        if len(groups[j]) > 1 and draw(st.booleans()):
-            deferred[groups[j][-1]] = (j, j + 1)
+    groups, works, deferred = draw_grouped_work(draw, st, max_mbs=5, max_per_mb=3, min_mbs=1)
     enc_pp = draw(st.integers(1, 3))
     llm_pp = draw(st.integers(1, 3))
     dp = draw(st.integers(1, 2))

@@ -10,12 +10,13 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from entrain.core.architectures import MODEL_PRESETS as _ARCHS
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.presets import HARDWARE_PRESETS
 from entrain.core.work import SampleWork
 
-MODEL_PRESETS = ("tiny", "qwen25vl-llama3-1b", "qwen25vl-llama3-3b")
-HARDWARE_PRESETS = ("a40-flops", "a40-paper", "cpu-tiny")
+MODEL_PRESETS = tuple(_ARCHS)
 SYSTEMS = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy")
 
 
@@ -35,6 +36,7 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
         help="default: cpu-tiny for tiny, a40-paper otherwise",
     )
     p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
+    add_attention_arg(p)
     p.add_argument("--gpus", type=int, default=64)
     p.add_argument("--dp", type=int, default=None, help="default: chosen by the planner")
     p.add_argument("--tp", type=int, default=1)
@@ -49,6 +51,16 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
+def add_attention_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--attention",
+        default=None,
+        metavar="IMPL",
+        help="attention the preset is priced with: flash, eager, or encoder=IMPL,llm=IMPL "
+        "(default: the hardware preset's: encoder=eager,llm=flash for a40-fig4, flash otherwise)",
+    )
+
+
 def default_hardware(model: str) -> str:
     return "cpu-tiny" if model == "tiny" else "a40-paper"
 
@@ -61,12 +73,25 @@ def hardware_label(args: argparse.Namespace) -> str:
 
 
 def resolve_cost_model(args: argparse.Namespace) -> CostModel:
-    """The cost model named by ``--model``/``--hardware``, or the measured ``--profile``."""
+    """The cost model named by ``--model``/``--hardware``/``--attention``, or the measured ``--profile``."""
+    return build_preset_cost(args)
+
+
+def build_preset_cost(args: argparse.Namespace, freeze: tuple[str, ...] = ()) -> CostModel:
+    """``resolve_cost_model`` with frozen parts (presets only: a profile carries its own flags)."""
+    attention = getattr(args, "attention", None)
     if getattr(args, "profile", None):
+        if freeze:
+            raise ConfigError(
+                "--freeze applies to presets; a measured --profile carries its own trainable flags"
+            )
+        if attention:
+            raise ConfigError("--attention applies to presets; a measured --profile timed its own attention")
         return CostModel.load(args.profile, expect_model=args.model)
     from entrain.core.presets import build_cost_model
 
-    return build_cost_model(args.model, args.hardware or default_hardware(args.model))
+    hardware = args.hardware or default_hardware(args.model)
+    return build_cost_model(args.model, hardware, freeze=freeze, attention=attention)
 
 
 def parse_systems(text: str) -> list[str]:

@@ -12,6 +12,7 @@ import numpy as np
 from entrain.cli.common import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
+    add_attention_arg,
     default_hardware,
     emit_json,
     resolve_cost_model,
@@ -54,6 +55,7 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS,
                    help="default: cpu-tiny for tiny, a40-paper otherwise")  # fmt: skip
     p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
+    add_attention_arg(p)
     p.add_argument("--num-samples", type=int, default=None,
                    help=f"samples to draw (default {DEFAULT_NUM_SAMPLES}); a file's first N (default all)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)

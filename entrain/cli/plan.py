@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from entrain.cli.common import add_common_args, emit_json, resolve_cost_model
+from entrain.cli.common import add_common_args, build_preset_cost, emit_json
 from entrain.core.errors import ConfigError
 from entrain.core.planner import PlanResult, Sampler, plan, pool_sampler
 
@@ -40,14 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _cost(args: argparse.Namespace):
     freeze = tuple(x.strip() for x in args.freeze.split(",") if x.strip())
-    if not freeze:
-        return resolve_cost_model(args)
-    if args.profile:
-        raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")
-    from entrain.cli.common import default_hardware
-    from entrain.core.presets import build_cost_model
-
-    return build_cost_model(args.model, args.hardware or default_hardware(args.model), freeze=freeze)
+    return build_preset_cost(args, freeze)
 
 
 def build_sampler(dataset: str, seed: int, image_root: str | None = None) -> Sampler:

@@ -138,6 +138,9 @@ class LayerCost:
     """Full backward time (input + weight gradients) per TP/CP key."""
     activation_bytes_per_token: float = 0.0
     """Bytes held for backward per input token at TP=CP=1 (Megatron's formula, bf16)."""
+    activation_bytes_per_token_sq: float = 0.0
+    """Bytes held for backward per squared sequence-unit length at TP=CP=1: materialised attention
+    scores (eager attention); 0 with flash attention."""
     output_bytes_per_token: float = 0.0
     """Bytes of this layer's output per token: what crosses a stage boundary after it."""
     param_bytes: float = 0.0
@@ -155,6 +158,7 @@ class LayerCost:
             "fwd": {k: q.to_json() for k, q in self.fwd.items()},
             "bwd": {k: q.to_json() for k, q in self.bwd.items()},
             "activation_bytes_per_token": self.activation_bytes_per_token,
+            "activation_bytes_per_token_sq": self.activation_bytes_per_token_sq,
             "output_bytes_per_token": self.output_bytes_per_token,
             "param_bytes": self.param_bytes,
             "trainable": self.trainable,
@@ -169,6 +173,7 @@ class LayerCost:
             fwd={k: Quadratic.from_json(v) for k, v in d["fwd"].items()},
             bwd={k: Quadratic.from_json(v) for k, v in d["bwd"].items()},
             activation_bytes_per_token=float(d.get("activation_bytes_per_token", 0.0)),
+            activation_bytes_per_token_sq=float(d.get("activation_bytes_per_token_sq", 0.0)),
             output_bytes_per_token=float(d.get("output_bytes_per_token", 0.0)),
             param_bytes=float(d.get("param_bytes", 0.0)),
             trainable=bool(d.get("trainable", True)),
@@ -325,10 +330,21 @@ class CostModel:
         return sum(self.stage_ms(component, 0, n, (), p, tp, cp, num_calls=1) for p in ("fwd", "bwd"))
 
     def activation_bytes(
-        self, component: Component, first: int, end: int, tokens: int, tp: int = 1, cp: int = 1
+        self,
+        component: Component,
+        first: int,
+        end: int,
+        tokens: float,
+        tp: int = 1,
+        cp: int = 1,
+        tokens_sq: float = 0.0,
     ) -> float:
+        """Bytes layers ``[first, end)`` keep for backward over ``tokens`` tokens whose sequence
+        units' squared lengths sum to ``tokens_sq`` (only eager attention has a squared term)."""
         layers = self.component(component).layers[first:end]
-        return tokens * sum(layer.activation_bytes_per_token for layer in layers) / (tp * cp)
+        per_token = sum(layer.activation_bytes_per_token for layer in layers)
+        per_sq = sum(layer.activation_bytes_per_token_sq for layer in layers)
+        return (tokens * per_token + tokens_sq * per_sq) / (tp * cp)
 
     def boundary_bytes(self, component: Component, layer_idx: int, tokens: int) -> float:
         """Bytes sent after layer ``layer_idx`` (exclusive end of a stage) for ``tokens`` tokens."""

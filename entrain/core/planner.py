@@ -450,6 +450,15 @@ def _mean_layer_ms(stats: SampleStats, cost: CostModel, comp: str, tp: int, cp: 
     return u * var + coeffs[:, 2]
 
 
+def _mean_microbatch_tokens(stats: SampleStats, comp: str, microbatch_size: int) -> tuple[float, float]:
+    """Mean tokens of a ``microbatch_size``-sample microbatch on ``comp`` and the mean sum of its
+    sequence units' squared lengths (0, 0 for raw-work profiles: no token metadata)."""
+    if not stats.has_tokens:
+        return 0.0, 0.0
+    x1, x2 = (stats.enc_x1, stats.enc_x2) if comp == "encoder" else (stats.llm_x1, stats.llm_x2)
+    return microbatch_size * float(x1.mean()), microbatch_size * float(x2.mean())
+
+
 def _stage_memory(
     cost: CostModel,
     comp: str,
@@ -459,6 +468,7 @@ def _stage_memory(
     tokens_per_mb: float,
     first_stage: int,
     num_stages: int,
+    tokens_sq_per_mb: float = 0.0,
 ) -> tuple[float, ...]:
     layers = cost.component(comp).layers
     out = []
@@ -471,13 +481,15 @@ def _stage_memory(
             / tp
         )
         # only layers that run a backward keep activations
-        act_per_token = sum(
-            layer.activation_bytes_per_token
+        kept = [
+            layer
             for i, layer in enumerate(layers[f:e], start=f)
             if cost.layer_ms(comp, i, (1,), "bwd", tp, cp, num_calls=0) > 0
-        )
+        ]
+        act_per_mb = tokens_per_mb * sum(layer.activation_bytes_per_token for layer in kept)
+        act_per_mb += tokens_sq_per_mb * sum(layer.activation_bytes_per_token_sq for layer in kept)
         in_flight = num_stages - (first_stage + j)
-        out.append(params + in_flight * tokens_per_mb * act_per_token / (tp * cp))
+        out.append(params + in_flight * act_per_mb / (tp * cp))
     return tuple(out)
 
 
@@ -514,12 +526,8 @@ def evaluate_config(
             raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
         layer_ms = _mean_layer_ms(stats, cost, comp, tp, cp, u)
         part = min_max_partition(layer_ms.tolist(), pp)
-        if stats.has_tokens:
-            x1 = stats.enc_x1 if comp == "encoder" else stats.llm_x1
-            tokens = u * float(x1.mean())
-        else:
-            tokens = 0.0
-        mem = _stage_memory(cost, comp, part.ranges, tp, cp, tokens, first, num_stages)
+        tokens, tokens_sq = _mean_microbatch_tokens(stats, comp, u)
+        mem = _stage_memory(cost, comp, part.ranges, tp, cp, tokens, first, num_stages, tokens_sq)
         comps[comp] = ComponentConfig(
             comp, tp, cp, pp, tuple(cost.component(comp).layer_names), part.ranges, part.stage_ms, mem
         )
@@ -875,9 +883,8 @@ def boundary_sharing_config(
     )
     memory = [0.0] * ranks
     for c, f, e, r in pieces:
-        x1 = stats.enc_x1 if c == "encoder" else stats.llm_x1
-        tokens = u * float(x1.mean()) if stats.has_tokens else 0.0
-        memory[r] += _stage_memory(cost, c, [(f, e)], tp, cp, tokens, r, ranks)[0]
+        tokens, tokens_sq = _mean_microbatch_tokens(stats, c, u)
+        memory[r] += _stage_memory(cost, c, [(f, e)], tp, cp, tokens, r, ranks, tokens_sq)[0]
     t_iter = sum(part.stage_ms) + (k - 1) * max(part.stage_ms)
     ok = all(m <= cost.hardware.device_memory_bytes for m in memory)
     return SharedBoundaryConfig(layout, part.stage_ms, tuple(memory), t_iter, ok)

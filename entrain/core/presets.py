@@ -9,6 +9,10 @@ Every model preset (``entrain.core.architectures.MODEL_PRESETS``) works with eve
   ProportionalAllocation on b=256 draws reproduces the paper's b=256 GPU splits (Tables 2, 5-11).
   The fit is ``benchmarks/fit_a40_paper.py``; results in ``benchmarks/results/a40_paper_fit.md`` and
   ``docs/cost_model.md``.
+* ``a40-fig4``: ``a40-flops`` with the LLM's efficiency and eager attention's score-traffic rate
+  fitted to paper Fig. 4's per-sample ratios (``benchmarks/fit_a40_fig4.py``); priced with eager
+  attention in the encoder unless ``attention`` says otherwise (Fig. 4's setup with the
+  ``qwen25vl-fullatt-llama3-1b`` model).
 * ``cpu-tiny``: FLOP-proportional layer costs scaled to the single-thread CPU measurements of the
   ``tiny`` model (``reference/cpu-feasibility.md`` section 2), with the measured ~7 ms forward + ~7 ms
   backward per-call constant per component split evenly over its layers.
@@ -45,6 +49,8 @@ from entrain.core.errors import ConfigError
 
 __all__ = [
     "HARDWARE_PRESETS",
+    "ATTENTION_IMPLS",
+    "attention_by_component",
     "FREEZE_OPTIONS",
     "LABEL_FRACTION",
     "TP_DEGREES",
@@ -58,13 +64,35 @@ __all__ = [
 TP_DEGREES = (1, 2, 4, 8)
 CP_DEGREES = (1, 2)
 LABEL_FRACTION = 0.2
-HARDWARE_PRESETS = ("a40-flops", "a40-paper", "cpu-tiny")
+HARDWARE_PRESETS = ("a40-flops", "a40-paper", "a40-fig4", "cpu-tiny")
 FREEZE_OPTIONS = ("encoder", "vit", "llm")
 """``encoder``: the whole vision tower incl. merger; ``vit``: the tower without the merger (the merger
 trains, computing only its own weight gradients); ``llm``: every LLM layer."""
 
 BWD_MATMUL_FACTOR = 2.0
 BWD_ATTENTION_FACTOR = 2.5
+"""Flash attention's backward recomputes the scores: 2.5x the forward attention FLOPs."""
+
+ATTENTION_IMPLS = ("flash", "eager")
+DEFAULT_ATTENTION = {"a40-fig4": "encoder=eager,llm=flash"}
+"""Attention implementation a hardware preset is priced with when none is given (others: flash)."""
+"""``flash``: fused attention, scores never reach memory (the default, and what the runtime runs).
+``eager``: transformers' ``eager_attention_forward`` (``Q K^T * scale (+ mask) -> softmax(fp32) ->
+bf16 -> @ V``), which materialises every score; its traffic is priced at the preset's memory rate."""
+EAGER_FWD_BYTES_PER_SCORE = 20.0
+"""Forward memory traffic per score element per head, bf16 with an fp32 softmax: write QK^T (2),
+scale (read 2 + write 2), softmax (read 2, write fp32 4), cast to bf16 (read 4 + write 2), read by
+``@ V`` (2)."""
+EAGER_MASK_BYTES_PER_SCORE = 6.0
+"""Adding a causal mask (LLM): read scores and mask (2 + 2), write (2)."""
+EAGER_BWD_BYTES_PER_SCORE = 36.0
+"""Backward traffic per score per head: ``dP`` written (2) and ``P`` read for ``dV`` (2), cast back
+(read 2, write fp32 4), softmax backward (read y and dy 4 + 4, write 4), cast to bf16 (read 4 + write
+2), scale (read 2 + write 2), ``dS`` read for ``dQ`` and ``dK`` (2 + 2)."""
+EAGER_SAVED_BYTES_PER_SCORE = 6.0
+"""Bytes per score per head kept for backward: the fp32 softmax output (4) and its bf16 copy (2)."""
+EAGER_BWD_ATTENTION_FACTOR = 2.0
+"""Eager backward runs two score matmuls per forward one and recomputes nothing."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,6 +118,12 @@ class LayerSpec:
     activation_bytes_per_token: float
     output_bytes_per_token: float
     param_count: int
+    attention: str = "none"
+    """Score pattern of an attention layer: ``full`` (bidirectional within a unit), ``causal`` (a
+    sample's causal mask), ``window`` (each token attends its ``window`` tokens), ``none``."""
+    heads: int = 0
+    """Query heads whose score matrices an eager implementation materialises."""
+    window: int = 0
 
 
 def _vision_specs(v: VisionArch) -> list[LayerSpec]:
@@ -114,7 +148,8 @@ def _vision_specs(v: VisionArch) -> list[LayerSpec]:
         ),
     ]
     for b in range(v.depth):
-        if v.is_full_attention(b):
+        full = v.is_full_attention(b)
+        if full:
             quad, lin, kind, kv = 4.0 * h, block_lin, "vit_block_full", 2.0 * 2 * h
         else:  # each patch attends its 64-patch window: QK^T and AV are 2*h*w FLOPs each
             quad, lin, kind, kv = 0.0, block_lin + 4.0 * h * v.window_patches, "vit_block_window", 0.0
@@ -133,6 +168,9 @@ def _vision_specs(v: VisionArch) -> list[LayerSpec]:
                 block_act,
                 2.0 * h,
                 v.block_params(),
+                attention="full" if full else "window",
+                heads=v.num_heads,
+                window=0 if full else v.window_patches,
             )
         )
     m = v.merger_hidden
@@ -196,6 +234,8 @@ def _llm_specs(llm: LLMArch, label_fraction: float) -> list[LayerSpec]:
                 layer_act,
                 2.0 * h,
                 llm.layer_params(),
+                attention="causal",
+                heads=heads,
             )
         )
     specs += [
@@ -263,15 +303,61 @@ class DeviceModel:
     collective_bytes_per_ms: dict[int, float]
     collective_latency_ms: float
     notes: dict
+    score_bytes_per_ms: dict[str, float] | None = None
+    """Memory rate of eager attention's score traffic per component; ``None``: ``bytes_per_ms``."""
+
+
+def attention_by_component(attention: str) -> dict[str, str]:
+    """``"flash"`` / ``"eager"`` (both components) or ``"encoder=IMPL,llm=IMPL"`` -> ``{component: impl}``
+    (a component left out keeps flash)."""
+    if attention in ATTENTION_IMPLS:
+        return {"encoder": attention, "llm": attention}
+    out = {"encoder": "flash", "llm": "flash"}
+    for part in attention.split(","):
+        comp, sep, impl = part.strip().partition("=")
+        if not sep or comp not in out or impl not in ATTENTION_IMPLS:
+            raise ConfigError(
+                f"attention {attention!r}: expected one of {', '.join(ATTENTION_IMPLS)} or "
+                f"'encoder=IMPL,llm=IMPL' with IMPL in {', '.join(ATTENTION_IMPLS)}"
+            )
+        out[comp] = impl
+    return out
+
+
+def _eager_traffic(s: LayerSpec) -> tuple[float, float, float]:
+    """Eager attention's score traffic of ``s`` per unit power of ``x`` (quadratic for full / causal
+    scores, linear for window scores): forward bytes, backward bytes, bytes kept for backward."""
+    if s.attention == "none":
+        return 0.0, 0.0, 0.0
+    per = s.heads * (s.window if s.attention == "window" else 1)
+    mask = EAGER_MASK_BYTES_PER_SCORE if s.attention == "causal" else 0.0
+    return (
+        per * (EAGER_FWD_BYTES_PER_SCORE + mask),
+        per * EAGER_BWD_BYTES_PER_SCORE,
+        per * EAGER_SAVED_BYTES_PER_SCORE,
+    )
 
 
 def _quadratics(
-    s: LayerSpec, dev: DeviceModel, num_layers: int, tp: int, cp: int
+    s: LayerSpec, dev: DeviceModel, num_layers: int, tp: int, cp: int, attention: str = "flash"
 ) -> tuple[Quadratic, Quadratic]:
     comp = s.component
     shard = tp * cp
     lin_ms = s.lin_flops / dev.lin_flops_per_ms[comp] + s.mem_bytes / dev.bytes_per_ms[comp]
+    rate_bytes = (dev.score_bytes_per_ms or dev.bytes_per_ms)[comp]
     quad_ms = s.quad_flops / dev.quad_flops_per_ms[comp]
+    bwd_quad_ms, bwd_lin_ms = BWD_ATTENTION_FACTOR * quad_ms, BWD_MATMUL_FACTOR * lin_ms
+    if attention == "eager" and s.attention != "none":
+        fwd_bytes, bwd_bytes, _ = _eager_traffic(s)
+        if s.attention == "causal":  # the whole score matrix is computed, then masked
+            quad_ms *= 2.0
+        bwd_quad_ms = EAGER_BWD_ATTENTION_FACTOR * quad_ms  # no recomputation: saved probabilities
+        if s.attention == "window":
+            lin_ms += fwd_bytes / rate_bytes
+            bwd_lin_ms += bwd_bytes / rate_bytes
+        else:
+            quad_ms += fwd_bytes / rate_bytes
+            bwd_quad_ms += bwd_bytes / rate_bytes
     comm_ms, comm_lat = 0.0, 0.0
     if tp > 1 and s.tp_allreduces:
         bw = dev.collective_bytes_per_ms[tp]
@@ -282,27 +368,32 @@ def _quadratics(
         comm_lat += dev.collective_latency_ms
     fwd = Quadratic(quad_ms / shard, lin_ms / shard + comm_ms, dev.fwd_call_ms[comp] / num_layers + comm_lat)
     bwd = Quadratic(
-        BWD_ATTENTION_FACTOR * quad_ms / shard,
-        BWD_MATMUL_FACTOR * lin_ms / shard + comm_ms * (2.0 if s.cp_kv_bytes and cp > 1 else 1.0),
+        bwd_quad_ms / shard,
+        bwd_lin_ms / shard + comm_ms * (2.0 if s.cp_kv_bytes and cp > 1 else 1.0),
         dev.bwd_call_ms[comp] / num_layers + comm_lat,
     )
     return fwd, bwd
 
 
-def _layer_cost(s: LayerSpec, dev: DeviceModel, num_layers: int, trainable: bool) -> LayerCost:
+def _layer_cost(
+    s: LayerSpec, dev: DeviceModel, num_layers: int, trainable: bool, attention: str = "flash"
+) -> LayerCost:
     fwd, bwd = {}, {}
     for tp in TP_DEGREES:
         if s.max_tp % tp:
             continue
         for cp in CP_DEGREES:
             key = parallel_key(tp, cp)
-            fwd[key], bwd[key] = _quadratics(s, dev, num_layers, tp, cp)
+            fwd[key], bwd[key] = _quadratics(s, dev, num_layers, tp, cp, attention)
+    saved = _eager_traffic(s)[2] if attention == "eager" else 0.0
+    window = s.attention == "window"
     return LayerCost(
         name=s.name,
         kind=s.kind,
         fwd=fwd,
         bwd=bwd,
-        activation_bytes_per_token=s.activation_bytes_per_token,
+        activation_bytes_per_token=s.activation_bytes_per_token + (saved if window else 0.0),
+        activation_bytes_per_token_sq=0.0 if window else saved,
         output_bytes_per_token=s.output_bytes_per_token,
         param_bytes=2.0 * s.param_count,
         trainable=trainable,
@@ -332,11 +423,24 @@ A40_SPEC = HardwareSpec(
 # per-component efficiency factors (fraction of the bf16 peak) of the a40-paper preset.
 A40_PAPER_EFFICIENCY = {
     "encoder": 0.0855,
-    "llm": {"qwen25vl-llama3-1b": 0.0736, "qwen25vl-llama3-3b": 0.1203, "tiny": 0.0736},
+    "llm": {
+        "qwen25vl-llama3-1b": 0.0736,
+        "qwen25vl-llama3-3b": 0.1203,
+        "qwen25vl-fullatt-llama3-1b": 0.0736,
+        "tiny": 0.0736,
+    },
 }
 """Only ``encoder / llm`` matters for the GPU splits (all 8 b=256 splits of Tables 2, 5-11 reproduced);
 the common level makes paper Eq. 2 times of Table 1's Entrain configs match Fig. 11 in the geometric
-mean. ``tiny`` borrows the 1B factor."""
+mean. ``tiny`` and ``qwen25vl-fullatt-llama3-1b`` borrow the 1B factor."""
+
+
+# Fitted by benchmarks/fit_a40_fig4.py (see benchmarks/results/a40_fig4_fit.md and docs/cost_model.md).
+A40_FIG4_EFFICIENCY = {"llm": 0.075, "scores": 0.097}
+"""``a40-fig4``: the setup of paper Fig. 4 (per-sample encoder:LLM ratios of a full-attention
+"Qwen2Vision" tower with eager attention next to Llama3-1B). Encoder GEMMs at ``a40-flops``' 0.45;
+fitted: the LLM's efficiency (one ~400-token sample per call) and the memory rate of the eager
+score traffic, both as fractions of the A40's peak."""
 
 
 def _a40_device(name: str, model: str, encoder_eff: float, llm_eff: float, layer_counts: dict) -> DeviceModel:
@@ -430,13 +534,15 @@ def cost_model_for(
     hardware_name: str,
     freeze: Iterable[str] = (),
     label_fraction: float = LABEL_FRACTION,
+    attention: str = "flash",
 ) -> CostModel:
     """Build the per-layer cost model of ``arch`` on ``device`` (public for fits and custom presets)."""
+    impl = attention_by_component(attention)
     specs = layer_specs(arch, label_fraction)
     trainable = _frozen_flags(specs, freeze)
     comps = {}
     for comp, layers in specs.items():
-        costs = [_layer_cost(s, device, len(layers), t) for s, t in zip(layers, trainable[comp])]
+        costs = [_layer_cost(s, device, len(layers), t, impl[comp]) for s, t in zip(layers, trainable[comp])]
         if comp == "encoder" and not any(trainable[comp][:-1]) and trainable[comp][-1]:
             # a trainable merger behind a frozen tower computes only its weight gradients
             m = costs[-1]
@@ -449,6 +555,7 @@ def cost_model_for(
             "preset": f"{arch.name}/{hardware_name}",
             "label_fraction": label_fraction,
             "frozen": sorted(set(freeze)),
+            "attention": impl,
         }
     )
     return CostModel(
@@ -466,11 +573,15 @@ def build_cost_model(
     *,
     freeze: Iterable[str] = (),
     label_fraction: float = LABEL_FRACTION,
+    attention: str | None = None,
 ) -> CostModel:
     """The analytic cost model of a model preset on a hardware preset.
 
-    ``freeze``: any of ``FREEZE_OPTIONS``. ConfigError names the valid choices for unknown names.
+    ``freeze``: any of ``FREEZE_OPTIONS``; ``attention``: see ``attention_by_component`` (``None``: the
+    hardware preset's ``DEFAULT_ATTENTION``, else flash). ConfigError names the valid choices.
     """
+    if attention is None:
+        attention = DEFAULT_ATTENTION.get(hardware, "flash")
     arch = get_arch(model)
     counts = {c: len(v) for c, v in layer_specs(arch, label_fraction).items()}
     if hardware == "a40-flops":
@@ -479,8 +590,17 @@ def build_cost_model(
         llm_eff = A40_PAPER_EFFICIENCY["llm"].get(model, A40_FLOPS_EFFICIENCY)
         dev = _a40_device(hardware, model, A40_PAPER_EFFICIENCY["encoder"], llm_eff, counts)
         dev.notes["fit"] = "benchmarks/fit_a40_paper.py"
+    elif hardware == "a40-fig4":
+        dev = _a40_device(hardware, model, A40_FLOPS_EFFICIENCY, A40_FIG4_EFFICIENCY["llm"], counts)
+        score_rate = A40_MEMORY_BYTES_PER_MS * A40_FIG4_EFFICIENCY["scores"]
+        dev = replace(dev, score_bytes_per_ms={"encoder": score_rate, "llm": score_rate})
+        dev.notes.update(
+            {"fit": "benchmarks/fit_a40_fig4.py", "score_efficiency": A40_FIG4_EFFICIENCY["scores"]}
+        )
     elif hardware == "cpu-tiny":
         dev = _cpu_device(counts)
     else:
         raise ConfigError(f"unknown hardware preset {hardware!r}; choose from {', '.join(HARDWARE_PRESETS)}")
-    return cost_model_for(arch, dev, hardware_name=hardware, freeze=freeze, label_fraction=label_fraction)
+    return cost_model_for(
+        arch, dev, hardware_name=hardware, freeze=freeze, label_fraction=label_fraction, attention=attention
+    )

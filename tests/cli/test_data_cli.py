@@ -51,6 +51,23 @@ def test_ratio_uses_the_named_cost_model(capsys):
     assert out_3b["encoder_llm_ratio"]["mean"] < out_1b["encoder_llm_ratio"]["mean"]
 
 
+def test_fig4_setup_and_attention_flag(capsys, tmp_path):
+    """``--hardware a40-fig4`` prices the full-attention tower with eager scores (paper Fig. 4: COCO-QA
+    ~3-4); ``--attention flash`` on the same preset drops the score traffic; a bad spec or one next
+    to a measured profile is a one-line error."""
+    argv = ["--dataset", "cocoqa", "--num-samples", "300", "--model", "qwen25vl-fullatt-llama3-1b"]
+    fig4 = run_json(capsys, [*argv, "--hardware", "a40-fig4"])
+    flash = run_json(capsys, [*argv, "--hardware", "a40-fig4", "--attention", "flash"])
+    assert 2.7 <= fig4["encoder_llm_ratio"]["p50"] <= 4.4
+    assert flash["encoder_llm_ratio"]["p50"] < fig4["encoder_llm_ratio"]["p50"] / 2
+    assert main(["data", "stats", *argv, "--attention", "sdpa"]) == 2
+    assert "attention 'sdpa'" in capsys.readouterr().err
+    profile = tmp_path / "p.json"
+    build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-flops").save(str(profile))
+    assert main(["data", "stats", *argv, "--profile", str(profile), "--attention", "eager"]) == 2
+    assert "--attention applies to presets" in capsys.readouterr().err
+
+
 def test_workload_file_and_human_table(capsys, tmp_path, schema):
     path = str(tmp_path / "w.jsonl")
     write_workload_jsonl(path, generate_samples("chartqa", 30, seed=0))

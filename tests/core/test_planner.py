@@ -252,3 +252,28 @@ def test_boundary_sharing_covers_layers_and_is_no_slower_than_any_disjoint_split
     assert sum(cfg.rank_ms) == pytest.approx(sum(disjoint[0].encoder.stage_ms + disjoint[0].llm.stage_ms))
     k = layout.num_microbatches
     assert cfg.predicted_iteration_time_ms == pytest.approx(sum(cfg.rank_ms) + (k - 1) * max(cfg.rank_ms))
+
+
+def test_eager_attention_adds_the_saved_scores_to_stage_memory():
+    """Eager attention keeps 6 bytes per score per head: the first (one-stage) encoder of a
+    full-attention tower holds ``num_stages`` microbatches of ``U * mean(sum of patches^2)`` scores
+    more than with flash attention; the planner's and the simulator's accounting agree."""
+    from entrain.core.schedules.costs import PlanCosts
+
+    prof = meta_pool(64)
+    kw = dict(dp=1, encoder=(1, 1, 1), llm=(1, 1, 1), global_batch=16, microbatch_size=4)
+    flash = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-flops", attention="flash")
+    eager = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-flops", attention="encoder=eager")
+    a, b = evaluate_config(prof, flash, **kw), evaluate_config(prof, eager, **kw)
+    stats = SampleStats.of(prof)
+    extra = 2 * 4 * float(stats.enc_x2.mean()) * 32 * 16 * 6.0
+    assert b.encoder.stage_memory_bytes[0] - a.encoder.stage_memory_bytes[0] == pytest.approx(extra)
+    assert b.llm.stage_memory_bytes == a.llm.stage_memory_bytes
+    works = {m.id: eager.sample_work(m) for m in prof[:4]}
+    costs = PlanCosts(b.to_layout(), eager, works)
+    squares = sum(p * p for m in prof[:4] for p in m.vit_patches_per_image)
+    tokens = sum(m.vit_patches for m in prof[:4])
+    per_token = sum(layer.activation_bytes_per_token for layer in eager.encoder.layers)
+    assert costs.activation_bytes(0, list(works)) == pytest.approx(
+        per_token * tokens + 32 * 16 * 6.0 * squares
+    )

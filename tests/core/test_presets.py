@@ -12,6 +12,8 @@ HF_PARAM_COUNTS = {
     "tiny": (809_472, 1_344_128),
     "qwen25vl-llama3-1b": (668_684_288, 1_284_311_040),
     "qwen25vl-llama3-3b": (673_928_192, 3_285_494_784),
+    # full attention everywhere changes no parameter
+    "qwen25vl-fullatt-llama3-1b": (668_684_288, 1_284_311_040),
 }
 
 
@@ -40,7 +42,15 @@ def test_arch_facts():
     t = get_arch("tiny")
     assert t.llm.vocab_size <= 4096 and not t.llm.tie_word_embeddings
     assert t.vision.hf_kwargs()["fullatt_block_indexes"] == [1]
-    assert set(MODEL_PRESETS) == {"tiny", "qwen25vl-llama3-1b", "qwen25vl-llama3-3b"}
+    assert set(MODEL_PRESETS) == {
+        "tiny",
+        "qwen25vl-llama3-1b",
+        "qwen25vl-llama3-3b",
+        "qwen25vl-fullatt-llama3-1b",
+    }
+    full = get_arch("qwen25vl-fullatt-llama3-1b")
+    assert full.vision.fullatt_block_indexes == tuple(range(32)) and full.llm == a.llm
+    assert dataclasses.replace(full.vision, fullatt_block_indexes=(7, 15, 23, 31)) == a.vision
 
 
 def test_unknown_arch():
@@ -141,3 +151,80 @@ def test_frozen_components():
 def test_unknown_hardware():
     with pytest.raises(ConfigError, match="unknown hardware preset"):
         build_cost_model("tiny", "h100")
+
+
+# --- eager attention ---------------------------------------------------------------------------------
+from entrain.core import presets as P  # noqa: E402
+from entrain.core.presets import attention_by_component  # noqa: E402
+
+
+def _layer(cost, comp, name):
+    return next(layer for layer in cost.component(comp).layers if layer.name == name)
+
+
+def test_eager_attention_prices_the_materialised_scores():
+    """Eager - flash, per layer and per unit: the op-counted score traffic at the preset's memory rate,
+    the causal LLM's masked half of the score FLOPs, no flash recomputation, and 6 saved bytes per
+    score per head; window blocks pay the same per score, linearly (64 scores per patch)."""
+    flash = build_cost_model("qwen25vl-llama3-1b", "a40-flops", attention="flash")
+    eager = build_cost_model("qwen25vl-llama3-1b", "a40-flops", attention="eager")
+    rate = P.A40_MEMORY_BYTES_PER_MS * P.A40_FLOPS_EFFICIENCY
+    flops = P.A40_PEAK_BF16_FLOPS_PER_MS * P.A40_FLOPS_EFFICIENCY
+    heads, h = 16, 1280
+    f, e = _layer(flash, "encoder", "blocks.7"), _layer(eager, "encoder", "blocks.7")  # full attention
+    assert e.fwd["tp1cp1"].a - f.fwd["tp1cp1"].a == pytest.approx(heads * 20.0 / rate)
+    assert e.bwd["tp1cp1"].a == pytest.approx(2.0 * 4.0 * h / flops + heads * 36.0 / rate)
+    assert e.fwd["tp1cp1"].b == f.fwd["tp1cp1"].b
+    assert e.activation_bytes_per_token_sq == heads * 6.0 and f.activation_bytes_per_token_sq == 0.0
+    assert e.fwd["tp2cp1"].a == pytest.approx(e.fwd["tp1cp1"].a / 2)  # heads split over TP
+    f, e = _layer(flash, "encoder", "blocks.0"), _layer(eager, "encoder", "blocks.0")  # 64-patch windows
+    assert e.fwd["tp1cp1"].b - f.fwd["tp1cp1"].b == pytest.approx(heads * 64 * 20.0 / rate)
+    assert e.activation_bytes_per_token - f.activation_bytes_per_token == heads * 64 * 6.0
+    assert e.fwd["tp1cp1"].a == f.fwd["tp1cp1"].a == 0.0
+    f, e = _layer(flash, "llm", "layers.0"), _layer(eager, "llm", "layers.0")  # causal, masked
+    q = 2048
+    assert f.fwd["tp1cp1"].a == pytest.approx(2.0 * q / flops)
+    assert e.fwd["tp1cp1"].a == pytest.approx(4.0 * q / flops + 32 * 26.0 / rate)
+    for name in ("patch_embed", "merger"):
+        assert _layer(eager, "encoder", name) == _layer(flash, "encoder", name)
+    again = CostModel.from_json(eager.to_json())
+    assert again == eager
+    assert again.activation_bytes("encoder", 8, 9, 100, tokens_sq=100 * 100) == pytest.approx(
+        100 * e_act(eager) + 1e4 * heads * 6.0
+    )
+
+
+def e_act(cost):
+    return _layer(cost, "encoder", "blocks.7").activation_bytes_per_token
+
+
+def test_attention_spec_per_component_and_preset_default():
+    assert attention_by_component("eager") == {"encoder": "eager", "llm": "eager"}
+    assert attention_by_component("encoder=eager") == {"encoder": "eager", "llm": "flash"}
+    for bad in ("sdpa", "encoder=slow", "vision=eager", "encoder"):
+        with pytest.raises(ConfigError, match="attention"):
+            attention_by_component(bad)
+    fig4 = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-fig4")
+    assert fig4.notes["attention"] == {"encoder": "eager", "llm": "flash"}
+    assert fig4.notes["fit"] == "benchmarks/fit_a40_fig4.py"
+    flash = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-fig4", attention="flash")
+    assert flash.llm == fig4.llm and flash.encoder != fig4.encoder
+    assert build_cost_model("qwen25vl-llama3-1b", "a40-flops").notes["attention"]["encoder"] == "flash"
+
+
+def test_fig4_setup_is_quadratic_dominated_and_the_evaluation_setup_is_not():
+    """Per-sample encoder:LLM ratio of a 1,564-patch COCO image vs an 8,112-patch chart (paper Fig. 4:
+    ~3.5 vs ~22) for an 8,064-patch chart: the full-attention eager tower's ratio grows >4x; the
+    evaluation tower's (window attention, flash) barely."""
+    coco = SampleMeta("coco", ((476, 644),), 60)
+    chart = SampleMeta("chart", ((1344, 1176),), 100)
+    assert (coco.vit_patches, chart.vit_patches) == (1564, 8064)
+
+    def ratio(cost, s):
+        w = cost.sample_work(s)
+        return w.encoder / w.llm
+
+    fig4 = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-fig4")
+    paper = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
+    assert ratio(fig4, chart) / ratio(fig4, coco) > 4.0
+    assert ratio(paper, chart) / ratio(paper, coco) < 1.5

@@ -53,6 +53,8 @@ class StageQuad:
     state_bytes: float = 0.0
     """Model state one rank of this stage holds (mixed-precision AdamW: bf16 weight + fp32 gradient +
     fp32 master, m, v = 18 bytes per trainable parameter, bf16 weights of frozen layers; / tp)."""
+    activation_bytes_per_token_sq: float = 0.0
+    """Activation bytes per squared sequence-unit length (eager attention's saved scores), / (tp*cp)."""
 
 
 def _fit_quadratic(f1: float, f2: float) -> tuple[float, float]:
@@ -91,13 +93,14 @@ class PlanCosts:
             coef += [*_fit_quadratic(g1, g2), c]
         layers = self.cost.component(comp).layers[first:end]
         act = sum(layer.activation_bytes_per_token for layer in layers) / (tp * cp)
+        act_sq = sum(layer.activation_bytes_per_token_sq for layer in layers) / (tp * cp)
         out = layers[-1].output_bytes_per_token / (tp * cp) if layers else 0.0
         grad = sum(layer.param_bytes for layer in layers if layer.trainable) / tp
         state = sum(
             layer.param_bytes * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
             for layer in layers
         )
-        return StageQuad(*coef, act, out, grad, state / tp)
+        return StageQuad(*coef, act, out, grad, state / tp, act_sq)
 
     def _parallel(self, comp: str) -> tuple[int, int]:
         par = self.layout.components.get(comp)
@@ -207,7 +210,9 @@ class PlanCosts:
 
     def activation_bytes(self, stage: int, ids: Iterable[str]) -> float:
         """Bytes a forward of ``ids`` on ``stage`` keeps until its backward."""
-        return self.stage_quads[stage].activation_bytes_per_token * self.tokens(stage, ids)
+        q = self.stage_quads[stage]
+        sq, lin = self._sums(stage, ids)
+        return q.activation_bytes_per_token * lin + q.activation_bytes_per_token_sq * sq
 
     def message_bytes(self, src_stage: int, ids: Iterable[str]) -> float:
         """Bytes of the activations ``src_stage`` sends for ``ids`` (gradients: the same size)."""

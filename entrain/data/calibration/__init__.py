@@ -1,7 +1,8 @@
 """Calibration targets of the built-in generators (``bounds.json``) and the statistics that check them.
 
 ``bounds.json`` lists, per dataset, a statistic, its accepted ``[min, max]``, the source of the
-target, and ``status``: ``holds`` (tested) or ``deviates`` (the paper's number cannot hold under the
+target, optionally the ``setup`` (``model``, ``hardware``, ``attention``) its work statistics are
+priced with (default: the file's ``draw``), and ``status``: ``holds`` (tested) or ``deviates`` (the paper's number cannot hold under the
 cost model; ``measured`` and ``note`` say what we get and why). ``relations`` are scale-free
 comparisons between datasets (e.g. Fig. 4's ordering of per-sample ratios), also tested.
 
@@ -107,45 +108,53 @@ def measure(dataset: str, num_samples: int, seed: int, cost: CostModel | None) -
         stats["encoder_llm_ratio.spread_p99_p1"] = (
             stats["encoder_llm_ratio.p99"] / stats["encoder_llm_ratio.p1"]
         )
+        stats["encoder_llm_ratio.spread_p75_p25"] = (
+            stats["encoder_llm_ratio.p75"] / stats["encoder_llm_ratio.p25"]
+        )
         stats.update({f"disttrain_vision.{k}": v for k, v in disttrain_variability(enc).items()})
     return stats
 
 
 @cache
-def _cost(model: str, hardware: str) -> CostModel:
+def _cost(model: str, hardware: str, attention: str | None = None) -> CostModel:
     from entrain.core.presets import build_cost_model
 
-    return build_cost_model(model, hardware)
+    return build_cost_model(model, hardware, attention=attention)
 
 
-def measure_for_bounds(dataset: str, bounds: dict) -> dict[str, float]:
+def setup_of(entry: dict, bounds: dict) -> tuple[str, str, str | None]:
+    """``(model, hardware, attention)`` a bound or relation is priced with: its ``setup``, else the
+    file's ``draw`` (attention ``None``: the hardware preset's default)."""
+    setup = {**bounds["draw"], **entry.get("setup", {})}
+    return setup["model"], setup["hardware"], setup.get("attention")
+
+
+@cache
+def _measure_cached(dataset: str, num_samples: int, seed: int, setup: tuple) -> dict[str, float]:
+    return measure(dataset, num_samples, seed, _cost(*setup))
+
+
+def measure_for_bounds(dataset: str, bounds: dict, entry: dict | None = None) -> dict[str, float]:
+    """The statistics of ``dataset`` on the file's draw, priced with ``entry``'s setup (memoised)."""
     draw = bounds["draw"]
-    return measure(dataset, draw["num_samples"], draw["seed"], _cost(draw["model"], draw["hardware"]))
-
-
-def _measure_all(bounds: dict) -> dict[str, dict[str, float]]:
-    names = {b["dataset"] for b in bounds["bounds"]}
-    for r in bounds["relations"]:
-        names |= {r[k] for k in ("dataset", "numerator", "denominator") if k in r}
-        names |= set(r.get("datasets", [])) | set(r.get("among", []))
-    return {d: measure_for_bounds(d, bounds) for d in sorted(names)}
+    return _measure_cached(dataset, draw["num_samples"], draw["seed"], setup_of(entry or {}, bounds))
 
 
 def report(update: bool = False) -> str:
     """Every bound next to the value measured now; ``update`` stores those values as ``measured``."""
     bounds = load_bounds()
-    measured = _measure_all(bounds)
     lines = [f"{'dataset':<18}{'stat':<34}{'min':>9}{'max':>9}{'now':>10}  status"]
     for b in bounds["bounds"]:
-        now = measured[b["dataset"]][b["stat"]]
+        now = measure_for_bounds(b["dataset"], bounds, b)[b["stat"]]
         ok = b["min"] <= now <= b["max"]
         lines.append(f"{b['dataset']:<18}{b['stat']:<34}{b['min']:>9.4g}{b['max']:>9.4g}{now:>10.4g}  "
                      f"{b['status']}{'' if ok or b['status'] == 'deviates' else ' FAILS'}")  # fmt: skip
         if update:
             b["measured"] = round(now, 4)
     for r in bounds["relations"]:
-        lines.append(f"relation {r['kind']:<10} {r['stat']}: " + ", ".join(
-            f"{d}={measured[d][r['stat']]:.4g}" for d in _relation_datasets(r)))  # fmt: skip
+        where = "" if "setup" not in r else " [" + "/".join(str(v) for v in setup_of(r, bounds)) + "]"
+        lines.append(f"relation {r['kind']:<10} {r['stat']}{where}: " + ", ".join(
+            f"{d}={measure_for_bounds(d, bounds, r)[r['stat']]:.4g}" for d in _relation_datasets(r)))  # fmt: skip
     if update:
         with open(BOUNDS_PATH, "w", encoding="utf-8") as f:
             json.dump(bounds, f, indent=1, ensure_ascii=False)

@@ -3,8 +3,9 @@
 The tiny VLM on the built-in ``skewed`` set (fixed before measuring: seed 0, global batch 16,
 microbatch size 1, 1 encoder + 1 LLM stage on 2 processes). After an idle check (the CPUs at least
 90 % idle, sampled from /proc/stat), ``LAUNCHES`` torchrun launches each train the three systems in
-turn on the same batches (fresh model each), plus one launch of Entrain with its boundary-sharing
-layout (``--entrain-layout shared``, our extension); the first ``WARMUP`` steps of each are dropped. Printed
+turn on the same batches (fresh model each), plus one launch each of Entrain with one of our
+extensions (``EXTENSION_ROWS``: the boundary-sharing layout, split weight gradients); the first
+``WARMUP`` steps of each are dropped. Printed
 side by side: median iteration time and its ratio to 1F1B, median per-microbatch stage-time std and
 its ratio, per-rank CPU time next to wall time, and the simulator's prediction for the very Plans
 that ran (``plan.json`` of each run, simulated under ``cpu-tiny``). Results go to
@@ -30,7 +31,14 @@ SYSTEMS = ("entrain", "1f1b", "disttrain")
 SHARED = "entrain-shared"
 """Entrain with its boundary-sharing layout (our extension): the same 2 processes, but one min-max
 partition of the encoder-then-LLM layers over them instead of 1 encoder + 1 LLM stage."""
-ROWS = (*SYSTEMS, SHARED)
+SPLIT = "entrain-split"
+"""Entrain, paper layout, every backward as input then weight gradients (our extension)."""
+EXTENSION_ROWS = {
+    SHARED: ("--entrain-layout", "shared"),
+    SPLIT: ("--split-weight-grads", "on"),
+}
+"""Extra Entrain launches: row -> ``entrain train`` flags (each run in its own subfolder)."""
+ROWS = (*SYSTEMS, *EXTENSION_ROWS)
 WARMUP = 1
 CONFIG = {
     "model": "tiny",
@@ -54,14 +62,15 @@ def wait_idle(max_wait_s: float) -> tuple[bool, float]:
 
 
 def _run_dir(out: str, row: str) -> str:
-    return (
-        os.path.join(out, "shared") if row == SHARED else os.path.join(out, row)
-    )  # one system: no subfolder
+    """Where a row's run lies: ``out/<system>`` for the systems of the shared launch, ``out/<row>/``
+    for an extension row (a one-system launch writes no per-system subfolder)."""
+    return os.path.join(out, row)
 
 
 def launch(out: str, steps: int) -> None:
     _launch_one(out, steps, SYSTEMS)
-    _launch_one(os.path.join(out, "shared"), steps, ("entrain",), "--entrain-layout", "shared")
+    for row, flags in EXTENSION_ROWS.items():
+        _launch_one(os.path.join(out, row), steps, ("entrain",), *flags)
 
 
 def _launch_one(out: str, steps: int, systems, *extra: str) -> None:
@@ -160,12 +169,15 @@ def report(launches: list[dict], sims: dict, idle: tuple[bool, float], steps: in
         + "; ".join(", ".join(f"{s} {run[s]['iter_ms']:.0f}" for s in ROWS) for run in launches),
         "",
         f"`{SHARED}` = Entrain with its boundary-sharing layout (ours, not the paper's; "
-        "`entrain train --entrain-layout shared`); the other rows use 1 encoder + 1 LLM stage.",
+        f"`entrain train --entrain-layout shared`); `{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every "
+        "backward run as input then weight gradients (ours; `--split-weight-grads on`); the other rows use "
+        "1 encoder + 1 LLM stage.",
         "",
     ]
     for row, label in (
         ("entrain", "Entrain, paper layout (1 + 1)"),
         (SHARED, "Entrain, boundary-sharing layout"),
+        (SPLIT, "Entrain, paper layout, split weight gradients"),
     ):
         ratio = med[row]["iter_ms"] / base["iter_ms"]
         lines.append(

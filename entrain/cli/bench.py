@@ -35,14 +35,22 @@ GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH = 64, 4, 2, 512, 4
 SHORT = {"qwen25vl-llama3-1b": "1B", "qwen25vl-llama3-3b": "3B"}
 BASELINES = ("1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy")
 PAPER = "entrain-paper"
-"""Entrain exactly as the paper: Algorithm 2's disjoint E.PP:L.PP stages, no ramp."""
+"""Entrain exactly as the paper: Algorithm 2's disjoint E.PP:L.PP stages, no ramp, whole backwards."""
 RAMP = "entrain+ramp"
 """Ablation row: the paper's layout with ``ramp_microbatches = "auto"`` (our extension only)."""
 SHARED = "entrain+shared"
 """Ablation row: the boundary-sharing layout where Eq. 2 prefers it (our extension only), no ramp."""
-VARIANTS = {PAPER: ("disjoint", 0), RAMP: ("disjoint", "auto"), SHARED: ("auto", 0)}
+SPLIT = "entrain+split"
+"""Ablation row: the paper's layout and order with every backward split into I then W (our extension only)."""
+VARIANTS = {
+    PAPER: ("disjoint", 0, False),
+    RAMP: ("disjoint", "auto", False),
+    SHARED: ("auto", 0, False),
+    SPLIT: ("disjoint", 0, True),
+}
+"""Ablation rows: (entrain_layout, entrain_ramp, entrain_split)."""
 ENTRAINS = ("entrain", PAPER)
-"""``entrain`` = our default (both extensions, each where the cost model predicts a gain)."""
+"""``entrain`` = our default (all three extensions; layout and ramp where the cost model predicts a gain)."""
 
 # --- the paper's numbers (reference/entrain-paper.md; [R] = read off a plot) ---------------------------
 PAPER_FIG11_S = {  # (DistTrain, DIP, Entrain) iteration time in s [R]
@@ -121,13 +129,15 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
         load_workload(dataset, cost, global_batch=GLOBAL_BATCH, iterations=iterations, seed=seed, tp=TP)
     )
     req = ConfigRequest(dataset, model, GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH, seed, TRIAL_SIZES,
-                        entrain_layout="disjoint", entrain_ramp=0)  # fmt: skip
+                        entrain_layout="disjoint", entrain_ramp=0, entrain_split=False)  # fmt: skip
     setups = system_setups(list(systems), req, cost, batches)  # the paper's Entrain and the baselines
     base = setups["entrain"]
     setups[PAPER] = base
-    for name, (lay, ramp) in VARIANTS.items():
-        setups[name] = entrain_variant(base, replace(req, entrain_layout=lay, entrain_ramp=ramp), cost)
-    default = entrain_variant(base, replace(req, entrain_layout="auto", entrain_ramp="auto"), cost)
+    for name, (lay, ramp, split) in VARIANTS.items():
+        variant = replace(req, entrain_layout=lay, entrain_ramp=ramp, entrain_split=split)
+        setups[name] = entrain_variant(base, variant, cost)
+    default = replace(req, entrain_layout="auto", entrain_ramp="auto", entrain_split=True)
+    default = entrain_variant(base, default, cost)
     setups.update({n: default for n in ("entrain", "entrain-1f1b") if n in systems})
     out: dict = {
         "dataset": dataset,
@@ -340,8 +350,8 @@ def render(res: dict) -> str:
 
 def _targets_md(rows: list[dict]) -> list[str]:
     out = ["## Targets (issue 3, requirement 7)", "",
-           "`Entrain` = our default (boundary-sharing layout and ramped fill/drain, each only where the cost "
-           "model predicts a gain); `Entrain (paper: no extensions)` = the paper's Entrain (`entrain-paper`). "
+           "`Entrain` = our default (split weight gradients; boundary-sharing layout and ramped fill/drain, each "
+           "only where the cost model predicts a gain); `Entrain (paper: no extensions)` = the paper's Entrain (`entrain-paper`). "
            "OOM = the configuration needs more than the A40's 48 GB (model state + peak activations): its "
            "time is shown, but a win by an OOM configuration is not a valid win (last column).", "",
            "| target | case | ours | met | met if OOM wins are excluded |", "|---|---|---|---|---|"]  # fmt: skip
@@ -355,7 +365,7 @@ def _targets_md(rows: list[dict]) -> list[str]:
 
 
 def _fig11_md(hw: str, cases: list[dict]) -> list[str]:
-    names = [n for n in ("entrain", PAPER, RAMP, SHARED, *SYSTEMS[1:]) if n in cases[0]["systems"]]
+    names = [n for n in ("entrain", PAPER, RAMP, SHARED, SPLIT, *SYSTEMS[1:]) if n in cases[0]["systems"]]
     out = [f"## Fig. 11 — iteration time (s), hardware `{hw}`", "",
            "| case | " + " | ".join(names) + " | paper DistTrain / DIP / Entrain | paper speedup (best baseline) | "
            "ours: disttrain / best DIP vs Entrain |",
@@ -377,7 +387,7 @@ def _fig11_md(hw: str, cases: list[dict]) -> list[str]:
             + f" | {paper} | {paper_sp} | {ours} |"
         )
     return out + ["", "(x) = iteration time / Entrain's (our default: `entrain`). `entrain-paper` = the paper's "
-                  "Entrain; `entrain+ramp` / `entrain+shared` = one extension each; `entrain-1f1b` = the default "
+                  "Entrain; `entrain+ramp` / `entrain+shared` / `entrain+split` = one extension each; `entrain-1f1b` = the default "
                   "without eager forward. **OOM** = model state + peak activations exceed the 48 GB A40 on some "
                   "rank (the simulator does not enforce memory; such a schedule could not run as simulated).", ""]  # fmt: skip
 
@@ -657,7 +667,8 @@ def _analysis_md(res: dict) -> list[str]:
         counts = c["systems"]["entrain"].get("ramp_chosen_counts", {})
         tot = sum(counts.values())
         ramp_share.append(1 - counts.get("0", 0) / tot if tot else 0.0)
-    out.append("**Extensions (ours, not the paper's; `entrain` = both, `entrain-paper` = neither).** "
+    sp = [ratio(c, SPLIT, PAPER) for c in paper_cases if SPLIT in c["systems"]]
+    out.append("**Extensions (ours, not the paper's; `entrain` = all three, `entrain-paper` = none).** "
                f"(1) *Ramped fill/drain* (`ramp_microbatches=\"auto\"`): per replica and iteration the generator "
                "builds the plain order and the orders whose first and last p − 1 microbatches are cut into 2 .. U "
                "work-balanced pieces, and keeps the one with the lowest predicted makespan (the cost model's compute "
@@ -674,9 +685,16 @@ def _analysis_md(res: dict) -> list[str]:
                "mean-microbatch time, so where its prediction is off by less than the gain the simulated time can be "
                "slightly higher. It cannot remove all of the granularity loss: single heavy layers "
                "(the LLM's lm_head + loss, the ViT's patch embedding at high resolution) still bound a rank, and where "
-               "Eq. 2 does not choose it the disjoint split already is the best partition. Together (our default `entrain`): "
-               f"{_rng(df)}x the paper Entrain's time under `a40-paper`. Both are switchable (`entrain simulate "
-               "--paper-entrain`, `--ramp-microbatches 0`, `--entrain-layout disjoint`).")  # fmt: skip
+               "Eq. 2 does not choose it the disjoint split already is the best partition. (3) *Split weight "
+               "gradients* (`split_weight_grads`): every backward of the order runs as `I` (input gradients, sent "
+               "upstream at once) then `W` (weight gradients), the zero-bubble split without moving any work, so "
+               "fill/drain and every wait on a downstream gradient shrink by the weight half of a backward; "
+               f"`entrain+split` changes the paper Entrain's time by {_rng(sp)}x (`a40-paper`). The runtime runs "
+               "`I` and `W` with torch's `stage_backward_input` / `stage_backward_weight` (one backward's work in "
+               "all, gradients exact: `tests/runtime/test_exact_gradients_extensions.py`). Together (our default "
+               f"`entrain`): {_rng(df)}x the paper Entrain's time under `a40-paper`. All are switchable (`entrain "
+               "simulate --paper-entrain`, `--ramp-microbatches 0`, `--entrain-layout disjoint`, "
+               "`--split-weight-grads off`).")  # fmt: skip
     out.append("")
     syn1 = next((c for c in paper_cases if c["dataset"] == "synthchartnet" and c["model"] == MODELS[0]), None)
     if syn1:
@@ -697,18 +715,22 @@ def _analysis_md(res: dict) -> list[str]:
                    "fill and drain), not because Entrain's balance is worse: its per-microbatch std targets are met by a "
                    "wide margin (Table 3).")  # fmt: skip
         out.append("")
-    out.append("**What remains and why.** Every remaining \"faster than every baseline\" miss of our default is against "
-               "`dip-greedy` on a low-variability dataset where DIP fits in memory; the paper Entrain's misses are "
-               "against `dip-greedy` or our exact-cost DistTrain reordering (the fill/drain the ramp recovers). "
-               "`dip-greedy`'s edge combines colocation (two chunks per rank: an interleaved pipeline with half the "
-               "fill/drain of a one-chunk-per-rank schedule), size-capped sub-microbatches everywhere (a grain our cost "
-               "model prices at only the per-call constants) and greedy bubble filling on exact costs. Interleaving "
-               "alone does not close it: a one-off experiment (not part of this report's runs) that ran Entrain's "
-               "balanced microbatches and deferrals on DIP's colocated layout under DIP's greedy interleaver gave "
-               "8.37 s (8.34 s with the ramp) against `dip-greedy`'s 8.15 s on CocoQA + 3B (`a40-paper`, 3 "
-               "iterations), where our default is 8.27 s. Algorithm 2 could also pick TP per component (the paper "
-               "setup fixes TP 2 for both, which `bench paper` keeps); boundary sharing needs equal TP and CP on both "
-               "sides of the shared rank.")  # fmt: skip
+    losses = [
+        f"{c['dataset']} + {SHORT[c['model']]} (`{c['hardware']}`) to `{n}` "
+        f"({c['systems'][n]['iteration_time_ms'] / c['systems']['entrain']['iteration_time_ms']:.3f}x)"
+        for c in cases
+        for n in BASELINES
+        if c["systems"][n]["iteration_time_ms"] < c["systems"]["entrain"]["iteration_time_ms"]
+    ]
+    out.append("**What remains and why.** Cases where a baseline is faster than our default: "
+               + ("; ".join(losses) if losses else "none")
+               + ". The strongest baseline on the low-variability datasets is `dip-greedy` where DIP fits in "
+               "memory: colocating encoder chunk r and LLM chunk r on every rank makes each rank two virtual "
+               "pipeline stages (an interleaved pipeline with half the fill/drain of a one-chunk-per-rank "
+               "schedule), with size-capped sub-microbatches everywhere (a grain our cost model prices at only "
+               "the per-call constants) and greedy bubble filling on exact costs. Algorithm 2 could also pick TP "
+               "per component (the paper setup fixes TP 2 for both, which `bench paper` keeps); boundary sharing "
+               "needs equal TP and CP on both sides of the shared rank.")  # fmt: skip
     out.append("")
     syn = [c for c in paper_cases if c["dataset"] == "synthchartnet"]
     if syn:

@@ -43,10 +43,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "meet hold the last encoder and the first LLM stage (one min-max partition of the "
                         "concatenated layers); 'auto' (default) uses it when Eq. 2 predicts it faster; "
                         "'disjoint' = the paper's E.PP:L.PP stages")  # fmt: skip
+    p.add_argument("--split-weight-grads", choices=("on", "off"), default="on",
+                   help="Entrain extension (not in the paper): run every backward as input gradients (sent "
+                        "upstream at once) then weight gradients (default on)")  # fmt: skip
     p.add_argument(
         "--paper-entrain",
         action="store_true",
-        help="Entrain exactly as the paper: same as --ramp-microbatches 0 --entrain-layout disjoint",
+        help="Entrain exactly as the paper: same as --ramp-microbatches 0 --entrain-layout disjoint "
+        "--split-weight-grads off",
     )
     p.set_defaults(func=run)
 
@@ -80,6 +84,7 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         args.seed,
         entrain_layout="disjoint" if args.paper_entrain else args.entrain_layout,
         entrain_ramp=0 if args.paper_entrain else args.ramp_microbatches,
+        entrain_split=args.split_weight_grads == "on" and not args.paper_entrain,
     )
     setups = system_setups(systems, req, cost, batches)
     runs = {}

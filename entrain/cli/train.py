@@ -100,6 +100,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="entrain only: fill/drain ramp, 'auto' or a piece count (0 = the paper's schedule)",
     )
     p.add_argument(
+        "--split-weight-grads",
+        choices=("on", "off"),
+        default="off",
+        help="entrain only: run every backward as input gradients (sent upstream at once) then weight "
+        "gradients (our extension; off = the paper's schedule)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out from its newest complete checkpoint (same flags; --steps may grow)",
@@ -201,6 +208,7 @@ def _spec(args: argparse.Namespace):
         on_bad_sample=args.on_bad_sample,
         entrain_layout=args.entrain_layout,
         ramp_microbatches=_ramp(args.ramp_microbatches),
+        split_weight_grads=args.split_weight_grads == "on",
     )
 
 
@@ -236,6 +244,7 @@ _FORWARDED = (
     "timeout_s",
     "entrain_layout",
     "ramp_microbatches",
+    "split_weight_grads",
 )
 _FLAGS_FORWARDED = ("shuffle", "resume", "no_progress")
 

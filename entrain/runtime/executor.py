@@ -9,7 +9,10 @@ a dispatch table with one small handler per ``ActionKind``. Conventions (``entra
   cut into per-sample rows and routed by sample id to whichever LLM (sub-)microbatch consumes them
   (deferred samples simply wait there); the gradient of a message goes back once the Plan says so;
 * neighbouring stages on the same rank hand tensors over locally (with or without comm actions);
-* ``I`` computes input gradients only and keeps the graph for ``W`` (weight gradients).
+* ``I`` computes input gradients only; ``W`` the weight gradients, from the gradients ``I`` saved at
+  the nodes where weight paths leave the input paths (``torch.distributed.pipelining``'s
+  ``stage_backward_input`` / ``stage_backward_weight``), so ``I + W`` costs one backward. A stage
+  without input gradients to send (the first one) runs its whole backward at ``W``.
 
 Loss: the last stage's output is ``sum(token CE) / label tokens of the global batch``; backward of
 that scalar makes gradients independent of grouping, deferral and splitting.
@@ -23,6 +26,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from entrain.core.errors import EntrainError
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
@@ -33,6 +37,10 @@ from entrain.runtime.data import SampleRenderer
 __all__ = ["Executor", "ExecutionError", "CollectiveError", "ComputeRecord", "StepOutput"]
 
 Key = tuple[int, int, int]  # (stage, mb, sub)
+
+
+def _no_weight_grads() -> None:
+    """``W`` of a stage whose ``I`` left no weight gradients (frozen, or no graph)."""
 
 
 class ExecutionError(EntrainError, RuntimeError):
@@ -145,7 +153,7 @@ class Executor:
         self._used: dict[Key, list[torch.Tensor]] = {}
         self._outputs: dict[Key, torch.Tensor] = {}
         self._out_grads: dict[Key, torch.Tensor] = {}
-        self._pending_w: dict[Key, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._pending_w: dict[Key, Callable[[], None]] = {}
         self._loss_sum = 0.0
         self._records: list[ComputeRecord] = []
 
@@ -283,20 +291,23 @@ class Executor:
             grad = self._output_grad(*key)
             out = self._outputs.pop(key)
             leaves = [t for t in self._used.pop(key, []) if t.requires_grad]
-            if out.requires_grad and leaves:
-                torch.autograd.backward(out, grad, inputs=leaves, retain_graph=True)
-            self._pending_w[key] = (out, grad)
+            params = [p for _, p in self.modules[a.stage].owned_parameters() if p.requires_grad]
+            self._pending_w[key] = _no_weight_grads
+            if not out.requires_grad:
+                return
+            if not leaves:  # nothing upstream waits: the whole backward runs at W
+                self._pending_w[key] = lambda: torch.autograd.backward(out, grad, inputs=params)
+            elif not params:
+                torch.autograd.backward(out, grad, inputs=leaves)
+            else:
+                grads = None if grad is None else [grad]
+                _, groups = stage_backward_input([out], grads, leaves, iter(params))
+                self._pending_w[key] = lambda: stage_backward_weight(iter(params), groups)
 
         self._timed(a, "I", run)
 
     def _backward_weight(self, a: Action) -> None:
-        def run() -> None:
-            out, grad = self._pending_w.pop((a.stage, a.mb, a.sub_index))
-            params = [p for _, p in self.modules[a.stage].owned_parameters() if p.requires_grad]
-            if out.requires_grad and params:
-                torch.autograd.backward(out, grad, inputs=params)
-
-        self._timed(a, "W", run)
+        self._timed(a, "W", self._pending_w.pop((a.stage, a.mb, a.sub_index)))
 
     # --- communication ------------------------------------------------------------------------------
     def _send_forward(self, a: Action) -> None:

@@ -91,6 +91,8 @@ class TrainSpec:
     Applies to ``entrain`` and ``entrain-1f1b``; the other systems keep disjoint stages."""
     ramp_microbatches: int | str = 0
     """Entrain's fill/drain ramp (``auto`` or a piece count; 0 = the paper's schedule)."""
+    split_weight_grads: bool = False
+    """Entrain's backwards as input- then weight-gradient halves (False = the paper's schedule)."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -556,7 +558,9 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
 
     train_batches, val_batches = data.train, data.val
     layout = build_layout(spec, system, cost, train_batches[0])
-    options = {"ramp_microbatches": spec.ramp_microbatches} if system in ENTRAIN_FAMILY else None
+    options = None
+    if system in ENTRAIN_FAMILY:
+        options = {"ramp_microbatches": spec.ramp_microbatches, "split_weight_grads": spec.split_weight_grads}
     plan: Plan = make_plan(system, layout, train_batches, cost, options)
     val_plan = make_plan(system, layout, val_batches, cost, options) if val_batches else None
     rank0 = env.rank == 0

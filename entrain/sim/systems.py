@@ -13,8 +13,8 @@ Configs are computed once per (system kind, dataset, cost model) and shared by s
 the same one.
 
 Entrain extensions (ours, not the paper's; ``ConfigRequest.entrain_layout`` and
-``ConfigRequest.entrain_ramp``, both ``"auto"`` by default; ``"disjoint"`` and ``0`` give the paper's
-Entrain):
+``ConfigRequest.entrain_ramp``, both ``"auto"`` by default, and ``ConfigRequest.entrain_split``, on by
+default; ``"disjoint"``, ``0`` and off give the paper's Entrain):
 
 * ``entrain_layout``: ``"shared"`` = the boundary-sharing layout (``planner.boundary_sharing_config``)
   over the ranks of Algorithm 2's configuration (same TP, CP, DP and GPU count); ``"auto"`` = that
@@ -22,6 +22,7 @@ Entrain):
   the disjoint split is one of the partitions it considers). Applies to ``entrain`` and
   ``entrain-1f1b``; ``1f1b`` keeps the disjoint layout (a baseline).
 * ``entrain_ramp``: ``ScheduleOptions.ramp_microbatches`` for ``entrain`` and ``entrain-1f1b``.
+* ``entrain_split``: ``ScheduleOptions.split_weight_grads`` for ``entrain`` and ``entrain-1f1b``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class ConfigRequest:
     """``"disjoint"`` (paper), ``"shared"`` (boundary sharing) or ``"auto"`` (shared if Eq. 2 says so)."""
     entrain_ramp: int | str = "auto"
     """Entrain's ``ramp_microbatches`` (0 = paper's schedule)."""
+    entrain_split: bool = True
+    """Entrain's ``split_weight_grads`` (False = paper's schedule)."""
 
 
 @dataclass
@@ -164,7 +167,7 @@ _EXTENDED = ("entrain", "entrain-1f1b")
 
 
 def entrain_variant(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> SystemSetup:
-    """Entrain's setup with the extensions ``req`` asks for (layout, ramp)."""
+    """Entrain's setup with the extensions ``req`` asks for (layout, ramp, split weight gradients)."""
     if req.entrain_layout not in ENTRAIN_LAYOUTS:
         raise ConfigError(f"entrain layout {req.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
     layout, source = setup.layout, setup.source
@@ -189,6 +192,9 @@ def entrain_variant(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> 
     if req.entrain_ramp:
         options["ramp_microbatches"] = req.entrain_ramp
         source += f"; ramp_microbatches={req.entrain_ramp}"
+    if req.entrain_split:
+        options["split_weight_grads"] = True
+        source += "; split weight grads"
     return replace(setup, layout=layout, options=options, source=source)
 
 
@@ -205,7 +211,8 @@ def system_setups(
         else:
             by_kind[kind] = _setup(kind, req, cost, sampler)
     out = {name: by_kind[config_kind(name)] for name in systems}
-    if any(n in out for n in _EXTENDED) and (req.entrain_layout != "disjoint" or req.entrain_ramp):
+    extended = req.entrain_layout != "disjoint" or req.entrain_ramp or req.entrain_split
+    if any(n in out for n in _EXTENDED) and extended:
         variant = entrain_variant(by_kind["entrain"], req, cost)
         out.update({n: variant for n in _EXTENDED if n in out})
     return out

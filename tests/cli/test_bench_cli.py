@@ -35,6 +35,7 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
         "dip-greedy",
         "entrain+ramp",
         "entrain+shared",
+        "entrain+split",
         "entrain-paper",
     }
     assert set(case["systems"]) == names
@@ -46,6 +47,10 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
         and "ramp_chosen_counts" not in systems["entrain-paper"]
     )
     assert sum(systems["entrain"]["ramp_chosen_counts"].values()) == 2 * 4  # 2 iterations x DP 4
+    for name in ("entrain", "entrain+split"):
+        assert "split weight grads" in systems[name]["source"]
+    for name in ("entrain-paper", "entrain+ramp", "entrain+shared"):
+        assert "split weight grads" not in systems[name]["source"]
     # memory realism: DIP's activations alone exceed the A40 here; it is flagged, not dropped
     for name, s in systems.items():
         assert s["fits_memory"] == (max(s["peak_memory_bytes_per_rank"]) <= 48e9), name

@@ -80,8 +80,14 @@ def test_paper_entrain_flag_and_memory_keys(capsys, schema):
     base = ["simulate", *SMALL, "--systems", "entrain,entrain-1f1b,1f1b", "--json"]
     assert main([*base, "--paper-entrain"]) == 0
     paper = json.loads(capsys.readouterr().out)
-    assert main([*base, "--entrain-layout", "disjoint", "--ramp-microbatches", "0"]) == 0
+    paper_flags = ["--entrain-layout", "disjoint", "--ramp-microbatches", "0"]
+    assert main([*base, *paper_flags, "--split-weight-grads", "off"]) == 0
     assert json.loads(capsys.readouterr().out) == paper
+    assert main([*base, *paper_flags]) == 0  # split weight gradients only: same work, earlier gradients
+    split = json.loads(capsys.readouterr().out)["systems"]["entrain"]
+    assert "split weight grads" in split["config"]["source"]
+    assert split["iteration_time_ms"] <= paper["systems"]["entrain"]["iteration_time_ms"]
+    assert split["bubble_ratio"] <= paper["systems"]["entrain"]["bubble_ratio"]
     assert main([*base, "--entrain-layout", "shared"]) == 0
     shared = json.loads(capsys.readouterr().out)
     jsonschema.validate(shared, schema)

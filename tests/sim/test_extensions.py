@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.errors import ConfigError
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.plan import ActionKind, ComponentLayout, Layout, StageSpec
 from entrain.core.schedules import generate_plan
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
@@ -106,6 +106,39 @@ def test_auto_ramp_never_loses_to_any_candidate(w):
     mine = simulate_plan(auto, cost)[0].replicas[0].makespan_ms
     assert mine <= min(times) * (1 + 1e-12)
     assert list(auto.options["ramp_chosen"][0][0]) in [list(c) for c in candidates]
+
+
+@pytest.mark.parametrize("system", ["entrain", "entrain-1f1b"])
+@given(w=workloads())
+def test_split_weight_grads_keeps_the_work_and_never_delays(system, w):
+    """Every ``B`` becomes ``I`` then ``W`` in its place: the plan stays valid and deadlock-free, each
+    rank's busy time is unchanged, and no rank's finish (hence the makespan) moves later, because a
+    gradient only leaves earlier (the per-rank orders are fixed; start times are monotone in them)."""
+    cost, layout, samples, plan = _setup(w, system)
+    groups, works, deferred, *_, ramp = w
+    asg = one_iteration(deferral_assignment(groups, deferred))
+    opts = {"ramp_microbatches": ramp}
+    if ramp == "auto":  # compare the same order: the ramp the unsplit plan chose
+        r, q = plan.options["ramp_chosen"][0][0]
+        opts = {"ramp_microbatches": r, "ramp_pieces": q}
+        plan = generate_plan(system, layout, asg, samples, cost, opts)
+    split = generate_plan(system, layout, asg, samples, cost, {**opts, "split_weight_grads": True})
+    validate_plan(split)
+    assert split.options["split_weight_grads"] is True
+    for g, acts in plan.iterations[0].actions.items():
+        kinds = [a.kind for a in split.iterations[0].actions[g] if a.kind.is_compute]
+        assert ActionKind.B not in kinds
+        assert (
+            kinds.count(ActionKind.I)
+            == kinds.count(ActionKind.W)
+            == [a.kind for a in acts].count(ActionKind.B)
+        )
+    (base,) = simulate_plan(plan, cost)
+    (mine,) = simulate_plan(split, cost)
+    a, b = base.replicas[0], mine.replicas[0]
+    for g in a.busy_ms:
+        assert b.busy_ms[g] == pytest.approx(a.busy_ms[g])
+    assert b.makespan_ms <= a.makespan_ms * (1 + 1e-12)
 
 
 def test_auto_ramp_is_taken_when_fill_and_drain_dominate():

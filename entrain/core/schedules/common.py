@@ -60,6 +60,11 @@ class ScheduleOptions:
     predicted makespan (``predict.predicted_makespan_ms``; ties: the earlier candidate, no ramp
     first)."""
     ramp_pieces: int = 2
+    split_weight_grads: bool = False
+    """Entrain extension (not in the paper; off = the paper's schedule): every backward runs as ``I``
+    (input gradients, sent upstream at once) then ``W`` (weight gradients) in the same place of the
+    order, so the previous stage gets its gradient after the input half of the backward (the
+    zero-bubble split; the runtime runs ``I + W`` as one backward's work)."""
 
     def __post_init__(self) -> None:
         r = self.ramp_microbatches

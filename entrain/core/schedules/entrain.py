@@ -25,6 +25,9 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   simulator's rules; ties to the earlier candidate); the choices ``[ramp, pieces]`` are recorded in
   ``Plan.options["ramp_chosen"][iteration][replica]``. Gradients are unchanged by construction (the loss is
   normalised by the global label count; tested against the single-process reference).
+* Split weight gradients (``ScheduleOptions.split_weight_grads``): each ``B`` of the order becomes
+  ``I`` then ``W``; the gradient leaves after ``I``, so fill/drain and every wait on a downstream
+  gradient shrink by the weight-gradient half of a backward. Same work per rank, same order.
 * Boundary sharing (the layout, ``planner.boundary_sharing_config``): a pipeline rank may hold
   several consecutive stages — the last encoder stage and the first LLM stage. Such a rank runs
   them as one fused stage (``common.rank_units``): forward unit k = its encoder sub-forwards of
@@ -36,11 +39,12 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Action, Layout, Plan
+from entrain.core.plan import Action, ActionKind, Layout, Plan
 from entrain.core.schedules.common import (
     ScheduleOptions,
     build_plan_per_replica,
@@ -54,7 +58,7 @@ from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.work import SampleWork
 
-__all__ = ["generate", "eager_warmups", "peak_bytes"]
+__all__ = ["generate", "eager_warmups", "peak_bytes", "split_weight_grads"]
 
 NAME = "entrain"
 
@@ -120,7 +124,18 @@ def _ramp_candidates(opts: ScheduleOptions, layout: Layout, rep) -> list[tuple[i
     return out
 
 
-def _compute_order(costs: PlanCosts | None, factor: float, eager: bool):
+def split_weight_grads(actions: Sequence[Action]) -> list[Action]:
+    """Every ``B`` replaced by ``I`` then ``W`` of the same (stage, microbatch, sub)."""
+    out: list[Action] = []
+    for a in actions:
+        if a.kind is ActionKind.B:
+            out += [replace(a, kind=ActionKind.I), replace(a, kind=ActionKind.W)]
+        else:
+            out.append(a)
+    return out
+
+
+def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: bool = False):
     def order(graph: ReplicaGraph) -> dict[int, list[Action]]:
         p = graph.layout.ranks_per_replica
         units = [rank_units(graph, r) for r in range(p)]
@@ -129,6 +144,8 @@ def _compute_order(costs: PlanCosts | None, factor: float, eager: bool):
         for rank in range(p):
             fwd, bwd = units[rank]
             out[rank] = one_f_one_b_order(fwd, bwd, warm[rank])
+            if split:
+                out[rank] = split_weight_grads(out[rank])
         return out
 
     return order
@@ -152,7 +169,9 @@ def generate(
     plan_options: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
     if opts.ramp_microbatches:
         plan_options.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
-    order = _compute_order(costs, opts.eager_budget_factor, eager)
+    if opts.split_weight_grads:
+        plan_options["split_weight_grads"] = True
+    order = _compute_order(costs, opts.eager_budget_factor, eager, opts.split_weight_grads)
     chosen: list[list[int]] = []
 
     def replica(rep):

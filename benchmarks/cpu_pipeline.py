@@ -147,18 +147,22 @@ def report(launches: list[dict], sims: dict, idle: tuple[bool, float], steps: in
         for s in ROWS
     }
     base = med["1f1b"]
+    paired = {  # each launch's own ratio to its 1F1B (same minute, same machine state), then the median
+        s: statistics.median(run[s]["iter_ms"] / run["1f1b"]["iter_ms"] for run in launches) for s in ROWS
+    }
     lines = [
         "# CPU pipeline benchmark (issue 4, requirement 8)",
         "",
         f"Config: {json.dumps(CONFIG)}; {len(launches)} launches x {steps} steps, first {WARMUP} dropped; "
         f"idle check {'passed' if idle[0] else 'NOT passed'} (CPU idle {idle[1]:.0%} before the first launch).",
         "",
-        "| system | iter ms (median) | / 1F1B | stage std ms | / 1F1B | CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B |",
-        "|---|---|---|---|---|---|---|---|",
+        "| system | iter ms (median) | / 1F1B | / 1F1B per launch (median) | stage std ms | / 1F1B | "
+        "CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in ROWS:
         lines.append(
-            f"| {s} | {med[s]['iter_ms']:.0f} | {med[s]['iter_ms'] / base['iter_ms']:.3f} | "
+            f"| {s} | {med[s]['iter_ms']:.0f} | {med[s]['iter_ms'] / base['iter_ms']:.3f} | {paired[s]:.3f} | "
             f"{med[s]['stage_std_ms']:.1f} | {med[s]['stage_std_ms'] / max(base['stage_std_ms'], 1e-9):.3f} | "
             f"{cpu[s][0]:.0f} / {cpu[s][1]:.0f} | {sims[s]['iter_ms']:.0f} | "
             f"{sims[s]['iter_ms'] / sims['1f1b']['iter_ms']:.3f} |"
@@ -181,8 +185,8 @@ def report(launches: list[dict], sims: dict, idle: tuple[bool, float], steps: in
     ):
         ratio = med[row]["iter_ms"] / base["iter_ms"]
         lines.append(
-            f"Target: {label} median iteration time <= 0.9x 1F1B's: measured {ratio:.3f} -> "
-            f"{'met' if ratio <= 0.9 else 'NOT met'}."
+            f"Target: {label} median iteration time <= 0.9x 1F1B's: measured {ratio:.3f} (per-launch "
+            f"median {paired[row]:.3f}) -> {'met' if ratio <= 0.9 else 'NOT met'}."
         )
     return "\n".join(lines) + "\n"
 

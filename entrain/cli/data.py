@@ -105,10 +105,14 @@ def run_stats(args: argparse.Namespace) -> int:
         plot_token_cdfs(cols, name, args.plot)
     hardware = None if args.profile else args.hardware or default_hardware(args.model)
     if args.json:
+        attention = None if args.profile else cost.notes.get("attention")
         emit_json({**stats, "dataset": name, "seed": args.seed, "model": args.model, "hardware": hardware,
-                   "profile": args.profile})  # fmt: skip
+                   "profile": args.profile, "attention": attention})  # fmt: skip
         return 0
     source = f"profile {args.profile}" if args.profile else f"{args.model} on {hardware}"
+    attention = cost.notes.get("attention", {})
+    if any(impl != "flash" for impl in attention.values()):
+        source += " with " + ",".join(f"{c}={impl}" for c, impl in attention.items()) + " attention"
     print(
         format_stats(stats, f"{name}: {stats['num_samples']} samples, seed {args.seed}; ratio under {source}")
     )

@@ -51,13 +51,16 @@ def test_ratio_uses_the_named_cost_model(capsys):
     assert out_3b["encoder_llm_ratio"]["mean"] < out_1b["encoder_llm_ratio"]["mean"]
 
 
-def test_fig4_setup_and_attention_flag(capsys, tmp_path):
+def test_fig4_setup_and_attention_flag(capsys, tmp_path, schema):
     """``--hardware a40-fig4`` prices the full-attention tower with eager scores (paper Fig. 4: COCO-QA
     ~3-4); ``--attention flash`` on the same preset drops the score traffic; a bad spec or one next
     to a measured profile is a one-line error."""
     argv = ["--dataset", "cocoqa", "--num-samples", "300", "--model", "qwen25vl-fullatt-llama3-1b"]
     fig4 = run_json(capsys, [*argv, "--hardware", "a40-fig4"])
     flash = run_json(capsys, [*argv, "--hardware", "a40-fig4", "--attention", "flash"])
+    assert fig4["attention"] == {"encoder": "eager", "llm": "flash"}
+    assert flash["attention"] == {"encoder": "flash", "llm": "flash"}
+    jsonschema.validate(fig4, schema)
     assert 2.7 <= fig4["encoder_llm_ratio"]["p50"] <= 4.4
     assert flash["encoder_llm_ratio"]["p50"] < fig4["encoder_llm_ratio"]["p50"] / 2
     assert main(["data", "stats", *argv, "--attention", "sdpa"]) == 2

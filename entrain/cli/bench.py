@@ -680,8 +680,7 @@ def _analysis_md(res: dict) -> list[str]:
                "rank where the modalities meet holds the last encoder and the first LLM stage (runtime-tested the "
                "same way). It is used where Eq. 2 predicts it faster (never slower: the disjoint split is one of the "
                f"partitions it considers): in {n_shared}/{len(cases)} cases; `entrain+shared` changes the paper "
-               f"Entrain's time by {_rng(sh)}x, and on top of the ramp (`entrain` / `entrain+ramp`) by "
-               f"{_rng([ratio(c, 'entrain', RAMP) for c in cases])}x over all cases — Eq. 2 prices a rank by its "
+               f"Entrain's time by {_rng(sh)}x — Eq. 2 prices a rank by its "
                "mean-microbatch time, so where its prediction is off by less than the gain the simulated time can be "
                "slightly higher. It cannot remove all of the granularity loss: single heavy layers "
                "(the LLM's lm_head + loss, the ViT's patch embedding at high resolution) still bound a rank, and where "
@@ -771,10 +770,10 @@ def _analysis_md(res: dict) -> list[str]:
     if gp:
         out.append("**Entrain's gap to ideal.** For the paper's Entrain partition granularity dominates "
                    f"({_rng([g['partition_granularity_ms'] / 1e3 for g in gp])} s under `a40-paper`): whole layers on "
-                   "disjoint stages cannot split a component's work exactly 1/8 per stage. With both extensions the "
+                   "disjoint stages cannot split a component's work exactly 1/8 per stage. With the extensions the "
                    f"term is {_rng([g['partition_granularity_ms'] / 1e3 for g in gd])} s (boundary sharing lowers it; "
-                   "the ramp's extra per-call constants raise the per-rank mean it is measured on), and the ramp turns "
-                   "the microbatch residual negative (between "
+                   "the ramp's extra per-call constants raise the per-rank mean it is measured on), and the ramp and the "
+                   "split weight gradients turn the microbatch residual negative (between "
                    f"{min(g['microbatch_residual_ms'] for g in gd) / 1e3:.2f} and "
                    f"{max(g['microbatch_residual_ms'] for g in gd) / 1e3:.2f} s: fill and drain shorter than 1F1B's). Communication is a few tens of ms (p2p overlapped by asynchronous sends, bf16 "
                    "gradient all-reduce at 12.5 GB/s).")  # fmt: skip

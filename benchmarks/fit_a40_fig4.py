@@ -18,7 +18,7 @@ by least squares in log space to the figure's four typical values: SynthChartNet
 over the built-in generators (10,000 samples per dataset, seed 0). The dataset images and texts are
 not touched: they are calibrated to Fig. 3 and FineVision (``entrain/data/calibration/bounds.json``).
 
-Run: ``python benchmarks/fit_a40_fig4.py`` (about a minute); writes
+Run: ``python benchmarks/fit_a40_fig4.py`` (a few seconds); writes
 ``benchmarks/results/a40_fig4_fit.md``. Copy the printed factors into
 ``entrain/core/presets.py`` (``A40_FIG4_EFFICIENCY``).
 """

@@ -336,6 +336,14 @@ def system_out(spec: TrainSpec, system: str) -> str:
 ENTRAIN_FAMILY = ("entrain", "entrain-1f1b")
 
 
+def schedule_options(spec: TrainSpec, system: str) -> dict | None:
+    """The schedule options ``spec`` asks of ``system``: Entrain's extensions for the Entrain family
+    (ramp, split weight gradients), none for the baselines."""
+    if system not in ENTRAIN_FAMILY:
+        return None
+    return {"ramp_microbatches": spec.ramp_microbatches, "split_weight_grads": spec.split_weight_grads}
+
+
 def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[SampleWork]) -> Layout:
     if spec.entrain_layout == "shared" and system in ENTRAIN_FAMILY:
         from entrain.core.planner import boundary_sharing_config
@@ -558,9 +566,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
 
     train_batches, val_batches = data.train, data.val
     layout = build_layout(spec, system, cost, train_batches[0])
-    options = None
-    if system in ENTRAIN_FAMILY:
-        options = {"ramp_microbatches": spec.ramp_microbatches, "split_weight_grads": spec.split_weight_grads}
+    options = schedule_options(spec, system)
     plan: Plan = make_plan(system, layout, train_batches, cost, options)
     val_plan = make_plan(system, layout, val_batches, cost, options) if val_batches else None
     rank0 = env.rank == 0

@@ -38,3 +38,23 @@ def test_default_layout_is_the_papers_disjoint_one(tmp_path):
 def test_bad_ramp_value_is_a_config_error(tmp_path, bad):
     with pytest.raises(ConfigError, match="--ramp-microbatches"):
         _spec(build_parser().parse_args(["train", "--out", str(tmp_path), "--ramp-microbatches", bad]))
+
+
+def test_split_weight_grads_reaches_entrains_plans_only(tmp_path):
+    from entrain.core.plan import ActionKind
+    from entrain.runtime.planning import make_plan
+    from entrain.runtime.session import schedule_options
+
+    def kinds(flags, system):
+        spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), *flags]))
+        cost = resolve_cost(spec)
+        probe = load_data(spec, cost, owner=False).train[0]
+        plan = make_plan(
+            system, build_layout(spec, system, cost, probe), [probe], cost, schedule_options(spec, system)
+        )
+        return {a.kind for acts in plan.iterations[0].actions.values() for a in acts}
+
+    split = kinds(["--split-weight-grads", "on"], "entrain")
+    assert ActionKind.B not in split and {ActionKind.I, ActionKind.W} <= split
+    assert ActionKind.B in kinds([], "entrain")  # the paper's schedule by default
+    assert ActionKind.B in kinds(["--split-weight-grads", "on"], "1f1b")  # baselines untouched

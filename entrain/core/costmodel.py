@@ -32,7 +32,8 @@ __all__ = [
 ]
 
 Component = Literal["encoder", "llm"]
-Phase = Literal["fwd", "bwd"]
+Phase = Literal["fwd", "bwd", "bwd_input"]
+"""``bwd_input``: the input-gradient part of ``bwd`` (what a split ``I`` runs; ``bwd`` minus it is ``W``)."""
 COMPONENTS: tuple[Component, ...] = ("encoder", "llm")
 SCHEMA_VERSION = 1
 
@@ -280,7 +281,12 @@ class CostModel:
         key = parallel_key(tp, cp)
         if key not in layer.fwd:
             raise KeyError(f"{self.model}/{component}/{layer.name}: no cost for {key}; have {layer.keys()}")
-        q = layer.fwd[key] if phase == "fwd" else self._bwd_quadratic(comp, layer_idx, key)
+        if phase == "fwd":
+            q = layer.fwd[key]
+        else:
+            q = self._bwd_quadratic(comp, layer_idx, key)
+            if q is not None and phase == "bwd_input" and layer.trainable:
+                q = q.scaled(layer.bwd_input_fraction)  # a frozen layer's backward is input-only already
         if q is None:
             return 0.0
         return sum(q.variable_ms(x) for x in units) + q.constant_ms * num_calls
@@ -290,14 +296,18 @@ class CostModel:
         q = layer.bwd[key]
         if layer.trainable:
             return q
-        # A frozen layer computes input gradients only if something before it trains; the LLM
-        # passes gradients to a trainable encoder, which the encoder's first layers cannot see.
-        upstream = comp.needs_input_grad(layer_idx)
-        if comp.name == "llm" and any(x.trainable for x in self.encoder.layers):
-            upstream = True
-        if not upstream:
+        # A frozen layer computes input gradients only if something before it trains.
+        if not self.input_grad_needed(comp.name, layer_idx):
             return None
         return q.scaled(layer.bwd_input_fraction)
+
+    def input_grad_needed(self, component: Component, layer_idx: int) -> bool:
+        """Whether the gradient must flow into layer ``layer_idx``'s input: some layer before it in
+        the encoder-then-LLM chain trains (the LLM passes gradients to a trainable encoder, which
+        the encoder's own layer list cannot see)."""
+        if self.component(component).needs_input_grad(layer_idx):
+            return True
+        return component == "llm" and any(x.trainable for x in self.encoder.layers)
 
     def stage_ms(
         self,

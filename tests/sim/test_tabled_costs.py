@@ -31,7 +31,7 @@ def _samples(cost) -> dict[str, SampleWork]:
     return {m.id: cost.sample_work(m) for m in metas}
 
 
-@pytest.mark.parametrize("kind", [ActionKind.F, ActionKind.B, ActionKind.W])
+@pytest.mark.parametrize("kind", [ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W])
 @pytest.mark.parametrize("ids", [("s0",), ("s3",), ("s1", "s2"), ("s0", "s1", "s2", "s3")])
 def test_tabled_stage_is_priced_exactly(kind, ids):
     cost = _tabled_cost()
@@ -42,14 +42,42 @@ def test_tabled_stage_is_priced_exactly(kind, ids):
     units = [x for sid in ids for x in cost.units("llm", samples[sid].meta)]
     phase = "fwd" if kind is ActionKind.F else "bwd"
     exact = cost.stage_ms("llm", 1, 2, units, phase, num_calls=1)
-    factor = 0.5 if kind is ActionKind.W else 1.0
-    assert costs.compute_ms(2, kind, ids) == pytest.approx(factor * exact)
+    inp = cost.stage_ms("llm", 1, 2, units, "bwd_input", num_calls=1)
+    expected = {ActionKind.I: inp, ActionKind.W: exact - inp}.get(kind, exact)
+    assert costs.compute_ms(2, kind, ids) == pytest.approx(expected)
     # the 1-and-2-token sampling of the quadratic path would follow the flat first segment
     quad = costs.stage_quads[2]
     sq, lin = costs._sums(2, ids)
     first_segment = (quad.fwd_a * sq + quad.fwd_b * lin + quad.fwd_c) if phase == "fwd" else None
     if phase == "fwd" and max(units) > 64:
         assert first_segment < 0.5 * exact
+
+
+def test_split_backward_follows_each_layers_input_fraction():
+    """``I`` = the input-gradient share of every layer's backward (``bwd_input_fraction`` of a trainable
+    layer, all of a frozen one that passes gradients), ``W`` = the rest; the first encoder stage sends
+    no gradient, so its ``I`` is free and its ``W`` the whole backward."""
+    cost = toy_cost(enc_layers=2, llm_layers=2, call_ms=0.1)
+    enc = list(cost.encoder.layers)
+    enc[1] = replace(enc[1], bwd_input_fraction=0.3)
+    llm = list(cost.llm.layers)
+    llm[0] = replace(llm[0], trainable=False)
+    cost = replace(
+        cost, encoder=replace(cost.encoder, layers=tuple(enc)), llm=replace(cost.llm, layers=tuple(llm))
+    )
+    layout = disjoint_layout(2, 2, enc_layers=2, llm_layers=2)
+    samples = _samples(cost)
+    costs = PlanCosts(layout, cost, samples)
+    ids = ("s1", "s2")
+    for stage in range(4):
+        b, i, w = (costs.compute_ms(stage, k, ids) for k in (ActionKind.B, ActionKind.I, ActionKind.W))
+        assert i + w == pytest.approx(b)
+        units = [x for sid in ids for x in cost.units(layout.stages[stage].component, samples[sid].meta)]
+        comp, first = layout.stages[stage].component, layout.stages[stage].first_layer
+        layer = cost.component(comp).layers[first]
+        full = cost.layer_ms(comp, first, units, "bwd", num_calls=1)
+        expected_i = {0: 0.0, 1: 0.3 * full, 2: full, 3: layer.bwd_input_fraction * full}[stage]
+        assert i == pytest.approx(expected_i), stage
 
 
 def test_quadratic_stages_keep_the_closed_form():

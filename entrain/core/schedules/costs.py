@@ -15,6 +15,10 @@ by the simulator, so every executor of a Plan prices an action the same way.
   ``sum_{l in stage} b_l * x``, i.e. the sample's work split over stages (and over forward and
   backward) by the stages' share of the per-layer linear costs; activation and message bytes use
   the same ``x``. Per-call constants are added as for any sample.
+* A split backward: ``I`` = the layers' input-gradient parts (``LayerCost.bwd_input_fraction`` of
+  each trainable layer's backward, the whole backward of a frozen layer that passes gradients), ``W``
+  = the rest; a stage whose input needs no gradient (the first encoder stage) runs its whole
+  backward as ``W`` (``I`` costs 0), as the runtime does.
 * p2p time of a message = ``latency + bytes / bandwidth`` (``HardwareSpec``); gradient messages
   have the size of the activations they answer. DP all-reduce of a rank's trainable parameter
   gradients (bf16 ``param_bytes / tp``): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
@@ -55,6 +59,11 @@ class StageQuad:
     fp32 master, m, v = 18 bytes per trainable parameter, bf16 weights of frozen layers; / tp)."""
     activation_bytes_per_token_sq: float = 0.0
     """Activation bytes per squared sequence-unit length (eager attention's saved scores), / (tp*cp)."""
+    bwd_input_a: float = 0.0
+    bwd_input_b: float = 0.0
+    bwd_input_c: float = 0.0
+    """The input-gradient part of the backward (a split ``I``); 0 on a stage whose input needs no
+    gradient (the first encoder stage): its whole backward is ``W``."""
 
 
 def _fit_quadratic(f1: float, f2: float) -> tuple[float, float]:
@@ -86,7 +95,10 @@ class PlanCosts:
         tp, cp = (par.tp, par.cp) if par else (1, 1)
         first, end = spec.first_layer, spec.end_layer
         coef = []
-        for phase in ("fwd", "bwd"):
+        for phase in ("fwd", "bwd", "bwd_input"):
+            if phase == "bwd_input" and not self._input_grad(stage):
+                coef += [0.0, 0.0, 0.0]
+                continue
             g1 = self.cost.stage_ms(comp, first, end, (1,), phase, tp, cp, num_calls=0)
             g2 = self.cost.stage_ms(comp, first, end, (2,), phase, tp, cp, num_calls=0)
             c = self.cost.stage_ms(comp, first, end, (), phase, tp, cp, num_calls=1)
@@ -100,7 +112,12 @@ class PlanCosts:
             layer.param_bytes * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
             for layer in layers
         )
-        return StageQuad(*coef, act, out, grad, state / tp, act_sq)
+        return StageQuad(*coef[:6], act, out, grad, state / tp, act_sq, *coef[6:])
+
+    def _input_grad(self, stage: int) -> bool:
+        """Whether a stage sends a gradient upstream: its first layer's input needs one."""
+        spec = self.layout.stages[stage]
+        return self.cost.input_grad_needed(spec.component, spec.first_layer)
 
     def _parallel(self, comp: str) -> tuple[int, int]:
         par = self.layout.components.get(comp)
@@ -132,7 +149,8 @@ class PlanCosts:
                 )
             else:
                 q = self.stage_quads[stage]
-                got = (q.fwd_b if phase == "fwd" else q.bwd_b) * self.unit_sums(spec.component, sid)[1]
+                b = {"fwd": q.fwd_b, "bwd": q.bwd_b, "bwd_input": q.bwd_input_b}[phase]
+                got = b * self.unit_sums(spec.component, sid)[1]
             self._sample_ms[key] = got
         return got
 
@@ -187,23 +205,28 @@ class PlanCosts:
     # --- prices -------------------------------------------------------------------------------------
     def compute_ms(self, stage: int, kind: ActionKind, ids: Iterable[str]) -> float:
         """Duration of a compute action over the samples ``ids`` (one call)."""
-        q = self.stage_quads[stage]
-        if self.tabled[stage]:
-            ids = tuple(ids)
-            if kind is ActionKind.F:
-                return sum(self._variable_ms(stage, "fwd", s) for s in ids) + q.fwd_c
-            bwd = sum(self._variable_ms(stage, "bwd", s) for s in ids) + q.bwd_c
-        elif kind is ActionKind.F:
-            sq, lin = self._sums(stage, ids)
-            return q.fwd_a * sq + q.fwd_b * lin + q.fwd_c
-        else:
-            sq, lin = self._sums(stage, ids)
-            bwd = q.bwd_a * sq + q.bwd_b * lin + q.bwd_c
+        if not kind.is_compute:
+            raise ValueError(f"{kind} is not a compute action")
+        if kind is ActionKind.F:
+            return self._phase_ms(stage, "fwd", ids)
+        bwd = self._phase_ms(stage, "bwd", ids)
         if kind is ActionKind.B:
             return bwd
-        if kind in (ActionKind.I, ActionKind.W):
-            return 0.5 * bwd
-        raise ValueError(f"{kind} is not a compute action")
+        inp = self._phase_ms(stage, "bwd_input", ids) if self._input_grad(stage) else 0.0
+        return inp if kind is ActionKind.I else bwd - inp
+
+    def _phase_ms(self, stage: int, phase: str, ids: Iterable[str]) -> float:
+        """One call of ``phase`` (``fwd``, ``bwd``, ``bwd_input``) over the samples ``ids``."""
+        q = self.stage_quads[stage]
+        a, b, c = {
+            "fwd": (q.fwd_a, q.fwd_b, q.fwd_c),
+            "bwd": (q.bwd_a, q.bwd_b, q.bwd_c),
+            "bwd_input": (q.bwd_input_a, q.bwd_input_b, q.bwd_input_c),
+        }[phase]
+        if self.tabled[stage]:
+            return sum(self._variable_ms(stage, phase, s) for s in tuple(ids)) + c
+        sq, lin = self._sums(stage, ids)
+        return a * sq + b * lin + c
 
     def tokens(self, stage: int, ids: Iterable[str]) -> float:
         return self._sums(stage, ids)[1]

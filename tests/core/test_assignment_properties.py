@@ -1,4 +1,6 @@
-"""Hypothesis property tests of Entrain's hierarchical assignment (issue 2 req. 9)."""
+"""Hypothesis property tests of Entrain's hierarchical assignment (issue 2 req. 9): safety
+(each sample once, determinism, deferral shape) on the shared strategies of assignment_strategies.py;
+quality against oracles is in test_assignment_quality.py."""
 
 from __future__ import annotations
 
@@ -14,19 +16,8 @@ from entrain.core.assignment.deferral import deferral_candidates
 from entrain.core.assignment.dp_split import split_dp
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.assignment.matching import bottleneck_match
-from entrain.core.work import SampleWork
 
-work = st.one_of(st.just(0.0), st.floats(0.01, 100.0), st.integers(1, 20).map(float))
-
-
-@st.composite
-def batches(draw):
-    dp = draw(st.integers(1, 4))
-    per_replica = draw(st.integers(1, 14))
-    k = draw(st.integers(1, 8))
-    pairs = draw(st.lists(st.tuples(work, work), min_size=dp * per_replica, max_size=dp * per_replica))
-    batch = [SampleWork(f"s{i:03d}", e, m) for i, (e, m) in enumerate(pairs)]
-    return batch, dp, k
+from .assignment_strategies import batches
 
 
 def _tol(x: float) -> float:

@@ -48,7 +48,10 @@ __all__ = [
     "random_samples",
 ]
 
-DATASETS: tuple[str, ...] = ("synthchartnet", "chartqa", "cocoqa", "llava150k", "synthchartnet-fv", "skewed")
+DATASETS: tuple[str, ...] = (
+    "synthchartnet", "chartqa", "cocoqa", "llava150k", "synthchartnet-fv", "skewed",
+    "docvqa", "multi-image", "video", "text-heavy", "long-context", "mixture",
+)  # fmt: skip
 ALIASES: dict[str, str] = {"llava_instruct_150k": "llava150k"}
 BLOCK_SIZE = 256
 """Samples per independently seeded block (also the longest possible SynthChartNet regime run)."""
@@ -63,7 +66,9 @@ VISION_MARKER_TOKENS = 2
 
 @dataclass(frozen=True, slots=True)
 class SampleArrays:
-    """Column form of a one-image-per-sample draw: ``heights``/``widths`` in pixels, ``text_tokens``."""
+    """Column form of a draw: ``image_counts[i]`` images for sample ``i``, whose ``(H, W)`` in pixels
+    are the next ``image_counts[i]`` entries of ``heights``/``widths`` (flattened, in sample order),
+    and ``text_tokens[i]`` text tokens. The paper's four datasets have exactly one image a sample."""
 
     name: str
     seed: int
@@ -71,6 +76,7 @@ class SampleArrays:
     heights: np.ndarray
     widths: np.ndarray
     text_tokens: np.ndarray
+    image_counts: np.ndarray
 
     def __len__(self) -> int:
         return int(self.text_tokens.shape[0])
@@ -78,9 +84,15 @@ class SampleArrays:
     def ids(self) -> list[str]:
         return [f"{self.name}-{self.seed}-{i}" for i in range(self.start, self.start + len(self))]
 
+    def images(self) -> list[tuple[tuple[int, int], ...]]:
+        """Per sample, its images' ``(H, W)``."""
+        sizes = list(zip(self.heights.tolist(), self.widths.tolist()))
+        ends = np.cumsum(self.image_counts).tolist()
+        return [tuple(sizes[e - c : e]) for c, e in zip(self.image_counts.tolist(), ends)]
+
     def to_samples(self, vision: VisionTokenConfig = DEFAULT_VISION) -> list[SampleMeta]:
-        rows = zip(self.ids(), self.heights.tolist(), self.widths.tolist(), self.text_tokens.tolist())
-        return [SampleMeta(i, ((h, w),), t, vision) for i, h, w, t in rows]
+        rows = zip(self.ids(), self.images(), self.text_tokens.tolist())
+        return [SampleMeta(i, imgs, t, vision) for i, imgs, t in rows]
 
 
 # --- random helpers -------------------------------------------------------------------------------
@@ -241,15 +253,200 @@ def _skewed_text(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.clip(np.rint(np.exp(rng.uniform(math.log(16), math.log(256), n))), 16, 256).astype(np.int64)
 
 
-Gen = Callable[[np.random.Generator, int], np.ndarray]
-ImgGen = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
-_GENERATORS: dict[str, tuple[Gen, ImgGen]] = {
-    "synthchartnet": (_synthchart_text, _synthchart_images),
-    "chartqa": (_chartqa_text, _chartqa_images),
-    "cocoqa": (_cocoqa_text, _coco_images),
-    "llava150k": (_llava_text, _coco_images),
-    "synthchartnet-fv": (_synthchart_text, _synthchart_fv_images),
-    "skewed": (_skewed_text, _skewed_images),
+# --- the workload zoo (CONTRACT.md Additions; distributions and sources in docs/workloads.md) -----
+
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""A block of samples: ``(image_counts, heights, widths, text_tokens)``, images flattened."""
+
+
+def _one_image(text: np.ndarray, hw: tuple[np.ndarray, np.ndarray]) -> Rows:
+    return np.ones(text.shape[0], dtype=np.int64), hw[0], hw[1], text
+
+
+def _rows(counts: np.ndarray, heights: np.ndarray, widths: np.ndarray, text: np.ndarray) -> Rows:
+    """Rows from per-sample ``counts`` and per-slot ``(n, max_count)`` sizes (first ``counts[i]`` used)."""
+    used = np.arange(heights.shape[1])[None, :] < counts[:, None]
+    return counts.astype(np.int64), heights[used].astype(np.int64), widths[used].astype(np.int64), text
+
+
+def _qa_text(rng: np.random.Generator, n: int, turns: np.ndarray, q_mean: float, a_mean: float,
+             a_sigma: float, a_max: int = 8192) -> np.ndarray:  # fmt: skip
+    """Template + question + answer tokens of ``turns[i]`` turns (lognormal questions and answers)."""
+    width = int(turns.max()) if n else 1
+    q = _tok(_ln(rng, q_mean, 0.5, (n, width)))
+    a = np.minimum(a_max, _tok(_ln(rng, a_mean, a_sigma, (n, width))))
+    return _turn_sums(turns, q, a)
+
+
+def _with_template(turn_tokens: np.ndarray, visual_items: np.ndarray) -> np.ndarray:
+    """``11 + 2 * visual_items + turns`` (a video is one visual item: one start/end marker pair)."""
+    return (SYSTEM_TOKENS + VISION_MARKER_TOKENS * visual_items + turn_tokens).astype(np.int64)
+
+
+DOC_LONG_SIDE_PX = (800, 3500)
+"""Scanned pages' long side (CONTRACT.md): fax/low-DPI, 200-DPI and 300-DPI letter/A4 scans."""
+DOC_OCR_SHARE = 0.6
+"""Share of document samples whose prompt carries the page's OCR text [assumed]."""
+
+
+def _docvqa(rng: np.random.Generator, n: int) -> Rows:
+    scan = _choice(rng, [0.30, 0.45, 0.25], n)  # ~100 DPI / 200 DPI / 300 DPI letter-size scans
+    long_side = np.choose(
+        scan, [rng.uniform(800, 1300, n), rng.normal(2200, 150, n), rng.uniform(2900, 3500, n)]
+    )
+    long_side = np.clip(long_side, *DOC_LONG_SIDE_PX)
+    short_side = long_side * np.where(rng.random(n) < 0.7, 8.5 / 11, 1 / math.sqrt(2))  # letter / A4
+    landscape = rng.random(n) < 0.1
+    heights = np.where(landscape, short_side, long_side).astype(np.int64)
+    widths = np.where(landscape, long_side, short_side).astype(np.int64)
+    turns = np.minimum(12, 1 + rng.poisson(2.9, n))  # ~3.9 questions per page
+    qa = _qa_text(rng, n, turns, q_mean=13, a_mean=5, a_sigma=0.7)
+    ocr = np.where(rng.random(n) < DOC_OCR_SHARE, np.clip(_tok(_ln(rng, 700, 0.7, n)), 64, 4096), 0)
+    return _one_image(_with_template(qa + ocr, np.ones(n, dtype=np.int64)), (heights, widths))
+
+
+MULTI_IMAGE_COUNT_WEIGHTS = [0.22, 0.20, 0.14, 0.12, 0.10, 0.08, 0.07, 0.07]
+"""P(1..8 images) of an interleaved / multi-image instruction sample [assumed; mean ~3.4]."""
+
+
+def _web_photos(rng: np.random.Generator, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Web images: long side lognormal (mean 700 px) in [224, 1536], 4:3 / 3:2 / 16:9 / square."""
+    long_side = np.clip(_ln(rng, 700, 0.4, shape), 224, 1536)
+    aspect = np.array([0.75, 2 / 3, 0.5625, 1.0])[_choice(rng, [0.4, 0.25, 0.2, 0.15], shape[0] * shape[1])]
+    short_side = long_side * aspect.reshape(shape)
+    portrait = rng.random(shape) < 0.25
+    heights = np.where(portrait, long_side, short_side).astype(np.int64)
+    widths = np.where(portrait, short_side, long_side).astype(np.int64)
+    return heights, widths
+
+
+def _multi_image(rng: np.random.Generator, n: int) -> Rows:
+    counts = 1 + _choice(rng, MULTI_IMAGE_COUNT_WEIGHTS, n)
+    heights, widths = _web_photos(rng, (n, len(MULTI_IMAGE_COUNT_WEIGHTS)))
+    turns = 1 + _choice(rng, [0.6, 0.3, 0.1], n)
+    text = _with_template(_qa_text(rng, n, turns, q_mean=30, a_mean=90, a_sigma=0.7), counts)
+    return _rows(counts, heights, widths, text)
+
+
+VIDEO_FRAMES = (4, 32)
+"""Frames a video sample (CONTRACT.md); even, as Qwen2.5-VL's temporal patch spans 2 frames."""
+VIDEO_FRAME_MAX_PIXELS = 768 * 28 * 28
+"""qwen_vl_utils' per-frame pixel cap for video (VIDEO_MAX_PIXELS)."""
+_VIDEO_SOURCES = [((640, 360), 0.30), ((854, 480), 0.35), ((1280, 720), 0.30), ((1920, 1080), 0.05)]
+"""(W, H) of the source clips: 360p / 480p / 720p / 1080p [assumed weights]."""
+
+
+def _video(rng: np.random.Generator, n: int) -> Rows:
+    """A video of T frames is T/2 temporal patches; each is priced as one image of the frame size
+    (Qwen2.5-VL's ViT attends within each temporal patch, and the LLM sees T/2 x (H'/28)(W'/28) tokens)."""
+    fixed = np.array([8, 16, 32])[_choice(rng, [0.45, 0.35, 0.20], n)]  # uniform-budget sampling
+    fps2 = 2 * np.rint(_ln(rng, 8, 0.6, n)).astype(np.int64)  # 2 fps over a clip of ~8 s
+    frames = np.clip(np.where(rng.random(n) < 0.6, fixed, fps2), *VIDEO_FRAMES)
+    frames = frames - frames % 2
+    src = _choice(rng, [p for _, p in _VIDEO_SOURCES], n)
+    w = np.array([s[0] for s, _ in _VIDEO_SOURCES])[src].astype(float)
+    h = np.array([s[1] for s, _ in _VIDEO_SOURCES])[src].astype(float)
+    scale = np.minimum(1.0, np.sqrt(VIDEO_FRAME_MAX_PIXELS / (w * h)))
+    portrait = rng.random(n) < 0.1
+    fh, fw = np.where(portrait, w, h) * scale, np.where(portrait, h, w) * scale
+    width = VIDEO_FRAMES[1] // 2
+    counts = frames // 2
+    heights = np.repeat(fh.astype(np.int64)[:, None], width, axis=1)
+    widths = np.repeat(fw.astype(np.int64)[:, None], width, axis=1)
+    turns = 1 + (rng.random(n) < 0.3)
+    text = _with_template(
+        _qa_text(rng, n, turns, q_mean=15, a_mean=25, a_sigma=0.8), np.ones(n, dtype=np.int64)
+    )
+    return _rows(counts, heights, widths, text)
+
+
+TEXT_ONLY_SHARE = 0.5
+"""Share of ``text-heavy`` samples without an image (CONTRACT.md: about half)."""
+
+
+def _text_heavy(rng: np.random.Generator, n: int) -> Rows:
+    text_only = rng.random(n) < TEXT_ONLY_SHARE
+    turns = 1 + _choice(rng, [0.55, 0.3, 0.15], n)
+    only = _qa_text(rng, n, turns, q_mean=60, a_mean=420, a_sigma=0.7, a_max=4096)
+    with_image = _qa_text(rng, n, turns, q_mean=25, a_mean=250, a_sigma=0.6, a_max=4096)
+    counts = (~text_only).astype(np.int64)
+    text = _with_template(np.where(text_only, only, with_image), counts)
+    heights, widths = _coco_images(rng, n)
+    return _rows(counts, heights[:, None], widths[:, None], text)
+
+
+LONG_CONTEXT_TOKENS = (2048, 16384)
+"""Text tokens of a ``long-context`` sample (CONTRACT.md), log-uniform."""
+LONG_CONTEXT_IMAGE_SHARE = 0.4
+"""Share of long-context samples with their one small image [assumed]."""
+
+
+def _long_context(rng: np.random.Generator, n: int) -> Rows:
+    lo, hi = LONG_CONTEXT_TOKENS
+    text = np.clip(np.rint(np.exp(rng.uniform(math.log(lo), math.log(hi), n))), lo, hi).astype(np.int64)
+    counts = (rng.random(n) < LONG_CONTEXT_IMAGE_SHARE).astype(np.int64)
+    long_side = rng.uniform(224, 448, n)
+    short_side = long_side * np.array([1.0, 0.75, 0.5625])[_choice(rng, [0.4, 0.4, 0.2], n)]
+    return _rows(counts, short_side[:, None], long_side[:, None], text)
+
+
+MIXTURE_WEIGHTS = {
+    "docvqa": 0.15,
+    "multi-image": 0.20,
+    "video": 0.15,
+    "text-heavy": 0.30,
+    "long-context": 0.20,
+}
+"""Per-sample source of ``mixture`` (i.i.d. in data order) [assumed]."""
+
+
+def _mixture(rng: np.random.Generator, n: int) -> Rows:
+    source = _choice(rng, list(MIXTURE_WEIGHTS.values()), n)
+    parts = [_ZOO[name](rng, n) for name in MIXTURE_WEIGHTS]
+    per_sample = [_split(rows) for rows in parts]
+    picked = [per_sample[s][i] for i, s in enumerate(source.tolist())]
+    return _join(picked)
+
+
+def _split(rows: Rows) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    counts, heights, widths, text = rows
+    ends = np.cumsum(counts)
+    return [(heights[e - c : e], widths[e - c : e], int(t)) for c, e, t in zip(counts, ends, text)]
+
+
+def _join(samples: list[tuple[np.ndarray, np.ndarray, int]]) -> Rows:
+    empty = np.zeros(0, dtype=np.int64)
+    counts = np.array([len(h) for h, _, _ in samples], dtype=np.int64)
+    heights = np.concatenate([empty, *(h for h, _, _ in samples)]).astype(np.int64)
+    widths = np.concatenate([empty, *(w for _, w, _ in samples)]).astype(np.int64)
+    return counts, heights, widths, np.array([t for _, _, t in samples], dtype=np.int64)
+
+
+Gen = Callable[[np.random.Generator, int], Rows]
+_ZOO: dict[str, Gen] = {
+    "docvqa": _docvqa,
+    "multi-image": _multi_image,
+    "video": _video,
+    "text-heavy": _text_heavy,
+    "long-context": _long_context,
+    "mixture": _mixture,
+}
+ZOO: tuple[str, ...] = tuple(_ZOO)
+"""The workload zoo (beyond the paper's four datasets)."""
+
+
+def _paper_style(text_gen, image_gen) -> Gen:
+    return lambda rng, n: _one_image(text_gen(rng, n), image_gen(rng, n))
+
+
+_GENERATORS: dict[str, Gen] = {
+    "synthchartnet": _paper_style(_synthchart_text, _synthchart_images),
+    "chartqa": _paper_style(_chartqa_text, _chartqa_images),
+    "cocoqa": _paper_style(_cocoqa_text, _coco_images),
+    "llava150k": _paper_style(_llava_text, _coco_images),
+    "synthchartnet-fv": _paper_style(_synthchart_text, _synthchart_fv_images),
+    "skewed": _paper_style(_skewed_text, _skewed_images),
+    **_ZOO,
 }
 
 
@@ -269,13 +466,17 @@ def is_builtin(name: str) -> bool:
     return ALIASES.get(name, name) in _GENERATORS
 
 
-def _block(name: str, seed: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _block(name: str, seed: int, block: int) -> Rows:
     key = zlib.crc32(name.encode())
     rng = np.random.default_rng(np.random.SeedSequence([seed, key, block]))
-    text_gen, image_gen = _GENERATORS[name]
-    text = text_gen(rng, BLOCK_SIZE)
-    heights, widths = image_gen(rng, BLOCK_SIZE)
-    return heights, widths, text
+    return _GENERATORS[name](rng, BLOCK_SIZE)
+
+
+def _slice(rows: Rows, lo: int, hi: int) -> Rows:
+    """Samples ``[lo, hi)`` of a block (or of concatenated blocks)."""
+    counts, heights, widths, text = rows
+    first, last = int(counts[:lo].sum()), int(counts[:hi].sum())
+    return counts[lo:hi], heights[first:last], widths[first:last], text[lo:hi]
 
 
 def _check_args(num_samples: int, seed: int, start: int) -> None:
@@ -291,12 +492,13 @@ def generate_arrays(name: str, num_samples: int, seed: int, start: int = 0) -> S
     _check_args(num_samples, seed, start)
     if num_samples == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return SampleArrays(name, seed, start, empty, empty, empty)
+        return SampleArrays(name, seed, start, empty, empty, empty, empty)
     first, last = start // BLOCK_SIZE, (start + num_samples - 1) // BLOCK_SIZE
     blocks = [_block(name, seed, b) for b in range(first, last + 1)]
     offset = start - first * BLOCK_SIZE
-    heights, widths, text = (np.concatenate(col)[offset : offset + num_samples] for col in zip(*blocks))
-    return SampleArrays(name, seed, start, heights, widths, text)
+    whole = tuple(np.concatenate(col) for col in zip(*blocks))
+    counts, heights, widths, text = _slice(whole, offset, offset + num_samples)
+    return SampleArrays(name, seed, start, heights, widths, text, counts)
 
 
 def generate_samples(
@@ -327,14 +529,13 @@ def random_samples(
         population, num_samples, replace=False
     )
     name = canonical_name(name)
-    blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    blocks: dict[int, Rows] = {}
     out: list[SampleMeta] = []
     for idx in sorted(pick.tolist()):
         if idx // BLOCK_SIZE not in blocks:
             blocks[idx // BLOCK_SIZE] = _block(name, seed, idx // BLOCK_SIZE)
-        heights, widths, text = blocks[idx // BLOCK_SIZE]
         j = idx % BLOCK_SIZE
-        out.append(
-            SampleMeta(f"{name}-{seed}-{idx}", ((int(heights[j]), int(widths[j])),), int(text[j]), vision)
-        )
+        counts, heights, widths, text = _slice(blocks[idx // BLOCK_SIZE], j, j + 1)
+        images = tuple(zip(heights.tolist(), widths.tolist()))
+        out.append(SampleMeta(f"{name}-{seed}-{idx}", images, int(text[0]), vision))
     return out

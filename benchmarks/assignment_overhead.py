@@ -30,8 +30,8 @@ from entrain.core.assignment.dp_split import split_dp
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.assignment.matching import bottleneck_match
 from entrain.core.assignment.stratified import stratified_assign
-from entrain.core.batching import BATCHERS
 from entrain.core.presets import build_cost_model
+from entrain.core.systems import SYSTEMS
 from entrain.data.workload_io import load_workload
 
 DP, U = 4, 4
@@ -117,7 +117,7 @@ def run(quick: bool) -> dict:
         }  # fmt: skip
         for name, max_b in BASELINE_MAX_BATCH.items():
             if b <= max_b:
-                ts = [t for batch in batches[:2] for t in _times_ms(BATCHERS[name], (batch, DP, k), 1)]
+                ts = [t for batch in batches[:2] for t in _times_ms(SYSTEMS[name].batcher, (batch, DP, k), 1)]
                 row["baselines_median_ms"][name] = statistics.median(ts)
         rows.append(row)
         print(

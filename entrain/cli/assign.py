@@ -20,11 +20,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from entrain.cli.common import add_common_args, emit_json, parse_systems, resolve_cost_model, workload_source
+from entrain.cli.common import add_common_args, emit_json, resolve_cost_model, workload_source
 from entrain.core.assignment.types import IterationAssignment
-from entrain.core.batching import get_batcher
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.parallel import num_microbatches
+from entrain.core.systems import get_system, parse_systems
 from entrain.core.work import SampleWork
 
 DEFAULT_SYSTEMS = "entrain,1f1b,disttrain,dip"
@@ -81,14 +82,6 @@ def resolve_dp(args: argparse.Namespace, first_batch: Sequence[SampleWork], cost
     return cfg.dp
 
 
-def num_microbatches(global_batch: int, dp: int, microbatch_size: int) -> int:
-    if microbatch_size < 1 or global_batch % (dp * microbatch_size):
-        raise ConfigError(
-            f"--global-batch {global_batch} is not divisible by --dp {dp} x --microbatch-size {microbatch_size}"
-        )
-    return global_batch // (dp * microbatch_size)
-
-
 def _table(results: dict[str, dict], times_ms: dict[str, float], head: str) -> str:
     base = results.get("entrain", {}).get("summary")
     lines = [head, ""]
@@ -121,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict] = {}
     times_ms: dict[str, float] = {}
     for name in systems:
-        batcher = get_batcher(name)
+        batcher = get_system(name).batcher
         t0 = time.perf_counter()
         its = [batcher(b, dp, k) for b in batches]
         times_ms[name] = (time.perf_counter() - t0) * 1e3 / max(1, len(batches))

@@ -22,14 +22,15 @@ from dataclasses import replace
 from entrain.cli.common import emit_json
 from entrain.core.errors import ConfigError
 from entrain.core.planner import PAPER_TABLE1, evaluate_config
+from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
+from entrain.core.systems import SYSTEMS as REGISTRY
 from entrain.sim.executor import simulate_plan
 from entrain.sim.run import run_system
-from entrain.sim.systems import ConfigRequest, entrain_variant, system_setups
 
 DATASETS = ("synthchartnet", "chartqa", "cocoqa", "llava150k")
 MODELS = ("qwen25vl-llama3-1b", "qwen25vl-llama3-3b")
 HARDWARE = ("a40-paper", "a40-flops")
-SYSTEMS = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy")
+SYSTEMS = tuple(REGISTRY)
 TRIAL_SIZES = (1, 4, 16, 64, 256)
 GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH = 64, 4, 2, 512, 4
 SHORT = {"qwen25vl-llama3-1b": "1B", "qwen25vl-llama3-3b": "3B"}
@@ -120,17 +121,18 @@ def _split(layout) -> str:
 
 def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: int, sweep_iterations: int,
              sweep: bool, systems=SYSTEMS) -> dict:  # fmt: skip
-    from entrain.core.presets import build_cost_model
+    from entrain.core.presets import resolve_cost_model
+    from entrain.data.sampling import dataset_sampler
     from entrain.data.workload_io import load_workload
 
     t0 = time.perf_counter()
-    cost = build_cost_model(model, hardware)
+    cost = resolve_cost_model(model, hardware=hardware)
     batches = list(
         load_workload(dataset, cost, global_batch=GLOBAL_BATCH, iterations=iterations, seed=seed, tp=TP)
     )
     req = ConfigRequest(dataset, model, GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH, seed, TRIAL_SIZES,
                         entrain_layout="disjoint", entrain_ramp=0, entrain_split=False)  # fmt: skip
-    setups = system_setups(list(systems), req, cost, batches)  # the paper's Entrain and the baselines
+    setups = system_setups(list(systems), req, cost, dataset_sampler(dataset, batches))  # the paper's Entrain and the baselines
     base = setups["entrain"]
     setups[PAPER] = base
     for name, (lay, ramp, split) in VARIANTS.items():

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 from entrain.core.architectures import MODEL_PRESETS as _ARCHS
 from entrain.core.costmodel import CostModel
-from entrain.core.errors import ConfigError
-from entrain.core.presets import HARDWARE_PRESETS
+from entrain.core.presets import HARDWARE_PRESETS, default_hardware
+from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
 from entrain.core.work import SampleWork
 
 MODEL_PRESETS = tuple(_ARCHS)
-SYSTEMS = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy")
 
 
 def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None = None) -> None:
@@ -61,10 +60,6 @@ def add_attention_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def default_hardware(model: str) -> str:
-    return "cpu-tiny" if model == "tiny" else "a40-paper"
-
-
 def hardware_label(args: argparse.Namespace) -> str:
     """What the costs come from, for reports: the hardware preset, or ``profile:FILE``."""
     if getattr(args, "profile", None):
@@ -72,34 +67,16 @@ def hardware_label(args: argparse.Namespace) -> str:
     return args.hardware or default_hardware(args.model)
 
 
-def resolve_cost_model(args: argparse.Namespace) -> CostModel:
-    """The cost model named by ``--model``/``--hardware``/``--attention``, or the measured ``--profile``."""
-    return build_preset_cost(args)
-
-
-def build_preset_cost(args: argparse.Namespace, freeze: tuple[str, ...] = ()) -> CostModel:
-    """``resolve_cost_model`` with frozen parts (presets only: a profile carries its own flags)."""
-    attention = getattr(args, "attention", None)
-    if getattr(args, "profile", None):
-        if freeze:
-            raise ConfigError(
-                "--freeze applies to presets; a measured --profile carries its own trainable flags"
-            )
-        if attention:
-            raise ConfigError("--attention applies to presets; a measured --profile timed its own attention")
-        return CostModel.load(args.profile, expect_model=args.model)
-    from entrain.core.presets import build_cost_model
-
-    hardware = args.hardware or default_hardware(args.model)
-    return build_cost_model(args.model, hardware, freeze=freeze, attention=attention)
-
-
-def parse_systems(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SYSTEMS]
-    if unknown:
-        raise ConfigError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
-    return names
+def resolve_cost_model(args: argparse.Namespace, freeze: tuple[str, ...] = ()) -> CostModel:
+    """The cost model named by ``--model``/``--hardware``/``--attention`` (and frozen parts), or the
+    measured ``--profile`` (``entrain.core.presets.resolve_cost_model``)."""
+    return resolve_preset_or_profile(
+        args.model,
+        hardware=args.hardware,
+        profile=getattr(args, "profile", None),
+        attention=getattr(args, "attention", None),
+        freeze=freeze,
+    )
 
 
 @dataclass

@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from entrain.cli.common import add_common_args, build_preset_cost, emit_json
+from entrain.cli.common import add_common_args, emit_json, resolve_cost_model
 from entrain.core.errors import ConfigError
-from entrain.core.planner import PlanResult, Sampler, plan, pool_sampler
-
-POOL_SIZE = 1 << 15
+from entrain.core.planner import PlanResult, Sampler, plan
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,27 +38,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _cost(args: argparse.Namespace):
     freeze = tuple(x.strip() for x in args.freeze.split(",") if x.strip())
-    return build_preset_cost(args, freeze)
+    return resolve_cost_model(args, freeze)
 
 
 def build_sampler(dataset: str, seed: int, image_root: str | None = None) -> Sampler:
-    """i.i.d. draws from the dataset named by ``--dataset``."""
-    from entrain.data.generators import generate_samples, is_builtin
-    from entrain.data.workload_io import (
-        detect_format,
-        read_raw_work_jsonl,
-        read_samples,
-        resolve_dataset_file,
-    )
+    """i.i.d. draws from the dataset named by ``--dataset`` (``entrain.data.sampling``)."""
+    from entrain.data.sampling import pool_sampler_for
 
-    if is_builtin(dataset):
-        if seed < 0:
-            raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
-        return pool_sampler(generate_samples(dataset, POOL_SIZE, seed))
-    path = resolve_dataset_file(dataset)
-    if detect_format(path) == "raw_work":
-        return pool_sampler(read_raw_work_jsonl(path))
-    return pool_sampler(read_samples(path, image_root=image_root))
+    return pool_sampler_for(dataset, seed, image_root)
 
 
 def _sizes(text: str) -> list[int]:

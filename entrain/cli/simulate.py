@@ -11,13 +11,13 @@ from entrain.cli.common import (
     add_common_args,
     emit_json,
     hardware_label,
-    parse_systems,
     resolve_cost_model,
     workload_source,
 )
 from entrain.core.errors import ConfigError
+from entrain.core.setups import ConfigRequest, system_setups
+from entrain.core.systems import parse_systems
 from entrain.sim.run import SystemRun, run_system
-from entrain.sim.systems import ConfigRequest, system_setups
 
 DEFAULT_SYSTEMS = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
 
@@ -86,7 +86,9 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         entrain_ramp=0 if args.paper_entrain else args.ramp_microbatches,
         entrain_split=args.split_weight_grads == "on" and not args.paper_entrain,
     )
-    setups = system_setups(systems, req, cost, batches)
+    from entrain.data.sampling import dataset_sampler
+
+    setups = system_setups(systems, req, cost, dataset_sampler(args.dataset, batches))
     runs = {}
     for name in systems:
         setup = setups[name]

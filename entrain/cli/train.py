@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 
-from entrain.cli.common import HARDWARE_PRESETS, MODEL_PRESETS, SYSTEMS
+from entrain.cli.common import HARDWARE_PRESETS, MODEL_PRESETS, add_attention_arg
 from entrain.core.errors import ConfigError
+from entrain.core.systems import SYSTEMS, parse_systems
 
 DEMO = {
     "model": "tiny",
@@ -50,6 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--profile", default=None, metavar="FILE", help="measured profile (entrain profile) to plan with"
     )
+    add_attention_arg(p)
     p.add_argument("--system", default="entrain", help=f"one of {', '.join(SYSTEMS)} (or a comma list)")
     p.add_argument("--encoder-stages", type=int, default=1)
     p.add_argument("--llm-stages", type=int, default=1)
@@ -161,10 +163,7 @@ def _ramp(text: str) -> int | str:
 def _spec(args: argparse.Namespace):
     from entrain.runtime.session import TrainSpec
 
-    systems = tuple(s.strip() for s in args.system.split(",") if s.strip())
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown or not systems:
-        raise ConfigError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+    systems = tuple(parse_systems(args.system))
     freeze = tuple(f.strip() for f in args.freeze.split(",") if f.strip())
     if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
         raise ConfigError(
@@ -189,6 +188,7 @@ def _spec(args: argparse.Namespace):
         out=args.out,
         hardware=args.hardware,
         profile=args.profile,
+        attention=args.attention,
         image_root=args.image_root,
         lr=args.lr,
         weight_decay=args.weight_decay,
@@ -218,6 +218,7 @@ _FORWARDED = (
     "model",
     "hardware",
     "profile",
+    "attention",
     "system",
     "encoder_stages",
     "llm_stages",
@@ -295,12 +296,8 @@ def _infer_dp(args: argparse.Namespace, world: int | None) -> None:
     """``--dp`` from the process count (``--nproc`` or torchrun's WORLD_SIZE) when not given."""
     if args.dp is not None or world is None:
         return
-    from entrain.runtime.planning import COLOCATED_SYSTEMS
-
-    systems = [s.strip() for s in args.system.split(",") if s.strip()]
     per_replica = max(
-        args.encoder_stages if s in COLOCATED_SYSTEMS else args.encoder_stages + args.llm_stages
-        for s in systems
+        SYSTEMS[s].ranks_per_replica(args.encoder_stages, args.llm_stages) for s in parse_systems(args.system)
     )
     if world % per_replica:
         lower = max(per_replica, world // per_replica * per_replica)
@@ -338,10 +335,9 @@ def warn_below_b_min(spec) -> int | None:
     from entrain.core.planner import find_b_min, pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
-    from entrain.runtime.planning import COLOCATED_SYSTEMS
     from entrain.runtime.session import resolve_cost
 
-    if all(s in COLOCATED_SYSTEMS for s in spec.systems) or _is_conversation_file(spec.dataset):
+    if all(SYSTEMS[s].colocated for s in spec.systems) or _is_conversation_file(spec.dataset):
         return None
     if is_builtin(spec.dataset):
         pool = generate_samples(spec.dataset, B_MIN_POOL, spec.seed)

@@ -26,7 +26,7 @@ Extension (ours, not the paper's): ``boundary_sharing_config`` partitions the co
 encoder-then-LLM layer list over a replica's pipeline ranks in one min-max pass, so the rank where
 the modalities meet may hold the last encoder stage and the first LLM stage (same TP x CP on both).
 Its Eq. 2 time is never above the disjoint split's on the same ranks (the disjoint split is one of
-its candidate partitions); ``entrain.sim.systems`` uses it for Entrain where Eq. 2 is lower.
+its candidate partitions); ``entrain.core.setups`` uses it for Entrain where Eq. 2 is lower.
 
 A *sampler* is ``sampler(n, seed) -> Sequence[SampleMeta | SampleWork]``: ``n`` samples drawn i.i.d.
 from the dataset with that seed (the CLI builds one from the data generators; ``pool_sampler``
@@ -44,6 +44,7 @@ import numpy as np
 
 from entrain.core.costmodel import COMPONENTS, CostModel, parallel_key
 from entrain.core.errors import ConfigError
+from entrain.core.parallel import num_microbatches
 from entrain.core.partition import min_max_partition
 from entrain.core.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.samples import SampleMeta
@@ -512,11 +513,7 @@ def evaluate_config(
     if len(stats) == 0:
         raise ConfigError("the profile has no samples")
     u = int(microbatch_size)
-    if dp < 1 or u < 1 or global_batch % (dp * u):
-        raise ConfigError(
-            f"global batch {global_batch} is not divisible by dp x microbatch size = {dp} x {microbatch_size}"
-        )
-    k = global_batch // (dp * u)
+    k = num_microbatches(global_batch, dp, u)
     degrees = {"encoder": encoder, "llm": llm}
     num_stages = encoder[2] + llm[2]
     comps, first = {}, 0
@@ -563,10 +560,7 @@ def _dp_options(gpus: int, dp: int | None, global_batch: int, microbatch_size: i
             raise ConfigError(f"--gpus {gpus} is not divisible by --dp {dp}")
         if gpus // dp < 2:
             raise ConfigError(f"--gpus {gpus} / --dp {dp} leaves fewer than 2 GPUs per replica")
-        if global_batch % (dp * microbatch_size):
-            raise ConfigError(
-                f"global batch {global_batch} is not divisible by dp x microbatch size = {dp} x {microbatch_size}"
-            )
+        num_microbatches(global_batch, dp, microbatch_size)
         return [dp]
     out = [d for d in range(1, gpus // 2 + 1) if gpus % d == 0 and global_batch % (d * microbatch_size) == 0]
     if not out:
@@ -850,10 +844,7 @@ def boundary_sharing_config(
     if len(stats) == 0:
         raise ConfigError("the profile has no samples")
     u = int(microbatch_size)
-    if dp < 1 or u < 1 or global_batch % (dp * u):
-        raise ConfigError(
-            f"global batch {global_batch} is not divisible by dp x microbatch size = {dp} x {microbatch_size}"
-        )
+    num_microbatches(global_batch, dp, u)
     for comp in COMPONENTS:
         if not _has_key(cost, comp, tp, cp):
             raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")

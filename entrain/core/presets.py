@@ -58,6 +58,8 @@ __all__ = [
     "DeviceModel",
     "build_cost_model",
     "cost_model_for",
+    "default_hardware",
+    "resolve_cost_model",
     "layer_specs",
 ]
 
@@ -604,3 +606,30 @@ def build_cost_model(
     return cost_model_for(
         arch, dev, hardware_name=hardware, freeze=freeze, label_fraction=label_fraction, attention=attention
     )
+
+
+def default_hardware(model: str) -> str:
+    """The hardware preset a model is priced on when ``--hardware`` is not given."""
+    return "cpu-tiny" if model == "tiny" else "a40-paper"
+
+
+def resolve_cost_model(
+    model: str,
+    *,
+    hardware: str | None = None,
+    profile: str | None = None,
+    attention: str | None = None,
+    freeze: Iterable[str] = (),
+) -> CostModel:
+    """The one place a command's cost model comes from: the measured ``profile`` (checked to be of
+    ``model``), else the analytic preset of ``model`` on ``hardware`` (default ``default_hardware``)
+    with ``attention`` and the frozen parts. A profile timed its own attention and trainable parts,
+    so ``attention`` or ``freeze`` with a profile is refused."""
+    freeze = tuple(freeze)
+    if profile:
+        if freeze:
+            raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")
+        if attention:
+            raise ConfigError("--attention applies to presets; a measured --profile timed its own attention")
+        return CostModel.load(profile, expect_model=model)
+    return build_cost_model(model, hardware or default_hardware(model), freeze=freeze, attention=attention)

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from entrain.core.errors import DataError
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, Parsed, Record
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
@@ -47,61 +48,8 @@ __all__ = [
     "record_meta",
 ]
 
-IMAGE_PLACEHOLDER = "<image>"
-ROLES: dict[str, str] = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-}
-"""Accepted speaker names and the chat role each maps to."""
-
 _CHUNK_CHARS = 1 << 20
 _MAX_RECORD_CHARS = 1 << 28
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One normalised sample.
-
-    ``images`` holds resolved file paths (``str``) or encoded image bytes (Parquet);
-    ``turns`` holds ``(role, text)`` with role in ``system``/``user``/``assistant`` and ``<image>``
-    placeholders left in the text. ``index`` is the record's 0-based position in ``file``;
-    ``line`` its 1-based line where known.
-    """
-
-    id: str
-    images: tuple[str | bytes, ...]
-    turns: tuple[tuple[str, str], ...]
-    file: str = ""
-    index: int = 0
-    line: int | None = None
-
-    @property
-    def image_paths(self) -> tuple[str, ...]:
-        return tuple(i for i in self.images if isinstance(i, str))
-
-    @property
-    def where(self) -> str:
-        """``file:line`` (or ``file:#index``) for messages."""
-        return f"{self.file}:{self.line}" if self.line is not None else f"{self.file}:#{self.index}"
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    """A reader's item: the record, or ``problems`` ``[(field, reason)]`` that make it unusable.
-
-    ``fatal`` marks a problem after which the reader cannot continue (a JSON array's syntax error).
-    """
-
-    file: str
-    index: int
-    line: int | None
-    id: str | None
-    record: Record | None
-    problems: list[tuple[str, str]] = field(default_factory=list)
-    fatal: bool = False
 
 
 # --- raw JSON / JSONL streaming -------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from entrain.core.errors import ConfigError
-from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record
+from entrain.data.records import IMAGE_PLACEHOLDER, Parsed, Record
 
 __all__ = ["iter_parquet"]
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from entrain.core.errors import DataError
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
-from entrain.data.llava import IMAGE_PLACEHOLDER, Record
+from entrain.data.records import IMAGE_PLACEHOLDER, Record
 from entrain.data.tokenizer import TextTokenizer
 
 __all__ = [

@@ -9,21 +9,10 @@ from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.partition import min_max_partition
 from entrain.core.plan import ComponentLayout, Layout, Plan, StageSpec
+from entrain.core.systems import plan_system
 from entrain.core.work import SampleWork
 
-__all__ = ["runtime_layout", "make_plan", "GENERATOR_MODULES", "COLOCATED_SYSTEMS"]
-
-GENERATOR_MODULES = {
-    "1f1b": "one_f_one_b",
-    "entrain": "entrain",
-    "entrain-1f1b": "entrain_1f1b",
-    "disttrain": "disttrain",
-    "disttrain-paper": "disttrain_paper",
-    "dip": "dip",
-    "dip-greedy": "dip_greedy",
-}
-COLOCATED_SYSTEMS = ("dip", "dip-greedy")
-"""Systems whose rank r holds encoder chunk r and LLM chunk r."""
+__all__ = ["runtime_layout", "make_plan"]
 
 
 def _layer_ms(cost: CostModel, component: str, probe: Sequence[SampleWork]) -> list[float]:
@@ -81,9 +70,5 @@ def make_plan(
     options: dict | None = None,
 ) -> Plan:
     """One iteration per global batch in ``batches``, by ``system``'s batcher and generator: the same
-    Plans the simulator runs (``entrain.sim.run.plan_system``)."""
-    if system not in GENERATOR_MODULES:
-        raise ConfigError(f"unknown system {system!r}; choose from {', '.join(GENERATOR_MODULES)}")
-    from entrain.sim.run import plan_system
-
+    Plans the simulator runs (``entrain.core.systems.plan_system``)."""
     return plan_system(system, layout, batches, cost, options)

@@ -24,7 +24,9 @@ import torch
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.parallel import check_stage_count, num_microbatches
 from entrain.core.plan import ComponentLayout, IterationPlan, Layout, Plan
+from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
 from entrain.runtime.accounting import (
     DataPosition,
@@ -33,7 +35,7 @@ from entrain.runtime.accounting import (
     plan_hash,
     split_validation,
 )
-from entrain.runtime.planning import COLOCATED_SYSTEMS, make_plan, runtime_layout
+from entrain.runtime.planning import make_plan, runtime_layout
 
 __all__ = [
     "TrainSpec",
@@ -67,6 +69,7 @@ class TrainSpec:
     out: str
     hardware: str | None = None
     profile: str | None = None
+    attention: str | None = None
     image_root: str | None = None
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -97,7 +100,7 @@ class TrainSpec:
 
     @property
     def num_microbatches(self) -> int:
-        return self.global_batch // (self.dp_or_1 * self.microbatch_size)
+        return num_microbatches(self.global_batch, self.dp_or_1, self.microbatch_size)
 
     @property
     def dp_or_1(self) -> int:
@@ -116,8 +119,7 @@ class SystemSummary:
 
 
 def _ranks_per_replica(spec: TrainSpec, system: str) -> int:
-    colocated = system in COLOCATED_SYSTEMS
-    return spec.encoder_stages if colocated else spec.encoder_stages + spec.llm_stages
+    return get_system(system).ranks_per_replica(spec.encoder_stages, spec.llm_stages)
 
 
 def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
@@ -132,23 +134,11 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
 
     cfg = get_model_config(spec.model)
     for comp, n in (("encoder", spec.encoder_stages), ("llm", spec.llm_stages)):
-        layers = len(cfg.layer_names(comp))
-        if not 1 <= n <= layers:
-            raise ConfigError(
-                f"--{comp}-stages {n}: the {spec.model} {comp} has {layers} layers "
-                f"({', '.join(cfg.layer_names(comp)[:3])}, ...); use 1..{layers} stages"
-            )
+        check_stage_count(comp, n, cfg.layer_names(comp), spec.model)
     if spec.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {spec.steps}")
     dp = spec.dp_or_1
-    unit = dp * spec.microbatch_size
-    if spec.microbatch_size < 1 or spec.global_batch < 1 or spec.global_batch % unit:
-        up = max(unit, -(-spec.global_batch // unit) * unit)
-        raise ConfigError(
-            f"--global-batch {spec.global_batch} is not a multiple of dp {dp} x --microbatch-size "
-            f"{spec.microbatch_size} = {unit}: every replica runs whole microbatches; use --global-batch {up} "
-            f"(or a smaller --microbatch-size)"
-        )
+    num_microbatches(spec.global_batch, dp, spec.microbatch_size)
     for system in spec.systems:
         need = dp * _ranks_per_replica(spec, system)
         if world_size is not None and need != world_size:
@@ -169,12 +159,17 @@ def world_size_of(spec: TrainSpec) -> int:
 
 
 def resolve_cost(spec: TrainSpec) -> CostModel:
-    if spec.profile:
-        return CostModel.load(spec.profile, expect_model=spec.model)
-    from entrain.cli.common import default_hardware
-    from entrain.core.presets import build_cost_model
+    """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed the
+    run's own trainable parts, so ``--freeze`` is not applied to it."""
+    from entrain.core.presets import resolve_cost_model
 
-    return build_cost_model(spec.model, spec.hardware or default_hardware(spec.model), freeze=spec.freeze)
+    return resolve_cost_model(
+        spec.model,
+        hardware=spec.hardware,
+        profile=spec.profile,
+        attention=spec.attention,
+        freeze=() if spec.profile else spec.freeze,
+    )
 
 
 @dataclass
@@ -306,6 +301,7 @@ FINGERPRINT_KEYS = (
     "shuffle",
     "hardware",
     "profile",
+    "attention",
     "image_root",
     "lr",
     "weight_decay",
@@ -366,7 +362,7 @@ def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[
         microbatch_size=spec.microbatch_size,
         num_microbatches=spec.num_microbatches,
         probe=probe,
-        colocated=system in COLOCATED_SYSTEMS,
+        colocated=get_system(system).colocated,
     )
     comps = {k: ComponentLayout(tp=spec.tp, cp=spec.cp, pp=v.pp) for k, v in layout.components.items()}
     return Layout(

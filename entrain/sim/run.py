@@ -1,8 +1,8 @@
 """One system end to end in simulation: batcher -> schedule generator -> executor -> metrics.
 
 ``run_system`` is what ``entrain simulate`` and ``entrain bench paper`` call per system; the layout
-(each system's own configuration) is chosen by the caller (``entrain.sim.systems``). Plans come
-from ``entrain.core.schedules.system.plan_system`` (re-exported here for compatibility).
+(each system's own configuration) is chosen by the caller (``entrain.core.setups``). Plans come
+from ``entrain.core.systems.plan_system`` (re-exported here for compatibility).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from entrain.core.costmodel import CostModel
 from entrain.core.plan import Layout, Plan
 from entrain.core.schedules import ScheduleOptions
 from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.system import plan_system, stage_times_fn
+from entrain.core.systems import plan_system, stage_times_fn
 from entrain.core.work import SampleWork
 from entrain.sim.executor import IterationRun, simulate_plan
 from entrain.sim.metrics import SystemMetrics, compute_metrics

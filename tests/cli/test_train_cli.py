@@ -44,7 +44,7 @@ def test_tp_and_cp_are_refused_before_any_process_group(capsys):
         (["--system", "nope"], "unknown system"),
         (
             ["--global-batch", "5", "--microbatch-size", "2"],
-            "not a multiple of dp 1 x --microbatch-size 2 = 2",
+            "not divisible by dp 1 x --microbatch-size 2 = 2",
         ),
         (["--global-batch", "6", "--microbatch-size", "2", "--dp", "2"], "use --global-batch 8"),
         (["--nproc", "3"], "3 processes cannot form whole replicas of 2 pipeline ranks"),

@@ -10,13 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entrain.cli.common import SYSTEMS
-from entrain.core.batching import BATCHERS, get_batcher
 from entrain.core.batching.dip import cut_sub_microbatches
 from entrain.core.batching.disttrain import assign_disttrain, lpt_global_microbatch, reorder_microbatches
 from entrain.core.batching.makespan import onef1b_makespan
 from entrain.core.batching.onef1b import assign_1f1b
 from entrain.core.errors import ConfigError
+from entrain.core.systems import SYSTEMS, get_system, parse_systems
 from entrain.core.work import SampleWork
 
 
@@ -28,21 +27,25 @@ def make_batch(n: int, seed: int = 0) -> list[SampleWork]:
 
 
 def test_registry_covers_every_system():
-    assert set(BATCHERS) == set(SYSTEMS)
-    assert BATCHERS["entrain-1f1b"] is BATCHERS["entrain"]
+    assert list(SYSTEMS) == ["entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy"]
+    assert SYSTEMS["entrain-1f1b"].batcher is SYSTEMS["entrain"].batcher
+    assert [n for n, s in SYSTEMS.items() if s.colocated] == ["dip", "dip-greedy"]
+    assert [n for n, s in SYSTEMS.items() if s.extensions] == ["entrain", "entrain-1f1b"]
     with pytest.raises(ConfigError, match="unknown system"):
-        get_batcher("megatron")
+        get_system("megatron")
+    with pytest.raises(ConfigError, match="unknown system"):
+        parse_systems("entrain,megatron")
 
 
-@pytest.mark.parametrize("system", sorted(BATCHERS))
+@pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_every_batcher_covers_each_sample_once(system):
     batch = make_batch(48)
-    it = BATCHERS[system](batch, 2, 6)
+    it = SYSTEMS[system].batcher(batch, 2, 6)
     ids = sorted(s.id for s in batch)
     assert sorted(s for r in it.replicas for mb in r.encoder_microbatches for s in mb) == ids
     assert sorted(s for r in it.replicas for mb in r.llm_microbatches for s in mb) == ids
     assert all(len(r.sample_ids) == 24 for r in it.replicas)
-    assert BATCHERS[system](batch, 2, 6) == it
+    assert SYSTEMS[system].batcher(batch, 2, 6) == it
 
 
 def test_1f1b_contiguous_blocks_in_data_order():

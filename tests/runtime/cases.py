@@ -6,8 +6,9 @@ import random
 
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
+from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
-from entrain.runtime.planning import COLOCATED_SYSTEMS, make_plan, runtime_layout
+from entrain.runtime.planning import make_plan, runtime_layout
 
 SEED = 0
 MAX_GRAD_NORM = 0.05
@@ -50,6 +51,6 @@ def plan_for(
         microbatch_size=len(batch) // (dp * num_microbatches),
         num_microbatches=num_microbatches,
         probe=batch,
-        colocated=system in COLOCATED_SYSTEMS,
+        colocated=get_system(system).colocated,
     )
     return make_plan(system, layout, [batch], cost)

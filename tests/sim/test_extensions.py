@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ActionKind, ComponentLayout, Layout, StageSpec
-from entrain.core.schedules import generate_plan
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.lowering import strip_comms
 from entrain.core.schedules.predict import predicted_makespan_ms
+from entrain.core.systems import generate_plan
 from entrain.core.validate import validate_plan
 from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from entrain.core.plan import Action
-from entrain.core.schedules import generate_plan
+from entrain.core.systems import generate_plan
 from entrain.core.validate import validate_plan
 from tests.sim.conftest import update_golden
 from tests.sim.fixtures import (

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.plan import ActionKind
-from entrain.core.schedules import GENERATORS, generate_plan
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.one_f_one_b import one_f_one_b_makespan
+from entrain.core.systems import SYSTEMS, generate_plan
 from entrain.core.validate import validate_plan
 from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics
@@ -136,7 +136,7 @@ def _reps(groups, deferred, dp, system):
     return one_iteration(*reps)
 
 
-@pytest.mark.parametrize("system", sorted(GENERATORS))
+@pytest.mark.parametrize("system", sorted(SYSTEMS))
 @given(w=workloads())
 def test_every_generator_valid_deadlock_free_and_accounted(system, w):
     groups, works, deferred, enc_pp, llm_pp, dp, latency, ramp = w

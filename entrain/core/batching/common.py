@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from entrain.core.assignment.types import ReplicaAssignment
+from entrain.core.parallel import microbatch_size_for
 from entrain.core.work import SampleWork
 
 __all__ = ["plain_replica", "check_fixed_size"]
@@ -13,13 +14,7 @@ __all__ = ["plain_replica", "check_fixed_size"]
 
 def check_fixed_size(batch_size: int, dp: int, num_microbatches: int) -> int:
     """Microbatch size ``U = B / (dp * K)`` for fixed-size batchers; ``ConfigError`` if not whole."""
-    from entrain.core.errors import ConfigError
-
-    if num_microbatches < 1 or batch_size % (dp * num_microbatches):
-        raise ConfigError(
-            f"global batch {batch_size} is not divisible by dp * num_microbatches = {dp} * {num_microbatches}"
-        )
-    return batch_size // (dp * num_microbatches)
+    return microbatch_size_for(batch_size, dp, num_microbatches)
 
 
 def plain_replica(

@@ -1,4 +1,6 @@
-"""Each system's own configuration (DESIGN.md §2), chosen the way its method would choose it.
+"""Each system's own configuration (DESIGN.md §2), chosen the way its method would choose it
+(``SystemSpec.config`` in ``entrain.core.systems``). ``simulate``, ``bench`` and ``train`` (without
+``--plan``) all configure systems here; the profiling samples come from the caller's ``Sampler``.
 
 * ``entrain``, ``entrain-1f1b``, ``1f1b``: Algorithm 1 (``b_min``) then Algorithm 2 on the
   ``b_min`` reference batch (``planner.plan``).
@@ -42,30 +44,19 @@ from entrain.core.planner import (
     draw_seed,
     paper_table1_config,
     plan,
-    pool_sampler,
     search_config,
 )
+from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
 
 __all__ = [
     "SystemSetup",
     "ConfigRequest",
-    "dataset_sampler",
     "system_setups",
     "config_kind",
     "entrain_variant",
     "ENTRAIN_LAYOUTS",
 ]
-
-_KIND = {
-    "entrain": "entrain",
-    "entrain-1f1b": "entrain",
-    "1f1b": "entrain",
-    "disttrain": "disttrain",
-    "disttrain-paper": "disttrain-paper",
-    "dip": "dip",
-    "dip-greedy": "dip",
-}
 
 
 @dataclass(frozen=True)
@@ -105,19 +96,7 @@ class SystemSetup:
 
 
 def config_kind(system: str) -> str:
-    try:
-        return _KIND[system]
-    except KeyError:
-        raise ConfigError(f"unknown system {system!r}; choose from {', '.join(_KIND)}") from None
-
-
-def dataset_sampler(dataset: str, batches: Sequence[Sequence[SampleWork]]) -> Sampler:
-    """Built-in generators draw fresh i.i.d. samples; a file's samples form the pool."""
-    from entrain.data.generators import is_builtin, random_samples
-
-    if is_builtin(dataset):
-        return lambda n, seed: random_samples(dataset, n, seed)
-    return pool_sampler([s.meta if s.meta is not None else s for b in batches for s in b])
+    return get_system(system).config
 
 
 def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> SystemSetup:
@@ -163,7 +142,6 @@ def _dip_caps(profile, cost: CostModel, tp: int) -> dict:
 
 
 ENTRAIN_LAYOUTS = ("auto", "shared", "disjoint")
-_EXTENDED = ("entrain", "entrain-1f1b")
 
 
 def entrain_variant(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> SystemSetup:
@@ -199,9 +177,9 @@ def entrain_variant(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> 
 
 
 def system_setups(
-    systems: Sequence[str], req: ConfigRequest, cost: CostModel, batches: Sequence[Sequence[SampleWork]]
+    systems: Sequence[str], req: ConfigRequest, cost: CostModel, sampler: Sampler
 ) -> dict[str, SystemSetup]:
-    sampler = dataset_sampler(req.dataset, batches)
+    """Each of ``systems``' setup; ``sampler`` draws the profiling samples (Algorithm 1's batches)."""
     by_kind: dict[str, SystemSetup] = {}
     kinds = sorted({config_kind(n) for n in systems}, key=lambda k: k != "entrain")
     for kind in kinds:
@@ -212,7 +190,8 @@ def system_setups(
             by_kind[kind] = _setup(kind, req, cost, sampler)
     out = {name: by_kind[config_kind(name)] for name in systems}
     extended = req.entrain_layout != "disjoint" or req.entrain_ramp or req.entrain_split
-    if any(n in out for n in _EXTENDED) and extended:
+    extensible = [n for n in out if get_system(n).extensions]
+    if extensible and extended:
         variant = entrain_variant(by_kind["entrain"], req, cost)
-        out.update({n: variant for n in _EXTENDED if n in out})
+        out.update({n: variant for n in extensible})
     return out

@@ -1,0 +1,119 @@
+"""The package's layers point one way (DESIGN.md §2b) and no module imports itself back in a circle.
+
+Every ``import`` statement counts, including those inside functions: a deferred import is still a
+dependency. ``core`` imports no other ``entrain`` package and no torch; ``sim`` only ``core``; ``data``
+neither ``sim`` nor ``runtime`` nor ``cli``; ``runtime`` never ``cli`` or ``sim``."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "entrain"
+
+FORBIDDEN = {
+    "core": ("entrain.", "torch", "transformers"),
+    "sim": ("entrain.", "torch", "transformers"),
+    "data": ("entrain.sim", "entrain.runtime", "entrain.cli"),
+    "runtime": ("entrain.cli", "entrain.sim"),
+}
+ALLOWED = {"core": ("entrain.core",), "sim": ("entrain.core", "entrain.sim")}
+"""Within a forbidden prefix, what a layer may still import."""
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported_names(path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
+    """Every module ``path`` imports (``from a import b``: ``a.b`` when that is a module, else ``a``)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in known else base)
+    return out
+
+
+Graph = set[tuple[str, str]]
+"""Import edges (importer, imported)."""
+
+
+def import_graph() -> Graph:
+    known = modules()
+    return {(name, target) for name, path in known.items() for target in imported_names(path, known)}
+
+
+def layer_violations(graph: Graph) -> list[str]:
+    bad = []
+    for src, dst in graph:
+        layer = src.split(".")[1] if src.count(".") >= 1 else ""
+        forbidden = FORBIDDEN.get(layer, ())
+        allowed = ALLOWED.get(layer, ())
+        if any(dst == f or dst.startswith(f) or dst.startswith(f + ".") for f in forbidden) and not any(
+            dst == a or dst.startswith(a + ".") for a in allowed
+        ):
+            bad.append(f"{src} imports {dst}")
+    return sorted(bad)
+
+
+def internal_cycles(graph: Graph) -> list[list[str]]:
+    """The package's strongly connected components of more than one module."""
+    edges = [(a, b) for a, b in graph if a.startswith("entrain") and b.startswith("entrain")]
+    names = sorted({n for e in edges for n in e})
+    index = {n: i for i, n in enumerate(names)}
+    rows, cols = [index[a] for a, _ in edges], [index[b] for _, b in edges]
+    adjacency = coo_matrix(([1] * len(edges), (rows, cols)), shape=(len(names), len(names)))
+    _, labels = connected_components(adjacency, directed=True, connection="strong")
+    groups: dict[int, list[str]] = {}
+    for name, label in zip(names, labels):
+        groups.setdefault(int(label), []).append(name)
+    return sorted(g for g in groups.values() if len(g) > 1)
+
+
+def test_layers_point_one_way():
+    assert layer_violations(import_graph()) == []
+
+
+def test_no_import_cycles():
+    assert internal_cycles(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("edge", "expect"),
+    [
+        (("entrain.core.plan", "entrain.data.generators"), "layer"),
+        (("entrain.sim.run", "entrain.data.workload_io"), "layer"),
+        (("entrain.core.plan", "torch"), "layer"),
+        (("entrain.runtime.session", "entrain.cli.common"), "layer"),
+        (("entrain.data.check", "entrain.runtime.data"), "layer"),
+        (("entrain.core.plan", "entrain.core.planner"), "cycle"),
+    ],
+)
+def test_a_planted_violation_is_caught(edge, expect):
+    graph = import_graph()
+    if expect == "cycle":
+        graph |= {edge, edge[::-1]}
+        assert internal_cycles(graph)
+    else:
+        graph.add(edge)
+        assert f"{edge[0]} imports {edge[1]}" in layer_violations(graph)

@@ -10,15 +10,18 @@ import os
 import pickle
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from entrain.core.plan import IterationPlan
 from entrain.core.samples import SampleMeta
 from entrain.models.config import VLMConfig
 from entrain.models.vlm import VLM
 from entrain.runtime.data import SampleRenderer
+from entrain.runtime.trainer import PipelineTrainer, StepResult
 
 
 def _worker(
@@ -82,7 +85,18 @@ def run_workers(
     return results
 
 
-def reference_grads(
+@dataclass(frozen=True)
+class ReferenceStep:
+    """A single-process reference step: gradients before and after clipping, their global norm
+    before clipping, and the loss."""
+
+    grads: dict[str, torch.Tensor]
+    clipped: dict[str, torch.Tensor]
+    grad_norm: float
+    loss: float
+
+
+def reference_step(
     model: VLM,
     cfg: VLMConfig,
     metas: dict[str, SampleMeta],
@@ -90,9 +104,9 @@ def reference_grads(
     *,
     seed: int,
     max_grad_norm: float | None,
-) -> tuple[dict[str, torch.Tensor], float]:
+) -> ReferenceStep:
     """Single process, full batch, every sample alone (unpacked) through the Hugging Face modules:
-    ``loss = sum(token CE) / label tokens of the batch``; then global-norm clipping."""
+    ``loss = sum(token CE) / label tokens of the batch``; then global-norm clipping (torch's)."""
     dtype = next(model.parameters()).dtype
     r = SampleRenderer(cfg, dict(metas), seed=seed, dtype=dtype)
     num_labels = r.num_labels(ids)
@@ -110,9 +124,72 @@ def reference_grads(
         loss = F.cross_entropy(logits.float(), s.targets, reduction="sum") / num_labels
         loss.backward()
         total += float(loss.detach())
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    norm = float(torch.sqrt(sum(p.grad.double().pow(2).sum() for p in params)))
     if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_grad_norm)
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}, total
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    clipped = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return ReferenceStep(grads, clipped, norm, total)
+
+
+def reference_grads(
+    model: VLM,
+    cfg: VLMConfig,
+    metas: dict[str, SampleMeta],
+    ids: list[str],
+    *,
+    seed: int,
+    max_grad_norm: float | None,
+) -> tuple[dict[str, torch.Tensor], float]:
+    """``reference_step``'s clipped gradients and loss."""
+    ref = reference_step(model, cfg, metas, ids, seed=seed, max_grad_norm=max_grad_norm)
+    return ref.clipped, ref.loss
+
+
+def train_step_before_clip(trainer: PipelineTrainer, it: IterationPlan) -> tuple[StepResult, dict]:
+    """``trainer.train_step(it)`` and this rank's gradients as they were just before clipping."""
+    before: dict[str, torch.Tensor] = {}
+    clip = trainer._clip  # the step's clipping (and grad-norm) stage, between backward and AdamW
+
+    def snapshot_then_clip() -> float:
+        before.update(trainer.named_grads())
+        return clip()
+
+    trainer._clip = snapshot_then_clip
+    try:
+        result = trainer.train_step(it)
+    finally:
+        del trainer._clip
+    assert before, "train_step did not call _clip: the pre-clip snapshot hook no longer applies"
+    return result, before
+
+
+def assert_matches_reference(
+    name: str,
+    *,
+    before: dict[str, torch.Tensor],
+    after: dict[str, torch.Tensor],
+    loss: float,
+    grad_norm: float,
+    ref: ReferenceStep,
+    tol: float,
+) -> None:
+    """Per tensor, the gradients before clipping equal the reference's unclipped ones and after
+    clipping its clipped ones (relative error < ``tol``); the reported grad norm (before clipping)
+    and the loss equal the reference's. Any constant scaling of the gradients, before or after the
+    norm is taken, fails one of these."""
+    for what, grads, ref_grads in (
+        ("before clipping", before, ref.grads),
+        ("after clipping", after, ref.clipped),
+    ):
+        errors = relative_errors(grads, ref_grads)
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < tol, f"{name}: {worst} {what}: relative error {errors[worst]:.3g} >= {tol}"
+    assert abs(grad_norm - ref.grad_norm) < tol * ref.grad_norm, (
+        f"{name}: grad norm {grad_norm} vs reference {ref.grad_norm}"
+    )
+    assert abs(loss - ref.loss) < 1e-5 * abs(ref.loss), f"{name}: loss {loss} vs reference {ref.loss}"
 
 
 def relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:

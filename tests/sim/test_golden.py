@@ -1,5 +1,6 @@
-"""Golden text grids of small schedules: a change to any generator's order shows up as a diff.
-Regenerate with ``pytest tests/sim --update-golden`` (or ``ENTRAIN_UPDATE_GOLDEN=1``)."""
+"""Golden text grids of small schedules: a change to any generator's order, or to a batcher's
+assignment, shows up as a diff. The test only compares: a missing or different file fails, and
+``python -m tests.sim.golden_plans`` (a separate, explicit command) rewrites the files."""
 
 from __future__ import annotations
 
@@ -8,67 +9,55 @@ import pathlib
 import pytest
 
 from entrain.core.plan import Action
-from entrain.core.systems import generate_plan
 from entrain.core.validate import validate_plan
-from tests.sim.conftest import update_golden
-from tests.sim.fixtures import (
-    colocated_layout,
-    deferral_assignment,
-    disjoint_layout,
-    one_iteration,
-    plain_assignment,
-    raw_samples,
-    toy_cost,
+from tests.sim.golden_plans import (
+    GOLDEN,
+    HAND_BUILT,
+    REAL,
+    REGENERATE,
+    golden_texts,
+    hand_built_plan,
+    real_plan,
 )
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden"
 
-GROUPS = [["a", "b"], ["c"], ["d", "e"], ["f"], ["g", "h"]]
-WORKS = {
-    "a": (4, 1),
-    "b": (2, 6),
-    "c": (5, 1),
-    "d": (3, 2),
-    "e": (3, 5),
-    "f": (6, 1),
-    "g": (1, 1),
-    "h": (1, 1),
-}
+def check_golden(folder: pathlib.Path, name: str, text: str) -> None:
+    path = folder / name
+    assert path.exists(), f"golden file {path.name} is missing; if intended, regenerate with `{REGENERATE}`"
+    assert text == path.read_text(), f"{path.name} differs from the current Plan; if intended: `{REGENERATE}`"
 
 
-def _plan(system: str):
-    cost = toy_cost(enc_layers=4, llm_layers=4, act_bytes_per_token=10.0)
-    samples = raw_samples({k: (float(e), float(w)) for k, (e, w) in WORKS.items()})
-    if system.startswith("dip"):
-        layout = colocated_layout(2, k=5)
-        asg = one_iteration(plain_assignment(GROUPS))
-        options = {"dip_encoder_cap_patches": 0.4, "dip_llm_cap_tokens": 0.4}
-    else:
-        layout = disjoint_layout(2, 2, k=5)
-        deferred = {"b": (0, 1), "e": (2, 3)} if system.startswith("entrain") else {}
-        asg = one_iteration(deferral_assignment(GROUPS, deferred))
-        options = {}
-    return generate_plan(system, layout, asg, samples, cost, options)
+@pytest.fixture(scope="module")
+def texts() -> dict[str, str]:
+    return golden_texts()
 
 
-def _grid(plan) -> str:
-    it = plan.iterations[0]
-    lines = [f"# {plan.system}: one row per rank (lowered action list)"]
-    lines += [f"rank {r}: " + " ".join(str(a) for a in acts) for r, acts in sorted(it.actions.items())]
-    return "\n".join(lines) + "\n"
-
-
-@pytest.mark.parametrize("system", ["1f1b", "disttrain", "entrain", "entrain-1f1b", "dip", "dip-greedy"])
-def test_golden_grid(system, request):
-    plan = _plan(system)
-    validate_plan(plan)
-    text = _grid(plan)
-    path = GOLDEN / f"{system}.txt"
-    if update_golden(request.config) or not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text()
+@pytest.mark.parametrize("name", [f"{s}.txt" for s in HAND_BUILT] + [f"real-{s}.txt" for s in REAL])
+def test_golden_file(name, texts):
+    text = texts[name]
+    check_golden(GOLDEN, name, text)
     # the text form round-trips action by action
-    for line in text.splitlines()[1:]:
-        acts = line.split(": ", 1)[1].split()
-        assert [str(Action.parse(a)) for a in acts] == acts
+    for line in text.splitlines():
+        if line.startswith("rank "):
+            acts = line.split(": ", 1)[1].split()
+            assert [str(Action.parse(a)) for a in acts] == acts
+
+
+def test_golden_plans_are_valid_and_the_real_entrain_plan_defers():
+    for s in HAND_BUILT:
+        validate_plan(hand_built_plan(s))
+    for s in REAL:
+        validate_plan(real_plan(s))
+    (rep,) = real_plan("entrain").iterations[0].assignment.replicas
+    assert rep.deferrals and rep.k_eff == 4
+
+
+def test_every_golden_file_is_checked(texts):
+    assert sorted(p.name for p in GOLDEN.glob("*.txt")) == sorted(texts)
+
+
+def test_a_missing_golden_file_fails(tmp_path, texts):
+    name, text = next(iter(texts.items()))
+    with pytest.raises(AssertionError, match="missing"):
+        check_golden(tmp_path, name, text)
+    assert not (tmp_path / name).exists()  # and nothing was written

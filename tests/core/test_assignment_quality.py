@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from entrain.core.assignment.deferral import split_overloaded
@@ -131,8 +131,7 @@ def test_coarse_set_is_lpt_balanced_against_brute_force(k, pairs):
     llms = sorted(s.llm for s in batch)
     median = (llms[(len(llms) - 1) // 2] + llms[len(llms) // 2]) / 2
     coarse = [s for s in batch if s.llm > median]
-    if not coarse:
-        return
+    assume(coarse)
     coarse_loads = [
         math.fsum(of[s].encoder for s in mb if of[s].llm > median) for mb in rep.encoder_microbatches
     ]

@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(argv: list[str], rank: int, world: int, port: int, folder: str, env: dict) -> None:
+def _rank_main(
+    argv: list[str], rank: int, world: int, port: int, folder: str, env: dict, wrap: Callable | None
+) -> None:
     out = open(os.path.join(folder, f"rank{rank}.out"), "w")  # noqa: SIM115 - process exits below
     err = open(os.path.join(folder, f"rank{rank}.err"), "w")  # noqa: SIM115
     os.dup2(out.fileno(), 1)
@@ -43,7 +46,7 @@ def _rank_main(argv: list[str], rank: int, world: int, port: int, folder: str, e
     from entrain.cli.main import main
 
     try:
-        rc = main(argv)
+        rc = wrap(lambda: main(argv)) if wrap is not None else main(argv)
     except BaseException as e:  # noqa: BLE001 - reported through the exit code and stderr
         import traceback
 
@@ -62,15 +65,22 @@ class RankResult:
 
 
 def run_ranks(
-    argv: list[str], world: int, folder: Path, *, env: dict | None = None, timeout_s: float = 90.0
+    argv: list[str],
+    world: int,
+    folder: Path,
+    *,
+    env: dict | None = None,
+    timeout_s: float = 90.0,
+    wrap: Callable[[Callable[[], int]], int] | None = None,
 ) -> list[RankResult]:
     """Fork ``world`` ranks of ``entrain <argv>``; a rank still running after ``timeout_s`` is killed
-    (exit code None)."""
+    (exit code None). ``wrap(run)``, when given, runs in each rank around the CLI call ``run()`` and
+    returns its exit code (to instrument the rank's process)."""
     folder.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
     port = free_port()
     procs = [
-        ctx.Process(target=_rank_main, args=(argv, r, world, port, str(folder), env or {}))
+        ctx.Process(target=_rank_main, args=(argv, r, world, port, str(folder), env or {}, wrap))
         for r in range(world)
     ]
     for p in procs:

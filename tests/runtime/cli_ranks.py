@@ -17,6 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def cli_argv(command: str, flags: dict) -> list[str]:
+    """``[command, --flag, value, ...]``: ``{"global_batch": 8, "no_progress": True}`` ->
+    ``--global-batch 8 --no-progress``."""
+    argv = [command]
+    for name, value in flags.items():
+        argv.append("--" + name.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,36 +19,27 @@ import torch
 
 from entrain.runtime.trainer import PipelineTrainer
 
-from .cli_ranks import run_ranks
+from .cli_ranks import cli_argv, run_ranks
 
 WORLD = 4
 STEPS = 2
-TRAIN = [
+TRAIN = cli_argv(
     "train",
-    "--model",
-    "tiny",
-    "--dataset",
-    "skewed",
-    "--system",
-    "entrain",
-    "--encoder-stages",
-    "1",
-    "--llm-stages",
-    "1",
-    "--dp",
-    "2",
-    "--global-batch",
-    "8",
-    "--microbatch-size",
-    "2",
-    "--steps",
-    str(STEPS),
-    "--checkpoint-every",
-    "1",
-    "--timeout-s",
-    "30",
-    "--no-progress",
-]
+    {
+        "model": "tiny",
+        "dataset": "skewed",
+        "system": "entrain",
+        "encoder_stages": 1,
+        "llm_stages": 1,
+        "dp": 2,
+        "global_batch": 8,
+        "microbatch_size": 2,
+        "steps": STEPS,
+        "checkpoint_every": 1,
+        "timeout_s": 30,
+        "no_progress": True,
+    },
+)
 
 
 def _peek_streams() -> dict:

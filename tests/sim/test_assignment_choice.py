@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.errors import ConfigError
-from entrain.core.schedules import generate_plan
+from entrain.core.systems import generate_plan
 from entrain.core.validate import validate_plan
 from entrain.core.work import SampleWork
 from entrain.sim.executor import simulate_plan

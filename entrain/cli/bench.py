@@ -131,14 +131,19 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
         load_workload(dataset, cost, global_batch=GLOBAL_BATCH, iterations=iterations, seed=seed, tp=TP)
     )
     req = ConfigRequest(dataset, model, GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH, seed, TRIAL_SIZES,
-                        entrain_layout="disjoint", entrain_ramp=0, entrain_split=False)  # fmt: skip
-    setups = system_setups(list(systems), req, cost, dataset_sampler(dataset, batches))  # the paper's Entrain and the baselines
+                        entrain_layout="disjoint", entrain_ramp=0, entrain_split=False,
+                        entrain_assignment="paper")  # fmt: skip
+    setups = system_setups(
+        list(systems), req, cost, dataset_sampler(dataset, batches)
+    )  # the paper's Entrain and the baselines
     base = setups["entrain"]
     setups[PAPER] = base
     for name, (lay, ramp, split) in VARIANTS.items():
         variant = replace(req, entrain_layout=lay, entrain_ramp=ramp, entrain_split=split)
         setups[name] = entrain_variant(base, variant, cost)
-    default = replace(req, entrain_layout="auto", entrain_ramp="auto", entrain_split=True)
+    default = replace(
+        req, entrain_layout="auto", entrain_ramp="auto", entrain_split=True, entrain_assignment="auto"
+    )
     default = entrain_variant(base, default, cost)
     setups.update({n: default for n in ("entrain", "entrain-1f1b") if n in systems})
     out: dict = {

@@ -15,6 +15,7 @@ from entrain.cli.common import (
     workload_source,
 )
 from entrain.core.errors import ConfigError
+from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import ConfigRequest, system_setups
 from entrain.core.systems import parse_systems
 from entrain.sim.run import SystemRun, run_system
@@ -46,11 +47,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--split-weight-grads", choices=("on", "off"), default="on",
                    help="Entrain extension (not in the paper): run every backward as input gradients (sent "
                         "upstream at once) then weight gradients (default on)")  # fmt: skip
+    p.add_argument("--assignment", choices=ASSIGNMENTS, default="auto",
+                   help="Entrain's per-iteration assignment: 'paper' (Algorithm 3, stratified on encoder work), "
+                        "'two-resource' (extension: balances encoder and LLM work together, then deferral), "
+                        "'auto' (default: per replica and iteration, whichever the cost model predicts "
+                        "faster)")  # fmt: skip
     p.add_argument(
         "--paper-entrain",
         action="store_true",
         help="Entrain exactly as the paper: same as --ramp-microbatches 0 --entrain-layout disjoint "
-        "--split-weight-grads off",
+        "--split-weight-grads off --assignment paper",
     )
     p.set_defaults(func=run)
 
@@ -85,6 +91,7 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         entrain_layout="disjoint" if args.paper_entrain else args.entrain_layout,
         entrain_ramp=0 if args.paper_entrain else args.ramp_microbatches,
         entrain_split=args.split_weight_grads == "on" and not args.paper_entrain,
+        entrain_assignment="paper" if args.paper_entrain else args.assignment,
     )
     from entrain.data.sampling import dataset_sampler
 

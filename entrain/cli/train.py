@@ -109,6 +109,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "gradients (our extension; off = the paper's schedule)",
     )
     p.add_argument(
+        "--assignment",
+        choices=("paper", "two-resource", "auto"),
+        default="paper",
+        help="entrain only: per-iteration assignment; 'two-resource' balances encoder and LLM work together "
+        "(our extension), 'auto' picks per replica and iteration by predicted makespan (default: paper)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out from its newest complete checkpoint (same flags; --steps may grow)",
@@ -209,6 +216,7 @@ def _spec(args: argparse.Namespace):
         entrain_layout=args.entrain_layout,
         ramp_microbatches=_ramp(args.ramp_microbatches),
         split_weight_grads=args.split_weight_grads == "on",
+        assignment=args.assignment,
     )
 
 
@@ -246,6 +254,7 @@ _FORWARDED = (
     "entrain_layout",
     "ramp_microbatches",
     "split_weight_grads",
+    "assignment",
 )
 _FLAGS_FORWARDED = ("shuffle", "resume", "no_progress")
 

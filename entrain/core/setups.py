@@ -25,6 +25,9 @@ default; ``"disjoint"``, ``0`` and off give the paper's Entrain):
   ``entrain-1f1b``; ``1f1b`` keeps the disjoint layout (a baseline).
 * ``entrain_ramp``: ``ScheduleOptions.ramp_microbatches`` for ``entrain`` and ``entrain-1f1b``.
 * ``entrain_split``: ``ScheduleOptions.split_weight_grads`` for ``entrain`` and ``entrain-1f1b``.
+* ``entrain_assignment``: ``ScheduleOptions.assignment`` for ``entrain`` and ``entrain-1f1b``
+  (``"auto"`` by default: per replica and iteration, the paper's or the two-resource assignment,
+  whichever has the lower predicted makespan; ``"paper"`` gives the paper's Entrain).
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class ConfigRequest:
     """Entrain's ``ramp_microbatches`` (0 = paper's schedule)."""
     entrain_split: bool = True
     """Entrain's ``split_weight_grads`` (False = paper's schedule)."""
+    entrain_assignment: str = "auto"
+    """Entrain's ``ScheduleOptions.assignment`` (``"paper"`` = Algorithm 3)."""
 
 
 @dataclass
@@ -173,6 +178,9 @@ def entrain_variant(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> 
     if req.entrain_split:
         options["split_weight_grads"] = True
         source += "; split weight grads"
+    if req.entrain_assignment != "paper":
+        options["assignment"] = req.entrain_assignment
+        source += f"; assignment={req.entrain_assignment}"
     return replace(setup, layout=layout, options=options, source=source)
 
 
@@ -189,7 +197,12 @@ def system_setups(
         else:
             by_kind[kind] = _setup(kind, req, cost, sampler)
     out = {name: by_kind[config_kind(name)] for name in systems}
-    extended = req.entrain_layout != "disjoint" or req.entrain_ramp or req.entrain_split
+    extended = (
+        req.entrain_layout != "disjoint"
+        or req.entrain_ramp
+        or req.entrain_split
+        or req.entrain_assignment != "paper"
+    )
     extensible = [n for n in out if get_system(n).extensions]
     if extensible and extended:
         variant = entrain_variant(by_kind["entrain"], req, cost)

@@ -46,9 +46,9 @@ __all__ = [
 Batcher = Callable[..., IterationAssignment]
 Generator = Callable[..., Plan]
 
-EXTENSIONS = ("layout", "ramp", "split")
+EXTENSIONS = ("layout", "ramp", "split", "assignment")
 """Entrain's switchable extensions (ours, not the paper's): boundary-sharing layout, fill/drain ramp,
-split weight gradients."""
+split weight gradients, the two-resource assignment (``ScheduleOptions.assignment``)."""
 
 
 @dataclass(frozen=True)

@@ -368,16 +368,26 @@ _STYLES = {
     "synthchartnet": _Style(4.3, 134.8, 1),
     "synthchartnet-fv": _Style(4.3, 134.8, 1),
     "skewed": _Style(10.0, 30.0, 1),
+    # the workload zoo (docs/workloads.md); docvqa's questions carry the page's OCR text
+    "docvqa": _Style(180.0, 5.0, 12),
+    "multi-image": _Style(30.0, 90.0, 3),
+    "video": _Style(15.0, 25.0, 2),
+    "text-heavy": _Style(45.0, 340.0, 3),
+    "long-context": _Style(6000.0, 400.0, 1),
+    "mixture": _Style(60.0, 150.0, 3),
 }
-_SYSTEM_AND_VISION = 11 + 2 + 1
-"""System block, vision start/end and the newline after ``<image>``."""
+_SYSTEM = 11
+_PER_IMAGE = 2 + 1
+"""Vision start/end and the newline after each ``<image>``."""
 _TURN = 10
 
 
-def _turn_budgets(name: str, text_tokens: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+def _turn_budgets(
+    name: str, text_tokens: int, rng: np.random.Generator, num_images: int = 1
+) -> list[tuple[int, int]]:
     """``(question, answer)`` token budgets summing (with the template) to ``text_tokens``."""
     style = _STYLES[name]
-    body = max(_TURN + 2, text_tokens - _SYSTEM_AND_VISION)
+    body = max(_TURN + 2, text_tokens - _SYSTEM - _PER_IMAGE * num_images)
     per_turn = _TURN + style.q_mean + style.a_mean
     if name == "llava150k" and body > 2 * per_turn and rng.random() < 0.5:
         k = 1  # a detail / complex-reasoning sample: one long answer
@@ -410,14 +420,15 @@ _PHOTO_CLOSERS = (
 )
 
 
-def _qa_turns(budgets, next_pair, request_pool, closers, tok) -> list[tuple[str, str]]:
+def _qa_turns(budgets, next_pair, request_pool, closers, tok, context=()) -> list[tuple[str, str]]:
     """Fit each ``(question, answer)`` from ``next_pair(answer_budget)`` to its budgets; an answer's
-    unused budget moves to its question, a question's to the next question."""
+    unused budget moves to its question, a question's to the next question. A long question is
+    filled from ``request_pool`` then from ``context`` (an iterator of sentences, e.g. a document)."""
     turns, carry = [], 0
     for q_budget, a_budget in budgets:
         question, answer = next_pair(a_budget)
         q_budget = q_budget + a_budget - tok.count(answer) + carry
-        q_text = _fill(iter(request_pool), q_budget, tok, question, closers)
+        q_text = _fill(itertools.chain(request_pool, context), q_budget, tok, question, closers)
         carry = q_budget - tok.count(q_text)
         turns.append((q_text, answer))
     if carry > 0:  # the last question takes what is left, word by word
@@ -430,15 +441,14 @@ def _qa_turns(budgets, next_pair, request_pool, closers, tok) -> list[tuple[str,
 _TOP_UP = ("Please look at the image carefully and answer the question as well as you can.",)
 
 
-def _photo_turns(photo: Photo, budgets, rng, tok) -> list[tuple[str, str]]:
+def _photo_turns(photo: Photo, budgets, rng, tok, with_image: bool = True) -> list[tuple[str, str]]:
     short = itertools.cycle([(f"{q[0].upper()}{q[1:]}?", a) for q, a in photo.qa])
+    about = (f"What can you tell me about {photo.subject}?", f"Write a few paragraphs on {photo.subject}.")
+    about_image = ("Describe the image in detail.", "What is happening in this picture?")
     long_questions = itertools.cycle(
-        (
-            "Describe the image in detail.",
-            f"What can you tell me about {photo.subject}?",
-            "What is happening in this picture?",
-            f"Why might someone take a photo of {photo.subject}?",
-        )
+        (about_image[0], about[0], about_image[1], f"Why might someone take a photo of {photo.subject}?")
+        if with_image
+        else about
     )
     sentences = (photo.caption, *photo.facts)
 
@@ -450,7 +460,8 @@ def _photo_turns(photo: Photo, budgets, rng, tok) -> list[tuple[str, str]]:
             _cycle_sentences(sentences, rng), a_budget, tok, closers=sentences, words=False
         )
 
-    return _qa_turns(budgets, next_pair, _PHOTO_REQUESTS, _PHOTO_CLOSERS, tok)
+    context = _cycle_sentences(sentences, rng)
+    return _qa_turns(budgets, next_pair, _PHOTO_REQUESTS, _PHOTO_CLOSERS, tok, context)
 
 
 def _chart_turns(name: str, chart: Chart, budgets, rng, tok) -> list[tuple[str, str]]:
@@ -471,10 +482,10 @@ def _chart_turns(name: str, chart: Chart, budgets, rng, tok) -> list[tuple[str, 
     return _qa_turns(budgets, next_pair, _CHARTQA_SUFFIX, _CHARTQA_CLOSERS, tok)
 
 
-def _conversation(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def _conversation(pairs: list[tuple[str, str]], num_images: int = 1) -> list[tuple[str, str]]:
     turns = []
     for i, (q, a) in enumerate(pairs):
-        turns.append(("user", f"<image>\n{q}" if i == 0 else q))
+        turns.append(("user", "<image>\n" * num_images + q if i == 0 else q))
         turns.append(("assistant", a))
     return turns
 
@@ -495,29 +506,31 @@ def _sample(
     name: str, target: SampleMeta, index: int, seed: int, images_dir: Path, tok: TextTokenizer
 ) -> tuple[dict, int]:
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5717, index]))
-    ((height, width),) = target.images
-    budgets = _turn_budgets(name, target.text_tokens, rng)
+    budgets = _turn_budgets(name, target.text_tokens, rng, len(target.images))
     if name in CHART_DATASETS:
+        ((height, width),) = target.images
         rows = _otsl_rows_for(budgets[0][1]) if name.startswith("synthchartnet") else int(rng.integers(4, 13))
         chart = _chart(rng, min(rows, 400))
         pairs = _chart_turns(name, chart, budgets, rng, tok)
         if name.startswith("synthchartnet"):  # draw exactly the rows the table holds
             kept = max(1, pairs[0][1].count("<nl>") - 1)
             chart = dataclasses.replace(chart, labels=chart.labels[:kept], values=chart.values[:kept])
-        image = images_dir / f"{target.id}.png"
-        _render_chart(chart, height, width, image)
+        images = [images_dir / f"{target.id}.png"]
+        _render_chart(chart, height, width, images[0])
     else:
         photo = PHOTOS[int(rng.integers(len(PHOTOS)))]
-        image = images_dir / f"{target.id}.jpg"
-        _write_photo(photo, height, width, image)
-        pairs = _photo_turns(photo, budgets, rng, tok)
-    turns = _conversation(pairs)
+        suffixes = [""] if len(target.images) == 1 else [f"-{k}" for k in range(len(target.images))]
+        images = [images_dir / f"{target.id}{suffix}.jpg" for suffix in suffixes[: len(target.images)]]
+        for (height, width), image in zip(target.images, images):
+            _write_photo(photo, height, width, image)
+        pairs = _photo_turns(photo, budgets, rng, tok, with_image=bool(images))
+    turns = _conversation(pairs, len(images))
     diff = count_text_tokens(turns, tok) - target.text_tokens
-    record = {
-        "id": target.id,
-        "image": f"images/{image.name}",
-        "conversations": [{"from": "human" if r == "user" else "gpt", "value": t} for r, t in turns],
-    }
+    record: dict = {"id": target.id}
+    if images:
+        paths = [f"images/{image.name}" for image in images]
+        record["image"] = paths[0] if len(paths) == 1 else paths
+    record["conversations"] = [{"from": "human" if r == "user" else "gpt", "value": t} for r, t in turns]
     return record, diff
 
 

@@ -96,6 +96,8 @@ class TrainSpec:
     """Entrain's fill/drain ramp (``auto`` or a piece count; 0 = the paper's schedule)."""
     split_weight_grads: bool = False
     """Entrain's backwards as input- then weight-gradient halves (False = the paper's schedule)."""
+    assignment: str = "paper"
+    """Entrain's per-iteration assignment (``ScheduleOptions.assignment``; ``paper`` = Algorithm 3)."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -334,10 +336,14 @@ ENTRAIN_FAMILY = ("entrain", "entrain-1f1b")
 
 def schedule_options(spec: TrainSpec, system: str) -> dict | None:
     """The schedule options ``spec`` asks of ``system``: Entrain's extensions for the Entrain family
-    (ramp, split weight gradients), none for the baselines."""
+    (ramp, split weight gradients, assignment), none for the baselines."""
     if system not in ENTRAIN_FAMILY:
         return None
-    return {"ramp_microbatches": spec.ramp_microbatches, "split_weight_grads": spec.split_weight_grads}
+    return {
+        "ramp_microbatches": spec.ramp_microbatches,
+        "split_weight_grads": spec.split_weight_grads,
+        "assignment": spec.assignment,
+    }
 
 
 def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[SampleWork]) -> Layout:

@@ -79,7 +79,7 @@ def test_paper_entrain_flag_and_memory_keys(capsys, schema):
     base = ["simulate", *SMALL, "--systems", "entrain,entrain-1f1b,1f1b", "--json"]
     assert main([*base, "--paper-entrain"]) == 0
     paper = json.loads(capsys.readouterr().out)
-    paper_flags = ["--entrain-layout", "disjoint", "--ramp-microbatches", "0"]
+    paper_flags = ["--entrain-layout", "disjoint", "--ramp-microbatches", "0", "--assignment", "paper"]
     assert main([*base, *paper_flags, "--split-weight-grads", "off"]) == 0
     assert json.loads(capsys.readouterr().out) == paper
     assert main([*base, *paper_flags]) == 0  # split weight gradients only: same work, earlier gradients

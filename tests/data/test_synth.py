@@ -22,7 +22,9 @@ from entrain.data.synth import synth_dataset  # noqa: E402
 TOLERANCE_TOKENS = 3
 
 
-@pytest.fixture(scope="module", params=["chartqa", "synthchartnet", "cocoqa", "llava150k"])
+@pytest.fixture(
+    scope="module", params=["chartqa", "synthchartnet", "cocoqa", "llava150k", "text-heavy", "multi-image"]
+)
 def synthesised(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
     return request.param, synth_dataset(request.param, 4, out, seed=5)
@@ -49,14 +51,19 @@ def test_synthesised_dataset_passes_check(synthesised):
 def test_real_content(synthesised):
     name, result = synthesised
     records = json.loads(result.path.read_text())
-    for rec in records:
+    for rec, target in zip(records, result.targets):
         conv = rec["conversations"]
-        assert conv[0]["from"] == "human" and conv[0]["value"].startswith("<image>\n")
+        images = rec.get("image", [])
+        images = [images] if isinstance(images, str) else images
+        assert len(images) == len(target.images)  # zoo samples: none, one or several
+        assert conv[0]["from"] == "human" and conv[0]["value"].startswith("<image>\n" * len(images))
+        assert conv[0]["value"].count("<image>") == len(images)
         assert all(turn["value"].strip() for turn in conv)
-        with Image.open(result.path.parent / rec["image"]) as im:
-            assert im.mode == "RGB"
-            colours = len(im.convert("RGB").getcolors(1 << 20) or [])
-        assert colours > 8  # a rendered chart or a photo, not a blank canvas
+        for image in images:
+            with Image.open(result.path.parent / image) as im:
+                assert im.mode == "RGB"
+                colours = len(im.convert("RGB").getcolors(1 << 20) or [])
+            assert colours > 8  # a rendered chart or a photo, not a blank canvas
     if name == "synthchartnet":
         assert all(r["conversations"][1]["value"].startswith("<fcel>") for r in records)
 

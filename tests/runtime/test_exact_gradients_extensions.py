@@ -1,9 +1,10 @@
 """Entrain's extensions run exactly: a ramped Plan (first and last microbatches cut into
 sub-microbatches), boundary-sharing layouts (one rank holds the last encoder stage and the first
-LLM stage) and split weight gradients (every backward as ``I`` then ``W``, on every stage kind:
-first encoder stage, a stage that feeds a local one, the LLM's last) give the single-process
-reference gradients before and after clipping and its grad norm (fp32, < 1e-5 relative per
-tensor), with deferrals and clipping on. One forked 2-rank gloo group runs every case."""
+LLM stage), split weight gradients (every backward as ``I`` then ``W``, on every stage kind:
+first encoder stage, a stage that feeds a local one, the LLM's last) and the two-resource
+assignment (microbatches other than the paper's) give the single-process reference gradients
+before and after clipping and its grad norm (fp32, < 1e-5 relative per tensor), with deferrals and
+clipping on. One forked 2-rank gloo group runs every case."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ CASES = [
     ("split-1+1-ramp", None, {"ramp_microbatches": 1, "split_weight_grads": True}),
     ("split-shared-rank0", "shared-rank0", {"split_weight_grads": True}),
     ("split-shared-rank1-ramp", "shared-rank1", {"ramp_microbatches": 1, "split_weight_grads": True}),
+    ("two-resource-1+1", None, {"assignment": "two-resource"}),
 ]
 
 
@@ -112,6 +114,8 @@ def test_ramped_and_boundary_sharing_plans_give_reference_gradients(reference, t
             assert any(deferred & set(sub) for sub in mbs[-1].llm_subs), name
             assert all(len(m.llm_subs) == 1 for m in mbs[1:-1]), name
             assert set(mbs[0].encoder_subs[-1]) <= deferred, name
+        if options.get("assignment") == "two-resource":  # the Plan runs microbatches unlike the paper's
+            assert rep != _plan(layout_name, {}).iterations[0].assignment.replicas[0], name
         kinds = {a.kind.value for acts in it.actions.values() for a in acts}
         assert ("B" not in kinds and {"I", "W"} <= kinds) == bool(options.get("split_weight_grads")), name
         if layout_name is not None:

@@ -1,7 +1,8 @@
 """Per-iteration microbatch assignment: Entrain's hierarchical algorithm (paper Algorithm 3), one
 module per step: ``dp_split`` (replicas), ``stratified`` (K_eff + coarse/fine LPT encoder
 microbatches), ``deferral`` (subset-sum DP, ``V``/``L``), ``matching`` (BottleneckMatch),
-``hierarchical`` (the whole pipeline, ``assign_entrain``). Data types live in ``types``.
+``hierarchical`` (the whole pipeline, ``assign_entrain``); ``two_resource`` (our extension: encoder
+and LLM balanced together, ``assign_replica_two_resource``). Data types live in ``types``.
 
 Attributes are imported lazily so that ``entrain.core.assignment.types`` stays cheap to import.
 """
@@ -19,6 +20,8 @@ _EXPORTS = {
     "split_dp": "dp_split",
     "stratified_assign": "stratified",
     "effective_num_microbatches": "stratified",
+    "assign_replica_two_resource": "two_resource",
+    "vector_lpt": "two_resource",
 }
 
 __all__ = sorted(_EXPORTS)

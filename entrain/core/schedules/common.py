@@ -23,6 +23,7 @@ from entrain.core.schedules.lowering import add_comms
 from entrain.core.work import SampleWork
 
 __all__ = [
+    "ASSIGNMENTS",
     "ScheduleOptions",
     "plain_specs",
     "entrain_specs",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 ComputeOrder = Callable[[ReplicaGraph], dict[int, list[Action]]]
+
+ASSIGNMENTS = ("paper", "two-resource", "auto")
+"""Entrain's per-iteration assignment choices (``ScheduleOptions.assignment``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +70,16 @@ class ScheduleOptions:
     order, so the previous stage gets its gradient after the input half of the backward (the
     zero-bubble split; the runtime runs ``I + W`` as one backward's work)."""
 
+    assignment: str = "paper"
+    """Entrain's per-iteration assignment (``ASSIGNMENTS``): ``"paper"`` (Algorithm 3: stratified on
+    encoder work, then pairwise deferral), ``"two-resource"`` (our extension: vector LPT on the
+    per-rank encoder and LLM loads, then deferral, ``assignment.two_resource``) or ``"auto"``: per
+    replica and iteration, whichever has the lower predicted makespan (with the ramp candidates;
+    ties: the paper's), recorded in ``Plan.options["assignment_chosen"][iteration][replica]``."""
+
     def __post_init__(self) -> None:
+        if self.assignment not in ASSIGNMENTS:
+            raise ConfigError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {self.assignment!r}")
         r = self.ramp_microbatches
         if not (r == "auto" or (isinstance(r, int) and not isinstance(r, bool) and r >= 0)):
             raise ConfigError(f"ramp_microbatches must be a count >= 0 or 'auto', got {r!r}")
@@ -236,24 +249,27 @@ def build_plan_per_replica(
     layout: Layout,
     assignments: Sequence[IterationAssignment],
     samples: dict[str, SampleWork],
-    replica: Callable[[ReplicaAssignment], tuple[tuple[MicrobatchSpec, ...], dict[int, list[Action]]]],
+    replica: Callable[[ReplicaAssignment], tuple],
     options: dict,
 ) -> Plan:
-    """``build_plan`` with one function returning a replica's (microbatch specs, compute order)."""
+    """``build_plan`` with one function returning a replica's (microbatch specs, compute order), or
+    (specs, compute order, the ``ReplicaAssignment`` actually used) when it may replace the given one
+    (Entrain's assignment choice); the Plan records the assignments used."""
     iterations = []
     for ia in assignments:
         if len(ia.replicas) != layout.dp:
             raise ConfigError(f"assignment has {len(ia.replicas)} replicas but the layout has dp={layout.dp}")
-        all_specs, actions = [], {}
+        all_specs, actions, used_reps = [], {}, []
         for r, rep in enumerate(ia.replicas):
-            mbs, compute = replica(rep)
+            mbs, compute, *used = replica(rep)
+            used_reps.append(used[0] if used else rep)
             graph = ReplicaGraph(layout, mbs)
             lowered = add_comms(graph, compute)
             for pp, acts in lowered.items():
                 actions[layout.global_rank(r, pp)] = tuple(acts)
             all_specs.append(mbs)
-        iterations.append(IterationPlan(ia, tuple(all_specs), actions))
-    used = {s for ia in assignments for rep in ia.replicas for s in rep.sample_ids}
+        iterations.append(IterationPlan(IterationAssignment(tuple(used_reps)), tuple(all_specs), actions))
+    used = {s for it in iterations for rep in it.assignment.replicas for s in rep.sample_ids}
     missing = sorted(used - set(samples))
     if missing:
         raise ConfigError(f"{len(missing)} assigned sample(s) have no work, e.g. {missing[0]!r}")

@@ -41,7 +41,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from entrain.core.assignment.types import IterationAssignment
+import numpy as np
+
+from entrain.core.assignment.two_resource import EQUAL_SHARES, RankShares, assign_replica_two_resource
+from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import Action, ActionKind, Layout, Plan
@@ -58,7 +61,7 @@ from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.work import SampleWork
 
-__all__ = ["generate", "eager_warmups", "peak_bytes", "split_weight_grads"]
+__all__ = ["generate", "eager_warmups", "peak_bytes", "rank_shares", "split_weight_grads"]
 
 NAME = "entrain"
 
@@ -151,6 +154,45 @@ def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: b
     return order
 
 
+def rank_shares(costs: PlanCosts, ids: Sequence[str]) -> RankShares:
+    """Each pipeline rank's share of the encoder's and of the LLM's forward+backward ms over ``ids``."""
+    layout = costs.layout
+    per_rank = np.zeros((layout.ranks_per_replica, 2))
+    for spec in layout.stages:
+        col = 0 if spec.component == "encoder" else 1
+        per_rank[spec.pp_rank, col] += sum(
+            costs.compute_ms(spec.stage, k, ids) for k in (ActionKind.F, ActionKind.B)
+        )
+    totals = per_rank.sum(axis=0)
+    shares = np.divide(per_rank, totals, out=np.zeros_like(per_rank), where=totals > 0)
+    return RankShares(tuple(shares[:, 0].tolist()), tuple(shares[:, 1].tolist()))
+
+
+def _assignment_candidates(
+    opts: ScheduleOptions,
+    costs: PlanCosts | None,
+    rep: ReplicaAssignment,
+    samples: dict[str, SampleWork],
+    num_microbatches: int,
+) -> list[tuple[str, ReplicaAssignment]]:
+    """(name, replica assignment) to try: the given one (the paper's, from ``assign_entrain``) and/or
+    the two-resource one (skipped under ``auto`` when it is the same)."""
+    out = [("paper", rep)] if opts.assignment in ("paper", "auto") else []
+    if opts.assignment in ("two-resource", "auto"):
+        ids = rep.sample_ids
+        shares = rank_shares(costs, ids) if costs is not None else EQUAL_SHARES
+        alt = assign_replica_two_resource(
+            [samples[s] for s in sorted(ids)], num_microbatches, shares, paper=rep
+        )
+        if (
+            not out
+            or alt.llm_microbatches != rep.llm_microbatches
+            or alt.encoder_microbatches != rep.encoder_microbatches
+        ):
+            out.append(("two-resource", alt))
+    return out
+
+
 def generate(
     layout: Layout,
     assignments: Sequence[IterationAssignment],
@@ -162,33 +204,39 @@ def generate(
 ) -> Plan:
     require_stage_chain(layout, system)
     opts = ScheduleOptions.from_any(options)
-    auto = opts.ramp_microbatches == "auto"
+    auto = opts.ramp_microbatches == "auto" or opts.assignment == "auto"
     if (eager or auto) and cost is None:
-        raise ConfigError("entrain's eager forward and ramp='auto' need a cost model")
+        raise ConfigError("entrain's eager forward, ramp='auto' and assignment='auto' need a cost model")
     costs = PlanCosts(layout, cost, samples) if cost is not None else None
     plan_options: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
     if opts.ramp_microbatches:
         plan_options.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
     if opts.split_weight_grads:
         plan_options["split_weight_grads"] = True
+    if opts.assignment != "paper":
+        plan_options["assignment"] = opts.assignment
     order = _compute_order(costs, opts.eager_budget_factor, eager, opts.split_weight_grads)
     chosen: list[list[int]] = []
+    chosen_assignment: list[str] = []
 
     def replica(rep):
         best = None
-        for ramp, pieces in _ramp_candidates(opts, layout, rep):
-            mbs = entrain_specs(rep, samples, ramp, pieces)
-            graph = ReplicaGraph(layout, mbs)
-            compute = order(graph)
-            t = predicted_makespan_ms(graph, costs, compute) if auto else 0.0
-            if best is None or t < best[0]:
-                best = (t, [ramp, pieces], mbs, compute)
+        for name, assigned in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches):
+            for ramp, pieces in _ramp_candidates(opts, layout, assigned):
+                mbs = entrain_specs(assigned, samples, ramp, pieces)
+                graph = ReplicaGraph(layout, mbs)
+                compute = order(graph)
+                t = predicted_makespan_ms(graph, costs, compute) if auto else 0.0
+                if best is None or t < best[0]:
+                    best = (t, [ramp, pieces], mbs, compute, name, assigned)
         chosen.append(best[1])
-        return best[2], best[3]
+        chosen_assignment.append(best[4])
+        return best[2], best[3], best[5]
 
     plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options)
-    if auto:
-        plan.options["ramp_chosen"] = [
-            chosen[i * layout.dp : (i + 1) * layout.dp] for i in range(len(assignments))
-        ]
+    per_iteration = [slice(i * layout.dp, (i + 1) * layout.dp) for i in range(len(assignments))]
+    if opts.ramp_microbatches == "auto":
+        plan.options["ramp_chosen"] = [chosen[s] for s in per_iteration]
+    if opts.assignment != "paper":
+        plan.options["assignment_chosen"] = [chosen_assignment[s] for s in per_iteration]
     return plan

@@ -24,6 +24,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.planner import PAPER_TABLE1, evaluate_config
 from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.core.systems import SYSTEMS as REGISTRY
+from entrain.data.sampling import dataset_sampler
 from entrain.sim.executor import simulate_plan
 from entrain.sim.run import run_system
 
@@ -122,7 +123,6 @@ def _split(layout) -> str:
 def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: int, sweep_iterations: int,
              sweep: bool, systems=SYSTEMS) -> dict:  # fmt: skip
     from entrain.core.presets import resolve_cost_model
-    from entrain.data.sampling import dataset_sampler
     from entrain.data.workload_io import load_workload
 
     t0 = time.perf_counter()
@@ -132,7 +132,9 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
     )
     req = ConfigRequest(dataset, model, GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH, seed, TRIAL_SIZES,
                         entrain_layout="disjoint", entrain_ramp=0, entrain_split=False)  # fmt: skip
-    setups = system_setups(list(systems), req, cost, dataset_sampler(dataset, batches))  # the paper's Entrain and the baselines
+    setups = system_setups(
+        list(systems), req, cost, dataset_sampler(dataset, seed)
+    )  # the paper's Entrain and the baselines
     base = setups["entrain"]
     setups[PAPER] = base
     for name, (lay, ramp, split) in VARIANTS.items():

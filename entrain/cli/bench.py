@@ -8,6 +8,10 @@ sweep (Entrain under every E.PP:L.PP with E.PP + L.PP = 8), Algorithm 1's trials
 256 (Tables 2, 5-11), per-microbatch forward-time std (Table 3), peak activation memory (Fig. 13)
 and Entrain's gap to ``ideal_ms`` split into partition granularity, microbatch residual and
 communication. ``--quick``: one case (SynthChartNet + Llama3-1B, a40-paper), two iterations.
+
+This module runs the cases; ``entrain.cli.bench_report`` computes the targets and the report's
+facts; the paper's values are package data (``entrain/cli/paper/figures.json``) and the report's
+wording a template (``entrain/cli/paper/report.md.j2``).
 """
 
 from __future__ import annotations

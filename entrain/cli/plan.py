@@ -6,8 +6,11 @@ same in ``k = ceil(ln(alpha)/ln(1-p_error))`` validation draws (trial table like
 ranges per stage) from the ``b_min`` reference batch and predicts the iteration time (paper Eq. 2,
 forward + backward stage times, K = B / (dp * U)).
 
-Profiling batches are i.i.d. draws: from a pool of the built-in generator's samples (2^15 samples
-of ``--seed``), or from a file's samples.
+Profiling batches are i.i.d. draws with replacement (``entrain.data.sampling.dataset_sampler``, the
+sampler ``simulate`` and ``bench`` use too): from the built-in generator's first 2^16 samples of
+``--seed``, or from a file's samples. Two GPU splits whose deployed configurations have Eq. 2 times
+within ``--tolerance`` count as the same, and the search stops at ``--global-batch``
+(docs/planner.md).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import sys
 
 from entrain.cli.common import add_common_args, emit_json, resolve_cost_model
 from entrain.core.errors import ConfigError
-from entrain.core.planner import PlanResult, Sampler, plan
+from entrain.core.planner import EQ2_TOLERANCE, PlanResult, plan
+from entrain.data.sampling import dataset_sampler
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +33,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_common_args(p)
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the stability test")
     p.add_argument("--p-error", type=float, default=0.05, help="tolerated probability of a different split")
-    p.add_argument("--n0", type=int, default=4, help="first profiling batch size (doubles until stable)")
+    p.add_argument(
+        "--n0",
+        type=int,
+        default=4,
+        help="first profiling batch size (doubles until stable, at most --global-batch)",
+    )
+    p.add_argument("--tolerance", type=float, default=EQ2_TOLERANCE,
+                   help="GPU splits whose deployed configurations' Eq. 2 times differ by at most this "
+                        f"fraction count as the same (default {EQ2_TOLERANCE:g}; 0 = same Eq. 2 time)")  # fmt: skip
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (0 = search {1, 2})")
     p.add_argument("--sizes", default="", help="extra batch sizes to test, e.g. 1,4,16,64,256")
     p.add_argument("--freeze", default="", help="comma list of frozen parts: encoder, vit, llm")
@@ -39,13 +51,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _cost(args: argparse.Namespace):
     freeze = tuple(x.strip() for x in args.freeze.split(",") if x.strip())
     return resolve_cost_model(args, freeze)
-
-
-def build_sampler(dataset: str, seed: int, image_root: str | None = None) -> Sampler:
-    """i.i.d. draws from the dataset named by ``--dataset`` (``entrain.data.sampling``)."""
-    from entrain.data.sampling import pool_sampler_for
-
-    return pool_sampler_for(dataset, seed, image_root)
 
 
 def _sizes(text: str) -> list[int]:
@@ -60,7 +65,7 @@ def _sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     cost = _cost(args)
-    sampler = build_sampler(args.dataset, args.seed, args.image_root)
+    sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root)
     if args.tp < 0 or args.cp < 0:
         raise ConfigError("--tp and --cp must be >= 0 (0 = search)")
     result = plan(
@@ -77,11 +82,12 @@ def run(args: argparse.Namespace) -> int:
         n0=args.n0,
         seed=args.seed,
         extra_sizes=_sizes(args.sizes),
+        tolerance=args.tolerance,
     )
-    if result.b_min.b_min > args.global_batch:
+    if not result.b_min.converged:
         print(
-            f"entrain plan: warning: b_min {result.b_min.b_min} exceeds --global-batch {args.global_batch}; "
-            "the static split is not guaranteed stable across iterations",
+            f"entrain plan: warning: Algorithm 1 did not converge: {result.b_min.reason}; "
+            "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
     if args.json:
@@ -100,6 +106,9 @@ def to_json(result: PlanResult, args: argparse.Namespace, model: str, hardware: 
         "config": cfg.to_json(),
         "predicted_iteration_time_ms": cfg.predicted_iteration_time_ms,
         "converged": b.converged,
+        "reason": b.reason,
+        "tolerance": b.tolerance,
+        "max_batch_size": b.max_batch_size,
         "allocation": list(b.allocation),
         "gpus_per_replica": b.gpus_per_replica,
         "dataset": args.dataset,
@@ -121,11 +130,12 @@ def print_human(result: PlanResult, model: str, hardware: str, dataset: str) -> 
         f"Algorithm 1: alpha {b.alpha:g}, p_error {b.p_error:g} -> k = {b.k_trials} validation batches; "
         f"{b.gpus_per_replica} GPUs per replica (dp {cfg.dp})"
     )
-    print(f"  {'batch size':>10}  {'encoder:LLM GPUs seen':<32} stable")
+    print(f"  {'batch size':>10}  {'encoder:LLM GPUs seen':<32} {'stable':<7} Eq. 2 gap")
     for t in b.trials:
         seen = ", ".join(f"{e}:{m}" for e, m in t.allocations_seen)
-        print(f"  {t.batch_size:>10}  {seen:<32} {'yes' if t.stable else 'no'}")
-    note = "" if b.converged else " (not converged: largest size tried)"
+        gap = "-" if t.allocation_stable else f"{t.eq2_gap:.2%}"
+        print(f"  {t.batch_size:>10}  {seen:<32} {'yes' if t.stable else 'no':<7} {gap}")
+    note = "" if b.converged else f" (not converged: {b.reason})"
     print(f"b_min = {b.b_min}{note}; split {b.allocation[0]}:{b.allocation[1]}")
     print(
         f"Algorithm 2: dp {cfg.dp}, microbatch size {cfg.microbatch_size}, "

@@ -18,6 +18,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import ConfigRequest, system_setups
 from entrain.core.systems import parse_systems
+from entrain.data.sampling import dataset_sampler
 from entrain.sim.run import SystemRun, run_system
 
 DEFAULT_SYSTEMS = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
@@ -93,9 +94,8 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         entrain_split=args.split_weight_grads == "on" and not args.paper_entrain,
         entrain_assignment="paper" if args.paper_entrain else args.assignment,
     )
-    from entrain.data.sampling import dataset_sampler
-
-    setups = system_setups(systems, req, cost, dataset_sampler(args.dataset, batches))
+    sampler = dataset_sampler(args.dataset, args.seed, image_root=getattr(args, "image_root", None))
+    setups = system_setups(systems, req, cost, sampler)
     runs = {}
     for name in systems:
         setup = setups[name]
@@ -108,13 +108,14 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         base = runs["entrain"].metrics.iteration_time_ms
         for r in runs.values():
             r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
-    return runs, {n: _describe(s.layout, s.source) for n, s in setups.items()}
+    return runs, {n: _describe(s.layout, s.source, s.b_min) for n, s in setups.items()}
 
 
-def _describe(layout, source: str) -> dict:
+def _describe(layout, source: str, b_min: int | None = None) -> dict:
     comps = {k: v.to_json() for k, v in layout.components.items()}
     return {
         "source": source,
+        "b_min": b_min,
         "dp": layout.dp,
         "num_microbatches": layout.num_microbatches,
         "ranks_per_replica": layout.ranks_per_replica,

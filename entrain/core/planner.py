@@ -10,7 +10,13 @@ Pinned as in DESIGN.md section 1:
 * Algorithm 1: ``k = ceil(ln(alpha) / ln(1 - p_error))`` validation batches; ``n`` starts at
   ``n0`` and doubles; draws are seeded (``draw_seed(seed, n, t)``: ``t = 0`` is the reference batch,
   ``1..k`` the validation batches). All ``k`` validation batches are drawn even after a mismatch, so
-  the trial table lists every allocation seen (like paper Tables 2, 5-11).
+  the trial table lists every allocation seen (like paper Tables 2, 5-11). Ours (``DeployCheck``,
+  used by ``plan``; docs/planner.md): stability is judged on the configuration Algorithm 2 would
+  deploy. Each validation batch's configuration (Algorithm 2 on its own split and statistics),
+  evaluated on the reference batch, must have an Eq. 2 time within ``EQ2_TOLERANCE`` of the
+  reference batch's configuration (splits that deploy the same stages and layer ranges are equal);
+  the doubling stops at the global batch, ``converged`` False and a ``reason`` when it is not
+  stable there.
 * Algorithm 2: per component, every TP x CP with ``PP = floor(M/(TP*CP))`` and ``ceil(M/(TP*CP))``
   (both tried, at least 1, clamped to the component's layer count), combined so the replica's GPUs are
   not exceeded; a 1-D min-max layer partition per component (``partition.min_max_partition``) of the
@@ -29,8 +35,8 @@ Its Eq. 2 time is never above the disjoint split's on the same ranks (the disjoi
 its candidate partitions); ``entrain.core.setups`` uses it for Entrain where Eq. 2 is lower.
 
 A *sampler* is ``sampler(n, seed) -> Sequence[SampleMeta | SampleWork]``: ``n`` samples drawn i.i.d.
-from the dataset with that seed (the CLI builds one from the data generators; ``pool_sampler``
-draws from a fixed list). Items without token metadata (raw-work samples) are supported for
+(with replacement) from the dataset with that seed: ``pool_sampler`` over a fixed list, which
+``entrain.data.sampling.dataset_sampler`` builds for every command. Items without token metadata (raw-work samples) are supported for
 Algorithm 1; Algorithm 2 then spreads a component's work over its layers by their linear costs.
 """
 
@@ -56,6 +62,8 @@ __all__ = [
     "MacroscopicProfiler",
     "TrialResult",
     "BMinResult",
+    "DeployCheck",
+    "EQ2_TOLERANCE",
     "ComponentConfig",
     "StaticConfig",
     "PlanResult",
@@ -196,14 +204,13 @@ def draw_seed(seed: int, batch_size: int, trial: int) -> int:
 
 
 def pool_sampler(items: Sequence[Item]) -> Sampler:
-    """i.i.d. draws from a fixed list: ``n`` distinct items (with replacement if ``n > len``)."""
+    """i.i.d. draws from a fixed list, with replacement (``n`` uniform indices from ``seed``)."""
     pool = list(items)
     if not pool:
         raise ConfigError("cannot sample from an empty dataset")
 
     def sample(n: int, seed: int) -> list[Item]:
-        rng = np.random.default_rng(seed)
-        idx = rng.choice(len(pool), size=n, replace=n > len(pool))
+        idx = np.random.default_rng(seed).integers(0, len(pool), size=n)
         return [pool[i] for i in idx.tolist()]
 
     return sample
@@ -231,17 +238,51 @@ class MacroscopicProfiler:
         return float(enc.sum()) / total if total > 0 else 0.5
 
 
+EQ2_TOLERANCE = 0.01
+"""Algorithm 1 (ours): a validation batch agrees with the reference batch when the configuration
+Algorithm 2 deploys from it, evaluated on the reference batch, has a paper Eq. 2 time within this
+fraction of the reference batch's own configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeployCheck:
+    """Algorithm 2's inputs, so that Algorithm 1 judges stability on the configuration that would be
+    deployed (``find_b_min(deploy=...)``) and stops at the global batch."""
+
+    global_batch: int
+    microbatch_size: int
+    tp: int | None = 1
+    cp: int | None = 1
+    tolerance: float = EQ2_TOLERANCE
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.tolerance < 1.0:
+            raise ConfigError(f"the Eq. 2 tolerance must be in [0, 1), got {self.tolerance}")
+
+
 @dataclass(frozen=True, slots=True)
 class TrialResult:
     """One batch size of Algorithm 1: the reference allocation, every allocation seen (encoder GPUs
-    descending) and whether all ``k`` validation batches matched the reference."""
+    descending) and whether the ``k`` validation batches agree with the reference."""
 
     batch_size: int
     reference: tuple[int, int]
     allocations_seen: tuple[tuple[int, int], ...]
     stable: bool
+    """Without a ``DeployCheck``: every validation batch's split equals the reference's (the paper's
+    test). With one: the configuration Algorithm 2 deploys from every validation batch has, on the
+    reference batch, an Eq. 2 time within the tolerance of the reference batch's configuration."""
     encoder_shares: tuple[float, ...]
     """Reference share first, then the validation batches'."""
+    eq2_gap: float = 0.0
+    """Largest relative Eq. 2 difference, on the reference batch, between the configuration deployed
+    from a validation batch and the reference batch's (0 when all deploy the same stages; inf when one
+    has no feasible configuration; without a ``DeployCheck``: 0 or inf by the split test)."""
+
+    @property
+    def allocation_stable(self) -> bool:
+        """The paper's test: every validation batch gave the reference split."""
+        return len(self.allocations_seen) == 1
 
     def to_json(self) -> dict:
         return {
@@ -249,6 +290,8 @@ class TrialResult:
             "allocations_seen": [list(a) for a in self.allocations_seen],
             "stable": self.stable,
             "reference": list(self.reference),
+            "allocation_stable": self.allocation_stable,
+            "eq2_gap": self.eq2_gap if math.isfinite(self.eq2_gap) else None,
         }
 
 
@@ -267,16 +310,91 @@ class BMinResult:
     p_error: float
     n0: int
     seed: int
+    max_batch_size: int = 1 << 16
+    """The search's last size (the global batch when Algorithm 1 ran with a ``DeployCheck``)."""
+    tolerance: float | None = None
+    """Eq. 2 tolerance of the stability test; None = the paper's exact split test."""
+    reason: str | None = None
+    """Why the search did not converge (None when it did)."""
 
     def trial(self, batch_size: int) -> TrialResult:
         return next(t for t in self.trials if t.batch_size == batch_size)
 
 
-def _trial(profiler: MacroscopicProfiler, n: int, k: int, gpus_per_replica: int) -> TrialResult:
+def _deployed(stats: SampleStats, cost: CostModel, dp: int, allocation, deploy: DeployCheck):
+    """Algorithm 2's best memory-feasible configuration for ``allocation`` on ``stats`` (None if none)."""
+    try:
+        cands = search_candidates(stats, cost, gpus=dp * sum(allocation), dp=dp, tp=deploy.tp, cp=deploy.cp,
+                                  global_batch=deploy.global_batch, microbatch_size=deploy.microbatch_size,
+                                  allocation=allocation)  # fmt: skip
+    except ConfigError:
+        return None
+    return next((c for c in cands if c.memory_ok), None)
+
+
+def _eq2_on(stats: SampleStats, cost: CostModel, cfg: StaticConfig) -> float:
+    """Paper Eq. 2 of ``cfg``'s stages (its layer ranges as they are) on the batch ``stats``."""
+    stage_ms: list[float] = []
+    for comp in (cfg.encoder, cfg.llm):
+        layer_ms = _mean_layer_ms(stats, cost, comp.name, comp.tp, comp.cp, cfg.microbatch_size)
+        stage_ms += [float(layer_ms[f:e].sum()) for f, e in comp.layer_ranges]
+    return sum(stage_ms) + (cfg.num_microbatches - 1) * max(stage_ms)
+
+
+def _stages(cfg: StaticConfig) -> tuple:
+    return tuple((c.tp, c.cp, c.pp, c.layer_ranges) for c in (cfg.encoder, cfg.llm))
+
+
+def _deploy_gap(profiler: MacroscopicProfiler, n: int, k: int, dp: int, allocs, deploy: DeployCheck) -> float:
+    """Largest relative Eq. 2 difference, on the reference batch, between the configuration Algorithm 2
+    deploys from a validation batch (its own split and statistics) and the reference batch's."""
+    ref_stats = profiler.draw(n, 0)[1]
+    ref = _deployed(ref_stats, profiler.cost, dp, allocs[0], deploy)
+    if ref is None:
+        return math.inf
+    gap = 0.0
+    for t in range(1, k + 1):
+        cfg = _deployed(profiler.draw(n, t)[1], profiler.cost, dp, allocs[t], deploy)
+        if cfg is None:
+            return math.inf
+        if _stages(cfg) != _stages(ref):
+            t_ms = _eq2_on(ref_stats, profiler.cost, cfg)
+            gap = max(gap, abs(t_ms - ref.predicted_iteration_time_ms) / ref.predicted_iteration_time_ms)
+    return gap
+
+
+def _trial(
+    profiler: MacroscopicProfiler, n: int, k: int, gpus_per_replica: int, dp: int, deploy: DeployCheck | None
+) -> TrialResult:
     shares = [profiler.encoder_share(n, t) for t in range(k + 1)]
     allocs = [proportional_allocation(gpus_per_replica, s) for s in shares]
     seen = tuple(sorted(set(allocs), key=lambda a: (-a[0], a[1])))
-    return TrialResult(n, allocs[0], seen, all(a == allocs[0] for a in allocs[1:]), tuple(shares))
+    if deploy is None:
+        gap, stable = (0.0 if len(seen) == 1 else math.inf), len(seen) == 1
+    else:
+        gap = _deploy_gap(profiler, n, k, dp, allocs, deploy)
+        stable = gap <= deploy.tolerance
+    return TrialResult(n, allocs[0], seen, stable, tuple(shares), gap)
+
+
+def _doubling_sizes(n0: int, growth: int, last: int) -> list[int]:
+    """``n0, n0 * growth, ...`` up to ``last``, ending exactly at ``last``."""
+    sizes = [n0]
+    while sizes[-1] < last:
+        sizes.append(min(sizes[-1] * growth, last))
+    return sizes
+
+
+def _not_converged_reason(last: TrialResult, deploy: DeployCheck | None) -> str:
+    seen = ", ".join(f"{e}:{m}" for e, m in last.allocations_seen)
+    where = "the global batch" if deploy is not None else "the largest size tried"
+    if deploy is None:
+        return f"at batch {last.batch_size} ({where}) the validation draws still give GPU splits {seen}"
+    gap = "no feasible configuration" if not math.isfinite(last.eq2_gap) else f"{last.eq2_gap:.1%}"
+    return (
+        f"at batch {last.batch_size} ({where}) the validation draws give GPU splits {seen}, whose deployed "
+        f"configurations differ in Eq. 2 time by {gap} (tolerance {deploy.tolerance:.1%})"
+    )
 
 
 def find_b_min(
@@ -292,29 +410,37 @@ def find_b_min(
     seed: int = 0,
     max_batch_size: int = 1 << 16,
     extra_sizes: Sequence[int] = (),
+    deploy: DeployCheck | None = None,
 ) -> BMinResult:
-    """Algorithm 1: the smallest profiling batch size whose GPU split is stable over ``k`` draws."""
+    """Algorithm 1: the smallest profiling batch size whose GPU split is stable over ``k`` draws.
+
+    Without ``deploy``: the paper's test (every draw gives the reference split), doubling up to
+    ``max_batch_size``. With ``deploy`` (what ``plan`` uses): splits whose Algorithm 2
+    configurations have Eq. 2 times within ``deploy.tolerance`` count as the same, and the search
+    stops at ``deploy.global_batch`` (``converged`` False and ``reason`` when it is not stable there).
+    """
     if dp < 1 or gpus % dp:
         raise ConfigError(f"--gpus {gpus} is not divisible by --dp {dp}")
     if n0 < 1 or growth < 2:
         raise ConfigError(f"n0 must be >= 1 and growth >= 2, got {n0} and {growth}")
+    last = deploy.global_batch if deploy is not None else max_batch_size
+    if n0 > last:
+        raise ConfigError(f"n0 {n0} exceeds the largest profiling batch size {last}")
     profiler = (
         sampler if isinstance(sampler, MacroscopicProfiler) else MacroscopicProfiler(sampler, cost, seed=seed)
     )
     g = gpus // dp
     k = num_validation_trials(alpha, p_error)
     trials: dict[int, TrialResult] = {}
-    n, b_min, converged = n0, n0, False
-    while n <= max_batch_size:
-        trials[n] = _trial(profiler, n, k, g)
+    for n in _doubling_sizes(n0, growth, last):
+        trials[n] = _trial(profiler, n, k, g, dp, deploy)
         b_min = n
         if trials[n].stable:
-            converged = True
             break
-        n *= growth
+    converged = trials[b_min].stable
     for size in extra_sizes:
         if size not in trials:
-            trials[size] = _trial(profiler, int(size), k, g)
+            trials[size] = _trial(profiler, int(size), k, g, dp, deploy)
     return BMinResult(
         b_min=b_min,
         converged=converged,
@@ -326,6 +452,9 @@ def find_b_min(
         p_error=p_error,
         n0=n0,
         seed=profiler.seed,
+        max_batch_size=last,
+        tolerance=deploy.tolerance if deploy is not None else None,
+        reason=None if converged else _not_converged_reason(trials[b_min], deploy),
     )
 
 
@@ -581,16 +710,18 @@ def search_candidates(
     cp: int | None = 1,
     global_batch: int,
     microbatch_size: int,
+    allocation: tuple[int, int] | None = None,
 ) -> list[StaticConfig]:
     """Every candidate Algorithm 2 visits (feasible or not), best first (``StaticConfig.sort_key``,
-    infeasible ones last). ``tp``/``cp`` = None searches {1, 2, 4, 8} / {1, 2} per component."""
+    infeasible ones last). ``tp``/``cp`` = None searches {1, 2, 4, 8} / {1, 2} per component.
+    ``allocation`` = the (encoder, LLM) GPU budgets per replica instead of ProportionalAllocation's."""
     stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
     enc, llm = stats.work(cost)
     share = float(enc.sum()) / float(enc.sum() + llm.sum())
     out = []
     for d in _dp_options(gpus, dp, global_batch, microbatch_size):
         g = gpus // d
-        m_enc, m_llm = proportional_allocation(g, share)
+        m_enc, m_llm = allocation if allocation is not None else proportional_allocation(g, share)
         for e in _component_options(cost, "encoder", m_enc, tp, cp):
             for m in _component_options(cost, "llm", m_llm, tp, cp):
                 if e[0] * e[1] * e[2] + m[0] * m[1] * m[2] > g:
@@ -673,15 +804,19 @@ def plan(
     n0: int = 4,
     seed: int = 0,
     extra_sizes: Sequence[int] = (),
+    tolerance: float = EQ2_TOLERANCE,
 ) -> PlanResult:
-    """Find ``b_min`` (per DP visited when ``dp`` is None) and search the configuration from the
+    """Find ``b_min`` (per DP visited when ``dp`` is None; stability judged on the deployed
+    configuration, ``DeployCheck``, up to the global batch) and search the configuration from the
     reference batch drawn at ``b_min``; the result is the DP with the best Eq. 2 time."""
     profiler = MacroscopicProfiler(sampler, cost, seed=seed)
+    deploy = DeployCheck(global_batch, microbatch_size, tp, cp, tolerance)
     per_dp = {}
     for d in _dp_options(gpus, dp, global_batch, microbatch_size):
         bmin = find_b_min(
-            profiler, cost, gpus=gpus, dp=d, alpha=alpha, p_error=p_error, n0=n0, extra_sizes=extra_sizes
-        )
+            profiler, cost, gpus=gpus, dp=d, alpha=alpha, p_error=p_error, n0=min(n0, global_batch),
+            extra_sizes=extra_sizes, deploy=deploy,
+        )  # fmt: skip
         _, stats = profiler.draw(bmin.b_min, 0)
         try:
             cfg = search_config(

@@ -187,7 +187,8 @@ def entrain_variant(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> 
 def system_setups(
     systems: Sequence[str], req: ConfigRequest, cost: CostModel, sampler: Sampler
 ) -> dict[str, SystemSetup]:
-    """Each of ``systems``' setup; ``sampler`` draws the profiling samples (Algorithm 1's batches)."""
+    """Each system's setup; ``sampler`` = the dataset's profiling sampler
+    (``entrain.data.sampling.dataset_sampler``, the one ``plan`` uses)."""
     by_kind: dict[str, SystemSetup] = {}
     kinds = sorted({config_kind(n) for n in systems}, key=lambda k: k != "entrain")
     for kind in kinds:

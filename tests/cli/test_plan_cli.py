@@ -33,7 +33,12 @@ def check_consistent(out: dict) -> None:
     assert out["predicted_iteration_time_ms"] == pytest.approx(eq2)
     assert out["trials"][-1]["batch_size"] >= out["b_min"]
     stable = [t for t in out["trials"] if t["batch_size"] == out["b_min"]]
-    assert stable and stable[0]["stable"] and stable[0]["allocations_seen"] == [out["allocation"]]
+    assert stable and stable[0]["stable"] and stable[0]["reference"] == out["allocation"]
+    assert (
+        out["converged"]
+        and out["reason"] is None
+        and out["b_min"] <= out["max_batch_size"] == out["global_batch"]
+    )
     path = [t for t in out["trials"] if out["n0"] <= t["batch_size"] < out["b_min"]]  # doubling path
     assert all(not t["stable"] for t in path)
 
@@ -98,3 +103,15 @@ def test_bad_flags(capsys):
     assert "not divisible" in capsys.readouterr().err
     assert main(["plan", "--alpha", "1.5"]) == 2
     assert "alpha" in capsys.readouterr().err
+
+
+def test_plan_and_simulate_share_the_sampler(capsys):
+    """One seeded sampler: the same dataset and seed give the same b_min in ``plan`` and ``simulate``
+    (before, ``plan`` drew from a fixed pool and ``simulate`` fresh samples: 64 vs 128 here)."""
+    common = ["--dataset", "llava150k", "--model", "qwen25vl-llama3-3b", "--gpus", "16", "--dp", "1",
+              "--tp", "2", "--global-batch", "64", "--seed", "0"]  # fmt: skip
+    planned = run_json(capsys, common)
+    assert main(["simulate", *common, "--iterations", "1", "--systems", "entrain", "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)["systems"]["entrain"]["config"]
+    assert simulated["b_min"] == planned["b_min"]
+    assert simulated["dp"] == planned["config"]["dp"]

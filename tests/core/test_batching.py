@@ -27,7 +27,15 @@ def make_batch(n: int, seed: int = 0) -> list[SampleWork]:
 
 
 def test_registry_covers_every_system():
-    assert list(SYSTEMS) == ["entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy"]
+    assert list(SYSTEMS) == [
+        "entrain",
+        "entrain-1f1b",
+        "1f1b",
+        "disttrain",
+        "disttrain-paper",
+        "dip",
+        "dip-greedy",
+    ]
     assert SYSTEMS["entrain-1f1b"].batcher is SYSTEMS["entrain"].batcher
     assert [n for n, s in SYSTEMS.items() if s.colocated] == ["dip", "dip-greedy"]
     assert [n for n, s in SYSTEMS.items() if s.extensions] == ["entrain", "entrain-1f1b"]

@@ -19,6 +19,7 @@ from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import ConfigRequest, system_setups
 from entrain.core.systems import parse_systems
 from entrain.data.sampling import dataset_sampler
+from entrain.sim.memory_fit import MEMORY_FITTED, fit_memory_best, no_fit_message
 from entrain.sim.run import SystemRun, run_system
 
 DEFAULT_SYSTEMS = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
@@ -103,7 +104,12 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         if name == "entrain":
             options["eager_budget_factor"] = args.eager_budget_factor
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
-        runs[name] = run_system(name, setup.layout, batches, cost, options)
+        if name in MEMORY_FITTED:
+            setups[name], runs[name] = fit_memory_best(name, setup, batches, cost, options)
+            if name == "entrain" and runs[name].metrics.fits_memory is False:
+                raise ConfigError(no_fit_message(runs[name], batches, cost))
+        else:
+            runs[name] = run_system(name, setup.layout, batches, cost, options)
     if "entrain" in runs:
         base = runs["entrain"].metrics.iteration_time_ms
         for r in runs.values():
@@ -120,13 +126,32 @@ def _describe(layout, source: str, b_min: int | None = None) -> dict:
         "num_microbatches": layout.num_microbatches,
         "ranks_per_replica": layout.ranks_per_replica,
         "components": comps,
+        "recompute": [st.recompute for st in layout.stages],
     }
+
+
+def best_fitting_baseline(runs: dict[str, SystemRun]) -> tuple[str | None, float | None]:
+    """(fastest baseline whose plan fits device memory, its time / Entrain's); a baseline that does
+    not fit never counts (nor does an Entrain that does not fit)."""
+    fitting = {
+        n: r for n, r in runs.items() if not n.startswith("entrain") and r.metrics.fits_memory is not False
+    }
+    if not fitting:
+        return None, None
+    best = min(fitting, key=lambda n: fitting[n].metrics.iteration_time_ms)
+    mine = runs.get("entrain")
+    if mine is None or mine.metrics.fits_memory is False or mine.metrics.iteration_time_ms <= 0:
+        return best, None
+    return best, fitting[best].metrics.iteration_time_ms / mine.metrics.iteration_time_ms
 
 
 def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace) -> dict:
     top = runs.get("entrain") or next(iter(runs.values()))
+    best, ratio = best_fitting_baseline(runs)
     return {
         "systems": {n: {**r.metrics.to_json(), "config": configs[n]} for n, r in runs.items()},
+        "best_fitting_baseline": best,
+        "entrain_vs_best_fitting_baseline": ratio,
         "ideal_ms": top.metrics.ideal_ms,
         "lower_bound_ms": top.metrics.lower_bound_ms,
         "dataset": args.dataset,
@@ -160,6 +185,12 @@ def table(runs: dict[str, SystemRun], configs: dict) -> str:
             f"{m.llm_fwd_std_ms:>9.1f}{m.peak_activation_bytes / 1e9:>9.2f}{mem:>11}{m.ideal_ms:>9.1f}"
             f"{m.partition_ideal_ms:>11.1f}{m.lower_bound_ms:>10.1f}  {cfg}"
         )
+    best, ratio = best_fitting_baseline(runs)
+    if ratio is not None:
+        lines += [
+            "",
+            f"Entrain vs best fitting baseline ({best}): {ratio:.2f}x (baselines marked OOM do not count)",
+        ]
     lines += ["", "times in ms (forward+backward, per iteration, mean over iterations); vs entrain = "
               "iteration time / Entrain's; std = per-microbatch forward time std; peak GB = activations; mem GB = "
               "model state (weights, grads, AdamW) + activations on the fullest rank, OOM = over device memory"]  # fmt: skip

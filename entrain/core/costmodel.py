@@ -29,13 +29,30 @@ __all__ = [
     "CostModel",
     "parallel_key",
     "COMPONENTS",
+    "RECOMPUTE_MODES",
 ]
 
 Component = Literal["encoder", "llm"]
 Phase = Literal["fwd", "bwd", "bwd_input"]
 """``bwd_input``: the input-gradient part of ``bwd`` (what a split ``I`` runs; ``bwd`` minus it is ``W``)."""
 COMPONENTS: tuple[Component, ...] = ("encoder", "llm")
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
+"""Activation recomputation of a stage, cheapest first (DESIGN.md; ``docs/cost_model.md``):
+
+* ``none``: every layer keeps what its backward needs (``activation_bytes_per_token`` and the squared
+  term).
+* ``selective``: each layer's attention sub-block is recomputed in the backward (Megatron's
+  selective recomputation, widened to the sub-block so the runtime can checkpoint a module): the
+  layer drops ``selective_bytes_per_token`` and its squared (score) term, and its backward first
+  re-runs the forward's score term plus ``selective_fwd_fraction`` of its linear term.
+* ``full``: each layer keeps only its input (the previous layer's ``output_bytes_per_token``; a
+  component's first layer keeps its own activations) and re-runs its whole forward in the backward.
+  While a layer is recomputed its full activations exist for that one (sub-)microbatch:
+  ``CostModel.recompute_transient_bytes``."""
 SCHEMA_VERSION = 1
+SMALL_CALL_EXPONENT = 0.5
+"""``CostModel.small_call_factor``: a call of a quarter of the efficient size costs 2x per token."""
 
 
 def parallel_key(tp: int, cp: int) -> str:
@@ -148,6 +165,12 @@ class LayerCost:
     trainable: bool = True
     bwd_input_fraction: float = 0.5
     """Share of ``bwd`` spent on input gradients (what a frozen layer still runs)."""
+    selective_bytes_per_token: float = 0.0
+    """Bytes per token (TP=CP=1) of ``activation_bytes_per_token`` that selective recomputation drops:
+    the attention sub-block's saved tensors beyond its input."""
+    selective_fwd_fraction: float = 0.0
+    """Share of the forward's linear term that selective recomputation re-runs (the attention
+    sub-block's projections); its squared term is re-run whole."""
 
     def keys(self) -> list[str]:
         return sorted(self.fwd)
@@ -164,6 +187,8 @@ class LayerCost:
             "param_bytes": self.param_bytes,
             "trainable": self.trainable,
             "bwd_input_fraction": self.bwd_input_fraction,
+            "selective_bytes_per_token": self.selective_bytes_per_token,
+            "selective_fwd_fraction": self.selective_fwd_fraction,
         }
 
     @classmethod
@@ -179,6 +204,8 @@ class LayerCost:
             param_bytes=float(d.get("param_bytes", 0.0)),
             trainable=bool(d.get("trainable", True)),
             bwd_input_fraction=float(d.get("bwd_input_fraction", 0.5)),
+            selective_bytes_per_token=float(d.get("selective_bytes_per_token", 0.0)),
+            selective_fwd_fraction=float(d.get("selective_fwd_fraction", 0.0)),
         )
 
 
@@ -222,6 +249,11 @@ class HardwareSpec:
     p2p_latency_ms: float = 0.01
     allreduce_bandwidth_bytes_per_ms: float = 12.5e6
     allreduce_latency_ms: float = 0.05
+    encoder_min_efficient_tokens: float = 0.0
+    """A call (one (sub-)microbatch on a stage) of fewer ViT patches runs below full efficiency
+    (``CostModel.small_call_factor``); 0: no loss."""
+    llm_min_efficient_tokens: float = 0.0
+    """Likewise for LLM tokens."""
 
     def to_json(self) -> dict:
         return {
@@ -231,6 +263,8 @@ class HardwareSpec:
             "p2p_latency_ms": self.p2p_latency_ms,
             "allreduce_bandwidth_bytes_per_ms": self.allreduce_bandwidth_bytes_per_ms,
             "allreduce_latency_ms": self.allreduce_latency_ms,
+            "encoder_min_efficient_tokens": self.encoder_min_efficient_tokens,
+            "llm_min_efficient_tokens": self.llm_min_efficient_tokens,
         }
 
     @classmethod
@@ -255,6 +289,16 @@ class CostModel:
         if name == "llm":
             return self.llm
         raise ValueError(f"unknown component {name!r}; expected one of {COMPONENTS}")
+
+    def small_call_factor(self, component: Component, tokens: float) -> float:
+        """Multiplier on the size-dependent time of one call of ``tokens`` tokens: 1 at or above the
+        hardware's ``*_min_efficient_tokens`` ``n``, ``(n / tokens) ** SMALL_CALL_EXPONENT`` below it
+        (a kernel on a small input fills the device partly; docs/cost_model.md)."""
+        hw = self.hardware
+        n = hw.encoder_min_efficient_tokens if component == "encoder" else hw.llm_min_efficient_tokens
+        if n <= 0 or tokens >= n or tokens <= 0:
+            return 1.0
+        return (n / tokens) ** SMALL_CALL_EXPONENT
 
     # --- sequence units -------------------------------------------------------------------------
     @staticmethod
@@ -355,6 +399,80 @@ class CostModel:
         per_token = sum(layer.activation_bytes_per_token for layer in layers)
         per_sq = sum(layer.activation_bytes_per_token_sq for layer in layers)
         return (tokens * per_token + tokens_sq * per_sq) / (tp * cp)
+
+    def kept_bytes_per_token(
+        self, component: Component, first: int, end: int, recompute: Recompute = "none"
+    ) -> tuple[float, float]:
+        """(bytes per token, bytes per squared unit length) that layers ``[first, end)`` keep for
+        their backward under ``recompute``, at TP = CP = 1 (divide by ``tp * cp``). Layers that run
+        no backward keep nothing."""
+        if recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"recompute {recompute!r}; choose from {', '.join(RECOMPUTE_MODES)}")
+        layers = self.component(component).layers
+        lin = sq = 0.0
+        for i in range(first, end):
+            if self._bwd_quadratic(self.component(component), i, parallel_key(1, 1)) is None:
+                continue
+            layer = layers[i]
+            if recompute == "none":
+                lin += layer.activation_bytes_per_token
+                sq += layer.activation_bytes_per_token_sq
+            elif recompute == "selective":
+                lin += max(0.0, layer.activation_bytes_per_token - layer.selective_bytes_per_token)
+            elif i == 0:
+                lin += layer.activation_bytes_per_token
+                sq += layer.activation_bytes_per_token_sq
+            else:
+                lin += layers[i - 1].output_bytes_per_token
+        return lin, sq
+
+    def recompute_transient_bytes(
+        self,
+        component: Component,
+        first: int,
+        end: int,
+        recompute: Recompute,
+        tokens: float,
+        tokens_sq: float,
+    ) -> float:
+        """Bytes (TP = CP = 1) that exist only while a backward of ``tokens`` tokens re-runs one layer's
+        forward: the largest recomputed layer's dropped activations (0 without recomputation)."""
+        if recompute == "none":
+            return 0.0
+        best = 0.0
+        for i in range(first, end):
+            full = self.kept_bytes_per_token(component, i, i + 1, "none")
+            kept = self.kept_bytes_per_token(component, i, i + 1, recompute)
+            best = max(best, (full[0] - kept[0]) * tokens + (full[1] - kept[1]) * tokens_sq)
+        return best
+
+    def recompute_ms(
+        self,
+        component: Component,
+        layer_idx: int,
+        units: Iterable[int],
+        recompute: Recompute,
+        tp: int = 1,
+        cp: int = 1,
+        num_calls: int = 1,
+    ) -> float:
+        """Forward time layer ``layer_idx`` re-runs in its backward under ``recompute`` (0 for a
+        layer without backward, and for ``none``)."""
+        comp = self.component(component)
+        key = parallel_key(tp, cp)
+        if recompute == "none" or self._bwd_quadratic(comp, layer_idx, key) is None:
+            return 0.0
+        if recompute == "full" and layer_idx == 0:
+            return 0.0  # a component's first layer keeps its activations (see kept_bytes_per_token)
+        q = comp.layers[layer_idx].fwd[key]
+        if recompute == "full":
+            return sum(q.variable_ms(x) for x in units) + q.constant_ms * num_calls
+        frac = comp.layers[layer_idx].selective_fwd_fraction
+        if frac <= 0.0 and q.a == 0.0:
+            return 0.0
+        if q.table:
+            return sum(frac * q.variable_ms(x) for x in units) + frac * q.constant_ms * num_calls
+        return sum(q.a * x * x + frac * q.b * x for x in units) + frac * q.c * num_calls
 
     def boundary_bytes(self, component: Component, layer_idx: int, tokens: int) -> float:
         """Bytes sent after layer ``layer_idx`` (exclusive end of a stage) for ``tokens`` tokens."""

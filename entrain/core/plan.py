@@ -110,19 +110,31 @@ class StageSpec:
     end_layer: int
     """Exclusive."""
     pp_rank: int
+    recompute: str = "none"
+    """Activation recomputation of the stage's layers (``costmodel.RECOMPUTE_MODES``)."""
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "stage": self.stage,
             "component": self.component,
             "layers": [self.first_layer, self.end_layer],
             "pp_rank": self.pp_rank,
         }
+        if self.recompute != "none":
+            out["recompute"] = self.recompute
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> StageSpec:
         first, end = d["layers"]
-        return cls(int(d["stage"]), d["component"], int(first), int(end), int(d["pp_rank"]))
+        return cls(
+            int(d["stage"]),
+            d["component"],
+            int(first),
+            int(end),
+            int(d["pp_rank"]),
+            d.get("recompute", "none"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from entrain.core.costmodel import COMPONENTS, CostModel, parallel_key
+from entrain.core.costmodel import COMPONENTS, RECOMPUTE_MODES, CostModel, parallel_key
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import num_microbatches
 from entrain.core.partition import min_max_partition
@@ -472,10 +472,16 @@ class ComponentConfig:
     stage_ms: tuple[float, ...]
     """Forward + backward ms of the mean microbatch per stage (per-call constants included)."""
     stage_memory_bytes: tuple[float, ...]
+    recompute: tuple[str, ...] = ()
+    """Per stage: the cheapest ``costmodel.RECOMPUTE_MODES`` entry that fits (empty: all ``none``);
+    ``stage_ms`` includes its recomputation time."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp
+
+    def stage_recompute(self, j: int) -> str:
+        return self.recompute[j] if self.recompute else "none"
 
     def to_json(self) -> dict:
         return {
@@ -486,6 +492,7 @@ class ComponentConfig:
             "layers_per_stage": [list(r) for r in self.layer_ranges],
             "stage_time_ms": list(self.stage_ms),
             "stage_memory_bytes": list(self.stage_memory_bytes),
+            "recompute": [self.stage_recompute(j) for j in range(len(self.layer_ranges))],
         }
 
 
@@ -540,8 +547,8 @@ class StaticConfig:
         """Disjoint encoder-then-LLM stages, one stage per pipeline rank."""
         stages, s = [], 0
         for comp in (self.encoder, self.llm):
-            for first, end in comp.layer_ranges:
-                stages.append(StageSpec(s, comp.name, first, end, s))
+            for j, (first, end) in enumerate(comp.layer_ranges):
+                stages.append(StageSpec(s, comp.name, first, end, s, comp.stage_recompute(j)))
                 s += 1
         return Layout(
             dp=self.dp,
@@ -577,50 +584,83 @@ def _mean_layer_ms(stats: SampleStats, cost: CostModel, comp: str, tp: int, cp: 
         ref = layer_coefficients(cost, comp, 1, 1)[:, 1]
         scale = coeffs[:, 1].sum() / max(ref.sum(), 1e-300)
         var = mean_work * scale * coeffs[:, 1] / max(coeffs[:, 1].sum(), 1e-300)
-    return u * var + coeffs[:, 2]
+    mean_tokens = u * float(x1.mean()) if stats.has_tokens else 0.0
+    return cost.small_call_factor(comp, mean_tokens) * u * var + coeffs[:, 2]
 
 
-def _mean_microbatch_tokens(stats: SampleStats, comp: str, microbatch_size: int) -> tuple[float, float]:
-    """Mean tokens of a ``microbatch_size``-sample microbatch on ``comp`` and the mean sum of its
-    sequence units' squared lengths (0, 0 for raw-work profiles: no token metadata)."""
+@dataclass(frozen=True, slots=True)
+class MicrobatchLoad:
+    """What a stage plans for: a mean microbatch's tokens (and squared unit lengths) on one component,
+    held ``in_flight`` times, and the largest microbatch's, which a recomputing backward expands."""
+
+    tokens: float
+    tokens_sq: float
+    peak_tokens: float
+    peak_tokens_sq: float
+
+
+def _microbatch_load(stats: SampleStats, comp: str, microbatch_size: int) -> MicrobatchLoad:
+    """Mean microbatch = ``microbatch_size`` mean samples; largest = ``microbatch_size`` copies of the
+    profile's largest sample on ``comp`` (0 for raw-work profiles: no token metadata)."""
     if not stats.has_tokens:
-        return 0.0, 0.0
+        return MicrobatchLoad(0.0, 0.0, 0.0, 0.0)
     x1, x2 = (stats.enc_x1, stats.enc_x2) if comp == "encoder" else (stats.llm_x1, stats.llm_x2)
-    return microbatch_size * float(x1.mean()), microbatch_size * float(x2.mean())
+    j = int(np.argmax(x1))
+    u = microbatch_size
+    return MicrobatchLoad(u * float(x1.mean()), u * float(x2.mean()), u * float(x1[j]), u * float(x2[j]))
 
 
-def _stage_memory(
-    cost: CostModel,
-    comp: str,
-    ranges,
-    tp: int,
-    cp: int,
-    tokens_per_mb: float,
-    first_stage: int,
-    num_stages: int,
-    tokens_sq_per_mb: float = 0.0,
-) -> tuple[float, ...]:
-    layers = cost.component(comp).layers
-    out = []
-    for j, (f, e) in enumerate(ranges):
-        params = (
-            sum(
-                layer.param_bytes * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
-                for layer in layers[f:e]
-            )
-            / tp
-        )
-        # only layers that run a backward keep activations
-        kept = [
-            layer
-            for i, layer in enumerate(layers[f:e], start=f)
-            if cost.layer_ms(comp, i, (1,), "bwd", tp, cp, num_calls=0) > 0
-        ]
-        act_per_mb = tokens_per_mb * sum(layer.activation_bytes_per_token for layer in kept)
-        act_per_mb += tokens_sq_per_mb * sum(layer.activation_bytes_per_token_sq for layer in kept)
-        in_flight = num_stages - (first_stage + j)
-        out.append(params + in_flight * act_per_mb / (tp * cp))
-    return tuple(out)
+def _params_bytes(cost: CostModel, comp: str, first: int, end: int, tp: int) -> float:
+    layers = cost.component(comp).layers[first:end]
+    factor = ADAM_BYTES_PER_BF16_WEIGHT_BYTE
+    return sum(layer.param_bytes * (factor if layer.trainable else 1.0) for layer in layers) / tp
+
+
+def stage_memory_bytes(
+    cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, load: MicrobatchLoad, in_flight: int,
+    recompute: str = "none",
+) -> float:  # fmt: skip
+    """One GPU of a stage: model state (weights + gradients + Adam states of trainable layers, bf16
+    weights of frozen ones, / TP) + ``in_flight`` mean microbatches' kept activations + the largest
+    microbatch's recomputation transient (``CostModel.recompute_transient_bytes``), / (TP x CP)."""
+    lin, sq = cost.kept_bytes_per_token(comp, first, end, recompute)
+    held = in_flight * (load.tokens * lin + load.tokens_sq * sq)
+    transient = cost.recompute_transient_bytes(
+        comp, first, end, recompute, load.peak_tokens, load.peak_tokens_sq
+    )
+    return _params_bytes(cost, comp, first, end, tp) + (held + transient) / (tp * cp)
+
+
+def _recompute_ms(
+    stats: SampleStats, cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, u: int, mode: str
+) -> float:
+    """Recomputation ms of a mean ``u``-sample microbatch on layers ``[first, end)`` (one call)."""
+    if mode == "none" or not stats.has_tokens:
+        return 0.0
+    x1 = stats.enc_x1 if comp == "encoder" else stats.llm_x1
+    x2 = stats.enc_x2 if comp == "encoder" else stats.llm_x2
+    total = 0.0
+    for i in range(first, end):
+        g1 = cost.recompute_ms(comp, i, (1,), mode, tp, cp, 0)
+        g2 = cost.recompute_ms(comp, i, (2,), mode, tp, cp, 0)
+        c = cost.recompute_ms(comp, i, (), mode, tp, cp, 1)
+        a = (g2 - 2.0 * g1) / 2.0
+        total += u * (a * float(x2.mean()) + (g1 - a) * float(x1.mean())) + c
+    return total
+
+
+def choose_recompute(
+    stats: SampleStats, cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, u: int,
+    in_flight: int, limit_bytes: float,
+) -> tuple[str, float, float]:  # fmt: skip
+    """(mode, memory bytes, recomputation ms) of the cheapest ``RECOMPUTE_MODES`` entry whose stage
+    memory fits ``limit_bytes``; ``full`` (not fitting) when none does."""
+    load = _microbatch_load(stats, comp, u)
+    for mode in RECOMPUTE_MODES:
+        mem = stage_memory_bytes(cost, comp, first, end, tp, cp, load, in_flight, mode)
+        if mem <= limit_bytes or mode == RECOMPUTE_MODES[-1]:
+            return mode, mem, _recompute_ms(stats, cost, comp, first, end, tp, cp, u, mode)
+    raise AssertionError("unreachable")
 
 
 def evaluate_config(
@@ -643,6 +683,7 @@ def evaluate_config(
         raise ConfigError("the profile has no samples")
     u = int(microbatch_size)
     k = num_microbatches(global_batch, dp, u)
+    limit = cost.hardware.device_memory_bytes
     degrees = {"encoder": encoder, "llm": llm}
     num_stages = encoder[2] + llm[2]
     comps, first = {}, 0
@@ -652,15 +693,18 @@ def evaluate_config(
             raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
         layer_ms = _mean_layer_ms(stats, cost, comp, tp, cp, u)
         part = min_max_partition(layer_ms.tolist(), pp)
-        tokens, tokens_sq = _mean_microbatch_tokens(stats, comp, u)
-        mem = _stage_memory(cost, comp, part.ranges, tp, cp, tokens, first, num_stages, tokens_sq)
+        chosen = [
+            choose_recompute(stats, cost, comp, f, e, tp, cp, u, num_stages - (first + j), limit)
+            for j, (f, e) in enumerate(part.ranges)
+        ]
         comps[comp] = ComponentConfig(
-            comp, tp, cp, pp, tuple(cost.component(comp).layer_names), part.ranges, part.stage_ms, mem
-        )
+            comp, tp, cp, pp, tuple(cost.component(comp).layer_names), part.ranges,
+            tuple(t + c[2] for t, c in zip(part.stage_ms, chosen)), tuple(c[1] for c in chosen),
+            tuple(c[0] for c in chosen),
+        )  # fmt: skip
         first += pp
     stage_ms = comps["encoder"].stage_ms + comps["llm"].stage_ms
     t_iter = sum(stage_ms) + (k - 1) * max(stage_ms)
-    limit = cost.hardware.device_memory_bytes
     mem_ok = all(m <= limit for c in comps.values() for m in c.stage_memory_bytes)
     g = gpus_per_replica if gpus_per_replica is not None else comps["encoder"].gpus + comps["llm"].gpus
     alloc = allocation if allocation is not None else (comps["encoder"].gpus, comps["llm"].gpus)
@@ -771,13 +815,56 @@ def search_config(
             "within each component's GPU budget"
         )
     best = cands[0]
-    if not best.memory_ok:
-        worst = max(m for c in best.components.values() for m in c.stage_memory_bytes)
-        raise ConfigError(
-            f"no configuration fits in device memory ({best.device_memory_bytes / 1e9:.1f} GB; the best "
-            f"candidate needs {worst / 1e9:.1f} GB on a stage); use more GPUs or a smaller microbatch"
+    if not best.memory_ok and cp == 1 and any(_has_key(cost, "encoder", t, 2) for t in (1, 2, 4, 8)):
+        # context parallelism where a single sample's patches overflow a stage even with recomputation
+        wider = search_candidates(
+            profile,
+            cost,
+            gpus=gpus,
+            dp=dp,
+            tp=tp,
+            cp=None,
+            global_batch=global_batch,
+            microbatch_size=microbatch_size,
         )
+        if wider and wider[0].memory_ok:
+            return wider[0]
+    if not best.memory_ok:
+        stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
+        raise ConfigError(no_fit_message(best, stats, gpus=gpus))
     return best
+
+
+def no_fit_message(best: StaticConfig, stats: SampleStats, *, gpus: int) -> str:
+    """One line: what the best candidate needs, the largest sample of the component that overflows,
+    and what would make it fit (GPUs, ``--max-pixels``, a smaller microbatch; recomputation is
+    already at its strongest where needed)."""
+    limit = best.device_memory_bytes
+    comp = max(best.components.values(), key=lambda c: max(c.stage_memory_bytes))
+    worst = max(comp.stage_memory_bytes)
+    j = comp.stage_memory_bytes.index(worst)
+    f, e = comp.layer_ranges[j]
+    head = (
+        f"no configuration fits in device memory ({limit / 1e9:.1f} GB): the best candidate's {comp.name} stage "
+        f"{j} (layers [{f}, {e}), tp {comp.tp} cp {comp.cp}, recompute {comp.stage_recompute(j)}) needs "
+        f"{worst / 1e9:.1f} GB"
+    )
+    if not stats.has_tokens:
+        return f"{head}; use more GPUs (--gpus {2 * gpus}) or a smaller --microbatch-size"
+    x1 = stats.enc_x1 if comp.name == "encoder" else stats.llm_x1
+    k = int(np.argmax(x1))
+    unit = "ViT patches" if comp.name == "encoder" else "LLM tokens"
+    need = worst / limit
+    pixels = ""
+    if comp.name == "encoder":
+        pixels = (
+            f", --max-pixels about {int(x1[k] * 196 / max(need, 1.0) / 784) * 784} (a smaller largest image)"
+        )
+    return (
+        f"{head}; the largest sample is {stats.ids[k]!r} ({int(x1[k])} {unit}); to fit: about {need:.1f}x the "
+        f"GPUs per replica (--gpus {int(2 ** math.ceil(math.log2(max(need, 1.0) * 1.0001)) * gpus)}), "
+        f"--microbatch-size 1{pixels}; recomputation is already full on that stage"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -812,6 +899,7 @@ def plan(
     profiler = MacroscopicProfiler(sampler, cost, seed=seed)
     deploy = DeployCheck(global_batch, microbatch_size, tp, cp, tolerance)
     per_dp = {}
+    last_error: ConfigError | None = None
     for d in _dp_options(gpus, dp, global_batch, microbatch_size):
         bmin = find_b_min(
             profiler, cost, gpus=gpus, dp=d, alpha=alpha, p_error=p_error, n0=min(n0, global_batch),
@@ -829,13 +917,14 @@ def plan(
                 global_batch=global_batch,
                 microbatch_size=microbatch_size,
             )
-        except ConfigError:
+        except ConfigError as err:
             if dp is not None:
                 raise
+            last_error = err
             continue
         per_dp[d] = (bmin, cfg)
     if not per_dp:
-        raise ConfigError(f"no DP degree yields a feasible configuration on {gpus} GPUs")
+        raise ConfigError(f"no DP degree yields a feasible configuration on {gpus} GPUs; e.g. {last_error}")
     best = min(per_dp, key=lambda d: per_dp[d][1].sort_key())
     return PlanResult(per_dp[best][0], per_dp[best][1], per_dp)
 
@@ -1007,10 +1096,22 @@ def boundary_sharing_config(
         },
         stages=stages,
     )
-    memory = [0.0] * ranks
-    for c, f, e, r in pieces:
-        tokens, tokens_sq = _mean_microbatch_tokens(stats, c, u)
-        memory[r] += _stage_memory(cost, c, [(f, e)], tp, cp, tokens, r, ranks, tokens_sq)[0]
-    t_iter = sum(part.stage_ms) + (k - 1) * max(part.stage_ms)
-    ok = all(m <= cost.hardware.device_memory_bytes for m in memory)
-    return SharedBoundaryConfig(layout, part.stage_ms, tuple(memory), t_iter, ok)
+    limit = cost.hardware.device_memory_bytes
+    memory, rank_ms = [0.0] * ranks, list(part.stage_ms)
+    modes: dict[int, str] = {}
+    for r in range(ranks):  # one recomputation mode per rank: the cheapest that fits all its pieces
+        mine = [p for p in pieces if p[3] == r]
+        for mode in RECOMPUTE_MODES:
+            mem = sum(
+                stage_memory_bytes(cost, c, f, e, tp, cp, _microbatch_load(stats, c, u), ranks - r, mode)
+                for c, f, e, _ in mine
+            )
+            if mem <= limit or mode == RECOMPUTE_MODES[-1]:
+                break
+        modes[r], memory[r] = mode, mem
+        rank_ms[r] += sum(_recompute_ms(stats, cost, c, f, e, tp, cp, u, mode) for c, f, e, _ in mine)
+    stages = tuple(replace(st, recompute=modes[st.pp_rank]) for st in stages)
+    layout = replace(layout, stages=stages)
+    t_iter = sum(rank_ms) + (k - 1) * max(rank_ms)
+    ok = all(m <= limit for m in memory)
+    return SharedBoundaryConfig(layout, tuple(rank_ms), tuple(memory), t_iter, ok)

@@ -126,6 +126,11 @@ class LayerSpec:
     heads: int = 0
     """Query heads whose score matrices an eager implementation materialises."""
     window: int = 0
+    attn_lin_flops: float = 0.0
+    """Of ``lin_flops``: the attention sub-block's (QKV and output projections, window scores)."""
+    attn_saved_bytes: float = 0.0
+    """Of ``activation_bytes_per_token``: what the attention sub-block saves beyond its input (its
+    norm output, Q, K, V, the attention output; selective recomputation drops these)."""
 
 
 def _vision_specs(v: VisionArch) -> list[LayerSpec]:
@@ -173,6 +178,8 @@ def _vision_specs(v: VisionArch) -> list[LayerSpec]:
                 attention="full" if full else "window",
                 heads=v.num_heads,
                 window=0 if full else v.window_patches,
+                attn_lin_flops=lin - 2.0 * 3 * h * i,
+                attn_saved_bytes=10.0 * h,
             )
         )
     m = v.merger_hidden
@@ -238,6 +245,8 @@ def _llm_specs(llm: LLMArch, label_fraction: float) -> list[LayerSpec]:
                 llm.layer_params(),
                 attention="causal",
                 heads=heads,
+                attn_lin_flops=2.0 * (h * q + 2 * h * kv + q * h),
+                attn_saved_bytes=2.0 * h + 4.0 * q + 4.0 * kv,
             )
         )
     specs += [
@@ -400,6 +409,8 @@ def _layer_cost(
         param_bytes=2.0 * s.param_count,
         trainable=trainable,
         bwd_input_fraction=0.0 if s.kind in ("patch_embed", "embedding") else 0.5,
+        selective_bytes_per_token=s.attn_saved_bytes + (saved if window else 0.0),
+        selective_fwd_fraction=s.attn_lin_flops / s.lin_flops if s.lin_flops > 0 else 0.0,
     )
 
 
@@ -419,7 +430,12 @@ A40_SPEC = HardwareSpec(
     p2p_latency_ms=0.01,
     allreduce_bandwidth_bytes_per_ms=12.5e6,
     allreduce_latency_ms=0.05,
+    encoder_min_efficient_tokens=512.0,
+    llm_min_efficient_tokens=256.0,
 )
+"""Small calls (docs/cost_model.md, "Small calls"): the rows that give each of the A40's 84 SMs one
+128x128 output tile of a layer's widest GEMM: ViT MLP (3,420 columns = 27 tiles, 4 row tiles = 512
+patches), Llama 3.2 MLP (8,192 columns = 64 tiles, 2 row tiles = 256 tokens)."""
 
 # Fitted by benchmarks/fit_a40_paper.py (see benchmarks/results/a40_paper_fit.md and docs/cost_model.md):
 # per-component efficiency factors (fraction of the bf16 peak) of the a40-paper preset.

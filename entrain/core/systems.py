@@ -87,6 +87,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         ),
         SystemSpec("dip", assign_dip, dip.generate, "colocated", "dip"),
         SystemSpec("dip-greedy", assign_dip, dip_greedy.generate, "colocated", "dip"),
+        SystemSpec("dip-greedy-mem", assign_dip, dip_greedy.generate, "colocated", "dip"),
     )
 }
 

@@ -21,6 +21,7 @@ from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import DistEnv, build_dp_groups, check_runtime_layout
 from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
+from entrain.runtime.recompute import apply_recompute
 
 __all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
 
@@ -88,6 +89,8 @@ class PipelineTrainer:
             s.stage: build_stage(model, s.component, s.first_layer, s.end_layer) for s in layout.stages
         }
         self.modules = {s.stage: all_stages[s.stage] for s in layout.stages_of(self.pp_rank)}
+        for s in layout.stages_of(self.pp_rank):
+            apply_recompute(self.modules[s.stage], s.recompute)
         for m in self.modules.values():
             m.move_to(env.device)
         trains = [

@@ -240,6 +240,11 @@ class _Replica:
                         woken += self._wake(msg)
         else:
             self.bwd_ms[task] = self.bwd_ms.get(task, 0.0) + dur
+            if a.kind in (_B, _I):  # recomputed activations exist while the backward runs
+                transient = self.costs.recompute_transient_bytes(a.stage, ids)
+                if transient > 0:
+                    self._mem(g, start, transient)
+                    self._mem(g, end, -transient)
             if a.kind in (_B, _W):
                 self._mem(g, end, -self.held.pop(task, 0.0))
             key = ("I" if a.kind is _I else "W" if a.kind is _W else "B", *task)

@@ -229,11 +229,15 @@ def test_boundary_sharing_covers_layers_and_is_no_slower_than_any_disjoint_split
     """One min-max partition of the concatenated encoder-then-LLM layers: every layer on exactly one
     stage, stages on consecutive ranks (a rank holds two only where encoder meets LLM), and the slowest
     rank no slower than the slowest stage of any disjoint E:L split of the same ranks."""
+    from dataclasses import replace
+
     from entrain.core.planner import boundary_sharing_config
 
     profile = meta_pool(64)
     common = dict(dp=4, global_batch=512, microbatch_size=4)
-    cfg = boundary_sharing_config(profile, COST_1B, ranks=ranks, tp=2, **common)
+    # memory unbounded: no stage recomputes, so rank times are the partition's alone
+    cost = replace(COST_1B, hardware=replace(COST_1B.hardware, device_memory_bytes=1e18))
+    cfg = boundary_sharing_config(profile, cost, ranks=ranks, tp=2, **common)
     layout = cfg.layout
     assert layout.ranks_per_replica == ranks and len(cfg.rank_ms) == ranks
     for comp in ("encoder", "llm"):
@@ -244,7 +248,7 @@ def test_boundary_sharing_covers_layers_and_is_no_slower_than_any_disjoint_split
     assert sum(per_rank) == len(layout.stages) <= ranks + 1 and max(per_rank) <= 2
     assert cfg.shares_boundary == (len(layout.stages) == ranks + 1)
     disjoint = [
-        evaluate_config(profile, COST_1B, encoder=(2, 1, e), llm=(2, 1, ranks - e), **common)
+        evaluate_config(profile, cost, encoder=(2, 1, e), llm=(2, 1, ranks - e), **common)
         for e in range(1, ranks)
     ]
     best = min(max(c.encoder.stage_ms + c.llm.stage_ms) for c in disjoint)
@@ -262,8 +266,14 @@ def test_eager_attention_adds_the_saved_scores_to_stage_memory():
 
     prof = meta_pool(64)
     kw = dict(dp=1, encoder=(1, 1, 1), llm=(1, 1, 1), global_batch=16, microbatch_size=4)
+    from dataclasses import replace
+
     flash = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-flops", attention="flash")
     eager = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-flops", attention="encoder=eager")
+    # memory unbounded: no recomputation hides the scores
+    flash, eager = (
+        replace(c, hardware=replace(c.hardware, device_memory_bytes=1e18)) for c in (flash, eager)
+    )
     a, b = evaluate_config(prof, flash, **kw), evaluate_config(prof, eager, **kw)
     stats = SampleStats.of(prof)
     extra = 2 * 4 * float(stats.enc_x2.mean()) * 32 * 16 * 6.0

@@ -5,16 +5,19 @@ its traceback, which the parent re-raises; a hung group fails after ``timeout_s`
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import pickle
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from entrain.core.plan import IterationPlan
 from entrain.core.samples import SampleMeta
@@ -208,3 +211,32 @@ def relative_errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
 
 def dumps(obj) -> bytes:
     return pickle.dumps(obj)
+
+
+class PeakTensorMemory(TorchDispatchMode):
+    """Peak bytes of live tensor storages created while active (every op's outputs, whatever holds
+    them: autograd's saved tensors, checkpoint inputs, recomputed activations, gradients). A storage
+    counts from the op that made it until it is freed (a weak reference's callback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.refs: dict[int, weakref.ref] = {}
+        self.current = self.peak = 0
+
+    def _free(self, key: int, _ref) -> None:
+        self.current -= self.live.pop(key, 0)
+        self.refs.pop(key, None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                st = t.untyped_storage()
+                key = id(st)
+                if key not in self.live:
+                    self.live[key] = st.nbytes()
+                    self.refs[key] = weakref.ref(st, functools.partial(self._free, key))
+                    self.current += self.live[key]
+                    self.peak = max(self.peak, self.current)
+        return out

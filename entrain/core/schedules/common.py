@@ -53,6 +53,9 @@ class ScheduleOptions:
     """DIP: at most this many ViT patches per encoder sub-microbatch (None: 2x the profile's mean)."""
     dip_llm_cap_tokens: float | None = None
     """DIP: at most this many LLM tokens per LLM sub-microbatch (None: 2x the profile's mean)."""
+    dip_memory_budget_bytes: float | None = None
+    """``dip-greedy-mem``: per-rank memory (model state + held activations) its in-flight window keeps
+    within (None: the device memory)."""
     dip_profile_samples: int = 4
     """DIP's profile (one microbatch): the first this-many samples of the first iteration."""
     ramp_microbatches: int | str = 0

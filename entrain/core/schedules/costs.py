@@ -19,6 +19,8 @@ by the simulator, so every executor of a Plan prices an action the same way.
   each trainable layer's backward, the whole backward of a frozen layer that passes gradients), ``W``
   = the rest; a stage whose input needs no gradient (the first encoder stage) runs its whole
   backward as ``W`` (``I`` costs 0), as the runtime does.
+* A call of fewer tokens than the hardware's ``*_min_efficient_tokens`` has its size-dependent
+  time multiplied by ``CostModel.small_call_factor`` (small sub-microbatches are not free).
 * p2p time of a message = ``latency + bytes / bandwidth`` (``HardwareSpec``); gradient messages
   have the size of the activations they answer. DP all-reduce of a rank's trainable parameter
   gradients (bf16 ``param_bytes / tp``): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
@@ -99,13 +101,20 @@ class PlanCosts:
             if phase == "bwd_input" and not self._input_grad(stage):
                 coef += [0.0, 0.0, 0.0]
                 continue
-            g1 = self.cost.stage_ms(comp, first, end, (1,), phase, tp, cp, num_calls=0)
-            g2 = self.cost.stage_ms(comp, first, end, (2,), phase, tp, cp, num_calls=0)
-            c = self.cost.stage_ms(comp, first, end, (), phase, tp, cp, num_calls=1)
-            coef += [*_fit_quadratic(g1, g2), c]
+
+            def ms(units, calls, phase=phase):
+                t = self.cost.stage_ms(comp, first, end, units, phase, tp, cp, num_calls=calls)
+                if phase != "fwd":  # recomputation runs before the input gradients (in I, or in B)
+                    t += sum(
+                        self.cost.recompute_ms(comp, i, units, spec.recompute, tp, cp, calls)
+                        for i in range(first, end)
+                    )
+                return t
+
+            coef += [*_fit_quadratic(ms((1,), 0), ms((2,), 0)), ms((), 1)]
         layers = self.cost.component(comp).layers[first:end]
-        act = sum(layer.activation_bytes_per_token for layer in layers) / (tp * cp)
-        act_sq = sum(layer.activation_bytes_per_token_sq for layer in layers) / (tp * cp)
+        kept, kept_sq = self.cost.kept_bytes_per_token(comp, first, end, spec.recompute)
+        act, act_sq = kept / (tp * cp), kept_sq / (tp * cp)
         out = layers[-1].output_bytes_per_token / (tp * cp) if layers else 0.0
         grad = sum(layer.param_bytes for layer in layers if layer.trainable) / tp
         state = sum(
@@ -147,6 +156,11 @@ class PlanCosts:
                 got = self.cost.stage_ms(
                     spec.component, spec.first_layer, spec.end_layer, units, phase, tp, cp, num_calls=0
                 )
+                if phase != "fwd":
+                    got += sum(
+                        self.cost.recompute_ms(spec.component, i, units, spec.recompute, tp, cp, 0)
+                        for i in range(spec.first_layer, spec.end_layer)
+                    )
             else:
                 q = self.stage_quads[stage]
                 b = {"fwd": q.fwd_b, "bwd": q.bwd_b, "bwd_input": q.bwd_input_b}[phase]
@@ -223,10 +237,12 @@ class PlanCosts:
             "bwd": (q.bwd_a, q.bwd_b, q.bwd_c),
             "bwd_input": (q.bwd_input_a, q.bwd_input_b, q.bwd_input_c),
         }[phase]
-        if self.tabled[stage]:
-            return sum(self._variable_ms(stage, phase, s) for s in tuple(ids)) + c
+        ids = tuple(ids)
         sq, lin = self._sums(stage, ids)
-        return a * sq + b * lin + c
+        factor = self.cost.small_call_factor(self.layout.stages[stage].component, lin)
+        if self.tabled[stage]:
+            return factor * sum(self._variable_ms(stage, phase, s) for s in ids) + c
+        return factor * (a * sq + b * lin) + c
 
     def tokens(self, stage: int, ids: Iterable[str]) -> float:
         return self._sums(stage, ids)[1]
@@ -236,6 +252,18 @@ class PlanCosts:
         q = self.stage_quads[stage]
         sq, lin = self._sums(stage, ids)
         return q.activation_bytes_per_token * lin + q.activation_bytes_per_token_sq * sq
+
+    def recompute_transient_bytes(self, stage: int, ids: Iterable[str]) -> float:
+        """Bytes that exist only while a backward of ``ids`` on ``stage`` re-runs a layer's forward
+        (``CostModel.recompute_transient_bytes``; 0 without recomputation)."""
+        spec = self.layout.stages[stage]
+        if spec.recompute == "none":
+            return 0.0
+        tp, cp = self._parallel(spec.component)
+        sq, lin = self._sums(stage, ids)
+        return self.cost.recompute_transient_bytes(
+            spec.component, spec.first_layer, spec.end_layer, spec.recompute, lin, sq
+        ) / (tp * cp)
 
     def message_bytes(self, src_stage: int, ids: Iterable[str]) -> float:
         """Bytes of the activations ``src_stage`` sends for ``ids`` (gradients: the same size)."""

@@ -1,5 +1,6 @@
 """``dip-greedy``: DIP-like placement and sub-microbatches (``dip``) with DIP's greedy dual-queue
-interleaver instead of the fixed phase order: whenever a rank is free it runs the next action of
+interleaver instead of the fixed phase order (``dip-greedy-mem``: the same under an in-flight window
+that fits device memory, see ``greedy_orders``): whenever a rank is free it runs the next action of
 its 1F1B-style preferred queue (``dip.phase_orders``) if that action's inputs exist, otherwise
 the earliest (in queue order) action whose inputs already exist — filling bubbles with other
 stages' work; if nothing is ready it waits for whatever becomes ready first. Timing for these
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
 from entrain.core.plan import Action, ActionKind, Layout, Plan
 from entrain.core.schedules import dip
 from entrain.core.schedules.common import ScheduleOptions
@@ -22,9 +24,11 @@ from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.predict import compute_deps
 from entrain.core.work import SampleWork
 
-__all__ = ["generate", "greedy_orders"]
+__all__ = ["generate", "greedy_orders", "budget_bytes", "MEMORY_BOUNDED"]
 
 NAME = "dip-greedy"
+MEMORY_BOUNDED = "dip-greedy-mem"
+"""The memory-bounded variant: the same interleaver under a per-rank in-flight window that fits."""
 
 
 def _deps(graph: ReplicaGraph, costs: PlanCosts, a: Action) -> list[tuple[tuple, float]]:
@@ -32,8 +36,17 @@ def _deps(graph: ReplicaGraph, costs: PlanCosts, a: Action) -> list[tuple[tuple,
     return compute_deps(graph, costs, a)
 
 
-def greedy_orders(graph: ReplicaGraph, costs: PlanCosts) -> dict[int, list[Action]]:
+def greedy_orders(
+    graph: ReplicaGraph, costs: PlanCosts, budget_bytes: dict[int, float] | None = None
+) -> dict[int, list[Action]]:
+    """With ``budget_bytes`` (per pipeline rank: activation bytes it may hold), the in-flight window
+    of ``dip-greedy-mem``: a rank admits microbatches in order, reserving the activations of all its
+    chunks' (sub-)microbatches of that microbatch at its first forward there, and admits the next
+    one only while the reservation fits the budget (or nothing is in flight); a microbatch's
+    reservation is released when its last backward on the rank ends. Admission in order on every
+    rank keeps the orders deadlock-free: the oldest unfinished microbatch is admitted everywhere."""
     queues = dip.phase_orders(graph)
+    window = _Window(graph, costs, queues, budget_bytes) if budget_bytes is not None else None
     key_of = {}
     info = {}  # key -> (rank, queue index, duration, deps)
     for rank, acts in queues.items():
@@ -63,6 +76,8 @@ def greedy_orders(graph: ReplicaGraph, costs: PlanCosts) -> dict[int, list[Actio
 
     def candidate(rank: int) -> tuple[float, int] | None:
         cand = avail[rank]
+        if window is not None:
+            cand = {i: rt for i, rt in cand.items() if window.allows(rank, queues[rank][i])}
         if not cand:
             return None
         t = free[rank]
@@ -86,6 +101,8 @@ def greedy_orders(graph: ReplicaGraph, costs: PlanCosts) -> dict[int, list[Actio
         push(r)
     total = len(info)
     while len(end) < total:
+        if not heap:
+            raise ConfigError("dip-greedy-mem: the in-flight window left no runnable action")  # cannot happen
         start, rank, i = heapq.heappop(heap)
         c = candidate(rank)
         if c is None or c != (start, i):  # stale entry
@@ -98,6 +115,8 @@ def greedy_orders(graph: ReplicaGraph, costs: PlanCosts) -> dict[int, list[Actio
         while head[rank] in done_idx[rank]:
             head[rank] += 1
         out[rank].append(queues[rank][i])
+        if window is not None:
+            window.ran(rank, queues[rank][i])
         touched = {rank}
         for s in succ.get(k, []):
             unmet[s] -= 1
@@ -111,6 +130,55 @@ def greedy_orders(graph: ReplicaGraph, costs: PlanCosts) -> dict[int, list[Actio
     return out
 
 
+class _Window:
+    """Per-rank in-order admission of microbatches under an activation budget (``greedy_orders``)."""
+
+    def __init__(self, graph: ReplicaGraph, costs: PlanCosts, queues: dict, budget: dict[int, float]):
+        self.budget = budget
+        self.need: dict[tuple[int, int], float] = {}
+        self.left: dict[tuple[int, int], int] = {}
+        for rank, acts in queues.items():
+            for a in acts:
+                key = (rank, a.mb)
+                if a.kind is ActionKind.F:
+                    ids = graph.ids(a.stage, a.mb, a.sub_index)
+                    self.need[key] = self.need.get(key, 0.0) + costs.activation_bytes(a.stage, ids)
+                else:
+                    self.left[key] = self.left.get(key, 0) + 1
+        self.next = dict.fromkeys(queues, 0)
+        self.held = dict.fromkeys(queues, 0.0)
+        self.in_flight = dict.fromkeys(queues, 0)
+
+    def allows(self, rank: int, a: Action) -> bool:
+        if a.kind is not ActionKind.F or a.mb < self.next[rank]:
+            return True
+        if a.mb > self.next[rank]:
+            return False
+        need = self.need[(rank, a.mb)]
+        return self.in_flight[rank] == 0 or self.held[rank] + need <= self.budget[rank]
+
+    def ran(self, rank: int, a: Action) -> None:
+        key = (rank, a.mb)
+        if a.kind is ActionKind.F and a.mb == self.next[rank]:
+            self.next[rank] += 1
+            self.held[rank] += self.need[key]
+            self.in_flight[rank] += 1
+        elif a.kind is not ActionKind.F:
+            self.left[key] -= 1
+            if self.left[key] == 0:
+                self.held[rank] -= self.need[key]
+                self.in_flight[rank] -= 1
+
+
+def budget_bytes(costs: PlanCosts, options: ScheduleOptions) -> dict[int, float]:
+    """Activation bytes each pipeline rank may hold: ``dip_memory_budget_bytes`` (default: device
+    memory) minus the rank's model state."""
+    total = options.dip_memory_budget_bytes
+    if total is None:
+        total = costs.cost.hardware.device_memory_bytes
+    return {r: total - costs.model_state_bytes(r) for r in range(costs.layout.ranks_per_replica)}
+
+
 def generate(
     layout: Layout,
     assignments: Sequence[IterationAssignment],
@@ -119,7 +187,11 @@ def generate(
     options: ScheduleOptions | None = None,
     system: str = NAME,
 ) -> Plan:
-    def order(costs: PlanCosts):
-        return lambda graph: greedy_orders(graph, costs)
+    opts = ScheduleOptions.from_any(options)
+    bounded = system == MEMORY_BOUNDED
 
-    return dip.generate(layout, assignments, samples, cost, options, system=system, order=order)
+    def order(costs: PlanCosts):
+        budget = budget_bytes(costs, opts) if bounded else None
+        return lambda graph: greedy_orders(graph, costs, budget)
+
+    return dip.generate(layout, assignments, samples, cost, opts, system=system, order=order)

@@ -132,7 +132,9 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
     )
     req = ConfigRequest(dataset, model, GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH, seed, TRIAL_SIZES,
                         entrain_layout="disjoint", entrain_ramp=0, entrain_split=False)  # fmt: skip
-    setups = system_setups(list(systems), req, cost, dataset_sampler(dataset, batches))  # the paper's Entrain and the baselines
+    setups = system_setups(
+        list(systems), req, cost, dataset_sampler(dataset, batches)
+    )  # the paper's Entrain and the baselines
     base = setups["entrain"]
     setups[PAPER] = base
     for name, (lay, ramp, split) in VARIANTS.items():

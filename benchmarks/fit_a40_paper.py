@@ -22,6 +22,7 @@ import pathlib
 
 import numpy as np
 
+from entrain.cli.bench_report import SHORT, paper_figures
 from entrain.core.architectures import get_arch
 from entrain.core.planner import (
     PAPER_TABLE1,
@@ -40,62 +41,18 @@ NUM_DRAWS = 59
 POOL = 1 << 15
 MODELS = ("qwen25vl-llama3-1b", "qwen25vl-llama3-3b")
 DATASETS = ("synthchartnet", "llava150k", "chartqa", "cocoqa")
+_FIGURES = paper_figures()  # the paper's values: entrain/cli/paper/figures.json
+PAPER_TRIALS = {  # paper Tables 2, 5-11 at b = 1, 4, 16, 64, 256 (splits seen; * = stable)
+    (d, m): tuple(_FIGURES["trials"]["cases"][f"{d}/{SHORT[m]}"]) for d in DATASETS for m in MODELS
+}
+SIZES = tuple(_FIGURES["trials"]["sizes"])
 PAPER_SPLIT_256 = {  # (encoder GPUs, LLM GPUs) at b = 256, Tables 2, 5-11
-    ("synthchartnet", "qwen25vl-llama3-1b"): (10, 6),
-    ("llava150k", "qwen25vl-llama3-1b"): (9, 7),
-    ("chartqa", "qwen25vl-llama3-1b"): (10, 6),
-    ("cocoqa", "qwen25vl-llama3-1b"): (10, 6),
-    ("synthchartnet", "qwen25vl-llama3-3b"): (8, 8),
-    ("llava150k", "qwen25vl-llama3-3b"): (7, 9),
-    ("chartqa", "qwen25vl-llama3-3b"): (8, 8),
-    ("cocoqa", "qwen25vl-llama3-3b"): (8, 8),
+    k: tuple(int(x) for x in v[SIZES.index(B)].rstrip("*").split(":")) for k, v in PAPER_TRIALS.items()
 }
 FIG11_ENTRAIN_S = {  # Entrain iteration time (s), read off paper Fig. 11
-    ("synthchartnet", "qwen25vl-llama3-1b"): 14.2,
-    ("chartqa", "qwen25vl-llama3-1b"): 12.3,
-    ("cocoqa", "qwen25vl-llama3-1b"): 7.9,
-    ("llava150k", "qwen25vl-llama3-1b"): 8.1,
-    ("synthchartnet", "qwen25vl-llama3-3b"): 19.0,
-    ("chartqa", "qwen25vl-llama3-3b"): 17.9,
-    ("cocoqa", "qwen25vl-llama3-3b"): 9.0,
-    ("llava150k", "qwen25vl-llama3-3b"): 10.9,
+    (d, m): _FIGURES["fig11_iteration_s"]["cases"][f"{d}/{SHORT[m]}"][2] for d in DATASETS for m in MODELS
 }
 SYNTH_3B_TRUE_RATIO = 1.27
-SIZES = (1, 4, 16, 64, 256)
-PAPER_TRIALS = {  # paper Tables 2, 5-11 at b = 1, 4, 16, 64, 256 (splits seen; ok = stable)
-    ("synthchartnet", "qwen25vl-llama3-3b"): (
-        "10:6..6:10 x",
-        "9:7, 8:8, 7:9 x",
-        "9:7, 8:8, 7:9 x",
-        "8:8 ok",
-        "8:8 ok",
-    ),
-    ("synthchartnet", "qwen25vl-llama3-1b"): (
-        "11:5, 10:6, 9:7 x",
-        "11:5, 10:6, 9:7 x",
-        "11:5, 10:6 x",
-        "10:6 ok",
-        "10:6 ok",
-    ),
-    ("llava150k", "qwen25vl-llama3-1b"): (
-        "10:6, 9:7, 8:8 x",
-        "10:6, 9:7, 8:8 x",
-        "9:7, 8:8 x",
-        "9:7 ok",
-        "9:7 ok",
-    ),
-    ("chartqa", "qwen25vl-llama3-1b"): ("10:6, 9:7 x", "10:6, 9:7 x", "10:6 ok", "10:6 ok", "10:6 ok"),
-    ("cocoqa", "qwen25vl-llama3-1b"): ("10:6, 9:7 x", "10:6, 9:7 x", "10:6 ok", "10:6 ok", "10:6 ok"),
-    ("llava150k", "qwen25vl-llama3-3b"): (
-        "7:9, 6:10, 5:11 x",
-        "7:9, 6:10 x",
-        "7:9, 6:10 x",
-        "7:9, 6:10 x",
-        "7:9 ok",
-    ),
-    ("chartqa", "qwen25vl-llama3-3b"): ("8:8, 7:9 x", "8:8 ok", "8:8 ok", "8:8 ok", "8:8 ok"),
-    ("cocoqa", "qwen25vl-llama3-3b"): ("8:8, 7:9 x", "8:8 ok", "8:8 ok", "8:8 ok", "8:8 ok"),
-}
 
 
 def cost(model: str, enc_eff: float, llm_eff: float):

@@ -60,6 +60,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (the runtime supports 1)")
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
+    _add_batch_and_optimiser_args(p)
+    _add_run_control_args(p)
+    p.set_defaults(func=run)
+    _DEFAULTS.update({a.dest: a.default for a in p._actions})
+
+
+def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--microbatch-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
@@ -75,6 +82,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
     p.add_argument("--freeze", default="", help="comma list of encoder, vit (tower without merger), llm")
     p.add_argument("--weights", default=None, help="local weights folder (default: random init from --seed)")
+
+
+def _add_run_control_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--on-bad-sample",
         choices=("error", "skip"),
@@ -131,8 +141,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="README main job: tiny on skewed, entrain then 1f1b, 2 processes (flags still override)",
     )
-    p.set_defaults(func=run)
-    _DEFAULTS.update({a.dest: a.default for a in p._actions})
 
 
 _DEFAULTS: dict = {}

@@ -1,4 +1,4 @@
-"""``entrain train --entrain-layout shared`` / ``--ramp-microbatches``: Entrain's extensions reach the
+"""``entrain train --entrain-layout shared`` / ``--ramp-microbatches`` / ``--assignment``: Entrain's extensions reach the
 training Plans (the Plans themselves are proven exact in test_exact_gradients_extensions.py)."""
 
 import pytest
@@ -58,3 +58,21 @@ def test_split_weight_grads_reaches_entrains_plans_only(tmp_path):
     assert ActionKind.B not in split and {ActionKind.I, ActionKind.W} <= split
     assert ActionKind.B in kinds([], "entrain")  # the paper's schedule by default
     assert ActionKind.B in kinds(["--split-weight-grads", "on"], "1f1b")  # baselines untouched
+
+
+def test_assignment_reaches_entrains_plans_and_is_recorded(tmp_path):
+    from entrain.runtime.planning import make_plan
+    from entrain.runtime.session import schedule_options
+
+    def plan(flags, system):
+        spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), *flags]))
+        cost = resolve_cost(spec)
+        probe = load_data(spec, cost, owner=False).train[0]
+        layout = build_layout(spec, system, cost, probe)
+        return make_plan(system, layout, [probe], cost, schedule_options(spec, system))
+
+    auto = plan(["--assignment", "auto"], "entrain")
+    assert auto.options["assignment"] == "auto"
+    assert set(auto.options["assignment_chosen"][0]) <= {"paper", "two-resource"}
+    assert "assignment_chosen" not in plan([], "entrain").options  # the paper's by default
+    assert "assignment" not in plan(["--assignment", "auto"], "1f1b").options  # baselines untouched

@@ -1,5 +1,6 @@
 """``entrain data check PATH``: validate a LLaVA JSON/JSONL or FineVision Parquet dataset
-(CONTRACT.md). Exit 0 iff no finding has severity ``error``, else 1."""
+(CONTRACT.md). Exit 0 iff no finding has severity ``error``, else 1 (``warning`` and ``converted``
+findings are not bad)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="local tokenizer folder or tokenizer.json (default: offline Qwen2)")  # fmt: skip
     p.add_argument("--no-processor", action="store_true",
                    help="decode images but skip running the Qwen2.5-VL image processor on them")  # fmt: skip
+    p.add_argument("--confine-images", action="store_true",
+                   help="an image path resolving outside the dataset root is an error (default: a warning)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=run_check)
 
@@ -33,6 +36,7 @@ def run_check(args: argparse.Namespace) -> int:
         tokenizer=load_tokenizer(args.tokenizer),
         max_tokens=args.max_tokens,
         processor=not args.no_processor,
+        confine_images=args.confine_images,
     )
     if args.json:
         emit_json(report.to_json())

@@ -4,7 +4,10 @@ LLaVA-format dataset (``DIR/data.json`` + ``DIR/images/``) shaped like a built-i
 from __future__ import annotations
 
 import argparse
+import shutil
+from pathlib import Path
 
+from entrain.core.errors import ConfigError
 from entrain.data.generators import DATASETS
 
 
@@ -17,12 +20,31 @@ def add_synth_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, required=True)
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace the dataset an existing --out holds")
     p.set_defaults(func=run_synth)
+
+
+DATASET_FILES = ("data.json", "images")
+"""What makes a folder hold a synthesised dataset."""
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` holding a dataset unless ``overwrite``, which then removes it first."""
+    held = [name for name in DATASET_FILES if (out / name).exists()]
+    if held and not overwrite:
+        raise ConfigError(
+            f"--out {out} holds a dataset ({', '.join(held)}): pass --overwrite to replace it, or choose "
+            "another --out"
+        )
+    for name in held:
+        target = out / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
 
 
 def run_synth(args: argparse.Namespace) -> int:
     from entrain.data.synth import synth_dataset
 
+    check_out(Path(args.out), args.overwrite)
     result = synth_dataset(args.dataset, args.num_samples, args.out, args.seed)
     diffs = result.text_token_diffs
     exact = sum(d == 0 for d in diffs)

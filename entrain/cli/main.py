@@ -9,6 +9,7 @@ import importlib
 import sys
 
 from entrain import __version__
+from entrain.cli.argtypes import EntrainParser, apply_rules, check_args
 from entrain.core.errors import EntrainError
 
 # subcommand -> module; a module registers its parser and sets ``func`` on it.
@@ -25,7 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = EntrainParser(
         prog="entrain",
         description="Load-balanced distributed training of multimodal LLMs (Entrain).",
     )
@@ -39,19 +40,27 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.add_parser(sub)
+    apply_rules(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a bad flag (one line already on stderr), --help or --version
+        return e.code if isinstance(e.code, int) else int(e.code is not None) * 2
+    try:
+        check_args(args)
         rc = args.func(args)
     except EntrainError as e:
         print(f"entrain {args.command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        print(f"entrain {args.command}: interrupted", file=sys.stderr)
+        return 130
     return int(rc or 0)
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 from entrain.cli.common import HARDWARE_PRESETS, MODEL_PRESETS, add_attention_arg
-from entrain.core.errors import ConfigError
+from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import SYSTEMS, parse_systems
 
 DEMO = {
@@ -124,6 +125,16 @@ def _add_run_control_args(p: argparse.ArgumentParser) -> None:
         help="continue the run in --out from its newest complete checkpoint (same flags; --steps may grow)",
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run an existing --out holds (without it, or --resume, such a folder is refused)",
+    )
+    p.add_argument(
+        "--confine-images",
+        action="store_true",
+        help="an image path resolving outside the dataset root makes its record bad (default: a warning)",
+    )
+    p.add_argument(
         "--timeout-s",
         type=float,
         default=300.0,
@@ -214,6 +225,7 @@ def _spec(args: argparse.Namespace):
         keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
         on_bad_sample=args.on_bad_sample,
+        confine_images=args.confine_images,
         entrain_layout=args.entrain_layout,
         ramp_microbatches=_ramp(args.ramp_microbatches),
         split_weight_grads=args.split_weight_grads == "on",
@@ -255,7 +267,7 @@ _FORWARDED = (
     "ramp_microbatches",
     "split_weight_grads",
 )
-_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress")
+_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress", "overwrite", "confine_images")
 
 
 def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
@@ -276,11 +288,18 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _launch(args: argparse.Namespace, nproc: int) -> int:
+ERROR_DIR_ENV = "ENTRAIN_ERROR_DIR"
+"""Set by the parent for its torchrun workers: each writes its Entrain error message to
+``rank<N>.txt`` there instead of stderr, and the parent prints each distinct message once."""
+
+
+def _launch(args: argparse.Namespace, spec, nproc: int) -> int:
+    from entrain.cli.launch import ERROR_EXIT, INTERRUPTED_EXIT
+
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "entrain.cli.launch",
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
@@ -288,12 +307,116 @@ def _launch(args: argparse.Namespace, nproc: int) -> int:
         "train",
         *_child_argv(args),
     ]
+    errors = tempfile.mkdtemp(prefix="entrain-errors-")
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     # a fresh rendezvous store per restart round: the shared agent store keeps the previous round's
     # gloo addresses, which a restarted group then tries to connect to
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    return subprocess.call(cmd, env=env)
+    env[ERROR_DIR_ENV] = errors
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: let torchrun stop the workers
+        proc.wait()
+        rc = INTERRUPTED_EXIT
+    try:
+        messages = _worker_errors(errors)
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+    if rc == 0:
+        return 0
+    if rc == INTERRUPTED_EXIT:
+        print(interrupted_line(spec), file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
+    for message in messages:
+        print(f"entrain train: error: {message}", file=sys.stderr, flush=True)
+    if not messages:
+        print(
+            f"entrain train: error: a training process failed with exit status {rc} (its output is above)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return ERROR_EXIT if messages else rc
+
+
+def _worker_errors(folder: str) -> list[str]:
+    """The workers' error messages, each distinct one once, in rank order."""
+    out: dict[str, None] = {}
+    for name in sorted(os.listdir(folder), key=lambda n: int("".join(c for c in n if c.isdigit()) or 0)):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            out[f.read().strip()] = None
+    return [m for m in out if m]
+
+
+def interrupted_line(spec) -> str:
+    """``interrupted at step N; continue with --resume``: N = the steps the interrupted system completed
+    (rows in its ``metrics.jsonl``)."""
+    from entrain.runtime.session import system_out
+
+    done = 0
+    for system in spec.systems:
+        path = os.path.join(system_out(spec, system), "metrics.jsonl")
+        try:
+            with open(path, encoding="utf-8") as f:
+                done = sum(1 for line in f if line.strip())
+        except OSError:
+            done = 0
+        if done < spec.steps:
+            break
+    return f"interrupted at step {done}; continue with --resume"
+
+
+RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints")
+"""What makes a folder hold a run."""
+
+
+def check_run_folder(spec, overwrite: bool) -> None:
+    """Refuse an ``--out`` that holds a run, unless ``--resume`` continues it or ``--overwrite``
+    replaces it (a second run must not delete the first one's checkpoints by accident)."""
+    if spec.resume or overwrite:
+        return
+    from entrain.runtime.session import system_out
+
+    for out in dict.fromkeys([spec.out, *(system_out(spec, s) for s in spec.systems)]):
+        held = [m for m in RUN_MARKERS if os.path.exists(os.path.join(out, m))]
+        if held:
+            raise ConfigError(
+                f"--out {out} holds a run ({', '.join(held)}): pass --resume to continue it, --overwrite to "
+                "replace it, or choose another --out"
+            )
+
+
+def check_dataset_size(spec) -> None:
+    """Refuse a file dataset with fewer usable samples than one global batch (plus the held-out
+    validation batches), before any process starts. A LLaVA/Parquet file is screened for it (under
+    ``--on-bad-sample error`` a bad record stops here with the report)."""
+    from entrain.data.generators import is_builtin
+    from entrain.data.workload_io import (
+        detect_format,
+        read_raw_work_jsonl,
+        read_workload_jsonl,
+        resolve_dataset_file,
+    )
+    from entrain.runtime.session import screen
+
+    if is_builtin(spec.dataset):
+        return
+    path = resolve_dataset_file(spec.dataset)
+    fmt = detect_format(path)
+    if fmt == "conversation":
+        usable = len(screen(spec, None).samples)
+    elif fmt == "workload":
+        usable = len(read_workload_jsonl(path))
+    else:
+        usable = len(read_raw_work_jsonl(path))
+    held_out = spec.val_batches if spec.val_every > 0 else 0
+    need = spec.global_batch * (1 + held_out)
+    if usable < need:
+        what = f"--global-batch {spec.global_batch}" + (
+            f" and {held_out} held-out validation batch(es)" if held_out else ""
+        )
+        raise ConfigError(f"{path}: {usable} usable sample(s), but {what} need(s) at least {need}")
 
 
 def _under_torchrun() -> bool:
@@ -377,25 +500,62 @@ def run(args: argparse.Namespace) -> int:
     if args.demo:
         _apply_demo(args, _DEFAULTS)
     under_torchrun = _under_torchrun()
+    if under_torchrun and os.environ.get(ERROR_DIR_ENV):
+        return _as_worker(args)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
     _infer_dp(args, world)
     spec = _spec(args)
-    from entrain.runtime.session import check_spec, screen, world_size_of
+    from entrain.runtime.session import check_spec, world_size_of
 
     check_spec(spec, world)
-    if under_torchrun:
+    if under_torchrun:  # started by the user's own torchrun
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0"):
+            check_run_folder(spec, args.overwrite)
         if os.environ["RANK"] == "0":
             warn_below_b_min(spec)
         return _run_rank(spec, under_torchrun=True)
+    # everything that can be checked before a process starts, in the order a user fixes it
+    check_run_folder(spec, args.overwrite)
     if spec.resume:
         _check_resume(spec)
+    check_dataset_size(spec)
     warn_below_b_min(spec)
     need = world_size_of(spec)
     if need > 1:  # not under torchrun: start it (``--nproc`` defaults to what the layout needs)
-        if spec.on_bad_sample == "error" and _is_conversation_file(spec.dataset):
-            screen(spec, None)  # a bad dataset stops here, with the report, before torchrun starts
-        return _launch(args, need)
-    return _run_rank(spec, under_torchrun=False)
+        return _launch(args, spec, need)
+    try:
+        return _run_rank(spec, under_torchrun=False)
+    except KeyboardInterrupt:
+        print(interrupted_line(spec), file=sys.stderr, flush=True)
+        return 130
+
+
+def _as_worker(args: argparse.Namespace) -> int:
+    """A torchrun worker of ``_launch``: the parent checked the flags, the run folder and the dataset;
+    an Entrain error goes to ``$ENTRAIN_ERROR_DIR/rank<N>.txt`` for the parent to print once, and
+    Ctrl-C ends the worker quietly (the parent reports the step)."""
+    from entrain.runtime.session import check_spec
+
+    try:
+        _infer_dp(args, int(os.environ["WORLD_SIZE"]))
+        spec = _spec(args)
+        check_spec(spec, int(os.environ["WORLD_SIZE"]))  # the parent warned about b_min already
+        return _run_rank(spec, under_torchrun=True)
+    except EntrainError as e:
+        path = os.path.join(os.environ[ERROR_DIR_ENV], f"rank{os.environ['RANK']}.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(str(e))
+        _quiet_exit(2)
+    except KeyboardInterrupt:
+        _quiet_exit(130)
+    return 0
+
+
+def _quiet_exit(code: int) -> None:
+    """Leave a failed worker at once, like a finished one (see ``_run_rank``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _run_rank(spec, under_torchrun: bool) -> int:
@@ -423,6 +583,9 @@ def _run_rank(spec, under_torchrun: bool) -> int:
     if env.rank == 0:
         for s in summaries:
             print(summary_line(s), flush=True)
+        skipped = next((s.skipped for s in summaries if s.skipped), None)
+        if skipped:
+            print(skipped, flush=True)
     shutdown()
     if under_torchrun:
         # Everything is written and the group is destroyed. Leave without the interpreter's teardown:

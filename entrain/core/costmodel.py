@@ -387,9 +387,25 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str, expect_model: str | None = None) -> CostModel:
-        """Read a profile/cost-model JSON; with ``expect_model``, refuse one measured for another model."""
-        with open(path) as f:
-            cost = cls.from_json(json.load(f))
+        """Read a profile/cost-model JSON; with ``expect_model``, refuse one measured for another model.
+        ConfigError (one line) for a missing, unreadable or malformed file."""
+        from entrain.core.files import file_problem
+
+        problem = file_problem(path)
+        if problem is not None:
+            raise ConfigError(f"profile {path}: {problem}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"profile {path}: not a JSON file ({e})") from None
+        try:
+            cost = cls.from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            what = f"missing key {e}" if isinstance(e, KeyError) else str(e) or type(e).__name__
+            raise ConfigError(
+                f"profile {path}: not an entrain profile or cost model ({what}); write one with `entrain profile`"
+            ) from None
         if expect_model is not None and cost.model != expect_model:
             raise ConfigError(
                 f"{path}: profile is for model {cost.model!r} but --model is {expect_model!r}; "

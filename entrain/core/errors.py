@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from entrain.core.files import printable
+
 
 class EntrainError(Exception):
     """Base class of every error Entrain reports to a user (the CLI prints it without a traceback)."""
@@ -16,8 +18,8 @@ class DataError(EntrainError, ValueError):
 
     def __init__(self, path: str, record: int | str | None, field: str | None, reason: str):
         self.path, self.record, self.field, self.reason = str(path), record, field, reason
-        where = self.path if record is None else f"{self.path}:{record}"
-        what = f" field {field!r}:" if field else ""
+        where = printable(self.path if record is None else f"{self.path}:{record}")
+        what = f" field '{printable(field)}':" if field else ""
         super().__init__(f"{where}:{what} {reason}")
 
 

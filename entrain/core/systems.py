@@ -101,9 +101,11 @@ def get_system(name: str) -> SystemSpec:
 def parse_systems(text: str) -> list[str]:
     """A comma list of system names (at least one), each known."""
     names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ConfigError(f"expected at least one system of {', '.join(SYSTEMS)}, got {text!r}")
     unknown = [s for s in names if s not in SYSTEMS]
-    if unknown or not names:
-        raise ConfigError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+    if unknown:
+        raise ConfigError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
     return names
 
 

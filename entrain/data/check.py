@@ -9,6 +9,15 @@ and run through the Qwen2.5-VL image processor, and its chat-formatted length me
   (text + merged image tokens), and every occurrence of an id after its first.
 - severity ``converted`` (not bad): grayscale, RGBA, palette, 16-bit, ... images, which are
   converted to RGB8 before processing.
+- severity ``warning`` (not bad): an animated image (only its first frame is used); an image path
+  that resolves outside the dataset root (``--image-root`` or the data file's folder; an ``error``
+  with ``confine_images``).
+
+Errors beyond the record's fields: a chat-template special token (any token the tokenizer treats
+as special, e.g. ``<|image_pad|>``, ``<|im_start|>``) typed in a turn's text, and an ``<image>``
+placeholder in an assistant turn. A file that cannot be read to its end (a JSON array or JSONL
+line cut off, a Parquet file that stops mid-way) is an error in every mode: ``screen_dataset``
+raises it even under ``on_bad="skip"``.
 
 ``screen_dataset`` is the trainer's entry point: with ``on_bad="error"`` a dataset with any bad
 record raises ``BadSamplesError`` (a ``DataError`` whose message is the report); with ``"skip"`` the
@@ -24,8 +33,10 @@ from pathlib import Path
 from typing import Literal
 
 from entrain.core.errors import DataError
+from entrain.core.files import file_problem, printable
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, image_llm_tokens
-from entrain.data.llava import Parsed, Record, iter_parsed
+from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed
+from entrain.data.problems import image_error, open_image
 from entrain.data.processing import conversion_reason, count_text_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
 
@@ -40,7 +51,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 8192
-ERROR, CONVERTED = "error", "converted"
+ERROR, CONVERTED, WARNING = "error", "converted", "warning"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +79,7 @@ class Finding:
 
     def format(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        rid = f" id {self.id!r}" if self.id is not None else ""
+        rid = f" id '{printable(self.id)}'" if self.id is not None else ""
         return f"{where}: record {self.index}{rid}: {self.field}: {self.reason} [{self.severity}]"
 
 
@@ -108,7 +119,7 @@ class CheckReport:
     def bad_ids(self) -> list[str]:
         out: dict[str, None] = {}
         for f in self.errors:
-            out[f.id if f.id is not None else f"record {f.index}"] = None
+            out[printable(f.id) if f.id is not None else f"record {f.index}"] = None
         return list(out)
 
     def to_json(self) -> dict:
@@ -127,7 +138,7 @@ class CheckReport:
             lines.append(f"... {len(self.findings) - len(shown)} more finding(s)")
         summary = f"{self.records} record(s): {self.bad} bad, {self.converted} with converted images"
         if not self.complete:
-            summary += " (reading stopped at a JSON syntax error; later records were not checked)"
+            summary += " (the file cannot be read to its end; later records were not checked)"
         lines.append(summary)
         if self.bad:
             lines.append("bad ids: " + ", ".join(self.bad_ids()))
@@ -161,30 +172,35 @@ def _short(src: str | bytes) -> str:
 
 
 def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processor: bool) -> _ImageResult:
-    import io
-
     from PIL import Image
 
     res = _ImageResult()
-    if isinstance(src, str) and not Path(src).is_file():
+    problem = file_problem(src) if isinstance(src, str) else None
+    if problem == "no such file":
         res.problems.append((fld, f"image file not found: {src}", ERROR))
         return res
+    if problem is not None:
+        res.problems.append((fld, f"image {src}: {problem}", ERROR))
+        return res
     try:
-        with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+        with open_image(src) as im:
             width, height = im.size
             mode = im.mode
+            frames = getattr(im, "n_frames", 1) if getattr(im, "is_animated", False) else 1
             try:
                 im.load()
             except OSError as e:
                 kind = "truncated" if "truncated" in str(e).lower() else "unreadable"
-                res.problems.append((fld, f"image {kind}: {_short(src)}: {e}", ERROR))
+                res.problems.append((fld, f"image {kind}: {_short(src)}: {image_error(e)}", ERROR))
                 return res
             from entrain.data.processing import _to_rgb
 
             rgb = _to_rgb(im)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        res.problems.append((fld, f"image unreadable: {_short(src)}: {e}", ERROR))
+        res.problems.append((fld, f"image unreadable: {_short(src)}: {image_error(e)}", ERROR))
         return res
+    if frames > 1:
+        res.problems.append((fld, f"animated image ({frames} frames): only its first frame is used", WARNING))
     reason = conversion_reason(mode)
     if reason is not None:
         res.problems.append((fld, reason, CONVERTED))
@@ -212,12 +228,57 @@ def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processo
     return res
 
 
-def _record_findings(
-    rec: Record, tokenizer: TextTokenizer, max_tokens: int, vision: VisionTokenConfig, processor: bool
-) -> tuple[list[tuple[str, str, str]], SampleMeta | None]:
+def special_tokens_in(text: str, tokenizer: TextTokenizer) -> list[str]:
+    """The tokenizer's special tokens typed in ``text`` (the ``<image>`` placeholder excepted): the
+    tokenizer would turn each into its special id, e.g. a stray ``<|image_pad|>`` into an image slot."""
+    return [t for t in tokenizer.special_tokens if t != IMAGE_PLACEHOLDER and t in text]
+
+
+def _outside(src: str, root: Path) -> bool:
+    try:
+        Path(src).resolve().relative_to(root)
+    except ValueError:
+        return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    tokenizer: TextTokenizer
+    max_tokens: int
+    vision: VisionTokenConfig
+    processor: bool
+    root: Path | None = None
+    """The dataset root images should stay under (None: not checked)."""
+    confine_images: bool = False
+
+
+def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, str]], SampleMeta | None]:
+    tokenizer, max_tokens, vision, processor = (
+        rules.tokenizer,
+        rules.max_tokens,
+        rules.vision,
+        rules.processor,
+    )
     problems: list[tuple[str, str, str]] = []
+    for i, (role, text) in enumerate(rec.turns):
+        found = special_tokens_in(text, tokenizer)
+        if found:
+            problems.append(
+                (
+                    "conversations",
+                    f"turn {i} ({role}) contains the special token(s) {', '.join(found)} of the chat "
+                    "template; they cannot appear in text",
+                    ERROR,
+                )
+            )
     sizes, image_tokens = [], 0
     for i, src in enumerate(rec.images):
+        if rules.root is not None and isinstance(src, str) and _outside(src, rules.root):
+            severity = ERROR if rules.confine_images else WARNING
+            problems.append(
+                (f"images[{i}]", f"image {src} resolves outside the dataset root {rules.root}", severity)
+            )
         res = _check_image(src, f"images[{i}]", vision, processor)
         problems.extend(res.problems)
         if res.hw is not None:
@@ -248,14 +309,7 @@ class Screened:
     skipped_path: Path | None = None
 
 
-def _scan(
-    items: Iterable[Parsed],
-    tokenizer: TextTokenizer,
-    max_tokens: int,
-    vision: VisionTokenConfig,
-    processor: bool,
-    keep: bool,
-) -> Screened:
+def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
     report = CheckReport()
     first_index: dict[str, int] = {}
     good: list[Record] = []
@@ -279,7 +333,7 @@ def _scan(
                 first_index[item.id] = item.index
         if item.record is None:
             continue
-        problems, meta = _record_findings(item.record, tokenizer, max_tokens, vision, processor)
+        problems, meta = _record_findings(item.record, rules)
         for fld, reason, severity in problems:
             add(fld, reason, severity)
         bad = any(f.severity == ERROR for f in report.findings[first_finding:])
@@ -297,11 +351,24 @@ def check_dataset(
     vision: VisionTokenConfig = DEFAULT_VISION,
     *,
     processor: bool = True,
+    confine_images: bool = False,
 ) -> CheckReport:
     """Check every record of ``path``. ``processor=False`` skips running the image processor
-    (images are still fully decoded; token counts then come from ``smart_resize``)."""
+    (images are still fully decoded; token counts then come from ``smart_resize``).
+    ``confine_images``: an image outside the dataset root is an error (else a warning)."""
+    rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
+    return _scan(iter_parsed(path, image_root), rules, keep=False).report
+
+
+def _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images) -> _Rules:
     tok = tokenizer if tokenizer is not None else default_tokenizer()
-    return _scan(iter_parsed(path, image_root), tok, max_tokens, vision, processor, keep=False).report
+    root = Path(image_root if image_root is not None else Path(path).parent).resolve()
+    return _Rules(tok, max_tokens, vision, processor, root, confine_images)
+
+
+def unreadable_to_end(report: CheckReport) -> Finding | None:
+    """The finding that stopped reading (a file cut off or corrupt mid-way), if any."""
+    return None if report.complete else report.errors[-1]
 
 
 def _skipped_lines(report: CheckReport) -> list[dict]:
@@ -324,6 +391,7 @@ def screen_dataset(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     vision: VisionTokenConfig = DEFAULT_VISION,
     processor: bool = False,
+    confine_images: bool = False,
 ) -> Screened:
     """Check ``path`` before training and return its usable records with their ``SampleMeta``.
 
@@ -335,9 +403,14 @@ def screen_dataset(
         raise ValueError(f"on_bad must be 'error' or 'skip', got {on_bad!r}")
     if on_bad == "skip" and out_dir is None:
         raise ValueError("on_bad='skip' needs out_dir for skipped.jsonl")
-    tok = tokenizer if tokenizer is not None else default_tokenizer()
-    screened = _scan(iter_parsed(path, image_root), tok, max_tokens, vision, processor, keep=True)
+    rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
+    screened = _scan(iter_parsed(path, image_root), rules, keep=True)
     report = screened.report
+    stop = unreadable_to_end(report)
+    if stop is not None:  # never train on the part of a file before a cut: an error in every mode
+        raise DataError(
+            stop.file, stop.line if stop.line is not None else f"#{stop.index}", None, stop.reason
+        )
     if on_bad == "error" and not report.ok:
         raise BadSamplesError(str(path), report)
     if on_bad == "skip":

@@ -18,7 +18,7 @@ is never loaded whole. Every reader yields ``Parsed`` items: the normalised ``Re
 
 ``read_metadata`` turns a dataset into ``SampleMeta`` (image sizes from the image headers, no
 decode; text tokens of the Qwen2 chat-formatted conversation) and caches the result on disk
-(``entrain.data.metadata_cache``) keyed by the file's path, size and mtime.
+(``entrain.data.metadata_cache``) keyed by the file's path, size and mtime and each image file's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from entrain.core.errors import DataError
+from entrain.core.files import file_problem
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+from entrain.data.problems import ASSISTANT_IMAGE, image_error, open_image, unread
 from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, Parsed, Record
 
 __all__ = [
@@ -84,7 +86,11 @@ def _iter_jsonl(path: Path) -> Iterator[_Raw]:
             try:
                 yield _Raw(index, line_no, obj=json.loads(text))
             except json.JSONDecodeError as e:
-                yield _Raw(index, line_no, error=f"invalid JSON at line {line_no}, column {e.colno}: {e.msg}")
+                error = f"invalid JSON at line {line_no}, column {e.colno}: {e.msg}"
+                if not text.endswith("\n") and e.pos >= len(text.rstrip()):  # the last line, cut short
+                    yield _Raw(index, line_no, error=f"{error}: the file ends inside a record", fatal=True)
+                    return
+                yield _Raw(index, line_no, error=error)
             index += 1
 
 
@@ -190,16 +196,23 @@ def _iter_json_array(path: Path, chunk_chars: int = _CHUNK_CHARS) -> Iterator[_R
             yield _Raw(0, None, error=f"not UTF-8 text: {e.reason}", fatal=True)
 
 
+PARQUET_MAGIC = b"PAR1"
+
+
 def data_format(path: str | Path) -> str:
-    """``"json"`` (array), ``"jsonl"`` or ``"parquet"``, from the suffix and first character."""
+    """``"json"`` (array), ``"jsonl"`` or ``"parquet"``, from the suffix, the Parquet magic bytes
+    and the first character."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".parquet":
         return "parquet"
+    with open(p, "rb") as f:
+        raw = f.read(4096)
+    if raw.startswith(PARQUET_MAGIC):
+        return "parquet"
     if suffix == ".jsonl":
         return "jsonl"
-    with open(p, "rb") as f:
-        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    head = raw.lstrip(b"\xef\xbb\xbf \t\r\n")
     return "jsonl" if head.startswith(b"{") else "json"
 
 
@@ -207,7 +220,7 @@ def is_conversation_file(path: str | Path) -> bool:
     """True for a Parquet file or a JSON/JSONL file whose first record has ``conversations`` or
     ``messages`` (a LLaVA/ShareGPT dataset, not a workload JSONL of sizes and token counts)."""
     p = Path(path)
-    if not p.is_file():
+    if file_problem(p) is not None:
         return False
     fmt = data_format(p)
     if fmt == "parquet":
@@ -283,7 +296,10 @@ def _turn_list(obj: dict, problems: list[tuple[str, str]]) -> list[tuple[str, st
         elif not text.strip():
             problems.append((f"{where}.{text_key}", "empty"))
         if isinstance(speaker, str) and speaker.lower() in ROLES and isinstance(text, str) and text.strip():
-            turns.append((ROLES[speaker.lower()], text))
+            role = ROLES[speaker.lower()]
+            if role == "assistant" and IMAGE_PLACEHOLDER in text:
+                problems.append((f"{where}.{text_key}", ASSISTANT_IMAGE))
+            turns.append((role, text))
     if turns and not problems and not any(role == "assistant" for role, _ in turns):
         problems.append((key, "no assistant turn (nothing to train on)"))
     return turns
@@ -341,8 +357,9 @@ def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Pat
 def iter_parsed(path: str | Path, image_root: str | Path | None = None) -> Iterator[Parsed]:
     """Every record of a LLaVA JSON/JSONL or FineVision Parquet file, parsed, in file order."""
     p = Path(path)
-    if not p.is_file():
-        raise DataError(str(p), None, None, "no such file")
+    problem = file_problem(p)
+    if problem is not None:
+        raise DataError(str(p), None, None, problem)
     fmt = data_format(p)
     if fmt == "parquet":
         from entrain.data.parquet import iter_parquet
@@ -353,7 +370,8 @@ def iter_parsed(path: str | Path, image_root: str | Path | None = None) -> Itera
     raws = _iter_jsonl(p) if fmt == "jsonl" else _iter_json_array(p)
     for raw in raws:
         if raw.error is not None:
-            yield Parsed(str(p), raw.index, raw.line, None, None, [("json", raw.error)], raw.fatal)
+            error = f"{raw.error}; {unread(raw.index)}" if raw.fatal else raw.error
+            yield Parsed(str(p), raw.index, raw.line, None, None, [("json", error)], raw.fatal)
         else:
             yield parse_record(raw.obj, file=str(p), index=raw.index, line=raw.line, base=base)
 
@@ -363,7 +381,9 @@ def _raise(item: Parsed) -> None:
     record = item.line if item.line is not None else f"#{item.index}"
     if item.id is not None:
         record = f"{record} (id {item.id})"
-    hint = "; run `entrain data check` for every problem" if len(item.problems) == 1 else ""
+    hint = (
+        "; run `entrain data check` for every problem" if len(item.problems) == 1 and not item.fatal else ""
+    )
     raise DataError(item.file, record, fld, f"{reason}{hint}")
 
 
@@ -380,23 +400,21 @@ def iter_records(path: str | Path, image_root: str | Path | None = None) -> Iter
 
 def image_size(src: str | bytes) -> tuple[int, int]:
     """``(H, W)`` of an image file or encoded bytes, from its header (no pixel decode)."""
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+    with open_image(src) as im:
         width, height = im.size
     return height, width
 
 
 def record_meta(
-    record: Record, tokenizer, vision: VisionTokenConfig = DEFAULT_VISION, sizes=None
+    record: Record, tokenizer, vision: VisionTokenConfig = DEFAULT_VISION, sizes=None, stamps=None
 ) -> SampleMeta:
     """``SampleMeta`` of ``record``: header image sizes and chat-formatted text tokens.
 
-    ``sizes`` is an optional dict cache ``path -> (H, W)`` (datasets reuse images). Raises DataError
-    naming the record and image for an unreadable image.
+    ``sizes`` is an optional dict cache ``path -> (H, W)`` (datasets reuse images); ``stamps`` an
+    optional dict that receives each image file's ``[size_bytes, mtime_ns]`` (the metadata cache's
+    check). Raises DataError naming the record and image for an unreadable image.
     """
+    from entrain.data.metadata_cache import file_stamp
     from entrain.data.processing import count_text_tokens
 
     dims = []
@@ -404,12 +422,14 @@ def record_meta(
         key = src if isinstance(src, str) else None
         hw = sizes.get(key) if sizes is not None and key is not None else None
         if hw is None:
+            if stamps is not None and key is not None:
+                stamps[key] = file_stamp(key)
             try:
                 hw = image_size(src)
             except (OSError, ValueError, SyntaxError) as e:
                 fld = f"images[{i}]"
                 raise DataError(
-                    record.file, record.line or f"#{record.index}", fld, f"{_short(src)}: {e}"
+                    record.file, record.line or f"#{record.index}", fld, f"{_short(src)}: {image_error(e)}"
                 ) from None
             if sizes is not None and key is not None:
                 sizes[key] = hw
@@ -435,7 +455,8 @@ def read_metadata(
 
     Streams the file (memory ~ the metadata list) and reads only image headers. With ``use_cache``
     the result is stored next to the data (``.entrain_cache/``) or in ``cache_dir`` and reused while
-    the file's path, size and mtime, the image root, tokenizer and vision limits are unchanged.
+    the file's path, size and mtime, every image file's size and mtime, the image root, tokenizer
+    and vision limits are unchanged.
     ``tokenizer`` defaults to the offline Qwen2 tokenizer. Raises DataError at the first bad record
     (run ``entrain data check`` to list them all).
     """
@@ -449,7 +470,8 @@ def read_metadata(
         if cached is not None:
             return cached
     sizes: dict[str, tuple[int, int]] = {}
-    samples = [record_meta(rec, tok, vision, sizes) for rec in iter_records(path, image_root)]
+    stamps: dict[str, list[int] | None] = {}
+    samples = [record_meta(rec, tok, vision, sizes, stamps) for rec in iter_records(path, image_root)]
     if key is not None:
-        metadata_cache.store(path, key, samples, cache_dir)
+        metadata_cache.store(path, key, samples, cache_dir, stamps)
     return samples

@@ -2,9 +2,11 @@
 
 One JSONL file per dataset file: a header line holding the key (the data file's absolute path,
 size in bytes and mtime in ns, plus the image root, tokenizer and vision limits that the metadata
-depends on), then one ``SampleMeta.to_json()`` per line. The cache lives in ``.entrain_cache/``
-next to the data file, or in a given folder; a stale or unreadable cache is ignored and rewritten.
-Image files are not part of the key: after replacing images in place, delete the cache.
+depends on), a line with every image file's size in bytes and mtime in ns (``{"images": {path:
+[size_bytes, mtime_ns]}}``), then one ``SampleMeta.to_json()`` per line. The cache lives in
+``.entrain_cache/`` next to the data file, or in a given folder. It is used only while the key and
+every image's size and mtime are unchanged (an image replaced in place invalidates it); a stale or
+unreadable cache is ignored and rewritten, and deleting the folder is always safe.
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ from pathlib import Path
 
 from entrain.core.samples import SampleMeta, VisionTokenConfig
 
-__all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "load", "store"]
+__all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "file_stamp", "load", "store"]
 
 CACHE_DIRNAME = ".entrain_cache"
-_VERSION = 1
+_VERSION = 2
+
+
+def file_stamp(path: str | Path) -> list[int] | None:
+    """``[size_bytes, mtime_ns]`` of a file (None if it cannot be stat'ed): what the cache compares."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
 
 
 def cache_key(
@@ -51,11 +62,15 @@ def cache_path(path: str | Path, cache_dir: str | Path | None = None) -> Path:
 def load(
     path: str | Path, key: dict, vision: VisionTokenConfig, cache_dir: str | Path | None = None
 ) -> list[SampleMeta] | None:
-    """The cached metadata if the cache exists and its key equals ``key``; else None."""
+    """The cached metadata if the cache exists, its key equals ``key`` and every image file still has
+    the size and mtime it had when the cache was written; else None."""
     file = cache_path(path, cache_dir)
     try:
         with open(file, encoding="utf-8") as f:
             if json.loads(f.readline()) != key:
+                return None
+            stamps = json.loads(f.readline())["images"]
+            if any(file_stamp(image) != stamp for image, stamp in stamps.items()):
                 return None
             out = []
             for line in f:
@@ -68,15 +83,21 @@ def load(
 
 
 def store(
-    path: str | Path, key: dict, samples: list[SampleMeta], cache_dir: str | Path | None = None
+    path: str | Path,
+    key: dict,
+    samples: list[SampleMeta],
+    cache_dir: str | Path | None = None,
+    image_stamps: dict[str, list[int] | None] | None = None,
 ) -> Path | None:
-    """Write the cache atomically; returns its path, or None where the folder is not writable."""
+    """Write the cache atomically; returns its path, or None where the folder is not writable.
+    ``image_stamps``: ``file_stamp`` of every image file, taken before its header was read."""
     file = cache_path(path, cache_dir)
     tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(key, sort_keys=True) + "\n")
+            f.write(json.dumps({"images": image_stamps or {}}, separators=(",", ":")) + "\n")
             for s in samples:
                 f.write(json.dumps(s.to_json(), separators=(",", ":")) + "\n")
         os.replace(tmp, file)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from entrain.core.errors import ConfigError
+from entrain.data.problems import ASSISTANT_IMAGE, unread
 from entrain.data.records import IMAGE_PLACEHOLDER, Parsed, Record
 
 __all__ = ["iter_parquet"]
@@ -63,6 +64,8 @@ def _turns(value: Any, problems: list[tuple[str, str]]) -> list[tuple[str, str]]
             text = t.get(key)
             if not isinstance(text, str) or not text.strip():
                 problems.append((f"texts[{i}].{key}", "missing or empty"))
+            elif role == "assistant" and IMAGE_PLACEHOLDER in text:
+                problems.append((f"texts[{i}].{key}", ASSISTANT_IMAGE))
             else:
                 turns.append((role, text))
     return turns
@@ -96,16 +99,33 @@ def iter_parquet(
     try:
         pf = pq.ParquetFile(p)
     except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError for a bad file
-        yield Parsed(str(p), 0, None, None, None, [("parquet", f"not a readable Parquet file: {e}")], True)
+        reason = f"not a readable Parquet file (cut off or corrupt?): {e}; {unread(0)}"
+        yield Parsed(str(p), 0, None, None, None, [("parquet", reason)], True)
         return
     names = set(pf.schema_arrow.names)
     missing = [c for c in ("images", "texts") if c not in names]
     if missing:
-        yield Parsed(str(p), 0, None, None, None, [(missing[0], "column missing")], True)
+        reason = f"Parquet column missing (the file has {', '.join(sorted(names)) or 'no columns'})"
+        yield Parsed(str(p), 0, None, None, None, [(missing[0], reason)], True)
         return
     columns = [c for c in ("id", "images", "texts") if c in names]
     index = 0
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
-        for row in batch.to_pylist():
-            yield _row(row, str(p), index, p.stem, base)
-            index += 1
+    for group in range(pf.num_row_groups):
+        batches = pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns)
+        while True:
+            try:
+                batch = next(batches, None)
+                rows = None if batch is None else batch.to_pylist()
+            except Exception as e:  # noqa: BLE001 - a corrupt page: pyarrow's OSError/ArrowInvalid
+                error = " ".join(str(e).split())
+                reason = f"Parquet row group {group} unreadable after row {index}: {error}; {unread(index)}"
+                yield Parsed(str(p), index, None, None, None, [("parquet", reason)], True)
+                return
+            if rows is None:
+                break
+            for row in rows:
+                yield _row(row, str(p), index, p.stem, base)
+                index += 1
+    if index != pf.metadata.num_rows:
+        reason = f"Parquet file declares {pf.metadata.num_rows} rows but holds {index}; {unread(index)}"
+        yield Parsed(str(p), index, None, None, None, [("parquet", reason)], True)

@@ -17,7 +17,6 @@ conversation through the Qwen2 chat template.
 from __future__ import annotations
 
 import functools
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from entrain.core.errors import DataError
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
+from entrain.data.problems import image_error
 from entrain.data.records import IMAGE_PLACEHOLDER, Record
 from entrain.data.tokenizer import TextTokenizer
 
@@ -160,9 +160,9 @@ def load_image(src: str | bytes):
 
     Raises OSError/ValueError for a missing, unreadable or truncated image.
     """
-    from PIL import Image
+    from entrain.data.problems import open_image
 
-    with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+    with open_image(src) as im:
         im.load()
         return _to_rgb(im)
 
@@ -222,7 +222,9 @@ def encode_sample(
         try:
             images.append(load_image(src))
         except (OSError, ValueError, SyntaxError) as e:
-            raise DataError(record.file, record.line or f"#{record.index}", f"images[{i}]", str(e)) from None
+            raise DataError(
+                record.file, record.line or f"#{record.index}", f"images[{i}]", image_error(e)
+            ) from None
     if images:
         try:
             pixels, grid = process_images(images, vision)

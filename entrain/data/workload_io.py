@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError, DataError
+from entrain.core.files import file_problem
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, smart_resize
 from entrain.core.work import SampleWork
 from entrain.data.generators import DATASETS, canonical_name, generate_samples, is_builtin
@@ -93,6 +93,12 @@ def _parse_line(path: str, line_no: int, line: str) -> dict[str, Any]:
     return record
 
 
+def _json(value: Any, limit: int = 80) -> str:
+    """A record's value as JSON text for a message (never a Python repr), shortened."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _field(path: str, line_no: int, record: dict, name: str) -> Any:
     if name not in record:
         raise DataError(path, line_no, name, "missing")
@@ -110,7 +116,7 @@ def _is_number(x: Any) -> bool:
 def _parse_id(path: str, line_no: int, record: dict) -> str:
     sample_id = _field(path, line_no, record, "id")
     if not isinstance(sample_id, str) or not sample_id:
-        raise DataError(path, line_no, "id", f"expected a non-empty string, got {sample_id!r}")
+        raise DataError(path, line_no, "id", f"expected a non-empty string, got {_json(sample_id)}")
     return sample_id
 
 
@@ -119,11 +125,13 @@ def _parse_images(
 ) -> tuple[tuple[int, int], ...]:
     images = _field(path, line_no, record, "images")
     if not isinstance(images, list):
-        raise DataError(path, line_no, "images", f"expected a list of [H, W] pairs, got {images!r}")
+        raise DataError(path, line_no, "images", f"expected a list of [H, W] pairs, got {_json(images)}")
     out = []
     for k, size in enumerate(images):
         if not (isinstance(size, list) and len(size) == 2 and all(_is_int(x) for x in size)):
-            raise DataError(path, line_no, "images", f"image {k}: expected [H, W] integers, got {size!r}")
+            raise DataError(
+                path, line_no, "images", f"image {k}: expected [H, W] integers, got {_json(size)}"
+            )
         if size[0] <= 0 or size[1] <= 0:
             raise DataError(path, line_no, "images", f"image {k}: sizes must be positive, got {size}")
         try:
@@ -139,7 +147,7 @@ def _parse_workload(path: str, line_no: int, record: dict, vision: VisionTokenCo
     images = _parse_images(path, line_no, record, vision)
     text = _field(path, line_no, record, "text_tokens")
     if not _is_int(text) or text < 0:
-        raise DataError(path, line_no, "text_tokens", f"expected an integer >= 0, got {text!r}")
+        raise DataError(path, line_no, "text_tokens", f"expected an integer >= 0, got {_json(text)}")
     if text == 0 and not images:
         raise DataError(path, line_no, "text_tokens", "sample has no images and no text tokens")
     return SampleMeta(sample_id, images, text, vision)
@@ -151,7 +159,7 @@ def _parse_raw_work(path: str, line_no: int, record: dict) -> SampleWork:
     for name in ("encoder", "llm"):
         x = _field(path, line_no, record, name)
         if not _is_number(x) or not math.isfinite(x) or x < 0:
-            raise DataError(path, line_no, name, f"expected a finite number of ms >= 0, got {x!r}")
+            raise DataError(path, line_no, name, f"expected a finite number of ms >= 0, got {_json(x)}")
         values.append(float(x))
     return SampleWork(sample_id, values[0], values[1], None)
 
@@ -162,7 +170,15 @@ def _read_records(path: str, parse: Callable[[int, dict], Any]) -> list[Any]:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            item = parse(line_no, _parse_line(path, line_no, line))
+            try:
+                record = _parse_line(path, line_no, line)
+            except DataError as e:
+                if line.endswith("\n"):
+                    raise
+                from entrain.data.problems import unread  # the last line, cut short: a truncated file
+
+                raise DataError(path, line_no, None, f"{e.reason}; {unread(len(out))}") from None
+            item = parse(line_no, record)
             if item.id in first_line:
                 raise DataError(
                     path, line_no, "id", f"duplicate id {item.id!r} (first on line {first_line[item.id]})"
@@ -238,7 +254,10 @@ def _check_batching(global_batch: int, iterations: int) -> None:
 
 
 def resolve_dataset_file(name: str) -> str:
-    if not os.path.isfile(name):
+    problem = file_problem(name)
+    if problem is not None and problem != "no such file":
+        raise ConfigError(f"--dataset {name}: {problem}")
+    if problem is not None:
         raise ConfigError(
             f"--dataset {name!r} is neither a built-in dataset ({', '.join(DATASETS)}, alias llava_instruct_150k) "
             f"nor an existing file"

@@ -108,17 +108,27 @@ class RecordSource:
         """``(input_ids, labels)`` of the conversation whose i-th image has ``image_tokens[i]`` merged
         tokens (``entrain.core.samples.image_llm_tokens`` of its header size, equal to the image
         processor's count). Raises DataError if the record's image count differs."""
-        from entrain.data.processing import format_chat
+        from entrain.data.processing import IMAGE_PAD, format_chat
 
         try:
-            return format_chat(self.records[sample_id].turns, image_tokens, self.tokenizer)
+            ids, labels = format_chat(self.records[sample_id].turns, image_tokens, self.tokenizer)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "conversations", str(e)) from None
+        pads = ids.count(self.tokenizer.token_id(IMAGE_PAD))
+        if pads != sum(image_tokens):
+            raise DataError(
+                *self._where(sample_id),
+                "conversations",
+                f"{pads} {IMAGE_PAD} tokens where its images need {sum(image_tokens)}: the text holds "
+                "chat-template special tokens (`entrain data check` lists them)",
+            )
+        return ids, labels
 
     def pixels(self, sample_id: str, vision: VisionTokenConfig) -> tuple[np.ndarray, np.ndarray]:
         """``(pixel_values [patches, 1176] float32, image_grid_thw [images, 3] int64)`` of the record's
         images through the image processor. Raises DataError naming an unreadable image. Thread-safe
         (no shared state), so it runs on the renderer's prefetch thread."""
+        from entrain.data.problems import image_error
         from entrain.data.processing import MERGE_SIZE, load_image, process_images
 
         record = self.records[sample_id]
@@ -127,7 +137,7 @@ class RecordSource:
             try:
                 images.append(load_image(src))
             except (OSError, ValueError, SyntaxError) as e:
-                raise DataError(*self._where(sample_id), f"images[{i}]", str(e)) from None
+                raise DataError(*self._where(sample_id), f"images[{i}]", image_error(e)) from None
         if not images:
             patch = vision.factor // MERGE_SIZE
             return np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)

@@ -88,6 +88,8 @@ class TrainSpec:
     keep_checkpoints: int = 3
     resume: bool = False
     on_bad_sample: str = "error"
+    confine_images: bool = False
+    """An image path resolving outside the dataset root is a bad record (else a warning)."""
     entrain_layout: str = "disjoint"
     """``shared``: Entrain's boundary-sharing layout (one min-max partition of the encoder-then-LLM
     layer list over the pipeline ranks; a rank may hold the last encoder and the first LLM stage).
@@ -116,6 +118,8 @@ class SystemSummary:
     last_loss: float
     tokens_per_s: float
     out: str
+    skipped: str | None = None
+    """The run's skipped-records line (``RunData.skipped``), for the final summary."""
 
 
 def _ranks_per_replica(spec: TrainSpec, system: str) -> int:
@@ -182,6 +186,8 @@ class RunData:
     """The epoch stream of a file dataset (None for a built-in generator: one endless epoch)."""
     records: list | None = None
     """A LLaVA / Parquet dataset's usable records (rendered from the real images and text)."""
+    skipped: str | None = None
+    """``skipped N of M records; see OUT/skipped.jsonl`` when ``--on-bad-sample skip`` left some out."""
 
     def identity(self) -> dict | None:
         """A file dataset's training pool: sample count and sha256 of the ids in file order (a resume
@@ -227,6 +233,7 @@ def screen(spec: TrainSpec, out_dir: str | None):
             on_bad=spec.on_bad_sample,
             out_dir=out_dir or scratch,
             image_root=spec.image_root,
+            confine_images=spec.confine_images,
         )
     finally:
         if scratch is not None:
@@ -263,10 +270,13 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunDat
         return RunData(batches[: spec.steps], batches[spec.steps :])
     path = resolve_dataset_file(spec.dataset)
     fmt = detect_format(path)
-    records = None
+    records = skipped = None
     if fmt == "conversation":
         screened = screen(spec, spec.out if owner else None)
         works, records = sample_works(screened.samples, cost), screened.records
+        skipped = skipped_line(screened)
+        if owner and skipped:
+            print(f"entrain: {skipped}", file=sys.stderr, flush=True)
     elif fmt == "workload":
         works = sample_works(read_workload_jsonl(path), cost)
     else:
@@ -274,7 +284,15 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunDat
     _check_meta(spec, works)
     train, val = split_validation(works, spec.global_batch, num_val)
     stream = EpochStream(tuple(train), spec.seed, spec.shuffle)
-    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records)
+    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records, skipped)
+
+
+def skipped_line(screened) -> str | None:
+    """``skipped N of M records; see PATH`` for a screening that left records out (None: none)."""
+    report = screened.report
+    if not report.bad or screened.skipped_path is None:
+        return None
+    return f"skipped {report.bad} of {report.records} records; see {screened.skipped_path}"
 
 
 def record_source(spec: TrainSpec, data: RunData):
@@ -705,4 +723,5 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         last_loss=losses[-1] if losses else nan,
         tokens_per_s=statistics.median(tps[warm]) if tps else nan,
         out=out,
+        skipped=data.skipped,
     )

@@ -77,6 +77,7 @@ def test_bad_dataset_exit_1_json_and_human(capsys, schema, dataset, tmp_path):
     jsonschema.validate(out, schema)
     assert (out["records"], out["bad"], out["converted"]) == (3, 2, 1)
     assert [(f["index"], f["field"], f["severity"]) for f in out["findings"]] == [
+        (0, "images[0]", "warning"),  # gray.png lies outside --image-root
         (0, "images[0]", "converted"),
         (1, "images[0]", "error"),
         (2, "id", "error"),

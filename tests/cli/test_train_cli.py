@@ -39,8 +39,8 @@ def test_tp_and_cp_are_refused_before_any_process_group(capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0"),
-        (["--timeout-s", "0"], "--timeout-s must be positive"),
+        (["--checkpoint-every", "-1"], "argument --checkpoint-every: must be >= 0"),
+        (["--timeout-s", "0"], "argument --timeout-s: must be > 0"),
         (["--system", "nope"], "unknown system"),
         (
             ["--global-batch", "5", "--microbatch-size", "2"],

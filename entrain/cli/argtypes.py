@@ -1,0 +1,273 @@
+"""Flag values checked at parse time, in one table (CONTRACT.md, Additions: a bad flag value, a missing
+or malformed input file, or an output path that cannot be written is one line on stderr,
+``entrain <command>: error: ...``, exit status 2, before any work starts).
+
+``RULES`` maps a flag's destination name to its check, for every command that has the flag;
+``PER_COMMAND`` overrides it where a command gives the flag another meaning (``--out`` is a file for
+``profile`` and ``bench paper``, a folder for ``train``, ``data synth`` and ``export``).
+``apply_rules`` installs the checks as the flags' argparse ``type`` after the parsers are built;
+``check_args`` runs the checks that need several flags (the memory a run's samples would take).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrain.core.errors import ConfigError
+from entrain.core.files import file_problem, printable
+
+__all__ = ["PER_COMMAND", "RULES", "EntrainParser", "apply_rules", "check_args"]
+
+
+class EntrainParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``entrain <command>: error: ...`` (exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {printable(message)}\n")
+
+
+@dataclass(frozen=True)
+class Number:
+    """A number in ``[low, high]`` (``low_open``: ``> low``); ``kind`` int or float; finite."""
+
+    kind: type = int
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def __call__(self, text: str):
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {self._noun()}, got {text!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        if too_low or (self.high is not None and value > self.high):
+            raise argparse.ArgumentTypeError(f"must be {self._range()}, got {text}")
+        return value
+
+    def _noun(self) -> str:
+        return "an integer" if self.kind is int else "a number"
+
+    def _range(self) -> str:
+        low = (
+            None
+            if self.low is None
+            else (f"> {self._num(self.low)}" if self.low_open else f">= {self._num(self.low)}")
+        )
+        high = None if self.high is None else f"<= {self._num(self.high)}"
+        return " and ".join(x for x in (low, high) if x)
+
+    def _num(self, x: float) -> str:
+        return str(int(x)) if self.kind is int else f"{x:g}"
+
+
+MAX_COUNT = 1 << 24
+"""Upper bound of every count flag (samples, steps, GPUs ...): larger is a typo, not a run."""
+
+POSITIVE = Number(int, 1, MAX_COUNT)
+NON_NEGATIVE = Number(int, 0, MAX_COUNT)
+SEED = Number(int, 0, 2**32 - 1)
+MAX_FLOAT = 1e9
+"""Upper bound of the times and factors (seconds, norms, budget factors)."""
+POSITIVE_FLOAT = Number(float, 0.0, MAX_FLOAT, low_open=True)
+NON_NEGATIVE_FLOAT = Number(float, 0.0, MAX_FLOAT)
+RATE = Number(float, 0.0, 10.0, low_open=True)
+DECAY = Number(float, 0.0, 10.0)
+PROBABILITY = Number(float, 0.0, 1.0, low_open=True)
+
+
+def systems_list(text: str) -> str:
+    """A comma list of known system names, at least one (the text is kept as given)."""
+    from entrain.core.systems import parse_systems
+
+    try:
+        parse_systems(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def profile_file(text: str) -> str:
+    """A readable profile / cost-model JSON (``entrain profile``'s output)."""
+    from entrain.core.costmodel import CostModel
+
+    try:
+        CostModel.load(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def existing_file(text: str) -> str:
+    problem = file_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+    return text
+
+
+def existing_dir(text: str) -> str:
+    if not os.path.isdir(text):
+        why = "not a folder" if os.path.exists(text) else "no such folder"
+        raise argparse.ArgumentTypeError(f"{text}: {why}")
+    return text
+
+
+def existing_path(text: str) -> str:
+    if os.path.isdir(text):
+        return text
+    return existing_file(text)
+
+
+def _unwritable(path: Path, want_dir: bool) -> str | None:
+    """Why ``path`` cannot be written as a file (``want_dir`` False) or a folder; None if it can."""
+    if path.exists():
+        if want_dir and not path.is_dir():
+            return "exists and is not a folder"
+        if not want_dir and path.is_dir():
+            return "is a folder, not a file"
+        target = path if want_dir else path.parent
+        return None if os.access(target, os.W_OK | os.X_OK) else f"{target} is not writable"
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{ancestor} is not writable"
+    return None
+
+
+def output_file(text: str) -> str:
+    """A file path that can be written (its folder exists or can be made)."""
+    why = _unwritable(Path(text).absolute(), want_dir=False)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {why}")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """A folder path that can be written into (exists, or can be made)."""
+    why = _unwritable(Path(text).absolute(), want_dir=True)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"cannot write into {text}: {why}")
+    return text
+
+
+Check = Callable[[str], object]
+
+RULES: dict[str, Check] = {
+    # counts
+    **dict.fromkeys(
+        (
+            "global_batch",
+            "microbatch_size",
+            "iterations",
+            "steps",
+            "gpus",
+            "num_samples",
+            "encoder_stages",
+            "llm_stages",
+            "dp",
+            "tp",
+            "n0",
+            "repeats",
+            "jobs",
+            "nproc",
+            "sweep_iterations",
+            "keep_checkpoints",
+            "val_batches",
+            "max_tokens",
+            "min_pixels",
+            "max_pixels",
+        ),
+        POSITIVE,
+    ),  # fmt: skip
+    **dict.fromkeys(("cp", "warmup_steps", "val_every", "checkpoint_every", "warmup", "step"), NON_NEGATIVE),
+    "seed": SEED,
+    # rates, times, factors
+    "lr": RATE,
+    "weight_decay": DECAY,
+    **dict.fromkeys(("timeout_s", "budget_s", "eager_budget_factor"), POSITIVE_FLOAT),
+    "max_grad_norm": NON_NEGATIVE_FLOAT,
+    **dict.fromkeys(("alpha", "p_error"), PROBABILITY),
+    # names, inputs, outputs
+    **dict.fromkeys(("systems", "system"), systems_list),
+    "profile": profile_file,
+    "image_root": existing_dir,
+    "weights": existing_dir,
+    "tokenizer": existing_path,
+    **dict.fromkeys(("vision_model", "llm_model"), existing_dir),
+    **dict.fromkeys(("plan", "config"), existing_file),
+    "plot": output_file,
+    "plot_dir": output_dir,
+    "out": output_file,
+}
+
+PER_COMMAND: dict[tuple[str, str], Check] = {
+    ("entrain train", "out"): output_dir,
+    ("entrain train", "cp"): POSITIVE,
+    ("entrain data synth", "out"): output_dir,
+    ("entrain export", "out"): output_dir,
+    ("entrain export", "run_dir"): existing_dir,
+}
+
+
+def _typed(check: Check, base) -> Check:
+    """``check`` applied after the flag's own ``type`` (kept when it converts to something else)."""
+    if base is None or base in (int, float, str) or isinstance(check, Number):
+        return check
+
+    def both(text: str):
+        value = base(text)
+        check(str(value))
+        return value
+
+    both.__name__ = getattr(base, "__name__", "value")
+    return both
+
+
+def apply_rules(parser: argparse.ArgumentParser) -> None:
+    """Install ``RULES`` / ``PER_COMMAND`` as the ``type`` of every matching flag of ``parser`` and of
+    its subcommands' parsers (recursively)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                apply_rules(sub)
+            continue
+        check = PER_COMMAND.get((parser.prog, action.dest), RULES.get(action.dest))
+        if check is None or action.nargs == 0 or action.choices is not None:
+            continue
+        action.type = _typed(check, action.type)
+
+
+BYTES_PER_SAMPLE = 1024
+"""Memory a sample takes through loading, costing and assignment (about 400 B measured for the
+metadata and per-sample work of 10,240 synthchartnet samples; x2.5 for the planners' copies)."""
+
+
+def _available_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Checks over several flags, before any work: a run whose samples would not fit in memory."""
+    batch = getattr(args, "global_batch", None)
+    rounds = getattr(args, "iterations", None) or getattr(args, "steps", None) or 1
+    available = _available_bytes()
+    if isinstance(batch, int) and available is not None:
+        need = batch * rounds * BYTES_PER_SAMPLE
+        if need > available:
+            raise ConfigError(
+                f"--global-batch {batch} x {rounds} iteration(s) needs about {need / 2**30:.1f} GiB for its samples "
+                f"and their assignment, more than the {available / 2**30:.1f} GiB of memory available"
+            )

@@ -17,7 +17,7 @@ import pytest
 from entrain.cli import bench_report
 from entrain.cli.main import main
 
-NAMES = {"entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy",
+NAMES = {"entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy", "dip-greedy-mem",
          "entrain+ramp", "entrain+shared", "entrain+split", "entrain-paper"}  # fmt: skip
 
 

@@ -100,6 +100,11 @@ def _add_run_control_args(p: argparse.ArgumentParser) -> None:
         help="save a checkpoint every N steps in OUT/checkpoints (0: only the final one)",
     )
     p.add_argument("--keep-checkpoints", type=int, default=3, help="complete checkpoints kept (newest)")
+    _add_schedule_args(p)
+    _add_run_folder_args(p)
+
+
+def _add_schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--entrain-layout",
         choices=("disjoint", "shared"),
@@ -126,6 +131,9 @@ def _add_run_control_args(p: argparse.ArgumentParser) -> None:
         help="entrain only: per-iteration assignment; 'two-resource' balances encoder and LLM work together "
         "(our extension), 'auto' picks per replica and iteration by predicted makespan (default: paper)",
     )
+
+
+def _add_run_folder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resume",
         action="store_true",

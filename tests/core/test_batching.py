@@ -35,9 +35,10 @@ def test_registry_covers_every_system():
         "disttrain-paper",
         "dip",
         "dip-greedy",
+        "dip-greedy-mem",
     ]
     assert SYSTEMS["entrain-1f1b"].batcher is SYSTEMS["entrain"].batcher
-    assert [n for n, s in SYSTEMS.items() if s.colocated] == ["dip", "dip-greedy"]
+    assert [n for n, s in SYSTEMS.items() if s.colocated] == ["dip", "dip-greedy", "dip-greedy-mem"]
     assert [n for n, s in SYSTEMS.items() if s.extensions] == ["entrain", "entrain-1f1b"]
     with pytest.raises(ConfigError, match="unknown system"):
         get_system("megatron")

@@ -167,3 +167,15 @@ def test_removes_the_papers_pile_up_of_text_only_samples():
     assert piled == [0, 0, 3, 3] and max(paper.llm_work) == 260.0
     mine = assign_replica_two_resource(big + texts + small, 4)
     assert max(mine.llm_work) == 250.0  # the optimum: 150 + 100 in two microbatches
+
+
+def test_vector_lpt_minimises_the_larger_resource_not_the_sum():
+    """A text sample joins the image microbatch (sizes 10 and 6) rather than the text one (10 and
+    11), although the latter has the smaller summed load."""
+    image, long_text, text = (
+        SampleWork("e10", 10.0, 0.0),
+        SampleWork("l6", 0.0, 6.0),
+        SampleWork("l5", 0.0, 5.0),
+    )
+    bins = vector_lpt([text, image, long_text], 2, EQUAL_SHARES)
+    assert [[s.id for s in b] for b in bins] == [["e10", "l5"], ["l6"]]

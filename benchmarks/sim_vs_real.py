@@ -1,14 +1,17 @@
-"""Issue 5 requirement 6: the simulator's predictions against measured training on this CPU.
+"""Issue 5 requirement 6 and issue 11 requirement 7: the simulator's predictions against measured
+training on this CPU, with the plans handed from ``entrain plan`` to ``entrain train``.
 
 1. ``entrain data synth``: a small LLaVA dataset with real chart pictures (``chartqa``).
 2. ``entrain profile --model tiny`` on this CPU, at sizes spanning the dataset's images and samples.
-3. ``LAUNCHES`` x ``entrain train --nproc 2 --profile`` (Entrain and 1F1B in turn, 1 encoder + 1 LLM
-   stage), each after an idle check (the CPUs >= 90 % idle over 2 s, sampled from /proc/stat; other
+3. Per system, ``entrain plan --gpus 2 --profile --system S --out plan_S.json`` (the planner's defaults,
+   Entrain's extensions chosen by the cost model, as ``simulate`` chooses them).
+4. ``LAUNCHES`` x ``entrain train --nproc 2 --plan plan_S.json`` for Entrain then 1F1B (the run folder's
+   ``plan.json`` must carry the plan file's layout), each after an idle check (the CPUs >= 90 % idle over 2 s, sampled from /proc/stat; other
    jobs may load the machine: wait, bounded, and record the idle level reached).
    A launch during which other jobs kept more than ``MAX_FOREIGN_CORES`` cores busy is repeated (at
    most ``--max-repeats`` times in all); the repeated ones are listed in the report, not pooled.
-4. Each run folder's ``plan.json`` executed by ``entrain.sim`` under the measured profile.
-5. Errors ``|sim - real| / real``: per stage time (each forward and each backward of every (stage,
+5. Each run folder's ``plan.json`` executed by ``entrain.sim`` under the measured profile.
+6. Errors ``|sim - real| / real``: per stage time (each forward and each backward of every (stage,
    microbatch, sub-microbatch) of every step) and per iteration time; median and p90 in %. The first
    ``WARMUP`` steps of each run are dropped.
 
@@ -45,8 +48,7 @@ CONFIG = {
     "seed": 0,
     "global_batch": 8,
     "microbatch_size": 1,
-    "encoder_stages": 1,
-    "llm_stages": 1,
+    "gpus": 2,
     "profile_tokens": "16,64,256,1024,4096",
     "profile_repeats": 5,
 }
@@ -112,14 +114,31 @@ def profile(path: str) -> dict:
         return json.load(f)
 
 
-def train(data: str, prof: str, out: str, steps: int) -> None:
+def plan(data: str, prof: str, system: str, path: str) -> dict:
+    """``entrain plan --out``: the system's plan for ``CONFIG["gpus"]`` processes."""
     _entrain(
-        "train", "--nproc", "2", "--system", ",".join(SYSTEMS), "--dataset", data, "--profile", prof,
-        "--model", CONFIG["model"], "--seed", str(CONFIG["seed"]),
-        "--global-batch", str(CONFIG["global_batch"]), "--microbatch-size", str(CONFIG["microbatch_size"]),
-        "--encoder-stages", str(CONFIG["encoder_stages"]), "--llm-stages", str(CONFIG["llm_stages"]),
-        "--steps", str(steps), "--out", out, "--no-progress",
+        "plan", "--system", system, "--dataset", data, "--profile", prof, "--model", CONFIG["model"],
+        "--seed", str(CONFIG["seed"]), "--gpus", str(CONFIG["gpus"]), "--global-batch", str(CONFIG["global_batch"]),
+        "--microbatch-size", str(CONFIG["microbatch_size"]), "--out", path,
     )  # fmt: skip
+    with open(path) as f:
+        return json.load(f)
+
+
+def train(data: str, prof: str, plans: dict[str, str], out: str, steps: int) -> None:
+    """Each system's plan file run by ``entrain train --plan`` (``out/<system>``)."""
+    for system in SYSTEMS:
+        _entrain(
+            "train", "--nproc", str(CONFIG["gpus"]), "--plan", plans[system], "--dataset", data, "--profile", prof,
+            "--model", CONFIG["model"], "--seed", str(CONFIG["seed"]), "--steps", str(steps),
+            "--out", os.path.join(out, system), "--no-progress",
+        )  # fmt: skip
+
+
+def stages_run(run_dir: str) -> list[dict]:
+    """``layout.stages`` of a run folder's ``plan.json``: the stages that ran."""
+    with open(os.path.join(run_dir, "plan.json")) as f:
+        return json.load(f)["layout"]["stages"]
 
 
 # --- comparison ------------------------------------------------------------------------------------
@@ -236,12 +255,37 @@ def _discarded_lines(discarded: list[dict]) -> list[str]:
     return lines
 
 
-def report(summary: dict, launches: list[dict], prof: dict, steps: int, discarded: list[dict] = ()) -> str:
+def _plan_lines(plans: dict) -> list[str]:
+    """One line per system: the plan file's layout, which every launch trained (checked stage by stage)."""
+    lines = [
+        "",
+        "Plans (`entrain plan --out`, run by `entrain train --plan`; every launch's `plan.json` has these stages):",
+    ]
+    for system, p in plans.items():
+        stages = ", ".join(
+            f"{s['component']}[{s['layers'][0]},{s['layers'][1]})@rank{s['pp_rank']}"
+            for s in p["layout"]["stages"]
+        )
+        opts = ", ".join(f"{k}={v}" for k, v in p["schedule_options"].items()) or "none"
+        lines.append(
+            f"- {system}: dp {p['layout']['dp']}, stages {stages}; schedule options {opts}; {p['source']}"
+        )
+    return lines
+
+
+def report(
+    summary: dict,
+    launches: list[dict],
+    prof: dict,
+    steps: int,
+    discarded: list[dict] = (),
+    plans: dict | None = None,
+) -> str:
     fits = prof["notes"]["fits"]
     tables = [f"{f['component']}/{f['layer']} {f['phase']}" for f in fits if f["table"]]
     worst = max(fits, key=lambda f: f["used_worst_rel_residual"])
     lines = [
-        "# Simulator vs measured training on this CPU (issue 5, requirement 6)",
+        "# Simulator vs measured training on this CPU (issue 5 requirement 6, issue 11 requirement 7)",
         "",
         f"Config: {json.dumps(CONFIG)}; systems {', '.join(SYSTEMS)}; {len(launches)} launches x {steps} "
         f"steps, first {WARMUP} dropped. Stage times: every forward and backward of every (stage, "
@@ -255,6 +299,7 @@ def report(summary: dict, launches: list[dict], prof: dict, steps: int, discarde
             for i, launch in enumerate(launches)
         ),
         *_discarded_lines(list(discarded)),
+        *(_plan_lines(plans) if plans else []),
         "",
         f"Profile: {len(fits) // 2} measured layers x fwd/bwd; worst fit residual {worst['used_worst_rel_residual']:.1%} "
         f"({worst['component']}/{worst['layer']} {worst['phase']}); tables used for: {', '.join(tables) or 'none'}.",
@@ -333,12 +378,19 @@ def main() -> int:
             else wait_idle(args.max_idle_wait_s)
         )
         prof = profile(prof_path)
+        plan_paths = {s: os.path.join(tmp, f"plan_{s}.json") for s in SYSTEMS}
+        plans = {s: plan(data, prof_path, s, plan_paths[s]) for s in SYSTEMS}
         repeats_left, attempt = args.max_repeats, 0
         while len(launches) < args.launches:
             if attempt:
                 idle = wait_idle(args.max_idle_wait_s) if not args.skip_idle_check else idle
             run_dir = os.path.join(tmp, f"launch{attempt}")
-            foreign = foreign_load(lambda run_dir=run_dir: train(data, prof_path, run_dir, args.steps))
+            foreign = foreign_load(
+                lambda run_dir=run_dir: train(data, prof_path, plan_paths, run_dir, args.steps)
+            )
+            for s in SYSTEMS:
+                if stages_run(os.path.join(run_dir, s)) != plans[s]["layout"]["stages"]:
+                    raise SystemExit(f"{s}: the stages trained differ from the plan file's")
             pairs = {s: compare(os.path.join(run_dir, s), prof_path) for s in SYSTEMS}
             launch = {"idle": idle, "foreign_cores": foreign, "pairs": pairs}
             attempt += 1
@@ -354,7 +406,7 @@ def main() -> int:
         os.makedirs(args.out, exist_ok=True)
         shutil.copyfile(prof_path, os.path.join(args.out, "sim_vs_real.profile.json"))
     summary = summarize(launches)
-    text = report(summary, launches, prof, args.steps, discarded)
+    text = report(summary, launches, prof, args.steps, discarded, plans)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "sim_vs_real.md"), "w") as f:
         f.write(text)
@@ -362,6 +414,7 @@ def main() -> int:
         json.dump(
             {
                 "config": CONFIG,
+                "plans": plans,
                 "steps": args.steps,
                 "warmup_steps_dropped": WARMUP,
                 "summary": summary,

@@ -29,16 +29,20 @@ def test_plan_and_train_from_a_llava_dataset_with_a_measured_profile(tmp_path, c
     capsys.readouterr()
 
     argv = ["plan", "--dataset", str(data), "--profile", str(prof), "--model", "tiny", "--gpus", "2"]
-    assert main([*argv, "--global-batch", "4", "--microbatch-size", "1", "--iterations", "2", "--json"]) == 0
+    plan_file = tmp_path / "plan.json"
+    argv += ["--global-batch", "4", "--microbatch-size", "1", "--iterations", "2", "--out", str(plan_file)]
+    assert main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["dataset"] == str(data) and plan["hardware"] == "profile-cpu"
     assert plan["predicted_iteration_time_ms"] > 0 and plan["gpus_per_replica"] <= 2
+    assert json.loads(plan_file.read_text()) == plan  # --out writes what --json prints
 
-    argv = ["train", "--dataset", str(data), "--profile", str(prof), "--model", "tiny"]
-    argv += ["--system", "entrain", "--global-batch", "4", "--microbatch-size", "1", "--steps", "2"]
-    spec = _spec(build_parser().parse_args([*argv, "--out", str(run), "--no-progress"]))
+    # train runs exactly that plan: its batch sizes replace the flags' (--global-batch 8 here)
+    argv = ["train", "--dataset", str(data), "--profile", str(prof), "--model", "tiny", "--plan", str(plan_file)]
+    spec = _spec(build_parser().parse_args([*argv, "--global-batch", "8", "--steps", "2", "--out", str(run),
+                                            "--no-progress"]))  # fmt: skip
     check_spec(spec)
-    assert world_size_of(spec) == 2
+    assert world_size_of(spec) == 2 and spec.parallel.global_batch == 4 and spec.schedule.systems == ("entrain",)
     losses = run_workers(_train, 2, tmp_path / "workers", spec)
     assert losses[0] == losses[1] and all(math.isfinite(x) and x > 0 for x in losses[0])
 
@@ -51,4 +55,6 @@ def test_plan_and_train_from_a_llava_dataset_with_a_measured_profile(tmp_path, c
         assert t["fwd_cpu_ms"] <= t["fwd_ms"] * 1.05 + 1.0
     trained = json.loads((run / "plan.json").read_text())
     assert {s["id"] for s in trained["samples"]} <= set(ids) and len(trained["iterations"]) == 2
+    assert trained["layout"] == plan["layout"] and trained["system"] == plan["system"]
+    assert trained["options"].items() >= plan["schedule_options"].items()
     assert json.loads((run / "config.json").read_text())["spec"]["profile"] == str(prof)

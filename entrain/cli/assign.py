@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from entrain.cli.common import add_common_args, emit_json, resolve_cost_model, workload_source
+from entrain.config import RunConfig
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
@@ -107,6 +108,7 @@ def _table(results: dict[str, dict], times_ms: dict[str, float], head: str) -> s
 
 def run(args: argparse.Namespace) -> int:
     systems = parse_systems(args.systems)
+    RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
     dp = resolve_dp(args, batches[0], cost)

@@ -87,7 +87,7 @@ def _setups(req: ConfigRequest, cost, systems) -> dict:
         req, entrain_layout="auto", entrain_ramp="auto", entrain_split=True, entrain_assignment="auto"
     )
     default = entrain_variant(base, default, cost)
-    setups.update({n: default for n in ("entrain", "entrain-1f1b") if n in systems})
+    setups.update({n: default for n in systems if REGISTRY[n].extensions})
     return setups
 
 

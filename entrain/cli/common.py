@@ -10,10 +10,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from entrain.config import parse_ramp
 from entrain.core.architectures import MODEL_PRESETS as _ARCHS
 from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
 from entrain.core.presets import HARDWARE_PRESETS, default_hardware
 from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
+from entrain.core.schedules.common import ASSIGNMENTS
+from entrain.core.setups import ENTRAIN_LAYOUTS
 from entrain.core.work import SampleWork
 
 MODEL_PRESETS = tuple(_ARCHS)
@@ -25,9 +29,9 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
         "--work-file",
         dest="dataset",
         default="synthchartnet",
-        help="built-in generator name, workload JSONL, raw-work JSONL or LLaVA JSON/JSONL",
+        help="built-in generator name, workload JSONL, raw-work JSONL, or LLaVA JSON/JSONL/Parquet dataset",
     )
-    p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS)
+    p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS, help="model preset to price")
     p.add_argument(
         "--hardware",
         default=None,
@@ -36,13 +40,13 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
     )
     p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
     add_attention_arg(p)
-    p.add_argument("--gpus", type=int, default=64)
-    p.add_argument("--dp", type=int, default=None, help="default: chosen by the planner")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--global-batch", type=int, default=512)
-    p.add_argument("--microbatch-size", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--gpus", type=int, default=64, help="GPUs to plan for")
+    p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: chosen by the planner)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree of both components")
+    p.add_argument("--global-batch", type=int, default=512, help="samples per iteration over all replicas")
+    p.add_argument("--microbatch-size", type=int, default=4, help="samples per microbatch")
+    p.add_argument("--seed", type=int, default=0, help="seed of the samples drawn and of the planner's draws")
+    p.add_argument("--iterations", type=int, default=20, help="global batches (iterations) to draw")
     p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
     p.add_argument("--image-root", default=None, help="folder that LLaVA image paths are relative to")
     if systems_default is not None:
@@ -58,6 +62,48 @@ def add_attention_arg(p: argparse.ArgumentParser) -> None:
         help="attention the preset is priced with: flash, eager, or encoder=IMPL,llm=IMPL "
         "(default: the hardware preset's: encoder=eager,llm=flash for a40-fig4, flash otherwise)",
     )
+
+
+def add_entrain_extension_args(p: argparse.ArgumentParser) -> None:
+    """Entrain's own extensions beyond the paper (``plan``, ``simulate`` and ``train`` share them and
+    their defaults: each on where the cost model predicts it helps)."""
+    p.add_argument("--ramp-microbatches", type=_ramp, default="auto",
+                   help="Entrain extension (not in the paper): cut the first and last N microbatches into 2 "
+                        "sub-microbatches so the pipeline fills and drains faster; 'auto' (default) keeps the "
+                        "ramp per replica only where the cost model predicts a shorter makespan; 0 = off")  # fmt: skip
+    p.add_argument("--entrain-layout", choices=ENTRAIN_LAYOUTS, default="auto",
+                   help="Entrain extension (not in the paper): 'shared' lets the rank where encoder and LLM "
+                        "meet hold the last encoder and the first LLM stage (one min-max partition of the "
+                        "concatenated layers); 'auto' (default) uses it when Eq. 2 predicts it faster; "
+                        "'disjoint' = the paper's E.PP:L.PP stages")  # fmt: skip
+    p.add_argument("--split-weight-grads", choices=("on", "off"), default="on",
+                   help="Entrain extension (not in the paper): run every backward as input gradients (sent "
+                        "upstream at once) then weight gradients (default on)")  # fmt: skip
+    p.add_argument("--assignment", choices=ASSIGNMENTS, default="auto",
+                   help="Entrain's per-iteration assignment: 'paper' (Algorithm 3, stratified on encoder work), "
+                        "'two-resource' (extension: balances encoder and LLM work together, then deferral), "
+                        "'auto' (default: per replica and iteration, whichever the cost model predicts "
+                        "faster)")  # fmt: skip
+    p.add_argument(
+        "--paper-entrain",
+        action="store_true",
+        help="Entrain exactly as the paper: same as --ramp-microbatches 0 --entrain-layout disjoint "
+        "--split-weight-grads off --assignment paper",
+    )
+
+
+def apply_paper_entrain(args: argparse.Namespace) -> None:
+    """``--paper-entrain``: every extension off."""
+    if args.paper_entrain:
+        args.ramp_microbatches, args.entrain_layout, args.split_weight_grads = 0, "disjoint", "off"
+        args.assignment = "paper"
+
+
+def _ramp(text: str) -> int | str:
+    try:
+        return parse_ramp(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def hardware_label(args: argparse.Namespace) -> str:

@@ -18,9 +18,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from entrain.cli.common import add_common_args, emit_json, resolve_cost_model
+from entrain.cli.common import (
+    add_common_args,
+    add_entrain_extension_args,
+    apply_paper_entrain,
+    emit_json,
+    resolve_cost_model,
+)
+from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
-from entrain.core.planner import EQ2_TOLERANCE, PlanResult, plan
+from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, plan
+from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
+from entrain.core.systems import SYSTEMS, get_system
 from entrain.data.sampling import dataset_sampler
 
 
@@ -45,6 +54,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (0 = search {1, 2})")
     p.add_argument("--sizes", default="", help="extra batch sizes to test, e.g. 1,4,16,64,256")
     p.add_argument("--freeze", default="", help="comma list of frozen parts: encoder, vit, llm")
+    p.add_argument(
+        "--system",
+        default="entrain",
+        choices=tuple(SYSTEMS),
+        help="the system whose layout and schedule options the plan carries (entrain train --plan runs it)",
+    )
+    add_entrain_extension_args(p)
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="also write the JSON object (with the system's layout) to FILE, for entrain train --plan FILE",
+    )
     p.set_defaults(func=run)
 
 
@@ -64,6 +86,8 @@ def _sizes(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_paper_entrain(args)
+    RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
     cost = _cost(args)
     sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root)
     if args.tp < 0 or args.cp < 0:
@@ -90,11 +114,49 @@ def run(args: argparse.Namespace) -> int:
             "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
+    obj = {**to_json(result, args, cost.model, cost.hardware.name), **_setup_json(args, result, sampler, cost)}
+    if args.out:
+        _write(args.out, obj)
     if args.json:
-        emit_json(to_json(result, args, cost.model, cost.hardware.name))
+        emit_json(obj)
     else:
         print_human(result, cost.model, cost.hardware.name, args.dataset)
+        print(f"{obj['system']}: {obj['source']}")
+        if args.out:
+            print(f"wrote {args.out} (entrain train --plan {args.out})")
     return 0
+
+
+def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> dict:
+    """The plan-file keys of ``--system``'s setup (``entrain.core.setups.setup_to_json``): Entrain's
+    from this result with the extensions asked for, a baseline's chosen its own way."""
+    spec = get_system(args.system)
+    req = ConfigRequest(
+        args.dataset, args.model, args.gpus, args.dp or result.config.dp, result.config.encoder.tp,
+        args.global_batch, args.microbatch_size, args.seed, entrain_layout=args.entrain_layout,
+        entrain_ramp=args.ramp_microbatches, entrain_split=args.split_weight_grads == "on", entrain_assignment=args.assignment,
+    )  # fmt: skip
+    if spec.config == "entrain":
+        setup = entrain_setup(result, sampler, cost, args.seed)
+        if spec.extensions:
+            setup = entrain_variant(setup, req, cost)
+    else:
+        setup = system_setups([args.system], req, cost, sampler)[args.system]
+    return setup_to_json(args.system, setup)
+
+
+def _write(path: str, obj: dict) -> None:
+    import json
+    import os
+
+    folder = os.path.dirname(path)
+    try:
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=1)
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot write it ({e.strerror})") from None
 
 
 def to_json(result: PlanResult, args: argparse.Namespace, model: str, hardware: str) -> dict:

@@ -9,14 +9,16 @@ import sys
 
 from entrain.cli.common import (
     add_common_args,
+    add_entrain_extension_args,
+    apply_paper_entrain,
     emit_json,
     hardware_label,
     resolve_cost_model,
     workload_source,
 )
+from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
-from entrain.core.schedules.common import ASSIGNMENTS
-from entrain.core.setups import ConfigRequest, system_setups
+from entrain.core.setups import system_setups
 from entrain.core.systems import parse_systems
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.memory_fit import MEMORY_FITTED, fit_memory_best, no_fit_message
@@ -37,64 +39,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=1.25,
         help="Entrain's eager-forward activation budget factor (default 1.25)",
     )
-    p.add_argument("--ramp-microbatches", type=_ramp, default="auto",
-                   help="Entrain extension (not in the paper): cut the first and last N microbatches into 2 "
-                        "sub-microbatches so the pipeline fills and drains faster; 'auto' (default) keeps the "
-                        "ramp per replica only where the cost model predicts a shorter makespan; 0 = off")  # fmt: skip
-    p.add_argument("--entrain-layout", choices=("auto", "shared", "disjoint"), default="auto",
-                   help="Entrain extension (not in the paper): 'shared' lets the rank where encoder and LLM "
-                        "meet hold the last encoder and the first LLM stage (one min-max partition of the "
-                        "concatenated layers); 'auto' (default) uses it when Eq. 2 predicts it faster; "
-                        "'disjoint' = the paper's E.PP:L.PP stages")  # fmt: skip
-    p.add_argument("--split-weight-grads", choices=("on", "off"), default="on",
-                   help="Entrain extension (not in the paper): run every backward as input gradients (sent "
-                        "upstream at once) then weight gradients (default on)")  # fmt: skip
-    p.add_argument("--assignment", choices=ASSIGNMENTS, default="auto",
-                   help="Entrain's per-iteration assignment: 'paper' (Algorithm 3, stratified on encoder work), "
-                        "'two-resource' (extension: balances encoder and LLM work together, then deferral), "
-                        "'auto' (default: per replica and iteration, whichever the cost model predicts "
-                        "faster)")  # fmt: skip
-    p.add_argument(
-        "--paper-entrain",
-        action="store_true",
-        help="Entrain exactly as the paper: same as --ramp-microbatches 0 --entrain-layout disjoint "
-        "--split-weight-grads off --assignment paper",
-    )
+    add_entrain_extension_args(p)
     p.set_defaults(func=run)
-
-
-def _ramp(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'auto', got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'auto', got {text!r}")
-    return n
 
 
 def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict[str, SystemRun], dict]:
     """Run every system; returns the runs and the setups' descriptions."""
+    apply_paper_entrain(args)
     if args.iterations < 1:
         raise ConfigError(f"--iterations must be >= 1, got {args.iterations}")
+    config = RunConfig.from_args(args)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
-    req = ConfigRequest(
-        args.dataset,
-        args.model,
-        args.gpus,
-        args.dp,
-        args.tp,
-        args.global_batch,
-        args.microbatch_size,
-        args.seed,
-        entrain_layout="disjoint" if args.paper_entrain else args.entrain_layout,
-        entrain_ramp=0 if args.paper_entrain else args.ramp_microbatches,
-        entrain_split=args.split_weight_grads == "on" and not args.paper_entrain,
-        entrain_assignment="paper" if args.paper_entrain else args.assignment,
-    )
+    req = config.config_request()
     sampler = dataset_sampler(args.dataset, args.seed, image_root=getattr(args, "image_root", None))
     setups = system_setups(systems, req, cost, sampler)
     runs = {}

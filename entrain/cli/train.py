@@ -1,10 +1,12 @@
 """``entrain train``: train a vision-language model with a system's Plans on torch.distributed.
 
 Launch as ``torchrun --standalone --nproc-per-node N -m entrain train ...`` or let ``--nproc N`` start
-torchrun. ``--system`` takes one system or a comma list (each trained in turn, fresh model, run folder
-``OUT/<system>``); rank 0 then prints one summary line per system on stdout. ``--demo`` is the README
-main job: the tiny VLM on ``skewed`` with ``entrain`` then ``1f1b`` on 2 processes (1 encoder + 1
-LLM stage).
+torchrun. ``--plan FILE`` (``entrain plan --out FILE``) runs exactly that plan. Otherwise each system's
+layout comes from the planner, as ``entrain simulate`` chooses it for the processes started, or from
+``--encoder-stages`` / ``--llm-stages`` when given. ``--system`` takes one system or a comma list (each
+trained in turn, fresh model, run folder ``OUT/<system>``); rank 0 then prints one summary line per
+system on stdout. ``--demo`` is the README main job: the tiny VLM on ``skewed`` with ``entrain`` then
+``1f1b`` on 2 processes (1 encoder + 1 LLM stage).
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 
-from entrain.cli.common import HARDWARE_PRESETS, MODEL_PRESETS, add_attention_arg
+from entrain.cli.common import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    add_attention_arg,
+    add_entrain_extension_args,
+    apply_paper_entrain,
+)
+from entrain.config import RunConfig
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import SYSTEMS, parse_systems
 
@@ -44,20 +54,49 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--work-file",
         dest="dataset",
         default="skewed",
-        help="built-in generator name or workload JSONL (LLaVA data arrives with the data issue)",
+        help="built-in generator name, workload JSONL, or LLaVA JSON/JSONL/Parquet dataset",
     )
     p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
-    p.add_argument("--model", default="tiny", choices=MODEL_PRESETS)
-    p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS, help="cost model used to plan")
+    p.add_argument("--model", default="tiny", choices=MODEL_PRESETS, help="model preset to train")
+    p.add_argument(
+        "--hardware",
+        default=None,
+        choices=HARDWARE_PRESETS,
+        help="cost-model preset to plan with (default: cpu-tiny for tiny, a40-paper otherwise)",
+    )
     p.add_argument(
         "--profile", default=None, metavar="FILE", help="measured profile (entrain profile) to plan with"
     )
     add_attention_arg(p)
-    p.add_argument("--system", default="entrain", help=f"one of {', '.join(SYSTEMS)} (or a comma list)")
-    p.add_argument("--encoder-stages", type=int, default=1)
-    p.add_argument("--llm-stages", type=int, default=1)
     p.add_argument(
-        "--dp", type=int, default=None, help="data-parallel replicas (default: processes / stages)"
+        "--system",
+        default="entrain",
+        help=f"one of {', '.join(SYSTEMS)}, or a comma list trained in turn (OUT/<system>); --plan sets it",
+    )
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="FILE",
+        help="run exactly this plan (entrain plan --out FILE): its system, stages and layer ranges, boundary "
+        "sharing, microbatch size, global batch and schedule options",
+    )
+    p.add_argument(
+        "--encoder-stages",
+        type=int,
+        default=None,
+        help="fix the encoder's pipeline stages (default: chosen by the planner, as entrain simulate does)",
+    )
+    p.add_argument(
+        "--llm-stages",
+        type=int,
+        default=None,
+        help="fix the LLM's pipeline stages (default: chosen by the planner, as entrain simulate does)",
+    )
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=None,
+        help="data-parallel replicas (default: the planner's choice, or processes / stages when fixed)",
     )
     p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (the runtime supports 1)")
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
@@ -65,19 +104,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_run_control_args(p)
     p.set_defaults(func=run)
     _DEFAULTS.update({a.dest: a.default for a in p._actions})
+    _ACTIONS[:] = [a for a in p._actions if a.option_strings and a.dest != "help"]
 
 
 def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--global-batch", type=int, default=16)
-    p.add_argument("--microbatch-size", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--global-batch", type=int, default=16, help="samples per step over all replicas (--plan sets it)")
+    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (--plan sets it)")
+    p.add_argument("--steps", type=int, default=10, help="optimiser steps")
+    p.add_argument("--seed", type=int, default=0, help="seed of the samples, the planner's draws and the init")
     p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
     p.add_argument("--out", default="runs/train", help="run folder")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (cosine decay after warm-up)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--betas", default="0.9,0.95", help="AdamW beta1,beta2")
-    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--warmup-steps", type=int, default=2, help="linear learning-rate warm-up steps")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0 disables")
     p.add_argument("--val-every", type=int, default=0, help="validation loss every N steps (0: never)")
     p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
@@ -105,32 +145,7 @@ def _add_run_control_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_schedule_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--entrain-layout",
-        choices=("disjoint", "shared"),
-        default="disjoint",
-        help="entrain/entrain-1f1b only: 'shared' = boundary-sharing layout (one min-max partition of the "
-        "encoder-then-LLM layers over the pipeline ranks; our extension, not the paper's)",
-    )
-    p.add_argument(
-        "--ramp-microbatches",
-        default="0",
-        help="entrain only: fill/drain ramp, 'auto' or a piece count (0 = the paper's schedule)",
-    )
-    p.add_argument(
-        "--split-weight-grads",
-        choices=("on", "off"),
-        default="off",
-        help="entrain only: run every backward as input gradients (sent upstream at once) then weight "
-        "gradients (our extension; off = the paper's schedule)",
-    )
-    p.add_argument(
-        "--assignment",
-        choices=("paper", "two-resource", "auto"),
-        default="paper",
-        help="entrain only: per-iteration assignment; 'two-resource' balances encoder and LLM work together "
-        "(our extension), 'auto' picks per replica and iteration by predicted makespan (default: paper)",
-    )
+    add_entrain_extension_args(p)
 
 
 def _add_run_folder_args(p: argparse.ArgumentParser) -> None:
@@ -170,121 +185,34 @@ def _add_run_folder_args(p: argparse.ArgumentParser) -> None:
 
 
 _DEFAULTS: dict = {}
+_ACTIONS: list[argparse.Action] = []
 
 
-def _betas(text: str) -> tuple[float, float]:
-    try:
-        b1, b2 = (float(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--betas must be two comma-separated numbers, got {text!r}") from None
-    if not (0 <= b1 < 1 and 0 <= b2 < 1):
-        raise ConfigError(f"--betas must lie in [0, 1), got {text!r}")
-    return b1, b2
+def _spec(args: argparse.Namespace) -> RunConfig:
+    """The run's configuration from the flags; with ``--plan``, the plan file's system, batch sizes and
+    layout replace the flags'."""
+    apply_paper_entrain(args)
+    spec = RunConfig.from_args(args)
+    if spec.schedule.plan:
+        from entrain.runtime.planning import plan_file
 
-
-def _ramp(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ConfigError(f"--ramp-microbatches must be 'auto' or a count >= 0, got {text!r}")
-    return n
-
-
-def _spec(args: argparse.Namespace):
-    from entrain.runtime.session import TrainSpec
-
-    systems = tuple(parse_systems(args.system))
-    freeze = tuple(f.strip() for f in args.freeze.split(",") if f.strip())
-    if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
-        raise ConfigError(
-            f"--checkpoint-every must be >= 0 and --keep-checkpoints >= 1, got {args.checkpoint_every} and "
-            f"{args.keep_checkpoints}"
+        system, setup = plan_file(spec)
+        layout = setup.layout
+        spec = replace(
+            spec,
+            parallel=replace(
+                spec.parallel,
+                dp=layout.dp,
+                tp=layout.components["encoder"].tp,
+                cp=layout.components["encoder"].cp,
+                encoder_stages=None,
+                llm_stages=None,
+                global_batch=layout.global_batch,
+                microbatch_size=layout.microbatch_size,
+            ),
+            schedule=replace(spec.schedule, systems=(system,)),
         )
-    if args.timeout_s <= 0:
-        raise ConfigError(f"--timeout-s must be positive, got {args.timeout_s}")
-    return TrainSpec(
-        dataset=args.dataset,
-        model=args.model,
-        systems=systems,
-        encoder_stages=args.encoder_stages,
-        llm_stages=args.llm_stages,
-        dp=args.dp,
-        tp=args.tp,
-        cp=args.cp,
-        global_batch=args.global_batch,
-        microbatch_size=args.microbatch_size,
-        steps=args.steps,
-        seed=args.seed,
-        out=args.out,
-        hardware=args.hardware,
-        profile=args.profile,
-        attention=args.attention,
-        image_root=args.image_root,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        betas=_betas(args.betas),
-        warmup_steps=args.warmup_steps,
-        max_grad_norm=args.max_grad_norm or None,
-        val_every=args.val_every,
-        val_batches=args.val_batches,
-        freeze=freeze,
-        weights=args.weights,
-        timeout_s=args.timeout_s,
-        progress=not args.no_progress,
-        shuffle=args.shuffle,
-        checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
-        resume=args.resume,
-        on_bad_sample=args.on_bad_sample,
-        confine_images=args.confine_images,
-        entrain_layout=args.entrain_layout,
-        ramp_microbatches=_ramp(args.ramp_microbatches),
-        split_weight_grads=args.split_weight_grads == "on",
-        assignment=args.assignment,
-    )
-
-
-_FORWARDED = (
-    "dataset",
-    "image_root",
-    "model",
-    "hardware",
-    "profile",
-    "attention",
-    "system",
-    "encoder_stages",
-    "llm_stages",
-    "dp",
-    "tp",
-    "cp",
-    "global_batch",
-    "microbatch_size",
-    "steps",
-    "seed",
-    "out",
-    "lr",
-    "weight_decay",
-    "warmup_steps",
-    "max_grad_norm",
-    "betas",
-    "val_every",
-    "val_batches",
-    "freeze",
-    "weights",
-    "on_bad_sample",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "timeout_s",
-    "entrain_layout",
-    "ramp_microbatches",
-    "split_weight_grads",
-    "assignment",
-)
-_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress", "overwrite", "confine_images")
+    return spec
 
 
 def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
@@ -295,13 +223,15 @@ def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
-    """The resolved flags, spelled out for the torchrun children."""
+    """The resolved flags (every one that differs from its default), spelled out for the torchrun
+    children, which build the same ``RunConfig`` from them."""
     out = []
-    for key in _FORWARDED:
-        value = getattr(args, key)
-        if value is not None and value != "":
-            out += ["--" + key.replace("_", "-"), str(value)]
-    out += ["--" + k.replace("_", "-") for k in _FLAGS_FORWARDED if getattr(args, k)]
+    for action in _ACTIONS:
+        value = getattr(args, action.dest)
+        if value == action.default or action.dest == "nproc":
+            continue
+        flag = action.option_strings[0]
+        out += [flag] if action.nargs == 0 else [flag, str(value)]
     return out
 
 
@@ -372,14 +302,14 @@ def interrupted_line(spec) -> str:
     from entrain.runtime.session import system_out
 
     done = 0
-    for system in spec.systems:
+    for system in spec.schedule.systems:
         path = os.path.join(system_out(spec, system), "metrics.jsonl")
         try:
             with open(path, encoding="utf-8") as f:
                 done = sum(1 for line in f if line.strip())
         except OSError:
             done = 0
-        if done < spec.steps:
+        if done < spec.run.steps:
             break
     return f"interrupted at step {done}; continue with --resume"
 
@@ -391,11 +321,11 @@ RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints")
 def check_run_folder(spec, overwrite: bool) -> None:
     """Refuse an ``--out`` that holds a run, unless ``--resume`` continues it or ``--overwrite``
     replaces it (a second run must not delete the first one's checkpoints by accident)."""
-    if spec.resume or overwrite:
+    if spec.run.resume or overwrite:
         return
     from entrain.runtime.session import system_out
 
-    for out in dict.fromkeys([spec.out, *(system_out(spec, s) for s in spec.systems)]):
+    for out in dict.fromkeys([spec.run.out, *(system_out(spec, s) for s in spec.schedule.systems)]):
         held = [m for m in RUN_MARKERS if os.path.exists(os.path.join(out, m))]
         if held:
             raise ConfigError(
@@ -417,9 +347,9 @@ def check_dataset_size(spec) -> None:
     )
     from entrain.runtime.session import screen
 
-    if is_builtin(spec.dataset):
+    if is_builtin(spec.data.dataset):
         return
-    path = resolve_dataset_file(spec.dataset)
+    path = resolve_dataset_file(spec.data.dataset)
     fmt = detect_format(path)
     if fmt == "conversation":
         usable = len(screen(spec, None).samples)
@@ -427,10 +357,10 @@ def check_dataset_size(spec) -> None:
         usable = len(read_workload_jsonl(path))
     else:
         usable = len(read_raw_work_jsonl(path))
-    held_out = spec.val_batches if spec.val_every > 0 else 0
-    need = spec.global_batch * (1 + held_out)
+    held_out = spec.data.val_batches if spec.data.val_every > 0 else 0
+    need = spec.parallel.global_batch * (1 + held_out)
     if usable < need:
-        what = f"--global-batch {spec.global_batch}" + (
+        what = f"--global-batch {spec.parallel.global_batch}" + (
             f" and {held_out} held-out validation batch(es)" if held_out else ""
         )
         raise ConfigError(f"{path}: {usable} usable sample(s), but {what} need(s) at least {need}")
@@ -441,20 +371,33 @@ def _under_torchrun() -> bool:
 
 
 def _infer_dp(args: argparse.Namespace, world: int | None) -> None:
-    """``--dp`` from the process count (``--nproc`` or torchrun's WORLD_SIZE) when not given."""
-    if args.dp is not None or world is None:
+    """``--dp`` from the process count (``--nproc`` or torchrun's WORLD_SIZE) when the stages are fixed
+    by flags and ``--dp`` is not given (the planner chooses it otherwise)."""
+    fixed = args.encoder_stages is not None or args.llm_stages is not None
+    if args.dp is not None or world is None or not fixed or args.plan:
         return
-    per_replica = max(
-        SYSTEMS[s].ranks_per_replica(args.encoder_stages, args.llm_stages) for s in parse_systems(args.system)
-    )
+    enc, llm = args.encoder_stages or 1, args.llm_stages or 1
+    per_replica = max(SYSTEMS[s].ranks_per_replica(enc, llm) for s in parse_systems(args.system))
     if world % per_replica:
         lower = max(per_replica, world // per_replica * per_replica)
         raise ConfigError(
-            f"{world} processes cannot form whole replicas of {per_replica} pipeline ranks ({args.encoder_stages} "
-            f"encoder + {args.llm_stages} LLM stages): start a multiple of {per_replica} processes (e.g. "
+            f"{world} processes cannot form whole replicas of {per_replica} pipeline ranks ({enc} "
+            f"encoder + {llm} LLM stages): start a multiple of {per_replica} processes (e.g. "
             f"--nproc {lower} or {lower + per_replica}) or change --encoder-stages / --llm-stages"
         )
     args.dp = world // per_replica
+
+
+def default_world_size(spec: RunConfig) -> int:
+    """Processes to start without ``--nproc``: what a plan file or fixed stages need; else 2 (the
+    smallest disjoint pipeline), 1 when every system is colocated (DIP)."""
+    from entrain.runtime.session import world_size_of
+
+    need = world_size_of(spec)
+    if need is not None:
+        return need
+    per_replica = 1 if all(SYSTEMS[s].colocated for s in spec.schedule.systems) else 2
+    return per_replica * spec.parallel.dp_or_1
 
 
 def _check_resume(spec) -> None:
@@ -462,7 +405,7 @@ def _check_resume(spec) -> None:
     from entrain.runtime.checkpoint import check_resumable
     from entrain.runtime.session import fingerprint, system_out
 
-    for system in spec.systems:
+    for system in spec.schedule.systems:
         check_resumable(system_out(spec, system), fingerprint(spec, system))
 
 
@@ -485,25 +428,25 @@ def warn_below_b_min(spec) -> int | None:
     from entrain.data.workload_io import read_samples, resolve_dataset_file
     from entrain.runtime.session import resolve_cost
 
-    if all(SYSTEMS[s].colocated for s in spec.systems) or _is_conversation_file(spec.dataset):
+    if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
         return None
-    if is_builtin(spec.dataset):
-        pool = generate_samples(spec.dataset, B_MIN_POOL, spec.seed)
+    if is_builtin(spec.data.dataset):
+        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed)
     else:
-        pool = read_samples(resolve_dataset_file(spec.dataset), image_root=spec.image_root)[:B_MIN_POOL]
-    dp = spec.dp_or_1
+        pool = read_samples(resolve_dataset_file(spec.data.dataset), image_root=spec.data.image_root)[:B_MIN_POOL]
+    dp = spec.parallel.dp_or_1
     result = find_b_min(
         pool_sampler(pool),
         resolve_cost(spec),
-        gpus=dp * (spec.encoder_stages + spec.llm_stages),
+        gpus=dp * ((spec.parallel.encoder_stages or 1) + (spec.parallel.llm_stages or 1)),
         dp=dp,
-        seed=spec.seed,
+        seed=spec.data.seed,
         max_batch_size=B_MIN_POOL,
     )
-    per_replica = spec.global_batch // dp
+    per_replica = spec.parallel.global_batch // dp
     if per_replica < result.b_min:
         print(
-            f"entrain: warning: --global-batch {spec.global_batch} ({per_replica} per replica) is below b_min "
+            f"entrain: warning: --global-batch {spec.parallel.global_batch} ({per_replica} per replica) is below b_min "
             f"= {result.b_min} for this dataset and layout (Algorithm 1): the encoder/LLM work split varies "
             f"from batch to batch at this size, so the balance guarantee no longer holds; use "
             f"--global-batch {result.b_min * dp} or more",
@@ -522,23 +465,26 @@ def run(args: argparse.Namespace) -> int:
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
     _infer_dp(args, world)
     spec = _spec(args)
-    from entrain.runtime.session import check_spec, world_size_of
+    from entrain.runtime.planning import fixed_stages
+    from entrain.runtime.session import check_spec
 
     check_spec(spec, world)
+    fixed = fixed_stages(spec) and not spec.schedule.plan  # the planner reports b_min itself otherwise
     if under_torchrun:  # started by the user's own torchrun
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0"):
             check_run_folder(spec, args.overwrite)
-        if os.environ["RANK"] == "0":
+        if os.environ["RANK"] == "0" and fixed:
             warn_below_b_min(spec)
         return _run_rank(spec, under_torchrun=True)
     # everything that can be checked before a process starts, in the order a user fixes it
     check_run_folder(spec, args.overwrite)
-    if spec.resume:
+    if spec.run.resume:
         _check_resume(spec)
     check_dataset_size(spec)
-    warn_below_b_min(spec)
-    need = world_size_of(spec)
-    if need > 1:  # not under torchrun: start it (``--nproc`` defaults to what the layout needs)
+    if fixed:
+        warn_below_b_min(spec)
+    need = world or default_world_size(spec)
+    if need > 1:  # not under torchrun: start it
         return _launch(args, spec, need)
     try:
         return _run_rank(spec, under_torchrun=False)
@@ -583,11 +529,11 @@ def _run_rank(spec, under_torchrun: bool) -> int:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if under_torchrun:
-        env = init_distributed(timeout_s=spec.timeout_s)
+        env = init_distributed(timeout_s=spec.run.timeout_s)
     else:
         store = tempfile.mkdtemp(prefix="entrain-store-")
         env = init_distributed(
-            timeout_s=spec.timeout_s, rank=0, world_size=1, init_method=f"file://{store}/store"
+            timeout_s=spec.run.timeout_s, rank=0, world_size=1, init_method=f"file://{store}/store"
         )
     try:
         summaries = run_systems(spec, env)

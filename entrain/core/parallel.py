@@ -83,8 +83,11 @@ class ParallelConfig:
                 f"--global-batch and --microbatch-size must be >= 1, got {self.global_batch} and "
                 f"{self.microbatch_size}"
             )
-        if self.dp is not None:
-            num_microbatches(self.global_batch, self.dp, self.microbatch_size)
+        num_microbatches(self.global_batch, self.dp or 1, self.microbatch_size)
+
+    @property
+    def dp_or_1(self) -> int:
+        return self.dp or 1
 
     @property
     def num_microbatches(self) -> int:

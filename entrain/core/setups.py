@@ -40,11 +40,13 @@ from entrain.core.errors import ConfigError
 from entrain.core.plan import Layout
 from entrain.core.planner import (
     MacroscopicProfiler,
+    PlanResult,
     Sampler,
     boundary_sharing_config,
     dip_layout,
     disttrain_profile_sample,
     draw_seed,
+    evaluate_config,
     paper_table1_config,
     plan,
     search_config,
@@ -59,6 +61,11 @@ __all__ = [
     "config_kind",
     "entrain_variant",
     "ENTRAIN_LAYOUTS",
+    "entrain_setup",
+    "fixed_stage_setup",
+    "setup_to_json",
+    "read_plan_file",
+    "PLAN_FILE_KEYS",
 ]
 
 
@@ -111,11 +118,7 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
             sampler, cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, seed=req.seed,
             extra_sizes=req.extra_sizes, **common,
         )  # fmt: skip
-        profile = MacroscopicProfiler(sampler, cost, seed=req.seed).draw(res.b_min.b_min, 0)[1]
-        source = f"Algorithm 1+2 (b_min={res.b_min.b_min})"
-        return SystemSetup(
-            res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile, config=res.config
-        )
+        return entrain_setup(res, sampler, cost, req.seed)
     if kind == "disttrain":
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
         cfg = search_config([one], cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, **common)
@@ -125,7 +128,7 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
         cfg = paper_table1_config(req.dataset, req.model, [one], cost, system="disttrain", **common)
         return SystemSetup(cfg.to_layout(), {}, "paper Table 1")
     profile = sampler(4, draw_seed(req.seed, 4, 0xD1B))
-    dp = req.dp or 4
+    dp = req.dp or max(1, min(4, req.gpus // (2 * req.tp)))  # 4, or fewer replicas on a few GPUs
     pp = req.gpus // (dp * req.tp)
     if pp < 1:
         raise ConfigError(f"dip: --gpus {req.gpus} cannot hold dp {dp} x tp {req.tp}")
@@ -133,6 +136,90 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
     return SystemSetup(
         layout, _dip_caps(profile, cost, req.tp), "colocated, 4-sample profile", profile=profile
     )
+
+
+def entrain_setup(res: PlanResult, sampler: Sampler, cost: CostModel, seed: int) -> SystemSetup:
+    """Entrain's setup from the planner's result (Algorithm 1 + 2), before the extensions."""
+    profile = MacroscopicProfiler(sampler, cost, seed=seed).draw(res.b_min.b_min, 0)[1]
+    source = f"Algorithm 1+2 (b_min={res.b_min.b_min})"
+    return SystemSetup(res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile, config=res.config)
+
+
+def fixed_stage_setup(
+    system: str, req: ConfigRequest, cost: CostModel, profile, encoder_stages: int, llm_stages: int
+) -> SystemSetup:
+    """``system``'s setup with the stage counts fixed (``train --encoder-stages/--llm-stages``): the
+    layers split by Algorithm 2's partitioner (``planner.evaluate_config``) over ``profile``, on
+    ``req.dp`` replicas; Entrain's extensions as ``req`` asks (``entrain_variant``)."""
+    common = dict(global_batch=req.global_batch, microbatch_size=req.microbatch_size)
+    dp, tp = req.dp or 1, req.tp
+    source = f"stages fixed by flags ({encoder_stages} encoder + {llm_stages} LLM), Algorithm 2's partition"
+    spec = get_system(system)
+    if spec.colocated:
+        if encoder_stages != llm_stages:
+            raise ConfigError(
+                f"{system}: colocated layouts need equal stage counts, got {encoder_stages} + {llm_stages}"
+            )
+        layout = dip_layout(profile, cost, dp=dp, pp=encoder_stages, tp=tp, **common)
+        return SystemSetup(layout, _dip_caps(profile, cost, tp), source, profile=profile)
+    cfg = evaluate_config(
+        profile, cost, dp=dp, encoder=(tp, 1, encoder_stages), llm=(tp, 1, llm_stages), **common
+    )
+    setup = SystemSetup(cfg.to_layout(), {}, source, profile=profile, config=cfg)
+    if spec.extensions:
+        return entrain_variant(setup, req, cost)
+    return setup
+
+
+PLAN_FILE_KEYS = ("system", "layout", "schedule_options", "microbatch_size", "global_batch")
+"""What ``entrain plan --out`` adds to the ``--json`` object so ``entrain train --plan`` can run it."""
+
+
+def setup_to_json(system: str, setup: SystemSetup) -> dict:
+    """The plan-file keys (``PLAN_FILE_KEYS``) of ``system``'s setup, plus how it was chosen."""
+    layout = setup.layout
+    return {
+        "system": system,
+        "layout": layout.to_json(),
+        "schedule_options": dict(setup.options),
+        "microbatch_size": layout.microbatch_size,
+        "global_batch": layout.global_batch,
+        "source": setup.source,
+    }
+
+
+def read_plan_file(path: str, *, expect_model: str | None = None) -> tuple[str, SystemSetup]:
+    """``(system, setup)`` of a plan file (``entrain plan --out``); ``ConfigError`` naming the file
+    and the key when it is unreadable, incomplete or for another model than ``expect_model``."""
+    import json
+
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"--plan {path}: cannot read it ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--plan {path}: not JSON ({e.msg} at line {e.lineno})") from None
+    missing = [k for k in PLAN_FILE_KEYS if k not in (d if isinstance(d, dict) else {})]
+    if missing:
+        raise ConfigError(
+            f"--plan {path}: no {', '.join(repr(k) for k in missing)}; write it with `entrain plan ... --out FILE`"
+        )
+    if expect_model is not None and d.get("model") not in (None, expect_model):
+        raise ConfigError(f"--plan {path} is for model {d['model']!r} but --model is {expect_model!r}")
+    get_system(d["system"])
+    try:
+        layout = Layout.from_json(d["layout"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"--plan {path}: field 'layout': {e}") from None
+    if (layout.microbatch_size, layout.global_batch) != (d["microbatch_size"], d["global_batch"]):
+        raise ConfigError(
+            f"--plan {path}: field 'layout' (microbatch size {layout.microbatch_size}, global batch "
+            f"{layout.global_batch}) disagrees with 'microbatch_size' {d['microbatch_size']} / "
+            f"'global_batch' {d['global_batch']}"
+        )
+    source = f"plan file {path}" + (f" ({d['source']})" if d.get("source") else "")
+    return d["system"], SystemSetup(layout, dict(d["schedule_options"]), source, b_min=d.get("b_min"))
 
 
 def _dip_caps(profile, cost: CostModel, tp: int) -> dict:

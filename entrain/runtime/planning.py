@@ -1,65 +1,62 @@
-"""Plans for a run: layout from stage counts (min-max layer partition under the cost model), then the
-system's batcher and schedule generator per iteration (as the simulator plans). No torch."""
+"""A run's layouts and Plans (no torch). Each system's setup comes from one of three places:
+
+* ``--plan FILE`` (``entrain plan --out``): exactly that system, layout and schedule options;
+* stage counts fixed by ``--encoder-stages`` / ``--llm-stages``: Algorithm 2's partitioner splits the
+  layers (``entrain.core.setups.fixed_stage_setup``);
+* otherwise the planner, as ``entrain simulate`` chooses it (``entrain.core.setups.system_setups``),
+  for the processes started (GPUs = ``--nproc`` x nodes).
+
+Then each iteration's Plan comes from the system's batcher and generator, as in the simulator."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from entrain.config import RunConfig
 from entrain.core.costmodel import CostModel
-from entrain.core.errors import ConfigError
-from entrain.core.partition import min_max_partition
-from entrain.core.plan import ComponentLayout, Layout, Plan, StageSpec
-from entrain.core.systems import plan_system
+from entrain.core.plan import Layout, Plan
+from entrain.core.setups import SystemSetup, fixed_stage_setup, read_plan_file, system_setups
+from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
 
-__all__ = ["runtime_layout", "make_plan"]
+__all__ = ["fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan"]
 
 
-def _layer_ms(cost: CostModel, component: str, probe: Sequence[SampleWork]) -> list[float]:
-    metas = [w.meta for w in probe if w.meta is not None]
-    comp = cost.component(component)
-    out = []
-    for i in range(comp.num_layers):
-        units = [u for m in metas for u in cost.units(component, m)]
-        out.append(sum(cost.layer_ms(component, i, units, ph) for ph in ("fwd", "bwd")))
-    return out
+def fixed_stages(spec: RunConfig) -> bool:
+    """True when the flags fix the stage counts (either one given)."""
+    return spec.parallel.encoder_stages is not None or spec.parallel.llm_stages is not None
 
 
-def runtime_layout(
-    cost: CostModel,
-    *,
-    encoder_stages: int,
-    llm_stages: int,
-    dp: int,
-    microbatch_size: int,
-    num_microbatches: int,
-    probe: Sequence[SampleWork],
-    colocated: bool = False,
-) -> Layout:
-    """Stages split by the min-max layer partition of each component over the ``probe`` samples' work.
-    ``colocated``: rank r holds encoder chunk r and LLM chunk r (needs equal stage counts)."""
-    if encoder_stages < 1 or llm_stages < 1:
-        raise ConfigError(f"need at least one encoder and one LLM stage, got {encoder_stages} + {llm_stages}")
-    if colocated and encoder_stages != llm_stages:
-        raise ConfigError(
-            f"colocated (DIP) layouts need equal stage counts, got {encoder_stages} + {llm_stages}"
-        )
-    stages: list[StageSpec] = []
-    for comp, n in (("encoder", encoder_stages), ("llm", llm_stages)):
-        layer_ms = _layer_ms(cost, comp, probe)
-        if n > len(layer_ms):
-            raise ConfigError(f"{n} {comp} stages but the {comp} has only {len(layer_ms)} layers")
-        for k, (first, end) in enumerate(min_max_partition(layer_ms, n).ranges):
-            pp = k if colocated or comp == "encoder" else encoder_stages + k
-            stages.append(StageSpec(len(stages), comp, first, end, pp))
-    comps = {"encoder": ComponentLayout(pp=encoder_stages), "llm": ComponentLayout(pp=llm_stages)}
-    return Layout(
-        dp=dp,
-        microbatch_size=microbatch_size,
-        num_microbatches=num_microbatches,
-        components=comps,
-        stages=tuple(stages),
-    )
+def _stage_counts(spec: RunConfig) -> tuple[int, int]:
+    return spec.parallel.encoder_stages or 1, spec.parallel.llm_stages or 1
+
+
+def ranks_per_replica(spec: RunConfig, system: str) -> int:
+    """Pipeline ranks of one replica of ``system`` with the stage counts fixed by the flags."""
+    return SYSTEMS[system].ranks_per_replica(*_stage_counts(spec))
+
+
+def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
+    return read_plan_file(spec.schedule.plan, expect_model=spec.model.name)
+
+
+def run_setups(
+    spec: RunConfig, cost: CostModel, batches: Sequence[Sequence[SampleWork]], gpus: int
+) -> dict[str, SystemSetup]:
+    """Each system's setup for a run on ``gpus`` processes (see the module docstring)."""
+    if spec.schedule.plan:
+        system, setup = plan_file(spec)
+        return {system: setup}
+    req = spec.config_request(gpus)
+    if fixed_stages(spec):
+        probe = [w.meta if w.meta is not None else w for w in batches[0]]
+        return {
+            s: fixed_stage_setup(s, req, cost, probe, *_stage_counts(spec)) for s in spec.schedule.systems
+        }
+    from entrain.data.sampling import dataset_sampler
+
+    sampler = dataset_sampler(spec.data.dataset, spec.data.seed, image_root=spec.data.image_root)
+    return system_setups(spec.schedule.systems, req, cost, sampler)
 
 
 def make_plan(

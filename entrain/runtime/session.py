@@ -18,14 +18,15 @@ import os
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
+from entrain.config import RunConfig
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import check_stage_count, num_microbatches
-from entrain.core.plan import ComponentLayout, IterationPlan, Layout, Plan
+from entrain.core.parallel import check_stage_count
+from entrain.core.plan import IterationPlan, Layout, Plan
 from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
 from entrain.runtime.accounting import (
@@ -35,80 +36,18 @@ from entrain.runtime.accounting import (
     plan_hash,
     split_validation,
 )
-from entrain.runtime.planning import make_plan, runtime_layout
+from entrain.runtime.planning import fixed_stages, make_plan, plan_file, ranks_per_replica, run_setups
 
 __all__ = [
-    "TrainSpec",
     "SystemSummary",
     "RunData",
-    "build_layout",
     "check_spec",
     "fingerprint",
     "load_data",
     "run_systems",
     "summary_line",
+    "world_size_of",
 ]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainSpec:
-    """Everything a rank needs to run ``entrain train`` (the CLI's flags, resolved)."""
-
-    dataset: str
-    model: str
-    systems: tuple[str, ...]
-    encoder_stages: int
-    llm_stages: int
-    dp: int | None
-    tp: int = 1
-    cp: int = 1
-    global_batch: int
-    microbatch_size: int
-    steps: int
-    seed: int
-    out: str
-    hardware: str | None = None
-    profile: str | None = None
-    attention: str | None = None
-    image_root: str | None = None
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.95)
-    warmup_steps: int = 2
-    max_grad_norm: float | None = 1.0
-    val_every: int = 0
-    val_batches: int = 1
-    freeze: tuple[str, ...] = ()
-    weights: str | None = None
-    timeout_s: float = 300.0
-    progress: bool = True
-    shuffle: bool = False
-    checkpoint_every: int = 0
-    """Save a checkpoint every this many steps (0: only at the end)."""
-    keep_checkpoints: int = 3
-    resume: bool = False
-    on_bad_sample: str = "error"
-    confine_images: bool = False
-    """An image path resolving outside the dataset root is a bad record (else a warning)."""
-    entrain_layout: str = "disjoint"
-    """``shared``: Entrain's boundary-sharing layout (one min-max partition of the encoder-then-LLM
-    layer list over the pipeline ranks; a rank may hold the last encoder and the first LLM stage).
-    Applies to ``entrain`` and ``entrain-1f1b``; the other systems keep disjoint stages."""
-    ramp_microbatches: int | str = 0
-    """Entrain's fill/drain ramp (``auto`` or a piece count; 0 = the paper's schedule)."""
-    split_weight_grads: bool = False
-    """Entrain's backwards as input- then weight-gradient halves (False = the paper's schedule)."""
-    assignment: str = "paper"
-    """Entrain's per-iteration assignment (``ScheduleOptions.assignment``; ``paper`` = Algorithm 3)."""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def num_microbatches(self) -> int:
-        return num_microbatches(self.global_batch, self.dp_or_1, self.microbatch_size)
-
-    @property
-    def dp_or_1(self) -> int:
-        return self.dp or 1
 
 
 @dataclass
@@ -124,13 +63,11 @@ class SystemSummary:
     """The run's skipped-records line (``RunData.skipped``), for the final summary."""
 
 
-def _ranks_per_replica(spec: TrainSpec, system: str) -> int:
-    return get_system(system).ranks_per_replica(spec.encoder_stages, spec.llm_stages)
-
-
-def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
-    """Refuse what the runtime cannot run, before any process group starts."""
-    for name, degree in (("TP", spec.tp), ("CP", spec.cp)):
+def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
+    """Refuse what the runtime cannot run, before any process group starts (the batch and range
+    rules themselves are ``ParallelConfig``'s)."""
+    par = spec.parallel
+    for name, degree in (("TP", par.tp), ("CP", par.cp)):
         if degree > 1:
             raise ConfigError(
                 f"the runtime executes Plans with TP = CP = 1; the encoder and llm have {name} = {degree} "
@@ -138,44 +75,61 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
             )
     from entrain.models.config import get_model_config
 
-    cfg = get_model_config(spec.model)
-    for comp, n in (("encoder", spec.encoder_stages), ("llm", spec.llm_stages)):
-        check_stage_count(comp, n, cfg.layer_names(comp), spec.model)
-    if spec.steps < 1:
-        raise ConfigError(f"--steps must be at least 1, got {spec.steps}")
-    dp = spec.dp_or_1
-    num_microbatches(spec.global_batch, dp, spec.microbatch_size)
-    for system in spec.systems:
-        need = dp * _ranks_per_replica(spec, system)
-        if world_size is not None and need != world_size:
-            per = _ranks_per_replica(spec, system)
-            hint = (
-                f"start {need} processes (--nproc {need})"
-                if world_size % per
-                else f"start {need} processes (--nproc {need}) or pass --dp {world_size // per}"
-            )
-            raise ConfigError(
-                f"{system} with {spec.encoder_stages} encoder + {spec.llm_stages} LLM stages and dp {dp} needs "
-                f"{need} processes, but {world_size} were started: {hint}"
-            )
+    cfg = get_model_config(spec.model.name)
+    for comp, n in (("encoder", par.encoder_stages), ("llm", par.llm_stages)):
+        if n is not None:
+            check_stage_count(comp, n, cfg.layer_names(comp), spec.model.name)
+    need = world_size_of(spec)
+    if world_size is not None and need is not None and need != world_size:
+        raise ConfigError(_world_mismatch(spec, need, world_size))
+    if world_size is not None and need is None:
+        _check_planner_world(spec, world_size)
 
 
-def world_size_of(spec: TrainSpec) -> int:
-    return max(spec.dp_or_1 * _ranks_per_replica(spec, s) for s in spec.systems)
+def _check_planner_world(spec: RunConfig, world_size: int) -> None:
+    """The planner needs whole replicas of at least 2 pipeline ranks (1 for DIP) on the processes."""
+    dp = spec.parallel.dp_or_1
+    least = max(1 if get_system(s).colocated else 2 for s in spec.schedule.systems)
+    if world_size % dp or world_size // dp < least:
+        need = dp * max(least, -(-world_size // dp))
+        raise ConfigError(
+            f"dp {dp} needs {need} processes, but {world_size} were started: start {need} processes "
+            f"(--nproc {need}), or another multiple of {dp} with at least {least} pipeline ranks a replica"
+        )
 
 
-def resolve_cost(spec: TrainSpec) -> CostModel:
-    """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed the
-    run's own trainable parts, so ``--freeze`` is not applied to it."""
-    from entrain.core.presets import resolve_cost_model
-
-    return resolve_cost_model(
-        spec.model,
-        hardware=spec.hardware,
-        profile=spec.profile,
-        attention=spec.attention,
-        freeze=() if spec.profile else spec.freeze,
+def _world_mismatch(spec: RunConfig, need: int, world_size: int) -> str:
+    par = spec.parallel
+    if spec.schedule.plan:
+        return (
+            f"the plan {spec.schedule.plan} runs on {need} processes, but {world_size} were started: "
+            f"start {need} processes (--nproc {need})"
+        )
+    per = max(ranks_per_replica(spec, s) for s in spec.schedule.systems)
+    system = next(s for s in spec.schedule.systems if par.dp_or_1 * ranks_per_replica(spec, s) == need)
+    hint = (
+        f"start {need} processes (--nproc {need})"
+        if world_size % per
+        else f"start {need} processes (--nproc {need}) or pass --dp {world_size // per}"
     )
+    return (
+        f"{system} with {par.encoder_stages} encoder + {par.llm_stages} LLM stages and dp {par.dp_or_1} needs "
+        f"{need} processes, but {world_size} were started: {hint}"
+    )
+
+
+def world_size_of(spec: RunConfig) -> int | None:
+    """Processes the run needs: the plan file's, or dp x ranks per replica with the stage counts
+    fixed by flags; None when the planner chooses the layout for the processes it is given."""
+    if spec.schedule.plan:
+        return plan_file(spec)[1].layout.world_size
+    if not fixed_stages(spec):
+        return None
+    return max(spec.parallel.dp_or_1 * ranks_per_replica(spec, s) for s in spec.schedule.systems)
+
+
+def resolve_cost(spec: RunConfig) -> CostModel:
+    return spec.model.cost_model()
 
 
 @dataclass
@@ -210,16 +164,16 @@ class RunData:
         return self.stream.position(step, global_batch)
 
 
-def _check_meta(spec: TrainSpec, works: Sequence[SampleWork]) -> None:
+def _check_meta(spec: RunConfig, works: Sequence[SampleWork]) -> None:
     for w in works:
         if w.meta is None:
             raise ConfigError(
-                f"{spec.dataset}: sample {w.id!r} has no token metadata (a raw-work file); "
+                f"{spec.data.dataset}: sample {w.id!r} has no token metadata (a raw-work file); "
                 "training needs images and text token counts"
             )
 
 
-def screen(spec: TrainSpec, out_dir: str | None):
+def screen(spec: RunConfig, out_dir: str | None):
     """``entrain.data.check.screen_dataset`` of a LLaVA / Parquet ``--dataset`` with
     ``--on-bad-sample``: ``error`` raises the report, ``skip`` writes ``out_dir/skipped.jsonl``
     (``out_dir`` None: a scratch folder, for the ranks that do not own the run folder)."""
@@ -231,18 +185,18 @@ def screen(spec: TrainSpec, out_dir: str | None):
     scratch = tempfile.mkdtemp(prefix="entrain-screen-") if out_dir is None else None
     try:
         return screen_dataset(
-            spec.dataset,
-            on_bad=spec.on_bad_sample,
+            spec.data.dataset,
+            on_bad=spec.data.on_bad_sample,
             out_dir=out_dir or scratch,
-            image_root=spec.image_root,
-            confine_images=spec.confine_images,
+            image_root=spec.data.image_root,
+            confine_images=spec.data.confine_images,
         )
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunData:
+def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True) -> RunData:
     """Training and validation batches. A built-in generator: samples ``[i*B, (i+1)*B)`` for step
     ``i``, validation batches after the last step. A file: its last ``val_batches`` global batches
     are held out and the rest is an epoch stream (``entrain.runtime.accounting``). A LLaVA / Parquet
@@ -257,24 +211,24 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunDat
         sample_works,
     )
 
-    num_val = spec.val_batches if spec.val_every > 0 else 0
-    if is_builtin(spec.dataset):
+    num_val = spec.data.val_batches if spec.data.val_every > 0 else 0
+    if is_builtin(spec.data.dataset):
         batches = list(
             load_workload(
-                spec.dataset,
+                spec.data.dataset,
                 cost,
-                global_batch=spec.global_batch,
-                iterations=spec.steps + num_val,
-                seed=spec.seed,
-                image_root=spec.image_root,
+                global_batch=spec.parallel.global_batch,
+                iterations=spec.run.steps + num_val,
+                seed=spec.data.seed,
+                image_root=spec.data.image_root,
             )
         )
-        return RunData(batches[: spec.steps], batches[spec.steps :])
-    path = resolve_dataset_file(spec.dataset)
+        return RunData(batches[: spec.run.steps], batches[spec.run.steps :])
+    path = resolve_dataset_file(spec.data.dataset)
     fmt = detect_format(path)
     records = skipped = None
     if fmt == "conversation":
-        screened = screen(spec, spec.out if owner else None)
+        screened = screen(spec, spec.run.out if owner else None)
         works, records = sample_works(screened.samples, cost), screened.records
         skipped = skipped_line(screened)
         if owner and skipped:
@@ -284,9 +238,9 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunDat
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
-    train, val = split_validation(works, spec.global_batch, num_val)
-    stream = EpochStream(tuple(train), spec.seed, spec.shuffle)
-    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records, skipped)
+    train, val = split_validation(works, spec.parallel.global_batch, num_val)
+    stream = EpochStream(tuple(train), spec.data.seed, spec.data.shuffle)
+    return RunData(stream.batches(spec.parallel.global_batch, spec.run.steps), val, stream, records, skipped)
 
 
 def skipped_line(screened) -> str | None:
@@ -297,105 +251,34 @@ def skipped_line(screened) -> str | None:
     return f"skipped {report.bad} of {report.records} records; see {screened.skipped_path}"
 
 
-def record_source(spec: TrainSpec, data: RunData):
+def record_source(spec: RunConfig, data: RunData):
     """The real samples (images and conversations) of a LLaVA / Parquet dataset; None for the built-in
     generators and workload files, whose samples are rendered from their metadata."""
     from entrain.runtime.data import RecordSource
 
     if data.records is None:
         return None
-    return RecordSource(spec.dataset, spec.image_root, records=data.records)
+    return RecordSource(spec.data.dataset, spec.data.image_root, records=data.records)
 
 
-FINGERPRINT_KEYS = (
-    "dataset",
-    "model",
-    "encoder_stages",
-    "llm_stages",
-    "dp",
-    "tp",
-    "cp",
-    "global_batch",
-    "microbatch_size",
-    "seed",
-    "shuffle",
-    "hardware",
-    "profile",
-    "attention",
-    "image_root",
-    "lr",
-    "weight_decay",
-    "betas",
-    "warmup_steps",
-    "max_grad_norm",
-    "val_every",
-    "val_batches",
-    "freeze",
-    "weights",
-    "on_bad_sample",
-)
-"""What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
+FINGERPRINT_PARTS = ("data", "model", "parallel", "optim")
+"""What must match for ``--resume`` (``optim.total_steps`` aside: ``--steps`` may grow, the LR schedule
+then follows the new total)."""
 
 
-def fingerprint(spec: TrainSpec, system: str) -> dict:
+def fingerprint(spec: RunConfig, system: str) -> dict:
     """The run's resume fingerprint, JSON-normalised (as stored in a checkpoint manifest)."""
-    fp = {k: getattr(spec, k) for k in FINGERPRINT_KEYS}
-    fp["dp"] = spec.dp_or_1
+    flat = spec.to_json()
+    fp = {k: v for part in FINGERPRINT_PARTS for k, v in asdict(getattr(spec, part)).items() if k != "total_steps"}
+    fp["model"] = flat["model"]
+    fp.pop("name", None)
+    fp["dp"] = spec.parallel.dp_or_1
     fp["system"] = system
     return json.loads(json.dumps(fp))
 
 
-def system_out(spec: TrainSpec, system: str) -> str:
-    return spec.out if len(spec.systems) == 1 else os.path.join(spec.out, system)
-
-
-ENTRAIN_FAMILY = ("entrain", "entrain-1f1b")
-
-
-def schedule_options(spec: TrainSpec, system: str) -> dict | None:
-    """The schedule options ``spec`` asks of ``system``: Entrain's extensions for the Entrain family
-    (ramp, split weight gradients, assignment), none for the baselines."""
-    if system not in ENTRAIN_FAMILY:
-        return None
-    return {
-        "ramp_microbatches": spec.ramp_microbatches,
-        "split_weight_grads": spec.split_weight_grads,
-        "assignment": spec.assignment,
-    }
-
-
-def build_layout(spec: TrainSpec, system: str, cost: CostModel, probe: Sequence[SampleWork]) -> Layout:
-    if spec.entrain_layout == "shared" and system in ENTRAIN_FAMILY:
-        from entrain.core.planner import boundary_sharing_config
-
-        return boundary_sharing_config(
-            [w.meta for w in probe if w.meta is not None] or list(probe),
-            cost,
-            dp=spec.dp_or_1,
-            ranks=spec.encoder_stages + spec.llm_stages,
-            tp=spec.tp,
-            cp=spec.cp,
-            global_batch=spec.global_batch,
-            microbatch_size=spec.microbatch_size,
-        ).layout
-    layout = runtime_layout(
-        cost,
-        encoder_stages=spec.encoder_stages,
-        llm_stages=spec.llm_stages,
-        dp=spec.dp_or_1,
-        microbatch_size=spec.microbatch_size,
-        num_microbatches=spec.num_microbatches,
-        probe=probe,
-        colocated=get_system(system).colocated,
-    )
-    comps = {k: ComponentLayout(tp=spec.tp, cp=spec.cp, pp=v.pp) for k, v in layout.components.items()}
-    return Layout(
-        dp=layout.dp,
-        microbatch_size=layout.microbatch_size,
-        num_microbatches=layout.num_microbatches,
-        components=comps,
-        stages=layout.stages,
-    )
+def system_out(spec: RunConfig, system: str) -> str:
+    return spec.run.out if len(spec.schedule.systems) == 1 else os.path.join(spec.run.out, system)
 
 
 def stage_std_ms(records: Sequence[dict]) -> float:
@@ -446,14 +329,37 @@ def _write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
-def run_systems(spec: TrainSpec, env) -> list[SystemSummary]:
-    """Train each of ``spec.systems`` in turn (fresh model each) on an initialised process group."""
+def run_systems(spec: RunConfig, env) -> list[SystemSummary]:
+    """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group."""
     check_spec(spec, env.world_size)
     cost = resolve_cost(spec)
     if env.rank == 0:
-        os.makedirs(spec.out, exist_ok=True)
+        os.makedirs(spec.run.out, exist_ok=True)
     data = load_data(spec, cost, owner=env.rank == 0)
-    return [_run_one(spec, system, cost, data, env, system_out(spec, system)) for system in spec.systems]
+    setups = run_setups(spec, cost, data.train, env.world_size)
+    for system, setup in setups.items():
+        if setup.layout.world_size != env.world_size:
+            raise ConfigError(
+                f"{system}: the planned layout ({setup.source}) runs on {setup.layout.world_size} processes, but "
+                f"{env.world_size} were started; start {setup.layout.world_size} (--nproc) or fix the stages "
+                "with --encoder-stages / --llm-stages"
+            )
+        _warn_below_b_min(spec, setup, env)
+    return [_run_one(spec, s, setups[s], cost, data, env, system_out(spec, s)) for s in setups]
+
+
+def _warn_below_b_min(spec: RunConfig, setup, env) -> None:
+    """Rank 0 warns when the per-replica batch is below the planner's ``b_min`` (Algorithm 1)."""
+    per_replica = spec.parallel.global_batch // setup.layout.dp
+    if env.rank == 0 and setup.b_min is not None and per_replica < setup.b_min:
+        print(
+            f"entrain: warning: --global-batch {spec.parallel.global_batch} ({per_replica} per replica) is below "
+            f"b_min = {setup.b_min} for this dataset and layout (Algorithm 1): the encoder/LLM work split varies "
+            f"from batch to batch at this size, so the balance guarantee no longer holds; use --global-batch "
+            f"{setup.b_min * setup.layout.dp} or more",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _agree(env):
@@ -480,7 +386,7 @@ def _restarted() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 
 
-def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, data: RunData):
+def _start_state(spec: RunConfig, system: str, layout: Layout, env, out: str, data: RunData):
     """The checkpoint to continue from (None: a fresh start). Resuming (``--resume`` or a torchrun
     restart) refuses a checkpoint of another configuration; a fresh start clears stale checkpoints."""
     import shutil
@@ -489,7 +395,7 @@ def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, da
 
     replica, pp_rank = layout.replica_of(env.rank)
     # one decision for all ranks: agents may restart their workers with different restart counts
-    if not any(_agree(env)(bool(spec.resume or _restarted()))):
+    if not any(_agree(env)(bool(spec.run.resume or _restarted()))):
         stale = os.path.join(out, ck.CHECKPOINT_DIR)
         if env.rank == 0 and os.path.isdir(stale):
             _say(env)(f"entrain: a fresh run (no --resume): removing the old checkpoints in {stale}")
@@ -503,19 +409,19 @@ def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, da
     saved = found.manifest.get("data")
     if saved != data.identity():
         raise ConfigError(
-            f"--resume: the dataset {spec.dataset} changed since the checkpoint {found.folder} was written "
+            f"--resume: the dataset {spec.data.dataset} changed since the checkpoint {found.folder} was written "
             f"(training samples and ids: {saved} then, {data.identity()} now); restore it or train into a new --out"
         )
-    if found.step > spec.steps:
+    if found.step > spec.run.steps:
         raise ConfigError(
-            f"--resume: the newest checkpoint in {out} is at step {found.step}, past --steps {spec.steps}; "
+            f"--resume: the newest checkpoint in {out} is at step {found.step}, past --steps {spec.run.steps}; "
             f"pass --steps {found.step} or more"
         )
-    _say(env)(f"entrain: resuming {system} from {found.folder} (step {found.step} of {spec.steps})")
+    _say(env)(f"entrain: resuming {system} from {found.folder} (step {found.step} of {spec.run.steps})")
     return found
 
 
-def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str, trainer, data, step: int):
+def _save_checkpoint(spec: RunConfig, system: str, layout: Layout, env, out: str, trainer, data, step: int):
     """Every rank writes its files; rank 0 then writes the manifest (last) and prunes old ones."""
     import torch.distributed as dist
 
@@ -526,7 +432,7 @@ def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str
     if env.rank == 0 and (folder / ck.MANIFEST).exists():  # the same step again (after a restart)
         (folder / ck.MANIFEST).unlink()
     dist.barrier()
-    position = data.position(step, spec.global_batch).to_json()
+    position = data.position(step, spec.parallel.global_batch).to_json()
     entries = ck.write_shards(
         folder,
         rank=env.rank,
@@ -545,7 +451,7 @@ def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str
                 "format": ck.FORMAT_VERSION,
                 "step": step,
                 "system": system,
-                "model": spec.model,
+                "model": spec.model.name,
                 "world_size": env.world_size,
                 "layout": layout.to_json(),
                 "fingerprint": fingerprint(spec, system),
@@ -554,7 +460,7 @@ def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str
                 "files": files,
             },
         )
-        ck.prune(out, spec.keep_checkpoints)
+        ck.prune(out, spec.run.keep_checkpoints)
     dist.barrier()
 
 
@@ -576,17 +482,16 @@ def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
     return [s for mb in it.microbatches[replica] for s in mb.encoder_ids]
 
 
-def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
+def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
     from entrain.models.config import get_model_config
     from entrain.models.vlm import build_vlm, set_trainable
     from entrain.runtime.checkpoint import set_rng_state
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.faults import fault_from_env
-    from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+    from entrain.runtime.trainer import PipelineTrainer
 
     train_batches, val_batches = data.train, data.val
-    layout = build_layout(spec, system, cost, train_batches[0])
-    options = schedule_options(spec, system)
+    layout, options = setup.layout, setup.options
     plan: Plan = make_plan(system, layout, train_batches, cost, options)
     val_plan = make_plan(system, layout, val_batches, cost, options) if val_batches else None
     rank0 = env.rank == 0
@@ -598,7 +503,8 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     history = _history(metrics_path, start) if rank0 else []
     if rank0:
         config = {
-            "spec": asdict(spec),
+            "spec": spec.to_json(),
+            "setup": setup.source,
             "system": system,
             "world_size": env.world_size,
             "device": str(env.device),
@@ -610,24 +516,17 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         }
         _write_json(os.path.join(out, "config.json"), config)
         _write_json(os.path.join(out, "plan.json"), plan.to_json())
-    cfg = get_model_config(spec.model)
-    model = build_vlm(cfg, seed=spec.seed, weights_dir=spec.weights)
+    cfg = get_model_config(spec.model.name)
+    model = build_vlm(cfg, seed=spec.data.seed, weights_dir=spec.model.weights)
     set_trainable(
         model,
-        encoder="encoder" not in spec.freeze and "vit" not in spec.freeze,
-        merger="encoder" not in spec.freeze,
-        llm="llm" not in spec.freeze,
+        encoder="encoder" not in spec.model.freeze and "vit" not in spec.model.freeze,
+        merger="encoder" not in spec.model.freeze,
+        llm="llm" not in spec.model.freeze,
     )
     metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
-    renderer = SampleRenderer(cfg, metas, seed=spec.seed, device=env.device, source=record_source(spec, data))
-    optim = OptimConfig(
-        lr=spec.lr,
-        weight_decay=spec.weight_decay,
-        betas=spec.betas,
-        warmup_steps=spec.warmup_steps,
-        total_steps=spec.steps,
-        max_grad_norm=spec.max_grad_norm,
-    )
+    renderer = SampleRenderer(cfg, metas, seed=spec.data.seed, device=env.device, source=record_source(spec, data))
+    optim = spec.optim
     autocast = torch.bfloat16 if env.device.type == "cuda" else None
     trainer = PipelineTrainer(
         layout=layout,
@@ -636,7 +535,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         renderer=renderer,
         optim=optim,
         autocast_dtype=autocast,
-        timeout_s=spec.timeout_s,
+        timeout_s=spec.run.timeout_s,
     )
     if ckpt is not None:
         trainer.load_model_state(ckpt.model, ckpt.step)
@@ -646,11 +545,11 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         trainer.fault_hook = fault.maybe_fire
     peak = _peak_flops(env.device)
     bar = None
-    if rank0 and spec.progress:
+    if rank0 and spec.run.progress:
         from tqdm import tqdm
 
         bar = tqdm(
-            total=spec.steps, initial=start, desc=system, file=sys.stderr, dynamic_ncols=True, mininterval=0.5
+            total=spec.run.steps, initial=start, desc=system, file=sys.stderr, dynamic_ncols=True, mininterval=0.5
         )
     losses = [r["loss"] for r in history]
     times = [r["iteration_time_ms"] for r in history]
@@ -665,11 +564,11 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         metrics = open(metrics_path, "a")  # noqa: SIM115 - closed below
     ok = False
     try:
-        if start < spec.steps:
+        if start < spec.run.steps:
             renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[start]))
-        for step in range(start, spec.steps):
+        for step in range(start, spec.run.steps):
             it = plan.iterations[step]
-            if step + 1 < spec.steps:  # the next step's pixels are processed while this one runs
+            if step + 1 < spec.run.steps:  # the next step's pixels are processed while this one runs
                 renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[step + 1]))
             res = trainer.train_step(it)
             row = {
@@ -681,7 +580,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
                 "grad_norm": res.grad_norm,
                 "cpu_ms": res.cpu_ms,
                 "plan_hash": plan_hash(it),
-                "epoch": data.position(step, spec.global_batch).epoch,
+                "epoch": data.position(step, spec.parallel.global_batch).epoch,
                 "sample_ids": [w.id for w in train_batches[step]],
                 "stage_times": res.records,
             }
@@ -691,7 +590,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
                     / (res.iteration_time_ms / 1e3)
                     / (peak * env.world_size)
                 )
-            if val_plan is not None and (step + 1) % spec.val_every == 0:
+            if val_plan is not None and (step + 1) % spec.data.val_every == 0:
                 row["val_loss"] = statistics.fmean(trainer.evaluate(v) for v in val_plan.iterations)
             losses.append(res.loss)
             times.append(res.iteration_time_ms)
@@ -701,7 +600,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
             done = step + 1
-            if done == spec.steps or (spec.checkpoint_every > 0 and done % spec.checkpoint_every == 0):
+            if done == spec.run.steps or (spec.run.checkpoint_every > 0 and done % spec.run.checkpoint_every == 0):
                 _save_checkpoint(spec, system, layout, env, out, trainer, data, done)
             if bar is not None:
                 bar.set_postfix(

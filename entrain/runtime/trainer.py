@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from entrain.config import OptimConfig
 from entrain.core.plan import IterationPlan, Layout
 from entrain.models.vlm import VLM, build_stage
 from entrain.runtime.comm import Transport
@@ -24,24 +25,6 @@ from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
 from entrain.runtime.recompute import apply_recompute
 
 __all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OptimConfig:
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.01
-    warmup_steps: int = 2
-    """Linear warm-up from lr / warmup_steps to lr over this many steps."""
-    total_steps: int = 100
-    """Cosine decay from lr to ``min_lr_ratio * lr`` between the end of warm-up and this step."""
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float | None = 1.0
-    """Global-norm clipping over all stages and replicas; None disables it."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.warmup_steps < 0 or self.total_steps < 1:
-            raise ValueError(f"invalid optimiser config {self}")
 
 
 def lr_factor(step: int, cfg: OptimConfig) -> float:

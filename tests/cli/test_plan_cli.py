@@ -115,3 +115,43 @@ def test_plan_and_simulate_share_the_sampler(capsys):
     simulated = json.loads(capsys.readouterr().out)["systems"]["entrain"]["config"]
     assert simulated["b_min"] == planned["b_min"]
     assert simulated["dp"] == planned["config"]["dp"]
+
+
+def test_out_carries_each_systems_layout_for_train(tmp_path, capsys, schema):
+    """``--out`` writes the ``--json`` object with the system's layout and schedule options."""
+    base = ["plan", "--model", "tiny", "--dataset", "skewed", "--gpus", "4", "--global-batch", "16",
+            "--microbatch-size", "1"]  # fmt: skip
+    for system, flags in (("entrain", ["--entrain-layout", "shared"]), ("entrain", ["--paper-entrain"]),
+                          ("disttrain", []), ("dip", [])):  # fmt: skip
+        out = tmp_path / f"{system}.json"
+        assert main([*base, "--system", system, *flags, "--out", str(out)]) == 0
+        assert "entrain train --plan" in capsys.readouterr().out
+        plan = json.loads(out.read_text())
+        jsonschema.validate(plan, schema)
+        stages = plan["layout"]["stages"]
+        assert plan["system"] == system and plan["global_batch"] == 16 and plan["microbatch_size"] == 1
+        ranks = 1 + max(s["pp_rank"] for s in stages)
+        assert plan["layout"]["dp"] * ranks == 4
+        if system == "dip":  # colocated: encoder and LLM chunk r on rank r
+            assert {s["pp_rank"] for s in stages if s["component"] == "encoder"} == set(range(ranks))
+        if flags == ["--entrain-layout", "shared"]:  # one min-max partition of all layers over the ranks
+            assert "boundary sharing" in plan["source"]
+            assert [s["pp_rank"] for s in stages] == sorted(s["pp_rank"] for s in stages)
+            assert plan["schedule_options"] == {"ramp_microbatches": "auto", "split_weight_grads": True}
+        if flags == ["--paper-entrain"]:
+            assert plan["schedule_options"] == {}
+
+
+def test_train_refuses_a_bad_plan_file(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"system": "entrain"}))
+    assert main(["train", "--model", "tiny", "--plan", str(bad), "--out", str(tmp_path / "run")]) == 2
+    assert "no 'layout'" in capsys.readouterr().err
+    good = tmp_path / "good.json"
+    assert main(["plan", "--model", "tiny", "--dataset", "skewed", "--gpus", "2", "--global-batch", "8",
+                 "--microbatch-size", "1", "--out", str(good)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["train", "--model", "qwen25vl-llama3-1b", "--plan", str(good), "--out", str(tmp_path / "r")]) == 2
+    assert "is for model 'tiny'" in capsys.readouterr().err
+    assert main(["train", "--model", "tiny", "--plan", str(good), "--nproc", "3", "--out", str(tmp_path / "r")]) == 2
+    assert "runs on 2 processes, but 3 were started" in capsys.readouterr().err

@@ -6,9 +6,9 @@ import random
 
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
-from entrain.core.systems import get_system
+from entrain.core.setups import ConfigRequest, fixed_stage_setup
 from entrain.core.work import SampleWork
-from entrain.runtime.planning import make_plan, runtime_layout
+from entrain.runtime.planning import make_plan
 
 SEED = 0
 MAX_GRAD_NORM = 0.05
@@ -40,17 +40,19 @@ def works(metas: list[SampleMeta]) -> list[SampleWork]:
 
 
 def plan_for(
-    system: str, encoder_stages: int, llm_stages: int, dp: int, num_microbatches: int, batch: list[SampleWork]
+    system: str,
+    encoder_stages: int,
+    llm_stages: int,
+    dp: int,
+    num_microbatches: int,
+    batch: list[SampleWork],
+    options: dict | None = None,
 ):
+    """``system``'s Plan of ``batch`` with the stage counts fixed (Algorithm 2's layer partition), with
+    the schedule ``options`` (default: Entrain's extensions off)."""
     cost = build_cost_model("tiny", "cpu-tiny")
-    layout = runtime_layout(
-        cost,
-        encoder_stages=encoder_stages,
-        llm_stages=llm_stages,
-        dp=dp,
-        microbatch_size=len(batch) // (dp * num_microbatches),
-        num_microbatches=num_microbatches,
-        probe=batch,
-        colocated=get_system(system).colocated,
-    )
-    return make_plan(system, layout, [batch], cost)
+    u = len(batch) // (dp * num_microbatches)
+    req = ConfigRequest("skewed", "tiny", 0, dp, 1, len(batch), u, entrain_layout="disjoint", entrain_ramp=0,
+                        entrain_split=False)  # fmt: skip
+    setup = fixed_stage_setup(system, req, cost, [w.meta for w in batch], encoder_stages, llm_stages)
+    return make_plan(system, setup.layout, [batch], cost, options)

@@ -17,10 +17,10 @@ from entrain.core.validate import validate_plan
 from entrain.models.config import get_model_config
 from entrain.models.vlm import build_vlm
 from entrain.runtime.data import SampleRenderer
-from entrain.runtime.planning import make_plan, runtime_layout
+from entrain.runtime.planning import make_plan
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
-from .cases import MAX_GRAD_NORM, SEED, batch_metas, works
+from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, works
 from .harness import assert_matches_reference, reference_step, run_workers, train_step_before_clip
 
 K = 4
@@ -61,12 +61,8 @@ def _plan(layout_name: str | None, options: dict) -> Plan:
     cost = build_cost_model("tiny", "cpu-tiny")
     batch = works(batch_metas())
     if layout_name is None:
-        layout = runtime_layout(
-            cost, encoder_stages=1, llm_stages=1, dp=1, microbatch_size=2, num_microbatches=K, probe=batch
-        )
-    else:
-        layout = LAYOUTS[layout_name]
-    return make_plan("entrain", layout, [batch], cost, options)
+        return plan_for("entrain", 1, 1, 1, K, batch, options)
+    return make_plan("entrain", LAYOUTS[layout_name], [batch], cost, options)
 
 
 def _train(env, cases):

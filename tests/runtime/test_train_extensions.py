@@ -1,24 +1,30 @@
-"""``entrain train --entrain-layout shared`` / ``--ramp-microbatches`` / ``--assignment``: Entrain's extensions reach the
-training Plans (the Plans themselves are proven exact in test_exact_gradients_extensions.py)."""
+"""``entrain train``'s layouts: Entrain's extensions (``--entrain-layout``, ``--ramp-microbatches``,
+``--split-weight-grads``, ``--assignment``) reach the training Plans with the defaults ``simulate`` uses,
+baselines stay untouched, and fixed stage counts go through Algorithm 2's partitioner (the Plans
+themselves are proven exact in test_exact_gradients_extensions.py)."""
 
 import pytest
 
 from entrain.cli.main import build_parser
 from entrain.cli.train import _spec
-from entrain.core.errors import ConfigError
-from entrain.runtime.session import build_layout, load_data, resolve_cost
+from entrain.core.plan import ActionKind
+from entrain.runtime.planning import make_plan, run_setups
+from entrain.runtime.session import load_data, resolve_cost
+
+FIXED = ["--encoder-stages", "1", "--llm-stages", "1"]
 
 
-def _layouts(tmp_path, *flags):
-    spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), *flags]))
+def _setups(tmp_path, *flags, systems="entrain,1f1b", gpus=2):
+    spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), "--system", systems,
+                                            *flags]))  # fmt: skip
     cost = resolve_cost(spec)
-    probe = load_data(spec, cost, owner=False).train[0]
-    return {s: build_layout(spec, s, cost, probe) for s in ("entrain", "1f1b")}
+    data = load_data(spec, cost, owner=False)
+    return run_setups(spec, cost, data.train, gpus), cost, data.train[0]
 
 
 def test_shared_layout_puts_the_boundary_on_one_rank_for_entrain_only(tmp_path):
-    layouts = _layouts(tmp_path, "--entrain-layout", "shared")
-    ent, base = layouts["entrain"], layouts["1f1b"]
+    setups, _, _ = _setups(tmp_path, *FIXED, "--entrain-layout", "shared")
+    ent, base = setups["entrain"].layout, setups["1f1b"].layout
     assert ent.ranks_per_replica == base.ranks_per_replica == 2
     assert len(ent.stages) == 3  # encoder split over both ranks, LLM on the second
     shared_rank = [r for r in range(2) if {s.component for s in ent.stages_of(r)} == {"encoder", "llm"}]
@@ -29,50 +35,58 @@ def test_shared_layout_puts_the_boundary_on_one_rank_for_entrain_only(tmp_path):
     assert n_enc == 2 and enc_ranges[0][0] == 0 and enc_ranges[0][1] == enc_ranges[1][0]
 
 
-def test_default_layout_is_the_papers_disjoint_one(tmp_path):
-    layouts = _layouts(tmp_path)
-    assert [(s.component, s.pp_rank) for s in layouts["entrain"].stages] == [("encoder", 0), ("llm", 1)]
+def test_disjoint_layout_is_the_papers(tmp_path):
+    setups, _, _ = _setups(tmp_path, *FIXED, "--entrain-layout", "disjoint")
+    assert [(s.component, s.pp_rank) for s in setups["entrain"].layout.stages] == [("encoder", 0), ("llm", 1)]
 
 
 @pytest.mark.parametrize("bad", ["-1", "x"])
-def test_bad_ramp_value_is_a_config_error(tmp_path, bad):
-    with pytest.raises(ConfigError, match="--ramp-microbatches"):
-        _spec(build_parser().parse_args(["train", "--out", str(tmp_path), "--ramp-microbatches", bad]))
+def test_bad_ramp_value_is_refused_by_the_parser(tmp_path, bad, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--out", str(tmp_path), "--ramp-microbatches", bad])
+    assert "--ramp-microbatches" in capsys.readouterr().err
 
 
 def test_split_weight_grads_reaches_entrains_plans_only(tmp_path):
-    from entrain.core.plan import ActionKind
-    from entrain.runtime.planning import make_plan
-    from entrain.runtime.session import schedule_options
-
     def kinds(flags, system):
-        spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), *flags]))
-        cost = resolve_cost(spec)
-        probe = load_data(spec, cost, owner=False).train[0]
-        plan = make_plan(
-            system, build_layout(spec, system, cost, probe), [probe], cost, schedule_options(spec, system)
-        )
+        setups, cost, probe = _setups(tmp_path, *FIXED, *flags, systems=system)
+        setup = setups[system]
+        plan = make_plan(system, setup.layout, [probe], cost, setup.options)
         return {a.kind for acts in plan.iterations[0].actions.values() for a in acts}
 
-    split = kinds(["--split-weight-grads", "on"], "entrain")
+    split = kinds([], "entrain")  # on by default, as in entrain simulate
     assert ActionKind.B not in split and {ActionKind.I, ActionKind.W} <= split
-    assert ActionKind.B in kinds([], "entrain")  # the paper's schedule by default
-    assert ActionKind.B in kinds(["--split-weight-grads", "on"], "1f1b")  # baselines untouched
+    assert ActionKind.B in kinds(["--split-weight-grads", "off"], "entrain")
+    assert ActionKind.B in kinds(["--paper-entrain"], "entrain")
+    assert ActionKind.B in kinds([], "1f1b")  # baselines untouched
+
+
+def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
+    """Same planner, same defaults: train's setups on 4 processes are entrain simulate's on 4 GPUs."""
+    from entrain.cli.simulate import simulate_systems
+
+    common = ["--model", "tiny", "--dataset", "skewed", "--global-batch", "8", "--microbatch-size", "1"]
+    systems = "entrain,1f1b,dip"
+    spec = _spec(build_parser().parse_args(["train", *common, "--steps", "2", "--out", str(tmp_path),
+                                            "--system", systems]))  # fmt: skip
+    cost = resolve_cost(spec)
+    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 4)
+    sim_args = build_parser().parse_args(["simulate", *common, "--gpus", "4", "--iterations", "2", "--systems", systems])
+    runs, _ = simulate_systems(sim_args, systems.split(","))
+    for system in systems.split(","):
+        assert planned[system].layout == runs[system].layout, system
+        assert planned[system].layout.world_size == 4
+    assert planned["entrain"].b_min is not None and "Algorithm 1+2" in planned["entrain"].source
 
 
 def test_assignment_reaches_entrains_plans_and_is_recorded(tmp_path):
-    from entrain.runtime.planning import make_plan
-    from entrain.runtime.session import schedule_options
-
     def plan(flags, system):
-        spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), *flags]))
-        cost = resolve_cost(spec)
-        probe = load_data(spec, cost, owner=False).train[0]
-        layout = build_layout(spec, system, cost, probe)
-        return make_plan(system, layout, [probe], cost, schedule_options(spec, system))
+        setups, cost, probe = _setups(tmp_path, *FIXED, *flags, systems=system)
+        setup = setups[system]
+        return make_plan(system, setup.layout, [probe], cost, setup.options)
 
-    auto = plan(["--assignment", "auto"], "entrain")
+    auto = plan([], "entrain")  # auto by default, as in entrain simulate
     assert auto.options["assignment"] == "auto"
     assert set(auto.options["assignment_chosen"][0]) <= {"paper", "two-resource"}
-    assert "assignment_chosen" not in plan([], "entrain").options  # the paper's by default
-    assert "assignment" not in plan(["--assignment", "auto"], "1f1b").options  # baselines untouched
+    assert "assignment_chosen" not in plan(["--paper-entrain"], "entrain").options
+    assert "assignment" not in plan([], "1f1b").options  # baselines untouched

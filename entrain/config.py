@@ -1,0 +1,256 @@
+"""One run's configuration (DESIGN.md §2b): built once from the command line's flags and handed to
+every part that needs it. Each part is small, typed and owned by the component that reads it:
+
+* ``DataConfig``: what samples a run sees (dataset, seed, order, bad records, validation);
+* ``ModelConfig``: the model and what its costs come from (``cost_model()`` is the one resolver);
+* ``ParallelConfig`` (``entrain.core.parallel``): degrees, stages, batch sizes and their rules;
+* ``ScheduleConfig``: the systems and Entrain's extensions, or the plan file to run;
+* ``OptimConfig``: AdamW and the learning-rate schedule;
+* ``RunDirConfig``: the run folder, its length, checkpoints and waits.
+
+A field's name is its flag's (``--global-batch`` -> ``global_batch``), so ``RunConfig.from_args``
+reads the flags without a list of them; a new flag becomes a new field of the part that owns it.
+Imports ``entrain.core`` only (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field, fields
+
+from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
+from entrain.core.parallel import ParallelConfig
+from entrain.core.setups import ENTRAIN_LAYOUTS, ConfigRequest
+from entrain.core.systems import SYSTEMS, parse_systems
+
+__all__ = [
+    "DataConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "ScheduleConfig",
+    "OptimConfig",
+    "RunDirConfig",
+    "RunConfig",
+    "ENTRAIN_LAYOUTS",
+    "parse_ramp",
+]
+
+BAD_SAMPLE_POLICIES = ("error", "skip")
+
+
+def _pick(cls, args: argparse.Namespace, **given):
+    """``cls`` from the same-named attributes of ``args`` (those present), then ``given``."""
+    kwargs = {f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)}
+    return cls(**{**kwargs, **given})
+
+
+def parse_ramp(text: int | str) -> int | str:
+    """``--ramp-microbatches``: ``auto`` or a piece count >= 0."""
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
+        raise ConfigError(f"--ramp-microbatches: expected a count >= 0 or 'auto', got {text!r}")
+    return n
+
+
+def _comma_list(text: str | tuple | None) -> tuple[str, ...]:
+    if isinstance(text, tuple):
+        return text
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    dataset: str
+    image_root: str | None = None
+    seed: int = 0
+    shuffle: bool = False
+    on_bad_sample: str = "error"
+    confine_images: bool = False
+    """An image path resolving outside the dataset root is a bad record (else a warning)."""
+    val_every: int = 0
+    """Validation loss every N steps (0: never)."""
+    val_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.on_bad_sample not in BAD_SAMPLE_POLICIES:
+            raise ConfigError(f"--on-bad-sample {self.on_bad_sample!r}; choose from {', '.join(BAD_SAMPLE_POLICIES)}")
+        if self.val_every < 0 or self.val_batches < 1:
+            raise ConfigError(
+                f"--val-every must be >= 0 and --val-batches >= 1, got {self.val_every} and {self.val_batches}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str
+    """``--model``: a model preset."""
+    hardware: str | None = None
+    """Cost-model preset to plan with (default: ``entrain.core.presets.default_hardware``)."""
+    profile: str | None = None
+    """A measured profile (``entrain profile``) replacing the preset."""
+    attention: str | None = None
+    freeze: tuple[str, ...] = ()
+    weights: str | None = None
+
+    def cost_model(self) -> CostModel:
+        """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed
+        the run's own trainable parts, so the frozen parts apply to presets only."""
+        from entrain.core.presets import resolve_cost_model
+
+        return resolve_cost_model(
+            self.name,
+            hardware=self.hardware,
+            profile=self.profile,
+            attention=self.attention,
+            freeze=() if self.profile else self.freeze,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    systems: tuple[str, ...]
+    entrain_layout: str = "auto"
+    """Entrain extension: ``shared`` (boundary sharing), ``disjoint`` (the paper's) or ``auto``."""
+    ramp_microbatches: int | str = "auto"
+    """Entrain extension: fill/drain ramp, ``auto`` or a piece count (0 = the paper's schedule)."""
+    split_weight_grads: bool = True
+    """Entrain extension: backwards as input- then weight-gradient halves (False = the paper's)."""
+    assignment: str = "auto"
+    """Entrain extension: per-iteration assignment, ``paper`` (Algorithm 3), ``two-resource`` or ``auto``."""
+    plan: str | None = None
+    """A plan file (``entrain plan --out``) to run exactly, instead of planning."""
+
+    def __post_init__(self) -> None:
+        for name in self.systems:
+            if name not in SYSTEMS:
+                parse_systems(name)  # raises the one message
+        if self.entrain_layout not in ENTRAIN_LAYOUTS:
+            raise ConfigError(f"--entrain-layout {self.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
+        parse_ramp(self.ramp_microbatches)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.01
+    warmup_steps: int = 2
+    """Linear warm-up from lr / warmup_steps to lr over this many steps."""
+    total_steps: int = 100
+    """Cosine decay from lr to ``min_lr_ratio * lr`` between the end of warm-up and this step."""
+    min_lr_ratio: float = 0.1
+    max_grad_norm: float | None = 1.0
+    """Global-norm clipping over all stages and replicas; None disables it."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.warmup_steps < 0 or self.total_steps < 1:
+            raise ConfigError(
+                f"--lr must be > 0, --warmup-steps >= 0 and --steps >= 1, got {self.lr}, {self.warmup_steps} "
+                f"and {self.total_steps}"
+            )
+        b1, b2 = self.betas
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ConfigError(f"--betas must lie in [0, 1), got {b1},{b2}")
+
+    @staticmethod
+    def parse_betas(text: str | tuple) -> tuple[float, float]:
+        if isinstance(text, tuple):
+            return text
+        try:
+            b1, b2 = (float(x) for x in text.split(","))
+        except ValueError:
+            raise ConfigError(f"--betas must be two comma-separated numbers, got {text!r}") from None
+        return b1, b2
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunDirConfig:
+    out: str
+    steps: int
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only at the end)."""
+    keep_checkpoints: int = 3
+    resume: bool = False
+    timeout_s: float = 300.0
+    """Longest wait of any collective or point-to-point transfer."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be at least 1, got {self.steps}")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ConfigError(
+                f"--checkpoint-every must be >= 0 and --keep-checkpoints >= 1, got {self.checkpoint_every} and "
+                f"{self.keep_checkpoints}"
+            )
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--timeout-s must be positive, got {self.timeout_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    data: DataConfig
+    model: ModelConfig
+    parallel: ParallelConfig
+    schedule: ScheduleConfig
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunDirConfig
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunConfig:
+        """The configuration named by a command's parsed flags (``train``'s, or a subset: parts whose
+        flags a command lacks keep their defaults)."""
+        steps = getattr(args, "steps", 1)
+        optim = {"total_steps": steps}
+        if hasattr(args, "betas"):
+            optim["betas"] = OptimConfig.parse_betas(args.betas)
+        if hasattr(args, "max_grad_norm"):
+            optim["max_grad_norm"] = args.max_grad_norm or None
+        schedule = {"systems": tuple(parse_systems(getattr(args, "system", None) or args.systems))}
+        if hasattr(args, "ramp_microbatches"):
+            schedule["ramp_microbatches"] = parse_ramp(args.ramp_microbatches)
+        if isinstance(getattr(args, "split_weight_grads", None), str):
+            schedule["split_weight_grads"] = args.split_weight_grads == "on"
+        run = {"out": getattr(args, "out", ""), "steps": steps}
+        if hasattr(args, "no_progress"):
+            run["progress"] = not args.no_progress
+        return cls(
+            data=_pick(DataConfig, args),
+            model=_pick(ModelConfig, args, name=args.model, freeze=_comma_list(getattr(args, "freeze", ()))),
+            parallel=_pick(ParallelConfig, args),
+            schedule=_pick(ScheduleConfig, args, **schedule),
+            optim=_pick(OptimConfig, args, **optim),
+            run=_pick(RunDirConfig, args, **run),
+        )
+
+    def config_request(self, gpus: int | None = None) -> ConfigRequest:
+        """What ``entrain.core.setups`` needs to choose each system's configuration on ``gpus`` GPUs
+        (default ``parallel.gpus``)."""
+        par, sched = self.parallel, self.schedule
+        return ConfigRequest(
+            self.data.dataset,
+            self.model.name,
+            gpus if gpus is not None else par.gpus,
+            par.dp,
+            par.tp,
+            par.global_batch,
+            par.microbatch_size,
+            self.data.seed,
+            entrain_layout=sched.entrain_layout,
+            entrain_ramp=sched.ramp_microbatches,
+            entrain_split=sched.split_weight_grads,
+            entrain_assignment=sched.assignment,
+        )
+
+    def to_json(self) -> dict:
+        """Every part's fields, one flat object named by flag (as ``config.json``'s ``spec``)."""
+        out: dict = {}
+        for part in (self.data, self.model, self.parallel, self.schedule, self.optim, self.run):
+            out.update(asdict(part))
+        out["model"] = out.pop("name")
+        return out

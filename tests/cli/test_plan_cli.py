@@ -137,7 +137,8 @@ def test_out_carries_each_systems_layout_for_train(tmp_path, capsys, schema):
         if flags == ["--entrain-layout", "shared"]:  # one min-max partition of all layers over the ranks
             assert "boundary sharing" in plan["source"]
             assert [s["pp_rank"] for s in stages] == sorted(s["pp_rank"] for s in stages)
-            assert plan["schedule_options"] == {"ramp_microbatches": "auto", "split_weight_grads": True}
+            assert plan["schedule_options"] == {"ramp_microbatches": "auto", "split_weight_grads": True,
+                                                "assignment": "auto"}
         if flags == ["--paper-entrain"]:
             assert plan["schedule_options"] == {}
 

@@ -1,4 +1,4 @@
-"""Every command's flags and help text, pinned in ``tests/golden/cli_flags.txt``: a new, renamed or
+"""Every command's flags and help text, pinned in ``tests/cli/golden/cli_flags.txt``: a new, renamed or
 reworded option is a deliberate change (CONTRACT.md: flags are added, never renamed or dropped).
 
 Regenerate the golden file after a deliberate change, then review its diff:
@@ -13,7 +13,7 @@ import argparse
 import pathlib
 import sys
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "cli_flags.txt"
+GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "cli_flags.txt"
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from entrain.config import RunConfig
 from entrain.core.costmodel import CostModel
 from entrain.core.plan import Layout, Plan
+from entrain.core.planner import Sampler, pool_sampler
 from entrain.core.setups import SystemSetup, fixed_stage_setup, read_plan_file, system_setups
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
@@ -53,10 +54,19 @@ def run_setups(
         return {
             s: fixed_stage_setup(s, req, cost, probe, *_stage_counts(spec)) for s in spec.schedule.systems
         }
+    return system_setups(spec.schedule.systems, req, cost, _sampler(spec, batches))
+
+
+def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sampler:
+    """A built-in generator's: ``plan``'s and ``simulate``'s (the same draws for the same seed); a
+    file's: draws from the samples this run trains on (screened: ``--on-bad-sample skip`` leaves the
+    bad records out of the planner's population as well)."""
+    from entrain.data.generators import is_builtin
     from entrain.data.sampling import dataset_sampler
 
-    sampler = dataset_sampler(spec.data.dataset, spec.data.seed, image_root=spec.data.image_root)
-    return system_setups(spec.schedule.systems, req, cost, sampler)
+    if is_builtin(spec.data.dataset):
+        return dataset_sampler(spec.data.dataset, spec.data.seed, image_root=spec.data.image_root)
+    return pool_sampler([w.meta if w.meta is not None else w for batch in batches for w in batch])
 
 
 def make_plan(

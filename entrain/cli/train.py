@@ -16,7 +16,15 @@ import subprocess
 import sys
 import tempfile
 
-from entrain.cli.common import HARDWARE_PRESETS, MODEL_PRESETS, add_attention_arg
+from entrain.cli.common import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    add_attention_arg,
+    add_model_source_args,
+    add_pixel_args,
+)
+from entrain.cli.config_file import add_config_arg
+from entrain.core.architectures import PRECISIONS
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import SYSTEMS, parse_systems
 
@@ -62,6 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (the runtime supports 1)")
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
     _add_batch_and_optimiser_args(p)
+    _add_stock_model_args(p)
     _add_run_control_args(p)
     p.set_defaults(func=run)
     _DEFAULTS.update({a.dest: a.default for a in p._actions})
@@ -83,6 +92,34 @@ def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
     p.add_argument("--freeze", default="", help="comma list of encoder, vit (tower without merger), llm")
     p.add_argument("--weights", default=None, help="local weights folder (default: random init from --seed)")
+
+
+def _add_stock_model_args(p: argparse.ArgumentParser) -> None:
+    """Stock Hugging Face folders, their tokenizer, image limits, precision and the run's records."""
+    add_model_source_args(p)
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="tokenizer folder (AutoTokenizer) of a stock --llm-model (default: the LLM folder's own)",
+    )
+    add_pixel_args(p)
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="bf16: bf16 autocast compute with fp32 master weights and AdamW state (default: bf16 on CUDA, "
+        "fp32 on CPU)",
+    )
+    p.add_argument(
+        "--tensorboard", action="store_true", help="write TensorBoard event files under OUT/tensorboard/"
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="write OUT/trace.json: Chrome trace events of every rank's compute and communication actions",
+    )
+    add_config_arg(p)
 
 
 def _add_run_control_args(p: argparse.ArgumentParser) -> None:
@@ -199,6 +236,10 @@ def _spec(args: argparse.Namespace):
 
     systems = tuple(parse_systems(args.system))
     freeze = tuple(f.strip() for f in args.freeze.split(",") if f.strip())
+    if args.tensorboard:
+        from entrain.runtime.tensorboard import check_tensorboard
+
+        check_tensorboard()
     if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
         raise ConfigError(
             f"--checkpoint-every must be >= 0 and --keep-checkpoints >= 1, got {args.checkpoint_every} and "
@@ -245,6 +286,15 @@ def _spec(args: argparse.Namespace):
         ramp_microbatches=_ramp(args.ramp_microbatches),
         split_weight_grads=args.split_weight_grads == "on",
         assignment=args.assignment,
+        vision_model=args.vision_model,
+        llm_model=args.llm_model,
+        tokenizer=args.tokenizer,
+        min_pixels=args.min_pixels,
+        max_pixels=args.max_pixels,
+        precision=args.precision,
+        tensorboard=args.tensorboard,
+        trace=args.trace,
+        flags=run_flags(args),
     )
 
 
@@ -283,8 +333,19 @@ _FORWARDED = (
     "ramp_microbatches",
     "split_weight_grads",
     "assignment",
+    "vision_model",
+    "llm_model",
+    "tokenizer",
+    "min_pixels",
+    "max_pixels",
+    "precision",
 )
-_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress", "overwrite", "confine_images")
+_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress", "overwrite", "confine_images", "tensorboard", "trace")
+
+
+def run_flags(args: argparse.Namespace) -> dict:
+    """The resolved flags of a run (what config.json records for ``--config``)."""
+    return {k: getattr(args, k) for k in (*_FORWARDED, *_FLAGS_FORWARDED)}
 
 
 def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
@@ -483,14 +544,15 @@ def warn_below_b_min(spec) -> int | None:
     from entrain.core.planner import find_b_min, pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
-    from entrain.runtime.session import resolve_cost
+    from entrain.runtime.session import resolve_cost, spec_vision
 
     if all(SYSTEMS[s].colocated for s in spec.systems) or _is_conversation_file(spec.dataset):
         return None
     if is_builtin(spec.dataset):
-        pool = generate_samples(spec.dataset, B_MIN_POOL, spec.seed)
+        pool = generate_samples(spec.dataset, B_MIN_POOL, spec.seed, vision=spec_vision(spec))
     else:
-        pool = read_samples(resolve_dataset_file(spec.dataset), image_root=spec.image_root)[:B_MIN_POOL]
+        pool = read_samples(resolve_dataset_file(spec.dataset), spec_vision(spec), image_root=spec.image_root)
+        pool = pool[:B_MIN_POOL]
     dp = spec.dp_or_1
     result = find_b_min(
         pool_sampler(pool),

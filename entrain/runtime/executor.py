@@ -108,6 +108,8 @@ class Executor:
         self.input_grad = input_grad
         """Per stage: whether its input needs a gradient (something upstream trains)."""
         self.autocast = autocast or nullcontext
+        self.tracer = None
+        """An ``entrain.runtime.trace.ActionTracer`` (``--trace``): times every action run."""
         self.sync = sync or (lambda: None)
         self.first_llm = layout.num_encoder_stages
         self.last_stage = len(layout.stages) - 1
@@ -137,7 +139,12 @@ class Executor:
                         f"rank {self.rank}: action {a} for stage {a.stage}, which it does not hold"
                     )
                 try:
-                    self._handlers[a.kind](a)
+                    if self.tracer is None:
+                        self._handlers[a.kind](a)
+                    else:
+                        t0 = self.tracer.now_us()
+                        self._handlers[a.kind](a)
+                        self.tracer.add(a, t0, self.tracer.now_us(), self._peer_of(a))
                 except Exception as e:
                     raise ExecutionError(self.rank, a, self._peer_of(a), e) from e
         out = StepOutput(self._loss_sum, self._records)

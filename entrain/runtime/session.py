@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import check_stage_count, num_microbatches
@@ -100,6 +101,21 @@ class TrainSpec:
     """Entrain's backwards as input- then weight-gradient halves (False = the paper's schedule)."""
     assignment: str = "paper"
     """Entrain's per-iteration assignment (``ScheduleOptions.assignment``; ``paper`` = Algorithm 3)."""
+    vision_model: str | None = None
+    """A stock Qwen2-VL / Qwen2.5-VL folder (with ``llm_model``, replaces ``model``)."""
+    llm_model: str | None = None
+    tokenizer: str | None = None
+    """The stock LLM's tokenizer folder (default: ``llm_model``'s own)."""
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    precision: str | None = None
+    """``fp32``, or ``bf16``: bf16 autocast compute over fp32 master weights and AdamW state; None:
+    bf16 on CUDA, fp32 on CPU (``resolve_precision``; config.json records the one used)."""
+    tensorboard: bool = False
+    trace: bool = False
+    flags: dict = field(default_factory=dict)
+    """The command-line flags that made this spec (``entrain train``): config.json records them, so
+    ``entrain train --config RUN/config.json`` starts the same run."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -136,11 +152,14 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
                 f"the runtime executes Plans with TP = CP = 1; the encoder and llm have {name} = {degree} "
                 "(the planner and simulator cover it)"
             )
-    from entrain.models.config import get_model_config
+    from entrain.models.config import VLMConfig
+    from entrain.runtime.model_source import model_arch
 
-    cfg = get_model_config(spec.model)
+    cfg = VLMConfig(arch=model_arch(spec))
+    if spec.precision is not None and spec.precision not in PRECISIONS:
+        raise ConfigError(f"--precision {spec.precision!r}: choose from {', '.join(PRECISIONS)}")
     for comp, n in (("encoder", spec.encoder_stages), ("llm", spec.llm_stages)):
-        check_stage_count(comp, n, cfg.layer_names(comp), spec.model)
+        check_stage_count(comp, n, cfg.layer_names(comp), cfg.name)
     if spec.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {spec.steps}")
     dp = spec.dp_or_1
@@ -164,13 +183,30 @@ def world_size_of(spec: TrainSpec) -> int:
     return max(spec.dp_or_1 * _ranks_per_replica(spec, s) for s in spec.systems)
 
 
+def resolve_precision(spec: TrainSpec, device: torch.device) -> str:
+    """``spec.precision``, or bf16 on CUDA and fp32 on CPU when not given. bf16 runs the forward and
+    backward under ``torch.autocast`` (CPU and CUDA both support bf16 autocast); parameters,
+    gradients and AdamW state stay fp32."""
+    if spec.precision is not None:
+        return spec.precision
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def spec_vision(spec: TrainSpec):
+    """The image processor's limits of the run (``--min-pixels`` / ``--max-pixels``)."""
+    from entrain.core.samples import pixel_limits
+
+    return pixel_limits(spec.min_pixels, spec.max_pixels)
+
+
 def resolve_cost(spec: TrainSpec) -> CostModel:
     """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed the
     run's own trainable parts, so ``--freeze`` is not applied to it."""
     from entrain.core.presets import resolve_cost_model
+    from entrain.runtime.model_source import model_arch
 
     return resolve_cost_model(
-        spec.model,
+        model_arch(spec),
         hardware=spec.hardware,
         profile=spec.profile,
         attention=spec.attention,
@@ -190,6 +226,8 @@ class RunData:
     """A LLaVA / Parquet dataset's usable records (rendered from the real images and text)."""
     skipped: str | None = None
     """``skipped N of M records; see OUT/skipped.jsonl`` when ``--on-bad-sample skip`` left some out."""
+    num_skipped: int = 0
+    """Records left out by ``--on-bad-sample skip`` (TensorBoard's ``data/skipped_samples``)."""
 
     def identity(self) -> dict | None:
         """A file dataset's training pool: sample count and sha256 of the ids in file order (a resume
@@ -219,7 +257,7 @@ def _check_meta(spec: TrainSpec, works: Sequence[SampleWork]) -> None:
             )
 
 
-def screen(spec: TrainSpec, out_dir: str | None):
+def screen(spec: TrainSpec, out_dir: str | None, tokenizer=None):
     """``entrain.data.check.screen_dataset`` of a LLaVA / Parquet ``--dataset`` with
     ``--on-bad-sample``: ``error`` raises the report, ``skip`` writes ``out_dir/skipped.jsonl``
     (``out_dir`` None: a scratch folder, for the ranks that do not own the run folder)."""
@@ -236,13 +274,15 @@ def screen(spec: TrainSpec, out_dir: str | None):
             out_dir=out_dir or scratch,
             image_root=spec.image_root,
             confine_images=spec.confine_images,
+            tokenizer=tokenizer,
+            vision=spec_vision(spec),
         )
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunData:
+def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True, tokenizer=None) -> RunData:
     """Training and validation batches. A built-in generator: samples ``[i*B, (i+1)*B)`` for step
     ``i``, validation batches after the last step. A file: its last ``val_batches`` global batches
     are held out and the rest is an epoch stream (``entrain.runtime.accounting``). A LLaVA / Parquet
@@ -267,26 +307,29 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunDat
                 iterations=spec.steps + num_val,
                 seed=spec.seed,
                 image_root=spec.image_root,
+                vision=spec_vision(spec),
             )
         )
         return RunData(batches[: spec.steps], batches[spec.steps :])
     path = resolve_dataset_file(spec.dataset)
     fmt = detect_format(path)
     records = skipped = None
+    num_skipped = 0
     if fmt == "conversation":
-        screened = screen(spec, spec.out if owner else None)
+        screened = screen(spec, spec.out if owner else None, tokenizer)
         works, records = sample_works(screened.samples, cost), screened.records
         skipped = skipped_line(screened)
         if owner and skipped:
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
+        num_skipped = screened.report.bad if skipped else 0
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path), cost)
+        works = sample_works(read_workload_jsonl(path, spec_vision(spec)), cost)
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
     train, val = split_validation(works, spec.global_batch, num_val)
     stream = EpochStream(tuple(train), spec.seed, spec.shuffle)
-    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records, skipped)
+    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records, skipped, num_skipped)
 
 
 def skipped_line(screened) -> str | None:
@@ -297,14 +340,14 @@ def skipped_line(screened) -> str | None:
     return f"skipped {report.bad} of {report.records} records; see {screened.skipped_path}"
 
 
-def record_source(spec: TrainSpec, data: RunData):
+def record_source(spec: TrainSpec, data: RunData, tokenizer=None):
     """The real samples (images and conversations) of a LLaVA / Parquet dataset; None for the built-in
     generators and workload files, whose samples are rendered from their metadata."""
     from entrain.runtime.data import RecordSource
 
     if data.records is None:
         return None
-    return RecordSource(spec.dataset, spec.image_root, records=data.records)
+    return RecordSource(spec.dataset, spec.image_root, records=data.records, tokenizer=tokenizer)
 
 
 FINGERPRINT_KEYS = (
@@ -333,6 +376,12 @@ FINGERPRINT_KEYS = (
     "freeze",
     "weights",
     "on_bad_sample",
+    "vision_model",
+    "llm_model",
+    "tokenizer",
+    "min_pixels",
+    "max_pixels",
+    "precision",
 )
 """What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
 
@@ -340,6 +389,11 @@ FINGERPRINT_KEYS = (
 def fingerprint(spec: TrainSpec, system: str) -> dict:
     """The run's resume fingerprint, JSON-normalised (as stored in a checkpoint manifest)."""
     fp = {k: getattr(spec, k) for k in FINGERPRINT_KEYS}
+    for k in ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels"):
+        if fp[k] is None:  # runs from before these flags stay resumable
+            del fp[k]
+    if fp["precision"] is None:
+        del fp["precision"]
     fp["dp"] = spec.dp_or_1
     fp["system"] = system
     return json.loads(json.dumps(fp))
@@ -448,12 +502,18 @@ def _write_json(path: str, obj) -> None:
 
 def run_systems(spec: TrainSpec, env) -> list[SystemSummary]:
     """Train each of ``spec.systems`` in turn (fresh model each) on an initialised process group."""
+    from entrain.runtime.model_source import model_config
+
     check_spec(spec, env.world_size)
     cost = resolve_cost(spec)
     if env.rank == 0:
         os.makedirs(spec.out, exist_ok=True)
-    data = load_data(spec, cost, owner=env.rank == 0)
-    return [_run_one(spec, system, cost, data, env, system_out(spec, system)) for system in spec.systems]
+    model_cfg, tokenizer = model_config(spec)
+    data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
+    return [
+        _run_one(spec, system, cost, data, env, system_out(spec, system), model_cfg, tokenizer)
+        for system in spec.systems
+    ]
 
 
 def _agree(env):
@@ -545,7 +605,8 @@ def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str
                 "format": ck.FORMAT_VERSION,
                 "step": step,
                 "system": system,
-                "model": spec.model,
+                "model": model_name(spec),
+                "model_source": _model_source_json(spec),
                 "world_size": env.world_size,
                 "layout": layout.to_json(),
                 "fingerprint": fingerprint(spec, system),
@@ -576,12 +637,44 @@ def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
     return [s for mb in it.microbatches[replica] for s in mb.encoder_ids]
 
 
-def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
-    from entrain.models.config import get_model_config
+def _model_source_json(spec: TrainSpec) -> dict | None:
+    """A stock model's folders (``entrain export`` rebuilds its configs from them); None for a preset."""
+    if spec.vision_model is None:
+        return None
+    return {"vision_model": spec.vision_model, "llm_model": spec.llm_model, "tokenizer": spec.tokenizer}
+
+
+def model_name(spec: TrainSpec) -> str:
+    """The preset name, or a stock model's ``hf:VISION+LLM``."""
+    if spec.vision_model is None:
+        return spec.model
+    from entrain.runtime.model_source import model_arch
+
+    return model_arch(spec).name
+
+
+def _gather_events(env, events: list[dict]) -> list[dict]:
+    """Every rank's trace events of one step, on rank 0 (empty elsewhere)."""
+    import torch.distributed as dist
+
+    gathered = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(events, gathered, dst=0)
+    return [e for part in gathered for e in part] if env.rank == 0 else []
+
+
+def _own_stages(layout: Layout, rank: int) -> list[tuple[str, int, int]]:
+    _, pp_rank = layout.replica_of(rank)
+    return [(s.component, s.first_layer, s.end_layer) for s in layout.stages_of(pp_rank)]
+
+
+def _run_one(
+    spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str, cfg=None, tokenizer=None
+) -> SystemSummary:
     from entrain.models.vlm import build_vlm, set_trainable
     from entrain.runtime.checkpoint import set_rng_state
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.faults import fault_from_env
+    from entrain.runtime.model_source import model_config
     from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
     train_batches, val_batches = data.train, data.val
@@ -598,7 +691,8 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     history = _history(metrics_path, start) if rank0 else []
     if rank0:
         config = {
-            "spec": asdict(spec),
+            "spec": {k: v for k, v in asdict(spec).items() if k != "flags"},
+            "flags": spec.flags,
             "system": system,
             "world_size": env.world_size,
             "device": str(env.device),
@@ -607,11 +701,13 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
             "torch": torch.__version__,
             "resumed_from_step": start,
             "fingerprint": fingerprint(spec, system),
+            "precision": resolve_precision(spec, env.device),
         }
         _write_json(os.path.join(out, "config.json"), config)
         _write_json(os.path.join(out, "plan.json"), plan.to_json())
-    cfg = get_model_config(spec.model)
-    model = build_vlm(cfg, seed=spec.seed, weights_dir=spec.weights)
+    if cfg is None:
+        cfg, tokenizer = model_config(spec)
+    model = build_vlm(cfg, seed=spec.seed, weights_dir=spec.weights, stages=_own_stages(layout, env.rank))
     set_trainable(
         model,
         encoder="encoder" not in spec.freeze and "vit" not in spec.freeze,
@@ -619,7 +715,9 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         llm="llm" not in spec.freeze,
     )
     metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
-    renderer = SampleRenderer(cfg, metas, seed=spec.seed, device=env.device, source=record_source(spec, data))
+    renderer = SampleRenderer(
+        cfg, metas, seed=spec.seed, device=env.device, source=record_source(spec, data, tokenizer)
+    )
     optim = OptimConfig(
         lr=spec.lr,
         weight_decay=spec.weight_decay,
@@ -628,7 +726,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         total_steps=spec.steps,
         max_grad_norm=spec.max_grad_norm,
     )
-    autocast = torch.bfloat16 if env.device.type == "cuda" else None
+    autocast = torch.bfloat16 if resolve_precision(spec, env.device) == "bf16" else None
     trainer = PipelineTrainer(
         layout=layout,
         model=model,
@@ -641,6 +739,19 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     if ckpt is not None:
         trainer.load_model_state(ckpt.model, ckpt.step)
         set_rng_state(ckpt.rank_state["rng"])
+    tracer, trace_events = None, []
+    if spec.trace:
+        from entrain.runtime.trace import ActionTracer, read_trace
+
+        tracer = trainer.executor.tracer = ActionTracer(env.rank)
+        trace_path = os.path.join(out, "trace.json")
+        if rank0 and start > 0 and os.path.exists(trace_path):  # a resumed run keeps the earlier steps
+            trace_events = [e for e in read_trace(trace_path) if e["args"]["step"] < start]
+    scalars = None
+    if spec.tensorboard and rank0:
+        from entrain.runtime.tensorboard import ScalarLog
+
+        scalars = ScalarLog(out, purge_step=start)
     fault = fault_from_env(resumed=ckpt is not None)
     if fault is not None:
         trainer.fault_hook = fault.maybe_fire
@@ -671,6 +782,8 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
             it = plan.iterations[step]
             if step + 1 < spec.steps:  # the next step's pixels are processed while this one runs
                 renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[step + 1]))
+            if tracer is not None:
+                tracer.step = step
             res = trainer.train_step(it)
             row = {
                 "step": step,
@@ -696,10 +809,14 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
             losses.append(res.loss)
             times.append(res.iteration_time_ms)
             tps.append(res.tokens_per_s)
+            if tracer is not None:
+                trace_events += _gather_events(env, tracer.drain())
             if rank0:
                 stds.append(stage_std_ms(res.records))
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
+            if scalars is not None:
+                scalars.write(step, {**row, "stage_std_ms": stds[-1], "skipped_samples": data.num_skipped})
             done = step + 1
             if done == spec.steps or (spec.checkpoint_every > 0 and done % spec.checkpoint_every == 0):
                 _save_checkpoint(spec, system, layout, env, out, trainer, data, done)
@@ -715,6 +832,12 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         renderer.close()
         if metrics is not None:
             metrics.close()
+        if scalars is not None:
+            scalars.close()
+        if tracer is not None and rank0 and trace_events:
+            from entrain.runtime.trace import write_trace
+
+            write_trace(os.path.join(out, "trace.json"), trace_events)
         if bar is not None:
             bar.close()
         if ok:  # after a failure the pending sends may never complete: the error is what matters

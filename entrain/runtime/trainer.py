@@ -40,7 +40,7 @@ class OptimConfig:
     """Global-norm clipping over all stages and replicas; None disables it."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.warmup_steps < 0 or self.total_steps < 1:
+        if self.lr < 0 or self.warmup_steps < 0 or self.total_steps < 1:
             raise ValueError(f"invalid optimiser config {self}")
 
 

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     plt = _plt()
     p = layout.ranks_per_replica
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 0.9 * p + 3), sharex=True)
-    gantt_bars(top, bars, p, f"real run: step {step}, replica 0 ({real_ms / 1e3:.3f} s, {args.run_dir})")
+    name = os.path.basename(os.path.normpath(args.run_dir))
+    gantt_bars(top, bars, p, f"real run {name}: step {step}, replica 0 ({real_ms / 1e3:.3f} s)")
     gantt_bars(
         bottom,
         span_bars(layout, sim.replicas[0].spans),

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import glob
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -86,22 +84,31 @@ def test_qwen2_vl_tower_matches_transformers(stock):
     torch.testing.assert_close(ours, ref(x, grid_thw=grid).pooler_output)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "entrain", *args], capture_output=True, text=True, timeout=300)
+def _train(env, spec):
+    from entrain.runtime.session import run_systems
+
+    return [s.last_loss for s in run_systems(spec, env)]
 
 
-def test_train_lr0_then_export_equals_the_stock_tensors_bitwise(stock, tmp_path):
+def test_train_lr0_then_export_equals_the_stock_tensors_bitwise(stock, tmp_path, capsys):
+    """1 encoder + 1 LLM stage on two forked ranks, each building its stage from the folders."""
+    from entrain.cli.main import build_parser, main
+    from entrain.cli.train import _spec
+
+    from .harness import run_workers
+
     vis, llm = stock["vis25"], stock["llama"]
-    r = _cli("train", "--vision-model", str(vis), "--llm-model", str(llm), "--system", "dip", "--dp", "1",
-             "--encoder-stages", "1", "--llm-stages", "1", "--global-batch", "2", "--microbatch-size", "1",
-             "--steps", "1", "--lr", "0", "--out", str(tmp_path / "run"), "--no-progress")  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
+    argv = ["train", "--vision-model", str(vis), "--llm-model", str(llm), "--system", "1f1b", "--global-batch",
+            "2", "--microbatch-size", "1", "--steps", "1", "--lr", "0", "--out", str(tmp_path / "run"),
+            "--no-progress"]  # fmt: skip
+    spec = _spec(build_parser().parse_args(argv))
+    losses = run_workers(_train, 2, tmp_path / "workers", spec, timeout_s=120)
+    assert losses[0] == losses[1]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["spec"]["llm_model"] == str(llm) and config["precision"] == "fp32"
     assert config["flags"]["llm_model"] == str(llm) and config["flags"]["lr"] == 0  # for --config
-    r = _cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    info = json.loads(r.stdout)
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
     assert info["model"] == "hf:vis25+llama"
     a, b = _tensors(vis), _tensors(tmp_path / "hf" / "vision")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
@@ -127,12 +134,13 @@ def test_plan_simulate_profile_take_their_shapes_from_the_folders(stock, tmp_pat
     argv = ["plan", "--gpus", "2", "--global-batch", "8", "--microbatch-size", "1", "--profile", str(prof)]
     assert main([*argv, *flags]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "hf:vis25+llama"
-    r = _cli("plan", "--gpus", "4", "--global-batch", "32", "--microbatch-size", "2", "--dataset", "chartqa", *flags)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout)["model"] == "hf:vis25+llama"
-    r = _cli("simulate", "--gpus", "4", "--dp", "1", "--global-batch", "8", "--microbatch-size", "2",
-             "--iterations", "2", "--systems", "1f1b", *flags)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout)["model"] == "hf:vis25+llama"
-    r = _cli("plan", "--vision-model", str(stock["vis25"]), "--llm-model", str(stock["narrow"]))
-    assert r.returncode == 2 and "hidden size 32" in r.stderr and "Traceback" not in r.stderr
+    argv = ["plan", "--gpus", "4", "--global-batch", "32", "--microbatch-size", "2", "--dataset", "chartqa"]
+    assert main([*argv, *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "hf:vis25+llama"
+    argv = ["simulate", "--gpus", "4", "--dp", "1", "--global-batch", "8", "--microbatch-size", "2",
+            "--iterations", "2", "--systems", "1f1b"]  # fmt: skip
+    assert main([*argv, *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "hf:vis25+llama"
+    assert main(["plan", "--vision-model", str(stock["vis25"]), "--llm-model", str(stock["narrow"])]) == 2
+    err = capsys.readouterr().err
+    assert "hidden size 32" in err and len(err.splitlines()) == 1

@@ -69,6 +69,22 @@ def _fit_line(fit) -> str:
     )
 
 
+def _target(args: argparse.Namespace):
+    """``(ModelArch, VLMConfig)`` to time: the preset, or a stock model's config.json shapes (weights
+    do not change the times)."""
+    from entrain.models.config import VLMConfig, get_model_config
+
+    arch = model_arch_of(args)
+    if arch.name == args.model:
+        return arch, get_model_config(args.model)
+    if arch.vision.family != "qwen2_5_vl":
+        raise ConfigError(
+            f"--vision-model {args.vision_model}: profiling times Qwen2.5-VL vision blocks; a "
+            f"{arch.vision.family} tower is priced from its config.json by plan/simulate instead"
+        )
+    return arch, VLMConfig(arch=arch)
+
+
 def run(args: argparse.Namespace) -> int:
     tokens = _tokens(args.tokens)
     if args.repeats < 1:
@@ -78,19 +94,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from entrain.core.presets import build_cost_model
-    from entrain.models.config import VLMConfig, get_model_config
     from entrain.runtime.profiler import profile_model
 
-    arch = model_arch_of(args)
-    stock = arch.name != args.model
-    if stock and arch.vision.family != "qwen2_5_vl":
-        raise ConfigError(
-            f"--vision-model {args.vision_model}: profiling times Qwen2.5-VL vision blocks; a "
-            f"{arch.vision.family} tower is priced from its config.json by plan/simulate instead"
-        )
-    # a stock model is timed with its config.json shapes (weights do not change the times)
-    model_cfg = VLMConfig(arch=arch) if stock else get_model_config(args.model)
-    hardware = "a40-paper" if stock else default_hardware(args.model)
+    arch, model_cfg = _target(args)
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda but torch sees no GPU")
@@ -107,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cost, fits = profile_model(
             model_cfg,
-            build_cost_model(arch, hardware),
+            build_cost_model(arch, default_hardware(arch.name)),
             tokens=tokens,
             device=device,
             repeats=args.repeats,

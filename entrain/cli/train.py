@@ -231,15 +231,20 @@ def _ramp(text: str) -> int | str:
     return n
 
 
+def _tensorboard(wanted: bool) -> bool:
+    """``--tensorboard``, refused before any launch when the package is missing."""
+    if wanted:
+        from entrain.runtime.tensorboard import check_tensorboard
+
+        check_tensorboard()
+    return wanted
+
+
 def _spec(args: argparse.Namespace):
     from entrain.runtime.session import TrainSpec
 
     systems = tuple(parse_systems(args.system))
     freeze = tuple(f.strip() for f in args.freeze.split(",") if f.strip())
-    if args.tensorboard:
-        from entrain.runtime.tensorboard import check_tensorboard
-
-        check_tensorboard()
     if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
         raise ConfigError(
             f"--checkpoint-every must be >= 0 and --keep-checkpoints >= 1, got {args.checkpoint_every} and "
@@ -292,7 +297,7 @@ def _spec(args: argparse.Namespace):
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
         precision=args.precision,
-        tensorboard=args.tensorboard,
+        tensorboard=_tensorboard(args.tensorboard),
         trace=args.trace,
         flags=run_flags(args),
     )

@@ -231,6 +231,10 @@ def _ramp(text: str) -> int | str:
     return n
 
 
+STOCK_AND_RECORD_FLAGS = ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels", "precision", "trace")
+"""Flags that become the same-named ``TrainSpec`` fields as they are."""
+
+
 def _tensorboard(wanted: bool) -> bool:
     """``--tensorboard``, refused before any launch when the package is missing."""
     if wanted:
@@ -291,15 +295,9 @@ def _spec(args: argparse.Namespace):
         ramp_microbatches=_ramp(args.ramp_microbatches),
         split_weight_grads=args.split_weight_grads == "on",
         assignment=args.assignment,
-        vision_model=args.vision_model,
-        llm_model=args.llm_model,
-        tokenizer=args.tokenizer,
-        min_pixels=args.min_pixels,
-        max_pixels=args.max_pixels,
-        precision=args.precision,
         tensorboard=_tensorboard(args.tensorboard),
-        trace=args.trace,
         flags=run_flags(args),
+        **{k: getattr(args, k) for k in STOCK_AND_RECORD_FLAGS},
     )
 
 

@@ -58,15 +58,21 @@ class ExecutionError(EntrainError, RuntimeError):
 
 class CollectiveError(EntrainError, RuntimeError):
     """A collective outside the pipeline actions failed (a peer died or stalled past the timeout):
-    names the rank, the step and what the collective was for."""
+    names the rank, the step, what the collective was for and, when known, the peers that never
+    reached it (``entrain.runtime.health.PeerWatch``)."""
 
-    def __init__(self, rank: int, step: int, what: str, cause: BaseException):
-        self.rank, self.step, self.what = rank, step, what
+    def __init__(
+        self, rank: int, step: int, what: str, cause: BaseException, behind: dict[int, str] | None = None
+    ):
+        self.rank, self.step, self.what, self.behind = rank, step, what, behind or {}
         first = str(cause).splitlines()[0] if str(cause) else ""
-        super().__init__(
-            f"rank {rank}: step {step}: {what} failed (a peer rank died or stalled past --timeout-s): "
-            f"{type(cause).__name__}: {first}"
-        )
+        who = "a peer rank died or stalled past --timeout-s"
+        if self.behind:  # from the PeerWatch board: the ranks that never reached this collective
+            who = "; ".join(
+                f"rank {r} did not get there, it last reached {w!r}" for r, w in sorted(self.behind.items())
+            )
+            who += " (died, or stalled past --timeout-s)"
+        super().__init__(f"rank {rank}: step {step}: {what} failed: {who}: {type(cause).__name__}: {first}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -456,16 +456,29 @@ def run_systems(spec: TrainSpec, env) -> list[SystemSummary]:
     return [_run_one(spec, system, cost, data, env, system_out(spec, system)) for system in spec.systems]
 
 
-def _agree(env):
-    """All-gather of one picklable value per rank (rank order)."""
+def _agree(env, watch, what: str):
+    """All-gather of one picklable value per rank (rank order), after every rank reached ``what``
+    (a peer that does not get there is named)."""
     import torch.distributed as dist
 
     def gather(value):
+        watch.gather_point(what)
         out = [None] * env.world_size
-        dist.all_gather_object(out, value)
+        _guarded(watch, 0, what, lambda: dist.all_gather_object(out, value))
         return out
 
     return gather
+
+
+def _guarded(watch, step: int, what: str, fn):
+    """Run collective ``fn`` at point ``what``; a failure names the peers that never got there."""
+    from entrain.runtime.executor import CollectiveError
+
+    watch.mark(what)
+    try:
+        return fn()
+    except Exception as e:
+        raise CollectiveError(watch.rank, step, what, e, watch.behind()) from e
 
 
 def _say(env):
@@ -480,23 +493,24 @@ def _restarted() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 
 
-def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, data: RunData):
+def _start_state(spec: TrainSpec, system: str, env, out: str, data: RunData, watch):
     """The checkpoint to continue from (None: a fresh start). Resuming (``--resume`` or a torchrun
-    restart) refuses a checkpoint of another configuration; a fresh start clears stale checkpoints."""
+    restart) refuses a checkpoint of another configuration (the layout may differ: it is resharded);
+    a fresh start clears stale checkpoints."""
     import shutil
 
     from entrain.runtime import checkpoint as ck
 
-    replica, pp_rank = layout.replica_of(env.rank)
     # one decision for all ranks: agents may restart their workers with different restart counts
-    if not any(_agree(env)(bool(spec.resume or _restarted()))):
+    if not any(_agree(env, watch, "checkpoint load: agree on resuming")(bool(spec.resume or _restarted()))):
         stale = os.path.join(out, ck.CHECKPOINT_DIR)
         if env.rank == 0 and os.path.isdir(stale):
             _say(env)(f"entrain: a fresh run (no --resume): removing the old checkpoints in {stale}")
             shutil.rmtree(stale, ignore_errors=True)
         return None
-    ck.check_resumable(out, fingerprint(spec, system), layout.to_json())
-    found = ck.select_checkpoint(out, rank=env.rank, pp_rank=pp_rank, agree=_agree(env), say=_say(env))
+    ck.check_resumable(out, fingerprint(spec, system))
+    agree = _agree(env, watch, "checkpoint load: verify the files")
+    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=_say(env))
     if found is None:
         _say(env)(f"entrain: no complete checkpoint in {out}; starting from step 0")
         return None
@@ -515,30 +529,48 @@ def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, da
     return found
 
 
-def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str, trainer, data, step: int):
-    """Every rank writes its files; rank 0 then writes the manifest (last) and prunes old ones."""
-    import torch.distributed as dist
-
+def _load_checkpoint(trainer, found, watch, fault) -> None:
+    """Every rank reads its stages' tensors (resharded) and its RNG states."""
     from entrain.runtime import checkpoint as ck
 
-    replica, pp_rank = layout.replica_of(env.rank)
+    what = f"checkpoint load of step {found.step}: model and optimizer state"
+    watch.gather_point(f"checkpoint load of step {found.step}: start")
+    if fault is not None:
+        fault.maybe_fire(watch.rank, found.step, "load")
+    trainer.load_checkpoint(
+        found.folder,
+        found.step,
+        load=lambda folder, state: _guarded(watch, found.step, what, lambda: ck.load_state(folder, state)),
+    )
+    ck.set_rng_state(found.rank_state["rng"])
+    watch.gather_point(f"checkpoint load of step {found.step}: done")
+
+
+def _save_checkpoint(
+    spec: TrainSpec, system: str, layout: Layout, env, out: str, trainer, data, step: int, fault=None
+):
+    """Every rank writes its rank state and (collectively) its tensors; rank 0 then hashes every file,
+    writes the manifest (last) and prunes old ones. A peer that dies or stalls in any phase fails the
+    others within ``--timeout-s``, naming it and the phase."""
+    from entrain.runtime import checkpoint as ck
+
+    watch = trainer.watch
     folder = ck.step_dir(out, step)
     if env.rank == 0 and (folder / ck.MANIFEST).exists():  # the same step again (after a restart)
         (folder / ck.MANIFEST).unlink()
-    dist.barrier()
+    phase = f"checkpoint save of step {step}"
+    watch.gather_point(f"{phase}: start")
+    if fault is not None:
+        fault.maybe_fire(env.rank, step, "save")
     position = data.position(step, spec.global_batch).to_json()
-    entries = ck.write_shards(
-        folder,
-        rank=env.rank,
-        pp_rank=pp_rank,
-        replica=replica,
-        model=trainer.model_state() if replica == 0 else None,
-        rank_state={"step": step, "rng": ck.rng_state(), "data_position": position},
+    ck.write_rank_state(folder, env.rank, {"step": step, "rng": ck.rng_state(), "data_position": position})
+    _guarded(
+        watch,
+        step,
+        f"{phase}: model and optimizer state",
+        lambda: ck.save_state(folder, trainer.checkpoint_state()),
     )
-    gathered = [None] * env.world_size if env.rank == 0 else None
-    dist.gather_object(entries, gathered, dst=0)
     if env.rank == 0:
-        files = {name: e for part in gathered for name, e in part.items()}
         ck.write_manifest(
             folder,
             {
@@ -551,11 +583,11 @@ def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str
                 "fingerprint": fingerprint(spec, system),
                 "data_position": position,
                 "data": data.identity(),
-                "files": files,
+                "files": ck.file_entries(folder),
             },
         )
         ck.prune(out, spec.keep_checkpoints)
-    dist.barrier()
+    watch.gather_point(f"{phase}: manifest written")
 
 
 def _history(metrics_path: str, start: int) -> list[dict]:
@@ -579,7 +611,6 @@ def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
 def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
     from entrain.models.config import get_model_config
     from entrain.models.vlm import build_vlm, set_trainable
-    from entrain.runtime.checkpoint import set_rng_state
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.faults import fault_from_env
     from entrain.runtime.trainer import OptimConfig, PipelineTrainer
@@ -592,7 +623,10 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
-    ckpt = _start_state(spec, system, layout, env, out, data)
+    from entrain.runtime.health import PeerWatch
+
+    watch = PeerWatch(env.rank, env.world_size, spec.timeout_s)
+    ckpt = _start_state(spec, system, env, out, data, watch)
     start = ckpt.step if ckpt is not None else 0
     metrics_path = os.path.join(out, "metrics.jsonl")
     history = _history(metrics_path, start) if rank0 else []
@@ -637,11 +671,11 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         optim=optim,
         autocast_dtype=autocast,
         timeout_s=spec.timeout_s,
+        watch=watch,
     )
-    if ckpt is not None:
-        trainer.load_model_state(ckpt.model, ckpt.step)
-        set_rng_state(ckpt.rank_state["rng"])
     fault = fault_from_env(resumed=ckpt is not None)
+    if ckpt is not None:
+        _load_checkpoint(trainer, ckpt, watch, fault)
     if fault is not None:
         trainer.fault_hook = fault.maybe_fire
     peak = _peak_flops(env.device)
@@ -702,7 +736,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
                 metrics.flush()
             done = step + 1
             if done == spec.steps or (spec.checkpoint_every > 0 and done % spec.checkpoint_every == 0):
-                _save_checkpoint(spec, system, layout, env, out, trainer, data, done)
+                _save_checkpoint(spec, system, layout, env, out, trainer, data, done, fault)
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{res.loss:.3f}",

@@ -21,6 +21,7 @@ from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import DistEnv, build_dp_groups, check_runtime_layout
 from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
+from entrain.runtime.health import PeerWatch
 from entrain.runtime.recompute import apply_recompute
 
 __all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
@@ -81,6 +82,7 @@ class PipelineTrainer:
         optim: OptimConfig,
         autocast_dtype: torch.dtype | None = None,
         timeout_s: float | None = None,
+        watch: PeerWatch | None = None,
     ):
         check_runtime_layout(layout, env.world_size)
         self.layout, self.env, self.renderer, self.optim_cfg = layout, env, renderer, optim
@@ -101,6 +103,10 @@ class PipelineTrainer:
         self.params = [p for _, p in self.named_params if p.requires_grad]
         self.dp_group = build_dp_groups(layout, timeout_s)[self.pp_rank]
         self.transport = Transport(env.device, timeout_s)
+        self.watch = watch or PeerWatch(
+            env.rank, env.world_size, timeout_s if timeout_s is not None else 300.0
+        )
+        """Where this rank is in the run's collectives (names the peers a failed collective waited for)."""
         autocast = None
         if autocast_dtype is not None:
 
@@ -129,30 +135,49 @@ class PipelineTrainer:
         """Called as ``hook(rank, step)`` mid-step, before the pipeline actions (fault injection)."""
 
     # --- checkpoint state ---------------------------------------------------------------------------
-    def model_state(self) -> dict:
-        """This rank's stage parameters (full-model names, CPU copies) and AdamW state."""
-        return {
-            "params": {n: p.detach().to("cpu", copy=True) for n, p in self.named_params},
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-        }
+    def checkpoint_state(self, *, with_empty_optimizer: bool = False) -> dict[str, torch.Tensor]:
+        """The live tensors of this rank's stages for ``torch.distributed.checkpoint``: parameters as
+        ``model/NAME`` and AdamW state as ``optim/NAME/KEY`` (plain tensors or DTensors).
+        ``with_empty_optimizer``: first give every trainable parameter a zero AdamW state to load into."""
+        from entrain.runtime.checkpoint import MODEL_PREFIX, OPTIM_PREFIX
 
-    def load_model_state(self, state: dict, step_index: int) -> None:
-        """Restore ``model_state()`` output and the step counter (the LR schedule position)."""
-        params = state["params"]
-        mine = {n for n, _ in self.named_params}
-        if set(params) != mine:
-            from entrain.core.errors import ConfigError
+        state: dict[str, torch.Tensor] = {f"{MODEL_PREFIX}{n}": p.detach() for n, p in self.named_params}
+        if self.optimizer is None:
+            return state
+        for n, p in self.named_params:
+            if not p.requires_grad:
+                continue
+            slot = self.optimizer.state[p]
+            if with_empty_optimizer and not slot:
+                slot.update(
+                    step=torch.zeros((), dtype=torch.float32),
+                    exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                    exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
+                )
+            for key, value in slot.items():
+                state[f"{OPTIM_PREFIX}{n}/{key}"] = value
+        return state
 
-            missing, extra = sorted(mine - set(params)), sorted(set(params) - mine)
+    def load_checkpoint(self, folder, step_index: int, *, load) -> None:
+        """Fill parameters and AdamW state from checkpoint ``folder`` (``load(folder, state)`` is the
+        collective reader), resharded to this rank's stages; set the step counter (LR schedule)."""
+        from entrain.core.errors import ConfigError
+        from entrain.runtime.checkpoint import MODEL_PREFIX, saved_keys
+
+        saved = saved_keys(folder)
+        state = self.checkpoint_state(with_empty_optimizer=True)
+        missing = sorted(
+            k[len(MODEL_PREFIX) :] for k in state if k.startswith(MODEL_PREFIX) and k not in saved
+        )
+        if missing:
             raise ConfigError(
-                f"checkpoint holds other parameters than this rank's stages (missing {missing[:3]}, "
-                f"unexpected {extra[:3]}); the stage layout differs"
+                f"checkpoint {folder} lacks parameters of this rank's stages ({', '.join(missing[:3])}, ...): "
+                "it was written for another model"
             )
-        with torch.no_grad():
-            for n, p in self.named_params:
-                p.copy_(params[n].to(p.device, p.dtype))
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        fresh = [p for n, p in self.named_params if p.requires_grad and f"optim/{n}/exp_avg" not in saved]
+        load(folder, {k: v for k, v in state.items() if k in saved})
+        for p in fresh:  # never stepped when the checkpoint was written: no AdamW state yet
+            self.optimizer.state.pop(p, None)
         self.step_index = step_index
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -160,11 +185,13 @@ class PipelineTrainer:
         return [s for mb in it.microbatches[self.replica] for s in mb.llm_ids]
 
     def _collective(self, what: str, fn: Callable[[], object]):
-        """Run a collective; a failure (dead or stalled peer) becomes a CollectiveError naming it."""
+        """Run a collective; a failure (dead or stalled peer) becomes a CollectiveError naming the
+        peers that never reached it (from the ``PeerWatch`` board)."""
+        self.watch.mark(f"step {self.step_index}: {what}")
         try:
             return fn()
         except Exception as e:
-            raise CollectiveError(self.env.rank, self.step_index, what, e) from e
+            raise CollectiveError(self.env.rank, self.step_index, what, e, self.watch.behind()) from e
 
     def _global_labels(self, it: IterationPlan) -> int:
         """Label tokens of the global batch: each replica's last stage counts its samples; all-reduced."""
@@ -285,9 +312,9 @@ class PipelineTrainer:
         """Forward-only global mean loss of ``it``'s samples (held-out batch)."""
         scale = 1.0 / max(1, self._global_labels(it))
         out = self.executor.run(it, it.actions.get(self.env.rank, ()), loss_scale=scale, forward_only=True)
-        self.transport.wait_all()
+        self._collective("wait for the validation sends", self.transport.wait_all)
         loss = torch.tensor([out.loss_sum], dtype=torch.float64, device=self.env.device)
-        dist.all_reduce(loss)
+        self._collective("all-reduce of the validation loss", lambda: dist.all_reduce(loss))
         return float(loss.item())
 
     def named_grads(self) -> dict[str, torch.Tensor]:

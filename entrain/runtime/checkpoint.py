@@ -362,8 +362,10 @@ def load_model_state(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]
     why = verify_all(folder, manifest)
     if why is not None:
         raise ConfigError(f"checkpoint {folder}: {why}")
+    from entrain.models.vlm import fuse_parts
+
     state = read_tensors(folder, {k for k in saved_keys(folder) if k.startswith(MODEL_PREFIX)})
-    return manifest, {k[len(MODEL_PREFIX) :]: v for k, v in state.items()}
+    return manifest, fuse_parts({k[len(MODEL_PREFIX) :]: v for k, v in state.items()})
 
 
 def read_tensors(folder: str | Path, keys: set[str] | None = None) -> dict[str, torch.Tensor]:

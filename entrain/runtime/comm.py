@@ -13,7 +13,7 @@ stages may consume a peer's messages in another order than they were sent, on gl
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -54,6 +54,8 @@ class Transport:
     device: torch.device
     timeout_s: float | None = None
     """Longest wait for a pending send in ``wait_all`` (None: the process group's timeout)."""
+    peer_rank: Callable[[int], int] | None = None
+    """Process rank of a peer named by its plan rank (TP rank t talks to TP rank t; None: the same)."""
     pending: list[tuple[object, torch.Tensor]] = field(default_factory=list)
     stash: dict[tuple[int, int], tuple[int, torch.Tensor]] = field(default_factory=dict)
     """(peer, key code) -> (ids crc, data) of messages that arrived before the one being waited for."""
@@ -67,18 +69,20 @@ class Transport:
             dtype=torch.int64,
             device=self.device,
         )
+        dst = self.peer_rank(peer) if self.peer_rank is not None else peer
         for t in (header, tensor.contiguous()):
-            self.pending.append((dist.isend(t, peer), t))
+            self.pending.append((dist.isend(t, dst), t))
 
     def recv(self, peer: int, key: MessageKey, ids: Sequence[str]) -> torch.Tensor:
         """Blocking receive of message ``key`` from ``peer``. Messages from ``peer`` arrive in its send
         order; any that arrive before ``key`` are kept for later receives (matching by key, not order)."""
+        src = self.peer_rank(peer) if self.peer_rank is not None else peer
         while (peer, key.code) not in self.stash:
             header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-            dist.recv(header, peer)
+            dist.recv(header, src)
             code, dtype_idx, ndim, *rest = header.tolist()
             data = torch.empty(rest[:ndim], dtype=_DTYPES[dtype_idx], device=self.device)
-            dist.recv(data, peer)
+            dist.recv(data, src)
             if (peer, code) in self.stash:
                 raise RuntimeError(
                     f"rank {dist.get_rank()}: message code {code} from rank {peer} arrived twice"

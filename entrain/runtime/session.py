@@ -61,7 +61,10 @@ class TrainSpec:
     llm_stages: int
     dp: int | None
     tp: int = 1
+    """Tensor-parallel degree inside every stage: each plan rank is ``tp`` processes."""
     cp: int = 1
+    fsdp: bool = False
+    """FSDP2 over each stage's data-parallel group instead of the flat gradient all-reduce."""
     global_batch: int
     microbatch_size: int
     steps: int
@@ -130,15 +133,20 @@ def _ranks_per_replica(spec: TrainSpec, system: str) -> int:
 
 def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
     """Refuse what the runtime cannot run, before any process group starts."""
-    for name, degree in (("TP", spec.tp), ("CP", spec.cp)):
-        if degree > 1:
-            raise ConfigError(
-                f"the runtime executes Plans with TP = CP = 1; the encoder and llm have {name} = {degree} "
-                "(the planner and simulator cover it)"
-            )
+    if spec.cp > 1:
+        raise ConfigError(
+            f"the runtime executes Plans with CP = 1; the encoder and llm have CP = {spec.cp} "
+            "(the planner and simulator cover it)"
+        )
     from entrain.models.config import get_model_config
+    from entrain.runtime.parallelize import check_tp
 
     cfg = get_model_config(spec.model)
+    check_tp(cfg, spec.tp)
+    if spec.fsdp and spec.dp_or_1 < 2:
+        raise ConfigError("--fsdp shards each stage over its data-parallel group: it needs --dp 2 or more")
+    if spec.fsdp and spec.split_weight_grads:
+        raise ConfigError("--fsdp with --split-weight-grads on is not supported by the runtime; pick one")
     for comp, n in (("encoder", spec.encoder_stages), ("llm", spec.llm_stages)):
         check_stage_count(comp, n, cfg.layer_names(comp), spec.model)
     if spec.steps < 1:
@@ -146,9 +154,9 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
     dp = spec.dp_or_1
     num_microbatches(spec.global_batch, dp, spec.microbatch_size)
     for system in spec.systems:
-        need = dp * _ranks_per_replica(spec, system)
+        need = dp * _ranks_per_replica(spec, system) * spec.tp
         if world_size is not None and need != world_size:
-            per = _ranks_per_replica(spec, system)
+            per = _ranks_per_replica(spec, system) * spec.tp
             hint = (
                 f"start {need} processes (--nproc {need})"
                 if world_size % per
@@ -161,7 +169,7 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
 
 
 def world_size_of(spec: TrainSpec) -> int:
-    return max(spec.dp_or_1 * _ranks_per_replica(spec, s) for s in spec.systems)
+    return max(spec.dp_or_1 * _ranks_per_replica(spec, s) * spec.tp for s in spec.systems)
 
 
 def resolve_cost(spec: TrainSpec) -> CostModel:
@@ -266,6 +274,7 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunDat
                 global_batch=spec.global_batch,
                 iterations=spec.steps + num_val,
                 seed=spec.seed,
+                tp=spec.tp,
                 image_root=spec.image_root,
             )
         )
@@ -275,12 +284,12 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True) -> RunDat
     records = skipped = None
     if fmt == "conversation":
         screened = screen(spec, spec.out if owner else None)
-        works, records = sample_works(screened.samples, cost), screened.records
+        works, records = sample_works(screened.samples, cost, tp=spec.tp), screened.records
         skipped = skipped_line(screened)
         if owner and skipped:
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path), cost)
+        works = sample_works(read_workload_jsonl(path), cost, tp=spec.tp)
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
@@ -314,6 +323,7 @@ FINGERPRINT_KEYS = (
     "llm_stages",
     "dp",
     "tp",
+    "fsdp",
     "cp",
     "global_batch",
     "microbatch_size",
@@ -613,6 +623,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     from entrain.models.vlm import build_vlm, set_trainable
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.faults import fault_from_env
+    from entrain.runtime.parallelize import StageParallelism
     from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
     train_batches, val_batches = data.train, data.val
@@ -672,7 +683,9 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
         autocast_dtype=autocast,
         timeout_s=spec.timeout_s,
         watch=watch,
+        parallel=StageParallelism(tp=spec.tp, fsdp=spec.fsdp),
     )
+    plan_rank = trainer.place.plan_rank
     fault = fault_from_env(resumed=ckpt is not None)
     if ckpt is not None:
         _load_checkpoint(trainer, ckpt, watch, fault)
@@ -700,11 +713,11 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     ok = False
     try:
         if start < spec.steps:
-            renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[start]))
+            renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[start]))
         for step in range(start, spec.steps):
             it = plan.iterations[step]
             if step + 1 < spec.steps:  # the next step's pixels are processed while this one runs
-                renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[step + 1]))
+                renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[step + 1]))
             res = trainer.train_step(it)
             row = {
                 "step": step,
@@ -718,6 +731,7 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
                 "epoch": data.position(step, spec.global_batch).epoch,
                 "sample_ids": [w.id for w in train_batches[step]],
                 "stage_times": res.records,
+                "memory_per_rank": res.memory,
             }
             if peak:
                 row["mfu"] = (

@@ -161,10 +161,20 @@ def test_rng_states_round_trip():
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expect
 
 
-def test_resume_on_another_layout_continues_the_straight_run(straight, tmp_path):
-    """The step-2 checkpoint of the 1-rank run, continued on 4 forked ranks with another DP degree
-    (2) and stage split (2 encoder + 2 LLM stages per replica): steps 2 and 3 lose what the straight
-    run lost (relative 1e-5; the sums run in another order)."""
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("--dp", "2", "--encoder-stages", "2", "--llm-stages", "2", "--fsdp"),
+        ("--tp", "2", "--encoder-stages", "2", "--llm-stages", "2"),
+    ],
+    ids=["dp2-stages2+2-fsdp", "tp2-stages2+2"],
+)
+def test_resume_on_another_layout_continues_the_straight_run(straight, tmp_path, layout):
+    """The step-2 checkpoint of the 1-process run, continued on 4 forked processes with another DP
+    degree, stage split, ``--fsdp`` or ``--tp``: steps 2 and 3 lose what the straight run lost
+    (relative 1e-5; sums run in another order), and the step-4 checkpoint the sharded run writes
+    holds the straight run's parameters (to 1e-2: AdamW divides by the root of tiny second moments,
+    which magnifies round-off; a misplaced shard is off by order 1)."""
     import shutil
 
     from .cli_ranks import run_ranks
@@ -172,14 +182,18 @@ def test_resume_on_another_layout_continues_the_straight_run(straight, tmp_path)
     out = tmp_path / "run"
     shutil.copytree(straight, out)
     shutil.rmtree(ck.step_dir(out, 4))
-    argv = [*FAST, "--out", str(out), "--resume", "--dp", "2", "--encoder-stages", "2", "--llm-stages", "2"]
-    results = run_ranks(argv, 4, tmp_path / "ranks", timeout_s=150)
-    assert [r.exitcode for r in results] == [0] * 4, results[0].stderr[-2000:]
+    results = run_ranks([*FAST, "--out", str(out), "--resume", *layout], 4, tmp_path / "ranks", timeout_s=200)
+    assert [r.exitcode for r in results] == [0] * 4, results[0].stderr[-3000:]
     assert "resuming dip from" in results[0].stderr
     a, b = _rows(straight), _rows(out)
     assert [r["step"] for r in b] == [0, 1, 2, 3]
     for ra, rb in zip(a[2:], b[2:]):
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5), (ra["loss"], rb["loss"])
         assert ra["sample_ids"] == rb["sample_ids"]
-    manifest = json.loads((ck.step_dir(out, 4) / ck.MANIFEST).read_text())
-    assert manifest["layout"]["dp"] == 2 and manifest["world_size"] == 4
+    assert len(b[3]["memory_per_rank"]) == 4
+    _, want = ck.load_model_state(ck.step_dir(straight, 4))
+    _, got = ck.load_model_state(ck.step_dir(out, 4))
+    assert want.keys() == got.keys()
+    for name in want:
+        err = float((got[name] - want[name]).norm() / want[name].norm().clamp_min(1e-12))
+        assert err < 1e-2, (name, err)

@@ -174,9 +174,9 @@ class EncoderStage(nn.Module):
         emb = tuple(
             vis.permute_input_for_window_attn(e, window_index.to(like.device), seq_len=n) for e in emb
         )
-        return VisionGeometry(
-            window_index.to(like.device), cu_seqlens.to(like.device), cu_window.to(like.device), emb
-        )
+        # the attention bounds stay on the host: HF's per-image attention splits by them (.tolist()),
+        # which on a GPU would wait for the device in every block
+        return VisionGeometry(window_index.to(like.device), cu_seqlens.cpu(), cu_window.cpu(), emb)
 
     def forward(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         vis = self.vis

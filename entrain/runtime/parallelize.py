@@ -141,7 +141,7 @@ def check_tp(cfg, tp: int) -> None:
     bad = {k: v for k, v in dims.items() if v % tp}
     if bad:
         raise ConfigError(
-            f"--tp {tp} must divide the sharded dimensions of {cfg.name if hasattr(cfg, 'name') else 'the model'}: "
+            f"--tp {tp} must divide the sharded dimensions of the model: "
             + ", ".join(f"{k} {v}" for k, v in bad.items())
         )
 

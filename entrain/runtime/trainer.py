@@ -131,7 +131,6 @@ class PipelineTrainer:
             def autocast() -> torch.autocast:
                 return torch.autocast(env.device.type, dtype=autocast_dtype)
 
-        sync = torch.cuda.synchronize if env.device.type == "cuda" else None
         self.executor = Executor(
             layout=layout,
             rank=self.place.plan_rank,
@@ -140,7 +139,6 @@ class PipelineTrainer:
             renderer=renderer,
             input_grad=input_grad,
             autocast=autocast,
-            sync=sync,
         )
         foreach = None if parallel.tp == 1 and not parallel.fsdp else False  # plain and DTensor params mixed
         self.optimizer = (
@@ -378,8 +376,9 @@ class PipelineTrainer:
             )
         self._reduce_dp()
         self._last_records = out.records
-        loss_sum = out.loss_sum if self.place.tp_rank == 0 else 0.0  # once per TP group
-        loss = torch.tensor([loss_sum], dtype=torch.float64, device=self.env.device)
+        loss = torch.as_tensor(out.loss_sum, dtype=torch.float64, device=self.env.device).reshape(1)
+        if self.place.tp_rank != 0:  # counted once per TP group
+            loss = torch.zeros_like(loss)
         self._collective("all-reduce of the loss", lambda: dist.all_reduce(loss))
         return float(loss.item())
 
@@ -424,8 +423,9 @@ class PipelineTrainer:
             it, it.actions.get(self.place.plan_rank, ()), loss_scale=scale, forward_only=True
         )
         self._collective("wait for the validation sends", self.transport.wait_all)
-        loss_sum = out.loss_sum if self.place.tp_rank == 0 else 0.0
-        loss = torch.tensor([loss_sum], dtype=torch.float64, device=self.env.device)
+        loss = torch.as_tensor(out.loss_sum, dtype=torch.float64, device=self.env.device).reshape(1)
+        if self.place.tp_rank != 0:
+            loss = torch.zeros_like(loss)
         self._collective("all-reduce of the validation loss", lambda: dist.all_reduce(loss))
         return float(loss.item())
 

@@ -47,7 +47,8 @@ def _train(env, cases):
             parallel=parallel,
         )
         result = trainer.train_step(plan.iterations[0])
-        out[name] = (trainer.named_grads(), result.loss, result.grad_norm)
+        in_order = trainer.executor._in_order_peers(plan.iterations[0], forward_only=False)
+        out[name] = (trainer.named_grads(), result.loss, result.grad_norm, in_order)
     return out
 
 
@@ -75,7 +76,36 @@ def test_tp_and_fsdp_gradients_match_the_reference(reference, tmp_path):
         errors = relative_errors(grads, ref_grads)
         worst = max(errors, key=errors.get)
         assert errors[worst] < 1e-5, f"{name}: {worst} relative error {errors[worst]:.3g}"
-        _, loss, grad_norm = results[0][name]
+        _, loss, grad_norm, in_order = results[0][name]
         assert loss == pytest.approx(ref_loss, rel=1e-5), name
         assert grad_norm > MAX_GRAD_NORM, f"{name}: clipping was not exercised"
         assert all(r[name][1] == loss for r in results), f"{name}: ranks disagree on the loss"
+    # 1F1B: the encoder rank receives the LLM rank's gradients in the order it asks for them, so
+    # they come without a header first (entrain.runtime.comm)
+    assert results[0]["1f1b-1+1-tp2"][3] == frozenset({1})
+
+
+def test_degrees_the_model_cannot_split_are_refused_before_any_process_group():
+    from entrain.core.errors import ConfigError
+    from entrain.runtime.session import TrainSpec, check_spec
+
+    base = dict(
+        dataset="skewed",
+        model="tiny",
+        systems=("1f1b",),
+        encoder_stages=1,
+        llm_stages=1,
+        dp=None,
+        global_batch=4,
+        microbatch_size=1,
+        steps=1,
+        seed=0,
+        out="unused",
+    )
+    check_spec(TrainSpec(**base, tp=2), world_size=4)
+    with pytest.raises(ConfigError, match="--tp 3 must divide .*LLM attention heads 4"):
+        check_spec(TrainSpec(**base, tp=3))
+    with pytest.raises(ConfigError, match="--fsdp .* needs --dp 2 or more"):
+        check_spec(TrainSpec(**base, fsdp=True))
+    with pytest.raises(ConfigError, match="needs 4 processes"):
+        check_spec(TrainSpec(**base, tp=2), world_size=2)

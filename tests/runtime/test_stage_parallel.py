@@ -1,6 +1,6 @@
 """Parallelism inside stages: ``--tp`` (DTensor tensor parallelism) and ``--fsdp`` (FSDP2) give the
-gradients, loss and gradient norm of the single-process reference (which the TP 1 / plain-DP runtime
-matches to 1e-5, tests/runtime/test_exact_gradients.py), on one forked group of 4 processes."""
+gradients, loss and gradient norm of the single-process reference, and those of the TP 1 and plain-DP
+runs of the same batch, on one forked group of 4 processes."""
 
 from __future__ import annotations
 
@@ -20,10 +20,14 @@ from .harness import reference_grads, relative_errors, run_workers
 
 # (name, system, encoder stages, llm stages, dp, K, tp, fsdp): 4 processes each
 CASES = [
+    ("1f1b-1+1-dp2", "1f1b", 1, 1, 2, 2, 1, False),
     ("1f1b-1+1-tp2", "1f1b", 1, 1, 1, 4, 2, False),
+    ("dip-2+2-dp2", "dip", 2, 2, 2, 2, 1, False),
     ("dip-2+2-dp2-fsdp", "dip", 2, 2, 2, 2, 1, True),
     ("dip-1+1-dp2-tp2-fsdp", "dip", 1, 1, 2, 2, 2, True),
 ]
+SAME_AS = {"1f1b-1+1-tp2": "1f1b-1+1-dp2", "dip-2+2-dp2-fsdp": "dip-2+2-dp2"}
+"""TP 2 against TP 1, FSDP against plain DP: gradients (relative 1e-5) and loss (relative 1e-5)."""
 
 
 def _with_tp(plan, tp: int):
@@ -80,6 +84,15 @@ def test_tp_and_fsdp_gradients_match_the_reference(reference, tmp_path):
         assert loss == pytest.approx(ref_loss, rel=1e-5), name
         assert grad_norm > MAX_GRAD_NORM, f"{name}: clipping was not exercised"
         assert all(r[name][1] == loss for r in results), f"{name}: ranks disagree on the loss"
+    for name, plain in SAME_AS.items():
+        ours, theirs = ({}, {})
+        for rank_result in results:
+            ours.update(fuse_parts(rank_result[name][0]))
+            theirs.update(fuse_parts(rank_result[plain][0]))
+        errors = relative_errors(ours, theirs)
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < 1e-5, f"{name} vs {plain}: {worst} relative error {errors[worst]:.3g}"
+        assert results[0][name][1] == pytest.approx(results[0][plain][1], rel=1e-5), (name, plain)
     # 1F1B: the encoder rank receives the LLM rank's gradients in the order it asks for them, so
     # they come without a header first (entrain.runtime.comm)
     assert results[0]["1f1b-1+1-tp2"][3] == frozenset({1})

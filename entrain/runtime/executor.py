@@ -107,6 +107,7 @@ class Executor:
         renderer: SampleRenderer,
         input_grad: dict[int, bool],
         autocast: Callable[[], AbstractContextManager] | None = None,
+        process_rank: Callable[[int], int] | None = None,
     ):
         self.layout, self.rank, self.modules = layout, rank, modules
         self.replica, self.pp_rank = layout.replica_of(rank)
@@ -115,6 +116,8 @@ class Executor:
         """Per stage: whether its input needs a gradient (something upstream trains)."""
         self.autocast = autocast or nullcontext
         self.device = transport.device
+        self.process_rank = process_rank or (lambda r: r)
+        """Process rank of a plan rank (they differ under TP), for error messages."""
         self.first_llm = layout.num_encoder_stages
         self.last_stage = len(layout.stages) - 1
         self._handlers: dict[ActionKind, Callable[[Action], None]] = {
@@ -146,7 +149,9 @@ class Executor:
                 try:
                     self._handlers[a.kind](a)
                 except Exception as e:
-                    raise ExecutionError(self.rank, a, self._peer_of(a), e) from e
+                    peer = self._peer_of(a)
+                    peer = None if peer is None else self.process_rank(peer)
+                    raise ExecutionError(self.process_rank(self.rank), a, peer, e) from e
         self._collect_events()
         out = StepOutput(self._loss_sum, self._records)
         self._reset(it, loss_scale, forward_only)

@@ -134,6 +134,7 @@ class PipelineTrainer:
         self.executor = Executor(
             layout=layout,
             rank=self.place.plan_rank,
+            process_rank=lambda r: process_rank(r, self.place.tp_rank, parallel.tp),
             modules=self.modules,
             transport=self.transport,
             renderer=renderer,

@@ -3,7 +3,8 @@ process group's key-value store, so a collective that fails (a peer died, or sta
 ``--timeout-s``) can name the ranks that never reached it and what they did last.
 
 Every rank passes the same sequence of collective points (the step's collectives, a checkpoint's save
-and load phases), so a point's sequence number is comparable across ranks. ``mark(what)`` is one
+and load phases; one ``PeerWatch`` per process for the whole run), so a point's sequence number is
+comparable across ranks. ``mark(what)`` is one
 store write; ``gather_point(what)`` also waits (polling, at most ``timeout_s``) until every rank has
 reached the point, and otherwise raises ``PeerError`` naming the missing ranks -- a barrier that says
 who it waited for. The store lives outside the worker processes (torchrun's agent, or the test's
@@ -12,6 +13,7 @@ file), so a dead rank's last post stays readable.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +23,10 @@ from entrain.core.errors import EntrainError
 
 __all__ = ["PeerError", "PeerWatch"]
 
-_PREFIX = "entrain/progress/"
+
+def _prefix() -> str:
+    """Keys of this attempt (a torchrun restart may keep the store: old posts must not count)."""
+    return f"entrain/progress/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') or '0'}/"
 
 
 class PeerError(EntrainError, RuntimeError):
@@ -65,10 +70,10 @@ class PeerWatch:
         self.seq += 1
         self.last = what
         if self._store is not None:
-            self._store.set(f"{_PREFIX}{self.rank}", f"{self.seq}\t{what}")
+            self._store.set(f"{_prefix()}{self.rank}", f"{self.seq}\t{what}")
 
     def _posted(self, rank: int) -> tuple[int, str]:
-        key = f"{_PREFIX}{rank}"
+        key = f"{_prefix()}{rank}"
         if self._store is None or not self._store.check([key]):
             return 0, "start"
         seq, _, what = self._store.get(key).decode().partition("\t")

@@ -463,7 +463,12 @@ def run_systems(spec: TrainSpec, env) -> list[SystemSummary]:
     if env.rank == 0:
         os.makedirs(spec.out, exist_ok=True)
     data = load_data(spec, cost, owner=env.rank == 0)
-    return [_run_one(spec, system, cost, data, env, system_out(spec, system)) for system in spec.systems]
+    from entrain.runtime.health import PeerWatch
+
+    watch = PeerWatch(env.rank, env.world_size, spec.timeout_s)  # one sequence of points for all systems
+    return [
+        _run_one(spec, system, cost, data, env, system_out(spec, system), watch) for system in spec.systems
+    ]
 
 
 def _agree(env, watch, what: str):
@@ -618,7 +623,9 @@ def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
     return [s for mb in it.microbatches[replica] for s in mb.encoder_ids]
 
 
-def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
+def _run_one(
+    spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str, watch
+) -> SystemSummary:
     from entrain.models.config import get_model_config
     from entrain.models.vlm import build_vlm, set_trainable
     from entrain.runtime.data import SampleRenderer
@@ -634,9 +641,6 @@ def _run_one(spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, 
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
-    from entrain.runtime.health import PeerWatch
-
-    watch = PeerWatch(env.rank, env.world_size, spec.timeout_s)
     ckpt = _start_state(spec, system, env, out, data, watch)
     start = ckpt.step if ckpt is not None else 0
     metrics_path = os.path.join(out, "metrics.jsonl")

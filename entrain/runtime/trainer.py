@@ -22,7 +22,6 @@ from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import DistEnv, check_runtime_layout
 from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
 from entrain.runtime.health import PeerWatch
-from entrain.runtime.recompute import apply_recompute
 from entrain.runtime.parallelize import (
     StageParallelism,
     apply_fsdp,
@@ -34,6 +33,7 @@ from entrain.runtime.parallelize import (
     placement,
     process_rank,
 )
+from entrain.runtime.recompute import apply_recompute
 
 __all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
 

@@ -114,7 +114,9 @@ class PipelineTrainer:
         ]
         input_grad = {s: any(trains[:s]) for s in all_stages}
         self.groups = build_groups(layout, parallel.tp, env.rank, timeout_s)
-        self.fsdp_roots = self._parallelize(parallel, {s.stage: s.recompute for s in layout.stages_of(self.pp_rank)})
+        self.fsdp_roots = self._parallelize(
+            parallel, {s.stage: s.recompute for s in layout.stages_of(self.pp_rank)}
+        )
         self.named_params = [(n, p) for m in self.modules.values() for n, p in m.owned_parameters()]
         self.params = [p for _, p in self.named_params if p.requires_grad]
         self.dp_group = None if parallel.fsdp else self.groups.dp

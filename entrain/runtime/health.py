@@ -13,7 +13,6 @@ file), so a dead rank's last post stays readable.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -24,9 +23,10 @@ from entrain.core.errors import EntrainError
 __all__ = ["PeerError", "PeerWatch"]
 
 
-def _prefix() -> str:
-    """Keys of this attempt (a torchrun restart may keep the store: old posts must not count)."""
-    return f"entrain/progress/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') or '0'}/"
+_PREFIX = "entrain/progress/"
+"""Store keys of the posts. A torchrun restart must get a fresh store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
+as the README says), or the previous attempt's posts would count; the restart count cannot key them,
+since agents may restart their workers with different counts."""
 
 
 class PeerError(EntrainError, RuntimeError):
@@ -70,10 +70,10 @@ class PeerWatch:
         self.seq += 1
         self.last = what
         if self._store is not None:
-            self._store.set(f"{_prefix()}{self.rank}", f"{self.seq}\t{what}")
+            self._store.set(f"{_PREFIX}{self.rank}", f"{self.seq}\t{what}")
 
     def _posted(self, rank: int) -> tuple[int, str]:
-        key = f"{_prefix()}{rank}"
+        key = f"{_PREFIX}{rank}"
         if self._store is None or not self._store.check([key]):
             return 0, "start"
         seq, _, what = self._store.get(key).decode().partition("\t")

@@ -67,7 +67,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dp", type=int, default=None, help="data-parallel replicas (default: processes / stages)"
     )
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (the runtime supports 1)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel degree inside every stage (each pipeline rank becomes --tp processes)",
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard each stage's parameters, gradients and AdamW state over its data-parallel group "
+        "(FSDP2; needs --dp 2 or more) instead of all-reducing whole gradients",
+    )
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
     _add_batch_and_optimiser_args(p)
     _add_stock_model_args(p)
@@ -265,6 +276,7 @@ def _spec(args: argparse.Namespace):
         dp=args.dp,
         tp=args.tp,
         cp=args.cp,
+        fsdp=args.fsdp,
         global_batch=args.global_batch,
         microbatch_size=args.microbatch_size,
         steps=args.steps,
@@ -343,7 +355,7 @@ _FORWARDED = (
     "max_pixels",
     "precision",
 )
-_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress", "overwrite", "confine_images", "tensorboard", "trace")
+_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress", "overwrite", "confine_images", "tensorboard", "trace", "fsdp")
 
 
 def run_flags(args: argparse.Namespace) -> dict:
@@ -511,6 +523,7 @@ def _infer_dp(args: argparse.Namespace, world: int | None) -> None:
     per_replica = max(
         SYSTEMS[s].ranks_per_replica(args.encoder_stages, args.llm_stages) for s in parse_systems(args.system)
     )
+    per_replica *= max(1, args.tp)
     if world % per_replica:
         lower = max(per_replica, world // per_replica * per_replica)
         raise ConfigError(

@@ -30,7 +30,17 @@ from entrain.core.errors import ConfigError
 from entrain.models.attention import PACKED_ATTENTION
 from entrain.models.config import VLMConfig
 
-__all__ = ["VLM", "build_vlm", "EncoderStage", "LLMStage", "LLMBatch", "build_stage", "set_trainable"]
+__all__ = [
+    "VLM",
+    "build_vlm",
+    "EncoderStage",
+    "LLMStage",
+    "LLMBatch",
+    "build_stage",
+    "set_trainable",
+    "checkpoint_parts",
+    "fuse_parts",
+]
 
 
 def _vision_hf_config(cfg: VLMConfig) -> Qwen2_5_VLVisionConfig:
@@ -201,9 +211,9 @@ class EncoderStage(nn.Module):
         emb = tuple(
             vis.permute_input_for_window_attn(e, window_index.to(like.device), seq_len=n) for e in emb
         )
-        return VisionGeometry(
-            window_index.to(like.device), cu_seqlens.to(like.device), cu_window.to(like.device), emb
-        )
+        # the attention bounds stay on the host: HF's per-image attention splits by them (.tolist()),
+        # which on a GPU would wait for the device in every block
+        return VisionGeometry(window_index.to(like.device), cu_seqlens.cpu(), cu_window.cpu(), emb)
 
     def forward(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         vis = self.vis
@@ -319,3 +329,38 @@ def build_stage(model: VLM, component: str, first: int, end: int) -> EncoderStag
     if component == "encoder":
         return EncoderStage(model, first, end)
     return LLMStage(model, first, end)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint names
+
+_QKV = ".attn.qkv."
+
+
+def checkpoint_parts(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint names of parameter ``name`` (or of its optimizer state ``t``): a vision
+    attention's fused ``attn.qkv`` weight or bias as its q, k and v thirds (views), under the names a
+    tensor-parallel run's split module gives them (``attn.qkv.q.weight`` ...), so checkpoints of TP
+    and non-TP runs hold the same tensors; a 0-dim state (AdamW's step) is shared by the parts;
+    everything else keeps its name."""
+    head, sep, leaf = name.rpartition(_QKV)
+    if not sep or leaf not in ("weight", "bias"):
+        return [(name, t)]
+    if type(t) is not torch.Tensor and not isinstance(t, nn.Parameter):  # a DTensor's thirds are no views
+        raise TypeError(f"{name}: split the fused qkv before sharding it (entrain.runtime.parallelize)")
+    parts = t.chunk(3, dim=0) if t.dim() else (t, t, t)
+    return [(f"{head}{_QKV}{p}.{leaf}", c) for p, c in zip("qkv", parts)]
+
+
+def fuse_parts(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of ``checkpoint_parts`` over whole parameters: ``attn.qkv.{q,k,v}.X`` -> ``attn.qkv.X``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in params.items():
+        head, sep, rest = name.rpartition(_QKV)
+        part, _, leaf = rest.partition(".")
+        if sep and part in ("q", "k", "v") and leaf in ("weight", "bias"):
+            if part == "q":
+                out[f"{head}{_QKV}{leaf}"] = torch.cat([params[f"{head}{_QKV}{p}.{leaf}"] for p in "qkv"])
+            continue
+        out[name] = t
+    return out

@@ -349,14 +349,16 @@ class SampleRenderer:
             patches=torch.cat(patches)
             if patches
             else torch.empty((0, self.cfg.vision.patch_dim), device=self.device, dtype=self.dtype),
-            grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3).to(self.device),
+            grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3),  # host: see grid_thw()
             rows_per_sample=tuple(s.image_tokens for s in samples),
         )
 
     def grid_thw(self, ids: Sequence[str]) -> torch.Tensor:
-        """``[images, 3]`` grids of the samples' images, in order (no pixels rendered)."""
+        """``[images, 3]`` grids of the samples' images, in order (no pixels rendered). Grids stay on the
+        host: the encoder derives its index tensors from them with Python loops, which on a GPU would
+        otherwise wait for the device in every forward."""
         grid = [g for i in ids for g in self.sample(i).grid_thw]
-        return torch.tensor(grid, dtype=torch.int64).reshape(-1, 3).to(self.device)
+        return torch.tensor(grid, dtype=torch.int64).reshape(-1, 3)
 
     def llm_batch(self, ids: Sequence[str], loss_scale: float) -> LLMBatch:
         samples = [self.sample(i) for i in ids]

@@ -62,7 +62,10 @@ class TrainSpec:
     llm_stages: int
     dp: int | None
     tp: int = 1
+    """Tensor-parallel degree inside every stage: each plan rank is ``tp`` processes."""
     cp: int = 1
+    fsdp: bool = False
+    """FSDP2 over each stage's data-parallel group instead of the flat gradient all-reduce."""
     global_batch: int
     microbatch_size: int
     steps: int
@@ -146,18 +149,23 @@ def _ranks_per_replica(spec: TrainSpec, system: str) -> int:
 
 def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
     """Refuse what the runtime cannot run, before any process group starts."""
-    for name, degree in (("TP", spec.tp), ("CP", spec.cp)):
-        if degree > 1:
-            raise ConfigError(
-                f"the runtime executes Plans with TP = CP = 1; the encoder and llm have {name} = {degree} "
-                "(the planner and simulator cover it)"
-            )
+    if spec.cp > 1:
+        raise ConfigError(
+            f"the runtime executes Plans with CP = 1; the encoder and llm have CP = {spec.cp} "
+            "(the planner and simulator cover it)"
+        )
     from entrain.models.config import VLMConfig
     from entrain.runtime.model_source import model_arch
+    from entrain.runtime.parallelize import check_tp
 
     cfg = VLMConfig(arch=model_arch(spec))
+    check_tp(cfg, spec.tp)
     if spec.precision is not None and spec.precision not in PRECISIONS:
         raise ConfigError(f"--precision {spec.precision!r}: choose from {', '.join(PRECISIONS)}")
+    if spec.fsdp and spec.dp_or_1 < 2:
+        raise ConfigError("--fsdp shards each stage over its data-parallel group: it needs --dp 2 or more")
+    if spec.fsdp and spec.split_weight_grads:
+        raise ConfigError("--fsdp with --split-weight-grads on is not supported by the runtime; pick one")
     for comp, n in (("encoder", spec.encoder_stages), ("llm", spec.llm_stages)):
         check_stage_count(comp, n, cfg.layer_names(comp), cfg.name)
     if spec.steps < 1:
@@ -165,9 +173,9 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
     dp = spec.dp_or_1
     num_microbatches(spec.global_batch, dp, spec.microbatch_size)
     for system in spec.systems:
-        need = dp * _ranks_per_replica(spec, system)
+        need = dp * _ranks_per_replica(spec, system) * spec.tp
         if world_size is not None and need != world_size:
-            per = _ranks_per_replica(spec, system)
+            per = _ranks_per_replica(spec, system) * spec.tp
             hint = (
                 f"start {need} processes (--nproc {need})"
                 if world_size % per
@@ -180,7 +188,7 @@ def check_spec(spec: TrainSpec, world_size: int | None = None) -> None:
 
 
 def world_size_of(spec: TrainSpec) -> int:
-    return max(spec.dp_or_1 * _ranks_per_replica(spec, s) for s in spec.systems)
+    return max(spec.dp_or_1 * _ranks_per_replica(spec, s) * spec.tp for s in spec.systems)
 
 
 def resolve_precision(spec: TrainSpec, device: torch.device) -> str:
@@ -306,6 +314,7 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True, tokenizer
                 global_batch=spec.global_batch,
                 iterations=spec.steps + num_val,
                 seed=spec.seed,
+                tp=spec.tp,
                 image_root=spec.image_root,
                 vision=spec_vision(spec),
             )
@@ -317,13 +326,13 @@ def load_data(spec: TrainSpec, cost: CostModel, *, owner: bool = True, tokenizer
     num_skipped = 0
     if fmt == "conversation":
         screened = screen(spec, spec.out if owner else None, tokenizer)
-        works, records = sample_works(screened.samples, cost), screened.records
+        works, records = sample_works(screened.samples, cost, tp=spec.tp), screened.records
         skipped = skipped_line(screened)
         if owner and skipped:
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
         num_skipped = screened.report.bad if skipped else 0
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path, spec_vision(spec)), cost)
+        works = sample_works(read_workload_jsonl(path, spec_vision(spec)), cost, tp=spec.tp)
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
@@ -357,6 +366,7 @@ FINGERPRINT_KEYS = (
     "llm_stages",
     "dp",
     "tp",
+    "fsdp",
     "cp",
     "global_batch",
     "microbatch_size",
@@ -510,22 +520,38 @@ def run_systems(spec: TrainSpec, env) -> list[SystemSummary]:
         os.makedirs(spec.out, exist_ok=True)
     model_cfg, tokenizer = model_config(spec)
     data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
+    from entrain.runtime.health import PeerWatch
+
+    watch = PeerWatch(env.rank, env.world_size, spec.timeout_s)  # one sequence of points for all systems
     return [
-        _run_one(spec, system, cost, data, env, system_out(spec, system), model_cfg, tokenizer)
+        _run_one(spec, system, cost, data, env, system_out(spec, system), watch, model_cfg, tokenizer)
         for system in spec.systems
     ]
 
 
-def _agree(env):
-    """All-gather of one picklable value per rank (rank order)."""
+def _agree(env, watch, what: str):
+    """All-gather of one picklable value per rank (rank order), after every rank reached ``what``
+    (a peer that does not get there is named)."""
     import torch.distributed as dist
 
     def gather(value):
+        watch.gather_point(what)
         out = [None] * env.world_size
-        dist.all_gather_object(out, value)
+        _guarded(watch, 0, what, lambda: dist.all_gather_object(out, value))
         return out
 
     return gather
+
+
+def _guarded(watch, step: int, what: str, fn):
+    """Run collective ``fn`` at point ``what``; a failure names the peers that never got there."""
+    from entrain.runtime.executor import CollectiveError
+
+    watch.mark(what)
+    try:
+        return fn()
+    except Exception as e:
+        raise CollectiveError(watch.rank, step, what, e, watch.behind()) from e
 
 
 def _say(env):
@@ -540,23 +566,24 @@ def _restarted() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 
 
-def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, data: RunData):
+def _start_state(spec: TrainSpec, system: str, env, out: str, data: RunData, watch):
     """The checkpoint to continue from (None: a fresh start). Resuming (``--resume`` or a torchrun
-    restart) refuses a checkpoint of another configuration; a fresh start clears stale checkpoints."""
+    restart) refuses a checkpoint of another configuration (the layout may differ: it is resharded);
+    a fresh start clears stale checkpoints."""
     import shutil
 
     from entrain.runtime import checkpoint as ck
 
-    replica, pp_rank = layout.replica_of(env.rank)
     # one decision for all ranks: agents may restart their workers with different restart counts
-    if not any(_agree(env)(bool(spec.resume or _restarted()))):
+    if not any(_agree(env, watch, "checkpoint load: agree on resuming")(bool(spec.resume or _restarted()))):
         stale = os.path.join(out, ck.CHECKPOINT_DIR)
         if env.rank == 0 and os.path.isdir(stale):
             _say(env)(f"entrain: a fresh run (no --resume): removing the old checkpoints in {stale}")
             shutil.rmtree(stale, ignore_errors=True)
         return None
-    ck.check_resumable(out, fingerprint(spec, system), layout.to_json())
-    found = ck.select_checkpoint(out, rank=env.rank, pp_rank=pp_rank, agree=_agree(env), say=_say(env))
+    ck.check_resumable(out, fingerprint(spec, system))
+    agree = _agree(env, watch, "checkpoint load: verify the files")
+    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=_say(env))
     if found is None:
         _say(env)(f"entrain: no complete checkpoint in {out}; starting from step 0")
         return None
@@ -575,30 +602,48 @@ def _start_state(spec: TrainSpec, system: str, layout: Layout, env, out: str, da
     return found
 
 
-def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str, trainer, data, step: int):
-    """Every rank writes its files; rank 0 then writes the manifest (last) and prunes old ones."""
-    import torch.distributed as dist
-
+def _load_checkpoint(trainer, found, watch, fault) -> None:
+    """Every rank reads its stages' tensors (resharded) and its RNG states."""
     from entrain.runtime import checkpoint as ck
 
-    replica, pp_rank = layout.replica_of(env.rank)
+    what = f"checkpoint load of step {found.step}: model and optimizer state"
+    watch.gather_point(f"checkpoint load of step {found.step}: start")
+    if fault is not None:
+        fault.maybe_fire(watch.rank, found.step, "load")
+    trainer.load_checkpoint(
+        found.folder,
+        found.step,
+        load=lambda folder, state: _guarded(watch, found.step, what, lambda: ck.load_state(folder, state)),
+    )
+    ck.set_rng_state(found.rank_state["rng"])
+    watch.gather_point(f"checkpoint load of step {found.step}: done")
+
+
+def _save_checkpoint(
+    spec: TrainSpec, system: str, layout: Layout, env, out: str, trainer, data, step: int, fault=None
+):
+    """Every rank writes its rank state and (collectively) its tensors; rank 0 then hashes every file,
+    writes the manifest (last) and prunes old ones. A peer that dies or stalls in any phase fails the
+    others within ``--timeout-s``, naming it and the phase."""
+    from entrain.runtime import checkpoint as ck
+
+    watch = trainer.watch
     folder = ck.step_dir(out, step)
     if env.rank == 0 and (folder / ck.MANIFEST).exists():  # the same step again (after a restart)
         (folder / ck.MANIFEST).unlink()
-    dist.barrier()
+    phase = f"checkpoint save of step {step}"
+    watch.gather_point(f"{phase}: start")
+    if fault is not None:
+        fault.maybe_fire(env.rank, step, "save")
     position = data.position(step, spec.global_batch).to_json()
-    entries = ck.write_shards(
-        folder,
-        rank=env.rank,
-        pp_rank=pp_rank,
-        replica=replica,
-        model=trainer.model_state() if replica == 0 else None,
-        rank_state={"step": step, "rng": ck.rng_state(), "data_position": position},
+    ck.write_rank_state(folder, env.rank, {"step": step, "rng": ck.rng_state(), "data_position": position})
+    _guarded(
+        watch,
+        step,
+        f"{phase}: model and optimizer state",
+        lambda: ck.save_state(folder, trainer.checkpoint_state()),
     )
-    gathered = [None] * env.world_size if env.rank == 0 else None
-    dist.gather_object(entries, gathered, dst=0)
     if env.rank == 0:
-        files = {name: e for part in gathered for name, e in part.items()}
         ck.write_manifest(
             folder,
             {
@@ -612,11 +657,11 @@ def _save_checkpoint(spec: TrainSpec, system: str, layout: Layout, env, out: str
                 "fingerprint": fingerprint(spec, system),
                 "data_position": position,
                 "data": data.identity(),
-                "files": files,
+                "files": ck.file_entries(folder),
             },
         )
         ck.prune(out, spec.keep_checkpoints)
-    dist.barrier()
+    watch.gather_point(f"{phase}: manifest written")
 
 
 def _history(metrics_path: str, start: int) -> list[dict]:
@@ -668,13 +713,13 @@ def _own_stages(layout: Layout, rank: int) -> list[tuple[str, int, int]]:
 
 
 def _run_one(
-    spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str, cfg=None, tokenizer=None
+    spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str, watch, cfg=None, tokenizer=None
 ) -> SystemSummary:
     from entrain.models.vlm import build_vlm, set_trainable
-    from entrain.runtime.checkpoint import set_rng_state
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.faults import fault_from_env
     from entrain.runtime.model_source import model_config
+    from entrain.runtime.parallelize import StageParallelism
     from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
     train_batches, val_batches = data.train, data.val
@@ -685,7 +730,7 @@ def _run_one(
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
-    ckpt = _start_state(spec, system, layout, env, out, data)
+    ckpt = _start_state(spec, system, env, out, data, watch)
     start = ckpt.step if ckpt is not None else 0
     metrics_path = os.path.join(out, "metrics.jsonl")
     history = _history(metrics_path, start) if rank0 else []
@@ -707,7 +752,7 @@ def _run_one(
         _write_json(os.path.join(out, "plan.json"), plan.to_json())
     if cfg is None:
         cfg, tokenizer = model_config(spec)
-    model = build_vlm(cfg, seed=spec.seed, weights_dir=spec.weights, stages=_own_stages(layout, env.rank))
+    model = build_vlm(cfg, seed=spec.seed, weights_dir=spec.weights, stages=_own_stages(layout, env.rank // spec.tp))
     set_trainable(
         model,
         encoder="encoder" not in spec.freeze and "vit" not in spec.freeze,
@@ -735,10 +780,9 @@ def _run_one(
         optim=optim,
         autocast_dtype=autocast,
         timeout_s=spec.timeout_s,
+        watch=watch,
+        parallel=StageParallelism(tp=spec.tp, fsdp=spec.fsdp),
     )
-    if ckpt is not None:
-        trainer.load_model_state(ckpt.model, ckpt.step)
-        set_rng_state(ckpt.rank_state["rng"])
     tracer, trace_events = None, []
     if spec.trace:
         from entrain.runtime.trace import ActionTracer, read_trace
@@ -752,7 +796,10 @@ def _run_one(
         from entrain.runtime.tensorboard import ScalarLog
 
         scalars = ScalarLog(out, purge_step=start)
+    plan_rank = trainer.place.plan_rank
     fault = fault_from_env(resumed=ckpt is not None)
+    if ckpt is not None:
+        _load_checkpoint(trainer, ckpt, watch, fault)
     if fault is not None:
         trainer.fault_hook = fault.maybe_fire
     peak = _peak_flops(env.device)
@@ -777,11 +824,11 @@ def _run_one(
     ok = False
     try:
         if start < spec.steps:
-            renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[start]))
+            renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[start]))
         for step in range(start, spec.steps):
             it = plan.iterations[step]
             if step + 1 < spec.steps:  # the next step's pixels are processed while this one runs
-                renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[step + 1]))
+                renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[step + 1]))
             if tracer is not None:
                 tracer.step = step
             res = trainer.train_step(it)
@@ -797,6 +844,7 @@ def _run_one(
                 "epoch": data.position(step, spec.global_batch).epoch,
                 "sample_ids": [w.id for w in train_batches[step]],
                 "stage_times": res.records,
+                "memory_per_rank": res.memory,
             }
             if peak:
                 row["mfu"] = (
@@ -819,7 +867,7 @@ def _run_one(
                 scalars.write(step, {**row, "stage_std_ms": stds[-1], "skipped_samples": data.num_skipped})
             done = step + 1
             if done == spec.steps or (spec.checkpoint_every > 0 and done % spec.checkpoint_every == 0):
-                _save_checkpoint(spec, system, layout, env, out, trainer, data, done)
+                _save_checkpoint(spec, system, layout, env, out, trainer, data, done, fault)
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{res.loss:.3f}",

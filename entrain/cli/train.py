@@ -242,7 +242,15 @@ def _ramp(text: str) -> int | str:
     return n
 
 
-STOCK_AND_RECORD_FLAGS = ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels", "precision", "trace")
+STOCK_AND_RECORD_FLAGS = (
+    "vision_model",
+    "llm_model",
+    "tokenizer",
+    "min_pixels",
+    "max_pixels",
+    "precision",
+    "trace",
+)
 """Flags that become the same-named ``TrainSpec`` fields as they are."""
 
 
@@ -355,7 +363,16 @@ _FORWARDED = (
     "max_pixels",
     "precision",
 )
-_FLAGS_FORWARDED = ("shuffle", "resume", "no_progress", "overwrite", "confine_images", "tensorboard", "trace", "fsdp")
+_FLAGS_FORWARDED = (
+    "shuffle",
+    "resume",
+    "no_progress",
+    "overwrite",
+    "confine_images",
+    "tensorboard",
+    "trace",
+    "fsdp",
+)
 
 
 def run_flags(args: argparse.Namespace) -> dict:

@@ -713,7 +713,15 @@ def _own_stages(layout: Layout, rank: int) -> list[tuple[str, int, int]]:
 
 
 def _run_one(
-    spec: TrainSpec, system: str, cost: CostModel, data: RunData, env, out: str, watch, cfg=None, tokenizer=None
+    spec: TrainSpec,
+    system: str,
+    cost: CostModel,
+    data: RunData,
+    env,
+    out: str,
+    watch,
+    cfg=None,
+    tokenizer=None,
 ) -> SystemSummary:
     from entrain.models.vlm import build_vlm, set_trainable
     from entrain.runtime.data import SampleRenderer
@@ -752,7 +760,9 @@ def _run_one(
         _write_json(os.path.join(out, "plan.json"), plan.to_json())
     if cfg is None:
         cfg, tokenizer = model_config(spec)
-    model = build_vlm(cfg, seed=spec.seed, weights_dir=spec.weights, stages=_own_stages(layout, env.rank // spec.tp))
+    model = build_vlm(
+        cfg, seed=spec.seed, weights_dir=spec.weights, stages=_own_stages(layout, env.rank // spec.tp)
+    )
     set_trainable(
         model,
         encoder="encoder" not in spec.freeze and "vit" not in spec.freeze,

@@ -13,7 +13,11 @@ next to wall time, and the simulator's prediction for the very Plans that ran (`
 run, simulated under ``cpu-tiny``). A target is decided on the paired per-round ratios (their
 median), never on a ratio of medians. Results go to ``benchmarks/results/cpu_pipeline.{md,json}``.
 
-    python benchmarks/cpu_pipeline.py [--launches 3] [--steps 7] [--order-seed 0] [--skip-idle-check]
+    python benchmarks/cpu_pipeline.py [--launches 3] [--steps 7] [--order-seed 0] [--skip-idle-check] [--in-stage]
+
+``--in-stage`` (issue 14) instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
+``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state
+and peak memory per rank, into ``benchmarks/results/cpu_pipeline_in_stage.{md,json}``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,14 @@ EXTENSION_ROWS = {
     SPLIT: ("--split-weight-grads", "on"),
 }
 """Extra Entrain launches: row -> ``entrain train`` flags (each run in its own subfolder)."""
+IN_STAGE_ROWS = {
+    "1f1b-dp2": (("--dp", "2"), 4),
+    "1f1b-dp2-fsdp": (("--dp", "2", "--fsdp"), 4),
+    "1f1b-tp2": (("--tp", "2"), 4),
+}
+"""``--in-stage``: parallelism inside the stages, 1F1B on 1 encoder + 1 LLM stage: row -> (flags,
+processes), measured side by side with the plain 1F1B row (2 processes) in each launch; written to
+``cpu_pipeline_in_stage.{md,json}``."""
 ROWS = (*SYSTEMS, *EXTENSION_ROWS)
 WARMUP = 1
 TARGET_RATIO = 0.9
@@ -88,7 +100,13 @@ def launch(out: str, steps: int, order: list[str]) -> None:
             _launch_one(out, steps, item.split("+"))
 
 
-def _launch_one(out: str, steps: int, systems, *extra: str) -> None:
+def launch_in_stage(out: str, steps: int) -> None:
+    _launch_one(os.path.join(out, "1f1b"), steps, ("1f1b",))
+    for row, (flags, nproc) in IN_STAGE_ROWS.items():
+        _launch_one(os.path.join(out, row), steps, ("1f1b",), *flags, nproc=nproc)
+
+
+def _launch_one(out: str, steps: int, systems, *extra: str, nproc: int = 2) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -102,7 +120,7 @@ def _launch_one(out: str, steps: int, systems, *extra: str) -> None:
         out,
         "--no-progress",
         "--nproc",
-        "2",
+        str(nproc),
     ]
     for key, value in CONFIG.items():
         cmd += ["--" + key.replace("_", "-"), str(value)]
@@ -115,9 +133,22 @@ def _stage_std(rows: list[dict]) -> float:
     return statistics.median(stage_std_ms(r["stage_times"]) for r in rows)
 
 
-def measured(out: str) -> dict:
+def _memory(rows: list[dict]) -> dict:
+    """Per rank at the last step: model-state MiB (parameters + gradients + AdamW state, the local
+    shards) and peak resident MiB."""
+    last = rows[-1].get("memory_per_rank") or []
+    mib = 1 << 20
+    return {
+        "state_mib_per_rank": [
+            (m["params_bytes"] + m["grads_bytes"] + m["optimizer_bytes"]) / mib for m in last
+        ],
+        "peak_rss_mib_per_rank": [m["peak_rss_bytes"] / mib for m in last],
+    }
+
+
+def measured(out: str, rows_measured=ROWS) -> dict:
     res = {}
-    for system in ROWS:
+    for system in rows_measured:
         with open(os.path.join(_run_dir(out, system), "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f][WARMUP:]
         res[system] = {
@@ -127,11 +158,12 @@ def measured(out: str) -> dict:
                 statistics.median(r["cpu_ms"][k] for r in rows) for k in range(len(rows[0]["cpu_ms"]))
             ],
             "loss_last": rows[-1]["loss"],
+            **_memory(rows),
         }
     return res
 
 
-def simulated(out: str) -> dict:
+def simulated(out: str, rows_simulated=ROWS) -> dict:
     from entrain.core.plan import Plan
     from entrain.core.presets import build_cost_model
     from entrain.sim.executor import simulate_plan
@@ -139,7 +171,7 @@ def simulated(out: str) -> dict:
 
     cost = build_cost_model("tiny", "cpu-tiny")
     res = {}
-    for system in ROWS:
+    for system in rows_simulated:
         with open(os.path.join(_run_dir(out, system), "plan.json")) as f:
             plan = Plan.from_json(json.load(f))
         runs = simulate_plan(plan, cost)[WARMUP:]
@@ -222,6 +254,45 @@ def target_line(row: str, label: str, p: dict) -> str:
     )
 
 
+def report_in_stage(launches: list[dict], sims: dict, idle: tuple[bool, float], steps: int) -> str:
+    rows = ("1f1b", *IN_STAGE_ROWS)
+    med = {s: statistics.median(run[s]["iter_ms"] for run in launches) for s in rows}
+    paired = {
+        s: statistics.median(run[s]["iter_ms"] / run["1f1b"]["iter_ms"] for run in launches) for s in rows
+    }
+    procs = {"1f1b": 2, **{r: n for r, (_, n) in IN_STAGE_ROWS.items()}}
+    lines = [
+        "# CPU pipeline benchmark: parallelism inside the stages (issue 14, requirement 5)",
+        "",
+        f"Config: {json.dumps(CONFIG)}, system 1f1b; {len(launches)} launches x {steps} steps, first {WARMUP} "
+        f"dropped; idle check {'passed' if idle[0] else 'NOT passed'} (CPU idle {idle[1]:.0%} before the first "
+        "launch). Every row is one torchrun launch on this 2-core machine, in turn, within each launch set.",
+        "",
+        "| row | processes | iter ms (median) | / 1F1B | / 1F1B per launch (median) | model state MiB per rank "
+        "(params+grads+AdamW, local shards) | peak RSS MiB per rank | sim iter ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        last = launches[-1][s]
+        state = " / ".join(f"{x:.1f}" for x in last["state_mib_per_rank"])
+        rss = " / ".join(f"{x:.0f}" for x in last["peak_rss_mib_per_rank"])
+        lines.append(
+            f"| {s} | {procs[s]} | {med[s]:.0f} | {med[s] / med['1f1b']:.3f} | {paired[s]:.3f} | {state} | {rss} | "
+            f"{sims[s]['iter_ms']:.0f} |"
+        )
+    lines += [
+        "",
+        "Per launch iteration ms: "
+        + "; ".join(", ".join(f"{s} {run[s]['iter_ms']:.0f}" for s in rows) for run in launches),
+        "",
+        "The 4-process rows run 4 single-threaded ranks on 2 cores, so their wall times include time-sharing; "
+        "compare `1f1b-dp2-fsdp` with `1f1b-dp2` (same processes and batches: FSDP2 instead of the flat "
+        "all-reduce) and read `1f1b-tp2` for its per-rank memory, not its speed. The simulator prices TP from "
+        "the Plan's degree and does not model FSDP's gathers.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--launches", type=int, default=3)
@@ -230,8 +301,13 @@ def main() -> int:
     ap.add_argument("--skip-idle-check", action="store_true")
     ap.add_argument("--order-seed", type=int, default=0, help="seed of the per-round launch order")
     ap.add_argument("--out", default=RESULTS)
+    ap.add_argument(
+        "--in-stage", action="store_true", help="the TP 2 / FSDP rows next to 1F1B (IN_STAGE_ROWS)"
+    )
     args = ap.parse_args()
     idle = (True, 1.0) if args.skip_idle_check else wait_idle(args.max_idle_wait_s)
+    if args.in_stage:
+        return main_in_stage(args, idle)
     launches, sims, orders = [], {}, []
     rng = random.Random(args.order_seed)
     with tempfile.TemporaryDirectory(prefix="entrain-bench-") as tmp:
@@ -257,6 +333,30 @@ def main() -> int:
                 "simulated": sims,
                 "idle": idle,
             },
+            f,
+            indent=1,
+        )
+    print(text)
+    return 0
+
+
+def main_in_stage(args, idle) -> int:
+    rows = ("1f1b", *IN_STAGE_ROWS)
+    launches, sims = [], {}
+    with tempfile.TemporaryDirectory(prefix="entrain-bench-") as tmp:
+        for i in range(args.launches):
+            run_dir = os.path.join(tmp, f"launch{i}")
+            launch_in_stage(run_dir, args.steps)
+            launches.append(measured(run_dir, rows))
+            if i == 0:
+                sims = simulated(run_dir, rows)
+    text = report_in_stage(launches, sims, idle, args.steps)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "cpu_pipeline_in_stage.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "cpu_pipeline_in_stage.json"), "w") as f:
+        json.dump(
+            {"config": CONFIG, "rows": IN_STAGE_ROWS, "launches": launches, "simulated": sims, "idle": idle},
             f,
             indent=1,
         )

@@ -75,6 +75,9 @@ class DataConfig:
     val_every: int = 0
     """Validation loss every N steps (0: never)."""
     val_batches: int = 1
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    """The image processor's limits (``--min-pixels`` / ``--max-pixels``)."""
 
     def __post_init__(self) -> None:
         if self.on_bad_sample not in BAD_SAMPLE_POLICIES:
@@ -96,6 +99,19 @@ class ModelConfig:
     attention: str | None = None
     freeze: tuple[str, ...] = ()
     weights: str | None = None
+    vision_model: str | None = None
+    """A stock Qwen2-VL / Qwen2.5-VL folder (with ``llm_model``, replaces ``name``)."""
+    llm_model: str | None = None
+    tokenizer: str | None = None
+    """The stock LLM's tokenizer folder (default: ``llm_model``'s own)."""
+    precision: str | None = None
+    """``fp32`` or ``bf16`` (None: bf16 on CUDA, fp32 on CPU; ``session.resolve_precision``)."""
+
+    def arch(self):
+        """The model's shapes: the preset's, or the stock checkpoints' (``core.hf_config.ModelSource``)."""
+        from entrain.core.hf_config import ModelSource
+
+        return ModelSource(preset=self.name, vision_model=self.vision_model, llm_model=self.llm_model).arch()
 
     def cost_model(self) -> CostModel:
         """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed
@@ -103,7 +119,7 @@ class ModelConfig:
         from entrain.core.presets import resolve_cost_model
 
         return resolve_cost_model(
-            self.name,
+            self.arch(),
             hardware=self.hardware,
             profile=self.profile,
             attention=self.attention,
@@ -148,9 +164,9 @@ class OptimConfig:
     """Global-norm clipping over all stages and replicas; None disables it."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.warmup_steps < 0 or self.total_steps < 1:
+        if self.lr < 0 or self.warmup_steps < 0 or self.total_steps < 1:
             raise ConfigError(
-                f"--lr must be > 0, --warmup-steps >= 0 and --steps >= 1, got {self.lr}, {self.warmup_steps} "
+                f"--lr must be >= 0, --warmup-steps >= 0 and --steps >= 1, got {self.lr}, {self.warmup_steps} "
                 f"and {self.total_steps}"
             )
         b1, b2 = self.betas
@@ -179,6 +195,11 @@ class RunDirConfig:
     timeout_s: float = 300.0
     """Longest wait of any collective or point-to-point transfer."""
     progress: bool = True
+    tensorboard: bool = False
+    trace: bool = False
+    flags: dict = field(default_factory=dict, compare=False)
+    """The command-line flags of the run (``entrain train``): config.json records them, so
+    ``entrain train --config RUN/config.json`` starts the same run."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -228,6 +249,16 @@ class RunConfig:
             run=_pick(RunDirConfig, args, **run),
         )
 
+    def __getattr__(self, name: str):
+        """A part's field by its flag's name (``spec.tp`` is ``spec.parallel.tp``)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        for part in ("data", "parallel", "schedule", "optim", "run", "model"):
+            obj = object.__getattribute__(self, part)
+            if hasattr(obj, name):
+                return getattr(obj, name)
+        raise AttributeError(f"RunConfig has no field {name!r}")
+
     def config_request(self, gpus: int | None = None) -> ConfigRequest:
         """What ``entrain.core.setups`` needs to choose each system's configuration on ``gpus`` GPUs
         (default ``parallel.gpus``)."""
@@ -253,4 +284,5 @@ class RunConfig:
         for part in (self.data, self.model, self.parallel, self.schedule, self.optim, self.run):
             out.update(asdict(part))
         out["model"] = out.pop("name")
+        out.pop("flags", None)  # config.json records them next to the spec
         return out

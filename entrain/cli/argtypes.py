@@ -78,7 +78,8 @@ MAX_FLOAT = 1e9
 """Upper bound of the times and factors (seconds, norms, budget factors)."""
 POSITIVE_FLOAT = Number(float, 0.0, MAX_FLOAT, low_open=True)
 NON_NEGATIVE_FLOAT = Number(float, 0.0, MAX_FLOAT)
-RATE = Number(float, 0.0, 10.0, low_open=True)
+RATE = Number(float, 0.0, 10.0)
+"""A learning rate; 0 trains nothing and keeps every weight bitwise (checks of loading and export)."""
 DECAY = Number(float, 0.0, 10.0)
 PROBABILITY = Number(float, 0.0, 1.0, low_open=True)
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from entrain.cli.common import add_common_args, emit_json, resolve_cost_model, workload_source
+from entrain.cli.common import add_common_args, emit_json, model_label, resolve_cost_model, workload_source
 from entrain.config import RunConfig
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
@@ -123,12 +123,12 @@ def run(args: argparse.Namespace) -> int:
         results[name] = {"summary": summarize(its), "iterations": [it.to_json() for it in its]}
     if args.json:
         emit_json({
-            "systems": results, "dataset": args.dataset, "model": args.model, "dp": dp,
+            "systems": results, "dataset": args.dataset, "model": model_label(args), "dp": dp,
             "global_batch": args.global_batch, "microbatch_size": args.microbatch_size,
             "num_microbatches": k, "iterations": args.iterations, "seed": args.seed,
         })  # fmt: skip
         return 0
-    head = (f"entrain assign: dataset {args.dataset}, model {args.model}, dp {dp}, global batch "
+    head = (f"entrain assign: dataset {args.dataset}, model {model_label(args)}, dp {dp}, global batch "
             f"{args.global_batch}, microbatch size {args.microbatch_size} (K = {k}), {args.iterations} iterations")  # fmt: skip
     print(_table(results, times_ms, head))
     return 0

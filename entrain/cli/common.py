@@ -12,10 +12,13 @@ from dataclasses import dataclass
 
 from entrain.config import parse_ramp
 from entrain.core.architectures import MODEL_PRESETS as _ARCHS
+from entrain.core.architectures import ModelArch
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.hf_config import ModelSource
 from entrain.core.presets import HARDWARE_PRESETS, default_hardware
 from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
+from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig, pixel_limits
 from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import ENTRAIN_LAYOUTS
 from entrain.core.work import SampleWork
@@ -32,6 +35,8 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
         help="built-in generator name, workload JSONL, raw-work JSONL, or LLaVA JSON/JSONL/Parquet dataset",
     )
     p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS, help="model preset to price")
+    add_model_source_args(p)
+    add_pixel_args(p)
     p.add_argument(
         "--hardware",
         default=None,
@@ -52,6 +57,53 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
     if systems_default is not None:
         p.add_argument("--systems", default=systems_default, help="comma list of systems")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def add_model_source_args(p: argparse.ArgumentParser) -> None:
+    """``--vision-model DIR`` / ``--llm-model DIR``: stock Hugging Face folders replacing ``--model``
+    (shapes from their config.json; ``entrain.core.hf_config``)."""
+    p.add_argument(
+        "--vision-model",
+        default=None,
+        metavar="DIR",
+        help="a Qwen2-VL / Qwen2.5-VL checkpoint folder (whole model or vision-only): its vision tower "
+        "and merger; with --llm-model, replaces --model",
+    )
+    p.add_argument(
+        "--llm-model",
+        default=None,
+        metavar="DIR",
+        help="a causal-LM checkpoint folder (LlamaForCausalLM, Qwen2ForCausalLM, or the same layer structure)",
+    )
+
+
+def add_pixel_args(p: argparse.ArgumentParser) -> None:
+    """``--min-pixels`` / ``--max-pixels``: the image processor's limits (Qwen's ``smart_resize``)."""
+    p.add_argument(
+        "--min-pixels", type=int, default=None, help=f"smallest resized image area (default {DEFAULT_VISION.min_pixels})"
+    )
+    p.add_argument(
+        "--max-pixels", type=int, default=None, help=f"largest resized image area (default {DEFAULT_VISION.max_pixels})"
+    )
+
+
+def vision_limits(args: argparse.Namespace) -> VisionTokenConfig:
+    """The ``VisionTokenConfig`` of ``--min-pixels`` / ``--max-pixels`` (Qwen's defaults otherwise)."""
+    return pixel_limits(getattr(args, "min_pixels", None), getattr(args, "max_pixels", None))
+
+
+def model_arch_of(args: argparse.Namespace) -> ModelArch:
+    """The preset ``--model``, or the ``ModelArch`` of ``--vision-model`` + ``--llm-model``."""
+    return ModelSource(
+        preset=args.model,
+        vision_model=getattr(args, "vision_model", None),
+        llm_model=getattr(args, "llm_model", None),
+    ).arch()
+
+
+def model_label(args: argparse.Namespace) -> str:
+    """``--model``'s name, or the stock model's (``hf:VISION+LLM``) for reports."""
+    return model_arch_of(args).name
 
 
 def add_attention_arg(p: argparse.ArgumentParser) -> None:
@@ -110,14 +162,14 @@ def hardware_label(args: argparse.Namespace) -> str:
     """What the costs come from, for reports: the hardware preset, or ``profile:FILE``."""
     if getattr(args, "profile", None):
         return f"profile:{args.profile}"
-    return args.hardware or default_hardware(args.model)
+    return args.hardware or default_hardware(model_label(args))
 
 
 def resolve_cost_model(args: argparse.Namespace, freeze: tuple[str, ...] = ()) -> CostModel:
     """The cost model named by ``--model``/``--hardware``/``--attention`` (and frozen parts), or the
     measured ``--profile`` (``entrain.core.presets.resolve_cost_model``)."""
     return resolve_preset_or_profile(
-        args.model,
+        model_arch_of(args),
         hardware=args.hardware,
         profile=getattr(args, "profile", None),
         attention=getattr(args, "attention", None),
@@ -136,6 +188,7 @@ class WorkloadSource:
     cp: int = 1
     shuffle: bool = False
     image_root: str | None = None
+    vision: VisionTokenConfig = DEFAULT_VISION
 
     def batches(self, global_batch: int, iterations: int) -> Iterator[list[SampleWork]]:
         from entrain.data.workload_io import load_workload
@@ -150,6 +203,7 @@ class WorkloadSource:
             cp=self.cp,
             shuffle=self.shuffle,
             image_root=self.image_root,
+            vision=self.vision,
         )
 
 
@@ -161,6 +215,7 @@ def workload_source(args: argparse.Namespace, cost: CostModel) -> WorkloadSource
         tp=args.tp,
         shuffle=args.shuffle,
         image_root=getattr(args, "image_root", None),
+        vision=vision_limits(args),
     )
 
 

@@ -13,9 +13,13 @@ from entrain.cli.common import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
     add_attention_arg,
-    default_hardware,
+    add_model_source_args,
+    add_pixel_args,
     emit_json,
+    hardware_label,
+    model_label,
     resolve_cost_model,
+    vision_limits,
 )
 from entrain.core.errors import ConfigError
 from entrain.core.samples import SampleMeta
@@ -55,6 +59,8 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS,
                    help="default: cpu-tiny for tiny, a40-paper otherwise")  # fmt: skip
     p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
+    add_model_source_args(p)
+    add_pixel_args(p)
     add_attention_arg(p)
     p.add_argument("--num-samples", type=int, default=None,
                    help=f"samples to draw (default {DEFAULT_NUM_SAMPLES}); a file's first N (default all)")  # fmt: skip
@@ -71,8 +77,10 @@ def _load(args: argparse.Namespace) -> tuple[str, list[SampleMeta]]:
     if is_builtin(args.dataset):
         name = canonical_name(args.dataset)
         n = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
-        return name, generate_samples(name, n, args.seed)
-    samples = read_samples(resolve_dataset_file(args.dataset), image_root=getattr(args, "image_root", None))
+        return name, generate_samples(name, n, args.seed, vision=vision_limits(args))
+    samples = read_samples(
+        resolve_dataset_file(args.dataset), vision_limits(args), image_root=getattr(args, "image_root", None)
+    )
     return args.dataset, samples if args.num_samples is None else samples[: args.num_samples]
 
 
@@ -103,13 +111,13 @@ def run_stats(args: argparse.Namespace) -> int:
     stats, cols = compute_stats(samples, cost)
     if args.plot:
         plot_token_cdfs(cols, name, args.plot)
-    hardware = None if args.profile else args.hardware or default_hardware(args.model)
+    hardware = None if args.profile else hardware_label(args)
     if args.json:
         attention = None if args.profile else cost.notes.get("attention")
-        emit_json({**stats, "dataset": name, "seed": args.seed, "model": args.model, "hardware": hardware,
+        emit_json({**stats, "dataset": name, "seed": args.seed, "model": model_label(args), "hardware": hardware,
                    "profile": args.profile, "attention": attention})  # fmt: skip
         return 0
-    source = f"profile {args.profile}" if args.profile else f"{args.model} on {hardware}"
+    source = f"profile {args.profile}" if args.profile else f"{model_label(args)} on {hardware}"
     attention = cost.notes.get("attention", {})
     if any(impl != "flash" for impl in attention.values()):
         source += " with " + ",".join(f"{c}={impl}" for c, impl in attention.items()) + " attention"

@@ -70,6 +70,8 @@ def export(run_dir: str, out: str, step: int | None = None) -> dict:
     from entrain.models.vlm import _llm_hf_config, _vision_hf_config
 
     manifest, params = _choose(run_dir, step)
+    if manifest.get("model_source"):
+        return _export_stock(run_dir, out, manifest, params)
     cfg = get_model_config(manifest["model"])
     llm_config = _llm_hf_config(cfg)
     llm_config._attn_implementation = "sdpa"  # the exported model runs with standard attention
@@ -93,6 +95,11 @@ def export(run_dir: str, out: str, step: int | None = None) -> dict:
         folder = Path(out) / name
         module.save_pretrained(folder, safe_serialization=True)
         files += sorted(str(folder / f) for f in os.listdir(folder))
+    return _write_info(run_dir, out, manifest, params, cfg.token_id(IMAGE_PAD_ID), files)
+
+
+def _write_info(run_dir: str, out: str, manifest: dict, params: dict, image_token_id: int, files: list) -> dict:
+    """The export summary, also written as ``entrain_export.json``."""
     info = {
         "run": str(run_dir),
         "step": int(manifest["step"]),
@@ -101,12 +108,43 @@ def export(run_dir: str, out: str, step: int | None = None) -> dict:
         "out": str(out),
         "vision": str(Path(out) / "vision"),
         "llm": str(Path(out) / "llm"),
-        "image_token_id": cfg.token_id(IMAGE_PAD_ID),
+        "image_token_id": image_token_id,
         "num_parameters": sum(v.numel() for v in params.values()),
         "files": files,
     }
     Path(out, EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n")
     return info
+
+
+def _export_stock(run_dir: str, out: str, manifest: dict, params: dict) -> dict:
+    """A run of stock folders: ``vision/`` with the vision checkpoint's own tower config (vision-only),
+    ``llm/`` with the LLM's config.json (vocab_size grown by any added tokens; untied, since
+    embedding and lm_head were trained apart) and its tokenizer, image tokens included."""
+    from entrain.data.tokenizer import IMAGE_TOKENS, model_tokenizer
+    from entrain.models.hf_checkpoint import build_stock_llm, build_stock_vision
+
+    source = manifest["model_source"]
+    vision = build_stock_vision(source["vision_model"])
+    vocab = params["llm.model.embed_tokens.weight"].shape[0]
+    llm = build_stock_llm(source["llm_model"], "sdpa", vocab_size=vocab)
+    files = []
+    for name, module, prefix in (("vision", vision, "vision."), ("llm", llm, "llm.")):
+        state = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
+        missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+        if missing or unexpected:
+            raise ConfigError(
+                f"{run_dir}: the checkpoint's {name} parameters do not match {source[name + '_model']} "
+                f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+            )
+        folder = Path(out) / name
+        module.save_pretrained(folder, safe_serialization=True)
+        files += sorted(str(folder / f) for f in os.listdir(folder))
+    tok = model_tokenizer(source.get("tokenizer"), source["llm_model"], vocab)
+    if tok.hf is not None:
+        tok.hf.save_pretrained(Path(out) / "llm")
+    llm_files = [str(Path(out) / "llm" / f) for f in os.listdir(Path(out) / "llm")]
+    files = sorted(set(files + llm_files))
+    return _write_info(run_dir, out, manifest, params, tok.token_id(IMAGE_TOKENS[2]), files)
 
 
 def run(args: argparse.Namespace) -> int:

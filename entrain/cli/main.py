@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "entrain.cli.profile",
     "train": "entrain.cli.train",
     "export": "entrain.cli.export",
+    "plot-trace": "entrain.cli.plot_trace",
 }
 
 
@@ -44,6 +45,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+def with_config(parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> argparse.Namespace:
+    """``--config FILE``: the file's values become the defaults of the command's flags and ``argv`` is
+    parsed again over them, so the command line wins."""
+    if not getattr(args, "config", None):
+        return args
+    from entrain.cli.config_file import config_defaults
+
+    command = _subparser(parser, args.command)
+    command.set_defaults(**config_defaults(command, args.config))
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -51,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # a bad flag (one line already on stderr), --help or --version
         return e.code if isinstance(e.code, int) else int(e.code is not None) * 2
     try:
+        args = with_config(parser, args, argv)
         check_args(args)
         rc = args.func(args)
     except EntrainError as e:

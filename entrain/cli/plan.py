@@ -24,7 +24,9 @@ from entrain.cli.common import (
     apply_paper_entrain,
     emit_json,
     resolve_cost_model,
+    vision_limits,
 )
+from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, plan
@@ -40,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     add_common_args(p)
+    add_config_arg(p)
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the stability test")
     p.add_argument("--p-error", type=float, default=0.05, help="tolerated probability of a different split")
     p.add_argument(
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     apply_paper_entrain(args)
     RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
     cost = _cost(args)
-    sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root)
+    sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root, vision=vision_limits(args))
     if args.tp < 0 or args.cp < 0:
         raise ConfigError("--tp and --cp must be >= 0 (0 = search)")
     result = plan(

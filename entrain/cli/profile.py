@@ -12,7 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from entrain.cli.common import MODEL_PRESETS, default_hardware, emit_json
+from entrain.cli.common import (
+    MODEL_PRESETS,
+    add_model_source_args,
+    default_hardware,
+    emit_json,
+    model_arch_of,
+)
 from entrain.core.errors import ConfigError
 
 
@@ -21,6 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "profile", help="measure per-layer costs of a model on this machine", description=__doc__
     )
     p.add_argument("--model", default="tiny", choices=MODEL_PRESETS)
+    add_model_source_args(p)
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     p.add_argument(
         "--tokens",
@@ -62,6 +69,22 @@ def _fit_line(fit) -> str:
     )
 
 
+def _target(args: argparse.Namespace):
+    """``(ModelArch, VLMConfig)`` to time: the preset, or a stock model's config.json shapes (weights
+    do not change the times)."""
+    from entrain.models.config import VLMConfig, get_model_config
+
+    arch = model_arch_of(args)
+    if arch.name == args.model:
+        return arch, get_model_config(args.model)
+    if arch.vision.family != "qwen2_5_vl":
+        raise ConfigError(
+            f"--vision-model {args.vision_model}: profiling times Qwen2.5-VL vision blocks; a "
+            f"{arch.vision.family} tower is priced from its config.json by plan/simulate instead"
+        )
+    return arch, VLMConfig(arch=arch)
+
+
 def run(args: argparse.Namespace) -> int:
     tokens = _tokens(args.tokens)
     if args.repeats < 1:
@@ -71,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from entrain.core.presets import build_cost_model
-    from entrain.models.config import get_model_config
     from entrain.runtime.profiler import profile_model
+
+    arch, model_cfg = _target(args)
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda but torch sees no GPU")
@@ -88,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cost, fits = profile_model(
-            get_model_config(args.model),
-            build_cost_model(args.model, default_hardware(args.model)),
+            model_cfg,
+            build_cost_model(arch, default_hardware(arch.name)),
             tokens=tokens,
             device=device,
             repeats=args.repeats,
@@ -105,14 +129,14 @@ def run(args: argparse.Namespace) -> int:
     tables = sum(f.table for f in fits)
     print(
         f"wrote {args.out}: {len(cost.encoder.layers)} encoder + {len(cost.llm.layers)} LLM layers of "
-        f"{args.model} from {len(fits) // 2} measured layers on {device}; {tables} of {len(fits)} "
+        f"{arch.name} from {len(fits) // 2} measured layers on {device}; {tables} of {len(fits)} "
         "fits use a table",
         file=sys.stderr,
     )
     if args.json:
         emit_json(
             {
-                "model": args.model,
+                "model": arch.name,
                 "device": str(device),
                 "tokens": tokens,
                 "out": args.out,

@@ -5,6 +5,7 @@ memory (CONTRACT.md ``entrain simulate``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from entrain.cli.common import (
@@ -13,9 +14,12 @@ from entrain.cli.common import (
     apply_paper_entrain,
     emit_json,
     hardware_label,
+    model_label,
     resolve_cost_model,
+    vision_limits,
     workload_source,
 )
+from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.setups import system_setups
@@ -32,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "simulate", help="simulate each system's pipeline schedule", description=__doc__
     )
     add_common_args(p, systems_default=DEFAULT_SYSTEMS)
+    add_config_arg(p)
     p.add_argument("--plot-dir", default=None, help="write gantt_<system>.png, fwd_time.png, memory.png here")
     p.add_argument(
         "--eager-budget-factor",
@@ -51,8 +56,10 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
     config = RunConfig.from_args(args)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
-    req = config.config_request()
-    sampler = dataset_sampler(args.dataset, args.seed, image_root=getattr(args, "image_root", None))
+    req = dataclasses.replace(config.config_request(), model=cost.model)  # a stock checkpoint's label
+    sampler = dataset_sampler(
+        args.dataset, args.seed, image_root=getattr(args, "image_root", None), vision=vision_limits(args)
+    )
     setups = system_setups(systems, req, cost, sampler)
     runs = {}
     for name in systems:
@@ -112,7 +119,7 @@ def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace)
         "ideal_ms": top.metrics.ideal_ms,
         "lower_bound_ms": top.metrics.lower_bound_ms,
         "dataset": args.dataset,
-        "model": args.model,
+        "model": model_label(args),
         "hardware": hardware_label(args),
         "iterations": args.iterations,
         "global_batch": args.global_batch,
@@ -165,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(to_json(runs, configs, args))
         return 0
-    print(f"entrain simulate: dataset {args.dataset}, model {args.model}, {args.iterations} iterations, "
+    print(f"entrain simulate: dataset {args.dataset}, model {model_label(args)}, {args.iterations} iterations, "
           f"global batch {args.global_batch}, microbatch size {args.microbatch_size}")  # fmt: skip
     print(table(runs, configs))
     return 0

@@ -24,9 +24,13 @@ from entrain.cli.common import (
     MODEL_PRESETS,
     add_attention_arg,
     add_entrain_extension_args,
+    add_model_source_args,
+    add_pixel_args,
     apply_paper_entrain,
 )
+from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
+from entrain.core.architectures import PRECISIONS
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import SYSTEMS, parse_systems
 
@@ -98,9 +102,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="data-parallel replicas (default: the planner's choice, or processes / stages when fixed)",
     )
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (the runtime supports 1)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel degree inside every stage (each pipeline rank becomes --tp processes)",
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard each stage's parameters, gradients and AdamW state over its data-parallel group "
+        "(FSDP2; needs --dp 2 or more) instead of all-reducing whole gradients",
+    )
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
     _add_batch_and_optimiser_args(p)
+    _add_stock_model_args(p)
     _add_run_control_args(p)
     p.set_defaults(func=run)
     _DEFAULTS.update({a.dest: a.default for a in p._actions})
@@ -123,6 +139,34 @@ def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
     p.add_argument("--freeze", default="", help="comma list of encoder, vit (tower without merger), llm")
     p.add_argument("--weights", default=None, help="local weights folder (default: random init from --seed)")
+
+
+def _add_stock_model_args(p: argparse.ArgumentParser) -> None:
+    """Stock Hugging Face folders, their tokenizer, image limits, precision and the run's records."""
+    add_model_source_args(p)
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="tokenizer folder (AutoTokenizer) of a stock --llm-model (default: the LLM folder's own)",
+    )
+    add_pixel_args(p)
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="bf16: bf16 autocast compute with fp32 master weights and AdamW state (default: bf16 on CUDA, "
+        "fp32 on CPU)",
+    )
+    p.add_argument(
+        "--tensorboard", action="store_true", help="write TensorBoard event files under OUT/tensorboard/"
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="write OUT/trace.json: Chrome trace events of every rank's compute and communication actions",
+    )
+    add_config_arg(p)
 
 
 def _add_run_control_args(p: argparse.ArgumentParser) -> None:
@@ -192,6 +236,7 @@ def _spec(args: argparse.Namespace) -> RunConfig:
     """The run's configuration from the flags; with ``--plan``, the plan file's system, batch sizes and
     layout replace the flags'."""
     apply_paper_entrain(args)
+    _tensorboard(args.tensorboard)
     spec = RunConfig.from_args(args)
     if spec.schedule.plan:
         from entrain.runtime.planning import plan_file
@@ -212,7 +257,76 @@ def _spec(args: argparse.Namespace) -> RunConfig:
             ),
             schedule=replace(spec.schedule, systems=(system,)),
         )
-    return spec
+    return replace(spec, run=replace(spec.run, flags=run_flags(args)))
+
+
+def _tensorboard(wanted: bool) -> bool:
+    """``--tensorboard``, refused before any launch when the package is missing."""
+    if wanted:
+        from entrain.runtime.tensorboard import check_tensorboard
+
+        check_tensorboard()
+    return wanted
+
+
+_FORWARDED = (
+    "dataset",
+    "image_root",
+    "model",
+    "hardware",
+    "profile",
+    "attention",
+    "system",
+    "plan",
+    "encoder_stages",
+    "llm_stages",
+    "dp",
+    "tp",
+    "cp",
+    "global_batch",
+    "microbatch_size",
+    "steps",
+    "seed",
+    "out",
+    "lr",
+    "weight_decay",
+    "warmup_steps",
+    "max_grad_norm",
+    "betas",
+    "val_every",
+    "val_batches",
+    "freeze",
+    "weights",
+    "on_bad_sample",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "timeout_s",
+    "entrain_layout",
+    "ramp_microbatches",
+    "split_weight_grads",
+    "assignment",
+    "vision_model",
+    "llm_model",
+    "tokenizer",
+    "min_pixels",
+    "max_pixels",
+    "precision",
+)
+_FLAGS_FORWARDED = (
+    "shuffle",
+    "resume",
+    "no_progress",
+    "overwrite",
+    "confine_images",
+    "tensorboard",
+    "trace",
+    "fsdp",
+)
+
+
+def run_flags(args: argparse.Namespace) -> dict:
+    """The resolved flags of a run (what config.json records for ``--config``)."""
+    return {k: getattr(args, k) for k in (*_FORWARDED, *_FLAGS_FORWARDED)}
 
 
 def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
@@ -378,6 +492,7 @@ def _infer_dp(args: argparse.Namespace, world: int | None) -> None:
         return
     enc, llm = args.encoder_stages or 1, args.llm_stages or 1
     per_replica = max(SYSTEMS[s].ranks_per_replica(enc, llm) for s in parse_systems(args.system))
+    per_replica *= max(1, args.tp)
     if world % per_replica:
         lower = max(per_replica, world // per_replica * per_replica)
         raise ConfigError(
@@ -397,7 +512,7 @@ def default_world_size(spec: RunConfig) -> int:
     if need is not None:
         return need
     per_replica = 1 if all(SYSTEMS[s].colocated for s in spec.schedule.systems) else 2
-    return per_replica * spec.parallel.dp_or_1
+    return per_replica * spec.parallel.dp_or_1 * spec.parallel.tp
 
 
 def _check_resume(spec) -> None:
@@ -426,14 +541,15 @@ def warn_below_b_min(spec) -> int | None:
     from entrain.core.planner import find_b_min, pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
-    from entrain.runtime.session import resolve_cost
+    from entrain.runtime.session import resolve_cost, spec_vision
 
     if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
         return None
     if is_builtin(spec.data.dataset):
-        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed)
+        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec_vision(spec))
     else:
-        pool = read_samples(resolve_dataset_file(spec.data.dataset), image_root=spec.data.image_root)[:B_MIN_POOL]
+        path = resolve_dataset_file(spec.data.dataset)
+        pool = read_samples(path, spec_vision(spec), image_root=spec.data.image_root)[:B_MIN_POOL]
     dp = spec.parallel.dp_or_1
     result = find_b_min(
         pool_sampler(pool),

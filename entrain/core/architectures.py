@@ -37,6 +37,11 @@ __all__ = [
     "get_arch",
 ]
 
+PRECISIONS = ("fp32", "bf16")
+"""Compute precisions of ``entrain train --precision`` (bf16: autocast over fp32 master weights)."""
+VISION_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+LLM_FAMILIES = ("llama", "qwen2")
+
 QWEN2_VOCAB_SIZE = 151_936
 """Qwen2 / Qwen2.5 tokenizer vocabulary (embedding rows of the released checkpoints)."""
 
@@ -60,8 +65,13 @@ class VisionArch:
     spatial_merge_size: int = 2
     in_channels: int = 3
     hidden_act: str = "silu"
+    family: str = "qwen2_5_vl"
+    """``qwen2_5_vl`` (RMSNorm, SwiGLU MLP, window attention) or ``qwen2_vl`` (Qwen2-VL's tower:
+    LayerNorm, 2-matrix GELU MLP, full attention in every block)."""
 
     def __post_init__(self) -> None:
+        if self.family not in VISION_FAMILIES:
+            raise ConfigError(f"vision family {self.family!r}; expected one of {', '.join(VISION_FAMILIES)}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"vision hidden_size {self.hidden_size} not divisible by num_heads {self.num_heads}"
@@ -93,6 +103,16 @@ class VisionArch:
     def merger_hidden(self) -> int:
         return self.hidden_size * self.merge_factor
 
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of a block's MLP: 3 (SwiGLU) or 2 (Qwen2-VL's fc1/fc2)."""
+        return 2 if self.family == "qwen2_vl" else 3
+
+    @property
+    def norm_params_per_width(self) -> int:
+        """Parameters of one norm per hidden unit: 1 (RMSNorm) or 2 (Qwen2-VL's LayerNorm, with bias)."""
+        return 2 if self.family == "qwen2_vl" else 1
+
     def is_full_attention(self, block: int) -> bool:
         return block in self.fullatt_block_indexes
 
@@ -102,14 +122,14 @@ class VisionArch:
 
     def block_params(self) -> int:
         h, i = self.hidden_size, self.intermediate_size
-        norms = 2 * h
+        norms = 2 * h * self.norm_params_per_width
         attn = (3 * h * h + 3 * h) + (h * h + h)
-        mlp = 2 * (h * i + i) + (i * h + h)
+        mlp = (self.mlp_matrices - 1) * (h * i + i) + (i * h + h)
         return norms + attn + mlp
 
     def merger_params(self) -> int:
         m = self.merger_hidden
-        return self.hidden_size + (m * m + m) + (m * self.out_hidden_size + self.out_hidden_size)
+        return self.hidden_size * self.norm_params_per_width + (m * m + m) + (m * self.out_hidden_size + self.out_hidden_size)
 
     def num_params(self) -> int:
         return self.patch_embed_params() + self.depth * self.block_params() + self.merger_params()
@@ -150,8 +170,15 @@ class LLMArch:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 131_072
     hidden_act: str = "silu"
+    family: str = "llama"
+    """``llama`` (``LlamaForCausalLM``) or ``qwen2`` (``Qwen2ForCausalLM``: q/k/v projections with bias)."""
+    attention_bias: bool = False
+    """Llama's ``attention_bias``: q/k/v/o projections with bias."""
+    mlp_bias: bool = False
 
     def __post_init__(self) -> None:
+        if self.family not in LLM_FAMILIES:
+            raise ConfigError(f"LLM family {self.family!r}; expected one of {', '.join(LLM_FAMILIES)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads {self.num_attention_heads} not a multiple of "
@@ -179,7 +206,12 @@ class LLMArch:
     def layer_params(self) -> int:
         h, i = self.hidden_size, self.intermediate_size
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        return 2 * h + attn + 3 * h * i
+        return 2 * h + attn + 3 * h * i + self.layer_bias_params()
+
+    def layer_bias_params(self) -> int:
+        qkv = self.q_dim + 2 * self.kv_dim
+        attn = qkv if self.family == "qwen2" else (qkv + self.hidden_size) * self.attention_bias
+        return attn + (2 * self.intermediate_size + self.hidden_size) * self.mlp_bias
 
     def lm_head_params(self) -> int:
         """Parameters the lm_head adds (0 when tied to the embedding)."""
@@ -221,7 +253,9 @@ class ModelArch:
     def __post_init__(self) -> None:
         if self.vision.out_hidden_size != self.llm.hidden_size:
             raise ConfigError(
-                f"{self.name}: merger output {self.vision.out_hidden_size} != LLM hidden size {self.llm.hidden_size}"
+                f"{self.name}: the vision merger outputs {self.vision.out_hidden_size} features but the LLM's "
+                f"hidden size is {self.llm.hidden_size}: the image features cannot replace its token embeddings "
+                "(use a vision checkpoint whose merger projects to the LLM width)"
             )
 
     def num_params(self) -> int:

@@ -69,6 +69,8 @@ class ParallelConfig:
     dp: int | None = None
     tp: int = 1
     cp: int = 1
+    fsdp: bool = False
+    """FSDP2 over each stage's data-parallel group instead of the flat gradient all-reduce."""
     encoder_stages: int | None = None
     llm_stages: int | None = None
     global_batch: int

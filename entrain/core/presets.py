@@ -135,8 +135,8 @@ class LayerSpec:
 
 def _vision_specs(v: VisionArch) -> list[LayerSpec]:
     h, i = v.hidden_size, v.intermediate_size
-    block_lin = 2.0 * (4 * h * h + 3 * h * i)
-    block_act = 16.0 * h + 6.0 * i
+    block_lin = 2.0 * (4 * h * h + v.mlp_matrices * h * i)
+    block_act = 16.0 * h + 2.0 * v.mlp_matrices * i
     specs = [
         LayerSpec(
             "patch_embed",
@@ -586,21 +586,23 @@ def cost_model_for(
 
 
 def build_cost_model(
-    model: str,
+    model: str | ModelArch,
     hardware: str,
     *,
     freeze: Iterable[str] = (),
     label_fraction: float = LABEL_FRACTION,
     attention: str | None = None,
 ) -> CostModel:
-    """The analytic cost model of a model preset on a hardware preset.
+    """The analytic cost model of a model preset (or any ``ModelArch``, e.g. one read from Hugging Face
+    ``config.json`` files by ``entrain.core.hf_config``) on a hardware preset.
 
     ``freeze``: any of ``FREEZE_OPTIONS``; ``attention``: see ``attention_by_component`` (``None``: the
     hardware preset's ``DEFAULT_ATTENTION``, else flash). ConfigError names the valid choices.
     """
     if attention is None:
         attention = DEFAULT_ATTENTION.get(hardware, "flash")
-    arch = get_arch(model)
+    arch = model if isinstance(model, ModelArch) else get_arch(model)
+    model = arch.name
     counts = {c: len(v) for c, v in layer_specs(arch, label_fraction).items()}
     if hardware == "a40-flops":
         dev = _a40_device(hardware, model, A40_FLOPS_EFFICIENCY, A40_FLOPS_EFFICIENCY, counts)
@@ -630,7 +632,7 @@ def default_hardware(model: str) -> str:
 
 
 def resolve_cost_model(
-    model: str,
+    model: str | ModelArch,
     *,
     hardware: str | None = None,
     profile: str | None = None,
@@ -642,12 +644,11 @@ def resolve_cost_model(
     with ``attention`` and the frozen parts. A profile timed its own attention and trainable parts,
     so ``attention`` or ``freeze`` with a profile is refused."""
     freeze = tuple(freeze)
+    name = model.name if isinstance(model, ModelArch) else model
     if profile:
         if freeze:
-            raise ConfigError(
-                "--freeze applies to presets; a measured --profile carries its own trainable flags"
-            )
+            raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")
         if attention:
             raise ConfigError("--attention applies to presets; a measured --profile timed its own attention")
-        return CostModel.load(profile, expect_model=model)
-    return build_cost_model(model, hardware or default_hardware(model), freeze=freeze, attention=attention)
+        return CostModel.load(profile, expect_model=name)
+    return build_cost_model(model, hardware or default_hardware(name), freeze=freeze, attention=attention)

@@ -36,6 +36,21 @@ class VisionTokenConfig:
 DEFAULT_VISION = VisionTokenConfig()
 
 
+def pixel_limits(min_pixels: int | None, max_pixels: int | None) -> VisionTokenConfig:
+    """``--min-pixels`` / ``--max-pixels`` (None: Qwen's defaults); ConfigError for impossible limits."""
+    from entrain.core.errors import ConfigError
+
+    lo = DEFAULT_VISION.min_pixels if min_pixels is None else min_pixels
+    hi = DEFAULT_VISION.max_pixels if max_pixels is None else max_pixels
+    factor = DEFAULT_VISION.factor
+    if lo < factor * factor or hi < lo:
+        raise ConfigError(
+            f"--min-pixels {lo} / --max-pixels {hi}: need {factor * factor} <= min-pixels <= max-pixels "
+            f"(one merged {factor}x{factor} token at least)"
+        )
+    return VisionTokenConfig(min_pixels=lo, max_pixels=hi)
+
+
 def smart_resize(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_VISION) -> tuple[int, int]:
     """Qwen2-VL / Qwen2.5-VL ``smart_resize``: the resized ``(H', W')``, both multiples of ``cfg.factor``.
 

@@ -79,6 +79,8 @@ def format_chat(
         raise ValueError(
             f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(image_tokens)} image(s)"
         )
+    if tokenizer.chat is not None:
+        return _format_with_template(turns, image_tokens, tokenizer)
     ids: list[int] = []
     labels: list[int] = []
     k = 0
@@ -97,9 +99,36 @@ def format_chat(
     return ids, labels
 
 
+def _format_with_template(
+    turns: Sequence[tuple[str, str]], image_tokens: Sequence[int], tokenizer: TextTokenizer
+) -> tuple[list[int], list[int]]:
+    """A Hugging Face tokenizer's own chat template: ids of the whole conversation; labels copy the
+    ids of each assistant message after its generation prompt (the ids that
+    ``apply_chat_template(messages[:i], add_generation_prompt=True)`` ends with) up to the end of
+    ``apply_chat_template(messages[:i + 1])``, and are -100 elsewhere."""
+    messages, k = [], 0
+    for role, text in turns:
+        body, k = _expand(text, image_tokens, k)
+        messages.append({"role": role, "content": body})
+    ids = tokenizer.chat(messages)
+    labels = [IGNORE_INDEX] * len(ids)
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start = len(tokenizer.chat(messages[:i], add_generation_prompt=True)) if i else 0
+        upto = tokenizer.chat(messages[: i + 1])
+        if ids[: len(upto)] != upto:
+            raise ValueError(f"{tokenizer.name}: the chat template renders message {i} differently in context")
+        labels[start : len(upto)] = ids[start : len(upto)]
+    return ids, labels
+
+
 def count_text_tokens(turns: Sequence[tuple[str, str]], tokenizer: TextTokenizer) -> int:
     """Tokens of the chat-formatted conversation other than ``<|image_pad|>`` (template and vision
     start/end markers included): ``len(input_ids) - sum(image tokens)``."""
+    if tokenizer.chat is not None:
+        counts = [0] * sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+        return len(_format_with_template(turns, counts, tokenizer)[0])
     n = 0
     for role, text in _messages(turns):
         body = text.replace(IMAGE_PLACEHOLDER, VISION_START + VISION_END)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from entrain.core.errors import ConfigError
 from entrain.core.planner import Sampler, pool_sampler
+from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
 from entrain.data.generators import generate_samples, is_builtin
 from entrain.data.workload_io import detect_format, read_raw_work_jsonl, read_samples, resolve_dataset_file
 
@@ -20,13 +21,16 @@ POOL_SIZE = 1 << 16
 """Samples of a built-in generator that make up the population Algorithm 1 draws from."""
 
 
-def dataset_sampler(dataset: str, seed: int, *, image_root: str | None = None) -> Sampler:
-    """i.i.d. draws (with replacement) from the dataset named by ``--dataset``."""
+def dataset_sampler(
+    dataset: str, seed: int, *, image_root: str | None = None, vision: VisionTokenConfig = DEFAULT_VISION
+) -> Sampler:
+    """i.i.d. draws (with replacement) from the dataset named by ``--dataset``, its images resized
+    under ``vision``'s pixel limits (``--min-pixels`` / ``--max-pixels``)."""
     if is_builtin(dataset):
         if seed < 0:
             raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
-        return pool_sampler(generate_samples(dataset, POOL_SIZE, seed))
+        return pool_sampler(generate_samples(dataset, POOL_SIZE, seed, vision=vision))
     path = resolve_dataset_file(dataset)
     if detect_format(path) == "raw_work":
         return pool_sampler(read_raw_work_jsonl(path))
-    return pool_sampler(read_samples(path, image_root=image_root))
+    return pool_sampler(read_samples(path, vision, image_root=image_root))

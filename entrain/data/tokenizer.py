@@ -34,6 +34,8 @@ __all__ = [
     "check_vocab",
     "default_tokenizer",
     "load_tokenizer",
+    "model_tokenizer",
+    "IMAGE_TOKENS",
 ]
 
 QWEN2_PATTERN = (
@@ -72,6 +74,14 @@ class TextTokenizer:
     special_tokens: dict[str, int]
     _encode: Callable[[str], list[int]]
     _decode: Callable[[Sequence[int]], str]
+    chat: Callable[..., list[int]] | None = None
+    """A Hugging Face tokenizer's chat template: ``chat(messages, add_generation_prompt=False)`` ->
+    ids of ``[{"role", "content"}, ...]``; None: conversations use Qwen2's template
+    (``entrain.data.processing.format_chat``)."""
+    added: tuple[str, ...] = ()
+    """Tokens this wrapper added to the folder's tokenizer (the image tokens, when it lacked them)."""
+    hf: object = None
+    """The Hugging Face tokenizer object (``entrain export`` saves it next to the LLM); None otherwise."""
 
     def encode(self, text: str) -> list[int]:
         return self._encode(text)
@@ -151,7 +161,9 @@ def default_tokenizer() -> TextTokenizer:
     return TextTokenizer("qwen2-offline", vocab, dict(QWEN2_SPECIAL_TOKENS), encode, decode)
 
 
-def _from_hf(path: Path) -> TextTokenizer:
+def _from_hf(path: Path, ensure: Sequence[str] = ()) -> TextTokenizer:
+    """``AutoTokenizer`` of local folder ``path``; the special tokens ``ensure`` it lacks are added
+    (after its last id, in this order) and listed in ``TextTokenizer.added``."""
     try:
         from transformers import AutoTokenizer
     except ModuleNotFoundError:
@@ -160,6 +172,12 @@ def _from_hf(path: Path) -> TextTokenizer:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot load a tokenizer from {path}: {e}") from None
+    vocab = tok.get_vocab()
+    missing = [t for t in ensure if t not in vocab]
+    if missing:
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in missing], special_tokens=True)
     special = {t: int(i) for t, i in zip(tok.all_special_tokens, tok.all_special_ids)}
     special.update({str(t): int(i) for i, t in tok.added_tokens_decoder.items()})
 
@@ -169,7 +187,16 @@ def _from_hf(path: Path) -> TextTokenizer:
     def decode(ids: Sequence[int]) -> str:
         return tok.decode(list(ids))
 
-    return TextTokenizer(str(path), len(tok), special, encode, decode)
+    chat = None
+    if getattr(tok, "chat_template", None):
+
+        def chat(messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+            out = tok.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
+            )
+            return list(out["input_ids"])
+
+    return TextTokenizer(str(path), len(tok), special, encode, decode, chat, tuple(missing), tok)
 
 
 def _from_tokenizers_json(path: Path) -> TextTokenizer:
@@ -188,6 +215,43 @@ def _from_tokenizers_json(path: Path) -> TextTokenizer:
         return tok.decode(list(ids), skip_special_tokens=False)
 
     return TextTokenizer(str(path), tok.get_vocab_size(with_added_tokens=True), special, encode, decode)
+
+
+IMAGE_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+"""Qwen2.5-VL's image tokens: added to a model tokenizer that lacks them."""
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+"""Qwen2's chat-template tokens: added to a tokenizer that has no chat template of its own."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer_files(folder: str | Path) -> bool:
+    return any((Path(folder) / f).exists() for f in TOKENIZER_FILES)
+
+
+def model_tokenizer(tokenizer_dir: str | None, llm_dir: str, vocab_size: int) -> TextTokenizer:
+    """The tokenizer of a stock LLM: ``tokenizer_dir`` (``--tokenizer``), else ``llm_dir``'s own, with
+    the image tokens (and, without a chat template, Qwen2's chat tokens) added when missing. An LLM
+    folder without tokenizer files gets the built-in Qwen2 tokenizer only when its ``vocab_size``
+    holds exactly Qwen2's ids (151,665, or the released checkpoints' padded 151,936); ConfigError
+    otherwise."""
+    from entrain.core.architectures import QWEN2_VOCAB_SIZE
+
+    path = tokenizer_dir or (llm_dir if has_tokenizer_files(llm_dir) else None)
+    if path is None:
+        qwen = QWEN2_BPE_RANKS + len(QWEN2_SPECIAL_TOKENS)
+        if vocab_size not in (qwen, QWEN2_VOCAB_SIZE):
+            raise ConfigError(
+                f"--llm-model {llm_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES)}) and its vocab_size "
+                f"{vocab_size} is not the built-in Qwen2 tokenizer's ({qwen} or {QWEN2_VOCAB_SIZE}): pass "
+                "--tokenizer DIR with the tokenizer this LLM was trained with"
+            )
+        return default_tokenizer()
+    if not Path(path).is_dir():
+        raise ConfigError(f"--tokenizer {path}: not a folder (tokenizers are never downloaded)")
+    tok = _from_hf(Path(path), IMAGE_TOKENS)
+    if tok.chat is None:
+        tok = _from_hf(Path(path), IMAGE_TOKENS + CHAT_TOKENS)
+    return tok
 
 
 def load_tokenizer(path: str | Path | None = None) -> TextTokenizer:

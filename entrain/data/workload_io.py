@@ -265,10 +265,12 @@ def resolve_dataset_file(name: str) -> str:
     return name
 
 
-def _file_works(path: str, cost: CostModel, tp: int, cp: int, image_root: str | None) -> list[SampleWork]:
+def _file_works(
+    path: str, cost: CostModel, tp: int, cp: int, image_root: str | None, vision: VisionTokenConfig
+) -> list[SampleWork]:
     if detect_format(path) == "raw_work":
         return read_raw_work_jsonl(path)
-    return sample_works(read_samples(path, image_root=image_root), cost, tp, cp)
+    return sample_works(read_samples(path, vision, image_root=image_root), cost, tp, cp)
 
 
 def load_workload(
@@ -282,20 +284,22 @@ def load_workload(
     cp: int = 1,
     shuffle: bool = False,
     image_root: str | None = None,
+    vision: VisionTokenConfig = DEFAULT_VISION,
 ) -> Iterator[list[SampleWork]]:
     """One list of ``global_batch`` SampleWork per iteration.
 
     A built-in name draws samples ``[i*B, (i+1)*B)`` of ``(name, seed)`` for iteration ``i``; a
     file is read in file order (shuffled with ``seed`` first if ``shuffle``) and iteration ``i`` uses
-    its samples ``[i*B, (i+1)*B)``. ``image_root`` resolves a LLaVA file's relative image paths.
+    its samples ``[i*B, (i+1)*B)``. ``image_root`` resolves a LLaVA file's relative image paths;
+    ``vision`` holds the image processor's pixel limits (``--min-pixels`` / ``--max-pixels``).
     """
     _check_batching(global_batch, iterations)
     if is_builtin(name):
         if seed < 0:
             raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
-        return _builtin_batches(canonical_name(name), cost, global_batch, iterations, seed, tp, cp)
+        return _builtin_batches(canonical_name(name), cost, global_batch, iterations, seed, tp, cp, vision)
     path = resolve_dataset_file(name)
-    works = _file_works(path, cost, tp, cp, image_root)
+    works = _file_works(path, cost, tp, cp, image_root, vision)
     need = global_batch * iterations
     if len(works) < need:
         raise ConfigError(
@@ -309,9 +313,16 @@ def load_workload(
 
 
 def _builtin_batches(
-    name: str, cost: CostModel, global_batch: int, iterations: int, seed: int, tp: int, cp: int
+    name: str,
+    cost: CostModel,
+    global_batch: int,
+    iterations: int,
+    seed: int,
+    tp: int,
+    cp: int,
+    vision: VisionTokenConfig = DEFAULT_VISION,
 ) -> Iterator[list[SampleWork]]:
     memo: dict = {}
     for i in range(iterations):
-        samples = generate_samples(name, global_batch, seed, start=i * global_batch)
+        samples = generate_samples(name, global_batch, seed, start=i * global_batch, vision=vision)
         yield sample_works(samples, cost, tp, cp, memo)

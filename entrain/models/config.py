@@ -68,6 +68,18 @@ class VLMConfig:
     arch: ModelArch
     tiny_vocab: bool = False
     """True: token ids go through ``tiny_token_id``."""
+    vision_dir: str | None = None
+    """A stock Qwen2-VL / Qwen2.5-VL checkpoint folder (``entrain.models.hf_checkpoint``)."""
+    llm_dir: str | None = None
+    """A stock causal-LM checkpoint folder."""
+    special_ids: tuple[tuple[int, int], ...] = ()
+    """Stock tokenizer: (Qwen2 special id, this model's id) pairs, e.g. ``<|image_pad|>``. A regular
+    id (below 151,643; the renderer's synthetic text uses ids below 4,000) is taken modulo the
+    smallest mapped special id, so it stays a regular id of a small vocabulary too."""
+
+    @property
+    def is_stock(self) -> bool:
+        return self.vision_dir is not None
 
     @property
     def name(self) -> str:
@@ -82,7 +94,16 @@ class VLMConfig:
         return self.arch.llm
 
     def token_id(self, qwen_id: int) -> int:
-        return tiny_token_id(qwen_id) if self.tiny_vocab else qwen_id
+        if self.tiny_vocab:
+            return tiny_token_id(qwen_id)
+        if self.special_ids and qwen_id >= QWEN2_SPECIAL_BASE:
+            mapped = dict(self.special_ids).get(qwen_id)
+            if mapped is None:
+                raise ConfigError(f"the model's tokenizer has no token for Qwen2 special id {qwen_id}")
+            return mapped
+        if self.special_ids:
+            return qwen_id % min(v for _, v in self.special_ids)
+        return qwen_id
 
     @property
     def encoder_layer_names(self) -> list[str]:

@@ -30,7 +30,17 @@ from entrain.core.errors import ConfigError
 from entrain.models.attention import PACKED_ATTENTION
 from entrain.models.config import VLMConfig
 
-__all__ = ["VLM", "build_vlm", "EncoderStage", "LLMStage", "LLMBatch", "build_stage", "set_trainable"]
+__all__ = [
+    "VLM",
+    "build_vlm",
+    "EncoderStage",
+    "LLMStage",
+    "LLMBatch",
+    "build_stage",
+    "set_trainable",
+    "checkpoint_parts",
+    "fuse_parts",
+]
 
 
 def _vision_hf_config(cfg: VLMConfig) -> Qwen2_5_VLVisionConfig:
@@ -44,11 +54,21 @@ def _llm_hf_config(cfg: VLMConfig) -> LlamaConfig:
 
 
 class VLM(nn.Module):
-    """Vision tower (its merger projects to the LLM width) + Llama causal LM."""
+    """Vision tower (its merger projects to the LLM width) + Llama-structured causal LM.
+
+    A preset is built on the CPU from its seed; a stock model (``cfg.vision_dir`` / ``cfg.llm_dir``)
+    on the meta device, its parameters loaded later by ``entrain.models.hf_checkpoint.materialize``.
+    """
 
     def __init__(self, cfg: VLMConfig):
         super().__init__()
         self.cfg = cfg
+        if cfg.is_stock:
+            from entrain.models.hf_checkpoint import build_stock_llm, build_stock_vision
+
+            self.vision = build_stock_vision(cfg.vision_dir)
+            self.llm = build_stock_llm(cfg.llm_dir, PACKED_ATTENTION, vocab_size=cfg.llm.vocab_size)
+            return
         self.vision = Qwen2_5_VisionTransformerPretrainedModel(_vision_hf_config(cfg))
         self.llm = LlamaForCausalLM(_llm_hf_config(cfg))
         if cfg.llm.tie_word_embeddings:  # untied copy: embedding and lm_head may sit on different stages
@@ -56,12 +76,31 @@ class VLM(nn.Module):
 
 
 def build_vlm(
-    cfg: VLMConfig, *, seed: int = 0, weights_dir: str | None = None, dtype: torch.dtype = torch.float32
+    cfg: VLMConfig,
+    *,
+    seed: int = 0,
+    weights_dir: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    stages: list[tuple[str, int, int]] | None = None,
 ) -> VLM:
     """Random init from ``seed``, or the weights in ``weights_dir`` (``vision/`` and ``llm/`` Hugging Face
-    folders, or one ``model.safetensors`` / ``model.pt`` state dict of this ``VLM``)."""
+    folders, or one ``model.safetensors`` / ``model.pt`` state dict of this ``VLM``).
+
+    A stock model is built on the meta device and only the parameters of ``stages`` ((component,
+    first, end) layer ranges; None: all) are read from its checkpoint folders; the rest stay on meta.
+    """
     torch.manual_seed(seed)
     model = VLM(cfg)
+    if cfg.is_stock:
+        from entrain.models.hf_checkpoint import materialize
+
+        if weights_dir is not None:
+            raise ConfigError("--weights and --vision-model/--llm-model both give the weights: pass one")
+        if stages is None:
+            stages = [(c, 0, len(cfg.layer_names(c))) for c in ("encoder", "llm")]
+        names = [n for c, a, b in stages for n, _ in build_stage(model, c, a, b).owned_parameters()]
+        materialize(model, names, vision_dir=cfg.vision_dir, llm_dir=cfg.llm_dir)
+        return model
     if weights_dir is not None:
         _load_weights(model, weights_dir)
     return model.to(dtype)
@@ -108,7 +147,8 @@ def set_trainable(model: VLM, *, encoder: bool = True, merger: bool = True, llm:
 class VisionGeometry:
     """Per-call index tensors of a packed set of images (what every encoder stage recomputes)."""
 
-    window_index: torch.Tensor
+    window_index: torch.Tensor | None
+    """None for Qwen2-VL's tower (no window permutation)."""
     cu_seqlens: torch.Tensor
     cu_window_seqlens: torch.Tensor
     position_embeddings: tuple[torch.Tensor, torch.Tensor]
@@ -132,6 +172,8 @@ class EncoderStage(nn.Module):
         self.has_patch_embed = first == 0
         self.has_merger = end == depth + 2
         self.prefix = "vision."
+        self.windowed = hasattr(vis, "window_size")
+        """Qwen2.5-VL's window attention (window-permuted states); Qwen2-VL attends fully everywhere."""
 
     def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
         parts: list[tuple[str, nn.Module]] = []
@@ -152,6 +194,11 @@ class EncoderStage(nn.Module):
         vis = self.vis
         pos_ids = get_vision_position_ids(grid_thw, vis.spatial_merge_size)
         cu_seqlens, _ = get_vision_attention_seqlens(grid_thw, vis.config)
+        if not self.windowed:
+            n = int(cu_seqlens[-1])
+            emb = vis.rotary_pos_emb(like.new_empty((n, vis.config.embed_dim)), pos_ids.to(like.device))
+            cu = cu_seqlens.to(like.device)
+            return VisionGeometry(None, cu, cu, emb)
         window_index, cu_window = get_vision_window_index(
             grid_thw,
             spatial_merge_size=vis.spatial_merge_size,
@@ -164,25 +211,29 @@ class EncoderStage(nn.Module):
         emb = tuple(
             vis.permute_input_for_window_attn(e, window_index.to(like.device), seq_len=n) for e in emb
         )
-        return VisionGeometry(
-            window_index.to(like.device), cu_seqlens.to(like.device), cu_window.to(like.device), emb
-        )
+        # the attention bounds stay on the host: HF's per-image attention splits by them (.tolist()),
+        # which on a GPU would wait for the device in every block
+        return VisionGeometry(window_index.to(like.device), cu_seqlens.cpu(), cu_window.cpu(), emb)
 
     def forward(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         vis = self.vis
         geo = self.geometry(grid_thw, x)
         if self.has_patch_embed:
             x = vis.patch_embed(x)
-            x = vis.permute_input_for_window_attn(x, geo.window_index, seq_len=x.shape[0])
+            if self.windowed:
+                x = vis.permute_input_for_window_attn(x, geo.window_index, seq_len=x.shape[0])
+        full_blocks = vis.fullatt_block_indexes if self.windowed else range(len(vis.blocks))
         for i in self.block_ids:
-            full = i in vis.fullatt_block_indexes
+            full = i in full_blocks
             x = vis.blocks[i](
                 x,
                 cu_seqlens=geo.cu_seqlens if full else geo.cu_window_seqlens,
                 position_embeddings=geo.position_embeddings,
             )
         if self.has_merger:
-            x = vis.merger(x)[torch.argsort(geo.window_index)]
+            x = vis.merger(x)
+            if self.windowed:
+                x = x[torch.argsort(geo.window_index)]
         return x
 
 
@@ -278,3 +329,38 @@ def build_stage(model: VLM, component: str, first: int, end: int) -> EncoderStag
     if component == "encoder":
         return EncoderStage(model, first, end)
     return LLMStage(model, first, end)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint names
+
+_QKV = ".attn.qkv."
+
+
+def checkpoint_parts(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint names of parameter ``name`` (or of its optimizer state ``t``): a vision
+    attention's fused ``attn.qkv`` weight or bias as its q, k and v thirds (views), under the names a
+    tensor-parallel run's split module gives them (``attn.qkv.q.weight`` ...), so checkpoints of TP
+    and non-TP runs hold the same tensors; a 0-dim state (AdamW's step) is shared by the parts;
+    everything else keeps its name."""
+    head, sep, leaf = name.rpartition(_QKV)
+    if not sep or leaf not in ("weight", "bias"):
+        return [(name, t)]
+    if type(t) is not torch.Tensor and not isinstance(t, nn.Parameter):  # a DTensor's thirds are no views
+        raise TypeError(f"{name}: split the fused qkv before sharding it (entrain.runtime.parallelize)")
+    parts = t.chunk(3, dim=0) if t.dim() else (t, t, t)
+    return [(f"{head}{_QKV}{p}.{leaf}", c) for p, c in zip("qkv", parts)]
+
+
+def fuse_parts(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of ``checkpoint_parts`` over whole parameters: ``attn.qkv.{q,k,v}.X`` -> ``attn.qkv.X``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in params.items():
+        head, sep, rest = name.rpartition(_QKV)
+        part, _, leaf = rest.partition(".")
+        if sep and part in ("q", "k", "v") and leaf in ("weight", "bias"):
+            if part == "q":
+                out[f"{head}{_QKV}{leaf}"] = torch.cat([params[f"{head}{_QKV}{p}.{leaf}"] for p in "qkv"])
+            continue
+        out[name] = t
+    return out

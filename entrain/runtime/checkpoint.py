@@ -2,19 +2,25 @@
 
 Layout of ``OUT/checkpoints/step-00000008/`` (the step count is the number of completed steps)::
 
-    model-pp{p}.pt   written by the rank of replica 0 holding pipeline rank p: that rank's stage
-                     parameters (full-model names, e.g. ``llm.model.layers.3.mlp.up_proj.weight``)
-                     and its AdamW state (replicas hold bitwise equal copies, so one is kept)
-    rank{r}.pt       written by every rank: step, data position and RNG states (python, numpy, torch)
-    manifest.json    written last, by rank 0 after a gather: every file with its sha256 and size,
-                     the layout, the run fingerprint and the data position
+    .metadata, __R_0.distcp   the model parameters (``model/NAME``, full-model names, e.g.
+                              ``model/llm.model.layers.3.mlp.up_proj.weight``) and AdamW state
+                              (``optim/NAME/exp_avg``, ``.../exp_avg_sq``, ``.../step``), written
+                              collectively by ``torch.distributed.checkpoint``: each rank writes the
+                              shards it holds (DTensor shards under TP or FSDP), a tensor that DP
+                              replicas hold alike is written once
+    rank{r}.pt                written by every rank: step, data position and RNG states
+    manifest.json             written last, by rank 0 once every file is written: every file with
+                              its sha256 and size, the layout, the run fingerprint and the data
+                              position
 
-Every file is written to a temporary name, flushed, fsync-ed and renamed (then the folder is
-fsync-ed), so a crash leaves either the old file or the new one. A checkpoint is *complete* when its
-manifest exists and every file a rank reads matches the manifest's checksum; ``select_checkpoint``
-walks the checkpoints newest first and takes the first complete one, saying on stderr (rank 0) why a
-newer one was passed over. Files hold only tensors and plain containers (``torch.load(...,
-weights_only=True)``).
+The tensor state is keyed by name, not by rank, so a run continues from a checkpoint written with
+another DP degree, stage split, ``--tp`` or ``--fsdp``: each rank loads the names its stages hold,
+resharded to its own placement. Every file of ours is written to a temporary name, flushed,
+fsync-ed and renamed (then the folder is fsync-ed); the manifest comes last, so a checkpoint is
+*complete* when its manifest exists and every file matches the manifest's checksum.
+``select_checkpoint`` walks the checkpoints newest first and takes the first complete one, saying on
+stderr (rank 0) why a newer one was passed over. Files hold only tensors and plain containers
+(``torch.load(..., weights_only=True)``).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ __all__ = [
     "fingerprint_mismatch",
     "latest_manifest",
     "load_model_state",
+    "load_state",
+    "save_state",
     "prune",
     "rng_state",
     "set_rng_state",
@@ -52,7 +60,10 @@ __all__ = [
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+MODEL_PREFIX = "model/"
+"""Key prefix of the parameters in the tensor state (``optim/NAME/exp_avg`` ... for AdamW's)."""
+OPTIM_PREFIX = "optim/"
 
 
 def step_dir(out: str | Path, step: int) -> Path:
@@ -142,38 +153,60 @@ def set_rng_state(state: dict) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """What a rank gets back from a complete checkpoint."""
+    """A checkpoint every rank can use (its files verified against the manifest)."""
 
     step: int
     folder: Path
     manifest: dict
-    model: dict | None
-    """``{"params": {name: tensor}, "optimizer": state dict or None}`` of this rank's pipeline rank."""
     rank_state: dict
-    """``{"step", "rng", "data_position"}`` of this rank."""
-
-
-def model_file(pp_rank: int) -> str:
-    return f"model-pp{pp_rank}.pt"
+    """``{"step", "rng", "data_position"}`` of this rank (of rank 0 when the checkpoint was written by
+    fewer ranks than this run has)."""
 
 
 def rank_file(rank: int) -> str:
     return f"rank{rank}.pt"
 
 
-def write_shards(
-    folder: Path, *, rank: int, pp_rank: int, replica: int, model: dict | None, rank_state: dict
-) -> dict[str, dict]:
-    """This rank's files (``model`` only on replica 0); returns ``{name: {"sha256", "bytes", "rank"}}``."""
+def write_rank_state(folder: Path, rank: int, rank_state: dict) -> None:
+    """This rank's step, RNG states and data position (atomic)."""
     folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / rank_file(rank), _to_bytes(rank_state))
+
+
+def save_state(folder: Path, state: dict[str, torch.Tensor], process_group=None) -> None:
+    """Collective: the model and optimizer tensors (plain or DTensor, keyed by full-model names) through
+    ``torch.distributed.checkpoint``; tensors that several ranks hold under one key are written once."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # a step saved again after a restart overwrites its own files
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)), process_group=process_group)
+
+
+def load_state(folder: Path, state: dict[str, torch.Tensor], process_group=None) -> None:
+    """Collective: fill ``state``'s tensors in place from the checkpoint, resharding to this run's
+    layout (another DP degree, stage split, TP degree or FSDP sharding)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), process_group=process_group)
+
+
+def saved_keys(folder: Path) -> set[str]:
+    """The tensor keys a checkpoint holds (from its ``torch.distributed.checkpoint`` metadata)."""
+    import torch.distributed.checkpoint as dcp
+
+    return set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+
+
+def file_entries(folder: Path) -> dict[str, dict]:
+    """``{name: {"sha256", "bytes"}}`` of every file in ``folder`` but the manifest."""
     entries = {}
-    items = [(rank_file(rank), rank_state)]
-    if replica == 0:
-        items.append((model_file(pp_rank), model))
-    for name, obj in items:
-        data = _to_bytes(obj)
-        atomic_write_bytes(folder / name, data)
-        entries[name] = {"sha256": _sha256(data), "bytes": len(data), "rank": rank}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name != MANIFEST and ".tmp-" not in path.name:
+            data = path.read_bytes()
+            entries[path.name] = {"sha256": _sha256(data), "bytes": len(data)}
     return entries
 
 
@@ -224,45 +257,49 @@ def _read_manifest(folder: Path) -> tuple[dict | None, str | None]:
         return None, f"unreadable manifest ({e})"
 
 
-def try_load(folder: Path, *, rank: int, pp_rank: int) -> tuple[Checkpoint | None, str | None]:
-    """This rank's view of one checkpoint folder: the loaded state, or why it cannot be used."""
+def verify_all(folder: Path, manifest: dict) -> str | None:
+    """Why the checkpoint's files do not match its manifest (None: they all do)."""
+    for name in sorted(manifest.get("files", {})):
+        _, why = _read_verified(folder, manifest, name)
+        if why is not None:
+            return why
+    return None
+
+
+def try_load(folder: Path, *, rank: int, verify_tensors: bool = True) -> tuple[Checkpoint | None, str | None]:
+    """This rank's view of one checkpoint folder: its rank state (rank 0's when the writing run had
+    fewer ranks), or why the checkpoint cannot be used. ``verify_tensors``: also check every tensor
+    file's sha256 (one rank does it for all)."""
     manifest, why = _read_manifest(folder)
     if manifest is None:
         return None, why
     if manifest.get("format") != FORMAT_VERSION:
         return None, f"format {manifest.get('format')} (this version reads {FORMAT_VERSION})"
-    payloads = {}
-    for name in (model_file(pp_rank), rank_file(rank)):
-        data, why = _read_verified(folder, manifest, name)
-        if data is None:
+    if verify_tensors:
+        why = verify_all(folder, manifest)
+        if why is not None:
             return None, why
-        payloads[name] = _from_bytes(data)
-    return (
-        Checkpoint(
-            step=int(manifest["step"]),
-            folder=folder,
-            manifest=manifest,
-            model=payloads[model_file(pp_rank)],
-            rank_state=payloads[rank_file(rank)],
-        ),
-        None,
-    )
+    name = rank_file(rank) if rank_file(rank) in manifest.get("files", {}) else rank_file(0)
+    data, why = _read_verified(folder, manifest, name)
+    if data is None:
+        return None, why
+    return Checkpoint(int(manifest["step"]), folder, manifest, _from_bytes(data)), None
 
 
 def select_checkpoint(
     out: str | Path,
     *,
     rank: int,
-    pp_rank: int,
     agree: Callable[[str | None], list[str | None]],
     say: Callable[[str], None] | None = None,
 ) -> Checkpoint | None:
     """The newest checkpoint that is complete for every rank. ``agree`` all-gathers each rank's reason
-    for refusing a candidate (None: usable), so all ranks pick the same one; ``say`` reports skipped
-    candidates (rank 0's stderr)."""
+    for refusing a candidate (None: usable), so all ranks pick the same one; rank 0 verifies every
+    file's sha256, the others their own rank state; ``say`` reports skipped candidates (rank 0's
+    stderr)."""
     say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
     for step, folder in checkpoint_dirs(out):
-        ckpt, why = try_load(folder, rank=rank, pp_rank=pp_rank)
+        ckpt, why = try_load(folder, rank=rank, verify_tensors=rank == 0)
         reasons = agree(why)
         bad = [(r, w) for r, w in enumerate(reasons) if w is not None]
         if not bad:
@@ -290,37 +327,53 @@ def fingerprint_mismatch(saved: dict, current: dict) -> list[str]:
     return [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
-def check_resumable(out: str | Path, fingerprint: dict, layout: dict | None = None) -> dict | None:
-    """ConfigError when the newest checkpoint in ``out`` was written by a different configuration;
-    returns its manifest (None when there is none)."""
+RESHARDABLE = ("dp", "tp", "fsdp", "encoder_stages", "llm_stages")
+"""Fingerprint keys a resumed run may change: the checkpoint is resharded to the new layout."""
+
+
+def check_resumable(out: str | Path, fingerprint: dict) -> dict | None:
+    """ConfigError when the newest checkpoint in ``out`` was written by a different configuration
+    (other than the layout keys of ``RESHARDABLE``); returns its manifest (None when there is none)."""
     manifest = latest_manifest(out)
     if manifest is None:
         return None
-    diff = fingerprint_mismatch(manifest.get("fingerprint", {}), fingerprint)
+    saved = {k: v for k, v in manifest.get("fingerprint", {}).items() if k not in RESHARDABLE}
+    diff = fingerprint_mismatch(saved, {k: v for k, v in fingerprint.items() if k not in RESHARDABLE})
     if diff:
         raise ConfigError(
             f"--resume: the checkpoints in {out} were written by another configuration "
             f"({'; '.join(diff)}); rerun with the original flags, or train into a new --out"
         )
-    if layout is not None and manifest.get("layout") != layout:
-        raise ConfigError(
-            f"--resume: the checkpoints in {out} hold a different stage layout ({manifest.get('layout')}) "
-            f"than this run's ({layout}); rerun with the original flags, or train into a new --out"
-        )
     return manifest
 
 
 def load_model_state(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(manifest, every stage parameter by full-model name) of a complete checkpoint folder; every
-    model shard is verified against the manifest (ConfigError naming the file otherwise)."""
+    """(manifest, every stage parameter by full-model name) of a complete checkpoint folder, read in
+    this process without a process group; every file is verified against the manifest (ConfigError
+    naming the file otherwise)."""
     folder = Path(folder)
     manifest, why = _read_manifest(folder)
     if manifest is None:
         raise ConfigError(f"checkpoint {folder}: {why}")
-    params: dict[str, torch.Tensor] = {}
-    for name in sorted(n for n in manifest["files"] if n.startswith("model-pp")):
-        data, why = _read_verified(folder, manifest, name)
-        if data is None:
-            raise ConfigError(f"checkpoint {folder}: {why}")
-        params.update(_from_bytes(data)["params"])
-    return manifest, params
+    if manifest.get("format") != FORMAT_VERSION:
+        raise ConfigError(
+            f"checkpoint {folder}: format {manifest.get('format')} (this version reads {FORMAT_VERSION})"
+        )
+    why = verify_all(folder, manifest)
+    if why is not None:
+        raise ConfigError(f"checkpoint {folder}: {why}")
+    from entrain.models.vlm import fuse_parts
+
+    state = read_tensors(folder, {k for k in saved_keys(folder) if k.startswith(MODEL_PREFIX)})
+    return manifest, fuse_parts({k[len(MODEL_PREFIX) :]: v for k, v in state.items()})
+
+
+def read_tensors(folder: str | Path, keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Whole tensors ``keys`` (default: all) of a checkpoint, read in this process alone."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
+        return _load_state_dict_from_keys(keys, checkpoint_id=str(folder), process_group=None)

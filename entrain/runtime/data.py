@@ -90,15 +90,20 @@ class RecordSource:
     sample's metadata) and the Qwen2.5-VL image processor's pixel patches (``pixels``), separately, so
     each is computed only where and when it is needed (``entrain.data.processing``)."""
 
-    def __init__(self, path: str, image_root: str | None = None, records: Sequence | None = None):
-        """``records``: the already parsed (screened) records of ``path``; read from it when None."""
+    def __init__(
+        self, path: str, image_root: str | None = None, records: Sequence | None = None, tokenizer=None
+    ):
+        """``records``: the already parsed (screened) records of ``path``; read from it when None.
+        ``tokenizer``: a stock model's (its ids are the model's); default: the built-in Qwen2 one."""
         from entrain.data.llava import iter_records
         from entrain.data.tokenizer import default_tokenizer
 
         if records is None:
             records = iter_records(path, image_root)
         self.records = {r.id: r for r in records}
-        self.tokenizer = default_tokenizer()
+        self.tokenizer = tokenizer if tokenizer is not None else default_tokenizer()
+        self.model_ids = tokenizer is not None
+        """True: ``text`` returns the model's ids (no ``VLMConfig.token_id`` remap)."""
 
     def _where(self, sample_id: str) -> tuple[str, str]:
         r = self.records[sample_id]
@@ -246,13 +251,18 @@ class SampleRenderer:
             grid.append((1, hr // patch, wr // patch))
         counts = [t * h * w // merge**2 for t, h, w in grid]
         raw_ids, raw_labels = self.source.text(meta.id, counts)
-        ids = torch.tensor([self.cfg.token_id(int(i)) for i in raw_ids], dtype=torch.int64)
+        if self.source.model_ids:
+            ids = torch.as_tensor(raw_ids, dtype=torch.int64)
+            image_pos = torch.nonzero(ids == self.cfg.token_id(IMAGE_PAD_ID)).flatten()
+        else:
+            ids = torch.tensor([self.cfg.token_id(int(i)) for i in raw_ids], dtype=torch.int64)
+            image_pos = torch.nonzero(torch.as_tensor(raw_ids) == IMAGE_PAD_ID).flatten()
         labels = torch.as_tensor(raw_labels, dtype=torch.int64)
         label_pos = torch.nonzero(labels[1:] != -100).flatten()
         return RenderedSample(
             id=meta.id,
             input_ids=ids,
-            image_positions=torch.nonzero(torch.as_tensor(raw_ids) == IMAGE_PAD_ID).flatten(),
+            image_positions=image_pos,
             label_positions=label_pos,
             targets=ids[label_pos + 1],
             grid_thw=tuple(grid),
@@ -339,14 +349,16 @@ class SampleRenderer:
             patches=torch.cat(patches)
             if patches
             else torch.empty((0, self.cfg.vision.patch_dim), device=self.device, dtype=self.dtype),
-            grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3).to(self.device),
+            grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3),  # host: see grid_thw()
             rows_per_sample=tuple(s.image_tokens for s in samples),
         )
 
     def grid_thw(self, ids: Sequence[str]) -> torch.Tensor:
-        """``[images, 3]`` grids of the samples' images, in order (no pixels rendered)."""
+        """``[images, 3]`` grids of the samples' images, in order (no pixels rendered). Grids stay on the
+        host: the encoder derives its index tensors from them with Python loops, which on a GPU would
+        otherwise wait for the device in every forward."""
         grid = [g for i in ids for g in self.sample(i).grid_thw]
-        return torch.tensor(grid, dtype=torch.int64).reshape(-1, 3).to(self.device)
+        return torch.tensor(grid, dtype=torch.int64).reshape(-1, 3)
 
     def llm_batch(self, ids: Sequence[str], loss_scale: float) -> LLMBatch:
         samples = [self.sample(i) for i in ids]

@@ -22,7 +22,6 @@ __all__ = [
     "device_from_env",
     "init_distributed",
     "check_runtime_layout",
-    "build_dp_groups",
     "shutdown",
 ]
 
@@ -63,31 +62,26 @@ def init_distributed(
     return DistEnv(dist.get_rank(), dist.get_world_size(), device, backend)
 
 
-def check_runtime_layout(layout: Layout, world_size: int | None = None) -> None:
-    """Refuse what this runtime cannot execute, before any process group starts."""
+def check_runtime_layout(layout: Layout, world_size: int | None = None, tp: int = 1) -> None:
+    """Refuse what this runtime cannot execute, before any process group starts: CP above 1, a TP
+    degree other than ``tp`` (every component runs at the one ``--tp``), or a process count other
+    than the Plan's ranks times ``tp`` (``world_size``: plan ranks)."""
     for name, comp in sorted(layout.components.items()):
-        for degree_name, degree in (("TP", comp.tp), ("CP", comp.cp)):
-            if degree > 1:
-                raise ConfigError(
-                    f"the runtime executes Plans with TP = CP = 1; the {name} has {degree_name} = {degree} "
-                    f"(the planner and simulator cover it)"
-                )
+        if comp.cp > 1:
+            raise ConfigError(
+                f"the runtime executes Plans with CP = 1; the {name} has CP = {comp.cp} "
+                f"(the planner and simulator cover it)"
+            )
+        if comp.tp != tp:
+            raise ConfigError(
+                f"the {name} has TP = {comp.tp} in the Plan but the run uses --tp {tp}; the runtime runs "
+                "every component at one TP degree"
+            )
     if world_size is not None and layout.world_size != world_size:
         raise ConfigError(
-            f"the Plan needs {layout.world_size} processes (dp {layout.dp} x {layout.ranks_per_replica} "
-            f"pipeline ranks) but {world_size} were started"
+            f"the Plan needs {layout.world_size * tp} processes (dp {layout.dp} x {layout.ranks_per_replica} "
+            f"pipeline ranks x tp {tp}) but {world_size * tp} were started"
         )
-
-
-def build_dp_groups(layout: Layout, timeout_s: float | None = None) -> dict[int, dist.ProcessGroup | None]:
-    """Per pipeline rank, the DP group of its replicas (None when dp = 1). Every rank must call this.
-    ``timeout_s``: the groups' collective timeout (``new_group`` does not inherit the default group's)."""
-    groups: dict[int, dist.ProcessGroup | None] = {}
-    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
-    for pp in range(layout.ranks_per_replica):
-        ranks = [layout.global_rank(r, pp) for r in range(layout.dp)]
-        groups[pp] = dist.new_group(ranks, **kwargs) if layout.dp > 1 else None
-    return groups
 
 
 def shutdown() -> None:

@@ -58,15 +58,21 @@ class ExecutionError(EntrainError, RuntimeError):
 
 class CollectiveError(EntrainError, RuntimeError):
     """A collective outside the pipeline actions failed (a peer died or stalled past the timeout):
-    names the rank, the step and what the collective was for."""
+    names the rank, the step, what the collective was for and, when known, the peers that never
+    reached it (``entrain.runtime.health.PeerWatch``)."""
 
-    def __init__(self, rank: int, step: int, what: str, cause: BaseException):
-        self.rank, self.step, self.what = rank, step, what
+    def __init__(
+        self, rank: int, step: int, what: str, cause: BaseException, behind: dict[int, str] | None = None
+    ):
+        self.rank, self.step, self.what, self.behind = rank, step, what, behind or {}
         first = str(cause).splitlines()[0] if str(cause) else ""
-        super().__init__(
-            f"rank {rank}: step {step}: {what} failed (a peer rank died or stalled past --timeout-s): "
-            f"{type(cause).__name__}: {first}"
-        )
+        who = "a peer rank died or stalled past --timeout-s"
+        if self.behind:  # from the PeerWatch board: the ranks that never reached this collective
+            who = "; ".join(
+                f"rank {r} did not get there, it last reached {w!r}" for r, w in sorted(self.behind.items())
+            )
+            who += " (died, or stalled past --timeout-s)"
+        super().__init__(f"rank {rank}: step {step}: {what} failed: {who}: {type(cause).__name__}: {first}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +88,9 @@ class ComputeRecord:
 
 @dataclass
 class StepOutput:
-    loss_sum: float = 0.0
-    """Sum of this rank's last-stage loss contributions (already divided by the global label count)."""
+    loss_sum: torch.Tensor | float = 0.0
+    """Sum of this rank's last-stage loss contributions (already divided by the global label count),
+    a float64 scalar tensor on the rank's device."""
     records: list[ComputeRecord] = field(default_factory=list)
 
 
@@ -100,7 +107,7 @@ class Executor:
         renderer: SampleRenderer,
         input_grad: dict[int, bool],
         autocast: Callable[[], AbstractContextManager] | None = None,
-        sync: Callable[[], None] | None = None,
+        process_rank: Callable[[int], int] | None = None,
     ):
         self.layout, self.rank, self.modules = layout, rank, modules
         self.replica, self.pp_rank = layout.replica_of(rank)
@@ -108,7 +115,11 @@ class Executor:
         self.input_grad = input_grad
         """Per stage: whether its input needs a gradient (something upstream trains)."""
         self.autocast = autocast or nullcontext
-        self.sync = sync or (lambda: None)
+        self.tracer = None
+        """An ``entrain.runtime.trace.ActionTracer`` (``--trace``): times every action run."""
+        self.device = transport.device
+        self.process_rank = process_rank or (lambda r: r)
+        """Process rank of a plan rank (they differ under TP), for error messages."""
         self.first_llm = layout.num_encoder_stages
         self.last_stage = len(layout.stages) - 1
         self._handlers: dict[ActionKind, Callable[[Action], None]] = {
@@ -128,6 +139,7 @@ class Executor:
     ) -> StepOutput:
         """Execute ``actions`` of iteration ``it``; gradients accumulate into the stage parameters."""
         self._reset(it, loss_scale, forward_only)
+        self.transport.in_order = self._in_order_peers(it, forward_only)
         todo = [a for a in actions if not forward_only or a.kind in _FORWARD_KINDS]
         grad_mode = torch.no_grad() if forward_only else nullcontext()
         with grad_mode:
@@ -137,14 +149,49 @@ class Executor:
                         f"rank {self.rank}: action {a} for stage {a.stage}, which it does not hold"
                     )
                 try:
-                    self._handlers[a.kind](a)
+                    if self.tracer is None:
+                        self._handlers[a.kind](a)
+                    else:
+                        t0 = self.tracer.now_us()
+                        self._handlers[a.kind](a)
+                        self.tracer.add(a, t0, self.tracer.now_us(), self._peer_of(a))
                 except Exception as e:
-                    raise ExecutionError(self.rank, a, self._peer_of(a), e) from e
+                    peer = self._peer_of(a)
+                    peer = None if peer is None else self.process_rank(peer)
+                    raise ExecutionError(self.process_rank(self.rank), a, peer, e) from e
+        self._collect_events()
         out = StepOutput(self._loss_sum, self._records)
         self._reset(it, loss_scale, forward_only)
         return out
 
     # --- state --------------------------------------------------------------------------------------
+    def _in_order_peers(self, it: IterationPlan, forward_only: bool) -> frozenset[int]:
+        """Peers whose messages to this rank are sent in the order this rank receives them (then a
+        message of known shape needs no header first)."""
+        kinds = _FORWARD_KINDS if forward_only else tuple(ActionKind)
+        sent: dict[int, list[int]] = {}
+        for peer, actions in it.actions.items():
+            replica, _ = self.layout.replica_of(peer)
+            if replica != self.replica or peer == self.rank:
+                continue
+            for a in actions:
+                if a.kind in kinds and a.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
+                    dst_stage = a.stage + 1 if a.kind is ActionKind.SEND_F else a.stage - 1
+                    dst = self.layout.global_rank(replica, self.layout.stages[dst_stage].pp_rank)
+                    if dst == self.rank:
+                        sent.setdefault(peer, []).append(
+                            MessageKey(a.stage, a.kind is ActionKind.SEND_B, a.mb, a.sub_index).code
+                        )
+        wanted: dict[int, list[int]] = {}
+        for a in it.actions.get(self.rank, ()):
+            if a.kind in kinds and a.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+                src_stage = a.stage - 1 if a.kind is ActionKind.RECV_F else a.stage + 1
+                src = self._peer(src_stage)
+                if src != self.rank:
+                    key = MessageKey(src_stage, a.kind is ActionKind.RECV_B, a.mb, a.sub_index)
+                    wanted.setdefault(src, []).append(key.code)
+        return frozenset(p for p, codes in wanted.items() if sent.get(p) == codes)
+
     def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
         self._it, self._loss_scale, self._forward_only = it, loss_scale, forward_only
         self._inputs: dict[Key, torch.Tensor] = {}
@@ -154,8 +201,9 @@ class Executor:
         self._outputs: dict[Key, torch.Tensor] = {}
         self._out_grads: dict[Key, torch.Tensor] = {}
         self._pending_w: dict[Key, Callable[[], None]] = {}
-        self._loss_sum = 0.0
+        self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         self._records: list[ComputeRecord] = []
+        self._events: list[tuple[Action, str, object, object, float]] = []
 
     def _ids(self, stage: int, mb: int, sub: int) -> tuple[str, ...]:
         spec = self._it.microbatches[self.replica][mb]
@@ -198,12 +246,30 @@ class Executor:
         return self._messages[(mb, sub)] if stage == self.first_llm else self._inputs[(stage, mb, sub)]
 
     def _timed(self, a: Action, kind: str, fn: Callable[[], None]) -> None:
-        self.sync()
+        """Run ``fn`` and record its time: on the CPU wall and thread-CPU ms at once; on a GPU a pair
+        of CUDA events, read once per step (``_collect_events``), so no action waits for the device."""
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            c0 = time.thread_time()
+            start.record()
+            fn()
+            end.record()
+            self._events.append((a, kind, start, end, (time.thread_time() - c0) * 1e3))
+            return
         t0, c0 = time.perf_counter(), time.thread_time()
         fn()
-        self.sync()
         wall_ms, cpu_ms = (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3
         self._records.append(ComputeRecord(a.stage, kind, a.mb, a.sub_index, wall_ms, cpu_ms))
+
+    def _collect_events(self) -> None:
+        if not self._events:
+            return
+        self._events[-1][3].synchronize()
+        for a, kind, start, end, cpu_ms in self._events:
+            self._records.append(
+                ComputeRecord(a.stage, kind, a.mb, a.sub_index, start.elapsed_time(end), cpu_ms)
+            )
+        self._events.clear()
 
     # --- compute ------------------------------------------------------------------------------------
     def _forward(self, a: Action) -> None:
@@ -226,7 +292,7 @@ class Executor:
                 out = self._llm_forward(module, s, mb, sub, ids, inputs)
         self._outputs[(s, mb, sub)] = out
         if s == self.last_stage:
-            self._loss_sum += float(out.detach())
+            self._loss_sum = self._loss_sum + out.detach().double()  # stays on the device: no sync
         elif self._is_local(s + 1):
             self._accept_input(s + 1, mb, sub, out)
 
@@ -342,8 +408,9 @@ class Executor:
         if self._is_local(s + 1):
             return
         ids = self._ids(s, mb, sub)
+        like = self._outputs[(s, mb, sub)]  # the gradient has the output's shape and dtype
         self._out_grads[(s, mb, sub)] = self.transport.recv(
-            self._peer(s + 1), MessageKey(s + 1, True, mb, sub), ids
+            self._peer(s + 1), MessageKey(s + 1, True, mb, sub), ids, like=like
         )
 
 

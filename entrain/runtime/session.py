@@ -18,11 +18,12 @@ import os
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from entrain.config import RunConfig
+from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import check_stage_count
@@ -67,18 +68,26 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
     """Refuse what the runtime cannot run, before any process group starts (the batch and range
     rules themselves are ``ParallelConfig``'s)."""
     par = spec.parallel
-    for name, degree in (("TP", par.tp), ("CP", par.cp)):
-        if degree > 1:
-            raise ConfigError(
-                f"the runtime executes Plans with TP = CP = 1; the encoder and llm have {name} = {degree} "
-                "(the planner and simulator cover it)"
-            )
-    from entrain.models.config import get_model_config
+    if par.cp > 1:
+        raise ConfigError(
+            f"the runtime executes Plans with CP = 1; the encoder and llm have CP = {par.cp} "
+            "(the planner and simulator cover it)"
+        )
+    from entrain.models.config import VLMConfig
+    from entrain.runtime.model_source import model_arch
+    from entrain.runtime.parallelize import check_tp
 
-    cfg = get_model_config(spec.model.name)
+    cfg = VLMConfig(arch=model_arch(spec))
+    check_tp(cfg, par.tp)
+    if spec.model.precision is not None and spec.model.precision not in PRECISIONS:
+        raise ConfigError(f"--precision {spec.model.precision!r}: choose from {', '.join(PRECISIONS)}")
+    if par.fsdp and par.dp_or_1 < 2:
+        raise ConfigError("--fsdp shards each stage over its data-parallel group: it needs --dp 2 or more")
+    if par.fsdp and spec.schedule.split_weight_grads:
+        raise ConfigError("--fsdp with --split-weight-grads on is not supported by the runtime; pick one")
     for comp, n in (("encoder", par.encoder_stages), ("llm", par.llm_stages)):
         if n is not None:
-            check_stage_count(comp, n, cfg.layer_names(comp), spec.model.name)
+            check_stage_count(comp, n, cfg.layer_names(comp), cfg.name)
     need = world_size_of(spec)
     if world_size is not None and need is not None and need != world_size:
         raise ConfigError(_world_mismatch(spec, need, world_size))
@@ -105,8 +114,8 @@ def _world_mismatch(spec: RunConfig, need: int, world_size: int) -> str:
             f"the plan {spec.schedule.plan} runs on {need} processes, but {world_size} were started: "
             f"start {need} processes (--nproc {need})"
         )
-    per = max(ranks_per_replica(spec, s) for s in spec.schedule.systems)
-    system = next(s for s in spec.schedule.systems if par.dp_or_1 * ranks_per_replica(spec, s) == need)
+    per = max(ranks_per_replica(spec, s) for s in spec.schedule.systems) * par.tp
+    system = next(s for s in spec.schedule.systems if par.dp_or_1 * ranks_per_replica(spec, s) * par.tp == need)
     hint = (
         f"start {need} processes (--nproc {need})"
         if world_size % per
@@ -119,13 +128,30 @@ def _world_mismatch(spec: RunConfig, need: int, world_size: int) -> str:
 
 
 def world_size_of(spec: RunConfig) -> int | None:
-    """Processes the run needs: the plan file's, or dp x ranks per replica with the stage counts
+    """Processes the run needs: the plan file's, or dp x ranks per replica x tp with the stage counts
     fixed by flags; None when the planner chooses the layout for the processes it is given."""
     if spec.schedule.plan:
         return plan_file(spec)[1].layout.world_size
     if not fixed_stages(spec):
         return None
-    return max(spec.parallel.dp_or_1 * ranks_per_replica(spec, s) for s in spec.schedule.systems)
+    par = spec.parallel
+    return max(par.dp_or_1 * ranks_per_replica(spec, s) * par.tp for s in spec.schedule.systems)
+
+
+def resolve_precision(spec: RunConfig, device: torch.device) -> str:
+    """``--precision``, or bf16 on CUDA and fp32 on CPU when not given. bf16 runs the forward and
+    backward under ``torch.autocast`` (CPU and CUDA both support bf16 autocast); parameters,
+    gradients and AdamW state stay fp32."""
+    if spec.model.precision is not None:
+        return spec.model.precision
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def spec_vision(spec: RunConfig):
+    """The image processor's limits of the run (``--min-pixels`` / ``--max-pixels``)."""
+    from entrain.core.samples import pixel_limits
+
+    return pixel_limits(spec.data.min_pixels, spec.data.max_pixels)
 
 
 def resolve_cost(spec: RunConfig) -> CostModel:
@@ -144,6 +170,8 @@ class RunData:
     """A LLaVA / Parquet dataset's usable records (rendered from the real images and text)."""
     skipped: str | None = None
     """``skipped N of M records; see OUT/skipped.jsonl`` when ``--on-bad-sample skip`` left some out."""
+    num_skipped: int = 0
+    """Records left out by ``--on-bad-sample skip`` (TensorBoard's ``data/skipped_samples``)."""
 
     def identity(self) -> dict | None:
         """A file dataset's training pool: sample count and sha256 of the ids in file order (a resume
@@ -173,7 +201,7 @@ def _check_meta(spec: RunConfig, works: Sequence[SampleWork]) -> None:
             )
 
 
-def screen(spec: RunConfig, out_dir: str | None):
+def screen(spec: RunConfig, out_dir: str | None, tokenizer=None):
     """``entrain.data.check.screen_dataset`` of a LLaVA / Parquet ``--dataset`` with
     ``--on-bad-sample``: ``error`` raises the report, ``skip`` writes ``out_dir/skipped.jsonl``
     (``out_dir`` None: a scratch folder, for the ranks that do not own the run folder)."""
@@ -188,15 +216,17 @@ def screen(spec: RunConfig, out_dir: str | None):
             spec.data.dataset,
             on_bad=spec.data.on_bad_sample,
             out_dir=out_dir or scratch,
-            image_root=spec.data.image_root,
-            confine_images=spec.data.confine_images,
+            image_root=spec.image_root,
+            confine_images=spec.confine_images,
+            tokenizer=tokenizer,
+            vision=spec_vision(spec),
         )
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True) -> RunData:
+def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer=None) -> RunData:
     """Training and validation batches. A built-in generator: samples ``[i*B, (i+1)*B)`` for step
     ``i``, validation batches after the last step. A file: its last ``val_batches`` global batches
     are held out and the rest is an epoch stream (``entrain.runtime.accounting``). A LLaVA / Parquet
@@ -217,30 +247,34 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True) -> RunDat
             load_workload(
                 spec.data.dataset,
                 cost,
-                global_batch=spec.parallel.global_batch,
-                iterations=spec.run.steps + num_val,
-                seed=spec.data.seed,
-                image_root=spec.data.image_root,
+                global_batch=spec.global_batch,
+                iterations=spec.steps + num_val,
+                seed=spec.seed,
+                tp=spec.tp,
+                image_root=spec.image_root,
+                vision=spec_vision(spec),
             )
         )
         return RunData(batches[: spec.run.steps], batches[spec.run.steps :])
     path = resolve_dataset_file(spec.data.dataset)
     fmt = detect_format(path)
     records = skipped = None
+    num_skipped = 0
     if fmt == "conversation":
-        screened = screen(spec, spec.run.out if owner else None)
-        works, records = sample_works(screened.samples, cost), screened.records
+        screened = screen(spec, spec.out if owner else None, tokenizer)
+        works, records = sample_works(screened.samples, cost, tp=spec.tp), screened.records
         skipped = skipped_line(screened)
         if owner and skipped:
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
+        num_skipped = screened.report.bad if skipped else 0
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path), cost)
+        works = sample_works(read_workload_jsonl(path, spec_vision(spec)), cost, tp=spec.tp)
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
-    train, val = split_validation(works, spec.parallel.global_batch, num_val)
-    stream = EpochStream(tuple(train), spec.data.seed, spec.data.shuffle)
-    return RunData(stream.batches(spec.parallel.global_batch, spec.run.steps), val, stream, records, skipped)
+    train, val = split_validation(works, spec.global_batch, num_val)
+    stream = EpochStream(tuple(train), spec.seed, spec.shuffle)
+    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records, skipped, num_skipped)
 
 
 def skipped_line(screened) -> str | None:
@@ -251,28 +285,63 @@ def skipped_line(screened) -> str | None:
     return f"skipped {report.bad} of {report.records} records; see {screened.skipped_path}"
 
 
-def record_source(spec: RunConfig, data: RunData):
+def record_source(spec: RunConfig, data: RunData, tokenizer=None):
     """The real samples (images and conversations) of a LLaVA / Parquet dataset; None for the built-in
     generators and workload files, whose samples are rendered from their metadata."""
     from entrain.runtime.data import RecordSource
 
     if data.records is None:
         return None
-    return RecordSource(spec.data.dataset, spec.data.image_root, records=data.records)
+    return RecordSource(spec.dataset, spec.image_root, records=data.records, tokenizer=tokenizer)
 
 
-FINGERPRINT_PARTS = ("data", "model", "parallel", "optim")
-"""What must match for ``--resume`` (``optim.total_steps`` aside: ``--steps`` may grow, the LR schedule
-then follows the new total)."""
+FINGERPRINT_KEYS = (
+    "dataset",
+    "model",
+    "encoder_stages",
+    "llm_stages",
+    "dp",
+    "tp",
+    "fsdp",
+    "cp",
+    "global_batch",
+    "microbatch_size",
+    "seed",
+    "shuffle",
+    "hardware",
+    "profile",
+    "attention",
+    "image_root",
+    "lr",
+    "weight_decay",
+    "betas",
+    "warmup_steps",
+    "max_grad_norm",
+    "val_every",
+    "val_batches",
+    "freeze",
+    "weights",
+    "on_bad_sample",
+    "vision_model",
+    "llm_model",
+    "tokenizer",
+    "min_pixels",
+    "max_pixels",
+    "precision",
+)
+"""What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
 
 
 def fingerprint(spec: RunConfig, system: str) -> dict:
     """The run's resume fingerprint, JSON-normalised (as stored in a checkpoint manifest)."""
-    flat = spec.to_json()
-    fp = {k: v for part in FINGERPRINT_PARTS for k, v in asdict(getattr(spec, part)).items() if k != "total_steps"}
-    fp["model"] = flat["model"]
-    fp.pop("name", None)
-    fp["dp"] = spec.parallel.dp_or_1
+    fp = {k: getattr(spec, k) for k in FINGERPRINT_KEYS}
+    fp["model"] = spec.model.name
+    for k in ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels"):
+        if fp[k] is None:  # runs from before these flags stay resumable
+            del fp[k]
+    if fp["precision"] is None:
+        del fp["precision"]
+    fp["dp"] = spec.dp_or_1
     fp["system"] = system
     return json.loads(json.dumps(fp))
 
@@ -331,21 +400,30 @@ def _write_json(path: str, obj) -> None:
 
 def run_systems(spec: RunConfig, env) -> list[SystemSummary]:
     """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group."""
+    from entrain.runtime.health import PeerWatch
+    from entrain.runtime.model_source import model_config
+
     check_spec(spec, env.world_size)
     cost = resolve_cost(spec)
     if env.rank == 0:
         os.makedirs(spec.run.out, exist_ok=True)
-    data = load_data(spec, cost, owner=env.rank == 0)
-    setups = run_setups(spec, cost, data.train, env.world_size)
+    model_cfg, tokenizer = model_config(spec)
+    data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
+    setups = run_setups(spec, cost, data.train, env.world_size // spec.parallel.tp)
     for system, setup in setups.items():
-        if setup.layout.world_size != env.world_size:
+        if setup.layout.world_size * spec.parallel.tp != env.world_size:
+            need = setup.layout.world_size * spec.parallel.tp
             raise ConfigError(
-                f"{system}: the planned layout ({setup.source}) runs on {setup.layout.world_size} processes, but "
-                f"{env.world_size} were started; start {setup.layout.world_size} (--nproc) or fix the stages "
+                f"{system}: the planned layout ({setup.source}) runs on {need} processes, but "
+                f"{env.world_size} were started; start {need} (--nproc) or fix the stages "
                 "with --encoder-stages / --llm-stages"
             )
         _warn_below_b_min(spec, setup, env)
-    return [_run_one(spec, s, setups[s], cost, data, env, system_out(spec, s)) for s in setups]
+    watch = PeerWatch(env.rank, env.world_size, spec.run.timeout_s)  # one sequence of points for all systems
+    return [
+        _run_one(spec, s, setups[s], cost, data, env, system_out(spec, s), watch, model_cfg, tokenizer)
+        for s in setups
+    ]
 
 
 def _warn_below_b_min(spec: RunConfig, setup, env) -> None:
@@ -362,16 +440,29 @@ def _warn_below_b_min(spec: RunConfig, setup, env) -> None:
         )
 
 
-def _agree(env):
-    """All-gather of one picklable value per rank (rank order)."""
+def _agree(env, watch, what: str):
+    """All-gather of one picklable value per rank (rank order), after every rank reached ``what``
+    (a peer that does not get there is named)."""
     import torch.distributed as dist
 
     def gather(value):
+        watch.gather_point(what)
         out = [None] * env.world_size
-        dist.all_gather_object(out, value)
+        _guarded(watch, 0, what, lambda: dist.all_gather_object(out, value))
         return out
 
     return gather
+
+
+def _guarded(watch, step: int, what: str, fn):
+    """Run collective ``fn`` at point ``what``; a failure names the peers that never got there."""
+    from entrain.runtime.executor import CollectiveError
+
+    watch.mark(what)
+    try:
+        return fn()
+    except Exception as e:
+        raise CollectiveError(watch.rank, step, what, e, watch.behind()) from e
 
 
 def _say(env):
@@ -386,23 +477,24 @@ def _restarted() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 
 
-def _start_state(spec: RunConfig, system: str, layout: Layout, env, out: str, data: RunData):
+def _start_state(spec: RunConfig, system: str, env, out: str, data: RunData, watch):
     """The checkpoint to continue from (None: a fresh start). Resuming (``--resume`` or a torchrun
-    restart) refuses a checkpoint of another configuration; a fresh start clears stale checkpoints."""
+    restart) refuses a checkpoint of another configuration (the layout may differ: it is resharded);
+    a fresh start clears stale checkpoints."""
     import shutil
 
     from entrain.runtime import checkpoint as ck
 
-    replica, pp_rank = layout.replica_of(env.rank)
     # one decision for all ranks: agents may restart their workers with different restart counts
-    if not any(_agree(env)(bool(spec.run.resume or _restarted()))):
+    if not any(_agree(env, watch, "checkpoint load: agree on resuming")(bool(spec.resume or _restarted()))):
         stale = os.path.join(out, ck.CHECKPOINT_DIR)
         if env.rank == 0 and os.path.isdir(stale):
             _say(env)(f"entrain: a fresh run (no --resume): removing the old checkpoints in {stale}")
             shutil.rmtree(stale, ignore_errors=True)
         return None
-    ck.check_resumable(out, fingerprint(spec, system), layout.to_json())
-    found = ck.select_checkpoint(out, rank=env.rank, pp_rank=pp_rank, agree=_agree(env), say=_say(env))
+    ck.check_resumable(out, fingerprint(spec, system))
+    agree = _agree(env, watch, "checkpoint load: verify the files")
+    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=_say(env))
     if found is None:
         _say(env)(f"entrain: no complete checkpoint in {out}; starting from step 0")
         return None
@@ -421,47 +513,66 @@ def _start_state(spec: RunConfig, system: str, layout: Layout, env, out: str, da
     return found
 
 
-def _save_checkpoint(spec: RunConfig, system: str, layout: Layout, env, out: str, trainer, data, step: int):
-    """Every rank writes its files; rank 0 then writes the manifest (last) and prunes old ones."""
-    import torch.distributed as dist
-
+def _load_checkpoint(trainer, found, watch, fault) -> None:
+    """Every rank reads its stages' tensors (resharded) and its RNG states."""
     from entrain.runtime import checkpoint as ck
 
-    replica, pp_rank = layout.replica_of(env.rank)
+    what = f"checkpoint load of step {found.step}: model and optimizer state"
+    watch.gather_point(f"checkpoint load of step {found.step}: start")
+    if fault is not None:
+        fault.maybe_fire(watch.rank, found.step, "load")
+    trainer.load_checkpoint(
+        found.folder,
+        found.step,
+        load=lambda folder, state: _guarded(watch, found.step, what, lambda: ck.load_state(folder, state)),
+    )
+    ck.set_rng_state(found.rank_state["rng"])
+    watch.gather_point(f"checkpoint load of step {found.step}: done")
+
+
+def _save_checkpoint(
+    spec: RunConfig, system: str, layout: Layout, env, out: str, trainer, data, step: int, fault=None
+):
+    """Every rank writes its rank state and (collectively) its tensors; rank 0 then hashes every file,
+    writes the manifest (last) and prunes old ones. A peer that dies or stalls in any phase fails the
+    others within ``--timeout-s``, naming it and the phase."""
+    from entrain.runtime import checkpoint as ck
+
+    watch = trainer.watch
     folder = ck.step_dir(out, step)
     if env.rank == 0 and (folder / ck.MANIFEST).exists():  # the same step again (after a restart)
         (folder / ck.MANIFEST).unlink()
-    dist.barrier()
-    position = data.position(step, spec.parallel.global_batch).to_json()
-    entries = ck.write_shards(
-        folder,
-        rank=env.rank,
-        pp_rank=pp_rank,
-        replica=replica,
-        model=trainer.model_state() if replica == 0 else None,
-        rank_state={"step": step, "rng": ck.rng_state(), "data_position": position},
+    phase = f"checkpoint save of step {step}"
+    watch.gather_point(f"{phase}: start")
+    if fault is not None:
+        fault.maybe_fire(env.rank, step, "save")
+    position = data.position(step, spec.global_batch).to_json()
+    ck.write_rank_state(folder, env.rank, {"step": step, "rng": ck.rng_state(), "data_position": position})
+    _guarded(
+        watch,
+        step,
+        f"{phase}: model and optimizer state",
+        lambda: ck.save_state(folder, trainer.checkpoint_state()),
     )
-    gathered = [None] * env.world_size if env.rank == 0 else None
-    dist.gather_object(entries, gathered, dst=0)
     if env.rank == 0:
-        files = {name: e for part in gathered for name, e in part.items()}
         ck.write_manifest(
             folder,
             {
                 "format": ck.FORMAT_VERSION,
                 "step": step,
                 "system": system,
-                "model": spec.model.name,
+                "model": model_name(spec),
+                "model_source": _model_source_json(spec),
                 "world_size": env.world_size,
                 "layout": layout.to_json(),
                 "fingerprint": fingerprint(spec, system),
                 "data_position": position,
                 "data": data.identity(),
-                "files": files,
+                "files": ck.file_entries(folder),
             },
         )
-        ck.prune(out, spec.run.keep_checkpoints)
-    dist.barrier()
+        ck.prune(out, spec.keep_checkpoints)
+    watch.gather_point(f"{phase}: manifest written")
 
 
 def _history(metrics_path: str, start: int) -> list[dict]:
@@ -482,12 +593,53 @@ def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
     return [s for mb in it.microbatches[replica] for s in mb.encoder_ids]
 
 
-def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData, env, out: str) -> SystemSummary:
-    from entrain.models.config import get_model_config
+def _model_source_json(spec: RunConfig) -> dict | None:
+    """A stock model's folders (``entrain export`` rebuilds its configs from them); None for a preset."""
+    if spec.vision_model is None:
+        return None
+    return {"vision_model": spec.vision_model, "llm_model": spec.llm_model, "tokenizer": spec.tokenizer}
+
+
+def model_name(spec: RunConfig) -> str:
+    """The preset name, or a stock model's ``hf:VISION+LLM``."""
+    if spec.model.vision_model is None:
+        return spec.model.name
+    from entrain.runtime.model_source import model_arch
+
+    return model_arch(spec).name
+
+
+def _gather_events(env, events: list[dict]) -> list[dict]:
+    """Every rank's trace events of one step, on rank 0 (empty elsewhere)."""
+    import torch.distributed as dist
+
+    gathered = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(events, gathered, dst=0)
+    return [e for part in gathered for e in part] if env.rank == 0 else []
+
+
+def _own_stages(layout: Layout, rank: int) -> list[tuple[str, int, int]]:
+    _, pp_rank = layout.replica_of(rank)
+    return [(s.component, s.first_layer, s.end_layer) for s in layout.stages_of(pp_rank)]
+
+
+def _run_one(
+    spec: RunConfig,
+    system: str,
+    setup,
+    cost: CostModel,
+    data: RunData,
+    env,
+    out: str,
+    watch,
+    cfg=None,
+    tokenizer=None,
+) -> SystemSummary:
     from entrain.models.vlm import build_vlm, set_trainable
-    from entrain.runtime.checkpoint import set_rng_state
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.faults import fault_from_env
+    from entrain.runtime.model_source import model_config
+    from entrain.runtime.parallelize import StageParallelism
     from entrain.runtime.trainer import PipelineTrainer
 
     train_batches, val_batches = data.train, data.val
@@ -497,7 +649,7 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
-    ckpt = _start_state(spec, system, layout, env, out, data)
+    ckpt = _start_state(spec, system, env, out, data, watch)
     start = ckpt.step if ckpt is not None else 0
     metrics_path = os.path.join(out, "metrics.jsonl")
     history = _history(metrics_path, start) if rank0 else []
@@ -505,6 +657,7 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
         config = {
             "spec": spec.to_json(),
             "setup": setup.source,
+            "flags": spec.run.flags,
             "system": system,
             "world_size": env.world_size,
             "device": str(env.device),
@@ -513,11 +666,15 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
             "torch": torch.__version__,
             "resumed_from_step": start,
             "fingerprint": fingerprint(spec, system),
+            "precision": resolve_precision(spec, env.device),
         }
         _write_json(os.path.join(out, "config.json"), config)
         _write_json(os.path.join(out, "plan.json"), plan.to_json())
-    cfg = get_model_config(spec.model.name)
-    model = build_vlm(cfg, seed=spec.data.seed, weights_dir=spec.model.weights)
+    if cfg is None:
+        cfg, tokenizer = model_config(spec)
+    model = build_vlm(
+        cfg, seed=spec.seed, weights_dir=spec.weights, stages=_own_stages(layout, env.rank // spec.tp)
+    )
     set_trainable(
         model,
         encoder="encoder" not in spec.model.freeze and "vit" not in spec.model.freeze,
@@ -525,9 +682,11 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
         llm="llm" not in spec.model.freeze,
     )
     metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
-    renderer = SampleRenderer(cfg, metas, seed=spec.data.seed, device=env.device, source=record_source(spec, data))
+    renderer = SampleRenderer(
+        cfg, metas, seed=spec.data.seed, device=env.device, source=record_source(spec, data, tokenizer)
+    )
     optim = spec.optim
-    autocast = torch.bfloat16 if env.device.type == "cuda" else None
+    autocast = torch.bfloat16 if resolve_precision(spec, env.device) == "bf16" else None
     trainer = PipelineTrainer(
         layout=layout,
         model=model,
@@ -535,12 +694,27 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
         renderer=renderer,
         optim=optim,
         autocast_dtype=autocast,
-        timeout_s=spec.run.timeout_s,
+        timeout_s=spec.timeout_s,
+        watch=watch,
+        parallel=StageParallelism(tp=spec.tp, fsdp=spec.fsdp),
     )
-    if ckpt is not None:
-        trainer.load_model_state(ckpt.model, ckpt.step)
-        set_rng_state(ckpt.rank_state["rng"])
+    tracer, trace_events = None, []
+    if spec.trace:
+        from entrain.runtime.trace import ActionTracer, read_trace
+
+        tracer = trainer.executor.tracer = ActionTracer(env.rank)
+        trace_path = os.path.join(out, "trace.json")
+        if rank0 and start > 0 and os.path.exists(trace_path):  # a resumed run keeps the earlier steps
+            trace_events = [e for e in read_trace(trace_path) if e["args"]["step"] < start]
+    scalars = None
+    if spec.tensorboard and rank0:
+        from entrain.runtime.tensorboard import ScalarLog
+
+        scalars = ScalarLog(out, purge_step=start)
+    plan_rank = trainer.place.plan_rank
     fault = fault_from_env(resumed=ckpt is not None)
+    if ckpt is not None:
+        _load_checkpoint(trainer, ckpt, watch, fault)
     if fault is not None:
         trainer.fault_hook = fault.maybe_fire
     peak = _peak_flops(env.device)
@@ -564,12 +738,14 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
         metrics = open(metrics_path, "a")  # noqa: SIM115 - closed below
     ok = False
     try:
-        if start < spec.run.steps:
-            renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[start]))
-        for step in range(start, spec.run.steps):
+        if start < spec.steps:
+            renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[start]))
+        for step in range(start, spec.steps):
             it = plan.iterations[step]
-            if step + 1 < spec.run.steps:  # the next step's pixels are processed while this one runs
-                renderer.prefetch(_pixel_ids(layout, env.rank, plan.iterations[step + 1]))
+            if step + 1 < spec.steps:  # the next step's pixels are processed while this one runs
+                renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[step + 1]))
+            if tracer is not None:
+                tracer.step = step
             res = trainer.train_step(it)
             row = {
                 "step": step,
@@ -583,6 +759,7 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
                 "epoch": data.position(step, spec.parallel.global_batch).epoch,
                 "sample_ids": [w.id for w in train_batches[step]],
                 "stage_times": res.records,
+                "memory_per_rank": res.memory,
             }
             if peak:
                 row["mfu"] = (
@@ -595,13 +772,17 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
             losses.append(res.loss)
             times.append(res.iteration_time_ms)
             tps.append(res.tokens_per_s)
+            if tracer is not None:
+                trace_events += _gather_events(env, tracer.drain())
             if rank0:
                 stds.append(stage_std_ms(res.records))
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
+            if scalars is not None:
+                scalars.write(step, {**row, "stage_std_ms": stds[-1], "skipped_samples": data.num_skipped})
             done = step + 1
-            if done == spec.run.steps or (spec.run.checkpoint_every > 0 and done % spec.run.checkpoint_every == 0):
-                _save_checkpoint(spec, system, layout, env, out, trainer, data, done)
+            if done == spec.steps or (spec.checkpoint_every > 0 and done % spec.checkpoint_every == 0):
+                _save_checkpoint(spec, system, layout, env, out, trainer, data, done, fault)
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{res.loss:.3f}",
@@ -614,6 +795,12 @@ def _run_one(spec: RunConfig, system: str, setup, cost: CostModel, data: RunData
         renderer.close()
         if metrics is not None:
             metrics.close()
+        if scalars is not None:
+            scalars.close()
+        if tracer is not None and rank0 and trace_events:
+            from entrain.runtime.trace import write_trace
+
+            write_trace(os.path.join(out, "trace.json"), trace_events)
         if bar is not None:
             bar.close()
         if ok:  # after a failure the pending sends may never complete: the error is what matters

@@ -17,11 +17,23 @@ import torch.distributed as dist
 
 from entrain.config import OptimConfig
 from entrain.core.plan import IterationPlan, Layout
-from entrain.models.vlm import VLM, build_stage
+from entrain.models.vlm import VLM, build_stage, checkpoint_parts
 from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
-from entrain.runtime.distributed import DistEnv, build_dp_groups, check_runtime_layout
+from entrain.runtime.distributed import DistEnv, check_runtime_layout
 from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
+from entrain.runtime.health import PeerWatch
+from entrain.runtime.parallelize import (
+    StageParallelism,
+    apply_fsdp,
+    apply_tp,
+    build_groups,
+    copies,
+    finish_fsdp_backward,
+    local,
+    placement,
+    process_rank,
+)
 from entrain.runtime.recompute import apply_recompute
 
 __all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
@@ -45,6 +57,8 @@ class StepResult:
     llm_tokens: int
     cpu_ms: list[float] = field(default_factory=list)
     """Per rank, process CPU time of the step (next to the wall-clock ``iteration_time_ms``)."""
+    memory: list[dict] = field(default_factory=list)
+    """Rank 0 only: per rank, ``memory_of`` (model-state bytes held, peak memory)."""
     records: list[dict] = field(default_factory=list)
     """Rank 0 only: per (rank, stage, mb, sub) forward / backward ms measured on the ranks."""
 
@@ -64,45 +78,59 @@ class PipelineTrainer:
         optim: OptimConfig,
         autocast_dtype: torch.dtype | None = None,
         timeout_s: float | None = None,
+        watch: PeerWatch | None = None,
+        parallel: StageParallelism | None = None,
     ):
-        check_runtime_layout(layout, env.world_size)
+        self.parallel = parallel = parallel or StageParallelism()
+        self.place = placement(env.rank, parallel.tp)
+        check_runtime_layout(layout, env.world_size // parallel.tp, tp=parallel.tp)
         self.layout, self.env, self.renderer, self.optim_cfg = layout, env, renderer, optim
-        self.replica, self.pp_rank = layout.replica_of(env.rank)
+        self.replica, self.pp_rank = layout.replica_of(self.place.plan_rank)
         all_stages = {
             s.stage: build_stage(model, s.component, s.first_layer, s.end_layer) for s in layout.stages
         }
         self.modules = {s.stage: all_stages[s.stage] for s in layout.stages_of(self.pp_rank)}
-        for s in layout.stages_of(self.pp_rank):
-            apply_recompute(self.modules[s.stage], s.recompute)
         for m in self.modules.values():
             m.move_to(env.device)
         trains = [
             any(p.requires_grad for _, p in all_stages[s].owned_parameters()) for s in sorted(all_stages)
         ]
         input_grad = {s: any(trains[:s]) for s in all_stages}
+        self.groups = build_groups(layout, parallel.tp, env.rank, timeout_s)
+        self.fsdp_roots = self._parallelize(
+            parallel, {s.stage: s.recompute for s in layout.stages_of(self.pp_rank)}
+        )
         self.named_params = [(n, p) for m in self.modules.values() for n, p in m.owned_parameters()]
         self.params = [p for _, p in self.named_params if p.requires_grad]
-        self.dp_group = build_dp_groups(layout, timeout_s)[self.pp_rank]
-        self.transport = Transport(env.device, timeout_s)
+        self.dp_group = None if parallel.fsdp else self.groups.dp
+        self.transport = Transport(
+            env.device, timeout_s, peer_rank=lambda r: process_rank(r, self.place.tp_rank, parallel.tp)
+        )
+        self.watch = watch or PeerWatch(
+            env.rank, env.world_size, timeout_s if timeout_s is not None else 300.0
+        )
+        """Where this rank is in the run's collectives (names the peers a failed collective waited for)."""
         autocast = None
         if autocast_dtype is not None:
 
             def autocast() -> torch.autocast:
                 return torch.autocast(env.device.type, dtype=autocast_dtype)
 
-        sync = torch.cuda.synchronize if env.device.type == "cuda" else None
         self.executor = Executor(
             layout=layout,
-            rank=env.rank,
+            rank=self.place.plan_rank,
+            process_rank=lambda r: process_rank(r, self.place.tp_rank, parallel.tp),
             modules=self.modules,
             transport=self.transport,
             renderer=renderer,
             input_grad=input_grad,
             autocast=autocast,
-            sync=sync,
         )
+        foreach = None if parallel.tp == 1 and not parallel.fsdp else False  # plain and DTensor params mixed
         self.optimizer = (
-            torch.optim.AdamW(self.params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+            torch.optim.AdamW(
+                self.params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, foreach=foreach
+            )
             if self.params
             else None
         )
@@ -111,31 +139,92 @@ class PipelineTrainer:
         self.fault_hook: Callable[[int, int], None] | None = None
         """Called as ``hook(rank, step)`` mid-step, before the pipeline actions (fault injection)."""
 
-    # --- checkpoint state ---------------------------------------------------------------------------
-    def model_state(self) -> dict:
-        """This rank's stage parameters (full-model names, CPU copies) and AdamW state."""
-        return {
-            "params": {n: p.detach().to("cpu", copy=True) for n, p in self.named_params},
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-        }
+    def _parallelize(self, parallel: StageParallelism, recompute: dict[int, str]) -> list:
+        """Pipeline stages are cut (the Plan); then, in order: TP, recomputation (the Plan's per
+        stage), FSDP. Returns the FSDP roots (one per stage) to reduce gradients at the end of a
+        backward pass."""
+        from torch.distributed.device_mesh import DeviceMesh
 
-    def load_model_state(self, state: dict, step_index: int) -> None:
-        """Restore ``model_state()`` output and the step counter (the LR schedule position)."""
-        params = state["params"]
-        mine = {n for n, _ in self.named_params}
-        if set(params) != mine:
-            from entrain.core.errors import ConfigError
-
-            missing, extra = sorted(mine - set(params)), sorted(set(params) - mine)
-            raise ConfigError(
-                f"checkpoint holds other parameters than this rank's stages (missing {missing[:3]}, "
-                f"unexpected {extra[:3]}); the stage layout differs"
+        kind = self.env.device.type
+        tp_mesh = dp_mesh = None
+        if parallel.tp > 1 and parallel.fsdp:  # one 2-D mesh: FSDP needs the TP mesh as its sibling
+            ranks = [
+                [
+                    process_rank(self.layout.global_rank(r, self.pp_rank), t, parallel.tp)
+                    for t in range(parallel.tp)
+                ]
+                for r in range(self.layout.dp)
+            ]
+            mesh = DeviceMesh.from_group(
+                [self.groups.dp, self.groups.tp], kind, mesh=ranks, mesh_dim_names=("dp", "tp")
             )
-        with torch.no_grad():
-            for n, p in self.named_params:
-                p.copy_(params[n].to(p.device, p.dtype))
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+            tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+        elif parallel.tp > 1:
+            tp_mesh = DeviceMesh.from_group(self.groups.tp, kind)
+        elif parallel.fsdp:
+            dp_mesh = DeviceMesh.from_group(self.groups.dp, kind)
+        if tp_mesh is not None:
+            for m in self.modules.values():
+                apply_tp(m, tp_mesh)
+        for stage, mode in recompute.items():
+            apply_recompute(self.modules[stage], mode)
+        if dp_mesh is None:
+            return []
+        return [apply_fsdp(m, dp_mesh) for m in self.modules.values()]
+
+    # --- checkpoint state ---------------------------------------------------------------------------
+    def checkpoint_state(self, *, with_empty_optimizer: bool = False) -> dict[str, torch.Tensor]:
+        """The live tensors of this rank's stages for ``torch.distributed.checkpoint``: parameters as
+        ``model/NAME`` and AdamW state as ``optim/NAME/KEY`` (plain tensors or DTensors).
+        ``with_empty_optimizer``: first give every trainable parameter a zero AdamW state to load into."""
+        from entrain.runtime.checkpoint import MODEL_PREFIX, OPTIM_PREFIX
+
+        state: dict[str, torch.Tensor] = {
+            f"{MODEL_PREFIX}{part}": t
+            for n, p in self.named_params
+            for part, t in checkpoint_parts(n, p.detach())
+        }
+        if self.optimizer is None:
+            return state
+        for n, p in self.named_params:
+            if not p.requires_grad:
+                continue
+            slot = self.optimizer.state[p]
+            if with_empty_optimizer and not slot:
+                slot.update(
+                    step=torch.zeros((), dtype=torch.float32),
+                    exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                    exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
+                )
+            for key, value in slot.items():
+                for part, t in checkpoint_parts(n, value):
+                    state[f"{OPTIM_PREFIX}{part}/{key}"] = t
+        return state
+
+    def load_checkpoint(self, folder, step_index: int, *, load) -> None:
+        """Fill parameters and AdamW state from checkpoint ``folder`` (``load(folder, state)`` is the
+        collective reader), resharded to this rank's stages; set the step counter (LR schedule)."""
+        from entrain.core.errors import ConfigError
+        from entrain.runtime.checkpoint import MODEL_PREFIX, saved_keys
+
+        saved = saved_keys(folder)
+        state = self.checkpoint_state(with_empty_optimizer=True)
+        missing = sorted(
+            k[len(MODEL_PREFIX) :] for k in state if k.startswith(MODEL_PREFIX) and k not in saved
+        )
+        if missing:
+            raise ConfigError(
+                f"checkpoint {folder} lacks parameters of this rank's stages ({', '.join(missing[:3])}, ...): "
+                "it was written for another model"
+            )
+        fresh = [
+            p
+            for n, p in self.named_params
+            if p.requires_grad and f"optim/{checkpoint_parts(n, p)[0][0]}/exp_avg" not in saved
+        ]
+        load(folder, {k: v for k, v in state.items() if k in saved})
+        for p in fresh:  # never stepped when the checkpoint was written: no AdamW state yet
+            self.optimizer.state.pop(p, None)
         self.step_index = step_index
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -143,15 +232,18 @@ class PipelineTrainer:
         return [s for mb in it.microbatches[self.replica] for s in mb.llm_ids]
 
     def _collective(self, what: str, fn: Callable[[], object]):
-        """Run a collective; a failure (dead or stalled peer) becomes a CollectiveError naming it."""
+        """Run a collective; a failure (dead or stalled peer) becomes a CollectiveError naming the
+        peers that never reached it (from the ``PeerWatch`` board)."""
+        self.watch.mark(f"step {self.step_index}: {what}")
         try:
             return fn()
         except Exception as e:
-            raise CollectiveError(self.env.rank, self.step_index, what, e) from e
+            raise CollectiveError(self.env.rank, self.step_index, what, e, self.watch.behind()) from e
 
     def _global_labels(self, it: IterationPlan) -> int:
         """Label tokens of the global batch: each replica's last stage counts its samples; all-reduced."""
-        mine = self.renderer.num_labels(self._replica_ids(it)) if self.pp_rank == self.last_stage_rank else 0
+        counts = self.pp_rank == self.last_stage_rank and self.place.tp_rank == 0  # once per TP group
+        mine = self.renderer.num_labels(self._replica_ids(it)) if counts else 0
         t = torch.tensor([float(mine)], dtype=torch.float64, device=self.env.device)
         self._collective("all-reduce of the label count", lambda: dist.all_reduce(t))
         return int(t.item())
@@ -162,27 +254,34 @@ class PipelineTrainer:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        ranks = [self.layout.global_rank(r, self.pp_rank) for r in range(self.layout.dp)]
+        grads = [local(p.grad) for p in self.params]  # TP shards: the DP group holds the same shard
+        flat = torch.cat([g.reshape(-1) for g in grads])
         self._collective(
-            f"data-parallel gradient all-reduce with ranks {ranks}",
+            f"data-parallel gradient all-reduce with ranks {self.groups.dp_ranks}",
             lambda: dist.all_reduce(flat, group=self.dp_group),
         )
         offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p))
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
     def _clip(self) -> float:
-        """Global grad norm over all stages and replicas (replicas hold equal grads after the DP sum)."""
+        """Global grad norm over all stages and replicas: each process adds its local gradient parts,
+        each divided by how many processes hold the same part (DP replicas, TP ranks of a replicated
+        tensor; a DTensor shard under TP or FSDP is held by fewer)."""
+        holders = self.layout.dp * self.parallel.tp
         sq = sum(
-            (p.grad.double().pow(2).sum() for p in self.params if p.grad is not None),
+            (
+                local(p.grad).double().pow(2).sum() / copies(p.grad, holders)
+                for p in self.params
+                if p.grad is not None
+            ),
             torch.zeros((), dtype=torch.float64, device=self.env.device),
         )
         t = sq.reshape(1).to(torch.float64)
         self._collective("all-reduce of the gradient norm", lambda: dist.all_reduce(t))
-        norm = math.sqrt(t.item() / self.layout.dp)
+        norm = math.sqrt(t.item())
         max_norm = self.optim_cfg.max_grad_norm
         if max_norm is not None:
             coef = min(1.0, max_norm / (norm + 1e-6))
@@ -192,7 +291,29 @@ class PipelineTrainer:
                         p.grad.mul_(coef)
         return norm
 
-    def _gather_records(self, records: list[ComputeRecord]) -> list[dict]:
+    def memory_of(self) -> dict:
+        """This process's memory: ``params_bytes``, ``grads_bytes``, ``optimizer_bytes`` (the local
+        parts: shards under TP / FSDP), ``peak_rss_bytes`` (the process's peak resident set) and, on a
+        GPU, ``peak_device_bytes`` (torch's peak allocation)."""
+        import resource
+
+        def nbytes(ts) -> int:
+            return sum(local(t).numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
+
+        params = [p for _, p in self.named_params]
+        slots = self.optimizer.state.values() if self.optimizer is not None else []
+        out = {
+            "rank": self.env.rank,
+            "params_bytes": nbytes(params),
+            "grads_bytes": nbytes(p.grad for p in params if p.grad is not None),
+            "optimizer_bytes": nbytes(v for slot in slots for v in slot.values()),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+        if self.env.device.type == "cuda":
+            out["peak_device_bytes"] = torch.cuda.max_memory_allocated(self.env.device)
+        return out
+
+    def _gather_records(self, records: list[ComputeRecord]) -> tuple[list[dict], list[dict]]:
         merged: dict[tuple[int, int, int], dict] = {}
         for r in records:
             row = merged.setdefault(
@@ -210,11 +331,12 @@ class PipelineTrainer:
             )
             row["fwd_ms" if r.kind == "F" else "bwd_ms"] += r.ms
             row["fwd_cpu_ms" if r.kind == "F" else "bwd_cpu_ms"] += r.cpu_ms
-        out: list[list[dict]] | None = [None] * self.env.world_size if self.env.rank == 0 else None
-        self._collective(
-            "gather of the stage times", lambda: dist.gather_object(list(merged.values()), out, dst=0)
-        )
-        return [row for part in out for row in part] if out is not None else []
+        out: list | None = [None] * self.env.world_size if self.env.rank == 0 else None
+        mine = (list(merged.values()), self.memory_of())
+        self._collective("gather of the stage times", lambda: dist.gather_object(mine, out, dst=0))
+        if out is None:
+            return [], []
+        return [row for rows, _ in out for row in rows], [mem for _, mem in out]
 
     def _llm_tokens(self, it: IterationPlan) -> int:
         ids = [s for rep in it.microbatches for mb in rep for s in mb.llm_ids]
@@ -231,11 +353,18 @@ class PipelineTrainer:
         scale = 1.0 / max(1, self._global_labels(it))
         if self.fault_hook is not None:
             self.fault_hook(self.env.rank, self.step_index)
-        out = self.executor.run(it, it.actions.get(self.env.rank, ()), loss_scale=scale)
+        out = self.executor.run(it, it.actions.get(self.place.plan_rank, ()), loss_scale=scale)
         self._collective("wait for the pipeline sends", self.transport.wait_all)
+        for root in self.fsdp_roots:
+            self._collective(
+                f"FSDP gradient reduce-scatter with ranks {self.groups.dp_ranks}",
+                lambda r=root: finish_fsdp_backward(r),
+            )
         self._reduce_dp()
         self._last_records = out.records
-        loss = torch.tensor([out.loss_sum], dtype=torch.float64, device=self.env.device)
+        loss = torch.as_tensor(out.loss_sum, dtype=torch.float64, device=self.env.device).reshape(1)
+        if self.place.tp_rank != 0:  # counted once per TP group
+            loss = torch.zeros_like(loss)
         self._collective("all-reduce of the loss", lambda: dist.all_reduce(loss))
         return float(loss.item())
 
@@ -261,20 +390,41 @@ class PipelineTrainer:
             lambda: (dist.all_reduce(elapsed, op=dist.ReduceOp.MAX), dist.all_reduce(cpu)),
         )
         self.step_index += 1
-        records = self._gather_records(self._last_records) if gather_records else []
-        return StepResult(loss, float(elapsed.item()), norm, lr, self._llm_tokens(it), cpu.tolist(), records)
+        records, memory = self._gather_records(self._last_records) if gather_records else ([], [])
+        return StepResult(
+            loss,
+            float(elapsed.item()),
+            norm,
+            lr,
+            self._llm_tokens(it),
+            cpu.tolist(),
+            records=records,
+            memory=memory,
+        )
 
     def evaluate(self, it: IterationPlan) -> float:
         """Forward-only global mean loss of ``it``'s samples (held-out batch)."""
         scale = 1.0 / max(1, self._global_labels(it))
-        out = self.executor.run(it, it.actions.get(self.env.rank, ()), loss_scale=scale, forward_only=True)
-        self.transport.wait_all()
-        loss = torch.tensor([out.loss_sum], dtype=torch.float64, device=self.env.device)
-        dist.all_reduce(loss)
+        out = self.executor.run(
+            it, it.actions.get(self.place.plan_rank, ()), loss_scale=scale, forward_only=True
+        )
+        self._collective("wait for the validation sends", self.transport.wait_all)
+        loss = torch.as_tensor(out.loss_sum, dtype=torch.float64, device=self.env.device).reshape(1)
+        if self.place.tp_rank != 0:
+            loss = torch.zeros_like(loss)
+        self._collective("all-reduce of the validation loss", lambda: dist.all_reduce(loss))
         return float(loss.item())
 
     def named_grads(self) -> dict[str, torch.Tensor]:
-        return {n: p.grad.detach().clone() for n, p in self.named_params if p.grad is not None}
+        """Whole gradients by parameter name (DTensor shards gathered: collective under TP / FSDP)."""
+        from torch.distributed.tensor import DTensor
+
+        out = {}
+        for n, p in self.named_params:
+            if p.grad is not None:
+                g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                out[n] = g.detach().clone()
+        return out
 
     def close(self) -> None:
         self.transport.wait_all()

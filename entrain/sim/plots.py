@@ -16,7 +16,7 @@ from entrain.core.plan import ActionKind
 from entrain.sim.metrics import per_microbatch_fwd_ms
 from entrain.sim.run import SystemRun
 
-__all__ = ["gantt", "fwd_time", "memory", "write_all"]
+__all__ = ["gantt", "gantt_bars", "span_bars", "fwd_time", "memory", "write_all"]
 
 _COLORS = {
     ("encoder", "F"): "#4C72B0",
@@ -35,33 +35,50 @@ def _plt():
     return plt
 
 
+def gantt_bars(ax, bars: Sequence[tuple[int, str, str, float, float]], num_ranks: int, title: str) -> None:
+    """Draw ``(pipeline rank, component, kind F/B/I/W, start ms, end ms)`` boxes on ``ax`` (seconds)."""
+    plt = _plt()
+    for r, comp, kind, start_ms, end_ms in bars:
+        ax.barh(
+            r,
+            (end_ms - start_ms) / 1e3,
+            left=start_ms / 1e3,
+            height=0.8,
+            color=_COLORS[(comp, "F" if kind == "F" else "B")],
+            edgecolor="black",
+            linewidth=0.2,
+        )
+    ax.set_yticks(range(num_ranks))
+    ax.set_yticklabels([f"rank {r}" for r in range(num_ranks)])
+    ax.set_ylim(num_ranks - 0.5, -0.5)
+    ax.set_xlabel("time (s)")
+    ax.set_title(title)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
+    ax.legend(handles, [f"{c} {k}" for c, k in _COLORS], loc="upper right", fontsize=8)
+
+
+def span_bars(layout, spans) -> list[tuple[int, str, str, float, float]]:
+    """``gantt_bars`` input of simulated spans (compute actions)."""
+    return [
+        (
+            layout.replica_of(s.rank)[1],
+            layout.stages[s.action.stage].component,
+            ActionKind(s.action.kind).value,
+            s.start_ms,
+            s.end_ms,
+        )
+        for s in spans
+    ]
+
+
 def gantt(run: SystemRun, path: str) -> None:
     plt = _plt()
     layout = run.layout
     it = run.iterations[0]
-    rep = it.replicas[0]
     p = layout.ranks_per_replica
     fig, ax = plt.subplots(figsize=(14, 0.45 * p + 1.5))
-    for span in rep.spans:
-        r = layout.replica_of(span.rank)[1]
-        comp = layout.stages[span.action.stage].component
-        kind = "F" if span.action.kind is ActionKind.F else "B"
-        ax.barh(
-            r,
-            (span.end_ms - span.start_ms) / 1e3,
-            left=span.start_ms / 1e3,
-            height=0.8,
-            color=_COLORS[(comp, kind)],
-            edgecolor="black",
-            linewidth=0.2,
-        )
-    ax.set_yticks(range(p))
-    ax.set_yticklabels([f"rank {r}" for r in range(p)])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (s)")
-    ax.set_title(f"{run.system}: iteration 0, replica 0 ({it.iteration_time_ms / 1e3:.2f} s with all-reduce)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
-    ax.legend(handles, [f"{c} {k}" for c, k in _COLORS], loc="upper right", fontsize=8)
+    title = f"{run.system}: iteration 0, replica 0 ({it.iteration_time_ms / 1e3:.2f} s with all-reduce)"
+    gantt_bars(ax, span_bars(layout, it.replicas[0].spans), p, title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

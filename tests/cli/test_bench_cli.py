@@ -65,6 +65,12 @@ def test_quick_bench_writes_report_and_schema_valid_json(quick):
     # Algorithm 1 converges within the global batch and reports the paper's trial sizes
     assert case["b_min_converged"] and case["b_min"] <= 512 and case["b_min_reason"] is None
     assert {t["batch_size"] for t in case["trials"]} >= {1, 4, 16, 64, 256}
+    for name, s in systems.items():  # each system's time over Entrain's, from the same run
+        assert s["entrain_speedup"] == s["iteration_time_ms"] / systems["entrain"]["iteration_time_ms"], name
+    gap = case["gap"]
+    # whole layers cannot beat the perfect split; removing communication cannot slow a run down
+    assert gap["partition_granularity_ms"] >= 0 and gap["communication_ms"] >= 0
+    assert gap["iteration_time_ms"] == systems["entrain"]["iteration_time_ms"]
     assert set(case["sweep"]) == {f"{e}:{8 - e}" for e in range(1, 8)}
     for section in ("## Fitted presets", "## Targets", "## Fig. 11", "## Table 1", "## Tables 2", "## Table 3",
                     "## Fig. 13", "## Fig. 14", "gap to `ideal_ms`", "## Summary"):  # fmt: skip

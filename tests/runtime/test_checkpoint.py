@@ -38,19 +38,9 @@ def _rows(out) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _state(out, step: int) -> tuple[dict, dict]:
-    folder = ck.step_dir(out, step)
-    _, params = ck.load_model_state(folder)
-    model = torch.load(folder / "model-pp0.pt", weights_only=True)
-    return params, model["optimizer"]
-
-
-def _assert_same_optimizer(a: dict, b: dict) -> None:
-    assert a["param_groups"] == b["param_groups"]
-    assert a["state"].keys() == b["state"].keys()
-    for k in a["state"]:
-        for name, value in a["state"][k].items():
-            assert torch.equal(value, b["state"][k][name]), (k, name)
+def _state(out, step: int) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint: ``model/NAME`` parameters and ``optim/NAME/KEY`` AdamW state."""
+    return ck.read_tensors(ck.step_dir(out, step))
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +64,12 @@ def test_exact_resume_after_a_crash_is_bitwise_the_straight_run(straight, tmp_pa
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     assert [r["plan_hash"] for r in a] == [r["plan_hash"] for r in b]
     assert [r["sample_ids"] for r in a] == [r["sample_ids"] for r in b]
-    params_a, optim_a = _state(straight, 4)
-    params_b, optim_b = _state(out, 4)
-    assert params_a.keys() == params_b.keys() and len(params_a) > 10
-    for name in params_a:
-        assert torch.equal(params_a[name], params_b[name]), name
-    _assert_same_optimizer(optim_a, optim_b)
+    state_a, state_b = _state(straight, 4), _state(out, 4)
+    assert state_a.keys() == state_b.keys()
+    assert sum(k.startswith("model/") for k in state_a) > 10
+    assert sum(k.endswith("/exp_avg_sq") for k in state_a) > 10
+    for name in state_a:
+        assert torch.equal(state_a[name], state_b[name]), name
     config = json.loads((out / "config.json").read_text())
     assert config["resumed_from_step"] == 2
 
@@ -89,17 +79,16 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(straight, tm
 
     out = tmp_path / "run"
     shutil.copytree(straight, out)
-    shard = ck.step_dir(out, 4) / "model-pp0.pt"
+    shard = ck.step_dir(out, 4) / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     assert main([*FAST, "--out", str(out), "--resume"]) == 0
     err = capsys.readouterr().err
-    assert "step 4) is incomplete or corrupt (rank 0: model-pp0.pt is corrupt" in err
+    assert "step 4) is incomplete or corrupt (rank 0: __0_0.distcp is corrupt" in err
     assert "using the previous complete checkpoint" in err and "step-00000002 (step 2 of 4)" in err
-    params_a, _ = _state(straight, 4)
-    params_b, _ = _state(out, 4)  # step 4 retrained from step 2 and saved again
-    assert all(torch.equal(params_a[n], params_b[n]) for n in params_a)
+    state_a, state_b = _state(straight, 4), _state(out, 4)  # step 4 retrained from step 2, saved again
+    assert all(torch.equal(state_a[n], state_b[n]) for n in state_a)
 
 
 def test_resume_refuses_another_configuration_before_any_process_group(straight, tmp_path, capsys):
@@ -125,18 +114,25 @@ def test_resume_with_nothing_to_resume_starts_fresh(tmp_path, capsys):
     assert [r["step"] for r in _rows(out)] == [0]
 
 
-def test_missing_shard_or_manifest_is_detected(tmp_path):
+def test_missing_file_or_manifest_is_detected(tmp_path):
     folder = ck.step_dir(tmp_path, 3)
-    entries = ck.write_shards(
-        folder, rank=0, pp_rank=0, replica=0, model={"params": {}}, rank_state={"step": 3}
-    )
-    found, why = ck.try_load(folder, rank=0, pp_rank=0)
+    ck.write_rank_state(folder, 0, {"step": 3})
+    (folder / "__0_0.distcp").write_bytes(b"tensors")
+    found, why = ck.try_load(folder, rank=0)
     assert found is None and "no manifest" in why
-    ck.write_manifest(folder, {"format": ck.FORMAT_VERSION, "step": 3, "files": entries})
-    found, why = ck.try_load(folder, rank=0, pp_rank=0)
+    ck.write_manifest(folder, {"format": ck.FORMAT_VERSION, "step": 3, "files": ck.file_entries(folder)})
+    found, why = ck.try_load(folder, rank=0)
     assert why is None and found.step == 3 and found.rank_state == {"step": 3}
+    found, why = ck.try_load(folder, rank=1)  # a run with more ranks than wrote it: rank 0's state
+    assert why is None and found.rank_state == {"step": 3}
+    (folder / "__0_0.distcp").write_bytes(b"tensorz")
+    assert ck.try_load(folder, rank=0) == (
+        None,
+        "__0_0.distcp is corrupt (size or sha256 differs from the manifest)",
+    )
+    assert ck.try_load(folder, rank=0, verify_tensors=False)[1] is None
     (folder / "rank0.pt").unlink()
-    assert ck.try_load(folder, rank=0, pp_rank=0) == (None, "rank0.pt is missing")
+    assert ck.try_load(folder, rank=0, verify_tensors=False) == (None, "rank0.pt is missing")
     assert not [p for p in folder.iterdir() if ".tmp" in p.name]  # no temporary files left
 
 
@@ -163,3 +159,41 @@ def test_rng_states_round_trip():
     restored = torch.load(io.BytesIO(ck._to_bytes(state)), weights_only=True)  # as a checkpoint stores it
     ck.set_rng_state(restored)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expect
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("--dp", "2", "--encoder-stages", "2", "--llm-stages", "2", "--fsdp"),
+        ("--tp", "2", "--encoder-stages", "2", "--llm-stages", "2"),
+    ],
+    ids=["dp2-stages2+2-fsdp", "tp2-stages2+2"],
+)
+def test_resume_on_another_layout_continues_the_straight_run(straight, tmp_path, layout):
+    """The step-2 checkpoint of the 1-process run, continued on 4 forked processes with another DP
+    degree, stage split, ``--fsdp`` or ``--tp``: steps 2 and 3 lose what the straight run lost
+    (relative 1e-5; sums run in another order), and the step-4 checkpoint the sharded run writes
+    holds the straight run's parameters (to 1e-2: AdamW divides by the root of tiny second moments,
+    which magnifies round-off; a misplaced shard is off by order 1)."""
+    import shutil
+
+    from .cli_ranks import run_ranks
+
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    shutil.rmtree(ck.step_dir(out, 4))
+    results = run_ranks([*FAST, "--out", str(out), "--resume", *layout], 4, tmp_path / "ranks", timeout_s=200)
+    assert [r.exitcode for r in results] == [0] * 4, results[0].stderr[-3000:]
+    assert "resuming dip from" in results[0].stderr
+    a, b = _rows(straight), _rows(out)
+    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    for ra, rb in zip(a[2:], b[2:]):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5), (ra["loss"], rb["loss"])
+        assert ra["sample_ids"] == rb["sample_ids"]
+    assert len(b[3]["memory_per_rank"]) == 4
+    _, want = ck.load_model_state(ck.step_dir(straight, 4))
+    _, got = ck.load_model_state(ck.step_dir(out, 4))
+    assert want.keys() == got.keys()
+    for name in want:
+        err = float((got[name] - want[name]).norm() / want[name].norm().clamp_min(1e-12))
+        assert err < 1e-2, (name, err)

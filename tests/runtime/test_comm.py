@@ -46,6 +46,37 @@ def test_variable_shapes_arrive_by_key_and_ids_are_checked(tmp_path):
     assert error is not None and "other sample ids" in error and "0SEND_B2.0" in error
 
 
+def _known_shapes(env):
+    """In-order messages of a shape the receiver knows: header and data in one batch, the header
+    checked at ``wait_all`` -- a message whose header disagrees with the Plan is named there."""
+    t = Transport(env.device, in_order=frozenset({0}))
+    keys = [MessageKey(1, True, mb, 0) for mb in range(3)]
+    if env.rank == 0:
+        t.send(torch.full((2, 3), 1.0), 1, keys[0], ["a"])
+        t.send(torch.full((4,), 2.0), 1, keys[1], ["b"])
+        t.send(torch.full((4,), 3.0), 1, keys[2], ["c"])  # the receiver expects ids ["other"]
+        t.wait_all()
+        return None
+    first = t.recv(0, keys[0], ["a"], like=torch.empty(2, 3))
+    second = t.recv(0, keys[1], ["b"], like=torch.empty(4))
+    third = t.recv(0, keys[2], ["other"], like=torch.empty(4))
+    assert len(t.checks) == 3 and not t.stash  # none went through the header-first path
+    try:
+        t.wait_all()
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    return first, second, third, error
+
+
+def test_known_shapes_are_received_in_one_batch_and_their_headers_checked(tmp_path):
+    _, (first, second, third, error) = run_workers(_known_shapes, 2, tmp_path)
+    torch.testing.assert_close(first, torch.full((2, 3), 1.0))
+    torch.testing.assert_close(second, torch.full((4,), 2.0))
+    torch.testing.assert_close(third, torch.full((4,), 3.0))
+    assert error is not None and "message 1SEND_B2.0 from rank 0" in error and "the Plan says" in error
+
+
 def _layout(tp: int = 1, cp: int = 1) -> Layout:
     stages = (StageSpec(0, "encoder", 0, 4, 0), StageSpec(1, "llm", 0, 6, 1))
     comps = {"encoder": ComponentLayout(tp=1, pp=1), "llm": ComponentLayout(tp=tp, cp=cp, pp=1)}

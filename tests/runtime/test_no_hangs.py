@@ -50,3 +50,18 @@ def test_a_stalled_or_dead_peer_fails_the_survivor_with_peer_and_action(tmp_path
         pattern = r"rank 0: action 0(SEND_F|RECV_B)(\d+) \(stage 0, microbatch \2, sub 0\) with rank 1 failed"
         assert re.search(pattern, message), message
     assert results[1].exitcode is not None and results[1].exitcode != 0  # killed, or failed after its stall
+
+
+def test_a_peer_stalled_in_a_checkpoint_save_is_named_with_the_phase(tmp_path):
+    """Rank 1 stalls past the timeout while the checkpoint of step 2 is saved (after every rank began
+    the save): rank 0 fails in the collective tensor write, naming rank 1 and where it stopped."""
+    argv = [*ARGV, "--checkpoint-every", "2", "--out", str(tmp_path / "run")]
+    results = run_ranks(argv, 2, tmp_path / "ranks", env={"ENTRAIN_FAULT": "stall:1:2:8:save"}, timeout_s=100)
+    survivor = results[0]
+    assert survivor.exitcode is not None and survivor.exitcode != 0, "rank 0 hung or succeeded"
+    message = next(line for line in survivor.stderr.splitlines() if line.startswith("entrain train: error:"))
+    assert (
+        "rank 0: step 2: checkpoint save of step 2: model and optimizer state failed: rank 1 did not get"
+        in message
+    ), message
+    assert "it last reached 'checkpoint save of step 2: start'" in message, message

@@ -1,0 +1,85 @@
+"""``--config FILE`` for ``train``, ``plan`` and ``simulate``: flag values from a file, the command line
+winning.
+
+A TOML file's keys are the command's flag names with ``_`` for ``-`` (``global_batch = 256``,
+``vision_model = "ckpt/qwen25vl-3b"``, ``trace = true``); a table is not allowed, a list becomes a
+comma list (``system = ["entrain", "1f1b"]``). A run folder's ``config.json`` (``entrain train``)
+is accepted too: its ``flags`` object holds the flags the run was started with, so giving it back
+reproduces the run. Each value is checked like the flag itself (type, choices); an unknown key or a
+bad value is a one-line ConfigError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tomllib
+
+from entrain.core.errors import ConfigError
+
+__all__ = ["add_config_arg", "config_defaults", "read_config_file", "CONFIG_COMMANDS"]
+
+CONFIG_COMMANDS = ("train", "plan", "simulate")
+
+
+def add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE.toml",
+        help="flag values from a TOML file (keys = flag names with _ for -) or a run's config.json; "
+        "flags given on the command line win",
+    )
+
+
+def read_config_file(path: str) -> dict:
+    """The flag values of ``path`` (TOML, or a run folder's config.json) as a dict."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        if path.endswith(".json"):
+            with open(path) as f:
+                data = json.load(f)
+            if isinstance(data, dict) and isinstance(data.get("flags"), dict):
+                return data["flags"]
+            if not isinstance(data, dict):
+                raise ConfigError(f"--config {path}: expected a JSON object")
+            return data
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config {path}: not valid TOML/JSON ({e})") from None
+
+
+def _value(path: str, key: str, action: argparse.Action, value):
+    where = f"--config {path}: {key}"
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} = {value!r}: expected true or false")
+        return value
+    if isinstance(value, dict):
+        raise ConfigError(f"{where}: a table is not a flag value")
+    if isinstance(value, list):
+        value = ",".join(str(v) for v in value)
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    try:
+        value = action.type(text) if action.type is not None else text
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
+        raise ConfigError(f"{where} = {value!r}: {e}") from None
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"{where} = {value!r}: choose from {', '.join(map(str, action.choices))}")
+    return value
+
+
+def config_defaults(parser: argparse.ArgumentParser, path: str) -> dict:
+    """``{dest: value}`` of ``path`` for ``parser``'s flags, checked (None values are left out)."""
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config")}
+    out = {}
+    for key, value in read_config_file(path).items():
+        dest = key.replace("-", "_")
+        if dest not in actions:
+            raise ConfigError(f"--config {path}: unknown key {key!r} (not a flag of this command)")
+        if value is not None:
+            out[dest] = _value(path, key, actions[dest], value)
+    return out

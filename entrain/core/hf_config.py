@@ -1,0 +1,178 @@
+"""Model architectures read from stock Hugging Face checkpoint folders (``config.json`` only, no torch).
+
+``--vision-model DIR`` is a Qwen2-VL or Qwen2.5-VL folder: the whole ``...ForConditionalGeneration``
+(its ``vision_config`` is used) or a vision-only one (``model_type`` ``qwen2_vl_vision`` /
+``qwen2_5_vl_vision``). ``--llm-model DIR`` is a causal LM with Llama's layer structure
+(``LlamaForCausalLM``, ``Qwen2ForCausalLM``, or any ``model_type`` with the same config fields).
+The cost model, the planner and the runtime all take the model's shapes from here, so a user's own
+checkpoints need no preset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from entrain.core.architectures import LLMArch, ModelArch, VisionArch
+from entrain.core.errors import ConfigError
+
+__all__ = ["ModelSource", "read_config", "vision_arch", "llm_arch", "arch_from_folders"]
+
+_VISION_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_5_vl_vision": "qwen2_5_vl", "qwen2_vl": "qwen2_vl",
+                 "qwen2_vl_vision": "qwen2_vl"}  # fmt: skip
+_LLM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where the model comes from: a preset name, or stock vision and LLM checkpoint folders."""
+
+    preset: str = "tiny"
+    vision_model: str | None = None
+    llm_model: str | None = None
+
+    @property
+    def is_stock(self) -> bool:
+        return self.vision_model is not None or self.llm_model is not None
+
+    def arch(self) -> ModelArch:
+        if not self.is_stock:
+            from entrain.core.architectures import get_arch
+
+            return get_arch(self.preset)
+        if self.vision_model is None or self.llm_model is None:
+            given, missing = ("--vision-model", "--llm-model")[:: 1 if self.vision_model else -1]
+            raise ConfigError(
+                f"{given} needs {missing} too: a stock model is a vision folder plus an LLM folder"
+            )
+        return arch_from_folders(self.vision_model, self.llm_model)
+
+
+def read_config(folder: str) -> dict:
+    """``folder/config.json`` as a dict; ConfigError naming the file otherwise."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"model folder {folder} does not exist (checkpoints are never downloaded)")
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing (a Hugging Face checkpoint folder holds config.json)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return cfg
+
+
+def _rope_theta(cfg: dict, default: float) -> float:
+    params = cfg.get("rope_parameters") or {}
+    return float(cfg.get("rope_theta") or params.get("rope_theta") or default)
+
+
+def vision_config_of(cfg: dict, where: str) -> tuple[dict, str]:
+    """The vision tower's config dict and family of a whole or vision-only Qwen2(.5)-VL config."""
+    model_type = cfg.get("model_type")
+    if model_type not in _VISION_TYPES:
+        raise ConfigError(
+            f"{where}: model_type {model_type!r} is not a Qwen2-VL / Qwen2.5-VL checkpoint "
+            f"(expected one of {', '.join(_VISION_TYPES)})"
+        )
+    vision = cfg.get("vision_config", cfg) if not model_type.endswith("_vision") else cfg
+    if not isinstance(vision, dict):
+        raise ConfigError(f"{where}: vision_config is not an object")
+    return vision, _VISION_TYPES[model_type]
+
+
+def vision_arch(folder: str) -> VisionArch:
+    where = os.path.join(folder, "config.json")
+    v, family = vision_config_of(read_config(folder), where)
+    try:
+        if family == "qwen2_vl":  # hidden_size is the merger output; embed_dim the ViT width
+            width = int(v["embed_dim"])
+            return VisionArch(
+                depth=int(v["depth"]),
+                hidden_size=width,
+                intermediate_size=int(width * float(v.get("mlp_ratio", 4))),
+                num_heads=int(v["num_heads"]),
+                out_hidden_size=int(v["hidden_size"]),
+                fullatt_block_indexes=tuple(range(int(v["depth"]))),
+                patch_size=int(v.get("patch_size", 14)),
+                temporal_patch_size=int(v.get("temporal_patch_size", 2)),
+                spatial_merge_size=int(v.get("spatial_merge_size", 2)),
+                in_channels=int(v.get("in_channels", 3)),
+                hidden_act=str(v.get("hidden_act", "quick_gelu")),
+                family=family,
+            )
+        return VisionArch(
+            depth=int(v["depth"]),
+            hidden_size=int(v["hidden_size"]),
+            intermediate_size=int(v["intermediate_size"]),
+            num_heads=int(v["num_heads"]),
+            out_hidden_size=int(v["out_hidden_size"]),
+            fullatt_block_indexes=tuple(int(i) for i in v.get("fullatt_block_indexes", ())),
+            window_size=int(v.get("window_size", 112)),
+            patch_size=int(v.get("patch_size", 14)),
+            temporal_patch_size=int(v.get("temporal_patch_size", 2)),
+            spatial_merge_size=int(v.get("spatial_merge_size", 2)),
+            in_channels=int(v.get("in_channels", 3)),
+            hidden_act=str(v.get("hidden_act", "silu")),
+            family=family,
+        )
+    except KeyError as e:
+        raise ConfigError(f"{where}: vision config lacks {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: bad vision config value ({e})") from None
+
+
+def llm_arch(folder: str) -> LLMArch:
+    where = os.path.join(folder, "config.json")
+    cfg = read_config(folder)
+    if "text_config" in cfg and "num_hidden_layers" not in cfg:
+        raise ConfigError(
+            f"{where}: model_type {cfg.get('model_type')!r} is a multimodal checkpoint; --llm-model takes a "
+            "causal-LM folder (e.g. LlamaForCausalLM or Qwen2ForCausalLM)"
+        )
+    missing = [k for k in _LLM_FIELDS if k not in cfg]
+    if missing:
+        raise ConfigError(
+            f"{where}: not a Llama-structured causal LM (model_type {cfg.get('model_type')!r}; lacks "
+            f"{', '.join(missing)})"
+        )
+    family = "qwen2" if cfg.get("model_type") == "qwen2" else "llama"
+    try:
+        heads = int(cfg["num_attention_heads"])
+        return LLMArch(
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            vocab_size=int(cfg["vocab_size"]),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
+            rope_theta=_rope_theta(cfg, 10_000.0),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32_768)),
+            hidden_act=str(cfg.get("hidden_act", "silu")),
+            family=family,
+            attention_bias=bool(cfg.get("attention_bias", False)) and family == "llama",
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: bad LLM config value ({e})") from None
+
+
+def arch_from_folders(vision_model: str, llm_model: str) -> ModelArch:
+    """The ``ModelArch`` of a stock vision folder plus a stock LLM folder; ConfigError (naming both
+    folders) when the merger's output width differs from the LLM's hidden size."""
+    vision, llm = vision_arch(vision_model), llm_arch(llm_model)
+    name = f"hf:{os.path.basename(os.path.normpath(vision_model))}+{os.path.basename(os.path.normpath(llm_model))}"
+    if vision.out_hidden_size != llm.hidden_size:
+        raise ConfigError(
+            f"--vision-model {vision_model}: its merger outputs {vision.out_hidden_size} features but "
+            f"--llm-model {llm_model} has hidden size {llm.hidden_size}; the image features must match the "
+            "LLM width (pick a vision checkpoint trained for this LLM size, or retrain the merger)"
+        )
+    return ModelArch(name=name, vision=vision, llm=llm, description=f"{vision_model} + {llm_model}")

@@ -1,0 +1,46 @@
+"""``--precision bf16`` on the CPU (issue 13, requirement 4): bf16 autocast compute, fp32 master
+weights and AdamW state; the loss moves off the fp32 loss by bf16 rounding only."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from entrain.cli.main import build_parser
+from entrain.cli.train import _spec
+from entrain.runtime.session import run_systems
+
+from .harness import run_workers
+
+
+def _train(env, spec):
+    import entrain.runtime.trainer as trainer_mod
+
+    seen = {}
+    step = trainer_mod.PipelineTrainer.train_step
+
+    def spy(self, it, **kw):  # dtypes of the master weights and the AdamW state after a step
+        out = step(self, it, **kw)
+        seen["params"] = {p.dtype for p in self.params}
+        seen["state"] = {v.dtype for s in self.optimizer.state.values() for v in s.values() if v.dim()}
+        return out
+
+    trainer_mod.PipelineTrainer.train_step = spy
+    return [s.first_loss for s in run_systems(spec, env)], seen
+
+
+def test_bf16_compute_fp32_master_weights(tmp_path):
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / precision
+        argv = ["train", "--model", "tiny", "--dataset", "skewed", "--system", "dip", "--dp", "1",
+                "--global-batch", "2", "--microbatch-size", "1", "--steps", "1", "--out", str(out),
+                "--no-progress", "--precision", precision]  # fmt: skip
+        spec = _spec(build_parser().parse_args(argv))
+        [(loss, seen)] = run_workers(_train, 1, tmp_path / f"w-{precision}", spec)
+        assert seen["params"] == {torch.float32} and seen["state"] == {torch.float32}
+        assert json.loads((out / "config.json").read_text())["precision"] == precision
+        losses[precision] = loss[0]
+    assert losses["bf16"] != losses["fp32"]  # the compute did run in bf16
+    assert abs(losses["bf16"] - losses["fp32"]) < 0.02 * abs(losses["fp32"])

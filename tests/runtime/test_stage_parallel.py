@@ -1,0 +1,126 @@
+"""Parallelism inside stages: ``--tp`` (DTensor tensor parallelism) and ``--fsdp`` (FSDP2) give the
+gradients, loss and gradient norm of the TP 1 and plain-DP runs of the same batch, on one forked group
+of 4 processes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from entrain.models.config import get_model_config
+from entrain.models.vlm import build_vlm, fuse_parts
+from entrain.runtime.data import SampleRenderer
+from entrain.runtime.parallelize import StageParallelism
+from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+
+from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, works
+from .harness import relative_errors, run_workers
+
+# (name, system, encoder stages, llm stages, dp, K, tp, fsdp): 4 processes each
+CASES = [
+    ("1f1b-1+1-dp2", "1f1b", 1, 1, 2, 2, 1, False),
+    ("1f1b-1+1-tp2", "1f1b", 1, 1, 1, 4, 2, False),
+    ("dip-2+2-dp2", "dip", 2, 2, 2, 2, 1, False),
+    ("dip-2+2-dp2-fsdp", "dip", 2, 2, 2, 2, 1, True),
+    ("dip-1+1-dp2-tp2-fsdp", "dip", 1, 1, 2, 2, 2, True),
+]
+SAME_AS = {
+    "1f1b-1+1-tp2": "1f1b-1+1-dp2",
+    "dip-2+2-dp2-fsdp": "dip-2+2-dp2",
+    "dip-1+1-dp2-tp2-fsdp": "1f1b-1+1-dp2",
+    "dip-2+2-dp2": "1f1b-1+1-dp2",
+}
+"""Case -> the TP 1, plain-DP run it must equal (gradients, loss, gradient norm: relative 1e-5). Any
+Plan of one global batch gives the same gradients (the loss is divided by the batch's label count);
+the plain runs equal the single-process reference (tests/runtime/test_exact_gradients.py)."""
+
+
+def _with_tp(plan, tp: int):
+    comps = {k: replace(v, tp=tp) for k, v in plan.layout.components.items()}
+    return replace(plan, layout=replace(plan.layout, components=comps))
+
+
+def _train(env, cases):
+    cfg = get_model_config("tiny")
+    metas = {m.id: m for m in batch_metas()}
+    out = {}
+    for name, plan, parallel in cases:
+        model = build_vlm(cfg, seed=SEED)
+        renderer = SampleRenderer(cfg, dict(metas), seed=SEED)
+        trainer = PipelineTrainer(
+            layout=plan.layout,
+            model=model,
+            env=env,
+            renderer=renderer,
+            optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM),
+            parallel=parallel,
+        )
+        result = trainer.train_step(plan.iterations[0])
+        in_order = trainer.executor._in_order_peers(plan.iterations[0], forward_only=False)
+        out[name] = (trainer.named_grads(), result.loss, result.grad_norm, in_order)
+    return out
+
+
+def _whole(results, name: str) -> dict[str, torch.Tensor]:
+    grads = {}
+    for rank_result in results:
+        grads.update(fuse_parts(rank_result[name][0]))
+    return grads
+
+
+def test_tp_and_fsdp_gradients_match_tp1_and_plain_dp(tmp_path):
+    batch = works(batch_metas())
+    cases = []
+    for name, system, enc, llm, dp, k, tp, fsdp in CASES:
+        plan = _with_tp(plan_for(system, enc, llm, dp, k, batch), tp)
+        assert plan.layout.world_size * tp == 4, name
+        cases.append((name, plan, StageParallelism(tp=tp, fsdp=fsdp)))
+    results = run_workers(_train, 4, tmp_path, cases, timeout_s=240)
+    for name, plain in SAME_AS.items():
+        ours, theirs = _whole(results, name), _whole(results, plain)
+        assert len(theirs) > 40 and ours.keys() == theirs.keys(), name
+        errors = relative_errors(ours, theirs)
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < 1e-5, f"{name} vs {plain}: {worst} relative error {errors[worst]:.3g}"
+        loss, grad_norm = results[0][name][1], results[0][name][2]
+        assert loss == pytest.approx(results[0][plain][1], rel=1e-5), (name, plain)
+        assert grad_norm == pytest.approx(results[0][plain][2], rel=1e-5), (name, plain)
+        assert grad_norm > MAX_GRAD_NORM, f"{name}: clipping was not exercised"
+        assert all(r[name][1] == loss for r in results), f"{name}: ranks disagree on the loss"
+    # 1F1B: the encoder rank receives the LLM rank's gradients in the order it asks for them, so
+    # they come without a header first (entrain.runtime.comm)
+    assert results[0]["1f1b-1+1-tp2"][3] == frozenset({1})
+
+
+def test_degrees_the_model_cannot_split_are_refused_before_any_process_group():
+    from entrain.core.errors import ConfigError
+    from argparse import Namespace
+
+    from entrain.config import RunConfig
+    from entrain.runtime.session import check_spec
+
+    def run_config(**flags):
+        return RunConfig.from_args(Namespace(**flags))
+
+    base = dict(
+        dataset="skewed",
+        model="tiny",
+        system="1f1b",
+        encoder_stages=1,
+        llm_stages=1,
+        dp=None,
+        global_batch=4,
+        microbatch_size=1,
+        steps=1,
+        seed=0,
+        out="unused",
+    )
+    check_spec(run_config(**base, tp=2), world_size=4)
+    with pytest.raises(ConfigError, match="--tp 3 must divide .*LLM attention heads 4"):
+        check_spec(run_config(**base, tp=3))
+    with pytest.raises(ConfigError, match="--fsdp .* needs --dp 2 or more"):
+        check_spec(run_config(**base, fsdp=True))
+    with pytest.raises(ConfigError, match="needs 4 processes"):
+        check_spec(run_config(**base, tp=2), world_size=2)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from types import SimpleNamespace
 
 from entrain.core.errors import ConfigError
 
@@ -62,7 +61,6 @@ def real_bars(events: list[dict], layout, step: int) -> tuple[list, float]:
 def run(args: argparse.Namespace) -> int:
     from entrain.core.plan import Plan
     from entrain.core.schedules.costs import PlanCosts
-    from entrain.runtime.session import resolve_cost
     from entrain.sim.executor import run_iteration
     from entrain.sim.plots import _plt, gantt_bars, span_bars
 
@@ -76,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--step {step}: the plan has {len(plan.iterations)} iterations (traced: {steps})")
     layout = plan.layout
     bars, real_ms = real_bars(events, layout, step)
-    cost = resolve_cost(SimpleNamespace(**{**spec, "freeze": tuple(spec.get("freeze") or ())}))
+    cost = _model_config(spec).cost_model()
     sim = run_iteration(layout, plan.iterations[step], PlanCosts(layout, cost, plan.samples), trace=True)
     plt = _plt()
     p = layout.ranks_per_replica
@@ -100,3 +98,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.out}: step {step}, real {real_ms:.1f} ms, simulated {sim.iteration_time_ms:.1f} ms")
     return 0
+
+
+def _model_config(spec: dict):
+    """The run's ``ModelConfig`` from config.json's flat ``spec``."""
+    from dataclasses import fields
+
+    from entrain.config import ModelConfig
+
+    given = {f.name: spec[f.name] for f in fields(ModelConfig) if f.name in spec and f.name != "name"}
+    return ModelConfig(**{**given, "name": spec["model"], "freeze": tuple(spec.get("freeze") or ())})

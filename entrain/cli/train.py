@@ -96,6 +96,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="fix the LLM's pipeline stages (default: chosen by the planner, as entrain simulate does)",
     )
+    _add_degree_args(p)
+    _add_batch_and_optimiser_args(p)
+    _add_stock_model_args(p)
+    _add_run_control_args(p)
+    p.set_defaults(func=run)
+    _DEFAULTS.update({a.dest: a.default for a in p._actions})
+    _ACTIONS[:] = [a for a in p._actions if a.option_strings and a.dest != "help"]
+
+
+def _add_degree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dp",
         type=int,
@@ -115,12 +125,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(FSDP2; needs --dp 2 or more) instead of all-reducing whole gradients",
     )
     p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
-    _add_batch_and_optimiser_args(p)
-    _add_stock_model_args(p)
-    _add_run_control_args(p)
-    p.set_defaults(func=run)
-    _DEFAULTS.update({a.dest: a.default for a in p._actions})
-    _ACTIONS[:] = [a for a in p._actions if a.option_strings and a.dest != "help"]
 
 
 def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
@@ -237,6 +241,8 @@ def _spec(args: argparse.Namespace) -> RunConfig:
     layout replace the flags'."""
     apply_paper_entrain(args)
     _tensorboard(args.tensorboard)
+    if args.fsdp and args.split_weight_grads == "on":  # the runtime does not split FSDP backwards
+        args.split_weight_grads = "off"
     spec = RunConfig.from_args(args)
     if spec.schedule.plan:
         from entrain.runtime.planning import plan_file

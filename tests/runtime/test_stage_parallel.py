@@ -95,10 +95,10 @@ def test_tp_and_fsdp_gradients_match_tp1_and_plain_dp(tmp_path):
 
 
 def test_degrees_the_model_cannot_split_are_refused_before_any_process_group():
-    from entrain.core.errors import ConfigError
     from argparse import Namespace
 
     from entrain.config import RunConfig
+    from entrain.core.errors import ConfigError
     from entrain.runtime.session import check_spec
 
     def run_config(**flags):

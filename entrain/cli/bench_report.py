@@ -25,9 +25,10 @@ PAPER = "entrain-paper"
 ENTRAINS = {"entrain": "Entrain", PAPER: "Entrain (paper: no extensions)"}
 """``entrain`` = our default (the extensions where the cost model predicts a gain)."""
 EXTENSIONS = ("entrain+ramp", "entrain+shared", "entrain+split")
-FIG11_COLUMNS = ("entrain", PAPER, *EXTENSIONS, "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper",
-                 "dip", "dip-greedy")  # fmt: skip
-FIG13_SYSTEMS = ("disttrain", "dip", "dip-greedy", PAPER, "entrain", "entrain-1f1b")
+COLOCATED = tuple(n for n, spec in SYSTEMS.items() if spec.colocated)
+"""DIP and its variants (the registry's colocated systems)."""
+FIG11_COLUMNS = ("entrain", PAPER, *EXTENSIONS, *(n for n in SYSTEMS if n != "entrain"))
+FIG13_SYSTEMS = ("disttrain", *COLOCATED, PAPER, "entrain", "entrain-1f1b")
 SPLITS = tuple(f"{e}:{8 - e}" for e in range(1, 8))
 
 
@@ -50,11 +51,11 @@ def ratio(case: dict, num: str, den: str = "entrain") -> float:
 
 
 def oom(case: dict, name: str) -> bool:
-    return case["systems"][name].get("fits_memory") is False
+    return case["systems"].get(name, {}).get("fits_memory") is False
 
 
 def best_dip(case: dict) -> str:
-    return min((n for n in ("dip", "dip-greedy") if n in case["systems"]), key=lambda n: time_ms(case, n))
+    return min((n for n in COLOCATED if n in case["systems"]), key=lambda n: time_ms(case, n))
 
 
 def rng(xs, digits: int = 2) -> str:
@@ -313,8 +314,11 @@ def ratio_facts(cases: list[dict]) -> dict:
         "disttrain_vs_default": rng(ratio(c, "disttrain") for c in cases),
         "paper_disttrain": rng(p[0] / p[2] for p in fig11),
         "paper_dip": rng(p[1] / p[2] for p in fig11),
-        "dip": rng(ratio(c, "dip") for c in cases),
-        "dip_greedy": rng(ratio(c, "dip-greedy") for c in cases),
+        "colocated": {
+            n: rng(ratio(c, n) for c in cases if n in c["systems"])
+            for n in COLOCATED
+            if any(n in c["systems"] for c in cases)
+        },  # fmt: skip
         "extensions": {n: rng(ratio(c, n, PAPER) for c in cases if n in c["systems"]) for n in EXTENSIONS},
         "default_vs_paper": rng(ratio(c, "entrain", PAPER) for c in cases),
         "ramp_share_pct": rng(share, 0),
@@ -324,7 +328,7 @@ def ratio_facts(cases: list[dict]) -> dict:
 
 
 def memory_facts(cases: list[dict]) -> dict:
-    names = ("entrain", PAPER, "disttrain", "dip", "dip-greedy")
+    names = [n for n in ("entrain", PAPER, "disttrain", *COLOCATED) if any(n in c["systems"] for c in cases)]
     misfits = {n: [f"{c['dataset']} + {SHORT[c['model']]} ({c['hardware']})" for c in cases if oom(c, n)]
                for n in names}  # fmt: skip
     fig = paper_figures()["fig13_last_rank_activation_gb"]
@@ -361,7 +365,7 @@ def std_facts(cases: list[dict]) -> dict | None:
 
 def losses(cases: list[dict]) -> list[str]:
     return [f"{c['dataset']} + {SHORT[c['model']]} (`{c['hardware']}`) to `{n}` ({ratio(c, n):.3f}x)"
-            for c in cases for n in BASELINES if ratio(c, n) < 1]  # fmt: skip
+            for c in cases for n in BASELINES if n in c["systems"] and ratio(c, n) < 1]  # fmt: skip
 
 
 def gap_facts(cases: list[dict]) -> dict:

@@ -16,7 +16,8 @@ Calibration (bounds and sources in ``entrain/data/calibration/bounds.json``, che
   120-DPI figures, high-resolution canvases), each run's family drawn from fixed weights. ChartQA's
   sources (Statista / Pew / OWID-like) also arrive in runs, which gives Table 3's SynthChartNet :
   ChartQA DistTrain vision-std ratio (~3.5 after removing the noise floor); COCO-QA and LLaVA are
-  i.i.d. Profiling batches should use ``random_samples`` (i.i.d. over a large index space).
+  i.i.d. Profiling batches must not be contiguous slices: Algorithm 1 draws uniformly with
+  replacement from a pool of samples (``entrain.data.sampling.dataset_sampler``).
 
 Determinism and slicing: sample ``index`` of ``(name, seed)`` is a pure function of
 ``(name, seed, index)``. Indices are grouped in blocks of ``BLOCK_SIZE``; block ``k`` is drawn,
@@ -520,8 +521,8 @@ def random_samples(
     vision: VisionTokenConfig = DEFAULT_VISION,
 ) -> list[SampleMeta]:
     """``num_samples`` distinct indices drawn uniformly from ``[0, population)`` (sorted), i.e. an
-    i.i.d.-like draw that ignores data-order correlation. Use this for profiling batches
-    (Algorithm 1 draws random batches); contiguous slices keep SynthChartNet's regime runs."""
+    i.i.d.-like draw that ignores data-order correlation (contiguous slices keep SynthChartNet's
+    regime runs). Algorithm 1 does not use it: its one sampler is ``entrain.data.sampling``."""
     _check_args(num_samples, seed, 0)
     if num_samples > population:
         raise ConfigError(f"cannot draw {num_samples} distinct samples from a population of {population}")

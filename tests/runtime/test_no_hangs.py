@@ -65,3 +65,21 @@ def test_a_peer_stalled_in_a_checkpoint_save_is_named_with_the_phase(tmp_path):
         in message
     ), message
     assert "it last reached 'checkpoint save of step 2: start'" in message, message
+
+
+def test_a_peer_stalled_in_a_checkpoint_load_is_named_with_the_phase(tmp_path):
+    """A run saves the checkpoint of step 2; its resumed run has rank 1 stall past the timeout while
+    that checkpoint is loaded: rank 0 fails in the collective tensor read, naming rank 1 and where it
+    stopped."""
+    out = str(tmp_path / "run")
+    first = run_ranks([*ARGV, "--steps", "2", "--out", out], 2, tmp_path / "first", timeout_s=100)
+    assert [r.exitcode for r in first] == [0, 0], [r.stderr[-500:] for r in first]
+    argv = [*ARGV, "--resume", "--out", out]
+    results = run_ranks(argv, 2, tmp_path / "ranks", env={"ENTRAIN_FAULT": "stall:1:2:8:load"}, timeout_s=100)
+    survivor = results[0]
+    assert survivor.exitcode is not None and survivor.exitcode != 0, "rank 0 hung or succeeded"
+    message = next(line for line in survivor.stderr.splitlines() if line.startswith("entrain train: error:"))
+    assert "checkpoint load of step 2: model and optimizer state failed: rank 1 did not get" in message, (
+        message
+    )
+    assert "it last reached 'checkpoint load of step 2: start'" in message, message

@@ -88,6 +88,10 @@ class DataConfig:
             )
 
 
+STOCK_MODEL_FLAGS = ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels", "precision")
+"""Stock-model and image-size flags: forwarded to the workers and part of the resume fingerprint."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: str

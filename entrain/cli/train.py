@@ -29,7 +29,7 @@ from entrain.cli.common import (
     apply_paper_entrain,
 )
 from entrain.cli.config_file import add_config_arg
-from entrain.config import RunConfig
+from entrain.config import STOCK_MODEL_FLAGS, RunConfig
 from entrain.core.architectures import PRECISIONS
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import SYSTEMS, parse_systems
@@ -311,12 +311,7 @@ _FORWARDED = (
     "ramp_microbatches",
     "split_weight_grads",
     "assignment",
-    "vision_model",
-    "llm_model",
-    "tokenizer",
-    "min_pixels",
-    "max_pixels",
-    "precision",
+    *STOCK_MODEL_FLAGS,
 )
 _FLAGS_FORWARDED = (
     "shuffle",

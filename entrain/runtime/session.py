@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from entrain.config import RunConfig
+from entrain.config import STOCK_MODEL_FLAGS, RunConfig
 from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
@@ -322,12 +322,7 @@ FINGERPRINT_KEYS = (
     "freeze",
     "weights",
     "on_bad_sample",
-    "vision_model",
-    "llm_model",
-    "tokenizer",
-    "min_pixels",
-    "max_pixels",
-    "precision",
+    *STOCK_MODEL_FLAGS,
 )
 """What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
 

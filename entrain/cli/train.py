@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 
 from entrain.cli.common import (
@@ -403,12 +404,16 @@ def _launch(args: argparse.Namespace, spec, nproc: int) -> int:
 
 
 def _worker_errors(folder: str) -> list[str]:
-    """The workers' error messages, each distinct one once, in rank order."""
+    """The first error a worker wrote (the cause; a peer's failure follows it), with a count of the
+    later distinct ones on the same line."""
     out: dict[str, None] = {}
-    for name in sorted(os.listdir(folder), key=lambda n: int("".join(c for c in n if c.isdigit()) or 0)):
+    for name in sorted(os.listdir(folder), key=lambda n: int(n.split("-")[0])):  # time_ns-rank<N>.txt
         with open(os.path.join(folder, name), encoding="utf-8") as f:
             out[f.read().strip()] = None
-    return [m for m in out if m]
+    messages = [m for m in out if m]
+    if len(messages) > 1:
+        return [f"{messages[0]} (then {len(messages) - 1} later error(s) on other ranks)"]
+    return messages
 
 
 def interrupted_line(spec) -> str:
@@ -622,13 +627,23 @@ def _as_worker(args: argparse.Namespace) -> int:
         check_spec(spec, int(os.environ["WORLD_SIZE"]))  # the parent warned about b_min already
         return _run_rank(spec, under_torchrun=True)
     except EntrainError as e:
-        path = os.path.join(os.environ[ERROR_DIR_ENV], f"rank{os.environ['RANK']}.txt")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(str(e))
+        _record_worker_error(e)  # once more is harmless when _run_rank recorded it already
         _quiet_exit(2)
     except KeyboardInterrupt:
         _quiet_exit(130)
     return 0
+
+
+def _record_worker_error(error: EntrainError) -> None:
+    """Write a worker's error for the parent, named by the time it happened: the cause is written
+    before this rank leaves the process group, so before any peer can fail on its absence."""
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if not folder or getattr(error, "_entrain_recorded", False):
+        return
+    path = os.path.join(folder, f"{time.time_ns()}-rank{os.environ['RANK']}.txt")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(str(error))
+    error._entrain_recorded = True
 
 
 def _quiet_exit(code: int) -> None:
@@ -654,9 +669,11 @@ def _run_rank(spec, under_torchrun: bool) -> int:
         )
     try:
         summaries = run_systems(spec, env)
-    except BaseException:
+    except BaseException as e:
         import torch.distributed as dist
 
+        if under_torchrun and isinstance(e, EntrainError):
+            _record_worker_error(e)
         if dist.is_initialized():
             dist.destroy_process_group()
         raise

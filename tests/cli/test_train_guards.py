@@ -140,6 +140,19 @@ def test_a_worker_error_is_printed_once_without_a_traceback(tmp_path):
     assert line.startswith("entrain train: error: ") and "injected" in line.lower()
 
 
+def test_the_first_worker_error_is_the_one_printed(tmp_path, monkeypatch):
+    """The cause (written first) is printed, not a peer's later "connection closed"; the later ones
+    are counted on the same line, whatever order the folder lists them in."""
+    from entrain.core.errors import EntrainError
+
+    monkeypatch.setenv(train_cli.ERROR_DIR_ENV, str(tmp_path))
+    for rank, message in ((1, "injected fault"), (0, "connection closed by peer"), (2, "connection closed by peer")):
+        monkeypatch.setenv("RANK", str(rank))
+        train_cli._record_worker_error(EntrainError(message))
+    assert len(os.listdir(tmp_path)) == 3
+    assert train_cli._worker_errors(str(tmp_path)) == ["injected fault (then 1 later error(s) on other ranks)"]
+
+
 @pytest.mark.parametrize("command", ["train", "plan", "data stats"])
 def test_a_folder_or_fifo_as_dataset_is_not_a_regular_file(tmp_path, capsys, command):
     fifo = tmp_path / "fifo.jsonl"

@@ -117,6 +117,10 @@ class ModelConfig:
 
         return ModelSource(preset=self.name, vision_model=self.vision_model, llm_model=self.llm_model).arch()
 
+    def label(self) -> str:
+        """The name plans, profiles and reports carry: the preset's, or a stock model's ``hf:VISION+LLM``."""
+        return self.name if self.vision_model is None and self.llm_model is None else self.arch().name
+
     def cost_model(self) -> CostModel:
         """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed
         the run's own trainable parts, so the frozen parts apply to presets only."""

@@ -206,7 +206,7 @@ def read_plan_file(path: str, *, expect_model: str | None = None) -> tuple[str, 
             f"--plan {path}: no {', '.join(repr(k) for k in missing)}; write it with `entrain plan ... --out FILE`"
         )
     if expect_model is not None and d.get("model") not in (None, expect_model):
-        raise ConfigError(f"--plan {path} is for model {d['model']!r} but --model is {expect_model!r}")
+        raise ConfigError(f"--plan {path} is for model {d['model']!r} but this run's model is {expect_model!r}")
     get_system(d["system"])
     try:
         layout = Layout.from_json(d["layout"])

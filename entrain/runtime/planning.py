@@ -38,7 +38,7 @@ def ranks_per_replica(spec: RunConfig, system: str) -> int:
 
 
 def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
-    return read_plan_file(spec.schedule.plan, expect_model=spec.model.name)
+    return read_plan_file(spec.schedule.plan, expect_model=spec.model.label())
 
 
 def run_setups(

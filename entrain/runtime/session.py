@@ -556,7 +556,7 @@ def _save_checkpoint(
                 "format": ck.FORMAT_VERSION,
                 "step": step,
                 "system": system,
-                "model": model_name(spec),
+                "model": spec.model.label(),
                 "model_source": _model_source_json(spec),
                 "world_size": env.world_size,
                 "layout": layout.to_json(),
@@ -593,15 +593,6 @@ def _model_source_json(spec: RunConfig) -> dict | None:
     if spec.vision_model is None:
         return None
     return {"vision_model": spec.vision_model, "llm_model": spec.llm_model, "tokenizer": spec.tokenizer}
-
-
-def model_name(spec: RunConfig) -> str:
-    """The preset name, or a stock model's ``hf:VISION+LLM``."""
-    if spec.model.vision_model is None:
-        return spec.model.name
-    from entrain.runtime.model_source import model_arch
-
-    return model_arch(spec).name
 
 
 def _gather_events(env, events: list[dict]) -> list[dict]:

@@ -70,19 +70,15 @@ def _fit_line(fit) -> str:
 
 
 def _target(args: argparse.Namespace):
-    """``(ModelArch, VLMConfig)`` to time: the preset, or a stock model's config.json shapes (weights
-    do not change the times)."""
+    """``(ModelArch, VLMConfig)`` to time: the preset, or a stock model's own transformers modules
+    (Qwen2-VL or Qwen2.5-VL tower, the LLM's class with its biases) built from config.json; the
+    weights are not read (they do not change the times)."""
     from entrain.models.config import VLMConfig, get_model_config
 
     arch = model_arch_of(args)
     if arch.name == args.model:
         return arch, get_model_config(args.model)
-    if arch.vision.family != "qwen2_5_vl":
-        raise ConfigError(
-            f"--vision-model {args.vision_model}: profiling times Qwen2.5-VL vision blocks; a "
-            f"{arch.vision.family} tower is priced from its config.json by plan/simulate instead"
-        )
-    return arch, VLMConfig(arch=arch)
+    return arch, VLMConfig(arch=arch, vision_dir=args.vision_model, llm_dir=args.llm_model)
 
 
 def run(args: argparse.Namespace) -> int:

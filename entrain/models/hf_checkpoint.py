@@ -90,10 +90,15 @@ def _on_meta(build):
     return module
 
 
-def build_stock_vision(folder: str) -> nn.Module:
-    """The vision tower of ``folder`` on the meta device (its rotary table on the CPU)."""
+def build_stock_vision(folder: str, blocks: tuple[int, tuple[int, ...]] | None = None) -> nn.Module:
+    """The vision tower of ``folder`` on the meta device (its rotary table on the CPU). ``blocks``:
+    ``(depth, fullatt_block_indexes)`` replacing the checkpoint's (the profiler's one block per kind)."""
     cfg = read_config(folder)
     vision, family = vision_config_of(cfg, os.path.join(folder, "config.json"))
+    if blocks is not None:
+        vision = {**vision, "depth": blocks[0]}
+        if family == "qwen2_5_vl":
+            vision["fullatt_block_indexes"] = list(blocks[1])
     if family == "qwen2_vl":
         from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig as Config
         from transformers.models.qwen2_vl.modeling_qwen2_vl import (
@@ -111,9 +116,11 @@ def build_stock_vision(folder: str) -> nn.Module:
     return module
 
 
-def build_stock_llm(folder: str, attn_implementation: str, vocab_size: int | None = None) -> nn.Module:
+def build_stock_llm(
+    folder: str, attn_implementation: str, vocab_size: int | None = None, num_layers: int | None = None
+) -> nn.Module:
     """The causal LM of ``folder`` on the meta device (rotary table on the CPU), with ``vocab_size``
-    embedding rows (default: the checkpoint's) and an untied lm_head."""
+    embedding rows and ``num_layers`` decoder layers (default: the checkpoint's) and an untied lm_head."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     read_config(folder)  # a clear error for a missing or malformed config.json
@@ -123,6 +130,10 @@ def build_stock_llm(folder: str, attn_implementation: str, vocab_size: int | Non
         raise ConfigError(f"{folder}/config.json: transformers cannot read it ({e})") from None
     if vocab_size is not None:
         hf.vocab_size = vocab_size
+    if num_layers is not None:
+        hf.num_hidden_layers = num_layers
+        if getattr(hf, "layer_types", None) is not None:
+            hf.layer_types = hf.layer_types[:num_layers]
     hf.tie_word_embeddings = False
     hf._attn_implementation = attn_implementation
     try:

@@ -66,8 +66,11 @@ class VLM(nn.Module):
         if cfg.is_stock:
             from entrain.models.hf_checkpoint import build_stock_llm, build_stock_vision
 
-            self.vision = build_stock_vision(cfg.vision_dir)
-            self.llm = build_stock_llm(cfg.llm_dir, PACKED_ATTENTION, vocab_size=cfg.llm.vocab_size)
+            # the depths are the arch's (equal to config.json's but for the profiler's small model)
+            blocks = (cfg.vision.depth, cfg.vision.fullatt_block_indexes)
+            self.vision = build_stock_vision(cfg.vision_dir, blocks)
+            num_layers = cfg.llm.num_hidden_layers
+            self.llm = build_stock_llm(cfg.llm_dir, PACKED_ATTENTION, cfg.llm.vocab_size, num_layers)
             return
         self.vision = Qwen2_5_VisionTransformerPretrainedModel(_vision_hf_config(cfg))
         self.llm = LlamaForCausalLM(_llm_hf_config(cfg))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 from scipy.optimize import isotonic_regression, nnls
+from torch import nn
 
 from entrain.core.costmodel import ComponentCost, CostModel, LayerCost, Quadratic, parallel_key
 from entrain.core.presets import LABEL_FRACTION
@@ -213,11 +214,16 @@ def _llm_input(model: VLM, layer: int, x: int, device: torch.device):
 
 def timing_model(cfg: VLMConfig, seed: int = 0) -> VLM:
     """The model with cheap uniform(-0.02, 0.02) weights instead of the Hugging Face initialisers
-    (3x faster for the paper-size vocabularies; times do not depend on the values)."""
+    (3x faster for the paper-size vocabularies; times do not depend on the values). A stock model's
+    modules (built on the meta device) get CPU storage here and never read its checkpoint."""
     from transformers.initialization import no_init_weights
 
     with no_init_weights():
         model = VLM(cfg)
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.is_meta:
+                setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

@@ -144,3 +144,23 @@ def test_plan_simulate_profile_take_their_shapes_from_the_folders(stock, tmp_pat
     assert main(["plan", "--vision-model", str(stock["vis25"]), "--llm-model", str(stock["narrow"])]) == 2
     err = capsys.readouterr().err
     assert "hidden size 32" in err and len(err.splitlines()) == 1
+
+
+def test_profile_times_the_stock_modules_themselves(stock, tmp_path, capsys):
+    """A Qwen2-VL tower and a Qwen2 LLM (q/k/v biases) are timed as themselves, one block per kind."""
+    from transformers import Qwen2ForCausalLM
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    from entrain.cli.main import main
+    from entrain.runtime.profiler import representative_config, timing_model
+
+    vis, llm = str(stock["vis2_whole"]), str(stock["qwen2"])
+    small, _ = representative_config(VLMConfig(arch=arch_from_folders(vis, llm), vision_dir=vis, llm_dir=llm))
+    model = timing_model(small)
+    assert isinstance(model.vision, Qwen2VisionTransformerPretrainedModel) and len(model.vision.blocks) == 1
+    assert isinstance(model.llm, Qwen2ForCausalLM) and len(model.llm.model.layers) == 1
+    assert model.llm.model.layers[0].self_attn.q_proj.bias is not None
+    assert not any(p.is_meta for p in model.parameters())
+    argv = ["profile", "--vision-model", vis, "--llm-model", llm, "--tokens", "8,16", "--repeats", "1"]
+    assert main([*argv, "--warmup", "0", "--out", str(tmp_path / "p.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "hf:vis2+qwen2"

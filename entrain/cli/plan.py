@@ -16,6 +16,7 @@ within ``--tolerance`` count as the same, and the search stops at ``--global-bat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from entrain.cli.common import (
@@ -32,7 +33,9 @@ from entrain.core.errors import ConfigError
 from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, plan
 from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import SYSTEMS, get_system
+from entrain.core.work import SampleWork
 from entrain.data.sampling import dataset_sampler
+from entrain.sim.memory_fit import deploy
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -132,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> dict:
     """The plan-file keys of ``--system``'s setup (``entrain.core.setups.setup_to_json``): Entrain's
-    from this result with the extensions asked for, a baseline's chosen its own way."""
+    from this result with the extensions asked for, a baseline's chosen its own way; then, like
+    ``simulate``, the simulated memory check (recomputation where a rank overflows; Entrain's one-line
+    error when nothing fits)."""
     spec = get_system(args.system)
     req = ConfigRequest(
         args.dataset, args.model, args.gpus, args.dp or result.config.dp, result.config.encoder.tp,
@@ -145,7 +150,21 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
             setup = entrain_variant(setup, req, cost)
     else:
         setup = system_setups([args.system], req, cost, sampler)[args.system]
-    return setup_to_json(args.system, setup)
+    setup, run = deploy(args.system, setup, _check_batches(args, result, sampler, cost), cost)
+    return {**setup_to_json(args.system, setup), "fits_memory": run.metrics.fits_memory}
+
+
+def _check_batches(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> list[list]:
+    """``--iterations`` global batches for the memory check, drawn by Algorithm 1's seeded sampler
+    (with replacement: a file may hold fewer samples than the check needs), priced at the planned TP
+    as ``simulate`` prices its batches."""
+    tp = result.config.encoder.tp
+    batches = []
+    for i in range(args.iterations):
+        draw = sampler(args.global_batch, args.seed * 1_000_003 + 7_919 * (i + 1))
+        works = [x if isinstance(x, SampleWork) else cost.sample_work(x, tp) for x in draw]
+        batches.append([dataclasses.replace(w, id=f"{w.id}#{k}") for k, w in enumerate(works)])
+    return batches  # a sample drawn twice is two samples of the batch (ids made unique)
 
 
 def _write(path: str, obj: dict) -> None:

@@ -25,8 +25,8 @@ from entrain.core.errors import ConfigError
 from entrain.core.setups import system_setups
 from entrain.core.systems import parse_systems
 from entrain.data.sampling import dataset_sampler
-from entrain.sim.memory_fit import MEMORY_FITTED, fit_memory_best, no_fit_message
-from entrain.sim.run import SystemRun, run_system
+from entrain.sim.memory_fit import deploy
+from entrain.sim.run import SystemRun
 
 DEFAULT_SYSTEMS = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
 
@@ -68,12 +68,7 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         if name == "entrain":
             options["eager_budget_factor"] = args.eager_budget_factor
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
-        if name in MEMORY_FITTED:
-            setups[name], runs[name] = fit_memory_best(name, setup, batches, cost, options)
-            if name == "entrain" and runs[name].metrics.fits_memory is False:
-                raise ConfigError(no_fit_message(runs[name], batches, cost))
-        else:
-            runs[name] = run_system(name, setup.layout, batches, cost, options)
+        setups[name], runs[name] = deploy(name, setup, batches, cost, options)
     if "entrain" in runs:
         base = runs["entrain"].metrics.iteration_time_ms
         for r in runs.values():

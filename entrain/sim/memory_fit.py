@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
+from entrain.core.errors import ConfigError
 from entrain.core.setups import SystemSetup
 from entrain.core.work import SampleWork
 from entrain.sim.run import run_system
 
-__all__ = ["MEMORY_FITTED", "fit_memory", "fit_memory_best", "no_fit_message"]
+__all__ = ["MEMORY_FITTED", "deploy", "fit_memory", "fit_memory_best", "no_fit_message"]
 
 
 MEMORY_FITTED = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper")
@@ -84,6 +85,25 @@ def fit_memory_best(
     if best is second:
         best = (replace(second[0], source=f"{second[0].source}; eager_budget_factor 1.0 (memory)"), second[1])
     return best
+
+
+def deploy(
+    system: str,
+    setup: SystemSetup,
+    batches: Sequence[Sequence[SampleWork]],
+    cost: CostModel,
+    options: dict | None = None,
+):
+    """``(setup, run)`` a command hands on (``plan``'s file, ``simulate``'s result): an Algorithm 2
+    system's after the simulated memory check (``fit_memory_best``), Entrain's refused with
+    ``no_fit_message`` when even that does not fit; any other system's as planned, simulated."""
+    options = dict(setup.options if options is None else options)
+    if system not in MEMORY_FITTED:
+        return setup, run_system(system, setup.layout, batches, cost, options)
+    setup, run = fit_memory_best(system, setup, batches, cost, options)
+    if system == "entrain" and run.metrics.fits_memory is False:
+        raise ConfigError(no_fit_message(run, batches, cost))
+    return setup, run
 
 
 PIXELS_PER_VIT_PATCH = 14 * 14

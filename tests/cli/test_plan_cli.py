@@ -45,7 +45,7 @@ def check_consistent(out: dict) -> None:
 
 def test_paper_default_run(capsys, schema):
     out = run_json(capsys, ["--dataset", "synthchartnet", "--model", "qwen25vl-llama3-1b",
-                            "--gpus", "64", "--dp", "4", "--tp", "2"])  # fmt: skip
+                            "--gpus", "64", "--dp", "4", "--tp", "2", "--iterations", "2"])  # fmt: skip
     jsonschema.validate(out, schema)
     check_consistent(out)
     assert out["k_trials"] == 59 and out["b_min"] <= 256
@@ -90,7 +90,7 @@ def test_raw_work_file(tmp_path, capsys, schema):
 
 
 def test_human_output(capsys):
-    assert main(["plan", "--dataset", "cocoqa", "--gpus", "16", "--dp", "1", "--tp", "2"]) == 0
+    assert main(["plan", "--dataset", "cocoqa", "--gpus", "16", "--dp", "1", "--tp", "2", "--iterations", "2"]) == 0
     text = capsys.readouterr().out
     assert "b_min =" in text and "stable" in text and "predicted iteration time" in text
     assert "stage 0: layers [0," in text

@@ -57,6 +57,25 @@ def test_simulate_returns_fitting_plans_on_heavy_vision(heavy, microbatch, capsy
     assert any(m != "none" for s in out["systems"].values() for m in s["config"]["recompute"])
 
 
+def test_plan_hands_train_a_layout_that_fits(heavy, tmp_path, capsys):
+    """``plan --out`` runs simulate's memory check: here Algorithm 2's own plan overflows (simulate
+    needs eager forwards within the 1F1B peak), and the file's plan fits on simulate's batches."""
+    from entrain.core.presets import resolve_cost_model
+    from entrain.core.setups import read_plan_file
+    from entrain.data.workload_io import load_workload
+    from entrain.sim.run import run_system
+
+    argv = ["--dataset", heavy, *ARGS, "--gpus", "8", "--dp", "1", "--microbatch-size", "2"]
+    assert main(["plan", *argv, "--out", str(tmp_path / "plan.json"), "--json"]) == 0
+    capsys.readouterr()
+    system, setup = read_plan_file(str(tmp_path / "plan.json"))
+    assert json.loads((tmp_path / "plan.json").read_text())["fits_memory"] is True
+    cost = resolve_cost_model("qwen25vl-llama3-1b")
+    batches = list(load_workload(heavy, cost, global_batch=32, iterations=1, seed=0, tp=2))
+    run = run_system(system, setup.layout, batches, cost, dict(setup.options))
+    assert run.metrics.fits_memory is True, max(run.metrics.peak_memory_bytes_per_rank)
+
+
 @pytest.mark.parametrize("command", ["plan", "simulate"])
 def test_no_fit_error_names_the_largest_sample_and_the_remedies(heavy, command, capsys):
     """Eager encoder attention on 3500 px pages: the score matrices alone overflow 48 GB."""

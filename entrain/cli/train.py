@@ -243,6 +243,8 @@ def _spec(args: argparse.Namespace) -> RunConfig:
     apply_paper_entrain(args)
     _tensorboard(args.tensorboard)
     if args.fsdp and args.split_weight_grads == "on":  # the runtime does not split FSDP backwards
+        if os.environ.get("RANK", "0") == "0" and not os.environ.get(ERROR_DIR_ENV):  # once, by the launcher
+            print("entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr)
         args.split_weight_grads = "off"
     spec = RunConfig.from_args(args)
     if spec.schedule.plan:
@@ -653,6 +655,13 @@ def _quiet_exit(code: int) -> None:
     os._exit(code)
 
 
+def _memory_check(system: str, setup, batches, cost):
+    """The planned setup after ``plan``'s and ``simulate``'s memory check (``sim.memory_fit.deploy``)."""
+    from entrain.sim.memory_fit import deploy
+
+    return deploy(system, setup, batches, cost)[0]
+
+
 def _run_rank(spec, under_torchrun: bool) -> int:
     import torch
 
@@ -668,7 +677,7 @@ def _run_rank(spec, under_torchrun: bool) -> int:
             timeout_s=spec.run.timeout_s, rank=0, world_size=1, init_method=f"file://{store}/store"
         )
     try:
-        summaries = run_systems(spec, env)
+        summaries = run_systems(spec, env, memory_check=_memory_check)
     except BaseException as e:
         import torch.distributed as dist
 

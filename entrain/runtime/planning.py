@@ -10,7 +10,7 @@ Then each iteration's Plan comes from the system's batcher and generator, as in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from entrain.config import RunConfig
 from entrain.core.costmodel import CostModel
@@ -20,7 +20,7 @@ from entrain.core.setups import SystemSetup, fixed_stage_setup, read_plan_file, 
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
 
-__all__ = ["fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan"]
+__all__ = ["MemoryCheck", "fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan"]
 
 
 def fixed_stages(spec: RunConfig) -> bool:
@@ -41,20 +41,38 @@ def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
     return read_plan_file(spec.schedule.plan, expect_model=spec.model.label())
 
 
+MemoryCheck = Callable[[str, SystemSetup, Sequence[Sequence[SampleWork]], CostModel], SystemSetup]
+"""``(system, setup, batches, cost) -> setup``: the simulated memory check ``plan`` and ``simulate`` run
+(``entrain.sim.memory_fit.deploy``; the CLI passes it in, the runtime does not import the simulator)."""
+
+MEMORY_CHECK_ITERATIONS = 20
+"""Global batches the memory check simulates (``simulate``'s default ``--iterations``)."""
+
+
 def run_setups(
-    spec: RunConfig, cost: CostModel, batches: Sequence[Sequence[SampleWork]], gpus: int
+    spec: RunConfig,
+    cost: CostModel,
+    batches: Sequence[Sequence[SampleWork]],
+    gpus: int,
+    memory_check: MemoryCheck | None = None,
 ) -> dict[str, SystemSetup]:
-    """Each system's setup for a run on ``gpus`` processes (see the module docstring)."""
+    """Each system's setup for a run on ``gpus`` processes (see the module docstring); a planned one
+    (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``."""
     if spec.schedule.plan:
         system, setup = plan_file(spec)
         return {system: setup}
     req = spec.config_request(gpus)
     if fixed_stages(spec):
         probe = [w.meta if w.meta is not None else w for w in batches[0]]
-        return {
+        setups = {
             s: fixed_stage_setup(s, req, cost, probe, *_stage_counts(spec)) for s in spec.schedule.systems
         }
-    return system_setups(spec.schedule.systems, req, cost, _sampler(spec, batches))
+    else:
+        setups = system_setups(spec.schedule.systems, req, cost, _sampler(spec, batches))
+    if memory_check is None:
+        return setups
+    check = batches[:MEMORY_CHECK_ITERATIONS]
+    return {s: memory_check(s, setup, check, cost) for s, setup in setups.items()}
 
 
 def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sampler:

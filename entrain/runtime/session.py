@@ -37,7 +37,14 @@ from entrain.runtime.accounting import (
     plan_hash,
     split_validation,
 )
-from entrain.runtime.planning import fixed_stages, make_plan, plan_file, ranks_per_replica, run_setups
+from entrain.runtime.planning import (
+    MemoryCheck,
+    fixed_stages,
+    make_plan,
+    plan_file,
+    ranks_per_replica,
+    run_setups,
+)
 
 __all__ = [
     "SystemSummary",
@@ -393,8 +400,9 @@ def _write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
-def run_systems(spec: RunConfig, env) -> list[SystemSummary]:
-    """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group."""
+def run_systems(spec: RunConfig, env, memory_check: MemoryCheck | None = None) -> list[SystemSummary]:
+    """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group;
+    ``memory_check``: see ``entrain.runtime.planning.run_setups``."""
     from entrain.runtime.health import PeerWatch
     from entrain.runtime.model_source import model_config
 
@@ -404,7 +412,7 @@ def run_systems(spec: RunConfig, env) -> list[SystemSummary]:
         os.makedirs(spec.run.out, exist_ok=True)
     model_cfg, tokenizer = model_config(spec)
     data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
-    setups = run_setups(spec, cost, data.train, env.world_size // spec.parallel.tp)
+    setups = run_setups(spec, cost, data.train, env.world_size // spec.parallel.tp, memory_check)
     for system, setup in setups.items():
         if setup.layout.world_size * spec.parallel.tp != env.world_size:
             need = setup.layout.world_size * spec.parallel.tp

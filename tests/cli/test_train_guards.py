@@ -160,3 +160,12 @@ def test_a_folder_or_fifo_as_dataset_is_not_a_regular_file(tmp_path, capsys, com
     for path, kind in ((tmp_path, "a directory"), (fifo, "a FIFO")):
         assert main([*command.split(), "--dataset", str(path)]) == 2
         assert f"not a regular file ({kind})" in _one_line(capsys.readouterr().err)
+
+
+def test_fsdp_turns_split_weight_grads_off_with_a_note(tmp_path, capsys):
+    from entrain.cli.main import build_parser
+
+    argv = ["train", *TINY, "--fsdp", "--dp", "2", "--out", str(tmp_path / "run")]
+    spec = train_cli._spec(build_parser().parse_args(argv))
+    assert spec.schedule.split_weight_grads is False and spec.parallel.fsdp
+    assert "--fsdp runs whole backwards (--split-weight-grads off)" in capsys.readouterr().err

@@ -6,6 +6,7 @@ themselves are proven exact in test_exact_gradients_extensions.py)."""
 import pytest
 
 from entrain.cli.main import build_parser
+from entrain.cli import train as train_cli
 from entrain.cli.train import _spec
 from entrain.core.plan import ActionKind
 from entrain.runtime.planning import make_plan, run_setups
@@ -70,12 +71,20 @@ def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
     spec = _spec(build_parser().parse_args(["train", *common, "--steps", "2", "--out", str(tmp_path),
                                             "--system", systems]))  # fmt: skip
     cost = resolve_cost(spec)
-    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 4)
+    seen = []
+
+    def memory_check(system, setup, batches, cost):  # train's CLI passes simulate's (sim.memory_fit.deploy)
+        seen.append((system, len(batches)))
+        return train_cli._memory_check(system, setup, batches, cost)
+
+    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check)
+    assert seen == [(s, 2) for s in systems.split(",")]  # every planned system, on the run's batches
     sim_args = build_parser().parse_args(["simulate", *common, "--gpus", "4", "--iterations", "2", "--systems", systems])
-    runs, _ = simulate_systems(sim_args, systems.split(","))
+    runs, described = simulate_systems(sim_args, systems.split(","))
     for system in systems.split(","):
         assert planned[system].layout == runs[system].layout, system
         assert planned[system].layout.world_size == 4
+        assert planned[system].source == described[system]["source"]
     assert planned["entrain"].b_min is not None and "Algorithm 1+2" in planned["entrain"].source
 
 

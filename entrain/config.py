@@ -257,16 +257,6 @@ class RunConfig:
             run=_pick(RunDirConfig, args, **run),
         )
 
-    def __getattr__(self, name: str):
-        """A part's field by its flag's name (``spec.tp`` is ``spec.parallel.tp``)."""
-        if name.startswith("_"):
-            raise AttributeError(name)
-        for part in ("data", "parallel", "schedule", "optim", "run", "model"):
-            obj = object.__getattribute__(self, part)
-            if hasattr(obj, name):
-                return getattr(obj, name)
-        raise AttributeError(f"RunConfig has no field {name!r}")
-
     def config_request(self, gpus: int | None = None) -> ConfigRequest:
         """What ``entrain.core.setups`` needs to choose each system's configuration on ``gpus`` GPUs
         (default ``parallel.gpus``)."""

@@ -39,7 +39,7 @@ def model_config(spec):
     from entrain.data.tokenizer import QWEN2_SPECIAL_TOKENS, model_tokenizer
 
     arch = source.arch()
-    tok = model_tokenizer(spec.tokenizer, source.llm_model, arch.llm.vocab_size)
+    tok = model_tokenizer(spec.model.tokenizer, source.llm_model, arch.llm.vocab_size)
     vocab = max(arch.llm.vocab_size, len(tok))
     arch = replace(arch, llm=replace(arch.llm, vocab_size=vocab))
     special = tuple(

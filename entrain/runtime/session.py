@@ -122,7 +122,9 @@ def _world_mismatch(spec: RunConfig, need: int, world_size: int) -> str:
             f"start {need} processes (--nproc {need})"
         )
     per = max(ranks_per_replica(spec, s) for s in spec.schedule.systems) * par.tp
-    system = next(s for s in spec.schedule.systems if par.dp_or_1 * ranks_per_replica(spec, s) * par.tp == need)
+    system = next(
+        s for s in spec.schedule.systems if par.dp_or_1 * ranks_per_replica(spec, s) * par.tp == need
+    )
     hint = (
         f"start {need} processes (--nproc {need})"
         if world_size % per
@@ -223,8 +225,8 @@ def screen(spec: RunConfig, out_dir: str | None, tokenizer=None):
             spec.data.dataset,
             on_bad=spec.data.on_bad_sample,
             out_dir=out_dir or scratch,
-            image_root=spec.image_root,
-            confine_images=spec.confine_images,
+            image_root=spec.data.image_root,
+            confine_images=spec.data.confine_images,
             tokenizer=tokenizer,
             vision=spec_vision(spec),
         )
@@ -254,11 +256,11 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer
             load_workload(
                 spec.data.dataset,
                 cost,
-                global_batch=spec.global_batch,
-                iterations=spec.steps + num_val,
-                seed=spec.seed,
-                tp=spec.tp,
-                image_root=spec.image_root,
+                global_batch=spec.parallel.global_batch,
+                iterations=spec.run.steps + num_val,
+                seed=spec.data.seed,
+                tp=spec.parallel.tp,
+                image_root=spec.data.image_root,
                 vision=spec_vision(spec),
             )
         )
@@ -268,20 +270,22 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer
     records = skipped = None
     num_skipped = 0
     if fmt == "conversation":
-        screened = screen(spec, spec.out if owner else None, tokenizer)
-        works, records = sample_works(screened.samples, cost, tp=spec.tp), screened.records
+        screened = screen(spec, spec.run.out if owner else None, tokenizer)
+        works, records = sample_works(screened.samples, cost, tp=spec.parallel.tp), screened.records
         skipped = skipped_line(screened)
         if owner and skipped:
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
         num_skipped = screened.report.bad if skipped else 0
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path, spec_vision(spec)), cost, tp=spec.tp)
+        works = sample_works(read_workload_jsonl(path, spec_vision(spec)), cost, tp=spec.parallel.tp)
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
-    train, val = split_validation(works, spec.global_batch, num_val)
-    stream = EpochStream(tuple(train), spec.seed, spec.shuffle)
-    return RunData(stream.batches(spec.global_batch, spec.steps), val, stream, records, skipped, num_skipped)
+    train, val = split_validation(works, spec.parallel.global_batch, num_val)
+    stream = EpochStream(tuple(train), spec.data.seed, spec.data.shuffle)
+    return RunData(
+        stream.batches(spec.parallel.global_batch, spec.run.steps), val, stream, records, skipped, num_skipped
+    )
 
 
 def skipped_line(screened) -> str | None:
@@ -299,7 +303,7 @@ def record_source(spec: RunConfig, data: RunData, tokenizer=None):
 
     if data.records is None:
         return None
-    return RecordSource(spec.dataset, spec.image_root, records=data.records, tokenizer=tokenizer)
+    return RecordSource(spec.data.dataset, spec.data.image_root, records=data.records, tokenizer=tokenizer)
 
 
 FINGERPRINT_KEYS = (
@@ -489,7 +493,9 @@ def _start_state(spec: RunConfig, system: str, env, out: str, data: RunData, wat
     from entrain.runtime import checkpoint as ck
 
     # one decision for all ranks: agents may restart their workers with different restart counts
-    if not any(_agree(env, watch, "checkpoint load: agree on resuming")(bool(spec.resume or _restarted()))):
+    if not any(
+        _agree(env, watch, "checkpoint load: agree on resuming")(bool(spec.run.resume or _restarted()))
+    ):
         stale = os.path.join(out, ck.CHECKPOINT_DIR)
         if env.rank == 0 and os.path.isdir(stale):
             _say(env)(f"entrain: a fresh run (no --resume): removing the old checkpoints in {stale}")
@@ -549,7 +555,7 @@ def _save_checkpoint(
     watch.gather_point(f"{phase}: start")
     if fault is not None:
         fault.maybe_fire(env.rank, step, "save")
-    position = data.position(step, spec.global_batch).to_json()
+    position = data.position(step, spec.parallel.global_batch).to_json()
     ck.write_rank_state(folder, env.rank, {"step": step, "rng": ck.rng_state(), "data_position": position})
     _guarded(
         watch,
@@ -574,7 +580,7 @@ def _save_checkpoint(
                 "files": ck.file_entries(folder),
             },
         )
-        ck.prune(out, spec.keep_checkpoints)
+        ck.prune(out, spec.run.keep_checkpoints)
     watch.gather_point(f"{phase}: manifest written")
 
 
@@ -598,9 +604,13 @@ def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
 
 def _model_source_json(spec: RunConfig) -> dict | None:
     """A stock model's folders (``entrain export`` rebuilds its configs from them); None for a preset."""
-    if spec.vision_model is None:
+    if spec.model.vision_model is None:
         return None
-    return {"vision_model": spec.vision_model, "llm_model": spec.llm_model, "tokenizer": spec.tokenizer}
+    return {
+        "vision_model": spec.model.vision_model,
+        "llm_model": spec.model.llm_model,
+        "tokenizer": spec.model.tokenizer,
+    }
 
 
 def _gather_events(env, events: list[dict]) -> list[dict]:
@@ -667,7 +677,10 @@ def _run_one(
     if cfg is None:
         cfg, tokenizer = model_config(spec)
     model = build_vlm(
-        cfg, seed=spec.seed, weights_dir=spec.weights, stages=_own_stages(layout, env.rank // spec.tp)
+        cfg,
+        seed=spec.data.seed,
+        weights_dir=spec.model.weights,
+        stages=_own_stages(layout, env.rank // spec.parallel.tp),
     )
     set_trainable(
         model,
@@ -688,12 +701,12 @@ def _run_one(
         renderer=renderer,
         optim=optim,
         autocast_dtype=autocast,
-        timeout_s=spec.timeout_s,
+        timeout_s=spec.run.timeout_s,
         watch=watch,
-        parallel=StageParallelism(tp=spec.tp, fsdp=spec.fsdp),
+        parallel=StageParallelism(tp=spec.parallel.tp, fsdp=spec.parallel.fsdp),
     )
     tracer, trace_events = None, []
-    if spec.trace:
+    if spec.run.trace:
         from entrain.runtime.trace import ActionTracer, read_trace
 
         tracer = trainer.executor.tracer = ActionTracer(env.rank)
@@ -701,7 +714,7 @@ def _run_one(
         if rank0 and start > 0 and os.path.exists(trace_path):  # a resumed run keeps the earlier steps
             trace_events = [e for e in read_trace(trace_path) if e["args"]["step"] < start]
     scalars = None
-    if spec.tensorboard and rank0:
+    if spec.run.tensorboard and rank0:
         from entrain.runtime.tensorboard import ScalarLog
 
         scalars = ScalarLog(out, purge_step=start)
@@ -717,7 +730,12 @@ def _run_one(
         from tqdm import tqdm
 
         bar = tqdm(
-            total=spec.run.steps, initial=start, desc=system, file=sys.stderr, dynamic_ncols=True, mininterval=0.5
+            total=spec.run.steps,
+            initial=start,
+            desc=system,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=0.5,
         )
     losses = [r["loss"] for r in history]
     times = [r["iteration_time_ms"] for r in history]
@@ -732,11 +750,11 @@ def _run_one(
         metrics = open(metrics_path, "a")  # noqa: SIM115 - closed below
     ok = False
     try:
-        if start < spec.steps:
+        if start < spec.run.steps:
             renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[start]))
-        for step in range(start, spec.steps):
+        for step in range(start, spec.run.steps):
             it = plan.iterations[step]
-            if step + 1 < spec.steps:  # the next step's pixels are processed while this one runs
+            if step + 1 < spec.run.steps:  # the next step's pixels are processed while this one runs
                 renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[step + 1]))
             if tracer is not None:
                 tracer.step = step
@@ -775,7 +793,9 @@ def _run_one(
             if scalars is not None:
                 scalars.write(step, {**row, "stage_std_ms": stds[-1], "skipped_samples": data.num_skipped})
             done = step + 1
-            if done == spec.steps or (spec.checkpoint_every > 0 and done % spec.checkpoint_every == 0):
+            if done == spec.run.steps or (
+                spec.run.checkpoint_every > 0 and done % spec.run.checkpoint_every == 0
+            ):
                 _save_checkpoint(spec, system, layout, env, out, trainer, data, done, fault)
             if bar is not None:
                 bar.set_postfix(

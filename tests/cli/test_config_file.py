@@ -60,10 +60,10 @@ def test_run_config_json_reproduces_the_run(tmp_path):
             "401408", "--precision", "fp32", "--trace", "--out", str(tmp_path / "a")]  # fmt: skip
     parser = build_parser()
     spec = _spec(parser.parse_args(argv))
-    config = {"spec": {}, "flags": spec.flags}
+    config = {"spec": {}, "flags": spec.run.flags}
     (tmp_path / "config.json").write_text(json.dumps(config))
     again = ["train", "--config", str(tmp_path / "config.json"), "--out", str(tmp_path / "b")]
     parser = build_parser()
     spec2 = _spec(with_config(parser, parser.parse_args(again), again))
     assert spec2 == replace(spec, run=replace(spec.run, out=str(tmp_path / "b")))  # flags: compare=False
-    assert spec2.flags == {**spec.flags, "out": str(tmp_path / "b")}
+    assert spec2.flags == {**spec.run.flags, "out": str(tmp_path / "b")}

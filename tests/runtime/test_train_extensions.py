@@ -5,8 +5,8 @@ themselves are proven exact in test_exact_gradients_extensions.py)."""
 
 import pytest
 
-from entrain.cli.main import build_parser
 from entrain.cli import train as train_cli
+from entrain.cli.main import build_parser
 from entrain.cli.train import _spec
 from entrain.core.plan import ActionKind
 from entrain.runtime.planning import make_plan, run_setups

@@ -257,6 +257,16 @@ class RunConfig:
             run=_pick(RunDirConfig, args, **run),
         )
 
+    def flag_value(self, name: str):
+        """A part's field by its flag's name (``flag_value("tp")`` is ``parallel.tp``), for code that walks
+        flag names (the resume fingerprint); everything else names the part. ``--model`` is ``model.name``."""
+        if name == "model":
+            return self.model.name
+        for part in (self.data, self.parallel, self.schedule, self.optim, self.run, self.model):
+            if name in {f.name for f in fields(part)}:
+                return getattr(part, name)
+        raise AttributeError(f"RunConfig has no field {name!r}")
+
     def config_request(self, gpus: int | None = None) -> ConfigRequest:
         """What ``entrain.core.setups`` needs to choose each system's configuration on ``gpus`` GPUs
         (default ``parallel.gpus``)."""

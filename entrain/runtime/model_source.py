@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from entrain.config import RunConfig
 from entrain.core.architectures import ModelArch
 from entrain.core.errors import ConfigError
 from entrain.core.hf_config import ModelSource
@@ -19,23 +20,23 @@ from entrain.models.config import QWEN2_SPECIAL_BASE, VLMConfig, get_model_confi
 __all__ = ["model_source", "model_arch", "model_config"]
 
 
-def model_source(spec) -> ModelSource:
-    vision, llm = getattr(spec, "vision_model", None), getattr(spec, "llm_model", None)
-    if getattr(spec, "tokenizer", None) and not llm:
+def model_source(spec: RunConfig) -> ModelSource:
+    model = spec.model
+    if model.tokenizer and not model.llm_model:
         raise ConfigError("--tokenizer applies to a stock --llm-model (the presets use the Qwen2 tokenizer)")
-    return ModelSource(preset=getattr(spec.model, "name", spec.model), vision_model=vision, llm_model=llm)
+    return ModelSource(preset=model.name, vision_model=model.vision_model, llm_model=model.llm_model)
 
 
-def model_arch(spec) -> ModelArch:
+def model_arch(spec: RunConfig) -> ModelArch:
     return model_source(spec).arch()
 
 
-def model_config(spec):
+def model_config(spec: RunConfig):
     """``(VLMConfig, tokenizer)``: the tokenizer is None for a preset (its records use the built-in
     Qwen2 tokenizer, remapped by ``VLMConfig.token_id``)."""
     source = model_source(spec)
     if not source.is_stock:
-        return get_model_config(getattr(spec.model, "name", spec.model)), None
+        return get_model_config(spec.model.name), None
     from entrain.data.tokenizer import QWEN2_SPECIAL_TOKENS, model_tokenizer
 
     arch = source.arch()

@@ -340,14 +340,13 @@ FINGERPRINT_KEYS = (
 
 def fingerprint(spec: RunConfig, system: str) -> dict:
     """The run's resume fingerprint, JSON-normalised (as stored in a checkpoint manifest)."""
-    fp = {k: getattr(spec, k) for k in FINGERPRINT_KEYS}
-    fp["model"] = spec.model.name
+    fp = {k: spec.flag_value(k) for k in FINGERPRINT_KEYS}
     for k in ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels"):
         if fp[k] is None:  # runs from before these flags stay resumable
             del fp[k]
     if fp["precision"] is None:
         del fp["precision"]
-    fp["dp"] = spec.dp_or_1
+    fp["dp"] = spec.parallel.dp_or_1
     fp["system"] = system
     return json.loads(json.dumps(fp))
 

@@ -66,4 +66,4 @@ def test_run_config_json_reproduces_the_run(tmp_path):
     parser = build_parser()
     spec2 = _spec(with_config(parser, parser.parse_args(again), again))
     assert spec2 == replace(spec, run=replace(spec.run, out=str(tmp_path / "b")))  # flags: compare=False
-    assert spec2.flags == {**spec.run.flags, "out": str(tmp_path / "b")}
+    assert spec2.run.flags == {**spec.run.flags, "out": str(tmp_path / "b")}

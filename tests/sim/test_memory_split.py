@@ -18,7 +18,7 @@ from entrain.core.schedules.memory_split import backward_rooms, rank_rooms
 from entrain.core.setups import SystemSetup
 from entrain.core.validate import validate_plan
 from entrain.sim.executor import simulate_plan
-from entrain.sim.memory_fit import fit_memory
+from entrain.sim.memory_fit import fit_memory, no_fit_message
 
 from .fixtures import (
     deferral_assignment,
@@ -116,6 +116,21 @@ def test_fit_memory_finds_a_fitting_plan_only_with_the_split():
     assert yes.metrics.fits_memory is True
     assert fitted.layout.stages[0].recompute == "full"
     assert "memory_split" in yes.plan.options
+
+
+def test_no_fit_error_says_the_microbatches_were_cut():
+    """200 B: even s3 alone overflows after full recomputation and the split; the one-line error keeps
+    naming the fullest rank and says the encoder microbatches were already cut."""
+    cost = replace(COST, hardware=replace(COST.hardware, device_memory_bytes=200.0))
+    batches = [list(raw_samples(WORK).values())]
+    options = {"memory_split": True}
+    _, run = fit_memory(
+        "entrain", SystemSetup(_layout("none", enc_pp=1), options, "test"), batches, cost, options
+    )
+    assert run.metrics.fits_memory is False
+    msg = no_fit_message(run, batches, cost)
+    assert "pipeline rank 0 (encoder, recompute full)" in msg
+    assert msg.endswith("encoder microbatches already cut into sub-microbatches")
 
 
 @given(st.data())

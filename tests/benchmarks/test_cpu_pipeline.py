@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import importlib
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def cpu_pipeline():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("cpu_pipeline")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def cpu_pipeline(benchmarks_on_path):
+    return importlib.import_module("cpu_pipeline")
 
 
 def rounds(entrain_ms, base_ms):

@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def sim_vs_real():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("sim_vs_real")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def sim_vs_real(benchmarks_on_path):
+    return importlib.import_module("sim_vs_real")
 
 
 def _argv(cmd: list[str], flag: str) -> str | None:

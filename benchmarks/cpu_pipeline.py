@@ -13,7 +13,21 @@ next to wall time, and the simulator's prediction for the very Plans that ran (`
 run, simulated under ``cpu-tiny``). A target is decided on the paired per-round ratios (their
 median), never on a ratio of medians. Results go to ``benchmarks/results/cpu_pipeline.{md,json}``.
 
-    python benchmarks/cpu_pipeline.py [--launches 3] [--steps 7] [--order-seed 0] [--skip-idle-check] [--in-stage]
+    python benchmarks/cpu_pipeline.py [--launches 3] [--steps 7] [--order-seed 0] [--skip-idle-check]
+        [--dataset skewed|text-heavy] [--in-stage]
+
+``--dataset text-heavy`` (issue 10, requirement 7) runs the same protocol on LLM-dominant data
+(``LLM_CONFIG``: the built-in ``text-heavy`` generator, half the samples text-only with long answers,
+images capped at 224 x 224 px; global batch 24, microbatch size 4, each system's own 2-process layout).
+The shared launch trains Entrain with ``--assignment two-resource`` next to 1F1B and DistTrain; the
+extension launches are Entrain with ``--assignment auto`` and with ``--assignment paper``. Targets:
+Entrain (two-resource) <= 1F1B and <= DistTrain, each on the median of the paired per-round ratios.
+Also printed: the simulator's LLM forward-time std and the assignments each plan recorded. Results go
+to ``benchmarks/results/cpu_pipeline_text_heavy.{md,json}``. Full runs (the CPUs otherwise idle; about
+9 min for ``skewed`` and 9 min for ``text-heavy`` on an idle 2-core machine, 5 rounds each):
+
+    cd benchmarks && python cpu_pipeline.py --launches 5 --steps 7
+    cd benchmarks && python cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
 
 ``--in-stage`` (issue 14) instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
 ``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state
@@ -31,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
 
@@ -66,6 +81,89 @@ CONFIG = {
     "encoder_stages": 1,
     "llm_stages": 1,
 }
+LLM_CONFIG = {
+    "model": "tiny",
+    "dataset": "text-heavy",
+    "max_pixels": 224 * 224,
+    "seed": 0,
+    "global_batch": 24,
+    "microbatch_size": 4,
+}
+"""Issue 10 requirement 7, the LLM-dominant set: the built-in ``text-heavy`` generator (half the samples
+text-only, long answers; docs/workloads.md) with every image capped at 224 x 224 pixels (at most 64
+image tokens), so the tiny LLM's work is about 5x the encoder's (``cpu-tiny``) and varies from sample to
+sample (coefficient of variation about 0.8). Microbatches of 4 leave the assignment something to
+balance; global batch 24 keeps a launch about as long as the ``skewed`` one (the busiest rank's CPU
+time per iteration was about 1.3x ``skewed``'s at global batch 32). No stage counts are given: on 2 processes 1F1B's and DistTrain's planners can only place 1
+encoder + 1 LLM stage; Entrain's planner chooses its layout (``--entrain-layout auto``)."""
+BASE_LABELS = {"1f1b": "1F1B", "disttrain": "DistTrain"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """``row``'s iteration time at most ``ratio`` x ``base``'s, decided on the paired per-round ratios."""
+
+    row: str
+    label: str
+    base: str = "1f1b"
+    ratio: float = TARGET_RATIO
+
+
+@dataclass(frozen=True)
+class Case:
+    """One dataset's benchmark: its ``entrain train`` flags, Entrain's own flags in the shared launch
+    (the other systems ignore them), the extension rows (one launch each) and the targets."""
+
+    config: dict
+    extension_rows: dict[str, tuple[str, ...]]
+    targets: tuple[Target, ...]
+    results: str
+    """File stem under ``--out``."""
+    title: str
+    notes: str
+    entrain_flags: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        return (*SYSTEMS, *self.extension_rows)
+
+
+CASES = {
+    "skewed": Case(
+        CONFIG,
+        EXTENSION_ROWS,
+        (
+            Target("entrain", "Entrain, paper layout (1 + 1)"),
+            Target(SHARED, "Entrain, boundary-sharing layout"),
+            Target(SPLIT, "Entrain, paper layout, split weight gradients"),
+        ),
+        "cpu_pipeline",
+        "CPU pipeline benchmark (issue 4, requirement 8)",
+        f"`{SHARED}` = Entrain with its boundary-sharing layout (ours, not the paper's; "
+        f"`entrain train --entrain-layout shared`); `{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every "
+        "backward run as input then weight gradients (ours; `--split-weight-grads on`); the other rows use "
+        "1 encoder + 1 LLM stage.",
+    ),
+    "text-heavy": Case(
+        LLM_CONFIG,
+        {"entrain-auto": ("--assignment", "auto"), "entrain-paper": ("--assignment", "paper")},
+        (
+            Target("entrain", "Entrain, two-resource assignment", "1f1b", 1.0),
+            Target("entrain", "Entrain, two-resource assignment", "disttrain", 1.0),
+        ),
+        "cpu_pipeline_text_heavy",
+        "CPU pipeline benchmark, LLM-dominant data (issue 10, requirement 7)",
+        "`entrain` = Entrain with `--assignment two-resource` (encoder and LLM work balanced together, then "
+        "deferral), in the same launch as 1F1B and DistTrain; `entrain-auto` = `--assignment auto` (per "
+        "iteration the cost model's pick, the default) and `entrain-paper` = `--assignment paper` (Algorithm 3, "
+        "stratified on encoder work), each its own launch in the same round. Every Entrain row uses Entrain's "
+        "default layout and extensions; 1F1B and DistTrain run 1 encoder + 1 LLM stage (their planners' only "
+        "layout on 2 processes). Assignment = the per-iteration choices recorded in each plan "
+        '(`Plan.options["assignment_chosen"]`).',
+        ("--assignment", "two-resource"),
+    ),
+}
+"""``--dataset``: the benchmark cases."""
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -84,20 +182,22 @@ def _run_dir(out: str, row: str) -> str:
     return os.path.join(out, row)
 
 
-def round_order(rng: random.Random) -> list[str]:
+def round_order(rng: random.Random, case: Case = CASES["skewed"]) -> list[str]:
     """One round's launch order: the shared launch (its systems shuffled, as one ``+``-joined item)
     and the extension launches, shuffled together."""
     systems = rng.sample(SYSTEMS, len(SYSTEMS))
-    launches = ["+".join(systems), *EXTENSION_ROWS]
+    launches = ["+".join(systems), *case.extension_rows]
     return rng.sample(launches, len(launches))
 
 
-def launch(out: str, steps: int, order: list[str]) -> None:
+def launch(out: str, steps: int, order: list[str], case: Case = CASES["skewed"]) -> None:
     for item in order:
-        if item in EXTENSION_ROWS:
-            _launch_one(os.path.join(out, item), steps, ("entrain",), *EXTENSION_ROWS[item])
+        if item in case.extension_rows:
+            _launch_one(
+                os.path.join(out, item), steps, ("entrain",), *case.extension_rows[item], config=case.config
+            )
         else:
-            _launch_one(out, steps, item.split("+"))
+            _launch_one(out, steps, item.split("+"), *case.entrain_flags, config=case.config)
 
 
 def launch_in_stage(out: str, steps: int) -> None:
@@ -106,7 +206,7 @@ def launch_in_stage(out: str, steps: int) -> None:
         _launch_one(os.path.join(out, row), steps, ("1f1b",), *flags, nproc=nproc)
 
 
-def _launch_one(out: str, steps: int, systems, *extra: str, nproc: int = 2) -> None:
+def _launch_one(out: str, steps: int, systems, *extra: str, nproc: int = 2, config: dict = CONFIG) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -122,7 +222,7 @@ def _launch_one(out: str, steps: int, systems, *extra: str, nproc: int = 2) -> N
         "--nproc",
         str(nproc),
     ]
-    for key, value in CONFIG.items():
+    for key, value in config.items():
         cmd += ["--" + key.replace("_", "-"), str(value)]
     subprocess.run([*cmd, *extra], check=True, stdout=subprocess.DEVNULL)
 
@@ -180,77 +280,94 @@ def simulated(out: str, rows_simulated=ROWS) -> dict:
             "iter_ms": statistics.median(r.iteration_time_ms for r in runs),
             "encoder_fwd_std_ms": metrics.encoder_fwd_std_ms,
             "llm_fwd_std_ms": metrics.llm_fwd_std_ms,
+            "assignment_chosen": assignment_counts(plan.options),
         }
     return res
 
 
-def paired(launches: list[dict], row: str) -> dict:
-    """Per-round ratio of ``row``'s median iteration time to that round's 1F1B, with its spread."""
-    ratios = [run[row]["iter_ms"] / run["1f1b"]["iter_ms"] for run in launches]
+def assignment_counts(options: dict) -> dict[str, int]:
+    """How often each assignment ran over the plan's (iteration, replica) pairs: the choices recorded in
+    ``Plan.options["assignment_chosen"]``, or the fixed ``assignment`` option (``{}`` for the baselines)."""
+    chosen = options.get("assignment_chosen")
+    if chosen is None:
+        return {options["assignment"]: 1} if "assignment" in options else {}
+    flat = [a for per_replica in chosen for a in per_replica]
+    return {a: flat.count(a) for a in sorted(set(flat))}
+
+
+def paired(launches: list[dict], row: str, base: str = "1f1b", target: float = TARGET_RATIO) -> dict:
+    """Per-round ratio of ``row``'s median iteration time to that round's ``base``, with its spread and
+    the rounds at or below ``target``."""
+    ratios = [run[row]["iter_ms"] / run[base]["iter_ms"] for run in launches]
     q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
     return {"ratios": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "iqr": q[2] - q[0], "rounds_met": sum(r <= TARGET_RATIO for r in ratios)}  # fmt: skip
+            "iqr": q[2] - q[0], "base": base, "target": target,
+            "rounds_met": sum(r <= target for r in ratios)}  # fmt: skip
 
 
-def report(launches: list[dict], sims: dict, idle: tuple[bool, float], steps: int, orders: list) -> str:
+def report(
+    launches: list[dict],
+    sims: dict,
+    idle: tuple[bool, float],
+    steps: int,
+    orders: list,
+    case: Case = CASES["skewed"],
+) -> str:
+    rows = case.rows
     med = {
         s: {k: statistics.median(run[s][k] for run in launches) for k in ("iter_ms", "stage_std_ms")}
-        for s in ROWS
+        for s in rows
     }
     cpu = {
         s: [statistics.median(run[s]["cpu_ms_per_rank"][k] for run in launches) for k in range(2)]
-        for s in ROWS
+        for s in rows
     }
     base = med["1f1b"]
-    pair = {s: paired(launches, s) for s in ROWS}
+    pair = {s: paired(launches, s) for s in rows}
     lines = [
-        "# CPU pipeline benchmark (issue 4, requirement 8)",
+        f"# {case.title}",
         "",
-        f"Config: {json.dumps(CONFIG)}; {len(launches)} rounds x {steps} steps, first {WARMUP} dropped; "
+        f"Config: {json.dumps(case.config)}; {len(launches)} rounds x {steps} steps, first {WARMUP} dropped; "
         f"idle check {'passed' if idle[0] else 'NOT passed'} (CPU idle {idle[1]:.0%} before the first launch).",
         "",
         "| system | iter ms (median) | / 1F1B (medians) | paired / 1F1B: median | min | max | IQR | "
-        "stage std ms | / 1F1B | CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "stage std ms | / 1F1B | CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B | sim LLM fwd std ms | assignment |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in ROWS:
+    for s in rows:
         p = pair[s]
+        chosen = ", ".join(f"{a} {n}" for a, n in sims[s]["assignment_chosen"].items()) or "-"
         lines.append(
             f"| {s} | {med[s]['iter_ms']:.0f} | {med[s]['iter_ms'] / base['iter_ms']:.3f} | {p['median']:.3f} | "
             f"{p['min']:.3f} | {p['max']:.3f} | {p['iqr']:.3f} | "
             f"{med[s]['stage_std_ms']:.1f} | {med[s]['stage_std_ms'] / max(base['stage_std_ms'], 1e-9):.3f} | "
             f"{cpu[s][0]:.0f} / {cpu[s][1]:.0f} | {sims[s]['iter_ms']:.0f} | "
-            f"{sims[s]['iter_ms'] / sims['1f1b']['iter_ms']:.3f} |"
+            f"{sims[s]['iter_ms'] / sims['1f1b']['iter_ms']:.3f} | {sims[s]['llm_fwd_std_ms']:.1f} | {chosen} |"
         )
     lines += [
         "",
         "Paired = each round's ratio to the 1F1B of the same round; IQR = its interquartile range.",
         "Per round (launch order; iteration ms): "
         + "; ".join(
-            f"[{' then '.join(order)}] " + ", ".join(f"{s} {run[s]['iter_ms']:.0f}" for s in ROWS)
+            f"[{' then '.join(order)}] " + ", ".join(f"{s} {run[s]['iter_ms']:.0f}" for s in rows)
             for order, run in zip(orders, launches)
         ),
         "",
-        f"`{SHARED}` = Entrain with its boundary-sharing layout (ours, not the paper's; "
-        f"`entrain train --entrain-layout shared`); `{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every "
-        "backward run as input then weight gradients (ours; `--split-weight-grads on`); the other rows use "
-        "1 encoder + 1 LLM stage.",
+        case.notes,
         "",
     ]
-    lines += [target_line(row, label, pair[row]) for row, label in (
-        ("entrain", "Entrain, paper layout (1 + 1)"),
-        (SHARED, "Entrain, boundary-sharing layout"),
-        (SPLIT, "Entrain, paper layout, split weight gradients"),
-    )]  # fmt: skip
+    lines += [target_line(t.label, paired(launches, t.row, t.base, t.ratio)) for t in case.targets]
     return "\n".join(lines) + "\n"
 
 
-def target_line(row: str, label: str, p: dict) -> str:
-    met = p["median"] <= TARGET_RATIO
+def target_line(label: str, p: dict) -> str:
+    """``Target: ...`` with the paired per-round ratios of ``p`` (``paired``) and met / NOT met."""
+    met = p["median"] <= p["target"]
+    base = BASE_LABELS.get(p["base"], p["base"])
     return (
-        f"Target: {label} iteration time <= {TARGET_RATIO}x 1F1B's, paired per round: median {p['median']:.3f} "
+        f"Target: {label} iteration time <= {p['target']}x {base}'s, paired per round: median {p['median']:.3f} "
         f"(min {p['min']:.3f}, max {p['max']:.3f}, IQR {p['iqr']:.3f}; {p['rounds_met']}/{len(p['ratios'])} "
-        f"rounds at or below {TARGET_RATIO}) -> {'met' if met else 'NOT met'}."
+        f"rounds at or below {p['target']}) -> {'met' if met else 'NOT met'}."
     )
 
 
@@ -302,34 +419,46 @@ def main() -> int:
     ap.add_argument("--order-seed", type=int, default=0, help="seed of the per-round launch order")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument(
+        "--dataset",
+        choices=CASES,
+        default="skewed",
+        help="skewed (issue 4) or text-heavy: LLM-dominant data, Entrain's two-resource assignment (issue 10)",
+    )
+    ap.add_argument(
         "--in-stage", action="store_true", help="the TP 2 / FSDP rows next to 1F1B (IN_STAGE_ROWS)"
     )
     args = ap.parse_args()
     idle = (True, 1.0) if args.skip_idle_check else wait_idle(args.max_idle_wait_s)
     if args.in_stage:
         return main_in_stage(args, idle)
+    case = CASES[args.dataset]
     launches, sims, orders = [], {}, []
     rng = random.Random(args.order_seed)
     with tempfile.TemporaryDirectory(prefix="entrain-bench-") as tmp:
         for i in range(args.launches):
             run_dir = os.path.join(tmp, f"launch{i}")
-            orders.append(round_order(rng))
-            launch(run_dir, args.steps, orders[-1])
-            launches.append(measured(run_dir))
+            orders.append(round_order(rng, case))
+            launch(run_dir, args.steps, orders[-1], case)
+            launches.append(measured(run_dir, case.rows))
             if i == 0:
-                sims = simulated(run_dir)
-    text = report(launches, sims, idle, args.steps, orders)
+                sims = simulated(run_dir, case.rows)
+    text = report(launches, sims, idle, args.steps, orders, case)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "cpu_pipeline.md"), "w") as f:
+    with open(os.path.join(args.out, f"{case.results}.md"), "w") as f:
         f.write(text)
-    with open(os.path.join(args.out, "cpu_pipeline.json"), "w") as f:
+    with open(os.path.join(args.out, f"{case.results}.json"), "w") as f:
         json.dump(
             {
-                "config": CONFIG,
+                "config": case.config,
+                "entrain_flags": case.entrain_flags,
+                "extension_rows": case.extension_rows,
                 "launches": launches,
                 "orders": orders,
                 "order_seed": args.order_seed,
-                "paired": {s: paired(launches, s) for s in ROWS},
+                "paired": {s: paired(launches, s) for s in case.rows},
+                "targets": [
+                    {"label": t.label, **paired(launches, t.row, t.base, t.ratio)} for t in case.targets
+                ],
                 "simulated": sims,
                 "idle": idle,
             },

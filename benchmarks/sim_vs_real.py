@@ -21,6 +21,17 @@ runtime's), the profile is thread-CPU time: the gap between them is one of the e
 documented in docs/profiling.md.
 
     python benchmarks/sim_vs_real.py [--launches 3] [--steps 6] [--max-idle-wait-s 300] [--max-repeats 3]
+        [--dataset chartqa|text-heavy]
+
+``--dataset text-heavy`` (issue 10 requirement 7) runs the same chain on the LLM-dominant set of
+``cpu_pipeline.py --dataset text-heavy`` (``LLM_CONFIG``: ``entrain data synth --dataset text-heavy``,
+144 samples, images capped at ``--max-pixels`` 224 x 224 on every step, global batch 24, microbatch
+size 4), with Entrain planned by ``--assignment two-resource``; same error targets. Results:
+``benchmarks/results/sim_vs_real_text_heavy.{md,json}`` and ``sim_vs_real_text_heavy.profile.json``.
+Full runs (the CPUs otherwise idle; DURATION):
+
+    cd benchmarks && python sim_vs_real.py
+    cd benchmarks && python sim_vs_real.py --dataset text-heavy
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
@@ -52,6 +64,39 @@ CONFIG = {
     "profile_tokens": "16,64,256,1024,4096",
     "profile_repeats": 5,
 }
+LLM_CONFIG = {
+    **CONFIG,
+    "dataset": "text-heavy",
+    "num_samples": 144,
+    "global_batch": 24,
+    "microbatch_size": 4,
+    "max_pixels": 224 * 224,
+}
+"""Issue 10 requirement 7: the LLM-dominant set of ``cpu_pipeline.py --dataset text-heavy`` (``text-heavy``
+with images capped at 224 x 224 px, global batch 24, microbatch size 4), written by ``entrain data synth``."""
+
+
+@dataclass(frozen=True)
+class Case:
+    config: dict
+    results: str
+    """File stem under ``--out``."""
+    entrain_flags: tuple[str, ...] = ()
+    """Extra ``entrain plan`` flags of Entrain's plan."""
+
+    def flags(self, *keys: str) -> list[str]:
+        """``--key value`` of the config's ``keys`` it has (``max_pixels`` is optional)."""
+        return [
+            x for k in keys if k in self.config for x in ("--" + k.replace("_", "-"), str(self.config[k]))
+        ]
+
+
+CASES = {
+    "chartqa": Case(CONFIG, "sim_vs_real"),
+    "text-heavy": Case(LLM_CONFIG, "sim_vs_real_text_heavy", ("--assignment", "two-resource")),
+}
+"""``--dataset``: the chart set (issue 5 / 11) or the LLM-dominant set with Entrain's two-resource
+assignment (issue 10)."""
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 IDLE_TARGET = 0.9
 MAX_FOREIGN_CORES = 0.25
@@ -97,40 +142,40 @@ def _entrain(*argv: str, quiet: bool = True) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if quiet else None)
 
 
-def synth(folder: str) -> str:
-    _entrain(
-        "data", "synth", "--dataset", CONFIG["dataset"], "--num-samples", str(CONFIG["num_samples"]),
-        "--seed", str(CONFIG["seed"]), "--out", folder,
-    )  # fmt: skip
+def synth(folder: str, case: Case = CASES["chartqa"]) -> str:
+    _entrain("data", "synth", *case.flags("dataset", "num_samples", "seed"), "--out", folder)
     return os.path.join(folder, "data.json")
 
 
-def profile(path: str) -> dict:
+def profile(path: str, case: Case = CASES["chartqa"]) -> dict:
+    cfg = case.config
     _entrain(
-        "profile", "--model", CONFIG["model"], "--device", "cpu", "--tokens", CONFIG["profile_tokens"],
-        "--repeats", str(CONFIG["profile_repeats"]), "--out", path,
+        "profile", "--model", cfg["model"], "--device", "cpu", "--tokens", cfg["profile_tokens"],
+        "--repeats", str(cfg["profile_repeats"]), "--out", path,
     )  # fmt: skip
     with open(path) as f:
         return json.load(f)
 
 
-def plan(data: str, prof: str, system: str, path: str) -> dict:
-    """``entrain plan --out``: the system's plan for ``CONFIG["gpus"]`` processes."""
+def plan(data: str, prof: str, system: str, path: str, case: Case = CASES["chartqa"]) -> dict:
+    """``entrain plan --out``: the system's plan for ``gpus`` processes."""
     _entrain(
-        "plan", "--system", system, "--dataset", data, "--profile", prof, "--model", CONFIG["model"],
-        "--seed", str(CONFIG["seed"]), "--gpus", str(CONFIG["gpus"]), "--global-batch", str(CONFIG["global_batch"]),
-        "--microbatch-size", str(CONFIG["microbatch_size"]), "--out", path,
+        "plan", "--system", system, "--dataset", data, "--profile", prof,
+        *case.flags("model", "seed", "gpus", "global_batch", "microbatch_size", "max_pixels"), "--out", path,
+        *(case.entrain_flags if system == "entrain" else ()),
     )  # fmt: skip
     with open(path) as f:
         return json.load(f)
 
 
-def train(data: str, prof: str, plans: dict[str, str], out: str, steps: int) -> None:
+def train(
+    data: str, prof: str, plans: dict[str, str], out: str, steps: int, case: Case = CASES["chartqa"]
+) -> None:
     """Each system's plan file run by ``entrain train --plan`` (``out/<system>``)."""
     for system in SYSTEMS:
         _entrain(
-            "train", "--nproc", str(CONFIG["gpus"]), "--plan", plans[system], "--dataset", data, "--profile", prof,
-            "--model", CONFIG["model"], "--seed", str(CONFIG["seed"]), "--steps", str(steps),
+            "train", "--nproc", str(case.config["gpus"]), "--plan", plans[system], "--dataset", data,
+            "--profile", prof, *case.flags("model", "seed", "max_pixels"), "--steps", str(steps),
             "--out", os.path.join(out, system), "--no-progress",
         )  # fmt: skip
 
@@ -280,14 +325,18 @@ def report(
     steps: int,
     discarded: list[dict] = (),
     plans: dict | None = None,
+    case: Case = CASES["chartqa"],
 ) -> str:
     fits = prof["notes"]["fits"]
     tables = [f"{f['component']}/{f['layer']} {f['phase']}" for f in fits if f["table"]]
     worst = max(fits, key=lambda f: f["used_worst_rel_residual"])
     lines = [
-        "# Simulator vs measured training on this CPU (issue 5 requirement 6, issue 11 requirement 7)",
+        f"# Simulator vs measured training on this CPU, {case.config['dataset']} "
+        f"({'issue 10 requirement 7' if case.entrain_flags else 'issue 5 requirement 6, issue 11 requirement 7'})",
         "",
-        f"Config: {json.dumps(CONFIG)}; systems {', '.join(SYSTEMS)}; {len(launches)} launches x {steps} "
+        f"Config: {json.dumps(case.config)}; systems {', '.join(SYSTEMS)}"
+        f"{' (Entrain planned with ' + ' '.join(case.entrain_flags) + ')' if case.entrain_flags else ''}; "
+        f"{len(launches)} launches x {steps} "
         f"steps, first {WARMUP} dropped. Stage times: every forward and backward of every (stage, "
         "microbatch, sub) of every kept step; errors are |sim - real| / real.",
         "",
@@ -367,26 +416,33 @@ def main() -> int:
         help=f"launches repeated at most this many times in all when other jobs used > {MAX_FOREIGN_CORES} cores",
     )
     ap.add_argument("--out", default=RESULTS)
+    ap.add_argument(
+        "--dataset",
+        choices=CASES,
+        default="chartqa",
+        help="chartqa, or text-heavy: LLM-dominant data, Entrain with --assignment two-resource (issue 10)",
+    )
     args = ap.parse_args()
+    case = CASES[args.dataset]
     launches, discarded = [], []
     with tempfile.TemporaryDirectory(prefix="entrain-simreal-") as tmp:
-        data = synth(os.path.join(tmp, "ds"))
+        data = synth(os.path.join(tmp, "ds"), case)
         prof_path = os.path.join(tmp, "profile.json")
         idle = (
             {"passed": True, "idle": 1.0, "waited_s": 0}
             if args.skip_idle_check
             else wait_idle(args.max_idle_wait_s)
         )
-        prof = profile(prof_path)
+        prof = profile(prof_path, case)
         plan_paths = {s: os.path.join(tmp, f"plan_{s}.json") for s in SYSTEMS}
-        plans = {s: plan(data, prof_path, s, plan_paths[s]) for s in SYSTEMS}
+        plans = {s: plan(data, prof_path, s, plan_paths[s], case) for s in SYSTEMS}
         repeats_left, attempt = args.max_repeats, 0
         while len(launches) < args.launches:
             if attempt:
                 idle = wait_idle(args.max_idle_wait_s) if not args.skip_idle_check else idle
             run_dir = os.path.join(tmp, f"launch{attempt}")
             foreign = foreign_load(
-                lambda run_dir=run_dir: train(data, prof_path, plan_paths, run_dir, args.steps)
+                lambda run_dir=run_dir: train(data, prof_path, plan_paths, run_dir, args.steps, case)
             )
             for s in SYSTEMS:
                 if stages_run(os.path.join(run_dir, s)) != plans[s]["layout"]["stages"]:
@@ -404,16 +460,17 @@ def main() -> int:
                 continue
             launches.append(launch)
         os.makedirs(args.out, exist_ok=True)
-        shutil.copyfile(prof_path, os.path.join(args.out, "sim_vs_real.profile.json"))
+        shutil.copyfile(prof_path, os.path.join(args.out, f"{case.results}.profile.json"))
     summary = summarize(launches)
-    text = report(summary, launches, prof, args.steps, discarded, plans)
+    text = report(summary, launches, prof, args.steps, discarded, plans, case)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "sim_vs_real.md"), "w") as f:
+    with open(os.path.join(args.out, f"{case.results}.md"), "w") as f:
         f.write(text)
-    with open(os.path.join(args.out, "sim_vs_real.json"), "w") as f:
+    with open(os.path.join(args.out, f"{case.results}.json"), "w") as f:
         json.dump(
             {
-                "config": CONFIG,
+                "config": case.config,
+                "entrain_plan_flags": case.entrain_flags,
                 "plans": plans,
                 "steps": args.steps,
                 "warmup_steps_dropped": WARMUP,

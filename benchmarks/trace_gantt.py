@@ -36,11 +36,25 @@ def main() -> int:
     for key, value in CONFIG.items():
         cmd += ["--" + key.replace("_", "-"), str(value)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    results = {"cpu_idle_before": round(fraction, 3), "idle_check_passed": idle, "steps": args.steps, "runs": {}}
+    results = {
+        "cpu_idle_before": round(fraction, 3),
+        "idle_check_passed": idle,
+        "steps": args.steps,
+        "runs": {},
+    }
     for system in SYSTEMS:
         png = os.path.join(DOCS, f"trace_gantt_{system}.png")
         r = subprocess.run(
-            [sys.executable, "-m", "entrain", "plot-trace", os.path.join(out, system), "--out", png, "--json"],
+            [
+                sys.executable,
+                "-m",
+                "entrain",
+                "plot-trace",
+                os.path.join(out, system),
+                "--out",
+                png,
+                "--json",
+            ],
             check=True,
             capture_output=True,
             text=True,
@@ -50,7 +64,9 @@ def main() -> int:
     with open(os.path.join(RESULTS, "trace_gantt.json"), "w") as f:
         json.dump(results, f, indent=1)
     for system, r in results["runs"].items():
-        print(f"{system}: step {r['step']} real {r['real_ms']:.0f} ms, simulated {r['simulated_ms']:.0f} ms -> {r['out']}")
+        print(
+            f"{system}: step {r['step']} real {r['real_ms']:.0f} ms, simulated {r['simulated_ms']:.0f} ms -> {r['out']}"
+        )
     print(f"CPU idle before the runs: {fraction:.0%}")
     return 0
 

@@ -87,6 +87,12 @@ class DataConfig:
                 f"--val-every must be >= 0 and --val-batches >= 1, got {self.val_every} and {self.val_batches}"
             )
 
+    def vision(self):
+        """The image processor's limits (``entrain.core.samples.pixel_limits``)."""
+        from entrain.core.samples import pixel_limits
+
+        return pixel_limits(self.min_pixels, self.max_pixels)
+
 
 STOCK_MODEL_FLAGS = ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels", "precision")
 """Stock-model and image-size flags: forwarded to the workers and part of the resume fingerprint."""

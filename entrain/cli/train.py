@@ -549,15 +549,15 @@ def warn_below_b_min(spec) -> int | None:
     from entrain.core.planner import find_b_min, pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
-    from entrain.runtime.session import resolve_cost, spec_vision
+    from entrain.runtime.session import resolve_cost
 
     if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
         return None
     if is_builtin(spec.data.dataset):
-        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec_vision(spec))
+        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec.data.vision())
     else:
         path = resolve_dataset_file(spec.data.dataset)
-        pool = read_samples(path, spec_vision(spec), image_root=spec.data.image_root)[:B_MIN_POOL]
+        pool = read_samples(path, spec.data.vision(), image_root=spec.data.image_root)[:B_MIN_POOL]
     dp = spec.parallel.dp_or_1
     result = find_b_min(
         pool_sampler(pool),

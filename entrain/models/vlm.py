@@ -303,11 +303,12 @@ class LLMStage(nn.Module):
 
     def forward(self, x: torch.Tensor | None, batch: LLMBatch) -> torch.Tensor:
         inner = self.llm.model
-        if self.has_embed:
-            h = inner.embed_tokens(batch.input_ids)
+        if self.has_embed:  # [1, T, H] as made, not a view: split backward detaches a stage's output in place
+            h = inner.embed_tokens(batch.input_ids.unsqueeze(0))
             if batch.image_positions.numel():
-                h = h.index_put((batch.image_positions,), x.to(h.dtype))
-            x = h.unsqueeze(0)
+                row = torch.zeros_like(batch.image_positions)
+                h = h.index_put((row, batch.image_positions), x.to(h.dtype))
+            x = h
         if self.layer_ids:
             pos = batch.position_ids.unsqueeze(0)
             emb = inner.rotary_emb(x, pos)

@@ -43,6 +43,14 @@ def _no_weight_grads() -> None:
     """``W`` of a stage whose ``I`` left no weight gradients (frozen, or no graph)."""
 
 
+def cause_line(cause: BaseException) -> str:
+    """``Type: first non-empty line`` of an error, then its own cause's when it wraps one (torch's
+    pipelining wraps the real error in a message that starts with a blank line)."""
+    lines = [x.strip() for x in str(cause).splitlines() if x.strip()]
+    text = f"{type(cause).__name__}: {lines[0] if lines else ''}"
+    return text if cause.__cause__ is None else f"{text} <- {cause_line(cause.__cause__)}"
+
+
 class ExecutionError(EntrainError, RuntimeError):
     """An action failed (a peer died or stalled past the process-group timeout, a schedule mismatch):
     names the rank, the action (stage, microbatch, sub) and the peer rank."""
@@ -52,7 +60,7 @@ class ExecutionError(EntrainError, RuntimeError):
         with_peer = f" with rank {peer}" if peer is not None else ""
         super().__init__(
             f"rank {rank}: action {action} (stage {action.stage}, microbatch {action.mb}, sub "
-            f"{action.sub_index}){with_peer} failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            f"{action.sub_index}){with_peer} failed: {cause_line(cause)}"
         )
 
 
@@ -65,14 +73,13 @@ class CollectiveError(EntrainError, RuntimeError):
         self, rank: int, step: int, what: str, cause: BaseException, behind: dict[int, str] | None = None
     ):
         self.rank, self.step, self.what, self.behind = rank, step, what, behind or {}
-        first = str(cause).splitlines()[0] if str(cause) else ""
         who = "a peer rank died or stalled past --timeout-s"
         if self.behind:  # from the PeerWatch board: the ranks that never reached this collective
             who = "; ".join(
                 f"rank {r} did not get there, it last reached {w!r}" for r, w in sorted(self.behind.items())
             )
             who += " (died, or stalled past --timeout-s)"
-        super().__init__(f"rank {rank}: step {step}: {what} failed: {who}: {type(cause).__name__}: {first}")
+        super().__init__(f"rank {rank}: step {step}: {what} failed: {who}: {cause_line(cause)}")
 
 
 @dataclass(frozen=True, slots=True)

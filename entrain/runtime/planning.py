@@ -76,14 +76,17 @@ def run_setups(
 
 
 def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sampler:
-    """A built-in generator's: ``plan``'s and ``simulate``'s (the same draws for the same seed); a
+    """A built-in generator's: ``plan``'s and ``simulate``'s (the same draws for the same seed and
+    ``--min-pixels`` / ``--max-pixels``); a
     file's: draws from the samples this run trains on (screened: ``--on-bad-sample skip`` leaves the
     bad records out of the planner's population as well)."""
     from entrain.data.generators import is_builtin
     from entrain.data.sampling import dataset_sampler
 
     if is_builtin(spec.data.dataset):
-        return dataset_sampler(spec.data.dataset, spec.data.seed, image_root=spec.data.image_root)
+        return dataset_sampler(
+            spec.data.dataset, spec.data.seed, image_root=spec.data.image_root, vision=spec.data.vision()
+        )
     return pool_sampler([w.meta if w.meta is not None else w for batch in batches for w in batch])
 
 

@@ -156,13 +156,6 @@ def resolve_precision(spec: RunConfig, device: torch.device) -> str:
     return "bf16" if device.type == "cuda" else "fp32"
 
 
-def spec_vision(spec: RunConfig):
-    """The image processor's limits of the run (``--min-pixels`` / ``--max-pixels``)."""
-    from entrain.core.samples import pixel_limits
-
-    return pixel_limits(spec.data.min_pixels, spec.data.max_pixels)
-
-
 def resolve_cost(spec: RunConfig) -> CostModel:
     return spec.model.cost_model()
 
@@ -228,7 +221,7 @@ def screen(spec: RunConfig, out_dir: str | None, tokenizer=None):
             image_root=spec.data.image_root,
             confine_images=spec.data.confine_images,
             tokenizer=tokenizer,
-            vision=spec_vision(spec),
+            vision=spec.data.vision(),
         )
     finally:
         if scratch is not None:
@@ -261,7 +254,7 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer
                 seed=spec.data.seed,
                 tp=spec.parallel.tp,
                 image_root=spec.data.image_root,
-                vision=spec_vision(spec),
+                vision=spec.data.vision(),
             )
         )
         return RunData(batches[: spec.run.steps], batches[spec.run.steps :])
@@ -277,7 +270,7 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
         num_skipped = screened.report.bad if skipped else 0
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path, spec_vision(spec)), cost, tp=spec.parallel.tp)
+        works = sample_works(read_workload_jsonl(path, spec.data.vision()), cost, tp=spec.parallel.tp)
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)

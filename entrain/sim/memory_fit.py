@@ -126,8 +126,13 @@ def no_fit_message(run, batches: Sequence[Sequence[SampleWork]], cost: CostModel
         f"no plan fits in device memory ({limit / 1e9:.1f} GB): pipeline rank {r} ({comp}, recompute {modes}) "
         f"needs {peaks[r] / 1e9:.1f} GB"
     )
+    cut = (
+        "; encoder microbatches already cut into sub-microbatches"
+        if "memory_split" in run.plan.options
+        else ""
+    )
     if not metas:
-        return f"{head}; use more GPUs per replica (--gpus, --tp) or a smaller --microbatch-size"
+        return f"{head}; use more GPUs per replica (--gpus, --tp) or a smaller --microbatch-size{cut}"
     if comp == "encoder":
         big = max(metas, key=lambda x: (x.vit_patches, x.id))
         size = f"{big.vit_patches} ViT patches in {len(big.images)} image(s)"
@@ -139,5 +144,5 @@ def no_fit_message(run, batches: Sequence[Sequence[SampleWork]], cost: CostModel
     more = "" if need == float("inf") else f" (about {need:.1f}x the activation room)"
     return (
         f"{head}; the largest sample is {big.id!r} ({size}); to fit: more GPUs per replica{more} "
-        f"(--gpus, --tp), a smaller --microbatch-size{fix}"
+        f"(--gpus, --tp), a smaller --microbatch-size{fix}{cut}"
     )

@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import importlib
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def cpu_pipeline():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("cpu_pipeline")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def cpu_pipeline(benchmarks_on_path):
+    return importlib.import_module("cpu_pipeline")
 
 
 def rounds(entrain_ms, base_ms):
@@ -34,10 +26,72 @@ def test_target_is_decided_on_paired_ratios(cpu_pipeline):
     q1, q3 = (0.9 + 95 / 105) / 2, (95 / 105 + 1.25) / 2  # inclusive quartiles of three values
     assert p["iqr"] == pytest.approx(q3 - q1)
     assert p["rounds_met"] == 1
-    assert "NOT met" in cpu_pipeline.target_line("entrain", "Entrain", p)
+    assert "NOT met" in cpu_pipeline.target_line("Entrain", p)
     good = cpu_pipeline.paired(rounds([80.0, 85.0, 88.0], [100.0, 100.0, 100.0]), "entrain")
-    line = cpu_pipeline.target_line("entrain", "Entrain", good)
+    line = cpu_pipeline.target_line("Entrain", good)
     assert line.endswith("-> met.") and "min 0.800, max 0.880" in line
+
+
+def test_llm_dominant_targets_are_paired_against_each_baseline(cpu_pipeline):
+    """The text-heavy case decides Entrain <= 1F1B and <= DistTrain, each on its own paired ratios."""
+    launches = [
+        {"entrain": {"iter_ms": e}, "1f1b": {"iter_ms": b}, "disttrain": {"iter_ms": d}}
+        for e, b, d in ((100.0, 120.0, 98.0), (90.0, 100.0, 95.0), (110.0, 100.0, 100.0))
+    ]
+    lines = {}
+    for t in cpu_pipeline.CASES["text-heavy"].targets:
+        p = cpu_pipeline.paired(launches, t.row, t.base, t.ratio)
+        lines[t.base] = cpu_pipeline.target_line(t.label, p)
+        assert p["target"] == 1.0 and p["base"] == t.base
+    # vs 1F1B: 0.833, 0.9, 1.1 -> median 0.9, 2 rounds met; vs DistTrain: 1.020, 0.947, 1.1 -> 1.020
+    assert "<= 1.0x 1F1B's" in lines["1f1b"] and "median 0.900" in lines["1f1b"]
+    assert "2/3 rounds" in lines["1f1b"] and lines["1f1b"].endswith("-> met.")
+    assert "<= 1.0x DistTrain's" in lines["disttrain"] and "median 1.020" in lines["disttrain"]
+    assert "1/3 rounds" in lines["disttrain"] and lines["disttrain"].endswith("-> NOT met.")
+
+
+def test_llm_dominant_launches_pass_the_two_resource_assignment(cpu_pipeline, monkeypatch):
+    case = cpu_pipeline.CASES["text-heavy"]
+    calls = []
+    monkeypatch.setattr(cpu_pipeline.subprocess, "run", lambda cmd, **_: calls.append(cmd))
+    order = cpu_pipeline.round_order(random.Random(0), case)
+    cpu_pipeline.launch("out", 3, order, case)
+    assert len(calls) == 1 + len(case.extension_rows)
+    flags = {}
+    for cmd in calls:
+        systems = cmd[cmd.index("--system") + 1]
+        assert cmd[cmd.index("--dataset") + 1] == "text-heavy" and "--encoder-stages" not in cmd
+        flags["entrain" if "," in systems else cmd[cmd.index("--out") + 1]] = cmd[
+            cmd.index("--assignment") + 1
+        ]
+    assert flags == {"entrain": "two-resource", "out/entrain-auto": "auto", "out/entrain-paper": "paper"}
+    assert sorted(next(i for i in order if "+" in i).split("+")) == sorted(cpu_pipeline.SYSTEMS)
+
+
+def test_llm_dominant_data_is_llm_bound_and_varies(cpu_pipeline):
+    """The text-heavy case's data (as train draws it) puts most work on the LLM, varying per sample."""
+    import numpy as np
+
+    from entrain.core.presets import build_cost_model
+    from entrain.core.samples import pixel_limits
+    from entrain.data.workload_io import load_workload
+
+    cfg = cpu_pipeline.LLM_CONFIG
+    cost = build_cost_model(cfg["model"], "cpu-tiny")
+    vision = pixel_limits(None, cfg["max_pixels"])
+    batches = load_workload(
+        cfg["dataset"], cost, global_batch=cfg["global_batch"], iterations=4, seed=0, vision=vision
+    )
+    works = [w for batch in batches for w in batch]
+    llm, enc = np.array([w.llm for w in works]), np.array([w.encoder for w in works])
+    assert llm.sum() > 3 * enc.sum() and llm.std() / llm.mean() > 0.5
+
+
+def test_assignment_counts_come_from_the_plan(cpu_pipeline):
+    chosen = {"assignment": "auto", "assignment_chosen": [["two-resource"], ["paper"], ["two-resource"]]}
+    assert cpu_pipeline.assignment_counts(chosen) == {"paper": 1, "two-resource": 2}
+    assert cpu_pipeline.assignment_counts({"assignment": "paper"}) == {"paper": 1}
+    assert cpu_pipeline.assignment_counts({}) == {}
 
 
 def test_launch_order_is_drawn_per_round_from_the_seed(cpu_pipeline):

@@ -83,6 +83,26 @@ def test_packed_logits_equal_alone(tiny):
     torch.testing.assert_close(packed, torch.cat(alone), rtol=0, atol=1e-5)
 
 
+def test_embedding_only_stage_runs_split_backward(tiny):
+    """An LLM stage of the embedding alone (the boundary rank of a shared layout, issue 10 req. 7) runs
+    split backward: torch's ``stage_backward_input`` detaches the stage output in place, which a view
+    refuses."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    _, model, r = tiny
+    ids = ["a", "c"]
+    enc = r.encoder_input(ids)
+    feats = model.vision(enc.patches, enc.grid_thw).pooler_output.detach().requires_grad_()
+    stage = build_stage(model, "llm", 0, 1)
+    batch = r.llm_batch(ids, 1.0)
+    out = stage(feats, batch)
+    ref = model.llm.model.embed_tokens(batch.input_ids).index_put((batch.image_positions,), feats)
+    torch.testing.assert_close(out[0], ref, rtol=0, atol=0)
+    params = [p for _, p in stage.owned_parameters()]
+    stage_backward_input([out], [torch.ones_like(out)], [feats], iter(params))
+    torch.testing.assert_close(feats.grad, torch.ones_like(feats))
+
+
 def test_rendered_sample_layout(tiny):
     cfg, _, r = tiny
     s = r.sample("b")

@@ -116,6 +116,27 @@ def test_weights_folder_round_trip(tmp_path):
         build_vlm(cfg, weights_dir=str(tmp_path / "missing"))
 
 
+def test_an_action_error_names_the_error_a_torch_message_wraps():
+    """torch's split backward raises a message that starts with a blank line, from the real error:
+    the one line names both (it named neither: 'failed: RuntimeError: ')."""
+    from entrain.core.plan import Action, ActionKind
+    from entrain.runtime.executor import ExecutionError
+
+    try:
+        try:
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.\nmore")
+        except RuntimeError as inner:
+            raise RuntimeError(
+                "\n        Failed to run stage backward input:\n        Stage output: [...]"
+            ) from inner
+    except RuntimeError as e:
+        message = str(ExecutionError(0, Action(1, ActionKind("I"), 0), None, e))
+    assert message == (
+        "rank 0: action 1I0 (stage 1, microbatch 0, sub 0) failed: RuntimeError: Failed to run stage "
+        "backward input: <- RuntimeError: Can't detach views in-place. Use detach() instead."
+    )
+
+
 def _stalled_peer(env, plan):
     import time
 

@@ -1,18 +1,22 @@
 """Entrain's extensions run exactly: a ramped Plan (first and last microbatches cut into
 sub-microbatches), boundary-sharing layouts (one rank holds the last encoder stage and the first
 LLM stage), split weight gradients (every backward as ``I`` then ``W``, on every stage kind:
-first encoder stage, a stage that feeds a local one, the LLM's last) and the two-resource
-assignment (microbatches other than the paper's) give the single-process reference gradients
+first encoder stage, a stage that feeds a local one, the LLM's last), the two-resource
+assignment (microbatches other than the paper's) and the memory split (encoder microbatches cut into
+more sub-microbatches so a fully recomputing encoder stays within a small budget) give the single-process reference gradients
 before and after clipping and its grad norm (fp32, < 1e-5 relative per tensor), with deferrals and
 clipping on. One forked 2-rank gloo group runs every case."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from entrain.core.plan import ComponentLayout, Layout, Plan, StageSpec
 from entrain.core.presets import build_cost_model
+from entrain.core.schedules.costs import PlanCosts
 from entrain.core.validate import validate_plan
 from entrain.models.config import get_model_config
 from entrain.models.vlm import build_vlm
@@ -43,6 +47,21 @@ LAYOUTS = {
     # rank 0: patch_embed, blocks.0; rank 1: blocks.1, merger + the whole LLM
     "shared-rank1": _shared_layout([("encoder", 0, 2, 0), ("encoder", 2, 4, 1), ("llm", 0, 6, 1)], 2, 1),
 }
+# the disjoint 1+1 layout with full recomputation on the encoder: each sub's backward re-runs its blocks
+FULL_RECOMPUTE_ENCODER = replace(
+    _shared_layout([("encoder", 0, 4, 0), ("llm", 0, 6, 1)], 1, 1),
+    stages=(
+        StageSpec(0, "encoder", 0, 4, 0, recompute="full"),
+        StageSpec(1, "llm", 0, 6, 1),
+    ),
+)
+LAYOUTS["full-recompute-encoder"] = FULL_RECOMPUTE_ENCODER
+# a budget of the encoder rank's model state + 200 kB: one sample's recomputation transient fits, two
+# samples' do not, so Entrain's memory split cuts the two-sample encoder microbatches into singles
+_ENCODER_STATE = PlanCosts(
+    FULL_RECOMPUTE_ENCODER, build_cost_model("tiny", "cpu-tiny"), {}
+).model_state_bytes(0)
+MEMORY_SPLIT = {"memory_budget_bytes": _ENCODER_STATE + 2e5}
 # (name, layout or None for the disjoint 1+1 runtime layout, schedule options)
 CASES = [
     ("ramp-1+1", None, {"ramp_microbatches": 1}),
@@ -54,6 +73,8 @@ CASES = [
     ("split-shared-rank0", "shared-rank0", {"split_weight_grads": True}),
     ("split-shared-rank1-ramp", "shared-rank1", {"ramp_microbatches": 1, "split_weight_grads": True}),
     ("two-resource-1+1", None, {"assignment": "two-resource"}),
+    ("memory-split-1+1", "full-recompute-encoder", MEMORY_SPLIT),
+    ("memory-split-1+1-split-wg", "full-recompute-encoder", {**MEMORY_SPLIT, "split_weight_grads": True}),
 ]
 
 
@@ -110,11 +131,15 @@ def test_ramped_and_boundary_sharing_plans_give_reference_gradients(reference, t
             assert any(deferred & set(sub) for sub in mbs[-1].llm_subs), name
             assert all(len(m.llm_subs) == 1 for m in mbs[1:-1]), name
             assert set(mbs[0].encoder_subs[-1]) <= deferred, name
+        if "memory_budget_bytes" in options:  # encoder microbatches cut beyond Entrain's own subs
+            assert plan.options["memory_split"]["cuts"][0][0], name
+            whole = _plan(layout_name, {**options, "memory_split": False}).iterations[0].microbatches[0]
+            assert sum(len(m.encoder_subs) for m in mbs) > sum(len(m.encoder_subs) for m in whole), name
         if options.get("assignment") == "two-resource":  # the Plan runs microbatches unlike the paper's
             assert rep != _plan(layout_name, {}).iterations[0].assignment.replicas[0], name
         kinds = {a.kind.value for acts in it.actions.values() for a in acts}
         assert ("B" not in kinds and {"I", "W"} <= kinds) == bool(options.get("split_weight_grads")), name
-        if layout_name is not None:
+        if layout_name in ("shared-rank0", "shared-rank1"):
             e = plan.layout.num_encoder_stages
             assert plan.layout.stages[e - 1].pp_rank == plan.layout.stages[e].pp_rank, name
         cases.append((name, plan))

@@ -99,3 +99,23 @@ def test_assignment_reaches_entrains_plans_and_is_recorded(tmp_path):
     assert set(auto.options["assignment_chosen"][0]) <= {"paper", "two-resource"}
     assert "assignment_chosen" not in plan(["--paper-entrain"], "entrain").options
     assert "assignment" not in plan([], "1f1b").options  # baselines untouched
+
+
+def test_train_plans_under_the_pixel_limits_as_simulate_does(tmp_path):
+    """``--max-pixels`` reaches train's planner draws (issue 10 req. 7: on text-heavy data with small
+    images train planned for full-size ones and left Entrain's boundary rank only the LLM embedding)."""
+    from entrain.cli.simulate import simulate_systems
+
+    common = ["--model", "tiny", "--dataset", "text-heavy", "--max-pixels", str(224 * 224), "--global-batch", "24",
+              "--microbatch-size", "4"]  # fmt: skip
+    spec = _spec(build_parser().parse_args(["train", *common, "--steps", "1", "--out", str(tmp_path),
+                                            "--system", "entrain"]))  # fmt: skip
+    cost = resolve_cost(spec)
+    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 2)["entrain"].layout
+    sim_args = build_parser().parse_args(
+        ["simulate", *common, "--gpus", "2", "--iterations", "1", "--systems", "entrain"]
+    )
+    runs, _ = simulate_systems(sim_args, ["entrain"])
+    assert planned == runs["entrain"].layout
+    llm_on_rank0 = [(s.first_layer, s.end_layer) for s in planned.stages_of(0) if s.component == "llm"]
+    assert llm_on_rank0 == [(0, 2)]  # the embedding and the first decoder layer

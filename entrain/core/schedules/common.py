@@ -80,6 +80,14 @@ class ScheduleOptions:
     replica and iteration, whichever has the lower predicted makespan (with the ramp candidates;
     ties: the paper's), recorded in ``Plan.options["assignment_chosen"][iteration][replica]``."""
 
+    memory_split: bool = True
+    """Entrain (ours, not the paper's): cut an encoder (sub-)microbatch whose recomputing backward
+    would overflow its rank into sub-microbatches that fit (``memory_split``); only where needed, the
+    cuts recorded in ``Plan.options["memory_split"]``."""
+    memory_budget_bytes: float | None = None
+    """Per-rank memory (model state + held activations + recomputation transient) Entrain's memory
+    split keeps within (None: the device memory)."""
+
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:
             raise ConfigError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {self.assignment!r}")

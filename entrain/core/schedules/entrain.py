@@ -34,6 +34,10 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   microbatch k, then the LLM forward of k (fed locally, deferred samples included); backward slot k
   = the LLM backward of k, then the encoder backwards whose gradients it completes. Warm-up and
   eager forward are per rank; deferral is unchanged.
+* Memory split (``ScheduleOptions.memory_split``, ``memory_split.split_to_fit``): an encoder sub
+  whose recomputing backward would take its rank over the memory budget (device memory by default)
+  is cut into sub-microbatches that fit, run back to back in its place (a deferred sub's pieces stay
+  deferred); only where needed, priced as extra calls, recorded in ``Plan.options["memory_split"]``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from entrain.core.schedules.common import (
 )
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.memory_split import rank_rooms, split_to_fit
 from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.work import SampleWork
 
@@ -216,21 +221,29 @@ def generate(
     if opts.assignment != "paper":
         plan_options["assignment"] = opts.assignment
     order = _compute_order(costs, opts.eager_budget_factor, eager, opts.split_weight_grads)
+    rooms = _memory_rooms(opts, cost, costs)
     chosen: list[list[int]] = []
     chosen_assignment: list[str] = []
+    cuts: list[list[list[int]]] = []
 
     def replica(rep):
         best = None
         for name, assigned in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches):
             for ramp, pieces in _ramp_candidates(opts, layout, assigned):
-                mbs = entrain_specs(assigned, samples, ramp, pieces)
-                graph = ReplicaGraph(layout, mbs)
+                graph = ReplicaGraph(layout, entrain_specs(assigned, samples, ramp, pieces))
                 compute = order(graph)
+                cut: list[list[int]] = []
+                if rooms is not None:
+                    mbs, cut = split_to_fit(graph, costs, compute, rooms)
+                    if cut:
+                        graph = ReplicaGraph(layout, mbs)
+                        compute = order(graph)
                 t = predicted_makespan_ms(graph, costs, compute) if auto else 0.0
                 if best is None or t < best[0]:
-                    best = (t, [ramp, pieces], mbs, compute, name, assigned)
+                    best = (t, [ramp, pieces], graph.microbatches, compute, name, assigned, cut)
         chosen.append(best[1])
         chosen_assignment.append(best[4])
+        cuts.append(best[6])
         return best[2], best[3], best[5]
 
     plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options)
@@ -239,4 +252,16 @@ def generate(
         plan.options["ramp_chosen"] = [chosen[s] for s in per_iteration]
     if opts.assignment != "paper":
         plan.options["assignment_chosen"] = [chosen_assignment[s] for s in per_iteration]
+    if any(cuts):
+        plan.options["memory_split"] = {"room_bytes": rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan
+
+
+def _memory_rooms(
+    opts: ScheduleOptions, cost: CostModel | None, costs: PlanCosts | None
+) -> list[float] | None:
+    """Per pipeline rank, the activation bytes the memory split keeps within (None: no split)."""
+    if not opts.memory_split or costs is None:
+        return None
+    budget = opts.memory_budget_bytes
+    return rank_rooms(costs, cost.hardware.device_memory_bytes if budget is None else budget)

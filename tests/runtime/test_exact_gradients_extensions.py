@@ -2,10 +2,10 @@
 sub-microbatches), boundary-sharing layouts (one rank holds the last encoder stage and the first
 LLM stage), split weight gradients (every backward as ``I`` then ``W``, on every stage kind:
 first encoder stage, a stage that feeds a local one, the LLM's last), the two-resource
-assignment (microbatches other than the paper's) and the memory split (encoder microbatches cut into
-more sub-microbatches so a fully recomputing encoder stays within a small budget) give the single-process reference gradients
-before and after clipping and its grad norm (fp32, < 1e-5 relative per tensor), with deferrals and
-clipping on. One forked 2-rank gloo group runs every case."""
+assignment (microbatches other than the paper's) and the memory split (encoder microbatches cut
+into more sub-microbatches so a fully recomputing encoder stays within a small budget) give the
+single-process reference gradients before and after clipping and its grad norm (fp32, < 1e-5
+relative per tensor), with deferrals and clipping on. One forked 2-rank gloo group runs every case."""
 
 from __future__ import annotations
 

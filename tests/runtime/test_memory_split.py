@@ -11,9 +11,6 @@ from dataclasses import replace
 import torch
 
 from entrain.core.presets import build_cost_model
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
-from entrain.core.schedules.memory_split import backward_rooms
 from entrain.models.config import get_model_config
 from entrain.models.vlm import build_vlm
 from entrain.runtime.data import SampleRenderer
@@ -21,7 +18,7 @@ from entrain.runtime.planning import make_plan
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 from entrain.sim.executor import simulate_plan
 
-from .cases import SEED, plan_for, works
+from .cases import SEED, one_sample_budget_bytes, plan_for, works
 from .harness import PeakTensorMemory, relative_errors, run_workers
 from .test_recompute import _metas
 
@@ -37,13 +34,7 @@ def _plans():
     )
     layout = replace(base.layout, stages=stages)
     whole = make_plan("entrain", layout, [batch], cost, {"memory_split": False})
-    # budget: model state + the most the encoder rank holds at a backward + one sample's transient
-    costs = PlanCosts(layout, cost, whole.samples)
-    graph = ReplicaGraph(layout, whole.iterations[0].microbatches[0])
-    compute = {r: [a for a in acts if a.kind.is_compute] for r, acts in whole.iterations[0].actions.items()}
-    held = max(-room for room in backward_rooms(graph, costs, compute, [0.0, 0.0]).values())
-    single = max(costs.recompute_transient_bytes(0, (s,)) for s in whole.samples)
-    budget = costs.model_state_bytes(0) + held + single
+    budget = one_sample_budget_bytes(whole)
     cut = make_plan("entrain", layout, [batch], cost, {"memory_budget_bytes": budget})
     return {"whole": whole, "cut": cut}, cost
 

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from entrain.core.presets import build_cost_model
-from entrain.models.config import get_model_config
-from entrain.models.vlm import build_vlm
-from entrain.runtime.data import SampleRenderer
 from entrain.runtime.planning import make_plan
-from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 from entrain.sim.executor import simulate_plan
 
-from .cases import SEED, one_sample_budget_bytes, plan_for, works
-from .harness import PeakTensorMemory, relative_errors, run_workers
-from .test_recompute import _metas
+from .cases import one_sample_budget_bytes, plan_for, works
+from .harness import relative_errors, run_workers
+from .test_recompute import _metas, _train
 
 K = 2  # 4 samples per microbatch
 
@@ -37,22 +31,6 @@ def _plans():
     budget = one_sample_budget_bytes(whole)
     cut = make_plan("entrain", layout, [batch], cost, {"memory_budget_bytes": budget})
     return {"whole": whole, "cut": cut}, cost
-
-
-def _train(env, plans):
-    cfg = get_model_config("tiny")
-    metas = {m.id: m for m in _metas()}
-    out = {}
-    for name, plan in plans.items():
-        model = build_vlm(cfg, seed=SEED, dtype=torch.float32)
-        renderer = SampleRenderer(cfg, dict(metas), seed=SEED, dtype=torch.float32)
-        trainer = PipelineTrainer(
-            layout=plan.layout, model=model, env=env, renderer=renderer, optim=OptimConfig(max_grad_norm=None)
-        )
-        with PeakTensorMemory() as tracker:
-            trainer.train_step(plan.iterations[0])
-        out[name] = (trainer.named_grads(), tracker.peak)
-    return out
 
 
 def test_cut_encoder_microbatches_keep_gradients_and_lower_the_encoder_peak(tmp_path):

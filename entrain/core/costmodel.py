@@ -437,14 +437,22 @@ class CostModel:
     ) -> float:
         """Bytes (TP = CP = 1) that exist only while a backward of ``tokens`` tokens re-runs one layer's
         forward: the largest recomputed layer's dropped activations (0 without recomputation)."""
+        coefs = self.recompute_dropped_bytes_per_token(component, first, end, recompute)
+        return max([0.0, *(lin * tokens + sq * tokens_sq for lin, sq in coefs)])
+
+    def recompute_dropped_bytes_per_token(
+        self, component: Component, first: int, end: int, recompute: Recompute
+    ) -> tuple[tuple[float, float], ...]:
+        """Per layer of ``[first, end)``: (bytes per token, per squared unit length) that ``recompute``
+        drops and its backward re-creates (TP = CP = 1); empty for ``none``."""
         if recompute == "none":
-            return 0.0
-        best = 0.0
+            return ()
+        out = []
         for i in range(first, end):
             full = self.kept_bytes_per_token(component, i, i + 1, "none")
             kept = self.kept_bytes_per_token(component, i, i + 1, recompute)
-            best = max(best, (full[0] - kept[0]) * tokens + (full[1] - kept[1]) * tokens_sq)
-        return best
+            out.append((full[0] - kept[0], full[1] - kept[1]))
+        return tuple(out)
 
     def recompute_ms(
         self,

@@ -16,8 +16,9 @@ Indexing conventions (every generator and both executors follow them):
   batcher's index); ``MicrobatchSpec.encoder_index`` maps it back to the assignment.
 * ``sub`` indexes a sub-microbatch: ``MicrobatchSpec.encoder_subs[sub]`` on encoder stages,
   ``llm_subs[sub]`` on LLM stages. Entrain splits an encoder microbatch with deferrals into sub 0
-  (non-deferred samples) and sub 1 (deferred samples, consumed by LLM microbatch ``mb + 1``);
-  DIP cuts both into size-capped subs. ``sub=None`` in an action means the whole microbatch
+  (non-deferred samples) and sub 1 (deferred samples, consumed by LLM microbatch ``mb + 1``), and
+  cuts either into more subs where needed (its ramp; its memory split, ``Plan.options["memory_split"]``;
+  deferred subs stay last); DIP cuts both into size-capped subs. ``sub=None`` in an action means the whole microbatch
   (sub 0 of a one-sub microbatch).
 * Communication actions follow torch.distributed.pipelining's names: ``sSEND_Fm`` = stage s
   sends its forward output of (m, sub) to stage s+1; ``sRECV_Fm`` = stage s receives its forward

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import random
 
+from entrain.core.plan import Plan
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
+from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.memory_split import backward_rooms
 from entrain.core.setups import ConfigRequest, fixed_stage_setup
 from entrain.core.work import SampleWork
 from entrain.runtime.planning import make_plan
@@ -56,3 +60,21 @@ def plan_for(
                         entrain_split=False)  # fmt: skip
     setup = fixed_stage_setup(system, req, cost, [w.meta for w in batch], encoder_stages, llm_stages)
     return make_plan(system, setup.layout, [batch], cost, options)
+
+
+def one_sample_budget_bytes(plan: Plan) -> float:
+    """The smallest memory budget at which every single sample's recomputation transient fits on an
+    uncut ``plan`` of the tiny model with one encoder stage (rank 0): its model state + the largest,
+    over encoder backwards, of what the rank holds when the backward starts + the sub's largest
+    one-sample transient. Entrain's memory split then cuts the sub(s) where that is reached."""
+    costs = PlanCosts(plan.layout, build_cost_model("tiny", "cpu-tiny"), plan.samples)
+    it = plan.iterations[0]
+    graph = ReplicaGraph(plan.layout, it.microbatches[0])
+    compute = {r: [a for a in acts if a.kind.is_compute] for r, acts in it.actions.items()}
+    rooms = backward_rooms(graph, costs, compute, [0.0] * len(compute))
+    need = max(
+        -room + max(costs.recompute_transient_bytes(s, (sid,)) for sid in graph.ids(s, m, u))
+        for (s, m, u), room in rooms.items()
+        if graph.ids(s, m, u)
+    )
+    return costs.model_state_bytes(0) + need

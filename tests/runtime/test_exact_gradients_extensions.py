@@ -2,10 +2,10 @@
 sub-microbatches), boundary-sharing layouts (one rank holds the last encoder stage and the first
 LLM stage), split weight gradients (every backward as ``I`` then ``W``, on every stage kind:
 first encoder stage, a stage that feeds a local one, the LLM's last), the two-resource
-assignment (microbatches other than the paper's) and the memory split (encoder microbatches cut into
-more sub-microbatches so a fully recomputing encoder stays within a small budget) give the single-process reference gradients
-before and after clipping and its grad norm (fp32, < 1e-5 relative per tensor), with deferrals and
-clipping on. One forked 2-rank gloo group runs every case."""
+assignment (microbatches other than the paper's) and the memory split (encoder microbatches cut
+into more sub-microbatches so a fully recomputing encoder stays within a small budget) give the
+single-process reference gradients before and after clipping and its grad norm (fp32, < 1e-5
+relative per tensor), with deferrals and clipping on. One forked 2-rank gloo group runs every case."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import torch
 
 from entrain.core.plan import ComponentLayout, Layout, Plan, StageSpec
 from entrain.core.presets import build_cost_model
-from entrain.core.schedules.costs import PlanCosts
 from entrain.core.validate import validate_plan
 from entrain.models.config import get_model_config
 from entrain.models.vlm import build_vlm
@@ -24,7 +23,7 @@ from entrain.runtime.data import SampleRenderer
 from entrain.runtime.planning import make_plan
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
-from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, works
+from .cases import MAX_GRAD_NORM, SEED, batch_metas, one_sample_budget_bytes, plan_for, works
 from .harness import assert_matches_reference, reference_step, run_workers, train_step_before_clip
 
 K = 4
@@ -56,12 +55,19 @@ FULL_RECOMPUTE_ENCODER = replace(
     ),
 )
 LAYOUTS["full-recompute-encoder"] = FULL_RECOMPUTE_ENCODER
-# a budget of the encoder rank's model state + 200 kB: one sample's recomputation transient fits, two
-# samples' do not, so Entrain's memory split cuts the two-sample encoder microbatches into singles
-_ENCODER_STATE = PlanCosts(
-    FULL_RECOMPUTE_ENCODER, build_cost_model("tiny", "cpu-tiny"), {}
-).model_state_bytes(0)
-MEMORY_SPLIT = {"memory_budget_bytes": _ENCODER_STATE + 2e5}
+# a budget where one sample's recomputation transient fits on the encoder rank but a two-sample
+# microbatch's does not: Entrain's memory split cuts those microbatches into singles
+MEMORY_SPLIT = {
+    "memory_budget_bytes": one_sample_budget_bytes(
+        make_plan(
+            "entrain",
+            FULL_RECOMPUTE_ENCODER,
+            [works(batch_metas())],
+            build_cost_model("tiny", "cpu-tiny"),
+            {"memory_split": False},
+        )
+    )
+}
 # (name, layout or None for the disjoint 1+1 runtime layout, schedule options)
 CASES = [
     ("ramp-1+1", None, {"ramp_microbatches": 1}),

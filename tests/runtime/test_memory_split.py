@@ -8,22 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from entrain.core.presets import build_cost_model
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
-from entrain.core.schedules.memory_split import backward_rooms
-from entrain.models.config import get_model_config
-from entrain.models.vlm import build_vlm
-from entrain.runtime.data import SampleRenderer
 from entrain.runtime.planning import make_plan
-from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 from entrain.sim.executor import simulate_plan
 
-from .cases import SEED, plan_for, works
-from .harness import PeakTensorMemory, relative_errors, run_workers
-from .test_recompute import _metas
+from .cases import one_sample_budget_bytes, plan_for, works
+from .harness import relative_errors, run_workers
+from .test_recompute import _metas, _train
 
 K = 2  # 4 samples per microbatch
 
@@ -37,31 +28,9 @@ def _plans():
     )
     layout = replace(base.layout, stages=stages)
     whole = make_plan("entrain", layout, [batch], cost, {"memory_split": False})
-    # budget: model state + the most the encoder rank holds at a backward + one sample's transient
-    costs = PlanCosts(layout, cost, whole.samples)
-    graph = ReplicaGraph(layout, whole.iterations[0].microbatches[0])
-    compute = {r: [a for a in acts if a.kind.is_compute] for r, acts in whole.iterations[0].actions.items()}
-    held = max(-room for room in backward_rooms(graph, costs, compute, [0.0, 0.0]).values())
-    single = max(costs.recompute_transient_bytes(0, (s,)) for s in whole.samples)
-    budget = costs.model_state_bytes(0) + held + single
+    budget = one_sample_budget_bytes(whole)
     cut = make_plan("entrain", layout, [batch], cost, {"memory_budget_bytes": budget})
     return {"whole": whole, "cut": cut}, cost
-
-
-def _train(env, plans):
-    cfg = get_model_config("tiny")
-    metas = {m.id: m for m in _metas()}
-    out = {}
-    for name, plan in plans.items():
-        model = build_vlm(cfg, seed=SEED, dtype=torch.float32)
-        renderer = SampleRenderer(cfg, dict(metas), seed=SEED, dtype=torch.float32)
-        trainer = PipelineTrainer(
-            layout=plan.layout, model=model, env=env, renderer=renderer, optim=OptimConfig(max_grad_norm=None)
-        )
-        with PeakTensorMemory() as tracker:
-            trainer.train_step(plan.iterations[0])
-        out[name] = (trainer.named_grads(), tracker.peak)
-    return out
 
 
 def test_cut_encoder_microbatches_keep_gradients_and_lower_the_encoder_peak(tmp_path):

@@ -33,19 +33,21 @@ def _metas() -> list[SampleMeta]:
 
 
 def _train(env, plans):
+    """Per named Plan: (this rank's gradients, its peak tensor bytes in the step, recomputed modules)."""
     cfg = get_model_config("tiny")
     metas = {m.id: m for m in _metas()}
     out = {}
-    for mode, plan in plans.items():
+    for name, plan in plans.items():
         model = build_vlm(cfg, seed=SEED, dtype=torch.float32)
         renderer = SampleRenderer(cfg, dict(metas), seed=SEED, dtype=torch.float32)
         trainer = PipelineTrainer(
             layout=plan.layout, model=model, env=env, renderer=renderer, optim=OptimConfig(max_grad_norm=None)
         )
-        wrapped = sum(len(recomputed_modules(m, mode)) for m in trainer.modules.values())
+        stages = plan.layout.stages
+        wrapped = sum(len(recomputed_modules(m, stages[s].recompute)) for s, m in trainer.modules.items())
         with PeakTensorMemory() as tracker:
             trainer.train_step(plan.iterations[0])
-        out[mode] = (trainer.named_grads(), tracker.peak, wrapped)
+        out[name] = (trainer.named_grads(), tracker.peak, wrapped)
     return out
 
 

@@ -82,8 +82,8 @@ class ScheduleOptions:
 
     memory_split: bool = True
     """Entrain (ours, not the paper's): cut an encoder (sub-)microbatch whose recomputing backward
-    would overflow its rank into sub-microbatches that fit (``memory_split``); only where needed, the
-    cuts recorded in ``Plan.options["memory_split"]``."""
+    would overflow its rank into sub-microbatches that fit (``schedules.memory_split``); only where
+    needed, the cuts recorded in ``Plan.options["memory_split"]``."""
     memory_budget_bytes: float | None = None
     """Per-rank memory (model state + held activations + recomputation transient) Entrain's memory
     split keeps within (None: the device memory)."""

@@ -88,6 +88,8 @@ class PlanCosts:
         self._raw_tokens_per_ms = {c: self._linear_ms_per_token(c) for c in ("encoder", "llm")}
         self._unit_sums: dict[tuple[str, str], tuple[float, float]] = {}
         self._sums_memo: dict[tuple[str, tuple[str, ...]], tuple[float, float]] = {}
+        self._dropped = tuple(self._dropped_bytes(i) for i in range(len(layout.stages)))
+        """Per stage, per layer: bytes per token (and per squared unit) its recomputation re-creates."""
 
     # --- per-stage coefficients --------------------------------------------------------------------
     def _stage_quad(self, stage: int) -> StageQuad:
@@ -122,6 +124,14 @@ class PlanCosts:
             for layer in layers
         )
         return StageQuad(*coef[:6], act, out, grad, state / tp, act_sq, *coef[6:])
+
+    def _dropped_bytes(self, stage: int) -> tuple[tuple[float, float], ...]:
+        spec = self.layout.stages[stage]
+        tp, cp = self._parallel(spec.component)
+        coefs = self.cost.recompute_dropped_bytes_per_token(
+            spec.component, spec.first_layer, spec.end_layer, spec.recompute
+        )
+        return tuple((a / (tp * cp), b / (tp * cp)) for a, b in coefs)
 
     def _input_grad(self, stage: int) -> bool:
         """Whether a stage sends a gradient upstream: its first layer's input needs one."""
@@ -256,14 +266,11 @@ class PlanCosts:
     def recompute_transient_bytes(self, stage: int, ids: Iterable[str]) -> float:
         """Bytes that exist only while a backward of ``ids`` on ``stage`` re-runs a layer's forward
         (``CostModel.recompute_transient_bytes``; 0 without recomputation)."""
-        spec = self.layout.stages[stage]
-        if spec.recompute == "none":
+        coefs = self._dropped[stage]
+        if not coefs:
             return 0.0
-        tp, cp = self._parallel(spec.component)
         sq, lin = self._sums(stage, ids)
-        return self.cost.recompute_transient_bytes(
-            spec.component, spec.first_layer, spec.end_layer, spec.recompute, lin, sq
-        ) / (tp * cp)
+        return max([0.0, *(a * lin + b * sq for a, b in coefs)])
 
     def message_bytes(self, src_stage: int, ids: Iterable[str]) -> float:
         """Bytes of the activations ``src_stage`` sends for ``ids`` (gradients: the same size)."""

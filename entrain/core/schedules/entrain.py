@@ -221,7 +221,7 @@ def generate(
     if opts.assignment != "paper":
         plan_options["assignment"] = opts.assignment
     order = _compute_order(costs, opts.eager_budget_factor, eager, opts.split_weight_grads)
-    rooms = _memory_rooms(opts, cost, costs)
+    rooms = _memory_rooms(opts, costs)
     chosen: list[list[int]] = []
     chosen_assignment: list[str] = []
     cuts: list[list[list[int]]] = []
@@ -257,11 +257,9 @@ def generate(
     return plan
 
 
-def _memory_rooms(
-    opts: ScheduleOptions, cost: CostModel | None, costs: PlanCosts | None
-) -> list[float] | None:
+def _memory_rooms(opts: ScheduleOptions, costs: PlanCosts | None) -> list[float] | None:
     """Per pipeline rank, the activation bytes the memory split keeps within (None: no split)."""
     if not opts.memory_split or costs is None:
         return None
     budget = opts.memory_budget_bytes
-    return rank_rooms(costs, cost.hardware.device_memory_bytes if budget is None else budget)
+    return rank_rooms(costs, costs.cost.hardware.device_memory_bytes if budget is None else budget)

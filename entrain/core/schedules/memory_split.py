@@ -14,7 +14,9 @@ are consumed by the same LLM microbatch ``mb + 1`` (routing is by sample id).
 
 ``split_to_fit`` cuts only subs that overflow, into the fewest contiguous pieces that fit on every
 encoder stage (balanced by ViT patches when a balanced cut of that count fits too). A sample that
-does not fit alone stays a piece of its own: the simulator then reports the overflow. Each extra
+does not fit alone stays a piece of its own: the simulator then reports the overflow. A stage whose
+held activations alone exceed its room is left to the memory check (more recomputation): no cut
+helps there. Each extra
 piece is an extra call, priced by the cost model (per-call constant, ``small_call_factor``).
 """
 
@@ -85,7 +87,8 @@ def split_to_fit(
     for spec in graph.microbatches:
         subs: list[tuple[str, ...]] = []
         for u, ids in enumerate(spec.encoder_subs):
-            avail = [(s, room[(s, spec.mb, u)]) for s in stages if (s, spec.mb, u) in room]
+            # a stage whose held activations alone overflow gains nothing from a cut (recomputation must)
+            avail = [(s, room[(s, spec.mb, u)]) for s in stages if room.get((s, spec.mb, u), -1.0) >= 0.0]
 
             def fits(piece, avail=avail):
                 return all(costs.recompute_transient_bytes(s, piece) <= r for s, r in avail)

@@ -56,10 +56,14 @@ partition of the encoder-then-LLM layers over them instead of 1 encoder + 1 LLM 
 SPLIT = "entrain-split"
 """Entrain, paper layout, every backward as input then weight gradients (our extension)."""
 EXTENSION_ROWS = {
-    SHARED: ("--entrain-layout", "shared"),
-    SPLIT: ("--split-weight-grads", "on"),
+    SHARED: ("--entrain-layout", "shared", "--split-weight-grads", "off"),
+    SPLIT: ("--entrain-layout", "disjoint", "--split-weight-grads", "on"),
 }
-"""Extra Entrain launches: row -> ``entrain train`` flags (each run in its own subfolder)."""
+"""Extra Entrain launches: row -> ``entrain train`` flags (each run in its own subfolder). The layout and
+split flags are explicit: ``train``'s defaults (``--entrain-layout auto``, split weight gradients on)
+would make all three Entrain rows the same shared-layout, split-gradient plan."""
+PAPER_LAYOUT = ("--entrain-layout", "disjoint", "--split-weight-grads", "off")
+"""The ``entrain`` row of ``skewed``: 1 encoder + 1 LLM stage, one backward per microbatch."""
 IN_STAGE_ROWS = {
     "1f1b-dp2": (("--dp", "2"), 4),
     "1f1b-dp2-fsdp": (("--dp", "2", "--fsdp"), 4),
@@ -139,10 +143,12 @@ CASES = {
         ),
         "cpu_pipeline",
         "CPU pipeline benchmark (issue 4, requirement 8)",
-        f"`{SHARED}` = Entrain with its boundary-sharing layout (ours, not the paper's; "
-        f"`entrain train --entrain-layout shared`); `{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every "
-        "backward run as input then weight gradients (ours; `--split-weight-grads on`); the other rows use "
-        "1 encoder + 1 LLM stage.",
+        f"`entrain` = Entrain on 1 encoder + 1 LLM stage (`{' '.join(PAPER_LAYOUT)}`); `{SHARED}` = Entrain "
+        f"with its boundary-sharing layout (ours, not the paper's; `{' '.join(EXTENSION_ROWS[SHARED])}`); "
+        f"`{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every backward run as input then weight gradients "
+        f"(ours; `{' '.join(EXTENSION_ROWS[SPLIT])}`); ramp and assignment at `train`'s defaults (auto); 1F1B "
+        "and DistTrain use 1 encoder + 1 LLM stage.",
+        PAPER_LAYOUT,
     ),
     "text-heavy": Case(
         LLM_CONFIG,

@@ -105,3 +105,16 @@ def test_launch_order_is_drawn_per_round_from_the_seed(cpu_pipeline):
         assert sorted(i for i in order if "+" not in i) == sorted(cpu_pipeline.EXTENSION_ROWS)
     firsts = {next(i for i in o if "+" in i).split("+")[0] for o in many}
     assert firsts == set(cpu_pipeline.SYSTEMS)  # no system always runs first
+
+
+def test_skewed_rows_are_three_different_entrain_plans(cpu_pipeline, monkeypatch):
+    """train's defaults (auto layout, split gradients on) would run one plan in all three Entrain rows."""
+    calls = []
+    monkeypatch.setattr(cpu_pipeline.subprocess, "run", lambda cmd, **_: calls.append(cmd))
+    cpu_pipeline.launch("out", 3, cpu_pipeline.round_order(random.Random(0)))
+    rows = {}
+    for cmd in calls:
+        row = "entrain" if "," in cmd[cmd.index("--system") + 1] else cmd[cmd.index("--out") + 1]
+        rows[row] = (cmd[cmd.index("--entrain-layout") + 1], cmd[cmd.index("--split-weight-grads") + 1])
+    assert rows == {"entrain": ("disjoint", "off"), "out/entrain-shared": ("shared", "off"),
+                    "out/entrain-split": ("disjoint", "on")}  # fmt: skip

@@ -23,11 +23,12 @@ The shared launch trains Entrain with ``--assignment two-resource`` next to 1F1B
 extension launches are Entrain with ``--assignment auto`` and with ``--assignment paper``. Targets:
 Entrain (two-resource) <= 1F1B and <= DistTrain, each on the median of the paired per-round ratios.
 Also printed: the simulator's LLM forward-time std and the assignments each plan recorded. Results go
-to ``benchmarks/results/cpu_pipeline_text_heavy.{md,json}``. Full runs (the CPUs otherwise idle; about
-9 min for ``skewed`` and 9 min for ``text-heavy`` on an idle 2-core machine, 5 rounds each):
+to ``benchmarks/results/cpu_pipeline_text_heavy.{md,json}``. Full runs, the CPUs otherwise idle (about 7
+min each on an idle 2-core machine, estimated from the smoke runs' CPU time: 1 round x 2 steps took
+84-131 s wall and 75 s CPU on the shared, loaded machine):
 
-    cd benchmarks && python cpu_pipeline.py --launches 5 --steps 7
-    cd benchmarks && python cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
+    python benchmarks/cpu_pipeline.py --launches 5 --steps 7
+    python benchmarks/cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
 
 ``--in-stage`` (issue 14) instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
 ``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state

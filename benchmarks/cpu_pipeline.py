@@ -253,14 +253,29 @@ def _memory(rows: list[dict]) -> dict:
     }
 
 
+def llm_fwd_std_ms(records: list[dict], num_encoder_stages: int) -> float:
+    """The simulator's ``llm_fwd_std_ms``, measured (one replica): per microbatch, the forward ms summed
+    over the LLM stages (stage index >= ``num_encoder_stages``) and subs; population std across them."""
+    per_mb: dict[int, float] = {}
+    for r in records:
+        if r["stage"] >= num_encoder_stages:
+            per_mb[r["mb"]] = per_mb.get(r["mb"], 0.0) + r["fwd_ms"]
+    return statistics.pstdev(per_mb.values()) if len(per_mb) > 1 else 0.0
+
+
 def measured(out: str, rows_measured=ROWS) -> dict:
     res = {}
     for system in rows_measured:
         with open(os.path.join(_run_dir(out, system), "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f][WARMUP:]
+        with open(os.path.join(_run_dir(out, system), "plan.json")) as f:
+            encoder_stages = sum(s["component"] == "encoder" for s in json.load(f)["layout"]["stages"])
         res[system] = {
             "iter_ms": statistics.median(r["iteration_time_ms"] for r in rows),
             "stage_std_ms": _stage_std(rows),
+            "llm_fwd_std_ms": statistics.median(
+                llm_fwd_std_ms(r["stage_times"], encoder_stages) for r in rows
+            ),
             "cpu_ms_per_rank": [
                 statistics.median(r["cpu_ms"][k] for r in rows) for k in range(len(rows[0]["cpu_ms"]))
             ],
@@ -322,7 +337,10 @@ def report(
 ) -> str:
     rows = case.rows
     med = {
-        s: {k: statistics.median(run[s][k] for run in launches) for k in ("iter_ms", "stage_std_ms")}
+        s: {
+            k: statistics.median(run[s][k] for run in launches)
+            for k in ("iter_ms", "stage_std_ms", "llm_fwd_std_ms")
+        }
         for s in rows
     }
     cpu = {
@@ -338,8 +356,9 @@ def report(
         f"idle check {'passed' if idle[0] else 'NOT passed'} (CPU idle {idle[1]:.0%} before the first launch).",
         "",
         "| system | iter ms (median) | / 1F1B (medians) | paired / 1F1B: median | min | max | IQR | "
-        "stage std ms | / 1F1B | CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B | sim LLM fwd std ms | assignment |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "stage std ms | / 1F1B | LLM fwd std ms | sim LLM fwd std ms | CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B | "
+        "assignment |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in rows:
         p = pair[s]
@@ -348,12 +367,15 @@ def report(
             f"| {s} | {med[s]['iter_ms']:.0f} | {med[s]['iter_ms'] / base['iter_ms']:.3f} | {p['median']:.3f} | "
             f"{p['min']:.3f} | {p['max']:.3f} | {p['iqr']:.3f} | "
             f"{med[s]['stage_std_ms']:.1f} | {med[s]['stage_std_ms'] / max(base['stage_std_ms'], 1e-9):.3f} | "
+            f"{med[s]['llm_fwd_std_ms']:.1f} | {sims[s]['llm_fwd_std_ms']:.1f} | "
             f"{cpu[s][0]:.0f} / {cpu[s][1]:.0f} | {sims[s]['iter_ms']:.0f} | "
-            f"{sims[s]['iter_ms'] / sims['1f1b']['iter_ms']:.3f} | {sims[s]['llm_fwd_std_ms']:.1f} | {chosen} |"
+            f"{sims[s]['iter_ms'] / sims['1f1b']['iter_ms']:.3f} | {chosen} |"
         )
     lines += [
         "",
-        "Paired = each round's ratio to the 1F1B of the same round; IQR = its interquartile range.",
+        "Paired = each round's ratio to the 1F1B of the same round; IQR = its interquartile range. LLM fwd std = "
+        "per microbatch the forward ms summed over the LLM stages, std across microbatches (median over steps "
+        "and rounds), as the simulator's.",
         "Per round (launch order; iteration ms): "
         + "; ".join(
             f"[{' then '.join(order)}] " + ", ".join(f"{s} {run[s]['iter_ms']:.0f}" for s in rows)

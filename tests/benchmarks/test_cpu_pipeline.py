@@ -118,3 +118,16 @@ def test_skewed_rows_are_three_different_entrain_plans(cpu_pipeline, monkeypatch
         rows[row] = (cmd[cmd.index("--entrain-layout") + 1], cmd[cmd.index("--split-weight-grads") + 1])
     assert rows == {"entrain": ("disjoint", "off"), "out/entrain-shared": ("shared", "off"),
                     "out/entrain-split": ("disjoint", "on")}  # fmt: skip
+
+
+def test_llm_forward_std_sums_the_llm_stages_per_microbatch(cpu_pipeline):
+    rec = [
+        {"stage": 0, "mb": 0, "fwd_ms": 50.0},  # encoder: left out
+        {"stage": 1, "mb": 0, "fwd_ms": 10.0},
+        {"stage": 2, "mb": 0, "fwd_ms": 20.0},
+        {"stage": 1, "mb": 1, "fwd_ms": 4.0},
+        {"stage": 2, "mb": 1, "fwd_ms": 4.0},
+        {"stage": 2, "mb": 1, "fwd_ms": 2.0},  # a second sub of microbatch 1
+    ]
+    assert cpu_pipeline.llm_fwd_std_ms(rec, 1) == pytest.approx(10.0)  # per microbatch 30 and 10
+    assert cpu_pipeline.llm_fwd_std_ms(rec, 2) == pytest.approx(7.0)  # 20 and 6

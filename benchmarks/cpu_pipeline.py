@@ -23,11 +23,12 @@ The shared launch trains Entrain with ``--assignment two-resource`` next to 1F1B
 extension launches are Entrain with ``--assignment auto`` and with ``--assignment paper``. Targets:
 Entrain (two-resource) <= 1F1B and <= DistTrain, each on the median of the paired per-round ratios.
 Also printed: the simulator's LLM forward-time std and the assignments each plan recorded. Results go
-to ``benchmarks/results/cpu_pipeline_text_heavy.{md,json}``. Full runs (the CPUs otherwise idle; about
-9 min for ``skewed`` and 9 min for ``text-heavy`` on an idle 2-core machine, 5 rounds each):
+to ``benchmarks/results/cpu_pipeline_text_heavy.{md,json}``. Full runs, the CPUs otherwise idle (about 7
+min each on an idle 2-core machine, estimated from the smoke runs' CPU time: 1 round x 2 steps took
+84-131 s wall and 75 s CPU on the shared, loaded machine):
 
-    cd benchmarks && python cpu_pipeline.py --launches 5 --steps 7
-    cd benchmarks && python cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
+    python benchmarks/cpu_pipeline.py --launches 5 --steps 7
+    python benchmarks/cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
 
 ``--in-stage`` (issue 14) instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
 ``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state
@@ -56,10 +57,14 @@ partition of the encoder-then-LLM layers over them instead of 1 encoder + 1 LLM 
 SPLIT = "entrain-split"
 """Entrain, paper layout, every backward as input then weight gradients (our extension)."""
 EXTENSION_ROWS = {
-    SHARED: ("--entrain-layout", "shared"),
-    SPLIT: ("--split-weight-grads", "on"),
+    SHARED: ("--entrain-layout", "shared", "--split-weight-grads", "off"),
+    SPLIT: ("--entrain-layout", "disjoint", "--split-weight-grads", "on"),
 }
-"""Extra Entrain launches: row -> ``entrain train`` flags (each run in its own subfolder)."""
+"""Extra Entrain launches: row -> ``entrain train`` flags (each run in its own subfolder). The layout and
+split flags are explicit: ``train``'s defaults (``--entrain-layout auto``, split weight gradients on)
+would make all three Entrain rows the same shared-layout, split-gradient plan."""
+PAPER_LAYOUT = ("--entrain-layout", "disjoint", "--split-weight-grads", "off")
+"""The ``entrain`` row of ``skewed``: 1 encoder + 1 LLM stage, one backward per microbatch."""
 IN_STAGE_ROWS = {
     "1f1b-dp2": (("--dp", "2"), 4),
     "1f1b-dp2-fsdp": (("--dp", "2", "--fsdp"), 4),
@@ -139,10 +144,12 @@ CASES = {
         ),
         "cpu_pipeline",
         "CPU pipeline benchmark (issue 4, requirement 8)",
-        f"`{SHARED}` = Entrain with its boundary-sharing layout (ours, not the paper's; "
-        f"`entrain train --entrain-layout shared`); `{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every "
-        "backward run as input then weight gradients (ours; `--split-weight-grads on`); the other rows use "
-        "1 encoder + 1 LLM stage.",
+        f"`entrain` = Entrain on 1 encoder + 1 LLM stage (`{' '.join(PAPER_LAYOUT)}`); `{SHARED}` = Entrain "
+        f"with its boundary-sharing layout (ours, not the paper's; `{' '.join(EXTENSION_ROWS[SHARED])}`); "
+        f"`{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every backward run as input then weight gradients "
+        f"(ours; `{' '.join(EXTENSION_ROWS[SPLIT])}`); ramp and assignment at `train`'s defaults (auto); 1F1B "
+        "and DistTrain use 1 encoder + 1 LLM stage.",
+        PAPER_LAYOUT,
     ),
     "text-heavy": Case(
         LLM_CONFIG,
@@ -246,14 +253,29 @@ def _memory(rows: list[dict]) -> dict:
     }
 
 
+def llm_fwd_std_ms(records: list[dict], num_encoder_stages: int) -> float:
+    """The simulator's ``llm_fwd_std_ms``, measured (one replica): per microbatch, the forward ms summed
+    over the LLM stages (stage index >= ``num_encoder_stages``) and subs; population std across them."""
+    per_mb: dict[int, float] = {}
+    for r in records:
+        if r["stage"] >= num_encoder_stages:
+            per_mb[r["mb"]] = per_mb.get(r["mb"], 0.0) + r["fwd_ms"]
+    return statistics.pstdev(per_mb.values()) if len(per_mb) > 1 else 0.0
+
+
 def measured(out: str, rows_measured=ROWS) -> dict:
     res = {}
     for system in rows_measured:
         with open(os.path.join(_run_dir(out, system), "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f][WARMUP:]
+        with open(os.path.join(_run_dir(out, system), "plan.json")) as f:
+            encoder_stages = sum(s["component"] == "encoder" for s in json.load(f)["layout"]["stages"])
         res[system] = {
             "iter_ms": statistics.median(r["iteration_time_ms"] for r in rows),
             "stage_std_ms": _stage_std(rows),
+            "llm_fwd_std_ms": statistics.median(
+                llm_fwd_std_ms(r["stage_times"], encoder_stages) for r in rows
+            ),
             "cpu_ms_per_rank": [
                 statistics.median(r["cpu_ms"][k] for r in rows) for k in range(len(rows[0]["cpu_ms"]))
             ],
@@ -315,7 +337,10 @@ def report(
 ) -> str:
     rows = case.rows
     med = {
-        s: {k: statistics.median(run[s][k] for run in launches) for k in ("iter_ms", "stage_std_ms")}
+        s: {
+            k: statistics.median(run[s][k] for run in launches)
+            for k in ("iter_ms", "stage_std_ms", "llm_fwd_std_ms")
+        }
         for s in rows
     }
     cpu = {
@@ -331,8 +356,9 @@ def report(
         f"idle check {'passed' if idle[0] else 'NOT passed'} (CPU idle {idle[1]:.0%} before the first launch).",
         "",
         "| system | iter ms (median) | / 1F1B (medians) | paired / 1F1B: median | min | max | IQR | "
-        "stage std ms | / 1F1B | CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B | sim LLM fwd std ms | assignment |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "stage std ms | / 1F1B | LLM fwd std ms | sim LLM fwd std ms | CPU ms rank 0 / 1 | sim iter ms | sim / 1F1B | "
+        "assignment |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in rows:
         p = pair[s]
@@ -341,12 +367,15 @@ def report(
             f"| {s} | {med[s]['iter_ms']:.0f} | {med[s]['iter_ms'] / base['iter_ms']:.3f} | {p['median']:.3f} | "
             f"{p['min']:.3f} | {p['max']:.3f} | {p['iqr']:.3f} | "
             f"{med[s]['stage_std_ms']:.1f} | {med[s]['stage_std_ms'] / max(base['stage_std_ms'], 1e-9):.3f} | "
+            f"{med[s]['llm_fwd_std_ms']:.1f} | {sims[s]['llm_fwd_std_ms']:.1f} | "
             f"{cpu[s][0]:.0f} / {cpu[s][1]:.0f} | {sims[s]['iter_ms']:.0f} | "
-            f"{sims[s]['iter_ms'] / sims['1f1b']['iter_ms']:.3f} | {sims[s]['llm_fwd_std_ms']:.1f} | {chosen} |"
+            f"{sims[s]['iter_ms'] / sims['1f1b']['iter_ms']:.3f} | {chosen} |"
         )
     lines += [
         "",
-        "Paired = each round's ratio to the 1F1B of the same round; IQR = its interquartile range.",
+        "Paired = each round's ratio to the 1F1B of the same round; IQR = its interquartile range. LLM fwd std = "
+        "per microbatch the forward ms summed over the LLM stages, std across microbatches (median over steps "
+        "and rounds), as the simulator's.",
         "Per round (launch order; iteration ms): "
         + "; ".join(
             f"[{' then '.join(order)}] " + ", ".join(f"{s} {run[s]['iter_ms']:.0f}" for s in rows)

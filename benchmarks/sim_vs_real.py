@@ -28,10 +28,12 @@ documented in docs/profiling.md.
 144 samples, images capped at ``--max-pixels`` 224 x 224 on every step, global batch 24, microbatch
 size 4), with Entrain planned by ``--assignment two-resource``; same error targets. Results:
 ``benchmarks/results/sim_vs_real_text_heavy.{md,json}`` and ``sim_vs_real_text_heavy.profile.json``.
-Full runs (the CPUs otherwise idle; DURATION):
+Full runs, the CPUs otherwise idle (about 3-4 min each on an idle 2-core machine, plus about 30 s per
+repeated launch; estimated from the smoke runs: 1 launch x 2 steps took 130 s wall, 70 s CPU, on the
+shared, loaded machine):
 
-    cd benchmarks && python sim_vs_real.py
-    cd benchmarks && python sim_vs_real.py --dataset text-heavy
+    python benchmarks/sim_vs_real.py
+    python benchmarks/sim_vs_real.py --dataset text-heavy
 """
 
 from __future__ import annotations

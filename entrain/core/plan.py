@@ -32,6 +32,7 @@ Indexing conventions (every generator and both executors follow them):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -323,17 +324,23 @@ class Plan:
 
 
 def _sample_to_json(w: SampleWork) -> dict:
+    from entrain.core.samples import DEFAULT_VISION
+
     d = {"id": w.id, "encoder": w.encoder, "llm": w.llm}
     if w.meta is not None:
         d["meta"] = w.meta.to_json()
+        if w.meta.vision != DEFAULT_VISION:  # --min-pixels / --max-pixels: what its tokens are counted under
+            d["meta"]["vision"] = dataclasses.asdict(w.meta.vision)
     return d
 
 
 def _sample_from_json(d: dict) -> SampleWork:
-    from entrain.core.samples import SampleMeta
+    from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 
     meta = None
     if "meta" in d:
         m = d["meta"]
-        meta = SampleMeta(m["id"], tuple((int(h), int(w)) for h, w in m["images"]), int(m["text_tokens"]))
+        vision = VisionTokenConfig(**m["vision"]) if "vision" in m else DEFAULT_VISION
+        images = tuple((int(h), int(w)) for h, w in m["images"])
+        meta = SampleMeta(m["id"], images, int(m["text_tokens"]), vision)
     return SampleWork(d["id"], float(d["encoder"]), float(d["llm"]), meta)

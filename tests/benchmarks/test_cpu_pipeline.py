@@ -105,3 +105,29 @@ def test_launch_order_is_drawn_per_round_from_the_seed(cpu_pipeline):
         assert sorted(i for i in order if "+" not in i) == sorted(cpu_pipeline.EXTENSION_ROWS)
     firsts = {next(i for i in o if "+" in i).split("+")[0] for o in many}
     assert firsts == set(cpu_pipeline.SYSTEMS)  # no system always runs first
+
+
+def test_skewed_rows_are_three_different_entrain_plans(cpu_pipeline, monkeypatch):
+    """train's defaults (auto layout, split gradients on) would run one plan in all three Entrain rows."""
+    calls = []
+    monkeypatch.setattr(cpu_pipeline.subprocess, "run", lambda cmd, **_: calls.append(cmd))
+    cpu_pipeline.launch("out", 3, cpu_pipeline.round_order(random.Random(0)))
+    rows = {}
+    for cmd in calls:
+        row = "entrain" if "," in cmd[cmd.index("--system") + 1] else cmd[cmd.index("--out") + 1]
+        rows[row] = (cmd[cmd.index("--entrain-layout") + 1], cmd[cmd.index("--split-weight-grads") + 1])
+    assert rows == {"entrain": ("disjoint", "off"), "out/entrain-shared": ("shared", "off"),
+                    "out/entrain-split": ("disjoint", "on")}  # fmt: skip
+
+
+def test_llm_forward_std_sums_the_llm_stages_per_microbatch(cpu_pipeline):
+    rec = [
+        {"stage": 0, "mb": 0, "fwd_ms": 50.0},  # encoder: left out
+        {"stage": 1, "mb": 0, "fwd_ms": 10.0},
+        {"stage": 2, "mb": 0, "fwd_ms": 20.0},
+        {"stage": 1, "mb": 1, "fwd_ms": 4.0},
+        {"stage": 2, "mb": 1, "fwd_ms": 4.0},
+        {"stage": 2, "mb": 1, "fwd_ms": 2.0},  # a second sub of microbatch 1
+    ]
+    assert cpu_pipeline.llm_fwd_std_ms(rec, 1) == pytest.approx(10.0)  # per microbatch 30 and 10
+    assert cpu_pipeline.llm_fwd_std_ms(rec, 2) == pytest.approx(7.0)  # 20 and 6

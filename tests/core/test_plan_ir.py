@@ -83,3 +83,23 @@ def test_replica_assignment_checks_shape():
         ReplicaAssignment(1, (("a",),), (("a",),), (1,))
     with pytest.raises(ValueError, match="k_eff"):
         ReplicaAssignment(2, (("a",),), (("a",),), (0,))
+
+
+def test_plan_json_keeps_the_pixel_limits_samples_were_counted_under():
+    """A plan of ``--max-pixels`` samples prices the same images after plan.json (issue 10 req. 7: the
+    simulator re-read them at the default limits and priced a 640 x 480 photo as 1.5K patches, not 256)."""
+    from entrain.core.samples import pixel_limits
+
+    vision = pixel_limits(None, 224 * 224)
+    plan = _tiny_plan()
+    small = SampleMeta("d", ((480, 640),), 12, vision)
+    plan.samples["d"] = SampleWork("d", 1.0, 1.0, small)
+    again = Plan.loads(plan.dumps()).samples
+    assert (
+        again["d"].meta.vit_patches
+        == small.vit_patches
+        <= 256
+        < SampleMeta("d", ((480, 640),), 12).vit_patches
+    )
+    assert again["d"].meta.vision == vision and again["a"].meta.vision == plan.samples["a"].meta.vision
+    assert "vision" not in plan.to_json()["samples"][0]["meta"]  # default limits: the file is unchanged

@@ -101,6 +101,18 @@ def test_per_call_constant_is_paid_per_sub_microbatch():
     assert run.fwd_ms[(0, 1, 0)] == pytest.approx(2.0 + 1.0)
 
 
+def test_text_only_encoder_call_costs_nothing():
+    """The runtime skips the encoder for a (sub-)microbatch without images: no per-call constant
+    (issue 10 req. 7: text-heavy data, measured ~0.1 ms where the simulator charged the constants)."""
+    cost = toy_cost(enc_layers=1, llm_layers=1, call_ms=1.0)
+    costs = PlanCosts(disjoint_layout(1, 1, k=1, enc_layers=1, llm_layers=1), cost,
+                      raw_samples({"t": (0.0, 3.0), "i": (3.0, 3.0)}))  # fmt: skip
+    for kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W):
+        assert costs.compute_ms(0, kind, ["t"]) == 0.0
+    assert costs.compute_ms(0, ActionKind.F, ["t", "i"]) == pytest.approx(1.0 + 1.0)  # one call, one constant
+    assert costs.compute_ms(1, ActionKind.F, ["t"]) == pytest.approx(1.0 + 1.0)  # the LLM still runs
+
+
 def test_entrain_split_backward_runs_deferred_sub_after_partner_llm_backward():
     cost = toy_cost(enc_layers=2, llm_layers=2)
     layout = disjoint_layout(1, 1, k=2, enc_layers=2, llm_layers=2)

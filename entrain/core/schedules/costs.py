@@ -5,7 +5,8 @@ by the simulator, so every executor of a Plan prices an action the same way.
 
 * A stage's time for a (sub-)microbatch = the sum over its layers of ``a*x^2 + b*x`` per sequence
   unit (an image's ViT patches on the encoder, a sample's tokens on the LLM) plus each layer's
-  per-call constant ``c`` once (one call per (sub-)microbatch), at the component's TP/CP degree.
+  per-call constant ``c`` once (one call per (sub-)microbatch), at the component's TP/CP degree. An
+  encoder (sub-)microbatch of text-only samples costs nothing: the runtime makes no call.
 * A stage with a layer priced by a measured piecewise-linear ``table`` (``Quadratic.table``, from
   ``entrain profile``) is not a quadratic: its (sub-)microbatch time is the exact
   ``CostModel.stage_ms`` over the samples' units, summed per sample (memoised) plus the per-call
@@ -249,7 +250,10 @@ class PlanCosts:
         }[phase]
         ids = tuple(ids)
         sq, lin = self._sums(stage, ids)
-        factor = self.cost.small_call_factor(self.layout.stages[stage].component, lin)
+        comp = self.layout.stages[stage].component
+        if comp == "encoder" and lin == 0:  # text-only samples: the runtime makes no encoder call
+            return 0.0
+        factor = self.cost.small_call_factor(comp, lin)
         if self.tabled[stage]:
             return factor * sum(self._variable_ms(stage, phase, s) for s in ids) + c
         return factor * (a * sq + b * lin) + c

@@ -66,24 +66,37 @@ def fit_memory_best(
     *,
     trace_iterations: int = 1,
 ):
-    """``fit_memory``; for Entrain, where the plan needed recomputation to fit, also the plan whose
-    eager forwards stay within the plain 1F1B peak (``eager_budget_factor`` 1.0: fewer activations in
-    flight, so less recomputation), keeping the faster of the fitting ones."""
+    """``fit_memory`` from each start below, keeping the fastest fitting plan (ties: the earlier start):
+
+    * the planner's recomputation per stage;
+    * where the planner chose any, none at all: Algorithm 2 prices memory on a mean microbatch and
+      picks one mode per stage, so its choice can exceed what the real microbatches need (a rank whose
+      simulated peak has room still pays its recomputation); ``fit_memory`` then escalates only the
+      ranks whose simulated peak overflows;
+    * for Entrain, each start whose plan needed recomputation again with eager forwards within the
+      plain 1F1B peak (``eager_budget_factor`` 1.0: fewer activations in flight, so less recomputation).
+
+    The planner's start is always tried, so the result is never slower than ``fit_memory``'s."""
     options = dict(setup.options if options is None else options)
-    first = fit_memory(system, setup, batches, cost, options, trace_iterations=trace_iterations)
+    starts = [setup]
+    if any(st.recompute != "none" for st in setup.layout.stages):
+        bare = tuple(replace(st, recompute="none") for st in setup.layout.stages)
+        source = f"{setup.source}; recompute from the simulated peaks"
+        starts.append(replace(setup, layout=replace(setup.layout, stages=bare), source=source))
     eager = options.get("eager_budget_factor", 1.25)
-    recomputes = any(st.recompute != "none" for st in first[0].layout.stages)
-    if system != "entrain" or eager <= 1.0 or not recomputes:
-        return first
     tight = {**options, "eager_budget_factor": 1.0}
-    second = fit_memory(
-        system, replace(setup, options=tight), batches, cost, tight, trace_iterations=trace_iterations
-    )
-    key = lambda r: (r[1].metrics.fits_memory is False, r[1].metrics.iteration_time_ms)  # noqa: E731
-    best = min((first, second), key=key)
-    if best is second:
-        best = (replace(second[0], source=f"{second[0].source}; eager_budget_factor 1.0 (memory)"), second[1])
-    return best
+    found = []
+    for start in starts:
+        first = fit_memory(system, start, batches, cost, options, trace_iterations=trace_iterations)
+        found.append(first)
+        recomputes = any(st.recompute != "none" for st in first[0].layout.stages)
+        if system != "entrain" or eager <= 1.0 or not recomputes:
+            continue
+        got, run = fit_memory(
+            system, replace(start, options=tight), batches, cost, tight, trace_iterations=trace_iterations
+        )
+        found.append((replace(got, source=f"{got.source}; eager_budget_factor 1.0 (memory)"), run))
+    return min(found, key=lambda r: (r[1].metrics.fits_memory is False, r[1].metrics.iteration_time_ms))
 
 
 PIXELS_PER_VIT_PATCH = 14 * 14

@@ -135,3 +135,27 @@ def test_memory_check_drops_recomputation_the_simulated_peaks_do_not_need():
     assert [s.recompute for s in got.layout.stages] == ["full", "none", "none", "none"]
     assert run.metrics.fits_memory is True
     assert run.metrics.iteration_time_ms < as_planned.metrics.iteration_time_ms
+
+
+def test_memory_check_recomputes_per_layer_where_that_suffices():
+    """A rank a little over device memory recomputes only the layers that cover the overflow (a stage
+    of their own on the same rank), not every layer it holds: on the video workload this took Entrain
+    from 107 to 93 s (benchmarks/results/workload_zoo.md)."""
+    cost = toy_cost(act_bytes_per_token=10.0, out_bytes_per_token=1.0)
+    layout = disjoint_layout(1, 1, k=8)
+    batches = [[SampleWork(f"s{i}", 100.0 + 10 * i, 80.0 + 5 * i) for i in range(8)]]
+    peak = run_system("entrain-1f1b", layout, batches, cost, {}).metrics.peak_memory_bytes_per_rank[0]
+    cost = replace(cost, hardware=replace(cost.hardware, device_memory_bytes=0.95 * peak))
+    got, run = fit_memory("entrain-1f1b", SystemSetup(layout, {}, ""), batches, cost)
+    # selective saves nothing on the toy layers; full on layer 0 neither (a component's first layer
+    # keeps its activations): the fewest layers that cover 5% are layers 0-1
+    modes = [(s.pp_rank, s.first_layer, s.end_layer, s.recompute) for s in got.layout.stages]
+    assert modes == [(0, 0, 2, "full"), (0, 2, 4, "selective"), (1, 0, 4, "none")]
+    assert run.metrics.fits_memory is True
+    whole = replace(layout, stages=(replace(layout.stages[0], recompute="full"), layout.stages[1]))
+    assert (
+        run.metrics.iteration_time_ms
+        < run_system("entrain-1f1b", whole, batches, cost, {}).metrics.iteration_time_ms
+    )
+    _, one_per_rank = fit_memory("disttrain", SystemSetup(layout, {}, ""), batches, cost)
+    assert len(one_per_rank.layout.stages) == 2  # a generator without stage chains keeps whole ranks

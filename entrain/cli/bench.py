@@ -30,6 +30,7 @@ from entrain.core.planner import evaluate_config
 from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.core.systems import SYSTEMS as REGISTRY
 from entrain.data.sampling import dataset_sampler
+from entrain.sim.ablation import dip_greedy_ablation
 from entrain.sim.executor import simulate_plan
 from entrain.sim.run import run_system
 
@@ -39,6 +40,8 @@ HARDWARE = ("a40-paper", "a40-flops")
 SYSTEMS = tuple(REGISTRY)
 TRIAL_SIZES = (1, 4, 16, 64, 256)
 GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH = 64, 4, 2, 512, 4
+ABLATED = ("dip-greedy", "dip-greedy-mem", "1f1b")
+"""The runs ``sim.ablation.dip_greedy_ablation`` starts from (the report's DIP-greedy ablation rows)."""
 VARIANTS = {
     PAPER: ("disjoint", 0, False),
     "entrain+ramp": ("disjoint", "auto", False),
@@ -131,6 +134,9 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
     out: dict = {"dataset": dataset, "model": model, "hardware": hardware, "iterations": iterations,
                  "systems": {n: {**_system_json(r, setups[n]), "entrain_speedup": r.metrics.iteration_time_ms / ref}
                              for n, r in runs.items()}}  # fmt: skip
+    if all(n in runs for n in ABLATED):
+        steps = dip_greedy_ablation(runs, batches, cost)
+        out["dip_greedy_ablation"] = {k: _ablation_json(r) for k, r in steps.items()}
     b_min = setups[PAPER].b_min_result
     out.update(b_min=b_min.b_min, b_min_converged=b_min.converged, b_min_reason=b_min.reason,
                trials=[t.to_json() for t in b_min.trials], gap=_gap(runs["entrain"], cost),
@@ -139,6 +145,12 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
         out["sweep"] = _sweep(setups[PAPER].profile, cost, batches[:sweep_iterations])
     out["wall_s"] = time.perf_counter() - t0
     return out
+
+
+def _ablation_json(run) -> dict:
+    m = run.metrics
+    peak = max(m.peak_memory_bytes_per_rank or [0.0])
+    return {"iteration_time_ms": m.iteration_time_ms, "fits_memory": m.fits_memory, "peak_memory_bytes": peak}
 
 
 def _gap(run, cost) -> dict:

@@ -17,6 +17,7 @@ import jinja2
 
 from entrain.core.planner import PAPER_TABLE1
 from entrain.core.systems import SYSTEMS
+from entrain.sim.ablation import DIP_GREEDY_STEPS
 
 SHORT = {"qwen25vl-llama3-1b": "1B", "qwen25vl-llama3-3b": "3B"}
 BASELINES = tuple(n for n, spec in SYSTEMS.items() if not spec.extensions)
@@ -250,6 +251,18 @@ def gap_rows(cases: list[dict]) -> list[list[str]]:
 
 
 # --- facts the summary states --------------------------------------------------------------------------
+def ablation_rows(cases: list[dict]) -> list[list[str]]:
+    """DIP-greedy's edge step by step (``sim.ablation.DIP_GREEDY_STEPS``), then Entrain, in seconds."""
+    rows = []
+    for c in cases:
+        steps = c.get("dip_greedy_ablation")
+        if steps:
+            cells = [f"{v['iteration_time_ms'] / 1e3:.2f}" + (" OOM" if v["fits_memory"] is False else "")
+                     for v in steps.values()]  # fmt: skip
+            rows.append([case_key(c), c["hardware"], *cells, f"{time_ms(c, 'entrain') / 1e3:.2f}"])
+    return rows
+
+
 def wins(cases: list[dict], who: str, *, fitting: bool = False) -> int:
     """Cases where ``who`` beats every baseline (``fitting``: baselines that do not fit memory ignored)."""
     return sum(
@@ -387,6 +400,7 @@ def report_context(res: dict) -> dict:
                    "in_sample": "fig11_entrain" in _fitted(hw)["in_sample"]} for hw, hc in _by_hardware(cases).items()],
         "table1": table1_rows(cases), "trials": trials_rows(cases), "table3": table3_rows(paper_hw),
         "fig13": fig13_rows(paper_hw), "fig14": fig14_rows(swept), "gap": gap_rows(cases),
+        "ablation": ablation_rows(cases), "ablation_header": list(DIP_GREEDY_STEPS),
         "wins": win_facts(cases), "configs": config_facts(cases), "absolute": absolute_facts(cases),
         "ratios": ratio_facts(paper_hw or cases), "ratios_hardware": "a40-paper" if paper_hw else cases[0]["hardware"],
         "memory": memory_facts(cases), "std": std_facts(paper_hw), "losses": losses(cases),

@@ -131,9 +131,7 @@ class _Replica:
         if not self.comm:
             return 0.0
         fwd_stage = msg.src if msg.kind == "F" else msg.dst
-        return self.costs.p2p_ms(
-            self.costs.message_bytes(fwd_stage, self.graph.ids(fwd_stage, msg.mb, msg.sub))
-        )
+        return self.costs.message_ms(fwd_stage, self.graph.ids(fwd_stage, msg.mb, msg.sub))
 
     def _msg_ready(self, msg: Message) -> float | None:
         """Time the message is usable by its consumer, or None (not yet known)."""

@@ -9,11 +9,20 @@ from dataclasses import replace
 
 from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.plan import Layout, StageSpec
 from entrain.core.setups import SystemSetup
 from entrain.core.work import SampleWork
 from entrain.sim.run import run_system
 
-__all__ = ["MEMORY_FITTED", "deploy", "fit_memory", "fit_memory_best", "no_fit_message"]
+__all__ = [
+    "MEMORY_FITTED",
+    "SPLIT_STAGES",
+    "deploy",
+    "fit_memory",
+    "escalate",
+    "fit_memory_best",
+    "no_fit_message",
+]
 
 
 MEMORY_FITTED = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper")
@@ -21,6 +30,85 @@ MEMORY_FITTED = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-pape
 of their plan (``fit_memory``); DIP's memory answer is its in-flight window (``dip-greedy-mem``)."""
 
 _NEXT_RECOMPUTE = {m: RECOMPUTE_MODES[i + 1] for i, m in enumerate(RECOMPUTE_MODES[:-1])}
+
+SPLIT_STAGES = ("entrain", "entrain-1f1b")
+"""Systems whose generator runs several consecutive stages on one rank (a stage chain), so the memory
+check can recompute part of a rank's layers (``escalate``)."""
+
+
+def _kept(cost: CostModel, comp: str, layer: int, mode: str) -> float:
+    return cost.kept_bytes_per_token(comp, layer, layer + 1, mode)[0]
+
+
+def _layers_up(cost: CostModel, st: StageSpec, need: float) -> int | None:
+    """The fewest leading layers of ``st`` to move one recompute mode up whose kept bytes saving is at
+    least the fraction ``need`` of the stage's kept bytes (None: only the whole stage would do)."""
+    up = _NEXT_RECOMPUTE[st.recompute]
+    layers = range(st.first_layer, st.end_layer)
+    total = sum(_kept(cost, st.component, i, st.recompute) for i in layers)
+    saved = 0.0
+    for n, i in enumerate(layers, start=1):
+        saved += _kept(cost, st.component, i, st.recompute) - _kept(cost, st.component, i, up)
+        if n < len(layers) and total > 0 and saved >= need * total:
+            return n
+    return None
+
+
+def _split_rank(cost: CostModel, own: Sequence[StageSpec], over_fraction: float) -> list[StageSpec] | None:
+    """A rank's stages after one per-layer step, or None where only the whole rank moving up will do:
+    one stage below ``full`` -> its fewest leading layers covering ``over_fraction`` of the held bytes
+    as a stage of their own one mode up; a rank split so before -> that many more layers moved up."""
+    if len(own) == 1 and own[0].recompute in _NEXT_RECOMPUTE:
+        st = own[0]
+        n = _layers_up(cost, st, over_fraction)
+        if n is None:
+            return None
+        mid = st.first_layer + n
+        return [
+            replace(st, end_layer=mid, recompute=_NEXT_RECOMPUTE[st.recompute]),
+            replace(st, first_layer=mid),
+        ]
+    if len(own) == 2 and own[0].component == own[1].component and own[1].recompute in _NEXT_RECOMPUTE:
+        up, rest = own
+        if up.recompute != _NEXT_RECOMPUTE[rest.recompute]:
+            return None
+        n = _layers_up(cost, rest, over_fraction) or rest.end_layer - rest.first_layer
+        if n >= rest.end_layer - rest.first_layer:
+            return [replace(up, end_layer=rest.end_layer)]  # the whole rank one mode up
+        return [replace(up, end_layer=up.end_layer + n), replace(rest, first_layer=rest.first_layer + n)]
+    return None
+
+
+def escalate(layout: Layout, run, cost: CostModel, split: bool) -> Layout:
+    """One step of the memory check for every rank whose simulated peak overflows: every stage of the
+    rank one mode up ``RECOMPUTE_MODES``; with ``split`` (a generator that runs stage chains), per layer
+    where that suffices: the fewest leading layers whose kept-bytes saving covers the overflow (a share
+    of the rank's held activations, from the simulated peak) move up as a stage of their own on the
+    same rank, and a rank split so before moves that many more."""
+    limit = cost.hardware.device_memory_bytes
+    peaks = run.metrics.peak_memory_bytes_per_rank or []
+    states = run.metrics.model_state_bytes_per_rank or [0.0] * len(peaks)
+    stages: list[StageSpec] = []
+    for r in range(layout.ranks_per_replica):
+        own = layout.stages_of(r)
+        peak = peaks[r] if r < len(peaks) else 0.0
+        if peak <= limit:
+            stages += own
+            continue
+        held = peak - states[r]
+        parts = _split_rank(cost, own, (peak - limit) / held) if split and held > 0 else None
+        if parts is None:
+            parts = [replace(st, recompute=_NEXT_RECOMPUTE.get(st.recompute, st.recompute)) for st in own]
+        stages += parts
+    return replace(layout, stages=tuple(replace(st, stage=i) for i, st in enumerate(stages)))
+
+
+def _modes(layout: Layout) -> str:
+    """Each stage's recompute mode, with its layers where a rank holds a split component."""
+    pairs = zip(layout.stages, layout.stages[1:])
+    if not any(x.pp_rank == y.pp_rank and x.component == y.component for x, y in pairs):
+        return "/".join(st.recompute for st in layout.stages)
+    return "/".join(f"{st.recompute}[{st.first_layer}:{st.end_layer}]" for st in layout.stages)
 
 
 def fit_memory(
@@ -33,29 +121,21 @@ def fit_memory(
     trace_iterations: int = 1,
 ):
     """Simulate ``system``'s plan on ``batches``; while a pipeline rank's peak (model state + held
-    activations + recomputation transient) exceeds device memory, move every stage of each such rank
-    one step up ``RECOMPUTE_MODES`` and simulate again. Returns ``(setup, run)``: the first plan that
-    fits, else the last one tried (every overflowing rank already at ``full``; ``run.metrics.fits_memory``
-    is False). Algorithm 2 prices recomputation on a mean microbatch; this check sees the real ones."""
+    activations + recomputation transient) exceeds device memory, take one ``escalate`` step (per layer
+    for ``SPLIT_STAGES`` where that suffices, else every stage of each such rank one step up
+    ``RECOMPUTE_MODES``) and simulate again. Returns ``(setup, run)``: the first plan that fits, else
+    the last one tried (every overflowing rank already at ``full``; ``run.metrics.fits_memory`` is
+    False). Algorithm 2 prices recomputation on a mean microbatch; this check sees the real ones."""
     options = dict(setup.options if options is None else options)
     base = setup.source
     while True:
         run = run_system(system, setup.layout, batches, cost, options, trace_iterations=trace_iterations)
         if run.metrics.fits_memory is not False:
             return setup, run
-        limit = cost.hardware.device_memory_bytes
-        over = {r for r, b in enumerate(run.metrics.peak_memory_bytes_per_rank or ()) if b > limit}
-        stages = tuple(
-            replace(st, recompute=_NEXT_RECOMPUTE[st.recompute])
-            if st.pp_rank in over and st.recompute in _NEXT_RECOMPUTE
-            else st
-            for st in setup.layout.stages
-        )
-        if stages == setup.layout.stages:
+        layout = escalate(setup.layout, run, cost, split=system in SPLIT_STAGES)
+        if layout.stages == setup.layout.stages:
             return setup, run
-        modes = "/".join(st.recompute for st in stages)
-        layout = replace(setup.layout, stages=stages)
-        setup = replace(setup, layout=layout, source=f"{base}; memory check: recompute {modes}")
+        setup = replace(setup, layout=layout, source=f"{base}; memory check: recompute {_modes(layout)}")
 
 
 def fit_memory_best(
@@ -67,24 +147,37 @@ def fit_memory_best(
     *,
     trace_iterations: int = 1,
 ):
-    """``fit_memory``; for Entrain, where the plan needed recomputation to fit, also the plan whose
-    eager forwards stay within the plain 1F1B peak (``eager_budget_factor`` 1.0: fewer activations in
-    flight, so less recomputation), keeping the faster of the fitting ones."""
+    """``fit_memory`` from each start below, keeping the fastest fitting plan (ties: the earlier start):
+
+    * the planner's recomputation per stage;
+    * where the planner chose any, none at all: Algorithm 2 prices memory on a mean microbatch and
+      picks one mode per stage, so its choice can exceed what the real microbatches need (a rank whose
+      simulated peak has room still pays its recomputation); ``fit_memory`` then escalates only the
+      ranks whose simulated peak overflows;
+    * for Entrain, each start whose plan needed recomputation again with eager forwards within the
+      plain 1F1B peak (``eager_budget_factor`` 1.0: fewer activations in flight, so less recomputation).
+
+    The planner's start is always tried, so the result is never slower than ``fit_memory``'s."""
     options = dict(setup.options if options is None else options)
-    first = fit_memory(system, setup, batches, cost, options, trace_iterations=trace_iterations)
+    starts = [setup]
+    if any(st.recompute != "none" for st in setup.layout.stages):
+        bare = tuple(replace(st, recompute="none") for st in setup.layout.stages)
+        source = f"{setup.source}; recompute from the simulated peaks"
+        starts.append(replace(setup, layout=replace(setup.layout, stages=bare), source=source))
     eager = options.get("eager_budget_factor", 1.25)
-    recomputes = any(st.recompute != "none" for st in first[0].layout.stages)
-    if system != "entrain" or eager <= 1.0 or not recomputes:
-        return first
     tight = {**options, "eager_budget_factor": 1.0}
-    second = fit_memory(
-        system, replace(setup, options=tight), batches, cost, tight, trace_iterations=trace_iterations
-    )
-    key = lambda r: (r[1].metrics.fits_memory is False, r[1].metrics.iteration_time_ms)  # noqa: E731
-    best = min((first, second), key=key)
-    if best is second:
-        best = (replace(second[0], source=f"{second[0].source}; eager_budget_factor 1.0 (memory)"), second[1])
-    return best
+    found = []
+    for start in starts:
+        first = fit_memory(system, start, batches, cost, options, trace_iterations=trace_iterations)
+        found.append(first)
+        recomputes = any(st.recompute != "none" for st in first[0].layout.stages)
+        if system != "entrain" or eager <= 1.0 or not recomputes:
+            continue
+        got, run = fit_memory(
+            system, replace(start, options=tight), batches, cost, tight, trace_iterations=trace_iterations
+        )
+        found.append((replace(got, source=f"{got.source}; eager_budget_factor 1.0 (memory)"), run))
+    return min(found, key=lambda r: (r[1].metrics.fits_memory is False, r[1].metrics.iteration_time_ms))
 
 
 def deploy(

@@ -16,6 +16,7 @@ import pytest
 
 from entrain.cli import bench_report
 from entrain.cli.main import main
+from entrain.sim.ablation import DIP_GREEDY_STEPS
 
 NAMES = {"entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy", "dip-greedy-mem",
          "entrain+ramp", "entrain+shared", "entrain+split", "entrain-paper"}  # fmt: skip
@@ -72,8 +73,15 @@ def test_quick_bench_writes_report_and_schema_valid_json(quick):
     assert gap["partition_granularity_ms"] >= 0 and gap["communication_ms"] >= 0
     assert gap["iteration_time_ms"] == systems["entrain"]["iteration_time_ms"]
     assert set(case["sweep"]) == {f"{e}:{8 - e}" for e in range(1, 8)}
+    # DIP-greedy's edge step by step: its own two runs first, then one change per row
+    steps = case["dip_greedy_ablation"]
+    assert list(steps) == list(DIP_GREEDY_STEPS)
+    for step, name in zip(DIP_GREEDY_STEPS, ("dip-greedy", "dip-greedy-mem")):
+        assert steps[step]["iteration_time_ms"] == systems[name]["iteration_time_ms"]
+    assert all(v["fits_memory"] for v in list(steps.values())[1:])  # equal memory from row 2 on
     for section in ("## Fitted presets", "## Targets", "## Fig. 11", "## Table 1", "## Tables 2", "## Table 3",
-                    "## Fig. 13", "## Fig. 14", "gap to `ideal_ms`", "## Summary"):  # fmt: skip
+                    "## Fig. 13", "## Fig. 14", "gap to `ideal_ms`", "## Summary",
+                    "## DIP-greedy's edge, step by step"):  # fmt: skip
         assert section in quick["text"]
 
 
@@ -111,6 +119,18 @@ def check_claims(res: dict, text: str) -> None:
     for n in faster:
         assert f"to `{n}` (" in text
     assert f"b_min {case['b_min']}; converged in {int(case['b_min_converged'])}/1 cases" in text
+    steps = case["dip_greedy_ablation"]
+    cells = [
+        f"{v['iteration_time_ms'] / 1e3:.2f}" + (" OOM" if v["fits_memory"] is False else "")
+        for v in steps.values()
+    ]
+    row = [
+        bench_report.case_key(case),
+        case["hardware"],
+        *cells,
+        f"{s['entrain']['iteration_time_ms'] / 1e3:.2f}",
+    ]
+    assert "| " + " | ".join(row) + " |" in text
     assert "a40-paper` was fitted" in text and "**in-sample**" in text
 
 

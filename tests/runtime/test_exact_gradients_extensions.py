@@ -30,13 +30,13 @@ K = 4
 TOL = 1e-5
 
 
-def _shared_layout(stages: list[tuple[str, int, int, int]], enc_pp: int, llm_pp: int) -> Layout:
+def _shared_layout(stages: list[tuple], enc_pp: int, llm_pp: int) -> Layout:
     return Layout(
         dp=1,
         microbatch_size=2,
         num_microbatches=K,
         components={"encoder": ComponentLayout(pp=enc_pp), "llm": ComponentLayout(pp=llm_pp)},
-        stages=tuple(StageSpec(i, c, f, e, r) for i, (c, f, e, r) in enumerate(stages)),
+        stages=tuple(StageSpec(i, *st) for i, st in enumerate(stages)),
     )
 
 
@@ -45,6 +45,11 @@ LAYOUTS = {
     "shared-rank0": _shared_layout([("encoder", 0, 4, 0), ("llm", 0, 3, 0), ("llm", 3, 6, 1)], 1, 2),
     # rank 0: patch_embed, blocks.0; rank 1: blocks.1, merger + the whole LLM
     "shared-rank1": _shared_layout([("encoder", 0, 2, 0), ("encoder", 2, 4, 1), ("llm", 0, 6, 1)], 2, 1),
+    # the memory check's per-layer recomputation (sim.memory_fit.escalate): rank 0 holds the encoder as
+    # two stages, patch_embed + blocks.0 recomputed in full, blocks.1 + merger selectively
+    "split-rank0": _shared_layout(
+        [("encoder", 0, 2, 0, "full"), ("encoder", 2, 4, 0, "selective"), ("llm", 0, 6, 1)], 1, 1
+    ),
 }
 # the disjoint 1+1 layout with full recomputation on the encoder: each sub's backward re-runs its blocks
 FULL_RECOMPUTE_ENCODER = replace(
@@ -81,6 +86,7 @@ CASES = [
     ("two-resource-1+1", None, {"assignment": "two-resource"}),
     ("memory-split-1+1", "full-recompute-encoder", MEMORY_SPLIT),
     ("memory-split-1+1-split-wg", "full-recompute-encoder", {**MEMORY_SPLIT, "split_weight_grads": True}),
+    ("split-rank0-recompute", "split-rank0", {"split_weight_grads": True}),
 ]
 
 
@@ -145,7 +151,7 @@ def test_ramped_and_boundary_sharing_plans_give_reference_gradients(reference, t
             assert rep != _plan(layout_name, {}).iterations[0].assignment.replicas[0], name
         kinds = {a.kind.value for acts in it.actions.values() for a in acts}
         assert ("B" not in kinds and {"I", "W"} <= kinds) == bool(options.get("split_weight_grads")), name
-        if layout_name in ("shared-rank0", "shared-rank1"):
+        if layout_name is not None and layout_name.startswith("shared"):
             e = plan.layout.num_encoder_stages
             assert plan.layout.stages[e - 1].pp_rank == plan.layout.stages[e].pp_rank, name
         cases.append((name, plan))

@@ -91,6 +91,19 @@ class PlanCosts:
         self._sums_memo: dict[tuple[str, tuple[str, ...]], tuple[float, float]] = {}
         self._dropped = tuple(self._dropped_bytes(i) for i in range(len(layout.stages)))
         """Per stage, per layer: bytes per token (and per squared unit) its recomputation re-creates."""
+        self._input_grads = tuple(self._input_grad(i) for i in range(len(layout.stages)))
+        self._phase_coefs = tuple(
+            {
+                "fwd": (q.fwd_a, q.fwd_b, q.fwd_c),
+                "bwd": (q.bwd_a, q.bwd_b, q.bwd_c),
+                "bwd_input": (q.bwd_input_a, q.bwd_input_b, q.bwd_input_c),
+            }
+            for q in self.stage_quads
+        )
+        self._compute_memo: dict[tuple[int, ActionKind, tuple[str, ...]], float] = {}
+        self._message_memo: dict[tuple[int, tuple[str, ...]], float] = {}
+        """compute_ms per (stage, kind, ids), a pure function of them: generators price the same
+        (sub-)microbatch many times (candidate orders, eager budgets, the simulator)."""
 
     # --- per-stage coefficients --------------------------------------------------------------------
     def _stage_quad(self, stage: int) -> StageQuad:
@@ -230,6 +243,13 @@ class PlanCosts:
     # --- prices -------------------------------------------------------------------------------------
     def compute_ms(self, stage: int, kind: ActionKind, ids: Iterable[str]) -> float:
         """Duration of a compute action over the samples ``ids`` (one call)."""
+        key = (stage, kind, ids if isinstance(ids, tuple) else tuple(ids))
+        got = self._compute_memo.get(key)
+        if got is None:
+            got = self._compute_memo[key] = self._compute_uncached(stage, kind, key[2])
+        return got
+
+    def _compute_uncached(self, stage: int, kind: ActionKind, ids: tuple[str, ...]) -> float:
         if not kind.is_compute:
             raise ValueError(f"{kind} is not a compute action")
         if kind is ActionKind.F:
@@ -237,17 +257,12 @@ class PlanCosts:
         bwd = self._phase_ms(stage, "bwd", ids)
         if kind is ActionKind.B:
             return bwd
-        inp = self._phase_ms(stage, "bwd_input", ids) if self._input_grad(stage) else 0.0
+        inp = self._phase_ms(stage, "bwd_input", ids) if self._input_grads[stage] else 0.0
         return inp if kind is ActionKind.I else bwd - inp
 
     def _phase_ms(self, stage: int, phase: str, ids: Iterable[str]) -> float:
         """One call of ``phase`` (``fwd``, ``bwd``, ``bwd_input``) over the samples ``ids``."""
-        q = self.stage_quads[stage]
-        a, b, c = {
-            "fwd": (q.fwd_a, q.fwd_b, q.fwd_c),
-            "bwd": (q.bwd_a, q.bwd_b, q.bwd_c),
-            "bwd_input": (q.bwd_input_a, q.bwd_input_b, q.bwd_input_c),
-        }[phase]
+        a, b, c = self._phase_coefs[stage][phase]
         ids = tuple(ids)
         sq, lin = self._sums(stage, ids)
         comp = self.layout.stages[stage].component
@@ -279,6 +294,14 @@ class PlanCosts:
     def message_bytes(self, src_stage: int, ids: Iterable[str]) -> float:
         """Bytes of the activations ``src_stage`` sends for ``ids`` (gradients: the same size)."""
         return self.stage_quads[src_stage].output_bytes_per_token * self.tokens(src_stage, ids)
+
+    def message_ms(self, src_stage: int, ids: tuple[str, ...]) -> float:
+        """p2p time of the message ``src_stage`` sends for ``ids`` (memoised)."""
+        key = (src_stage, ids if isinstance(ids, tuple) else tuple(ids))
+        got = self._message_memo.get(key)
+        if got is None:
+            got = self._message_memo[key] = self.p2p_ms(self.message_bytes(src_stage, ids))
+        return got
 
     def p2p_ms(self, num_bytes: float) -> float:
         hw = self.cost.hardware

@@ -43,7 +43,6 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -137,7 +136,7 @@ def split_weight_grads(actions: Sequence[Action]) -> list[Action]:
     out: list[Action] = []
     for a in actions:
         if a.kind is ActionKind.B:
-            out += [replace(a, kind=ActionKind.I), replace(a, kind=ActionKind.W)]
+            out += [Action(a.stage, ActionKind.I, a.mb, a.sub), Action(a.stage, ActionKind.W, a.mb, a.sub)]
         else:
             out.append(a)
     return out

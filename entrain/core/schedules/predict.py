@@ -25,37 +25,27 @@ def compute_deps(graph: ReplicaGraph, costs: PlanCosts, a: Action) -> list[tuple
     out: list[tuple[Key, float]] = []
     if a.kind is ActionKind.F:
         for msg in graph.fwd_inputs(a.stage, a.mb, u):
-            delay = (
-                costs.p2p_ms(costs.message_bytes(msg.src, graph.ids(msg.src, msg.mb, msg.sub)))
-                if graph.is_remote(msg)
-                else 0.0
-            )
+            delay = _message_ms(graph, costs, msg.src, msg) if graph.is_remote(msg) else 0.0
             out.append((("F", msg.src, msg.mb, msg.sub), delay))
         return out
     if a.kind is ActionKind.W:
         return [(("I", a.stage, a.mb, u), 0.0)]
     out.append((("F", a.stage, a.mb, u), 0.0))
     for msg in graph.bwd_inputs(a.stage, a.mb, u):
-        delay = (
-            costs.p2p_ms(costs.message_bytes(msg.dst, graph.ids(msg.dst, msg.mb, msg.sub)))
-            if graph.is_remote(msg)
-            else 0.0
-        )
+        delay = _message_ms(graph, costs, msg.dst, msg) if graph.is_remote(msg) else 0.0
         out += [(("B", *t), delay) for t in graph.bwd_producers(msg)]
     return out
 
 
+def _message_ms(graph: ReplicaGraph, costs: PlanCosts, fwd_stage: int, msg) -> float:
+    return costs.message_ms(fwd_stage, graph.ids(fwd_stage, msg.mb, msg.sub))
+
+
+_LETTER = {ActionKind.F: "F", ActionKind.B: "B", ActionKind.I: "I", ActionKind.W: "W"}
+
+
 def _key(a: Action) -> Key:
-    kind = (
-        "F"
-        if a.kind is ActionKind.F
-        else "I"
-        if a.kind is ActionKind.I
-        else "W"
-        if a.kind is ActionKind.W
-        else "B"
-    )
-    return (kind, a.stage, a.mb, a.sub_index)
+    return (_LETTER[a.kind], a.stage, a.mb, a.sub_index)
 
 
 def predicted_makespan_ms(graph: ReplicaGraph, costs: PlanCosts, orders: dict[int, list[Action]]) -> float:
@@ -69,7 +59,7 @@ def predicted_makespan_ms(graph: ReplicaGraph, costs: PlanCosts, orders: dict[in
                 compute_deps(graph, costs, a),
             )
             for a in acts
-            if a.kind.is_compute
+            if a.kind in _LETTER
         ]
     ptr = dict.fromkeys(work, 0)
     clock = dict.fromkeys(work, 0.0)
@@ -81,13 +71,17 @@ def predicted_makespan_ms(graph: ReplicaGraph, costs: PlanCosts, orders: dict[in
         items = work[rank]
         while ptr[rank] < len(items):
             key, dur, deps = items[ptr[rank]]
-            missing = next((d for d, _ in deps if d not in end), None)
+            start, missing = clock[rank], None
+            for d, delay in deps:
+                e = end.get(d)
+                if e is None:
+                    missing = d
+                    break
+                if e + delay > start:
+                    start = e + delay
             if missing is not None:
                 waiters.setdefault(missing, []).append(rank)
                 break
-            start = clock[rank]
-            for d, delay in deps:
-                start = max(start, end[d] + delay)
             clock[rank] = start + dur
             end[key] = clock[rank]
             stack.extend(waiters.pop(key, ()))

@@ -233,9 +233,15 @@ class MacroscopicProfiler:
         return self._draws[key]
 
     def encoder_share(self, batch_size: int, trial: int) -> float:
-        enc, llm = self.draw(batch_size, trial)[1].work(self.cost)
-        total = float(enc.sum() + llm.sum())
-        return float(enc.sum()) / total if total > 0 else 0.5
+        return encoder_share(self.draw(batch_size, trial)[1], self.cost)
+
+
+def encoder_share(stats: SampleStats, cost: CostModel) -> float:
+    """The encoder's share of the samples' size-dependent work (ProportionalAllocation's input); 0.5
+    when there is none (a measured profile whose tiny sizes fitted per-call constants only)."""
+    enc, llm = stats.work(cost)
+    total = float(enc.sum() + llm.sum())
+    return float(enc.sum()) / total if total > 0 else 0.5
 
 
 EQ2_TOLERANCE = 0.01
@@ -760,8 +766,7 @@ def search_candidates(
     infeasible ones last). ``tp``/``cp`` = None searches {1, 2, 4, 8} / {1, 2} per component.
     ``allocation`` = the (encoder, LLM) GPU budgets per replica instead of ProportionalAllocation's."""
     stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
-    enc, llm = stats.work(cost)
-    share = float(enc.sum()) / float(enc.sum() + llm.sum())
+    share = encoder_share(stats, cost)
     out = []
     for d in _dp_options(gpus, dp, global_batch, microbatch_size):
         g = gpus // d

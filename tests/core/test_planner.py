@@ -287,3 +287,15 @@ def test_eager_attention_adds_the_saved_scores_to_stage_memory():
     assert costs.activation_bytes(0, list(works)) == pytest.approx(
         per_token * tokens + 32 * 16 * 6.0 * squares
     )
+
+
+def test_samples_without_size_dependent_work_still_get_candidates():
+    """A measured profile of tiny sizes can fit per-call constants only: every sample's work is 0,
+    and ProportionalAllocation splits the GPUs evenly instead of dividing by zero."""
+    from entrain.core.planner import search_candidates
+    from entrain.core.work import SampleWork
+
+    cost = build_cost_model("tiny", "cpu-tiny")
+    zero = [SampleWork(f"s{i}", 0.0, 0.0) for i in range(8)]
+    found = search_candidates(zero, cost, gpus=4, dp=1, global_batch=8, microbatch_size=1)
+    assert found and all(c.allocation == (2, 2) for c in found)

@@ -20,7 +20,7 @@ from entrain.core.setups import SystemSetup, fixed_stage_setup, read_plan_file, 
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
 
-__all__ = ["fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan"]
+__all__ = ["fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan", "spec_vision"]
 
 
 def fixed_stages(spec: RunConfig) -> bool:
@@ -35,6 +35,13 @@ def _stage_counts(spec: RunConfig) -> tuple[int, int]:
 def ranks_per_replica(spec: RunConfig, system: str) -> int:
     """Pipeline ranks of one replica of ``system`` with the stage counts fixed by the flags."""
     return SYSTEMS[system].ranks_per_replica(*_stage_counts(spec))
+
+
+def spec_vision(spec: RunConfig):
+    """The image processor's limits of the run (``--min-pixels`` / ``--max-pixels``)."""
+    from entrain.core.samples import pixel_limits
+
+    return pixel_limits(spec.data.min_pixels, spec.data.max_pixels)
 
 
 def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
@@ -64,7 +71,6 @@ def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sample
     bad records out of the planner's population as well)."""
     from entrain.data.generators import is_builtin
     from entrain.data.sampling import dataset_sampler
-    from entrain.runtime.session import spec_vision  # session imports this module
 
     if is_builtin(spec.data.dataset):
         return dataset_sampler(

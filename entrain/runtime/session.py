@@ -37,7 +37,14 @@ from entrain.runtime.accounting import (
     plan_hash,
     split_validation,
 )
-from entrain.runtime.planning import fixed_stages, make_plan, plan_file, ranks_per_replica, run_setups
+from entrain.runtime.planning import (
+    fixed_stages,
+    make_plan,
+    plan_file,
+    ranks_per_replica,
+    run_setups,
+    spec_vision,
+)
 
 __all__ = [
     "SystemSummary",
@@ -145,13 +152,6 @@ def resolve_precision(spec: RunConfig, device: torch.device) -> str:
     if spec.model.precision is not None:
         return spec.model.precision
     return "bf16" if device.type == "cuda" else "fp32"
-
-
-def spec_vision(spec: RunConfig):
-    """The image processor's limits of the run (``--min-pixels`` / ``--max-pixels``)."""
-    from entrain.core.samples import pixel_limits
-
-    return pixel_limits(spec.data.min_pixels, spec.data.max_pixels)
 
 
 def resolve_cost(spec: RunConfig) -> CostModel:
@@ -718,7 +718,12 @@ def _run_one(
         from tqdm import tqdm
 
         bar = tqdm(
-            total=spec.run.steps, initial=start, desc=system, file=sys.stderr, dynamic_ncols=True, mininterval=0.5
+            total=spec.run.steps,
+            initial=start,
+            desc=system,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=0.5,
         )
     losses = [r["loss"] for r in history]
     times = [r["iteration_time_ms"] for r in history]

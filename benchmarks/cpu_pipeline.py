@@ -99,8 +99,9 @@ text-only, long answers; docs/workloads.md) with every image capped at 224 x 224
 image tokens), so the tiny LLM's work is about 5x the encoder's (``cpu-tiny``) and varies from sample to
 sample (coefficient of variation about 0.8). Microbatches of 4 leave the assignment something to
 balance; global batch 24 keeps a launch about as long as the ``skewed`` one (the busiest rank's CPU
-time per iteration was about 1.3x ``skewed``'s at global batch 32). No stage counts are given: on 2 processes 1F1B's and DistTrain's planners can only place 1
-encoder + 1 LLM stage; Entrain's planner chooses its layout (``--entrain-layout auto``)."""
+time per iteration was about 1.3x ``skewed``'s at global batch 32). No stage counts are given: on 2
+processes 1F1B's and DistTrain's planners can only place 1 encoder + 1 LLM stage; Entrain's planner
+chooses its layout (``--entrain-layout auto``)."""
 BASE_LABELS = {"1f1b": "1F1B", "disttrain": "DistTrain"}
 
 

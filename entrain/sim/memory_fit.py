@@ -119,11 +119,12 @@ def fit_memory(
     options: dict | None = None,
     *,
     trace_iterations: int = 1,
+    split: bool | None = None,
 ):
     """Simulate ``system``'s plan on ``batches``; while a pipeline rank's peak (model state + held
     activations + recomputation transient) exceeds device memory, take one ``escalate`` step (per layer
     for ``SPLIT_STAGES`` where that suffices, else every stage of each such rank one step up
-    ``RECOMPUTE_MODES``) and simulate again. Returns ``(setup, run)``: the first plan that fits, else
+    ``RECOMPUTE_MODES``; ``split`` False: always the latter) and simulate again. Returns ``(setup, run)``: the first plan that fits, else
     the last one tried (every overflowing rank already at ``full``; ``run.metrics.fits_memory`` is
     False). Algorithm 2 prices recomputation on a mean microbatch; this check sees the real ones."""
     options = dict(setup.options if options is None else options)
@@ -132,7 +133,7 @@ def fit_memory(
         run = run_system(system, setup.layout, batches, cost, options, trace_iterations=trace_iterations)
         if run.metrics.fits_memory is not False:
             return setup, run
-        layout = escalate(setup.layout, run, cost, split=system in SPLIT_STAGES)
+        layout = escalate(setup.layout, run, cost, split=system in SPLIT_STAGES if split is None else split)
         if layout.stages == setup.layout.stages:
             return setup, run
         setup = replace(setup, layout=layout, source=f"{base}; memory check: recompute {_modes(layout)}")
@@ -155,9 +156,12 @@ def fit_memory_best(
       simulated peak has room still pays its recomputation); ``fit_memory`` then escalates only the
       ranks whose simulated peak overflows;
     * for Entrain, each start whose plan needed recomputation again with eager forwards within the
-      plain 1F1B peak (``eager_budget_factor`` 1.0: fewer activations in flight, so less recomputation).
+      plain 1F1B peak (``eager_budget_factor`` 1.0: fewer activations in flight, so less recomputation);
+    * for ``SPLIT_STAGES``, each of these escalated per rank and, where it escalated at all, per layer
+      (``escalate``): per layer is not always faster (many small steps can end above a whole rank's
+      single step, and a split rank runs one more call per microbatch).
 
-    The planner's start is always tried, so the result is never slower than ``fit_memory``'s."""
+    The planner's start escalated per rank is always tried, so the result is never slower than that."""
     options = dict(setup.options if options is None else options)
     starts = [setup]
     if any(st.recompute != "none" for st in setup.layout.stages):
@@ -167,16 +171,27 @@ def fit_memory_best(
     eager = options.get("eager_budget_factor", 1.25)
     tight = {**options, "eager_budget_factor": 1.0}
     found = []
+
+    def chains(start: SystemSetup, opts: dict) -> SystemSetup:
+        """The start escalated per rank, then (where that escalated) per layer; the per-rank result."""
+        whole = fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=False)
+        found.append(whole)
+        if system in SPLIT_STAGES and whole[0].layout != start.layout:
+            found.append(
+                fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=True)
+            )
+        return whole[0]
+
     for start in starts:
-        first = fit_memory(system, start, batches, cost, options, trace_iterations=trace_iterations)
-        found.append(first)
-        recomputes = any(st.recompute != "none" for st in first[0].layout.stages)
+        first = chains(start, options)
+        recomputes = any(st.recompute != "none" for st in first.layout.stages)
         if system != "entrain" or eager <= 1.0 or not recomputes:
             continue
-        got, run = fit_memory(
-            system, replace(start, options=tight), batches, cost, tight, trace_iterations=trace_iterations
-        )
-        found.append((replace(got, source=f"{got.source}; eager_budget_factor 1.0 (memory)"), run))
+        n = len(found)
+        chains(replace(start, options=tight), tight)
+        for i in range(n, len(found)):
+            got, run = found[i]
+            found[i] = (replace(got, source=f"{got.source}; eager_budget_factor 1.0 (memory)"), run)
     return min(found, key=lambda r: (r[1].metrics.fits_memory is False, r[1].metrics.iteration_time_ms))
 
 

@@ -627,9 +627,14 @@ def _as_worker(args: argparse.Namespace) -> int:
         _infer_dp(args, int(os.environ["WORLD_SIZE"]))
         spec = _spec(args)
         check_spec(spec, int(os.environ["WORLD_SIZE"]))  # the parent warned about b_min already
-        return _run_rank(spec, under_torchrun=True)
     except EntrainError as e:
-        _record_worker_error(e)  # once more is harmless when _run_rank recorded it already
+        _record_worker_error(e)
+        _quiet_exit(2)
+    except KeyboardInterrupt:
+        _quiet_exit(130)
+    try:
+        return _run_rank(spec, under_torchrun=True)
+    except EntrainError:  # _run_rank recorded it before leaving the process group
         _quiet_exit(2)
     except KeyboardInterrupt:
         _quiet_exit(130)
@@ -640,12 +645,11 @@ def _record_worker_error(error: EntrainError) -> None:
     """Write a worker's error for the parent, named by the time it happened: the cause is written
     before this rank leaves the process group, so before any peer can fail on its absence."""
     folder = os.environ.get(ERROR_DIR_ENV)
-    if not folder or getattr(error, "_entrain_recorded", False):
+    if not folder:
         return
     path = os.path.join(folder, f"{time.time_ns()}-rank{os.environ['RANK']}.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(str(error))
-    error._entrain_recorded = True
 
 
 def _quiet_exit(code: int) -> None:

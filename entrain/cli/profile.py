@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from entrain.core.presets import build_cost_model
+    from entrain.runtime.cpu_allocator import keep_freed_memory
     from entrain.runtime.profiler import profile_model
 
     arch, model_cfg = _target(args)
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)
+        keep_freed_memory()  # the regime `entrain train` workers run in
 
     def log(fit) -> None:
         print(_fit_line(fit), file=sys.stderr)

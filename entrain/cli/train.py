@@ -669,10 +669,12 @@ def _memory_check(system: str, setup, batches, cost):
 def _run_rank(spec, under_torchrun: bool) -> int:
     import torch
 
+    from entrain.runtime.cpu_allocator import keep_freed_memory
     from entrain.runtime.distributed import init_distributed, shutdown
     from entrain.runtime.session import run_systems, summary_line
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    keep_freed_memory()
     if under_torchrun:
         env = init_distributed(timeout_s=spec.run.timeout_s)
     else:

@@ -6,19 +6,24 @@ One schema serves the analytic presets (``entrain.core.presets``) and measured p
 How ``x`` is counted: a layer is evaluated once per *sequence unit* (an image for the encoder:
 its ViT patches; a sample for the LLM: its tokens) and the quadratic term is per unit because
 attention never crosses units (per-image attention in the ViT, per-sample causal masks in packed
-LLM microbatches). The constant ``c`` is paid once per call, i.e. once per (sub-)microbatch.
+LLM microbatches). A layer that runs only at the label positions (``LayerCost.per_label``: the
+``lm_head`` and the loss, which the runtime evaluates where the loss is taken) is evaluated on a
+sample's label tokens instead (``SampleMeta.label_tokens``: its answer tokens where the data says,
+``LABEL_FRACTION`` of its LLM tokens where it does not). The constant ``c`` is paid once per call,
+i.e. once per (sub-)microbatch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from entrain.core.errors import ConfigError
-from entrain.core.samples import SampleMeta
+from entrain.core.samples import LABEL_FRACTION, SampleMeta
 from entrain.core.work import SampleWork
 
 __all__ = [
@@ -51,6 +56,8 @@ RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
   While a layer is recomputed its full activations exist for that one (sub-)microbatch:
   ``CostModel.recompute_transient_bytes``."""
 SCHEMA_VERSION = 1
+MAX_TABLE_POWER = 2.0
+"""Largest growth power a table extends beyond its last point (attention is quadratic per unit)."""
 SMALL_CALL_EXPONENT = 0.5
 """``CostModel.small_call_factor``: a call of a quarter of the efficient size costs 2x per token."""
 
@@ -68,12 +75,15 @@ def _first(point: tuple[float, float]) -> float:
 class Quadratic:
     """``a*x^2 + b*x + c`` milliseconds for ``x`` tokens of one sequence unit.
 
-    Optional ``table``: measured ``(x, ms)`` points of a monotone piecewise-linear curve (``entrain
-    profile`` writes one where the quadratic fits its measurements badly). When present it replaces
-    ``a, b, c`` (kept as the least-squares fit, for reference): ``T(x)`` interpolates linearly between
-    the points, extends the last segment beyond the last point, and goes linearly from
-    ``(0, constant_ms)`` to the first point below it; ``constant_ms`` (the per-call part) is the first
-    segment extrapolated to ``x = 0``, clamped to ``[0, first ms]``.
+    Optional ``table``: measured ``(x, ms)`` points of a monotone curve (``entrain profile`` writes one
+    where the quadratic fits its measurements badly). When present it replaces ``a, b, c`` (kept as
+    the least-squares fit, for reference): between two points ``T(x)`` follows the power law through
+    them (``ms ~ x^k``, linear on log-log axes: exact for a pure power, where a straight line
+    overshoots a convex cost: ``x^2`` sampled at 1024 and 4096 tokens, read at 2048, is 50 % too high
+    on the line; ``x^2 / 10^4 + x`` 8.5 % on the line, 3.5 % on the power law);
+    beyond the last point the last segment's power, at most ``MAX_TABLE_POWER``; below the first
+    point linearly from ``(0, constant_ms)``. ``constant_ms`` (the per-call part) is the first
+    segment extrapolated linearly to ``x = 0``, clamped to ``[0, first ms]``.
     """
 
     a: float = 0.0
@@ -121,7 +131,12 @@ class Quadratic:
             return c + (pts[0][1] - c) * max(0.0, x) / pts[0][0]
         i = min(bisect_right(pts, x, key=_first), len(pts) - 1)
         (xa, ya), (xb, yb) = pts[i - 1], pts[i]
-        return ya + (yb - ya) * (x - xa) / (xb - xa)
+        if ya <= 0.0 or yb <= ya:
+            return ya + (yb - ya) * (x - xa) / (xb - xa)
+        power = math.log(yb / ya) / math.log(xb / xa)
+        if x > xb:
+            return yb * (x / xb) ** min(power, MAX_TABLE_POWER)
+        return ya * (x / xa) ** power
 
     def __call__(self, x: float) -> float:
         return self.variable_ms(x) + self.constant_ms
@@ -171,6 +186,10 @@ class LayerCost:
     selective_fwd_fraction: float = 0.0
     """Share of the forward's linear term that selective recomputation re-runs (the attention
     sub-block's projections); its squared term is re-run whole."""
+    per_label: bool = False
+    """``x`` counts label tokens (the layer runs only where the loss is taken: ``lm_head``, loss), not
+    the sequence's tokens. False in cost files written before the distinction (their head layers
+    were priced per LLM token at ``LABEL_FRACTION``)."""
 
     def keys(self) -> list[str]:
         return sorted(self.fwd)
@@ -189,6 +208,7 @@ class LayerCost:
             "bwd_input_fraction": self.bwd_input_fraction,
             "selective_bytes_per_token": self.selective_bytes_per_token,
             "selective_fwd_fraction": self.selective_fwd_fraction,
+            "per_label": self.per_label,
         }
 
     @classmethod
@@ -206,6 +226,7 @@ class LayerCost:
             bwd_input_fraction=float(d.get("bwd_input_fraction", 0.5)),
             selective_bytes_per_token=float(d.get("selective_bytes_per_token", 0.0)),
             selective_fwd_fraction=float(d.get("selective_fwd_fraction", 0.0)),
+            per_label=bool(d.get("per_label", False)),
         )
 
 
@@ -308,6 +329,17 @@ class CostModel:
             return sample.vit_patches_per_image
         return (sample.llm_tokens,)
 
+    @staticmethod
+    def labels(component: Component, sample: SampleMeta) -> tuple[float, ...] | None:
+        """The label tokens per sequence unit (what ``per_label`` layers run on); None on the encoder."""
+        return None if component == "encoder" else (sample.label_tokens,)
+
+    @staticmethod
+    def _layer_units(layer: LayerCost, units: Iterable[int], labels: Iterable[float] | None):
+        if not layer.per_label:
+            return units
+        return labels if labels is not None else [LABEL_FRACTION * x for x in units]
+
     # --- layer and stage times ------------------------------------------------------------------
     def layer_ms(
         self,
@@ -318,10 +350,13 @@ class CostModel:
         tp: int = 1,
         cp: int = 1,
         num_calls: int = 1,
+        labels: Iterable[float] | None = None,
     ) -> float:
-        """Time of one layer over ``units`` (all in ``num_calls`` calls; 0 calls = no constant)."""
+        """Time of one layer over ``units`` (all in ``num_calls`` calls; 0 calls = no constant);
+        a ``per_label`` layer runs on ``labels`` (per unit; None: ``LABEL_FRACTION`` of each unit)."""
         comp = self.component(component)
         layer = comp.layers[layer_idx]
+        units = self._layer_units(layer, units, labels)
         key = parallel_key(tp, cp)
         if key not in layer.fwd:
             raise KeyError(f"{self.model}/{component}/{layer.name}: no cost for {key}; have {layer.keys()}")
@@ -363,19 +398,25 @@ class CostModel:
         tp: int = 1,
         cp: int = 1,
         num_calls: int = 1,
+        labels: Sequence[float] | None = None,
     ) -> float:
-        """Time of layers ``[first, end)`` over ``units`` in ``num_calls`` calls."""
-        return sum(self.layer_ms(component, i, units, phase, tp, cp, num_calls) for i in range(first, end))
+        """Time of layers ``[first, end)`` over ``units`` (label tokens ``labels``) in ``num_calls`` calls."""
+        return sum(
+            self.layer_ms(component, i, units, phase, tp, cp, num_calls, labels) for i in range(first, end)
+        )
 
     def sample_work(self, sample: SampleMeta, tp: int = 1, cp: int = 1) -> SampleWork:
         """Forward + backward ms of the whole of each component for one sample, constants excluded."""
         enc_units = self.units("encoder", sample)
-        llm_units = self.units("llm", sample)
+        llm_units, llm_labels = self.units("llm", sample), self.labels("llm", sample)
         n_enc, n_llm = self.encoder.num_layers, self.llm.num_layers
         enc = sum(
             self.stage_ms("encoder", 0, n_enc, enc_units, p, tp, cp, num_calls=0) for p in ("fwd", "bwd")
         )
-        llm = sum(self.stage_ms("llm", 0, n_llm, llm_units, p, tp, cp, num_calls=0) for p in ("fwd", "bwd"))
+        llm = sum(
+            self.stage_ms("llm", 0, n_llm, llm_units, p, tp, cp, num_calls=0, labels=llm_labels)
+            for p in ("fwd", "bwd")
+        )
         return SampleWork(sample.id, enc, llm, sample)
 
     def per_call_ms(self, component: Component, tp: int = 1, cp: int = 1) -> float:
@@ -463,10 +504,12 @@ class CostModel:
         tp: int = 1,
         cp: int = 1,
         num_calls: int = 1,
+        labels: Iterable[float] | None = None,
     ) -> float:
         """Forward time layer ``layer_idx`` re-runs in its backward under ``recompute`` (0 for a
         layer without backward, and for ``none``)."""
         comp = self.component(component)
+        units = self._layer_units(comp.layers[layer_idx], units, labels)
         key = parallel_key(tp, cp)
         if recompute == "none" or self._bwd_quadratic(comp, layer_idx, key) is None:
             return 0.0

@@ -341,6 +341,5 @@ def _sample_from_json(d: dict) -> SampleWork:
     if "meta" in d:
         m = d["meta"]
         vision = VisionTokenConfig(**m["vision"]) if "vision" in m else DEFAULT_VISION
-        images = tuple((int(h), int(w)) for h, w in m["images"])
-        meta = SampleMeta(m["id"], images, int(m["text_tokens"]), vision)
+        meta = SampleMeta.from_json(m, vision)
     return SampleWork(d["id"], float(d["encoder"]), float(d["llm"]), meta)

@@ -24,10 +24,11 @@ Modelling choices (see ``docs/cost_model.md``):
 * ViT blocks: window attention over 112-px windows (64 patches) is linear in the patch count (each
   patch attends its window); the full-attention blocks (7, 15, 23, 31) are quadratic per image.
 * LLM attention is causal (half the FLOPs of full attention).
-* ``lm_head`` and ``loss`` run only at label positions. The cost model sees only the LLM sequence
-  length ``x``, so label tokens are modelled as a fixed fraction ``label_fraction`` of ``x`` (default
-  ``LABEL_FRACTION`` = 0.2: SynthChartNet's answers are ~17 % of its LLM tokens, LLaVA's ~30 %,
-  ChartQA / COCO-QA's ~1 %).
+* ``lm_head`` and ``loss`` run only at label positions: they are priced per label token
+  (``LayerCost.per_label``), so a sample's answer length (``SampleMeta.label_tokens``: its answer
+  tokens, or ``LABEL_FRACTION`` = 0.2 of its LLM tokens where the data does not say) sets their
+  time. Their activation and message bytes stay per LLM token at ``LABEL_FRACTION``. An explicit
+  ``label_fraction`` prices them per LLM token at that fraction instead, whatever the samples say.
 * Backward = 2x forward FLOPs for matmuls (input + weight gradients, ``bwd_input_fraction`` 0.5),
   2.5x for attention scores (flash-attention recomputation).
 * Activation bytes per token: Megatron's accounting (Korthikanti et al. 2022) in bf16 with flash
@@ -46,6 +47,7 @@ from dataclasses import dataclass, replace
 from entrain.core.architectures import LLMArch, ModelArch, VisionArch, get_arch
 from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic, parallel_key
 from entrain.core.errors import ConfigError
+from entrain.core.samples import LABEL_FRACTION
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -65,7 +67,6 @@ __all__ = [
 
 TP_DEGREES = (1, 2, 4, 8)
 CP_DEGREES = (1, 2)
-LABEL_FRACTION = 0.2
 HARDWARE_PRESETS = ("a40-flops", "a40-paper", "a40-fig4", "cpu-tiny")
 FREEZE_OPTIONS = ("encoder", "vit", "llm")
 """``encoder``: the whole vision tower incl. merger; ``vit``: the tower without the merger (the merger
@@ -131,6 +132,8 @@ class LayerSpec:
     attn_saved_bytes: float = 0.0
     """Of ``activation_bytes_per_token``: what the attention sub-block saves beyond its input (its
     norm output, Q, K, V, the attention output; selective recomputation drops these)."""
+    per_label: bool = False
+    """``x`` counts label tokens (``LayerCost.per_label``)."""
 
 
 def _vision_specs(v: VisionArch) -> list[LayerSpec]:
@@ -204,9 +207,13 @@ def _vision_specs(v: VisionArch) -> list[LayerSpec]:
     return specs
 
 
-def _llm_specs(llm: LLMArch, label_fraction: float) -> list[LayerSpec]:
+def _llm_specs(llm: LLMArch, label_fraction: float | None) -> list[LayerSpec]:
     h, i, q, kv = llm.hidden_size, llm.intermediate_size, llm.q_dim, llm.kv_dim
-    vocab, f = llm.vocab_size, label_fraction
+    # heads: time per label token (f = 1), bytes per LLM token at the default share; or both per LLM
+    # token at an explicit fraction
+    per_label = label_fraction is None
+    vocab, f = llm.vocab_size, 1.0 if per_label else label_fraction
+    fb = LABEL_FRACTION if per_label else label_fraction
     layer_lin = 2.0 * (h * q + 2 * h * kv + q * h + 3 * h * i)
     layer_act = 8.0 * h + 4.0 * q + 4.0 * kv + 6.0 * i
     heads = llm.num_attention_heads
@@ -262,9 +269,10 @@ def _llm_specs(llm: LLMArch, label_fraction: float) -> list[LayerSpec]:
             0,
             0.0,
             heads,
-            f * 2.0 * h,
-            f * 2.0 * vocab,
+            fb * 2.0 * h,
+            fb * 2.0 * vocab,
             llm.lm_head_params(),
+            per_label=per_label,
         ),
         # cross-entropy: read bf16 logits, write/read fp32 softmax; saves fp32 softmax + bf16 logits
         LayerSpec(
@@ -278,17 +286,18 @@ def _llm_specs(llm: LLMArch, label_fraction: float) -> list[LayerSpec]:
             0,
             0.0,
             heads,
-            f * 6.0 * vocab,
-            4.0 * f,
+            fb * 6.0 * vocab,
+            4.0 * fb,
             0,
+            per_label=per_label,
         ),
     ]
     return specs
 
 
-def layer_specs(arch: ModelArch, label_fraction: float = LABEL_FRACTION) -> dict[str, list[LayerSpec]]:
+def layer_specs(arch: ModelArch, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
     """The hardware-independent layer lists of both components."""
-    if not 0.0 < label_fraction <= 1.0:
+    if label_fraction is not None and not 0.0 < label_fraction <= 1.0:
         raise ConfigError(f"label_fraction must be in (0, 1], got {label_fraction}")
     return {"encoder": _vision_specs(arch.vision), "llm": _llm_specs(arch.llm, label_fraction)}
 
@@ -411,6 +420,7 @@ def _layer_cost(
         bwd_input_fraction=0.0 if s.kind in ("patch_embed", "embedding") else 0.5,
         selective_bytes_per_token=s.attn_saved_bytes + (saved if window else 0.0),
         selective_fwd_fraction=s.attn_lin_flops / s.lin_flops if s.lin_flops > 0 else 0.0,
+        per_label=s.per_label,
     )
 
 
@@ -551,7 +561,7 @@ def cost_model_for(
     *,
     hardware_name: str,
     freeze: Iterable[str] = (),
-    label_fraction: float = LABEL_FRACTION,
+    label_fraction: float | None = None,
     attention: str = "flash",
 ) -> CostModel:
     """Build the per-layer cost model of ``arch`` on ``device`` (public for fits and custom presets)."""
@@ -571,7 +581,7 @@ def cost_model_for(
     notes.update(
         {
             "preset": f"{arch.name}/{hardware_name}",
-            "label_fraction": label_fraction,
+            "label_fraction": "per sample" if label_fraction is None else label_fraction,
             "frozen": sorted(set(freeze)),
             "attention": impl,
         }
@@ -590,7 +600,7 @@ def build_cost_model(
     hardware: str,
     *,
     freeze: Iterable[str] = (),
-    label_fraction: float = LABEL_FRACTION,
+    label_fraction: float | None = None,
     attention: str | None = None,
 ) -> CostModel:
     """The analytic cost model of a model preset (or any ``ModelArch``, e.g. one read from Hugging Face
@@ -647,7 +657,9 @@ def resolve_cost_model(
     name = model.name if isinstance(model, ModelArch) else model
     if profile:
         if freeze:
-            raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")
+            raise ConfigError(
+                "--freeze applies to presets; a measured --profile carries its own trainable flags"
+            )
         if attention:
             raise ConfigError("--attention applies to presets; a measured --profile timed its own attention")
         return CostModel.load(profile, expect_model=name)

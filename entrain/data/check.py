@@ -37,7 +37,7 @@ from entrain.core.files import file_problem, printable
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, image_llm_tokens
 from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed
 from entrain.data.problems import image_error, open_image
-from entrain.data.processing import conversion_reason, count_text_tokens
+from entrain.data.processing import conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
 
 __all__ = [
@@ -286,7 +286,7 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
             image_tokens += res.tokens or 0
     if any(sev == ERROR for _, _, sev in problems):
         return problems, None
-    text = count_text_tokens(rec.turns, tokenizer)
+    text, answer = count_tokens(rec.turns, tokenizer)
     if text + image_tokens > max_tokens:
         problems.append(
             (
@@ -296,7 +296,7 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
             )
         )
         return problems, None
-    return problems, SampleMeta(rec.id, tuple(sizes), text, vision)
+    return problems, SampleMeta(rec.id, tuple(sizes), text, vision, answer)
 
 
 @dataclass

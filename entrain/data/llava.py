@@ -415,7 +415,7 @@ def record_meta(
     check). Raises DataError naming the record and image for an unreadable image.
     """
     from entrain.data.metadata_cache import file_stamp
-    from entrain.data.processing import count_text_tokens
+    from entrain.data.processing import count_tokens
 
     dims = []
     for i, src in enumerate(record.images):
@@ -434,8 +434,8 @@ def record_meta(
             if sizes is not None and key is not None:
                 sizes[key] = hw
         dims.append(hw)
-    text = count_text_tokens(record.turns, tokenizer)
-    return SampleMeta(record.id, tuple(dims), text, vision)
+    text, answer = count_tokens(record.turns, tokenizer)
+    return SampleMeta(record.id, tuple(dims), text, vision, answer)
 
 
 def _short(src: str | bytes) -> str:

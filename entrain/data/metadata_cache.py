@@ -22,7 +22,7 @@ from entrain.core.samples import SampleMeta, VisionTokenConfig
 __all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "file_stamp", "load", "store"]
 
 CACHE_DIRNAME = ".entrain_cache"
-_VERSION = 2
+_VERSION = 3
 
 
 def file_stamp(path: str | Path) -> list[int] | None:
@@ -74,9 +74,7 @@ def load(
                 return None
             out = []
             for line in f:
-                d = json.loads(line)
-                images = tuple((int(h), int(w)) for h, w in d["images"])
-                out.append(SampleMeta(str(d["id"]), images, int(d["text_tokens"]), vision))
+                out.append(SampleMeta.from_json(json.loads(line), vision))
             return out
     except (OSError, ValueError, KeyError, TypeError):
         return None

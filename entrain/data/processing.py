@@ -34,6 +34,7 @@ __all__ = [
     "EncodedSample",
     "conversion_reason",
     "count_text_tokens",
+    "count_tokens",
     "encode_sample",
     "format_chat",
     "image_processor",
@@ -118,7 +119,9 @@ def _format_with_template(
         start = len(tokenizer.chat(messages[:i], add_generation_prompt=True)) if i else 0
         upto = tokenizer.chat(messages[: i + 1])
         if ids[: len(upto)] != upto:
-            raise ValueError(f"{tokenizer.name}: the chat template renders message {i} differently in context")
+            raise ValueError(
+                f"{tokenizer.name}: the chat template renders message {i} differently in context"
+            )
         labels[start : len(upto)] = ids[start : len(upto)]
     return ids, labels
 
@@ -134,6 +137,15 @@ def count_text_tokens(turns: Sequence[tuple[str, str]], tokenizer: TextTokenizer
         body = text.replace(IMAGE_PLACEHOLDER, VISION_START + VISION_END)
         n += tokenizer.count(f"{IM_START}{role}\n{body}{IM_END}\n")
     return n
+
+
+def count_tokens(turns: Sequence[tuple[str, str]], tokenizer: TextTokenizer) -> tuple[int, int]:
+    """``(text tokens, answer tokens)`` of the chat-formatted conversation: ``count_text_tokens``, and
+    the positions the loss is taken at (a supervised next token: ``labels[1:]`` not ignored), which
+    image tokens never are (``<image>`` in an assistant turn is a data error)."""
+    counts = [0] * sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+    ids, labels = format_chat(turns, counts, tokenizer)
+    return len(ids), sum(1 for x in labels[1:] if x != IGNORE_INDEX)
 
 
 # --- images ---------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Formats (CONTRACT.md "Names"), one JSON object per line, detected per file from the first
 record's keys:
 
-- workload JSONL: ``{"id": str, "images": [[H, W], ...], "text_tokens": int}`` (pixels, tokens);
+- workload JSONL: ``{"id": str, "images": [[H, W], ...], "text_tokens": int}`` (pixels, tokens), optionally
+  ``"answer_tokens": int`` (the supervised tokens, what ``lm_head`` and the loss run on);
 - raw-work JSONL: ``{"id": str, "encoder": ms, "llm": ms}``: per-sample forward+backward ms of the
   whole component on one replica, used as given (the cost model is not consulted);
 - LLaVA JSON/JSONL (records with ``conversations``): refused until the data issue (issue 5) lands.
@@ -150,7 +151,15 @@ def _parse_workload(path: str, line_no: int, record: dict, vision: VisionTokenCo
         raise DataError(path, line_no, "text_tokens", f"expected an integer >= 0, got {_json(text)}")
     if text == 0 and not images:
         raise DataError(path, line_no, "text_tokens", "sample has no images and no text tokens")
-    return SampleMeta(sample_id, images, text, vision)
+    answer = record.get("answer_tokens")
+    if answer is not None and (not _is_int(answer) or not 0 <= answer <= text):
+        raise DataError(
+            path,
+            line_no,
+            "answer_tokens",
+            f"expected an integer in 0..text_tokens ({text}), got {_json(answer)}",
+        )
+    return SampleMeta(sample_id, images, text, vision, answer)
 
 
 def _parse_raw_work(path: str, line_no: int, record: dict) -> SampleWork:
@@ -227,14 +236,15 @@ def sample_works(
     samples: Sequence[SampleMeta], cost: CostModel, tp: int = 1, cp: int = 1, memo: dict | None = None
 ) -> list[SampleWork]:
     """``cost.sample_work(s, tp, cp)`` for each sample, memoised per component on the sample's
-    sequence units (``CostModel.units``, the only input of ``sample_work``): the encoder part is
-    costed once per distinct image-size tuple, the LLM part once per distinct sequence length. Pass
+    sequence units and label tokens (``CostModel.units`` / ``labels``, the only inputs of
+    ``sample_work``): the encoder part is costed once per distinct image-size tuple, the LLM part once
+    per distinct (sequence length, label tokens). Pass
     the same ``memo`` dict to reuse it across calls with the same ``cost``, ``tp`` and ``cp``."""
     memo = {} if memo is None else memo
     out = []
     for s in samples:
         enc_key = ("encoder", cost.units("encoder", s))
-        llm_key = ("llm", cost.units("llm", s))
+        llm_key = ("llm", cost.units("llm", s), cost.labels("llm", s))
         if enc_key not in memo or llm_key not in memo:
             w = cost.sample_work(s, tp, cp)
             memo.setdefault(enc_key, w.encoder)

@@ -6,9 +6,9 @@ for a sample without communication. Layout of one sample's LLM sequence (Qwen2.5
     [<|vision_start|> <|image_pad|> * m_i <|vision_end|>] per image, prompt text, answer text
 
 ``text_tokens`` counts every non-image token (markers included); text ids follow a Zipf law over the
-first 4,000 regular ids. The answer is the last
-``max(1, round(0.2 * text_tokens))`` tokens (``LABEL_FRACTION``, as the cost presets assume); the loss is taken at the positions that predict them (labels on
-the answer part only). Pixel values are seeded N(0, 1) patches (windows of a seeded bank) of the ``smart_resize``-d size:
+first 4,000 regular ids. The answer is the last ``answer_tokens`` tokens where the metadata says,
+else ``max(1, round(0.2 * text_tokens))`` (``LABEL_FRACTION``), at most what the text holds; the loss
+is taken at the positions that predict them (labels on the answer part only). Pixel values are seeded N(0, 1) patches (windows of a seeded bank) of the ``smart_resize``-d size:
 ``[(H'/14) * (W'/14), 1176]`` rows per image with ``grid_thw = (1, H'/14, W'/14)``.
 """
 
@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from entrain.core.errors import DataError
-from entrain.core.presets import LABEL_FRACTION
-from entrain.core.samples import SampleMeta, VisionTokenConfig, smart_resize
+from entrain.core.samples import LABEL_FRACTION, SampleMeta, VisionTokenConfig, smart_resize
 from entrain.models.config import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, VLMConfig
 from entrain.models.vlm import LLMBatch
 
@@ -217,7 +216,10 @@ class SampleRenderer:
         text = meta.text_tokens
         use_markers = text >= 2 * len(grid) + 2
         num_markers = 2 * len(grid) if use_markers else 0
-        num_answer = max(0, min(max(1, round(LABEL_FRACTION * text)), text - num_markers - 1))
+        wanted = (
+            meta.answer_tokens if meta.answer_tokens is not None else max(1, round(LABEL_FRACTION * text))
+        )
+        num_answer = max(0, min(wanted, text - num_markers - 1))
         words = self._words(text - num_markers, gen)
         ids: list[int] = []
         image_pos: list[int] = []

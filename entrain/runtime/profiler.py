@@ -3,7 +3,8 @@
 Every layer of the cost model's lists (encoder: patch_embed, blocks, merger; LLM: embed_tokens,
 decoder layers, norm, lm_head, loss) runs alone as a one-layer stage on one sequence unit of ``x``
 tokens (an image of ``x`` ViT patches; a sample of ``x`` LLM tokens with ``LABEL_FRACTION`` of them
-labelled). Each size: ``warmup`` untimed runs, then the median of ``repeats`` timed runs; thread-CPU
+labelled; for the layers that run only at label positions, ``LayerCost.per_label``: ``x`` labelled
+tokens, so their curves are per label token). Each size: ``warmup`` untimed runs, then the median of ``repeats`` timed runs; thread-CPU
 time on the CPU (one thread), CUDA events around the forward and the backward on a GPU.
 
 Representative layers: layers of one ``kind`` (``vit_block_window``, ``vit_block_full``,
@@ -33,7 +34,7 @@ from scipy.optimize import isotonic_regression, nnls
 from torch import nn
 
 from entrain.core.costmodel import ComponentCost, CostModel, LayerCost, Quadratic, parallel_key
-from entrain.core.presets import LABEL_FRACTION
+from entrain.core.samples import LABEL_FRACTION
 from entrain.models.config import VLMConfig
 from entrain.models.vlm import VLM, LLMBatch, build_stage
 
@@ -177,7 +178,7 @@ def representative_config(cfg: VLMConfig) -> tuple[VLMConfig, dict[str, dict[int
     return small, {"encoder": enc, "llm": llm}
 
 
-def _encoder_input(model: VLM, layer: int, x: int, device: torch.device):
+def _encoder_input(model: VLM, layer: int, x: int, device: torch.device, per_label: bool = False):
     cfg = model.cfg
     grid_t = image_grid(x, cfg.vision.spatial_merge_size)
     grid = torch.tensor([grid_t], dtype=torch.int64, device=device)
@@ -187,9 +188,9 @@ def _encoder_input(model: VLM, layer: int, x: int, device: torch.device):
     return (inp, grid), n
 
 
-def _llm_input(model: VLM, layer: int, x: int, device: torch.device):
+def _llm_input(model: VLM, layer: int, x: int, device: torch.device, per_label: bool = False):
     cfg = model.cfg
-    num_labels = max(1, round(LABEL_FRACTION * x))
+    num_labels = x if per_label else max(1, round(LABEL_FRACTION * x))
     ids = torch.randint(0, cfg.llm.vocab_size, (x,), device=device)
     label_pos = torch.arange(x - num_labels, x, device=device)
     batch = LLMBatch(
@@ -275,12 +276,13 @@ def _measure_layer(
     repeats: int,
     warmup: int,
     budget_s: float = math.inf,
+    per_label: bool = False,
 ) -> tuple[list[int], list[float], list[float]]:
     stage = build_stage(model, comp, layer, layer + 1)
     make = _encoder_input if comp == "encoder" else _llm_input
     xs, fwd, bwd = [], [], []
     for x in tokens:
-        args, units = make(model, layer, x, device)
+        args, units = make(model, layer, x, device, per_label)
         f, b = _measure(lambda args=args: stage(*args), device, repeats, warmup, budget_s)
         xs.append(units)
         fwd.append(f)
@@ -322,7 +324,9 @@ def profile_model(
         for i in sorted(set(rep[comp].values())):
             full_idx = min(k for k, v in rep[comp].items() if v == i)
             base = base_layers[full_idx]
-            xs, fwd, bwd = _measure_layer(model, comp, i, tokens, device, repeats, warmup, budget_s)
+            xs, fwd, bwd = _measure_layer(
+                model, comp, i, tokens, device, repeats, warmup, budget_s, base.per_label
+            )
             curves = []
             for phase, ms in (("fwd", fwd), ("bwd", bwd)):
                 curve, q_quality, used = fit_curve(xs, ms)

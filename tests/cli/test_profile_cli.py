@@ -45,6 +45,8 @@ def test_profile_tiny_writes_a_loadable_cost_model(profiled):
             q = layer.fwd["tp1cp1"]
             assert min(q.a, q.b, q.c) >= 0 and q(32) > 0
     assert cost.notes["source"] == "entrain profile"
+    # lm_head and the loss are measured and priced per label token
+    assert [layer.per_label for layer in cost.llm.layers] == [False] * 4 + [True] * 2
     # one decoder layer measured, replicated onto the other
     assert cost.llm.layers[1].fwd == cost.llm.layers[2].fwd
     assert cost.notes["representatives"]["llm"]["layers.1"] == "layers.0"

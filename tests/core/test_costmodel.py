@@ -71,3 +71,18 @@ def test_load_refuses_a_profile_of_another_model(tmp_path):
     assert CostModel.load(str(path), expect_model="toy").model == "toy"
     with pytest.raises(ConfigError, match="profile is for model 'toy' but --model is 'tiny'"):
         CostModel.load(str(path), expect_model="tiny")
+
+
+def test_a_table_follows_the_power_law_between_its_points():
+    """A measured table is read on log-log axes: exact for a pure power (a straight line would put
+    x^2 sampled at 1024 and 4096 tokens 50 % too high at 2048), its last segment's power beyond the
+    last point (at most quadratic), linear from the per-call constant below the first."""
+    square = Quadratic(table=((16.0, 256.0), (1024.0, 1024.0**2), (4096.0, 4096.0**2)))
+    for x in (100.0, 2048.0, 3000.0):
+        assert square(x) == pytest.approx(x * x)
+    assert square(8192.0) == pytest.approx(8192.0**2)
+    steep = Quadratic(table=((10.0, 1.0), (20.0, 8.0)))  # x^3 measured: extended at most as x^2
+    assert steep(40.0) == pytest.approx(8.0 * 4.0)
+    flat = Quadratic(table=((16.0, 1.0), (64.0, 1.0), (256.0, 3.0)))  # a flat segment stays flat
+    assert flat(32.0) == pytest.approx(1.0)
+    assert flat.constant_ms == pytest.approx(1.0)

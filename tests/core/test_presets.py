@@ -91,9 +91,20 @@ def test_lm_head_costs_about_four_decoder_layers_at_all_tokens():
     head = cost.llm.layers[names.index("lm_head")].fwd["tp1cp1"].b
     layer = cost.llm.layers[names.index("layers.0")].fwd["tp1cp1"].b
     assert 4.0 <= head / layer <= 5.5
-    # at the default label fraction the head is much cheaper
+    # by default the head is priced per label token: a sample's answer tokens where its data says,
+    # else LABEL_FRACTION (0.2) of its LLM tokens
     cost_default = build_cost_model("qwen25vl-llama3-1b", "a40-flops")
-    assert cost_default.llm.layers[names.index("lm_head")].fwd["tp1cp1"].b == pytest.approx(0.2 * head)
+    i = names.index("lm_head")
+    assert cost_default.llm.layers[i].per_label and not cost.llm.layers[i].per_label
+    assert cost_default.llm.layers[i].fwd["tp1cp1"].b == pytest.approx(head)
+    unknown = SampleMeta("s", (), 1000)
+    answered = SampleMeta("s", (), 1000, answer_tokens=700)
+
+    def head_ms(c, s):
+        return c.layer_ms("llm", i, c.units("llm", s), "fwd", labels=c.labels("llm", s), num_calls=0)
+
+    assert head_ms(cost_default, unknown) == pytest.approx(head_ms(cost, unknown) * 0.2)
+    assert head_ms(cost_default, answered) == pytest.approx(head_ms(cost, unknown) * 0.7)
 
 
 def test_window_vs_full_attention_blocks():

@@ -152,6 +152,9 @@ def test_read_metadata_sizes_and_tokens(dataset):
     assert metas[0].text_tokens == 11 + 2 + 1 + 10 + TOK.count(q) + TOK.count(a)
     recs = list(llava.iter_records(path))
     assert [m.text_tokens for m in metas] == [count_text_tokens(r.turns, TOK) for r in recs]
+    # the answer: the assistant turn's text and its end marker + newline
+    assert metas[0].answer_tokens == TOK.count(a) + 2
+    assert metas[0].label_tokens == metas[0].answer_tokens
 
 
 def test_metadata_cache_hit_and_invalidation(dataset, monkeypatch, tmp_path):
@@ -164,7 +167,8 @@ def test_metadata_cache_hit_and_invalidation(dataset, monkeypatch, tmp_path):
         raise AssertionError("cache not used")
 
     monkeypatch.setattr(llava, "record_meta", boom)
-    assert llava.read_metadata(path) == first
+    cached = llava.read_metadata(path)
+    assert cached == first and [m.answer_tokens for m in cached] == [m.answer_tokens for m in first]
     _write_json(path, records[:2])
     os.utime(path, ns=(1, 1))
     with pytest.raises(AssertionError, match="cache not used"):

@@ -57,6 +57,17 @@ def test_labels_only_on_assistant_turns():
     assert PAD not in labelled and IM_START not in labelled
 
 
+def test_answer_tokens_are_the_positions_the_loss_is_taken_at():
+    """``count_tokens``: the text count, and the supervised next tokens (``labels[1:]`` kept), which is
+    how many label positions the runtime packs (``RecordSource`` -> ``label_positions``)."""
+    turns = [("user", "<image>\nWhat is it?"), ("assistant", "A cat."), ("user", "Color?"), ("assistant", "Grey.")]
+    ids, labels = pr.format_chat(turns, [4], TOK)
+    text, answer = pr.count_tokens(turns, TOK)
+    assert text == len(ids) - 4 == pr.count_text_tokens(turns, TOK)
+    assert answer == len(TOK.encode("A cat.<|im_end|>\n")) + len(TOK.encode("Grey.<|im_end|>\n"))
+    assert answer == sum(1 for x in labels[1:] if x != pr.IGNORE_INDEX)
+
+
 def test_system_turn_replaces_the_default():
     ids, _ = pr.format_chat([("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello")], [], TOK)
     assert TOK.decode(ids).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi")

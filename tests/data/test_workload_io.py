@@ -25,11 +25,15 @@ def _write(path, lines: list[str]) -> str:
 
 
 def test_round_trip(tmp_path):
-    samples = generate_samples("chartqa", 50, seed=3) + [SampleMeta("multi", ((100, 200), (300, 28)), 7)]
+    samples = generate_samples("chartqa", 50, seed=3) + [
+        SampleMeta("multi", ((100, 200), (300, 28)), 7),
+        SampleMeta("answered", ((100, 200),), 90, answer_tokens=60),
+    ]
     path = str(tmp_path / "w.jsonl")
     write_workload_jsonl(path, samples)
     back = read_workload_jsonl(path)
     assert back == samples
+    assert back[-1].answer_tokens == 60 and back[-2].answer_tokens is None
     assert [s.images for s in back] == [s.images for s in samples]
     assert detect_format(path) == "workload"
 
@@ -66,6 +70,8 @@ GOOD = '{"id": "ok", "images": [[480, 640]], "text_tokens": 30}'
         ('{"id": "x", "images": [[480, 640]], "text_tokens": -1}', "text_tokens", ">= 0"),
         ('{"id": "x", "images": [[480, 640]], "text_tokens": "30"}', "text_tokens", "integer"),
         ('{"id": "x", "images": [], "text_tokens": 0}', "text_tokens", "no images and no text"),
+        ('{"id": "x", "images": [], "text_tokens": 5, "answer_tokens": 6}', "answer_tokens", "0..text_tokens"),
+        ('{"id": "x", "images": [], "text_tokens": 5, "answer_tokens": 1.5}', "answer_tokens", "integer"),
         (
             '{"id": "ok", "images": [[480, 640]], "text_tokens": 30}',
             "id",

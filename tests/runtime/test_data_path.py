@@ -90,3 +90,19 @@ def test_generated_samples_ignore_prefetch():
     r.prefetch([w.id for w in batch])
     assert r._pool is None and r._pending == {}
     r.close()
+
+
+def test_a_rendered_answer_has_the_metadatas_length():
+    """Generated samples whose metadata counts answer tokens are rendered with exactly that many label
+    positions (what the cost model prices ``lm_head`` and the loss on); without the count, 20 % of the
+    text."""
+    from entrain.core.samples import SampleMeta
+
+    cfg = get_model_config("tiny")
+    metas = {
+        "a": SampleMeta("a", ((224, 224),), 300, answer_tokens=250),
+        "b": SampleMeta("b", ((224, 224),), 300),
+    }
+    renderer = SampleRenderer(cfg, metas, seed=0)
+    assert len(renderer.sample("a").label_positions) == 250 == metas["a"].label_tokens
+    assert len(renderer.sample("b").label_positions) == 60

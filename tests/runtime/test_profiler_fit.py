@@ -3,6 +3,8 @@ model prices with it, and the representative-layer map of the paper-size presets
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -73,10 +75,12 @@ def test_table_interpolates_extrapolates_and_splits_the_per_call_constant():
     q = Quadratic(9.0, 9.0, 9.0, table=((10.0, 2.0), (20.0, 3.0), (40.0, 7.0)))
     assert q.constant_ms == pytest.approx(1.0)  # the first segment at x = 0
     assert q(0) == pytest.approx(1.0) and q(5) == pytest.approx(1.5)
-    assert q(30) == pytest.approx(5.0) and q(60) == pytest.approx(11.0)  # last segment extended
-    assert q.variable_ms(30) == pytest.approx(4.0)
+    # between points and beyond the last one: the power law through the last segment, 3 * (x / 20)^k
+    k = math.log(7.0 / 3.0) / math.log(2.0)
+    assert q(30) == pytest.approx(3.0 * 1.5**k) and q(60) == pytest.approx(7.0 * 1.5**k)
+    assert q.variable_ms(30) == pytest.approx(3.0 * 1.5**k - 1.0)
     assert Quadratic.from_json(q.to_json()) == q
-    assert q.scaled(0.5)(30) == pytest.approx(2.5)
+    assert q.scaled(0.5)(30) == pytest.approx(1.5 * 1.5**k)
     assert "table" not in Quadratic(1, 2, 3).to_json()  # the analytic presets' JSON is unchanged
 
 
@@ -105,7 +109,8 @@ def test_layer_ms_prices_units_with_the_table_and_round_trips():
     # two units of 20 in one call: 2 x variable (2.0) + one constant (1.0)
     assert cost.layer_ms("llm", 1, [20, 20], "fwd") == pytest.approx(5.0)
     assert cost.layer_ms("llm", 1, [20, 20], "fwd", num_calls=0) == pytest.approx(4.0)
-    assert CostModel.from_json(cost.to_json()).layer_ms("llm", 1, [15], "bwd") == pytest.approx(2.5)
+    at_15 = 2.0 * 1.5 ** (math.log(1.5) / math.log(2.0))  # the power law through (10, 2) and (20, 3)
+    assert CostModel.from_json(cost.to_json()).layer_ms("llm", 1, [15], "bwd") == pytest.approx(at_15)
     frozen = _cost(curve, trainable=False)  # input gradients only: bwd_input_fraction of the table
     assert frozen.layer_ms("llm", 1, [20], "bwd") == pytest.approx(1.5)
 
@@ -130,3 +135,19 @@ def test_image_grid_has_mergeable_sides():
     for n in (16, 64, 100, 256, 1000, 4096):
         t, h, w = image_grid(n)
         assert t == 1 and h % 2 == 0 and w % 2 == 0 and abs(h * w - n) <= max(8, 0.25 * n)
+
+
+def test_label_layers_are_timed_on_x_label_tokens():
+    """``lm_head`` and the loss (``per_label``) get ``x`` labelled positions, other LLM layers
+    ``LABEL_FRACTION`` of ``x``: their curves are per label token, as the cost model reads them."""
+    import torch
+
+    from entrain.runtime.profiler import _llm_input, timing_model
+
+    cfg = get_model_config("tiny")
+    model = timing_model(representative_config(cfg)[0])
+    loss = model.cfg.llm_layer_names.index("loss")
+    (inp, batch), units = _llm_input(model, loss, 64, torch.device("cpu"), per_label=True)
+    assert units == 64 and inp.shape[0] == 64 and len(batch.label_positions) == 64
+    (inp, batch), _ = _llm_input(model, loss, 64, torch.device("cpu"))
+    assert len(batch.label_positions) == 13 == inp.shape[0]

@@ -38,7 +38,7 @@ def test_tabled_stage_is_priced_exactly(kind, ids):
     layout = disjoint_layout(1, 2, enc_layers=2, llm_layers=2)
     samples = _samples(cost)
     costs = PlanCosts(layout, cost, samples)
-    assert costs.tabled == (False, False, True)
+    assert costs.per_sample == (False, False, True)
     units = [x for sid in ids for x in cost.units("llm", samples[sid].meta)]
     phase = "fwd" if kind is ActionKind.F else "bwd"
     exact = cost.stage_ms("llm", 1, 2, units, phase, num_calls=1)
@@ -85,9 +85,41 @@ def test_quadratic_stages_keep_the_closed_form():
     layout = disjoint_layout(1, 2, enc_layers=2, llm_layers=2)
     samples = _samples(cost)
     costs = PlanCosts(layout, cost, samples)
-    assert costs.tabled == (False, False, False)
+    assert costs.per_sample == (False, False, False)
     ids = ("s1", "s3")
     for stage, (comp, first, end) in enumerate([("encoder", 0, 2), ("llm", 0, 1), ("llm", 1, 2)]):
         units = [x for sid in ids for x in cost.units(comp, samples[sid].meta)]
         exact = cost.stage_ms(comp, first, end, units, "bwd", num_calls=1)
         assert costs.compute_ms(stage, ActionKind.B, ids) == pytest.approx(exact)
+
+
+def _head_cost():
+    """The toy model with its last LLM layer run on label tokens only (an ``lm_head``)."""
+    cost = toy_cost(enc_layers=2, llm_layers=2, call_ms=0.1)
+    layers = list(cost.llm.layers)
+    layers[1] = replace(layers[1], per_label=True)
+    return replace(cost, llm=replace(cost.llm, layers=tuple(layers)))
+
+
+@pytest.mark.parametrize("kind", [ActionKind.F, ActionKind.B])
+def test_a_label_layer_is_priced_on_each_samples_answer_tokens(kind):
+    """Two samples of equal length, one answering in 10 tokens, one in 900: the head stage costs what
+    their answers cost; without answer counts, LABEL_FRACTION of the tokens."""
+    cost = _head_cost()
+    layout = disjoint_layout(1, 2, enc_layers=2, llm_layers=2)
+    metas = [
+        SampleMeta("short", (), 1000, answer_tokens=10),
+        SampleMeta("long", (), 1000, answer_tokens=900),
+        SampleMeta("unknown", (), 1000),
+    ]
+    costs = PlanCosts(layout, cost, {m.id: cost.sample_work(m) for m in metas})
+    assert costs.per_sample == (False, False, True)
+    phase = "fwd" if kind is ActionKind.F else "bwd"
+    head = cost.llm.layers[1].fwd[KEY] if phase == "fwd" else cost.llm.layers[1].bwd[KEY]
+    for sid, labels in (("short", 10), ("long", 900), ("unknown", 200)):
+        assert costs.compute_ms(2, kind, (sid,)) == pytest.approx(head(labels))
+    assert costs.compute_ms(2, kind, ("short", "long")) == pytest.approx(
+        head.variable_ms(10) + head.variable_ms(900) + head.constant_ms
+    )
+    # the decoder stage in front of it sees tokens only
+    assert costs.compute_ms(1, kind, ("short",)) == pytest.approx(costs.compute_ms(1, kind, ("long",)))

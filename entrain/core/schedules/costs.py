@@ -7,10 +7,11 @@ by the simulator, so every executor of a Plan prices an action the same way.
   unit (an image's ViT patches on the encoder, a sample's tokens on the LLM) plus each layer's
   per-call constant ``c`` once (one call per (sub-)microbatch), at the component's TP/CP degree. An
   encoder (sub-)microbatch of text-only samples costs nothing: the runtime makes no call.
-* A stage with a layer priced by a measured piecewise-linear ``table`` (``Quadratic.table``, from
-  ``entrain profile``) is not a quadratic: its (sub-)microbatch time is the exact
-  ``CostModel.stage_ms`` over the samples' units, summed per sample (memoised) plus the per-call
-  constants once. Stages of pure quadratics keep the closed form above.
+* A stage with a layer priced by a measured ``table`` (``Quadratic.table``, from ``entrain profile``)
+  is not a quadratic, and one with a layer that runs on label tokens (``LayerCost.per_label``: the
+  ``lm_head`` and the loss) depends on each sample's answer length as well: their (sub-)microbatch
+  time is the exact ``CostModel.stage_ms`` over the samples' units and label tokens, summed per
+  sample (memoised) plus the per-call constants once. Other stages keep the closed form above.
 * A raw-work sample (no token metadata) has only its whole-component forward+backward work ``w``.
   It is priced as ``x = w / sum_l (b_fwd,l + b_bwd,l)`` linear-equivalent tokens: each stage gets
   ``sum_{l in stage} b_l * x``, i.e. the sample's work split over stages (and over forward and
@@ -83,8 +84,9 @@ class PlanCosts:
         self.cost = cost
         self.samples = samples
         self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
-        self.tabled = tuple(self._has_table(i) for i in range(len(layout.stages)))
-        """Per stage: whether a layer has a cost table (priced exactly per sample, not by its quad)."""
+        self.per_sample = tuple(self._priced_per_sample(i) for i in range(len(layout.stages)))
+        """Per stage: whether a layer has a cost table or runs on label tokens (priced exactly per
+        sample, not by its quad)."""
         self._sample_ms: dict[tuple[int, str, str], float] = {}
         self._raw_tokens_per_ms = {c: self._linear_ms_per_token(c) for c in ("encoder", "llm")}
         self._unit_sums: dict[tuple[str, str], tuple[float, float]] = {}
@@ -156,18 +158,18 @@ class PlanCosts:
         par = self.layout.components.get(comp)
         return (par.tp, par.cp) if par else (1, 1)
 
-    def _has_table(self, stage: int) -> bool:
+    def _priced_per_sample(self, stage: int) -> bool:
         spec = self.layout.stages[stage]
         key = parallel_key(*self._parallel(spec.component))
         layers = self.cost.component(spec.component).layers[spec.first_layer : spec.end_layer]
         return any(
-            q is not None and bool(q.table)
+            layer.per_label or (q is not None and bool(q.table))
             for layer in layers
             for q in (layer.fwd.get(key), layer.bwd.get(key))
         )
 
     def _variable_ms(self, stage: int, phase: str, sid: str) -> float:
-        """A sample's share of a tabled stage's time (constants excluded), exact; raw-work samples
+        """A sample's share of a per-sample priced stage's time (constants excluded), exact; raw-work samples
         keep their linear-equivalent price."""
         key = (stage, phase, sid)
         got = self._sample_ms.get(key)
@@ -177,12 +179,13 @@ class PlanCosts:
             if work.meta is not None:
                 tp, cp = self._parallel(spec.component)
                 units = self.cost.units(spec.component, work.meta)
+                labels = self.cost.labels(spec.component, work.meta)
                 got = self.cost.stage_ms(
-                    spec.component, spec.first_layer, spec.end_layer, units, phase, tp, cp, num_calls=0
+                    spec.component, spec.first_layer, spec.end_layer, units, phase, tp, cp, 0, labels
                 )
                 if phase != "fwd":
                     got += sum(
-                        self.cost.recompute_ms(spec.component, i, units, spec.recompute, tp, cp, 0)
+                        self.cost.recompute_ms(spec.component, i, units, spec.recompute, tp, cp, 0, labels)
                         for i in range(spec.first_layer, spec.end_layer)
                     )
             else:
@@ -269,7 +272,7 @@ class PlanCosts:
         if comp == "encoder" and lin == 0:  # text-only samples: the runtime makes no encoder call
             return 0.0
         factor = self.cost.small_call_factor(comp, lin)
-        if self.tabled[stage]:
+        if self.per_sample[stage]:
             return factor * sum(self._variable_ms(stage, phase, s) for s in ids) + c
         return factor * (a * sq + b * lin) + c
 

@@ -81,6 +81,22 @@ def _target(args: argparse.Namespace):
     return arch, VLMConfig(arch=arch, vision_dir=args.vision_model, llm_dir=args.llm_model)
 
 
+def _device(name: str | None):
+    """The device to time on; a CPU runs one thread with freed memory kept, as `entrain train`
+    workers do (``entrain.runtime.cpu_allocator``)."""
+    import torch
+
+    from entrain.runtime.cpu_allocator import keep_freed_memory
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no GPU")
+    device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+        keep_freed_memory()
+    return device
+
+
 def run(args: argparse.Namespace) -> int:
     tokens = _tokens(args.tokens)
     if args.repeats < 1:
@@ -90,18 +106,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from entrain.core.presets import build_cost_model
-    from entrain.runtime.cpu_allocator import keep_freed_memory
     from entrain.runtime.profiler import profile_model
 
     arch, model_cfg = _target(args)
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but torch sees no GPU")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(1)
-        keep_freed_memory()  # the regime `entrain train` workers run in
+    device = _device(args.device)
 
     def log(fit) -> None:
         print(_fit_line(fit), file=sys.stderr)

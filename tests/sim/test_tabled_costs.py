@@ -113,11 +113,14 @@ def test_a_label_layer_is_priced_on_each_samples_answer_tokens(kind):
         SampleMeta("unknown", (), 1000),
     ]
     costs = PlanCosts(layout, cost, {m.id: cost.sample_work(m) for m in metas})
-    assert costs.per_sample == (False, False, True)
+    assert costs.per_sample == (False, False, False) and costs.label_stages == (False, False, True)
     phase = "fwd" if kind is ActionKind.F else "bwd"
     head = cost.llm.layers[1].fwd[KEY] if phase == "fwd" else cost.llm.layers[1].bwd[KEY]
     for sid, labels in (("short", 10), ("long", 900), ("unknown", 200)):
         assert costs.compute_ms(2, kind, (sid,)) == pytest.approx(head(labels))
+    assert costs.compute_ms(2, kind, ("unknown", "unknown")) == pytest.approx(
+        2 * head.variable_ms(200) + head.constant_ms
+    )  # the closed form
     assert costs.compute_ms(2, kind, ("short", "long")) == pytest.approx(
         head.variable_ms(10) + head.variable_ms(900) + head.constant_ms
     )

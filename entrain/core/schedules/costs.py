@@ -9,9 +9,11 @@ by the simulator, so every executor of a Plan prices an action the same way.
   encoder (sub-)microbatch of text-only samples costs nothing: the runtime makes no call.
 * A stage with a layer priced by a measured ``table`` (``Quadratic.table``, from ``entrain profile``)
   is not a quadratic, and one with a layer that runs on label tokens (``LayerCost.per_label``: the
-  ``lm_head`` and the loss) depends on each sample's answer length as well: their (sub-)microbatch
-  time is the exact ``CostModel.stage_ms`` over the samples' units and label tokens, summed per
-  sample (memoised) plus the per-call constants once. Other stages keep the closed form above.
+  ``lm_head`` and the loss) depends on each sample's answer length where the data gives it: their
+  (sub-)microbatch time is the exact ``CostModel.stage_ms`` over the samples' units and label
+  tokens, summed per sample (memoised) plus the per-call constants once. Other stages, and label
+  stages over samples without answer counts (``LABEL_FRACTION`` of the tokens: linear, so the closed
+  form is exact), keep the closed form above.
 * A raw-work sample (no token metadata) has only its whole-component forward+backward work ``w``.
   It is priced as ``x = w / sum_l (b_fwd,l + b_bwd,l)`` linear-equivalent tokens: each stage gets
   ``sum_{l in stage} b_l * x``, i.e. the sample's work split over stages (and over forward and
@@ -84,9 +86,11 @@ class PlanCosts:
         self.cost = cost
         self.samples = samples
         self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
-        self.per_sample = tuple(self._priced_per_sample(i) for i in range(len(layout.stages)))
-        """Per stage: whether a layer has a cost table or runs on label tokens (priced exactly per
-        sample, not by its quad)."""
+        self.per_sample = tuple(self._has_table(i) for i in range(len(layout.stages)))
+        """Per stage: whether a layer has a cost table (priced exactly per sample, not by its quad)."""
+        self.label_stages = tuple(self._has_label_layer(i) for i in range(len(layout.stages)))
+        """Per stage: whether a layer runs on label tokens (priced per sample over samples whose
+        answer counts are known)."""
         self._sample_ms: dict[tuple[int, str, str], float] = {}
         self._raw_tokens_per_ms = {c: self._linear_ms_per_token(c) for c in ("encoder", "llm")}
         self._unit_sums: dict[tuple[str, str], tuple[float, float]] = {}
@@ -158,15 +162,24 @@ class PlanCosts:
         par = self.layout.components.get(comp)
         return (par.tp, par.cp) if par else (1, 1)
 
-    def _priced_per_sample(self, stage: int) -> bool:
+    def _layers(self, stage: int):
         spec = self.layout.stages[stage]
-        key = parallel_key(*self._parallel(spec.component))
-        layers = self.cost.component(spec.component).layers[spec.first_layer : spec.end_layer]
+        return self.cost.component(spec.component).layers[spec.first_layer : spec.end_layer]
+
+    def _has_table(self, stage: int) -> bool:
+        key = parallel_key(*self._parallel(self.layout.stages[stage].component))
         return any(
-            layer.per_label or (q is not None and bool(q.table))
-            for layer in layers
+            q is not None and bool(q.table)
+            for layer in self._layers(stage)
             for q in (layer.fwd.get(key), layer.bwd.get(key))
         )
+
+    def _has_label_layer(self, stage: int) -> bool:
+        return any(layer.per_label for layer in self._layers(stage))
+
+    def _answers_known(self, ids: tuple[str, ...]) -> bool:
+        samples = self.samples
+        return any(samples[s].meta is not None and samples[s].meta.answer_tokens is not None for s in ids)
 
     def _variable_ms(self, stage: int, phase: str, sid: str) -> float:
         """A sample's share of a per-sample priced stage's time (constants excluded), exact; raw-work samples
@@ -272,7 +285,7 @@ class PlanCosts:
         if comp == "encoder" and lin == 0:  # text-only samples: the runtime makes no encoder call
             return 0.0
         factor = self.cost.small_call_factor(comp, lin)
-        if self.per_sample[stage]:
+        if self.per_sample[stage] or (self.label_stages[stage] and self._answers_known(ids)):
             return factor * sum(self._variable_ms(stage, phase, s) for s in ids) + c
         return factor * (a * sq + b * lin) + c
 

@@ -20,6 +20,8 @@ from entrain.core.assignment.two_resource import (
     RankShares,
     assign_replica_two_resource,
     microbatch_sizes,
+    replica_loads,
+    split_dp_two_resource,
     two_resource_k,
     vector_lpt,
 )
@@ -105,6 +107,30 @@ def test_deferral_never_raises_the_largest_llm_load(case):
         rep = assign_replica_two_resource(samples, k, EQUAL_SHARES)
         paper = assign_replica(samples, k)
         assert max(rep.llm_work) <= max(before, max(paper.llm_work)) * (1 + 1e-12)
+
+
+@FEW
+@given(batches(), shares(), st.randoms(use_true_random=False))
+def test_dp_split_each_sample_once_equal_counts_order_free(case, sh, rnd):
+    batch, dp, _ = case
+    reps = split_dp_two_resource(batch, dp, sh)
+    assert len(reps) == dp and {len(r) for r in reps} == {len(batch) // dp}
+    assert sorted(s.id for r in reps for s in r) == sorted(s.id for s in batch)
+    shuffled = list(batch)
+    rnd.shuffle(shuffled)
+    assert split_dp_two_resource(shuffled, dp, sh) == reps
+
+
+def test_dp_split_balances_what_the_papers_leaves_to_its_last_sample():
+    """The paper's split goes in encoder order and balances LLM load greedily: the last long text
+    lands on the replica the sample count leaves open (LLM 40 vs 2); in rounds of one sample per
+    replica, largest first, the two long texts go to different replicas (21 and 21)."""
+    batch = [SampleWork("a", 2.0, 20.0), SampleWork("b", 1.5, 1.0), SampleWork("c", 1.0, 1.0),
+             SampleWork("d", 0.5, 20.0)]  # fmt: skip
+    paper = split_dp(batch, 2)
+    assert replica_loads(paper, EQUAL_SHARES)[:, 1].tolist() == [40.0, 2.0]
+    mine = split_dp_two_resource(batch, 2, EQUAL_SHARES)
+    assert replica_loads(mine, EQUAL_SHARES)[:, 1].tolist() == [21.0, 21.0]
 
 
 # --- LLM-dominant draws (issue 10 req. 8) ---------------------------------------------------------

@@ -25,6 +25,13 @@ Pinned:
   smaller largest microbatch size after deferral (ties: the smaller sum of squared sizes, then the
   vector LPT). So on the two-resource objective it is never worse than the paper's; where the LLM
   dominates every sample (``EQUAL_SHARES``), its largest LLM microbatch is never larger.
+* DP split (``split_dp_two_resource``): the paper gives each replica ``B / dp`` samples in encoder
+  order, each to the replica with the least LLM load (``dp_split``), so on LLM-dominant data the
+  long texts that come last land wherever the sample count leaves room. Here samples go by size
+  (the largest per-rank work) descending in rounds of ``dp``, one per replica a round, each to the
+  open replica whose largest per-rank load grows least. Entrain's generator keeps it per iteration
+  where its largest replica load (``replica_loads``) is below the paper split's
+  (``schedules.entrain.balanced_dp_split``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from entrain.core.assignment.deferral import NUM_BUCKETS
+from entrain.core.assignment.dp_split import check_batch
 from entrain.core.assignment.hierarchical import assign_replica, replica_assignment
 from entrain.core.assignment.stratified import effective_num_microbatches
 from entrain.core.assignment.types import ReplicaAssignment
@@ -48,6 +56,8 @@ __all__ = [
     "vector_lpt",
     "microbatch_sizes",
     "assign_replica_two_resource",
+    "split_dp_two_resource",
+    "replica_loads",
 ]
 
 
@@ -135,3 +145,32 @@ def assign_replica_two_resource(
         return float(sizes.max(initial=0.0)), float(np.square(sizes).sum())
 
     return paper if objective(paper) < objective(vector) else vector
+
+
+def replica_loads(replicas: Sequence[Sequence[SampleWork]], shares: RankShares) -> np.ndarray:
+    """``(dp, ranks)``: each replica's summed work on each pipeline rank."""
+    return np.array([_rank_work(r, shares).sum(axis=0) for r in replicas]).reshape(len(replicas), -1)
+
+
+def split_dp_two_resource(batch: Sequence[SampleWork], dp: int, shares: RankShares) -> list[list[SampleWork]]:
+    """``dp`` minibatches of exactly ``B / dp`` samples balancing every pipeline rank's load: samples
+    by size descending (then summed per-rank work descending, id ascending) in rounds of ``dp``, one
+    sample per replica a round; within a round each sample goes to the replica not yet served whose
+    resulting largest per-rank load is least (ties: the least resulting summed load, then the lowest
+    index). Each minibatch lists its samples in the order they were assigned."""
+    check_batch(batch, dp)
+    per_rank = _rank_work(batch, shares)
+    size = per_rank.max(axis=1, initial=0.0)
+    order = sorted(range(len(batch)), key=lambda i: (-size[i], -per_rank[i].sum(), batch[i].id))
+    loads = np.zeros((dp, per_rank.shape[1]))
+    replicas: list[list[SampleWork]] = [[] for _ in range(dp)]
+    index = np.arange(dp)
+    for start in range(0, len(order), dp):
+        served = np.zeros(dp, dtype=bool)
+        for i in order[start : start + dp]:
+            after = loads + per_rank[i]
+            worst = np.where(served, np.inf, after.max(axis=1))
+            b = int(np.lexsort((index, after.sum(axis=1), worst))[0])
+            loads[b], served[b] = after[b], True
+            replicas[b].append(batch[i])
+    return replicas

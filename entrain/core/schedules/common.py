@@ -78,7 +78,10 @@ class ScheduleOptions:
     encoder work, then pairwise deferral), ``"two-resource"`` (our extension: vector LPT on the
     per-rank encoder and LLM loads, then deferral, ``assignment.two_resource``) or ``"auto"``: per
     replica and iteration, whichever has the lower predicted makespan (with the ramp candidates;
-    ties: the paper's), recorded in ``Plan.options["assignment_chosen"][iteration][replica]``."""
+    ties: the paper's), recorded in ``Plan.options["assignment_chosen"][iteration][replica]``. Under
+    both of the latter the DP split is chosen per iteration too: the paper's or the two-resource one
+    (``assignment.two_resource.split_dp_two_resource``), whichever leaves the smaller largest per-rank
+    replica load, recorded in ``Plan.options["dp_split_chosen"][iteration]``."""
 
     memory_split: bool = True
     """Entrain (ours, not the paper's): cut an encoder (sub-)microbatch whose recomputing backward

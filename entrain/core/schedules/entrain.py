@@ -42,11 +42,18 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from entrain.core.assignment.two_resource import EQUAL_SHARES, RankShares, assign_replica_two_resource
+from entrain.core.assignment.hierarchical import assign_replica
+from entrain.core.assignment.two_resource import (
+    EQUAL_SHARES,
+    RankShares,
+    assign_replica_two_resource,
+    replica_loads,
+    split_dp_two_resource,
+)
 from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
@@ -197,6 +204,36 @@ def _assignment_candidates(
     return out
 
 
+def balanced_dp_split(
+    ia: IterationAssignment,
+    samples: dict[str, SampleWork],
+    costs: PlanCosts | None,
+    num_microbatches: int,
+    predict: Callable[[ReplicaAssignment], float] | None = None,
+) -> tuple[str, IterationAssignment]:
+    """("paper", ``ia``) or ("two-resource", the iteration re-split across replicas by
+    ``split_dp_two_resource`` with the paper's assignment per replica): the latter where its largest
+    per-rank replica load is smaller (ties: the smaller sum of squared replica maxima) and, given
+    ``predict`` (a replica's predicted makespan), its slowest replica is predicted faster too (the
+    load ignores the pipeline: fill, drain, microbatch grain). Shares from ``costs`` (``rank_shares``;
+    ``EQUAL_SHARES`` without a cost model)."""
+    ids = sorted(s for rep in ia.replicas for s in rep.sample_ids)
+    shares = rank_shares(costs, ids) if costs is not None else EQUAL_SHARES
+    paper = [[samples[s] for s in rep.sample_ids] for rep in ia.replicas]
+    alt = split_dp_two_resource([samples[s] for s in ids], len(ia.replicas), shares)
+
+    def objective(reps) -> tuple[float, float]:
+        peaks = replica_loads(reps, shares).max(axis=1, initial=0.0)
+        return float(peaks.max(initial=0.0)), float(np.square(peaks).sum())
+
+    if not objective(alt) < objective(paper):
+        return "paper", ia
+    resplit = IterationAssignment(tuple(assign_replica(r, num_microbatches) for r in alt))
+    if predict is not None and max(map(predict, resplit.replicas)) >= max(map(predict, ia.replicas)):
+        return "paper", ia
+    return "two-resource", resplit
+
+
 def generate(
     layout: Layout,
     assignments: Sequence[IterationAssignment],
@@ -225,19 +262,36 @@ def generate(
     chosen_assignment: list[str] = []
     cuts: list[list[list[int]]] = []
 
+    def candidate(assigned: ReplicaAssignment, ramp: int, pieces: int, predict: bool = auto):
+        """(predicted ms or 0, graph, compute order, memory-split cuts) of one candidate."""
+        graph = ReplicaGraph(layout, entrain_specs(assigned, samples, ramp, pieces))
+        compute = order(graph)
+        cut: list[list[int]] = []
+        if rooms is not None:
+            mbs, cut = split_to_fit(graph, costs, compute, rooms)
+            if cut:
+                graph = ReplicaGraph(layout, mbs)
+                compute = order(graph)
+        return (predicted_makespan_ms(graph, costs, compute) if predict else 0.0), graph, compute, cut
+
+    def unramped(rep: ReplicaAssignment) -> float:
+        """A replica's predicted makespan: the assignment candidate best on its own objective (the
+        two-resource one where it differs from the paper's), no ramp."""
+        cands = _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches)
+        return candidate(cands[-1][1], 0, opts.ramp_pieces, predict=True)[0]
+
+    splits: list[str] = []
+    if opts.assignment != "paper":  # the DP split too: the paper's or a two-resource one
+        predict = unramped if costs is not None else None
+        k = layout.num_microbatches
+        picked = [balanced_dp_split(ia, samples, costs, k, predict) for ia in assignments]
+        splits, assignments = [p[0] for p in picked], [p[1] for p in picked]
+
     def replica(rep):
         best = None
         for name, assigned in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches):
             for ramp, pieces in _ramp_candidates(opts, layout, assigned):
-                graph = ReplicaGraph(layout, entrain_specs(assigned, samples, ramp, pieces))
-                compute = order(graph)
-                cut: list[list[int]] = []
-                if rooms is not None:
-                    mbs, cut = split_to_fit(graph, costs, compute, rooms)
-                    if cut:
-                        graph = ReplicaGraph(layout, mbs)
-                        compute = order(graph)
-                t = predicted_makespan_ms(graph, costs, compute) if auto else 0.0
+                t, graph, compute, cut = candidate(assigned, ramp, pieces)
                 if best is None or t < best[0]:
                     best = (t, [ramp, pieces], graph.microbatches, compute, name, assigned, cut)
         chosen.append(best[1])
@@ -251,6 +305,7 @@ def generate(
         plan.options["ramp_chosen"] = [chosen[s] for s in per_iteration]
     if opts.assignment != "paper":
         plan.options["assignment_chosen"] = [chosen_assignment[s] for s in per_iteration]
+        plan.options["dp_split_chosen"] = splits
     if any(cuts):
         plan.options["memory_split"] = {"room_bytes": rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan

@@ -4,7 +4,8 @@ Every layer of the cost model's lists (encoder: patch_embed, blocks, merger; LLM
 decoder layers, norm, lm_head, loss) runs alone as a one-layer stage on one sequence unit of ``x``
 tokens (an image of ``x`` ViT patches; a sample of ``x`` LLM tokens with ``LABEL_FRACTION`` of them
 labelled; for the layers that run only at label positions, ``LayerCost.per_label``: ``x`` labelled
-tokens, so their curves are per label token). Each size: ``warmup`` untimed runs, then the median of ``repeats`` timed runs; thread-CPU
+tokens, so their curves are per label token). Each (layer, size): ``warmup`` untimed runs, then the
+median of ``repeats`` timed runs taken in rounds over all of them (``_measure_rounds``); thread-CPU
 time on the CPU (one thread), CUDA events around the forward and the backward on a GPU.
 
 Representative layers: layers of one ``kind`` (``vit_block_window``, ``vit_block_full``,
@@ -252,43 +253,62 @@ def _time_once(run_fwd: Callable[[], torch.Tensor], device: torch.device) -> tup
     return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
 
-def _measure(
-    run_fwd: Callable[[], torch.Tensor], device: torch.device, repeats: int, warmup: int, budget_s: float
-) -> tuple[float, float]:
-    """(median forward ms, median backward ms) of up to ``repeats`` passes after ``warmup`` untimed
-    ones; the timed passes stop early (after at least one) once they have taken ``budget_s`` of wall
-    time, so slow layers of big models do not take minutes."""
-    for _ in range(warmup):
-        _time_once(run_fwd, device)
-    times = []
-    start = time.perf_counter()
-    while len(times) < repeats and (not times or time.perf_counter() - start < budget_s):
-        times.append(_time_once(run_fwd, device))
-    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+@dataclass(frozen=True)
+class _Entry:
+    """One (layer, size) to time."""
+
+    comp: str
+    layer: int
+    x: int
+    per_label: bool
 
 
-def _measure_layer(
+def _measure_rounds(
     model: VLM,
-    comp: str,
-    layer: int,
-    tokens: Sequence[int],
+    entries: Sequence[_Entry],
     device: torch.device,
     repeats: int,
     warmup: int,
     budget_s: float = math.inf,
-    per_label: bool = False,
-) -> tuple[list[int], list[float], list[float]]:
-    stage = build_stage(model, comp, layer, layer + 1)
-    make = _encoder_input if comp == "encoder" else _llm_input
-    xs, fwd, bwd = [], [], []
-    for x in tokens:
-        args, units = make(model, layer, x, device, per_label)
-        f, b = _measure(lambda args=args: stage(*args), device, repeats, warmup, budget_s)
-        xs.append(units)
-        fwd.append(f)
-        bwd.append(b)
+) -> dict[_Entry, tuple[int, float, float]]:
+    """Per entry (units, median forward ms, median backward ms), timed in interleaved rounds: every
+    entry runs ``warmup`` untimed passes, then each round times one pass of every entry still
+    measuring, up to ``repeats`` rounds; an entry stops after at least one timed pass once its
+    passes have taken ``budget_s`` wall seconds (slow layers of big models do not take minutes).
+    Rounds rather than back-to-back repeats spread each entry's samples over the whole profile, so a
+    transient slow or fast spell of the machine moves every entry alike instead of a few layers
+    (back-to-back, two profiles of one idle CPU differed by up to 2x on single layers). Inputs are
+    made per pass, so only one entry's input is alive at a time."""
+    stages: dict[tuple[str, int], nn.Module] = {}
+
+    def once(e: _Entry) -> tuple[int, tuple[float, float]]:
+        stage = stages.get((e.comp, e.layer))
+        if stage is None:
+            stage = stages[(e.comp, e.layer)] = build_stage(model, e.comp, e.layer, e.layer + 1)
+        make = _encoder_input if e.comp == "encoder" else _llm_input
+        args, units = make(model, e.layer, e.x, device, e.per_label)
+        times = _time_once(lambda: stage(*args), device)
         model.zero_grad(set_to_none=True)
-    return xs, fwd, bwd
+        return units, times
+
+    for e in entries:
+        for _ in range(warmup):
+            once(e)
+    samples: dict[_Entry, list[tuple[float, float]]] = {e: [] for e in entries}
+    units: dict[_Entry, int] = {}
+    spent_s = dict.fromkeys(entries, 0.0)
+    for _ in range(repeats):
+        for e in entries:
+            if samples[e] and spent_s[e] >= budget_s:
+                continue
+            start = time.perf_counter()
+            units[e], times = once(e)
+            spent_s[e] += time.perf_counter() - start
+            samples[e].append(times)
+    return {
+        e: (units[e], statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))
+        for e, ts in samples.items()
+    }
 
 
 # --- the profile ---------------------------------------------------------------------------------------
@@ -316,17 +336,22 @@ def profile_model(
     else:
         small, rep = representative_config(cfg)
     model = timing_model(small, seed).to(device)
+    bases = {
+        (comp, i): analytic.component(comp).layers[min(k for k, v in rep[comp].items() if v == i)]
+        for comp in ("encoder", "llm")
+        for i in sorted(set(rep[comp].values()))
+    }
+    entries = [_Entry(comp, i, x, base.per_label) for (comp, i), base in bases.items() for x in tokens]
+    timed = _measure_rounds(model, entries, device, repeats, warmup, budget_s)
     fits: list[LayerFit] = []
     comps = {}
     for comp in ("encoder", "llm"):
         measured: dict[int, tuple[Quadratic, Quadratic]] = {}
         base_layers = analytic.component(comp).layers
         for i in sorted(set(rep[comp].values())):
-            full_idx = min(k for k, v in rep[comp].items() if v == i)
-            base = base_layers[full_idx]
-            xs, fwd, bwd = _measure_layer(
-                model, comp, i, tokens, device, repeats, warmup, budget_s, base.per_label
-            )
+            base = bases[(comp, i)]
+            rows = [timed[_Entry(comp, i, x, base.per_label)] for x in tokens]
+            xs, fwd, bwd = ([r[k] for r in rows] for k in range(3))
             curves = []
             for phase, ms in (("fwd", fwd), ("bwd", bwd)):
                 curve, q_quality, used = fit_curve(xs, ms)

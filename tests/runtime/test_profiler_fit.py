@@ -151,3 +151,25 @@ def test_label_layers_are_timed_on_x_label_tokens():
     assert units == 64 and inp.shape[0] == 64 and len(batch.label_positions) == 64
     (inp, batch), _ = _llm_input(model, loss, 64, torch.device("cpu"))
     assert len(batch.label_positions) == 13 == inp.shape[0]
+
+
+def test_timed_passes_interleave_across_layers_and_sizes(monkeypatch):
+    """Every (layer, size) is warmed up first, then timed once per round in turn, so a slow spell of
+    the machine spreads over all of them (not back-to-back repeats of one)."""
+    import torch
+
+    from entrain.runtime import profiler
+
+    calls = []
+
+    def fake_time_once(run_fwd, device):
+        out = run_fwd()
+        calls.append(tuple(out.shape))
+        return 1.0, 2.0
+
+    monkeypatch.setattr(profiler, "_time_once", fake_time_once)
+    model = profiler.timing_model(representative_config(get_model_config("tiny"))[0])
+    entries = [profiler._Entry("llm", 1, x, False) for x in (16, 32)]
+    timed = profiler._measure_rounds(model, entries, torch.device("cpu"), repeats=3, warmup=1)
+    assert calls == [(1, 16, 128), (1, 32, 128)] * 4  # warm-up round, then 3 timed rounds
+    assert timed[entries[1]] == (32, 1.0, 2.0)

@@ -406,3 +406,41 @@ def profile_model(
 def _named(cfg: VLMConfig, comp: str, rep: dict[int, int]) -> list[tuple[str, int]]:
     names = cfg.layer_names(comp)
     return [(names[k], v) for k, v in sorted(rep.items())]
+
+
+def median_profile(profiles: Sequence[CostModel]) -> tuple[CostModel, list[LayerFit]]:
+    """One profile from several independent ``profile_model`` runs of the same model and sizes: per
+    layer, phase and size the median of their measurements, fitted again (``fit_curve``).
+
+    A profile process is one draw of per-layer speeds: two profiles of one idle CPU, a minute apart,
+    differed by 20-30 % on single layers, uniformly over sizes (one layer slower, another faster), so
+    a simulator fed one profile errs by that much on the stages those layers make up. The median of
+    a few processes (different ``seed``s) is the better estimate of what a training process sees."""
+    first = profiles[0]
+    if any(p.model != first.model or "fits" not in p.notes for p in profiles):
+        raise ValueError("median_profile needs `entrain profile` outputs of one model")
+    by_key = [{(f["component"], f["layer"], f["phase"]): f for f in p.notes["fits"]} for p in profiles]
+    fits: list[LayerFit] = []
+    curves: dict[tuple[str, str, str], Quadratic] = {}
+    for key, f in by_key[0].items():
+        xs = tuple(f["tokens"])
+        if any(k[key]["tokens"] != list(xs) for k in by_key[1:]):
+            raise ValueError(f"median_profile: {key} was measured at other sizes in another profile")
+        ms = tuple(float(np.median([k[key]["ms"][i] for k in by_key])) for i in range(len(xs)))
+        curve, q_quality, used = fit_curve(xs, ms)
+        curves[key] = curve
+        fits.append(LayerFit(*key[:2], f["kind"], key[2], xs, ms, q_quality, bool(curve.table), used))
+    comps = {}
+    for comp in ("encoder", "llm"):
+        reps = first.notes["representatives"][comp]
+        measured_as = {}  # representative -> the first layer measured for it (the fit's name)
+        for name in first.component(comp).layer_names:
+            measured_as.setdefault(reps[name], name)
+        layers = tuple(
+            replace(layer, fwd={KEY: curves[(comp, measured_as[reps[layer.name]], "fwd")]},
+                    bwd={KEY: curves[(comp, measured_as[reps[layer.name]], "bwd")]})
+            for layer in first.component(comp).layers
+        )  # fmt: skip
+        comps[comp] = ComponentCost(comp, layers)
+    notes = {**first.notes, "fits": [f.to_json() for f in fits], "median_of": len(profiles)}
+    return replace(first, encoder=comps["encoder"], llm=comps["llm"], notes=notes), fits

@@ -173,3 +173,38 @@ def test_timed_passes_interleave_across_layers_and_sizes(monkeypatch):
     timed = profiler._measure_rounds(model, entries, torch.device("cpu"), repeats=3, warmup=1)
     assert calls == [(1, 16, 128), (1, 32, 128)] * 4  # warm-up round, then 3 timed rounds
     assert timed[entries[1]] == (32, 1.0, 2.0)
+
+
+def test_the_median_of_profiles_takes_per_size_medians_and_refits():
+    """``median_profile``: of one profile, that profile; of three, the per-size median of their
+    measurements, fitted again, on every layer the representative stands for."""
+    from dataclasses import replace as dc_replace
+
+    from entrain.core.presets import build_cost_model
+    from entrain.runtime.profiler import median_profile
+
+    fits = []
+    for comp, names in (("encoder", ["patch_embed", "blocks.0", "blocks.1", "merger"]),
+                        ("llm", ["embed_tokens", "layers.0", "norm", "lm_head", "loss"])):  # fmt: skip
+        for name in names:
+            for phase in ("fwd", "bwd"):
+                fits.append({"component": comp, "layer": name, "kind": "k", "phase": phase,
+                             "tokens": [16, 64, 256], "ms": [1.0, 2.0, 5.0]})  # fmt: skip
+    base = build_cost_model("tiny", "cpu-tiny")
+    reps = {c: {n: n if not n.startswith("layers.") else "layers.0" for n in base.component(c).layer_names}
+            for c in ("encoder", "llm")}  # fmt: skip
+    reps["encoder"].update({"blocks.2": "blocks.0", "blocks.3": "blocks.1"})
+
+    def profile(scale):
+        scaled = [{**f, "ms": [m * scale for m in f["ms"]]} for f in fits]
+        return dc_replace(base, notes={"fits": scaled, "representatives": reps})
+
+    one, _ = median_profile([profile(1.0)])
+    merged, out = median_profile([profile(1.0), profile(3.0), profile(2.0)])
+    assert [f.ms for f in out] == [(2.0, 4.0, 10.0)] * len(fits)
+    last = merged.llm.layers[merged.llm.layer_names.index("layers.1")].fwd["tp1cp1"]
+    assert last(64) == pytest.approx(2 * one.llm.layers[1].fwd["tp1cp1"](64), rel=1e-6)
+    with pytest.raises(ValueError, match="other sizes"):
+        bad = profile(1.0)
+        bad.notes["fits"][0]["tokens"] = [1, 2, 3]
+        median_profile([profile(1.0), bad])

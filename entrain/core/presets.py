@@ -657,9 +657,7 @@ def resolve_cost_model(
     name = model.name if isinstance(model, ModelArch) else model
     if profile:
         if freeze:
-            raise ConfigError(
-                "--freeze applies to presets; a measured --profile carries its own trainable flags"
-            )
+            raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")
         if attention:
             raise ConfigError("--attention applies to presets; a measured --profile timed its own attention")
         return CostModel.load(profile, expect_model=name)

@@ -276,20 +276,22 @@ def _measure_rounds(
     measuring, up to ``repeats`` rounds; an entry stops after at least one timed pass once its
     passes have taken ``budget_s`` wall seconds (slow layers of big models do not take minutes).
     Rounds rather than back-to-back repeats spread each entry's samples over the whole profile, so a
-    transient slow or fast spell of the machine moves every entry alike instead of a few layers
-    (back-to-back, two profiles of one idle CPU differed by up to 2x on single layers). Inputs are
-    made per pass, so only one entry's input is alive at a time."""
+    transient slow or fast spell of the machine moves every entry alike instead of a few. (Profiles
+    of separate processes still differ per layer: ``median_profile``.) Inputs are made per pass, so
+    only one entry's input is alive at a time."""
     stages: dict[tuple[str, int], nn.Module] = {}
 
-    def once(e: _Entry) -> tuple[int, tuple[float, float]]:
+    def once(e: _Entry) -> tuple[int, tuple[float, float], float]:
         stage = stages.get((e.comp, e.layer))
         if stage is None:
             stage = stages[(e.comp, e.layer)] = build_stage(model, e.comp, e.layer, e.layer + 1)
         make = _encoder_input if e.comp == "encoder" else _llm_input
         args, units = make(model, e.layer, e.x, device, e.per_label)
+        start = time.perf_counter()
         times = _time_once(lambda: stage(*args), device)
+        wall_s = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
-        return units, times
+        return units, times, wall_s
 
     for e in entries:
         for _ in range(warmup):
@@ -301,9 +303,8 @@ def _measure_rounds(
         for e in entries:
             if samples[e] and spent_s[e] >= budget_s:
                 continue
-            start = time.perf_counter()
-            units[e], times = once(e)
-            spent_s[e] += time.perf_counter() - start
+            units[e], times, wall_s = once(e)
+            spent_s[e] += wall_s
             samples[e].append(times)
     return {
         e: (units[e], statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))

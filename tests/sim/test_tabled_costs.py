@@ -38,7 +38,7 @@ def test_tabled_stage_is_priced_exactly(kind, ids):
     layout = disjoint_layout(1, 2, enc_layers=2, llm_layers=2)
     samples = _samples(cost)
     costs = PlanCosts(layout, cost, samples)
-    assert costs.per_sample == (False, False, True)
+    assert costs.tabled == (False, False, True)
     units = [x for sid in ids for x in cost.units("llm", samples[sid].meta)]
     phase = "fwd" if kind is ActionKind.F else "bwd"
     exact = cost.stage_ms("llm", 1, 2, units, phase, num_calls=1)
@@ -85,7 +85,7 @@ def test_quadratic_stages_keep_the_closed_form():
     layout = disjoint_layout(1, 2, enc_layers=2, llm_layers=2)
     samples = _samples(cost)
     costs = PlanCosts(layout, cost, samples)
-    assert costs.per_sample == (False, False, False)
+    assert costs.tabled == (False, False, False)
     ids = ("s1", "s3")
     for stage, (comp, first, end) in enumerate([("encoder", 0, 2), ("llm", 0, 1), ("llm", 1, 2)]):
         units = [x for sid in ids for x in cost.units(comp, samples[sid].meta)]
@@ -113,7 +113,7 @@ def test_a_label_layer_is_priced_on_each_samples_answer_tokens(kind):
         SampleMeta("unknown", (), 1000),
     ]
     costs = PlanCosts(layout, cost, {m.id: cost.sample_work(m) for m in metas})
-    assert costs.per_sample == (False, False, False) and costs.label_stages == (False, False, True)
+    assert costs.tabled == (False, False, False) and costs.label_stages == (False, False, True)
     phase = "fwd" if kind is ActionKind.F else "bwd"
     head = cost.llm.layers[1].fwd[KEY] if phase == "fwd" else cost.llm.layers[1].bwd[KEY]
     for sid, labels in (("short", 10), ("long", 900), ("unknown", 200)):

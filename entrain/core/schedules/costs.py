@@ -86,7 +86,7 @@ class PlanCosts:
         self.cost = cost
         self.samples = samples
         self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
-        self.per_sample = tuple(self._has_table(i) for i in range(len(layout.stages)))
+        self.tabled = tuple(self._has_table(i) for i in range(len(layout.stages)))
         """Per stage: whether a layer has a cost table (priced exactly per sample, not by its quad)."""
         self.label_stages = tuple(self._has_label_layer(i) for i in range(len(layout.stages)))
         """Per stage: whether a layer runs on label tokens (priced per sample over samples whose
@@ -182,8 +182,8 @@ class PlanCosts:
         return any(samples[s].meta is not None and samples[s].meta.answer_tokens is not None for s in ids)
 
     def _variable_ms(self, stage: int, phase: str, sid: str) -> float:
-        """A sample's share of a per-sample priced stage's time (constants excluded), exact; raw-work samples
-        keep their linear-equivalent price."""
+        """A sample's share of a stage's time priced per sample (constants excluded), exact; raw-work
+        samples keep their linear-equivalent price."""
         key = (stage, phase, sid)
         got = self._sample_ms.get(key)
         if got is None:
@@ -285,7 +285,7 @@ class PlanCosts:
         if comp == "encoder" and lin == 0:  # text-only samples: the runtime makes no encoder call
             return 0.0
         factor = self.cost.small_call_factor(comp, lin)
-        if self.per_sample[stage] or (self.label_stages[stage] and self._answers_known(ids)):
+        if self.tabled[stage] or (self.label_stages[stage] and self._answers_known(ids)):
             return factor * sum(self._variable_ms(stage, phase, s) for s in ids) + c
         return factor * (a * sq + b * lin) + c
 

@@ -1,17 +1,21 @@
-"""Variable-shape point-to-point transport with the metadata sent first.
+"""Variable-shape point-to-point transport: one group per channel, a header before the data.
 
-Every message is two transfers, sent together in one ``batch_isend_irecv``: a fixed ``int64[8]``
-header ``[key, dtype, ndim, d0, d1, d2, d3, ids_crc]`` and then the contiguous data. Where the Plan
-fixes the shape (a gradient has the shape of the forward output it belongs to) and the peer's
-messages come in the order they are asked for, the receiver posts header and data together and only
-checks the header at the end of the step (no host synchronisation per message); otherwise it
-allocates from the header, which costs one host synchronisation on a GPU. Either way it checks the
-key (which stage / direction / microbatch / sub) and the CRC of the sample ids it expects, so a
-schedule mismatch is a clear error instead of a gloo abort or silent corruption. Sends never block:
-gloo's ``send`` is a rendezvous that deadlocks two ranks sending to each other; the (work, tensors)
-pairs are kept until ``wait_all`` at the end of the step. Receives match by key, not arrival order: a message
-that arrives before the awaited one is stashed (its header says its size), so a rank holding several
-stages may consume a peer's messages in another order than they were sent, on gloo and NCCL alike.
+The runtime issues the operations of ``entrain.core.p2p.rank_program`` (checked deadlock-free under
+NCCL's semantics by ``entrain.core.p2p.check_program``). Every message is two transfers: a fixed
+``int64[8]`` header ``[key, dtype, ndim, d0, d1, d2, d3, ids_crc]`` and then the contiguous data, on the
+group of its *channel* (the ordered pair sender -> receiver): a send holds only its channel's
+communicator, never a receive from another rank, so NCCL's rendezvous cannot cross two ranks' sends.
+A send posts header and data in one ``batch_isend_irecv`` and does not wait (the pairs are kept until
+``wait_all`` at the end of the step). A receive of known shape (a gradient has the shape of the
+forward output it belongs to) posts header and data together and checks the header at the end of the
+step (no host synchronisation per message); a forward message's header comes first and sizes the
+data (one host synchronisation on a GPU). Either way the key (stage / direction / microbatch / sub) and
+the CRC of the sample ids are checked, so a schedule mismatch is a clear error instead of a backend
+abort or silent corruption. Receives follow the sender's order per channel (FIFO matching); a message
+received ahead of the action that consumes it waits in ``stash``.
+
+gloo runs the same semantics: its send is a rendezvous too (``tests/runtime/test_comm.py`` pins that a
+send does not complete before its receive is posted), and its pairs match in order.
 """
 
 from __future__ import annotations
@@ -60,16 +64,16 @@ class Transport:
     """Longest wait for a pending send in ``wait_all`` (None: the process group's timeout)."""
     peer_rank: Callable[[int], int] | None = None
     """Process rank of a peer named by its plan rank (TP rank t talks to TP rank t; None: the same)."""
-    pending: list[tuple[object, torch.Tensor]] = field(default_factory=list)
-    stash: dict[tuple[int, int], tuple[int, torch.Tensor]] = field(default_factory=dict)
-    """(peer, key code) -> (ids crc, data) of messages that arrived before the one being waited for."""
-
-    in_order: frozenset[int] = frozenset()
-    """Peers (plan ranks) whose messages this step arrive in the order this rank receives them (the
-    executor derives it from the Plan's action lists)."""
+    channel_group: Callable[[int, int], object] | None = None
+    """The process group of channel (sender, receiver), both plan ranks (None: the default group)."""
+    pending: list[tuple[object, tuple[torch.Tensor, ...]]] = field(default_factory=list)
+    stash: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    """(peer, key code) -> data of messages received before the action that consumes them."""
     checks: list[tuple[int, MessageKey, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     """(peer, key, header received, header expected) of the messages received with a known shape,
     compared in ``wait_all`` (one host synchronisation per step, not per message)."""
+    me: int = 0
+    """This process's plan rank (names the channels it sends on)."""
 
     def _header(self, tensor: torch.Tensor, key: MessageKey, ids: Sequence[str]) -> torch.Tensor:
         if tensor.dim() > _MAX_DIMS:
@@ -84,52 +88,63 @@ class Transport:
     def _process(self, peer: int) -> int:
         return self.peer_rank(peer) if self.peer_rank is not None else peer
 
+    def _group(self, src: int, dst: int):
+        return self.channel_group(src, dst) if self.channel_group is not None else None
+
+    def _batch(self, op, tensors: Sequence[torch.Tensor], peer: int, group) -> list:
+        return dist.batch_isend_irecv([dist.P2POp(op, t, self._process(peer), group) for t in tensors])
+
     def send(self, tensor: torch.Tensor, peer: int, key: MessageKey, ids: Sequence[str]) -> None:
-        """Header and data in one ``batch_isend_irecv``; the tensors are kept until ``wait_all``."""
+        """Header and data in one batch on the channel to ``peer``; kept until ``wait_all``."""
         pair = (self._header(tensor, key, ids), tensor.contiguous())
-        dst = self._process(peer)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, dst) for t in pair])
+        works = self._batch(dist.isend, pair, peer, self._group(self.me, peer))
         self.pending.extend((w, pair) for w in works)
 
-    def recv(
-        self, peer: int, key: MessageKey, ids: Sequence[str], like: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Blocking receive of message ``key`` from ``peer``. ``like``: a tensor of the message's
-        shape and dtype when the Plan fixes them (a gradient has its forward output's). Then, if
-        ``peer`` is ``in_order``, header and data are received in one batch and the header is only
-        checked (``wait_all``). Otherwise the header comes first and sizes the data; messages from
-        ``peer`` arrive in its send order, and any that arrive before ``key`` are kept for later
-        receives (matching by key, not order)."""
-        if like is not None and peer in self.in_order and not any(p == peer for p, _ in self.stash):
-            return self._recv_known(peer, key, ids, like)
-        src = self._process(peer)
-        while (peer, key.code) not in self.stash:
-            header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-            dist.recv(header, src)
+    def receive(self, peer: int, key: MessageKey, ids: Sequence[str], like: torch.Tensor | None = None) -> None:
+        """Receive message ``key`` from ``peer`` into ``stash``: with ``like`` (a tensor of its shape
+        and dtype), header and data in one batch, the header checked at ``wait_all``; without, the
+        header first, then the data it sizes, then the header's key and sample ids are checked."""
+        group = self._group(peer, self.me)
+        header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
+        if like is not None:
+            data = torch.empty(like.shape, dtype=like.dtype, device=self.device)
+            self._wait(self._batch(dist.irecv, (header, data), peer, group))
+            self.checks.append((peer, key, header, self._header(like, key, ids)))
+        else:
+            self._wait(self._batch(dist.irecv, (header,), peer, group))
             code, dtype_idx, ndim, *rest = header.tolist()  # sizes the buffer: the one host sync
             data = torch.empty(rest[:ndim], dtype=_DTYPES[dtype_idx], device=self.device)
-            dist.recv(data, src)
-            if (peer, code) in self.stash:
-                raise RuntimeError(
-                    f"rank {dist.get_rank()}: message code {code} from rank {peer} arrived twice"
-                )
-            self.stash[(peer, code)] = (rest[_MAX_DIMS], data)
-        crc, data = self.stash.pop((peer, key.code))
+            self._wait(self._batch(dist.irecv, (data,), peer, group))  # received before any check: the peer
+            self._check(peer, key, ids, code, rest[_MAX_DIMS])  # must not wait on a failed rank
+        if (peer, key.code) in self.stash:
+            raise RuntimeError(f"rank {dist.get_rank()}: message {key} from rank {peer} arrived twice")
+        self.stash[(peer, key.code)] = data
+
+    @staticmethod
+    def _wait(works: list) -> None:
+        for w in works:
+            w.wait()
+
+    def _check(self, peer: int, key: MessageKey, ids: Sequence[str], code: int, crc: int) -> None:
+        if code != key.code:
+            raise RuntimeError(
+                f"rank {dist.get_rank()}: expected message {key} from rank {peer}, got message code {code}: "
+                "a schedule mismatch"
+            )
         if crc != ids_checksum(ids):
             raise RuntimeError(
                 f"rank {dist.get_rank()}: message {key} from rank {peer} carries other sample ids than the "
                 f"plan's {list(ids)}"
             )
-        return data
 
-    def _recv_known(self, peer: int, key: MessageKey, ids: Sequence[str], like: torch.Tensor) -> torch.Tensor:
-        header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-        data = torch.empty(like.shape, dtype=like.dtype, device=self.device)
-        src = self._process(peer)
-        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, src) for t in (header, data)]):
-            work.wait()
-        self.checks.append((peer, key, header, self._header(like, key, ids)))
-        return data
+    def take(self, peer: int, key: MessageKey) -> torch.Tensor:
+        """The data of message ``key`` from ``peer``, received by an earlier ``receive``."""
+        try:
+            return self.stash.pop((peer, key.code))
+        except KeyError:
+            raise RuntimeError(
+                f"rank {dist.get_rank()}: message {key} from rank {peer} was never received"
+            ) from None
 
     def verify(self) -> None:
         """Compare the headers of the messages received with a known shape (one host sync)."""

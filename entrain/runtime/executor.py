@@ -29,7 +29,9 @@ import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from entrain.core.errors import EntrainError
+from entrain.core.p2p import Comm, Step, rank_program, receive_needs_header
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
+from entrain.core.schedules.graph import Message
 from entrain.models.vlm import EncoderStage, LLMStage
 from entrain.runtime.comm import MessageKey, Transport
 from entrain.runtime.data import SampleRenderer
@@ -144,61 +146,61 @@ class Executor:
     def run(
         self, it: IterationPlan, actions: tuple[Action, ...], *, loss_scale: float, forward_only: bool = False
     ) -> StepOutput:
-        """Execute ``actions`` of iteration ``it``; gradients accumulate into the stage parameters."""
+        """Execute this rank's actions of iteration ``it`` in the order of its point-to-point program
+        (``entrain.core.p2p.rank_program``, the order the NCCL replay checks); gradients accumulate
+        into the stage parameters. ``actions`` must be the Plan's list for this rank."""
+        if tuple(actions) != tuple(it.actions.get(self.rank, ())):
+            raise RuntimeError(f"rank {self.rank}: the actions given are not the Plan's list for this rank")
         self._reset(it, loss_scale, forward_only)
-        self.transport.in_order = self._in_order_peers(it, forward_only)
-        todo = [a for a in actions if not forward_only or a.kind in _FORWARD_KINDS]
+        program = rank_program(self.layout, it, self.rank, forward_only=forward_only)
         grad_mode = torch.no_grad() if forward_only else nullcontext()
         with grad_mode:
-            for a in todo:
-                if a.stage not in self.modules:
-                    raise RuntimeError(
-                        f"rank {self.rank}: action {a} for stage {a.stage}, which it does not hold"
-                    )
-                try:
-                    if self.tracer is None:
-                        self._handlers[a.kind](a)
-                    else:
-                        t0 = self.tracer.now_us()
-                        self._handlers[a.kind](a)
-                        self.tracer.add(a, t0, self.tracer.now_us(), self._peer_of(a))
-                except Exception as e:
-                    peer = self._peer_of(a)
-                    peer = None if peer is None else self.process_rank(peer)
-                    raise ExecutionError(self.process_rank(self.rank), a, peer, e) from e
+            for step in program:
+                self._run_step(step)
         self._collect_events()
         out = StepOutput(self._loss_sum, self._records)
         self._reset(it, loss_scale, forward_only)
         return out
 
-    # --- state --------------------------------------------------------------------------------------
-    def _in_order_peers(self, it: IterationPlan, forward_only: bool) -> frozenset[int]:
-        """Peers whose messages to this rank are sent in the order this rank receives them (then a
-        message of known shape needs no header first)."""
-        kinds = _FORWARD_KINDS if forward_only else tuple(ActionKind)
-        sent: dict[int, list[int]] = {}
-        for peer, actions in it.actions.items():
-            replica, _ = self.layout.replica_of(peer)
-            if replica != self.replica or peer == self.rank:
-                continue
-            for a in actions:
-                if a.kind in kinds and a.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
-                    dst_stage = a.stage + 1 if a.kind is ActionKind.SEND_F else a.stage - 1
-                    dst = self.layout.global_rank(replica, self.layout.stages[dst_stage].pp_rank)
-                    if dst == self.rank:
-                        sent.setdefault(peer, []).append(
-                            MessageKey(a.stage, a.kind is ActionKind.SEND_B, a.mb, a.sub_index).code
-                        )
-        wanted: dict[int, list[int]] = {}
-        for a in it.actions.get(self.rank, ()):
-            if a.kind in kinds and a.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
-                src_stage = a.stage - 1 if a.kind is ActionKind.RECV_F else a.stage + 1
-                src = self._peer(src_stage)
-                if src != self.rank:
-                    key = MessageKey(src_stage, a.kind is ActionKind.RECV_B, a.mb, a.sub_index)
-                    wanted.setdefault(src, []).append(key.code)
-        return frozenset(p for p, codes in wanted.items() if sent.get(p) == codes)
+    def _run_step(self, step: Step) -> None:
+        a = step if isinstance(step, Action) else step.action
+        if a.stage not in self.modules:
+            raise RuntimeError(f"rank {self.rank}: action {a} for stage {a.stage}, which it does not hold")
+        run = (lambda: self._comm(step)) if isinstance(step, Comm) else (lambda: self._handlers[a.kind](a))
+        try:
+            if self.tracer is None:
+                run()
+            else:
+                t0 = self.tracer.now_us()
+                run()
+                self.tracer.add(a, t0, self.tracer.now_us(), self._peer_of(a))
+        except Exception as e:
+            peer = self._peer_of(a)
+            peer = None if peer is None else self.process_rank(peer)
+            raise ExecutionError(self.process_rank(self.rank), a, peer, e) from e
 
+    def _comm(self, c: Comm) -> None:
+        """Receive what ``c``'s batches receive (its own message, and any sent before it on the same
+        channel), then run the action (a send posts its message; a receive takes its from the stash)."""
+        seen: set[tuple[int, Message]] = set()
+        for batch in c.batches:
+            for op in batch.ops:
+                if not op.send and (op.peer, op.message) not in seen:
+                    seen.add((op.peer, op.message))
+                    self._receive(op.peer, op.message)
+        self._handlers[c.action.kind](c.action)
+
+    def _receive(self, peer: int, msg: Message) -> None:
+        key = MessageKey(msg.src, msg.kind == "B", msg.mb, msg.sub)
+        if msg.kind == "F":
+            ids, like = self._ids(msg.src, msg.mb, msg.sub), None
+        else:  # the gradient has the shape and dtype of the output it belongs to
+            ids, like = self._ids(msg.dst, msg.mb, msg.sub), self._outputs[(msg.dst, msg.mb, msg.sub)]
+        if receive_needs_header(msg) != (like is None):
+            raise RuntimeError(f"rank {self.rank}: {key}: the program and the executor disagree on its size")
+        self.transport.receive(peer, key, ids, like=like)
+
+    # --- state --------------------------------------------------------------------------------------
     def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
         self._it, self._loss_scale, self._forward_only = it, loss_scale, forward_only
         self._inputs: dict[Key, torch.Tensor] = {}
@@ -396,9 +398,7 @@ class Executor:
         s, mb, sub = a.stage, a.mb, a.sub_index
         if self._is_local(s - 1):
             return
-        t = self.transport.recv(
-            self._peer(s - 1), MessageKey(s - 1, False, mb, sub), self._ids(s - 1, mb, sub)
-        )
+        t = self.transport.take(self._peer(s - 1), MessageKey(s - 1, False, mb, sub))
         self._accept_input(s, mb, sub, t)
 
     def _send_backward(self, a: Action) -> None:
@@ -414,11 +414,6 @@ class Executor:
         s, mb, sub = a.stage, a.mb, a.sub_index
         if self._is_local(s + 1):
             return
-        ids = self._ids(s, mb, sub)
-        like = self._outputs[(s, mb, sub)]  # the gradient has the output's shape and dtype
-        self._out_grads[(s, mb, sub)] = self.transport.recv(
-            self._peer(s + 1), MessageKey(s + 1, True, mb, sub), ids, like=like
-        )
+        key = MessageKey(s + 1, True, mb, sub)
+        self._out_grads[(s, mb, sub)] = self.transport.take(self._peer(s + 1), key)
 
-
-_FORWARD_KINDS = (ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F)

@@ -38,7 +38,7 @@ microbatch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from entrain.core.errors import ConfigError
+from entrain.core.p2p import layout_channels
 from entrain.core.plan import Layout
 
 __all__ = [
@@ -100,6 +101,9 @@ class Groups:
     dp_ranks: list[int]
     tp: dist.ProcessGroup | None
     tp_ranks: list[int]
+    channels: dict[tuple[int, int], dist.ProcessGroup] = field(default_factory=dict)
+    """Point-to-point group of each channel (sender, receiver plan ranks) this process talks on (its
+    TP rank's copy): one communicator per direction, ``entrain.core.p2p``."""
 
 
 def build_groups(layout: Layout, tp: int, rank: int, timeout_s: float | None = None) -> Groups:
@@ -120,7 +124,18 @@ def build_groups(layout: Layout, tp: int, rank: int, timeout_s: float | None = N
             group = dist.new_group(ranks, **kwargs)
             if plan_rank == me.plan_rank:
                 tp_group, tp_ranks = group, ranks
-    return Groups(dp_group, dp_ranks, tp_group, tp_ranks)
+    return Groups(dp_group, dp_ranks, tp_group, tp_ranks, _channel_groups(layout, tp, me, kwargs))
+
+
+def _channel_groups(layout: Layout, tp: int, me: Placement, kwargs: dict) -> dict[tuple[int, int], dist.ProcessGroup]:
+    """One group per channel and TP rank, created by every process in one order."""
+    out = {}
+    for src, dst in layout_channels(layout):
+        for t in range(tp):
+            group = dist.new_group([process_rank(src, t, tp), process_rank(dst, t, tp)], **kwargs)
+            if t == me.tp_rank and me.plan_rank in (src, dst):
+                out[(src, dst)] = group
+    return out
 
 
 def check_tp(cfg, tp: int) -> None:

@@ -104,7 +104,11 @@ class PipelineTrainer:
         self.params = [p for _, p in self.named_params if p.requires_grad]
         self.dp_group = None if parallel.fsdp else self.groups.dp
         self.transport = Transport(
-            env.device, timeout_s, peer_rank=lambda r: process_rank(r, self.place.tp_rank, parallel.tp)
+            env.device,
+            timeout_s,
+            peer_rank=lambda r: process_rank(r, self.place.tp_rank, parallel.tp),
+            channel_group=lambda src, dst: self.groups.channels[(src, dst)],
+            me=self.place.plan_rank,
         )
         self.watch = watch or PeerWatch(
             env.rank, env.world_size, timeout_s if timeout_s is not None else 300.0

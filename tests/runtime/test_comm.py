@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ComponentLayout, Layout, StageSpec
@@ -21,7 +23,7 @@ from .harness import run_workers
 
 
 def _exchange(env):
-    t = Transport(env.device)
+    t = Transport(env.device, me=env.rank)
     a, b = MessageKey(0, False, 0, 0), MessageKey(0, False, 1, 1)
     if env.rank == 0:
         t.send(torch.arange(6.0).reshape(2, 3), 1, a, ["x", "y"])
@@ -29,17 +31,18 @@ def _exchange(env):
         t.send(torch.zeros(3), 1, MessageKey(0, True, 2, 0), ["w"])
         t.wait_all()
         return None
-    got_b = t.recv(0, b, ["z"])  # arrives second: the first message is stashed, matched by key later
-    got_a = t.recv(0, a, ["x", "y"])
+    t.receive(0, a, ["x", "y"])  # sized by its header
+    t.receive(0, b, ["z"])
+    got_b, got_a = t.take(0, b), t.take(0, a)  # taken in another order than received
     try:
-        t.recv(0, MessageKey(0, True, 2, 0), ["not-w"])
+        t.receive(0, MessageKey(0, True, 2, 0), ["not-w"])
         error = None
     except RuntimeError as e:
         error = str(e)
     return got_a, got_b, error
 
 
-def test_variable_shapes_arrive_by_key_and_ids_are_checked(tmp_path):
+def test_variable_shapes_arrive_in_order_and_ids_are_checked(tmp_path):
     _, (got_a, got_b, error) = run_workers(_exchange, 2, tmp_path)
     torch.testing.assert_close(got_a, torch.arange(6.0).reshape(2, 3))
     assert got_b.dtype == torch.bfloat16 and got_b.shape == (5, 1, 2)
@@ -47,9 +50,9 @@ def test_variable_shapes_arrive_by_key_and_ids_are_checked(tmp_path):
 
 
 def _known_shapes(env):
-    """In-order messages of a shape the receiver knows: header and data in one batch, the header
-    checked at ``wait_all`` -- a message whose header disagrees with the Plan is named there."""
-    t = Transport(env.device, in_order=frozenset({0}))
+    """Messages of a shape the receiver knows: header and data in one batch, the header checked at
+    ``wait_all`` -- a message whose header disagrees with the Plan is named there."""
+    t = Transport(env.device, me=env.rank)
     keys = [MessageKey(1, True, mb, 0) for mb in range(3)]
     if env.rank == 0:
         t.send(torch.full((2, 3), 1.0), 1, keys[0], ["a"])
@@ -57,16 +60,16 @@ def _known_shapes(env):
         t.send(torch.full((4,), 3.0), 1, keys[2], ["c"])  # the receiver expects ids ["other"]
         t.wait_all()
         return None
-    first = t.recv(0, keys[0], ["a"], like=torch.empty(2, 3))
-    second = t.recv(0, keys[1], ["b"], like=torch.empty(4))
-    third = t.recv(0, keys[2], ["other"], like=torch.empty(4))
-    assert len(t.checks) == 3 and not t.stash  # none went through the header-first path
+    for key, ids, like in zip(keys, (["a"], ["b"], ["other"]), (torch.empty(2, 3), torch.empty(4), torch.empty(4))):
+        t.receive(0, key, ids, like=like)
+    assert len(t.checks) == 3  # none went through the header-first path
+    got = [t.take(0, k) for k in keys]
     try:
         t.wait_all()
         error = None
     except RuntimeError as e:
         error = str(e)
-    return first, second, third, error
+    return *got, error
 
 
 def test_known_shapes_are_received_in_one_batch_and_their_headers_checked(tmp_path):
@@ -75,6 +78,30 @@ def test_known_shapes_are_received_in_one_batch_and_their_headers_checked(tmp_pa
     torch.testing.assert_close(second, torch.full((4,), 2.0))
     torch.testing.assert_close(third, torch.full((4,), 3.0))
     assert error is not None and "message 1SEND_B2.0 from rank 0" in error and "the Plan says" in error
+
+
+def _rendezvous(env):
+    """A gloo send does not complete before its receive is posted (what NCCL does): the transport's
+    semantics on gloo are NCCL's, so the CPU tests exercise the GPU's ordering."""
+    t = torch.ones(4)
+    if env.rank == 0:
+        work = dist.isend(t, 1)
+        polls = 0
+        while not work.is_completed() and polls < 400:
+            time.sleep(0.005)
+            polls += 1
+        early = work.is_completed()
+        dist.barrier()  # now rank 1 posts its receive
+        work.wait()
+        return early
+    dist.barrier()
+    dist.recv(torch.empty(4), 0)
+    return None
+
+
+def test_a_gloo_send_waits_for_its_receive(tmp_path):
+    early, _ = run_workers(_rendezvous, 2, tmp_path)
+    assert early is False
 
 
 def _layout(tp: int = 1, cp: int = 1) -> Layout:

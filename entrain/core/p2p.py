@@ -121,7 +121,9 @@ def _peer(layout: Layout, rank: int, a: Action) -> int:
     return _owner(layout, rank, msg.dst if a.kind in _SENDS else msg.src)
 
 
-def _channel_orders(layout: Layout, it: IterationPlan, rank: int, forward_only: bool) -> dict[int, list[Message]]:
+def _channel_orders(
+    layout: Layout, it: IterationPlan, rank: int, forward_only: bool
+) -> dict[int, list[Message]]:
     """Sender (plan rank) -> the messages it sends to ``rank``, in its send order."""
     replica, _ = layout.replica_of(rank)
     orders: dict[int, list[Message]] = {}
@@ -157,7 +159,9 @@ class _Builder:
         self.received = dict.fromkeys(self.orders, 0)
 
     def build(self) -> tuple[Step, ...]:
-        return tuple(a if a.kind.is_compute else Comm(a, i, self._batches(i, a)) for i, a in enumerate(self.actions))
+        return tuple(
+            a if a.kind.is_compute else Comm(a, i, self._batches(i, a)) for i, a in enumerate(self.actions)
+        )
 
     def _batches(self, step: int, a: Action) -> tuple[Batch, ...]:
         peer, msg = _peer(self.layout, self.rank, a), message_of(a)
@@ -228,7 +232,9 @@ class _Rank:
 class _Replay:
     def __init__(self, programs: dict[int, Sequence[Step]], iteration: int):
         self.iteration = iteration
-        self.actions = {g: [s if isinstance(s, Action) else s.action for s in steps] for g, steps in programs.items()}
+        self.actions = {
+            g: [s if isinstance(s, Action) else s.action for s in steps] for g, steps in programs.items()
+        }
         self.ranks = {
             g: _Rank([(s.step, b) for s in steps if isinstance(s, Comm) for b in s.batches])
             for g, steps in programs.items()
@@ -345,9 +351,13 @@ def check_program(programs: dict[int, Sequence[Step]], iteration: int = 0) -> No
     _Replay(programs, iteration).run()
 
 
-def check_iteration(layout: Layout, it: IterationPlan, iteration: int = 0, forward_only: bool = False) -> None:
+def check_iteration(
+    layout: Layout, it: IterationPlan, iteration: int = 0, forward_only: bool = False
+) -> None:
     for replica in range(layout.dp):
-        check_program(replica_programs(layout, it, replica, forward_only=forward_only, iteration=iteration), iteration)
+        check_program(
+            replica_programs(layout, it, replica, forward_only=forward_only, iteration=iteration), iteration
+        )
 
 
 def check_plan(plan: Plan) -> None:
@@ -355,7 +365,6 @@ def check_plan(plan: Plan) -> None:
     for i, it in enumerate(plan.iterations):
         for forward_only in (False, True):
             check_iteration(plan.layout, it, i, forward_only)
-
 
 
 def receive_needs_header(msg: Message) -> bool:

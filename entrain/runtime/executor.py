@@ -154,10 +154,14 @@ class Executor:
         self._reset(it, loss_scale, forward_only)
         program = rank_program(self.layout, it, self.rank, forward_only=forward_only)
         grad_mode = torch.no_grad() if forward_only else nullcontext()
+        if self.tracer is not None:
+            self.tracer.start_step(self.device)
         with grad_mode:
             for step in program:
                 self._run_step(step)
         self._collect_events()
+        if self.tracer is not None:
+            self.tracer.finish_step()
         out = StepOutput(self._loss_sum, self._records)
         self._reset(it, loss_scale, forward_only)
         return out
@@ -171,9 +175,9 @@ class Executor:
             if self.tracer is None:
                 run()
             else:
-                t0 = self.tracer.now_us()
+                token = self.tracer.begin()
                 run()
-                self.tracer.add(a, t0, self.tracer.now_us(), self._peer_of(a))
+                self.tracer.end(a, token, self._peer_of(a))
         except Exception as e:
             peer = self._peer_of(a)
             peer = None if peer is None else self.process_rank(peer)

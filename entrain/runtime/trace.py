@@ -4,7 +4,9 @@ chrome://tracing).
 
 ``ActionTracer`` sits in ``Executor.run``'s action loop; rank 0 gathers every rank's events after
 each step. Times are ``time.time()`` microseconds, one clock for the ranks of a machine (NTP-close
-across machines); each event's ``args`` carry the step, stage, microbatch, sub-microbatch and the
+across machines); on a GPU each action is timed by a pair of CUDA events on the current stream
+(``DeviceClock``: what the device ran, not when the host launched it), placed on that clock by an
+anchor event recorded after a synchronisation at the step's start; each event's ``args`` carry the step, stage, microbatch, sub-microbatch and the
 peer of a transfer. Compute actions (F, B, I, W) have category ``compute``, transfers (SEND_*,
 RECV_*) ``comm``: a send's duration is the time to post it (transfers are asynchronous), a
 receive's the wait for its message.
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 
 from entrain.core.plan import Action, ActionKind
 
-__all__ = ["ActionTracer", "write_trace", "read_trace"]
+__all__ = ["ActionTracer", "DeviceClock", "write_trace", "read_trace"]
 
 
 @dataclass
@@ -29,6 +31,7 @@ class ActionTracer:
     rank: int
     step: int = 0
     events: list[dict] = field(default_factory=list)
+    clock: DeviceClock | None = None
 
     @staticmethod
     def now_us() -> float:
@@ -52,8 +55,71 @@ class ActionTracer:
             }
         )
 
+    def start_step(self, device) -> None:
+        """Called at the start of each executed step: on CUDA, anchor the device clock."""
+        self.clock = DeviceClock.start() if device.type == "cuda" else None
+
+    def begin(self):
+        """A token for the start of an action: a recorded CUDA event, or the host time."""
+        return self.clock.mark() if self.clock is not None else self.now_us()
+
+    def end(self, a: Action, token, peer: int | None) -> None:
+        if self.clock is None:
+            self.add(a, token, self.now_us(), peer)
+        else:
+            self.clock.pending.append((a, token, self.clock.mark(), peer))
+
+    def finish_step(self) -> None:
+        """On CUDA: wait for the step's last event and add every action at its device times."""
+        if self.clock is None:
+            return
+        for a, start_us, end_us, peer in self.clock.resolve():
+            self.add(a, start_us, end_us, peer)
+
     def drain(self) -> list[dict]:
         out, self.events = self.events, []
+        return out
+
+
+@dataclass
+class DeviceClock:
+    """CUDA events of one step, read once at its end (no action waits for the device)."""
+
+    anchor_us: float
+    anchor: object
+    pending: list[tuple[Action, object, object, int | None]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls) -> DeviceClock:
+        import torch
+
+        torch.cuda.synchronize()  # the anchor event and the host clock refer to one instant
+        clock = cls(time.time() * 1e6, cls._event())
+        clock.anchor.record()
+        return clock
+
+    @staticmethod
+    def _event():
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
+
+    def mark(self):
+        event = self._event()
+        event.record()
+        return event
+
+    def resolve(self) -> list[tuple[Action, float, float, int | None]]:
+        """(action, start_us, end_us, peer) of every marked action, on the host clock."""
+        if not self.pending:
+            return []
+        self.pending[-1][2].synchronize()
+
+        def at_us(event) -> float:
+            return self.anchor_us + self.anchor.elapsed_time(event) * 1e3
+
+        out = [(a, at_us(s), at_us(e), peer) for a, s, e, peer in self.pending]
+        self.pending.clear()
         return out
 
 

@@ -140,7 +140,9 @@ def _out_of_order_iteration() -> IterationPlan:
         0: "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B1 0B1 0RECV_B0 0B0",
         1: "1RECV_F1 1F1 1B1 1SEND_B1 1RECV_F0 1F0 1B0 1SEND_B0",
     }
-    return IterationPlan(None, (mbs,), {r: tuple(Action.parse(a) for a in t.split()) for r, t in acts.items()})
+    return IterationPlan(
+        None, (mbs,), {r: tuple(Action.parse(a) for a in t.split()) for r, t in acts.items()}
+    )
 
 
 def test_receives_follow_the_senders_order_per_channel():
@@ -150,6 +152,8 @@ def test_receives_follow_the_senders_order_per_channel():
     received = [op.message.mb for b in first.batches for op in b.ops if op.part == "data"]
     assert received == [0, 1]  # mb 0 first: FIFO matching cannot deliver mb 1 before it
     assert later.batches == ()  # already received, kept for its action
+    grads = [s for s in rank_program(layout, it, 0) if isinstance(s, Comm) and s.action.kind.name == "RECV_B"]
+    assert all(len(c.batches) == 1 and len(c.batches[0].ops) == 2 for c in grads)  # sized: one batch
     check_program(replica_programs(layout, it, 0))
 
 

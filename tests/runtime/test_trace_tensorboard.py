@@ -10,6 +10,8 @@ from collections import Counter
 from importlib import resources
 
 import jsonschema
+import pytest
+import torch
 
 from entrain.cli.main import build_parser, main
 from entrain.cli.train import _spec
@@ -65,3 +67,43 @@ def test_trace_tensorboard_bf16_and_plot(tmp_path, capsys):
     jsonschema.validate(out, schema)
     assert png.stat().st_size > 10_000 and out["step"] == STEPS - 1
     assert out["real_ms"] > 0 and out["simulated_ms"] > 0
+
+
+class _FakeEvent:
+    """A CUDA event on a fake device clock that advances 2 ms per recorded event."""
+
+    now_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False):
+        self.at_ms = None
+
+    def record(self):
+        _FakeEvent.now_ms += 2.0
+        self.at_ms = _FakeEvent.now_ms
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other) -> float:
+        return other.at_ms - self.at_ms
+
+
+def test_on_cuda_the_trace_takes_action_times_from_cuda_events(monkeypatch):
+    """The device's times, not the host's: with a fake event clock the recorded durations are the
+    events' (2 ms per event), whatever the host clock did."""
+    from entrain.core.plan import Action
+    from entrain.runtime.trace import ActionTracer
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    tracer = ActionTracer(0)
+    tracer.start_step(torch.device("cuda", 0))
+    for text in ("0F0", "0SEND_F0"):
+        token = tracer.begin()
+        tracer.end(Action.parse(text), token, None)
+    assert tracer.events == []  # read once, at the step's end
+    tracer.finish_step()
+    durations = [e["dur"] for e in tracer.events]
+    assert durations == [2000.0, 2000.0]
+    starts = [e["ts"] for e in tracer.events]
+    assert starts[1] - starts[0] == pytest.approx(4000.0)

@@ -17,6 +17,7 @@ from entrain.core.costmodel import CostModel
 from entrain.core.plan import Layout, Plan
 from entrain.core.planner import Sampler, pool_sampler
 from entrain.core.setups import SystemSetup, fixed_stage_setup, read_plan_file, system_setups
+from entrain.core.p2p import check_plan
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
 
@@ -98,5 +99,8 @@ def make_plan(
     options: dict | None = None,
 ) -> Plan:
     """One iteration per global batch in ``batches``, by ``system``'s batcher and generator: the same
-    Plans the simulator runs (``entrain.core.systems.plan_system``)."""
-    return plan_system(system, layout, batches, cost, options)
+    Plans the simulator runs (``entrain.core.systems.plan_system``), each iteration's point-to-point
+    programs checked deadlock-free under NCCL's semantics (``entrain.core.p2p``) before any runs."""
+    plan = plan_system(system, layout, batches, cost, options)
+    check_plan(plan)
+    return plan

@@ -11,6 +11,7 @@ stage module is keyed by them) so gradients can be compared tensor by tensor.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 
@@ -129,7 +130,11 @@ def _load_weights(model: VLM, weights_dir: str) -> None:
         sub = os.path.join(weights_dir, part)
         if not os.path.isdir(sub):
             raise ConfigError(f"weights folder {weights_dir!r} has neither model.safetensors nor {part}/")
-        loaded = type(module).from_pretrained(sub, config=module.config)
+        # only the weights are read: a plain copy of the config (transformers would look for a flash
+        # kernel package behind the vision tower's "flash"-named attention, entrain_flash_windows)
+        config = copy.deepcopy(module.config)
+        config._attn_implementation = "sdpa"
+        loaded = type(module).from_pretrained(sub, config=config)
         state = loaded.state_dict()
         if part == "llm" and "lm_head.weight" not in state:  # tied checkpoint: untie
             state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()

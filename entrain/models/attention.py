@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from transformers import AttentionInterface
@@ -121,6 +122,7 @@ def choose_attention_path(
     return AttentionPath(VARLEN, f"CUDA {_sm(capability)}, {dtype}, head size {head_dim}", dtype)
 
 
+@cache
 def _kernel_available() -> bool:
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401
@@ -133,7 +135,12 @@ def _device_facts(device: torch.device) -> tuple[str, tuple[int, int] | None]:
     """(device type, CUDA compute capability or None)."""
     if device.type != "cuda":
         return device.type, None
-    return "cuda", tuple(torch.cuda.get_device_capability(device))
+    return "cuda", _capability(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@cache
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def attention_path(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> AttentionPath:

@@ -91,11 +91,13 @@ def choose_attention_path(
     needs_grad: bool = True,
     kernel_available: bool = True,
     rows: int = 1,
+    dropout: float = 0.0,
 ) -> AttentionPath:
     """The varlen path when every requirement of torch's flash kernel holds, else per-sequence SDPA;
     each with the reason. ``dtypes``: of q, k, v; ``capability``: the CUDA device's (major, minor);
     ``autocast_dtype``: the enabled autocast's dtype on ``device_type`` (None: autocast off);
-    ``needs_grad``: a backward will run; ``rows``: the batch rows (the varlen path packs one)."""
+    ``needs_grad``: a backward will run; ``rows``: the batch rows (the varlen path packs one);
+    ``dropout``: the attention dropout (torch's varlen kernel runs none)."""
 
     def sdpa(reason: str) -> AttentionPath:
         return AttentionPath(PER_SEQUENCE_SDPA, reason)
@@ -106,6 +108,8 @@ def choose_attention_path(
         return sdpa(f"{device_type} device: the flash varlen kernel runs on CUDA only")
     if rows != 1:
         return sdpa(f"{rows} batch rows: the varlen path takes one packed row")
+    if dropout:
+        return sdpa(f"attention dropout {dropout:g}: the varlen kernel has none")
     if capability is None or not FLASH_MIN_CAPABILITY <= tuple(capability) <= FLASH_MAX_CAPABILITY:
         got = "unknown" if capability is None else _sm(capability)
         return sdpa(f"compute capability {got} outside the flash kernel's sm80-sm121")
@@ -143,7 +147,9 @@ def _capability(index: int) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(index))
 
 
-def attention_path(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> AttentionPath:
+def attention_path(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float = 0.0
+) -> AttentionPath:
     """``choose_attention_path`` for these tensors, the device they are on and its autocast state."""
     device_type, capability = _device_facts(query.device)
     autocast_on = torch.is_autocast_enabled(query.device.type)
@@ -156,6 +162,7 @@ def attention_path(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) 
         needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)),
         kernel_available=_kernel_available(),
         rows=query.shape[0],
+        dropout=dropout,
     )
 
 
@@ -213,7 +220,7 @@ def packed_causal_attention(module, query, key, value, attention_mask, **kwargs)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
     lens = list(seq_lens)
-    path = attention_path(query, key, value)
+    path = attention_path(query, key, value, kwargs.get("dropout", 0.0))
     if path.name == VARLEN:
         offsets = [0]
         for n in lens:
@@ -232,7 +239,7 @@ def windowed_vision_attention(module, query, key, value, attention_mask, **kwarg
     max_len = kwargs.pop("max_length_q", None)
     kwargs.pop("max_length_k", None)
     kwargs.pop("is_causal", None)
-    path = attention_path(query, key, value)
+    path = attention_path(query, key, value, kwargs.get("dropout", 0.0))
     if path.name == VARLEN:
         if max_len is None:
             max_len = int((bounds[1:] - bounds[:-1]).max())

@@ -40,6 +40,7 @@ CASES = [
     ("head 200 inference on sm89", dict(head_dim=200, capability=RTX4090, autocast_dtype=BF16, needs_grad=False), VARLEN, BF16, "200"),
     ("head 200 training on sm90", dict(head_dim=200, autocast_dtype=BF16), VARLEN, BF16, "200"),
     ("two batch rows", dict(rows=2, autocast_dtype=BF16), PER_SEQUENCE_SDPA, None, "rows"),
+    ("attention dropout", dict(dropout=0.1, autocast_dtype=BF16), PER_SEQUENCE_SDPA, None, "dropout 0.1"),
 ]  # fmt: skip
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from entrain.config import parse_ramp
 from entrain.core.architectures import MODEL_PRESETS as _ARCHS
-from entrain.core.architectures import ModelArch
-from entrain.core.costmodel import CostModel
+from entrain.core.architectures import PRECISIONS, ModelArch
+from entrain.core.costmodel import CostModel, precision_mismatch
 from entrain.core.errors import ConfigError
 from entrain.core.hf_config import ModelSource
 from entrain.core.presets import HARDWARE_PRESETS, default_hardware
@@ -104,6 +104,21 @@ def model_arch_of(args: argparse.Namespace) -> ModelArch:
 def model_label(args: argparse.Namespace) -> str:
     """``--model``'s name, or the stock model's (``hf:VISION+LLM``) for reports."""
     return model_arch_of(args).name
+
+
+def add_precision_arg(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--precision``: the compute precision of ``entrain train`` (``PRECISIONS``; None: bf16 on CUDA,
+    fp32 on CPU, ``entrain.core.architectures.default_precision``), one definition for every command."""
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=help_text)
+
+
+def warn_profile_precision(command: str, path: str | None, cost: CostModel, precision: str, run: str) -> str | None:
+    """Print (one stderr line) and return the warning when the ``--profile`` at ``path`` was timed in
+    another precision than ``run`` computes in (``precision``); None when it was not."""
+    line = precision_mismatch(path, cost, precision, run) if path else None
+    if line:
+        print(f"entrain {command}: warning: {line}", file=sys.stderr, flush=True)
+    return line
 
 
 def add_attention_arg(p: argparse.ArgumentParser) -> None:

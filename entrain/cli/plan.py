@@ -26,9 +26,11 @@ from entrain.cli.common import (
     emit_json,
     resolve_cost_model,
     vision_limits,
+    warn_profile_precision,
 )
 from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
+from entrain.core.architectures import default_precision
 from entrain.core.errors import ConfigError
 from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, plan
 from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
@@ -81,6 +83,14 @@ def _cost(args: argparse.Namespace):
     return resolve_cost_model(args, freeze)
 
 
+def _warn_profile_precision(args: argparse.Namespace, cost) -> str | None:
+    """Warn when ``--profile`` was timed in another precision than ``entrain train`` computes in by
+    default on the device the profile was measured on (bf16 on CUDA, fp32 on CPU)."""
+    device = str(cost.notes.get("device", "cpu")).split(":")[0]
+    run = f"entrain train on {device} (its default --precision)"
+    return warn_profile_precision("plan", args.profile, cost, default_precision(device), run)
+
+
 def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(x) for x in text.split(",") if x.strip()]
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     apply_paper_entrain(args)
     RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
     cost = _cost(args)
+    _warn_profile_precision(args, cost)
     sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root, vision=vision_limits(args))
     if args.tp < 0 or args.cp < 0:
         raise ConfigError("--tp and --cp must be >= 0 (0 = search)")

@@ -2,7 +2,9 @@
 write a cost model JSON (the analytic presets' schema) for ``--profile`` of every other command.
 
 One layer per layer kind is measured and replicated onto the layers of that kind (``--all-layers``
-measures each one). Per layer and phase the fit quality (R^2, worst relative residual) is printed on
+measures each one), in the precision training computes in (``--precision``, as ``entrain train``'s:
+bf16 autocast, by default on CUDA); the profile records it, and ``plan`` / ``train`` warn when it
+differs from the run's. Per layer and phase the fit quality (R^2, worst relative residual) is printed on
 stderr; a layer whose quadratic misses a measurement by more than 20 % gets a monotone
 piecewise-linear table instead (see docs/profiling.md).
 """
@@ -15,6 +17,7 @@ import sys
 from entrain.cli.common import (
     MODEL_PRESETS,
     add_model_source_args,
+    add_precision_arg,
     default_hardware,
     emit_json,
     model_arch_of,
@@ -29,6 +32,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="tiny", choices=MODEL_PRESETS)
     add_model_source_args(p)
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_precision_arg(
+        p,
+        "time the layers as entrain train --precision computes them: bf16 runs every forward under bf16 "
+        "autocast over fp32 weights (default: bf16 on CUDA, fp32 on CPU)",
+    )
     p.add_argument(
         "--tokens",
         default="64,256,1024,4096",
@@ -105,12 +113,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
     import torch
 
+    from entrain.core.architectures import default_precision
     from entrain.core.presets import build_cost_model
     from entrain.runtime.profiler import profile_model
 
     arch, model_cfg = _target(args)
     threads = torch.get_num_threads()
     device = _device(args.device)
+    precision = args.precision or default_precision(device.type)
 
     def log(fit) -> None:
         print(_fit_line(fit), file=sys.stderr)
@@ -129,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
             all_layers=args.all_layers,
             seed=args.seed,
             progress=log,
+            precision=precision,
         )
     finally:
         torch.set_num_threads(threads)
@@ -136,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     tables = sum(f.table for f in fits)
     print(
         f"wrote {args.out}: {len(cost.encoder.layers)} encoder + {len(cost.llm.layers)} LLM layers of "
-        f"{arch.name} from {len(fits) // 2} measured layers on {device}; {tables} of {len(fits)} "
+        f"{arch.name} from {len(fits) // 2} measured layers on {device} in {precision}; {tables} of {len(fits)} "
         "fits use a table",
         file=sys.stderr,
     )
@@ -145,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "model": arch.name,
                 "device": str(device),
+                "precision": precision,
                 "tokens": tokens,
                 "out": args.out,
                 "layers": cost.notes["layers"],

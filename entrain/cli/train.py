@@ -27,11 +27,12 @@ from entrain.cli.common import (
     add_entrain_extension_args,
     add_model_source_args,
     add_pixel_args,
+    add_precision_arg,
     apply_paper_entrain,
+    warn_profile_precision,
 )
 from entrain.cli.config_file import add_config_arg
 from entrain.config import STOCK_MODEL_FLAGS, RunConfig
-from entrain.core.architectures import PRECISIONS
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import SYSTEMS, parse_systems
 
@@ -156,11 +157,9 @@ def _add_stock_model_args(p: argparse.ArgumentParser) -> None:
         help="tokenizer folder (AutoTokenizer) of a stock --llm-model (default: the LLM folder's own)",
     )
     add_pixel_args(p)
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default=None,
-        help="bf16: bf16 autocast compute with fp32 master weights and AdamW state (default: bf16 on CUDA, "
+    add_precision_arg(
+        p,
+        "bf16: bf16 autocast compute with fp32 master weights and AdamW state (default: bf16 on CUDA, "
         "fp32 on CPU)",
     )
     p.add_argument(
@@ -666,6 +665,20 @@ def _memory_check(system: str, setup, batches, cost):
     return deploy(system, setup, batches, cost)[0]
 
 
+def _warn_profile_precision(spec, device) -> str | None:
+    """The one-line warning of a ``--profile`` timed in another precision than this run's effective
+    ``--precision`` (``session.resolve_precision`` on the device the process group runs on)."""
+    from entrain.core.costmodel import CostModel
+    from entrain.runtime.session import resolve_precision
+
+    path = spec.model.profile
+    if not path:
+        return None
+    precision = resolve_precision(spec, device)
+    run = f"this run on {device.type} (--precision {spec.model.precision or 'default'})"
+    return warn_profile_precision("train", path, CostModel.load(path), precision, run)
+
+
 def _run_rank(spec, under_torchrun: bool) -> int:
     import torch
 
@@ -682,6 +695,8 @@ def _run_rank(spec, under_torchrun: bool) -> int:
         env = init_distributed(
             timeout_s=spec.run.timeout_s, rank=0, world_size=1, init_method=f"file://{store}/store"
         )
+    if env.rank == 0:
+        _warn_profile_precision(spec, env.device)
     try:
         summaries = run_systems(spec, env, memory_check=_memory_check)
     except BaseException as e:

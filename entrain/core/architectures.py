@@ -39,11 +39,18 @@ __all__ = [
 
 PRECISIONS = ("fp32", "bf16")
 """Compute precisions of ``entrain train --precision`` (bf16: autocast over fp32 master weights)."""
+
 VISION_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
 LLM_FAMILIES = ("llama", "qwen2")
 
 QWEN2_VOCAB_SIZE = 151_936
 """Qwen2 / Qwen2.5 tokenizer vocabulary (embedding rows of the released checkpoints)."""
+
+
+def default_precision(device_type: str) -> str:
+    """The precision ``entrain train`` and ``entrain profile`` compute in without ``--precision``: bf16
+    on CUDA, fp32 elsewhere."""
+    return "bf16" if device_type == "cuda" else "fp32"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -35,6 +35,8 @@ __all__ = [
     "parallel_key",
     "COMPONENTS",
     "RECOMPUTE_MODES",
+    "PROFILE_SOURCE",
+    "precision_mismatch",
 ]
 
 Component = Literal["encoder", "llm"]
@@ -56,6 +58,8 @@ RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
   While a layer is recomputed its full activations exist for that one (sub-)microbatch:
   ``CostModel.recompute_transient_bytes``."""
 SCHEMA_VERSION = 1
+PROFILE_SOURCE = "entrain profile"
+"""``notes["source"]`` of a measured profile."""
 MAX_TABLE_POWER = 2.0
 """Largest growth power a table extends beyond its last point (attention is quadratic per unit)."""
 SMALL_CALL_EXPONENT = 0.5
@@ -303,6 +307,16 @@ class CostModel:
     llm: ComponentCost
     notes: dict = field(default_factory=dict, compare=False)
     """Free-form provenance (preset fit residuals, profile device, ...)."""
+
+    def measured_precision(self) -> tuple[str, bool] | None:
+        """``(precision, recorded)`` of a measured profile: the precision (``fp32`` / ``bf16``) its layers
+        were timed in, ``recorded`` False for a file written before profiles recorded it (timed in
+        fp32 then); None for a cost model that was not measured (an analytic preset)."""
+        if self.notes.get("source") != PROFILE_SOURCE:
+            return None
+        if "precision" in self.notes:
+            return str(self.notes["precision"]), True
+        return "fp32", False
 
     def component(self, name: Component) -> ComponentCost:
         if name == "encoder":
@@ -581,3 +595,21 @@ class CostModel:
                 f"pass --model {cost.model} or profile {expect_model} (entrain profile --model {expect_model})"
             )
         return cost
+
+
+def precision_mismatch(path: str, cost: CostModel, run_precision: str, run: str) -> str | None:
+    """One line when the measured profile at ``path`` was timed in another precision than ``run`` (the
+    run, in words) computes in; None when they agree or ``cost`` was not measured."""
+    measured = cost.measured_precision()
+    if measured is None or measured[0] == run_precision:
+        return None
+    precision, recorded = measured
+    timed = (
+        f"was measured in {precision}"
+        if recorded
+        else f"records no precision (written before `entrain profile --precision`; taken as {precision})"
+    )
+    return (
+        f"profile {path} {timed} but {run} computes in {run_precision}: its layer times are not this run's; "
+        f"re-profile with `entrain profile --precision {run_precision}`"
+    )

@@ -11,6 +11,7 @@ stage module is keyed by them) so gradients can be compared tensor by tensor.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 
@@ -21,13 +22,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.vision_utils import (
-    get_vision_attention_seqlens,
+    get_vision_cu_seqlens,
     get_vision_position_ids,
     get_vision_window_index,
 )
 
 from entrain.core.errors import ConfigError
-from entrain.models.attention import PACKED_ATTENTION
+from entrain.models.attention import PACKED_ATTENTION, use_varlen_vision_attention
 from entrain.models.config import VLMConfig
 
 __all__ = [
@@ -71,8 +72,10 @@ class VLM(nn.Module):
             self.vision = build_stock_vision(cfg.vision_dir, blocks)
             num_layers = cfg.llm.num_hidden_layers
             self.llm = build_stock_llm(cfg.llm_dir, PACKED_ATTENTION, cfg.llm.vocab_size, num_layers)
+            use_varlen_vision_attention(self.vision)
             return
         self.vision = Qwen2_5_VisionTransformerPretrainedModel(_vision_hf_config(cfg))
+        use_varlen_vision_attention(self.vision)
         self.llm = LlamaForCausalLM(_llm_hf_config(cfg))
         if cfg.llm.tie_word_embeddings:  # untied copy: embedding and lm_head may sit on different stages
             self.llm.lm_head.weight.data.copy_(self.llm.model.embed_tokens.weight.data)
@@ -127,7 +130,11 @@ def _load_weights(model: VLM, weights_dir: str) -> None:
         sub = os.path.join(weights_dir, part)
         if not os.path.isdir(sub):
             raise ConfigError(f"weights folder {weights_dir!r} has neither model.safetensors nor {part}/")
-        loaded = type(module).from_pretrained(sub, config=module.config)
+        # only the weights are read: a plain copy of the config (transformers would look for a flash
+        # kernel package behind the vision tower's "flash"-named attention, entrain_flash_windows)
+        config = copy.deepcopy(module.config)
+        config._attn_implementation = "sdpa"
+        loaded = type(module).from_pretrained(sub, config=config)
         state = loaded.state_dict()
         if part == "llm" and "lm_head.weight" not in state:  # tied checkpoint: untie
             state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
@@ -154,7 +161,17 @@ class VisionGeometry:
     """None for Qwen2-VL's tower (no window permutation)."""
     cu_seqlens: torch.Tensor
     cu_window_seqlens: torch.Tensor
+    """Image and window bounds, on the host (the attention splits by them or copies them over)."""
     position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    max_seqlen: int = 0
+    """Patches of the largest image (the varlen kernel's bound)."""
+    max_window_seqlen: int = 0
+    """Patches of the largest window."""
+
+
+def _max_len(bounds: torch.Tensor) -> int:
+    """The longest span of host ``bounds`` (0 for none)."""
+    return int((bounds[1:] - bounds[:-1]).max()) if len(bounds) > 1 else 0
 
 
 class EncoderStage(nn.Module):
@@ -196,27 +213,26 @@ class EncoderStage(nn.Module):
     def geometry(self, grid_thw: torch.Tensor, like: torch.Tensor) -> VisionGeometry:
         vis = self.vis
         pos_ids = get_vision_position_ids(grid_thw, vis.spatial_merge_size)
-        cu_seqlens, _ = get_vision_attention_seqlens(grid_thw, vis.config)
+        # the attention bounds stay on the host: the per-window attention splits by them (.tolist())
+        # and the varlen kernel takes their maximum, which on a GPU would wait for the device
+        grid_host = grid_thw.cpu()
+        cu_seqlens = get_vision_cu_seqlens(grid_host)
+        n = int(cu_seqlens[-1])
+        max_len = _max_len(cu_seqlens)
         if not self.windowed:
-            n = int(cu_seqlens[-1])
             emb = vis.rotary_pos_emb(like.new_empty((n, vis.config.embed_dim)), pos_ids.to(like.device))
-            cu = cu_seqlens.to(like.device)
-            return VisionGeometry(None, cu, cu, emb)
+            return VisionGeometry(None, cu_seqlens, cu_seqlens, emb, max_len, max_len)
         window_index, cu_window = get_vision_window_index(
-            grid_thw,
+            grid_host,
             spatial_merge_size=vis.spatial_merge_size,
             window_size=vis.window_size,
             patch_size=vis.patch_size,
         )
-        n = int(cu_seqlens[-1])
         dummy = like.new_empty((n, vis.config.hidden_size))
         emb = vis.rotary_pos_emb(dummy, pos_ids.to(like.device))
-        emb = tuple(
-            vis.permute_input_for_window_attn(e, window_index.to(like.device), seq_len=n) for e in emb
-        )
-        # the attention bounds stay on the host: HF's per-image attention splits by them (.tolist()),
-        # which on a GPU would wait for the device in every block
-        return VisionGeometry(window_index.to(like.device), cu_seqlens.cpu(), cu_window.cpu(), emb)
+        window_index = window_index.to(like.device)
+        emb = tuple(vis.permute_input_for_window_attn(e, window_index, seq_len=n) for e in emb)
+        return VisionGeometry(window_index, cu_seqlens, cu_window, emb, max_len, _max_len(cu_window))
 
     def forward(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         vis = self.vis
@@ -231,6 +247,7 @@ class EncoderStage(nn.Module):
             x = vis.blocks[i](
                 x,
                 cu_seqlens=geo.cu_seqlens if full else geo.cu_window_seqlens,
+                max_seqlen=geo.max_seqlen if full else geo.max_window_seqlen,
                 position_embeddings=geo.position_embeddings,
             )
         if self.has_merger:

@@ -6,7 +6,9 @@ tokens (an image of ``x`` ViT patches; a sample of ``x`` LLM tokens with ``LABEL
 labelled; for the layers that run only at label positions, ``LayerCost.per_label``: ``x`` labelled
 tokens, so their curves are per label token). Each (layer, size): ``warmup`` untimed runs, then the
 median of ``repeats`` timed runs taken in rounds over all of them (``_measure_rounds``); thread-CPU
-time on the CPU (one thread), CUDA events around the forward and the backward on a GPU.
+time on the CPU (one thread), CUDA events around the forward and the backward on a GPU. In the
+``precision`` training computes in: bf16 runs each forward under ``torch.autocast`` over fp32 weights
+(its backward follows the forward's dtypes), as ``entrain train --precision bf16`` does.
 
 Representative layers: layers of one ``kind`` (``vit_block_window``, ``vit_block_full``,
 ``decoder_layer``, ...) have identical shapes, so by default ONE layer per kind is measured, in a
@@ -27,6 +29,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -34,7 +37,15 @@ import torch
 from scipy.optimize import isotonic_regression, nnls
 from torch import nn
 
-from entrain.core.costmodel import ComponentCost, CostModel, LayerCost, Quadratic, parallel_key
+from entrain.core.architectures import PRECISIONS
+from entrain.core.costmodel import (
+    PROFILE_SOURCE,
+    ComponentCost,
+    CostModel,
+    LayerCost,
+    Quadratic,
+    parallel_key,
+)
 from entrain.core.samples import LABEL_FRACTION
 from entrain.models.config import VLMConfig
 from entrain.models.vlm import VLM, LLMBatch, build_stage
@@ -234,6 +245,15 @@ def timing_model(cfg: VLMConfig, seed: int = 0) -> VLM:
 
 
 # --- timing --------------------------------------------------------------------------------------------
+def precision_context(precision: str, device: torch.device) -> Callable[[], AbstractContextManager]:
+    """What a forward runs under in ``precision``: bf16 autocast on ``device``, or nothing (fp32)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: choose from {', '.join(PRECISIONS)}")
+    if precision == "bf16":
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext
+
+
 def _time_once(run_fwd: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, float]:
     """(forward ms, backward ms) of one pass: thread-CPU time on the CPU, CUDA events on a GPU."""
     if device.type == "cuda":
@@ -270,6 +290,7 @@ def _measure_rounds(
     repeats: int,
     warmup: int,
     budget_s: float = math.inf,
+    precision: str = "fp32",
 ) -> dict[_Entry, tuple[int, float, float]]:
     """Per entry (units, median forward ms, median backward ms), timed in interleaved rounds: every
     entry runs ``warmup`` untimed passes, then each round times one pass of every entry still
@@ -278,8 +299,9 @@ def _measure_rounds(
     Rounds rather than back-to-back repeats spread each entry's samples over the whole profile, so a
     transient slow or fast spell of the machine moves every entry alike instead of a few. (Profiles
     of separate processes still differ per layer: ``median_profile``.) Inputs are made per pass, so
-    only one entry's input is alive at a time."""
+    only one entry's input is alive at a time. Forwards run in ``precision`` (``precision_context``)."""
     stages: dict[tuple[str, int], nn.Module] = {}
+    compute = precision_context(precision, device)
 
     def once(e: _Entry) -> tuple[int, tuple[float, float], float]:
         stage = stages.get((e.comp, e.layer))
@@ -287,8 +309,12 @@ def _measure_rounds(
             stage = stages[(e.comp, e.layer)] = build_stage(model, e.comp, e.layer, e.layer + 1)
         make = _encoder_input if e.comp == "encoder" else _llm_input
         args, units = make(model, e.layer, e.x, device, e.per_label)
+        def forward() -> torch.Tensor:
+            with compute():
+                return stage(*args)
+
         start = time.perf_counter()
-        times = _time_once(lambda: stage(*args), device)
+        times = _time_once(forward, device)
         wall_s = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
         return units, times, wall_s
@@ -326,11 +352,13 @@ def profile_model(
     seed: int = 0,
     hardware_name: str | None = None,
     progress: Callable[[LayerFit], None] | None = None,
+    precision: str = "fp32",
 ) -> tuple[CostModel, list[LayerFit]]:
     """Measured per-layer costs in ``analytic``'s schema (its other layer fields are kept), and the
     fit of every measured layer and phase. ``all_layers``: measure every layer of the full model;
     else one representative per layer kind (``representative_config``). ``budget_s``: wall seconds
-    after which the timed passes of one layer and size stop (at least one runs)."""
+    after which the timed passes of one layer and size stop (at least one runs). ``precision``: the
+    compute precision of ``entrain train --precision`` the layers are timed in (recorded in the notes)."""
     if all_layers:
         small = cfg
         rep = {c: {i: i for i in range(len(cfg.layer_names(c)))} for c in ("encoder", "llm")}
@@ -343,7 +371,7 @@ def profile_model(
         for i in sorted(set(rep[comp].values()))
     }
     entries = [_Entry(comp, i, x, base.per_label) for (comp, i), base in bases.items() for x in tokens]
-    timed = _measure_rounds(model, entries, device, repeats, warmup, budget_s)
+    timed = _measure_rounds(model, entries, device, repeats, warmup, budget_s, precision)
     fits: list[LayerFit] = []
     comps = {}
     for comp in ("encoder", "llm"):
@@ -378,8 +406,9 @@ def profile_model(
             layers.append(replace(base, fwd={KEY: f}, bwd={KEY: b}))
         comps[comp] = ComponentCost(comp, tuple(layers))
     notes = {
-        "source": "entrain profile",
+        "source": PROFILE_SOURCE,
         "device": str(device),
+        "precision": precision,
         "tokens": list(tokens),
         "repeats": repeats,
         "warmup": warmup,
@@ -420,6 +449,8 @@ def median_profile(profiles: Sequence[CostModel]) -> tuple[CostModel, list[Layer
     first = profiles[0]
     if any(p.model != first.model or "fits" not in p.notes for p in profiles):
         raise ValueError("median_profile needs `entrain profile` outputs of one model")
+    if len({p.measured_precision() for p in profiles}) > 1:
+        raise ValueError("median_profile needs profiles measured in one precision")
     by_key = [{(f["component"], f["layer"], f["phase"]): f for f in p.notes["fits"]} for p in profiles]
     fits: list[LayerFit] = []
     curves: dict[tuple[str, str, str], Quadratic] = {}

@@ -137,3 +137,18 @@ def test_paper_scale_preset_builds_on_meta_device():
     assert model.llm.model.embed_tokens.weight.shape == (151_936, 2048)
     assert model.vision.merger.mlp[-1].out_features == 2048
     assert len(model.vision.blocks) == 32 and len(model.llm.model.layers) == 16
+
+
+def test_weights_from_hugging_face_folders_keep_the_varlen_vision_attention(tiny, tmp_path):
+    """``--weights`` with ``vision/`` and ``llm/`` folders loads through transformers' from_pretrained,
+    which must not look for a flash kernel package behind the tower's ``entrain_flash_windows``."""
+    from entrain.models.attention import VISION_ATTENTION
+
+    cfg, model, _ = tiny
+    model.vision.save_pretrained(tmp_path / "vision")
+    model.llm.save_pretrained(tmp_path / "llm")
+    loaded = build_vlm(cfg, seed=1, weights_dir=str(tmp_path))
+    assert loaded.vision.config._attn_implementation == VISION_ATTENTION
+    assert model.vision.config._attn_implementation == VISION_ATTENTION
+    for (name, p), q in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.equal(p, q), name

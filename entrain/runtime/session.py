@@ -326,6 +326,7 @@ FINGERPRINT_KEYS = (
     "freeze",
     "weights",
     "on_bad_sample",
+    "deterministic",
     *STOCK_MODEL_FLAGS,
 )
 """What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
@@ -339,6 +340,8 @@ def fingerprint(spec: RunConfig, system: str) -> dict:
             del fp[k]
     if fp["precision"] is None:
         del fp["precision"]
+    if not fp["deterministic"]:  # runs from before --deterministic stay resumable
+        del fp["deterministic"]
     fp["dp"] = spec.parallel.dp_or_1
     fp["system"] = system
     return json.loads(json.dumps(fp))

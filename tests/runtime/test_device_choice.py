@@ -16,19 +16,9 @@ from entrain.cli import train as train_cli
 from entrain.cli.main import main
 from entrain.core.errors import ConfigError
 from entrain.runtime.distributed import DEVICE_ENV, choose_device, device_from_env
+from tests.cli.test_train_cli import FAST
 from tests.runtime.harness import run_workers
 
-FAST = [
-    "--model",
-    "tiny",
-    "--dataset",
-    "skewed",
-    "--global-batch",
-    "4",
-    "--microbatch-size",
-    "1",
-    "--no-progress",
-]
 
 
 def _gpus(monkeypatch, count: int) -> None:

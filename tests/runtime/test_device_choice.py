@@ -20,7 +20,6 @@ from tests.cli.test_train_cli import FAST
 from tests.runtime.harness import run_workers
 
 
-
 def _gpus(monkeypatch, count: int) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)

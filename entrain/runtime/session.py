@@ -498,7 +498,7 @@ def _start_state(spec: RunConfig, system: str, env, out: str, data: RunData, wat
         return None
     ck.check_resumable(out, fingerprint(spec, system))
     agree = _agree(env, watch, "checkpoint load: verify the files")
-    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=_say(env))
+    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=_say(env), world_size=env.world_size)
     if found is None:
         _say(env)(f"entrain: no complete checkpoint in {out}; starting from step 0")
         return None
@@ -537,8 +537,8 @@ def _load_checkpoint(trainer, found, watch, fault) -> None:
 def _save_checkpoint(
     spec: RunConfig, system: str, layout: Layout, env, out: str, trainer, data, step: int, fault=None
 ):
-    """Every rank writes its rank state and (collectively) its tensors; rank 0 then hashes every file,
-    writes the manifest (last) and prunes old ones. A peer that dies or stalls in any phase fails the
+    """Every rank writes its rank state and (collectively) its tensors, then hashes the files it wrote;
+    rank 0 merges the hashes into the manifest (written last) and prunes old checkpoints. A peer that dies or stalls in any phase fails the
     others within ``--timeout-s``, naming it and the phase."""
     from entrain.runtime import checkpoint as ck
 
@@ -558,6 +558,10 @@ def _save_checkpoint(
         f"{phase}: model and optimizer state",
         lambda: ck.save_state(folder, trainer.checkpoint_state()),
     )
+    # every rank hashes its own files at once; rank 0 merges the small results
+    hashes = _agree(env, watch, f"{phase}: file hashes")(
+        ck.own_file_entries(folder, env.rank, env.world_size)
+    )
     if env.rank == 0:
         ck.write_manifest(
             folder,
@@ -572,7 +576,7 @@ def _save_checkpoint(
                 "fingerprint": fingerprint(spec, system),
                 "data_position": position,
                 "data": data.identity(),
-                "files": ck.file_entries(folder),
+                "files": {name: entry for part in hashes for name, entry in part.items()},
             },
         )
         ck.prune(out, spec.run.keep_checkpoints)

@@ -21,6 +21,10 @@ another DP degree, stage split, ``--tp`` or ``--fsdp``: each rank loads the name
 resharded to its own placement. Every file of ours is written to a temporary name, flushed,
 fsync-ed and renamed (then the folder is fsync-ed); the manifest comes last, so a checkpoint is
 *complete* when its manifest exists and every file matches the manifest's checksum.
+
+The run folder must be one folder that every node sees (a shared filesystem): every rank writes its
+files into the same checkpoint folder and a resumed rank may read any of them. A multi-process run
+checks this before training (``check_shared_folder``) and refuses a node-local folder in one line.
 ``select_checkpoint`` walks the checkpoints newest first and takes the first complete one, saying on
 stderr (rank 0) why a newer one was passed over. Files hold only tensors and plain containers
 (``torch.load(..., weights_only=True)``).
@@ -35,7 +39,10 @@ import os
 import random
 import re
 import shutil
+import socket
 import sys
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,6 +262,47 @@ def prune(out: str | Path, keep: int) -> list[Path]:
         shutil.rmtree(d, ignore_errors=True)
         deleted.append(d)
     return deleted
+
+
+# --- one run folder for every node -------------------------------------------------------------
+
+
+def check_shared_folder(folder: str | Path, rank: int, agree: Callable, wait_s: float = 2.0) -> None:
+    """ConfigError unless every rank sees a file rank 0 writes in ``folder``: every rank writes its
+    checkpoint files into one folder and a resumed rank reads any of them, so the run folder must be
+    one folder that every node shares (node-local run folders are refused, not supported). ``agree``
+    all-gathers one value per rank; ``wait_s``: how long a rank looks for the file."""
+    token = uuid.uuid4().hex if rank == 0 else None
+    if rank == 0:
+        atomic_write_bytes(Path(folder) / f"{SHARED_MARKER}{token}", token.encode())
+    token = agree(token)[0]
+    marker = Path(folder) / f"{SHARED_MARKER}{token}"
+    hosts = agree(None if _sees(marker, token, wait_s) else socket.gethostname())
+    if rank == 0:
+        marker.unlink(missing_ok=True)
+    blind = [f"rank {r} on {host}" for r, host in enumerate(hosts) if host is not None]
+    if blind:
+        raise ConfigError(
+            f"--out {folder} is not one folder that every node shares: {', '.join(blind[:4])} does not see "
+            "a file rank 0 wrote there; checkpoints need a shared filesystem (node-local run folders are not "
+            "supported)"
+        )
+
+
+SHARED_MARKER = ".entrain-shared-"
+
+
+def _sees(marker: Path, token: str, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if marker.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 # --- choosing and reading -----------------------------------------------------------------------

@@ -422,6 +422,10 @@ def run_systems(spec: RunConfig, env, memory_check: MemoryCheck | None = None) -
             )
         _warn_below_b_min(spec, setup, env)
     watch = PeerWatch(env.rank, env.world_size, spec.run.timeout_s)  # one sequence of points for all systems
+    if env.world_size > 1:  # checkpoints need one run folder that every node sees
+        from entrain.runtime.checkpoint import check_shared_folder
+
+        check_shared_folder(spec.run.out, env.rank, _agree(env, watch, "run folder: shared by every rank"))
     return [
         _run_one(spec, s, setups[s], cost, data, env, system_out(spec, s), watch, model_cfg, tokenizer)
         for s in setups

@@ -1,6 +1,7 @@
 """Issue 26 requirement 5: checkpoint hashes are computed by each rank for the files it wrote, at the
 same time (rank 0 only merges them into the manifest), and a resume verifies them, each rank its
-share of the files: no rank waits while another hashes the whole checkpoint."""
+share of the files: no rank waits while another hashes the whole checkpoint. A run folder that some
+node does not share is refused before training."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.distributed as dist
 
 from entrain.cli import train as train_cli
 from entrain.cli.main import build_parser
+from entrain.core.errors import ConfigError
 from entrain.runtime import checkpoint as ck
 from entrain.runtime import session
 from entrain.runtime.health import PeerWatch
@@ -71,3 +73,24 @@ def test_each_rank_hashes_its_own_files_and_resume_verifies_its_share(tmp_path):
     assert set(files) == on_disk, "the manifest lists every file"
     assert again0 is None and again1 is None
     assert "rank 1: " in said0[0] and "corrupt" in said0[0]
+
+
+def _check_folder(env, folders):
+    watch = PeerWatch(env.rank, env.world_size, 30.0)
+    try:
+        ck.check_shared_folder(folders[env.rank], env.rank, session._agree(env, watch, "shared"), wait_s=0.2)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def test_a_run_folder_some_node_does_not_share_is_refused_in_one_line(tmp_path):
+    """Two "nodes": rank 1's run folder is its own (node-local) one; every rank refuses, naming it."""
+    shared, local = tmp_path / "shared", tmp_path / "node1-local"
+    shared.mkdir()
+    local.mkdir()
+    assert run_workers(_check_folder, 2, tmp_path / "w1", [shared, shared]) == [None, None]
+    assert not [p for p in shared.iterdir()], "the marker is removed"
+    errors = run_workers(_check_folder, 2, tmp_path / "w2", [shared, local])
+    assert all("\n" not in e and "every node shares: rank 1 on " in e for e in errors), errors
+    assert f"--out {shared} is not one folder that every node shares: rank 1 on " in errors[0]

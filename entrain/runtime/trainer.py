@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from entrain.config import OptimConfig
-from entrain.core.plan import Action, IterationPlan, Layout
+from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.models.vlm import VLM, build_stage, checkpoint_parts
 from entrain.runtime import grad_buckets
 from entrain.runtime.comm import Transport
@@ -280,6 +280,19 @@ class PipelineTrainer:
         except Exception as e:
             raise CollectiveError(self.env.rank, self.step_index, what, e, self.watch.behind()) from e
 
+    def _forward_inputs(self, it: IterationPlan, actions) -> list[tuple[str, tuple[str, ...]]]:
+        """The packs this rank's forwards ask the renderer for, in order (as the executor asks:
+        the first encoder stage's patches, every LLM stage's batch)."""
+        first_llm = self.layout.num_encoder_stages
+        out = []
+        for a in actions:
+            if a.kind is not ActionKind.F or 0 < a.stage < first_llm:
+                continue
+            mb = it.microbatches[self.replica][a.mb]
+            subs = mb.encoder_subs if a.stage < first_llm else mb.llm_subs
+            out.append(("encoder" if a.stage < first_llm else "llm", tuple(subs[a.sub_index])))
+        return out
+
     def _global_labels(self, it: IterationPlan) -> int:
         """Label tokens of the global batch: each replica's last stage counts its samples; all-reduced."""
         counts = self.pp_rank == self.last_stage_rank and self.place.tp_rank == 0  # once per TP group
@@ -379,6 +392,8 @@ class PipelineTrainer:
         actions = it.actions.get(self.place.plan_rank, ())
         if self.grad_buckets is not None:  # DP buckets start as their stages' last backwards end
             self.grad_buckets.start(actions)
+        if self.env.device.type == "cuda":  # the next forward's inputs are copied while one computes
+            self.renderer.expect_forwards(self._forward_inputs(it, actions))
         out = self.executor.run(it, actions, loss_scale=scale)
         self._collective("wait for the pipeline sends", self.transport.wait_all)
         for root in self.fsdp_roots:

@@ -82,7 +82,10 @@ def visible_gpus() -> int:
 
 def device_from_env() -> torch.device:
     """This process's device under ``choose_device``'s rule (``ENTRAIN_DEVICE``, ``LOCAL_RANK``)."""
-    kind, _ = choose_device(os.environ.get(DEVICE_ENV, "auto"), local_process_count(), visible_gpus())
+    requested = os.environ.get(DEVICE_ENV, "auto")
+    if requested == "cpu":  # no CUDA query at all (forked test workers)
+        return torch.device("cpu")
+    kind, _ = choose_device(requested, local_process_count(), visible_gpus())
     if kind == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")

@@ -61,7 +61,9 @@ def choose_device(requested: str, num_local_procs: int, num_gpus: int) -> tuple[
         return "cpu", None
     if num_gpus >= num_local_procs:
         return "cuda", None
-    need = f"{num_local_procs} processes on this node need {num_local_procs} GPUs (one each), {num_gpus} visible"
+    need = (
+        f"{num_local_procs} processes on this node need {num_local_procs} GPUs (one each), {num_gpus} visible"
+    )
     if requested == "cuda" and num_gpus == 0:
         raise ConfigError("--device cuda: no GPU is visible (torch.cuda.is_available() is False)")
     if requested == "cuda":

@@ -207,7 +207,7 @@ class PipelineTrainer:
             hooks=parallel.tp == 1,
             run=self._collective,
         )
-        handlers = self.executor._handlers
+        handlers = self.executor._handlers  # the executor's dispatch table: each action, then the buckets
         for kind, handler in list(handlers.items()):
             handlers[kind] = _then(handler, buckets.after_action)
         return buckets

@@ -51,10 +51,10 @@ MUTANTS = (
     Mutant(
         "dp-gradient-scaling",
         "the DP all-reduce result divided by dp (a mean on top of the label-count normalisation)",
-        "entrain/runtime/trainer.py",
-        "g.copy_(flat[offset : offset + n].view_as(g))",
-        "g.copy_(flat[offset : offset + n].view_as(g) / self.layout.dp)",
-        (EXACT_2,),
+        "entrain/runtime/grad_buckets.py",
+        "g.copy_(b.flat[offset : offset + g.numel()].view_as(g))",
+        "g.copy_(b.flat[offset : offset + g.numel()].view_as(g) / dist.get_world_size(self.group))",
+        (EXACT_2, "tests/runtime/test_grad_buckets.py"),
     ),
     Mutant(
         "loss-normalisation",

@@ -211,6 +211,10 @@ class RunDirConfig:
     progress: bool = True
     tensorboard: bool = False
     trace: bool = False
+    device: str = "auto"
+    """``--device``: ``auto``, ``cuda`` or ``cpu`` (``entrain.runtime.distributed.choose_device``)."""
+    deterministic: bool = False
+    """``--deterministic``: torch's deterministic algorithms (bitwise-equal resume on GPU)."""
     flags: dict = field(default_factory=dict, compare=False)
     """The command-line flags of the run (``entrain train``): config.json records them, so
     ``entrain train --config RUN/config.json`` starts the same run."""

@@ -1,5 +1,9 @@
 import os
 
+# CPU tests run on CPU + gloo even where a GPU is visible (entrain.runtime.distributed.choose_device);
+# a GPU test asks for CUDA itself (monkeypatch.setenv("ENTRAIN_DEVICE", "cuda"), or run with it set)
+os.environ.setdefault("ENTRAIN_DEVICE", "cpu")
+
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(

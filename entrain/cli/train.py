@@ -225,10 +225,26 @@ def _add_run_folder_args(p: argparse.ArgumentParser) -> None:
         help="start torchrun with this many local processes (default: what the layout needs)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _add_device_args(p)
     p.add_argument(
         "--demo",
         action="store_true",
         help="README main job: tiny on skewed, entrain then 1f1b, 2 processes (flags still override)",
+    )
+
+
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="auto: one GPU per process (NCCL) when the node has enough, else CPU + gloo with a note; cuda: "
+        "refuse a node with fewer GPUs than processes; cpu: CPU + gloo (default: auto, or $ENTRAIN_DEVICE)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch's deterministic algorithms in every process (bitwise-equal resume on GPU; slower)",
     )
 
 
@@ -313,6 +329,7 @@ _FORWARDED = (
     "ramp_microbatches",
     "split_weight_grads",
     "assignment",
+    "device",
     *STOCK_MODEL_FLAGS,
 )
 _FLAGS_FORWARDED = (
@@ -324,6 +341,7 @@ _FLAGS_FORWARDED = (
     "tensorboard",
     "trace",
     "fsdp",
+    "deterministic",
 )
 
 
@@ -598,6 +616,9 @@ def run(args: argparse.Namespace) -> int:
             check_run_folder(spec, args.overwrite)
         if os.environ["RANK"] == "0" and fixed:
             warn_below_b_min(spec)
+        from entrain.runtime.distributed import local_process_count
+
+        resolve_device(args.device, local_process_count(), say=os.environ.get("LOCAL_RANK", "0") == "0")
         return _run_rank(spec, under_torchrun=True)
     # everything that can be checked before a process starts, in the order a user fixes it
     check_run_folder(spec, args.overwrite)
@@ -607,6 +628,7 @@ def run(args: argparse.Namespace) -> int:
     if fixed:
         warn_below_b_min(spec)
     need = world or default_world_size(spec)
+    resolve_device(args.device, need)
     if need > 1:  # not under torchrun: start it
         return _launch(args, spec, need)
     try:
@@ -614,6 +636,21 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(interrupted_line(spec), file=sys.stderr, flush=True)
         return 130
+
+
+def resolve_device(requested: str, num_local_procs: int, say: bool = True) -> str:
+    """The device type of this node's ``num_local_procs`` processes (``distributed.choose_device``;
+    ``--device auto`` defers to ``$ENTRAIN_DEVICE``), exported as ``ENTRAIN_DEVICE`` for this process
+    and those it starts; the CPU fallback's note goes to stderr when ``say``."""
+    from entrain.runtime.distributed import DEVICE_ENV, choose_device, visible_gpus
+
+    if requested == "auto":
+        requested = os.environ.get(DEVICE_ENV, "auto")
+    kind, note = choose_device(requested, num_local_procs, visible_gpus())
+    if note and say:
+        print(note, file=sys.stderr, flush=True)
+    os.environ[DEVICE_ENV] = kind
+    return kind
 
 
 def _as_worker(args: argparse.Namespace) -> int:
@@ -683,11 +720,12 @@ def _run_rank(spec, under_torchrun: bool) -> int:
     import torch
 
     from entrain.runtime.cpu_allocator import keep_freed_memory
-    from entrain.runtime.distributed import init_distributed, shutdown
+    from entrain.runtime.distributed import init_distributed, set_deterministic, shutdown
     from entrain.runtime.session import run_systems, summary_line
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     keep_freed_memory()
+    set_deterministic(spec.run.deterministic)
     if under_torchrun:
         env = init_distributed(timeout_s=spec.run.timeout_s)
     else:

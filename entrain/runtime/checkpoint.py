@@ -11,13 +11,20 @@ Layout of ``OUT/checkpoints/step-00000008/`` (the step count is the number of co
     rank{r}.pt                written by every rank: step, data position and RNG states
     manifest.json             written last, by rank 0 once every file is written: every file with
                               its sha256 and size, the layout, the run fingerprint and the data
-                              position
+                              position. Each rank hashes the files it wrote (``owner_rank``), all
+                              at once; rank 0 only merges the gathered hashes (no rank waits on
+                              another's hashing of the whole checkpoint). On resume each rank
+                              verifies its share of the files.
 
 The tensor state is keyed by name, not by rank, so a run continues from a checkpoint written with
 another DP degree, stage split, ``--tp`` or ``--fsdp``: each rank loads the names its stages hold,
 resharded to its own placement. Every file of ours is written to a temporary name, flushed,
 fsync-ed and renamed (then the folder is fsync-ed); the manifest comes last, so a checkpoint is
 *complete* when its manifest exists and every file matches the manifest's checksum.
+
+The run folder must be one folder that every node sees (a shared filesystem): every rank writes its
+files into the same checkpoint folder and a resumed rank may read any of them. A multi-process run
+checks this before training (``check_shared_folder``) and refuses a node-local folder in one line.
 ``select_checkpoint`` walks the checkpoints newest first and takes the first complete one, saying on
 stderr (rank 0) why a newer one was passed over. Files hold only tensors and plain containers
 (``torch.load(..., weights_only=True)``).
@@ -30,8 +37,12 @@ import io
 import json
 import os
 import random
+import re
 import shutil
+import socket
 import sys
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,14 +211,36 @@ def saved_keys(folder: Path) -> set[str]:
     return set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
 
 
-def file_entries(folder: Path) -> dict[str, dict]:
-    """``{name: {"sha256", "bytes"}}`` of every file in ``folder`` but the manifest."""
+def file_entries(folder: Path, keep: Callable[[str], bool] | None = None) -> dict[str, dict]:
+    """``{name: {"sha256", "bytes"}}`` of every file in ``folder`` but the manifest (those ``keep``
+    accepts)."""
     entries = {}
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.name != MANIFEST and ".tmp-" not in path.name:
+            if keep is not None and not keep(path.name):
+                continue
             data = path.read_bytes()
             entries[path.name] = {"sha256": _sha256(data), "bytes": len(data)}
     return entries
+
+
+_DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
+_RANK_FILE = re.compile(r"rank(\d+)\.pt")
+
+
+def owner_rank(name: str, world_size: int) -> int:
+    """The rank that wrote a checkpoint file, and hashes it: ``rank{r}.pt`` and
+    ``torch.distributed.checkpoint``'s shard files ``__{r}_{i}.distcp`` are rank r's; the rest
+    (``.metadata``, a stale file of an earlier attempt with more ranks) rank 0's."""
+    match = _DCP_SHARD.fullmatch(name) or _RANK_FILE.fullmatch(name)
+    rank = int(match.group(1)) if match else 0
+    return rank if rank < world_size else 0
+
+
+def own_file_entries(folder: Path, rank: int, world_size: int) -> dict[str, dict]:
+    """``file_entries`` of the files ``rank`` wrote (``owner_rank``): every rank hashes its own, at the
+    same time, and rank 0 merges the small results into the manifest."""
+    return file_entries(folder, keep=lambda name: owner_rank(name, world_size) == rank)
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
@@ -229,6 +262,47 @@ def prune(out: str | Path, keep: int) -> list[Path]:
         shutil.rmtree(d, ignore_errors=True)
         deleted.append(d)
     return deleted
+
+
+# --- one run folder for every node -------------------------------------------------------------
+
+
+def check_shared_folder(folder: str | Path, rank: int, agree: Callable, wait_s: float = 2.0) -> None:
+    """ConfigError unless every rank sees a file rank 0 writes in ``folder``: every rank writes its
+    checkpoint files into one folder and a resumed rank reads any of them, so the run folder must be
+    one folder that every node shares (node-local run folders are refused, not supported). ``agree``
+    all-gathers one value per rank; ``wait_s``: how long a rank looks for the file."""
+    token = uuid.uuid4().hex if rank == 0 else None
+    if rank == 0:
+        atomic_write_bytes(Path(folder) / f"{SHARED_MARKER}{token}", token.encode())
+    token = agree(token)[0]
+    marker = Path(folder) / f"{SHARED_MARKER}{token}"
+    hosts = agree(None if _sees(marker, token, wait_s) else socket.gethostname())
+    if rank == 0:
+        marker.unlink(missing_ok=True)
+    blind = [f"rank {r} on {host}" for r, host in enumerate(hosts) if host is not None]
+    if blind:
+        raise ConfigError(
+            f"--out {folder} is not one folder that every node shares: {', '.join(blind[:4])} does not see "
+            "a file rank 0 wrote there; checkpoints need a shared filesystem (node-local run folders are not "
+            "supported)"
+        )
+
+
+SHARED_MARKER = ".entrain-shared-"
+
+
+def _sees(marker: Path, token: str, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if marker.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 # --- choosing and reading -----------------------------------------------------------------------
@@ -257,26 +331,30 @@ def _read_manifest(folder: Path) -> tuple[dict | None, str | None]:
         return None, f"unreadable manifest ({e})"
 
 
-def verify_all(folder: Path, manifest: dict) -> str | None:
-    """Why the checkpoint's files do not match its manifest (None: they all do)."""
-    for name in sorted(manifest.get("files", {})):
+def verify_all(folder: Path, manifest: dict, share: tuple[int, int] = (0, 1)) -> str | None:
+    """Why the checkpoint's files do not match its manifest (None: they all do). ``share`` =
+    ``(index, count)``: only every ``count``-th file from ``index`` (a rank's part of the work)."""
+    index, count = share
+    for name in sorted(manifest.get("files", {}))[index::count]:
         _, why = _read_verified(folder, manifest, name)
         if why is not None:
             return why
     return None
 
 
-def try_load(folder: Path, *, rank: int, verify_tensors: bool = True) -> tuple[Checkpoint | None, str | None]:
+def try_load(
+    folder: Path, *, rank: int, verify_tensors: bool = True, share: tuple[int, int] = (0, 1)
+) -> tuple[Checkpoint | None, str | None]:
     """This rank's view of one checkpoint folder: its rank state (rank 0's when the writing run had
-    fewer ranks), or why the checkpoint cannot be used. ``verify_tensors``: also check every tensor
-    file's sha256 (one rank does it for all)."""
+    fewer ranks), or why the checkpoint cannot be used. ``verify_tensors``: also check the sha256 of
+    the files of ``share`` (``verify_all``; default: every file)."""
     manifest, why = _read_manifest(folder)
     if manifest is None:
         return None, why
     if manifest.get("format") != FORMAT_VERSION:
         return None, f"format {manifest.get('format')} (this version reads {FORMAT_VERSION})"
     if verify_tensors:
-        why = verify_all(folder, manifest)
+        why = verify_all(folder, manifest, share)
         if why is not None:
             return None, why
     name = rank_file(rank) if rank_file(rank) in manifest.get("files", {}) else rank_file(0)
@@ -292,14 +370,15 @@ def select_checkpoint(
     rank: int,
     agree: Callable[[str | None], list[str | None]],
     say: Callable[[str], None] | None = None,
+    world_size: int = 1,
 ) -> Checkpoint | None:
     """The newest checkpoint that is complete for every rank. ``agree`` all-gathers each rank's reason
-    for refusing a candidate (None: usable), so all ranks pick the same one; rank 0 verifies every
-    file's sha256, the others their own rank state; ``say`` reports skipped candidates (rank 0's
-    stderr)."""
+    for refusing a candidate (None: usable), so all ranks pick the same one; each of the
+    ``world_size`` ranks verifies the sha256 of its share of the files (``verify_all``) and its own
+    rank state; ``say`` reports skipped candidates (rank 0's stderr)."""
     say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
     for step, folder in checkpoint_dirs(out):
-        ckpt, why = try_load(folder, rank=rank, verify_tensors=rank == 0)
+        ckpt, why = try_load(folder, rank=rank, share=(rank, world_size))
         reasons = agree(why)
         bad = [(r, w) for r, w in enumerate(reasons) if w is not None]
         if not bad:

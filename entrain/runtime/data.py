@@ -17,7 +17,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from entrain.core.errors import DataError
 from entrain.core.samples import LABEL_FRACTION, SampleMeta, VisionTokenConfig, smart_resize
 from entrain.models.config import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, VLMConfig
 from entrain.models.vlm import LLMBatch
+from entrain.runtime.h2d import InputPrefetcher, host_to_device
 
 __all__ = ["RenderedSample", "SampleRenderer", "RecordSource", "EncoderInput", "PATCH_BANK_ROWS"]
 
@@ -187,6 +188,8 @@ class SampleRenderer:
         self._pool: ThreadPoolExecutor | None = None
         self._bank: torch.Tensor | None = None
         self._zipf_cdf: torch.Tensor | None = None
+        self._inputs = InputPrefetcher(self.device)
+        """On a GPU: the next forward's inputs, copied on a side stream (``expect_forwards``)."""
 
     def add(self, metas: dict[str, SampleMeta]) -> None:
         self.metas.update(metas)
@@ -292,7 +295,7 @@ class SampleRenderer:
         bank = self._patch_bank()
         start = _seed_of(self.seed, sample_id, "pixels") % bank.shape[0]
         index = (start + torch.arange(rows)) % bank.shape[0]
-        return bank[index].to(self.device, self.dtype)
+        return host_to_device(bank[index], self.device, self.dtype)
 
     def _record_patches(self, sample_id: str) -> torch.Tensor:
         pending = self._pending.pop(sample_id, None)
@@ -307,7 +310,7 @@ class SampleRenderer:
                 f"image processor grids {list(got)} differ from the header sizes' {list(expected)} "
                 "(an image whose decoded size differs from its header)",
             )
-        return torch.as_tensor(pixels).to(self.device, self.dtype)
+        return host_to_device(torch.as_tensor(pixels), self.device, self.dtype)
 
     def prefetch(self, ids: Iterable[str]) -> None:
         """Start processing the pixels of ``ids`` (the samples the next ``patches`` calls will ask
@@ -342,7 +345,19 @@ class SampleRenderer:
         return self._bank
 
     # --- packs --------------------------------------------------------------------------------------
+    def expect_forwards(self, inputs: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """The packs a step's forwards will ask for, in order: ``("encoder", ids)`` for
+        ``encoder_input``, ``("llm", ids)`` for ``llm_batch``. On a GPU each is copied to the device
+        on a side stream while the previous one computes; elsewhere a no-op."""
+        builders = {"encoder": self._encoder_input, "llm": self._llm_batch}
+        self._inputs.expect(
+            [((kind, tuple(ids)), lambda k=kind, i=ids: builders[k](i)) for kind, ids in inputs]
+        )
+
     def encoder_input(self, ids: Sequence[str]) -> EncoderInput:
+        return self._inputs.take(("encoder", tuple(ids)), lambda: self._encoder_input(ids))
+
+    def _encoder_input(self, ids: Sequence[str]) -> EncoderInput:
         samples = [self.sample(i) for i in ids]
         with_images = [s for s in samples if s.grid_thw]
         patches = [self.patches(s.id) for s in with_images]
@@ -363,20 +378,27 @@ class SampleRenderer:
         return torch.tensor(grid, dtype=torch.int64).reshape(-1, 3)
 
     def llm_batch(self, ids: Sequence[str], loss_scale: float) -> LLMBatch:
+        batch = self._inputs.take(("llm", tuple(ids)), lambda: self._llm_batch(ids))
+        return replace(batch, loss_scale=loss_scale)
+
+    def _llm_batch(self, ids: Sequence[str]) -> LLMBatch:
         samples = [self.sample(i) for i in ids]
         offsets = [0]
         for s in samples:
             offsets.append(offsets[-1] + s.num_tokens)
         dev = self.device
-        cat = torch.cat
+
+        def packed(parts: list[torch.Tensor]) -> torch.Tensor:
+            return host_to_device(torch.cat(parts), dev)
+
         return LLMBatch(
-            input_ids=cat([s.input_ids for s in samples]).to(dev),
-            position_ids=cat([torch.arange(s.num_tokens) for s in samples]).to(dev),
+            input_ids=packed([s.input_ids for s in samples]),
+            position_ids=packed([torch.arange(s.num_tokens) for s in samples]),
             seq_lens=tuple(s.num_tokens for s in samples),
-            image_positions=cat([s.image_positions + o for s, o in zip(samples, offsets)]).to(dev),
-            label_positions=cat([s.label_positions + o for s, o in zip(samples, offsets)]).to(dev),
-            targets=cat([s.targets for s in samples]).to(dev),
-            loss_scale=loss_scale,
+            image_positions=packed([s.image_positions + o for s, o in zip(samples, offsets)]),
+            label_positions=packed([s.label_positions + o for s, o in zip(samples, offsets)]),
+            targets=packed([s.targets for s in samples]),
+            loss_scale=0.0,  # set by llm_batch
         )
 
     def num_labels(self, ids: Sequence[str]) -> int:

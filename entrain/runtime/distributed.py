@@ -1,8 +1,17 @@
 """Process groups and the device, from the environment (CUDA + NCCL when available, else CPU + gloo).
 
-Nothing here hard-codes a device: ``device_from_env`` picks CUDA when torch sees a GPU (the GPU of
-``LOCAL_RANK``), else the CPU. ``init_distributed`` reads torchrun's ``RANK``/``WORLD_SIZE`` (or takes
-them, with an ``init_method``, for forked test workers).
+Nothing here hard-codes a device: ``device_from_env`` picks the GPU of ``LOCAL_RANK`` when torch sees
+one GPU per process of this node, else the CPU. The rule (``choose_device``, one per node, the same in
+every process) for ``ENTRAIN_DEVICE`` (``entrain train --device``; unset = ``auto``):
+
+* ``cpu``: CPU + gloo, whatever is visible (the test suite sets it: CPU tests never pick NCCL);
+* ``auto``: CUDA + NCCL when the node has at least as many GPUs as processes (``LOCAL_WORLD_SIZE``);
+  more processes than GPUs falls back to CPU + gloo, with a one-line note (NCCL refuses two processes
+  on one GPU);
+* ``cuda``: one GPU per process, or a one-line error saying how many GPUs the node's processes need.
+
+``init_distributed`` reads torchrun's ``RANK``/``WORLD_SIZE`` (or takes them, with an ``init_method``,
+for forked test workers).
 """
 
 from __future__ import annotations
@@ -19,8 +28,12 @@ from entrain.core.plan import Layout
 
 __all__ = [
     "DistEnv",
+    "DEVICE_CHOICES",
+    "DEVICE_ENV",
+    "choose_device",
     "device_from_env",
     "init_distributed",
+    "set_deterministic",
     "check_runtime_layout",
     "shutdown",
 ]
@@ -34,10 +47,65 @@ class DistEnv:
     backend: str
 
 
+DEVICE_ENV = "ENTRAIN_DEVICE"
+"""``auto`` (unset), ``cuda`` or ``cpu``: the device rule of ``choose_device``."""
+DEVICE_CHOICES = ("auto", "cuda", "cpu")
+
+
+def choose_device(requested: str, num_local_procs: int, num_gpus: int) -> tuple[str, str | None]:
+    """``(device type, note or None)`` for ``num_local_procs`` processes on a node with ``num_gpus``
+    visible GPUs (module docstring); ConfigError for ``cuda`` without one GPU per process."""
+    if requested not in DEVICE_CHOICES:
+        raise ConfigError(f"{DEVICE_ENV}={requested!r}; choose from {', '.join(DEVICE_CHOICES)}")
+    if requested == "cpu" or (requested == "auto" and num_gpus == 0):
+        return "cpu", None
+    if num_gpus >= num_local_procs:
+        return "cuda", None
+    need = (
+        f"{num_local_procs} processes on this node need {num_local_procs} GPUs (one each), {num_gpus} visible"
+    )
+    if requested == "cuda" and num_gpus == 0:
+        raise ConfigError("--device cuda: no GPU is visible (torch.cuda.is_available() is False)")
+    if requested == "cuda":
+        raise ConfigError(
+            f"--device cuda: {need}; start at most {num_gpus} processes per node, or use --device cpu"
+        )
+    return "cpu", f"entrain train: note: {need}: running on CPU with gloo (--device cuda refuses this)"
+
+
+def local_process_count() -> int:
+    """Processes of this node: torchrun's ``LOCAL_WORLD_SIZE`` (1 when started alone)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def device_from_env() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    """This process's device under ``choose_device``'s rule (``ENTRAIN_DEVICE``, ``LOCAL_RANK``)."""
+    requested = os.environ.get(DEVICE_ENV, "auto")
+    if requested == "cpu":  # no CUDA query at all (forked test workers)
+        return torch.device("cpu")
+    kind, _ = choose_device(requested, local_process_count(), visible_gpus())
+    if kind == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""``CUBLAS_WORKSPACE_CONFIG`` that makes cuBLAS deterministic (read when its first handle is made)."""
+
+
+def set_deterministic(enabled: bool) -> None:
+    """``--deterministic``: torch's deterministic algorithms (an op without one raises), cuDNN's
+    deterministic kernels without autotuning, and cuBLAS's fixed workspace. Call before CUDA work."""
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def init_distributed(

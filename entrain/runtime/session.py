@@ -326,6 +326,7 @@ FINGERPRINT_KEYS = (
     "freeze",
     "weights",
     "on_bad_sample",
+    "deterministic",
     *STOCK_MODEL_FLAGS,
 )
 """What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
@@ -339,6 +340,8 @@ def fingerprint(spec: RunConfig, system: str) -> dict:
             del fp[k]
     if fp["precision"] is None:
         del fp["precision"]
+    if not fp["deterministic"]:  # runs from before --deterministic stay resumable
+        del fp["deterministic"]
     fp["dp"] = spec.parallel.dp_or_1
     fp["system"] = system
     return json.loads(json.dumps(fp))
@@ -419,6 +422,10 @@ def run_systems(spec: RunConfig, env, memory_check: MemoryCheck | None = None) -
             )
         _warn_below_b_min(spec, setup, env)
     watch = PeerWatch(env.rank, env.world_size, spec.run.timeout_s)  # one sequence of points for all systems
+    if env.world_size > 1:  # checkpoints need one run folder that every node sees
+        from entrain.runtime.checkpoint import check_shared_folder
+
+        check_shared_folder(spec.run.out, env.rank, _agree(env, watch, "run folder: shared by every rank"))
     return [
         _run_one(spec, s, setups[s], cost, data, env, system_out(spec, s), watch, model_cfg, tokenizer)
         for s in setups
@@ -495,7 +502,7 @@ def _start_state(spec: RunConfig, system: str, env, out: str, data: RunData, wat
         return None
     ck.check_resumable(out, fingerprint(spec, system))
     agree = _agree(env, watch, "checkpoint load: verify the files")
-    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=_say(env))
+    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=_say(env), world_size=env.world_size)
     if found is None:
         _say(env)(f"entrain: no complete checkpoint in {out}; starting from step 0")
         return None
@@ -534,8 +541,8 @@ def _load_checkpoint(trainer, found, watch, fault) -> None:
 def _save_checkpoint(
     spec: RunConfig, system: str, layout: Layout, env, out: str, trainer, data, step: int, fault=None
 ):
-    """Every rank writes its rank state and (collectively) its tensors; rank 0 then hashes every file,
-    writes the manifest (last) and prunes old ones. A peer that dies or stalls in any phase fails the
+    """Every rank writes its rank state and (collectively) its tensors, then hashes the files it wrote;
+    rank 0 merges the hashes into the manifest (written last) and prunes old checkpoints. A peer that dies or stalls in any phase fails the
     others within ``--timeout-s``, naming it and the phase."""
     from entrain.runtime import checkpoint as ck
 
@@ -555,6 +562,10 @@ def _save_checkpoint(
         f"{phase}: model and optimizer state",
         lambda: ck.save_state(folder, trainer.checkpoint_state()),
     )
+    # every rank hashes its own files at once; rank 0 merges the small results
+    hashes = _agree(env, watch, f"{phase}: file hashes")(
+        ck.own_file_entries(folder, env.rank, env.world_size)
+    )
     if env.rank == 0:
         ck.write_manifest(
             folder,
@@ -569,7 +580,7 @@ def _save_checkpoint(
                 "fingerprint": fingerprint(spec, system),
                 "data_position": position,
                 "data": data.identity(),
-                "files": ck.file_entries(folder),
+                "files": {name: entry for part in hashes for name, entry in part.items()},
             },
         )
         ck.prune(out, spec.run.keep_checkpoints)

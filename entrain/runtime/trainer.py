@@ -1,4 +1,5 @@
-"""The training loop around the executor: loss normalisation, DP gradient reduction, global-norm
+"""The training loop around the executor: loss normalisation, DP gradient reduction (bucketed,
+started during the pipeline: ``grad_buckets``), global-norm
 clipping, AdamW with linear warm-up then cosine decay, validation, per-step metrics.
 
 One ``PipelineTrainer`` per rank. Every rank builds the whole model from the same seed (so its stage
@@ -16,12 +17,14 @@ import torch
 import torch.distributed as dist
 
 from entrain.config import OptimConfig
-from entrain.core.plan import IterationPlan, Layout
+from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.models.vlm import VLM, build_stage, checkpoint_parts
+from entrain.runtime import grad_buckets
 from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import DistEnv, check_runtime_layout
 from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
+from entrain.runtime.grad_buckets import GradBuckets
 from entrain.runtime.health import PeerWatch
 from entrain.runtime.parallelize import (
     StageParallelism,
@@ -36,7 +39,23 @@ from entrain.runtime.parallelize import (
 )
 from entrain.runtime.recompute import apply_recompute
 
-__all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor"]
+__all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor", "reset_peak_memory"]
+
+
+def _then(handler: Callable[[Action], None], after: Callable[[Action], None]) -> Callable[[Action], None]:
+    def run(a: Action) -> None:
+        handler(a)
+        after(a)
+
+    return run
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Open a step's peak-memory window on a GPU: the ``peak_device_bytes`` a step reports
+    (``PipelineTrainer.memory_of``) is then its own, never an earlier step's or an earlier system's
+    of the same process."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def lr_factor(step: int, cfg: OptimConfig) -> float:
@@ -138,6 +157,7 @@ class PipelineTrainer:
             if self.params
             else None
         )
+        self.grad_buckets = self._grad_buckets(parallel)
         self.step_index = 0
         self.last_stage_rank = layout.stages[-1].pp_rank
         self.fault_hook: Callable[[int, int], None] | None = None
@@ -175,6 +195,26 @@ class PipelineTrainer:
         if dp_mesh is None:
             return []
         return [apply_fsdp(m, dp_mesh) for m in self.modules.values()]
+
+    def _grad_buckets(self, parallel: StageParallelism) -> GradBuckets | None:
+        """The bucketed DP all-reduce (``grad_buckets``), told of every action the executor finishes;
+        None without DP replicas or under FSDP (which reduce-scatters its own gradients)."""
+        if self.dp_group is None or not self.params:
+            return None
+        stage_params = {
+            s: [p for _, p in m.owned_parameters() if p.requires_grad] for s, m in self.modules.items()
+        }
+        buckets = GradBuckets(
+            stage_params,
+            self.dp_group,
+            bucket_bytes=grad_buckets.BUCKET_BYTES,
+            hooks=parallel.tp == 1,
+            run=self._collective,
+        )
+        handlers = self.executor._handlers  # the executor's dispatch table: each action, then the buckets
+        for kind, handler in list(handlers.items()):
+            handlers[kind] = _then(handler, buckets.after_action)
+        return buckets
 
     # --- checkpoint state ---------------------------------------------------------------------------
     def checkpoint_state(self, *, with_empty_optimizer: bool = False) -> dict[str, torch.Tensor]:
@@ -244,6 +284,19 @@ class PipelineTrainer:
         except Exception as e:
             raise CollectiveError(self.env.rank, self.step_index, what, e, self.watch.behind()) from e
 
+    def _forward_inputs(self, it: IterationPlan, actions) -> list[tuple[str, tuple[str, ...]]]:
+        """The packs this rank's forwards ask the renderer for, in order (as the executor asks:
+        the first encoder stage's patches, every LLM stage's batch)."""
+        first_llm = self.layout.num_encoder_stages
+        out = []
+        for a in actions:
+            if a.kind is not ActionKind.F or 0 < a.stage < first_llm:
+                continue
+            mb = it.microbatches[self.replica][a.mb]
+            subs = mb.encoder_subs if a.stage < first_llm else mb.llm_subs
+            out.append(("encoder" if a.stage < first_llm else "llm", tuple(subs[a.sub_index])))
+        return out
+
     def _global_labels(self, it: IterationPlan) -> int:
         """Label tokens of the global batch: each replica's last stage counts its samples; all-reduced."""
         counts = self.pp_rank == self.last_stage_rank and self.place.tp_rank == 0  # once per TP group
@@ -251,24 +304,6 @@ class PipelineTrainer:
         t = torch.tensor([float(mine)], dtype=torch.float64, device=self.env.device)
         self._collective("all-reduce of the label count", lambda: dist.all_reduce(t))
         return int(t.item())
-
-    def _reduce_dp(self) -> None:
-        if self.dp_group is None or not self.params:
-            return
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [local(p.grad) for p in self.params]  # TP shards: the DP group holds the same shard
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self._collective(
-            f"data-parallel gradient all-reduce with ranks {self.groups.dp_ranks}",
-            lambda: dist.all_reduce(flat, group=self.dp_group),
-        )
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g))
-            offset += n
 
     def _clip(self) -> float:
         """Global grad norm over all stages and replicas: each process adds its local gradient parts,
@@ -297,8 +332,9 @@ class PipelineTrainer:
 
     def memory_of(self) -> dict:
         """This process's memory: ``params_bytes``, ``grads_bytes``, ``optimizer_bytes`` (the local
-        parts: shards under TP / FSDP), ``peak_rss_bytes`` (the process's peak resident set) and, on a
-        GPU, ``peak_device_bytes`` (torch's peak allocation)."""
+        parts: shards under TP / FSDP), ``peak_rss_bytes`` (the process's peak resident set since it
+        started) and, on a GPU, ``peak_device_bytes`` (torch's peak allocation during this step:
+        ``reset_peak_memory`` at its start)."""
         import resource
 
         def nbytes(ts) -> int:
@@ -357,14 +393,20 @@ class PipelineTrainer:
         scale = 1.0 / max(1, self._global_labels(it))
         if self.fault_hook is not None:
             self.fault_hook(self.env.rank, self.step_index)
-        out = self.executor.run(it, it.actions.get(self.place.plan_rank, ()), loss_scale=scale)
+        actions = it.actions.get(self.place.plan_rank, ())
+        if self.grad_buckets is not None:  # DP buckets start as their stages' last backwards end
+            self.grad_buckets.start(actions)
+        if self.env.device.type == "cuda":  # the next forward's inputs are copied while one computes
+            self.renderer.expect_forwards(self._forward_inputs(it, actions))
+        out = self.executor.run(it, actions, loss_scale=scale)
         self._collective("wait for the pipeline sends", self.transport.wait_all)
         for root in self.fsdp_roots:
             self._collective(
                 f"FSDP gradient reduce-scatter with ranks {self.groups.dp_ranks}",
                 lambda r=root: finish_fsdp_backward(r),
             )
-        self._reduce_dp()
+        if self.grad_buckets is not None:
+            self.grad_buckets.wait(f"data-parallel gradient all-reduce with ranks {self.groups.dp_ranks}")
         self._last_records = out.records
         loss = torch.as_tensor(out.loss_sum, dtype=torch.float64, device=self.env.device).reshape(1)
         if self.place.tp_rank != 0:  # counted once per TP group
@@ -374,6 +416,7 @@ class PipelineTrainer:
 
     def train_step(self, it: IterationPlan, *, gather_records: bool = True) -> StepResult:
         self._collective("barrier at the start of the step", dist.barrier)
+        reset_peak_memory(self.env.device)
         t0, cpu0 = time.perf_counter(), time.process_time()
         loss = self.forward_backward(it)
         norm = self._clip()

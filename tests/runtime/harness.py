@@ -28,12 +28,21 @@ from entrain.runtime.trainer import PipelineTrainer, StepResult
 
 
 def _worker(
-    fn: Callable, rank: int, world: int, folder: str, args: tuple, pg_timeout_s: float, clean_shutdown: bool
+    fn: Callable,
+    rank: int,
+    world: int,
+    folder: str,
+    args: tuple,
+    pg_timeout_s: float,
+    clean_shutdown: bool,
+    device: str,
 ) -> None:
     out = Path(folder) / f"rank{rank}.pkl"
     try:
         torch.set_num_threads(1)
-        from entrain.runtime.distributed import init_distributed, shutdown
+        from entrain.runtime.distributed import DEVICE_ENV, init_distributed, shutdown
+
+        os.environ[DEVICE_ENV] = device  # forked: this worker's own environment
 
         env = init_distributed(
             timeout_s=pg_timeout_s, rank=rank, world_size=world, init_method=f"file://{folder}/store"
@@ -56,14 +65,18 @@ def run_workers(
     timeout_s: float = 60.0,
     pg_timeout_s: float = 60.0,
     clean_shutdown: bool = True,
+    device: str = "cpu",
 ) -> list:
     """Run ``fn(env, *args)`` on ``world`` forked ranks; returns each rank's result. ``pg_timeout_s``:
-    the process-group timeout; ``clean_shutdown=False`` skips the final barrier (broken groups)."""
+    the process-group timeout; ``clean_shutdown=False`` skips the final barrier (broken groups);
+    ``device``: ``ENTRAIN_DEVICE`` of the workers (``cpu``: gloo even where a GPU is visible)."""
     torch.set_num_threads(1)
     folder.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
     procs = [
-        ctx.Process(target=_worker, args=(fn, r, world, str(folder), args, pg_timeout_s, clean_shutdown))
+        ctx.Process(
+            target=_worker, args=(fn, r, world, str(folder), args, pg_timeout_s, clean_shutdown, device)
+        )
         for r in range(world)
     ]
     for p in procs:

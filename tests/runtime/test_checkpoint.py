@@ -1,5 +1,10 @@
 """Checkpoints: atomic files, manifest last, corrupt or missing shards passed over, pruning, and exact
-resume (CPU, one thread): 2N steps straight == N steps, a crash, ``--resume``, N more -- bitwise."""
+resume: 2N steps straight == N steps, a crash, ``--resume``, N more -- bitwise.
+
+Which guarantee holds where: on the CPU (gloo) a resumed run is bitwise the straight run, always;
+on a GPU only with ``--deterministic`` (torch's deterministic algorithms: some CUDA kernels, e.g.
+atomics-based reductions in backward, otherwise differ from run to run). The ``gpu`` test below
+asserts the GPU case."""
 
 from __future__ import annotations
 
@@ -59,6 +64,10 @@ def test_exact_resume_after_a_crash_is_bitwise_the_straight_run(straight, tmp_pa
     assert [r["step"] for r in _rows(out)] == [0, 1]
     assert main([*FAST, "--out", str(out), "--resume"]) == 0
     assert "resuming dip from" in capsys.readouterr().err
+    _assert_bitwise_resume(straight, out)
+
+
+def _assert_bitwise_resume(straight, out) -> None:
     a, b = _rows(straight), _rows(out)
     assert [r["step"] for r in b] == [0, 1, 2, 3]
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
@@ -72,6 +81,24 @@ def test_exact_resume_after_a_crash_is_bitwise_the_straight_run(straight, tmp_pa
         assert torch.equal(state_a[name], state_b[name]), name
     config = json.loads((out / "config.json").read_text())
     assert config["resumed_from_step"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_resume_is_bitwise_with_deterministic(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ENTRAIN_DEVICE", "cuda")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    gpu = [*FAST, "--deterministic"]
+    try:
+        assert main([*gpu, "--out", str(tmp_path / "straight")]) == 0
+        monkeypatch.setenv("ENTRAIN_FAULT", "raise:0:2")
+        assert main([*gpu, "--out", str(tmp_path / "run")]) == 2
+        monkeypatch.delenv("ENTRAIN_FAULT")
+        assert main([*gpu, "--out", str(tmp_path / "run"), "--resume"]) == 0
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["device"].startswith("cuda")
+    _assert_bitwise_resume(tmp_path / "straight", tmp_path / "run")
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(straight, tmp_path, capsys):

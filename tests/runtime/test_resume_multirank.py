@@ -4,7 +4,10 @@ parameters, AdamW state, global RNG streams and per-step sample ids and losses o
 
 Every launch starts its processes' Python and numpy generators from its own seed, as fresh
 interpreters would (numpy seeds itself from the OS): the resumed run can only continue the straight
-run's streams by restoring them from the checkpoint."""
+run's streams by restoring them from the checkpoint.
+
+On the CPU (gloo, as here) this holds always; on GPUs only with ``--deterministic``
+(``tests/runtime/test_checkpoint.py`` has the ``gpu`` test)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,6 @@ def _preset(env, name: str) -> dict:
         "features_dtype": str(dtype),
         "missing_grads": sorted(n for n, g in grads.items() if g is None),
         "nonfinite_grads": sorted(n for n, g in grads.items() if g is not None and not g.isfinite().all()),
-        "peak_device_bytes": torch.cuda.max_memory_allocated(env.device) if env.device.type == "cuda" else 0,
     }
 
 

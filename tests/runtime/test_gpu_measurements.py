@@ -36,37 +36,43 @@ def _trainer(env, plan, metas: list[SampleMeta]) -> PipelineTrainer:
     )
 
 
-class _CountingEvent(torch.cuda.Event):
-    """``torch.cuda.Event`` that counts the times read from it (class attribute ``reads``)."""
+READS = {"elapsed_time": 0}
+"""Times read from events while ``_counting_events`` is active."""
 
-    reads = 0
 
-    def elapsed_time(self, end_event) -> float:
-        type(self).reads += 1
-        return super().elapsed_time(end_event)
+def _counting(base: type) -> type:
+    """``base`` (an event class) whose ``elapsed_time`` reads are counted in ``READS``."""
+
+    class Counting(base):
+        def elapsed_time(self, end_event) -> float:
+            READS["elapsed_time"] += 1
+            return super().elapsed_time(end_event)
+
+    return Counting
 
 
 def _event_times(env) -> list[dict]:
-    """Two steps of one Plan with ``torch.cuda.Event`` counting its reads: per step the records, the
-    rank's compute records, the event reads and the step's time."""
+    """Two steps of one Plan with ``torch.cuda.Event`` and ``torch.Event`` counting their reads:
+    per step the records, the rank's compute records, the event reads and the step's time."""
     plan = plan_for("dip", 1, 1, 1, K, works(batch_metas()))
     trainer = _trainer(env, plan, batch_metas())
-    original, torch.cuda.Event = torch.cuda.Event, _CountingEvent
+    originals = (torch.cuda.Event, torch.Event)
+    torch.cuda.Event, torch.Event = (_counting(c) for c in originals)
     steps = []
     try:
         for _ in range(2):
-            _CountingEvent.reads = 0
+            READS["elapsed_time"] = 0
             result = trainer.train_step(plan.iterations[0])
             steps.append(
                 {
                     "records": result.records,
                     "num_compute_records": len(trainer._last_records),
-                    "event_reads": _CountingEvent.reads,
+                    "event_reads": READS["elapsed_time"],
                     "iteration_time_ms": result.iteration_time_ms,
                 }
             )
     finally:
-        torch.cuda.Event = original
+        torch.cuda.Event, torch.Event = originals
     return steps
 
 

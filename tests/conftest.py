@@ -15,3 +15,31 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def gpu_skip_reason(num_gpus: int, needed: int) -> str | None:
+    """Why a ``gpu`` test needing ``needed`` GPUs cannot run with ``num_gpus`` visible (None: it can)."""
+    if num_gpus >= needed:
+        return None
+    if num_gpus == 0:
+        return "gpu test: torch sees no CUDA device"
+    return f"gpu test: needs {needed} CUDA devices, torch sees {num_gpus}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip ``@pytest.mark.gpu`` tests (``@pytest.mark.gpu(min_gpus=2)``: multi-GPU) where torch sees
+    too few CUDA devices; ``pytest -m gpu`` selects them. ``device_count`` asks NVML first, so the
+    parent does not initialise CUDA (forked CPU workers stay usable)."""
+    import pytest
+
+    marked = [(item, item.get_closest_marker("gpu")) for item in items]
+    marked = [(item, mark) for item, mark in marked if mark is not None]
+    if not marked:
+        return
+    import torch
+
+    num_gpus = torch.cuda.device_count()
+    for item, mark in marked:
+        reason = gpu_skip_reason(num_gpus, mark.kwargs.get("min_gpus", 1))
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))

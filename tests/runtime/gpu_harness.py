@@ -43,6 +43,9 @@ def _run_rank(fn: Callable, rank: int, world: int, folder: str, args: tuple, pg_
     """``fn(env, *args)`` on this rank's device (``cuda:RANK`` and NCCL where torch sees a GPU), the
     result's tensors on the CPU."""
     os.environ["LOCAL_RANK"] = str(rank)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    # the suite forces the CPU (conftest); a GPU worker asks for CUDA where torch sees one
+    os.environ["ENTRAIN_DEVICE"] = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(1)
     exact_fp32()
     from entrain.runtime.distributed import init_distributed, shutdown

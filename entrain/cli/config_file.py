@@ -7,6 +7,10 @@ comma list (``system = ["entrain", "1f1b"]``). A run folder's ``config.json`` (`
 is accepted too: its ``flags`` object holds the flags the run was started with, so giving it back
 reproduces the run. Each value is checked like the flag itself (type, choices); an unknown key or a
 bad value is a one-line ConfigError naming the file and the key.
+
+``overwrite`` and ``resume`` are never taken from a file (a run's config.json records them as the
+run was started): they act on the run folder, so only the command line gives them; a file that sets
+one is followed with a one-line note that it was ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tomllib
 
 from entrain.core.errors import ConfigError
@@ -33,8 +38,27 @@ def add_config_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+COMMAND_LINE_ONLY = ("overwrite", "resume")
+"""Flags a config file never sets: they wipe or continue the run folder, so only the command line
+gives them (``train --config RUN/config.json`` of a run started with ``--overwrite`` must not wipe it)."""
+
+
 def read_config_file(path: str) -> dict:
-    """The flag values of ``path`` (TOML, or a run folder's config.json) as a dict."""
+    """The flag values of ``path`` (TOML, or a run folder's config.json) as a dict, without the
+    ``COMMAND_LINE_ONLY`` flags (a note on stderr names those set)."""
+    values = _read_values(path)
+    found = {k: values.pop(k) for k in list(values) if k.replace("-", "_") in COMMAND_LINE_ONLY}
+    dropped = [k for k, value in found.items() if value]
+    if dropped:
+        flags = ", ".join("--" + k.replace("_", "-") for k in dropped)
+        print(
+            f"entrain: note: --config {path}: ignoring {flags} (given only on the command line)",
+            file=sys.stderr,
+        )
+    return values
+
+
+def _read_values(path: str) -> dict:
     if not os.path.isfile(path):
         raise ConfigError(f"--config {path}: no such file")
     try:

@@ -7,10 +7,6 @@ comma list (``system = ["entrain", "1f1b"]``). A run folder's ``config.json`` (`
 is accepted too: its ``flags`` object holds the flags the run was started with, so giving it back
 reproduces the run. Each value is checked like the flag itself (type, choices); an unknown key or a
 bad value is a one-line ConfigError naming the file and the key.
-
-``overwrite`` and ``resume`` are never taken from a file (a run's config.json records them as the
-run was started): they act on the run folder, so only the command line gives them; a file that sets
-one is followed with a one-line note that it was ignored.
 """
 
 from __future__ import annotations
@@ -40,7 +36,8 @@ def add_config_arg(p: argparse.ArgumentParser) -> None:
 
 COMMAND_LINE_ONLY = ("overwrite", "resume")
 """Flags a config file never sets: they wipe or continue the run folder, so only the command line
-gives them (``train --config RUN/config.json`` of a run started with ``--overwrite`` must not wipe it)."""
+gives them (``train --config RUN/config.json`` of a run started with ``--overwrite`` must not wipe it;
+a run's config.json records them as the run was started). A file that sets one gets a one-line note."""
 
 
 def read_config_file(path: str) -> dict:

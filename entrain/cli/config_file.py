@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tomllib
 
 from entrain.core.errors import ConfigError
@@ -33,8 +34,28 @@ def add_config_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+COMMAND_LINE_ONLY = ("overwrite", "resume")
+"""Flags a config file never sets: they wipe or continue the run folder, so only the command line
+gives them (``train --config RUN/config.json`` of a run started with ``--overwrite`` must not wipe it;
+a run's config.json records them as the run was started). A file that sets one gets a one-line note."""
+
+
 def read_config_file(path: str) -> dict:
-    """The flag values of ``path`` (TOML, or a run folder's config.json) as a dict."""
+    """The flag values of ``path`` (TOML, or a run folder's config.json) as a dict, without the
+    ``COMMAND_LINE_ONLY`` flags (a note on stderr names those set)."""
+    values = _read_values(path)
+    found = {k: values.pop(k) for k in list(values) if k.replace("-", "_") in COMMAND_LINE_ONLY}
+    dropped = [k for k, value in found.items() if value]
+    if dropped:
+        flags = ", ".join("--" + k.replace("_", "-") for k in dropped)
+        print(
+            f"entrain: note: --config {path}: ignoring {flags} (given only on the command line)",
+            file=sys.stderr,
+        )
+    return values
+
+
+def _read_values(path: str) -> dict:
     if not os.path.isfile(path):
         raise ConfigError(f"--config {path}: no such file")
     try:

@@ -11,6 +11,12 @@ manifest; a corrupt one is passed over with a message) is assembled and written 
 Load with ``Qwen2_5_VisionTransformerPretrainedModel.from_pretrained(DIR / "vision")`` and
 ``LlamaForCausalLM.from_pretrained(DIR / "llm")``; image features replace the LLM embeddings at the
 image-pad positions. The same folder is accepted by ``entrain train --weights DIR``.
+
+``DIR`` is written whole or not at all: the folders go to a temporary sibling ``.DIR.tmp-PID`` that
+is renamed to ``DIR`` at the end (a failed export removes it and leaves ``DIR`` as it was). A
+``DIR`` that is not empty is refused without ``--overwrite``; the run's own folder and the base
+checkpoints it was trained from (``--weights``, ``--vision-model``, ``--llm-model`` in its
+``config.json``) are refused even with it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from entrain.core.errors import ConfigError
@@ -34,6 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--step", type=int, default=None, help="export this step's checkpoint (default: newest)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace what a non-empty --out holds (never the run itself or the base checkpoint it was trained from)",
+    )
     p.set_defaults(func=run)
 
 
@@ -60,8 +73,82 @@ def _choose(run_dir: str, step: int | None) -> tuple[dict, dict]:
     raise ConfigError(f"{run_dir}: no complete checkpoint (every one is missing a file or corrupt)")
 
 
-def export(run_dir: str, out: str, step: int | None = None) -> dict:
-    """Write the HF folders; returns the summary (also written as ``entrain_export.json``)."""
+BASE_FLAGS = ("weights", "vision_model", "llm_model", "model_path")
+"""The run's ``config.json`` flags that name a checkpoint folder the run was trained from."""
+
+
+def _base_folders(run_dir: str) -> dict[str, Path]:
+    """``{flag: folder}`` of the checkpoints ``run_dir`` was trained from (its ``config.json``)."""
+    try:
+        flags = json.loads(Path(run_dir, "config.json").read_text()).get("flags", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: Path(flags[k]).resolve() for k in BASE_FLAGS if isinstance(flags.get(k), str)}
+
+
+def check_out(run_dir: str, out: str, overwrite: bool) -> None:
+    """ConfigError for an ``--out`` that would replace the run, a base checkpoint it was trained from
+    (even with ``--overwrite``), or a non-empty folder (without ``--overwrite``)."""
+    target = Path(out).resolve()
+    guarded = {"the run folder": Path(run_dir).resolve()}
+    guarded |= {
+        f"the base checkpoint the run was trained from (--{k.replace('_', '-')})": v
+        for k, v in _base_folders(run_dir).items()
+    }
+    for what, folder in guarded.items():
+        if folder.is_relative_to(target):  # replacing --out would remove it
+            raise ConfigError(f"--out {out} would overwrite {what} {folder}; export into another folder")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise ConfigError(
+            f"--out {out} is not empty: pass --overwrite to replace what it holds, or export into a new folder"
+        )
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+
+
+@contextmanager
+def _staged(out: str):
+    """A temporary sibling of ``out`` to write into, renamed to ``out`` when the block succeeds (the
+    old ``out`` removed only then) and removed when it fails."""
+    target = Path(out).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export(run_dir: str, out: str, step: int | None = None, overwrite: bool = False) -> dict:
+    """Write the HF folders into ``out`` whole (through a temporary folder); returns the summary
+    (also written as ``entrain_export.json``)."""
+    check_out(run_dir, out, overwrite)
+    with _staged(out) as tmp:
+        info = _export_into(run_dir, str(tmp), step)
+        info = _relocated(info, str(tmp), str(out))
+        Path(tmp, EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def _relocated(info: dict, tmp: str, out: str) -> dict:
+    """The summary with the temporary folder's paths renamed to ``out``'s."""
+
+    def moved(path: str) -> str:
+        return str(Path(out)) + path[len(tmp) :] if path.startswith(tmp) else path
+
+    paths = {k: moved(info[k]) for k in ("vision", "llm")}
+    return {**info, "out": out, **paths, "files": [moved(f) for f in info["files"]]}
+
+
+def _export_into(run_dir: str, out: str, step: int | None = None) -> dict:
+    """Write the HF folders into ``out``; returns the summary (also written as ``entrain_export.json``)."""
     import torch
     from transformers import LlamaForCausalLM
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
@@ -98,7 +185,9 @@ def export(run_dir: str, out: str, step: int | None = None) -> dict:
     return _write_info(run_dir, out, manifest, params, cfg.token_id(IMAGE_PAD_ID), files)
 
 
-def _write_info(run_dir: str, out: str, manifest: dict, params: dict, image_token_id: int, files: list) -> dict:
+def _write_info(
+    run_dir: str, out: str, manifest: dict, params: dict, image_token_id: int, files: list
+) -> dict:
     """The export summary, also written as ``entrain_export.json``."""
     info = {
         "run": str(run_dir),
@@ -148,7 +237,7 @@ def _export_stock(run_dir: str, out: str, manifest: dict, params: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = export(args.run_dir, args.out, args.step)
+    info = export(args.run_dir, args.out, args.step, overwrite=args.overwrite)
     if args.json:
         from entrain.cli.common import emit_json
 

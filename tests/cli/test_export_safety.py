@@ -1,0 +1,84 @@
+"""``entrain export RUN --out DIR`` harms nothing (issue 22 req. 3): a non-empty ``DIR`` needs
+``--overwrite``; the run folder and the base checkpoint the run was trained from are refused even with
+it; the folders are written to a temporary sibling renamed at the end, so a failed export leaves
+``DIR`` as it was (and no temporary folder behind)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from entrain.cli import export as export_cli
+from entrain.cli.main import main
+
+TRAIN = ["train", "--model", "tiny", "--dataset", "skewed", "--system", "dip", "--global-batch", "2",
+         "--microbatch-size", "1", "--steps", "1", "--no-progress"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("export-safety") / "run"
+    assert main([*TRAIN, "--out", str(out)]) == 0
+    return out
+
+
+def _held(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _one_line_error(capsys, *needles: str) -> None:
+    err = capsys.readouterr().err
+    assert err.startswith("entrain export: error: ") and len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_a_non_empty_out_needs_overwrite(run_dir, tmp_path, capsys):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["export", str(run_dir), "--out", str(out)]) == 2
+    _one_line_error(capsys, f"--out {out} is not empty", "--overwrite")
+    assert _held(out) == {"notes.txt": b"mine"}
+    assert main(["export", str(run_dir), "--out", str(out), "--overwrite", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["out"] == str(out) and all(f.startswith(f"{out}/") for f in info["files"])
+    assert not (out / "notes.txt").exists() and (out / "llm" / "model.safetensors").exists()
+    assert json.loads((out / export_cli.EXPORT_INFO).read_text()) == info
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary folder left
+
+
+def test_a_failed_export_leaves_out_untouched(run_dir, tmp_path, monkeypatch, capsys):
+    """The export fails after the vision and LLM folders are written (the summary's write raises)."""
+    kept, fresh = tmp_path / "kept", tmp_path / "fresh"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export_cli, "_write_info", broken)
+    for out in (kept, fresh):
+        with pytest.raises(OSError, match="disk full"):
+            export_cli.export(str(run_dir), str(out), overwrite=True)
+    assert _held(kept) == {"notes.txt": b"mine"}
+    assert not fresh.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # no temporary folder left
+
+
+def test_the_base_checkpoint_and_the_run_are_never_replaced(run_dir, tmp_path, capsys):
+    base = tmp_path / "base"
+    assert main(["export", str(run_dir), "--out", str(base)]) == 0
+    tuned = tmp_path / "tuned"
+    assert main([*TRAIN, "--weights", str(base), "--out", str(tuned)]) == 0
+    before = _held(base)
+    capsys.readouterr()
+    assert main(["export", str(tuned), "--out", str(base), "--overwrite"]) == 2
+    _one_line_error(capsys, "would overwrite the base checkpoint the run was trained from (--weights)")
+    assert main(["export", str(tuned), "--out", str(tmp_path), "--overwrite"]) == 2  # holds base and run
+    _one_line_error(capsys, f"--out {tmp_path} would overwrite the")
+    assert _held(base) == before
+    assert main(["export", str(tuned), "--out", str(tuned), "--overwrite"]) == 2
+    _one_line_error(capsys, "would overwrite the run folder")
+    assert (tuned / "checkpoints").is_dir()

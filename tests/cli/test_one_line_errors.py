@@ -62,6 +62,14 @@ def test_a_truncated_safetensors_is_named_before_any_process_starts(tmp_path, ca
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("flag", ["--vision-model", "--llm-model"])
+def test_a_truncated_shard_of_a_stock_checkpoint_is_named_at_parse_time(tmp_path, capsys, flag):
+    path = _truncated_weights(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    assert main(["plan", flag, str(tmp_path / "ckpt")]) == 2
+    assert f"argument {flag}: {path}: truncated" in _one_line_error(capsys, "plan")
+
+
 def test_a_whole_safetensors_passes_and_a_bad_header_is_named(tmp_path):
     from entrain.core.safetensors_header import safetensors_problem
 
@@ -155,6 +163,13 @@ def test_tp_leaving_one_pipeline_rank_names_tp_not_gpus_or_the_batch(capsys, tmp
     err = _one_line_error(capsys, "train")
     assert "--tp 2" in err and "needs 4 processes, but 2 were started" in err and "--nproc 4" in err
     assert "--gpus" not in err and "global batch" not in err
+
+
+def test_tp_with_fixed_stages_counts_processes_not_pipeline_ranks(capsys, tmp_path):
+    argv = ["train", "--model", "tiny", "--tp", "2", "--nproc", "2", "--encoder-stages", "1", "--llm-stages", "1"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 2
+    err = _one_line_error(capsys, "train")
+    assert "replicas of 4 processes (1 encoder + 1 LLM stages x --tp 2)" in err
 
 
 def test_export_of_a_missing_step_says_none_was_found_and_lists_the_steps(tmp_path, capsys):

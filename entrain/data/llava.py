@@ -441,18 +441,17 @@ def record_meta(
 
 def _check_resizable(record: Record, i: int, src: str | bytes, hw: tuple[int, int], vision) -> None:
     """Raise DataError naming the record and image when Qwen's ``smart_resize`` refuses its size (an
-    aspect ratio above ``vision.max_aspect_ratio``), as ``entrain data check`` reports it."""
-    from entrain.core.samples import smart_resize
-
-    try:
-        smart_resize(hw[0], hw[1], vision)
-    except ValueError as e:
+    aspect ratio above ``vision.max_aspect_ratio``), in ``entrain data check``'s words."""
+    height, width = hw
+    ratio = max(height, width) / max(1, min(height, width))
+    if ratio > vision.max_aspect_ratio:
         raise DataError(
             record.file,
             record.line or f"#{record.index}",
             f"images[{i}]",
-            f"record id {record.id!r}: {_short(src)}: {e}",
-        ) from None
+            f"record id {record.id!r}: {_short(src)}: aspect ratio {ratio:.1f} of a {width}x{height} image "
+            f"> {vision.max_aspect_ratio:g} (the most Qwen's image processor takes)",
+        )
 
 
 def _short(src: str | bytes) -> str:

@@ -505,20 +505,27 @@ class SynthResult:
     """Ids of the generator's samples cut to ``max_tokens`` (text shortened or images scaled down)."""
 
 
+MAX_SHRINKS = 32
+"""Rounds of scaling a sample's images down (each to about the room left; two or three suffice)."""
+
+
 def _scaled(images: tuple[tuple[int, int], ...], factor: float) -> tuple[tuple[int, int], ...]:
     return tuple((max(1, int(h * factor)), max(1, int(w * factor))) for h, w in images)
 
 
 def cap_tokens(target: SampleMeta, max_tokens: int) -> SampleMeta:
     """``target`` within ``max_tokens`` LLM tokens (``entrain data check``'s limit): text cut to what
-    the images leave when they take at most half, else text to half and the images scaled down."""
+    the images leave when they take at most half, else text to half and the images scaled down (a
+    sample whose images at their smallest still exceed the room stays over, for data check to name)."""
     if target.llm_tokens <= max_tokens:
         return target
     text = max_tokens - target.image_tokens if target.image_tokens <= max_tokens // 2 else None
     capped = target
     if text is None:
         text = min(target.text_tokens, max_tokens // 2)
-        while capped.image_tokens > max_tokens - text:
+        for _ in range(MAX_SHRINKS):
+            if capped.image_tokens <= max_tokens - text:
+                break
             shrink = math.sqrt((max_tokens - text) / capped.image_tokens) * 0.98
             capped = dataclasses.replace(capped, images=_scaled(capped.images, shrink))
     answer = target.answer_tokens if target.answer_tokens is None else min(target.answer_tokens, text)

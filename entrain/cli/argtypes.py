@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,10 +121,35 @@ def existing_dir(text: str) -> str:
     return text
 
 
+def weights_dir(text: str) -> str:
+    """An existing weights folder whose ``.safetensors`` files (its own, ``vision/`` and ``llm/``) are
+    whole: a file cut off is named here, not by every rank after the processes start."""
+    from entrain.core.safetensors_header import safetensors_files, safetensors_problem
+
+    existing_dir(text)
+    for path in safetensors_files(text):
+        problem = safetensors_problem(path)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{path}: {problem}")
+    return text
+
+
 def existing_path(text: str) -> str:
     if os.path.isdir(text):
         return text
     return existing_file(text)
+
+
+def _probe(folder: Path) -> str | None:
+    """Why no file can be created in the existing ``folder``; None if one can. A real try (a temporary
+    file, removed): permission bits do not tell, for root, a read-only mount or a virtual one (/proc)."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".entrain-probe-")
+    except OSError as e:
+        return f"{folder} is not writable ({e.strerror or type(e).__name__})"
+    os.close(fd)
+    os.unlink(name)
+    return None
 
 
 def _unwritable(path: Path, want_dir: bool) -> str | None:
@@ -133,16 +159,13 @@ def _unwritable(path: Path, want_dir: bool) -> str | None:
             return "exists and is not a folder"
         if not want_dir and path.is_dir():
             return "is a folder, not a file"
-        target = path if want_dir else path.parent
-        return None if os.access(target, os.W_OK | os.X_OK) else f"{target} is not writable"
+        return _probe(path if want_dir else path.parent)
     ancestor = path.parent
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         return f"{ancestor} is not a folder"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"{ancestor} is not writable"
-    return None
+    return _probe(ancestor)
 
 
 def output_file(text: str) -> str:
@@ -158,6 +181,25 @@ def output_dir(text: str) -> str:
     why = _unwritable(Path(text).absolute(), want_dir=True)
     if why is not None:
         raise argparse.ArgumentTypeError(f"cannot write into {text}: {why}")
+    return text
+
+
+def _image_formats() -> dict[str, str]:
+    """File extension -> format name of the images matplotlib can write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return FigureCanvasBase.get_supported_filetypes()
+
+
+def image_file(text: str) -> str:
+    """An image path that can be written, in a format its extension names (none: PNG)."""
+    output_file(text)
+    suffix = Path(text).suffix.lower().lstrip(".")
+    formats = _image_formats()
+    if suffix and suffix not in formats:
+        raise argparse.ArgumentTypeError(
+            f"{text}: .{suffix} is not an image format; use one of {', '.join('.' + f for f in sorted(formats))}"
+        )
     return text
 
 
@@ -202,11 +244,10 @@ RULES: dict[str, Check] = {
     **dict.fromkeys(("systems", "system"), systems_list),
     "profile": profile_file,
     "image_root": existing_dir,
-    "weights": existing_dir,
     "tokenizer": existing_path,
-    **dict.fromkeys(("vision_model", "llm_model"), existing_dir),
+    **dict.fromkeys(("weights", "vision_model", "llm_model"), weights_dir),
     **dict.fromkeys(("plan", "config"), existing_file),
-    "plot": output_file,
+    "plot": image_file,
     "plot_dir": output_dir,
     "out": output_file,
 }
@@ -216,6 +257,7 @@ PER_COMMAND: dict[tuple[str, str], Check] = {
     ("entrain train", "cp"): POSITIVE,
     ("entrain data synth", "out"): output_dir,
     ("entrain export", "out"): output_dir,
+    ("entrain plot-trace", "out"): image_file,
     ("entrain export", "run_dir"): existing_dir,
 }
 

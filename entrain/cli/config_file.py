@@ -6,7 +6,9 @@ A TOML file's keys are the command's flag names with ``_`` for ``-`` (``global_b
 comma list (``system = ["entrain", "1f1b"]``). A run folder's ``config.json`` (``entrain train``)
 is accepted too: its ``flags`` object holds the flags the run was started with, so giving it back
 reproduces the run. Each value is checked like the flag itself (type, choices); an unknown key or a
-bad value is a one-line ConfigError naming the file and the key.
+bad value is a one-line ConfigError naming the file and the key. A key that is a flag of another
+command only (``steps`` of a run's config.json given to ``plan``), and a run config's ``out`` (the run
+folder) given to another command, are ignored with a one-line note on stderr.
 """
 
 from __future__ import annotations
@@ -93,14 +95,44 @@ def _value(path: str, key: str, action: argparse.Action, value):
     return value
 
 
-def config_defaults(parser: argparse.ArgumentParser, path: str) -> dict:
-    """``{dest: value}`` of ``path`` for ``parser``'s flags, checked (None values are left out)."""
+RUN_FOLDER_KEYS = ("out",)
+"""Keys of a run's config.json that name the run folder: another command's flag of that name (a
+plan or simulation output file) is not the run's, so they are ignored there."""
+
+
+def _is_run_config(path: str) -> bool:
+    """Whether ``path`` is a run folder's config.json (``entrain train``'s flags under ``flags``)."""
+    if not path.endswith(".json"):
+        return False
+    with open(path) as f:
+        data = json.load(f)
+    return isinstance(data, dict) and isinstance(data.get("flags"), dict)
+
+
+def config_defaults(
+    parser: argparse.ArgumentParser, path: str, elsewhere: frozenset[str] = frozenset()
+) -> dict:
+    """``{dest: value}`` of ``path`` for ``parser``'s flags, checked (None values are left out).
+
+    A key that is no flag of this command but one of another (``elsewhere``: e.g. ``steps`` of a
+    run's config.json given to ``plan``) is ignored with a one-line note on stderr; any other key is
+    an error (a typo)."""
     actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config")}
-    out = {}
+    out, ignored = {}, []
     for key, value in read_config_file(path).items():
         dest = key.replace("-", "_")
+        run_folder = dest in RUN_FOLDER_KEYS and parser.prog != "entrain train" and _is_run_config(path)
+        if (dest not in actions and dest in elsewhere) or run_folder:
+            ignored.append(key)
+            continue
         if dest not in actions:
             raise ConfigError(f"--config {path}: unknown key {key!r} (not a flag of this command)")
         if value is not None:
             out[dest] = _value(path, key, actions[dest], value)
+    if ignored:
+        print(
+            f"{parser.prog}: note: --config {path}: ignoring {', '.join(ignored)} "
+            "(other commands' flags, or the run folder)",
+            file=sys.stderr,
+        )
     return out

@@ -55,4 +55,12 @@ def run_synth(args: argparse.Namespace) -> int:
         f"text tokens vs the {args.dataset} generator: {exact}/{len(diffs)} exact, "
         f"max |diff| {max(abs(d) for d in diffs)}; image sizes exact"
     )
+    if result.capped:
+        from entrain.data.check import DEFAULT_MAX_TOKENS
+
+        shown = ", ".join(result.capped[:5]) + (", ..." if len(result.capped) > 5 else "")
+        print(
+            f"capped {len(result.capped)} sample(s) to data check's default --max-tokens {DEFAULT_MAX_TOKENS} "
+            f"(text shortened or images scaled down): {shown}"
+        )
     return 0

@@ -54,17 +54,19 @@ def _choose(run_dir: str, step: int | None) -> tuple[dict, dict]:
     from entrain.runtime.checkpoint import checkpoint_dirs, load_model_state
 
     found = checkpoint_dirs(run_dir)
+    steps = sorted(s for s, _ in found)
     if step is not None:
         found = [(s, d) for s, d in found if s == step]
     if not found:
-        what = f"a checkpoint of step {step}" if step is not None else "no checkpoints"
+        held = f" (it holds step(s) {', '.join(map(str, steps))})" if steps else ""
+        what = f"no checkpoint of step {step}" if step is not None else "no checkpoints"
         subs = (
             sorted(d.name for d in Path(run_dir).iterdir() if (d / "checkpoints").is_dir())
             if os.path.isdir(run_dir)
             else []
         )
         hint = f"; it holds runs {', '.join(subs)}: pass one of them" if subs else ""
-        raise ConfigError(f"{run_dir}: {what} found under checkpoints/{hint}")
+        raise ConfigError(f"{run_dir}: {what} found under checkpoints/{held}{hint}")
     for _, folder in found:
         try:
             return load_model_state(folder)

@@ -50,6 +50,18 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return sub.choices[command]
 
 
+def _all_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The destination names of every flag of every command (a shared config file's keys)."""
+    out: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                out |= _all_flags(sub)
+        elif action.option_strings:
+            out.add(action.dest)
+    return frozenset(out)
+
+
 def with_config(parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> argparse.Namespace:
     """``--config FILE``: the file's values become the defaults of the command's flags and ``argv`` is
     parsed again over them, so the command line wins."""
@@ -58,7 +70,7 @@ def with_config(parser: argparse.ArgumentParser, args: argparse.Namespace, argv)
     from entrain.cli.config_file import config_defaults
 
     command = _subparser(parser, args.command)
-    command.set_defaults(**config_defaults(command, args.config))
+    command.set_defaults(**config_defaults(command, args.config, _all_flags(parser)))
     return parser.parse_args(argv)
 
 

@@ -520,9 +520,10 @@ def _infer_dp(args: argparse.Namespace, world: int | None) -> None:
     per_replica *= max(1, args.tp)
     if world % per_replica:
         lower = max(per_replica, world // per_replica * per_replica)
+        unit, tp_note = ("processes", f" x --tp {args.tp}") if args.tp > 1 else ("pipeline ranks", "")
         raise ConfigError(
-            f"{world} processes cannot form whole replicas of {per_replica} pipeline ranks ({enc} "
-            f"encoder + {llm} LLM stages): start a multiple of {per_replica} processes (e.g. "
+            f"{world} processes cannot form whole replicas of {per_replica} {unit} ({enc} encoder + {llm} LLM "
+            f"stages{tp_note}): start a multiple of {per_replica} processes (e.g. "
             f"--nproc {lower} or {lower + per_replica}) or change --encoder-stages / --llm-stages"
         )
     args.dp = world // per_replica

@@ -27,6 +27,7 @@ bad records are written to ``skipped.jsonl`` and the rest returned. Nothing is d
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from entrain.core.errors import DataError
 from entrain.core.files import file_problem, printable
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, image_llm_tokens
 from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed
-from entrain.data.problems import image_error, open_image
+from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
 from entrain.data.processing import conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
 
@@ -184,7 +185,8 @@ def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processo
         return res
     try:
         with open_image(src) as im:
-            width, height = im.size
+            height, width = oriented_size(im)
+            orientation = exif_orientation(im)
             mode = im.mode
             frames = getattr(im, "n_frames", 1) if getattr(im, "is_animated", False) else 1
             try:
@@ -193,17 +195,19 @@ def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processo
                 kind = "truncated" if "truncated" in str(e).lower() else "unreadable"
                 res.problems.append((fld, f"image {kind}: {_short(src)}: {image_error(e)}", ERROR))
                 return res
+            from PIL import ImageOps
+
             from entrain.data.processing import _to_rgb
 
-            rgb = _to_rgb(im)
+            rgb = _to_rgb(ImageOps.exif_transpose(im))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         res.problems.append((fld, f"image unreadable: {_short(src)}: {image_error(e)}", ERROR))
         return res
     if frames > 1:
         res.problems.append((fld, f"animated image ({frames} frames): only its first frame is used", WARNING))
-    reason = conversion_reason(mode)
-    if reason is not None:
-        res.problems.append((fld, reason, CONVERTED))
+    for reason in (conversion_reason(mode), orientation_note(orientation)):
+        if reason is not None:
+            res.problems.append((fld, reason, CONVERTED))
     ratio = max(width, height) / max(1, min(width, height))
     if ratio > vision.max_aspect_ratio:
         res.problems.append(
@@ -235,8 +239,8 @@ def special_tokens_in(text: str, tokenizer: TextTokenizer) -> list[str]:
 
 
 def _outside(src: str, root: Path) -> bool:
-    try:
-        Path(src).resolve().relative_to(root)
+    try:  # realpath, not Path.resolve: a symlink loop is reported by the image check, not raised here
+        Path(os.path.realpath(src)).relative_to(root)
     except ValueError:
         return True
     return False

@@ -32,7 +32,7 @@ from typing import Any
 from entrain.core.errors import DataError
 from entrain.core.files import file_problem
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
-from entrain.data.problems import ASSISTANT_IMAGE, image_error, open_image, unread
+from entrain.data.problems import ASSISTANT_IMAGE, image_error, open_image, oriented_size, unread
 from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, Parsed, Record
 
 __all__ = [
@@ -399,10 +399,10 @@ def iter_records(path: str | Path, image_root: str | Path | None = None) -> Iter
 
 
 def image_size(src: str | bytes) -> tuple[int, int]:
-    """``(H, W)`` of an image file or encoded bytes, from its header (no pixel decode)."""
+    """``(H, W)`` of an image file or encoded bytes, from its header (no pixel decode), after its EXIF
+    orientation (a quarter turn swaps them), as ``processing.load_image`` turns it."""
     with open_image(src) as im:
-        width, height = im.size
-    return height, width
+        return oriented_size(im)
 
 
 def record_meta(
@@ -433,9 +433,25 @@ def record_meta(
                 ) from None
             if sizes is not None and key is not None:
                 sizes[key] = hw
+        _check_resizable(record, i, src, hw, vision)
         dims.append(hw)
     text, answer = count_tokens(record.turns, tokenizer)
     return SampleMeta(record.id, tuple(dims), text, vision, answer)
+
+
+def _check_resizable(record: Record, i: int, src: str | bytes, hw: tuple[int, int], vision) -> None:
+    """Raise DataError naming the record and image when Qwen's ``smart_resize`` refuses its size (an
+    aspect ratio above ``vision.max_aspect_ratio``), in ``entrain data check``'s words."""
+    height, width = hw
+    ratio = max(height, width) / max(1, min(height, width))
+    if ratio > vision.max_aspect_ratio:
+        raise DataError(
+            record.file,
+            record.line or f"#{record.index}",
+            f"images[{i}]",
+            f"record id {record.id!r}: {_short(src)}: aspect ratio {ratio:.1f} of a {width}x{height} image "
+            f"> {vision.max_aspect_ratio:g} (the most Qwen's image processor takes)",
+        )
 
 
 def _short(src: str | bytes) -> str:

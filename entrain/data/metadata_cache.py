@@ -22,7 +22,8 @@ from entrain.core.samples import SampleMeta, VisionTokenConfig
 __all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "file_stamp", "load", "store"]
 
 CACHE_DIRNAME = ".entrain_cache"
-_VERSION = 3
+_VERSION = 4
+"""4: image sizes after the EXIF orientation, and no image over the aspect-ratio limit (issue 22)."""
 
 
 def file_stamp(path: str | Path) -> list[int] | None:

@@ -8,7 +8,7 @@ import io
 from entrain.core.files import file_problem
 from entrain.data.records import IMAGE_PLACEHOLDER
 
-__all__ = ["ASSISTANT_IMAGE", "image_error", "open_image", "unread"]
+__all__ = ["ASSISTANT_IMAGE", "exif_orientation", "image_error", "open_image", "orientation_note", "unread"]
 
 ASSISTANT_IMAGE = f"{IMAGE_PLACEHOLDER} placeholder in an assistant turn (images belong to user turns)"
 
@@ -30,6 +30,33 @@ def open_image(src: str | bytes):
         if problem is not None:
             raise OSError(problem)
     return Image.open(io.BytesIO(src) if isinstance(src, bytes) else src)
+
+
+EXIF_ORIENTATION_TAG = 0x0112
+TRANSPOSED_ORIENTATIONS = (5, 6, 7, 8)
+"""EXIF orientations that swap width and height (a quarter turn, with or without a mirror)."""
+
+
+def exif_orientation(im) -> int:
+    """The EXIF orientation (1..8) of an opened PIL image; 1 (upright) when absent or unreadable."""
+    try:
+        value = int(im.getexif().get(EXIF_ORIENTATION_TAG, 1))
+    except (TypeError, ValueError, OSError, SyntaxError):
+        return 1
+    return value if 1 <= value <= 8 else 1
+
+
+def oriented_size(im) -> tuple[int, int]:
+    """``(H, W)`` of an opened PIL image once its EXIF orientation is applied (as training loads it)."""
+    width, height = im.size
+    return (width, height) if exif_orientation(im) in TRANSPOSED_ORIENTATIONS else (height, width)
+
+
+def orientation_note(orientation: int) -> str | None:
+    """What ``entrain data check`` reports for an image with EXIF ``orientation`` (None: upright)."""
+    if orientation == 1:
+        return None
+    return f"EXIF orientation {orientation} applied (the image is turned upright before processing)"
 
 
 def image_error(e: BaseException) -> str:

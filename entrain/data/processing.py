@@ -162,7 +162,7 @@ _CONVERSIONS = {
     "I;16B": "16-bit converted to 8-bit RGB",
     "I;16N": "16-bit converted to 8-bit RGB",
     "I": "16-bit or 32-bit integer converted to 8-bit RGB",
-    "F": "32-bit float converted to 8-bit RGB",
+    "F": "32-bit float converted to 8-bit RGB (values in [0, 1] scaled by 255)",
     "CMYK": "CMYK converted to RGB",
     "YCbCr": "YCbCr converted to RGB",
     "LAB": "LAB converted to RGB",
@@ -177,12 +177,23 @@ def conversion_reason(mode: str) -> str | None:
     return _CONVERSIONS.get(mode, f"mode {mode} converted to RGB")
 
 
+def _float_to_8bit(arr: np.ndarray) -> np.ndarray:
+    """A float image's values on 0..255: scaled by 255 when they all lie in [0, 1] (the usual float
+    convention), rounded as they are otherwise; NaN becomes 0."""
+    arr = np.nan_to_num(arr.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+    if arr.size and arr.min() >= 0.0 and arr.max() <= 1.0:
+        arr = arr * 255.0
+    return np.rint(arr)
+
+
 def _to_rgb(im):
     from PIL import Image
 
     if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
         arr = np.asarray(im)
-        if im.mode != "F" and arr.max(initial=0) > 255:
+        if im.mode == "F":
+            arr = _float_to_8bit(arr)
+        elif arr.max(initial=0) > 255:
             arr = arr.astype(np.int64) >> 8
         im = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
     if im.mode in ("P", "PA") and ("transparency" in im.info or im.mode == "PA"):
@@ -195,15 +206,18 @@ def _to_rgb(im):
 
 
 def load_image(src: str | bytes):
-    """Decode an image file or bytes fully and return it as an RGB8 PIL image.
+    """Decode an image file or bytes fully and return it as an RGB8 PIL image, turned upright by its
+    EXIF orientation.
 
     Raises OSError/ValueError for a missing, unreadable or truncated image.
     """
+    from PIL import ImageOps
+
     from entrain.data.problems import open_image
 
     with open_image(src) as im:
         im.load()
-        return _to_rgb(im)
+        return _to_rgb(ImageOps.exif_transpose(im))
 
 
 @functools.cache

@@ -30,6 +30,7 @@ import numpy as np
 
 from entrain.core.errors import ConfigError
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+from entrain.data.check import DEFAULT_MAX_TOKENS
 from entrain.data.generators import canonical_name, generate_samples
 from entrain.data.processing import count_text_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
@@ -500,6 +501,35 @@ class SynthResult:
     path: Path
     targets: list[SampleMeta]
     text_token_diffs: list[int]
+    capped: list[str] = dataclasses.field(default_factory=list)
+    """Ids of the generator's samples cut to ``max_tokens`` (text shortened or images scaled down)."""
+
+
+MAX_SHRINKS = 32
+"""Rounds of scaling a sample's images down (each to about the room left; two or three suffice)."""
+
+
+def _scaled(images: tuple[tuple[int, int], ...], factor: float) -> tuple[tuple[int, int], ...]:
+    return tuple((max(1, int(h * factor)), max(1, int(w * factor))) for h, w in images)
+
+
+def cap_tokens(target: SampleMeta, max_tokens: int) -> SampleMeta:
+    """``target`` within ``max_tokens`` LLM tokens (``entrain data check``'s limit): text cut to what
+    the images leave when they take at most half, else text to half and the images scaled down (a
+    sample whose images at their smallest still exceed the room stays over, for data check to name)."""
+    if target.llm_tokens <= max_tokens:
+        return target
+    text = max_tokens - target.image_tokens if target.image_tokens <= max_tokens // 2 else None
+    capped = target
+    if text is None:
+        text = min(target.text_tokens, max_tokens // 2)
+        for _ in range(MAX_SHRINKS):
+            if capped.image_tokens <= max_tokens - text:
+                break
+            shrink = math.sqrt((max_tokens - text) / capped.image_tokens) * 0.98
+            capped = dataclasses.replace(capped, images=_scaled(capped.images, shrink))
+    answer = target.answer_tokens if target.answer_tokens is None else min(target.answer_tokens, text)
+    return dataclasses.replace(capped, text_tokens=text, answer_tokens=answer)
 
 
 def _sample(
@@ -542,13 +572,17 @@ def synth_dataset(
     *,
     tokenizer: TextTokenizer | None = None,
     vision: VisionTokenConfig = DEFAULT_VISION,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> SynthResult:
-    """Write ``out_dir/data.json`` + ``out_dir/images/`` following generator ``name``."""
+    """Write ``out_dir/data.json`` + ``out_dir/images/`` following generator ``name``, each sample
+    capped to ``max_tokens`` LLM tokens so that ``entrain data check`` passes it (``cap_tokens``)."""
     name = canonical_name(name)
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
     tok = tokenizer if tokenizer is not None else default_tokenizer()
-    targets = generate_samples(name, num_samples, seed, vision=vision)
+    generated = generate_samples(name, num_samples, seed, vision=vision)
+    targets = [cap_tokens(t, max_tokens) for t in generated]
+    capped = [t.id for t, c in zip(generated, targets) if t is not c]
     out = Path(out_dir)
     images_dir = out / "images"
     images_dir.mkdir(parents=True, exist_ok=True)
@@ -560,4 +594,4 @@ def synth_dataset(
     path = out / "data.json"
     with open(path, "w", encoding="utf-8") as f:
         f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n]\n")
-    return SynthResult(path, targets, diffs)
+    return SynthResult(path, targets, diffs, capped)

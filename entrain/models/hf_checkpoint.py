@@ -55,8 +55,13 @@ class SafetensorsFolder:
                 raise ConfigError(f"{folder}: no model.safetensors and no {INDEX_FILE}")
             from safetensors import safe_open
 
+            from entrain.core.safetensors_header import safetensors_problem
+
             self.files = {}
             for name in singles:
+                problem = safetensors_problem(os.path.join(folder, name))
+                if problem is not None:
+                    raise ConfigError(f"{os.path.join(folder, name)}: {problem}")
                 with safe_open(os.path.join(folder, name), "pt") as f:
                     self.files.update({k: os.path.join(folder, name) for k in f.keys()})  # noqa: SIM118
         self.read_files: set[str] = set()

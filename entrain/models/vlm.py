@@ -121,6 +121,11 @@ def _load_weights(model: VLM, weights_dir: str) -> None:
         if found[0].endswith(".safetensors"):
             from safetensors.torch import load_file
 
+            from entrain.core.safetensors_header import safetensors_problem
+
+            problem = safetensors_problem(found[0])
+            if problem is not None:
+                raise ConfigError(f"{found[0]}: {problem}")
             state = load_file(found[0])
         else:
             state = torch.load(found[0], map_location="cpu", weights_only=True)

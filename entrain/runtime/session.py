@@ -103,14 +103,21 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
 
 
 def _check_planner_world(spec: RunConfig, world_size: int) -> None:
-    """The planner needs whole replicas of at least 2 pipeline ranks (1 for DIP) on the processes."""
-    dp = spec.parallel.dp_or_1
+    """The planner needs whole replicas of at least 2 pipeline ranks (1 for DIP) on the processes,
+    each pipeline rank being ``--tp`` processes."""
+    dp, tp = spec.parallel.dp_or_1, spec.parallel.tp
     least = max(1 if get_system(s).colocated else 2 for s in spec.schedule.systems)
-    if world_size % dp or world_size // dp < least:
-        need = dp * max(least, -(-world_size // dp))
+    per_replica = dp * tp
+    if world_size % per_replica or world_size // per_replica < least:
+        need = per_replica * max(least, -(-world_size // per_replica))
+        if tp == 1:
+            raise ConfigError(
+                f"dp {dp} needs {need} processes, but {world_size} were started: start {need} processes "
+                f"(--nproc {need}), or another multiple of {dp} with at least {least} pipeline ranks a replica"
+            )
         raise ConfigError(
-            f"dp {dp} needs {need} processes, but {world_size} were started: start {need} processes "
-            f"(--nproc {need}), or another multiple of {dp} with at least {least} pipeline ranks a replica"
+            f"--tp {tp} makes every pipeline rank {tp} processes: dp {dp} x {least} pipeline ranks x tp {tp} "
+            f"needs {need} processes, but {world_size} were started: start {need} (--nproc {need}) or lower --tp"
         )
 
 

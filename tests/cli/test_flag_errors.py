@@ -64,12 +64,14 @@ def _cases(tmp_path_factory) -> list[tuple[str, str, list[str]]]:
             elif rule is argtypes.profile_file:
                 bad = {"missing": str(folder / "none.json"), "malformed": str(malformed),
                        "not-a-profile": str(not_a_profile), "a-folder": str(folder)}  # fmt: skip
-            elif rule in (argtypes.output_file, argtypes.output_dir):
+            elif rule in (argtypes.output_file, argtypes.output_dir, argtypes.image_file):
                 bad = {"under-a-file": str(a_file / "out"), "deep-under-a-file": str(a_file / "x" / "y")}
-                if rule is argtypes.output_file:
+                if rule is not argtypes.output_dir:
                     bad["a-folder"] = str(folder)
                 else:
                     bad["a-file"] = str(a_file)
+                if rule is argtypes.image_file:
+                    bad["not-an-image-format"] = str(folder / "plot.txt")
             else:
                 bad = {"missing": str(folder / "none")}
             cases += [(prog, name, [*argv, f"{flag}={value}"]) for name, value in bad.items()]

@@ -30,6 +30,7 @@ from entrain.cli.common import (
     apply_paper_entrain,
 )
 from entrain.cli.config_file import add_config_arg
+from entrain.cli.plan_flags import apply_plan
 from entrain.config import STOCK_MODEL_FLAGS, RunConfig
 from entrain.core.architectures import PRECISIONS
 from entrain.core.errors import ConfigError, EntrainError
@@ -83,7 +84,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="FILE",
         help="run exactly this plan (entrain plan --out FILE): its system, stages and layer ranges, boundary "
-        "sharing, microbatch size, global batch and schedule options",
+        "sharing, microbatch size, global batch and schedule options; its model, dataset and pixel limits "
+        "apply, and a flag that contradicts the plan is an error",
+    )
+    p.add_argument(
+        "--allow-other-dataset",
+        action="store_true",
+        help="with --plan: run the plan on a --dataset other than the one it was made for",
     )
     p.add_argument(
         "--encoder-stages",
@@ -242,6 +249,9 @@ def _spec(args: argparse.Namespace) -> RunConfig:
     layout replace the flags'."""
     apply_paper_entrain(args)
     _tensorboard(args.tensorboard)
+    if args.plan:
+        worker = os.environ.get("RANK", "0") != "0" or bool(os.environ.get(ERROR_DIR_ENV))
+        apply_plan(args, _DEFAULTS, _ACTIONS, quiet=worker)
     if args.fsdp and args.split_weight_grads == "on":  # the runtime does not split FSDP backwards
         if os.environ.get("RANK", "0") == "0" and not os.environ.get(ERROR_DIR_ENV):  # once, by the launcher
             print("entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr)
@@ -325,6 +335,7 @@ _FLAGS_FORWARDED = (
     "tensorboard",
     "trace",
     "fsdp",
+    "allow_other_dataset",
 )
 
 

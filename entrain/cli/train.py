@@ -484,8 +484,10 @@ def check_dataset_size(spec) -> None:
         return
     path = resolve_dataset_file(spec.data.dataset)
     fmt = detect_format(path)
-    if fmt == "conversation":
-        usable = len(screen(spec, None).samples)
+    if fmt == "conversation":  # with the run's tokenizer: a record without a label token is bad
+        from entrain.runtime.model_source import model_config
+
+        usable = len(screen(spec, None, tokenizer=model_config(spec)[1]).samples)
     elif fmt == "workload":
         usable = len(read_workload_jsonl(path))
     else:

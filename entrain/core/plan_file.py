@@ -122,8 +122,9 @@ def _check_options(options: dict, path: str) -> None:
 def check_stage_ranges(layout: dict, path: str, layer_counts: Mapping[str, int] | None = None) -> None:
     """The stages of ``layout`` (a plan file's, types checked) numbered 0..n-1 in order, the encoder's
     before the LLM's, each component's covering ``[0, layer_counts[c])`` exactly once in order
-    (without ``layer_counts``: from 0, contiguous), ``components.<c>.pp`` its stage count, its stages
-    on increasing pipeline ranks, and the ranks used exactly ``0..R-1``."""
+    (without ``layer_counts``: from 0, contiguous), ``components.<c>.pp`` the count of pipeline ranks its
+    stages are on (a rank may hold consecutive stages: the memory check splits one by recomputation
+    mode), its stages on non-decreasing ranks, and the ranks used exactly ``0..R-1``."""
     stages = layout["stages"]
     for i, s in enumerate(stages):
         if s["stage"] != i:
@@ -144,8 +145,9 @@ def check_stage_ranges(layout: dict, path: str, layer_counts: Mapping[str, int] 
 
 
 def _check_component(comp: str, mine: list, pp: int, path: str, num_layers: int | None) -> None:
-    if pp != len(mine):
-        raise _fail(path, f"layout.components.{comp}.pp", f"{pp}, but the layout has {len(mine)} {comp} stage(s)")
+    ranks = len({s["pp_rank"] for _, s in mine})
+    if pp != ranks:
+        raise _fail(path, f"layout.components.{comp}.pp", f"{pp}, but the layout puts the {comp} on {ranks} pipeline rank(s)")
     end, rank = 0, -1
     for i, s in mine:
         first, stop = s["layers"]
@@ -157,8 +159,8 @@ def _check_component(comp: str, mine: list, pp: int, path: str, num_layers: int 
             raise _fail(path, where, f"[{first}, {stop}) is empty")
         if num_layers is not None and stop > num_layers:
             raise _fail(path, where, f"[{first}, {stop}) ends past the model's {num_layers} {comp} layers")
-        if s["pp_rank"] <= rank:
-            raise _fail(path, f"layout.stages[{i}].pp_rank", f"{s['pp_rank']}: the {comp}'s stages must be on increasing pipeline ranks (previous {rank})")
+        if s["pp_rank"] < rank:
+            raise _fail(path, f"layout.stages[{i}].pp_rank", f"{s['pp_rank']}: the {comp}'s stages must be on non-decreasing pipeline ranks (previous {rank})")
         end, rank = stop, s["pp_rank"]
     if num_layers is not None and end != num_layers:
         raise _fail(path, f"layout.stages[{mine[-1][0]}].layers", f"the {comp}'s stages end at layer {end}, but the model has {num_layers} {comp} layers (layer(s) {end}..{num_layers - 1} missing)")

@@ -52,7 +52,9 @@ def _name(t) -> str:
 
 
 def _fail(path: str, where: str, what: str) -> ConfigError:
-    return ConfigError(f"--plan {path}: {where}: {what}; write the plan again with `entrain plan ... --out FILE`")
+    return ConfigError(
+        f"--plan {path}: {where or 'the file'}: {what}; write the plan again with `entrain plan ... --out FILE`"
+    )
 
 
 def _check(value, spec, where: str, path: str) -> None:

@@ -95,6 +95,8 @@ class CheckReport:
     records: int = 0
     findings: list[Finding] = field(default_factory=list)
     complete: bool = True
+    label_tokens: int = 0
+    """Supervised (label) tokens under the tokenizer, over the records without an error."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -133,6 +135,7 @@ class CheckReport:
             "bad": self.bad,
             "converted": self.converted,
             "complete": self.complete,
+            "label_tokens": self.label_tokens,
             "findings": [f.to_json() for f in self.findings],
         }
 
@@ -142,6 +145,7 @@ class CheckReport:
         if len(shown) < len(self.findings):
             lines.append(f"... {len(self.findings) - len(shown)} more finding(s)")
         summary = f"{self.records} record(s): {self.bad} bad, {self.converted} with converted images"
+        summary += f", {self.label_tokens} label token(s) in the others"
         if not self.complete:
             summary += " (the file cannot be read to its end; later records were not checked)"
         lines.append(summary)
@@ -345,6 +349,8 @@ def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
         for fld, reason, severity in problems:
             add(fld, reason, severity)
         bad = any(f.severity == ERROR for f in report.findings[first_finding:])
+        if meta is not None and not bad:
+            report.label_tokens += meta.answer_tokens or 0
         if keep and meta is not None and not bad:
             good.append(item.record)
             samples.append(meta)

@@ -74,7 +74,9 @@ def test_check_names_every_record_without_a_label_token(llava):
     report = check_dataset(llava, tokenizer=tok, processor=False)
     unlabelled = [f for f in report.errors if f.reason.startswith(NO_LABEL)]
     assert [f.index for f in unlabelled] == [0, 1, 2, 3] and "no-assistant" in unlabelled[0].reason
-    assert not check_dataset(llava, processor=False).errors  # the default tokenizer supervises the answers
+    good = check_dataset(llava, processor=False)
+    assert not good.errors and good.label_tokens > 0  # the default tokenizer supervises the answers
+    assert report.label_tokens == 0
     with pytest.raises(DataError, match="none of its 4 record.s. has a supervised .label. token") as e:
         screen_dataset(llava, tokenizer=tok, on_bad="skip", out_dir=llava.parent / "skip")
     assert "\n" not in str(e.value)
@@ -99,6 +101,7 @@ def test_data_check_with_a_template_without_assistant_text_fails(llava, no_assis
                  "--no-processor"]) == 1  # fmt: skip
     report = json.loads(capsys.readouterr().out)
     assert report["bad"] == 4 and all(NO_LABEL in f["reason"] for f in report["findings"])
+    assert report["label_tokens"] == 0
 
 
 def test_train_refuses_a_dataset_without_label_tokens_before_launch(tmp_path, llava, no_assistant_tokenizer, capsys, launched):

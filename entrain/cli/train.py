@@ -489,7 +489,10 @@ def check_dataset_size(spec) -> None:
 
         usable = len(screen(spec, None, tokenizer=model_config(spec)[1]).samples)
     elif fmt == "workload":
-        usable = len(read_workload_jsonl(path))
+        metas = read_workload_jsonl(path)
+        if metas and all(m.answer_tokens == 0 for m in metas):
+            raise ConfigError(f"{path}: every sample has answer_tokens 0: no supervised (label) token, nothing to learn")
+        usable = len(metas)
     else:
         usable = len(read_raw_work_jsonl(path))
     held_out = spec.data.val_batches if spec.data.val_every > 0 else 0

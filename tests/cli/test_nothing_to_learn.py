@@ -116,3 +116,16 @@ def test_train_refuses_a_dataset_without_label_tokens_before_launch(tmp_path, ll
     line = _one_line(capsys.readouterr().err)
     assert f"{llava}: none of its 4 record(s) has a supervised (label) token" in line and "nothing to learn" in line
     assert launched == []
+
+
+def test_a_workload_without_answer_tokens_is_refused_before_launch(tmp_path, capsys, launched):
+    path = tmp_path / "w.jsonl"
+    rows = [{"id": f"s{i}", "images": [[64, 64]], "text_tokens": 40, "answer_tokens": 0} for i in range(4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", *TINY, "--dataset", str(path), "--out", str(tmp_path / "run")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"{path}: every sample has answer_tokens 0" in line and "nothing to learn" in line
+    rows[0]["answer_tokens"] = 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", *TINY, "--dataset", str(path), "--out", str(tmp_path / "run")]) == 0
+    assert launched

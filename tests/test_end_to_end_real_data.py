@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from runtime.harness import run_workers
 
 from entrain.cli.main import build_parser, main
 from entrain.cli.train import _spec
+from entrain.core.errors import ConfigError
 from entrain.runtime.session import check_spec, run_systems, world_size_of
 
 
@@ -37,10 +39,11 @@ def test_plan_and_train_from_a_llava_dataset_with_a_measured_profile(tmp_path, c
     assert plan["predicted_iteration_time_ms"] > 0 and plan["gpus_per_replica"] <= 2
     assert json.loads(plan_file.read_text()) == plan  # --out writes what --json prints
 
-    # train runs exactly that plan: its batch sizes replace the flags' (--global-batch 8 here)
+    # train runs exactly that plan: its batch sizes apply (a contradicting --global-batch is an error)
     argv = ["train", "--dataset", str(data), "--profile", str(prof), "--model", "tiny", "--plan", str(plan_file)]
-    spec = _spec(build_parser().parse_args([*argv, "--global-batch", "8", "--steps", "2", "--out", str(run),
-                                            "--no-progress"]))  # fmt: skip
+    with pytest.raises(ConfigError, match="was made with --global-batch 4, but --global-batch 8 was given"):
+        _spec(build_parser().parse_args([*argv, "--global-batch", "8"]))
+    spec = _spec(build_parser().parse_args([*argv, "--steps", "2", "--out", str(run), "--no-progress"]))
     check_spec(spec)
     assert world_size_of(spec) == 2 and spec.parallel.global_batch == 4 and spec.schedule.systems == ("entrain",)
     losses = run_workers(_train, 2, tmp_path / "workers", spec)

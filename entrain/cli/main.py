@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else int(e.code is not None) * 2
     try:
         args = with_config(parser, args, argv)
+        args.command_line = list(sys.argv[1:] if argv is None else argv)  # which flags were given
         check_args(args)
         rc = args.func(args)
     except EntrainError as e:

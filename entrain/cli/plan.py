@@ -208,6 +208,8 @@ def to_json(result: PlanResult, args: argparse.Namespace, model: str, hardware: 
         "gpus_per_replica": b.gpus_per_replica,
         "dataset": args.dataset,
         "model": model,
+        "min_pixels": vision_limits(args).min_pixels,
+        "max_pixels": vision_limits(args).max_pixels,
         "hardware": hardware,
         "gpus": args.gpus,
         "global_batch": args.global_batch,

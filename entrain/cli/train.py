@@ -32,6 +32,7 @@ from entrain.cli.common import (
     warn_profile_precision,
 )
 from entrain.cli.config_file import add_config_arg
+from entrain.cli.plan_flags import apply_plan
 from entrain.config import STOCK_MODEL_FLAGS, RunConfig
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import SYSTEMS, parse_systems
@@ -84,7 +85,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="FILE",
         help="run exactly this plan (entrain plan --out FILE): its system, stages and layer ranges, boundary "
-        "sharing, microbatch size, global batch and schedule options",
+        "sharing, microbatch size, global batch and schedule options; its model, dataset and pixel limits "
+        "apply, and a flag that contradicts the plan is an error",
+    )
+    p.add_argument(
+        "--allow-other-dataset",
+        action="store_true",
+        help="with --plan: run the plan on a --dataset other than the one it was made for",
     )
     p.add_argument(
         "--encoder-stages",
@@ -257,6 +264,9 @@ def _spec(args: argparse.Namespace) -> RunConfig:
     layout replace the flags'."""
     apply_paper_entrain(args)
     _tensorboard(args.tensorboard)
+    if args.plan:
+        worker = os.environ.get("RANK", "0") != "0" or bool(os.environ.get(ERROR_DIR_ENV))
+        apply_plan(args, _DEFAULTS, _ACTIONS, quiet=worker)
     if args.fsdp and args.split_weight_grads == "on":  # the runtime does not split FSDP backwards
         if os.environ.get("RANK", "0") == "0" and not os.environ.get(ERROR_DIR_ENV):  # once, by the launcher
             print("entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr)
@@ -342,6 +352,7 @@ _FLAGS_FORWARDED = (
     "trace",
     "fsdp",
     "deterministic",
+    "allow_other_dataset",
 )
 
 
@@ -490,10 +501,15 @@ def check_dataset_size(spec) -> None:
         return
     path = resolve_dataset_file(spec.data.dataset)
     fmt = detect_format(path)
-    if fmt == "conversation":
-        usable = len(screen(spec, None).samples)
+    if fmt == "conversation":  # with the run's tokenizer: a record without a label token is bad
+        from entrain.runtime.model_source import model_config
+
+        usable = len(screen(spec, None, tokenizer=model_config(spec)[1]).samples)
     elif fmt == "workload":
-        usable = len(read_workload_jsonl(path))
+        metas = read_workload_jsonl(path)
+        if metas and all(m.answer_tokens == 0 for m in metas):
+            raise ConfigError(f"{path}: every sample has answer_tokens 0: no supervised (label) token, nothing to learn")
+        usable = len(metas)
     else:
         usable = len(read_raw_work_jsonl(path))
     held_out = spec.data.val_batches if spec.data.val_every > 0 else 0

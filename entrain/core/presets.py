@@ -54,6 +54,7 @@ __all__ = [
     "ATTENTION_IMPLS",
     "attention_by_component",
     "FREEZE_OPTIONS",
+    "trainable_parts",
     "LABEL_FRACTION",
     "TP_DEGREES",
     "CP_DEGREES",
@@ -71,6 +72,14 @@ HARDWARE_PRESETS = ("a40-flops", "a40-paper", "a40-fig4", "cpu-tiny")
 FREEZE_OPTIONS = ("encoder", "vit", "llm")
 """``encoder``: the whole vision tower incl. merger; ``vit``: the tower without the merger (the merger
 trains, computing only its own weight gradients); ``llm``: every LLM layer."""
+
+
+def trainable_parts(freeze: Iterable[str]) -> tuple[str, ...]:
+    """The parts that still train under ``freeze`` (``FREEZE_OPTIONS``): of ``vit`` (the tower without
+    the merger), ``merger`` and ``llm``; empty: the run has nothing to learn."""
+    freeze = set(freeze)
+    parts = {"vit": not freeze & {"encoder", "vit"}, "merger": "encoder" not in freeze, "llm": "llm" not in freeze}
+    return tuple(p for p, trains in parts.items() if trains)
 
 BWD_MATMUL_FACTOR = 2.0
 BWD_ATTENTION_FACTOR = 2.5

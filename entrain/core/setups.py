@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import Layout
+from entrain.core.plan_file import check_stage_ranges, load_plan_dict
 from entrain.core.planner import (
     MacroscopicProfiler,
     PlanResult,
@@ -188,30 +189,19 @@ def setup_to_json(system: str, setup: SystemSetup) -> dict:
     }
 
 
-def read_plan_file(path: str, *, expect_model: str | None = None) -> tuple[str, SystemSetup]:
-    """``(system, setup)`` of a plan file (``entrain plan --out``); ``ConfigError`` naming the file
-    and the key when it is unreadable, incomplete or for another model than ``expect_model``."""
-    import json
-
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"--plan {path}: cannot read it ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--plan {path}: not JSON ({e.msg} at line {e.lineno})") from None
-    missing = [k for k in PLAN_FILE_KEYS if k not in (d if isinstance(d, dict) else {})]
-    if missing:
-        raise ConfigError(
-            f"--plan {path}: no {', '.join(repr(k) for k in missing)}; write it with `entrain plan ... --out FILE`"
-        )
-    if expect_model is not None and d.get("model") not in (None, expect_model):
+def read_plan_file(
+    path: str, *, expect_model: str | None = None, layer_counts: dict[str, int] | None = None
+) -> tuple[str, SystemSetup]:
+    """``(system, setup)`` of a plan file (``entrain plan --out``), checked completely
+    (``entrain.core.plan_file``: every field's name and type, each component's stages covering its
+    ``layer_counts`` exactly once in order, valid pipeline ranks); ``ConfigError`` naming the file
+    and the field otherwise, or when it is for another model than ``expect_model``."""
+    d = load_plan_dict(path)
+    if expect_model is not None and d["model"] != expect_model:
         raise ConfigError(f"--plan {path} is for model {d['model']!r} but this run's model is {expect_model!r}")
+    check_stage_ranges(d["layout"], path, layer_counts)
     get_system(d["system"])
-    try:
-        layout = Layout.from_json(d["layout"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"--plan {path}: field 'layout': {e}") from None
+    layout = Layout.from_json(d["layout"])
     if (layout.microbatch_size, layout.global_batch) != (d["microbatch_size"], d["global_batch"]):
         raise ConfigError(
             f"--plan {path}: field 'layout' (microbatch size {layout.microbatch_size}, global batch "

@@ -7,6 +7,9 @@ and run through the Qwen2.5-VL image processor, and its chat-formatted length me
   unknown role, ``<image>`` placeholder count != image count, an image missing / unreadable /
   truncated / rejected by the processor, aspect ratio > 200, more than ``max_tokens`` LLM tokens
   (text + merged image tokens), and every occurrence of an id after its first.
+- severity ``error`` too: a record with no supervised (label) token under the tokenizer (no assistant
+  text in its chat-formatted conversation, e.g. a chat template that drops it): it has nothing to
+  teach; a dataset where no record has one is a one-line error in ``screen_dataset``.
 - severity ``converted`` (not bad): grayscale, RGBA, palette, 16-bit, ... images, which are
   converted to RGB8 before processing.
 - severity ``warning`` (not bad): an animated image (only its first frame is used); an image path
@@ -52,6 +55,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 8192
+NO_LABEL = "no supervised (label) token"
+NO_LABEL_WHY = "the chat-formatted conversation has no assistant text to take the loss on: nothing to learn"
 ERROR, CONVERTED, WARNING = "error", "converted", "warning"
 
 
@@ -91,6 +96,8 @@ class CheckReport:
     records: int = 0
     findings: list[Finding] = field(default_factory=list)
     complete: bool = True
+    label_tokens: int = 0
+    """Supervised (label) tokens under the tokenizer, over the records without an error."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -129,6 +136,7 @@ class CheckReport:
             "bad": self.bad,
             "converted": self.converted,
             "complete": self.complete,
+            "label_tokens": self.label_tokens,
             "findings": [f.to_json() for f in self.findings],
         }
 
@@ -138,6 +146,7 @@ class CheckReport:
         if len(shown) < len(self.findings):
             lines.append(f"... {len(self.findings) - len(shown)} more finding(s)")
         summary = f"{self.records} record(s): {self.bad} bad, {self.converted} with converted images"
+        summary += f", {self.label_tokens} label token(s) in the others"
         if not self.complete:
             summary += " (the file cannot be read to its end; later records were not checked)"
         lines.append(summary)
@@ -291,6 +300,9 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
     if any(sev == ERROR for _, _, sev in problems):
         return problems, None
     text, answer = count_tokens(rec.turns, tokenizer)
+    if answer == 0:
+        problems.append(("conversations", f"{NO_LABEL} under the tokenizer {tokenizer.name} ({NO_LABEL_WHY})", ERROR))
+        return problems, None
     if text + image_tokens > max_tokens:
         problems.append(
             (
@@ -341,6 +353,8 @@ def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
         for fld, reason, severity in problems:
             add(fld, reason, severity)
         bad = any(f.severity == ERROR for f in report.findings[first_finding:])
+        if meta is not None and not bad:
+            report.label_tokens += meta.answer_tokens or 0
         if keep and meta is not None and not bad:
             good.append(item.record)
             samples.append(meta)
@@ -385,6 +399,19 @@ def _skipped_lines(report: CheckReport) -> list[dict]:
     return list(grouped.values())
 
 
+def _check_labels(path, report: CheckReport, tokenizer: TextTokenizer) -> None:
+    """One line when no record of ``path`` has a supervised token under ``tokenizer`` (e.g. a chat
+    template that emits no assistant text): the run would have nothing to learn."""
+    unlabelled = {(f.file, f.index) for f in report.errors if f.reason.startswith(NO_LABEL)}
+    if report.records and len(unlabelled) == report.records:
+        raise DataError(
+            str(path), None, None,
+            f"none of its {report.records} record(s) has a supervised (label) token under the tokenizer {tokenizer.name} "
+            "(its chat template emits no assistant text?): nothing to learn; check it with "
+            "`entrain data check PATH --tokenizer DIR`",
+        )  # fmt: skip
+
+
 def screen_dataset(
     path: str | Path,
     *,
@@ -415,6 +442,7 @@ def screen_dataset(
         raise DataError(
             stop.file, stop.line if stop.line is not None else f"#{stop.index}", None, stop.reason
         )
+    _check_labels(path, report, rules.tokenizer)
     if on_bad == "error" and not report.ok:
         raise BadSamplesError(str(path), report)
     if on_bad == "skip":

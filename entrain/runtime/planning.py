@@ -39,7 +39,12 @@ def ranks_per_replica(spec: RunConfig, system: str) -> int:
 
 
 def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
-    return read_plan_file(spec.schedule.plan, expect_model=spec.model.label())
+    """``--plan``'s system and setup, checked against the run's model (its name and layer counts)."""
+    from entrain.models.config import VLMConfig
+
+    cfg = VLMConfig(arch=spec.model.arch())
+    counts = {c: len(cfg.layer_names(c)) for c in ("encoder", "llm")}
+    return read_plan_file(spec.schedule.plan, expect_model=spec.model.label(), layer_counts=counts)
 
 
 MemoryCheck = Callable[[str, SystemSetup, Sequence[Sequence[SampleWork]], CostModel], SystemSetup]

@@ -28,6 +28,7 @@ from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import check_stage_count
 from entrain.core.plan import IterationPlan, Layout, Plan
+from entrain.core.presets import trainable_parts
 from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
 from entrain.runtime.accounting import (
@@ -88,6 +89,7 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
     check_tp(cfg, par.tp)
     if spec.model.precision is not None and spec.model.precision not in PRECISIONS:
         raise ConfigError(f"--precision {spec.model.precision!r}: choose from {', '.join(PRECISIONS)}")
+    _check_something_trains(spec.model.freeze)
     if par.fsdp and par.dp_or_1 < 2:
         raise ConfigError("--fsdp shards each stage over its data-parallel group: it needs --dp 2 or more")
     if par.fsdp and spec.schedule.split_weight_grads:
@@ -100,6 +102,14 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
         raise ConfigError(_world_mismatch(spec, need, world_size))
     if world_size is not None and need is None:
         _check_planner_world(spec, world_size)
+
+
+def _check_something_trains(freeze: Sequence[str]) -> None:
+    if not trainable_parts(freeze):
+        raise ConfigError(
+            f"--freeze {','.join(freeze)} leaves no trainable parameter (the merger trains unless "
+            "'encoder' is frozen, the LLM unless 'llm' is): nothing to learn; freeze fewer parts"
+        )
 
 
 def _check_planner_world(spec: RunConfig, world_size: int) -> None:
@@ -692,12 +702,8 @@ def _run_one(
         weights_dir=spec.model.weights,
         stages=_own_stages(layout, env.rank // spec.parallel.tp),
     )
-    set_trainable(
-        model,
-        encoder="encoder" not in spec.model.freeze and "vit" not in spec.model.freeze,
-        merger="encoder" not in spec.model.freeze,
-        llm="llm" not in spec.model.freeze,
-    )
+    parts = trainable_parts(spec.model.freeze)
+    set_trainable(model, encoder="vit" in parts, merger="merger" in parts, llm="llm" in parts)
     metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
     renderer = SampleRenderer(
         cfg, metas, seed=spec.data.seed, device=env.device, source=record_source(spec, data, tokenizer)

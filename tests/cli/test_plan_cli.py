@@ -147,7 +147,7 @@ def test_train_refuses_a_bad_plan_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"system": "entrain"}))
     assert main(["train", "--model", "tiny", "--plan", str(bad), "--out", str(tmp_path / "run")]) == 2
-    assert "no 'layout'" in capsys.readouterr().err
+    assert "bad.json: model: missing" in capsys.readouterr().err
     good = tmp_path / "good.json"
     assert main(["plan", "--model", "tiny", "--dataset", "skewed", "--gpus", "2", "--global-batch", "8",
                  "--microbatch-size", "1", "--out", str(good)]) == 0  # fmt: skip

@@ -1,0 +1,105 @@
+"""``entrain train --plan FILE``: the plan file decides the run's model, dataset, pixel limits, batch
+sizes, system and layout (``entrain.core.plan_file.RUN_FIELDS``). A flag left at its default takes the
+plan's value; a flag given with another value is a one-line error before any process starts (a
+different dataset only with ``--allow-other-dataset``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from entrain.core.architectures import MODEL_PRESETS
+from entrain.core.errors import ConfigError
+from entrain.core.plan_file import load_plan_dict
+from entrain.core.samples import DEFAULT_VISION
+
+__all__ = ["apply_plan", "given_dests", "same_dataset"]
+
+
+def _plan_values(d: dict) -> dict:
+    """``{dest: the plan's value}`` of the train flags a plan fixes."""
+    stages = d["layout"]["stages"]
+    return {
+        "system": d["system"],
+        "global_batch": d["global_batch"],
+        "microbatch_size": d["microbatch_size"],
+        "min_pixels": d["min_pixels"],
+        "max_pixels": d["max_pixels"],
+        "dp": d["layout"]["dp"],
+        "tp": d["layout"]["components"]["encoder"]["tp"],
+        "encoder_stages": sum(1 for s in stages if s["component"] == "encoder"),
+        "llm_stages": sum(1 for s in stages if s["component"] == "llm"),
+    }
+
+
+_APPLIED = ("global_batch", "microbatch_size")
+"""Flags set to the plan's value when left at their default (the others: ``--plan`` replaces them
+in ``RunConfig``; pixel limits and the model are applied on their own)."""
+
+
+def given_dests(args: argparse.Namespace, defaults: dict, actions: list[argparse.Action]) -> set[str]:
+    """The flags given on the command line (``args.command_line``, set by ``entrain.cli.main``; a
+    unique prefix counts, as argparse takes it) or by ``--config`` (a value other than the default)."""
+    given = {dest for dest, value in vars(args).items() if dest in defaults and value != defaults[dest]}
+    for token in getattr(args, "command_line", ()):
+        name = token.split("=", 1)[0]
+        if not name.startswith("--"):
+            continue
+        exact = [a.dest for a in actions if name in a.option_strings]
+        prefix = [a.dest for a in actions if any(o.startswith(name) for o in a.option_strings)]
+        given.update(exact or (prefix if len(prefix) == 1 else []))
+    return given
+
+
+def apply_plan(
+    args: argparse.Namespace, defaults: dict, actions: list[argparse.Action], *, quiet: bool = False
+) -> None:
+    """Check the flags given beside ``--plan`` against the plan file and set the ones not given to
+    the plan's values (``ConfigError`` naming the flag and both values otherwise)."""
+    path = args.plan
+    d = load_plan_dict(path)
+    given_flags = given_dests(args, defaults, actions)
+    for dest, value in _plan_values(d).items():
+        given = getattr(args, dest)
+        flag = "--" + dest.replace("_", "-")
+        if dest not in given_flags:
+            if dest in _APPLIED or (dest.endswith("_pixels") and value != getattr(DEFAULT_VISION, dest)):
+                setattr(args, dest, value)
+        elif given != value:
+            raise ConfigError(
+                f"--plan {path} was made with {flag} {value}, but {flag} {given} was given: drop {flag} "
+                f"or write a plan for it (entrain plan ... {flag} {given} --out FILE)"
+            )
+    stock = getattr(args, "vision_model", None) or getattr(args, "llm_model", None)
+    if "model" not in given_flags and not stock and d["model"] in MODEL_PRESETS:
+        args.model = d["model"]
+    _apply_dataset(args, "dataset" in given_flags, d["dataset"], quiet)
+
+
+def _apply_dataset(args: argparse.Namespace, given: bool, planned: str, quiet: bool) -> None:
+    if not given:
+        args.dataset = planned
+    elif not same_dataset(args.dataset, planned):
+        if not args.allow_other_dataset:
+            raise ConfigError(
+                f"--plan {args.plan} was made for dataset {planned!r}, but --dataset {args.dataset!r} was "
+                "given: drop --dataset, write a plan for this dataset, or pass --allow-other-dataset to "
+                "run the plan on it anyway"
+            )
+        if not quiet:
+            print(
+                f"entrain train: note: running the plan made for dataset {planned!r} on {args.dataset!r} "
+                "(--allow-other-dataset)",
+                file=sys.stderr,
+            )
+
+
+def same_dataset(a: str, b: str) -> bool:
+    """The same built-in dataset name, or paths to the same file or folder."""
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -197,7 +197,7 @@ def test_plan_with_a_run_config_ignores_the_train_keys_with_one_note(tmp_path, c
     captured = capsys.readouterr()
     notes = captured.err.strip().splitlines()
     assert len(notes) == 1 and notes[0].startswith("entrain plan: note: --config")
-    assert "steps, lr, out, overwrite, plan" in notes[0]
+    assert "steps, lr, out, plan" in notes[0]  # overwrite is never replayed (config_file.COMMAND_LINE_ONLY)
     assert json.loads(captured.out)["global_batch"] == 8
 
 

@@ -8,6 +8,11 @@ restores the file. A mutant whose search string is gone or ambiguous stops the r
 "mutant X no longer applies": update its edit to the refactored code rather than drop it.
 
     python benchmarks/mutants.py [--only NAME,...] [--out benchmarks/results/mutants.md]
+    python benchmarks/mutants.py --fast     # what .ci/run runs after the suite
+
+``--fast`` skips the unmutated baseline (the suite has just passed), runs only each mutant's
+``fast`` node ids (the tests that killed it in a full run), writes no report unless ``--out`` is
+given, and exits 1 when any mutant survives.
 
 The real tree is never modified. ``tests/test_mutants.py`` checks that every mutant still applies.
 """
@@ -79,6 +84,7 @@ MUTANTS = (
         "return lpt_assign(coarse + fine, k_eff)",
         "return lpt_assign(sorted(samples, key=lambda s: (-s.encoder, s.id)), k_eff)",
         (QUALITY,),
+        (f"{QUALITY}::test_coarse_set_is_lpt_balanced_against_brute_force",),
     ),
     Mutant(
         "deferral-off",
@@ -87,6 +93,7 @@ MUTANTS = (
         "moved = cand.deferred(row, col) if defers else ()",
         "moved = ()",
         (QUALITY,),
+        (f"{QUALITY}::test_strategies_draw_hard_cases",),
     ),
     Mutant(
         "swapped-execution-order",
@@ -95,6 +102,7 @@ MUTANTS = (
         "order = [m for ol, ul, _ in pairs for m in (ol, ul)]",
         "order = [m for ol, ul, _ in pairs for m in (ul, ol)]",
         (PROPERTIES, GOLDEN),
+        (f"{PROPERTIES}::test_deferral_only_from_ol_to_the_partner_run_right_after",),
     ),
     Mutant(
         "sub-microbatch-routing-off-by-one",
@@ -111,6 +119,7 @@ MUTANTS = (
         'ck.set_rng_state(found.rank_state["rng"])',
         "pass",
         (RESUME,),
+        (f"{RESUME}::test_multirank_entrain_resume_is_bitwise_the_straight_run",),
     ),
     Mutant(
         "skipped-optimizer-restore",
@@ -119,6 +128,7 @@ MUTANTS = (
         "load(folder, {k: v for k, v in state.items() if k in saved})",
         'load(folder, {k: v for k, v in state.items() if k in saved and not k.startswith("optim/")})',
         (RESUME,),
+        (f"{RESUME}::test_multirank_entrain_resume_is_bitwise_the_straight_run",),
     ),
     Mutant(
         "schedule-action-late",
@@ -127,6 +137,7 @@ MUTANTS = (
         "    w = max(0, min(warmup, n))\n    out = [a for unit in fwd[:w] for a in unit]",
         "    w = max(0, min(warmup - 1, n))\n    out = [a for unit in fwd[:w] for a in unit]",
         (GOLDEN,),
+        (f"{GOLDEN}::test_golden_file[1f1b.txt]",),
     ),
     # issue 22, requirement 6: this round's mutants
     Mutant(
@@ -136,6 +147,7 @@ MUTANTS = (
         "heapq.heappush(heap, (load + s.llm, r))",
         'heapq.heappush(heap, (load + s.llm if r else float("inf"), r))',
         (DP_BALANCE,),
+        (f"{DP_BALANCE}::test_max_llm_load_within_graham_bound_of_the_exhaustive_optimum",),
     ),
     Mutant(
         "wrong-deferral-partner",
@@ -144,6 +156,7 @@ MUTANTS = (
         "pairs.append((cand.ol[row], cand.ul[col], moved))",
         "pairs.append((cand.ol[row], cand.ul[-1 - col], moved))",
         (QUALITY,),
+        (f"{QUALITY}::test_deferral_makespan_equals_brute_force_optimum",),
     ),
     Mutant(
         "b-min-first-size",
@@ -152,6 +165,7 @@ MUTANTS = (
         "if trials[n].stable:",
         "if True:",
         (PLANNER,),
+        (f"{PLANNER}::test_b_min_doubles_until_stable_and_is_deterministic",),
     ),
     Mutant(
         "memory-always-fits",
@@ -160,6 +174,7 @@ MUTANTS = (
         "mem_ok = all(m <= limit",
         "mem_ok = True or all(m <= limit",
         (PLANNER,),
+        (f"{PLANNER}::test_memory_check_rejects",),
     ),
     Mutant(
         "no-quadratic-term",
@@ -168,6 +183,7 @@ MUTANTS = (
         "return self.a * x * x + self.b * x",
         "return self.b * x",
         (COSTMODEL,),
+        (f"{COSTMODEL}::test_layer_time_is_per_unit_quadratic_plus_per_call_constant",),
     ),
     Mutant(
         "sim-no-p2p-time",
@@ -176,6 +192,7 @@ MUTANTS = (
         "return self.costs.message_ms(",
         "return 0.0 * self.costs.message_ms(",
         (SIM_EXECUTOR,),
+        (f"{SIM_EXECUTOR}::test_p2p_latency_adds_on_the_critical_path",),
     ),
     Mutant(
         "sim-no-dp-allreduce-time",
@@ -184,6 +201,7 @@ MUTANTS = (
         "t = max(t, last + allreduce[r])",
         "t = max(t, last)",
         (SIM_EXECUTOR,),
+        (f"{SIM_EXECUTOR}::test_dp_allreduce_is_added_after_the_last_backward",),
     ),
     Mutant(
         "tp-skipped-allreduce",

@@ -8,6 +8,11 @@ restores the file. A mutant whose search string is gone or ambiguous stops the r
 "mutant X no longer applies": update its edit to the refactored code rather than drop it.
 
     python benchmarks/mutants.py [--only NAME,...] [--out benchmarks/results/mutants.md]
+    python benchmarks/mutants.py --fast     # what .ci/run runs after the suite
+
+``--fast`` skips the unmutated baseline (the suite has just passed), runs only each mutant's
+``fast`` node ids (the tests that killed it in a full run), writes no report unless ``--out`` is
+given, and exits 1 when any mutant survives.
 
 The real tree is never modified. ``tests/test_mutants.py`` checks that every mutant still applies.
 """
@@ -38,6 +43,8 @@ class Mutant:
     replace: str
     tests: tuple[str, ...]
     """pytest node ids expected to kill it (all in the fast suite)."""
+    fast: tuple[str, ...] = ()
+    """``--fast``: the node ids that killed it in the last full run (default: ``tests``)."""
 
 
 EXACT_2 = "tests/runtime/test_exact_gradients.py::test_gradients_match_reference[2]"
@@ -46,6 +53,12 @@ QUALITY = "tests/core/test_assignment_quality.py"
 PROPERTIES = "tests/core/test_assignment_properties.py"
 GOLDEN = "tests/sim/test_golden.py"
 RESUME = "tests/runtime/test_resume_multirank.py"
+DP_BALANCE = "tests/core/test_dp_split_balance.py"
+PLANNER = "tests/core/test_planner.py"
+COSTMODEL = "tests/core/test_costmodel.py"
+SIM_EXECUTOR = "tests/sim/test_simulator.py"
+STAGE_PARALLEL = "tests/runtime/test_stage_parallel.py::test_tp_and_fsdp_gradients_match_tp1_and_plain_dp"
+RESUME_CRASH = "tests/runtime/test_checkpoint.py::test_exact_resume_after_a_crash_is_bitwise_the_straight_run"
 
 MUTANTS = (
     Mutant(
@@ -71,6 +84,7 @@ MUTANTS = (
         "return lpt_assign(coarse + fine, k_eff)",
         "return lpt_assign(sorted(samples, key=lambda s: (-s.encoder, s.id)), k_eff)",
         (QUALITY,),
+        (f"{QUALITY}::test_coarse_set_is_lpt_balanced_against_brute_force",),
     ),
     Mutant(
         "deferral-off",
@@ -79,6 +93,7 @@ MUTANTS = (
         "moved = cand.deferred(row, col) if defers else ()",
         "moved = ()",
         (QUALITY,),
+        (f"{QUALITY}::test_strategies_draw_hard_cases",),
     ),
     Mutant(
         "swapped-execution-order",
@@ -87,6 +102,7 @@ MUTANTS = (
         "order = [m for ol, ul, _ in pairs for m in (ol, ul)]",
         "order = [m for ol, ul, _ in pairs for m in (ul, ol)]",
         (PROPERTIES, GOLDEN),
+        (f"{PROPERTIES}::test_deferral_only_from_ol_to_the_partner_run_right_after",),
     ),
     Mutant(
         "sub-microbatch-routing-off-by-one",
@@ -103,6 +119,7 @@ MUTANTS = (
         'ck.set_rng_state(found.rank_state["rng"])',
         "pass",
         (RESUME,),
+        (f"{RESUME}::test_multirank_entrain_resume_is_bitwise_the_straight_run",),
     ),
     Mutant(
         "skipped-optimizer-restore",
@@ -111,6 +128,7 @@ MUTANTS = (
         "load(folder, {k: v for k, v in state.items() if k in saved})",
         'load(folder, {k: v for k, v in state.items() if k in saved and not k.startswith("optim/")})',
         (RESUME,),
+        (f"{RESUME}::test_multirank_entrain_resume_is_bitwise_the_straight_run",),
     ),
     Mutant(
         "schedule-action-late",
@@ -119,6 +137,95 @@ MUTANTS = (
         "    w = max(0, min(warmup, n))\n    out = [a for unit in fwd[:w] for a in unit]",
         "    w = max(0, min(warmup - 1, n))\n    out = [a for unit in fwd[:w] for a in unit]",
         (GOLDEN,),
+        (f"{GOLDEN}::test_golden_file[1f1b.txt]",),
+    ),
+    # issue 22, requirement 6: this round's mutants
+    Mutant(
+        "dp-split-replica-0-leftovers",
+        "the DP split: replica 0 takes one sample, then only what the other replicas leave",
+        "entrain/core/assignment/dp_split.py",
+        "heapq.heappush(heap, (load + s.llm, r))",
+        'heapq.heappush(heap, (load + s.llm if r else float("inf"), r))',
+        (DP_BALANCE,),
+        (f"{DP_BALANCE}::test_max_llm_load_within_graham_bound_of_the_exhaustive_optimum",),
+    ),
+    Mutant(
+        "wrong-deferral-partner",
+        "pairwise deferral moves an OL microbatch's samples to another UL microbatch than its match",
+        "entrain/core/assignment/hierarchical.py",
+        "pairs.append((cand.ol[row], cand.ul[col], moved))",
+        "pairs.append((cand.ol[row], cand.ul[-1 - col], moved))",
+        (QUALITY,),
+        (f"{QUALITY}::test_deferral_makespan_equals_brute_force_optimum",),
+    ),
+    Mutant(
+        "b-min-first-size",
+        "Algorithm 1 stops at the first batch size whether or not its GPU split is stable",
+        "entrain/core/planner.py",
+        "if trials[n].stable:",
+        "if True:",
+        (PLANNER,),
+        (f"{PLANNER}::test_b_min_doubles_until_stable_and_is_deterministic",),
+    ),
+    Mutant(
+        "memory-always-fits",
+        "the planner's memory check passes every configuration",
+        "entrain/core/planner.py",
+        "mem_ok = all(m <= limit",
+        "mem_ok = True or all(m <= limit",
+        (PLANNER,),
+        (f"{PLANNER}::test_memory_check_rejects",),
+    ),
+    Mutant(
+        "no-quadratic-term",
+        "the cost model drops the a*x^2 (attention) term of a layer's time",
+        "entrain/core/costmodel.py",
+        "return self.a * x * x + self.b * x",
+        "return self.b * x",
+        (COSTMODEL,),
+        (f"{COSTMODEL}::test_layer_time_is_per_unit_quadratic_plus_per_call_constant",),
+    ),
+    Mutant(
+        "sim-no-p2p-time",
+        "the simulator delivers every point-to-point message instantly",
+        "entrain/sim/executor.py",
+        "return self.costs.message_ms(",
+        "return 0.0 * self.costs.message_ms(",
+        (SIM_EXECUTOR,),
+        (f"{SIM_EXECUTOR}::test_p2p_latency_adds_on_the_critical_path",),
+    ),
+    Mutant(
+        "sim-no-dp-allreduce-time",
+        "the simulator's iteration ends before the DP gradient all-reduce",
+        "entrain/sim/executor.py",
+        "t = max(t, last + allreduce[r])",
+        "t = max(t, last)",
+        (SIM_EXECUTOR,),
+        (f"{SIM_EXECUTOR}::test_dp_allreduce_is_added_after_the_last_backward",),
+    ),
+    Mutant(
+        "tp-skipped-allreduce",
+        "the LLM attention output projection under --tp returns each rank's partial sum (no all-reduce)",
+        "entrain/runtime/parallelize.py",
+        'plan["self_attn.o_proj"] = RowwiseParallel()',
+        'plan["self_attn.o_proj"] = RowwiseParallel(output_layouts=__import__("torch").distributed.tensor.Partial())',
+        (STAGE_PARALLEL,),
+    ),
+    Mutant(
+        "fsdp-param-left-out",
+        "--fsdp leaves the final norm's weight out of the stage's FSDP root (never reduced over DP)",
+        "entrain/runtime/parallelize.py",
+        "owned = {id(p) for _, p in stage.owned_parameters()}",
+        'owned = {id(p) for n, p in stage.owned_parameters() if not n.endswith("model.norm.weight")}',
+        (STAGE_PARALLEL,),
+    ),
+    Mutant(
+        "resume-one-step-early",
+        "--resume restarts at the step before the checkpoint's (that step then runs twice)",
+        "entrain/runtime/session.py",
+        "start = ckpt.step if ckpt",
+        "start = ckpt.step - 1 if ckpt",
+        (RESUME_CRASH,),
     ),
 )
 
@@ -207,48 +314,65 @@ def _commit() -> str:
     return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
 
 
-def run(mutants: tuple[Mutant, ...]) -> list[dict]:
+def _run_mutant(m: Mutant, scratch: Path, fast: bool) -> dict:
+    """Apply ``m`` in ``scratch``, run its tests (``m.fast`` ones when ``fast``), restore the file."""
+    original, mutated = mutated_text(m, scratch)
+    path = scratch / m.path
+    path.write_text(mutated)
+    try:
+        rc, failed, seconds, tail = _pytest(scratch, m.fast or m.tests if fast else m.tests)
+    finally:
+        path.write_text(original)
+    # killed = a test failed (exit 1); a collection error or crash of pytest itself is not a kill
+    killed = rc == 1 and bool(failed)
+    print(f"{m.name}: {'killed by ' + ', '.join(failed) if killed else f'SURVIVED (exit {rc})'}"
+          f" ({seconds:.0f} s)", flush=True)  # fmt: skip
+    if not killed and rc != 0:
+        print(tail, flush=True)
+    return {"name": m.name, "killed": killed, "failed": failed, "seconds": seconds, "rc": rc}
+
+
+def _baseline(mutants: tuple[Mutant, ...], scratch: Path) -> dict:
+    tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+    rc, failed, seconds, tail = _pytest(scratch, tests)
+    if rc != 0:
+        raise SystemExit(f"the unmutated tree fails its tests ({failed or rc}); fix that first:\n{tail}")
+    print(f"unmutated: {len(tests)} test targets pass ({seconds:.0f} s)", flush=True)
+    return {"name": "(unmutated)", "killed": False, "failed": [], "seconds": seconds, "rc": rc}
+
+
+def run(mutants: tuple[Mutant, ...], *, fast: bool = False) -> list[dict]:
+    """Rows of the run: the unmutated baseline first (``fast``: not run, the suite ran before), then
+    one per mutant."""
     for m in mutants:  # all must apply before anything runs
         mutated_text(m, ROOT)
     scratch = _scratch_copy()
     try:
         _check_imports_from(scratch)
-        tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
-        rc, failed, seconds, tail = _pytest(scratch, tests)
-        if rc != 0:
-            raise SystemExit(f"the unmutated tree fails its tests ({failed or rc}); fix that first:\n{tail}")
-        print(f"unmutated: {len(tests)} test targets pass ({seconds:.0f} s)", flush=True)
-        rows = [{"name": "(unmutated)", "killed": False, "failed": [], "seconds": seconds, "rc": rc}]
-        for m in mutants:
-            original, mutated = mutated_text(m, scratch)
-            path = scratch / m.path
-            path.write_text(mutated)
-            try:
-                rc, failed, seconds, tail = _pytest(scratch, m.tests)
-            finally:
-                path.write_text(original)
-            # killed = a test failed (exit 1); a collection error or crash of pytest itself is not a kill
-            killed = rc == 1 and bool(failed)
-            rows.append({"name": m.name, "killed": killed, "failed": failed, "seconds": seconds, "rc": rc})
-            print(f"{m.name}: {'killed by ' + ', '.join(failed) if killed else f'SURVIVED (exit {rc})'}"
-                  f" ({seconds:.0f} s)", flush=True)  # fmt: skip
-            if not killed and rc != 0:
-                print(tail, flush=True)
-        return rows
+        rows = [None if fast else _baseline(mutants, scratch)]
+        return rows + [_run_mutant(m, scratch, fast) for m in mutants]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def report(rows: list[dict], mutants: tuple[Mutant, ...]) -> str:
+def report(rows: list[dict], mutants: tuple[Mutant, ...], *, fast: bool = False) -> str:
     by_name = {m.name: m for m in mutants}
     killed = sum(r["killed"] for r in rows[1:])
+    total_s = sum(r["seconds"] for r in rows if r)
+    baseline = (
+        "No unmutated baseline in `--fast` mode (the suite passes first in `.ci/run`)."
+        if rows[0] is None
+        else f"The unmutated copy passes those tests ({rows[0]['seconds']:.0f} s)."
+    )
     lines = [
         "# Mutation check",
         "",
-        f"`python benchmarks/mutants.py` on {_commit()}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
-        "Each mutant is applied to a scratch copy of the tree; the listed fast tests run with `-x`.",
-        f"The unmutated copy passes those tests ({rows[0]['seconds']:.0f} s).",
-        f"**{killed} of {len(rows) - 1} mutants killed.**",
+        f"`python benchmarks/mutants.py{' --fast' if fast else ''}` on {_commit()}, "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
+        f"Each mutant is applied to a scratch copy of the tree; its {'killing' if fast else 'listed'} fast "
+        "tests run with `-x`.",
+        baseline,
+        f"**{killed} of {len(rows) - 1} mutants killed**; pytest time {total_s:.0f} s in all.",
         "",
         "| mutant | edit | file | killed by | s |",
         "|---|---|---|---|---|",
@@ -264,26 +388,40 @@ def report(rows: list[dict], mutants: tuple[Mutant, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _selected(only: str | None) -> tuple[Mutant, ...]:
+    if not only:
+        return MUTANTS
+    names = only.split(",")
+    unknown = sorted(set(names) - {m.name for m in MUTANTS})
+    if unknown:
+        raise SystemExit(f"unknown mutants {unknown}; choose from {', '.join(m.name for m in MUTANTS)}")
+    return tuple(m for m in MUTANTS if m.name in names)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated mutant names")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mutants.md"))
+    ap.add_argument(
+        "--fast",
+        action="store_true",
+        help="CI mode: no unmutated baseline (the suite ran before), each mutant's killing tests only; "
+        "writes no report unless --out is given; exit 1 when a mutant survives",
+    )
+    ap.add_argument("--out", help="report path (default benchmarks/results/mutants.md; none with --fast)")
     args = ap.parse_args()
-    mutants = MUTANTS
-    if args.only:
-        names = args.only.split(",")
-        unknown = sorted(set(names) - {m.name for m in MUTANTS})
-        if unknown:
-            raise SystemExit(f"unknown mutants {unknown}; choose from {', '.join(m.name for m in MUTANTS)}")
-        mutants = tuple(m for m in MUTANTS if m.name in names)
+    mutants = _selected(args.only)
     try:
-        rows = run(mutants)
+        rows = run(mutants, fast=args.fast)
     except MutantDoesNotApply as e:
         raise SystemExit(str(e)) from None
-    text = report(rows, mutants)
-    Path(args.out).write_text(text)
-    print(f"wrote {args.out}")
-    return 0 if all(r["killed"] for r in rows[1:]) else 1
+    out = args.out or (None if args.fast else str(ROOT / "benchmarks" / "results" / "mutants.md"))
+    if out:
+        Path(out).write_text(report(rows, mutants, fast=args.fast))
+        print(f"wrote {out}")
+    survivors = [r["name"] for r in rows[1:] if not r["killed"]]
+    print(f"{len(rows) - 1 - len(survivors)} of {len(rows) - 1} mutants killed"
+          + (f"; SURVIVED: {', '.join(survivors)}" if survivors else ""))  # fmt: skip
+    return 1 if survivors else 0
 
 
 if __name__ == "__main__":

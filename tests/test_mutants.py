@@ -21,7 +21,7 @@ spec.loader.exec_module(mutants)
 def test_mutant_applies_and_names_existing_tests(m):
     original, mutated = mutants.mutated_text(m, ROOT)
     assert mutated != original
-    for node in m.tests:
+    for node in (*m.tests, *m.fast):
         path = node.split("::")[0]
         assert (ROOT / path).is_file(), f"{m.name}: {path} does not exist"
         if "::" in node:
@@ -35,3 +35,18 @@ def test_a_moved_target_is_reported(tmp_path):
     (tmp_path / m.path).write_text("refactored away\n")
     with pytest.raises(mutants.MutantDoesNotApply, match=f"mutant {m.name} no longer applies"):
         mutants.mutated_text(m, tmp_path)
+
+
+def test_fast_mode_exits_non_zero_when_a_mutant_survives(monkeypatch, capsys):
+    survived = {"name": "deferral-off", "killed": False, "failed": [], "seconds": 1.0, "rc": 0}
+    monkeypatch.setattr(mutants, "run", lambda ms, fast: [None, survived])
+    monkeypatch.setattr(sys, "argv", ["mutants.py", "--fast", "--only", "deferral-off"])
+    assert mutants.main() == 1
+    assert "SURVIVED: deferral-off" in capsys.readouterr().out
+    monkeypatch.setattr(mutants, "run", lambda ms, fast: [None, dict(survived, killed=True, rc=1)])
+    assert mutants.main() == 0
+
+
+def test_every_mutant_has_a_unique_name():
+    names = [m.name for m in mutants.MUTANTS]
+    assert len(set(names)) == len(names)

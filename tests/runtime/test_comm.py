@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,7 +165,7 @@ def test_an_action_error_names_the_error_a_torch_message_wraps():
     )
 
 
-def _stalled_peer(env, plan):
+def _stalled_peer(env, plan, folder):
     import time
 
     from entrain.runtime.executor import ExecutionError
@@ -178,11 +179,16 @@ def _stalled_peer(env, plan):
         renderer=SampleRenderer(cfg, metas),
         optim=OptimConfig(),
     )
-    if env.rank == 1:  # the LLM rank stalls: never runs its actions
-        time.sleep(6)
+    running = Path(folder) / "rank0-running"
+    if env.rank == 1:  # the LLM rank never runs its actions; it leaves once rank 0 is waiting on it
+        deadline = time.monotonic() + 50  # however long rank 0 takes to get there on a loaded machine
+        while not running.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
         return None
     it = plan.iterations[0]
     t0 = time.monotonic()
+    running.touch()
     try:
         trainer.executor.run(it, it.actions[0], loss_scale=1.0)
     except ExecutionError as e:
@@ -193,7 +199,7 @@ def _stalled_peer(env, plan):
 def test_a_stalled_peer_fails_with_rank_action_and_peer(tmp_path):
     plan = plan_for("1f1b", 1, 1, 1, 4, works(batch_metas()))
     (message, peer, waited_s), _ = run_workers(
-        _stalled_peer, 2, tmp_path, plan, pg_timeout_s=2, clean_shutdown=False
+        _stalled_peer, 2, tmp_path, plan, str(tmp_path), pg_timeout_s=2, clean_shutdown=False
     )
     assert peer == 1 and waited_s < 30
     assert message.startswith("rank 0: action 0RECV_B0 (stage 0, microbatch 0, sub 0) with rank 1 failed")

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 
 from entrain.config import RunConfig
 from entrain.core.costmodel import CostModel
+from entrain.core.p2p import check_plan
 from entrain.core.plan import Layout, Plan
 from entrain.core.planner import Sampler, pool_sampler
 from entrain.core.setups import SystemSetup, fixed_stage_setup, read_plan_file, system_setups
-from entrain.core.p2p import check_plan
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
 

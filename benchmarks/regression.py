@@ -3,6 +3,7 @@ zoo's 20 and the paper's headline command, against a committed baseline.
 
     python benchmarks/regression.py                 # compare a fresh run with the baseline, write the report
     python benchmarks/regression.py --update        # rewrite the baseline (its own commit, saying why)
+    python benchmarks/regression.py --update --from benchmarks/results/regression.json   # the last comparison's run
     python benchmarks/regression.py --case synthchartnet/1B/a40-paper/seed0   # some cases only
 
 The cases are imported, never retyped: ``entrain bench paper``'s datasets x models x hardware presets
@@ -42,7 +43,9 @@ from entrain.core.errors import ConfigError
 TOLERANCE = 0.005
 """A system more than this fraction slower than its baseline is a regression."""
 ITERATIONS = 3
-"""Global batches per case (the workload zoo's): the full run takes ~TODO min on 2 shared cores."""
+"""Global batches per case (the workload zoo's). The full run (29 simulate runs, one process) took
+36 min on the shared 2-core machine (2157 s; video, mixture and docvqa 150-370 s each, the paper's
+cases 11-45 s): more iterations would make it impractical to run before every merge."""
 SEED = 0
 """Both reports' seed (``bench paper``'s default, the zoo's ``simulate`` default)."""
 HEADLINE = ("synthchartnet", "qwen25vl-llama3-1b", "a40-paper", 3, 5)
@@ -90,15 +93,16 @@ def cases(iterations: int = ITERATIONS, seed: int = SEED) -> dict[str, dict]:
 
 
 def run_case(case: dict, systems=None) -> dict:
-    """``{system: {"iteration_time_ms", "fits_memory"}}`` of one case (``systems``: a subset)."""
+    """``{system: {"iteration_time_ms", "fits_memory", "source"}}`` of one case (``systems``: a subset);
+    ``source`` (how the configuration was chosen, e.g. Entrain's layout decision) is for diagnosis only."""
     args = build_parser().parse_args(case["argv"])
     t0 = time.perf_counter()
     try:
-        runs, _ = simulate_systems(args, list(systems or case["systems"]))
+        runs, configs = simulate_systems(args, list(systems or case["systems"]))
     except ConfigError as err:
         return {"error": str(err), "wall_s": time.perf_counter() - t0}
-    got = {n: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory}
-           for n, r in runs.items()}  # fmt: skip
+    got = {n: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory,
+               "source": configs[n]["source"]} for n, r in runs.items()}  # fmt: skip
     return {"systems": got, "wall_s": time.perf_counter() - t0}
 
 
@@ -197,8 +201,16 @@ def render(baseline: dict, current: dict, rows: list[dict], status: int) -> str:
         "## Changed beyond the tolerance", "",
     ]  # fmt: skip
     lines += _table(flagged) if flagged else ["- none"]
+    changed = sorted({r["case"] for r in flagged})
+    if changed:
+        lines += ["", "Entrain's configuration now (`source`) on the changed cases:", ""]
+        lines += [f"- {k}: {_entrain_source(current, k)}" for k in changed]
     lines += ["", "## Every case and system", ""] + _table(rows)
     return "\n".join(lines) + "\n"
+
+
+def _entrain_source(run: dict, key: str) -> str:
+    return run["cases"][key].get("systems", {}).get("entrain", {}).get("source", "-")
 
 
 def _table(rows: list[dict]) -> list[str]:
@@ -222,36 +234,60 @@ def _settings(iterations: int, seed: int) -> dict:
         "cpu_count": os.cpu_count()}  # fmt: skip
 
 
-def main(argv_: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--update", action="store_true", help="rewrite the baseline from a fresh run")
+    p.add_argument("--from", dest="from_run", type=Path, default=None, metavar="JSON",
+                   help="with --update: take the run a comparison wrote (regression.json) instead of running")  # fmt: skip
     p.add_argument("--case", action="append", default=None, help="only this case key (repeatable)")
     p.add_argument("--baseline", type=Path, default=BASELINE)
-    p.add_argument("--out", type=Path, default=REPORT, help="the markdown report (comparison runs)")
-    args = p.parse_args(argv_)
+    p.add_argument("--out", type=Path, default=REPORT,
+                   help="the markdown report of a comparison; the fresh run goes to the same path with .json")  # fmt: skip
+    return p
+
+
+def complete_run(run: dict) -> dict:
+    """``run`` (a comparison's .json) when it holds every case of its settings with today's argv."""
+    s = run["settings"]
+    want = {k: c["argv"] for k, c in cases(s["iterations"], s["seed"]).items()}
+    got = {k: c["argv"] for k, c in run["cases"].items()}
+    if got != want:
+        raise SystemExit(f"regression: the run holds {len(got)} case(s), not today's {len(want)} with the same argv")
+    return run
+
+
+def _write_baseline(path: Path, run: dict, log) -> int:
+    path.write_text(json.dumps(run, indent=1) + "\n")
+    log(f"regression: wrote {path} (run at {run['commit']}, {run['wall_s']:.0f} s)")
+    return 0
+
+
+def main(argv_: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv_)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if args.update and args.case:
+        raise SystemExit("regression: --update rewrites the whole baseline; drop --case")
+    if args.update and args.from_run:
+        return _write_baseline(args.baseline, complete_run(load_baseline(args.from_run)), log)
     base = None if args.update else load_baseline(args.baseline)
     settings = base["settings"] if base else _settings(ITERATIONS, SEED)
     every = cases(settings["iterations"], settings["seed"])
     unknown = [k for k in args.case or () if k not in every]
     if unknown:
         raise SystemExit(f"regression: unknown case(s) {', '.join(unknown)}; choose from {', '.join(every)}")
-    if args.update and args.case:
-        raise SystemExit("regression: --update rewrites the whole baseline; drop --case")
     selected = {k: every[k] for k in args.case} if args.case else every
-    current = run_all(selected, log)
+    current = {"settings": settings, **run_all(selected, log)}
     if args.update:
-        args.baseline.write_text(json.dumps({"settings": settings, **current}, indent=1) + "\n")
-        log(f"regression: wrote {args.baseline} ({current['wall_s']:.0f} s)")
-        return 0
+        return _write_baseline(args.baseline, current, log)
     rows = compare(base, current)
     status = exit_status(rows)
     args.out.write_text(render(base, current, rows, status))
+    args.out.with_suffix(".json").write_text(json.dumps(current, indent=1) + "\n")
     for r in (r for r in rows if r["verdict"] != "ok"):
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.4f}"
         print(f"{r['verdict']:>8}  {r['case']:<40} {r['system']:<16} {_ms(r['baseline_ms']):>10} -> "
               f"{_ms(r['current_ms']):>10}  ({ratio})")  # fmt: skip
-    log(f"regression: wrote {args.out}; exit {status}")
+    log(f"regression: wrote {args.out} and its .json; exit {status}")
     return status
 
 

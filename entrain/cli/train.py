@@ -666,6 +666,13 @@ def _memory_check(system: str, setup, batches, cost):
     return deploy(system, setup, batches, cost)[0]
 
 
+def _judge_factory(sampler, cost, req):
+    """Entrain's automatic layout decided by simulation, as in ``plan`` and ``simulate``."""
+    from entrain.sim.choose import candidate_judge
+
+    return candidate_judge(sampler, cost, req)
+
+
 def _run_rank(spec, under_torchrun: bool) -> int:
     import torch
 
@@ -683,7 +690,7 @@ def _run_rank(spec, under_torchrun: bool) -> int:
             timeout_s=spec.run.timeout_s, rank=0, world_size=1, init_method=f"file://{store}/store"
         )
     try:
-        summaries = run_systems(spec, env, memory_check=_memory_check)
+        summaries = run_systems(spec, env, memory_check=_memory_check, judge_factory=_judge_factory)
     except BaseException as e:
         import torch.distributed as dist
 

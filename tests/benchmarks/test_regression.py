@@ -34,8 +34,8 @@ def baseline(regression):
 def test_the_baseline_holds_every_case_with_its_recorded_command(regression, baseline):
     s = baseline["settings"]
     every = regression.cases(s["iterations"], s["seed"])
-    assert {k: (c["argv"], c["systems"]) for k, c in every.items()} == {
-        k: (c["argv"], c["systems"]) for k, c in baseline["cases"].items()
+    assert {k: (c["argv"], list(c["systems"])) for k, c in every.items()} == {
+        k: (c["argv"], list(c["systems"])) for k, c in baseline["cases"].items()
     }
     assert sum("paper" in c["lists"] for c in every.values()) == 16
     assert sum("zoo" in c["lists"] for c in every.values()) == 20

@@ -2,8 +2,9 @@
 zoo's 20 and the paper's headline command, against a committed baseline.
 
     python benchmarks/regression.py                 # compare a fresh run with the baseline, write the report
-    python benchmarks/regression.py --update        # rewrite the baseline (its own commit, saying why)
-    python benchmarks/regression.py --update --from benchmarks/results/regression.json   # the last comparison's run
+    python benchmarks/regression.py --update --why TEXT   # rewrite the baseline (its own commit, saying why)
+    python benchmarks/regression.py --update --why TEXT --from benchmarks/results/regression.json  # the last run
+    python benchmarks/regression.py --from benchmarks/results/regression.json --note TEXT  # re-render the report
     python benchmarks/regression.py --case synthchartnet/1B/a40-paper/seed0   # some cases only
 
 The cases are imported, never retyped: ``entrain bench paper``'s datasets x models x hardware presets
@@ -186,7 +187,7 @@ def _ms(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def render(baseline: dict, current: dict, rows: list[dict], status: int) -> str:
+def render(baseline: dict, current: dict, rows: list[dict], status: int, note: str = "") -> str:
     s = baseline["settings"]
     flagged = [r for r in rows if r["verdict"] != "ok"]
     verdict = {0: "PASS", 1: "FAIL (Entrain slower, or a case missing)", 2: "FAIL (a baseline system slower)"}
@@ -198,8 +199,12 @@ def render(baseline: dict, current: dict, rows: list[dict], status: int) -> str:
         f"{s['iterations']} iteration(s) per case, seed {s['seed']} (headline: its own command), "
         f"tolerance {TOLERANCE:.1%}; each case's exact `entrain simulate` argv is in the baseline file.", "",
         f"**Verdict: {verdict[status]}.** ratio = current / baseline (> 1: slower).", "",
-        "## Changed beyond the tolerance", "",
     ]  # fmt: skip
+    if baseline.get("why"):
+        lines += [f"Why the baseline is what it is: {baseline['why']}", ""]
+    if note:
+        lines += ["## About this run", "", note, ""]
+    lines += ["## Changed beyond the tolerance", ""]
     lines += _table(flagged) if flagged else ["- none"]
     changed = sorted({r["case"] for r in flagged})
     if changed:
@@ -238,7 +243,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--update", action="store_true", help="rewrite the baseline from a fresh run")
     p.add_argument("--from", dest="from_run", type=Path, default=None, metavar="JSON",
-                   help="with --update: take the run a comparison wrote (regression.json) instead of running")  # fmt: skip
+                   help="take the run a comparison wrote (regression.json) instead of running: with --update "
+                        "it becomes the baseline, else it is compared again (the report re-rendered)")  # fmt: skip
+    p.add_argument("--why", default="", help="with --update (required): why the baseline changes, kept in it")
+    p.add_argument("--note", default="", help="a paragraph for the report's 'About this run'")
     p.add_argument("--case", action="append", default=None, help="only this case key (repeatable)")
     p.add_argument("--baseline", type=Path, default=BASELINE)
     p.add_argument("--out", type=Path, default=REPORT,
@@ -267,8 +275,10 @@ def main(argv_: list[str] | None = None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if args.update and args.case:
         raise SystemExit("regression: --update rewrites the whole baseline; drop --case")
+    if args.update and not args.why:
+        raise SystemExit("regression: --update needs --why TEXT (kept in the baseline; say it in the commit too)")
     if args.update and args.from_run:
-        return _write_baseline(args.baseline, complete_run(load_baseline(args.from_run)), log)
+        return _write_baseline(args.baseline, {**complete_run(load_baseline(args.from_run)), "why": args.why}, log)
     base = None if args.update else load_baseline(args.baseline)
     settings = base["settings"] if base else _settings(ITERATIONS, SEED)
     every = cases(settings["iterations"], settings["seed"])
@@ -276,13 +286,17 @@ def main(argv_: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"regression: unknown case(s) {', '.join(unknown)}; choose from {', '.join(every)}")
     selected = {k: every[k] for k in args.case} if args.case else every
-    current = {"settings": settings, **run_all(selected, log)}
+    if args.from_run:
+        current = load_baseline(args.from_run)
+    else:
+        current = {"settings": settings, **run_all(selected, log)}
     if args.update:
-        return _write_baseline(args.baseline, current, log)
+        return _write_baseline(args.baseline, {**current, "why": args.why}, log)
     rows = compare(base, current)
     status = exit_status(rows)
-    args.out.write_text(render(base, current, rows, status))
-    args.out.with_suffix(".json").write_text(json.dumps(current, indent=1) + "\n")
+    args.out.write_text(render(base, current, rows, status, args.note))
+    if not args.from_run:
+        args.out.with_suffix(".json").write_text(json.dumps(current, indent=1) + "\n")
     for r in (r for r in rows if r["verdict"] != "ok"):
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.4f}"
         print(f"{r['verdict']:>8}  {r['case']:<40} {r['system']:<16} {_ms(r['baseline_ms']):>10} -> "

@@ -32,6 +32,7 @@ from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.data.generators import ZOO
 from entrain.data.sampling import dataset_sampler
 from entrain.data.workload_io import load_workload
+from entrain.sim.choose import candidate_judge
 from entrain.sim.run import run_system
 
 RESULTS = Path(__file__).parent / "results"
@@ -48,12 +49,14 @@ def paper_case(dataset: str, model: str, hardware: str, iterations: int, seed: i
     req = ConfigRequest(dataset, model, GPUS, BENCH_DP, TP, GLOBAL_BATCH, MICROBATCH, seed,
                         entrain_layout="disjoint", entrain_ramp=0, entrain_split=False,
                         entrain_assignment="paper")  # fmt: skip
-    base = system_setups(["entrain"], req, cost, dataset_sampler(dataset, seed))["entrain"]
+    sampler = dataset_sampler(dataset, seed)
+    judge = candidate_judge(sampler, cost, req)
+    base = system_setups(["entrain"], req, cost, sampler)["entrain"]
     out: dict = {"dataset": dataset, "model": model, "hardware": hardware}
     for assignment in ("paper", "auto"):
         variant = replace(req, entrain_layout="auto", entrain_ramp="auto", entrain_split=True,
                           entrain_assignment=assignment)  # fmt: skip
-        setup = entrain_variant(base, variant, cost)
+        setup = entrain_variant(base, variant, cost, judge)
         run = run_system("entrain", setup.layout, batches, cost, setup.options, trace_iterations=0)
         out[assignment] = {
             "iteration_time_ms": run.metrics.iteration_time_ms,

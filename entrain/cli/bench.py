@@ -31,6 +31,7 @@ from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.core.systems import SYSTEMS as REGISTRY
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.ablation import dip_greedy_ablation
+from entrain.sim.choose import candidate_judge
 from entrain.sim.executor import simulate_plan
 from entrain.sim.run import run_system
 
@@ -81,15 +82,17 @@ def _split(layout) -> str:
 
 def _setups(req: ConfigRequest, cost, systems) -> dict:
     """Every system's setup, Entrain's variants and our default Entrain (``entrain``, ``entrain-1f1b``)."""
-    setups = system_setups(list(systems), req, cost, dataset_sampler(req.dataset, req.seed))
+    sampler = dataset_sampler(req.dataset, req.seed)
+    judge = candidate_judge(sampler, cost, req)
+    setups = system_setups(list(systems), req, cost, sampler, judge)
     base = setups["entrain"]
     for name, (lay, ramp, split) in VARIANTS.items():
         variant = replace(req, entrain_layout=lay, entrain_ramp=ramp, entrain_split=split)
-        setups[name] = entrain_variant(base, variant, cost)
+        setups[name] = entrain_variant(base, variant, cost, judge)
     default = replace(
         req, entrain_layout="auto", entrain_ramp="auto", entrain_split=True, entrain_assignment="auto"
     )
-    default = entrain_variant(base, default, cost)
+    default = entrain_variant(base, default, cost, judge)
     setups.update({n: default for n in systems if REGISTRY[n].extensions})
     return setups
 

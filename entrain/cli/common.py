@@ -20,7 +20,7 @@ from entrain.core.presets import HARDWARE_PRESETS, default_hardware
 from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig, pixel_limits
 from entrain.core.schedules.common import ASSIGNMENTS
-from entrain.core.setups import ENTRAIN_LAYOUTS
+from entrain.core.setups import ENTRAIN_LAYOUTS, LAYOUT_MARGIN
 from entrain.core.work import SampleWork
 
 MODEL_PRESETS = tuple(_ARCHS)
@@ -141,7 +141,8 @@ def add_entrain_extension_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entrain-layout", choices=ENTRAIN_LAYOUTS, default="auto",
                    help="Entrain extension (not in the paper): 'shared' lets the rank where encoder and LLM "
                         "meet hold the last encoder and the first LLM stage (one min-max partition of the "
-                        "concatenated layers); 'auto' (default) uses it when Eq. 2 predicts it faster; "
+                        f"concatenated layers); 'auto' (default) uses it only when it simulates more than {LAYOUT_MARGIN * 100:g} %% "
+                        "faster than the disjoint stages on the planner's draws; "
                         "'disjoint' = the paper's E.PP:L.PP stages")  # fmt: skip
     p.add_argument("--split-weight-grads", choices=("on", "off"), default="on",
                    help="Entrain extension (not in the paper): run every backward as input gradients (sent "

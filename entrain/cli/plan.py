@@ -37,6 +37,7 @@ from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, s
 from entrain.core.systems import SYSTEMS, get_system
 from entrain.core.work import SampleWork
 from entrain.data.sampling import dataset_sampler
+from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 
 
@@ -155,12 +156,13 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
         args.global_batch, args.microbatch_size, args.seed, entrain_layout=args.entrain_layout,
         entrain_ramp=args.ramp_microbatches, entrain_split=args.split_weight_grads == "on", entrain_assignment=args.assignment,
     )  # fmt: skip
+    judge = candidate_judge(sampler, cost, req)
     if spec.config == "entrain":
         setup = entrain_setup(result, sampler, cost, args.seed)
         if spec.extensions:
-            setup = entrain_variant(setup, req, cost)
+            setup = entrain_variant(setup, req, cost, judge)
     else:
-        setup = system_setups([args.system], req, cost, sampler)[args.system]
+        setup = system_setups([args.system], req, cost, sampler, judge)[args.system]
     setup, run = deploy(args.system, setup, _check_batches(args, result, sampler, cost), cost)
     return {**setup_to_json(args.system, setup), "fits_memory": run.metrics.fits_memory}
 

@@ -25,6 +25,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.setups import system_setups
 from entrain.core.systems import parse_systems
 from entrain.data.sampling import dataset_sampler
+from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 from entrain.sim.run import SystemRun
 
@@ -60,7 +61,7 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
     sampler = dataset_sampler(
         args.dataset, args.seed, image_root=getattr(args, "image_root", None), vision=vision_limits(args)
     )
-    setups = system_setups(systems, req, cost, sampler)
+    setups = system_setups(systems, req, cost, sampler, candidate_judge(sampler, cost, req))
     runs = {}
     for name in systems:
         setup = setups[name]

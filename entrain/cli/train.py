@@ -733,6 +733,13 @@ def _warn_profile_precision(spec, device) -> str | None:
     return warn_profile_precision("train", path, CostModel.load(path), precision, run)
 
 
+def _judge_factory(sampler, cost, req):
+    """Entrain's automatic layout decided by simulation, as in ``plan`` and ``simulate``."""
+    from entrain.sim.choose import candidate_judge
+
+    return candidate_judge(sampler, cost, req)
+
+
 def _run_rank(spec, under_torchrun: bool) -> int:
     import torch
 
@@ -753,7 +760,7 @@ def _run_rank(spec, under_torchrun: bool) -> int:
     if env.rank == 0:
         _warn_profile_precision(spec, env.device)
     try:
-        summaries = run_systems(spec, env, memory_check=_memory_check)
+        summaries = run_systems(spec, env, memory_check=_memory_check, judge_factory=_judge_factory)
     except BaseException as e:
         import torch.distributed as dist
 

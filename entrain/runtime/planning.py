@@ -17,11 +17,18 @@ from entrain.core.costmodel import CostModel
 from entrain.core.p2p import check_plan
 from entrain.core.plan import Layout, Plan
 from entrain.core.planner import Sampler, pool_sampler
-from entrain.core.setups import SystemSetup, fixed_stage_setup, read_plan_file, system_setups
+from entrain.core.setups import (
+    CandidateJudge,
+    ConfigRequest,
+    SystemSetup,
+    fixed_stage_setup,
+    read_plan_file,
+    system_setups,
+)
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
 
-__all__ = ["MemoryCheck", "fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan"]
+__all__ = ["MemoryCheck", "JudgeFactory", "fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan"]
 
 
 def fixed_stages(spec: RunConfig) -> bool:
@@ -51,6 +58,11 @@ MemoryCheck = Callable[[str, SystemSetup, Sequence[Sequence[SampleWork]], CostMo
 """``(system, setup, batches, cost) -> setup``: the simulated memory check ``plan`` and ``simulate`` run
 (``entrain.sim.memory_fit.deploy``; the CLI passes it in, the runtime does not import the simulator)."""
 
+JudgeFactory = Callable[[Sampler, CostModel, ConfigRequest], CandidateJudge]
+"""``(sampler, cost, request) -> judge``: what decides Entrain's automatic layout by simulation on the
+planner's draws (``entrain.sim.choose.candidate_judge``; the CLI passes it in; without it Entrain keeps
+the paper's disjoint layout)."""
+
 MEMORY_CHECK_ITERATIONS = 20
 """Global batches the memory check simulates (``simulate``'s default ``--iterations``)."""
 
@@ -61,20 +73,23 @@ def run_setups(
     batches: Sequence[Sequence[SampleWork]],
     gpus: int,
     memory_check: MemoryCheck | None = None,
+    judge_factory: JudgeFactory | None = None,
 ) -> dict[str, SystemSetup]:
     """Each system's setup for a run on ``gpus`` processes (see the module docstring); a planned one
-    (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``."""
+    (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``;
+    ``judge_factory`` decides Entrain's automatic layout (``JudgeFactory``)."""
     if spec.schedule.plan:
         system, setup = plan_file(spec)
         return {system: setup}
     req = spec.config_request(gpus)
+    sampler = _sampler(spec, batches)
+    judge = judge_factory(sampler, cost, req) if judge_factory is not None else None
     if fixed_stages(spec):
         probe = [w.meta if w.meta is not None else w for w in batches[0]]
-        setups = {
-            s: fixed_stage_setup(s, req, cost, probe, *_stage_counts(spec)) for s in spec.schedule.systems
-        }
+        counts = _stage_counts(spec)
+        setups = {s: fixed_stage_setup(s, req, cost, probe, *counts, judge) for s in spec.schedule.systems}
     else:
-        setups = system_setups(spec.schedule.systems, req, cost, _sampler(spec, batches))
+        setups = system_setups(spec.schedule.systems, req, cost, sampler, judge)
     if memory_check is None:
         return setups
     check = batches[:MEMORY_CHECK_ITERATIONS]

@@ -39,6 +39,7 @@ from entrain.runtime.accounting import (
     split_validation,
 )
 from entrain.runtime.planning import (
+    JudgeFactory,
     MemoryCheck,
     fixed_stages,
     make_plan,
@@ -416,9 +417,11 @@ def _write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
-def run_systems(spec: RunConfig, env, memory_check: MemoryCheck | None = None) -> list[SystemSummary]:
+def run_systems(
+    spec: RunConfig, env, memory_check: MemoryCheck | None = None, judge_factory: JudgeFactory | None = None
+) -> list[SystemSummary]:
     """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group;
-    ``memory_check``: see ``entrain.runtime.planning.run_setups``."""
+    ``memory_check``, ``judge_factory``: see ``entrain.runtime.planning.run_setups``."""
     from entrain.runtime.health import PeerWatch
     from entrain.runtime.model_source import model_config
 
@@ -428,7 +431,7 @@ def run_systems(spec: RunConfig, env, memory_check: MemoryCheck | None = None) -
         os.makedirs(spec.run.out, exist_ok=True)
     model_cfg, tokenizer = model_config(spec)
     data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
-    setups = run_setups(spec, cost, data.train, env.world_size // spec.parallel.tp, memory_check)
+    setups = run_setups(spec, cost, data.train, env.world_size // spec.parallel.tp, memory_check, judge_factory)
     for system, setup in setups.items():
         if setup.layout.world_size * spec.parallel.tp != env.world_size:
             need = setup.layout.world_size * spec.parallel.tp

@@ -77,7 +77,8 @@ def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
         seen.append((system, len(batches)))
         return train_cli._memory_check(system, setup, batches, cost)
 
-    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check)
+    # and its layout judge (sim.choose.candidate_judge), as train's CLI passes both
+    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check, train_cli._judge_factory)
     assert seen == [(s, 2) for s in systems.split(",")]  # every planned system, on the run's batches
     sim_args = build_parser().parse_args(["simulate", *common, "--gpus", "4", "--iterations", "2", "--systems", systems])
     runs, described = simulate_systems(sim_args, systems.split(","))
@@ -111,7 +112,8 @@ def test_train_plans_under_the_pixel_limits_as_simulate_does(tmp_path):
     spec = _spec(build_parser().parse_args(["train", *common, "--steps", "1", "--out", str(tmp_path),
                                             "--system", "entrain"]))  # fmt: skip
     cost = resolve_cost(spec)
-    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 2)["entrain"].layout
+    train = load_data(spec, cost, owner=False).train
+    planned = run_setups(spec, cost, train, 2, judge_factory=train_cli._judge_factory)["entrain"].layout
     sim_args = build_parser().parse_args(
         ["simulate", *common, "--gpus", "2", "--iterations", "1", "--systems", "entrain"]
     )

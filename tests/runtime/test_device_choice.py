@@ -107,7 +107,7 @@ def test_deterministic_reaches_the_worker(monkeypatch, tmp_path):
 
     seen = {}
 
-    def record(spec, env, memory_check=None):
+    def record(spec, env, memory_check=None, judge_factory=None):
         seen.update(on=torch.are_deterministic_algorithms_enabled(), fp=session.fingerprint(spec, "dip"))
         return []
 

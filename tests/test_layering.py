@@ -2,13 +2,16 @@
 
 Every ``import`` statement counts, including those inside functions: a deferred import is still a
 dependency. ``core`` imports no other ``entrain`` package and no torch; ``config`` (the run
-configuration) and ``sim`` only ``core``; ``data`` neither ``sim`` nor ``runtime`` nor ``cli``;
-``runtime`` never ``cli`` or ``sim``."""
+configuration) and ``sim`` only ``core``; ``data`` and ``models`` (siblings above ``core``) import
+neither each other nor ``config``, ``sim``, ``runtime`` or ``cli``; ``runtime`` never ``cli`` or ``sim``.
+``core`` and ``sim`` use only the standard library, numpy and scipy: no torch, and none of the
+heavy readers (PIL, safetensors, pyarrow, transformers ...) that ``data`` and ``models`` own."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import sys
 
 import pytest
 from scipy.sparse import coo_matrix
@@ -21,11 +24,18 @@ FORBIDDEN = {
     "core": ("entrain.", "torch", "transformers"),
     "config": ("entrain.", "torch", "transformers"),
     "sim": ("entrain.", "torch", "transformers"),
-    "data": ("entrain.sim", "entrain.runtime", "entrain.cli"),
+    "data": ("entrain.sim", "entrain.runtime", "entrain.cli", "entrain.models", "entrain.config"),
+    "models": ("entrain.sim", "entrain.runtime", "entrain.cli", "entrain.data", "entrain.config"),
     "runtime": ("entrain.cli", "entrain.sim"),
 }
 ALLOWED = {"core": ("entrain.core",), "config": ("entrain.core",), "sim": ("entrain.core", "entrain.sim")}
 """Within a forbidden prefix, what a layer may still import."""
+
+
+LIGHT_LIBRARIES = frozenset({"numpy", "scipy"})
+"""The only libraries outside the standard library that ``core`` and ``sim`` may import."""
+DEFERRED_DRAWING = ("entrain.sim.plots", "matplotlib")
+"""The one exception: ``sim.plots`` imports matplotlib inside its functions, only when a figure is drawn."""
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -78,6 +88,19 @@ def layer_violations(graph: Graph) -> list[str]:
     return sorted(bad)
 
 
+def heavy_imports(graph: Graph) -> list[str]:
+    """``core`` / ``sim`` edges to a library that is neither standard nor in ``LIGHT_LIBRARIES``."""
+    bad = []
+    for src, dst in graph:
+        top = dst.partition(".")[0]
+        if (src, top) == DEFERRED_DRAWING:
+            continue
+        if src.split(".")[1:2] in (["core"], ["sim"]) and top != "entrain":
+            if top not in sys.stdlib_module_names and top not in LIGHT_LIBRARIES:
+                bad.append(f"{src} imports {dst}")
+    return sorted(bad)
+
+
 def internal_cycles(graph: Graph) -> list[list[str]]:
     """The package's strongly connected components of more than one module."""
     edges = [(a, b) for a, b in graph if a.startswith("entrain") and b.startswith("entrain")]
@@ -96,6 +119,16 @@ def test_layers_point_one_way():
     assert layer_violations(import_graph()) == []
 
 
+def test_core_and_sim_import_no_heavy_library():
+    assert heavy_imports(import_graph()) == []
+
+
+@pytest.mark.parametrize("lib", ["PIL.Image", "safetensors.torch", "pyarrow.parquet", "matplotlib.pyplot"])
+def test_a_heavy_library_in_core_or_sim_is_caught(lib):
+    graph = import_graph() | {("entrain.core.plan", lib), ("entrain.sim.run", lib)}
+    assert heavy_imports(graph) == [f"entrain.core.plan imports {lib}", f"entrain.sim.run imports {lib}"]
+
+
 def test_no_import_cycles():
     assert internal_cycles(import_graph()) == []
 
@@ -109,6 +142,11 @@ def test_no_import_cycles():
         (("entrain.config", "entrain.data.sampling"), "layer"),
         (("entrain.runtime.session", "entrain.cli.common"), "layer"),
         (("entrain.data.check", "entrain.runtime.data"), "layer"),
+        (("entrain.data.check", "entrain.models.vlm"), "layer"),
+        (("entrain.data.sampling", "entrain.config"), "layer"),
+        (("entrain.models.vlm", "entrain.data.processing"), "layer"),
+        (("entrain.models.vlm", "entrain.config"), "layer"),
+        (("entrain.models.vlm", "entrain.runtime.data"), "layer"),
         (("entrain.core.plan", "entrain.core.planner"), "cycle"),
     ],
 )

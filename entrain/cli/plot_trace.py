@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from entrain.core.plan import Plan
     from entrain.core.schedules.costs import PlanCosts
     from entrain.sim.executor import run_iteration
-    from entrain.sim.plots import _plt, gantt_bars, span_bars
+    from entrain.sim.plots import gantt_bars, pyplot, span_bars
 
     trace = _read(args.run_dir, "trace.json")
     plan = Plan.from_json(_read(args.run_dir, "plan.json"))
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     bars, real_ms = real_bars(events, layout, step)
     cost = _model_config(spec).cost_model()
     sim = run_iteration(layout, plan.iterations[step], PlanCosts(layout, cost, plan.samples), trace=True)
-    plt = _plt()
+    plt = pyplot()
     p = layout.ranks_per_replica
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 0.9 * p + 3), sharex=True)
     name = os.path.basename(os.path.normpath(args.run_dir))

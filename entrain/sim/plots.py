@@ -26,7 +26,7 @@ _COLORS = {
 }
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,7 +37,7 @@ def _plt():
 
 def gantt_bars(ax, bars: Sequence[tuple[int, str, str, float, float]], num_ranks: int, title: str) -> None:
     """Draw ``(pipeline rank, component, kind F/B/I/W, start ms, end ms)`` boxes on ``ax`` (seconds)."""
-    plt = _plt()
+    plt = pyplot()
     for r, comp, kind, start_ms, end_ms in bars:
         ax.barh(
             r,
@@ -72,7 +72,7 @@ def span_bars(layout, spans) -> list[tuple[int, str, str, float, float]]:
 
 
 def gantt(run: SystemRun, path: str) -> None:
-    plt = _plt()
+    plt = pyplot()
     layout = run.layout
     it = run.iterations[0]
     p = layout.ranks_per_replica
@@ -85,7 +85,7 @@ def gantt(run: SystemRun, path: str) -> None:
 
 
 def fwd_time(runs: Sequence[SystemRun], path: str) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(runs), figsize=(3.6 * len(runs), 5.5), squeeze=False, sharey="row")
     for col, run in enumerate(runs):
         for rep in run.iterations[0].replicas:
@@ -102,7 +102,7 @@ def fwd_time(runs: Sequence[SystemRun], path: str) -> None:
 
 
 def memory(runs: Sequence[SystemRun], path: str) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(runs) + 1, figsize=(3.6 * (len(runs) + 1), 3.8), squeeze=False)
     for col, run in enumerate(runs):
         rep = run.iterations[0].replicas[0]

@@ -47,41 +47,50 @@ def greedy_orders(
     rank keeps the orders deadlock-free: the oldest unfinished microbatch is admitted everywhere."""
     queues = dip.phase_orders(graph)
     window = _Window(graph, costs, queues, budget_bytes) if budget_bytes is not None else None
-    key_of = {}
-    info = {}  # key -> (rank, queue index, duration, deps)
-    for rank, acts in queues.items():
-        for i, a in enumerate(acts):
-            k = ("F" if a.kind is ActionKind.F else "B", a.stage, a.mb, a.sub_index)
-            key_of[(rank, i)] = k
-            ids = graph.ids(a.stage, a.mb, a.sub_index)
-            info[k] = (rank, i, costs.compute_ms(a.stage, a.kind, ids), _deps(graph, costs, a))
-    succ: dict[tuple, list[tuple]] = {}
-    unmet = {}
-    for k, (_, _, _, deps) in info.items():
-        unmet[k] = len(deps)
-        for d, _ in deps:
-            succ.setdefault(d, []).append(k)
-    end: dict[tuple, float] = {}
-    ready_at: dict[tuple, float] = {}
-    avail: dict[int, dict[int, float]] = {r: {} for r in queues}  # rank -> {queue index: ready time}
-    for k, n in unmet.items():
-        if n == 0:
-            rank, i = info[k][:2]
-            avail[rank][i] = ready_at[k] = 0.0
-    free = dict.fromkeys(queues, 0.0)
-    head = dict.fromkeys(queues, 0)
-    done_idx = {r: set() for r in queues}
-    out = {r: [] for r in queues}
-    heap: list[tuple[float, int, int]] = []
+    return _Interleaver(graph, costs, queues, window).run()
 
-    def candidate(rank: int) -> tuple[float, int] | None:
-        cand = avail[rank]
-        if window is not None:
-            cand = {i: rt for i, rt in cand.items() if window.allows(rank, queues[rank][i])}
+
+class _Interleaver:
+    """The event loop of ``greedy_orders``: per rank, the queue actions whose inputs exist (``avail``:
+    queue index -> ready time); a heap of each rank's next start."""
+
+    def __init__(self, graph: ReplicaGraph, costs: PlanCosts, queues: dict, window: _Window | None):
+        self.queues, self.window = queues, window
+        self.key_of: dict[tuple[int, int], tuple] = {}
+        self.info: dict[tuple, tuple] = {}  # key -> (rank, queue index, duration, deps)
+        for rank, acts in queues.items():
+            for i, a in enumerate(acts):
+                k = ("F" if a.kind is ActionKind.F else "B", a.stage, a.mb, a.sub_index)
+                self.key_of[(rank, i)] = k
+                ids = graph.ids(a.stage, a.mb, a.sub_index)
+                self.info[k] = (rank, i, costs.compute_ms(a.stage, a.kind, ids), _deps(graph, costs, a))
+        self.succ: dict[tuple, list[tuple]] = {}
+        self.unmet: dict[tuple, int] = {}
+        for k, (_, _, _, deps) in self.info.items():
+            self.unmet[k] = len(deps)
+            for d, _ in deps:
+                self.succ.setdefault(d, []).append(k)
+        self.end: dict[tuple, float] = {}
+        self.avail: dict[int, dict[int, float]] = {r: {} for r in queues}
+        for k, n in self.unmet.items():
+            if n == 0:
+                rank, i = self.info[k][:2]
+                self.avail[rank][i] = 0.0
+        self.free = dict.fromkeys(queues, 0.0)
+        self.head = dict.fromkeys(queues, 0)
+        self.done_idx: dict[int, set[int]] = {r: set() for r in queues}
+        self.out: dict[int, list[Action]] = {r: [] for r in queues}
+        self.heap: list[tuple[float, int, int]] = []
+
+    def candidate(self, rank: int) -> tuple[float, int] | None:
+        """(start time, queue index) of the action ``rank`` runs next: its queue head if ready when the
+        rank is free, else the earliest ready in queue order, else whatever becomes ready first."""
+        cand = self.avail[rank]
+        if self.window is not None:
+            cand = {i: rt for i, rt in cand.items() if self.window.allows(rank, self.queues[rank][i])}
         if not cand:
             return None
-        t = free[rank]
-        h = head[rank]
+        t, h = self.free[rank], self.head[rank]
         if h in cand and cand[h] <= t:
             return t, h
         now = [i for i, rt in cand.items() if rt <= t]
@@ -92,42 +101,43 @@ def greedy_orders(
             return t2, h
         return t2, min(i for i, rt in cand.items() if rt <= t2)
 
-    def push(rank: int) -> None:
-        c = candidate(rank)
+    def push(self, rank: int) -> None:
+        c = self.candidate(rank)
         if c is not None:
-            heapq.heappush(heap, (c[0], rank, c[1]))
+            heapq.heappush(self.heap, (c[0], rank, c[1]))
 
-    for r in queues:
-        push(r)
-    total = len(info)
-    while len(end) < total:
-        if not heap:
-            raise ConfigError("dip-greedy-mem: the in-flight window left no runnable action")  # cannot happen
-        start, rank, i = heapq.heappop(heap)
-        c = candidate(rank)
-        if c is None or c != (start, i):  # stale entry
-            continue
-        k = key_of[(rank, i)]
-        end[k] = start + info[k][2]
-        free[rank] = end[k]
-        del avail[rank][i]
-        done_idx[rank].add(i)
-        while head[rank] in done_idx[rank]:
-            head[rank] += 1
-        out[rank].append(queues[rank][i])
-        if window is not None:
-            window.ran(rank, queues[rank][i])
+    def run(self) -> dict[int, list[Action]]:
+        for r in self.queues:
+            self.push(r)
+        while len(self.end) < len(self.info):
+            if not self.heap:  # cannot happen: the oldest admitted microbatch can always run
+                raise ConfigError("dip-greedy-mem: the in-flight window left no runnable action")
+            start, rank, i = heapq.heappop(self.heap)
+            if self.candidate(rank) != (start, i):  # stale entry
+                continue
+            for r in self.start(rank, i, start):
+                self.push(r)
+        return self.out
+
+    def start(self, rank: int, i: int, start: float) -> set[int]:
+        """Run queue action ``i`` of ``rank`` at ``start``; the ranks whose candidates changed."""
+        k = self.key_of[(rank, i)]
+        self.end[k] = self.free[rank] = start + self.info[k][2]
+        del self.avail[rank][i]
+        self.done_idx[rank].add(i)
+        while self.head[rank] in self.done_idx[rank]:
+            self.head[rank] += 1
+        self.out[rank].append(self.queues[rank][i])
+        if self.window is not None:
+            self.window.ran(rank, self.queues[rank][i])
         touched = {rank}
-        for s in succ.get(k, []):
-            unmet[s] -= 1
-            if unmet[s] == 0:
-                srank, si, _, deps = info[s]
-                rt = max(end[d] + delay for d, delay in deps)
-                avail[srank][si] = ready_at[s] = rt
+        for s in self.succ.get(k, []):
+            self.unmet[s] -= 1
+            if self.unmet[s] == 0:
+                srank, si, _, deps = self.info[s]
+                self.avail[srank][si] = max(self.end[d] + delay for d, delay in deps)
                 touched.add(srank)
-        for r in touched:
-            push(r)
-    return out
+        return touched
 
 
 class _Window:

@@ -112,6 +112,12 @@ class ModelFamily(Protocol):
         """The ``--model`` presets this family serves (may be empty)."""
         ...
 
+    def code_names(self) -> tuple[str, ...]:
+        """Case-sensitive strings that name this family in code: its registry name, the ``model_type``
+        values and transformers class-name stems it builds on (e.g. ``"qwen2_5_vl"``, ``"Qwen2_5"``).
+        Outside the family's folder no code may contain one (``tests/models/test_family_seam.py``)."""
+        ...
+
     def claims_config(self, config: dict) -> bool:
         """True when a ``config.json`` dict (its ``model_type`` / ``architectures``) is a whole
         checkpoint of this family (what ``--model-path`` takes)."""
@@ -292,6 +298,10 @@ class FamilyBase:
 
     def claims_config(self, config: dict) -> bool:
         return False
+
+    def code_names(self) -> tuple[str, ...]:
+        """Default: the registry name only."""
+        return (self.name,)
 
     def layer_names(self, shape: ModelShape, component: str) -> list[str]:
         """Default: the ``LayerSpec.name`` of each of ``shape.layer_specs()[component]``."""

@@ -366,6 +366,15 @@ class FamilyBase:
             return torch.zeros(0, dtype=torch.int64)
         return torch.cat([torch.arange(int(s.input_ids.numel())) for s in samples])
 
+    def representative_config(self, cfg: Any) -> tuple[Any, dict[str, dict[int, int]]]:
+        """Default: the model itself, every layer timed as itself."""
+        return cfg, {c: {i: i for i in range(len(self.layer_names(cfg.shape, c)))} for c in COMPONENTS}
+
+    def profile_input(self, cfg: Any, component: str, layer: int, tokens: int, device: Any, per_label: bool):
+        from entrain.core.errors import ConfigError
+
+        raise ConfigError(f"model family {self.name!r} cannot be profiled (it has no profile_input)")
+
     def export(self, manifest: dict, params: dict[str, torch.Tensor], out_dir: str) -> dict:
         from entrain.core.errors import ConfigError
 

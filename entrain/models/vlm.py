@@ -270,7 +270,7 @@ class EncoderStage(nn.Module):
 class LLMBatch:
     """A packed LLM (sub-)microbatch: samples concatenated along the sequence.
 
-    ``input_ids [T]``; ``position_ids [T]`` restart at 0 per sample; ``seq_lens`` per sample;
+    ``input_ids [T]``; ``position_ids [T]`` (or M-RoPE's ``[3, T]``) restart at 0 per sample; ``seq_lens`` per sample;
     ``image_positions [M]`` the placeholder positions, in sample order (the image features fill them in
     the same order); ``label_positions [n]`` and ``targets [n]`` where the loss is taken (the target
     is the next token); ``loss_scale`` = 1 / label tokens of the global batch.
@@ -331,8 +331,8 @@ class LLMStage(nn.Module):
                 row = torch.zeros_like(batch.image_positions)
                 h = h.index_put((row, batch.image_positions), x.to(h.dtype))
             x = h
-        if self.layer_ids:
-            pos = batch.position_ids.unsqueeze(0)
+        if self.layer_ids:  # [T] -> [1, T]; M-RoPE's [3, T] -> [3, 1, T]
+            pos = batch.position_ids.unsqueeze(-2)
             emb = inner.rotary_emb(x, pos)
             for i in self.layer_ids:
                 x = inner.layers[i](

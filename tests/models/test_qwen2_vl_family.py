@@ -163,3 +163,33 @@ def test_position_ids_are_transformers_per_sample(folder):
     # an image's tokens sit on its merged grid: sample 0's first image is 2 x 3 merged tokens
     first = samples[0].image_positions[:6]
     assert ids[1, first].tolist() == [6, 6, 6, 7, 7, 7] and ids[2, first].tolist() == [6, 7, 8, 6, 7, 8]
+
+
+def test_export_loads_in_transformers_with_the_trained_logits(folder, tmp_path):
+    """After a training step, ``export_folder`` writes one folder ``from_pretrained`` loads whose
+    logits equal the staged model's; tokenizer / processor files come along."""
+    from entrain.models.families.qwen2_vl.export import export_folder
+
+    extra = {
+        "tokenizer_config.json": '{"x": 1}\n',
+        "preprocessor_config.json": '{"y": 2}\n',
+        "chat_template.jinja": "T",
+    }
+    for name, text in extra.items():
+        (folder / name).write_text(text)
+    samples = mixed_samples()
+    staged = qm.build_model(str(folder))
+    run_staged(staged, samples, layouts()["2+2"], loss=True, loss_scale=0.1).backward()
+    with torch.no_grad():
+        for p in staged.parameters():
+            p -= 0.5 * p.grad  # a visible step: lm_head and embedding part ways
+        want = per_sample(run_staged(staged, samples, layouts()["one-stage"], loss=False), samples)
+    out = tmp_path / "export"
+    files = export_folder(str(folder), dict(staged.named_parameters()), str(out))
+    assert all((out / n).read_text() == t for n, t in extra.items())
+    assert str(out / "config.json") in files
+    loaded = hf_model(out)
+    assert not loaded.config.tie_word_embeddings
+    with torch.no_grad():
+        for i, s in enumerate(samples):
+            assert rel_err(hf_logits(loaded, s), want[i]) < RTOL, f"sample {i}"

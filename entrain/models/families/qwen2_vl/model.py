@@ -38,6 +38,7 @@ __all__ = [
     "load_parameters",
     "checkpoint_key",
     "set_trainable",
+    "untie",
 ]
 
 MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
@@ -62,6 +63,17 @@ def read_hf_config(folder: str):
         return AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{folder}/config.json: transformers cannot read it ({e})") from None
+
+
+def untie(config) -> bool:
+    """Set ``config`` (and its text config, where transformers 5 also reads the flag) untied; returns
+    whether it was tied."""
+    text = config.get_text_config()
+    tied = bool(getattr(config, "tie_word_embeddings", False) or getattr(text, "tie_word_embeddings", False))
+    config.tie_word_embeddings = False
+    if hasattr(text, "tie_word_embeddings"):
+        text.tie_word_embeddings = False
+    return tied
 
 
 def conditional_generation_class(model_type: str) -> type:
@@ -89,8 +101,7 @@ def build_model(
     """The model of checkpoint ``folder`` on the meta device with the parameters of ``stages``
     (``(component, first, end)``; None: all) loaded as float32 CPU tensors."""
     config = hf_config if hf_config is not None else read_hf_config(folder)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    config.tie_word_embeddings = False
+    tied = untie(config)
     with torch.device("meta"):
         model = conditional_generation_class(config.model_type)(config)
     model.entrain_tied_source = tied
@@ -128,8 +139,11 @@ def load_parameters(model: nn.Module, folder: str, names: Iterable[str]) -> list
     reader = SafetensorsFolder(folder)
     keys = {n: checkpoint_key(n, reader) for n in names}
     tensors = reader.read(set(keys.values()))
-    for n, key in keys.items():
-        _assign(model, n, tensors[key], f"{folder}: {key}")
+    used: set[str] = set()
+    for n, key in keys.items():  # a tied checkpoint's embedding feeds the lm_head too: own storage each
+        t = tensors[key].clone() if key in used else tensors[key]
+        used.add(key)
+        _assign(model, n, t, f"{folder}: {key}")
     return sorted(reader.read_files)
 
 

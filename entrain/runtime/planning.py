@@ -47,10 +47,8 @@ def ranks_per_replica(spec: RunConfig, system: str) -> int:
 
 def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
     """``--plan``'s system and setup, checked against the run's model (its name and layer counts)."""
-    from entrain.models.config import VLMConfig
-
-    cfg = VLMConfig(arch=spec.model.arch())
-    counts = {c: len(cfg.layer_names(c)) for c in ("encoder", "llm")}
+    family, shape = spec.model.family(), spec.model.arch()
+    counts = {c: len(family.layer_names(shape, c)) for c in ("encoder", "llm")}
     return read_plan_file(spec.schedule.plan, expect_model=spec.model.label(), layer_counts=counts)
 
 
@@ -106,7 +104,7 @@ def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sample
 
     if is_builtin(spec.data.dataset):
         return dataset_sampler(
-            spec.data.dataset, spec.data.seed, image_root=spec.data.image_root, vision=spec.data.vision()
+            spec.data.dataset, spec.data.seed, image_root=spec.data.image_root, vision=spec.data.vision(spec.model)
         )
     return pool_sampler([w.meta if w.meta is not None else w for batch in batches for w in batch])
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from entrain.models.batch import LLMBatch
 from entrain.models.families.qwen2_vl import model as qm
 from entrain.models.families.qwen2_vl.positions import model_class, mrope_position_ids
-from entrain.models.vlm import LLMBatch
 from tests.models.qwen_vl_tiny import FAMILIES, mixed_samples, save_whole
 
 RTOL = 1e-5

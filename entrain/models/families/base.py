@@ -25,6 +25,8 @@ LLM tokens, ``H`` LLM hidden size, ``V`` vocabulary. Units: tokens, pixels, byte
 Stage module contract (what ``build_stage`` returns; the runtime's executor, trainer, checkpoint and
 parallelize code relies on exactly this):
 
+* ``entrain_family``: the family's name (attribute; ``registry.build_stage`` sets it when missing; the
+  whole model carries it too, so ``registry.family_of(module)`` finds the family).
 * ``owned_parameters() -> list[(full_name, nn.Parameter)]``: the parameters this stage trains, keyed by
   the whole model's ``named_parameters`` names (checkpoints and gradient comparisons use them).
 * ``move_to(device)``: move the owned parameters (and any buffers the forward needs) to ``device``.
@@ -44,11 +46,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from entrain.core.shape import ModelShape
+
 if TYPE_CHECKING:  # annotations only: this module never imports torch
     import torch
     from torch import nn
 
-    from entrain.core.presets import LayerSpec
     from entrain.core.samples import ImageTokenRule, SampleMeta
 
 __all__ = ["ModelSource", "ModelShape", "ModelFamily", "FamilyBase", "PackedSample", "COMPONENTS"]
@@ -80,24 +83,6 @@ class ModelSource:
         return self.vision_model is not None or self.llm_model is not None or self.model_path is not None
 
 
-@runtime_checkable
-class ModelShape(Protocol):
-    """A model's architecture as plain numbers: what ``entrain.core`` prices and plans with."""
-
-    name: str
-    """The model's label in plans, profiles and reports (a preset name, or e.g. ``hf:FOLDER``)."""
-
-    def layer_specs(self, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
-        """``{"encoder": [...], "llm": [...]}``: one ``LayerSpec`` per layer of each component, in
-        ``layer_names`` order (FLOPs per unit power of tokens, bytes per token, parameter counts).
-        ``label_fraction``: None prices per-label layers per label token (``LayerSpec.per_label``)."""
-        ...
-
-    def num_params(self) -> int:
-        """Total parameters of the model (encoder incl. projector + LLM)."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class PackedSample:
     """What ``position_ids`` sees of one sample of a packed LLM batch (a view of the renderer's
@@ -125,6 +110,12 @@ class ModelFamily(Protocol):
     # ---------------------------------------------------------------------------------------------
     def preset_names(self) -> tuple[str, ...]:
         """The ``--model`` presets this family serves (may be empty)."""
+        ...
+
+    def code_names(self) -> tuple[str, ...]:
+        """Case-sensitive strings that name this family in code: its registry name, the ``model_type``
+        values and transformers class-name stems it builds on (e.g. ``"qwen2_5_vl"``, ``"Qwen2_5"``).
+        Outside the family's folder no code may contain one (``tests/models/test_family_seam.py``)."""
         ...
 
     def claims_config(self, config: dict) -> bool:
@@ -175,6 +166,11 @@ class ModelFamily(Protocol):
         ``weights_dir``, or a checkpoint's tensors. A checkpoint is built on the meta device and only
         the parameters of ``stages`` (``(component, first, end)``; None: all) are read, as float32 CPU
         parameters; the rest stay on meta. The same seed gives the same weights on every rank."""
+        ...
+
+    def empty_model(self, cfg: Any) -> nn.Module:
+        """The whole model of ``cfg`` without reading any checkpoint (parameters may stay on the meta
+        device): what ``entrain profile`` fills with cheap random values to time layers."""
         ...
 
     def build_stage(self, model: nn.Module, component: str, first: int, end: int) -> nn.Module:
@@ -245,6 +241,18 @@ class ModelFamily(Protocol):
         vocabulary."""
         ...
 
+    def format_chat(self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any) -> tuple[list[int], list[int]]:
+        """``(input_ids, labels)`` of a real conversation (``entrain.data.records.Record.turns``) whose
+        i-th image has ``image_tokens[i]`` placeholder tokens: the family's chat template, labels -100
+        outside the assistant turns. ValueError for a conversation that does not fit its images."""
+        ...
+
+    def process_images(self, cfg: Any, images: Sequence, rule: ImageTokenRule) -> tuple[Any, Any]:
+        """``(pixel_values [N, encoder_input_width] float32, grids [images, 3] int64)`` numpy arrays of
+        decoded PIL ``images`` through the family's image processor, within ``rule``'s limits; the grids
+        equal ``image_grids`` of the images' sizes. ValueError for an image it refuses."""
+        ...
+
     def position_ids(self, cfg: Any, samples: Sequence[PackedSample]) -> torch.Tensor:
         """The LLM position ids of a packed batch of ``samples`` (concatenated in order), int64 on the
         CPU: ``[T]`` (1-D rotary: ``0..L-1`` restarting per sample) or ``[3, T]`` (M-RoPE: temporal,
@@ -291,6 +299,10 @@ class FamilyBase:
     def claims_config(self, config: dict) -> bool:
         return False
 
+    def code_names(self) -> tuple[str, ...]:
+        """Default: the registry name only."""
+        return (self.name,)
+
     def layer_names(self, shape: ModelShape, component: str) -> list[str]:
         """Default: the ``LayerSpec.name`` of each of ``shape.layer_specs()[component]``."""
         return [s.name for s in shape.layer_specs()[component]]
@@ -309,6 +321,10 @@ class FamilyBase:
 
     def prepare_for_sharding(self, stage: nn.Module) -> None:
         return None
+
+    def empty_model(self, cfg: Any) -> nn.Module:
+        """Default: ``build_model(cfg)`` (a seeded random model)."""
+        return self.build_model(cfg)
 
     def apply_tp(self, stage: nn.Module, mesh: Any) -> None:
         raise NotImplementedError(f"model family {self.name!r} has no tensor-parallel plan")
@@ -330,6 +346,18 @@ class FamilyBase:
     def map_token_id(self, cfg: Any, qwen_id: int) -> int:
         return qwen_id
 
+    def format_chat(self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any) -> tuple[list[int], list[int]]:
+        """Default: the Qwen2 chat template (``entrain.data.processing.format_chat``)."""
+        from entrain.data.processing import format_chat
+
+        return format_chat(turns, image_tokens, tokenizer)
+
+    def process_images(self, cfg: Any, images: Sequence, rule: ImageTokenRule) -> tuple[Any, Any]:
+        """Default: Qwen2-VL's image processor (``entrain.data.processing.process_images``)."""
+        from entrain.data.processing import process_images
+
+        return process_images(images, rule)
+
     def position_ids(self, cfg: Any, samples: Sequence[PackedSample]) -> torch.Tensor:
         """Default: 1-D ``0..L-1`` per sample, concatenated (``[T]``)."""
         import torch
@@ -337,6 +365,15 @@ class FamilyBase:
         if not samples:
             return torch.zeros(0, dtype=torch.int64)
         return torch.cat([torch.arange(int(s.input_ids.numel())) for s in samples])
+
+    def representative_config(self, cfg: Any) -> tuple[Any, dict[str, dict[int, int]]]:
+        """Default: the model itself, every layer timed as itself."""
+        return cfg, {c: {i: i for i in range(len(self.layer_names(cfg.shape, c)))} for c in COMPONENTS}
+
+    def profile_input(self, cfg: Any, component: str, layer: int, tokens: int, device: Any, per_label: bool):
+        from entrain.core.errors import ConfigError
+
+        raise ConfigError(f"model family {self.name!r} cannot be profiled (it has no profile_input)")
 
     def export(self, manifest: dict, params: dict[str, torch.Tensor], out_dir: str) -> dict:
         from entrain.core.errors import ConfigError

@@ -26,6 +26,10 @@ __all__ = [
     "family_of_source",
     "preset_names",
     "read_config",
+    "family_of",
+    "family_of_manifest",
+    "build_stage",
+    "DEFAULT_FAMILY",
 ]
 
 _BUILTIN = ("entrain.models.families.composition",)
@@ -144,3 +148,28 @@ def family_of_source(source: ModelSource) -> ModelFamily:
 
 COMPOSITION = "composition"
 """The family ``--vision-model`` / ``--llm-model`` runs use (a vision folder feeding an LLM folder)."""
+DEFAULT_FAMILY = COMPOSITION
+"""The family of checkpoints and plans written before families existed (no ``family`` field)."""
+
+
+def family_of(obj) -> ModelFamily:
+    """The family of a runtime object: a model or stage module (its ``entrain_family`` attribute) or a
+    family's runtime config (its ``family`` attribute)."""
+    name = getattr(obj, "entrain_family", None) or getattr(obj, "family", None)
+    if not isinstance(name, str):
+        raise TypeError(f"{type(obj).__name__} names no model family (entrain_family / family)")
+    return get_family(name)
+
+
+def family_of_manifest(manifest: dict) -> ModelFamily:
+    """The family a checkpoint manifest records (``DEFAULT_FAMILY`` for one written before families)."""
+    return get_family(manifest.get("family") or DEFAULT_FAMILY)
+
+
+def build_stage(model, component: str, first: int, end: int):
+    """``ModelFamily.build_stage`` of ``model``'s family, the stage tagged with the family's name."""
+    family = family_of(model)
+    stage = family.build_stage(model, component, first, end)
+    if getattr(stage, "entrain_family", None) is None:
+        stage.entrain_family = family.name
+    return stage

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.models.attention import PACKED_ATTENTION, use_varlen_vision_attention
-from entrain.models.hf_checkpoint import SafetensorsFolder, _assign
-from entrain.models.vlm import EncoderStage, LLMStage
+from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
+from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, _assign
+from entrain.models.families.composition.vlm import EncoderStage, LLMStage
 
 __all__ = [
     "MODEL_TYPES",
@@ -51,7 +51,7 @@ def read_hf_config(folder: str):
     ``MODEL_TYPES``."""
     from transformers import AutoConfig
 
-    from entrain.core.hf_config import read_config
+    from entrain.models.families.registry import read_config
 
     model_type = read_config(folder).get("model_type")
     if model_type not in MODEL_TYPES:

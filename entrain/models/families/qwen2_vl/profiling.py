@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from entrain.core.samples import LABEL_FRACTION
-from entrain.models.vlm import LLMBatch
+from entrain.models.batch import LLMBatch
 
 __all__ = ["representative_config", "profile_input"]
 

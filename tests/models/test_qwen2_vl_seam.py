@@ -70,12 +70,22 @@ def test_position_ids_through_the_family(folder):
     assert family.map_token_id(cfg, 151_655) == IMAGE and family.map_token_id(cfg, 151_644) < VSTART
 
 
-def test_touching_images_are_refused(folder):
-    cfg, _ = get_family("qwen2_vl").runtime_config(ModelSource(model_path=str(folder)))
-    ids = torch.tensor([5] + [IMAGE] * 8 + [6])
-    sample = PackedSample(ids, torch.arange(1, 9), ((1, 4, 4), (1, 4, 4)))
-    with pytest.raises(ConfigError, match="touch"):
-        get_family("qwen2_vl").position_ids(cfg, [sample])
+def test_touching_images_continue_as_if_apart(folder):
+    """Two images with no token between them (the renderer's short texts) take transformers' ids of
+    the same sample with a token between them, less that token (transformers itself would take the two
+    runs for one image); a sample whose image tokens do not match its grids is refused."""
+    family = get_family("qwen2_vl")
+    cfg, _ = family.runtime_config(ModelSource(model_path=str(folder)))
+    grids = ((1, 4, 4), (1, 2, 6))
+    touching = PackedSample(torch.tensor([5] + [IMAGE] * 7 + [6]), torch.arange(1, 8), grids)
+    apart = PackedSample(
+        torch.tensor([5] + [IMAGE] * 4 + [9] + [IMAGE] * 3 + [6]), torch.tensor([1, 2, 3, 4, 6, 7, 8]), grids
+    )
+    want = family.position_ids(cfg, [apart])
+    want = torch.cat([want[:, :5], want[:, 6:] - 1], dim=1)
+    assert torch.equal(family.position_ids(cfg, [touching]), want)
+    with pytest.raises(ConfigError, match="packed sample 0: 7 image tokens"):
+        family.position_ids(cfg, [PackedSample(touching.input_ids, touching.image_positions, ((1, 4, 4),))])
 
 
 def test_profiler_inputs_run_each_reduced_layer(folder):
@@ -98,7 +108,10 @@ def test_export_through_the_family(folder, tmp_path):
     model = family.build_model(cfg)
     manifest = {"model_source": {"model_path": str(folder)}}
     fields = family.export(manifest, dict(model.named_parameters()), str(tmp_path / "out"))
-    assert fields["model"] == str(tmp_path / "out") and fields["image_token_id"] == IMAGE
+    assert (
+        fields["model_dir"] == fields["vision"] == fields["llm"] == str(tmp_path / "out")
+        and fields["image_token_id"] == IMAGE
+    )
     loaded = qm.conditional_generation_class(cfg.hf.model_type).from_pretrained(tmp_path / "out")
     for name, p in loaded.named_parameters():
         assert torch.equal(p, model.get_parameter(name)), name

@@ -229,7 +229,8 @@ class Qwen2VLFamily(FamilyBase):
         return profile_input(cfg, component, layer, tokens, device, per_label)
 
     def export(self, manifest: dict, params: dict, out_dir: str) -> dict:
-        """One folder ``out_dir`` that ``...ForConditionalGeneration.from_pretrained`` loads."""
+        """One folder ``out_dir`` that ``...ForConditionalGeneration.from_pretrained`` loads; the
+        summary's ``model_dir`` (and ``vision`` / ``llm``, the same folder) name it."""
         from entrain.models.families.qwen2_vl.export import export_folder
 
         source = manifest.get("model_source") or {}
@@ -237,11 +238,10 @@ class Qwen2VLFamily(FamilyBase):
         if not folder:
             raise ConfigError("the checkpoint manifest names no model_path (the run's --model-path)")
         files = export_folder(folder, params, out_dir)
-        return {
-            "model": str(out_dir),
-            "image_token_id": int(_hf_config(folder, None).image_token_id),
-            "files": files,
-        }
+        image_token_id = int(_hf_config(folder, None).image_token_id)
+        # one folder holds both the vision tower and the language model
+        return {"model_dir": str(out_dir), "vision": str(out_dir), "llm": str(out_dir),
+                "image_token_id": image_token_id, "files": files}  # fmt: skip
 
 
 def _fresh(cfg: QwenVLConfig):

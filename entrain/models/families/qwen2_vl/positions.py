@@ -41,27 +41,36 @@ def _rope_owner(hf_config: Any) -> SimpleNamespace:
     )
 
 
-def _check_images(
-    input_ids: torch.Tensor, image_positions: torch.Tensor, grids, merge: int, where: str
-) -> None:
-    """ConfigError unless the placeholders are one run per image of exactly its merged tokens, with a
-    token between two images (what transformers' grouping of image tokens relies on)."""
+def _image_runs(image_positions: torch.Tensor, grids, merge: int, where: str) -> list[tuple[int, int]]:
+    """``(first, end)`` token span of each image; ConfigError unless the placeholders are one
+    contiguous run per image of exactly its merged tokens."""
     sizes = [t * h * w // merge**2 for t, h, w in grids]
     if sum(sizes) != image_positions.numel():
         raise ConfigError(
             f"{where}: {image_positions.numel()} image tokens but its grids {list(grids)} need {sum(sizes)}"
         )
-    start = 0
+    runs, start = [], 0
     for i, n in enumerate(sizes):
         run = image_positions[start : start + n]
-        if n and int(run[-1]) - int(run[0]) != n - 1:
-            raise ConfigError(f"{where}: the tokens of image {i} are not contiguous")
-        if i and n and int(run[0]) == int(image_positions[start - 1]) + 1:
-            raise ConfigError(
-                f"{where}: images {i - 1} and {i} touch; Qwen2-VL separates images by "
-                "<|vision_end|><|vision_start|> tokens"
-            )
+        if not n or int(run[-1]) - int(run[0]) != n - 1:
+            raise ConfigError(f"{where}: the tokens of image {i} are not one contiguous run")
+        runs.append((int(run[0]), int(run[-1]) + 1))
         start += n
+    return runs
+
+
+def _rope_index(hf_config: Any, input_ids: torch.Tensor, runs: list[tuple[int, int]], grids) -> torch.Tensor:
+    """Transformers' ``get_rope_index`` of one token sequence whose images (``runs``) are apart."""
+    types = torch.zeros((1, input_ids.numel()), dtype=torch.int32)
+    for a, b in runs:
+        types[0, a:b] = 1
+    grid_thw = torch.tensor([list(g) for g in grids], dtype=torch.int64).reshape(-1, 3) if grids else None
+    cls = model_class(hf_config.model_type)
+    owner = _rope_owner(hf_config)
+    ids, _ = cls.get_rope_index(
+        owner, input_ids.unsqueeze(0), mm_token_type_ids=types, image_grid_thw=grid_thw
+    )
+    return ids[:, 0]
 
 
 def sample_position_ids(
@@ -72,19 +81,23 @@ def sample_position_ids(
     where: str = "sample",
 ) -> torch.Tensor:
     """``[3, L]`` int64 M-RoPE ids of one sample (``input_ids [L]``, placeholder ``image_positions``,
-    its images' ``(t, h, w)`` patch grids) as transformers' ``get_rope_index`` gives them."""
+    its images' ``(t, h, w)`` patch grids) as transformers' ``get_rope_index`` gives them.
+
+    Two images with no token between them (transformers would take them for one group; Qwen2-VL's
+    processor always puts ``<|vision_end|><|vision_start|>`` between) are split there: the part from
+    the second image on continues after the first part's largest id, as the text after an image does."""
     input_ids = torch.as_tensor(input_ids, dtype=torch.int64).cpu()
     image_positions = torch.as_tensor(image_positions, dtype=torch.int64).cpu()
-    _check_images(input_ids, image_positions, grids, hf_config.vision_config.spatial_merge_size, where)
-    types = torch.zeros((1, input_ids.numel()), dtype=torch.int32)
-    types[0, image_positions] = 1
-    grid_thw = torch.tensor([list(g) for g in grids], dtype=torch.int64).reshape(-1, 3) if grids else None
-    owner = _rope_owner(hf_config)
-    cls = model_class(hf_config.model_type)
-    ids, _ = cls.get_rope_index(
-        owner, input_ids.unsqueeze(0), mm_token_type_ids=types, image_grid_thw=grid_thw
-    )
-    return ids[:, 0]
+    runs = _image_runs(image_positions, grids, hf_config.vision_config.spatial_merge_size, where)
+    cuts = [0, *(runs[i][0] for i in range(1, len(runs)) if runs[i][0] == runs[i - 1][1]), input_ids.numel()]
+    parts, offset = [], 0
+    for a, b in zip(cuts, cuts[1:]):
+        inside = [i for i, (s, _) in enumerate(runs) if a <= s < b]
+        local = [(runs[i][0] - a, runs[i][1] - a) for i in inside]
+        part = _rope_index(hf_config, input_ids[a:b], local, [grids[i] for i in inside]) + offset
+        offset = int(part.max()) + 1 if part.numel() else offset
+        parts.append(part)
+    return torch.cat(parts, dim=1)
 
 
 def mrope_position_ids(hf_config: Any, samples: Sequence[Any]) -> torch.Tensor:

@@ -103,3 +103,18 @@ def test_the_renderer_packs_the_family_mrope_ids(tmp_path):
     assert batch.position_ids.shape == (3, sum(s.num_tokens for s in samples))
     assert torch.equal(batch.position_ids, want)
     assert not torch.equal(want[1], want[2])  # M-RoPE: the height and width ids of an image differ
+
+
+def test_profile_times_the_checkpoint_layers(tmp_path, capsys):
+    """``entrain profile --model-path`` times the reduced model and writes a profile for every layer."""
+    from entrain.cli.main import main
+
+    folder = save_whole(tmp_path / "q", "qwen2_5_vl", text_layers=2, vision_depth=3)
+    out = tmp_path / "profile.json"
+    argv = ["profile", "--model-path", str(folder), "--device", "cpu", "--tokens", "16,32", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    profile = json.loads(out.read_text())
+    assert profile["model"] == "hf:q"
+    text = out.read_text()
+    assert "blocks.2" in text and "layers.1" in text

@@ -54,6 +54,9 @@ class QwenVLConfig:
     def llm(self):
         return self.shape.llm
 
+    def layer_names(self, component: str) -> list[str]:
+        return QWEN2_VL_FAMILY.layer_names(self.shape, component)
+
     @property
     def hf(self):
         """Transformers' config of the checkpoint (with ``depths`` applied)."""
@@ -124,6 +127,7 @@ class Qwen2VLFamily(FamilyBase):
             raise ConfigError("--weights and --model-path both give the weights: pass one")
         model = build_model(cfg.folder, stages=stages, hf_config=_fresh(cfg))
         model.entrain_family = self.name
+        model.cfg = cfg  # the runtime (profiler) reads the run's config off the model
         return model
 
     def empty_model(self, cfg: QwenVLConfig) -> nn.Module:
@@ -132,6 +136,7 @@ class Qwen2VLFamily(FamilyBase):
 
         model = build_model(cfg.folder, stages=[], hf_config=_fresh(cfg))
         model.entrain_family = self.name
+        model.cfg = cfg  # the runtime (profiler) reads the run's config off the model
         return model
 
     def build_stage(self, model: nn.Module, component: str, first: int, end: int) -> nn.Module:

@@ -14,19 +14,19 @@ PATCH_VALUES = 3 * 2 * 14 * 14
 FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 
 
-def _configs(family: str, *, text_layers: int, vision_depth: int, tied: bool):
+def _configs(family: str, *, text_layers: int, vision_depth: int, tied: bool, vocab: int = VOCAB, ids=None):
     text = dict(
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=text_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
         bos_token_id=0,
         eos_token_id=1,
     )
-    ids = dict(
+    ids = ids or dict(
         image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VSTART, vision_end_token_id=VEND
     )
     if family == "qwen2_vl":
@@ -51,10 +51,12 @@ def _configs(family: str, *, text_layers: int, vision_depth: int, tied: bool):
 
 
 def save_whole(folder: Path, family: str, *, text_layers: int = 4, vision_depth: int = 4, tied: bool = False,
-               seed: int = 0, shard: str | None = "200KB") -> Path:  # fmt: skip
+               seed: int = 0, shard: str | None = "200KB", vocab: int = VOCAB, ids: dict | None = None) -> Path:  # fmt: skip
     """A random ``...ForConditionalGeneration`` saved to ``folder`` (sharded safetensors)."""
     torch.manual_seed(seed)
-    cfg, cls = _configs(family, text_layers=text_layers, vision_depth=vision_depth, tied=tied)
+    cfg, cls = _configs(
+        family, text_layers=text_layers, vision_depth=vision_depth, tied=tied, vocab=vocab, ids=ids
+    )
     model = cls(cfg)
     with torch.no_grad():  # non-trivial norms and biases, so a misplaced tensor shows
         for p in model.parameters():
@@ -62,6 +64,30 @@ def save_whole(folder: Path, family: str, *, text_layers: int = 4, vision_depth:
     kwargs = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(folder, **kwargs)
     return folder
+
+
+VISION_TOKENS = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+                 "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"}  # fmt: skip
+
+
+def save_with_tokenizer(folder: Path, family: str = "qwen2_5_vl", **kwargs) -> Path:
+    """A tiny checkpoint as a published one ships: a tokenizer (small BPE + chat template) holding the
+    vision tokens at the config's ids, an image processor config, and the model."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from tests.models.stock import save_tokenizer
+
+    save_tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS.values())})
+    tok.save_pretrained(folder)
+    ids = {key: tok.convert_tokens_to_ids(t) for key, t in VISION_TOKENS.items()}
+    processor = {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14, "temporal_patch_size": 2,
+                 "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=1) + "\n")
+    return save_whole(folder, family, vocab=len(tok), ids=ids, **kwargs)
 
 
 @dataclass

@@ -193,3 +193,42 @@ def test_export_loads_in_transformers_with_the_trained_logits(folder, tmp_path):
     with torch.no_grad():
         for i, s in enumerate(samples):
             assert rel_err(hf_logits(loaded, s), want[i]) < RTOL, f"sample {i}"
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recompute_keeps_loss_and_gradients(folder, mode):
+    """``--recompute``: the family's recompute modules wrapped in activation checkpointing give the
+    same loss and gradients (2+2 stages)."""
+    from entrain.models.families.registry import build_stage
+    from entrain.runtime.recompute import apply_recompute
+
+    samples = mixed_samples()
+    grads = []
+    for recompute in (None, mode):
+        staged = qm.build_model(str(folder))
+        staged.entrain_family = "qwen2_vl"
+        if recompute:
+            stages = [
+                build_stage(staged, c, a, b)
+                for c, spans in zip(("encoder", "llm"), layouts()["2+2"])
+                for a, b in spans
+            ]
+            assert all(apply_recompute(s, recompute) > 0 for s in stages if s.first > 0)
+        run_staged(staged, samples, layouts()["2+2"], loss=True, loss_scale=0.1).backward()
+        grads.append({n: p.grad for n, p in staged.named_parameters()})
+    for name, g in grads[0].items():
+        assert rel_err(grads[1][name], g) < RTOL, name
+
+
+def test_freeze_parts(folder):
+    """``--freeze vit`` keeps the merger and the LLM trainable; ``llm`` freezes embeddings to lm_head."""
+    from entrain.models.families.registry import get_family
+
+    staged = qm.build_model(str(folder), stages=[])
+    get_family("qwen2_vl").set_trainable(staged, encoder=False, merger=True, llm=True)
+    trainable = {n for n, p in staged.named_parameters() if p.requires_grad}
+    assert any(n.startswith("model.visual.merger.") for n in trainable)
+    assert not any(n.startswith(("model.visual.blocks.", "model.visual.patch_embed.")) for n in trainable)
+    assert {"lm_head.weight", "model.language_model.embed_tokens.weight"} <= trainable
+    get_family("qwen2_vl").set_trainable(staged, llm=False)
+    assert all(n.startswith("model.visual.") for n, p in staged.named_parameters() if p.requires_grad)

@@ -118,3 +118,31 @@ def test_profile_times_the_checkpoint_layers(tmp_path, capsys):
     assert profile["model"] == "hf:q"
     text = out.read_text()
     assert "blocks.2" in text and "layers.1" in text
+
+
+def test_resume_continues_the_straight_run(tmp_path):
+    """A 2-rank run interrupted in step 1 and resumed (DCP checkpoint) ends with the straight run's
+    losses and weights."""
+    from .cli_ranks import run_ranks
+
+    folder = save_whole(tmp_path / "q", "qwen2_5_vl", text_layers=2, vision_depth=2, tied=True)
+    train = ["train", "--model-path", str(folder), *COMMON, "--steps", "2", "--lr", "1e-2",
+             "--no-progress", "--checkpoint-every", "1"]  # fmt: skip
+
+    def launch(out, name, *extra, env=None):
+        results = run_ranks([*train, "--out", str(out), *extra], 2, tmp_path / name, env=env, timeout_s=120)
+        return [r.exitcode for r in results], results
+
+    assert launch(tmp_path / "straight", "s")[0] == [0, 0]
+    codes, _ = launch(tmp_path / "resumed", "a", env={"ENTRAIN_FAULT": "raise:1:1"})
+    assert codes != [0, 0]
+    codes, results = launch(tmp_path / "resumed", "b", "--resume")
+    assert codes == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+
+    def rows(run):
+        return [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert rows(tmp_path / "resumed") == rows(tmp_path / "straight")
+    _, a = load_model_state(checkpoint_dirs(tmp_path / "straight")[0][1])
+    _, b = load_model_state(checkpoint_dirs(tmp_path / "resumed")[0][1])
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -146,3 +146,24 @@ def test_resume_continues_the_straight_run(tmp_path):
     _, a = load_model_state(checkpoint_dirs(tmp_path / "straight")[0][1])
     _, b = load_model_state(checkpoint_dirs(tmp_path / "resumed")[0][1])
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tp_and_fsdp_give_the_plain_runs_losses(tmp_path):
+    """``--tp 2`` (4 ranks: one TP pair per component) and ``--fsdp`` train Qwen2.5-VL with the plain
+    2-rank run's losses and gradient norms (relative 1e-5)."""
+    from .cli_ranks import run_ranks
+
+    folder = save_whole(tmp_path / "q", "qwen2_5_vl", text_layers=2, vision_depth=2, tied=True)
+    train = ["train", "--model-path", str(folder), *COMMON, "--steps", "2", "--lr", "1e-2", "--no-progress",
+             "--system", "dip", "--encoder-stages", "1", "--llm-stages", "1", "--dp", "2"]  # fmt: skip
+    runs = {"plain": ([], 2), "tp2": (["--tp", "2"], 4), "fsdp": (["--fsdp"], 2)}
+    metrics = {}
+    for name, (extra, world) in runs.items():
+        out = tmp_path / name
+        results = run_ranks([*train, *extra, "--out", str(out / "run")], world, out / "ranks", timeout_s=150)
+        assert all(r.exitcode == 0 for r in results), name + results[0].stderr[-3000:]
+        metrics[name] = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    for name in ("tp2", "fsdp"):
+        for ours, plain in zip(metrics[name], metrics["plain"], strict=True):
+            assert ours["loss"] == pytest.approx(plain["loss"], rel=1e-5), name
+            assert ours["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5), name

@@ -103,6 +103,17 @@ class Qwen2VLFamily(FamilyBase):
             return ["embed_tokens", *(f"layers.{i}" for i in range(n)), "norm", "lm_head", "loss"]
         raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
 
+    def check_tp(self, shape: ModelArch, tp: int) -> None:
+        """The composition's tensor-parallel plan (same vision blocks, Qwen2 decoder layers); Qwen2-VL's
+        vision MLP (``fc1`` / ``fc2``) has none."""
+        from entrain.models.families.composition.tp import check_tp
+
+        if tp != 1 and shape.vision.family == "qwen2_vl":
+            raise ConfigError(
+                f"--tp {tp}: Qwen2-VL's vision MLP (fc1/fc2) has no tensor-parallel plan; use --tp 1"
+            )
+        check_tp(shape, tp)
+
     # --- runtime ---------------------------------------------------------------------------------
     def runtime_config(self, source: ModelSource, shape: ModelArch | None = None) -> tuple[QwenVLConfig, Any]:
         """The checkpoint's config; the tokenizer: ``--tokenizer``, else the folder's own files, else
@@ -173,6 +184,27 @@ class Qwen2VLFamily(FamilyBase):
             return [layer.self_attn for layer in layers]
         extra = ([inner.norm] if stage.has_norm else []) + ([stage.llm.lm_head] if stage.has_lm_head else [])
         return layers + extra
+
+    def prepare_for_sharding(self, stage: nn.Module) -> None:
+        """The stages are the composition's stage modules: its fused-qkv split applies as it is."""
+        from entrain.models.families.composition.tp import split_fused_qkv
+
+        split_fused_qkv(stage)
+
+    def apply_tp(self, stage: nn.Module, mesh: Any) -> None:
+        from entrain.models.families.composition.tp import apply_tp
+
+        apply_tp(stage, mesh)
+
+    def checkpoint_parts(self, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        from entrain.models.families.composition.vlm import checkpoint_parts
+
+        return checkpoint_parts(name, t)
+
+    def fuse_parts(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from entrain.models.families.composition.vlm import fuse_parts
+
+        return fuse_parts(params)
 
     def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
         if hasattr(stage, "vis"):

@@ -404,11 +404,11 @@ def _model_flops(model, plan_it, renderer) -> float:
     """6 * params * tokens per component (dense estimate, attention excluded)."""
     from entrain.models.families.registry import build_stage, family_of
 
-    shape = renderer.cfg.shape
-    vis, llm = (
-        sum(p.numel() for _, p in build_stage(model, c, 0, len(family_of(model).layer_names(shape, c))).owned_parameters())
-        for c in ("encoder", "llm")
-    )
+    def params(component: str) -> int:
+        end = len(family_of(model).layer_names(renderer.cfg.shape, component))
+        return sum(p.numel() for _, p in build_stage(model, component, 0, end).owned_parameters())
+
+    vis, llm = params("encoder"), params("llm")
     ids = [s for rep in plan_it.microbatches for mb in rep for s in mb.llm_ids]
     patches = sum(t * h * w for s in ids for t, h, w in renderer.sample(s).grid_thw)
     tokens = sum(renderer.sample(s).num_tokens for s in ids)

@@ -8,7 +8,7 @@ Two halves, so the planner stays torch-free:
 
 * **Plain numbers** (no torch import, at module level or inside): reading ``config.json`` into the
   family's own *shape* object (``ModelShape``: a name, the per-layer cost specs
-  ``entrain.core.presets.LayerSpec`` the cost model prices, the parameter count), the image token rule
+  ``entrain.core.layer_specs.LayerSpec`` the cost model prices, the parameter count), the image token rule
   the sample metadata uses (``entrain.core.samples.ImageTokenRule``), and the TP check. ``plan`` and
   ``simulate`` use only these.
 * **Runtime** (torch; import it inside the methods, lazily): the run's model config, the model built on

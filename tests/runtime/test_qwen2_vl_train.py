@@ -6,7 +6,9 @@ own class loads, holding the trained weights, whose logits equal the trained sta
 from __future__ import annotations
 
 import json
+from importlib import resources
 
+import jsonschema
 import pytest
 import torch
 
@@ -54,6 +56,9 @@ def test_model_path_plans_trains_on_two_ranks_and_exports(family, tmp_path, caps
     assert main(["export", str(out), "--out", str(tmp_path / "hf"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["model_dir"] == str(tmp_path / "hf")
+    jsonschema.validate(
+        info, json.loads(resources.files("entrain").joinpath("schemas/export.json").read_text())
+    )
     _check_export(folder, tmp_path / "hf", checkpoint_dirs(out)[0][1])
 
 

@@ -115,3 +115,33 @@ def test_export_through_the_family(folder, tmp_path):
     loaded = qm.conditional_generation_class(cfg.hf.model_type).from_pretrained(tmp_path / "out")
     for name, p in loaded.named_parameters():
         assert torch.equal(p, model.get_parameter(name)), name
+
+
+def test_both_checkpoint_layouts_are_read(folder):
+    """transformers 5 saves the older layout (``visual.*``, ``model.layers.*``, what the published
+    checkpoints hold); a folder in the new one (``model.visual.*``, ``model.language_model.*``) and a
+    flat pre-5 ``config.json`` read the same."""
+    from entrain.models.families.qwen2_vl.spec import text_arch
+
+    class Reader:
+        folder = "f"
+
+        def __init__(self, keys):
+            self.keys = set(keys)
+
+        def __contains__(self, key):
+            return key in self.keys
+
+    new = Reader({"model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.0.mlp.up_proj.weight",
+                  "model.language_model.embed_tokens.weight"})  # fmt: skip
+    old = Reader(
+        {"visual.blocks.0.attn.qkv.weight", "model.layers.0.mlp.up_proj.weight", "model.embed_tokens.weight"}
+    )
+    for name in ("model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.0.mlp.up_proj.weight"):
+        assert qm.checkpoint_key(name, new) == name
+        assert qm.checkpoint_key(name, old) in old.keys
+    assert qm.checkpoint_key("lm_head.weight", new) == "model.language_model.embed_tokens.weight"
+    assert qm.checkpoint_key("lm_head.weight", old) == "model.embed_tokens.weight"
+    config = json.loads((folder / "config.json").read_text())
+    flat = {**{k: v for k, v in config.items() if k != "text_config"}, **config["text_config"]}
+    assert text_arch(flat, "flat") == text_arch(config, "nested")

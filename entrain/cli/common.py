@@ -80,7 +80,15 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
 
 def add_model_source_args(p: argparse.ArgumentParser) -> None:
     """``--vision-model DIR`` / ``--llm-model DIR``: stock Hugging Face folders replacing ``--model``
-    (shapes from their config.json; ``entrain.models.families.composition.hf_config``)."""
+    (shapes from their config.json; ``entrain.models.families.composition.hf_config``);
+    ``--model-path DIR``: one whole checkpoint of a registered family (``family_of_folder``)."""
+    p.add_argument(
+        "--model-path",
+        default=None,
+        metavar="DIR",
+        help="one whole Hugging Face vision-language checkpoint folder, replacing --model / --vision-model / "
+        f"--llm-model; its config.json picks the family: {_families_help()}",
+    )
     p.add_argument(
         "--vision-model",
         default=None,
@@ -117,8 +125,16 @@ def vision_limits(args: argparse.Namespace) -> ImageTokenRule:
     return family.image_rule(family.shape(source), lo, hi)
 
 
+def _families_help() -> str:
+    from entrain.models.families.registry import families
+
+    return "; ".join(f"{f.name} ({f.description})" for f in families())
+
+
 def model_source_of(args: argparse.Namespace) -> ModelSource:
     """The ``ModelSource`` of ``--model`` / ``--vision-model`` + ``--llm-model`` / ``--model-path``."""
+    if getattr(args, "model_path", None) and (getattr(args, "vision_model", None) or getattr(args, "llm_model", None)):
+        raise ConfigError("--model-path is a whole checkpoint: pass it without --vision-model / --llm-model")
     return ModelSource(
         preset=args.model,
         vision_model=getattr(args, "vision_model", None),

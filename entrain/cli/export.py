@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
 
         emit_json(info)
     else:
-        folders = [info[k] for k in ("vision", "llm", "model") if k in info]
+        folders = list(dict.fromkeys(info[k] for k in ("model_dir", "vision", "llm") if k in info))
         print(
             f"exported step {info['step']} of {info['run']} ({info['model']}, "
             f"{info['num_parameters']:,} parameters) to {' and '.join(folders)}"

@@ -319,8 +319,8 @@ class LLMStage(nn.Module):
                 row = torch.zeros_like(batch.image_positions)
                 h = h.index_put((row, batch.image_positions), x.to(h.dtype))
             x = h
-        if self.layer_ids:
-            pos = batch.position_ids.unsqueeze(0)
+        if self.layer_ids:  # [T] -> [1, T]; M-RoPE's [3, T] -> [3, 1, T]
+            pos = batch.position_ids.unsqueeze(-2)
             emb = inner.rotary_emb(x, pos)
             for i in self.layer_ids:
                 x = inner.layers[i](

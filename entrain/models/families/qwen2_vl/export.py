@@ -1,0 +1,56 @@
+"""Export a trained whole Qwen2-VL / Qwen2.5-VL as ONE Hugging Face folder.
+
+``export_folder`` writes the trained parameters (transformers' own names) with the source
+checkpoint's ``config.json`` through the family's ``...ForConditionalGeneration.save_pretrained``,
+so ``from_pretrained`` loads it; the lm_head is written untied (embedding and lm_head were trained
+apart). The source folder's other files — tokenizer, processor, chat template, generation config —
+are copied as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from entrain.core.errors import ConfigError
+from entrain.models.families.qwen2_vl.model import conditional_generation_class, read_hf_config, untie
+
+__all__ = ["export_folder", "copied_files"]
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
+_NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+
+
+def copied_files(source_dir: str) -> list[str]:
+    """The source folder's files an export carries over: all but the weights and ``config.json``."""
+    return sorted(
+        f
+        for f in os.listdir(source_dir)
+        if os.path.isfile(os.path.join(source_dir, f))
+        and f not in _NOT_COPIED
+        and not f.endswith(_WEIGHT_SUFFIXES)
+    )
+
+
+def export_folder(source_dir: str, params: dict[str, torch.Tensor], out_dir: str) -> list[str]:
+    """Write ``params`` (every parameter of the model, transformers' names) as a checkpoint of
+    ``source_dir``'s model in ``out_dir``; returns the files written."""
+    config = read_hf_config(source_dir)
+    untie(config)
+    with torch.device("meta"):
+        model = conditional_generation_class(config.model_type)(config)
+    expected = {n for n, _ in model.named_parameters()}
+    if set(params) != expected:
+        missing, extra = sorted(expected - set(params)), sorted(set(params) - expected)
+        raise ConfigError(
+            f"the checkpoint's parameters do not match {source_dir}/config.json "
+            f"(missing {missing[:3]}, unexpected {extra[:3]})"
+        )
+    model.load_state_dict({n: t.detach().cpu() for n, t in params.items()}, strict=False, assign=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for f in copied_files(source_dir):  # after: the source's generation config wins over the default one
+        shutil.copy2(os.path.join(source_dir, f), os.path.join(out_dir, f))
+    return sorted(str(Path(out_dir) / f) for f in os.listdir(out_dir))

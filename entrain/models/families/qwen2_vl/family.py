@@ -1,0 +1,291 @@
+"""The ``qwen2_vl`` model family: whole Qwen2-VL / Qwen2.5-VL checkpoints (``--model-path DIR``).
+
+Torch-free at import time: ``model``, ``positions`` and ``export`` (torch, transformers) are imported
+inside the methods. Sources: only a checkpoint folder (no presets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from entrain.core.architectures import ModelArch
+from entrain.core.errors import ConfigError
+from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.qwen2_vl.spec import MODEL_TYPES, claims, shape_of_folder
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from entrain.core.samples import SampleMeta
+    from entrain.models.families.base import PackedSample
+
+__all__ = ["FAMILY", "QwenVLConfig", "Qwen2VLFamily", "QWEN2_VL_FAMILY"]
+
+FAMILY = "qwen2_vl"
+QWEN2_SPECIAL_BASE = 151_643
+"""The first Qwen2 special-token id (``<|endoftext|>``); ids at or above it are special."""
+_PINNED = {151_652: "vision_start_token_id", 151_653: "vision_end_token_id",
+           151_655: "image_token_id", 151_656: "video_token_id"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QwenVLConfig:
+    """A run's model: the checkpoint ``folder`` and its ``shape``. ``depths``: ``(vision blocks,
+    full-attention block indexes, decoder layers)`` replacing the checkpoint's (the profiler's reduced
+    model, built empty)."""
+
+    folder: str
+    shape: ModelArch
+    depths: tuple[int, tuple[int, ...], int] | None = None
+    family: str = field(default=FAMILY, init=False)
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+    @property
+    def vision(self):
+        return self.shape.vision
+
+    @property
+    def llm(self):
+        return self.shape.llm
+
+    def layer_names(self, component: str) -> list[str]:
+        return QWEN2_VL_FAMILY.layer_names(self.shape, component)
+
+    @property
+    def hf(self):
+        """Transformers' config of the checkpoint (with ``depths`` applied)."""
+        return _hf_config(self.folder, self.depths)
+
+
+@cache
+def _hf_config(folder: str, depths):
+    from entrain.models.families.qwen2_vl.model import read_hf_config
+
+    config = read_hf_config(folder)
+    if depths is not None:
+        blocks, full, layers = depths
+        config.vision_config.depth = blocks
+        if hasattr(config.vision_config, "fullatt_block_indexes"):
+            config.vision_config.fullatt_block_indexes = list(full)
+        text = config.get_text_config()
+        text.num_hidden_layers = layers
+        text.layer_types = text.layer_types[:layers]
+    return config
+
+
+class Qwen2VLFamily(FamilyBase):
+    name = FAMILY
+    description = "whole Qwen2-VL / Qwen2.5-VL checkpoints with M-RoPE (--model-path)"
+
+    # --- plain numbers ----------------------------------------------------------------------------
+    def code_names(self) -> tuple[str, ...]:
+        return (self.name, *MODEL_TYPES, "Qwen2VL", "Qwen2_5_VL", "mrope")
+
+    def claims_config(self, config: dict) -> bool:
+        return claims(config)
+
+    def shape(self, source: ModelSource) -> ModelArch:
+        if source.model_path is None:
+            raise ConfigError(f"model family {self.name!r} takes a checkpoint folder (--model-path DIR)")
+        return shape_of_folder(source.model_path)
+
+    def layer_names(self, shape: ModelArch, component: str) -> list[str]:
+        if component == "encoder":
+            return ["patch_embed", *(f"blocks.{i}" for i in range(shape.vision.depth)), "merger"]
+        if component == "llm":
+            n = shape.llm.num_hidden_layers
+            return ["embed_tokens", *(f"layers.{i}" for i in range(n)), "norm", "lm_head", "loss"]
+        raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
+
+    def check_tp(self, shape: ModelArch, tp: int) -> None:
+        """The composition's tensor-parallel plan (same vision blocks, Qwen2 decoder layers); Qwen2-VL's
+        vision MLP (``fc1`` / ``fc2``) has none."""
+        from entrain.models.families.composition.tp import check_tp
+
+        if tp != 1 and shape.vision.family == "qwen2_vl":
+            raise ConfigError(
+                f"--tp {tp}: Qwen2-VL's vision MLP (fc1/fc2) has no tensor-parallel plan; use --tp 1"
+            )
+        check_tp(shape, tp)
+
+    # --- runtime ---------------------------------------------------------------------------------
+    def runtime_config(self, source: ModelSource, shape: ModelArch | None = None) -> tuple[QwenVLConfig, Any]:
+        """The checkpoint's config; the tokenizer: ``--tokenizer``, else the folder's own files, else
+        None (the built-in Qwen2 tokenizer: Qwen2-VL's vocabulary)."""
+        from entrain.data.tokenizer import has_tokenizer_files, load_tokenizer
+
+        full = self.shape(source)
+        depths = None
+        if shape is not None and shape != full:  # the profiler's reduced model
+            v = shape.vision
+            depths = (v.depth, tuple(v.fullatt_block_indexes), shape.llm.num_hidden_layers)
+        cfg = QwenVLConfig(folder=source.model_path, shape=shape or full, depths=depths)
+        path = source.tokenizer or (source.model_path if has_tokenizer_files(source.model_path) else None)
+        return cfg, (load_tokenizer(path) if path else None)
+
+    def build_model(
+        self, cfg: QwenVLConfig, *, seed=0, weights_dir=None, dtype=None, stages=None
+    ) -> nn.Module:
+        from entrain.models.families.qwen2_vl.model import build_model
+
+        if weights_dir is not None:
+            raise ConfigError("--weights and --model-path both give the weights: pass one")
+        model = build_model(cfg.folder, stages=stages, hf_config=_fresh(cfg))
+        model.entrain_family = self.name
+        model.cfg = cfg  # the runtime (profiler) reads the run's config off the model
+        return model
+
+    def empty_model(self, cfg: QwenVLConfig) -> nn.Module:
+        """The model on the meta device, nothing read (the profiler fills it)."""
+        from entrain.models.families.qwen2_vl.model import build_model
+
+        model = build_model(cfg.folder, stages=[], hf_config=_fresh(cfg))
+        model.entrain_family = self.name
+        model.cfg = cfg  # the runtime (profiler) reads the run's config off the model
+        return model
+
+    def build_stage(self, model: nn.Module, component: str, first: int, end: int) -> nn.Module:
+        from entrain.models.families.qwen2_vl.model import build_stage
+
+        stage = build_stage(model, component, first, end)
+        stage.entrain_family = self.name
+        return stage
+
+    def set_trainable(self, model: nn.Module, *, encoder=True, merger=True, llm=True) -> None:
+        from entrain.models.families.qwen2_vl.model import set_trainable
+
+        set_trainable(model, encoder=encoder, merger=merger, llm=llm)
+
+    def encoder_output_width(self, stage: nn.Module) -> int:
+        vis = stage.vis
+        if stage.has_merger:
+            return vis.merger.mlp[-1].out_features
+        return getattr(vis.config, "embed_dim", None) or vis.config.hidden_size
+
+    def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
+        """``full``: every layer (and merger / norm / lm_head) the stage runs; ``selective``: each
+        layer's attention sub-block."""
+        if mode == "none":
+            return []
+        if hasattr(stage, "vis"):
+            blocks = [stage.vis.blocks[i] for i in stage.block_ids]
+            if mode == "selective":
+                return [b.attn for b in blocks]
+            return blocks + ([stage.vis.merger] if stage.has_merger else [])
+        inner = stage.llm.model
+        layers = [inner.layers[i] for i in stage.layer_ids]
+        if mode == "selective":
+            return [layer.self_attn for layer in layers]
+        extra = ([inner.norm] if stage.has_norm else []) + ([stage.llm.lm_head] if stage.has_lm_head else [])
+        return layers + extra
+
+    def prepare_for_sharding(self, stage: nn.Module) -> None:
+        """The stages are the composition's stage modules: its fused-qkv split applies as it is."""
+        from entrain.models.families.composition.tp import split_fused_qkv
+
+        split_fused_qkv(stage)
+
+    def apply_tp(self, stage: nn.Module, mesh: Any) -> None:
+        from entrain.models.families.composition.tp import apply_tp
+
+        apply_tp(stage, mesh)
+
+    def checkpoint_parts(self, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        from entrain.models.families.composition.vlm import checkpoint_parts
+
+        return checkpoint_parts(name, t)
+
+    def fuse_parts(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from entrain.models.families.composition.vlm import fuse_parts
+
+        return fuse_parts(params)
+
+    def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
+        if hasattr(stage, "vis"):
+            return [stage.vis.blocks[i] for i in stage.block_ids]
+        return [stage.llm.model.layers[i] for i in stage.layer_ids]
+
+    # --- processing rules --------------------------------------------------------------------------
+    def image_grids(self, cfg: QwenVLConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
+        """``(1, H'/patch, W'/patch)`` per image of its ``smart_resize``-d size (a still image)."""
+        from entrain.core.samples import smart_resize
+
+        p = cfg.vision.patch_size
+        return tuple(
+            (1, hr // p, wr // p) for hr, wr in (smart_resize(h, w, meta.vision) for h, w in meta.images)
+        )
+
+    def image_feature_rows(self, cfg: QwenVLConfig, grid: tuple[int, int, int]) -> int:
+        t, h, w = grid
+        return t * h * w // cfg.vision.spatial_merge_size**2
+
+    def encoder_input_width(self, cfg: QwenVLConfig) -> int:
+        return cfg.vision.patch_dim
+
+    def token_ids(self, cfg: QwenVLConfig) -> dict[str, int]:
+        hf = cfg.hf
+        return {
+            "image": hf.image_token_id,
+            "image_start": hf.vision_start_token_id,
+            "image_end": hf.vision_end_token_id,
+        }
+
+    def map_token_id(self, cfg: QwenVLConfig, qwen_id: int) -> int:
+        """Qwen2-VL's vocabulary is Qwen2's: ids stay, but for the vision tokens, which take the
+        checkpoint's ids; a smaller vocabulary (test checkpoints) folds every other id below them."""
+        hf = cfg.hf
+        if qwen_id in _PINNED:
+            return int(getattr(hf, _PINNED[qwen_id]))
+        if cfg.llm.vocab_size > QWEN2_SPECIAL_BASE:
+            return qwen_id
+        return qwen_id % min(int(getattr(hf, a)) for a in _PINNED.values())
+
+    def position_ids(self, cfg: QwenVLConfig, samples: list[PackedSample]) -> torch.Tensor:
+        """``[3, T]`` M-RoPE ids, per sample as transformers' ``get_rope_index`` gives them."""
+        from entrain.models.families.qwen2_vl.positions import mrope_position_ids
+
+        return mrope_position_ids(cfg.hf, samples)
+
+    # --- profiler, export --------------------------------------------------------------------------
+    def representative_config(self, cfg: QwenVLConfig):
+        from entrain.models.families.qwen2_vl.profiling import representative_config
+
+        return representative_config(cfg)
+
+    def profile_input(
+        self, cfg: QwenVLConfig, component: str, layer: int, tokens: int, device, per_label: bool
+    ):
+        from entrain.models.families.qwen2_vl.profiling import profile_input
+
+        return profile_input(cfg, component, layer, tokens, device, per_label)
+
+    def export(self, manifest: dict, params: dict, out_dir: str) -> dict:
+        """One folder ``out_dir`` that ``...ForConditionalGeneration.from_pretrained`` loads; the
+        summary's ``model_dir`` (and ``vision`` / ``llm``, the same folder) name it."""
+        from entrain.models.families.qwen2_vl.export import export_folder
+
+        source = manifest.get("model_source") or {}
+        folder = source.get("model_path")
+        if not folder:
+            raise ConfigError("the checkpoint manifest names no model_path (the run's --model-path)")
+        files = export_folder(folder, params, out_dir)
+        image_token_id = int(_hf_config(folder, None).image_token_id)
+        # one folder holds both the vision tower and the language model
+        return {"model_dir": str(out_dir), "vision": str(out_dir), "llm": str(out_dir),
+                "image_token_id": image_token_id, "files": files}  # fmt: skip
+
+
+def _fresh(cfg: QwenVLConfig):
+    """A copy of ``cfg.hf`` (the model build edits its config)."""
+    import copy
+
+    return copy.deepcopy(cfg.hf)
+
+
+QWEN2_VL_FAMILY = Qwen2VLFamily()

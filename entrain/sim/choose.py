@@ -1,6 +1,8 @@
 """Choices decided by simulating the candidates on the planner's draws: ``core`` cannot simulate, so
 the commands that may import the simulator hand ``candidate_judge`` to ``entrain.core.setups``
-(Entrain's ``entrain_layout="auto"``: shared vs disjoint, ``setups.LAYOUT_MARGIN``)."""
+(every automatic choice of Entrain, ``setups.DECISIONS``, each departing from the paper's default
+only past ``setups.DECISION_MARGIN``). A candidate simulated once is not simulated again: the
+decisions are made one after the other, and each one's incumbent is a candidate of the next."""
 
 from __future__ import annotations
 
@@ -44,15 +46,18 @@ def candidate_judge(
     (docvqa) neither raw candidate fits, and comparing them unfitted kept a layout 2.6 % slower. A
     plan that does not fit even so gets ``inf``."""
     draws: list[Sequence[SampleWork]] = []
+    seen: dict[str, float] = {}
+
+    def simulate(setup: SystemSetup) -> float:
+        key = repr((setup.layout, sorted(setup.options.items())))
+        if key not in seen:
+            run = fit_memory("entrain", setup, draws, cost, setup.options, trace_iterations=0)[1]
+            seen[key] = run.metrics.iteration_time_ms if run.metrics.fits_memory is not False else float("inf")
+        return seen[key]
 
     def judge(candidates: dict[str, SystemSetup]) -> dict[str, float]:
         if not draws:
             draws.extend(planner_draws(sampler, cost, req, num_draws))
-        out = {}
-        for name, setup in candidates.items():
-            run = fit_memory("entrain", setup, draws, cost, setup.options, trace_iterations=0)[1]
-            fits = run.metrics.fits_memory is not False
-            out[name] = run.metrics.iteration_time_ms if fits else float("inf")
-        return out
+        return {name: simulate(setup) for name, setup in candidates.items()}
 
     return judge

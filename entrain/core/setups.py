@@ -345,6 +345,8 @@ def entrain_variant(
     if req.entrain_layout not in ENTRAIN_LAYOUTS:
         raise ConfigError(f"entrain layout {req.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
     current = replace(setup, options=_extension_options(setup.options, req))
+    if not extended(req):  # the paper's Entrain (``--paper-entrain``): nothing to decide
+        return current
     if judge is not None and ties:
         current = _decide_config(current, req, cost, judge)
     current = _entrain_layout(current, req, cost, judge)
@@ -488,6 +490,16 @@ def _entrain_layout(
     return replace(got, source=f"{source}; disjoint layout kept (boundary sharing {sim})")
 
 
+def extended(req: ConfigRequest) -> bool:
+    """Whether ``req`` asks for any of Entrain's extensions (False: ``--paper-entrain``)."""
+    return bool(
+        req.entrain_layout != "disjoint"
+        or req.entrain_ramp
+        or req.entrain_split
+        or req.entrain_assignment != "paper"
+    )
+
+
 def system_setups(
     systems: Sequence[str],
     req: ConfigRequest,
@@ -507,14 +519,8 @@ def system_setups(
         else:
             by_kind[kind] = _setup(kind, req, cost, sampler)
     out = {name: by_kind[config_kind(name)] for name in systems}
-    extended = (
-        req.entrain_layout != "disjoint"
-        or req.entrain_ramp
-        or req.entrain_split
-        or req.entrain_assignment != "paper"
-    )
     extensible = [n for n in out if get_system(n).extensions]
-    if extensible and extended:
+    if extensible and extended(req):
         variant = entrain_variant(by_kind["entrain"], req, cost, judge)
         out.update({n: variant for n in extensible})
     return out

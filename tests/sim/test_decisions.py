@@ -234,3 +234,27 @@ def test_plan_json_and_out_carry_the_decisions_and_train_reads_such_a_file(tmp_p
     del written["decisions"]  # a plan file from before the decisions
     out.write_text(json.dumps(written))
     assert read_plan_file(str(out), expect_model=written["model"])[1].options == setup.options
+
+
+def test_the_judge_reuses_a_twins_time_only_where_the_twin_ran_the_same_plan(monkeypatch):
+    """``choose.TWINS``: ``memory_split`` off reuses the time of the run with it on where that made no
+    cut, ``ramp 0`` the time of ``auto`` where that ramped nowhere; a twin that did ramp is not reused
+    (each equals a fresh judge's simulation of the candidate itself)."""
+    from entrain.sim import choose
+
+    req = ConfigRequest("text-heavy", "qwen25vl-llama3-1b", 16, 2, 2, 64, 4, seed=0)
+    cost = resolve_cost_model(req.model, hardware="a40-paper")
+    sampler = dataset_sampler(req.dataset, req.seed)
+    paper = replace(req, entrain_layout="disjoint", entrain_ramp=0, entrain_split=False, entrain_assignment="paper")
+    base = system_setups(["entrain"], paper, cost, sampler)["entrain"]
+    auto = replace(base, options={"ramp_microbatches": "auto", "split_weight_grads": True})
+    cands = {"auto": auto, "0": replace(auto, options={"split_weight_grads": True}),
+             "off": replace(auto, options={**auto.options, "memory_split": False})}  # fmt: skip
+    calls = []
+    real = choose.fit_memory
+    monkeypatch.setattr(choose, "fit_memory", lambda *a, **k: calls.append(1) or real(*a, **k))
+    shared = choose.candidate_judge(sampler, cost, req)
+    got = {n: shared({n: s})[n] for n, s in cands.items()}
+    assert len(calls) == 2  # "auto" ramped somewhere (so "0" is simulated); "off": no cut, reused
+    fresh = {n: choose.candidate_judge(sampler, cost, req)({n: s})[n] for n, s in cands.items()}
+    assert got == fresh and got["0"] != got["auto"]

@@ -180,6 +180,9 @@ class ScheduleConfig:
     """Entrain extension: per-iteration assignment, ``paper`` (Algorithm 3), ``two-resource`` or ``auto``."""
     plan: str | None = None
     """A plan file (``entrain plan --out``) to run exactly, instead of planning."""
+    decision_margin_pct: float | None = None
+    """``--decision-margin PCT``: an automatic choice departs from the paper's default only when a
+    candidate simulates more than this percentage faster (None: ``setups.DECISION_MARGIN``)."""
 
     def __post_init__(self) -> None:
         for name in self.systems:
@@ -188,6 +191,9 @@ class ScheduleConfig:
         if self.entrain_layout not in ENTRAIN_LAYOUTS:
             raise ConfigError(f"--entrain-layout {self.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
         parse_ramp(self.ramp_microbatches)
+        pct = self.decision_margin_pct
+        if pct is not None and not 0.0 <= pct < 100.0:
+            raise ConfigError(f"--decision-margin: expected a percentage in [0, 100), got {pct:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,6 +326,7 @@ class RunConfig:
             entrain_ramp=sched.ramp_microbatches,
             entrain_split=sched.split_weight_grads,
             entrain_assignment=sched.assignment,
+            decision_margin=None if sched.decision_margin_pct is None else sched.decision_margin_pct / 100.0,
         )
 
     def to_json(self) -> dict:

@@ -18,7 +18,7 @@ from entrain.core.presets import HARDWARE_PRESETS, default_hardware
 from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
 from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, pixel_limits
 from entrain.core.schedules.common import ASSIGNMENTS
-from entrain.core.setups import ENTRAIN_LAYOUTS, LAYOUT_MARGIN
+from entrain.core.setups import DECISION_MARGIN, ENTRAIN_LAYOUTS, LAYOUT_MARGIN
 from entrain.core.shape import ModelShape
 from entrain.core.work import SampleWork
 from entrain.models.families.base import ModelSource
@@ -186,8 +186,9 @@ def add_entrain_extension_args(p: argparse.ArgumentParser) -> None:
     their defaults: each on where the cost model predicts it helps)."""
     p.add_argument("--ramp-microbatches", type=_ramp, default="auto",
                    help="Entrain extension (not in the paper): cut the first and last N microbatches into 2 "
-                        "sub-microbatches so the pipeline fills and drains faster; 'auto' (default) keeps the "
-                        "ramp per replica only where the cost model predicts a shorter makespan; 0 = off")  # fmt: skip
+                        "sub-microbatches so the pipeline fills and drains faster; 'auto' (default): on only where "
+                        "it simulates faster by more than --decision-margin, then kept per replica where the "
+                        "cost model predicts a shorter makespan; 0 = off")  # fmt: skip
     p.add_argument("--entrain-layout", choices=ENTRAIN_LAYOUTS, default="auto",
                    help="Entrain extension (not in the paper): 'shared' lets the rank where encoder and LLM "
                         "meet hold the last encoder and the first LLM stage (one min-max partition of the "
@@ -200,8 +201,15 @@ def add_entrain_extension_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="auto",
                    help="Entrain's per-iteration assignment: 'paper' (Algorithm 3, stratified on encoder work), "
                         "'two-resource' (extension: balances encoder and LLM work together, then deferral), "
-                        "'auto' (default: per replica and iteration, whichever the cost model predicts "
-                        "faster)")  # fmt: skip
+                        "'auto' (default: the paper's, the two-resource or the per-iteration choice, whichever "
+                        "simulates faster by more than --decision-margin; per-iteration: per replica, whichever "
+                        "the cost model predicts faster)")  # fmt: skip
+    p.add_argument("--decision-margin", dest="decision_margin_pct", type=float, default=None, metavar="PCT",
+                   help="every automatic choice (layout, ramp, assignment, DP re-split, sub-microbatches, "
+                        "recompute, ties among Algorithm 2 configurations) departs from the paper's default "
+                        "only when a candidate simulates more than PCT %% faster on the planner's draws "
+                        f"(default {DECISION_MARGIN * 100:g}, from the simulator's measured error on such "
+                        "decisions, docs/planner.md)")  # fmt: skip
     p.add_argument(
         "--paper-entrain",
         action="store_true",

@@ -149,12 +149,13 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
     """The plan-file keys of ``--system``'s setup (``entrain.core.setups.setup_to_json``): Entrain's
     from this result with the extensions asked for, a baseline's chosen its own way; then, like
     ``simulate``, the simulated memory check (recomputation where a rank overflows; Entrain's one-line
-    error when nothing fits)."""
+    error when nothing fits); ``decisions``: every automatic choice with its candidates' times."""
     spec = get_system(args.system)
     req = ConfigRequest(
         args.dataset, args.model, args.gpus, args.dp or result.config.dp, result.config.encoder.tp,
         args.global_batch, args.microbatch_size, args.seed, entrain_layout=args.entrain_layout,
         entrain_ramp=args.ramp_microbatches, entrain_split=args.split_weight_grads == "on", entrain_assignment=args.assignment,
+        decision_margin=None if args.decision_margin_pct is None else args.decision_margin_pct / 100.0,
     )  # fmt: skip
     judge = candidate_judge(sampler, cost, req)
     if spec.config == "entrain":
@@ -163,8 +164,9 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
             setup = entrain_variant(setup, req, cost, judge)
     else:
         setup = system_setups([args.system], req, cost, sampler, judge)[args.system]
-    setup, run = deploy(args.system, setup, _check_batches(args, result, sampler, cost), cost)
-    return {**setup_to_json(args.system, setup), "fits_memory": run.metrics.fits_memory}
+    setup, run = deploy(args.system, setup, _check_batches(args, result, sampler, cost), cost, margin=req.margin)
+    decisions = [d.to_json() for d in setup.decisions]
+    return {**setup_to_json(args.system, setup), "fits_memory": run.metrics.fits_memory, "decisions": decisions}
 
 
 def _check_batches(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> list[list]:

@@ -69,12 +69,17 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         if name == "entrain":
             options["eager_budget_factor"] = args.eager_budget_factor
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
-        setups[name], runs[name] = deploy(name, setup, batches, cost, options)
+        setups[name], runs[name] = deploy(name, setup, batches, cost, options, margin=req.margin)
     if "entrain" in runs:
         base = runs["entrain"].metrics.iteration_time_ms
         for r in runs.values():
             r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
-    return runs, {n: _describe(s.layout, s.source, s.b_min) for n, s in setups.items()}
+    return runs, {n: {**_describe(s.layout, s.source, s.b_min), "decisions": _decisions(s)} for n, s in setups.items()}
+
+
+def _decisions(setup) -> list[dict]:
+    """``systems.<name>.decisions``: every automatic choice of the setup, with its candidates' times."""
+    return [d.to_json() for d in setup.decisions]
 
 
 def _describe(layout, source: str, b_min: int | None = None) -> dict:
@@ -88,6 +93,10 @@ def _describe(layout, source: str, b_min: int | None = None) -> dict:
         "components": comps,
         "recompute": [st.recompute for st in layout.stages],
     }
+
+
+def _config(described: dict) -> dict:
+    return {k: v for k, v in described.items() if k != "decisions"}
 
 
 def best_fitting_baseline(runs: dict[str, SystemRun]) -> tuple[str | None, float | None]:
@@ -109,7 +118,8 @@ def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace)
     top = runs.get("entrain") or next(iter(runs.values()))
     best, ratio = best_fitting_baseline(runs)
     return {
-        "systems": {n: {**r.metrics.to_json(), "config": configs[n]} for n, r in runs.items()},
+        "systems": {n: {**r.metrics.to_json(), "config": _config(configs[n]), "decisions": configs[n].get("decisions", [])}
+                    for n, r in runs.items()},  # fmt: skip
         "best_fitting_baseline": best,
         "entrain_vs_best_fitting_baseline": ratio,
         "ideal_ms": top.metrics.ideal_ms,

@@ -712,11 +712,11 @@ def _quiet_exit(code: int) -> None:
     os._exit(code)
 
 
-def _memory_check(system: str, setup, batches, cost):
+def _memory_check(system: str, setup, batches, cost, margin: float | None = None):
     """The planned setup after ``plan``'s and ``simulate``'s memory check (``sim.memory_fit.deploy``)."""
     from entrain.sim.memory_fit import deploy
 
-    return deploy(system, setup, batches, cost)[0]
+    return deploy(system, setup, batches, cost, margin=margin)[0]
 
 
 def _warn_profile_precision(spec, device) -> str | None:
@@ -734,7 +734,7 @@ def _warn_profile_precision(spec, device) -> str | None:
 
 
 def _judge_factory(sampler, cost, req):
-    """Entrain's automatic layout decided by simulation, as in ``plan`` and ``simulate``."""
+    """Entrain's automatic choices decided by simulation, as in ``plan`` and ``simulate``."""
     from entrain.sim.choose import candidate_judge
 
     return candidate_judge(sampler, cost, req)

@@ -52,14 +52,16 @@ def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
     return read_plan_file(spec.schedule.plan, expect_model=spec.model.label(), layer_counts=counts)
 
 
-MemoryCheck = Callable[[str, SystemSetup, Sequence[Sequence[SampleWork]], CostModel], SystemSetup]
-"""``(system, setup, batches, cost) -> setup``: the simulated memory check ``plan`` and ``simulate`` run
-(``entrain.sim.memory_fit.deploy``; the CLI passes it in, the runtime does not import the simulator)."""
+MemoryCheck = Callable[..., SystemSetup]
+"""``(system, setup, batches, cost, margin=...) -> setup``: the simulated memory check ``plan`` and
+``simulate`` run (``entrain.sim.memory_fit.deploy``, whose ``recompute`` decision departs from the
+planner's recomputation only past ``margin``, the run's ``--decision-margin``; the CLI passes it in,
+the runtime does not import the simulator)."""
 
 JudgeFactory = Callable[[Sampler, CostModel, ConfigRequest], CandidateJudge]
-"""``(sampler, cost, request) -> judge``: what decides Entrain's automatic layout by simulation on the
-planner's draws (``entrain.sim.choose.candidate_judge``; the CLI passes it in; without it Entrain keeps
-the paper's disjoint layout)."""
+"""``(sampler, cost, request) -> judge``: what decides Entrain's automatic choices by simulation on the
+planner's draws (``entrain.sim.choose.candidate_judge``, ``entrain.core.setups.DECISIONS``; the CLI
+passes it in; without it Entrain keeps the paper's disjoint layout and its ``auto`` options as given)."""
 
 MEMORY_CHECK_ITERATIONS = 20
 """Global batches the memory check simulates (``simulate``'s default ``--iterations``)."""
@@ -75,7 +77,8 @@ def run_setups(
 ) -> dict[str, SystemSetup]:
     """Each system's setup for a run on ``gpus`` processes (see the module docstring); a planned one
     (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``;
-    ``judge_factory`` decides Entrain's automatic layout (``JudgeFactory``)."""
+    ``judge_factory`` decides Entrain's automatic choices (``JudgeFactory``); each setup carries its
+    ``decisions``."""
     if spec.schedule.plan:
         system, setup = plan_file(spec)
         return {system: setup}
@@ -91,7 +94,7 @@ def run_setups(
     if memory_check is None:
         return setups
     check = batches[:MEMORY_CHECK_ITERATIONS]
-    return {s: memory_check(s, setup, check, cost) for s, setup in setups.items()}
+    return {s: memory_check(s, setup, check, cost, margin=req.margin) for s, setup in setups.items()}
 
 
 def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sampler:

@@ -1,6 +1,8 @@
 """Choices decided by simulating the candidates on the planner's draws: ``core`` cannot simulate, so
 the commands that may import the simulator hand ``candidate_judge`` to ``entrain.core.setups``
-(Entrain's ``entrain_layout="auto"``: shared vs disjoint, ``setups.LAYOUT_MARGIN``)."""
+(every automatic choice of Entrain, ``setups.DECISIONS``, each departing from the paper's default
+only past ``setups.DECISION_MARGIN``). A candidate simulated once is not simulated again: the
+decisions are made one after the other, and each one's incumbent is a candidate of the next."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from dataclasses import replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.planner import MacroscopicProfiler, Sampler
+from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.setups import CandidateJudge, ConfigRequest, SystemSetup
 from entrain.core.work import SampleWork
 from entrain.sim.memory_fit import fit_memory
 
-__all__ = ["JUDGE_DRAWS", "planner_draws", "candidate_judge"]
+__all__ = ["JUDGE_DRAWS", "TWINS", "planner_draws", "candidate_judge"]
 
 JUDGE_DRAWS = 2
 """Global batches a candidate is simulated on: the planner's draws of the global batch size, trials
@@ -35,6 +38,29 @@ def planner_draws(
     return out
 
 
+def _all_paper(choices) -> bool:
+    return all(c == "paper" for it in choices for c in (it if isinstance(it, list) else [it]))
+
+
+TWINS = (
+    ("memory_split", False, True, lambda p: "memory_split" not in p),
+    ("ramp_microbatches", 0, "auto", lambda p: all(r[0] == 0 for it in p.get("ramp_chosen", []) for r in it)),
+    ("dp_resplit", False, True, lambda p: _all_paper(p.get("dp_split_chosen", []))),
+    ("assignment", "paper", "auto",
+     lambda p: _all_paper(p.get("assignment_chosen", [])) and _all_paper(p.get("dp_split_chosen", []))),
+)  # fmt: skip
+"""``(option, the candidate's value, its twin's, twin plan's options -> the twin ran the candidate's
+plan)``: a candidate whose twin (the same setup with the option at the per-iteration or where-needed
+value) was simulated without a memory-check step and chose, everywhere, what the candidate fixes (no
+cut, no ramp, the paper's split and assignment) has the same plan, so the twin's time is reused."""
+
+_DEFAULTS = ScheduleOptions().to_json()
+
+
+def _key(layout, options: dict) -> str:
+    return repr((layout, sorted((k, v) for k, v in options.items() if v != _DEFAULTS.get(k, object()))))
+
+
 def candidate_judge(
     sampler: Sampler, cost: CostModel, req: ConfigRequest, num_draws: int = JUDGE_DRAWS
 ) -> CandidateJudge:
@@ -42,17 +68,35 @@ def candidate_judge(
     on first use), after the simulated memory check's recomputation where a rank overflows
     (``memory_fit.fit_memory``, as ``simulate`` and ``plan`` deploy it): on memory-bound workloads
     (docvqa) neither raw candidate fits, and comparing them unfitted kept a layout 2.6 % slower. A
-    plan that does not fit even so gets ``inf``."""
+    plan that does not fit even so gets ``inf``. A candidate already simulated, or whose ``TWINS``
+    twin ran its plan, is not simulated again."""
     draws: list[Sequence[SampleWork]] = []
+    seen: dict[str, tuple[float, dict | None]] = {}
+
+    def twin_ms(setup: SystemSetup) -> float | None:
+        for option, value, twin, same in TWINS:
+            if setup.options.get(option, _DEFAULTS[option]) != value:
+                continue
+            ms, plan_options = seen.get(_key(setup.layout, {**setup.options, option: twin}), (None, None))
+            if plan_options is not None and same(plan_options):
+                return ms
+        return None
+
+    def simulate(setup: SystemSetup) -> float:
+        key = _key(setup.layout, setup.options)
+        if key not in seen:
+            reused = twin_ms(setup)
+            if reused is not None:
+                seen[key] = (reused, None)
+            else:
+                got, run = fit_memory("entrain", setup, draws, cost, setup.options, trace_iterations=0)
+                ms = run.metrics.iteration_time_ms if run.metrics.fits_memory is not False else float("inf")
+                seen[key] = (ms, run.plan.options if got.layout == setup.layout else None)
+        return seen[key][0]
 
     def judge(candidates: dict[str, SystemSetup]) -> dict[str, float]:
         if not draws:
             draws.extend(planner_draws(sampler, cost, req, num_draws))
-        out = {}
-        for name, setup in candidates.items():
-            run = fit_memory("entrain", setup, draws, cost, setup.options, trace_iterations=0)[1]
-            fits = run.metrics.fits_memory is not False
-            out[name] = run.metrics.iteration_time_ms if fits else float("inf")
-        return out
+        return {name: simulate(setup) for name, setup in candidates.items()}
 
     return judge

@@ -10,7 +10,8 @@ from dataclasses import replace
 from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import Layout, StageSpec
-from entrain.core.setups import SystemSetup
+from entrain.core.setups import DECISION_MARGIN, SystemSetup, pick
+from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
 from entrain.sim.run import run_system
 
@@ -147,8 +148,11 @@ def fit_memory_best(
     options: dict | None = None,
     *,
     trace_iterations: int = 1,
+    margin: float = 0.0,
 ):
-    """``fit_memory`` from each start below, keeping the fastest fitting plan (ties: the earlier start):
+    """``fit_memory`` from each start below; the ``recompute`` decision (``setups.pick``) among them:
+    the planner's start escalated per rank (the default, the paper's answer: recomputation) unless
+    another fitting plan simulates more than ``margin`` faster (0: the fastest; ties: the earlier):
 
     * the planner's recomputation per stage;
     * where the planner chose any, none at all: Algorithm 2 prices memory on a mean microbatch and
@@ -161,38 +165,58 @@ def fit_memory_best(
       (``escalate``): per layer is not always faster (many small steps can end above a whole rank's
       single step, and a split rank runs one more call per microbatch).
 
-    The planner's start escalated per rank is always tried, so the result is never slower than that."""
+    The chosen setup carries the decision (``SystemSetup.decisions``)."""
     options = dict(setup.options if options is None else options)
-    starts = [setup]
+    found = _recompute_candidates(system, setup, batches, cost, options, trace_iterations)
+    ms = {n: r.metrics.iteration_time_ms if r.metrics.fits_memory is not False else float("inf")
+          for n, (_, r) in found.items()}  # fmt: skip
+    d = pick("recompute", next(iter(found)), ms, margin)
+    if d.candidates[d.chosen] == float("inf"):  # nothing fits: the last one tried, as before
+        d = replace(d, chosen=min(found, key=lambda n: found[n][1].metrics.iteration_time_ms))
+    got, run = found[d.chosen]
+    return replace(got, decisions=(*got.decisions, d)), run
+
+
+def _recompute_candidates(
+    system: str,
+    setup: SystemSetup,
+    batches: Sequence[Sequence[SampleWork]],
+    cost: CostModel,
+    options: dict,
+    trace_iterations: int,
+) -> dict[str, tuple]:
+    """``{name: (setup, run)}`` of ``fit_memory_best``'s starts, the planner's per rank first."""
+    starts = {"planner": setup}
     if any(st.recompute != "none" for st in setup.layout.stages):
         bare = tuple(replace(st, recompute="none") for st in setup.layout.stages)
         source = f"{setup.source}; recompute from the simulated peaks"
-        starts.append(replace(setup, layout=replace(setup.layout, stages=bare), source=source))
+        starts["from peaks"] = replace(setup, layout=replace(setup.layout, stages=bare), source=source)
     eager = options.get("eager_budget_factor", 1.25)
     tight = {**options, "eager_budget_factor": 1.0}
-    found = []
+    found: dict[str, tuple] = {}
 
-    def chains(start: SystemSetup, opts: dict) -> SystemSetup:
+    def chains(name: str, start: SystemSetup, opts: dict, note: str = "") -> SystemSetup:
         """The start escalated per rank, then (where that escalated) per layer; the per-rank result."""
         whole = fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=False)
-        found.append(whole)
+        found[name + note] = _noted(whole, note)
         if system in SPLIT_STAGES and whole[0].layout != start.layout:
-            found.append(
-                fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=True)
-            )
+            split = fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=True)
+            found[f"{name} per layer{note}"] = _noted(split, note)
         return whole[0]
 
-    for start in starts:
-        first = chains(start, options)
+    for name, start in starts.items():
+        first = chains(name, start, options)
         recomputes = any(st.recompute != "none" for st in first.layout.stages)
-        if system != "entrain" or eager <= 1.0 or not recomputes:
-            continue
-        n = len(found)
-        chains(replace(start, options=tight), tight)
-        for i in range(n, len(found)):
-            got, run = found[i]
-            found[i] = (replace(got, source=f"{got.source}; eager_budget_factor 1.0 (memory)"), run)
-    return min(found, key=lambda r: (r[1].metrics.fits_memory is False, r[1].metrics.iteration_time_ms))
+        if system == "entrain" and eager > 1.0 and recomputes:
+            chains(name, replace(start, options=tight), tight, ", eager 1.0")
+    return found
+
+
+def _noted(found: tuple, note: str) -> tuple:
+    if not note:
+        return found
+    got, run = found
+    return replace(got, source=f"{got.source}; eager_budget_factor 1.0 (memory)"), run
 
 
 def deploy(
@@ -201,14 +225,20 @@ def deploy(
     batches: Sequence[Sequence[SampleWork]],
     cost: CostModel,
     options: dict | None = None,
+    margin: float | None = None,
 ):
     """``(setup, run)`` a command hands on (``plan``'s file, ``simulate``'s result): an Algorithm 2
-    system's after the simulated memory check (``fit_memory_best``), Entrain's refused with
+    system's after the simulated memory check (``fit_memory_best``; ``margin``, by default
+    ``DECISION_MARGIN``, applies to Entrain's; a baseline takes its fastest plan), Entrain's refused with
     ``no_fit_message`` when even that does not fit; any other system's as planned, simulated."""
     options = dict(setup.options if options is None else options)
     if system not in MEMORY_FITTED:
         return setup, run_system(system, setup.layout, batches, cost, options)
-    setup, run = fit_memory_best(system, setup, batches, cost, options)
+    if not get_system(system).extensions:
+        margin = 0.0
+    elif margin is None:
+        margin = DECISION_MARGIN
+    setup, run = fit_memory_best(system, setup, batches, cost, options, margin=margin)
     if system == "entrain" and run.metrics.fits_memory is False:
         raise ConfigError(no_fit_message(run, batches, cost))
     return setup, run

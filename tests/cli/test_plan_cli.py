@@ -137,8 +137,11 @@ def test_out_carries_each_systems_layout_for_train(tmp_path, capsys, schema):
         if flags == ["--entrain-layout", "shared"]:  # one min-max partition of all layers over the ranks
             assert "boundary sharing" in plan["source"]
             assert [s["pp_rank"] for s in stages] == sorted(s["pp_rank"] for s in stages)
-            assert plan["schedule_options"] == {"ramp_microbatches": "auto", "split_weight_grads": True,
-                                                "assignment": "auto"}
+            options, chosen = plan["schedule_options"], {d["name"]: d["chosen"] for d in plan["decisions"]}
+            assert options["split_weight_grads"] is True  # the options are what the decisions chose
+            assert (options.get("assignment", "paper"), str(options.get("ramp_microbatches", 0))) == (
+                chosen["assignment"], chosen["ramp"])
+            assert options.get("memory_split", True) is (chosen["sub_microbatches"] == "on")
         if flags == ["--paper-entrain"]:
             assert plan["schedule_options"] == {}
 

@@ -73,9 +73,9 @@ def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
     cost = resolve_cost(spec)
     seen = []
 
-    def memory_check(system, setup, batches, cost):  # train's CLI passes simulate's (sim.memory_fit.deploy)
+    def memory_check(system, setup, batches, cost, margin=None):  # train's CLI passes simulate's (memory_fit.deploy)
         seen.append((system, len(batches)))
-        return train_cli._memory_check(system, setup, batches, cost)
+        return train_cli._memory_check(system, setup, batches, cost, margin)
 
     # and its layout judge (sim.choose.candidate_judge), as train's CLI passes both
     planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check, train_cli._judge_factory)

@@ -49,14 +49,14 @@ def test_auto_layout_follows_the_simulated_times(shared_over_disjoint, shared):
     cost, _, base = _headline()
     seen = []
 
-    def judge(candidates):
+    def judge(candidates):  # every decision's candidates; only the layout changes the time
         seen.append(sorted(candidates))
-        return {"disjoint": 1000.0, "shared": 1000.0 * shared_over_disjoint}
+        return {n: 1000.0 * (shared_over_disjoint if _is_shared(s) else 1.0) for n, s in candidates.items()}
 
     auto = replace(HEADLINE, entrain_layout="auto")
     got = entrain_variant(base, auto, cost, judge if shared_over_disjoint is not None else None)
     assert _is_shared(got) == shared
-    assert seen == ([["disjoint", "shared"]] if shared_over_disjoint is not None else [])
+    assert (["disjoint", "shared"] in seen) == (shared_over_disjoint is not None)
     forced = entrain_variant(base, replace(HEADLINE, entrain_layout="shared"), cost)
     assert _is_shared(forced) and not _is_shared(entrain_variant(base, HEADLINE, cost))
 
@@ -77,7 +77,6 @@ def test_headline_auto_layout_never_simulates_slower_than_the_paper_layout():
     judge = candidate_judge(sampler, cost, HEADLINE)
     auto = entrain_variant(base, HEADLINE, cost, judge)
     paper = entrain_variant(base, replace(HEADLINE, entrain_layout="disjoint"), cost, judge)
-    assert auto.options == paper.options
     if auto.layout == paper.layout:
         return
     batches = list(load_workload(HEADLINE.dataset, cost, global_batch=512, iterations=5, seed=3, tp=2))

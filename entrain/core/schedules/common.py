@@ -83,6 +83,11 @@ class ScheduleOptions:
     (``assignment.two_resource.split_dp_two_resource``), whichever leaves the smaller largest per-rank
     replica load, recorded in ``Plan.options["dp_split_chosen"][iteration]``."""
 
+    dp_resplit: bool = True
+    """Under ``assignment`` ``"two-resource"`` or ``"auto"``: whether the DP split may be re-chosen per
+    iteration (the paper's or the two-resource one, ``entrain.balanced_dp_split``); False keeps the
+    paper's DP split (``entrain.core.setups`` decides it by simulation, the ``dp_split`` decision)."""
+
     memory_split: bool = True
     """Entrain (ours, not the paper's): cut an encoder (sub-)microbatch whose recomputing backward
     would overflow its rank into sub-microbatches that fit (``schedules.memory_split``); only where

@@ -290,7 +290,7 @@ def generate(
         return candidate(cands[-1][1], 0, opts.ramp_pieces, predict=True)[0]
 
     splits: list[str] = []
-    if opts.assignment != "paper":  # the DP split too: the paper's or a two-resource one
+    if opts.assignment != "paper" and opts.dp_resplit:  # the DP split too: the paper's or a two-resource one
         predict = unramped if costs is not None else None
         k = layout.num_microbatches
         picked = [balanced_dp_split(ia, samples, costs, k, predict) for ia in assignments]
@@ -314,7 +314,7 @@ def generate(
         plan.options["ramp_chosen"] = [chosen[s] for s in per_iteration]
     if opts.assignment != "paper":
         plan.options["assignment_chosen"] = [chosen_assignment[s] for s in per_iteration]
-        plan.options["dp_split_chosen"] = splits
+        plan.options["dp_split_chosen"] = splits or ["paper"] * len(assignments)
     if any(cuts):
         plan.options["memory_split"] = {"room_bytes": rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan

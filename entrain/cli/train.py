@@ -570,7 +570,7 @@ def _is_conversation_file(dataset: str) -> bool:
     from entrain.data.generators import is_builtin
     from entrain.data.workload_io import detect_format
 
-    return not is_builtin(dataset) and os.path.isfile(dataset) and detect_format(dataset) == "conversation"
+    return not is_builtin(dataset) and os.path.exists(dataset) and detect_format(dataset) == "conversation"
 
 
 B_MIN_POOL = 4096

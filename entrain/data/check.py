@@ -1,6 +1,7 @@
 """Dataset validation: ``entrain data check`` and the trainer's ``--on-bad-sample error|skip``.
 
-Every record of a LLaVA JSON/JSONL or FineVision Parquet file is parsed, its images decoded fully
+Every record of a LLaVA JSON/JSONL or Parquet file, or of a sharded dataset folder (its shards
+checked in parallel processes, ``entrain.data.shards``) is parsed, its images decoded fully
 and run through the Qwen2.5-VL image processor, and its chat-formatted length measured. Findings:
 
 - severity ``error`` (the record is bad): invalid JSON (with line), a missing or empty field, an
@@ -32,7 +33,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -177,8 +179,9 @@ class _ImageResult:
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (field, reason, severity)
 
 
-def _short(src: str | bytes) -> str:
-    return src if isinstance(src, str) else f"<{len(src)} encoded bytes>"
+def _short(src) -> str:
+    """A path as itself, an image in a shard as ``shard#location``, bytes as their length."""
+    return src if isinstance(src, str) else f"<{len(src)} encoded bytes>" if isinstance(src, bytes) else str(src)
 
 
 def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processor: bool) -> _ImageResult:
@@ -325,12 +328,46 @@ class Screened:
     skipped_path: Path | None = None
 
 
-def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
+Examined = tuple[Parsed, list[tuple[str, str, str]], SampleMeta | None]
+"""A parsed record with its findings ``(field, reason, severity)`` and metadata (None: bad)."""
+
+
+def _examine(item: Parsed, rules: _Rules) -> Examined:
+    """The per-record work (images decoded, tokens counted), which may run in a worker process; the
+    record comes back without the image bytes its reader held."""
+    if item.fatal or item.record is None:
+        return item, [], None
+    problems, meta = _record_findings(item.record, rules)
+    return replace(item, record=item.record.light()), problems, meta
+
+
+def _examine_shard(shard: tuple[Path, str], rules: _Rules, image_root) -> list[Examined]:
+    from entrain.data.shards import iter_shard
+
+    return [_examine(item, rules) for item in iter_shard(shard[0], shard[1], image_root)]
+
+
+def _examined(path, image_root, rules: _Rules, workers: int | None) -> Iterable[Examined]:
+    """Every record of ``path`` examined, in order; a folder's shards in parallel processes."""
+    if not Path(path).is_dir():
+        return (_examine(item, rules) for item in iter_parsed(path, image_root))
+    from entrain.data.shards import dataset_shards, flatten, map_shards
+
+    root = image_root if image_root is not None else path
+    if rules.processor:  # built once here, so the forked workers share it instead of each importing it
+        from entrain.data.processing import image_processor
+
+        image_processor(rules.vision)
+    scan = partial(_examine_shard, rules=rules, image_root=root)
+    return flatten(map_shards(scan, dataset_shards(path), workers=workers, desc=f"checking {Path(path).name}"))
+
+
+def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
     report = CheckReport()
-    first_index: dict[str, int] = {}
+    first_index: dict[str, tuple[str, int]] = {}
     good: list[Record] = []
     samples: list[SampleMeta] = []
-    for item in items:
+    for item, problems, meta in examined:
         report.records += 1
         first_finding = len(report.findings)
 
@@ -344,12 +381,11 @@ def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
             break
         if item.id is not None:
             if item.id in first_index:
-                add("id", f"duplicate id (first used by record {first_index[item.id]})", ERROR)
+                add("id", f"duplicate id (first used by record {_first(first_index[item.id], item.file)})", ERROR)
             else:
-                first_index[item.id] = item.index
+                first_index[item.id] = (item.file, item.index)
         if item.record is None:
             continue
-        problems, meta = _record_findings(item.record, rules)
         for fld, reason, severity in problems:
             add(fld, reason, severity)
         bad = any(f.severity == ERROR for f in report.findings[first_finding:])
@@ -361,6 +397,11 @@ def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
     return Screened(report, good, samples)
 
 
+def _first(where: tuple[str, int], file: str) -> str:
+    """The first record of a duplicated id: its index, and its file when another (a shard)."""
+    return str(where[1]) if where[0] == file else f"{where[1]} of {where[0]}"
+
+
 def check_dataset(
     path: str | Path,
     image_root: str | Path | None = None,
@@ -370,17 +411,20 @@ def check_dataset(
     *,
     processor: bool = True,
     confine_images: bool = False,
+    workers: int | None = None,
 ) -> CheckReport:
-    """Check every record of ``path``. ``processor=False`` skips running the image processor
+    """Check every record of ``path`` (a file or a sharded dataset folder, whose shards are checked
+    in up to ``workers`` processes). ``processor=False`` skips running the image processor
     (images are still fully decoded; token counts then come from ``smart_resize``).
     ``confine_images``: an image outside the dataset root is an error (else a warning)."""
     rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
-    return _scan(iter_parsed(path, image_root), rules, keep=False).report
+    return _scan(_examined(path, image_root, rules, workers), keep=False).report
 
 
 def _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images) -> _Rules:
     tok = tokenizer if tokenizer is not None else default_tokenizer()
-    root = Path(image_root if image_root is not None else Path(path).parent).resolve()
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    root = Path(image_root if image_root is not None else folder).resolve()
     return _Rules(tok, max_tokens, vision, processor, root, confine_images)
 
 
@@ -423,6 +467,7 @@ def screen_dataset(
     vision: VisionTokenConfig = DEFAULT_VISION,
     processor: bool = False,
     confine_images: bool = False,
+    workers: int | None = None,
 ) -> Screened:
     """Check ``path`` before training and return its usable records with their ``SampleMeta``.
 
@@ -435,7 +480,7 @@ def screen_dataset(
     if on_bad == "skip" and out_dir is None:
         raise ValueError("on_bad='skip' needs out_dir for skipped.jsonl")
     rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
-    screened = _scan(iter_parsed(path, image_root), rules, keep=True)
+    screened = _scan(_examined(path, image_root, rules, workers), keep=True)
     report = screened.report
     stop = unreadable_to_end(report)
     if stop is not None:  # never train on the part of a file before a cut: an error in every mode

@@ -9,7 +9,9 @@ Formats (``reference/datasets.md`` §5):
   character is ``{``). OpenAI-style ``"messages": [{"role", "content"}]`` is read like
   ``conversations``; ``content`` may be a string or chat-template parts
   (``[{"type": "image"}, {"type": "text", "text": ...}]``, each image part a placeholder).
-- FineVision-style Parquet: see ``entrain.data.parquet``.
+- FineVision-style or LLaVA-fields Parquet: see ``entrain.data.parquet``.
+- Sharded datasets (a folder of Parquet or WebDataset ``.tar`` shards, or a Hugging Face
+  ``save_to_disk`` folder) and single ``.tar`` / ``.arrow`` shards: see ``entrain.data.shards``.
 
 Relative image paths resolve against ``image_root`` when given, else the data file's folder.
 Arrays are parsed incrementally (``json.JSONDecoder.raw_decode`` over chunks), so a multi-GB file
@@ -33,7 +35,7 @@ from entrain.core.errors import DataError
 from entrain.core.files import file_problem
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 from entrain.data.problems import ASSISTANT_IMAGE, image_error, open_image, oriented_size, unread
-from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, Parsed, Record
+from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, ImageRef, Parsed, Record
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
@@ -41,6 +43,7 @@ __all__ = [
     "Parsed",
     "Record",
     "data_format",
+    "file_metadata",
     "image_size",
     "is_conversation_file",
     "iter_parsed",
@@ -199,13 +202,19 @@ def _iter_json_array(path: Path, chunk_chars: int = _CHUNK_CHARS) -> Iterator[_R
 PARQUET_MAGIC = b"PAR1"
 
 
+SHARD_SUFFIXES = {".tar": "webdataset", ".arrow": "arrow"}
+
+
 def data_format(path: str | Path) -> str:
-    """``"json"`` (array), ``"jsonl"`` or ``"parquet"``, from the suffix, the Parquet magic bytes
-    and the first character."""
+    """``"json"`` (array), ``"jsonl"``, ``"parquet"``, ``"webdataset"`` (a ``.tar`` shard) or
+    ``"arrow"`` (a ``save_to_disk`` arrow file), from the suffix, the Parquet magic bytes and the
+    first character."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".parquet":
         return "parquet"
+    if suffix in SHARD_SUFFIXES:
+        return SHARD_SUFFIXES[suffix]
     with open(p, "rb") as f:
         raw = f.read(4096)
     if raw.startswith(PARQUET_MAGIC):
@@ -217,13 +226,18 @@ def data_format(path: str | Path) -> str:
 
 
 def is_conversation_file(path: str | Path) -> bool:
-    """True for a Parquet file or a JSON/JSONL file whose first record has ``conversations`` or
-    ``messages`` (a LLaVA/ShareGPT dataset, not a workload JSONL of sizes and token counts)."""
+    """True for a sharded dataset folder, a Parquet / tar / arrow file, or a JSON/JSONL file whose
+    first record has ``conversations`` or ``messages`` (a LLaVA/ShareGPT dataset, not a workload
+    JSONL of sizes and token counts)."""
     p = Path(path)
+    if p.is_dir():
+        from entrain.data.shards import is_sharded_dataset
+
+        return is_sharded_dataset(p)
     if file_problem(p) is not None:
         return False
     fmt = data_format(p)
-    if fmt == "parquet":
+    if fmt in ("parquet", "webdataset", "arrow"):
         return True
     raws = _iter_jsonl(p) if fmt == "jsonl" else _iter_json_array(p)
     first = next(iter(raws), None)
@@ -242,7 +256,7 @@ def _resolve(path: str, base: Path) -> str:
     return str(p if p.is_absolute() else base / p)
 
 
-def _image_list(obj: dict, base: Path, problems: list[tuple[str, str]]) -> list[str]:
+def _image_list(obj: dict, base: Path, problems: list[tuple[str, str]]) -> list[str | ImageRef]:
     key = "images" if "images" in obj else "image" if "image" in obj else None
     if key is None or obj[key] is None:
         return []
@@ -251,10 +265,12 @@ def _image_list(obj: dict, base: Path, problems: list[tuple[str, str]]) -> list[
     if not isinstance(items, list):
         problems.append((key, f"must be a path or a list of paths, got {type(value).__name__}"))
         return []
-    out: list[str] = []
+    out: list[str | ImageRef] = []
     for i, item in enumerate(items):
         fld = key if isinstance(value, str) else f"{key}[{i}]"
-        if not isinstance(item, str):
+        if isinstance(item, ImageRef):  # found inside a shard by its reader
+            out.append(item)
+        elif not isinstance(item, str):
             problems.append((fld, f"must be a path string, got {type(item).__name__}"))
         elif not item.strip():
             problems.append((fld, "empty image path"))
@@ -355,16 +371,22 @@ def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Pat
 
 
 def iter_parsed(path: str | Path, image_root: str | Path | None = None) -> Iterator[Parsed]:
-    """Every record of a LLaVA JSON/JSONL or FineVision Parquet file, parsed, in file order."""
+    """Every record of a LLaVA JSON/JSONL or Parquet file, a shard or a sharded dataset folder
+    (shard after shard), parsed, in file order."""
     p = Path(path)
+    if p.is_dir():
+        from entrain.data.shards import iter_sharded
+
+        yield from iter_sharded(p, image_root)
+        return
     problem = file_problem(p)
     if problem is not None:
         raise DataError(str(p), None, None, problem)
     fmt = data_format(p)
-    if fmt == "parquet":
-        from entrain.data.parquet import iter_parquet
+    if fmt in ("parquet", "webdataset", "arrow"):
+        from entrain.data.shards import iter_shard
 
-        yield from iter_parquet(p, image_root)
+        yield from iter_shard(p, fmt, image_root)
         return
     base = Path(image_root) if image_root is not None else p.parent
     raws = _iter_jsonl(p) if fmt == "jsonl" else _iter_json_array(p)
@@ -454,8 +476,9 @@ def _check_resizable(record: Record, i: int, src: str | bytes, hw: tuple[int, in
         )
 
 
-def _short(src: str | bytes) -> str:
-    return src if isinstance(src, str) else f"<{len(src)} bytes>"
+def _short(src) -> str:
+    """A path as itself, an image in a shard as ``shard#location``, bytes as their length."""
+    return src if isinstance(src, str) else f"<{len(src)} bytes>" if isinstance(src, bytes) else str(src)
 
 
 def read_metadata(
@@ -466,20 +489,33 @@ def read_metadata(
     *,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
+    workers: int | None = None,
 ) -> list[SampleMeta]:
-    """Per-sample metadata of a LLaVA JSON/JSONL or FineVision Parquet dataset, in file order.
+    """Per-sample metadata of a LLaVA JSON/JSONL or Parquet dataset, a shard or a sharded dataset
+    folder, in file (shard) order.
 
     Streams the file (memory ~ the metadata list) and reads only image headers. With ``use_cache``
     the result is stored next to the data (``.entrain_cache/``) or in ``cache_dir`` and reused while
     the file's path, size and mtime, every image file's size and mtime, the image root, tokenizer
-    and vision limits are unchanged.
+    and vision limits are unchanged. A folder's shards are scanned in up to ``workers`` processes
+    (default: one per CPU) and cached one by one (``entrain.data.shards.read_sharded_metadata``).
     ``tokenizer`` defaults to the offline Qwen2 tokenizer. Raises DataError at the first bad record
     (run ``entrain data check`` to list them all).
     """
-    from entrain.data import metadata_cache
     from entrain.data.tokenizer import default_tokenizer
 
     tok = tokenizer if tokenizer is not None else default_tokenizer()
+    if Path(path).is_dir():
+        from entrain.data.shards import read_sharded_metadata
+
+        return read_sharded_metadata(path, image_root, tok, vision, cache_dir, use_cache, workers)
+    return file_metadata(path, image_root, tok, vision, cache_dir, use_cache)
+
+
+def file_metadata(path, image_root, tok, vision, cache_dir=None, use_cache: bool = True) -> list[SampleMeta]:
+    """``read_metadata`` of one file (no folder) with the tokenizer ``tok``."""
+    from entrain.data import metadata_cache
+
     key = metadata_cache.cache_key(path, image_root, tok.name, vision) if use_cache else None
     if key is not None:
         cached = metadata_cache.load(path, key, vision, cache_dir)

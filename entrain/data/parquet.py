@@ -110,7 +110,7 @@ def _row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: RefOf)
 def llava_row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: RefOf) -> Parsed:
     """One row with LLaVA fields (``conversations``/``messages``, ``image``/``images``, ``id``):
     image bytes become ``ref_of(column, i, bytes)``, paths resolve against ``base``."""
-    from entrain.data.llava import parse_record
+    from entrain.data.conversation import parse_record
 
     problems: list[tuple[str, str]] = []
     obj = {k: v for k, v in row.items() if v is not None and k not in ("image", "images")}

@@ -237,18 +237,21 @@ def _pooled(fn: Callable, shards: list, num: int, bar) -> Iterator:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _shard_metadata(shard: tuple[Path, str], root, tok, vision, cache_dir, use_cache) -> list[SampleMeta]:
-    from entrain.data.llava import file_metadata
-
-    return file_metadata(shard[0], root, tok, vision, cache_dir, use_cache)
-
-
 def read_sharded_metadata(
-    folder, image_root, tok, vision: VisionTokenConfig, cache_dir=None, use_cache: bool = True, workers=None
+    folder,
+    image_root,
+    tok,
+    vision: VisionTokenConfig,
+    file_metadata: Callable,
+    cache_dir=None,
+    use_cache: bool = True,
+    workers=None,
 ) -> list[SampleMeta]:
     """``SampleMeta`` of every record of a sharded dataset folder, in shard order. Each shard is
-    cached on its own (``entrain.data.metadata_cache``); the shards not in the cache are scanned in
-    parallel processes (``map_shards``). Raises DataError (shard, index, field) at a bad record."""
+    cached on its own (``entrain.data.metadata_cache``); the shards not in the cache are scanned
+    by ``file_metadata(shard, root, tok, vision, cache_dir, use_cache)`` (``entrain.data.llava``'s,
+    which stores the shard's cache) in parallel processes (``map_shards``). Raises DataError
+    (shard, index, field) at a bad record."""
     from entrain.data import metadata_cache
 
     root = image_root if image_root is not None else folder
@@ -259,11 +262,15 @@ def read_sharded_metadata(
             key = metadata_cache.cache_key(shard, root, tok.name, vision)
             cached[i] = metadata_cache.load(shard, key, vision, cache_dir)
     todo = [s for s, c in zip(shards, cached, strict=True) if c is None]
-    scan = partial(
-        _shard_metadata, root=root, tok=tok, vision=vision, cache_dir=cache_dir, use_cache=use_cache
-    )
+    scan = partial(_shard_metadata, file_metadata, root, tok, vision, cache_dir, use_cache)
     fresh = map_shards(scan, todo, workers=workers, desc=f"metadata of {Path(folder).name}")
     return [m for c in cached for m in (c if c is not None else next(fresh))]
+
+
+def _shard_metadata(
+    file_metadata: Callable, root, tok, vision, cache_dir, use_cache, shard
+) -> list[SampleMeta]:
+    return file_metadata(shard[0], root, tok, vision, cache_dir, use_cache)
 
 
 def flatten(results: Iterable[list]) -> Iterator:

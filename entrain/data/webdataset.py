@@ -86,7 +86,7 @@ def _add(sample: _Sample, tf: tarfile.TarFile, member: tarfile.TarInfo, ext: str
 
 
 def _parse(sample: _Sample, shard: Path, index: int, base: Path) -> Parsed:
-    from entrain.data.llava import parse_record
+    from entrain.data.conversation import parse_record
 
     file = str(shard)
     if sample.json_text is None:

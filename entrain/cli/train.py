@@ -61,7 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--work-file",
         dest="dataset",
         default="skewed",
-        help="built-in generator name, workload JSONL, or LLaVA JSON/JSONL/Parquet dataset",
+        help="built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of Parquet "
+        "or WebDataset .tar shards or of a Hugging Face save_to_disk dataset",
     )
     p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
     p.add_argument("--model", default="tiny", choices=MODEL_PRESETS, help="model preset to train")

@@ -267,15 +267,33 @@ class _Rules:
     root: Path | None = None
     """The dataset root images should stay under (None: not checked)."""
     confine_images: bool = False
+    checked: dict = field(default_factory=dict, compare=False)
+    """``(path, [size_bytes, mtime_ns]) -> _ImageResult`` of image files already checked in this scan
+    (datasets reuse images), at most ``CHECKED_IMAGES`` at a time."""
+
+
+CHECKED_IMAGES = 65536
+
+
+def _image_result(src, fld: str, rules: _Rules) -> _ImageResult:
+    """``_check_image`` of ``src``, reused for an image file checked before in this scan with the same
+    size and mtime (the result depends on nothing else)."""
+    if not isinstance(src, str):
+        return _check_image(src, fld, rules.vision, rules.processor)
+    from entrain.data.metadata_cache import file_stamp
+
+    stamp = file_stamp(src)
+    key = (src, None if stamp is None else tuple(stamp))
+    res = rules.checked.get(key)
+    if res is None:
+        if len(rules.checked) >= CHECKED_IMAGES:  # bounded: start again rather than grow
+            rules.checked.clear()
+        res = rules.checked[key] = _check_image(src, "", rules.vision, rules.processor)
+    return _ImageResult(res.hw, res.tokens, [(fld, reason, severity) for _, reason, severity in res.problems])
 
 
 def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, str]], SampleMeta | None]:
-    tokenizer, max_tokens, vision, processor = (
-        rules.tokenizer,
-        rules.max_tokens,
-        rules.vision,
-        rules.processor,
-    )
+    tokenizer, max_tokens, vision = rules.tokenizer, rules.max_tokens, rules.vision
     problems: list[tuple[str, str, str]] = []
     for i, (role, text) in enumerate(rec.turns):
         found = special_tokens_in(text, tokenizer)
@@ -295,7 +313,7 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
             problems.append(
                 (f"images[{i}]", f"image {src} resolves outside the dataset root {rules.root}", severity)
             )
-        res = _check_image(src, f"images[{i}]", vision, processor)
+        res = _image_result(src, f"images[{i}]", rules)
         problems.extend(res.problems)
         if res.hw is not None:
             sizes.append(res.hw)
@@ -364,7 +382,9 @@ def _examined(path, image_root, rules: _Rules, workers: int | None) -> Iterable[
 
 def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
     report = CheckReport()
-    first_index: dict[str, tuple[str, int]] = {}
+    first_index: dict[str, int] = {}
+    """id -> ``file number << 40 | index`` of its first record (an int: 1M ids stay small)."""
+    files: dict[str, int] = {}
     good: list[Record] = []
     samples: list[SampleMeta] = []
     for item, problems, meta in examined:
@@ -381,9 +401,9 @@ def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
             break
         if item.id is not None:
             if item.id in first_index:
-                add("id", f"duplicate id (first used by record {_first(first_index[item.id], item.file)})", ERROR)
+                add("id", f"duplicate id (first used by record {_first(first_index[item.id], files, item.file)})", ERROR)
             else:
-                first_index[item.id] = (item.file, item.index)
+                first_index[item.id] = files.setdefault(item.file, len(files)) << 40 | item.index
         if item.record is None:
             continue
         for fld, reason, severity in problems:
@@ -397,9 +417,13 @@ def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
     return Screened(report, good, samples)
 
 
-def _first(where: tuple[str, int], file: str) -> str:
-    """The first record of a duplicated id: its index, and its file when another (a shard)."""
-    return str(where[1]) if where[0] == file else f"{where[1]} of {where[0]}"
+def _first(where: int, files: dict[str, int], file: str) -> str:
+    """The first record of a duplicated id (``file number << 40 | index``): its index, and its file
+    when another (a shard)."""
+    number, index = where >> 40, where & ((1 << 40) - 1)
+    if files.get(file) == number:
+        return str(index)
+    return f"{index} of {next(f for f, n in files.items() if n == number)}"
 
 
 def check_dataset(

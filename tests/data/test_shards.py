@@ -124,6 +124,7 @@ def test_map_shards_runs_in_worker_processes_and_keeps_shard_order():
 def test_metadata_is_cached_per_shard(tmp_path, monkeypatch):
     folder = dataset("hf", tmp_path / "hf")
     first = read_metadata(folder, workers=2)
+    assert [m.id for m in first] == [f"s{k}-{i}" for k, n in enumerate((3, 2, 3)) for i in range(n)]
     real = llava.iter_records
     monkeypatch.setattr(llava, "iter_records", lambda *a, **k: pytest.fail("a cached shard was read again"))
     assert read_metadata(folder, workers=2) == first  # every shard from its cache

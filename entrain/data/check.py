@@ -367,9 +367,11 @@ def _examine_shard(shard: tuple[Path, str], rules: _Rules, image_root) -> list[E
 
 def _examined(path, image_root, rules: _Rules, workers: int | None) -> Iterable[Examined]:
     """Every record of ``path`` examined, in order; a folder's shards in parallel processes."""
+    from entrain.data.shards import dataset_shards, flatten, map_shards, with_progress
+
     if not Path(path).is_dir():
-        return (_examine(item, rules) for item in iter_parsed(path, image_root))
-    from entrain.data.shards import dataset_shards, flatten, map_shards
+        items = with_progress(iter_parsed(path, image_root), f"checking {Path(path).name}")
+        return (_examine(item, rules) for item in items)
 
     root = image_root if image_root is not None else path
     if rules.processor:  # built once here, so the forked workers share it instead of each importing it

@@ -388,11 +388,14 @@ def read_metadata(
         from entrain.data.shards import read_sharded_metadata
 
         return read_sharded_metadata(path, image_root, tok, vision, file_metadata, cache_dir, use_cache, workers)
-    return file_metadata(path, image_root, tok, vision, cache_dir, use_cache)
+    return file_metadata(path, image_root, tok, vision, cache_dir, use_cache, progress=True)
 
 
-def file_metadata(path, image_root, tok, vision, cache_dir=None, use_cache: bool = True) -> list[SampleMeta]:
-    """``read_metadata`` of one file (no folder) with the tokenizer ``tok``."""
+def file_metadata(
+    path, image_root, tok, vision, cache_dir=None, use_cache: bool = True, *, progress: bool = False
+) -> list[SampleMeta]:
+    """``read_metadata`` of one file (no folder) with the tokenizer ``tok``; ``progress``: count its
+    records on a progress bar (``entrain.data.shards.progress_bar``)."""
     from entrain.data import metadata_cache
 
     key = metadata_cache.cache_key(path, image_root, tok.name, vision) if use_cache else None
@@ -402,7 +405,12 @@ def file_metadata(path, image_root, tok, vision, cache_dir=None, use_cache: bool
             return cached
     sizes: dict[str, tuple[int, int]] = {}
     stamps: dict[str, list[int] | None] = {}
-    samples = [record_meta(rec, tok, vision, sizes, stamps) for rec in iter_records(path, image_root)]
+    records = iter_records(path, image_root)
+    if progress:
+        from entrain.data.shards import with_progress
+
+        records = with_progress(records, f"metadata of {Path(path).name}")
+    samples = [record_meta(rec, tok, vision, sizes, stamps) for rec in records]
     if key is not None:
         metadata_cache.store(path, key, samples, cache_dir, stamps)
     return samples

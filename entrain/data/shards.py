@@ -44,6 +44,7 @@ __all__ = [
     "read_sharded_metadata",
     "scan_workers",
     "set_progress",
+    "with_progress",
 ]
 
 HF_STATE = "state.json"
@@ -175,7 +176,7 @@ def set_progress(on: bool) -> None:
     _progress["on"] = on
 
 
-def progress_bar(total: int, desc: str):
+def progress_bar(total: int | None, desc: str, unit: str = "shard"):
     """A tqdm bar on stderr, disabled when off (``set_progress``) or stderr is not a terminal. It
     starts no monitor thread (a thread would make ``scan_workers`` scan in this process)."""
     from tqdm import tqdm
@@ -184,7 +185,18 @@ def progress_bar(total: int, desc: str):
         monitor_interval = 0
 
     on = _progress["on"] and sys.stderr.isatty()
-    return _Bar(total=total, desc=desc, unit="shard", file=sys.stderr, disable=not on, mininterval=0.5)
+    return _Bar(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not on, mininterval=0.5)
+
+
+def with_progress(items: Iterable, desc: str) -> Iterator:
+    """``items`` counted on a progress bar of records (a single file's scan)."""
+    bar = progress_bar(None, desc, "record")
+    try:
+        for item in items:
+            bar.update(1)
+            yield item
+    finally:
+        bar.close()
 
 
 def scan_workers(num_shards: int, requested: int | None = None) -> int:
@@ -217,8 +229,9 @@ def map_shards(fn: Callable, shards: list, *, workers: int | None = None, desc: 
     try:
         if num <= 1:
             for shard in shards:
-                yield fn(shard)
+                result = fn(shard)
                 bar.update(1)
+                yield result
             return
         yield from _pooled(fn, shards, num, bar)
     finally:
@@ -231,8 +244,8 @@ def _pooled(fn: Callable, shards: list, num: int, bar) -> Iterator:
     pool = ProcessPoolExecutor(num, mp_context=mp.get_context("fork"), initializer=_set_task, initargs=(fn,))
     try:
         for result in pool.map(_run_task, shards):
-            yield result
             bar.update(1)
+            yield result
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -263,7 +276,7 @@ def read_sharded_metadata(
             cached[i] = metadata_cache.load(shard, key, vision, cache_dir)
     todo = [s for s, c in zip(shards, cached, strict=True) if c is None]
     scan = partial(_shard_metadata, file_metadata, root, tok, vision, cache_dir, use_cache)
-    fresh = map_shards(scan, todo, workers=workers, desc=f"metadata of {Path(folder).name}")
+    fresh = iter(list(map_shards(scan, todo, workers=workers, desc=f"metadata of {Path(folder).name}")))
     return [m for c in cached for m in (c if c is not None else next(fresh))]
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import sys
 import tarfile
 import time
 from importlib import resources
@@ -156,3 +158,24 @@ def test_folder_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "dd" / "dataset_dict.json").write_text('{"splits": ["train"]}')
     with pytest.raises(ConfigError, match="a Hugging Face DatasetDict; pass one split's folder .*dd/train"):
         dataset_shards(tmp_path / "dd")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_bar_on_a_terminal_and_none_under_json(tmp_path, monkeypatch, capsys):
+    from entrain.data import shards
+
+    folder = dataset("webdataset", tmp_path / "wds", sizes=(1, 1))
+    monkeypatch.setitem(shards._progress, "on", True)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["data", "stats", "--dataset", str(folder), "--model", "tiny"]) == 0
+    assert "metadata of wds" in terminal.getvalue() and "2/2" in terminal.getvalue()  # shards done
+    shutil.rmtree(folder / ".entrain_cache")
+    terminal.seek(0), terminal.truncate(), capsys.readouterr()
+    assert main(["data", "stats", "--dataset", str(folder), "--model", "tiny", "--json"]) == 0
+    assert "metadata of" not in terminal.getvalue()
+    assert json.loads(capsys.readouterr().out)["num_samples"] == 2

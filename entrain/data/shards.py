@@ -200,10 +200,12 @@ def with_progress(items: Iterable, desc: str) -> Iterator:
 
 
 def scan_workers(num_shards: int, requested: int | None = None) -> int:
-    """Worker processes for ``num_shards`` shards: ``requested`` (or one per CPU, at most
-    ``MAX_DEFAULT_WORKERS``), never more than the shards, and 1 (in this process) where another
+    """Worker processes for ``num_shards`` shards: ``requested``, or the CPUs shared among the ranks
+    of this node (torchrun's ``LOCAL_WORLD_SIZE``: every rank screens the dataset), at most
+    ``MAX_DEFAULT_WORKERS``; never more than the shards, and 1 (in this process) where another
     Python thread runs (forking then is unsafe)."""
-    wanted = requested if requested is not None else min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS)
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    wanted = requested if requested is not None else min((os.cpu_count() or 1) // ranks, MAX_DEFAULT_WORKERS)
     if threading.active_count() > 1:
         return 1
     return max(1, min(wanted, num_shards))

@@ -24,7 +24,7 @@ from entrain.data import llava
 from entrain.data.check import check_dataset
 from entrain.data.llava import iter_parsed, read_metadata
 from entrain.data.processing import load_image
-from entrain.data.shards import dataset_shards, map_shards
+from entrain.data.shards import dataset_shards, map_shards, scan_workers
 from tests.data.shard_writers import FORMATS, dataset, image_bytes, records, write, write_hf
 
 
@@ -121,6 +121,15 @@ def test_map_shards_runs_in_worker_processes_and_keeps_shard_order():
     assert [r for r, _ in out] == [0, 1, 4, 9]
     assert os.getpid() not in {pid for _, pid in out}
     assert {pid for _, pid in map_shards(_slow_square, [3], workers=2)} == {os.getpid()}  # one shard: here
+
+
+def test_scan_workers_share_the_cpus_among_the_ranks_of_a_node(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert [scan_workers(n) for n in (1, 3, 20)] == [1, 3, 8]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert [scan_workers(20), scan_workers(20, requested=5)] == [4, 5]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert scan_workers(20) == 1
 
 
 def test_metadata_is_cached_per_shard(tmp_path, monkeypatch):

@@ -52,6 +52,12 @@ DEMO = {
 }
 
 
+DATASET_HELP = (
+    "built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of Parquet "
+    "or WebDataset .tar shards or of a Hugging Face save_to_disk dataset"
+)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train", help="train a VLM with a system's Plans (torchrun)", description=__doc__
@@ -61,8 +67,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--work-file",
         dest="dataset",
         default="skewed",
-        help="built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of Parquet "
-        "or WebDataset .tar shards or of a Hugging Face save_to_disk dataset",
+        help=DATASET_HELP,
     )
     p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
     p.add_argument("--model", default="tiny", choices=MODEL_PRESETS, help="model preset to train")

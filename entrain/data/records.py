@@ -62,8 +62,11 @@ class ImageRef:
         return data
 
     def __str__(self) -> str:
-        where = "@".join(str(x) for x in self.loc)
-        return f"{self.shard}#{self.column + ':' if self.column else ''}{where}"
+        if self.kind == "tar":
+            return f"{self.shard} (bytes {self.loc[0]}..{self.loc[0] + self.loc[1]})"
+        *rows, item = self.loc
+        where = f"row group {rows[0]}, row {rows[1]}" if self.kind == "parquet" else f"row {rows[0]}"
+        return f"{self.shard} ({where}, {self.column}[{item}])"
 
 
 @functools.lru_cache(maxsize=4)

@@ -188,3 +188,16 @@ def test_a_progress_bar_on_a_terminal_and_none_under_json(tmp_path, monkeypatch,
     assert main(["data", "stats", "--dataset", str(folder), "--model", "tiny", "--json"]) == 0
     assert "metadata of" not in terminal.getvalue()
     assert json.loads(capsys.readouterr().out)["num_samples"] == 2
+
+
+def test_an_unreadable_image_in_a_shard_names_its_place(tmp_path):
+    shards = [records(0, 2)]
+    shards[0][1]["image_bytes"] = shards[0][1]["image_bytes"][:30]  # a cut JPEG
+    folder = write("webdataset", tmp_path / "wds", shards)
+    (finding,) = check_dataset(folder, processor=False).errors
+    assert (finding.index, finding.field) == (1, "images[0]")
+    assert f"{folder / 'shard-00000.tar'} (bytes " in finding.reason
+    with pytest.raises(
+        DataError, match=r"shard-00000.tar:#1: field 'images\[0\]': .*shard-00000.tar \(bytes \d+"
+    ):
+        read_metadata(folder, use_cache=False)

@@ -350,35 +350,35 @@ Examined = tuple[Parsed, list[tuple[str, str, str]], SampleMeta | None]
 """A parsed record with its findings ``(field, reason, severity)`` and metadata (None: bad)."""
 
 
-def _examine(item: Parsed, rules: _Rules) -> Examined:
+def _examine(item: Parsed, rules: _Rules, keep: bool = True) -> Examined:
     """The per-record work (images decoded, tokens counted), which may run in a worker process; the
-    record comes back without the image bytes its reader held."""
+    record comes back without the image bytes its reader held, or not at all unless ``keep``."""
     if item.fatal or item.record is None:
         return item, [], None
     problems, meta = _record_findings(item.record, rules)
-    return replace(item, record=item.record.light()), problems, meta
+    return replace(item, record=item.record.light() if keep else None), problems, meta
 
 
-def _examine_shard(shard: tuple[Path, str], rules: _Rules, image_root) -> list[Examined]:
+def _examine_shard(shard: tuple[Path, str], rules: _Rules, image_root, keep: bool) -> list[Examined]:
     from entrain.data.shards import iter_shard
 
-    return [_examine(item, rules) for item in iter_shard(shard[0], shard[1], image_root)]
+    return [_examine(item, rules, keep) for item in iter_shard(shard[0], shard[1], image_root)]
 
 
-def _examined(path, image_root, rules: _Rules, workers: int | None) -> Iterable[Examined]:
+def _examined(path, image_root, rules: _Rules, workers: int | None, keep: bool) -> Iterable[Examined]:
     """Every record of ``path`` examined, in order; a folder's shards in parallel processes."""
     from entrain.data.shards import dataset_shards, flatten, map_shards, with_progress
 
     if not Path(path).is_dir():
         items = with_progress(iter_parsed(path, image_root), f"checking {Path(path).name}")
-        return (_examine(item, rules) for item in items)
+        return (_examine(item, rules, keep) for item in items)
 
     root = image_root if image_root is not None else path
     if rules.processor:  # built once here, so the forked workers share it instead of each importing it
         from entrain.data.processing import image_processor
 
         image_processor(rules.vision)
-    scan = partial(_examine_shard, rules=rules, image_root=root)
+    scan = partial(_examine_shard, rules=rules, image_root=root, keep=keep)
     return flatten(map_shards(scan, dataset_shards(path), workers=workers, desc=f"checking {Path(path).name}"))
 
 
@@ -406,9 +406,7 @@ def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
                 add("id", f"duplicate id (first used by record {_first(first_index[item.id], files, item.file)})", ERROR)
             else:
                 first_index[item.id] = files.setdefault(item.file, len(files)) << 40 | item.index
-        if item.record is None:
-            continue
-        for fld, reason, severity in problems:
+        for fld, reason, severity in problems:  # none for a record that did not parse
             add(fld, reason, severity)
         bad = any(f.severity == ERROR for f in report.findings[first_finding:])
         if meta is not None and not bad:
@@ -444,7 +442,7 @@ def check_dataset(
     (images are still fully decoded; token counts then come from ``smart_resize``).
     ``confine_images``: an image outside the dataset root is an error (else a warning)."""
     rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
-    return _scan(_examined(path, image_root, rules, workers), keep=False).report
+    return _scan(_examined(path, image_root, rules, workers, keep=False), keep=False).report
 
 
 def _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images) -> _Rules:
@@ -506,7 +504,7 @@ def screen_dataset(
     if on_bad == "skip" and out_dir is None:
         raise ValueError("on_bad='skip' needs out_dir for skipped.jsonl")
     rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
-    screened = _scan(_examined(path, image_root, rules, workers), keep=True)
+    screened = _scan(_examined(path, image_root, rules, workers, keep=True), keep=True)
     report = screened.report
     stop = unreadable_to_end(report)
     if stop is not None:  # never train on the part of a file before a cut: an error in every mode

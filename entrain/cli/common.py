@@ -51,7 +51,8 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
         "--work-file",
         dest="dataset",
         default="synthchartnet",
-        help="built-in generator name, workload JSONL, raw-work JSONL, or LLaVA JSON/JSONL/Parquet dataset",
+        help="built-in generator name, workload JSONL, raw-work JSONL, LLaVA JSON/JSONL/Parquet dataset, or a "
+        "folder of Parquet or WebDataset .tar shards or of a Hugging Face save_to_disk dataset",
     )
     p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS, help="model preset to price")
     add_model_source_args(p)

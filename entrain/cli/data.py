@@ -54,7 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="token and encoder:LLM work-ratio distributions of a dataset")
     p.add_argument("--dataset", "--work-file", dest="dataset", default="synthchartnet",
-                   help="built-in generator name, workload JSONL, or LLaVA JSON/JSONL/Parquet dataset")  # fmt: skip
+                   help="built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of "
+                        "Parquet or WebDataset .tar shards or of a Hugging Face save_to_disk dataset")  # fmt: skip
     p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS)
     p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS,
                    help="default: cpu-tiny for tiny, a40-paper otherwise")  # fmt: skip

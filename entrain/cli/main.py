@@ -74,6 +74,13 @@ def with_config(parser: argparse.ArgumentParser, args: argparse.Namespace, argv)
     return parser.parse_args(argv)
 
 
+def _quiet_progress(args: argparse.Namespace) -> None:
+    """No dataset-scanning progress bar under ``--json`` or ``--no-progress``."""
+    from entrain.data.shards import set_progress
+
+    set_progress(not (getattr(args, "json", False) or getattr(args, "no_progress", False)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         args = with_config(parser, args, argv)
         args.command_line = list(sys.argv[1:] if argv is None else argv)  # which flags were given
         check_args(args)
+        _quiet_progress(args)
         rc = args.func(args)
     except EntrainError as e:
         print(f"entrain {args.command}: error: {e}", file=sys.stderr)

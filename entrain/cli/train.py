@@ -52,6 +52,12 @@ DEMO = {
 }
 
 
+DATASET_HELP = (
+    "built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of Parquet "
+    "or WebDataset .tar shards or of a Hugging Face save_to_disk dataset"
+)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train", help="train a VLM with a system's Plans (torchrun)", description=__doc__
@@ -61,7 +67,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--work-file",
         dest="dataset",
         default="skewed",
-        help="built-in generator name, workload JSONL, or LLaVA JSON/JSONL/Parquet dataset",
+        help=DATASET_HELP,
     )
     p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
     p.add_argument("--model", default="tiny", choices=MODEL_PRESETS, help="model preset to train")
@@ -570,7 +576,7 @@ def _is_conversation_file(dataset: str) -> bool:
     from entrain.data.generators import is_builtin
     from entrain.data.workload_io import detect_format
 
-    return not is_builtin(dataset) and os.path.isfile(dataset) and detect_format(dataset) == "conversation"
+    return not is_builtin(dataset) and os.path.exists(dataset) and detect_format(dataset) == "conversation"
 
 
 B_MIN_POOL = 4096

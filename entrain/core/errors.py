@@ -22,6 +22,9 @@ class DataError(EntrainError, ValueError):
         what = f" field '{printable(field)}':" if field else ""
         super().__init__(f"{where}:{what} {reason}")
 
+    def __reduce__(self):  # rebuilt from its parts (a shard scanned in another process raises it)
+        return (type(self), (self.path, self.record, self.field, self.reason))
+
 
 class ScheduleError(EntrainError, ValueError):
     """A broken Plan; the message carries the per-rank action grid with the offending step marked."""

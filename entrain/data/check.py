@@ -1,6 +1,7 @@
 """Dataset validation: ``entrain data check`` and the trainer's ``--on-bad-sample error|skip``.
 
-Every record of a LLaVA JSON/JSONL or FineVision Parquet file is parsed, its images decoded fully
+Every record of a LLaVA JSON/JSONL or Parquet file, or of a sharded dataset folder (its shards
+checked in parallel processes, ``entrain.data.shards``) is parsed, its images decoded fully
 and run through the Qwen2.5-VL image processor, and its chat-formatted length measured. Findings:
 
 - severity ``error`` (the record is bad): invalid JSON (with line), a missing or empty field, an
@@ -32,7 +33,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -177,8 +179,9 @@ class _ImageResult:
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (field, reason, severity)
 
 
-def _short(src: str | bytes) -> str:
-    return src if isinstance(src, str) else f"<{len(src)} encoded bytes>"
+def _short(src) -> str:
+    """A path as itself, an image in a shard as ``shard#location``, bytes as their length."""
+    return src if isinstance(src, str) else f"<{len(src)} encoded bytes>" if isinstance(src, bytes) else str(src)
 
 
 def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processor: bool) -> _ImageResult:
@@ -264,15 +267,33 @@ class _Rules:
     root: Path | None = None
     """The dataset root images should stay under (None: not checked)."""
     confine_images: bool = False
+    checked: dict = field(default_factory=dict, compare=False)
+    """``(path, [size_bytes, mtime_ns]) -> _ImageResult`` of image files already checked in this scan
+    (datasets reuse images), at most ``CHECKED_IMAGES`` at a time."""
+
+
+CHECKED_IMAGES = 65536
+
+
+def _image_result(src, fld: str, rules: _Rules) -> _ImageResult:
+    """``_check_image`` of ``src``, reused for an image file checked before in this scan with the same
+    size and mtime (the result depends on nothing else)."""
+    if not isinstance(src, str):
+        return _check_image(src, fld, rules.vision, rules.processor)
+    from entrain.data.metadata_cache import file_stamp
+
+    stamp = file_stamp(src)
+    key = (src, None if stamp is None else tuple(stamp))
+    res = rules.checked.get(key)
+    if res is None:
+        if len(rules.checked) >= CHECKED_IMAGES:  # bounded: start again rather than grow
+            rules.checked.clear()
+        res = rules.checked[key] = _check_image(src, "", rules.vision, rules.processor)
+    return _ImageResult(res.hw, res.tokens, [(fld, reason, severity) for _, reason, severity in res.problems])
 
 
 def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, str]], SampleMeta | None]:
-    tokenizer, max_tokens, vision, processor = (
-        rules.tokenizer,
-        rules.max_tokens,
-        rules.vision,
-        rules.processor,
-    )
+    tokenizer, max_tokens, vision = rules.tokenizer, rules.max_tokens, rules.vision
     problems: list[tuple[str, str, str]] = []
     for i, (role, text) in enumerate(rec.turns):
         found = special_tokens_in(text, tokenizer)
@@ -292,7 +313,7 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
             problems.append(
                 (f"images[{i}]", f"image {src} resolves outside the dataset root {rules.root}", severity)
             )
-        res = _check_image(src, f"images[{i}]", vision, processor)
+        res = _image_result(src, f"images[{i}]", rules)
         problems.extend(res.problems)
         if res.hw is not None:
             sizes.append(res.hw)
@@ -325,12 +346,50 @@ class Screened:
     skipped_path: Path | None = None
 
 
-def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
+Examined = tuple[Parsed, list[tuple[str, str, str]], SampleMeta | None]
+"""A parsed record with its findings ``(field, reason, severity)`` and metadata (None: bad)."""
+
+
+def _examine(item: Parsed, rules: _Rules, keep: bool = True) -> Examined:
+    """The per-record work (images decoded, tokens counted), which may run in a worker process; the
+    record comes back without the image bytes its reader held, or not at all unless ``keep``."""
+    if item.fatal or item.record is None:
+        return item, [], None
+    problems, meta = _record_findings(item.record, rules)
+    return replace(item, record=item.record.light() if keep else None), problems, meta
+
+
+def _examine_shard(shard: tuple[Path, str], rules: _Rules, image_root, keep: bool) -> list[Examined]:
+    from entrain.data.shards import iter_shard
+
+    return [_examine(item, rules, keep) for item in iter_shard(shard[0], shard[1], image_root)]
+
+
+def _examined(path, image_root, rules: _Rules, workers: int | None, keep: bool) -> Iterable[Examined]:
+    """Every record of ``path`` examined, in order; a folder's shards in parallel processes."""
+    from entrain.data.shards import dataset_shards, flatten, map_shards, with_progress
+
+    if not Path(path).is_dir():
+        items = with_progress(iter_parsed(path, image_root), f"checking {Path(path).name}")
+        return (_examine(item, rules, keep) for item in items)
+
+    root = image_root if image_root is not None else path
+    if rules.processor:  # built once here, so the forked workers share it instead of each importing it
+        from entrain.data.processing import image_processor
+
+        image_processor(rules.vision)
+    scan = partial(_examine_shard, rules=rules, image_root=root, keep=keep)
+    return flatten(map_shards(scan, dataset_shards(path), workers=workers, desc=f"checking {Path(path).name}"))
+
+
+def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
     report = CheckReport()
     first_index: dict[str, int] = {}
+    """id -> ``file number << 40 | index`` of its first record (an int: 1M ids stay small)."""
+    files: dict[str, int] = {}
     good: list[Record] = []
     samples: list[SampleMeta] = []
-    for item in items:
+    for item, problems, meta in examined:
         report.records += 1
         first_finding = len(report.findings)
 
@@ -344,13 +403,10 @@ def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
             break
         if item.id is not None:
             if item.id in first_index:
-                add("id", f"duplicate id (first used by record {first_index[item.id]})", ERROR)
+                add("id", f"duplicate id (first used by record {_first(first_index[item.id], files, item.file)})", ERROR)
             else:
-                first_index[item.id] = item.index
-        if item.record is None:
-            continue
-        problems, meta = _record_findings(item.record, rules)
-        for fld, reason, severity in problems:
+                first_index[item.id] = files.setdefault(item.file, len(files)) << 40 | item.index
+        for fld, reason, severity in problems:  # none for a record that did not parse
             add(fld, reason, severity)
         bad = any(f.severity == ERROR for f in report.findings[first_finding:])
         if meta is not None and not bad:
@@ -359,6 +415,15 @@ def _scan(items: Iterable[Parsed], rules: _Rules, keep: bool) -> Screened:
             good.append(item.record)
             samples.append(meta)
     return Screened(report, good, samples)
+
+
+def _first(where: int, files: dict[str, int], file: str) -> str:
+    """The first record of a duplicated id (``file number << 40 | index``): its index, and its file
+    when another (a shard)."""
+    number, index = where >> 40, where & ((1 << 40) - 1)
+    if files.get(file) == number:
+        return str(index)
+    return f"{index} of {next(f for f, n in files.items() if n == number)}"
 
 
 def check_dataset(
@@ -370,17 +435,20 @@ def check_dataset(
     *,
     processor: bool = True,
     confine_images: bool = False,
+    workers: int | None = None,
 ) -> CheckReport:
-    """Check every record of ``path``. ``processor=False`` skips running the image processor
+    """Check every record of ``path`` (a file or a sharded dataset folder, whose shards are checked
+    in up to ``workers`` processes). ``processor=False`` skips running the image processor
     (images are still fully decoded; token counts then come from ``smart_resize``).
     ``confine_images``: an image outside the dataset root is an error (else a warning)."""
     rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
-    return _scan(iter_parsed(path, image_root), rules, keep=False).report
+    return _scan(_examined(path, image_root, rules, workers, keep=False), keep=False).report
 
 
 def _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images) -> _Rules:
     tok = tokenizer if tokenizer is not None else default_tokenizer()
-    root = Path(image_root if image_root is not None else Path(path).parent).resolve()
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    root = Path(image_root if image_root is not None else folder).resolve()
     return _Rules(tok, max_tokens, vision, processor, root, confine_images)
 
 
@@ -423,6 +491,7 @@ def screen_dataset(
     vision: VisionTokenConfig = DEFAULT_VISION,
     processor: bool = False,
     confine_images: bool = False,
+    workers: int | None = None,
 ) -> Screened:
     """Check ``path`` before training and return its usable records with their ``SampleMeta``.
 
@@ -435,7 +504,7 @@ def screen_dataset(
     if on_bad == "skip" and out_dir is None:
         raise ValueError("on_bad='skip' needs out_dir for skipped.jsonl")
     rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
-    screened = _scan(iter_parsed(path, image_root), rules, keep=True)
+    screened = _scan(_examined(path, image_root, rules, workers, keep=True), keep=True)
     report = screened.report
     stop = unreadable_to_end(report)
     if stop is not None:  # never train on the part of a file before a cut: an error in every mode

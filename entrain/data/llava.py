@@ -9,7 +9,9 @@ Formats (``reference/datasets.md`` §5):
   character is ``{``). OpenAI-style ``"messages": [{"role", "content"}]`` is read like
   ``conversations``; ``content`` may be a string or chat-template parts
   (``[{"type": "image"}, {"type": "text", "text": ...}]``, each image part a placeholder).
-- FineVision-style Parquet: see ``entrain.data.parquet``.
+- FineVision-style or LLaVA-fields Parquet: see ``entrain.data.parquet``.
+- Sharded datasets (a folder of Parquet or WebDataset ``.tar`` shards, or a Hugging Face
+  ``save_to_disk`` folder) and single ``.tar`` / ``.arrow`` shards: see ``entrain.data.shards``.
 
 Relative image paths resolve against ``image_root`` when given, else the data file's folder.
 Arrays are parsed incrementally (``json.JSONDecoder.raw_decode`` over chunks), so a multi-GB file
@@ -32,7 +34,8 @@ from typing import Any
 from entrain.core.errors import DataError
 from entrain.core.files import file_problem
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
-from entrain.data.problems import ASSISTANT_IMAGE, image_error, open_image, oriented_size, unread
+from entrain.data.conversation import parse_record
+from entrain.data.problems import image_error, open_image, oriented_size, unread
 from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, Parsed, Record
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "Parsed",
     "Record",
     "data_format",
+    "file_metadata",
     "image_size",
     "is_conversation_file",
     "iter_parsed",
@@ -199,13 +203,19 @@ def _iter_json_array(path: Path, chunk_chars: int = _CHUNK_CHARS) -> Iterator[_R
 PARQUET_MAGIC = b"PAR1"
 
 
+SHARD_SUFFIXES = {".tar": "webdataset", ".arrow": "arrow"}
+
+
 def data_format(path: str | Path) -> str:
-    """``"json"`` (array), ``"jsonl"`` or ``"parquet"``, from the suffix, the Parquet magic bytes
-    and the first character."""
+    """``"json"`` (array), ``"jsonl"``, ``"parquet"``, ``"webdataset"`` (a ``.tar`` shard) or
+    ``"arrow"`` (a ``save_to_disk`` arrow file), from the suffix, the Parquet magic bytes and the
+    first character."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".parquet":
         return "parquet"
+    if suffix in SHARD_SUFFIXES:
+        return SHARD_SUFFIXES[suffix]
     with open(p, "rb") as f:
         raw = f.read(4096)
     if raw.startswith(PARQUET_MAGIC):
@@ -217,13 +227,18 @@ def data_format(path: str | Path) -> str:
 
 
 def is_conversation_file(path: str | Path) -> bool:
-    """True for a Parquet file or a JSON/JSONL file whose first record has ``conversations`` or
-    ``messages`` (a LLaVA/ShareGPT dataset, not a workload JSONL of sizes and token counts)."""
+    """True for a sharded dataset folder, a Parquet / tar / arrow file, or a JSON/JSONL file whose
+    first record has ``conversations`` or ``messages`` (a LLaVA/ShareGPT dataset, not a workload
+    JSONL of sizes and token counts)."""
     p = Path(path)
+    if p.is_dir():
+        from entrain.data.shards import is_sharded_dataset
+
+        return is_sharded_dataset(p)
     if file_problem(p) is not None:
         return False
     fmt = data_format(p)
-    if fmt == "parquet":
+    if fmt in ("parquet", "webdataset", "arrow"):
         return True
     raws = _iter_jsonl(p) if fmt == "jsonl" else _iter_json_array(p)
     first = next(iter(raws), None)
@@ -234,137 +249,23 @@ def is_conversation_file(path: str | Path) -> bool:
     )
 
 
-# --- record normalisation -------------------------------------------------------------------------
-
-
-def _resolve(path: str, base: Path) -> str:
-    p = Path(path).expanduser()
-    return str(p if p.is_absolute() else base / p)
-
-
-def _image_list(obj: dict, base: Path, problems: list[tuple[str, str]]) -> list[str]:
-    key = "images" if "images" in obj else "image" if "image" in obj else None
-    if key is None or obj[key] is None:
-        return []
-    value = obj[key]
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list):
-        problems.append((key, f"must be a path or a list of paths, got {type(value).__name__}"))
-        return []
-    out: list[str] = []
-    for i, item in enumerate(items):
-        fld = key if isinstance(value, str) else f"{key}[{i}]"
-        if not isinstance(item, str):
-            problems.append((fld, f"must be a path string, got {type(item).__name__}"))
-        elif not item.strip():
-            problems.append((fld, "empty image path"))
-        else:
-            out.append(_resolve(item, base))
-    return out
-
-
-def _turn_list(obj: dict, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    key, role_key, text_key = "conversations", "from", "value"
-    if "conversations" not in obj and "messages" in obj:
-        key, role_key, text_key = "messages", "role", "content"
-    conv = obj.get(key)
-    if conv is None:
-        problems.append(("conversations", "missing"))
-        return []
-    if not isinstance(conv, list) or not conv:
-        problems.append((key, "must be a non-empty list of turns"))
-        return []
-    turns: list[tuple[str, str]] = []
-    for i, turn in enumerate(conv):
-        where = f"{key}[{i}]"
-        if not isinstance(turn, dict):
-            problems.append((where, f"must be an object, got {type(turn).__name__}"))
-            continue
-        speaker, text = turn.get(role_key), turn.get(text_key)
-        if isinstance(text, list):  # chat-template content parts: [{"type": "image"}, {"type": "text", ...}]
-            text = _content_parts(text, f"{where}.{text_key}", problems)
-        if speaker is None:
-            problems.append((f"{where}.{role_key}", "missing"))
-        elif not isinstance(speaker, str) or speaker.lower() not in ROLES:
-            problems.append(
-                (f"{where}.{role_key}", f"unknown role {speaker!r} (expected one of {', '.join(ROLES)})")
-            )
-        if text is None:
-            problems.append((f"{where}.{text_key}", "missing"))
-        elif not isinstance(text, str):
-            problems.append((f"{where}.{text_key}", f"must be a string, got {type(text).__name__}"))
-        elif not text.strip():
-            problems.append((f"{where}.{text_key}", "empty"))
-        if isinstance(speaker, str) and speaker.lower() in ROLES and isinstance(text, str) and text.strip():
-            role = ROLES[speaker.lower()]
-            if role == "assistant" and IMAGE_PLACEHOLDER in text:
-                problems.append((f"{where}.{text_key}", ASSISTANT_IMAGE))
-            turns.append((role, text))
-    if turns and not problems and not any(role == "assistant" for role, _ in turns):
-        problems.append((key, "no assistant turn (nothing to train on)"))
-    return turns
-
-
-def _content_parts(parts: list, where: str, problems: list[tuple[str, str]]) -> str | None:
-    out = []
-    for j, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "image":
-            out.append(IMAGE_PLACEHOLDER)
-        elif kind == "text" and isinstance(part.get("text"), str):
-            out.append(part["text"])
-        else:
-            problems.append(
-                (f"{where}[{j}]", "content part must be {'type': 'image'} or {'type': 'text', 'text': ...}")
-            )
-            return None
-    return "".join(out)
-
-
-def _record_id(obj: dict, problems: list[tuple[str, str]]) -> str | None:
-    rid = obj.get("id")
-    if rid is None:
-        problems.append(("id", "missing"))
-        return None
-    if isinstance(rid, bool) or not isinstance(rid, str | int):
-        problems.append(("id", f"must be a string or an integer, got {type(rid).__name__}"))
-        return None
-    if isinstance(rid, str) and not rid.strip():
-        problems.append(("id", "empty"))
-        return None
-    return str(rid)
-
-
-def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Path) -> Parsed:
-    """Normalise one LLaVA record; relative image paths resolve against ``base``."""
-    if not isinstance(obj, dict):
-        return Parsed(
-            file, index, line, None, None, [("record", f"must be an object, got {type(obj).__name__}")]
-        )
-    problems: list[tuple[str, str]] = []
-    rid = _record_id(obj, problems)
-    images = _image_list(obj, base, problems)
-    turns = _turn_list(obj, problems)
-    placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
-    if not problems and placeholders != len(images):
-        problems.append(
-            ("conversations", f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s)")
-        )
-    record = None if problems else Record(rid or "", tuple(images), tuple(turns), file, index, line)
-    return Parsed(file, index, line, rid, record, problems)
-
-
 def iter_parsed(path: str | Path, image_root: str | Path | None = None) -> Iterator[Parsed]:
-    """Every record of a LLaVA JSON/JSONL or FineVision Parquet file, parsed, in file order."""
+    """Every record of a LLaVA JSON/JSONL or Parquet file, a shard or a sharded dataset folder
+    (shard after shard), parsed, in file order."""
     p = Path(path)
+    if p.is_dir():
+        from entrain.data.shards import iter_sharded
+
+        yield from iter_sharded(p, image_root)
+        return
     problem = file_problem(p)
     if problem is not None:
         raise DataError(str(p), None, None, problem)
     fmt = data_format(p)
-    if fmt == "parquet":
-        from entrain.data.parquet import iter_parquet
+    if fmt in ("parquet", "webdataset", "arrow"):
+        from entrain.data.shards import iter_shard
 
-        yield from iter_parquet(p, image_root)
+        yield from iter_shard(p, fmt, image_root)
         return
     base = Path(image_root) if image_root is not None else p.parent
     raws = _iter_jsonl(p) if fmt == "jsonl" else _iter_json_array(p)
@@ -454,8 +355,9 @@ def _check_resizable(record: Record, i: int, src: str | bytes, hw: tuple[int, in
         )
 
 
-def _short(src: str | bytes) -> str:
-    return src if isinstance(src, str) else f"<{len(src)} bytes>"
+def _short(src) -> str:
+    """A path as itself, an image in a shard as ``shard#location``, bytes as their length."""
+    return src if isinstance(src, str) else f"<{len(src)} bytes>" if isinstance(src, bytes) else str(src)
 
 
 def read_metadata(
@@ -466,20 +368,36 @@ def read_metadata(
     *,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
+    workers: int | None = None,
 ) -> list[SampleMeta]:
-    """Per-sample metadata of a LLaVA JSON/JSONL or FineVision Parquet dataset, in file order.
+    """Per-sample metadata of a LLaVA JSON/JSONL or Parquet dataset, a shard or a sharded dataset
+    folder, in file (shard) order.
 
     Streams the file (memory ~ the metadata list) and reads only image headers. With ``use_cache``
     the result is stored next to the data (``.entrain_cache/``) or in ``cache_dir`` and reused while
     the file's path, size and mtime, every image file's size and mtime, the image root, tokenizer
-    and vision limits are unchanged.
+    and vision limits are unchanged. A folder's shards are scanned in up to ``workers`` processes
+    (default: one per CPU) and cached one by one (``entrain.data.shards.read_sharded_metadata``).
     ``tokenizer`` defaults to the offline Qwen2 tokenizer. Raises DataError at the first bad record
     (run ``entrain data check`` to list them all).
     """
-    from entrain.data import metadata_cache
     from entrain.data.tokenizer import default_tokenizer
 
     tok = tokenizer if tokenizer is not None else default_tokenizer()
+    if Path(path).is_dir():
+        from entrain.data.shards import read_sharded_metadata
+
+        return read_sharded_metadata(path, image_root, tok, vision, file_metadata, cache_dir, use_cache, workers)
+    return file_metadata(path, image_root, tok, vision, cache_dir, use_cache, progress=True)
+
+
+def file_metadata(
+    path, image_root, tok, vision, cache_dir=None, use_cache: bool = True, *, progress: bool = False
+) -> list[SampleMeta]:
+    """``read_metadata`` of one file (no folder) with the tokenizer ``tok``; ``progress``: count its
+    records on a progress bar (``entrain.data.shards.progress_bar``)."""
+    from entrain.data import metadata_cache
+
     key = metadata_cache.cache_key(path, image_root, tok.name, vision) if use_cache else None
     if key is not None:
         cached = metadata_cache.load(path, key, vision, cache_dir)
@@ -487,7 +405,12 @@ def read_metadata(
             return cached
     sizes: dict[str, tuple[int, int]] = {}
     stamps: dict[str, list[int] | None] = {}
-    samples = [record_meta(rec, tok, vision, sizes, stamps) for rec in iter_records(path, image_root)]
+    records = iter_records(path, image_root)
+    if progress:
+        from entrain.data.shards import with_progress
+
+        records = with_progress(records, f"metadata of {Path(path).name}")
+    samples = [record_meta(rec, tok, vision, sizes, stamps) for rec in records]
     if key is not None:
         metadata_cache.store(path, key, samples, cache_dir, stamps)
     return samples

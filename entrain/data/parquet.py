@@ -1,23 +1,37 @@
-"""FineVision / The Cauldron style Parquet datasets, streamed one row group at a time (pyarrow).
+"""Parquet datasets, streamed one row group at a time (pyarrow), in two schemas:
 
-Schema: ``images``: list of ``{bytes, path}`` (either set), ``texts``: list of
-``{user, assistant[, source]}``; an optional ``id`` column. Rows carry no ``<image>`` placeholders:
-the images go before the first user message (Qwen's layout), so the record gets one placeholder per
-image at the start of its first user turn. Records without ``id`` get ``"<file stem>:<row>"``.
-Relative image paths resolve against ``image_root`` or the file's folder.
+- FineVision / The Cauldron: ``images``: list of ``{bytes, path}`` (either set), ``texts``: list of
+  ``{user, assistant[, source]}``; an optional ``id`` column. Rows carry no ``<image>`` placeholders:
+  the images go before the first user message (Qwen's layout), so the record gets one placeholder
+  per image at the start of its first user turn.
+- LLaVA fields (a ``conversations`` or ``messages`` column, as Hugging Face exports LLaVA data):
+  ``conversations`` as in LLaVA JSON, ``image`` (one) or ``images`` (a list), each a path, encoded
+  bytes or ``{bytes, path}`` (the ``datasets`` Image feature); an optional ``id`` column.
+  ``llava_row`` parses such a row; the ``save_to_disk`` arrow reader (``entrain.data.shards``)
+  shares it.
+
+Records without ``id`` get ``"<file stem>:<row>"``. Relative image paths resolve against
+``image_root`` or the file's folder. Image bytes become ``ImageRef`` (row group, row, image), read
+again by location when training needs the pixels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from entrain.core.errors import ConfigError
 from entrain.data.problems import ASSISTANT_IMAGE, unread
-from entrain.data.records import IMAGE_PLACEHOLDER, Parsed, Record
+from entrain.data.records import IMAGE_PLACEHOLDER, ImageRef, Parsed, Record
 
-__all__ = ["iter_parquet"]
+__all__ = ["LLAVA_COLUMNS", "iter_parquet", "llava_row"]
+
+LLAVA_COLUMNS = ("id", "conversations", "messages", "image", "images")
+"""The columns of a LLaVA-fields table that the reader uses."""
+
+RefOf = Callable[[str, int, bytes], ImageRef]
+"""``(column, image index, bytes) -> ImageRef`` of one row's image."""
 
 
 def _pyarrow_parquet():
@@ -30,19 +44,23 @@ def _pyarrow_parquet():
     return pq
 
 
-def _images(value: Any, base: Path, problems: list[tuple[str, str]]) -> list[str | bytes]:
+def _images(
+    value: Any, base: Path, problems: list[tuple[str, str]], ref_of: RefOf, column: str = "images"
+) -> list[str | ImageRef]:
     if value is None:
         return []
+    if column == "image" and not isinstance(value, list):
+        value = [value]
     if not isinstance(value, list):
-        problems.append(("images", f"must be a list, got {type(value).__name__}"))
+        problems.append((column, f"must be a list, got {type(value).__name__}"))
         return []
-    out: list[str | bytes] = []
+    out: list[str | ImageRef] = []
     for i, img in enumerate(value):
-        fld = f"images[{i}]"
+        fld = column if column == "image" else f"{column}[{i}]"
         data = img.get("bytes") if isinstance(img, dict) else img if isinstance(img, bytes) else None
         path = img.get("path") if isinstance(img, dict) else img if isinstance(img, str) else None
         if data:
-            out.append(bytes(data))
+            out.append(ref_of(column, i, bytes(data)))
         elif path:
             p = Path(path)
             out.append(str(p if p.is_absolute() else base / p))
@@ -71,11 +89,11 @@ def _turns(value: Any, problems: list[tuple[str, str]]) -> list[tuple[str, str]]
     return turns
 
 
-def _row(row: dict, file: str, index: int, stem: str, base: Path) -> Parsed:
+def _row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: RefOf) -> Parsed:
     problems: list[tuple[str, str]] = []
     rid = row.get("id")
     rid = f"{stem}:{index}" if rid is None or rid == "" else str(rid)
-    images = _images(row.get("images"), base, problems)
+    images = _images(row.get("images"), base, problems, ref_of)
     turns = _turns(row.get("texts"), problems)
     placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
     if not problems and placeholders == 0 and images:
@@ -89,10 +107,32 @@ def _row(row: dict, file: str, index: int, stem: str, base: Path) -> Parsed:
     return Parsed(file, index, None, rid, record, problems)
 
 
+def llava_row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: RefOf) -> Parsed:
+    """One row with LLaVA fields (``conversations``/``messages``, ``image``/``images``, ``id``):
+    image bytes become ``ref_of(column, i, bytes)``, paths resolve against ``base``."""
+    from entrain.data.conversation import parse_record
+
+    problems: list[tuple[str, str]] = []
+    obj = {k: v for k, v in row.items() if v is not None and k not in ("image", "images")}
+    column = "images" if row.get("images") is not None else "image"
+    obj["images"] = _images(row.get(column), base, problems, ref_of, column)
+    if row.get("id") is None or row.get("id") == "":
+        obj["id"] = f"{stem}:{index}"
+    parsed = parse_record(obj, file=file, index=index, line=None, base=base)
+    if not problems:
+        return parsed
+    return Parsed(file, index, None, parsed.id, None, problems + parsed.problems)
+
+
+def _llava_schema(names: set[str]) -> bool:
+    return "texts" not in names and ("conversations" in names or "messages" in names)
+
+
 def iter_parquet(
     path: str | Path, image_root: str | Path | None = None, batch_rows: int = 256
 ) -> Iterator[Parsed]:
-    """Parse every row of a FineVision-style Parquet file, streaming ``batch_rows`` rows at a time."""
+    """Parse every row of a FineVision-style or LLaVA-fields Parquet file, streaming ``batch_rows``
+    rows at a time."""
     pq = _pyarrow_parquet()
     p = Path(path)
     base = Path(image_root) if image_root is not None else p.parent
@@ -103,29 +143,48 @@ def iter_parquet(
         yield Parsed(str(p), 0, None, None, None, [("parquet", reason)], True)
         return
     names = set(pf.schema_arrow.names)
-    missing = [c for c in ("images", "texts") if c not in names]
+    llava = _llava_schema(names)
+    missing = [] if llava else [c for c in ("images", "texts") if c not in names]
     if missing:
         reason = f"Parquet column missing (the file has {', '.join(sorted(names)) or 'no columns'})"
         yield Parsed(str(p), 0, None, None, None, [(missing[0], reason)], True)
         return
-    columns = [c for c in ("id", "images", "texts") if c in names]
+    wanted = LLAVA_COLUMNS if llava else ("id", "images", "texts")
+    index = 0
+    for group, row_in_group, row in _rows(pf, [c for c in wanted if c in names], batch_rows):
+        if isinstance(row, str):
+            yield Parsed(str(p), index, None, None, None, [("parquet", f"{row}; {unread(index)}")], True)
+            return
+
+        def ref_of(column: str, i: int, data: bytes, g: int = group, r: int = row_in_group) -> ImageRef:
+            return ImageRef("parquet", str(p), (g, r, i), column, data)
+
+        parse = llava_row if llava else _row
+        yield parse(row, str(p), index, p.stem, base, ref_of)
+        index += 1
+    if index != pf.metadata.num_rows:
+        reason = f"Parquet file declares {pf.metadata.num_rows} rows but holds {index}; {unread(index)}"
+        yield Parsed(str(p), index, None, None, None, [("parquet", reason)], True)
+
+
+def _rows(pf, columns: list[str], batch_rows: int) -> Iterator[tuple[int, int, dict | str]]:
+    """``(row group, row in the group, row)`` of every row; a row group that cannot be read ends
+    the stream with ``(group, row, why)`` (a string)."""
     index = 0
     for group in range(pf.num_row_groups):
         batches = pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns)
+        row_in_group = 0
         while True:
             try:
                 batch = next(batches, None)
                 rows = None if batch is None else batch.to_pylist()
             except Exception as e:  # noqa: BLE001 - a corrupt page: pyarrow's OSError/ArrowInvalid
                 error = " ".join(str(e).split())
-                reason = f"Parquet row group {group} unreadable after row {index}: {error}; {unread(index)}"
-                yield Parsed(str(p), index, None, None, None, [("parquet", reason)], True)
+                yield group, row_in_group, f"Parquet row group {group} unreadable after row {index}: {error}"
                 return
             if rows is None:
                 break
             for row in rows:
-                yield _row(row, str(p), index, p.stem, base)
+                yield group, row_in_group, row
+                row_in_group += 1
                 index += 1
-    if index != pf.metadata.num_rows:
-        reason = f"Parquet file declares {pf.metadata.num_rows} rows but holds {index}; {unread(index)}"
-        yield Parsed(str(p), index, None, None, None, [("parquet", reason)], True)

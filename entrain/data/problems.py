@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from entrain.core.files import file_problem
-from entrain.data.records import IMAGE_PLACEHOLDER
+from entrain.data.records import IMAGE_PLACEHOLDER, ImageRef
 
 __all__ = ["ASSISTANT_IMAGE", "exif_orientation", "image_error", "open_image", "orientation_note", "unread"]
 
@@ -18,8 +18,9 @@ def unread(records_read: int) -> str:
     return f"the file cannot be read to its end ({records_read} record(s) read before this point)"
 
 
-def open_image(src: str | bytes):
-    """The PIL image of a file path or encoded bytes, opened lazily (header read, pixels not decoded).
+def open_image(src: str | bytes | ImageRef):
+    """The PIL image of a file path, encoded bytes or an image inside a shard (``ImageRef``), opened
+    lazily (header read, pixels not decoded).
 
     Raises OSError naming the problem for a path that is not a readable regular file (never opens a
     FIFO or device), PIL's errors otherwise (``image_error`` words them)."""
@@ -29,6 +30,8 @@ def open_image(src: str | bytes):
         problem = file_problem(src)
         if problem is not None:
             raise OSError(problem)
+    if isinstance(src, ImageRef):
+        src = src.read_bytes()
     return Image.open(io.BytesIO(src) if isinstance(src, bytes) else src)
 
 

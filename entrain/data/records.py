@@ -1,12 +1,14 @@
-"""The normalised conversation record every reader yields (LLaVA JSON/JSONL, Parquet) and the
-types the image and text processing read; no reader code, so the readers and the processing
-import it without importing each other."""
+"""The normalised conversation record every reader yields (LLaVA JSON/JSONL, Parquet, shards) and
+the types the image and text processing read; no reader code, so the readers and the processing
+import it without importing each other. ``ImageRef`` names an image stored inside a shard and reads
+its bytes by location only when they are needed (``read_bytes``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, replace
 
-__all__ = ["IMAGE_PLACEHOLDER", "ROLES", "Record", "Parsed"]
+__all__ = ["IMAGE_PLACEHOLDER", "ROLES", "ImageRef", "Record", "Parsed"]
 
 IMAGE_PLACEHOLDER = "<image>"
 ROLES: dict[str, str] = {
@@ -20,17 +22,93 @@ ROLES: dict[str, str] = {
 
 
 @dataclass(frozen=True, slots=True)
+class ImageRef:
+    """An image inside a dataset shard, read by location (never the whole shard).
+
+    ``kind``: ``"tar"`` (``loc`` = (data offset, size) in bytes of the tar member), ``"parquet"``
+    (``loc`` = (row group, row in the group, image)) or ``"arrow"`` (``loc`` = (row, image) of a
+    Hugging Face ``save_to_disk`` arrow file); ``column`` names the image column (Parquet/arrow).
+    ``data`` holds the bytes while the reader that found them still has them (not compared, and
+    dropped by ``light`` before a record is kept)."""
+
+    kind: str
+    shard: str
+    loc: tuple[int, ...]
+    column: str = ""
+    data: bytes | None = field(default=None, compare=False, repr=False)
+
+    def light(self) -> ImageRef:
+        return self if self.data is None else replace(self, data=None)
+
+    def read_bytes(self) -> bytes:
+        """The encoded image; OSError when the shard cannot give it."""
+        if self.data is not None:
+            return self.data
+        if self.kind == "tar":
+            offset_bytes, size_bytes = self.loc
+            with open(self.shard, "rb") as f:
+                f.seek(offset_bytes)
+                data = f.read(size_bytes)
+            if len(data) != size_bytes:
+                raise OSError(f"{self}: the tar shard ends inside the image")
+            return data
+        try:
+            value = _table_cell(self)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError/IndexError
+            raise OSError(f"{self}: {' '.join(str(e).split())}") from None
+        data = value.get("bytes") if isinstance(value, dict) else value
+        if not isinstance(data, bytes):
+            raise OSError(f"{self}: no image bytes at this location")
+        return data
+
+    def __str__(self) -> str:
+        if self.kind == "tar":
+            return f"{self.shard} (bytes {self.loc[0]}..{self.loc[0] + self.loc[1]})"
+        *rows, item = self.loc
+        where = f"row group {rows[0]}, row {rows[1]}" if self.kind == "parquet" else f"row {rows[0]}"
+        return f"{self.shard} ({where}, {self.column}[{item}])"
+
+
+@functools.lru_cache(maxsize=4)
+def _parquet_group(shard: str, group: int, column: str):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(shard).read_row_group(group, columns=[column]).column(0)
+
+
+@functools.lru_cache(maxsize=8)
+def _arrow_column(shard: str, column: str):
+    import pyarrow as pa
+
+    source = pa.memory_map(shard)  # zero-copy: the table's buffers stay on the mapped file
+    return pa.ipc.open_stream(source).read_all().column(column)
+
+
+def _table_cell(ref: ImageRef):
+    if ref.kind == "parquet":
+        group, row, item = ref.loc
+        cell = _parquet_group(ref.shard, group, ref.column)[row].as_py()
+    elif ref.kind == "arrow":
+        row, item = ref.loc
+        cell = _arrow_column(ref.shard, ref.column)[row].as_py()
+    else:
+        raise ValueError(f"unknown image location kind {ref.kind!r}")
+    return cell[item] if isinstance(cell, list) else cell
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     """One normalised sample.
 
-    ``images`` holds resolved file paths (``str``) or encoded image bytes (Parquet);
+    ``images`` holds resolved file paths (``str``), encoded image bytes (a Parquet file) or
+    ``ImageRef`` (an image inside a shard, read when needed);
     ``turns`` holds ``(role, text)`` with role in ``system``/``user``/``assistant`` and ``<image>``
     placeholders left in the text. ``index`` is the record's 0-based position in ``file``;
     ``line`` its 1-based line where known.
     """
 
     id: str
-    images: tuple[str | bytes, ...]
+    images: tuple[str | bytes | ImageRef, ...]
     turns: tuple[tuple[str, str], ...]
     file: str = ""
     index: int = 0
@@ -39,6 +117,13 @@ class Record:
     @property
     def image_paths(self) -> tuple[str, ...]:
         return tuple(i for i in self.images if isinstance(i, str))
+
+    def light(self) -> Record:
+        """This record without the image bytes its shard reader held (``ImageRef.light``): what is
+        kept for training, which reads each image again by location."""
+        if not any(isinstance(i, ImageRef) and i.data is not None for i in self.images):
+            return self
+        return replace(self, images=tuple(i.light() if isinstance(i, ImageRef) else i for i in self.images))
 
     @property
     def where(self) -> str:

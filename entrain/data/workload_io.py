@@ -7,7 +7,8 @@ record's keys:
   ``"answer_tokens": int`` (the supervised tokens, what ``lm_head`` and the loss run on);
 - raw-work JSONL: ``{"id": str, "encoder": ms, "llm": ms}``: per-sample forward+backward ms of the
   whole component on one replica, used as given (the cost model is not consulted);
-- LLaVA JSON/JSONL (records with ``conversations``): refused until the data issue (issue 5) lands.
+- LLaVA JSON/JSONL (records with ``conversations``), Parquet, and sharded dataset folders (Parquet or
+  WebDataset shards, a Hugging Face ``save_to_disk`` folder): read by ``entrain.data.llava``.
 
 A bad record raises ``DataError`` naming ``file:line`` and the field; blank lines are skipped.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -264,6 +266,16 @@ def _check_batching(global_batch: int, iterations: int) -> None:
 
 
 def resolve_dataset_file(name: str) -> str:
+    """``name`` if it is a readable dataset file or a sharded dataset folder (``entrain.data.shards``),
+    else ConfigError saying why."""
+    if os.path.isdir(name):
+        from entrain.data.shards import dataset_shards
+
+        try:
+            dataset_shards(name)
+        except OSError as e:
+            raise ConfigError(f"--dataset {name}: {e.strerror or e}") from None
+        return name
     problem = file_problem(name)
     if problem is not None and problem != "no such file":
         raise ConfigError(f"--dataset {name}: {problem}")

@@ -1,0 +1,134 @@
+"""LLaVA record normalisation: one JSON object (or a shard's row with LLaVA fields) into a ``Record``
+with roles ``system``/``user``/``assistant``, or the problems that make it unusable, each naming a
+field. Shared by the JSON/JSONL reader (``entrain.data.llava``) and the shard readers
+(``entrain.data.parquet``, ``entrain.data.webdataset``, ``entrain.data.shards``), which import it
+without importing one another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from entrain.data.problems import ASSISTANT_IMAGE
+from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, ImageRef, Parsed, Record
+
+__all__ = ["parse_record"]
+
+
+def _resolve(path: str, base: Path) -> str:
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else base / p)
+
+
+def _image_list(obj: dict, base: Path, problems: list[tuple[str, str]]) -> list[str | ImageRef]:
+    key = "images" if "images" in obj else "image" if "image" in obj else None
+    if key is None or obj[key] is None:
+        return []
+    value = obj[key]
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        problems.append((key, f"must be a path or a list of paths, got {type(value).__name__}"))
+        return []
+    out: list[str | ImageRef] = []
+    for i, item in enumerate(items):
+        fld = key if isinstance(value, str) else f"{key}[{i}]"
+        if isinstance(item, ImageRef):  # found inside a shard by its reader
+            out.append(item)
+        elif not isinstance(item, str):
+            problems.append((fld, f"must be a path string, got {type(item).__name__}"))
+        elif not item.strip():
+            problems.append((fld, "empty image path"))
+        else:
+            out.append(_resolve(item, base))
+    return out
+
+
+def _turn_list(obj: dict, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    key, role_key, text_key = "conversations", "from", "value"
+    if "conversations" not in obj and "messages" in obj:
+        key, role_key, text_key = "messages", "role", "content"
+    conv = obj.get(key)
+    if conv is None:
+        problems.append(("conversations", "missing"))
+        return []
+    if not isinstance(conv, list) or not conv:
+        problems.append((key, "must be a non-empty list of turns"))
+        return []
+    turns: list[tuple[str, str]] = []
+    for i, turn in enumerate(conv):
+        where = f"{key}[{i}]"
+        if not isinstance(turn, dict):
+            problems.append((where, f"must be an object, got {type(turn).__name__}"))
+            continue
+        speaker, text = turn.get(role_key), turn.get(text_key)
+        if isinstance(text, list):  # chat-template content parts: [{"type": "image"}, {"type": "text", ...}]
+            text = _content_parts(text, f"{where}.{text_key}", problems)
+        if speaker is None:
+            problems.append((f"{where}.{role_key}", "missing"))
+        elif not isinstance(speaker, str) or speaker.lower() not in ROLES:
+            problems.append(
+                (f"{where}.{role_key}", f"unknown role {speaker!r} (expected one of {', '.join(ROLES)})")
+            )
+        if text is None:
+            problems.append((f"{where}.{text_key}", "missing"))
+        elif not isinstance(text, str):
+            problems.append((f"{where}.{text_key}", f"must be a string, got {type(text).__name__}"))
+        elif not text.strip():
+            problems.append((f"{where}.{text_key}", "empty"))
+        if isinstance(speaker, str) and speaker.lower() in ROLES and isinstance(text, str) and text.strip():
+            role = ROLES[speaker.lower()]
+            if role == "assistant" and IMAGE_PLACEHOLDER in text:
+                problems.append((f"{where}.{text_key}", ASSISTANT_IMAGE))
+            turns.append((role, text))
+    if turns and not problems and not any(role == "assistant" for role, _ in turns):
+        problems.append((key, "no assistant turn (nothing to train on)"))
+    return turns
+
+
+def _content_parts(parts: list, where: str, problems: list[tuple[str, str]]) -> str | None:
+    out = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image":
+            out.append(IMAGE_PLACEHOLDER)
+        elif kind == "text" and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        else:
+            problems.append(
+                (f"{where}[{j}]", "content part must be {'type': 'image'} or {'type': 'text', 'text': ...}")
+            )
+            return None
+    return "".join(out)
+
+
+def _record_id(obj: dict, problems: list[tuple[str, str]]) -> str | None:
+    rid = obj.get("id")
+    if rid is None:
+        problems.append(("id", "missing"))
+        return None
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        problems.append(("id", f"must be a string or an integer, got {type(rid).__name__}"))
+        return None
+    if isinstance(rid, str) and not rid.strip():
+        problems.append(("id", "empty"))
+        return None
+    return str(rid)
+
+
+def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Path) -> Parsed:
+    """Normalise one LLaVA record; relative image paths resolve against ``base``."""
+    if not isinstance(obj, dict):
+        return Parsed(
+            file, index, line, None, None, [("record", f"must be an object, got {type(obj).__name__}")]
+        )
+    problems: list[tuple[str, str]] = []
+    rid = _record_id(obj, problems)
+    images = _image_list(obj, base, problems)
+    turns = _turn_list(obj, problems)
+    placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+    if not problems and placeholders != len(images):
+        problems.append(
+            ("conversations", f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s)")
+        )
+    record = None if problems else Record(rid or "", tuple(images), tuple(turns), file, index, line)
+    return Parsed(file, index, line, rid, record, problems)

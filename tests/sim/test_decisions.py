@@ -104,7 +104,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     [("layout", "shared"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
      ("sub_microbatches", "on")],
 )  # fmt: skip
-@pytest.mark.parametrize("factor, flips", [(0.98, True), (0.996, False), (1.02, False)])
+@pytest.mark.parametrize("factor, flips", [(0.98, True), (0.998, False), (1.02, False)])
 def test_a_decision_departs_only_when_the_simulated_win_exceeds_the_margin(decision, value, factor, flips):
     cost, base = _base()
     judge, _ = fake_judge({(decision, value): factor})
@@ -155,7 +155,7 @@ def test_a_tied_configuration_is_taken_only_past_the_margin(monkeypatch):
     other = next(c for c in other if c.memory_ok and c.llm.pp != base.config.llm.pp)
     monkeypatch.setattr(setups, "tied_configs", lambda s, r, c: [s.config, other])
     tag = f"pp{other.llm.pp}"
-    for factor, takes in ((0.98, True), (0.997, False)):
+    for factor, takes in ((0.98, True), (0.998, False)):
         judge, _ = fake_judge({("config", tag): factor})
         got = entrain_variant(base, REQ, cost, judge)
         d = _decisions(got)["config"]

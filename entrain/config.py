@@ -22,6 +22,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.parallel import ParallelConfig
 from entrain.core.setups import ENTRAIN_LAYOUTS, ConfigRequest
 from entrain.core.systems import SYSTEMS, parse_systems
+from entrain.sim.drift import DEFAULT_THRESHOLD, DEFAULT_WINDOW, REPLAN_MODES, RESTART_MS, ReplanSettings
 
 __all__ = [
     "DataConfig",
@@ -154,6 +155,11 @@ class ScheduleConfig:
     """Entrain extension: per-iteration assignment, ``paper`` (Algorithm 3), ``two-resource`` or ``auto``."""
     plan: str | None = None
     """A plan file (``entrain plan --out``) to run exactly, instead of planning."""
+    replan: str = "off"
+    """``auto``: re-plan Entrain's split when the data drifts (``entrain.sim.drift``); ``off``."""
+    replan_window: int = DEFAULT_WINDOW
+    replan_threshold: float = DEFAULT_THRESHOLD
+    replan_restart_s: float = RESTART_MS / 1000
 
     def __post_init__(self) -> None:
         for name in self.systems:
@@ -162,6 +168,11 @@ class ScheduleConfig:
         if self.entrain_layout not in ENTRAIN_LAYOUTS:
             raise ConfigError(f"--entrain-layout {self.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
         parse_ramp(self.ramp_microbatches)
+        if self.replan not in REPLAN_MODES:
+            raise ConfigError(f"--replan {self.replan!r}; choose from {', '.join(REPLAN_MODES)}")
+
+    def replan_settings(self) -> ReplanSettings:
+        return ReplanSettings(self.replan_window, self.replan_threshold, self.replan_restart_s * 1000)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,197 @@
+"""Re-planning on drift (``--replan auto``) on the ``curriculum`` dataset, in simulation, against
+static Entrain and every baseline; plus a real CPU run's iteration times (``--real``).
+
+    python benchmarks/replan.py --model qwen25vl-llama3-1b --out /tmp/replan1 &   # the models in parallel
+    python benchmarks/replan.py --model qwen25vl-llama3-3b --out /tmp/replan3; wait
+    python benchmarks/replan.py --merge /tmp/replan1.json /tmp/replan3.json [--real run.json]
+                                                             # writes benchmarks/results/replan.{md,json}
+
+Setup: the paper's (64 GPUs, DP 4, TP 2, global batch 512, microbatch size 4, a40-paper), ``--iterations``
+(default 9: three per phase; chartqa-like, then docvqa-like, then video-like). Rows:
+
+* ``entrain (adaptive)``: ``simulate --replan auto`` (planned on the whole mix, the dataset's profiling
+  pool; the drift monitor re-plans on the window, ``entrain.sim.drift``), each segment deployed on its
+  own batches;
+* ``entrain (static, whole mix)``: ``simulate``'s Entrain (Algorithms 1-2 on the whole mix);
+* ``entrain (static, first phase)``: Algorithms 1-2 (+ extensions) on the first phase's dataset
+  (chartqa), deployed on all iterations (the simulated memory check sees every batch, as for any
+  system in ``simulate``);
+* every baseline as ``simulate`` configures it (on the whole mix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from entrain.cli.common import resolve_cost_model, workload_source
+from entrain.cli.main import build_parser
+from entrain.cli.simulate import simulate_systems
+from entrain.config import RunConfig
+from entrain.core.errors import ConfigError
+from entrain.core.setups import system_setups
+from entrain.data.generators import CURRICULUM_PHASES, batch_source
+from entrain.data.sampling import dataset_sampler
+from entrain.sim.choose import candidate_judge
+from entrain.sim.memory_fit import deploy
+
+MODELS = {"qwen25vl-llama3-1b": "1B", "qwen25vl-llama3-3b": "3B"}
+BASELINES = ("entrain-1f1b", "1f1b", "disttrain", "dip", "dip-greedy")
+TARGET = 1.10
+OUT = Path(__file__).parent / "results" / "replan"
+ADAPTIVE, MIX, FIRST = "entrain (adaptive)", "entrain (static, whole mix)", "entrain (static, first phase)"
+
+
+def _args(model: str, iterations: int, replan: str = "off", window: int = 1):
+    argv = ["simulate", "--dataset", "curriculum", "--model", model, "--gpus", "64", "--dp", "4", "--tp", "2",
+            "--global-batch", "512", "--microbatch-size", "4", "--iterations", str(iterations),
+            "--replan", replan, "--replan-window", str(window)]  # fmt: skip
+    return build_parser().parse_args(argv)
+
+
+def _row(run, config: dict | None = None, iterations: int = 0) -> dict:
+    m = run.metrics
+    per = list(m.iteration_time_ms_per_iter)
+    phases = {}
+    for name in CURRICULUM_PHASES:
+        ts = [t for i, t in enumerate(per) if batch_source("curriculum", i, iterations) == name]
+        phases[name] = sum(ts) / len(ts) if ts else None
+    comps = run.layout.components
+    return {
+        "iteration_time_ms": m.iteration_time_ms,
+        "per_iteration_ms": per,
+        "per_phase_ms": phases,
+        "fits_memory": m.fits_memory,
+        "split": f"E.PP {comps['encoder'].pp} / L.PP {comps['llm'].pp} (dp {run.layout.dp})",
+        "replans": list(run.replans or []),
+        "config_source": (config or {}).get("source"),
+    }
+
+
+def _first_phase(args) -> tuple:
+    """Entrain planned on the first phase's dataset, deployed on the whole run."""
+    cost = resolve_cost_model(args)
+    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
+    req = dataclasses.replace(
+        RunConfig.from_args(args).config_request(), model=cost.model, dataset=CURRICULUM_PHASES[0]
+    )
+    sampler = dataset_sampler(CURRICULUM_PHASES[0], args.seed)
+    setup = system_setups(["entrain"], req, cost, sampler, candidate_judge(sampler, cost, req))["entrain"]
+    options = {**setup.options, "eager_budget_factor": args.eager_budget_factor}
+    return deploy("entrain", setup, batches, cost, options)
+
+
+def run_model(model: str, iterations: int, window: int) -> dict:
+    rows, seconds = {}, {}
+    t = time.time()
+    runs, configs = simulate_systems(_args(model, iterations, "auto", window), ["entrain"])
+    rows[ADAPTIVE], seconds[ADAPTIVE] = _row(runs["entrain"], configs["entrain"], iterations), time.time() - t
+    t = time.time()
+    setup, run = _first_phase(_args(model, iterations))
+    rows[FIRST], seconds[FIRST] = _row(run, {"source": setup.source}, iterations), time.time() - t
+    t = time.time()
+    runs, configs = simulate_systems(_args(model, iterations), ["entrain", *BASELINES])
+    seconds["static + baselines"] = time.time() - t
+    rows[MIX] = _row(runs["entrain"], configs["entrain"], iterations)
+    for name in BASELINES:
+        rows[name] = _row(runs[name], configs[name], iterations)
+    return {
+        "model": MODELS[model],
+        "iterations": iterations,
+        "window": window,
+        "rows": rows,
+        "seconds": seconds,
+    }
+
+
+def _case_md(case: dict) -> list[str]:
+    rows = case["rows"]
+    adaptive = rows[ADAPTIVE]["iteration_time_ms"]
+    best_static = min(rows[MIX]["iteration_time_ms"], rows[FIRST]["iteration_time_ms"])
+    ratio = best_static / adaptive
+    out = [f"### {case['model']} ({case['iterations']} iterations, window {case['window']})", "",
+           "| system | mean iter ms | chartqa-like | docvqa-like | video-like | vs adaptive | fits | split (first) |",
+           "|---|---:|---:|---:|---:|---:|---|---|"]  # fmt: skip
+    for name, r in rows.items():
+        ph = [f"{r['per_phase_ms'][p]:.0f}" if r["per_phase_ms"][p] else "-" for p in CURRICULUM_PHASES]
+        out.append(f"| {name} | {r['iteration_time_ms']:.0f} | {' | '.join(ph)} | "
+                   f"{r['iteration_time_ms'] / adaptive:.3f}x | {r['fits_memory']} | {r['split']} |")  # fmt: skip
+    verdict = "meets" if ratio >= TARGET else "misses"
+    out += [
+        "",
+        f"Adaptive vs the better static Entrain: **{ratio:.3f}x** ({verdict} the {TARGET:.2f}x target).",
+        "",
+    ]
+    for rp in rows[ADAPTIVE]["replans"]:
+        old, new = rp["old_allocation"], rp["new_allocation"]
+        out.append(f"- re-plan after iteration {rp['iteration']}: E.PP {old['encoder']['pp']} / L.PP {old['llm']['pp']} "
+                   f"(dp {old['dp']}) -> E.PP {new['encoder']['pp']} / L.PP {new['llm']['pp']} (dp {new['dp']}), "
+                   f"predicted gain {rp['predicted_gain']:.1%}")  # fmt: skip
+    if not rows[ADAPTIVE]["replans"]:
+        out.append("- no re-plan fired")
+    out += [
+        "",
+        "Simulation wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in case["seconds"].items()),
+        "",
+    ]
+    return out
+
+
+def _real_md(real: dict) -> list[str]:
+    out = ["## Real CPU run", "", real.get("command", ""), ""]
+    for rp in real.get("replans", []):
+        out.append(f"- re-plan at step {rp['iteration']}: {json.dumps(rp['old_allocation'])} -> "
+                   f"{json.dumps(rp['new_allocation'])}, predicted gain {rp['predicted_gain']:.1%}")  # fmt: skip
+    out += ["", "| step | phase | iteration ms | layout |", "|---:|---|---:|---|"]
+    for s in real.get("steps", []):
+        out.append(f"| {s['step']} | {s['phase']} | {s['iteration_ms']:.0f} | {s['layout']} |")
+    return out + ["", real.get("note", ""), ""]
+
+
+def write_md(cases: list[dict], real: dict | None) -> str:
+    lines = ["# Re-planning on drift: `curriculum` (benchmarks/replan.py)", "",
+             (__doc__ or "").split("Setup:")[1].strip(), "",
+             "Times: simulated ms per iteration (a40-paper); `vs adaptive` = the row's mean / adaptive Entrain's. "
+             "The adaptive row includes no re-plan pause: `predicted_gain` already nets out the estimated "
+             "checkpoint + restart + reshard cost (`entrain.sim.drift.replan_cost_ms`).", ""]  # fmt: skip
+    for case in cases:
+        lines += _case_md(case)
+    if real:
+        lines += _real_md(real)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, action="append")
+    p.add_argument("--iterations", type=int, default=9)
+    p.add_argument("--window", type=int, default=1)
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--merge", nargs="*")
+    p.add_argument("--real", default=None, help="a real run's JSON (see docs) to add to the md")
+    args = p.parse_args(argv)
+    real = json.loads(Path(args.real).read_text()) if args.real else None
+    if args.merge is not None:
+        cases = [c for f in args.merge for c in json.loads(Path(f).read_text())["cases"]]
+    else:
+        cases = []
+        for model in args.model or list(MODELS):
+            try:
+                cases.append(run_model(model, args.iterations, args.window))
+            except ConfigError as err:
+                print(f"{model}: {err}", file=sys.stderr)
+                return 2
+            print(f"{model} done", file=sys.stderr, flush=True)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps({"cases": cases, "real": real}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(write_md(cases, real))
+    print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

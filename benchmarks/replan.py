@@ -3,11 +3,12 @@ static Entrain and every baseline; plus a real CPU run's iteration times (``--re
 
     python benchmarks/replan.py --model qwen25vl-llama3-1b --out /tmp/replan1 &   # the models in parallel
     python benchmarks/replan.py --model qwen25vl-llama3-3b --out /tmp/replan3; wait
-    python benchmarks/replan.py --merge /tmp/replan1.json /tmp/replan3.json [--real run.json]
+    python benchmarks/replan.py --real-run /tmp/real          # the real CPU run: /tmp/real/real.json
+    python benchmarks/replan.py --merge /tmp/replan1.json /tmp/replan3.json --real /tmp/real/real.json
                                                              # writes benchmarks/results/replan.{md,json}
 
 Setup: the paper's (64 GPUs, DP 4, TP 2, global batch 512, microbatch size 4, a40-paper), ``--iterations``
-(default 9: three per phase; chartqa-like, then docvqa-like, then video-like). Rows:
+(default 6: two per phase; chartqa-like, then docvqa-like, then video-like). Rows:
 
 * ``entrain (adaptive)``: ``simulate --replan auto`` (planned on the whole mix, the dataset's profiling
   pool; the drift monitor re-plans on the window, ``entrain.sim.drift``), each segment deployed on its
@@ -40,7 +41,7 @@ from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 
 MODELS = {"qwen25vl-llama3-1b": "1B", "qwen25vl-llama3-3b": "3B"}
-BASELINES = ("entrain-1f1b", "1f1b", "disttrain", "dip", "dip-greedy")
+BASELINES = ("1f1b", "disttrain", "dip", "dip-greedy")
 TARGET = 1.10
 OUT = Path(__file__).parent / "results" / "replan"
 ADAPTIVE, MIX, FIRST = "entrain (adaptive)", "entrain (static, whole mix)", "entrain (static, first phase)"
@@ -165,15 +166,70 @@ def write_md(cases: list[dict], real: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+REAL_PHASES = ("chartqa", "text-heavy")
+REAL_FLAGS = ["--model", "tiny", "--system", "entrain", "--global-batch", "8", "--microbatch-size", "1",
+              "--max-pixels", "100352", "--no-progress", "--replan", "auto", "--replan-restart-s", "5"]  # fmt: skip
+
+
+def real_run(folder: Path, steps: int, nproc: int) -> dict:
+    """``entrain train --nproc`` on a two-phase workload file (``REAL_PHASES``, half the steps each):
+    the re-plans and each step's measured iteration time and layout."""
+    import subprocess
+
+    from entrain.data.generators import generate_samples
+    from entrain.data.workload_io import write_workload_jsonl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    half = steps // 2 * 8
+    data = folder / "two_phase.jsonl"
+    write_workload_jsonl(str(data), [s for p in REAL_PHASES for s in generate_samples(p, half, 0)])
+    out = folder / "run"
+    cmd = [sys.executable, "-m", "entrain", "train", "--dataset", str(data), "--steps", str(2 * (steps // 2)),
+           "--nproc", str(nproc), "--out", str(out), "--overwrite", *REAL_FLAGS]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the real run failed ({done.returncode}): {done.stderr[-2000:]}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    replans = [r["replan"] for r in rows if "replan" in r]
+    return {
+        "command": "entrain train " + " ".join(cmd[4:]).replace(str(folder), "DIR"),
+        "replans": replans,
+        "steps": [_real_step(r, replans, steps) for r in rows],
+        "summary": done.stdout.strip().splitlines()[-1:],
+        "note": f"{nproc} gloo ranks on a shared 2-core CPU: measured times include other processes' load.",
+    }
+
+
+def _real_step(row: dict, replans: list[dict], steps: int) -> dict:
+    before = [r for r in replans if r["iteration"] < row["step"]]
+    alloc = before[-1]["new_allocation"] if before else (replans[0]["old_allocation"] if replans else None)
+    layout = (
+        "-"
+        if alloc is None
+        else f"E.PP {alloc['encoder']['pp']} / L.PP {alloc['llm']['pp']} (dp {alloc['dp']})"
+    )
+    phase = REAL_PHASES[min(1, row["step"] // max(1, steps // 2))]
+    return {"step": row["step"], "phase": phase, "iteration_ms": row["iteration_time_ms"], "layout": layout}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=MODELS, action="append")
-    p.add_argument("--iterations", type=int, default=9)
+    p.add_argument("--iterations", type=int, default=6)
     p.add_argument("--window", type=int, default=1)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--merge", nargs="*")
     p.add_argument("--real", default=None, help="a real run's JSON (see docs) to add to the md")
+    p.add_argument(
+        "--real-run", default=None, help="run the real CPU run in this folder, write its JSON there"
+    )
+    p.add_argument("--real-steps", type=int, default=10)
     args = p.parse_args(argv)
+    if args.real_run:
+        got = real_run(Path(args.real_run), args.real_steps, 4)
+        (Path(args.real_run) / "real.json").write_text(json.dumps(got, indent=1) + "\n")
+        print(json.dumps(got["replans"]), file=sys.stderr)
+        return 0
     real = json.loads(Path(args.real).read_text()) if args.real else None
     if args.merge is not None:
         cases = [c for f in args.merge for c in json.loads(Path(f).read_text())["cases"]]

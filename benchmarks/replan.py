@@ -8,16 +8,21 @@ static Entrain and every baseline; plus a real CPU run's iteration times (``--re
                                                              # writes benchmarks/results/replan.{md,json}
 
 Setup: the paper's (64 GPUs, DP 4, TP 2, global batch 512, microbatch size 4, a40-paper), ``--iterations``
-(default 6: two per phase; chartqa-like, then docvqa-like, then video-like). Rows:
+(default 6: two per phase; chartqa-like, then docvqa-like, then video-like), seed 0. Rows, all on the
+same batches:
 
-* ``entrain (adaptive)``: ``simulate --replan auto`` (planned on the whole mix, the dataset's profiling
-  pool; the drift monitor re-plans on the window, ``entrain.sim.drift``), each segment deployed on its
-  own batches;
-* ``entrain (static, whole mix)``: ``simulate``'s Entrain (Algorithms 1-2 on the whole mix);
-* ``entrain (static, first phase)``: Algorithms 1-2 (+ extensions) on the first phase's dataset
-  (chartqa), deployed on all iterations (the simulated memory check sees every batch, as for any
-  system in ``simulate``);
-* every baseline as ``simulate`` configures it (on the whole mix).
+* ``entrain (adaptive)``: planned on the whole mix (the dataset's profiling pool), then the drift
+  monitor (``entrain.sim.drift``, ``--replan-window`` 1 here, default threshold and re-plan cost)
+  re-plans on the window; each segment runs its own plan;
+* ``entrain (static, whole mix)``: Algorithms 1-2 on the whole mix (what ``simulate`` plans);
+* ``entrain (static, first phase)``: Algorithms 1-2 on the first phase's dataset (chartqa);
+* the baselines (1F1B, DistTrain, DIP, DIP-greedy) as ``simulate`` configures them (on the whole mix).
+
+Economy (this ran on a shared 2-core machine): every plan is simulated as planned, without the
+simulated memory check (``sim.memory_fit``: recomputation where a rank overflows, which re-simulates
+a plan many times on these large docvqa/video batches); a plan that overflows device memory is marked
+in the ``fits`` column, not fixed. Entrain's rows use the paper's disjoint layout (no boundary-sharing
+judge) for the same reason.
 """
 
 from __future__ import annotations
@@ -31,14 +36,14 @@ from pathlib import Path
 
 from entrain.cli.common import resolve_cost_model, workload_source
 from entrain.cli.main import build_parser
-from entrain.cli.simulate import simulate_systems
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.setups import system_setups
 from entrain.data.generators import CURRICULUM_PHASES, batch_source
 from entrain.data.sampling import dataset_sampler
-from entrain.sim.choose import candidate_judge
-from entrain.sim.memory_fit import deploy
+from entrain.sim.adaptive import adaptive_deploy, monitor_for
+from entrain.sim.drift import ReplanSettings
+from entrain.sim.run import run_system
 
 MODELS = {"qwen25vl-llama3-1b": "1B", "qwen25vl-llama3-3b": "3B"}
 BASELINES = ("1f1b", "disttrain", "dip", "dip-greedy")
@@ -50,7 +55,7 @@ ADAPTIVE, MIX, FIRST = "entrain (adaptive)", "entrain (static, whole mix)", "ent
 def _args(model: str, iterations: int, replan: str = "off", window: int = 1):
     argv = ["simulate", "--dataset", "curriculum", "--model", model, "--gpus", "64", "--dp", "4", "--tp", "2",
             "--global-batch", "512", "--microbatch-size", "4", "--iterations", str(iterations),
-            "--replan", replan, "--replan-window", str(window)]  # fmt: skip
+            "--replan", replan, "--replan-window", str(window), "--entrain-layout", "disjoint"]  # fmt: skip
     return build_parser().parse_args(argv)
 
 
@@ -73,40 +78,41 @@ def _row(run, config: dict | None = None, iterations: int = 0) -> dict:
     }
 
 
-def _first_phase(args) -> tuple:
-    """Entrain planned on the first phase's dataset, deployed on the whole run."""
+def _context(model: str, iterations: int):
+    args = _args(model, iterations)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
-    req = dataclasses.replace(
-        RunConfig.from_args(args).config_request(), model=cost.model, dataset=CURRICULUM_PHASES[0]
-    )
-    sampler = dataset_sampler(CURRICULUM_PHASES[0], args.seed)
-    setup = system_setups(["entrain"], req, cost, sampler, candidate_judge(sampler, cost, req))["entrain"]
-    options = {**setup.options, "eager_budget_factor": args.eager_budget_factor}
-    return deploy("entrain", setup, batches, cost, options)
+    req = dataclasses.replace(RunConfig.from_args(args).config_request(), model=cost.model)
+    return args, cost, batches, req
+
+
+def _simulated(system: str, setup, batches, cost, extra: dict):
+    return run_system(system, setup.layout, batches, cost, {**setup.options, **extra}, trace_iterations=0)
 
 
 def run_model(model: str, iterations: int, window: int) -> dict:
-    rows, seconds = {}, {}
+    """Every row on the same batches; plans simulated as planned (no memory check: see the md)."""
+    args, cost, batches, req = _context(model, iterations)
+    extra = {"eager_budget_factor": args.eager_budget_factor}
+    mix = dataset_sampler("curriculum", args.seed)
+    setups = system_setups(["entrain", *BASELINES], req, cost, mix)
+    rows, seconds, t = {}, {}, time.time()
+    monitor = monitor_for("entrain", setups["entrain"], req, cost, mix, total_iterations=iterations,
+                          settings=ReplanSettings(window=window), extra_options=extra)  # fmt: skip
+    got = adaptive_deploy("entrain", monitor, batches, cost, extra, memory_check=False)
+    got.run.replans = [r.to_json() for r in monitor.replans]
+    rows[ADAPTIVE], seconds[ADAPTIVE] = _row(got.run, None, iterations), time.time() - t
     t = time.time()
-    runs, configs = simulate_systems(_args(model, iterations, "auto", window), ["entrain"])
-    rows[ADAPTIVE], seconds[ADAPTIVE] = _row(runs["entrain"], configs["entrain"], iterations), time.time() - t
-    t = time.time()
-    setup, run = _first_phase(_args(model, iterations))
-    rows[FIRST], seconds[FIRST] = _row(run, {"source": setup.source}, iterations), time.time() - t
-    t = time.time()
-    runs, configs = simulate_systems(_args(model, iterations), ["entrain", *BASELINES])
-    seconds["static + baselines"] = time.time() - t
-    rows[MIX] = _row(runs["entrain"], configs["entrain"], iterations)
+    first_req = dataclasses.replace(req, dataset=CURRICULUM_PHASES[0])
+    first = system_setups(["entrain"], first_req, cost, dataset_sampler(CURRICULUM_PHASES[0], args.seed))
+    rows[FIRST] = _row(_simulated("entrain", first["entrain"], batches, cost, extra), None, iterations)
+    rows[MIX] = _row(_simulated("entrain", setups["entrain"], batches, cost, extra), None, iterations)
     for name in BASELINES:
-        rows[name] = _row(runs[name], configs[name], iterations)
-    return {
-        "model": MODELS[model],
-        "iterations": iterations,
-        "window": window,
-        "rows": rows,
-        "seconds": seconds,
-    }
+        rows[name] = _row(_simulated(name, setups[name], batches, cost, {}), None, iterations)
+    seconds["static + baselines"] = time.time() - t
+    drift = [d.to_json() for d in monitor.history]
+    return {"model": MODELS[model], "iterations": iterations, "window": window, "rows": rows, "seconds": seconds,
+            "drift": drift}  # fmt: skip
 
 
 def _case_md(case: dict) -> list[str]:

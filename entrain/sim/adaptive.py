@@ -96,8 +96,11 @@ def adaptive_deploy(
     batches: Sequence[Sequence[SampleWork]],
     cost: CostModel,
     extra_options: dict | None = None,
+    *,
+    memory_check: bool = True,
 ) -> AdaptiveRun:
-    """Run the monitor over ``batches`` in order, then deploy and simulate each segment."""
+    """Run the monitor over ``batches`` in order, then deploy and simulate each segment (without
+    ``memory_check``: simulate each segment's plan as planned, no recomputation added)."""
     segments, start, current = [], 0, monitor.setup
     for i, batch in enumerate(batches):
         new = monitor.observe(i, batch)
@@ -107,7 +110,14 @@ def adaptive_deploy(
     segments.append((current, start, len(batches)))
     deployed, runs = [], []
     for setup, lo, hi in segments:
-        got, run = deploy(system, setup, batches[lo:hi], cost, {**setup.options, **(extra_options or {})})
+        options = {**setup.options, **(extra_options or {})}
+        if memory_check:
+            got, run = deploy(system, setup, batches[lo:hi], cost, options)
+        else:
+            got, run = (
+                setup,
+                run_system(system, setup.layout, batches[lo:hi], cost, options, trace_iterations=0),
+            )
         deployed.append(got)
         runs.append(run)
     first = runs[0]

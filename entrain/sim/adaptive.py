@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from entrain.core.costmodel import CostModel
-from entrain.core.planner import pool_sampler
+from entrain.core.planner import SampleStats, pool_sampler, search_candidates
 from entrain.core.setups import ConfigRequest, SystemSetup, system_setups
 from entrain.core.work import SampleWork
 from entrain.sim.choose import candidate_judge, planner_draws
@@ -42,16 +42,46 @@ class AdaptiveRun:
     monitor: DriftMonitor
 
 
-def window_replanner(system: str, req: ConfigRequest, cost: CostModel) -> Replanner:
-    """Algorithms 1-2 (and Entrain's extensions, the layout judged by simulation) on the window's
-    samples: the window is the planner's population (``pool_sampler``)."""
+def window_replanner(system: str, req: ConfigRequest, cost: CostModel, time_ms: WindowTime) -> Replanner:
+    """The best split for the window: Algorithms 1-2 (and Entrain's extensions, the layout judged by
+    simulation) on the window's samples (the planner's population, ``pool_sampler``), against Algorithm
+    2's best configuration for each other encoder/LLM GPU budget of a replica on the same samples
+    (``split_candidates``); the one ``time_ms`` simulates fastest on the window's batches."""
 
     def replan(batches: list[Sequence[SampleWork]]) -> SystemSetup:
         items = [w.meta if w.meta is not None else w for b in batches for w in b]
         sampler = pool_sampler(items)
-        return system_setups([system], req, cost, sampler, candidate_judge(sampler, cost, req))[system]
+        planned = system_setups([system], req, cost, sampler, candidate_judge(sampler, cost, req))[system]
+        candidates = [planned, *split_candidates(planned, items, cost, req)]
+        return min(candidates, key=lambda c: time_ms(c, batches))
 
     return replan
+
+
+def split_candidates(
+    setup: SystemSetup, items: Sequence, cost: CostModel, req: ConfigRequest
+) -> list[SystemSetup]:
+    """For each encoder GPU budget of a replica (multiples of the encoder's TP x CP) other than the
+    planned one, Algorithm 2's best configuration that fits memory on ``items``, with ``setup``'s
+    DP and schedule options (disjoint stages)."""
+    layout = setup.layout
+    enc = layout.components["encoder"]
+    per_replica, unit = req.gpus // layout.dp, enc.tp * enc.cp
+    planned = enc.tp * enc.cp * enc.pp
+    stats = SampleStats.of(items)
+    out = []
+    for budget in range(unit, per_replica, unit):
+        if budget == planned:
+            continue
+        found = search_candidates(
+            stats, cost, gpus=req.gpus, dp=layout.dp, tp=enc.tp, cp=enc.cp, global_batch=req.global_batch,
+            microbatch_size=req.microbatch_size, allocation=(budget, per_replica - budget),
+        )  # fmt: skip
+        fits = [c for c in found if c.memory_ok]
+        if fits:
+            source = f"Algorithm 2 with {budget} of {per_replica} GPUs a replica for the encoder (window)"
+            out.append(replace(setup, layout=fits[0].to_layout(), config=fits[0], source=source))
+    return out
 
 
 def window_time(system: str, cost: CostModel, extra_options: dict | None = None) -> WindowTime:
@@ -79,12 +109,13 @@ def monitor_for(
 ) -> DriftMonitor:
     """The monitor of ``system``'s run: the reference is the planner's draws (``planner_draws``)."""
     reference = [w for b in planner_draws(sampler, cost, req) for w in b]
+    time_ms = window_time(system, cost, extra_options)
     return DriftMonitor(
         setup,
         reference,
         cost,
-        replanner=window_replanner(system, req, cost),
-        window_time=window_time(system, cost, extra_options),
+        replanner=window_replanner(system, req, cost, time_ms),
+        window_time=time_ms,
         total_iterations=total_iterations,
         settings=settings,
     )

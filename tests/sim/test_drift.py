@@ -162,3 +162,25 @@ def test_no_false_alarm_on_stationary_workloads(dataset, monkeypatch):
             assert monitor.history[-1].predicted_gain is None, (dataset, seed, i, monitor.history[-1])
         assert not monitor.replans
         assert max(d.drift for d in monitor.history) < math.log(2), (dataset, seed)
+
+
+def test_split_candidates_are_the_other_encoder_budgets(tiny):
+    from entrain.data.generators import generate_samples
+    from entrain.sim.adaptive import split_candidates
+
+    cost, _, planned = tiny  # dp 1 on 4 GPUs: encoder budgets 1, 2, 3
+    req = dataclasses.replace(RunConfig.from_args(build_parser().parse_args(
+        "simulate --model tiny --dataset docvqa --gpus 4 --global-batch 16 --microbatch-size 2".split())).config_request(),
+        model=cost.model)  # fmt: skip
+    items = generate_samples("docvqa", 64, 0)
+    got = split_candidates(planned, items, cost, req)
+
+    def encoder_gpus(setup):
+        enc = setup.layout.components["encoder"]
+        return enc.tp * enc.cp * enc.pp
+
+    budgets = [encoder_gpus(c) for c in got]
+    assert sorted(budgets + [encoder_gpus(planned)]) == [1, 2, 3]
+    for c in got:
+        assert c.layout.dp == planned.layout.dp and c.options == planned.options
+        assert c.layout.ranks_per_replica <= 4 and c.config.memory_ok

@@ -819,9 +819,8 @@ def _run_rank(spec, under_torchrun: bool) -> int:
     if env.rank == 0:
         _warn_profile_precision(spec, env.device)
     try:
-        summaries = run_systems(
-            spec, env, memory_check=_memory_check, judge_factory=_judge_factory, monitor_factory=_monitor_factory
-        )
+        replan = {"monitor_factory": _monitor_factory} if spec.schedule.replan == "auto" else {}
+        summaries = run_systems(spec, env, memory_check=_memory_check, judge_factory=_judge_factory, **replan)
     except ReplanRequested:
         _leave_for_replan(under_torchrun)
     except BaseException as e:

@@ -20,9 +20,15 @@ from dataclasses import asdict, dataclass, field, fields
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import ParallelConfig
+from entrain.core.replan_settings import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW,
+    REPLAN_MODES,
+    RESTART_MS,
+    ReplanSettings,
+)
 from entrain.core.setups import ENTRAIN_LAYOUTS, ConfigRequest
 from entrain.core.systems import SYSTEMS, parse_systems
-from entrain.sim.drift import DEFAULT_THRESHOLD, DEFAULT_WINDOW, REPLAN_MODES, RESTART_MS, ReplanSettings
 
 __all__ = [
     "DataConfig",
@@ -82,7 +88,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.on_bad_sample not in BAD_SAMPLE_POLICIES:
-            raise ConfigError(f"--on-bad-sample {self.on_bad_sample!r}; choose from {', '.join(BAD_SAMPLE_POLICIES)}")
+            raise ConfigError(
+                f"--on-bad-sample {self.on_bad_sample!r}; choose from {', '.join(BAD_SAMPLE_POLICIES)}"
+            )
         if self.val_every < 0 or self.val_batches < 1:
             raise ConfigError(
                 f"--val-every must be >= 0 and --val-batches >= 1, got {self.val_every} and {self.val_batches}"
@@ -166,7 +174,9 @@ class ScheduleConfig:
             if name not in SYSTEMS:
                 parse_systems(name)  # raises the one message
         if self.entrain_layout not in ENTRAIN_LAYOUTS:
-            raise ConfigError(f"--entrain-layout {self.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
+            raise ConfigError(
+                f"--entrain-layout {self.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}"
+            )
         parse_ramp(self.ramp_microbatches)
         if self.replan not in REPLAN_MODES:
             raise ConfigError(f"--replan {self.replan!r}; choose from {', '.join(REPLAN_MODES)}")

@@ -20,6 +20,13 @@ from dataclasses import asdict, dataclass, field, fields
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import ParallelConfig
+from entrain.core.replan_settings import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW,
+    REPLAN_MODES,
+    RESTART_MS,
+    ReplanSettings,
+)
 from entrain.core.setups import ENTRAIN_LAYOUTS, ConfigRequest
 from entrain.core.systems import SYSTEMS, parse_systems
 
@@ -81,7 +88,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.on_bad_sample not in BAD_SAMPLE_POLICIES:
-            raise ConfigError(f"--on-bad-sample {self.on_bad_sample!r}; choose from {', '.join(BAD_SAMPLE_POLICIES)}")
+            raise ConfigError(
+                f"--on-bad-sample {self.on_bad_sample!r}; choose from {', '.join(BAD_SAMPLE_POLICIES)}"
+            )
         if self.val_every < 0 or self.val_batches < 1:
             raise ConfigError(
                 f"--val-every must be >= 0 and --val-batches >= 1, got {self.val_every} and {self.val_batches}"
@@ -183,17 +192,29 @@ class ScheduleConfig:
     decision_margin_pct: float | None = None
     """``--decision-margin PCT``: an automatic choice departs from the paper's default only when a
     candidate simulates more than this percentage faster (None: ``setups.DECISION_MARGIN``)."""
+    replan: str = "off"
+    """``auto``: re-plan Entrain's split when the data drifts (``entrain.sim.drift``); ``off``."""
+    replan_window: int = DEFAULT_WINDOW
+    replan_threshold: float = DEFAULT_THRESHOLD
+    replan_restart_s: float = RESTART_MS / 1000
 
     def __post_init__(self) -> None:
         for name in self.systems:
             if name not in SYSTEMS:
                 parse_systems(name)  # raises the one message
         if self.entrain_layout not in ENTRAIN_LAYOUTS:
-            raise ConfigError(f"--entrain-layout {self.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}")
+            raise ConfigError(
+                f"--entrain-layout {self.entrain_layout!r}; choose from {', '.join(ENTRAIN_LAYOUTS)}"
+            )
         parse_ramp(self.ramp_microbatches)
         pct = self.decision_margin_pct
         if pct is not None and not 0.0 <= pct < 100.0:
             raise ConfigError(f"--decision-margin: expected a percentage in [0, 100), got {pct:g}")
+        if self.replan not in REPLAN_MODES:
+            raise ConfigError(f"--replan {self.replan!r}; choose from {', '.join(REPLAN_MODES)}")
+
+    def replan_settings(self) -> ReplanSettings:
+        return ReplanSettings(self.replan_window, self.replan_threshold, self.replan_restart_s * 1000)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,11 +20,13 @@ from entrain.cli.common import (
     workload_source,
 )
 from entrain.cli.config_file import add_config_arg
+from entrain.cli.replan_flags import add_replan_args, replan_settings
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.setups import system_setups
 from entrain.core.systems import parse_systems
 from entrain.data.sampling import dataset_sampler
+from entrain.sim.adaptive import REPLAN_SYSTEMS, adaptive_deploy, monitor_for
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 from entrain.sim.run import SystemRun
@@ -46,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Entrain's eager-forward activation budget factor (default 1.25)",
     )
     add_entrain_extension_args(p)
+    add_replan_args(p)
     p.set_defaults(func=run)
 
 
@@ -65,11 +68,13 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
     runs = {}
     for name in systems:
         setup = setups[name]
-        options = dict(setup.options)
-        if name == "entrain":
-            options["eager_budget_factor"] = args.eager_budget_factor
+        extra = {"eager_budget_factor": args.eager_budget_factor} if name == "entrain" else {}
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
-        setups[name], runs[name] = deploy(name, setup, batches, cost, options, margin=req.margin)
+        if args.replan == "auto" and name in REPLAN_SYSTEMS:
+            setups[name], runs[name] = _adaptive(name, setup, batches, cost, req, sampler, args, extra)
+        else:
+            options = {**setup.options, **extra}
+            setups[name], runs[name] = deploy(name, setup, batches, cost, options, margin=req.margin)
     if "entrain" in runs:
         base = runs["entrain"].metrics.iteration_time_ms
         for r in runs.values():
@@ -80,6 +85,26 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
 def _decisions(setup) -> list[dict]:
     """``systems.<name>.decisions``: every automatic choice of the setup, with its candidates' times."""
     return [d.to_json() for d in setup.decisions]
+
+
+def _adaptive(name, setup, batches, cost, req, sampler, args, extra):
+    """``--replan auto``: the system re-planned on drift (``entrain.sim.adaptive``); its run carries
+    ``replans`` and ``drift``, its setup is the first segment's."""
+    monitor = monitor_for(
+        name, setup, req, cost, sampler, total_iterations=len(batches), settings=replan_settings(args),
+        extra_options=extra,
+    )  # fmt: skip
+    got = adaptive_deploy(name, monitor, batches, cost, extra)
+    for r in monitor.replans:
+        print(f"entrain simulate: {name}: re-plan after iteration {r.iteration}: {_split(r.old_allocation)} -> "
+              f"{_split(r.new_allocation)} (predicted gain {r.predicted_gain:.1%})", file=sys.stderr, flush=True)  # fmt: skip
+    got.run.replans = [r.to_json() for r in monitor.replans]
+    got.run.drift = [d.to_json() for d in monitor.history]
+    return got.setups[0], got.run
+
+
+def _split(alloc: dict) -> str:
+    return f"E.PP {alloc['encoder']['pp']} / L.PP {alloc['llm']['pp']}"
 
 
 def _describe(layout, source: str, b_min: int | None = None) -> dict:
@@ -114,12 +139,20 @@ def best_fitting_baseline(runs: dict[str, SystemRun]) -> tuple[str | None, float
     return best, fitting[best].metrics.iteration_time_ms / mine.metrics.iteration_time_ms
 
 
+def _drift_json(run: SystemRun) -> dict:
+    """``replans`` (every system: [] when none) and, where the monitor ran, ``drift`` per iteration."""
+    out = {"replans": list(run.replans or [])}
+    if run.drift is not None:
+        out["drift"] = run.drift
+    return out
+
+
 def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace) -> dict:
     top = runs.get("entrain") or next(iter(runs.values()))
     best, ratio = best_fitting_baseline(runs)
     return {
-        "systems": {n: {**r.metrics.to_json(), "config": _config(configs[n]), "decisions": configs[n].get("decisions", [])}
-                    for n, r in runs.items()},  # fmt: skip
+        "systems": {n: {**r.metrics.to_json(), "config": _config(configs[n]), "decisions": configs[n].get("decisions", []),
+                        **_drift_json(r)} for n, r in runs.items()},  # fmt: skip
         "best_fitting_baseline": best,
         "entrain_vs_best_fitting_baseline": ratio,
         "ideal_ms": top.metrics.ideal_ms,

@@ -206,7 +206,10 @@ def _add_run_control_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_schedule_args(p: argparse.ArgumentParser) -> None:
+    from entrain.cli.replan_flags import add_replan_args
+
     add_entrain_extension_args(p)
+    add_replan_args(p)
 
 
 def _add_run_folder_args(p: argparse.ArgumentParser) -> None:
@@ -346,6 +349,10 @@ _FORWARDED = (
     "split_weight_grads",
     "assignment",
     "device",
+    "replan",
+    "replan_window",
+    "replan_threshold",
+    "replan_restart_s",
     *STOCK_MODEL_FLAGS,
 )
 _FLAGS_FORWARDED = (
@@ -394,6 +401,7 @@ ERROR_DIR_ENV = "ENTRAIN_ERROR_DIR"
 
 def _launch(args: argparse.Namespace, spec, nproc: int) -> int:
     from entrain.cli.launch import ERROR_EXIT, INTERRUPTED_EXIT
+    from entrain.runtime.replan import REPLAN_EXIT
 
     cmd = [
         sys.executable,
@@ -423,6 +431,8 @@ def _launch(args: argparse.Namespace, spec, nproc: int) -> int:
         messages = _worker_errors(errors)
     finally:
         shutil.rmtree(errors, ignore_errors=True)
+    if rc == REPLAN_EXIT and not messages:  # a re-plan checkpointed: the group again, on the new layout
+        return _launch(relaunch_args(args, spec), spec, nproc)
     if rc == 0:
         return 0
     if rc == INTERRUPTED_EXIT:
@@ -437,6 +447,22 @@ def _launch(args: argparse.Namespace, spec, nproc: int) -> int:
             flush=True,
         )
     return ERROR_EXIT if messages else rc
+
+
+def relaunch_args(args: argparse.Namespace, spec) -> argparse.Namespace:
+    """The flags of the worker group after a re-plan (``entrain.runtime.replan``): the new plan file,
+    resumed from the re-plan's checkpoint (resharded onto the new layout)."""
+    from entrain.runtime.replan import read_state
+    from entrain.runtime.session import system_out
+
+    state = read_state(system_out(spec, spec.schedule.systems[0]))
+    if state is None:
+        raise EntrainError(f"a worker asked for a re-plan but {spec.run.out} holds no re-plan state")
+    print(f"entrain train: re-plan after step {state['step'] - 1}: restarting on {state['plan']}", file=sys.stderr, flush=True)
+    return argparse.Namespace(
+        **{**vars(args), "plan": state["plan"], "resume": True, "overwrite": False,
+           "encoder_stages": None, "llm_stages": None, "dp": None},
+    )  # fmt: skip
 
 
 def _worker_errors(folder: str) -> list[str]:
@@ -746,11 +772,44 @@ def _judge_factory(sampler, cost, req):
     return candidate_judge(sampler, cost, req)
 
 
+def _monitor_factory(spec, system, setup, cost, batches):
+    """``--replan auto``'s drift monitor of ``system`` (``entrain.sim.adaptive.monitor_for``, as in
+    ``simulate``); None for a system it does not re-plan."""
+    from entrain.runtime.planning import _sampler
+    from entrain.sim.adaptive import REPLAN_SYSTEMS, monitor_for
+
+    if system not in REPLAN_SYSTEMS:
+        return None
+    req = spec.config_request(setup.layout.world_size)
+    return monitor_for(
+        system, setup, req, cost, _sampler(spec, batches), total_iterations=spec.run.steps,
+        settings=spec.schedule.replan_settings(),
+    )  # fmt: skip
+
+
+def _leave_for_replan(under_torchrun: bool) -> None:
+    """After a re-plan's checkpoint: leave the process group with ``REPLAN_EXIT`` (the launcher restarts
+    the group on the new plan); a run without a launcher cannot restart itself and says how to continue."""
+    from entrain.runtime.distributed import shutdown
+    from entrain.runtime.replan import REPLAN_EXIT
+
+    shutdown()
+    how = "continue with --resume --plan OUT/replan/plan-<step>.json (entrain train --nproc N does it by itself)"
+    if not under_torchrun:
+        raise EntrainError(f"the drift monitor re-planned: {how}")
+    if not os.environ.get(ERROR_DIR_ENV) and os.environ.get("RANK") == "0":
+        print(f"entrain: the drift monitor re-planned; {how}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(REPLAN_EXIT)
+
+
 def _run_rank(spec, under_torchrun: bool) -> int:
     import torch
 
     from entrain.runtime.cpu_allocator import keep_freed_memory
     from entrain.runtime.distributed import init_distributed, set_deterministic, shutdown
+    from entrain.runtime.replan import ReplanRequested
     from entrain.runtime.session import run_systems, summary_line
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -766,7 +825,10 @@ def _run_rank(spec, under_torchrun: bool) -> int:
     if env.rank == 0:
         _warn_profile_precision(spec, env.device)
     try:
-        summaries = run_systems(spec, env, memory_check=_memory_check, judge_factory=_judge_factory)
+        replan = {"monitor_factory": _monitor_factory} if spec.schedule.replan == "auto" else {}
+        summaries = run_systems(spec, env, memory_check=_memory_check, judge_factory=_judge_factory, **replan)
+    except ReplanRequested:
+        _leave_for_replan(under_torchrun)
     except BaseException as e:
         import torch.distributed as dist
 

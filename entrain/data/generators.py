@@ -47,11 +47,13 @@ __all__ = [
     "generate_arrays",
     "generate_samples",
     "random_samples",
+    "CURRICULUM_PHASES",
+    "batch_source",
 ]
 
 DATASETS: tuple[str, ...] = (
     "synthchartnet", "chartqa", "cocoqa", "llava150k", "synthchartnet-fv", "skewed",
-    "docvqa", "multi-image", "video", "text-heavy", "long-context", "mixture",
+    "docvqa", "multi-image", "video", "text-heavy", "long-context", "mixture", "curriculum",
 )  # fmt: skip
 ALIASES: dict[str, str] = {"llava_instruct_150k": "llava150k"}
 BLOCK_SIZE = 256
@@ -423,6 +425,20 @@ def _join(samples: list[tuple[np.ndarray, np.ndarray, int]]) -> Rows:
     return counts, heights, widths, np.array([t for _, _, t in samples], dtype=np.int64)
 
 
+CURRICULUM_PHASES: tuple[str, ...] = ("chartqa", "docvqa", "video")
+"""``curriculum``'s phases in training order (CONTRACT.md, third round), each a third of the run."""
+
+
+def _curriculum(rng: np.random.Generator, n: int) -> Rows:
+    """The whole mix (each sample from one phase's generator, equal weights, i.i.d.): what a draw of
+    samples sees (the planner's pool, ``data stats``); per-iteration batches follow the phases
+    (``batch_source``)."""
+    source = _choice(rng, [1.0] * len(CURRICULUM_PHASES), n)
+    parts = [_GENERATORS[name](rng, n) for name in CURRICULUM_PHASES]
+    per_sample = [_split(rows) for rows in parts]
+    return _join([per_sample[s][i] for i, s in enumerate(source.tolist())])
+
+
 Gen = Callable[[np.random.Generator, int], Rows]
 _ZOO: dict[str, Gen] = {
     "docvqa": _docvqa,
@@ -448,6 +464,7 @@ _GENERATORS: dict[str, Gen] = {
     "synthchartnet-fv": _paper_style(_synthchart_text, _synthchart_fv_images),
     "skewed": _paper_style(_skewed_text, _skewed_images),
     **_ZOO,
+    "curriculum": _curriculum,
 }
 
 
@@ -465,6 +482,17 @@ def canonical_name(name: str) -> str:
 
 def is_builtin(name: str) -> bool:
     return ALIASES.get(name, name) in _GENERATORS
+
+
+def batch_source(name: str, iteration: int, iterations: int) -> str:
+    """The built-in dataset iteration ``iteration`` of ``iterations`` draws its global batch from:
+    ``name`` itself, except for ``curriculum``, whose iterations fall in ``len(CURRICULUM_PHASES)``
+    equal phases (iteration ``i`` in phase ``i * 3 // iterations``)."""
+    name = canonical_name(name)
+    if name != "curriculum":
+        return name
+    phase = min(len(CURRICULUM_PHASES) - 1, iteration * len(CURRICULUM_PHASES) // max(1, iterations))
+    return CURRICULUM_PHASES[phase]
 
 
 def _block(name: str, seed: int, block: int) -> Rows:

@@ -28,7 +28,7 @@ from entrain.core.errors import ConfigError, DataError
 from entrain.core.files import file_problem
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, smart_resize
 from entrain.core.work import SampleWork
-from entrain.data.generators import DATASETS, canonical_name, generate_samples, is_builtin
+from entrain.data.generators import DATASETS, batch_source, canonical_name, generate_samples, is_builtin
 
 __all__ = [
     "detect_format",
@@ -310,7 +310,8 @@ def load_workload(
 ) -> Iterator[list[SampleWork]]:
     """One list of ``global_batch`` SampleWork per iteration.
 
-    A built-in name draws samples ``[i*B, (i+1)*B)`` of ``(name, seed)`` for iteration ``i``; a
+    A built-in name draws samples ``[i*B, (i+1)*B)`` of ``(name, seed)`` for iteration ``i``
+    (``curriculum``: of that iteration's phase, ``generators.batch_source``); a
     file is read in file order (shuffled with ``seed`` first if ``shuffle``) and iteration ``i`` uses
     its samples ``[i*B, (i+1)*B)``. ``image_root`` resolves a LLaVA file's relative image paths;
     ``vision`` holds the image processor's pixel limits (``--min-pixels`` / ``--max-pixels``).
@@ -346,5 +347,6 @@ def _builtin_batches(
 ) -> Iterator[list[SampleWork]]:
     memo: dict = {}
     for i in range(iterations):
-        samples = generate_samples(name, global_batch, seed, start=i * global_batch, vision=vision)
+        source = batch_source(name, i, iterations)
+        samples = generate_samples(source, global_batch, seed, start=i * global_batch, vision=vision)
         yield sample_works(samples, cost, tp, cp, memo)

@@ -18,7 +18,7 @@ import os
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +47,7 @@ from entrain.runtime.planning import (
     ranks_per_replica,
     run_setups,
 )
+from entrain.runtime.replan import step_monitor
 
 __all__ = [
     "SystemSummary",
@@ -71,6 +72,8 @@ class SystemSummary:
     out: str
     skipped: str | None = None
     """The run's skipped-records line (``RunData.skipped``), for the final summary."""
+    replans: list[dict] = field(default_factory=list)
+    """``--replan auto``: every re-plan of the run (``entrain.sim.drift.Replan.to_json``)."""
 
 
 def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
@@ -383,8 +386,20 @@ def stage_std_ms(records: Sequence[dict]) -> float:
 def summary_line(s: SystemSummary) -> str:
     return (
         f"system={s.system} iter_ms={s.iter_ms:.1f} stage_std_ms={s.stage_std_ms:.1f} "
-        f"loss={s.first_loss:.4f}->{s.last_loss:.4f}"
+        f"loss={s.first_loss:.4f}->{s.last_loss:.4f}" + _replans_note(s.replans)
     )
+
+
+def _replans_note(replans: Sequence[dict]) -> str:
+    """`` replans=N (after step S: E.PP a / L.PP b -> E.PP c / L.PP d; ...)``; empty without re-plans."""
+    if not replans:
+        return ""
+
+    def split(a: dict) -> str:
+        return f"E.PP {a['encoder']['pp']} / L.PP {a['llm']['pp']}"
+
+    each = [f"after step {r['iteration']}: {split(r['old_allocation'])} -> {split(r['new_allocation'])}" for r in replans]
+    return f" replans={len(replans)} ({'; '.join(each)})"
 
 
 _PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "A40": 149.7e12, "L40S": 362e12, "A10": 125e12}
@@ -423,10 +438,15 @@ def _write_json(path: str, obj) -> None:
 
 
 def run_systems(
-    spec: RunConfig, env, memory_check: MemoryCheck | None = None, judge_factory: JudgeFactory | None = None
+    spec: RunConfig,
+    env,
+    memory_check: MemoryCheck | None = None,
+    judge_factory: JudgeFactory | None = None,
+    monitor_factory=None,
 ) -> list[SystemSummary]:
     """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group;
-    ``memory_check``, ``judge_factory``: see ``entrain.runtime.planning.run_setups``."""
+    ``memory_check``, ``judge_factory``: see ``entrain.runtime.planning.run_setups``; ``monitor_factory``:
+    ``--replan auto``'s drift monitor (``entrain.runtime.replan``)."""
     from entrain.runtime.health import PeerWatch
     from entrain.runtime.model_source import model_config
 
@@ -452,7 +472,9 @@ def run_systems(
 
         check_shared_folder(spec.run.out, env.rank, _agree(env, watch, "run folder: shared by every rank"))
     return [
-        _run_one(spec, s, setups[s], cost, data, env, system_out(spec, s), watch, model_cfg, tokenizer)
+        _run_one(
+            spec, s, setups[s], cost, data, env, system_out(spec, s), watch, model_cfg, tokenizer, monitor_factory
+        )
         for s in setups
     ]
 
@@ -665,6 +687,7 @@ def _run_one(
     watch,
     cfg=None,
     tokenizer=None,
+    monitor_factory=None,
 ) -> SystemSummary:
     from entrain.models.families.registry import family_of
     from entrain.runtime.data import SampleRenderer
@@ -773,6 +796,8 @@ def _run_one(
             f.writelines(json.dumps(r) + "\n" for r in history)
         os.replace(tmp, metrics_path)
         metrics = open(metrics_path, "a")  # noqa: SIM115 - closed below
+    drift = step_monitor(monitor_factory, spec, system, setup, cost, train_batches, out, start)
+    replanned = None
     ok = False
     try:
         if start < spec.run.steps:
@@ -806,6 +831,8 @@ def _run_one(
                 )
             if val_plan is not None and (step + 1) % spec.data.val_every == 0:
                 row["val_loss"] = statistics.fmean(trainer.evaluate(v) for v in val_plan.iterations)
+            if drift is not None and (record := drift.observe(step, train_batches[step])) is not None:
+                row["replan"] = record
             losses.append(res.loss)
             times.append(res.iteration_time_ms)
             tps.append(res.tokens_per_s)
@@ -818,10 +845,13 @@ def _run_one(
             if scalars is not None:
                 scalars.write(step, {**row, "stage_std_ms": stds[-1], "skipped_samples": data.num_skipped})
             done = step + 1
-            if done == spec.run.steps or (
+            if done == spec.run.steps or "replan" in row or (
                 spec.run.checkpoint_every > 0 and done % spec.run.checkpoint_every == 0
             ):
                 _save_checkpoint(spec, system, layout, env, out, trainer, data, done, fault)
+            if "replan" in row and done < spec.run.steps:  # continue on the new layout (runtime.replan)
+                replanned = drift.hand_over(step, owner=rank0)
+                break
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{res.loss:.3f}",
@@ -844,6 +874,8 @@ def _run_one(
             bar.close()
         if ok:  # after a failure the pending sends may never complete: the error is what matters
             trainer.close()
+    if replanned is not None:
+        raise replanned
     nan = float("nan")
     warm = slice(1, None) if len(times) > 1 else slice(None)
     return SystemSummary(
@@ -855,4 +887,5 @@ def _run_one(
         tokens_per_s=statistics.median(tps[warm]) if tps else nan,
         out=out,
         skipped=data.skipped,
+        replans=drift.replans() if drift is not None else [],
     )

@@ -29,6 +29,10 @@ class SystemRun:
     plan: Plan
     iterations: list[IterationRun]
     metrics: SystemMetrics
+    replans: list[dict] | None = None
+    """``--replan auto``: each re-plan (``entrain.sim.drift.Replan.to_json``)."""
+    drift: list[dict] | None = None
+    """``--replan auto``: the drift monitor's record per iteration (``IterationDrift.to_json``)."""
 
 
 def run_system(

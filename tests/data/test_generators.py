@@ -100,7 +100,7 @@ def test_deterministic_and_seed_dependent(name):
     other = generate_samples(name, 300, seed=8)
     assert [(s.images, s.text_tokens) for s in a] != [(s.images, s.text_tokens) for s in other]
     assert all(s.text_tokens > 0 for s in a)
-    if name not in ZOO:
+    if name not in ZOO and name != "curriculum":  # the zoo and the curriculum have several images a sample
         assert all(len(s.images) == 1 and s.vit_patches > 0 for s in a)
 
 

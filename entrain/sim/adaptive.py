@@ -1,0 +1,196 @@
+"""A system re-planned on drift in simulation (``simulate --replan auto``): the drift monitor
+(``entrain.sim.drift``) watches the iterations in order; each re-plan starts a new segment on the new
+setup. Every segment is deployed (the simulated memory check) and simulated on its own batches, as
+``simulate`` does a static system on all of them, and the segments' metrics are joined."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from entrain.core.costmodel import CostModel
+from entrain.core.planner import SampleStats, pool_sampler, search_candidates
+from entrain.core.setups import ConfigRequest, SystemSetup, system_setups
+from entrain.core.work import SampleWork
+from entrain.sim.choose import candidate_judge, planner_draws
+from entrain.sim.drift import DriftMonitor, Replanner, ReplanSettings, WindowTime
+from entrain.sim.memory_fit import deploy
+from entrain.sim.metrics import SystemMetrics
+from entrain.sim.run import SystemRun, run_system
+
+__all__ = [
+    "REPLAN_SYSTEMS",
+    "AdaptiveRun",
+    "window_replanner",
+    "window_time",
+    "monitor_for",
+    "adaptive_deploy",
+]
+
+REPLAN_SYSTEMS = ("entrain", "entrain-1f1b")
+"""Systems ``--replan auto`` re-plans (those whose configuration is Algorithms 1-2 + extensions)."""
+
+
+@dataclass
+class AdaptiveRun:
+    setups: list[SystemSetup]
+    """Each segment's deployed setup, in order."""
+    run: SystemRun
+    """The first segment's run, with the joined metrics of all segments."""
+    monitor: DriftMonitor
+
+
+def window_replanner(system: str, req: ConfigRequest, cost: CostModel, time_ms: WindowTime) -> Replanner:
+    """The best split for the window: Algorithms 1-2 (and Entrain's extensions, the layout judged by
+    simulation) on the window's samples (the planner's population, ``pool_sampler``), against Algorithm
+    2's best configuration for each other encoder/LLM GPU budget of a replica on the same samples
+    (``split_candidates``); the one ``time_ms`` simulates fastest on the window's batches."""
+
+    def replan(batches: list[Sequence[SampleWork]]) -> SystemSetup:
+        items = [w.meta if w.meta is not None else w for b in batches for w in b]
+        sampler = pool_sampler(items)
+        planned = system_setups([system], req, cost, sampler, candidate_judge(sampler, cost, req))[system]
+        candidates = [planned, *split_candidates(planned, items, cost, req)]
+        return min(candidates, key=lambda c: time_ms(c, batches))
+
+    return replan
+
+
+def split_candidates(
+    setup: SystemSetup, items: Sequence, cost: CostModel, req: ConfigRequest
+) -> list[SystemSetup]:
+    """For each encoder GPU budget of a replica (multiples of the encoder's TP x CP) other than the
+    planned one, Algorithm 2's best configuration that fits memory on ``items``, with ``setup``'s
+    DP and schedule options (disjoint stages)."""
+    layout = setup.layout
+    enc = layout.components["encoder"]
+    per_replica, unit = req.gpus // layout.dp, enc.tp * enc.cp
+    planned = enc.tp * enc.cp * enc.pp
+    stats = SampleStats.of(items)
+    out = []
+    for budget in range(unit, per_replica, unit):
+        if budget == planned:
+            continue
+        found = search_candidates(
+            stats, cost, gpus=req.gpus, dp=layout.dp, tp=enc.tp, cp=enc.cp, global_batch=req.global_batch,
+            microbatch_size=req.microbatch_size, allocation=(budget, per_replica - budget),
+        )  # fmt: skip
+        fits = [c for c in found if c.memory_ok]
+        if fits:
+            source = f"Algorithm 2 with {budget} of {per_replica} GPUs a replica for the encoder (window)"
+            out.append(replace(setup, layout=fits[0].to_layout(), config=fits[0], source=source))
+    return out
+
+
+def window_time(system: str, cost: CostModel, extra_options: dict | None = None) -> WindowTime:
+    """The simulated mean iteration ms of a setup's plan (as planned: no memory check) on the window."""
+
+    def time_ms(setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
+        options = {**setup.options, **(extra_options or {})}
+        return run_system(
+            system, setup.layout, batches, cost, options, trace_iterations=0
+        ).metrics.iteration_time_ms
+
+    return time_ms
+
+
+def monitor_for(
+    system: str,
+    setup: SystemSetup,
+    req: ConfigRequest,
+    cost: CostModel,
+    sampler,
+    *,
+    total_iterations: int,
+    settings: ReplanSettings,
+    extra_options: dict | None = None,
+) -> DriftMonitor:
+    """The monitor of ``system``'s run: the reference is the planner's draws (``planner_draws``)."""
+    reference = [w for b in planner_draws(sampler, cost, req) for w in b]
+    time_ms = window_time(system, cost, extra_options)
+    return DriftMonitor(
+        setup,
+        reference,
+        cost,
+        replanner=window_replanner(system, req, cost, time_ms),
+        window_time=time_ms,
+        total_iterations=total_iterations,
+        settings=settings,
+    )
+
+
+def adaptive_deploy(
+    system: str,
+    monitor: DriftMonitor,
+    batches: Sequence[Sequence[SampleWork]],
+    cost: CostModel,
+    extra_options: dict | None = None,
+    *,
+    memory_check: bool = True,
+) -> AdaptiveRun:
+    """Run the monitor over ``batches`` in order, then deploy and simulate each segment (without
+    ``memory_check``: simulate each segment's plan as planned, no recomputation added)."""
+    segments, start, current = [], 0, monitor.setup
+    for i, batch in enumerate(batches):
+        new = monitor.observe(i, batch)
+        if new is not None:
+            segments.append((current, start, i + 1))
+            current, start = new, i + 1
+    segments.append((current, start, len(batches)))
+    deployed, runs = [], []
+    for setup, lo, hi in segments:
+        options = {**setup.options, **(extra_options or {})}
+        if memory_check:
+            got, run = deploy(system, setup, batches[lo:hi], cost, options)
+        else:
+            got, run = (
+                setup,
+                run_system(system, setup.layout, batches[lo:hi], cost, options, trace_iterations=0),
+            )
+        deployed.append(got)
+        runs.append(run)
+    first = runs[0]
+    return AdaptiveRun(deployed, replace(first, metrics=join_metrics([r.metrics for r in runs])), monitor)
+
+
+def _weighted(parts: list[SystemMetrics], key: str) -> float:
+    weights = [len(m.iteration_time_ms_per_iter) for m in parts]
+    return float(np.average([getattr(m, key) for m in parts], weights=weights))
+
+
+def _elementwise_max(lists: list[list[float] | None]) -> list[float] | None:
+    if any(x is None for x in lists):
+        return None
+    width = max(len(x) for x in lists)
+    return [max(x[i] if i < len(x) else 0.0 for x in lists) for i in range(width)]
+
+
+def join_metrics(parts: list[SystemMetrics]) -> SystemMetrics:
+    """Consecutive segments' metrics as one run's: per-iteration times concatenated, means weighted by
+    iterations, each pipeline rank's peak memory (and model state) the maximum over segments."""
+    if len(parts) == 1:
+        return parts[0]
+    per_iter = [t for m in parts for t in m.iteration_time_ms_per_iter]
+    states = _elementwise_max([m.model_state_bytes_per_rank for m in parts])
+    peaks = _elementwise_max(
+        [m.peak_memory_bytes_per_rank or m.peak_activation_bytes_per_rank for m in parts]
+    )
+    if states is not None and peaks is not None:  # activations such that activations + state = the peak
+        peaks = [p - s for p, s in zip(peaks, states)]
+    peaks = peaks or []
+    return SystemMetrics(
+        iteration_time_ms=float(np.mean(per_iter)),
+        iteration_time_ms_per_iter=per_iter,
+        bubble_ratio=_weighted(parts, "bubble_ratio"),
+        encoder_fwd_std_ms=_weighted(parts, "encoder_fwd_std_ms"),
+        llm_fwd_std_ms=_weighted(parts, "llm_fwd_std_ms"),
+        peak_activation_bytes=max(peaks, default=0.0),
+        peak_activation_bytes_per_rank=peaks,
+        ideal_ms=_weighted(parts, "ideal_ms"),
+        partition_ideal_ms=_weighted(parts, "partition_ideal_ms"),
+        lower_bound_ms=_weighted(parts, "lower_bound_ms"),
+        model_state_bytes_per_rank=states,
+        device_memory_bytes=parts[0].device_memory_bytes,
+    )

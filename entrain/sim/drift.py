@@ -1,0 +1,223 @@
+"""The drift monitor and the re-plan decision (``--replan auto``; torch-free: ``simulate`` and ``train``
+both run it).
+
+Per iteration the monitor compares the assigned global batch's work with the profiled distribution
+(the planner's draws, or the window a re-plan was made on): the batch's mean per-sample encoder and
+LLM work (``SampleWork``, forward + backward ms) over the reference's, ``encoder_work_ratio`` and
+``llm_work_ratio``; ``drift`` = the larger ``|ln ratio|``.
+
+When the last ``window`` iterations (all since the last re-plan), pooled, drifted by more than
+``DRIFT_TRIGGER``, it predicts the gain of re-planning on that window: Algorithms 1-2 re-run on the
+window's samples (the caller's ``Replanner``), and the simulator's time of the current split and of
+the new one on the window's batches (the caller's ``WindowTime``)::
+
+    predicted_gain = ((t_current - t_new) * H - replan_cost_ms) / (t_current * H)
+
+with ``H`` the iterations left after this one (the window's workload is assumed to last) and
+``replan_cost_ms`` = ``replan_cost_ms()``: writing the checkpoint on the old layout, restarting the
+worker group and reading (resharding) it on the new one. A re-plan fires when ``predicted_gain`` >
+``threshold``; the new layout runs from the next iteration, and the window becomes the reference. A
+gain at or below the threshold is evaluated again only after another ``window`` iterations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from entrain.core.costmodel import CostModel
+from entrain.core.plan import Layout
+from entrain.core.replan_settings import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW,
+    DRIFT_TRIGGER,
+    REPLAN_MODES,
+    RESTART_MS,
+    ReplanSettings,
+)
+from entrain.core.schedules.costs import PlanCosts
+from entrain.core.setups import SystemSetup
+from entrain.core.work import SampleWork
+
+__all__ = [
+    "DRIFT_TRIGGER",
+    "DEFAULT_WINDOW",
+    "DEFAULT_THRESHOLD",
+    "RESTART_MS",
+    "STORAGE_BYTES_PER_MS",
+    "REPLAN_MODES",
+    "ReplanSettings",
+    "WorkProfile",
+    "IterationDrift",
+    "Replan",
+    "DriftMonitor",
+    "allocation",
+    "replan_cost_ms",
+]
+
+STORAGE_BYTES_PER_MS = 1e6
+"""Checkpoint write and read bandwidth per GPU (1 GB/s, a parallel file system's share per GPU)
+[assumed]; every GPU of one replica writes its own shard (DCP), every GPU of the new layout reads its
+own (resharding)."""
+
+
+@dataclass(frozen=True)
+class WorkProfile:
+    """Mean per-sample encoder and LLM work (ms) of a set of samples."""
+
+    encoder_ms: float
+    llm_ms: float
+
+    @classmethod
+    def of(cls, samples: Sequence[SampleWork]) -> WorkProfile:
+        n = max(1, len(samples))
+        return cls(sum(w.encoder for w in samples) / n, sum(w.llm for w in samples) / n)
+
+    def ratios(self, batch: Sequence[SampleWork]) -> tuple[float, float]:
+        """``batch``'s mean encoder and LLM work over this profile's."""
+        got = WorkProfile.of(batch)
+        return _ratio(got.encoder_ms, self.encoder_ms), _ratio(got.llm_ms, self.llm_ms)
+
+
+def _drift(encoder_ratio: float, llm_ratio: float) -> float:
+    return max(abs(math.log(encoder_ratio)), abs(math.log(llm_ratio)))
+
+
+def _ratio(value: float, reference: float) -> float:
+    if reference <= 0:
+        return 1.0 if value <= 0 else math.inf
+    return max(value, 1e-300) / reference
+
+
+@dataclass(frozen=True)
+class IterationDrift:
+    iteration: int
+    encoder_work_ratio: float
+    llm_work_ratio: float
+    drift: float
+    predicted_gain: float | None = None
+    """None where the gate was closed (no evaluation this iteration)."""
+
+    def to_json(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "encoder_work_ratio": self.encoder_work_ratio,
+            "llm_work_ratio": self.llm_work_ratio,
+            "drift": self.drift,
+            "predicted_gain": self.predicted_gain,
+        }
+
+
+@dataclass(frozen=True)
+class Replan:
+    iteration: int
+    """The last iteration on the old layout (the checkpoint is taken after it)."""
+    old_allocation: dict
+    new_allocation: dict
+    predicted_gain: float
+
+    def to_json(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "old_allocation": self.old_allocation,
+            "new_allocation": self.new_allocation,
+            "predicted_gain": self.predicted_gain,
+        }
+
+
+def allocation(layout: Layout) -> dict:
+    """The GPU split of a layout: DP and each component's TP / CP / pipeline stages."""
+    return {
+        "dp": layout.dp,
+        "ranks_per_replica": layout.ranks_per_replica,
+        **{name: comp.to_json() for name, comp in layout.components.items()},
+    }
+
+
+def _shard_ms(layout: Layout, cost: CostModel) -> float:
+    """The slowest GPU's checkpoint shard transfer on ``layout`` (its model state / storage bandwidth)."""
+    costs = PlanCosts(layout, cost, {})
+    return max(costs.model_state_bytes(r) for r in range(layout.ranks_per_replica)) / STORAGE_BYTES_PER_MS
+
+
+def replan_cost_ms(old: Layout, new: Layout, cost: CostModel, restart_ms: float = RESTART_MS) -> float:
+    """Checkpoint on ``old`` + restart + reshard onto ``new`` (module docstring)."""
+    return _shard_ms(old, cost) + restart_ms + _shard_ms(new, cost)
+
+
+Replanner = Callable[[list[Sequence[SampleWork]]], SystemSetup]
+"""Algorithms 1-2 (and Entrain's extensions) on the window's batches -> the new setup."""
+WindowTime = Callable[[SystemSetup, list[Sequence[SampleWork]]], float]
+"""The simulator's mean iteration ms of a setup on the window's batches."""
+
+
+class DriftMonitor:
+    """Watches one system's iterations (``observe``) and decides its re-plans (module docstring)."""
+
+    def __init__(
+        self,
+        setup: SystemSetup,
+        reference: Sequence[SampleWork],
+        cost: CostModel,
+        *,
+        replanner: Replanner,
+        window_time: WindowTime,
+        total_iterations: int,
+        settings: ReplanSettings | None = None,
+    ):
+        self.setup, self.cost = setup, cost
+        self.settings = settings = settings or ReplanSettings()
+        self.replanner, self.window_time = replanner, window_time
+        self.total_iterations = total_iterations
+        self.profile = WorkProfile.of(reference)
+        self.window: deque[Sequence[SampleWork]] = deque(maxlen=settings.window)
+        self.next_evaluation = 0
+        self.history: list[IterationDrift] = []
+        self.replans: list[Replan] = []
+
+    def observe(self, iteration: int, batch: Sequence[SampleWork]) -> SystemSetup | None:
+        """Record iteration ``iteration``'s batch; the new setup when a re-plan fires after it."""
+        enc, llm = self.profile.ratios(batch)
+        self.window.append(batch)
+        gain, new = self._evaluate(iteration) if self._gate_open(iteration) else (None, None)
+        self.history.append(IterationDrift(iteration, enc, llm, _drift(enc, llm), gain))
+        if gain is None or new is None or gain <= self.settings.threshold:
+            return None
+        self.replans.append(Replan(iteration, allocation(self.setup.layout), allocation(new.layout), gain))
+        self.profile = WorkProfile.of([w for b in self.window for w in b])
+        self.setup = new
+        self.window.clear()
+        return new
+
+    def state_json(self) -> dict:
+        """What a restarted run needs to continue watching (``restore``): the reference and the re-plans."""
+        return {
+            "profile": {"encoder_ms": self.profile.encoder_ms, "llm_ms": self.profile.llm_ms},
+            "replans": [r.to_json() for r in self.replans],
+        }
+
+    def restore(self, state: dict) -> None:
+        self.profile = WorkProfile(**state["profile"])
+        self.replans = [Replan(**r) for r in state["replans"]]
+
+    def _gate_open(self, iteration: int) -> bool:
+        if len(self.window) < self.settings.window or iteration < self.next_evaluation:
+            return False
+        pooled = self.profile.ratios([w for b in self.window for w in b])
+        return _drift(*pooled) > self.settings.trigger
+
+    def _evaluate(self, iteration: int) -> tuple[float, SystemSetup | None]:
+        self.next_evaluation = iteration + self.settings.window
+        left = self.total_iterations - iteration - 1
+        if left <= 0:
+            return -1.0, None
+        batches = list(self.window)
+        new = self.replanner(batches)
+        current_ms = self.window_time(self.setup, batches)
+        new_ms = self.window_time(new, batches)
+        cost_ms = replan_cost_ms(self.setup.layout, new.layout, self.cost, self.settings.restart_ms)
+        if current_ms <= 0:
+            return -1.0, None
+        return ((current_ms - new_ms) * left - cost_ms) / (current_ms * left), new

@@ -1,0 +1,79 @@
+"""``train --replan auto``: the drift monitor re-plans after a step, checkpoints, and the worker group
+continues on the new plan (what ``entrain train --nproc``'s launcher restarts it with, ``relaunch_args``)
+with the losses of a run started on that plan from that checkpoint. Forked gloo ranks, no torchrun."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from entrain.cli import train as cli_train
+from entrain.cli.main import build_parser
+from entrain.runtime import checkpoint as ck
+from entrain.runtime.replan import REPLAN_EXIT, read_state
+
+from .cli_ranks import run_ranks
+
+BASE = ["train", "--model", "tiny", "--dataset", "curriculum", "--system", "entrain", "--global-batch", "8",
+        "--microbatch-size", "1", "--steps", "4", "--max-pixels", "100352", "--no-progress"]  # fmt: skip
+REPLAN = ["--replan", "auto", "--replan-window", "2", "--replan-restart-s", "0", "--replan-threshold", "-100"]
+"""Window 2: the first window (steps 0-1, chartqa) drifts from the whole mix and re-plans (the threshold
+forces it); after the restart a full window again is steps 2-3, with no step left: one re-plan."""
+WORLD = 4
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def replanned(tmp_path_factory):
+    """The run up to the re-plan: every rank leaves with REPLAN_EXIT after the step-2 checkpoint."""
+    out = tmp_path_factory.mktemp("replan") / "run"
+    results = run_ranks([*BASE, *REPLAN, "--out", str(out)], WORLD, out.parent / "ranks", timeout_s=300)
+    assert [r.exitcode for r in results] == [REPLAN_EXIT] * WORLD, results[0].stderr[-3000:]
+    return out
+
+
+def test_the_re_plan_is_logged_and_checkpointed(replanned):
+    rows = _rows(replanned)
+    assert [r["step"] for r in rows] == [0, 1]
+    assert "replan" not in rows[0]
+    record = rows[1]["replan"]
+    assert record["iteration"] == 1 and set(record) == {
+        "iteration",
+        "old_allocation",
+        "new_allocation",
+        "predicted_gain",
+    }
+    assert ck.latest_manifest(replanned)["step"] == 2
+    state = read_state(str(replanned))
+    assert state["step"] == 2 and state["replans"] == [record]
+    plan = json.loads(open(state["plan"]).read())
+    assert plan["system"] == "entrain" and plan["layout"]["dp"] == record["new_allocation"]["dp"]
+
+
+def test_the_group_continues_on_the_new_plan_as_a_run_started_from_the_checkpoint(replanned, tmp_path):
+    reference = tmp_path / "reference"
+    shutil.copytree(replanned, reference)
+    state = read_state(str(replanned))
+    # what the launcher restarts the group with
+    args = build_parser().parse_args([*BASE, *REPLAN, "--out", str(replanned)])
+    spec = cli_train._spec(args)
+    again = ["train", *cli_train._child_argv(cli_train.relaunch_args(args, spec))]
+    assert "--resume" in again and state["plan"] in again
+    results = run_ranks(again, WORLD, tmp_path / "ranks", timeout_s=300)
+    assert [r.exitcode for r in results] == [0] * WORLD, results[0].stderr[-3000:]
+    assert "replans=1 (after step 1:" in results[0].stdout
+    # a run started on that plan from that checkpoint, without the monitor
+    start = [*BASE, "--out", str(reference), "--resume", "--plan", state["plan"]]
+    results = run_ranks(start, WORLD, tmp_path / "ranks2", timeout_s=300)
+    assert [r.exitcode for r in results] == [0] * WORLD, results[0].stderr[-3000:]
+    got, want = _rows(replanned), _rows(reference)
+    assert [r["step"] for r in got] == [0, 1, 2, 3] and got[1]["replan"] == want[1]["replan"]
+    for a, b in zip(got[2:], want[2:]):
+        assert a["loss"] == b["loss"] and a["sample_ids"] == b["sample_ids"]
+    config = json.loads((replanned / "config.json").read_text())
+    assert config["layout"] == json.loads(open(state["plan"]).read())["layout"]

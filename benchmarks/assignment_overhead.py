@@ -10,6 +10,12 @@ planner's b_min search time when ``entrain.core.planner.find_b_min`` exists.
 Targets (issue 2 req. 10): under 20 ms per iteration at B = 512; growth no worse than K^2 log K.
 
     python benchmarks/assignment_overhead.py [--quick] [--out benchmarks/results/assignment_overhead.md]
+
+``--runtime`` adds the assignment left on a real CPU run's critical path (issue 25 req. 2): the same
+2-process ``entrain train`` run with each step's Plan computed in line (``ENTRAIN_PLAN_PREFETCH=0``)
+and ahead on the worker thread (the default), side by side: per step the wait for the Plan
+(``assignment_wait_ms`` in metrics.jsonl) against the iteration time. ``--runtime-only`` measures
+just that and keeps the other results of the JSON file next to ``--out``.
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -135,6 +145,81 @@ def run(quick: bool) -> dict:
     }  # fmt: skip
 
 
+RUNTIME_TRAIN = {
+    "model": "tiny", "dataset": "skewed", "seed": 0, "global_batch": 16, "microbatch_size": 1,
+    "encoder_stages": 1, "llm_stages": 1, "steps": 6, "nproc": 2,
+}  # fmt: skip
+"""The CPU run (``benchmarks/cpu_pipeline.py``'s configuration, 6 steps) measured in both modes."""
+RUNTIME_TARGET_SHARE = 0.01
+
+
+def _train_rows(out: str, prefetch: bool) -> list[dict]:
+    cmd = [sys.executable, "-m", "entrain", "train", "--system", "entrain", "--out", out, "--no-progress"]
+    for key, value in RUNTIME_TRAIN.items():
+        cmd += ["--" + key.replace("_", "-"), str(value)]
+    env = {**os.environ, "ENTRAIN_PLAN_PREFETCH": "1" if prefetch else "0"}
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _mode_summary(rows: list[dict]) -> dict:
+    """Steps after the first (whose wait includes planning the first two steps before any trains)."""
+    steady = rows[1:]
+    shares = [r["assignment_wait_ms"] / r["iteration_time_ms"] for r in steady]
+    return {
+        "first_step_wait_ms": rows[0]["assignment_wait_ms"],
+        "median_wait_ms": statistics.median(r["assignment_wait_ms"] for r in steady),
+        "max_wait_ms": max(r["assignment_wait_ms"] for r in steady),
+        "median_iteration_ms": statistics.median(r["iteration_time_ms"] for r in steady),
+        "median_share": statistics.median(shares), "max_share": max(shares),
+        "steps": [{"wait_ms": r["assignment_wait_ms"], "iteration_ms": r["iteration_time_ms"]} for r in rows],
+    }  # fmt: skip
+
+
+def run_runtime() -> dict:
+    """The CPU run in line, then prefetched (one after the other, the same configuration)."""
+    modes = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, prefetch in (("in_line", False), ("prefetched", True)):
+            modes[name] = _mode_summary(_train_rows(os.path.join(tmp, name), prefetch))
+            print(f"{name}: median wait {modes[name]['median_wait_ms']:.2f} ms", flush=True)
+    return {"config": RUNTIME_TRAIN, "modes": modes, "target_share": RUNTIME_TARGET_SHARE,
+            "meets_target": modes["prefetched"]["max_share"] <= RUNTIME_TARGET_SHARE}  # fmt: skip
+
+
+def runtime_markdown(rt: dict) -> list[str]:
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rt["config"].items())
+    lines = [
+        "",
+        "## Assignment left on the critical path of a CPU run (issue 25 req. 2)",
+        "",
+        f"`python benchmarks/assignment_overhead.py --runtime-only`: `entrain train --system entrain {flags}` "
+        "twice, each step's Plan computed in line (`ENTRAIN_PLAN_PREFETCH=0`) and ahead on the runtime's "
+        "worker thread (default). Wait = `assignment_wait_ms` of metrics.jsonl (the time the step blocked "
+        "for its Plan and the next step's, whose pixels it prefetches); steps after the first (the first "
+        "plans steps 0 and 1 before anything trains).",
+        "",
+        "| mode | first step wait ms | median wait ms | max wait ms | median iteration ms "
+        "| median wait / iteration | max wait / iteration |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, m in rt["modes"].items():
+        lines.append(
+            f"| {name.replace('_', ' ')} | {m['first_step_wait_ms']:.2f} | {m['median_wait_ms']:.3f} "
+            f"| {m['max_wait_ms']:.3f} | {m['median_iteration_ms']:.0f} | {m['median_share']:.4%} "
+            f"| {m['max_share']:.4%} |"
+        )
+    verdict = "met" if rt["meets_target"] else "NOT met"
+    lines += [
+        "",
+        f"- Prefetched: the largest wait is {rt['modes']['prefetched']['max_share']:.4%} of its iteration "
+        f"(target at most {rt['target_share']:.0%}): **{verdict}**. The iteration times of the two modes "
+        "show what the worker thread costs the training step (GIL); the machine is a shared 2-core CPU.",
+    ]
+    return lines
+
+
 def to_markdown(res: dict) -> str:
     lines = [
         "# Assignment overhead (Entrain hierarchical microbatch assignment)",
@@ -172,6 +257,8 @@ def to_markdown(res: dict) -> str:
         "- disttrain's greedy-insertion reorder costs O(K^2 (K + S)) numpy steps per replica; it is not timed "
         "at B = 8192.",
     ]
+    if "runtime" in res:
+        lines += runtime_markdown(res["runtime"])
     return "\n".join(lines) + "\n"
 
 
@@ -179,10 +266,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     p.add_argument("--out", default="benchmarks/results/assignment_overhead.md")
+    p.add_argument("--runtime", action="store_true", help="also measure a CPU run in line vs prefetched")
+    p.add_argument("--runtime-only", action="store_true", help="only that; keep the other results")
     args = p.parse_args()
-    res = run(args.quick)
-    md = to_markdown(res)
     out = Path(args.out)
+    if args.runtime_only:
+        res = json.loads(out.with_suffix(".json").read_text())
+    else:
+        res = run(args.quick)
+    if args.runtime or args.runtime_only:
+        res["runtime"] = run_runtime()
+    md = to_markdown(res)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")

@@ -1,82 +1,122 @@
 """Assignment off the critical path (issue 25 req. 2): each step's Plan is computed by one background
-thread while earlier steps train, the step only waits for what is not ready yet.
+worker while earlier steps train; the step only waits for what is not ready yet.
 
 ``StepPlans.get(step)`` returns iteration ``step``'s Plan and first queues the Plans of the next
 ``lookahead`` steps on the worker (the loop asks for step N+1's Plan at the start of step N, to
 prefetch its pixels, so a lookahead of 2 has N+1 ready from step N-1 on). Plans come from
 ``entrain.core.plan_steps`` (one global batch at a time, the first batch's run-wide options pinned),
-so they equal the Plans computed in line, which ``background=False`` does (``ENTRAIN_PLAN_PREFETCH=0``;
-``benchmarks/assignment_overhead.py --runtime`` compares both). The thread is enough: the
-assignment's numpy work and the training step's torch ops release the GIL (measured in
-``benchmarks/results/assignment_overhead.md``). A step's wait (``assignment_wait_ms`` in
-metrics.jsonl) is the time its ``get`` calls blocked; in line it is the planning itself.
+so they equal the Plans computed in line.
 
-Failures: a worker error is raised by the ``get`` of its step, with its own type and message (never
-a hang: the worker finishes each task); ``close`` cancels queued work and joins the thread. The
-steps before a resumed run's start are planned in the background too (one per ``get``), so
-``whole`` can write the complete ``plan.json`` at the end."""
+The worker is a single background process by default (spawned: the training process holds torch
+and gloo threads), fed each step's global batch (its samples' metadata) and returning the pickled
+Plan. A thread (``ENTRAIN_PLAN_PREFETCH=thread``) would do the same work, but the assignment is Python
+and numpy on small arrays that holds the GIL nearly all the time: measured in
+``benchmarks/results/assignment_overhead.md``, a planning thread delays a Python-bound main thread
+by about its own planning time, which is what the prefetch is there to hide. ``inline`` (or ``0``)
+plans each step on the main thread (``benchmarks/assignment_overhead.py --runtime`` compares the
+modes). A step's wait (``assignment_wait_ms`` in metrics.jsonl) is the time its ``get`` calls
+blocked; in line it is the planning itself.
+
+Failures: a worker error is raised by the ``get`` of its step, with its own type and message; a
+worker process that dies fails that ``get`` (``BrokenProcessPool``), never a hang. ``close`` cancels
+queued work and joins the worker. The steps before a resumed run's start are planned in the
+background too (one per ``get``), so ``whole`` can write the complete ``plan.json`` at the end."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
 from entrain.core.p2p import check_plan
 from entrain.core.plan import IterationPlan, Layout, Plan
 from entrain.core.plan_steps import join_plans, pinned_options, plan_step
 from entrain.core.work import SampleWork
 
-__all__ = ["StepPlans", "prefetch_enabled", "step_planner"]
+__all__ = ["MODES", "StepPlanner", "StepPlans", "prefetch_mode"]
 
 LOOKAHEAD = 2
+MODES = ("process", "thread", "inline")
+"""Where the Plans are made: a background process (default), a background thread, or in line."""
 
 
-def prefetch_enabled() -> bool:
-    """``ENTRAIN_PLAN_PREFETCH=0`` plans each step in line (for comparisons); on by default."""
-    return os.environ.get("ENTRAIN_PLAN_PREFETCH", "1") != "0"
+def prefetch_mode() -> str:
+    """``ENTRAIN_PLAN_PREFETCH``: ``process`` (default, also ``1``), ``thread``, or ``inline`` (also ``0``)."""
+    value = os.environ.get("ENTRAIN_PLAN_PREFETCH", "process").strip().lower()
+    value = {"1": "process", "0": "inline"}.get(value, value)
+    if value not in MODES:
+        raise ConfigError(f"ENTRAIN_PLAN_PREFETCH={value!r}: choose from {', '.join(MODES)} (or 1 / 0)")
+    return value
 
 
-def step_planner(
-    system: str,
-    layout: Layout,
-    batches: Sequence[Sequence[SampleWork]],
-    cost: CostModel,
-    options: dict | None,
-) -> Callable[[int], Plan]:
-    """``step -> one-iteration Plan`` of ``batches[step]``, checked deadlock-free
-    (``entrain.core.p2p``); the first batch's run-wide options are pinned on first use."""
-    pinned: list[dict] = []
+@dataclass
+class StepPlanner:
+    """``(step, batch) -> one-iteration Plan`` of one global batch, checked deadlock-free
+    (``entrain.core.p2p``); the first batch's run-wide options are pinned on first use. Picklable:
+    the background process gets one at its start and each step's batch with each task."""
 
-    def plan(step: int) -> Plan:
-        if pinned:
-            out = plan_step(system, layout, batches[step], cost, options, pinned[0])
+    system: str
+    layout: Layout
+    cost: CostModel
+    options: dict | None
+    first_batch: list[SampleWork]
+    pinned: dict | None = None
+
+    def __call__(self, step: int, batch: Sequence[SampleWork]) -> Plan:
+        first = None
+        if self.pinned is None:
+            first = plan_step(self.system, self.layout, self.first_batch, self.cost, self.options)
+            self.pinned = pinned_options(first)
+        if step == 0 and first is not None:
+            out = first
         else:
-            first = plan_step(system, layout, batches[0], cost, options)
-            pinned.append(pinned_options(first))
-            out = first if step == 0 else plan_step(system, layout, batches[step], cost, options, pinned[0])
+            out = plan_step(self.system, self.layout, batch, self.cost, self.options, self.pinned)
         check_plan(out)
         return out
 
-    return plan
+
+_PROCESS_PLANNER: StepPlanner | None = None
+"""The background process's planner (set by ``_start_process``)."""
+
+
+def _start_process(planner: StepPlanner) -> None:
+    global _PROCESS_PLANNER
+    _PROCESS_PLANNER = planner
+
+
+def _plan_in_process(step: int, batch: list[SampleWork]) -> Plan:
+    return _PROCESS_PLANNER(step, batch)
+
+
+def _executor(mode: str, planner: StepPlanner) -> Executor | None:
+    if mode == "thread":
+        return ThreadPoolExecutor(1, thread_name_prefix="entrain-plan")
+    if mode == "process":  # spawn: never fork a process holding torch and gloo threads
+        ctx = multiprocessing.get_context("spawn")
+        return ProcessPoolExecutor(1, mp_context=ctx, initializer=_start_process, initargs=(planner,))
+    return None
 
 
 class StepPlans:
-    """Plans of steps ``0 .. num_steps - 1`` by ``plan(step)``, computed ahead on one worker thread
-    (``background``) or in line when asked."""
+    """Plans of steps ``0 .. len(batches) - 1`` by ``planner``, computed ahead by one background
+    worker (``mode``: ``process`` or ``thread``) or in line (``inline``)."""
 
     def __init__(
         self,
-        plan: Callable[[int], Plan],
-        num_steps: int,
+        planner: Callable[[int, Sequence[SampleWork]], Plan],
+        batches: Sequence[Sequence[SampleWork]],
         *,
-        background: bool = True,
+        mode: str = "process",
         lookahead: int = LOOKAHEAD,
     ):
-        self._plan, self.num_steps, self.lookahead = plan, num_steps, lookahead
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="entrain-plan") if background else None
+        self._planner, self._batches = planner, batches
+        self.num_steps, self.lookahead = len(batches), lookahead
+        self._pool = _executor(mode, planner) if mode != "inline" else None
         self._futures: dict[int, Future] = {}
         self._done: dict[int, Plan] = {}
         self._backfill: list[int] = []
@@ -100,7 +140,7 @@ class StepPlans:
         return join_plans([self._part(s) for s in range(self.num_steps)])
 
     def close(self) -> None:
-        """Cancel queued work, join the worker (a running task finishes first)."""
+        """Cancel queued work, join the worker thread or process (a running task finishes first)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -109,7 +149,7 @@ class StepPlans:
             return self._done[step]
         t0 = time.perf_counter()
         if self._pool is None:
-            part = self._plan(step)
+            part = self._planner(step, self._batches[step])
         else:
             self._queue(step)
             part = self._futures.pop(step).result()
@@ -126,4 +166,5 @@ class StepPlans:
 
     def _submit(self, step: int) -> None:
         if step not in self._done and step not in self._futures:
-            self._futures[step] = self._pool.submit(self._plan, step)
+            fn = _plan_in_process if isinstance(self._pool, ProcessPoolExecutor) else self._planner
+            self._futures[step] = self._pool.submit(fn, step, list(self._batches[step]))

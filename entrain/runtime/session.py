@@ -1,7 +1,7 @@
 """One training run on this rank: data -> Plans -> model -> steps -> run folder.
 
 Every rank computes the same Plans locally (they are deterministic functions of the dataset order,
-seed and config: computed a step or two ahead on a worker thread, ``entrain.runtime.plan_prefetch``);
+seed and config: computed a step or two ahead by a background process, ``entrain.runtime.plan_prefetch``);
 rank 0 writes ``config.json``, ``plan.json`` (at the end) and ``metrics.jsonl`` (with each
 step's ``plan_hash``, epoch and sample ids) and shows the progress bar on stderr. Checkpoints
 (``entrain.runtime.checkpoint``) are saved every ``checkpoint_every`` steps and at the end; with
@@ -638,12 +638,12 @@ def _model_source_json(spec: RunConfig) -> dict | None:
 
 
 def _step_plans(spec: RunConfig, system: str, layout: Layout, batches, cost: CostModel, options):
-    """Each training step's Plan, computed ahead on a worker thread while earlier steps train
-    (``entrain.runtime.plan_prefetch``; ``ENTRAIN_PLAN_PREFETCH=0``: in line)."""
-    from entrain.runtime.plan_prefetch import StepPlans, prefetch_enabled, step_planner
+    """Each training step's Plan, computed ahead by a background process while earlier steps train
+    (``entrain.runtime.plan_prefetch``; ``ENTRAIN_PLAN_PREFETCH=thread`` or ``0``: a thread, in line)."""
+    from entrain.runtime.plan_prefetch import StepPlanner, StepPlans, prefetch_mode
 
-    planner = step_planner(system, layout, batches, cost, options)
-    return StepPlans(planner, spec.run.steps, background=prefetch_enabled())
+    planner = StepPlanner(system, layout, cost, options, list(batches[0]))
+    return StepPlans(planner, batches[: spec.run.steps], mode=prefetch_mode())
 
 
 def _gather_events(env, events: list[dict]) -> list[dict]:

@@ -1,10 +1,14 @@
-"""Assignment off the critical path (issue 25 req. 2): the runtime's Plans computed ahead on a worker
-thread are the Plans computed in line (a fresh run, a run resumed mid-way, the last step), the
-worker really plans ahead, its failure is the step's error (no hang) and ``close`` joins it."""
+"""Assignment off the critical path (issue 25 req. 2): the runtime's Plans computed ahead by a
+background process (or thread) are the Plans computed in line (a fresh run, a run resumed mid-way,
+the last step), the worker really plans ahead, its failure is the step's error (no hang, also when
+the process dies) and ``close`` joins it."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
@@ -13,7 +17,7 @@ from entrain.core.presets import build_cost_model
 from entrain.core.setups import ConfigRequest, fixed_stage_setup
 from entrain.core.systems import plan_system
 from entrain.data.workload_io import load_workload
-from entrain.runtime.plan_prefetch import StepPlans, step_planner
+from entrain.runtime.plan_prefetch import StepPlanner, StepPlans
 
 STEPS = 5
 
@@ -29,9 +33,9 @@ def run():
     return setup.layout, batches, cost, setup.options
 
 
-def _plans(run, background: bool, start: int = 0) -> tuple[list, dict]:
+def _plans(run, mode: str, start: int = 0) -> tuple[list, dict]:
     layout, batches, cost, options = run
-    plans = StepPlans(step_planner("entrain", layout, batches, cost, options), STEPS, background=background)
+    plans = StepPlans(StepPlanner("entrain", layout, cost, options, batches[0]), batches, mode=mode)
     plans.backfill(start)
     try:
         its = [plans.get(s) for s in range(start, STEPS)]
@@ -40,12 +44,12 @@ def _plans(run, background: bool, start: int = 0) -> tuple[list, dict]:
         plans.close()
 
 
-@pytest.mark.parametrize("start", [0, 3, STEPS - 1])
-def test_prefetched_plans_are_the_in_line_plans(run, start):
+@pytest.mark.parametrize(("mode", "start"), [("process", 0), ("process", 3), ("thread", STEPS - 1)])
+def test_prefetched_plans_are_the_in_line_plans(run, mode, start):
     layout, batches, cost, options = run
     whole = plan_system("entrain", layout, batches, cost, options)
-    ahead, ahead_json = _plans(run, background=True, start=start)
-    in_line, in_line_json = _plans(run, background=False, start=start)
+    ahead, ahead_json = _plans(run, mode, start=start)
+    in_line, in_line_json = _plans(run, "inline", start=start)
     assert ahead == in_line == list(whole.iterations[start:])
     assert ahead_json == in_line_json == whole.to_json()  # plan.json of a resumed run is complete too
 
@@ -54,12 +58,12 @@ def test_the_worker_plans_ahead_on_its_own_thread():
     planned = {s: threading.Event() for s in range(4)}
     threads = {}
 
-    def plan(step):
+    def plan(step, batch):
         threads[step] = threading.current_thread().name
         planned[step].set()
         return _Fake(step)
 
-    plans = StepPlans(plan, 4)
+    plans = StepPlans(plan, [[]] * 4, mode="thread")
     try:
         assert plans.get(0).step == 0
         assert planned[2].wait(30)  # steps 1 and 2 are planned without being asked for
@@ -70,18 +74,35 @@ def test_the_worker_plans_ahead_on_its_own_thread():
         plans.close()
 
 
-def test_a_worker_failure_is_the_steps_error_and_close_joins():
-    def plan(step):
-        if step == 2:
-            raise ConfigError("batch 2: sample 'x' has no work")
-        return _Fake(step)
-
-    plans = StepPlans(plan, 4)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_worker_failure_is_the_steps_error_and_close_joins(mode):
+    plans = StepPlans(_FailingPlanner(), [[]] * 4, mode=mode)
     assert plans.get(1).step == 1  # step 2 already failed on the worker: no error until it is asked for
     with pytest.raises(ConfigError, match="batch 2: sample 'x'"):
         plans.get(2)
     plans.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("entrain-plan")]
+    assert not multiprocessing.active_children()
+
+
+def test_a_dead_worker_process_fails_the_step():
+    plans = StepPlans(_DyingPlanner(), [[]] * 4, mode="process")
+    with pytest.raises(BrokenProcessPool):
+        plans.get(0)
+    plans.close()
+    assert not multiprocessing.active_children()
+
+
+class _FailingPlanner:
+    def __call__(self, step, batch):
+        if step == 2:
+            raise ConfigError("batch 2: sample 'x' has no work")
+        return _Fake(step)
+
+
+class _DyingPlanner:
+    def __call__(self, step, batch):
+        os._exit(7)
 
 
 class _Fake:

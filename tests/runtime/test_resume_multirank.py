@@ -112,7 +112,7 @@ def _assert_bitwise(a, b, where: str) -> None:
 
 def test_multirank_entrain_resume_is_bitwise_the_straight_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    # the straight run plans each step in line, the resumed one ahead on a worker thread (issue 25 req. 2)
+    # the straight run plans each step in line, the resumed one ahead in a background process (issue 25 req. 2)
     in_line = {"ENTRAIN_PLAN_PREFETCH": "0"}
     for r in _launch([*TRAIN, "--out", str(straight / "run")], straight, launch_seed=1, env=in_line):
         assert r.exitcode == 0, r.stderr[-2000:]

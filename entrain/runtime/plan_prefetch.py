@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -84,9 +85,22 @@ _PROCESS_PLANNER: StepPlanner | None = None
 """The background process's planner (set by ``_start_process``)."""
 
 
-def _start_process(planner: StepPlanner) -> None:
+PARENT_POLL_S = 0.5
+
+
+def _start_process(planner: StepPlanner, parent_pid: int) -> None:
+    """The background process's start: keep the planner; leave as soon as the training process is
+    gone (a rank killed by a fault or by torchrun must not leave its planner behind: the worker holds
+    both ends of its task queue, so it would never see the parent's end close)."""
     global _PROCESS_PLANNER
     _PROCESS_PLANNER = planner
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
 
 
 def _plan_in_process(step: int, batch: list[SampleWork]) -> Plan:
@@ -98,7 +112,9 @@ def _executor(mode: str, planner: StepPlanner) -> Executor | None:
         return ThreadPoolExecutor(1, thread_name_prefix="entrain-plan")
     if mode == "process":  # spawn: never fork a process holding torch and gloo threads
         ctx = multiprocessing.get_context("spawn")
-        return ProcessPoolExecutor(1, mp_context=ctx, initializer=_start_process, initargs=(planner,))
+        return ProcessPoolExecutor(
+            1, mp_context=ctx, initializer=_start_process, initargs=(planner, os.getpid())
+        )
     return None
 
 
@@ -140,8 +156,17 @@ class StepPlans:
         return join_plans([self._part(s) for s in range(self.num_steps)])
 
     def close(self) -> None:
-        """Cancel queued work, join the worker thread or process (a running task finishes first)."""
-        if self._pool is not None:
+        """Cancel queued work and join the worker: a thread finishes its running task; a process is
+        terminated first (nothing it computes is needed any more; a rank being shut down by torchrun
+        must not wait for a Plan)."""
+        if isinstance(self._pool, ProcessPoolExecutor):
+            processes = list((self._pool._processes or {}).values())
+            for p in processes:
+                p.terminate()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            for p in processes:
+                p.join()
+        elif self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _part(self, step: int) -> Plan:

@@ -111,3 +111,39 @@ class _Fake:
     def __init__(self, step: int):
         self.step = step
         self.iterations = (self,)
+
+
+def _killed_rank(pids) -> None:
+    """A 'rank' that starts its planner process, then dies by SIGKILL (no ``close``)."""
+    import signal
+
+    plans = StepPlans(_FailingPlanner(), [[]] * 4, mode="process")
+    plans.get(0)
+    pids.send([p.pid for p in multiprocessing.active_children()])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_the_planner_process_leaves_when_its_rank_is_killed():
+    import time
+
+    ctx = multiprocessing.get_context("fork")
+    pids, child_end = ctx.Pipe(duplex=False)
+    rank = ctx.Process(target=_killed_rank, args=(child_end,))
+    rank.start()
+    assert pids.poll(60)
+    planners = pids.recv()
+    rank.join(60)
+    assert planners and rank.exitcode == -9
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in planners):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in planners)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # an exited process not reaped yet is no planner
+        return f.read().split()[2] != "Z"

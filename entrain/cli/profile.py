@@ -53,6 +53,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--all-layers", action="store_true", help="measure every layer, not one per kind")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--from-trace",
+        default=None,
+        metavar="RUN",
+        help="refit the run's cost model from RUN/trace.json (entrain train --trace) instead of timing layers: "
+        "per-stage times and per-action overheads by least squares (docs/profiling.md); the model is the run's",
+    )
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--json", action="store_true", help="print one JSON object (fits) on stdout")
     p.add_argument("--verbose", action="store_true", help="measured times per size on stderr")
@@ -108,6 +115,15 @@ def _device(name: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_trace is not None:
+        from entrain.cli.profile_trace import run_from_trace
+
+        return run_from_trace(args)
+    return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> int:
+    """Time the layers (without ``--from-trace``)."""
     tokens = _tokens(args.tokens)
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")

@@ -1,7 +1,8 @@
 """One training run on this rank: data -> Plans -> model -> steps -> run folder.
 
 Every rank computes the same Plans locally (they are deterministic functions of the dataset order,
-seed and config); rank 0 writes ``config.json``, ``plan.json`` and ``metrics.jsonl`` (with each
+seed and config: computed a step or two ahead by a background process, ``entrain.runtime.plan_prefetch``);
+rank 0 writes ``config.json``, ``plan.json`` (at the end) and ``metrics.jsonl`` (with each
 step's ``plan_hash``, epoch and sample ids) and shows the progress bar on stderr. Checkpoints
 (``entrain.runtime.checkpoint``) are saved every ``checkpoint_every`` steps and at the end; with
 ``resume`` (or on a torchrun restart) the run continues from the newest complete one: the same Plans,
@@ -27,7 +28,7 @@ from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import check_stage_count
-from entrain.core.plan import IterationPlan, Layout, Plan
+from entrain.core.plan import IterationPlan, Layout
 from entrain.core.presets import trainable_parts
 from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
@@ -662,6 +663,15 @@ def _model_source_json(spec: RunConfig) -> dict | None:
     return out if source.model_path is None else {**out, "model_path": source.model_path}
 
 
+def _step_plans(spec: RunConfig, system: str, layout: Layout, batches, cost: CostModel, options):
+    """Each training step's Plan, computed ahead by a background process while earlier steps train
+    (``entrain.runtime.plan_prefetch``; ``ENTRAIN_PLAN_PREFETCH=thread`` or ``0``: a thread, in line)."""
+    from entrain.runtime.plan_prefetch import StepPlanner, StepPlans, prefetch_mode
+
+    planner = StepPlanner(system, layout, cost, options, list(batches[0]))
+    return StepPlans(planner, batches[: spec.run.steps], mode=prefetch_mode())
+
+
 def _gather_events(env, events: list[dict]) -> list[dict]:
     """Every rank's trace events of one step, on rank 0 (empty elsewhere)."""
     import torch.distributed as dist
@@ -698,13 +708,14 @@ def _run_one(
 
     train_batches, val_batches = data.train, data.val
     layout, options = setup.layout, setup.options
-    plan: Plan = make_plan(system, layout, train_batches, cost, options)
+    plans = _step_plans(spec, system, layout, train_batches, cost, options)
     val_plan = make_plan(system, layout, val_batches, cost, options) if val_batches else None
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
     ckpt = _start_state(spec, system, env, out, data, watch)
     start = ckpt.step if ckpt is not None else 0
+    plans.backfill(start)
     metrics_path = os.path.join(out, "metrics.jsonl")
     history = _history(metrics_path, start) if rank0 else []
     if rank0:
@@ -723,7 +734,6 @@ def _run_one(
             "precision": resolve_precision(spec, env.device),
         }
         _write_json(os.path.join(out, "config.json"), config)
-        _write_json(os.path.join(out, "plan.json"), plan.to_json())
     if cfg is None:
         cfg, tokenizer = model_config(spec)
     family = family_of(cfg)
@@ -801,11 +811,12 @@ def _run_one(
     ok = False
     try:
         if start < spec.run.steps:
-            renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[start]))
+            renderer.prefetch(_pixel_ids(layout, plan_rank, plans.get(start)))
         for step in range(start, spec.run.steps):
-            it = plan.iterations[step]
+            it = plans.get(step)
             if step + 1 < spec.run.steps:  # the next step's pixels are processed while this one runs
-                renderer.prefetch(_pixel_ids(layout, plan_rank, plan.iterations[step + 1]))
+                renderer.prefetch(_pixel_ids(layout, plan_rank, plans.get(step + 1)))
+            assignment_wait_ms = plans.take_wait_ms()
             if tracer is not None:
                 tracer.step = step
             res = trainer.train_step(it)
@@ -817,6 +828,7 @@ def _run_one(
                 "lr": res.lr,
                 "grad_norm": res.grad_norm,
                 "cpu_ms": res.cpu_ms,
+                "assignment_wait_ms": assignment_wait_ms,
                 "plan_hash": plan_hash(it),
                 "epoch": data.position(step, spec.parallel.global_batch).epoch,
                 "sample_ids": [w.id for w in train_batches[step]],
@@ -859,8 +871,11 @@ def _run_one(
                     tok_s=f"{res.tokens_per_s:.0f}",
                 )
                 bar.update(1)
+        if rank0:  # every step's Plan (a resumed run's earlier ones were planned in the background)
+            _write_json(os.path.join(out, "plan.json"), plans.whole().to_json())
         ok = True
     finally:
+        plans.close()
         renderer.close()
         if metrics is not None:
             metrics.close()

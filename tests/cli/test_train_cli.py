@@ -87,7 +87,8 @@ def test_single_process_dip_run_writes_the_run_folder(tmp_path, capsys):
     assert [("val_loss" in r) for r in rows] == [False, True, False, True]
     assert rows[0]["lr"] == pytest.approx(1.5e-3)  # warm-up step 1 of 2
     for r in rows:
-        assert {"step", "loss", "iteration_time_ms", "tokens_per_s", "stage_times", "cpu_ms"} <= set(r)
+        keys = {"step", "loss", "iteration_time_ms", "tokens_per_s", "stage_times", "cpu_ms"}
+        assert keys | {"assignment_wait_ms"} <= set(r)
         assert r["tokens_per_s"] > 0 and r["loss"] > 0
         stages = {(t["stage"], t["mb"], t["sub"]) for t in r["stage_times"]}
         assert {s for s, _, _ in stages} == {0, 1}

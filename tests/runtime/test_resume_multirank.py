@@ -112,7 +112,9 @@ def _assert_bitwise(a, b, where: str) -> None:
 
 def test_multirank_entrain_resume_is_bitwise_the_straight_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    for r in _launch([*TRAIN, "--out", str(straight / "run")], straight, launch_seed=1):
+    # the straight run plans each step in line, the resumed one ahead in a background process (issue 25 req. 2)
+    in_line = {"ENTRAIN_PLAN_PREFETCH": "0"}
+    for r in _launch([*TRAIN, "--out", str(straight / "run")], straight, launch_seed=1, env=in_line):
         assert r.exitcode == 0, r.stderr[-2000:]
     # the same launch seed as the straight run up to the crash: rank 1 (replica 0's LLM stage) raises
     # in step 1, after the step-1 checkpoint; its peers leave on the broken collective
@@ -128,6 +130,8 @@ def test_multirank_entrain_resume_is_bitwise_the_straight_run(tmp_path):
     assert [r["step"] for r in b] == list(range(STEPS))
     for key in ("sample_ids", "loss", "plan_hash", "grad_norm"):
         assert [r[key] for r in a] == [r[key] for r in b], key
+    assert all(r["assignment_wait_ms"] >= 0 for r in a + b)
+    assert (straight / "run" / "plan.json").read_text() == (resumed / "run" / "plan.json").read_text()
     for rank in range(WORLD):
         first = pickle.loads((straight / f"state{rank}.pkl").read_bytes())
         again = pickle.loads((resumed / "b" / f"state{rank}.pkl").read_bytes())

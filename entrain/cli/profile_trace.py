@@ -1,0 +1,73 @@
+"""``entrain profile --from-trace RUN --out FILE``: a profile refitted from a run's ``trace.json``
+(``entrain.sim.trace_fit``; docs/profiling.md, "Refit from a trace"), in the schema of every profile."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from entrain.cli.common import emit_json
+
+
+def _cost_of(spec: dict):
+    from entrain.cli.plot_trace import _model_config
+
+    return _model_config(spec).cost_model()
+
+
+def _fit_json(run, fit) -> dict:
+    """One stage and phase in the ``fits`` shape of ``entrain/schemas/profile.json``."""
+    spec = run.plan.layout.stages[fit.stage]
+    sizes = [max(1, round(t)) for t in fit.sizes]
+    ms = list(fit.measured_ms)
+    if len(sizes) < 2:  # one traced action: the schema's pairs hold it twice
+        sizes, ms = sizes * 2, ms * 2
+    return {
+        "component": spec.component,
+        "layer": f"stage {fit.stage} (layers {spec.first_layer}-{spec.end_layer - 1})",
+        "kind": "stage",
+        "phase": fit.phase,
+        "tokens": sizes,
+        "ms": ms,
+        "r2": min(1.0, fit.r2),
+        "worst_rel_residual": fit.worst_rel_residual,
+        "table": False,
+        "used_r2": min(1.0, fit.r2),
+        "used_worst_rel_residual": fit.worst_rel_residual,
+    }
+
+
+def run_from_trace(args: argparse.Namespace) -> int:
+    from entrain.sim.trace_fit import fit_stages, load_run, rank_overheads, refit, stage_errors
+
+    run = load_run(args.from_trace, _cost_of)
+    fits = fit_stages(run)
+    overheads = rank_overheads(run)
+    cost = refit(run, fits, overheads)
+    cost.save(args.out)
+    errors = {"base": stage_errors(run, run.base), "refit": stage_errors(run, cost)}
+    print(
+        f"wrote {args.out}: {len(fits)} stage fits from {len(run.events)} traced actions of {args.from_trace}; "
+        f"simulated stage times' mean error {errors['base']['busy_mean_rel_error']:.1%} (the run's cost model) "
+        f"-> {errors['refit']['busy_mean_rel_error']:.1%} (refitted)",
+        file=sys.stderr,
+    )
+    if args.json:
+        sizes = [max(1, round(t)) for f in fits for t in f.sizes]
+        emit_json(
+            {
+                "model": cost.model,
+                "device": str(run.config.get("device", "unknown")),
+                **({"precision": cost.notes["precision"]} if "precision" in cost.notes else {}),
+                "tokens": [min(sizes), max(sizes)],
+                "out": args.out,
+                "layers": "refitted per stage from the trace",
+                "fits": [_fit_json(run, f) for f in fits],
+                "from_trace": {
+                    "run": args.from_trace,
+                    "errors": errors,
+                    "overhead_ms_per_action": {str(p): v for p, v in sorted(overheads.items())},
+                },
+            }
+        )
+    return 0

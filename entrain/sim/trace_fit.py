@@ -1,0 +1,312 @@
+"""Refit a cost model from a real run's trace (``entrain profile --from-trace RUN``; issue 21 req. 4).
+
+A run folder written by ``entrain train --trace`` holds every rank's actions with their durations
+(``trace.json``), the Plans that ran (``plan.json``) and the run's cost model (``config.json``: its
+preset or ``--profile``). For each compute action the run's cost model predicts
+``variable + constant`` ms (``PlanCosts.compute_ms``: the per-unit quadratics of the stage's layers
+over the action's samples, and the layers' per-call constants). Per stage and phase (forward;
+backward = ``B``, or ``I`` + ``W`` of one (sub-)microbatch) a least-squares line
+
+    measured_ms = alpha * predicted_variable_ms + beta
+
+gives the stage's scale of the per-layer curves (``alpha``) and its per-call constant (``beta``).
+What the profile cannot see, the rank's time spent outside compute actions but not waiting (the
+gaps between consecutive actions: per-action dispatch; posting a send; a receive whose message had
+arrived: the 10th percentile of the run's receive durations), is added to ``beta`` spread over the rank's compute actions.
+The new profile has the base's schema and layers: each layer of a stage gets its curves scaled by
+``alpha`` and ``beta / layers`` as its constant; a split backward's input-gradient share is the
+measured ``I / (I + W)``. Documented in docs/profiling.md (``Refit from a trace``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from entrain.core.costmodel import PROFILE_SOURCE, CostModel, LayerCost, Quadratic
+from entrain.core.errors import ConfigError
+from entrain.core.plan import ActionKind, Plan
+from entrain.core.schedules.costs import PlanCosts
+
+__all__ = ["TracedRun", "StageFit", "load_run", "fit_stages", "rank_overheads", "refit", "stage_errors"]
+
+RECV_COST_QUANTILE = 0.1
+"""A receive's own cost: this quantile of the run's receive durations (the ones that did not wait)."""
+
+
+@dataclass
+class TracedRun:
+    folder: str
+    plan: Plan
+    events: list[dict]
+    """Compute and transfer events (``ph == "X"``) of the TP-rank-0 processes."""
+    base: CostModel
+    tp: int
+    metrics: list[dict]
+    config: dict
+    """config.json (``device``, ``precision`` the trace was measured on and in)."""
+
+
+@dataclass(frozen=True)
+class StageFit:
+    stage: int
+    phase: str
+    """``fwd`` or ``bwd``."""
+    alpha: float
+    beta_ms: float
+    num_actions: int
+    r2: float
+    worst_rel_residual: float
+    sizes: tuple[float, ...]
+    """Tokens of each fitted action (the stage's units over its samples)."""
+    measured_ms: tuple[float, ...]
+
+
+def _read_json(folder: str, name: str):
+    path = os.path.join(folder, name)
+    try:
+        with open(path) as f:
+            return json.load(f) if name.endswith(".json") else [json.loads(x) for x in f if x.strip()]
+    except FileNotFoundError:
+        hint = " (train with --trace)" if name == "trace.json" else " (not a run folder of entrain train)"
+        raise ConfigError(f"--from-trace {path}: missing{hint}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--from-trace {path}: not valid JSON ({e})") from None
+
+
+def load_run(folder: str, cost_of: Callable[[dict], CostModel]) -> TracedRun:
+    """The run folder's Plans, trace events, cost model (``cost_of(config.json's spec)``) and metrics
+    (ConfigError naming the file)."""
+    config = _read_json(folder, "config.json")
+    spec = config.get("spec", {})
+    plan = Plan.from_json(_read_json(folder, "plan.json"))
+    trace = _read_json(folder, "trace.json")
+    tp = int(spec.get("tp") or 1)
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e["pid"] % tp == 0]
+    if not any(e["cat"] == "compute" for e in events):
+        raise ConfigError(f"--from-trace {os.path.join(folder, 'trace.json')}: no compute actions traced")
+    metrics = _read_json(folder, "metrics.jsonl")
+    return TracedRun(folder, plan, events, cost_of(spec), tp, metrics, config)
+
+
+def _ids(run: TracedRun, e: dict) -> tuple[str, ...]:
+    a = e["args"]
+    layout = run.plan.layout
+    replica, _ = layout.replica_of(e["pid"] // run.tp)
+    mb = run.plan.iterations[a["step"]].microbatches[replica][a["mb"]]
+    subs = mb.encoder_subs if layout.stages[a["stage"]].component == "encoder" else mb.llm_subs
+    return tuple(subs[a["sub"]])
+
+
+def _constants(costs: PlanCosts, stage: int) -> dict[str, float]:
+    """Per-call constant of each phase of ``stage`` (``PlanCosts``' closed form)."""
+    coefs = costs._phase_coefs[stage]
+    return {phase: coefs[phase][2] for phase in ("fwd", "bwd")}
+
+
+def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tuple[float, float, float]]]:
+    """(stage, phase) -> [(measured ms, predicted variable ms, tokens)]: forwards, and backwards
+    (``B``, or ``I`` + ``W`` of one (sub-)microbatch summed)."""
+    backward: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0, None])
+    out: dict[tuple[int, str], list] = defaultdict(list)
+    for e in run.events:
+        a = e["args"]
+        kind = ActionKind(a["kind"])
+        if not kind.is_compute:
+            continue
+        ids, stage, ms = _ids(run, e), a["stage"], e["dur"] / 1e3
+        const = _constants(costs, stage)
+        predicted = costs.compute_ms(stage, kind, ids)
+        if kind is ActionKind.F:
+            out[(stage, "fwd")].append((ms, predicted - const["fwd"], costs.tokens(stage, ids)))
+            continue
+        key = (e["pid"], a["step"], stage, a["mb"], a["sub"])
+        backward[key][0] += ms
+        backward[key][1] += predicted
+        backward[key][2] = costs.tokens(stage, ids)
+    for (_, _, stage, _, _), (ms, predicted, tokens) in backward.items():
+        out[(stage, "bwd")].append((ms, predicted - _constants(costs, stage)["bwd"], tokens))
+    return out
+
+
+def _line(points: list[tuple[float, float, float]]) -> tuple[float, float, float, float]:
+    """(alpha, beta, r2, worst relative residual) of ``measured = alpha * predicted + beta`` by least squares, both
+    non-negative (a negative one is dropped and the other refitted alone)."""
+    y = np.array([p[0] for p in points])
+    x = np.array([p[1] for p in points])
+    alpha, beta = 0.0, float(y.mean())
+    if len(points) >= 2 and np.ptp(x) > 0:
+        alpha, beta = np.linalg.lstsq(np.column_stack([x, np.ones_like(x)]), y, rcond=None)[0]
+    if beta < 0 and float(x @ x) > 0:
+        alpha, beta = float(x @ y / (x @ x)), 0.0
+    if alpha < 0:
+        alpha, beta = 0.0, float(y.mean())
+    resid = y - (alpha * x + beta)
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((resid**2).sum()) / total if total > 0 else 1.0
+    worst = float(np.max(np.abs(resid) / np.maximum(y, 1e-9)))
+    return float(alpha), float(beta), r2, worst
+
+
+def fit_stages(run: TracedRun) -> list[StageFit]:
+    """One ``StageFit`` per stage and phase with traced actions."""
+    costs = PlanCosts(run.plan.layout, run.base, run.plan.samples)
+    fits = []
+    for (stage, phase), points in sorted(_samples(run, costs).items()):
+        alpha, beta, r2, worst = _line(points)
+        sizes, measured = tuple(p[2] for p in points), tuple(p[0] for p in points)
+        fits.append(StageFit(stage, phase, alpha, beta, len(points), r2, worst, sizes, measured))
+    return fits
+
+
+def _by_rank_step(run: TracedRun) -> dict[tuple[int, int], list[dict]]:
+    groups: dict[tuple[int, int], list[dict]] = defaultdict(list)
+    for e in run.events:
+        groups[(e["pid"], e["args"]["step"])].append(e)
+    for evs in groups.values():
+        evs.sort(key=lambda e: e["ts"])
+    return groups
+
+
+def _recv_costs_ms(run: TracedRun) -> dict[int, float]:
+    """Per rank: a receive's own cost, the ``RECV_COST_QUANTILE`` of every receive of the run (a
+    rank whose receives all wait, as the first stage's for gradients, would show only waits)."""
+    durs = [e["dur"] / 1e3 for e in run.events if e["args"]["kind"].startswith("RECV")]
+    cost = float(np.quantile(durs, RECV_COST_QUANTILE)) if durs else 0.0
+    return {e["pid"]: cost for e in run.events}
+
+
+def _overhead_ms(evs: list[dict], recv_ms: float) -> float:
+    """A rank's time in one step outside compute actions but not waiting: gaps, send posts, receives'
+    own cost."""
+    gaps = sum(max(0.0, b["ts"] - (a["ts"] + a["dur"])) for a, b in zip(evs, evs[1:])) / 1e3
+    comm = 0.0
+    for e in evs:
+        kind = e["args"]["kind"]
+        if kind.startswith("SEND"):
+            comm += e["dur"] / 1e3
+        elif kind.startswith("RECV"):
+            comm += min(e["dur"] / 1e3, recv_ms)
+    return gaps + comm
+
+
+def _compute_units(evs: list[dict]) -> int:
+    """Forwards plus backwards (an ``I`` + ``W`` pair is one backward)."""
+    return sum(1 for e in evs if e["args"]["kind"] in ("F", "B", "W"))
+
+
+def rank_overheads(run: TracedRun) -> dict[int, float]:
+    """Per process rank: its mean overhead (``_overhead_ms``) per compute action, over the steps."""
+    recv = _recv_costs_ms(run)
+    per_rank: dict[int, list[float]] = defaultdict(list)
+    for (pid, _), evs in _by_rank_step(run).items():
+        units = _compute_units(evs)
+        if units:
+            per_rank[pid].append(_overhead_ms(evs, recv.get(pid, 0.0)) / units)
+    return {pid: statistics.fmean(v) for pid, v in per_rank.items()}
+
+
+def _input_fractions(run: TracedRun) -> dict[int, float]:
+    """Per stage with split backwards: measured ``I / (I + W)``."""
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e in run.events:
+        kind = e["args"]["kind"]
+        if kind in ("I", "W"):
+            sums[e["args"]["stage"]][kind == "W"] += e["dur"]
+    return {s: i / (i + w) for s, (i, w) in sums.items() if i + w > 0}
+
+
+def _layer(layer: LayerCost, phase: str, alpha: float, constant_ms: float) -> LayerCost:
+    field = layer.fwd if phase == "fwd" else layer.bwd
+    return replace(layer, **{phase: {key: _curve(q, alpha, constant_ms) for key, q in field.items()}})
+
+
+def _curve(q: Quadratic, alpha: float, constant_ms: float) -> Quadratic:
+    """``q``'s size-dependent part times ``alpha``, its per-call constant ``constant_ms``."""
+    if not q.table:
+        return Quadratic(q.a * alpha, q.b * alpha, constant_ms)
+    scaled = q.scaled(alpha)
+    shift = constant_ms - scaled.constant_ms
+    table = tuple((x, max(0.0, ms + shift)) for x, ms in scaled.table)
+    return Quadratic(scaled.a, scaled.b, constant_ms, table)
+
+
+def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> CostModel:
+    """The base cost model with each traced stage's layers refitted (see the module docstring)."""
+    layout = run.plan.layout
+    layers = {c: list(run.base.component(c).layers) for c in ("encoder", "llm")}
+    fractions = _input_fractions(run)
+    for fit in fits:
+        spec = layout.stages[fit.stage]
+        ranks = [p for p in overheads if layout.replica_of(p // run.tp)[1] == spec.pp_rank]
+        extra = statistics.fmean(overheads[p] for p in ranks) if ranks else 0.0
+        span = range(spec.first_layer, spec.end_layer)
+        for i in span:
+            layer = _layer(layers[spec.component][i], fit.phase, fit.alpha, (fit.beta_ms + extra) / len(span))
+            if fit.phase == "bwd" and fit.stage in fractions:
+                layer = replace(layer, bwd_input_fraction=fractions[fit.stage])
+            layers[spec.component][i] = layer
+    notes = {
+        "source": PROFILE_SOURCE,
+        "from_trace": os.path.abspath(run.folder),
+        "base": run.base.notes.get("source", run.base.hardware.name),
+        "device": run.config.get("device"),
+        "stage_fits": [
+            {
+                "stage": f.stage,
+                "phase": f.phase,
+                "alpha": f.alpha,
+                "beta_ms": f.beta_ms,
+                "actions": f.num_actions,
+                "r2": f.r2,
+            }
+            for f in fits
+        ],  # fmt: skip
+        "overhead_ms_per_action": {str(p): v for p, v in sorted(overheads.items())},
+    }
+    if run.config.get("precision"):
+        notes["precision"] = run.config["precision"]
+    base = run.base
+    return replace(
+        base,
+        encoder=replace(base.encoder, layers=tuple(layers["encoder"])),
+        llm=replace(base.llm, layers=tuple(layers["llm"])),
+        notes=notes,
+    )
+
+
+def stage_errors(run: TracedRun, cost: CostModel) -> dict:
+    """How well ``cost`` predicts the run's stage times: per (step, rank), the simulated busy time of
+    the rank (``entrain.sim``, the run's Plans) against its measured occupied time (compute actions
+    plus ``_overhead_ms``); the mean and worst relative error, and the same for the step's span
+    (first action start to last action end, every rank)."""
+    from entrain.sim.executor import simulate_plan
+
+    sims = simulate_plan(run.plan, cost, trace_iterations=0)
+    recv = _recv_costs_ms(run)
+    busy_errors = []
+    for (pid, step), evs in sorted(_by_rank_step(run).items()):
+        real = sum(e["dur"] for e in evs if e["cat"] == "compute") / 1e3 + _overhead_ms(
+            evs, recv.get(pid, 0.0)
+        )
+        plan_rank = pid // run.tp
+        replica, _ = run.plan.layout.replica_of(plan_rank)
+        sim = sims[step].replicas[replica].busy_ms[plan_rank]
+        busy_errors.append(abs(sim - real) / real)
+    span_errors = []
+    for step in sorted({e["args"]["step"] for e in run.events}):
+        evs = [e for e in run.events if e["args"]["step"] == step]
+        real = (max(e["ts"] + e["dur"] for e in evs) - min(e["ts"] for e in evs)) / 1e3
+        sim = max(r.makespan_ms for r in sims[step].replicas)
+        span_errors.append(abs(sim - real) / real)
+    return {
+        "busy_mean_rel_error": statistics.fmean(busy_errors),
+        "busy_max_rel_error": max(busy_errors),
+        "span_mean_rel_error": statistics.fmean(span_errors),
+        "span_max_rel_error": max(span_errors),
+    }

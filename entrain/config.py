@@ -116,16 +116,34 @@ class ModelConfig:
     """The stock LLM's tokenizer folder (default: ``llm_model``'s own)."""
     precision: str | None = None
     """``fp32`` or ``bf16`` (None: bf16 on CUDA, fp32 on CPU; ``session.resolve_precision``)."""
+    model_path: str | None = None
+    """One whole checkpoint folder of a model family (``--model-path``; replaces ``name``)."""
+
+    def source(self):
+        """The ``entrain.models.families.base.ModelSource`` of these flags."""
+        from entrain.models.families.base import ModelSource
+
+        return ModelSource(
+            preset=self.name,
+            vision_model=self.vision_model,
+            llm_model=self.llm_model,
+            model_path=self.model_path,
+            tokenizer=self.tokenizer,
+        )
+
+    def family(self):
+        """The model family (``entrain.models.families.registry.family_of_source``)."""
+        from entrain.models.families.registry import family_of_source
+
+        return family_of_source(self.source())
 
     def arch(self):
-        """The model's shapes: the preset's, or the stock checkpoints' (``core.hf_config.ModelSource``)."""
-        from entrain.core.hf_config import ModelSource
-
-        return ModelSource(preset=self.name, vision_model=self.vision_model, llm_model=self.llm_model).arch()
+        """The model's shapes (``ModelFamily.shape``): the preset's, or the checkpoints' config.json."""
+        return self.family().shape(self.source())
 
     def label(self) -> str:
         """The name plans, profiles and reports carry: the preset's, or a stock model's ``hf:VISION+LLM``."""
-        return self.name if self.vision_model is None and self.llm_model is None else self.arch().name
+        return self.arch().name if self.source().is_stock else self.name
 
     def cost_model(self) -> CostModel:
         """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed

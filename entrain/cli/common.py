@@ -11,19 +11,38 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from entrain.config import parse_ramp
-from entrain.core.architectures import MODEL_PRESETS as _ARCHS
-from entrain.core.architectures import PRECISIONS, ModelArch
+from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel, precision_mismatch
 from entrain.core.errors import ConfigError
-from entrain.core.hf_config import ModelSource
 from entrain.core.presets import HARDWARE_PRESETS, default_hardware
 from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig, pixel_limits
 from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import ENTRAIN_LAYOUTS, LAYOUT_MARGIN
+from entrain.core.shape import ModelShape
 from entrain.core.work import SampleWork
+from entrain.models.families.base import ModelSource
+from entrain.models.families.registry import family_of_source, preset_names
 
-MODEL_PRESETS = tuple(_ARCHS)
+
+class _Presets:
+    """``--model``'s choices: every registered family's presets, read when a parser checks a value or
+    prints its help (so a family registered after import, e.g. by a test, is accepted)."""
+
+    def __contains__(self, name: object) -> bool:
+        return name in preset_names()
+
+    def __iter__(self):
+        return iter(preset_names())
+
+    def __len__(self) -> int:
+        return len(preset_names())
+
+    def __getitem__(self, i):
+        return preset_names()[i]
+
+
+MODEL_PRESETS = _Presets()
 
 
 def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None = None) -> None:
@@ -61,7 +80,7 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
 
 def add_model_source_args(p: argparse.ArgumentParser) -> None:
     """``--vision-model DIR`` / ``--llm-model DIR``: stock Hugging Face folders replacing ``--model``
-    (shapes from their config.json; ``entrain.core.hf_config``)."""
+    (shapes from their config.json; ``entrain.models.families.composition.hf_config``)."""
     p.add_argument(
         "--vision-model",
         default=None,
@@ -92,13 +111,22 @@ def vision_limits(args: argparse.Namespace) -> VisionTokenConfig:
     return pixel_limits(getattr(args, "min_pixels", None), getattr(args, "max_pixels", None))
 
 
-def model_arch_of(args: argparse.Namespace) -> ModelArch:
-    """The preset ``--model``, or the ``ModelArch`` of ``--vision-model`` + ``--llm-model``."""
+def model_source_of(args: argparse.Namespace) -> ModelSource:
+    """The ``ModelSource`` of ``--model`` / ``--vision-model`` + ``--llm-model`` / ``--model-path``."""
     return ModelSource(
         preset=args.model,
         vision_model=getattr(args, "vision_model", None),
         llm_model=getattr(args, "llm_model", None),
-    ).arch()
+        model_path=getattr(args, "model_path", None),
+        tokenizer=getattr(args, "tokenizer", None),
+    )
+
+
+def model_arch_of(args: argparse.Namespace) -> ModelShape:
+    """The model's shape from its family (``ModelFamily.shape``): the preset ``--model``'s, or the
+    checkpoint folders' config.json."""
+    source = model_source_of(args)
+    return family_of_source(source).shape(source)
 
 
 def model_label(args: argparse.Namespace) -> str:

@@ -9,10 +9,10 @@ import argparse
 import os
 import sys
 
-from entrain.core.architectures import MODEL_PRESETS
 from entrain.core.errors import ConfigError
 from entrain.core.plan_file import load_plan_dict
 from entrain.core.samples import DEFAULT_VISION
+from entrain.models.families.registry import preset_names
 
 __all__ = ["apply_plan", "given_dests", "same_dataset"]
 
@@ -72,7 +72,7 @@ def apply_plan(
                 f"or write a plan for it (entrain plan ... {flag} {given} --out FILE)"
             )
     stock = getattr(args, "vision_model", None) or getattr(args, "llm_model", None)
-    if "model" not in given_flags and not stock and d["model"] in MODEL_PRESETS:
+    if "model" not in given_flags and not stock and d["model"] in preset_names():
         args.model = d["model"]
     _apply_dataset(args, "dataset" in given_flags, d["dataset"], quiet)
 

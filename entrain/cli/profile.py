@@ -20,7 +20,7 @@ from entrain.cli.common import (
     add_precision_arg,
     default_hardware,
     emit_json,
-    model_arch_of,
+    model_source_of,
 )
 from entrain.core.errors import ConfigError
 
@@ -78,15 +78,17 @@ def _fit_line(fit) -> str:
 
 
 def _target(args: argparse.Namespace):
-    """``(ModelArch, VLMConfig)`` to time: the preset, or a stock model's own transformers modules
-    (Qwen2-VL or Qwen2.5-VL tower, the LLM's class with its biases) built from config.json; the
-    weights are not read (they do not change the times)."""
-    from entrain.models.config import VLMConfig, get_model_config
+    """``(shape, model config)`` to time: the family's runtime config of the preset, or of a checkpoint
+    model's own transformers modules built from config.json; the weights are not read (they do not
+    change the times), nor is a tokenizer."""
+    from entrain.models.families.registry import family_of_source
 
-    arch = model_arch_of(args)
-    if arch.name == args.model:
-        return arch, get_model_config(args.model)
-    return arch, VLMConfig(arch=arch, vision_dir=args.vision_model, llm_dir=args.llm_model)
+    source = model_source_of(args)
+    family = family_of_source(source)
+    shape = family.shape(source)
+    if not source.is_stock:
+        return shape, family.runtime_config(source)[0]
+    return shape, family.runtime_config(source, shape)[0]
 
 
 def _device(name: str | None):

@@ -268,6 +268,12 @@ class ModelArch:
     def num_params(self) -> int:
         return self.vision.num_params() + self.llm.num_params()
 
+    def layer_specs(self, label_fraction: float | None = None) -> dict:
+        """``ModelShape.layer_specs`` (``entrain.core.presets.composition_layer_specs``)."""
+        from entrain.core.presets import composition_layer_specs
+
+        return composition_layer_specs(self, label_fraction)
+
 
 def _qwen25_vit(out_hidden_size: int, fullatt_block_indexes: tuple[int, ...] = (7, 15, 23, 31)) -> VisionArch:
     return VisionArch(

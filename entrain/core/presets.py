@@ -48,6 +48,7 @@ from entrain.core.architectures import LLMArch, ModelArch, VisionArch, get_arch
 from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic, parallel_key
 from entrain.core.errors import ConfigError
 from entrain.core.samples import LABEL_FRACTION
+from entrain.core.shape import ModelShape
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -304,10 +305,16 @@ def _llm_specs(llm: LLMArch, label_fraction: float | None) -> list[LayerSpec]:
     return specs
 
 
-def layer_specs(arch: ModelArch, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
-    """The hardware-independent layer lists of both components."""
+def layer_specs(arch: ModelShape, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
+    """The hardware-independent layer lists of both components: any model family's ``ModelShape``
+    gives them (``ModelShape.layer_specs``)."""
     if label_fraction is not None and not 0.0 < label_fraction <= 1.0:
         raise ConfigError(f"label_fraction must be in (0, 1], got {label_fraction}")
+    return arch.layer_specs(label_fraction)
+
+
+def composition_layer_specs(arch: ModelArch, label_fraction: float | None) -> dict[str, list[LayerSpec]]:
+    """``ModelArch.layer_specs``: the preset compositions' vision tower and Llama-structured LLM."""
     return {"encoder": _vision_specs(arch.vision), "llm": _llm_specs(arch.llm, label_fraction)}
 
 
@@ -565,7 +572,7 @@ def _frozen_flags(specs: dict[str, list[LayerSpec]], freeze: Iterable[str]) -> d
 
 
 def cost_model_for(
-    arch: ModelArch,
+    arch: ModelShape,
     device: DeviceModel,
     *,
     hardware_name: str,
@@ -605,7 +612,7 @@ def cost_model_for(
 
 
 def build_cost_model(
-    model: str | ModelArch,
+    model: str | ModelShape,
     hardware: str,
     *,
     freeze: Iterable[str] = (),
@@ -613,14 +620,14 @@ def build_cost_model(
     attention: str | None = None,
 ) -> CostModel:
     """The analytic cost model of a model preset (or any ``ModelArch``, e.g. one read from Hugging Face
-    ``config.json`` files by ``entrain.core.hf_config``) on a hardware preset.
+    ``config.json`` files by ``entrain.models.families.composition.hf_config``) on a hardware preset.
 
     ``freeze``: any of ``FREEZE_OPTIONS``; ``attention``: see ``attention_by_component`` (``None``: the
     hardware preset's ``DEFAULT_ATTENTION``, else flash). ConfigError names the valid choices.
     """
     if attention is None:
         attention = DEFAULT_ATTENTION.get(hardware, "flash")
-    arch = model if isinstance(model, ModelArch) else get_arch(model)
+    arch = get_arch(model) if isinstance(model, str) else model
     model = arch.name
     counts = {c: len(v) for c, v in layer_specs(arch, label_fraction).items()}
     if hardware == "a40-flops":
@@ -651,7 +658,7 @@ def default_hardware(model: str) -> str:
 
 
 def resolve_cost_model(
-    model: str | ModelArch,
+    model: str | ModelShape,
     *,
     hardware: str | None = None,
     profile: str | None = None,
@@ -663,7 +670,7 @@ def resolve_cost_model(
     with ``attention`` and the frozen parts. A profile timed its own attention and trainable parts,
     so ``attention`` or ``freeze`` with a profile is refused."""
     freeze = tuple(freeze)
-    name = model.name if isinstance(model, ModelArch) else model
+    name = model if isinstance(model, str) else model.name
     if profile:
         if freeze:
             raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")

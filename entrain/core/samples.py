@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 __all__ = [
+    "ImageTokenRule",
     "VisionTokenConfig",
     "SampleMeta",
     "smart_resize",
@@ -24,9 +26,27 @@ LABEL_FRACTION = 0.2
 SynthChartNet's answers are ~17 % of its LLM tokens, LLaVA's ~30 %, ChartQA / COCO-QA's ~1 %."""
 
 
+class ImageTokenRule(Protocol):
+    """How a model family turns one image into work (plain numbers; a family's ``image_rule``):
+    encoder units and LLM tokens of an ``(H, W)``-pixel image."""
+
+    min_pixels: int
+    max_pixels: int
+
+    def image_tokens(self, height: int, width: int) -> int:
+        """Image feature tokens the LLM sees for the image (its placeholder tokens)."""
+        ...
+
+    def encoder_units(self, height: int, width: int) -> tuple[int, ...]:
+        """Encoder input rows per attention unit of the image (one unit per image, or one per tile);
+        the cost model prices each unit's attention separately."""
+        ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VisionTokenConfig:
-    """Qwen2.5-VL image processor limits (the released checkpoints' ``preprocessor_config.json``)."""
+    """Qwen2.5-VL image processor limits (the released checkpoints' ``preprocessor_config.json``);
+    the default ``ImageTokenRule``."""
 
     factor: int = 28
     """patch_size (14) x spatial merge (2): resized sides are multiples of this."""
@@ -37,6 +57,14 @@ class VisionTokenConfig:
     def __post_init__(self) -> None:
         if self.factor <= 0 or self.min_pixels <= 0 or self.max_pixels < self.min_pixels:
             raise ValueError(f"invalid vision token limits: {self}")
+
+    def image_tokens(self, height: int, width: int) -> int:
+        """``image_llm_tokens``: merged tokens of the ``smart_resize``-d image."""
+        return image_llm_tokens(height, width, self)
+
+    def encoder_units(self, height: int, width: int) -> tuple[int, ...]:
+        """One unit per image: its ViT patches (``image_vit_patches``)."""
+        return (image_vit_patches(height, width, self),)
 
 
 DEFAULT_VISION = VisionTokenConfig()
@@ -107,7 +135,8 @@ class SampleMeta:
     id: str
     images: tuple[tuple[int, int], ...]
     text_tokens: int
-    vision: VisionTokenConfig = field(default=DEFAULT_VISION, compare=False, repr=False)
+    vision: ImageTokenRule = field(default=DEFAULT_VISION, compare=False, repr=False)
+    """The model family's image rule (``VisionTokenConfig``: Qwen's ``smart_resize``)."""
     answer_tokens: int | None = None
 
     def __post_init__(self) -> None:
@@ -118,11 +147,12 @@ class SampleMeta:
 
     @property
     def vit_patches_per_image(self) -> tuple[int, ...]:
-        return tuple(image_vit_patches(h, w, self.vision) for h, w in self.images)
+        """Encoder input rows per attention unit (per image; per tile for a tiling family)."""
+        return tuple(u for h, w in self.images for u in self.vision.encoder_units(h, w))
 
     @property
     def image_tokens_per_image(self) -> tuple[int, ...]:
-        return tuple(image_llm_tokens(h, w, self.vision) for h, w in self.images)
+        return tuple(self.vision.image_tokens(h, w) for h, w in self.images)
 
     @property
     def vit_patches(self) -> int:

@@ -441,10 +441,11 @@ def load_model_state(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]
     why = verify_all(folder, manifest)
     if why is not None:
         raise ConfigError(f"checkpoint {folder}: {why}")
-    from entrain.models.vlm import fuse_parts
+    from entrain.models.families.registry import family_of_manifest
 
     state = read_tensors(folder, {k for k in saved_keys(folder) if k.startswith(MODEL_PREFIX)})
-    return manifest, fuse_parts({k[len(MODEL_PREFIX) :]: v for k, v in state.items()})
+    params = {k[len(MODEL_PREFIX) :]: v for k, v in state.items()}
+    return manifest, family_of_manifest(manifest).fuse_parts(params)
 
 
 def read_tensors(folder: str | Path, keys: set[str] | None = None) -> dict[str, torch.Tensor]:

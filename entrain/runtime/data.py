@@ -1,15 +1,18 @@
 """Render sample metadata into real tensors and pack them per (sub-)microbatch.
 
 A rendered sample is deterministic in ``(seed, sample id)``, so every rank renders the same tensors
-for a sample without communication. Layout of one sample's LLM sequence (Qwen2.5-VL style)::
+for a sample without communication. What depends on the model is its family's
+(``ModelFamily.image_grids``, ``image_feature_rows``, ``token_ids``, ``map_token_id``,
+``encoder_input_width``, ``position_ids``). Layout of one sample's LLM sequence::
 
-    [<|vision_start|> <|image_pad|> * m_i <|vision_end|>] per image, prompt text, answer text
+    [<image_start> <image> * m_i <image_end>] per image, prompt text, answer text
 
 ``text_tokens`` counts every non-image token (markers included); text ids follow a Zipf law over the
 first 4,000 regular ids. The answer is the last ``answer_tokens`` tokens where the metadata says,
 else ``max(1, round(0.2 * text_tokens))`` (``LABEL_FRACTION``), at most what the text holds; the loss
-is taken at the positions that predict them (labels on the answer part only). Pixel values are seeded N(0, 1) patches (windows of a seeded bank) of the ``smart_resize``-d size:
-``[(H'/14) * (W'/14), 1176]`` rows per image with ``grid_thw = (1, H'/14, W'/14)``.
+is taken at the positions that predict them (labels on the answer part only). Pixel values are seeded
+N(0, 1) rows (windows of a seeded bank): ``t * h * w`` rows of ``encoder_input_width`` per image of
+grid ``(t, h, w)``.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import numpy as np
 import torch
 
 from entrain.core.errors import DataError
-from entrain.core.samples import LABEL_FRACTION, SampleMeta, VisionTokenConfig, smart_resize
-from entrain.models.config import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, VLMConfig
-from entrain.models.vlm import LLMBatch
+from entrain.core.samples import LABEL_FRACTION, ImageTokenRule, SampleMeta
+from entrain.models.batch import LLMBatch
+from entrain.models.families.base import PackedSample
+from entrain.models.families.registry import family_of
 from entrain.runtime.h2d import InputPrefetcher, host_to_device
 
 __all__ = ["RenderedSample", "SampleRenderer", "RecordSource", "EncoderInput", "PATCH_BANK_ROWS"]
@@ -80,6 +84,11 @@ def _background_priority() -> None:
         pass
 
 
+def _packed(s: RenderedSample) -> PackedSample:
+    """What ``ModelFamily.position_ids`` sees of a rendered sample."""
+    return PackedSample(s.input_ids, s.image_positions, s.grid_thw)
+
+
 def _seed_of(seed: int, sample_id: str, salt: str) -> int:
     return zlib.crc32(f"{seed}:{salt}:{sample_id}".encode())
 
@@ -103,7 +112,14 @@ class RecordSource:
         self.records = {r.id: r for r in records}
         self.tokenizer = tokenizer if tokenizer is not None else default_tokenizer()
         self.model_ids = tokenizer is not None
-        """True: ``text`` returns the model's ids (no ``VLMConfig.token_id`` remap)."""
+        """True: ``text`` returns the model's ids (no ``ModelFamily.map_token_id`` remap)."""
+        self.family = self.cfg = None
+        """The model family whose processing rules apply (``bind``; None: ``entrain.data.processing``'s)."""
+
+    def bind(self, family, cfg) -> None:
+        """Use ``family``'s chat template and image processor (``ModelFamily.format_chat`` /
+        ``process_images``) for model config ``cfg`` (the renderer binds its own)."""
+        self.family, self.cfg = family, cfg
 
     def _where(self, sample_id: str) -> tuple[str, str]:
         r = self.records[sample_id]
@@ -115,8 +131,12 @@ class RecordSource:
         processor's count). Raises DataError if the record's image count differs."""
         from entrain.data.processing import IMAGE_PAD, format_chat
 
+        turns = self.records[sample_id].turns
         try:
-            ids, labels = format_chat(self.records[sample_id].turns, image_tokens, self.tokenizer)
+            if self.family is not None:
+                ids, labels = self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer)
+            else:
+                ids, labels = format_chat(turns, image_tokens, self.tokenizer)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "conversations", str(e)) from None
         pads = ids.count(self.tokenizer.token_id(IMAGE_PAD))
@@ -129,7 +149,7 @@ class RecordSource:
             )
         return ids, labels
 
-    def pixels(self, sample_id: str, vision: VisionTokenConfig) -> tuple[np.ndarray, np.ndarray]:
+    def pixels(self, sample_id: str, vision: ImageTokenRule) -> tuple[np.ndarray, np.ndarray]:
         """``(pixel_values [patches, 1176] float32, image_grid_thw [images, 3] int64)`` of the record's
         images through the image processor. Raises DataError naming an unreadable image. Thread-safe
         (no shared state), so it runs on the renderer's prefetch thread."""
@@ -147,6 +167,8 @@ class RecordSource:
             patch = vision.factor // MERGE_SIZE
             return np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)
         try:
+            if self.family is not None:
+                return self.family.process_images(self.cfg, images, vision)
             return process_images(images, vision)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "images", f"processor: {e}") from None
@@ -171,7 +193,7 @@ class SampleRenderer:
 
     def __init__(
         self,
-        cfg: VLMConfig,
+        cfg,
         metas: dict[str, SampleMeta],
         *,
         seed: int = 0,
@@ -180,6 +202,11 @@ class SampleRenderer:
         source: RecordSource | None = None,
     ):
         self.cfg, self.metas, self.seed, self.source = cfg, metas, seed, source
+        self.family = family_of(cfg)
+        """The model family's processing rules (``ModelFamily``)."""
+        if source is not None:
+            source.bind(self.family, cfg)
+        self._ids = self.family.token_ids(cfg)
         self.device, self.dtype = torch.device(device), dtype
         self._cache: dict[str, RenderedSample] = {}
         self._pending: dict[str, Future] = {}
@@ -196,12 +223,7 @@ class SampleRenderer:
 
     # --- one sample ---------------------------------------------------------------------------------
     def grid(self, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
-        p = self.cfg.vision.patch_size
-        out = []
-        for h, w in meta.images:
-            hr, wr = smart_resize(h, w, meta.vision)
-            out.append((1, hr // p, wr // p))
-        return tuple(out)
+        return self.family.image_grids(self.cfg, meta)
 
     def sample(self, sample_id: str) -> RenderedSample:
         if sample_id not in self._cache:
@@ -211,13 +233,12 @@ class SampleRenderer:
     def _render(self, meta: SampleMeta) -> RenderedSample:
         if self.source is not None:
             return self._from_record(meta)
-        cfg = self.cfg
         gen = torch.Generator().manual_seed(_seed_of(self.seed, meta.id, "text"))
         grid = self.grid(meta)
-        merge = cfg.vision.spatial_merge_size**2
-        img_tokens = [t * h * w // merge for t, h, w in grid]
+        img_tokens = [self.family.image_feature_rows(self.cfg, g) for g in grid]
         text = meta.text_tokens
-        use_markers = text >= 2 * len(grid) + 2
+        start, pad, end = self._ids["image_start"], self._ids["image"], self._ids["image_end"]
+        use_markers = text >= 2 * len(grid) + 2 and start >= 0 and end >= 0
         num_markers = 2 * len(grid) if use_markers else 0
         wanted = (
             meta.answer_tokens if meta.answer_tokens is not None else max(1, round(LABEL_FRACTION * text))
@@ -228,13 +249,13 @@ class SampleRenderer:
         image_pos: list[int] = []
         for m in img_tokens:
             if use_markers:
-                ids.append(VISION_START_ID)
+                ids.append(start)
             image_pos.extend(range(len(ids), len(ids) + m))
-            ids.extend([IMAGE_PAD_ID] * m)
+            ids.extend([pad] * m)
             if use_markers:
-                ids.append(VISION_END_ID)
-        ids.extend(words)
-        ids_t = torch.tensor([cfg.token_id(i) for i in ids], dtype=torch.int64)
+                ids.append(end)
+        ids.extend(self.family.map_token_id(self.cfg, w) for w in words)
+        ids_t = torch.tensor(ids, dtype=torch.int64)
         n = len(ids)
         label_pos = torch.arange(n - num_answer - 1, n - 1, dtype=torch.int64)
         return RenderedSample(
@@ -248,20 +269,14 @@ class SampleRenderer:
         )
 
     def _from_record(self, meta: SampleMeta) -> RenderedSample:
-        merge = self.cfg.vision.spatial_merge_size
-        patch = meta.vision.factor // merge
-        grid = []
-        for h, w in meta.images:
-            hr, wr = smart_resize(h, w, meta.vision)
-            grid.append((1, hr // patch, wr // patch))
-        counts = [t * h * w // merge**2 for t, h, w in grid]
+        grid = self.grid(meta)
+        counts = [self.family.image_feature_rows(self.cfg, g) for g in grid]
         raw_ids, raw_labels = self.source.text(meta.id, counts)
         if self.source.model_ids:
             ids = torch.as_tensor(raw_ids, dtype=torch.int64)
-            image_pos = torch.nonzero(ids == self.cfg.token_id(IMAGE_PAD_ID)).flatten()
         else:
-            ids = torch.tensor([self.cfg.token_id(int(i)) for i in raw_ids], dtype=torch.int64)
-            image_pos = torch.nonzero(torch.as_tensor(raw_ids) == IMAGE_PAD_ID).flatten()
+            ids = torch.tensor([self.family.map_token_id(self.cfg, int(i)) for i in raw_ids], dtype=torch.int64)
+        image_pos = torch.nonzero(ids == self._ids["image"]).flatten()
         labels = torch.as_tensor(raw_labels, dtype=torch.int64)
         label_pos = torch.nonzero(labels[1:] != -100).flatten()
         return RenderedSample(
@@ -341,7 +356,8 @@ class SampleRenderer:
     def _patch_bank(self) -> torch.Tensor:
         if self._bank is None:
             gen = torch.Generator().manual_seed(_seed_of(self.seed, "", "patch-bank"))
-            self._bank = torch.randn((PATCH_BANK_ROWS, self.cfg.vision.patch_dim), generator=gen)
+            width = self.family.encoder_input_width(self.cfg)
+            self._bank = torch.randn((PATCH_BANK_ROWS, width), generator=gen)
         return self._bank
 
     # --- packs --------------------------------------------------------------------------------------
@@ -365,7 +381,9 @@ class SampleRenderer:
         return EncoderInput(
             patches=torch.cat(patches)
             if patches
-            else torch.empty((0, self.cfg.vision.patch_dim), device=self.device, dtype=self.dtype),
+            else torch.empty(
+                (0, self.family.encoder_input_width(self.cfg)), device=self.device, dtype=self.dtype
+            ),
             grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3),  # host: see grid_thw()
             rows_per_sample=tuple(s.image_tokens for s in samples),
         )
@@ -393,7 +411,7 @@ class SampleRenderer:
 
         return LLMBatch(
             input_ids=packed([s.input_ids for s in samples]),
-            position_ids=packed([torch.arange(s.num_tokens) for s in samples]),
+            position_ids=host_to_device(self.family.position_ids(self.cfg, [_packed(s) for s in samples]), dev),
             seq_lens=tuple(s.num_tokens for s in samples),
             image_positions=packed([s.image_positions + o for s, o in zip(samples, offsets)]),
             label_positions=packed([s.label_positions + o for s, o in zip(samples, offsets)]),

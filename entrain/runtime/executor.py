@@ -26,13 +26,14 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from entrain.core.errors import EntrainError
 from entrain.core.p2p import Comm, Step, rank_program, receive_needs_header
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.schedules.graph import Message
-from entrain.models.vlm import EncoderStage, LLMStage
+from entrain.models.families.registry import family_of
 from entrain.runtime.comm import MessageKey, Transport
 from entrain.runtime.data import SampleRenderer
 
@@ -111,7 +112,7 @@ class Executor:
         *,
         layout: Layout,
         rank: int,
-        modules: dict[int, EncoderStage | LLMStage],
+        modules: dict[int, nn.Module],
         transport: Transport,
         renderer: SampleRenderer,
         input_grad: dict[int, bool],
@@ -119,6 +120,7 @@ class Executor:
         process_rank: Callable[[int], int] | None = None,
     ):
         self.layout, self.rank, self.modules = layout, rank, modules
+        self._is_encoder = {st.stage: st.component == "encoder" for st in layout.stages}
         self.replica, self.pp_rank = layout.replica_of(rank)
         self.transport, self.renderer = transport, renderer
         self.input_grad = input_grad
@@ -290,7 +292,7 @@ class Executor:
         ids = self._ids(s, mb, sub)
         module = self.modules[s]
         # data (rendered tensors) is prepared outside the timed compute, as a data loader would
-        if isinstance(module, EncoderStage):
+        if self._is_encoder[s]:
             inputs = self.renderer.encoder_input(ids) if s == 0 else self.renderer.grid_thw(ids)
         else:
             inputs = self.renderer.llm_batch(ids, self._loss_scale)
@@ -299,7 +301,7 @@ class Executor:
     def _forward_compute(self, a: Action, ids, module, inputs) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
         with self.autocast():
-            if isinstance(module, EncoderStage):
+            if self._is_encoder[s]:
                 out = self._encoder_forward(module, s, mb, sub, inputs)
             else:
                 out = self._llm_forward(module, s, mb, sub, ids, inputs)
@@ -309,7 +311,7 @@ class Executor:
         elif self._is_local(s + 1):
             self._accept_input(s + 1, mb, sub, out)
 
-    def _encoder_forward(self, module: EncoderStage, s: int, mb: int, sub: int, inputs) -> torch.Tensor:
+    def _encoder_forward(self, module: nn.Module, s: int, mb: int, sub: int, inputs) -> torch.Tensor:
         if s == 0:
             x, grid = inputs.patches, inputs.grid_thw
         else:
@@ -322,11 +324,11 @@ class Executor:
         return module(x, grid)
 
     @staticmethod
-    def _out_dim(module: EncoderStage) -> int:
-        vis = module.vis
-        return vis.merger.mlp[-1].out_features if module.has_merger else vis.config.hidden_size
+    def _out_dim(module: nn.Module) -> int:
+        """Columns of an encoder stage's output (``ModelFamily.encoder_output_width``)."""
+        return family_of(module).encoder_output_width(module)
 
-    def _llm_forward(self, module: LLMStage, s: int, mb: int, sub: int, ids, batch) -> torch.Tensor:
+    def _llm_forward(self, module: nn.Module, s: int, mb: int, sub: int, ids, batch) -> torch.Tensor:
         if s == self.first_llm:
             with_images = [sid for sid in ids if self.renderer.sample(sid).image_tokens]
             missing = [sid for sid in with_images if sid not in self._features]

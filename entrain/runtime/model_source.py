@@ -1,52 +1,39 @@
-"""The model a run trains: a preset, or stock Hugging Face folders with their tokenizer.
+"""The model a run trains, through its model family (``entrain.models.families``).
 
-``model_arch`` gives the shapes (for check_spec and the cost model) without touching a tokenizer;
-``model_config`` resolves the tokenizer of a stock LLM (``entrain.data.tokenizer.model_tokenizer``),
-grows the vocabulary by the tokens it had to add (new embedding rows: see
-``entrain.models.hf_checkpoint``) and maps the Qwen2 image ids the renderer uses onto the
-tokenizer's ids.
+``model_source`` turns the run's flags into a ``ModelSource``; ``model_family`` picks the family
+(``registry.family_of_source``); ``model_arch`` gives the shapes (for check_spec and the cost model)
+without touching a tokenizer; ``model_config`` is the family's runtime config and tokenizer
+(``ModelFamily.runtime_config``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from entrain.config import RunConfig
-from entrain.core.architectures import ModelArch
 from entrain.core.errors import ConfigError
-from entrain.core.hf_config import ModelSource
-from entrain.models.config import QWEN2_SPECIAL_BASE, VLMConfig, get_model_config
+from entrain.models.families.base import ModelFamily, ModelShape, ModelSource
+from entrain.models.families.registry import family_of_source
 
-__all__ = ["model_source", "model_arch", "model_config"]
+__all__ = ["model_source", "model_family", "model_arch", "model_config"]
 
 
 def model_source(spec: RunConfig) -> ModelSource:
     model = spec.model
     if model.tokenizer and not model.llm_model:
         raise ConfigError("--tokenizer applies to a stock --llm-model (the presets use the Qwen2 tokenizer)")
-    return ModelSource(preset=model.name, vision_model=model.vision_model, llm_model=model.llm_model)
+    return model.source()
 
 
-def model_arch(spec: RunConfig) -> ModelArch:
-    return model_source(spec).arch()
+def model_family(spec: RunConfig) -> ModelFamily:
+    return family_of_source(model_source(spec))
+
+
+def model_arch(spec: RunConfig) -> ModelShape:
+    source = model_source(spec)
+    return family_of_source(source).shape(source)
 
 
 def model_config(spec: RunConfig):
-    """``(VLMConfig, tokenizer)``: the tokenizer is None for a preset (its records use the built-in
-    Qwen2 tokenizer, remapped by ``VLMConfig.token_id``)."""
+    """``(cfg, tokenizer)`` of the run's family: the tokenizer is None for a preset (its records use the
+    built-in Qwen2 tokenizer, remapped by the family's ``map_token_id``)."""
     source = model_source(spec)
-    if not source.is_stock:
-        return get_model_config(spec.model.name), None
-    from entrain.data.tokenizer import QWEN2_SPECIAL_TOKENS, model_tokenizer
-
-    arch = source.arch()
-    tok = model_tokenizer(spec.model.tokenizer, source.llm_model, arch.llm.vocab_size)
-    vocab = max(arch.llm.vocab_size, len(tok))
-    arch = replace(arch, llm=replace(arch.llm, vocab_size=vocab))
-    special = tuple(
-        (qid, tok.special_tokens[name])
-        for name, qid in QWEN2_SPECIAL_TOKENS.items()
-        if qid >= QWEN2_SPECIAL_BASE and name in tok.special_tokens
-    )
-    cfg = VLMConfig(arch=arch, vision_dir=source.vision_model, llm_dir=source.llm_model, special_ids=special)
-    return cfg, tok
+    return family_of_source(source).runtime_config(source)

@@ -13,18 +13,8 @@ its whole copy to TP rank ``t`` of the receiving one: N independent, identical v
 messages per boundary, through the same metadata-first transport as without TP
 (``entrain.runtime.comm``). Nothing is sharded on the wire, so shapes never depend on N.
 
-Tensor parallel (``torch.distributed.tensor.parallel``), per stage:
-
-* Llama layers: ``q/k/v_proj`` column-wise (by heads; N must divide the KV heads), ``o_proj``
-  row-wise; ``gate/up_proj`` column-wise, ``down_proj`` row-wise. HF's attention reshapes with
-  ``-1`` heads, so it runs on the local heads unchanged.
-* Qwen vision blocks: the fused ``attn.qkv`` is split into ``attn.qkv.q/k/v`` (``SplitQKV``: one
-  contiguous column shard of the fused weight would mix q, k and v), each column-wise by heads, and
-  ``attn.num_heads`` becomes the local head count; ``attn.proj`` row-wise; the MLP as Llama's. The
-  merger's MLP is column- then row-wise.
-* Embeddings and lm_head as torchtitan does without loss parallelism: ``embed_tokens`` row-wise (the
-  vocabulary sharded, outputs all-reduced), ``lm_head`` column-wise with replicated (all-gathered)
-  logits. Norms and the patch embedding stay replicated.
+Tensor parallel (``torch.distributed.tensor.parallel``), per stage: the model family's plan
+(``ModelFamily.apply_tp``; e.g. ``entrain.models.families.composition.tp``).
 
 FSDP2 (``fully_shard``) shards each stage's parameters, gradients and AdamW state over the stage's
 data-parallel group (a 2-D ``dp x tp`` mesh with TP): one unit per layer, one for the rest of the
@@ -43,7 +33,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from entrain.core.errors import ConfigError
 from entrain.core.p2p import layout_channels
@@ -53,8 +42,6 @@ __all__ = [
     "StageParallelism",
     "Placement",
     "Groups",
-    "SplitQKV",
-    "split_fused_qkv",
     "placement",
     "process_rank",
     "build_groups",
@@ -138,133 +125,26 @@ def _channel_groups(layout: Layout, tp: int, me: Placement, kwargs: dict) -> dic
     return out
 
 
-def check_tp(cfg, tp: int) -> None:
-    """ConfigError unless ``tp`` divides every sharded dimension of model config ``cfg``."""
+def check_tp(shape, tp: int, family=None) -> None:
+    """ConfigError unless ``tp`` is at least 1 and divides every dimension the model family's TP plan
+    shards (``ModelFamily.check_tp``; ``family``: the family of ``shape``)."""
     if tp < 1:
         raise ConfigError(f"--tp must be at least 1, got {tp}")
-    if tp == 1:
-        return
-    vis, llm = cfg.vision.hf_kwargs(), cfg.llm.hf_kwargs()
-    dims = {
-        "vision heads": vis["num_heads"],
-        "vision MLP width": vis["intermediate_size"],
-        "LLM attention heads": llm["num_attention_heads"],
-        "LLM KV heads": llm.get("num_key_value_heads") or llm["num_attention_heads"],
-        "LLM MLP width": llm["intermediate_size"],
-        "vocabulary": llm["vocab_size"],
-    }
-    bad = {k: v for k, v in dims.items() if v % tp}
-    if bad:
-        raise ConfigError(
-            f"--tp {tp} must divide the sharded dimensions of the model: "
-            + ", ".join(f"{k} {v}" for k, v in bad.items())
-        )
-
-
-# --- tensor parallel ---------------------------------------------------------------------------
-
-
-class SplitQKV(nn.Module):
-    """A fused ``qkv`` Linear (output ``[q | k | v]``) as three Linears ``q``, ``k``, ``v`` with the
-    same values, so each can be column-sharded by heads; the forward concatenates the (local)
-    outputs, which ``[seq, 3, local heads, head_dim]`` reshapes correctly."""
-
-    def __init__(self, fused: nn.Linear):
-        super().__init__()
-        d_in, d = fused.in_features, fused.out_features // 3
-        bias = fused.bias is not None
-        for i, part in enumerate("qkv"):
-            lin = nn.Linear(d_in, d, bias=bias, device=fused.weight.device, dtype=fused.weight.dtype)
-            with torch.no_grad():
-                lin.weight.copy_(fused.weight[i * d : (i + 1) * d])
-                if bias:
-                    lin.bias.copy_(fused.bias[i * d : (i + 1) * d])
-            lin.weight.requires_grad_(fused.weight.requires_grad)
-            if bias:
-                lin.bias.requires_grad_(fused.bias.requires_grad)
-            setattr(self, part, lin)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
-
-
-def _mlp_plan(prefix: str) -> dict:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return {
-        f"{prefix}gate_proj": ColwiseParallel(),
-        f"{prefix}up_proj": ColwiseParallel(),
-        f"{prefix}down_proj": RowwiseParallel(),
-    }
-
-
-def split_fused_qkv(stage) -> None:
-    """Give the vision attentions of an encoder stage ``SplitQKV`` (before TP or FSDP turn its
-    parameters into DTensors, whose thirds would no longer be views for the checkpoint's names)."""
-    from entrain.models.vlm import EncoderStage
-
-    if isinstance(stage, EncoderStage):
-        for i in stage.block_ids:
-            attn = stage.vis.blocks[i].attn
-            if not isinstance(attn.qkv, SplitQKV):
-                attn.qkv = SplitQKV(attn.qkv)
-
-
-def _tp_vision_block(block: nn.Module, mesh) -> None:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    attn = block.attn
-    plan = {f"attn.qkv.{p}": ColwiseParallel() for p in "qkv"}
-    plan["attn.proj"] = RowwiseParallel()
-    plan.update(_mlp_plan("mlp."))
-    parallelize_module(block, mesh, plan)
-    attn.num_heads //= mesh.size()
-
-
-def _tp_llm_layer(layer: nn.Module, mesh) -> None:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    plan = {f"self_attn.{p}_proj": ColwiseParallel() for p in "qkv"}
-    plan["self_attn.o_proj"] = RowwiseParallel()
-    plan.update(_mlp_plan("mlp."))
-    parallelize_module(layer, mesh, plan)
+    if tp > 1 and family is not None:
+        family.check_tp(shape, tp)
 
 
 def apply_tp(stage, mesh) -> None:
-    """Tensor-parallelise the layers stage ``stage`` owns over ``mesh`` (its TP group)."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    """Tensor-parallelise the layers stage ``stage`` owns over ``mesh`` (its TP group): the stage's
+    model family's TP plan (``ModelFamily.prepare_for_sharding`` then ``apply_tp``)."""
+    from entrain.models.families.registry import family_of
 
-    from entrain.models.vlm import EncoderStage
-
-    if isinstance(stage, EncoderStage):
-        vis = stage.vis
-        split_fused_qkv(stage)
-        for i in stage.block_ids:
-            _tp_vision_block(vis.blocks[i], mesh)
-        if stage.has_merger:
-            parallelize_module(vis.merger.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        return
-    inner = stage.llm.model
-    if stage.has_embed:
-        parallelize_module(
-            inner.embed_tokens, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-        )
-    for i in stage.layer_ids:
-        _tp_llm_layer(inner.layers[i], mesh)
-    if stage.has_lm_head:
-        parallelize_module(stage.llm.lm_head, mesh, ColwiseParallel(output_layouts=Replicate()))
+    family = family_of(stage)
+    family.prepare_for_sharding(stage)
+    family.apply_tp(stage, mesh)
 
 
 # --- FSDP --------------------------------------------------------------------------------------
-
-
-def _layers(stage) -> list[nn.Module]:
-    from entrain.models.vlm import EncoderStage
-
-    if isinstance(stage, EncoderStage):
-        return [stage.vis.blocks[i] for i in stage.block_ids]
-    return [stage.llm.model.layers[i] for i in stage.layer_ids]
 
 
 def apply_fsdp(stage, mesh):
@@ -275,10 +155,13 @@ def apply_fsdp(stage, mesh):
     microbatches and are reduce-scattered by ``finish_fsdp_backward``. Returns the root."""
     from torch.distributed.fsdp import fully_shard
 
-    split_fused_qkv(stage)
+    from entrain.models.families.registry import family_of
+
+    family = family_of(stage)
+    family.prepare_for_sharding(stage)
     owned = {id(p) for _, p in stage.owned_parameters()}
     ignored = {p for p in stage.parameters() if id(p) not in owned}
-    units = [fully_shard(m, mesh=mesh, reshard_after_forward=False) for m in _layers(stage)]
+    units = [fully_shard(m, mesh=mesh, reshard_after_forward=False) for m in family.fsdp_units(stage)]
     root = fully_shard(stage, mesh=mesh, reshard_after_forward=False, ignored_params=ignored)
     for unit in [*units, root]:
         unit.set_gradient_divide_factor(1.0)

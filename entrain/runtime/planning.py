@@ -47,10 +47,8 @@ def ranks_per_replica(spec: RunConfig, system: str) -> int:
 
 def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
     """``--plan``'s system and setup, checked against the run's model (its name and layer counts)."""
-    from entrain.models.config import VLMConfig
-
-    cfg = VLMConfig(arch=spec.model.arch())
-    counts = {c: len(cfg.layer_names(c)) for c in ("encoder", "llm")}
+    family, shape = spec.model.family(), spec.model.arch()
+    counts = {c: len(family.layer_names(shape, c)) for c in ("encoder", "llm")}
     return read_plan_file(spec.schedule.plan, expect_model=spec.model.label(), layer_counts=counts)
 
 

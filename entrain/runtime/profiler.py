@@ -46,9 +46,7 @@ from entrain.core.costmodel import (
     Quadratic,
     parallel_key,
 )
-from entrain.core.samples import LABEL_FRACTION
-from entrain.models.config import VLMConfig
-from entrain.models.vlm import VLM, LLMBatch, build_stage
+from entrain.models.families.registry import build_stage, family_of
 
 __all__ = [
     "MAX_REL_RESIDUAL",
@@ -57,7 +55,6 @@ __all__ = [
     "fit_quadratic",
     "fit_curve",
     "fit_quality",
-    "image_grid",
     "representative_config",
     "profile_model",
 ]
@@ -162,77 +159,29 @@ def fit_curve(xs: Sequence[float], ms: Sequence[float]) -> tuple[Quadratic, FitQ
 
 
 # --- inputs --------------------------------------------------------------------------------------------
-def image_grid(num_patches: int, merge: int = 2) -> tuple[int, int, int]:
-    """A still image ``(1, h, w)`` of about ``num_patches`` patches, ``h`` and ``w`` multiples of ``merge``."""
-    side = max(merge, int(round(math.sqrt(num_patches) / merge)) * merge)
-    w = max(merge, int(round(num_patches / side / merge)) * merge)
-    return (1, side, w)
+def representative_config(cfg) -> tuple[object, dict[str, dict[int, int]]]:
+    """The model family's reduced model (one layer per kind) and per component the map from each layer
+    of ``cfg``'s lists to the small model's layer measured for it (``ModelFamily.representative_config``)."""
+    return family_of(cfg).representative_config(cfg)
 
 
-def representative_config(cfg: VLMConfig) -> tuple[VLMConfig, dict[str, dict[int, int]]]:
-    """A model with one vision block per attention kind (window, full) and one decoder layer, and per
-    component the map from each layer of ``cfg``'s lists to the layer of the small model measured
-    for it (same kind)."""
-    vis = cfg.vision
-    kinds = [vis.is_full_attention(i) for i in range(vis.depth)]
-    order = list(dict.fromkeys(kinds))  # kinds in order of first appearance
-    small_vis = replace(
-        vis, depth=len(order), fullatt_block_indexes=tuple(i for i, full in enumerate(order) if full)
-    )
-    small_llm = replace(cfg.llm, num_hidden_layers=1)
-    small = replace(cfg, arch=replace(cfg.arch, vision=small_vis, llm=small_llm))
-    d = vis.depth
-    enc = {0: 0, d + 1: len(order) + 1}
-    enc.update({i + 1: order.index(kinds[i]) + 1 for i in range(d)})
-    n = cfg.llm.num_hidden_layers
-    llm = {0: 0, n + 1: 2, n + 2: 3, n + 3: 4}
-    llm.update({i + 1: 1 for i in range(n)})
-    return small, {"encoder": enc, "llm": llm}
+def _encoder_input(model: nn.Module, layer: int, x: int, device: torch.device, per_label: bool = False):
+    return family_of(model.cfg).profile_input(model.cfg, "encoder", layer, x, device, per_label)
 
 
-def _encoder_input(model: VLM, layer: int, x: int, device: torch.device, per_label: bool = False):
-    cfg = model.cfg
-    grid_t = image_grid(x, cfg.vision.spatial_merge_size)
-    grid = torch.tensor([grid_t], dtype=torch.int64, device=device)
-    n = grid_t[1] * grid_t[2]
-    width = cfg.vision.patch_dim if layer == 0 else cfg.vision.hidden_size
-    inp = torch.randn((n, width), device=device, requires_grad=layer > 0)
-    return (inp, grid), n
+def _llm_input(model: nn.Module, layer: int, x: int, device: torch.device, per_label: bool = False):
+    return family_of(model.cfg).profile_input(model.cfg, "llm", layer, x, device, per_label)
 
 
-def _llm_input(model: VLM, layer: int, x: int, device: torch.device, per_label: bool = False):
-    cfg = model.cfg
-    num_labels = x if per_label else max(1, round(LABEL_FRACTION * x))
-    ids = torch.randint(0, cfg.llm.vocab_size, (x,), device=device)
-    label_pos = torch.arange(x - num_labels, x, device=device)
-    batch = LLMBatch(
-        input_ids=ids,
-        position_ids=torch.arange(x, device=device),
-        seq_lens=(x,),
-        image_positions=torch.zeros(0, dtype=torch.int64, device=device),
-        label_positions=label_pos,
-        targets=ids[label_pos],
-        loss_scale=1.0 / num_labels,
-    )
-    name = cfg.llm_layer_names[layer]
-    h = cfg.llm.hidden_size
-    if name == "embed_tokens":
-        inp = None
-    elif name == "loss":
-        inp = torch.randn((num_labels, cfg.llm.vocab_size), device=device, requires_grad=True)
-    else:
-        inp = torch.randn((1, x, h), device=device, requires_grad=True)
-    return (inp, batch), x
-
-
-def timing_model(cfg: VLMConfig, seed: int = 0) -> VLM:
+def timing_model(cfg, seed: int = 0) -> nn.Module:
     """The model with cheap uniform(-0.02, 0.02) weights instead of the Hugging Face initialisers
-    (3x faster for the paper-size vocabularies; times do not depend on the values). A stock model's
-    modules (built on the meta device) get CPU storage here and never read its checkpoint."""
+    (3x faster for the paper-size vocabularies; times do not depend on the values). A checkpoint
+    model's modules (built on the meta device, ``ModelFamily.empty_model``) get CPU storage here and
+    never read its checkpoint."""
     from transformers.initialization import no_init_weights
 
     with no_init_weights():
-        model = VLM(cfg)
+        model = family_of(cfg).empty_model(cfg)
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
             if p.is_meta:
@@ -284,7 +233,7 @@ class _Entry:
 
 
 def _measure_rounds(
-    model: VLM,
+    model: nn.Module,
     entries: Sequence[_Entry],
     device: torch.device,
     repeats: int,
@@ -340,7 +289,7 @@ def _measure_rounds(
 
 # --- the profile ---------------------------------------------------------------------------------------
 def profile_model(
-    cfg: VLMConfig,
+    cfg,
     analytic: CostModel,
     *,
     tokens: Sequence[int],
@@ -433,7 +382,7 @@ def profile_model(
     return cost, fits
 
 
-def _named(cfg: VLMConfig, comp: str, rep: dict[int, int]) -> list[tuple[str, int]]:
+def _named(cfg, comp: str, rep: dict[int, int]) -> list[tuple[str, int]]:
     names = cfg.layer_names(comp)
     return [(names[k], v) for k, v in sorted(rep.items())]
 

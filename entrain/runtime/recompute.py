@@ -5,10 +5,11 @@
 its activations:
 
 * ``full``: every layer of the stage except a component's first (patch embedding, token embedding,
-  which keep their activations, as the cost model prices them): ViT blocks, the merger, decoder
-  layers, the final norm and the LM head; each keeps only its input.
-* ``selective``: the attention sub-block of every transformer layer (``attn`` of a ViT block,
-  ``self_attn`` of a decoder layer); the layer keeps the sub-block's input, not its Q, K, V and output.
+  which keep their activations, as the cost model prices them); each keeps only its input.
+* ``selective``: the attention sub-block of every transformer layer; the layer keeps the sub-block's
+  input, not its Q, K, V and output.
+
+Which modules those are is the model family's (``ModelFamily.recompute_modules``).
 
 The wrap is local to this process's module instances (each rank builds its own model).
 """
@@ -23,28 +24,20 @@ from torch.utils.checkpoint import checkpoint
 
 from entrain.core.costmodel import RECOMPUTE_MODES
 from entrain.core.errors import ConfigError
-from entrain.models.vlm import EncoderStage, LLMStage
 
 __all__ = ["apply_recompute", "recomputed_modules"]
 
 
-def recomputed_modules(stage: EncoderStage | LLMStage, mode: str) -> list[nn.Module]:
-    """The modules whose forward ``mode`` recomputes on this stage."""
+def recomputed_modules(stage: nn.Module, mode: str) -> list[nn.Module]:
+    """The modules whose forward ``mode`` recomputes on this stage (its model family's
+    ``recompute_modules``)."""
+    from entrain.models.families.registry import family_of
+
     if mode not in RECOMPUTE_MODES:
         raise ConfigError(f"recompute {mode!r}; choose from {', '.join(RECOMPUTE_MODES)}")
     if mode == "none":
         return []
-    if isinstance(stage, EncoderStage):
-        blocks = [stage.vis.blocks[i] for i in stage.block_ids]
-        if mode == "selective":
-            return [b.attn for b in blocks]
-        return blocks + ([stage.vis.merger] if stage.has_merger else [])
-    inner = stage.llm.model
-    layers = [inner.layers[i] for i in stage.layer_ids]
-    if mode == "selective":
-        return [layer.self_attn for layer in layers]
-    extra = ([inner.norm] if stage.has_norm else []) + ([stage.llm.lm_head] if stage.has_lm_head else [])
-    return layers + extra
+    return family_of(stage).recompute_modules(stage, mode)
 
 
 def _checkpointed(forward):
@@ -58,7 +51,7 @@ def _checkpointed(forward):
     return run
 
 
-def apply_recompute(stage: EncoderStage | LLMStage, mode: str) -> int:
+def apply_recompute(stage: nn.Module, mode: str) -> int:
     """Wrap the forward of ``stage``'s planned layers; returns how many modules were wrapped."""
     mods = recomputed_modules(stage, mode)
     for m in mods:

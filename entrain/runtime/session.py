@@ -82,12 +82,12 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
             f"the runtime executes Plans with CP = 1; the encoder and llm have CP = {par.cp} "
             "(the planner and simulator cover it)"
         )
-    from entrain.models.config import VLMConfig
-    from entrain.runtime.model_source import model_arch
+    from entrain.runtime.model_source import model_family, model_source
     from entrain.runtime.parallelize import check_tp
 
-    cfg = VLMConfig(arch=model_arch(spec))
-    check_tp(cfg, par.tp)
+    family = model_family(spec)
+    shape = family.shape(model_source(spec))
+    check_tp(shape, par.tp, family)
     if spec.model.precision is not None and spec.model.precision not in PRECISIONS:
         raise ConfigError(f"--precision {spec.model.precision!r}: choose from {', '.join(PRECISIONS)}")
     _check_something_trains(spec.model.freeze)
@@ -97,7 +97,7 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
         raise ConfigError("--fsdp with --split-weight-grads on is not supported by the runtime; pick one")
     for comp, n in (("encoder", par.encoder_stages), ("llm", par.llm_stages)):
         if n is not None:
-            check_stage_count(comp, n, cfg.layer_names(comp), cfg.name)
+            check_stage_count(comp, n, family.layer_names(shape, comp), shape.name)
     need = world_size_of(spec)
     if world_size is not None and need is not None and need != world_size:
         raise ConfigError(_world_mismatch(spec, need, world_size))
@@ -402,8 +402,13 @@ def _peak_flops(device: torch.device) -> float | None:
 
 def _model_flops(model, plan_it, renderer) -> float:
     """6 * params * tokens per component (dense estimate, attention excluded)."""
-    vis = sum(p.numel() for p in model.vision.parameters())
-    llm = sum(p.numel() for p in model.llm.parameters())
+    from entrain.models.families.registry import build_stage, family_of
+
+    shape = renderer.cfg.shape
+    vis, llm = (
+        sum(p.numel() for _, p in build_stage(model, c, 0, len(family_of(model).layer_names(shape, c))).owned_parameters())
+        for c in ("encoder", "llm")
+    )
     ids = [s for rep in plan_it.microbatches for mb in rep for s in mb.llm_ids]
     patches = sum(t * h * w for s in ids for t, h, w in renderer.sample(s).grid_thw)
     tokens = sum(renderer.sample(s).num_tokens for s in ids)
@@ -594,6 +599,7 @@ def _save_checkpoint(
                 "step": step,
                 "system": system,
                 "model": spec.model.label(),
+                "family": spec.model.family().name,
                 "model_source": _model_source_json(spec),
                 "world_size": env.world_size,
                 "layout": layout.to_json(),
@@ -626,14 +632,12 @@ def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
 
 
 def _model_source_json(spec: RunConfig) -> dict | None:
-    """A stock model's folders (``entrain export`` rebuilds its configs from them); None for a preset."""
-    if spec.model.vision_model is None:
+    """A checkpoint model's folders (``entrain export`` rebuilds its configs from them); None for a preset."""
+    source = spec.model.source()
+    if not source.is_stock:
         return None
-    return {
-        "vision_model": spec.model.vision_model,
-        "llm_model": spec.model.llm_model,
-        "tokenizer": spec.model.tokenizer,
-    }
+    out = {"vision_model": source.vision_model, "llm_model": source.llm_model, "tokenizer": source.tokenizer}
+    return out if source.model_path is None else {**out, "model_path": source.model_path}
 
 
 def _gather_events(env, events: list[dict]) -> list[dict]:
@@ -662,7 +666,7 @@ def _run_one(
     cfg=None,
     tokenizer=None,
 ) -> SystemSummary:
-    from entrain.models.vlm import build_vlm, set_trainable
+    from entrain.models.families.registry import family_of
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.faults import fault_from_env
     from entrain.runtime.model_source import model_config
@@ -699,14 +703,16 @@ def _run_one(
         _write_json(os.path.join(out, "plan.json"), plan.to_json())
     if cfg is None:
         cfg, tokenizer = model_config(spec)
-    model = build_vlm(
+    family = family_of(cfg)
+    model = family.build_model(
         cfg,
         seed=spec.data.seed,
         weights_dir=spec.model.weights,
         stages=_own_stages(layout, env.rank // spec.parallel.tp),
     )
+    model.entrain_family = family.name
     parts = trainable_parts(spec.model.freeze)
-    set_trainable(model, encoder="vit" in parts, merger="merger" in parts, llm="llm" in parts)
+    family.set_trainable(model, encoder="vit" in parts, merger="merger" in parts, llm="llm" in parts)
     metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
     renderer = SampleRenderer(
         cfg, metas, seed=spec.data.seed, device=env.device, source=record_source(spec, data, tokenizer)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from entrain.config import OptimConfig
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
-from entrain.models.vlm import VLM, build_stage, checkpoint_parts
+from entrain.models.families.registry import build_stage, family_of
 from entrain.runtime import grad_buckets
 from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
@@ -91,7 +91,7 @@ class PipelineTrainer:
         self,
         *,
         layout: Layout,
-        model: VLM,
+        model: torch.nn.Module,
         env: DistEnv,
         renderer: SampleRenderer,
         optim: OptimConfig,
@@ -105,6 +105,8 @@ class PipelineTrainer:
         check_runtime_layout(layout, env.world_size // parallel.tp, tp=parallel.tp)
         self.layout, self.env, self.renderer, self.optim_cfg = layout, env, renderer, optim
         self.replica, self.pp_rank = layout.replica_of(self.place.plan_rank)
+        self.family = family_of(model)
+        """The model's family (stage modules, TP plan, recompute blocks, checkpoint names)."""
         all_stages = {
             s.stage: build_stage(model, s.component, s.first_layer, s.end_layer) for s in layout.stages
         }
@@ -226,7 +228,7 @@ class PipelineTrainer:
         state: dict[str, torch.Tensor] = {
             f"{MODEL_PREFIX}{part}": t
             for n, p in self.named_params
-            for part, t in checkpoint_parts(n, p.detach())
+            for part, t in self.family.checkpoint_parts(n, p.detach())
         }
         if self.optimizer is None:
             return state
@@ -241,7 +243,7 @@ class PipelineTrainer:
                     exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
                 )
             for key, value in slot.items():
-                for part, t in checkpoint_parts(n, value):
+                for part, t in self.family.checkpoint_parts(n, value):
                     state[f"{OPTIM_PREFIX}{part}/{key}"] = t
         return state
 
@@ -264,7 +266,7 @@ class PipelineTrainer:
         fresh = [
             p
             for n, p in self.named_params
-            if p.requires_grad and f"optim/{checkpoint_parts(n, p)[0][0]}/exp_avg" not in saved
+            if p.requires_grad and f"optim/{self.family.checkpoint_parts(n, p)[0][0]}/exp_avg" not in saved
         ]
         load(folder, {k: v for k, v in state.items() if k in saved})
         for p in fresh:  # never stepped when the checkpoint was written: no AdamW state yet

@@ -12,8 +12,8 @@ import torch
 
 from entrain.cli.main import main
 from entrain.core.samples import SampleMeta
-from entrain.models.config import get_model_config
-from entrain.models.vlm import build_vlm
+from entrain.models.families.composition.config import get_model_config
+from entrain.models.families.composition.vlm import build_vlm
 from entrain.runtime.checkpoint import load_model_state, step_dir
 from entrain.runtime.data import SampleRenderer
 

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from entrain.core.samples import SampleMeta
-from entrain.models import attention
-from entrain.models.attention import PER_SEQUENCE_SDPA, VARLEN, choose_attention_path
-from entrain.models.config import get_model_config
-from entrain.models.vlm import build_stage, build_vlm
+from entrain.models.families.composition import attention
+from entrain.models.families.composition.attention import PER_SEQUENCE_SDPA, VARLEN, choose_attention_path
+from entrain.models.families.composition.config import get_model_config
+from entrain.models.families.composition.vlm import build_stage, build_vlm
 from entrain.runtime.data import SampleRenderer
 
 torch.set_num_threads(1)

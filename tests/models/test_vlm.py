@@ -8,8 +8,13 @@ import torch
 from entrain.core.errors import ConfigError
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
-from entrain.models.config import IMAGE_PAD_ID, TINY_VOCAB_SIZE, get_model_config, tiny_token_id
-from entrain.models.vlm import build_stage, build_vlm, set_trainable
+from entrain.models.families.composition.config import (
+    IMAGE_PAD_ID,
+    TINY_VOCAB_SIZE,
+    get_model_config,
+    tiny_token_id,
+)
+from entrain.models.families.composition.vlm import build_stage, build_vlm, set_trainable
 from entrain.runtime.data import SampleRenderer
 
 torch.set_num_threads(1)
@@ -142,7 +147,7 @@ def test_paper_scale_preset_builds_on_meta_device():
 def test_weights_from_hugging_face_folders_keep_the_varlen_vision_attention(tiny, tmp_path):
     """``--weights`` with ``vision/`` and ``llm/`` folders loads through transformers' from_pretrained,
     which must not look for a flash kernel package behind the tower's ``entrain_flash_windows``."""
-    from entrain.models.attention import VISION_ATTENTION
+    from entrain.models.families.composition.attention import VISION_ATTENTION
 
     cfg, model, _ = tiny
     model.vision.save_pretrained(tmp_path / "vision")

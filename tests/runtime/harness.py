@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from entrain.core.plan import IterationPlan
 from entrain.core.samples import SampleMeta
-from entrain.models.config import VLMConfig
-from entrain.models.vlm import VLM
+from entrain.models.families.composition.config import VLMConfig
+from entrain.models.families.composition.vlm import VLM
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import PipelineTrainer, StepResult
 

@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
 from entrain.core.errors import ConfigError
-from entrain.models.config import get_model_config
+from entrain.models.families.composition.config import get_model_config
+from entrain.models.families.composition.profiling import image_grid
 from entrain.runtime.profiler import (
     MAX_REL_RESIDUAL,
     fit_curve,
     fit_quadratic,
     fit_quality,
-    image_grid,
     monotone_table,
     representative_config,
 )

@@ -21,8 +21,8 @@ from entrain.core.presets import build_cost_model  # noqa: E402
 from entrain.core.samples import VisionTokenConfig  # noqa: E402
 from entrain.data.check import check_dataset, screen_dataset  # noqa: E402
 from entrain.data.workload_io import sample_works  # noqa: E402
-from entrain.models.config import IMAGE_PAD_ID, get_model_config  # noqa: E402
-from entrain.models.vlm import build_stage, build_vlm  # noqa: E402
+from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config  # noqa: E402
+from entrain.models.families.composition.vlm import build_stage, build_vlm  # noqa: E402
 from entrain.runtime.data import RecordSource, SampleRenderer  # noqa: E402
 
 VISION = VisionTokenConfig(max_pixels=224 * 224)

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from entrain.models.config import get_model_config
-from entrain.models.vlm import build_vlm, fuse_parts
+from entrain.models.families.composition.config import get_model_config
+from entrain.models.families.composition.vlm import build_vlm, fuse_parts
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.parallelize import StageParallelism
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer

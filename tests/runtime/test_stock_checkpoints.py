@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from entrain.core.errors import ConfigError
-from entrain.core.hf_config import arch_from_folders
-from entrain.models.config import VLMConfig
-from entrain.models.hf_checkpoint import SafetensorsFolder, materialize
-from entrain.models.vlm import VLM, build_stage, build_vlm
+from entrain.models.families.composition.config import VLMConfig
+from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, materialize
+from entrain.models.families.composition.hf_config import arch_from_folders
+from entrain.models.families.composition.vlm import VLM, build_stage, build_vlm
 from tests.models.stock import save_llm, save_tokenizer, save_vision
 
 

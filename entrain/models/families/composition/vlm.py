@@ -28,8 +28,9 @@ from transformers.vision_utils import (
 )
 
 from entrain.core.errors import ConfigError
-from entrain.models.attention import PACKED_ATTENTION, use_varlen_vision_attention
-from entrain.models.config import VLMConfig
+from entrain.models.batch import LLMBatch
+from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
+from entrain.models.families.composition.config import FAMILY, VLMConfig
 
 __all__ = [
     "VLM",
@@ -58,14 +59,16 @@ class VLM(nn.Module):
     """Vision tower (its merger projects to the LLM width) + Llama-structured causal LM.
 
     A preset is built on the CPU from its seed; a stock model (``cfg.vision_dir`` / ``cfg.llm_dir``)
-    on the meta device, its parameters loaded later by ``entrain.models.hf_checkpoint.materialize``.
+    on the meta device, its parameters loaded later by ``entrain.models.families.composition.hf_checkpoint.materialize``.
     """
+
+    entrain_family = FAMILY
 
     def __init__(self, cfg: VLMConfig):
         super().__init__()
         self.cfg = cfg
         if cfg.is_stock:
-            from entrain.models.hf_checkpoint import build_stock_llm, build_stock_vision
+            from entrain.models.families.composition.hf_checkpoint import build_stock_llm, build_stock_vision
 
             # the depths are the arch's (equal to config.json's but for the profiler's small model)
             blocks = (cfg.vision.depth, cfg.vision.fullatt_block_indexes)
@@ -98,7 +101,7 @@ def build_vlm(
     torch.manual_seed(seed)
     model = VLM(cfg)
     if cfg.is_stock:
-        from entrain.models.hf_checkpoint import materialize
+        from entrain.models.families.composition.hf_checkpoint import materialize
 
         if weights_dir is not None:
             raise ConfigError("--weights and --vision-model/--llm-model both give the weights: pass one")
@@ -187,6 +190,8 @@ class EncoderStage(nn.Module):
     ``[M, H]`` merged tokens in image order.
     """
 
+    entrain_family = FAMILY
+
     def __init__(self, model: VLM, first: int, end: int):
         super().__init__()
         vis = model.vision
@@ -266,25 +271,6 @@ class EncoderStage(nn.Module):
 # LLM stages
 
 
-@dataclass
-class LLMBatch:
-    """A packed LLM (sub-)microbatch: samples concatenated along the sequence.
-
-    ``input_ids [T]``; ``position_ids [T]`` restart at 0 per sample; ``seq_lens`` per sample;
-    ``image_positions [M]`` the placeholder positions, in sample order (the image features fill them in
-    the same order); ``label_positions [n]`` and ``targets [n]`` where the loss is taken (the target
-    is the next token); ``loss_scale`` = 1 / label tokens of the global batch.
-    """
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    seq_lens: tuple[int, ...]
-    image_positions: torch.Tensor
-    label_positions: torch.Tensor
-    targets: torch.Tensor
-    loss_scale: float
-
-
 class LLMStage(nn.Module):
     """LLM layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]``.
 
@@ -292,6 +278,8 @@ class LLMStage(nn.Module):
     logits at label positions. Output: ``[1, T, H]``, ``[n, V]`` logits, or the scalar loss
     ``sum(token CE) * loss_scale``.
     """
+
+    entrain_family = FAMILY
 
     def __init__(self, model: VLM, first: int, end: int):
         super().__init__()

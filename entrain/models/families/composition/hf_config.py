@@ -10,60 +10,30 @@ checkpoints need no preset.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
 
 from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
+from entrain.models.families.base import ModelSource
+from entrain.models.families.registry import read_config
 
-__all__ = ["ModelSource", "read_config", "vision_arch", "llm_arch", "arch_from_folders"]
+__all__ = ["composition_arch", "read_config", "vision_arch", "llm_arch", "arch_from_folders"]
 
 _VISION_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_5_vl_vision": "qwen2_5_vl", "qwen2_vl": "qwen2_vl",
                  "qwen2_vl_vision": "qwen2_vl"}  # fmt: skip
 _LLM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSource:
-    """Where the model comes from: a preset name, or stock vision and LLM checkpoint folders."""
+def composition_arch(source: ModelSource) -> ModelArch:
+    """The ``ModelArch`` of a ``ModelSource``: its preset, or its two stock folders (both needed)."""
+    if not source.is_stock:
+        from entrain.core.architectures import get_arch
 
-    preset: str = "tiny"
-    vision_model: str | None = None
-    llm_model: str | None = None
-
-    @property
-    def is_stock(self) -> bool:
-        return self.vision_model is not None or self.llm_model is not None
-
-    def arch(self) -> ModelArch:
-        if not self.is_stock:
-            from entrain.core.architectures import get_arch
-
-            return get_arch(self.preset)
-        if self.vision_model is None or self.llm_model is None:
-            given, missing = ("--vision-model", "--llm-model")[:: 1 if self.vision_model else -1]
-            raise ConfigError(
-                f"{given} needs {missing} too: a stock model is a vision folder plus an LLM folder"
-            )
-        return arch_from_folders(self.vision_model, self.llm_model)
-
-
-def read_config(folder: str) -> dict:
-    """``folder/config.json`` as a dict; ConfigError naming the file otherwise."""
-    path = os.path.join(folder, "config.json")
-    if not os.path.isdir(folder):
-        raise ConfigError(f"model folder {folder} does not exist (checkpoints are never downloaded)")
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: missing (a Hugging Face checkpoint folder holds config.json)") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return cfg
+        return get_arch(source.preset)
+    if source.vision_model is None or source.llm_model is None:
+        given, missing = ("--vision-model", "--llm-model")[:: 1 if source.vision_model else -1]
+        raise ConfigError(f"{given} needs {missing} too: a stock model is a vision folder plus an LLM folder")
+    return arch_from_folders(source.vision_model, source.llm_model)
 
 
 def _rope_theta(cfg: dict, default: float) -> float:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.core.hf_config import read_config, vision_config_of
+from entrain.models.families.composition.hf_config import read_config, vision_config_of
 
 __all__ = ["SafetensorsFolder", "build_stock_vision", "build_stock_llm", "materialize", "VISION_PREFIXES"]
 
@@ -168,7 +168,7 @@ def materialize(
     model: nn.Module, names: Iterable[str], *, vision_dir: str | None, llm_dir: str | None
 ) -> dict[str, list[str]]:
     """Replace the meta parameters ``names`` (``vision.*`` / ``llm.*`` names of
-    ``entrain.models.vlm.VLM``) by the stock folders' tensors, as float32 CPU parameters (keeping
+    ``entrain.models.families.composition.vlm.VLM``) by the stock folders' tensors, as float32 CPU parameters (keeping
     ``requires_grad``). Returns the files read per folder."""
     groups: dict[str, list[tuple[str, str]]] = {"vision": [], "llm": []}
     for name in names:

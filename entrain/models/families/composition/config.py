@@ -17,6 +17,7 @@ from entrain.core.architectures import MODEL_PRESETS, LLMArch, ModelArch, Vision
 from entrain.core.errors import ConfigError
 
 __all__ = [
+    "FAMILY",
     "VLMConfig",
     "QWEN2_VOCAB_SIZE",
     "QWEN2_SPECIAL_BASE",
@@ -30,6 +31,9 @@ __all__ = [
     "get_model_config",
     "MODEL_NAMES",
 ]
+
+FAMILY = "composition"
+"""This family's registry name (``entrain.models.families.composition.family``)."""
 
 QWEN2_VOCAB_SIZE = 151_936
 QWEN2_SPECIAL_BASE = 151_643
@@ -69,7 +73,7 @@ class VLMConfig:
     tiny_vocab: bool = False
     """True: token ids go through ``tiny_token_id``."""
     vision_dir: str | None = None
-    """A stock Qwen2-VL / Qwen2.5-VL checkpoint folder (``entrain.models.hf_checkpoint``)."""
+    """A stock Qwen2-VL / Qwen2.5-VL checkpoint folder (``entrain.models.families.composition.hf_checkpoint``)."""
     llm_dir: str | None = None
     """A stock causal-LM checkpoint folder."""
     special_ids: tuple[tuple[int, int], ...] = ()
@@ -77,9 +81,16 @@ class VLMConfig:
     id (below 151,643; the renderer's synthetic text uses ids below 4,000) is taken modulo the
     smallest mapped special id, so it stays a regular id of a small vocabulary too."""
 
+    family = FAMILY
+    """The model family (``ModelFamily.runtime_config``'s contract)."""
+
     @property
     def is_stock(self) -> bool:
         return self.vision_dir is not None
+
+    @property
+    def shape(self) -> ModelArch:
+        return self.arch
 
     @property
     def name(self) -> str:

@@ -22,9 +22,9 @@ from transformers.models.llava_onevision.image_processing_pil_llava_onevision im
 )
 
 from entrain.core.errors import ConfigError
+from entrain.models.batch import LLMBatch
 from entrain.models.families.llava_onevision import model as ov
 from entrain.models.families.llava_onevision import rules as R
-from entrain.models.vlm import LLMBatch
 
 torch.set_num_threads(1)
 

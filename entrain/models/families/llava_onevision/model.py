@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.models import vlm
-from entrain.models.attention import PACKED_ATTENTION
+from entrain.models.families.composition import vlm
+from entrain.models.families.composition.attention import PACKED_ATTENTION
 
 __all__ = [
     "OneVisionModel",
@@ -163,7 +163,7 @@ def checkpoint_keys(name: str) -> list[str]:
 
 def materialize(model: OneVisionModel, names: Iterable[str], folder: str) -> None:
     """Replace the meta parameters ``names`` by the folder's tensors (float32, CPU)."""
-    from entrain.models.hf_checkpoint import SafetensorsFolder
+    from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder
 
     reader = SafetensorsFolder(folder)
     keys = {}

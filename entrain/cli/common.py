@@ -16,7 +16,7 @@ from entrain.core.costmodel import CostModel, precision_mismatch
 from entrain.core.errors import ConfigError
 from entrain.core.presets import HARDWARE_PRESETS, default_hardware
 from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
-from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig, pixel_limits
+from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, pixel_limits
 from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import ENTRAIN_LAYOUTS, LAYOUT_MARGIN
 from entrain.core.shape import ModelShape
@@ -106,9 +106,15 @@ def add_pixel_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def vision_limits(args: argparse.Namespace) -> VisionTokenConfig:
-    """The ``VisionTokenConfig`` of ``--min-pixels`` / ``--max-pixels`` (Qwen's defaults otherwise)."""
-    return pixel_limits(getattr(args, "min_pixels", None), getattr(args, "max_pixels", None))
+def vision_limits(args: argparse.Namespace) -> ImageTokenRule:
+    """The model family's image rule (``ModelFamily.image_rule``) within ``--min-pixels`` /
+    ``--max-pixels``; Qwen's ``VisionTokenConfig`` for a command without a model."""
+    lo, hi = getattr(args, "min_pixels", None), getattr(args, "max_pixels", None)
+    if not hasattr(args, "model"):
+        return pixel_limits(lo, hi)
+    source = model_source_of(args)
+    family = family_of_source(source)
+    return family.image_rule(family.shape(source), lo, hi)
 
 
 def model_source_of(args: argparse.Namespace) -> ModelSource:
@@ -232,7 +238,7 @@ class WorkloadSource:
     cp: int = 1
     shuffle: bool = False
     image_root: str | None = None
-    vision: VisionTokenConfig = DEFAULT_VISION
+    vision: ImageTokenRule = DEFAULT_VISION
 
     def batches(self, global_batch: int, iterations: int) -> Iterator[list[SampleWork]]:
         from entrain.data.workload_io import load_workload

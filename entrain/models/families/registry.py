@@ -32,7 +32,7 @@ __all__ = [
     "DEFAULT_FAMILY",
 ]
 
-_BUILTIN = ("entrain.models.families.composition",)
+_BUILTIN = ("entrain.models.families.composition", "entrain.models.families.llava_onevision")
 _FAMILIES: dict[str, ModelFamily] = {}
 _loaded = False
 

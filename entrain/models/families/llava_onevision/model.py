@@ -45,7 +45,11 @@ __all__ = [
     "build_stage",
     "set_trainable",
     "checkpoint_keys",
+    "hf_config_of",
+    "FAMILY",
 ]
+
+FAMILY = "llava_onevision"
 
 VISION = "model.vision_tower."
 PROJECTOR = "model.multi_modal_projector."
@@ -68,6 +72,25 @@ def read_config(folder: str):
         raise ConfigError(f"{path}: model_type {cfg.model_type!r} is not llava_onevision")
     check_supported(cfg, path)
     return cfg
+
+
+def hf_config_of(shape):
+    """A ``LlavaOnevisionConfig`` of a preset's ``OneVisionShape`` (image token: the last vocabulary id)."""
+    from transformers import LlavaOnevisionConfig
+
+    v, llm, rules = shape.vision, shape.llm, shape.rules
+    vision = dict(model_type="siglip_vision_model", hidden_size=v.hidden_size, intermediate_size=v.intermediate_size,
+                  num_hidden_layers=v.num_layers, num_attention_heads=v.num_heads, image_size=v.image_size,
+                  patch_size=v.patch_size, vision_use_head=False)  # fmt: skip
+    text = dict(model_type="qwen2", hidden_size=llm.hidden_size, intermediate_size=llm.intermediate_size,
+                num_hidden_layers=llm.num_hidden_layers, num_attention_heads=llm.num_attention_heads,
+                num_key_value_heads=llm.num_key_value_heads, vocab_size=llm.vocab_size, rope_theta=llm.rope_theta,
+                rms_norm_eps=llm.rms_norm_eps, tie_word_embeddings=False)  # fmt: skip
+    return LlavaOnevisionConfig(
+        vision_config=vision, text_config=text, image_token_index=llm.vocab_size - 1,
+        video_token_index=llm.vocab_size - 2, image_grid_pinpoints=[list(p) for p in rules.grid_pinpoints],
+        vision_aspect_ratio=f"anyres_max_{rules.max_tiles}", multimodal_projector_bias=shape.projector_bias,
+    )  # fmt: skip
 
 
 def check_supported(cfg, where: str = "config") -> None:
@@ -94,8 +117,12 @@ class OneVisionModel(nn.Module):
     """Holds transformers' model (``.hf``); trained with an untied lm_head (embedding and lm_head may
     sit on different stages)."""
 
-    def __init__(self, cfg, *, meta: bool):
+    entrain_family = FAMILY
+
+    def __init__(self, cfg, *, meta: bool, run_cfg=None):
         super().__init__()
+        self.cfg = run_cfg
+        """The family's run config (``family.OneVisionConfig``; None for a bare model)."""
         from transformers import LlavaOnevisionForConditionalGeneration
 
         check_supported(cfg)
@@ -116,9 +143,9 @@ class OneVisionModel(nn.Module):
 
     def layer_names(self, component: str) -> list[str]:
         if component == "encoder":
-            return ["embeddings", *(f"layer.{i}" for i in range(self.num_feature_layers)), "merger"]
+            return ["embeddings", *(f"layers.{i}" for i in range(self.num_feature_layers)), "merger"]
         if component == "llm":
-            layers = [f"layer.{i}" for i in range(self.config.text_config.num_hidden_layers)]
+            layers = [f"layers.{i}" for i in range(self.config.text_config.num_hidden_layers)]
             return ["embed_tokens", *layers, "norm", "lm_head", "loss"]
         raise ConfigError(f"unknown component {component!r} (encoder or llm)")
 
@@ -129,6 +156,7 @@ def build_model(
     config=None,
     seed: int = 0,
     stages: Sequence[tuple[str, int, int]] | None = None,
+    run_cfg=None,
 ) -> OneVisionModel:
     """The model of checkpoint ``folder`` on the meta device with only the parameters of ``stages``
     ((component, first, end); None: all) read as float32 CPU tensors; or, from ``config`` alone, a
@@ -137,10 +165,10 @@ def build_model(
         if config is None:
             raise ConfigError("build_model needs a checkpoint folder or a config")
         torch.manual_seed(seed)
-        model = OneVisionModel(config, meta=False)
+        model = OneVisionModel(config, meta=False, run_cfg=run_cfg)
         model.hf.lm_head.weight.data.copy_(model.hf.model.language_model.embed_tokens.weight.data)
         return model
-    model = OneVisionModel(read_config(folder), meta=True)
+    model = OneVisionModel(read_config(folder), meta=True, run_cfg=run_cfg)
     if stages is None:
         stages = [(c, 0, len(model.layer_names(c))) for c in ("encoder", "llm")]
     names = [n for c, a, b in stages for n, _ in build_stage(model, c, a, b).owned_parameters()]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_GRID_PINPOINTS",
+    "OneVisionImageRule",
     "OneVisionRules",
     "best_resolution",
     "image_tiles",
@@ -162,3 +163,22 @@ def video_tokens(num_frames: int, rules: OneVisionRules) -> int:
     """LLM tokens of a video: each frame pooled 2x2, one newline at the end."""
     pooled = math.ceil(rules.side / 2)
     return num_frames * pooled * pooled + 1
+
+
+@dataclass(frozen=True, slots=True)
+class OneVisionImageRule:
+    """The family's ``entrain.core.samples.ImageTokenRule``: an image's LLM tokens and its encoder
+    units (one 729-token unit per tile), for an image alone in its sample (the rule sees one image;
+    an image among several in a sample gets one tile and ``tokens_per_tile + 1`` tokens instead:
+    ``sample_tiles`` / ``sample_tokens``)."""
+
+    rules: OneVisionRules = OneVisionRules()
+    min_pixels: int = 1
+    """AnyRes has no pixel limits (every image is resized into tiles); kept for the plan file."""
+    max_pixels: int = 2**62
+
+    def image_tokens(self, height: int, width: int) -> int:
+        return image_tokens(height, width, self.rules)
+
+    def encoder_units(self, height: int, width: int) -> tuple[int, ...]:
+        return (self.rules.tokens_per_tile,) * image_tiles(height, width, self.rules)

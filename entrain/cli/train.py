@@ -588,10 +588,10 @@ def warn_below_b_min(spec) -> int | None:
     if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
         return None
     if is_builtin(spec.data.dataset):
-        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec.data.vision())
+        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec.data.vision(spec.model))
     else:
         path = resolve_dataset_file(spec.data.dataset)
-        pool = read_samples(path, spec.data.vision(), image_root=spec.data.image_root)[:B_MIN_POOL]
+        pool = read_samples(path, spec.data.vision(spec.model), image_root=spec.data.image_root)[:B_MIN_POOL]
     dp = spec.parallel.dp_or_1
     result = find_b_min(
         pool_sampler(pool),

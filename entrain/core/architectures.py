@@ -269,8 +269,8 @@ class ModelArch:
         return self.vision.num_params() + self.llm.num_params()
 
     def layer_specs(self, label_fraction: float | None = None) -> dict:
-        """``ModelShape.layer_specs`` (``entrain.core.presets.composition_layer_specs``)."""
-        from entrain.core.presets import composition_layer_specs
+        """``ModelShape.layer_specs`` (``entrain.core.layer_specs.composition_layer_specs``)."""
+        from entrain.core.layer_specs import composition_layer_specs
 
         return composition_layer_specs(self, label_fraction)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from entrain.core.presets import LayerSpec
+    from entrain.core.layer_specs import LayerSpec
 
 __all__ = ["ModelShape"]
 

@@ -18,8 +18,10 @@ __all__ = ["model_source", "model_family", "model_arch", "model_config"]
 
 def model_source(spec: RunConfig) -> ModelSource:
     model = spec.model
-    if model.tokenizer and not model.llm_model:
-        raise ConfigError("--tokenizer applies to a stock --llm-model (the presets use the Qwen2 tokenizer)")
+    if model.tokenizer and not (model.llm_model or model.model_path):
+        raise ConfigError(
+            "--tokenizer applies to a stock --llm-model or --model-path (the presets use the Qwen2 tokenizer)"
+        )
     return model.source()
 
 

@@ -104,7 +104,7 @@ def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sample
 
     if is_builtin(spec.data.dataset):
         return dataset_sampler(
-            spec.data.dataset, spec.data.seed, image_root=spec.data.image_root, vision=spec.data.vision()
+            spec.data.dataset, spec.data.seed, image_root=spec.data.image_root, vision=spec.data.vision(spec.model)
         )
     return pool_sampler([w.meta if w.meta is not None else w for batch in batches for w in batch])
 

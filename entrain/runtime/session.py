@@ -239,7 +239,7 @@ def screen(spec: RunConfig, out_dir: str | None, tokenizer=None):
             image_root=spec.data.image_root,
             confine_images=spec.data.confine_images,
             tokenizer=tokenizer,
-            vision=spec.data.vision(),
+            vision=spec.data.vision(spec.model),
         )
     finally:
         if scratch is not None:
@@ -272,7 +272,7 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer
                 seed=spec.data.seed,
                 tp=spec.parallel.tp,
                 image_root=spec.data.image_root,
-                vision=spec.data.vision(),
+                vision=spec.data.vision(spec.model),
             )
         )
         return RunData(batches[: spec.run.steps], batches[spec.run.steps :])
@@ -288,7 +288,7 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
         num_skipped = screened.report.bad if skipped else 0
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path, spec.data.vision()), cost, tp=spec.parallel.tp)
+        works = sample_works(read_workload_jsonl(path, spec.data.vision(spec.model)), cost, tp=spec.parallel.tp)
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
@@ -404,11 +404,11 @@ def _model_flops(model, plan_it, renderer) -> float:
     """6 * params * tokens per component (dense estimate, attention excluded)."""
     from entrain.models.families.registry import build_stage, family_of
 
-    shape = renderer.cfg.shape
-    vis, llm = (
-        sum(p.numel() for _, p in build_stage(model, c, 0, len(family_of(model).layer_names(shape, c))).owned_parameters())
-        for c in ("encoder", "llm")
-    )
+    def params(component: str) -> int:
+        end = len(family_of(model).layer_names(renderer.cfg.shape, component))
+        return sum(p.numel() for _, p in build_stage(model, component, 0, end).owned_parameters())
+
+    vis, llm = params("encoder"), params("llm")
     ids = [s for rep in plan_it.microbatches for mb in rep for s in mb.llm_ids]
     patches = sum(t * h * w for s in ids for t, h, w in renderer.sample(s).grid_thw)
     tokens = sum(renderer.sample(s).num_tokens for s in ids)

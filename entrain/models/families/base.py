@@ -8,7 +8,7 @@ Two halves, so the planner stays torch-free:
 
 * **Plain numbers** (no torch import, at module level or inside): reading ``config.json`` into the
   family's own *shape* object (``ModelShape``: a name, the per-layer cost specs
-  ``entrain.core.presets.LayerSpec`` the cost model prices, the parameter count), the image token rule
+  ``entrain.core.layer_specs.LayerSpec`` the cost model prices, the parameter count), the image token rule
   the sample metadata uses (``entrain.core.samples.ImageTokenRule``), and the TP check. ``plan`` and
   ``simulate`` use only these.
 * **Runtime** (torch; import it inside the methods, lazily): the run's model config, the model built on
@@ -110,6 +110,12 @@ class ModelFamily(Protocol):
     # ---------------------------------------------------------------------------------------------
     def preset_names(self) -> tuple[str, ...]:
         """The ``--model`` presets this family serves (may be empty)."""
+        ...
+
+    def code_names(self) -> tuple[str, ...]:
+        """Case-sensitive strings that name this family in code: its registry name, the ``model_type``
+        values and transformers class-name stems it builds on (e.g. ``"qwen2_5_vl"``, ``"Qwen2_5"``).
+        Outside the family's folder no code may contain one (``tests/models/test_family_seam.py``)."""
         ...
 
     def claims_config(self, config: dict) -> bool:
@@ -293,6 +299,10 @@ class FamilyBase:
     def claims_config(self, config: dict) -> bool:
         return False
 
+    def code_names(self) -> tuple[str, ...]:
+        """Default: the registry name only."""
+        return (self.name,)
+
     def layer_names(self, shape: ModelShape, component: str) -> list[str]:
         """Default: the ``LayerSpec.name`` of each of ``shape.layer_specs()[component]``."""
         return [s.name for s in shape.layer_specs()[component]]
@@ -355,6 +365,15 @@ class FamilyBase:
         if not samples:
             return torch.zeros(0, dtype=torch.int64)
         return torch.cat([torch.arange(int(s.input_ids.numel())) for s in samples])
+
+    def representative_config(self, cfg: Any) -> tuple[Any, dict[str, dict[int, int]]]:
+        """Default: the model itself, every layer timed as itself."""
+        return cfg, {c: {i: i for i in range(len(self.layer_names(cfg.shape, c)))} for c in COMPONENTS}
+
+    def profile_input(self, cfg: Any, component: str, layer: int, tokens: int, device: Any, per_label: bool):
+        from entrain.core.errors import ConfigError
+
+        raise ConfigError(f"model family {self.name!r} cannot be profiled (it has no profile_input)")
 
     def export(self, manifest: dict, params: dict[str, torch.Tensor], out_dir: str) -> dict:
         from entrain.core.errors import ConfigError

@@ -1,9 +1,10 @@
 """The model-family registry: ``register_family``, ``get_family``, ``family_names``,
 ``family_of_folder``, ``family_of_source`` and ``family_of_preset``.
 
-Built-in families register themselves when their package is imported; ``_BUILTIN`` lists those
-packages and the registry imports them on first use (their ``__init__`` is torch-free). A test or a
-plug-in registers its own family with ``register_family(family)``.
+Built-in families register themselves when their package is imported: the registry imports every
+package under ``entrain/models/families/`` on first use (``_builtin_packages``; their ``__init__`` is
+torch-free), so a new family folder needs no edit here. A test or a plug-in registers its own family
+with ``register_family(family)``.
 """
 
 from __future__ import annotations
@@ -32,16 +33,26 @@ __all__ = [
     "DEFAULT_FAMILY",
 ]
 
-_BUILTIN = ("entrain.models.families.composition", "entrain.models.families.llava_onevision")
 _FAMILIES: dict[str, ModelFamily] = {}
 _loaded = False
+
+
+def _builtin_packages() -> list[str]:
+    """The family packages under ``entrain/models/families/``, the composition first."""
+    import pkgutil
+
+    from entrain.models import families as package
+
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg)
+    names.sort(key=lambda n: n != COMPOSITION)
+    return [f"{package.__name__}.{n}" for n in names]
 
 
 def _load_builtin() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in _BUILTIN:
+        for module in _builtin_packages():
             importlib.import_module(module)
 
 

@@ -35,6 +35,9 @@ class CompositionFamily(FamilyBase):
     def preset_names(self) -> tuple[str, ...]:
         return tuple(MODEL_PRESETS)
 
+    def code_names(self) -> tuple[str, ...]:
+        return (self.name, "qwen2_5_vl", "qwen2_vl", "Qwen2_5", "Qwen2VL", "Qwen2_VL", "Llama")
+
     def shape(self, source: ModelSource) -> ModelArch:
         from entrain.models.families.composition.hf_config import composition_arch
 

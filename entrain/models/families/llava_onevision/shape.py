@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
-from entrain.core.presets import LayerSpec, _llm_specs
+from entrain.core.layer_specs import LayerSpec, _llm_specs
 from entrain.models.families.llava_onevision.rules import OneVisionRules
 
 __all__ = ["SiglipArch", "OneVisionShape", "PRESETS", "shape_from_config"]

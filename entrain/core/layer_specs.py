@@ -1,0 +1,215 @@
+"""Layer specifications: the hardware-independent work of one layer per sequence unit (``LayerSpec``),
+what a model family's ``ModelShape.layer_specs`` returns and ``entrain.core.presets`` prices; and the
+specs of the preset compositions (``composition_layer_specs``: the vision tower and the
+Llama-structured LLM of ``entrain.core.architectures.ModelArch``; see ``presets``' module docstring
+for the modelling choices)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from entrain.core.samples import LABEL_FRACTION
+
+__all__ = ["LayerSpec", "composition_layer_specs"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """Forward work of one layer for one sequence unit of ``x`` tokens:
+    ``quad_flops * x^2 + lin_flops * x`` FLOPs and ``mem_bytes * x`` memory traffic (memory-bound
+    layers). Collectives: ``tp_allreduces`` all-reduces of ``x * hidden * 2`` bytes per phase under
+    TP; ``cp_kv_bytes * x`` bytes of K/V gathered per phase under CP."""
+
+    name: str
+    kind: str
+    component: str
+    quad_flops: float
+    lin_flops: float
+    mem_bytes: float
+    hidden: int
+    tp_allreduces: int
+    cp_kv_bytes: float
+    max_tp: int
+    activation_bytes_per_token: float
+    output_bytes_per_token: float
+    param_count: int
+    attention: str = "none"
+    """Score pattern of an attention layer: ``full`` (bidirectional within a unit), ``causal`` (a
+    sample's causal mask), ``window`` (each token attends its ``window`` tokens), ``none``."""
+    heads: int = 0
+    """Query heads whose score matrices an eager implementation materialises."""
+    window: int = 0
+    attn_lin_flops: float = 0.0
+    """Of ``lin_flops``: the attention sub-block's (QKV and output projections, window scores)."""
+    attn_saved_bytes: float = 0.0
+    """Of ``activation_bytes_per_token``: what the attention sub-block saves beyond its input (its
+    norm output, Q, K, V, the attention output; selective recomputation drops these)."""
+    per_label: bool = False
+    """``x`` counts label tokens (``LayerCost.per_label``)."""
+
+
+def _vision_specs(v) -> list[LayerSpec]:
+    """The vision tower of ``v`` (an ``entrain.core.architectures.VisionArch``)."""
+    h, i = v.hidden_size, v.intermediate_size
+    block_lin = 2.0 * (4 * h * h + v.mlp_matrices * h * i)
+    block_act = 16.0 * h + 2.0 * v.mlp_matrices * i
+    specs = [
+        LayerSpec(
+            "patch_embed",
+            "patch_embed",
+            "encoder",
+            0.0,
+            2.0 * v.patch_dim * h,
+            0.0,
+            h,
+            0,
+            0.0,
+            v.num_heads,
+            2.0 * v.patch_dim,
+            2.0 * h,
+            v.patch_embed_params(),
+        ),
+    ]
+    for b in range(v.depth):
+        full = v.is_full_attention(b)
+        if full:
+            quad, lin, kind, kv = 4.0 * h, block_lin, "vit_block_full", 2.0 * 2 * h
+        else:  # each patch attends its 64-patch window: QK^T and AV are 2*h*w FLOPs each
+            quad, lin, kind, kv = 0.0, block_lin + 4.0 * h * v.window_patches, "vit_block_window", 0.0
+        specs.append(
+            LayerSpec(
+                f"blocks.{b}",
+                kind,
+                "encoder",
+                quad,
+                lin,
+                0.0,
+                h,
+                2,
+                kv,
+                v.num_heads,
+                block_act,
+                2.0 * h,
+                v.block_params(),
+                attention="full" if full else "window",
+                heads=v.num_heads,
+                window=0 if full else v.window_patches,
+                attn_lin_flops=lin - 2.0 * 3 * h * i,
+                attn_saved_bytes=10.0 * h,
+            )
+        )
+    m = v.merger_hidden
+    merger_lin = (2.0 * m * m + 2.0 * m * v.out_hidden_size) / v.merge_factor
+    specs.append(
+        LayerSpec(
+            "merger",
+            "merger",
+            "encoder",
+            0.0,
+            merger_lin,
+            0.0,
+            h,
+            0,
+            0.0,
+            v.num_heads,
+            8.0 * h,
+            2.0 * v.out_hidden_size / v.merge_factor,
+            v.merger_params(),
+        )
+    )
+    return specs
+
+
+def _llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
+    """The LLM of ``llm`` (an ``entrain.core.architectures.LLMArch``)."""
+    h, i, q, kv = llm.hidden_size, llm.intermediate_size, llm.q_dim, llm.kv_dim
+    # heads: time per label token (f = 1), bytes per LLM token at the default share; or both per LLM
+    # token at an explicit fraction
+    per_label = label_fraction is None
+    vocab, f = llm.vocab_size, 1.0 if per_label else label_fraction
+    fb = LABEL_FRACTION if per_label else label_fraction
+    layer_lin = 2.0 * (h * q + 2 * h * kv + q * h + 3 * h * i)
+    layer_act = 8.0 * h + 4.0 * q + 4.0 * kv + 6.0 * i
+    heads = llm.num_attention_heads
+    specs = [
+        LayerSpec(
+            "embed_tokens",
+            "embedding",
+            "llm",
+            0.0,
+            0.0,
+            4.0 * h,
+            h,
+            0,
+            0.0,
+            heads,
+            0.0,
+            2.0 * h,
+            llm.embedding_params(),
+        )
+    ]
+    for n in range(llm.num_hidden_layers):
+        specs.append(
+            LayerSpec(
+                f"layers.{n}",
+                "decoder_layer",
+                "llm",
+                2.0 * q,
+                layer_lin,
+                0.0,
+                h,
+                2,
+                2.0 * 2 * kv,
+                heads,
+                layer_act,
+                2.0 * h,
+                llm.layer_params(),
+                attention="causal",
+                heads=heads,
+                attn_lin_flops=2.0 * (h * q + 2 * h * kv + q * h),
+                attn_saved_bytes=2.0 * h + 4.0 * q + 4.0 * kv,
+            )
+        )
+    specs += [
+        LayerSpec("norm", "final_norm", "llm", 0.0, 0.0, 4.0 * h, h, 0, 0.0, heads, 2.0 * h, 2.0 * h, h),
+        LayerSpec(
+            "lm_head",
+            "lm_head",
+            "llm",
+            0.0,
+            f * 2.0 * h * vocab,
+            0.0,
+            h,
+            0,
+            0.0,
+            heads,
+            fb * 2.0 * h,
+            fb * 2.0 * vocab,
+            llm.lm_head_params(),
+            per_label=per_label,
+        ),
+        # cross-entropy: read bf16 logits, write/read fp32 softmax; saves fp32 softmax + bf16 logits
+        LayerSpec(
+            "loss",
+            "loss",
+            "llm",
+            0.0,
+            f * 5.0 * vocab,
+            f * 10.0 * vocab,
+            h,
+            0,
+            0.0,
+            heads,
+            fb * 6.0 * vocab,
+            4.0 * fb,
+            0,
+            per_label=per_label,
+        ),
+    ]
+    return specs
+
+
+
+def composition_layer_specs(arch, label_fraction: float | None) -> dict[str, list[LayerSpec]]:
+    """``ModelArch.layer_specs`` (``arch``: an ``entrain.core.architectures.ModelArch``): the preset compositions' vision tower and Llama-structured LLM."""
+    return {"encoder": _vision_specs(arch.vision), "llm": _llm_specs(arch.llm, label_fraction)}

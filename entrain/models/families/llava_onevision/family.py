@@ -55,6 +55,9 @@ class OneVisionFamily(FamilyBase):
     def preset_names(self) -> tuple[str, ...]:
         return tuple(PRESETS)
 
+    def code_names(self) -> tuple[str, ...]:
+        return (FAMILY, "LlavaOnevision", "llava-ov-", "siglip", "Siglip")
+
     def claims_config(self, config: dict) -> bool:
         return config.get("model_type") == MODEL_TYPE
 

@@ -39,14 +39,15 @@ SAMPLES = [  # (images (height, width), text tokens before, text tokens after)
 ]
 
 
-def _config(feature_layer: int = -1) -> LlavaOnevisionConfig:
+def _config(feature_layer: int = -1, tied: bool = False) -> LlavaOnevisionConfig:
     vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=4, image_size=28, patch_size=7, vision_use_head=False)  # fmt: skip
     text = dict(model_type="qwen2", hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=False)  # fmt: skip
+                num_key_value_heads=2, vocab_size=VOCAB, tie_word_embeddings=tied)  # fmt: skip
     return LlavaOnevisionConfig(
         vision_config=vision, text_config=text, image_token_index=IMAGE_ID, video_token_index=VIDEO_ID,
         image_grid_pinpoints=PINPOINTS, vision_aspect_ratio="anyres_max_2", vision_feature_layer=feature_layer,
+        tie_word_embeddings=tied,
     )  # fmt: skip
 
 
@@ -174,6 +175,29 @@ def test_logits_and_gradients_equal_transformers(folder, layout):
     assert set(got_grads) == set(want_grads)
     for name, w in want_grads.items():
         _assert_rel(got_grads[name], w, name)
+
+
+def test_tied_checkpoint_trains_untied_with_the_tied_gradient(tmp_path):
+    """LLaVA-OneVision-0.5B ties lm_head to the embedding: the stages hold two copies (they may sit on
+    different stages); their gradients sum to transformers' gradient of the shared weight."""
+    torch.manual_seed(4)
+    hf = LlavaOnevisionForConditionalGeneration(_config(tied=True))
+    assert hf.lm_head.weight is hf.model.language_model.embed_tokens.weight
+    hf.save_pretrained(tmp_path)
+    samples = _inputs(seed=2)
+    want_logits, want_grads = _reference(str(tmp_path), samples)
+    model = ov.build_model(str(tmp_path))
+    images, batch = _packed(samples)
+    with torch.no_grad():
+        got = _split(_run(model, ((2,), (3,)), images, batch, loss=False), samples)
+    for g, w in zip(got, want_logits):
+        _assert_rel(g, w, "logits")
+    _run(model, ((2,), (3,)), images, batch, loss=True).backward()
+    grads = {n: p.grad for n, p in model.hf.named_parameters() if p.grad is not None}
+    embed = "model.language_model.embed_tokens.weight"
+    _assert_rel(grads.pop(embed) + grads.pop("lm_head.weight"), want_grads.pop(embed), "tied embedding")
+    for name, w in want_grads.items():
+        _assert_rel(grads[name], w, name)
 
 
 def test_packed_logits_equal_alone(folder):

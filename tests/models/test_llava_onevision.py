@@ -233,6 +233,28 @@ def test_patch_rows_drop_only_what_the_patch_conv_drops():
         torch.testing.assert_close(conv(ov.rows_to_tiles(rows, 2, 3, 14)), conv(tiles), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("style", ["hub-legacy", "transformers-5"])
+def test_checkpoint_key_spellings_load_the_same_tensors(folder, tmp_path, style):
+    """The hub's older files name ``vision_tower.vision_model.*`` and ``language_model.model.*``; a
+    checkpoint written by the model's own ``state_dict`` names ``model.vision_tower.*`` ..."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(f"{folder}/model.safetensors")
+    if style == "hub-legacy":
+        renamed = {k.replace("vision_tower.", "vision_tower.vision_model.", 1): v for k, v in state.items()}
+    else:
+        hf = LlavaOnevisionForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+        renamed = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(open(f"{folder}/config.json").read())
+    want = dict(ov.build_model(folder).hf.named_parameters())
+    got = dict(ov.build_model(str(tmp_path)).hf.named_parameters())
+    for name, p in got.items():
+        if not p.is_meta:
+            assert torch.equal(p, want[name]), name
+    assert sum(not p.is_meta for p in got.values()) == sum(not p.is_meta for p in want.values())
+
+
 def test_a_rank_reads_only_its_stages_tensors(folder):
     model = ov.build_model(folder, stages=[("llm", 3, 8)])
     llm_last = ov.build_stage(model, "llm", 3, 8)

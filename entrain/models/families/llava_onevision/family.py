@@ -4,8 +4,9 @@ Sources: the presets ``llava-ov-7b`` (LLaVA-OneVision-7B's published shape) and 
 one whole ``LlavaOnevisionForConditionalGeneration`` checkpoint folder (``--model-path``). Torch-free
 at import: the torch parts (``model``) are imported inside the methods.
 
-Not (yet) behind the seam: the runtime's sample layout (``image_grids`` cannot carry the original
-image size AnyRes unpads with, see ``image_grids``), TP, export.
+The encoder stages get each image's original ``(H, W)`` (what AnyRes unpads by) as the seam's
+``image_extras`` columns; the renderer's token counts are ``sample_feature_rows`` (the multi-image
+rule). Not behind the seam: TP.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, ModelSource
-from entrain.models.families.llava_onevision.rules import OneVisionImageRule, image_tiles
+from entrain.models.families.llava_onevision.rules import OneVisionImageRule, image_tiles, sample_tokens
 from entrain.models.families.llava_onevision.shape import PRESETS, OneVisionShape, shape_from_config
 
 if TYPE_CHECKING:
@@ -87,12 +88,14 @@ class OneVisionFamily(FamilyBase):
     def image_rule(
         self, shape: OneVisionShape, min_pixels: int | None, max_pixels: int | None
     ) -> OneVisionImageRule:
-        """AnyRes tiles (``--min-pixels`` / ``--max-pixels`` do not apply: ConfigError if given)."""
-        if min_pixels is not None or max_pixels is not None:
+        """AnyRes tiles (``--min-pixels`` / ``--max-pixels`` do not apply: ConfigError if given, unless
+        they are the rule's own placeholders, which a plan file records and ``train --plan`` replays)."""
+        rule = OneVisionImageRule(shape.rules)
+        if min_pixels not in (None, rule.min_pixels) or max_pixels not in (None, rule.max_pixels):
             raise ConfigError(
                 f"--min-pixels / --max-pixels: {FAMILY} tiles every image (AnyRes), no pixel limits"
             )
-        return OneVisionImageRule(shape.rules)
+        return rule
 
     # --- runtime ---------------------------------------------------------------------------------
     def runtime_config(
@@ -159,8 +162,16 @@ class OneVisionFamily(FamilyBase):
     def image_feature_rows(self, cfg: OneVisionConfig, grid: tuple[int, int, int]) -> int:
         raise ConfigError(
             f"{FAMILY}: an image's LLM tokens depend on its original size (AnyRes unpadding), which the "
-            "(tiles, h, w) grid does not carry; use rules.sample_tokens"
+            "(tiles, h, w) grid does not carry; use sample_feature_rows"
         )
+
+    def image_extras(self, cfg: OneVisionConfig, meta: SampleMeta) -> tuple[tuple[int, ...], ...]:
+        """The original ``(H, W)`` of each image (``EncoderStage`` unpads by it)."""
+        return tuple((int(h), int(w)) for h, w in meta.images)
+
+    def sample_feature_rows(self, cfg: OneVisionConfig, meta: SampleMeta) -> tuple[int, ...]:
+        """``rules.sample_tokens``: AnyRes for a lone image, one tile + newline for each of several."""
+        return tuple(sample_tokens(meta.images, cfg.shape.rules))
 
     def encoder_input_width(self, cfg: OneVisionConfig) -> int:
         return cfg.shape.vision.patch_dim
@@ -188,6 +199,11 @@ class OneVisionFamily(FamilyBase):
         image = cfg.shape.llm.vocab_size - 1 if cfg.folder is None else _image_token_id(cfg.folder)
         return {"image": image, "image_start": -1, "image_end": -1}
 
+    def map_token_id(self, cfg: OneVisionConfig, qwen_id: int) -> int:
+        """Text ids wrap below the image/video token ids (a real checkpoint's Qwen2 vocabulary keeps
+        every regular id; a tiny one wraps them)."""
+        return qwen_id % _first_special_id(cfg)
+
     # --- profiler ----------------------------------------------------------------------------------
     def representative_config(self, cfg: OneVisionConfig):
         """One SigLIP layer and one decoder layer (every layer of a kind costs the same)."""
@@ -206,6 +222,16 @@ class OneVisionFamily(FamilyBase):
         from entrain.models.families.llava_onevision.profiling import profile_input
 
         return profile_input(cfg, component, layer, tokens, device, per_label)
+
+
+def _first_special_id(cfg: OneVisionConfig) -> int:
+    """The smallest of the image / video token ids (ids from there up are not text)."""
+    if cfg.folder is None:
+        return cfg.shape.llm.vocab_size - 2
+    from entrain.models.families.registry import read_config
+
+    config = read_config(cfg.folder)
+    return min(int(config.get("image_token_index", 151646)), int(config.get("video_token_index", 151647)))
 
 
 def _image_token_id(folder: str) -> int:

@@ -286,6 +286,15 @@ def _owned(prefix: str, parts: Iterable[tuple[str, nn.Module]]) -> list[tuple[st
     return [(f"{prefix}{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
 
 
+def tile_batch_of(grid: torch.Tensor) -> TileBatch:
+    """The ``TileBatch`` (without pixels) of the seam's ``[images, 5]`` grid rows."""
+    if grid.dim() != 2 or grid.shape[1] != 5:
+        raise ValueError(
+            f"{FAMILY} encoder grid must be [images, 5] (tiles, h, w, H, W), got {tuple(grid.shape)}"
+        )
+    return TileBatch(None, grid[:, 3:5].cpu(), tuple(int(t) for t in grid[:, 0].tolist()))
+
+
 class EncoderStage(nn.Module):
     """Encoder layers ``[first, end)`` of ``[embeddings, layers..., merger]``.
 
@@ -323,7 +332,11 @@ class EncoderStage(nn.Module):
         emb = self.tower.embeddings
         emb.position_ids = emb.position_ids.to(device)
 
-    def forward(self, x: torch.Tensor, tiles: TileBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tiles: TileBatch | torch.Tensor) -> torch.Tensor:
+        """``tiles``: a ``TileBatch``, or the seam's ``[images, 5]`` grid rows ``(tiles, side, side, H,
+        W)`` (``image_grids`` + ``image_extras``)."""
+        if isinstance(tiles, torch.Tensor):
+            tiles = tile_batch_of(tiles)
         tower = self.tower
         n = sum(tiles.tiles_per_image)
         if self.has_embeddings:

@@ -168,9 +168,9 @@ def video_tokens(num_frames: int, rules: OneVisionRules) -> int:
 @dataclass(frozen=True, slots=True)
 class OneVisionImageRule:
     """The family's ``entrain.core.samples.ImageTokenRule``: an image's LLM tokens and its encoder
-    units (one 729-token unit per tile), for an image alone in its sample (the rule sees one image;
-    an image among several in a sample gets one tile and ``tokens_per_tile + 1`` tokens instead:
-    ``sample_tiles`` / ``sample_tokens``)."""
+    units (one 729-token unit per tile), for an image alone in its sample; ``sample_image_tokens`` /
+    ``sample_encoder_units`` see all of a sample's images (an image among several gets one tile and
+    ``tokens_per_tile + 1`` tokens), and ``SampleMeta`` asks those."""
 
     rules: OneVisionRules = OneVisionRules()
     min_pixels: int = 1
@@ -182,3 +182,11 @@ class OneVisionImageRule:
 
     def encoder_units(self, height: int, width: int) -> tuple[int, ...]:
         return (self.rules.tokens_per_tile,) * image_tiles(height, width, self.rules)
+
+    def sample_image_tokens(self, sizes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+        """The multi-image rule (``entrain.core.samples.sample_image_tokens``): ``sample_tokens``."""
+        return tuple(sample_tokens(sizes, self.rules))
+
+    def sample_encoder_units(self, sizes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+        """One 729-token unit per tile of every image of the sample (``sample_tiles``)."""
+        return tuple(u for n in sample_tiles(sizes, self.rules) for u in (self.rules.tokens_per_tile,) * n)

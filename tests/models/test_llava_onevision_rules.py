@@ -99,3 +99,19 @@ def test_rules_module_is_torch_free():
     }
     names |= {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
     assert not {m for m in names if m and m.split(".")[0] in ("torch", "transformers", "numpy")}
+
+
+def test_sample_meta_counts_a_multi_image_sample_with_the_whole_sample_rule():
+    """SampleMeta asks the rule's sample_image_tokens / sample_encoder_units: one tile (+ newline) per
+    image of several, AnyRes for a lone image (the per-image rule alone over-counts the former)."""
+    from entrain.core.samples import SampleMeta
+
+    rules = R.OneVisionRules()
+    rule = R.OneVisionImageRule(rules)
+    sizes = ((900, 400), (300, 1200))
+    several = SampleMeta("s", sizes, 10, vision=rule)
+    assert several.image_tokens_per_image == (rules.tokens_per_tile + 1,) * 2
+    assert several.vit_patches_per_image == (rules.tokens_per_tile,) * 2
+    alone = SampleMeta("a", sizes[:1], 10, vision=rule)
+    assert alone.image_tokens_per_image == (R.image_tokens(900, 400, rules),)
+    assert alone.vit_patches == rules.tokens_per_tile * R.image_tiles(900, 400, rules) > rules.tokens_per_tile

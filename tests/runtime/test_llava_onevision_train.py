@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from entrain.core.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.llava_onevision.family import ONEVISION_FAMILY as FAM
-from entrain.models.families.llava_onevision.model import rows_to_tiles
+from entrain.models.families.llava_onevision.model import image_processor, rows_to_tiles
 from entrain.runtime.data import SampleRenderer
 
 from .cli_ranks import run_ranks
@@ -30,6 +30,7 @@ def tiny_folder(tmp_path_factory):
     cfg, _ = FAM.runtime_config(ModelSource(preset=PRESET))
     path = tmp_path_factory.mktemp("ov") / "tiny"
     FAM.build_model(cfg, seed=SEED).hf.save_pretrained(path)
+    image_processor(cfg).save_pretrained(path)
     return str(path)
 
 
@@ -125,3 +126,50 @@ def test_two_rank_training_loss_equals_transformers(source, dataset, tiny_folder
     )
     want = _hf_loss(tiny_folder, run_cfg, metas, ids)
     assert abs(loss - want) <= 1e-5 * abs(want), (loss, want)
+
+
+def _entrain_logits(params: dict, run_cfg, renderer, sid: str) -> torch.Tensor:
+    """The trained model through Entrain's own stages (one encoder stage, one LLM stage up to lm_head):
+    logits at the sample's label positions."""
+    from entrain.models.families.llava_onevision import model as ov
+
+    model = FAM.build_model(run_cfg, seed=SEED)
+    model.hf.load_state_dict(params, strict=False)
+    enc = FAM.build_stage(model, "encoder", 0, len(model.layer_names("encoder")))
+    feats = enc(renderer.patches(sid), renderer.encoder_input([sid]).grid_thw)
+    llm = ov.build_stage(model, "llm", 0, len(model.layer_names("llm")) - 1)
+    return llm(feats, renderer.llm_batch([sid], 1.0))
+
+
+@pytest.mark.parametrize("source", ["preset", "path"])
+def test_export_is_one_folder_transformers_loads_with_the_trained_logits(source, tiny_folder, tmp_path):
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    from entrain.cli.export import _choose
+    from entrain.cli.main import main
+
+    run, exported = tmp_path / "run", tmp_path / "export"
+    model = ["--model", PRESET] if source == "preset" else ["--model-path", tiny_folder]
+    argv = ["train", *model, "--dataset", "skewed", "--hardware", "cpu-tiny", "--global-batch", "2",
+            "--microbatch-size", "1", "--steps", "1", "--out", str(run), "--no-progress", "--lr", "0.05"]  # fmt: skip
+    results = run_ranks(argv, 2, tmp_path / "ranks", timeout_s=120, wrap=_with_model_path_flag)
+    assert [r.exitcode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    assert main(["export", str(run), "--out", str(exported)]) == 0
+    if source == "path":
+        assert (exported / "preprocessor_config.json").is_file()
+    _, params = _choose(str(run), None)
+    src = ModelSource(preset=PRESET) if source == "preset" else ModelSource(model_path=tiny_folder)
+    run_cfg = _run_cfg(src)
+    initial = dict(FAM.build_model(run_cfg, seed=SEED).hf.named_parameters())
+    assert not torch.equal(params["lm_head.weight"], initial["lm_head.weight"].detach()), "the run must train"
+    metas, ids = _step0(run / "plan.json")
+    sid = next(i for i in ids if metas[i].images)
+    renderer = SampleRenderer(run_cfg, dict(metas), seed=SEED)
+    want = _entrain_logits(params, run_cfg, renderer, sid)
+    hf = LlavaOnevisionForConditionalGeneration.from_pretrained(exported, dtype=torch.float32)
+    s = renderer.sample(sid)
+    kw = _pixels(renderer, sid, [g[0] for g in s.grid_thw], [list(e) for e in s.extras])
+    with torch.no_grad():
+        got = hf(input_ids=s.input_ids[None], **kw).logits[0, s.label_positions]
+    err = float((got - want.detach()).abs().max())
+    assert err <= 1e-5 * float(want.detach().abs().max()), err

@@ -173,3 +173,41 @@ def test_export_is_one_folder_transformers_loads_with_the_trained_logits(source,
         got = hf(input_ids=s.input_ids[None], **kw).logits[0, s.label_positions]
     err = float((got - want.detach()).abs().max())
     assert err <= 1e-5 * float(want.detach().abs().max()), err
+
+
+def _losses(tmp_path, name: str, argv: list[str], world: int = 2) -> list[float]:
+    out = tmp_path / name
+    full = [*argv, "--steps", "2", "--out", str(out), "--no-progress", "--lr", "0.05"]
+    results = run_ranks(full, world, tmp_path / f"ranks-{name}", timeout_s=120)
+    assert [r.exitcode for r in results] == [0] * world, "".join(r.stderr[-2000:] for r in results)
+    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _plan_with_recompute(plan_path, mode: str):
+    plan = json.loads(plan_path.read_text())
+    for stage in plan["layout"]["stages"]:
+        stage["recompute"] = mode
+    path = plan_path.with_name(f"plan-{mode}.json")
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_fsdp_and_recompute_train_to_the_same_losses(tmp_path):
+    """Two steps (the second loss shows the first update): pipeline 1+1 plain, with full and selective
+    recomputation of every stage (2 gloo ranks), and FSDP over 2 data-parallel replicas of 1+1 (4)."""
+    from entrain.cli.main import main
+
+    common = ["--model", PRESET, "--dataset", "multi-image", "--hardware", "cpu-tiny", "--global-batch", "4",
+              "--microbatch-size", "1", "--seed", str(SEED)]  # fmt: skip
+    plan = tmp_path / "plan.json"
+    assert main(["plan", *common, "--gpus", "2", "--system", "1f1b", "--out", str(plan)]) == 0
+    base = _losses(tmp_path, "base", ["train", "--plan", str(plan)])
+    runs = {m: ["train", "--plan", str(_plan_with_recompute(plan, m))] for m in ("full", "selective")}
+    runs["fsdp"] = ["train", *common, "--fsdp", "--dp", "2", "--encoder-stages", "1", "--llm-stages", "1"]
+    for name, argv in runs.items():
+        got = _losses(tmp_path, name, argv, 4 if name == "fsdp" else 2)
+        assert len(got) == 2 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base)), (
+            name,
+            got,
+            base,
+        )

@@ -211,3 +211,37 @@ def test_fsdp_and_recompute_train_to_the_same_losses(tmp_path):
             got,
             base,
         )
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recompute_reruns_each_wrapped_layer_in_the_backward(mode):
+    """Every module the family names for ``mode`` is on the stage's forward path and runs twice in a
+    step (forward, then again in the backward) once the runtime wraps it."""
+    from entrain.models.families.registry import build_stage
+    from entrain.runtime.recompute import apply_recompute
+
+    cfg = _run_cfg(ModelSource(preset=PRESET))
+    rule = FAM.image_rule(cfg.shape, None, None)
+    metas = {"a": SampleMeta("a", ((60, 90),), 12, vision=rule)}
+    renderer = SampleRenderer(cfg, metas, seed=SEED)
+    model = FAM.build_model(cfg, seed=SEED)
+    stages = [build_stage(model, c, 0, len(model.layer_names(c))) for c in ("encoder", "llm")]
+    calls: dict[int, int] = {}
+    for stage in stages:
+        mods = FAM.recompute_modules(stage, mode)
+        assert len(mods) == 2, mode  # the tiny model's two SigLIP / two Qwen2 layers
+        for m in mods:
+            calls[id(m)] = 0
+            m.forward = _counting(m.forward, calls, id(m))
+        assert apply_recompute(stage, mode) == 2
+    feats = stages[0](renderer.patches("a"), renderer.encoder_input(["a"]).grid_thw)
+    stages[1](feats, renderer.llm_batch(["a"], 1.0)).backward()
+    assert sorted(calls.values()) == [2] * 4, calls
+
+
+def _counting(forward, calls: dict, key: int):
+    def run(*args, **kwargs):
+        calls[key] += 1
+        return forward(*args, **kwargs)
+
+    return run

@@ -7,7 +7,9 @@ through the seam's ``image_extras``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,7 @@ from entrain.runtime.data import SampleRenderer
 from .cli_ranks import run_ranks
 
 PRESET = "llava-ov-tiny"
+SCHEMAS = Path(__file__).resolve().parents[2] / "entrain" / "schemas"
 SEED = 0
 
 
@@ -142,7 +145,9 @@ def _entrain_logits(params: dict, run_cfg, renderer, sid: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("source", ["preset", "path"])
-def test_export_is_one_folder_transformers_loads_with_the_trained_logits(source, tiny_folder, tmp_path):
+def test_export_is_one_folder_transformers_loads_with_the_trained_logits(
+    source, tiny_folder, tmp_path, capsys
+):
     from transformers import LlavaOnevisionForConditionalGeneration
 
     from entrain.cli.export import _choose
@@ -154,9 +159,10 @@ def test_export_is_one_folder_transformers_loads_with_the_trained_logits(source,
             "--microbatch-size", "1", "--steps", "1", "--out", str(run), "--no-progress", "--lr", "0.05"]  # fmt: skip
     results = run_ranks(argv, 2, tmp_path / "ranks", timeout_s=120, wrap=_with_model_path_flag)
     assert [r.exitcode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
-    assert main(["export", str(run), "--out", str(exported)]) == 0
-    if source == "path":
-        assert (exported / "preprocessor_config.json").is_file()
+    assert main(["export", str(run), "--out", str(exported), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    jsonschema.validate(info, json.loads((SCHEMAS / "export.json").read_text()))
+    assert (exported / "preprocessor_config.json").is_file()
     _, params = _choose(str(run), None)
     src = ModelSource(preset=PRESET) if source == "preset" else ModelSource(model_path=tiny_folder)
     run_cfg = _run_cfg(src)

@@ -2,7 +2,8 @@
 ``LlavaOnevisionForConditionalGeneration.from_pretrained`` loads.
 
     DIR/config.json + model.safetensors   the trained model (untied: embedding and lm_head train apart)
-    DIR/<processor and tokenizer files>   copied from the --model-path folder, when the run had one
+    DIR/<processor and tokenizer files>   copied from the --model-path folder (a preset: its image
+                                          processor's preprocessor_config.json)
 
 A preset's config is ``model.hf_config_of`` of its shape; a checkpoint run's is its folder's own.
 """
@@ -42,7 +43,7 @@ def export(manifest: dict, params: dict[str, torch.Tensor], out: str) -> dict:
         )
     model.load_state_dict({n: t.float() for n, t in params.items()}, strict=False, assign=True)
     Path(out).mkdir(parents=True, exist_ok=True)
-    copied = _copy_processor_files(folder, out) if folder is not None else []
+    copied = _copy_processor_files(folder, out) if folder is not None else _preset_processor(manifest, out)
     model.save_pretrained(out, safe_serialization=True)
     written = [str(Path(out) / f) for f in os.listdir(out)]
     files = sorted(set(written + copied))
@@ -99,6 +100,17 @@ def _config(manifest: dict, folder: str | None):
     config.tie_word_embeddings = False
     config.text_config.tie_word_embeddings = False
     return config
+
+
+def _preset_processor(manifest: dict, out: str) -> list[str]:
+    """A preset's image processor (``preprocessor_config.json``: its tile size and grid pinpoints)."""
+    from entrain.models.families.llava_onevision.family import OneVisionConfig
+    from entrain.models.families.llava_onevision.model import image_processor
+    from entrain.models.families.llava_onevision.shape import PRESETS
+
+    before = set(os.listdir(out))
+    image_processor(OneVisionConfig(PRESETS[manifest["model"]])).save_pretrained(out)
+    return [str(Path(out) / f) for f in sorted(set(os.listdir(out)) - before)]
 
 
 def _copy_processor_files(folder: str, out: str) -> list[str]:

@@ -104,12 +104,11 @@ def _config(manifest: dict, folder: str | None):
 
 def _preset_processor(manifest: dict, out: str) -> list[str]:
     """A preset's image processor (``preprocessor_config.json``: its tile size and grid pinpoints)."""
-    from entrain.models.families.llava_onevision.family import OneVisionConfig
-    from entrain.models.families.llava_onevision.model import image_processor
+    from entrain.models.families.llava_onevision.model import shape_processor
     from entrain.models.families.llava_onevision.shape import PRESETS
 
     before = set(os.listdir(out))
-    image_processor(OneVisionConfig(PRESETS[manifest["model"]])).save_pretrained(out)
+    shape_processor(PRESETS[manifest["model"]], None).save_pretrained(out)
     return [str(Path(out) / f) for f in sorted(set(os.listdir(out)) - before)]
 
 

@@ -97,17 +97,21 @@ def hf_config_of(shape):
 
 
 def image_processor(run_cfg):
-    """transformers' ``LlavaOnevisionImageProcessorPil`` of a run config: the checkpoint folder's
+    """transformers' ``LlavaOnevisionImageProcessorPil`` of a run config (``shape_processor``)."""
+    return shape_processor(run_cfg.shape, run_cfg.folder)
+
+
+def shape_processor(shape, folder: str | None):
+    """transformers' ``LlavaOnevisionImageProcessorPil``: the checkpoint folder's
     ``preprocessor_config.json`` when it has one, else the class defaults with the shape's tile size
     and grid pinpoints."""
     from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
         LlavaOnevisionImageProcessorPil,
     )
 
-    folder = run_cfg.folder
     if folder is not None and os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
         return LlavaOnevisionImageProcessorPil.from_pretrained(folder, local_files_only=True)
-    rules = run_cfg.shape.rules
+    rules = shape.rules
     size = {"height": rules.tile_px, "width": rules.tile_px}
     return LlavaOnevisionImageProcessorPil(
         size=size, image_grid_pinpoints=[list(p) for p in rules.grid_pinpoints]

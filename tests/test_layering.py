@@ -108,6 +108,18 @@ def heavy_imports(graph: Graph) -> list[str]:
     return sorted(bad)
 
 
+def private_imports(root: pathlib.Path = PACKAGE) -> list[str]:
+    """``from entrain.x import _name``: a module's private name used by another module (make it public,
+    or keep the use inside the module)."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and ((node.module or "").startswith("entrain") or node.level):
+                names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                bad += [f"{path.relative_to(root.parent)}:{node.lineno} imports {node.module}.{n}" for n in names]
+    return bad
+
+
 def internal_cycles(graph: Graph) -> list[list[str]]:
     """The package's strongly connected components of more than one module."""
     edges = [(a, b) for a, b in graph if a.startswith("entrain") and b.startswith("entrain")]
@@ -134,6 +146,17 @@ def test_core_and_sim_import_no_heavy_library():
 def test_a_heavy_library_in_core_or_sim_is_caught(lib):
     graph = import_graph() | {("entrain.core.plan", lib), ("entrain.sim.run", lib)}
     assert heavy_imports(graph) == [f"entrain.core.plan imports {lib}", f"entrain.sim.run imports {lib}"]
+
+
+def test_no_private_name_is_imported_across_modules():
+    assert private_imports() == []
+
+
+def test_a_private_import_is_caught(tmp_path):
+    pkg = tmp_path / "entrain"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from entrain.b import _helper, public\nfrom .b import __version__\n")
+    assert private_imports(pkg) == ["entrain/a.py:1 imports entrain.b._helper"]
 
 
 def test_no_import_cycles():

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--step {step}: the plan has {len(plan.iterations)} iterations (traced: {steps})")
     layout = plan.layout
     bars, real_ms = real_bars(events, layout, step)
-    cost = _model_config(spec).cost_model()
+    cost = run_model_config(spec).cost_model()
     sim = run_iteration(layout, plan.iterations[step], PlanCosts(layout, cost, plan.samples), trace=True)
     plt = pyplot()
     p = layout.ranks_per_replica
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_config(spec: dict):
+def run_model_config(spec: dict):
     """The run's ``ModelConfig`` from config.json's flat ``spec``."""
     from dataclasses import fields
 

@@ -10,9 +10,9 @@ from entrain.cli.common import emit_json
 
 
 def _cost_of(spec: dict):
-    from entrain.cli.plot_trace import _model_config
+    from entrain.cli.plot_trace import run_model_config
 
-    return _model_config(spec).cost_model()
+    return run_model_config(spec).cost_model()
 
 
 def _fit_json(run, fit) -> dict:

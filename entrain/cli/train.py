@@ -775,14 +775,14 @@ def _judge_factory(sampler, cost, req):
 def _monitor_factory(spec, system, setup, cost, batches):
     """``--replan auto``'s drift monitor of ``system`` (``entrain.sim.adaptive.monitor_for``, as in
     ``simulate``); None for a system it does not re-plan."""
-    from entrain.runtime.planning import _sampler
+    from entrain.runtime.planning import planner_sampler
     from entrain.sim.adaptive import REPLAN_SYSTEMS, monitor_for
 
     if system not in REPLAN_SYSTEMS:
         return None
     req = spec.config_request(setup.layout.world_size)
     return monitor_for(
-        system, setup, req, cost, _sampler(spec, batches), total_iterations=spec.run.steps,
+        system, setup, req, cost, planner_sampler(spec, batches), total_iterations=spec.run.steps,
         settings=spec.schedule.replan_settings(),
     )  # fmt: skip
 

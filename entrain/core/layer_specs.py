@@ -120,7 +120,7 @@ def _vision_specs(v) -> list[LayerSpec]:
     return specs
 
 
-def _llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
+def llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
     """The LLM of ``llm`` (an ``entrain.core.architectures.LLMArch``)."""
     h, i, q, kv = llm.hidden_size, llm.intermediate_size, llm.q_dim, llm.kv_dim
     # heads: time per label token (f = 1), bytes per LLM token at the default share; or both per LLM
@@ -212,4 +212,4 @@ def _llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
 
 def composition_layer_specs(arch, label_fraction: float | None) -> dict[str, list[LayerSpec]]:
     """``ModelArch.layer_specs`` (``arch``: an ``entrain.core.architectures.ModelArch``): the preset compositions' vision tower and Llama-structured LLM."""
-    return {"encoder": _vision_specs(arch.vision), "llm": _llm_specs(arch.llm, label_fraction)}
+    return {"encoder": _vision_specs(arch.vision), "llm": llm_specs(arch.llm, label_fraction)}

@@ -210,9 +210,9 @@ def _check_image(src: str | bytes, fld: str, vision: ImageTokenRule, processor: 
                 return res
             from PIL import ImageOps
 
-            from entrain.data.processing import _to_rgb
+            from entrain.data.processing import to_rgb
 
-            rgb = _to_rgb(ImageOps.exif_transpose(im))
+            rgb = to_rgb(ImageOps.exif_transpose(im))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         res.problems.append((fld, f"image unreadable: {_short(src)}: {image_error(e)}", ERROR))
         return res

@@ -186,7 +186,7 @@ def _float_to_8bit(arr: np.ndarray) -> np.ndarray:
     return np.rint(arr)
 
 
-def _to_rgb(im):
+def to_rgb(im):
     from PIL import Image
 
     if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
@@ -217,7 +217,7 @@ def load_image(src: str | bytes):
 
     with open_image(src) as im:
         im.load()
-        return _to_rgb(ImageOps.exif_transpose(im))
+        return to_rgb(ImageOps.exif_transpose(im))
 
 
 @functools.cache

@@ -83,7 +83,7 @@ def run_setups(
         system, setup = plan_file(spec)
         return {system: setup}
     req = spec.config_request(gpus)
-    sampler = _sampler(spec, batches)
+    sampler = planner_sampler(spec, batches)
     judge = judge_factory(sampler, cost, req) if judge_factory is not None else None
     if fixed_stages(spec):
         probe = [w.meta if w.meta is not None else w for w in batches[0]]
@@ -97,7 +97,7 @@ def run_setups(
     return {s: memory_check(s, setup, check, cost, margin=req.margin) for s, setup in setups.items()}
 
 
-def _sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sampler:
+def planner_sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sampler:
     """A built-in generator's: ``plan``'s and ``simulate``'s (the same draws for the same seed and
     ``--min-pixels`` / ``--max-pixels``); a
     file's: draws from the samples this run trains on (screened: ``--on-bad-sample skip`` leaves the

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from entrain.cli.main import build_parser, main
-from entrain.cli.plot_trace import _model_config
+from entrain.cli.plot_trace import run_model_config
 from entrain.cli.train import _spec
 from entrain.core.costmodel import CostModel
 from entrain.core.presets import build_cost_model
@@ -57,7 +57,7 @@ def test_refit_has_the_schema_of_every_profile(traced):
 
 def test_refit_predicts_the_runs_stage_times_better(traced, capsys):
     run_dir, out, doc = traced
-    run = load_run(str(run_dir), lambda spec: _model_config(spec).cost_model())
+    run = load_run(str(run_dir), lambda spec: run_model_config(spec).cost_model())
     base, refit = stage_errors(run, run.base), stage_errors(run, CostModel.load(str(out)))
     assert refit["busy_mean_rel_error"] < base["busy_mean_rel_error"]
     assert refit["span_mean_rel_error"] < base["span_mean_rel_error"]

@@ -180,7 +180,7 @@ def materialize(
         prefix = _vision_prefix(reader, groups["vision"][0][0])
         tensors = reader.read(prefix + n for n, _ in groups["vision"])
         for n, full in groups["vision"]:
-            _assign(model, full, tensors[prefix + n], f"{vision_dir}: {prefix + n}")
+            assign_tensor(model, full, tensors[prefix + n], f"{vision_dir}: {prefix + n}")
         read[vision_dir] = sorted(reader.read_files)
     if groups["llm"]:
         reader = SafetensorsFolder(llm_dir)
@@ -193,12 +193,12 @@ def materialize(
             if n in ("model.embed_tokens.weight", "lm_head.weight") and t.shape[0] < rows:
                 mean = t.float().mean(0, keepdim=True).to(t.dtype)
                 t = torch.cat([t, mean.expand(rows - t.shape[0], -1)])
-            _assign(model, full, t, f"{llm_dir}: {keys[n]}")
+            assign_tensor(model, full, t, f"{llm_dir}: {keys[n]}")
         read[llm_dir] = sorted(reader.read_files)
     return read
 
 
-def _assign(model: nn.Module, name: str, t: torch.Tensor, where: str) -> None:
+def assign_tensor(model: nn.Module, name: str, t: torch.Tensor, where: str) -> None:
     path, _, leaf = name.rpartition(".")
     owner = model.get_submodule(path)
     old = getattr(owner, leaf)

@@ -52,7 +52,7 @@ def _encoder_input(cfg: VLMConfig, layer: int, x: int, device: torch.device, per
     return (inp, grid), n
 
 
-def _llm_input(cfg: VLMConfig, layer: int, x: int, device: torch.device, per_label: bool = False):
+def llm_input(cfg: VLMConfig, layer: int, x: int, device: torch.device, per_label: bool = False):
     num_labels = x if per_label else max(1, round(LABEL_FRACTION * x))
     ids = torch.randint(0, cfg.llm.vocab_size, (x,), device=device)
     label_pos = torch.arange(x - num_labels, x, device=device)
@@ -78,5 +78,5 @@ def _llm_input(cfg: VLMConfig, layer: int, x: int, device: torch.device, per_lab
 
 def profile_input(cfg: VLMConfig, component: str, layer: int, tokens: int, device: torch.device, per_label: bool):
     """``ModelFamily.profile_input``: the one-layer stage's forward args and units."""
-    make = _encoder_input if component == "encoder" else _llm_input
+    make = _encoder_input if component == "encoder" else llm_input
     return make(cfg, layer, tokens, device, per_label)

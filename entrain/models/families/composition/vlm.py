@@ -45,11 +45,11 @@ __all__ = [
 ]
 
 
-def _vision_hf_config(cfg: VLMConfig) -> Qwen2_5_VLVisionConfig:
+def vision_hf_config(cfg: VLMConfig) -> Qwen2_5_VLVisionConfig:
     return Qwen2_5_VLVisionConfig(**cfg.vision.hf_kwargs())
 
 
-def _llm_hf_config(cfg: VLMConfig) -> LlamaConfig:
+def llm_hf_config(cfg: VLMConfig) -> LlamaConfig:
     hf = LlamaConfig(**{**cfg.llm.hf_kwargs(), "tie_word_embeddings": False})
     hf._attn_implementation = PACKED_ATTENTION
     return hf
@@ -77,9 +77,9 @@ class VLM(nn.Module):
             self.llm = build_stock_llm(cfg.llm_dir, PACKED_ATTENTION, cfg.llm.vocab_size, num_layers)
             use_varlen_vision_attention(self.vision)
             return
-        self.vision = Qwen2_5_VisionTransformerPretrainedModel(_vision_hf_config(cfg))
+        self.vision = Qwen2_5_VisionTransformerPretrainedModel(vision_hf_config(cfg))
         use_varlen_vision_attention(self.vision)
-        self.llm = LlamaForCausalLM(_llm_hf_config(cfg))
+        self.llm = LlamaForCausalLM(llm_hf_config(cfg))
         if cfg.llm.tie_word_embeddings:  # untied copy: embedding and lm_head may sit on different stages
             self.llm.lm_head.weight.data.copy_(self.llm.model.embed_tokens.weight.data)
 

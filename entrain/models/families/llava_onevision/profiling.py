@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from entrain.models.families.composition.profiling import _llm_input
+from entrain.models.families.composition.profiling import llm_input
 from entrain.models.families.llava_onevision.model import TileBatch
 
 __all__ = ["profile_input"]
@@ -38,4 +38,4 @@ def profile_input(cfg, component: str, layer: int, tokens: int, device: torch.de
     if component == "encoder":
         return _encoder_input(cfg, layer, tokens, device)
     view = SimpleNamespace(llm=cfg.shape.llm, llm_layer_names=cfg.layer_names("llm"))
-    return _llm_input(view, layer, tokens, device, per_label)
+    return llm_input(view, layer, tokens, device, per_label)

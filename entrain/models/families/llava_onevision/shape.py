@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
-from entrain.core.layer_specs import LayerSpec, _llm_specs
+from entrain.core.layer_specs import LayerSpec, llm_specs
 from entrain.models.families.llava_onevision.rules import OneVisionRules
 
 __all__ = ["SiglipArch", "OneVisionShape", "PRESETS", "shape_from_config"]
@@ -77,7 +77,7 @@ class OneVisionShape:
         )
 
     def layer_specs(self, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
-        return {"encoder": _encoder_specs(self), "llm": _llm_specs(self.llm, label_fraction)}
+        return {"encoder": _encoder_specs(self), "llm": llm_specs(self.llm, label_fraction)}
 
 
 def _encoder_specs(shape: OneVisionShape) -> list[LayerSpec]:

@@ -25,7 +25,7 @@ from torch import nn
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
-from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, _assign
+from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, assign_tensor
 from entrain.models.families.composition.vlm import EncoderStage, LLMStage
 
 __all__ = [
@@ -143,7 +143,7 @@ def load_parameters(model: nn.Module, folder: str, names: Iterable[str]) -> list
     for n, key in keys.items():  # a tied checkpoint's embedding feeds the lm_head too: own storage each
         t = tensors[key].clone() if key in used else tensors[key]
         used.add(key)
-        _assign(model, n, t, f"{folder}: {key}")
+        assign_tensor(model, n, t, f"{folder}: {key}")
     return sorted(reader.read_files)
 
 

@@ -75,8 +75,9 @@ def timed_plan(path: str, gpus: int) -> dict:
         raise SystemExit(f"entrain plan failed ({proc.returncode}): {proc.stderr[-2000:]}")
     obj = json.loads(proc.stdout)
     rss_kb = float(_time_field(proc.stderr, "Maximum resident set size (kbytes)"))
+    cpu_s = sum(float(_time_field(proc.stderr, f"{k} time (seconds)")) for k in ("User", "System"))
     return {
-        "gpus": gpus, "dp": gpus // GPUS_PER_REPLICA, "wall_s": _wall_s(proc.stderr), "rss_gb": rss_kb / 1e6,
+        "gpus": gpus, "dp": gpus // GPUS_PER_REPLICA, "wall_s": _wall_s(proc.stderr), "cpu_s": cpu_s, "rss_gb": rss_kb / 1e6,
         "load_before": load_before, "load_after": os.getloadavg()[0], "plan": plan_summary(obj),
     }  # fmt: skip
 
@@ -105,6 +106,11 @@ def profile_plan(path: str, gpus: int, top: int = 20) -> dict[str, str]:
         prof.runcall(main, plan_args(path, gpus))
     finally:
         sys.stdout = stdout
+    return profile_tables(prof, top)
+
+
+def profile_tables(prof, top: int = 20) -> dict[str, str]:
+    """The top functions by own and by cumulative time of a profile (or a saved cProfile file)."""
     out = {}
     for key in ("tottime", "cumulative"):
         buf = io.StringIO()
@@ -118,12 +124,12 @@ def _row(size: int, r: dict) -> str:
     met = "yes" if r["wall_s"] <= TARGET_WALL_S and r["rss_gb"] <= TARGET_RSS_GB else "no"
     stages = ", ".join(f"{c} tp{v[0]} pp{v[1]}" for c, v in p["stages"].items())
     return (
-        f"| {size:,} | {r['gpus']} | {r['dp']} | {r['wall_s']:.1f} | {r['rss_gb']:.2f} | {met} | {p['b_min']} | "
+        f"| {size:,} | {r['gpus']} | {r['dp']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['rss_gb']:.2f} | {met} | {p['b_min']} | "
         f"{stages} | {p['predicted_iteration_time_ms']:.1f} | {r['load_before']:.1f} / {r['load_after']:.1f} |"
     )
 
 
-def write_report(out: Path, results: dict, profile: dict | None, notes: list[str]) -> None:
+def write_report(out: Path, results: dict, profiles: list[dict], notes: list[str]) -> None:
     lines = [
         "# Planning at scale (`entrain plan` on large workload files)",
         "",
@@ -133,12 +139,12 @@ def write_report(out: Path, results: dict, profile: dict | None, notes: list[str
         f"(issue 25 req. 1): at most {TARGET_WALL_S:.0f} s and {TARGET_RSS_GB} GB. Shared 2-core machine: "
         "the 1-minute load average before / after each run is listed.",
         "",
-        "| samples | GPUs | dp | wall s | peak RSS GB | target met | b_min | stages | Eq. 2 ms | load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| samples | GPUs | dp | wall s | CPU s | peak RSS GB | target met | b_min | stages | Eq. 2 ms | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(int(size), r) for size, runs in results.items() for r in runs]
     lines += ["", *notes]
-    if profile:
+    for profile in profiles:
         lines += ["", f"## Where the time goes ({profile['what']})", ""]
         for key, title in (("tottime", "own time"), ("cumulative", "cumulative time")):
             lines += [f"Top functions by {title}:", "", "```", profile[key], "```", ""]
@@ -152,11 +158,20 @@ def main() -> None:
     ap.add_argument("--profile", default="100000:1024", help="SIZE:GPUS of the cProfile run ('' = none)")
     ap.add_argument("--out", default="benchmarks/results/planning_scale.md")
     ap.add_argument("--note", action="append", default=[], help="a line added under the table")
+    ap.add_argument("--from-json", default="", help="results JSON of an earlier run to render (runs nothing)")
+    ap.add_argument(
+        "--profile-file",
+        default="",
+        help="WHAT=FILE: also summarise a saved cProfile (e.g. of the code before)",
+    )
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
     gpus_list = [int(x) for x in args.gpus.split(",") if x]
     results: dict[int, list[dict]] = {}
     profile = None
+    if args.from_json:  # render earlier runs (plus --profile-file) without running them again
+        results = {int(k): v for k, v in json.loads(Path(args.from_json).read_text())["results"].items()}
+        sizes = []
     with tempfile.TemporaryDirectory(prefix="planning_scale_") as tmp:
         for size in sizes:
             path = os.path.join(tmp, f"workload_{size}.jsonl")
@@ -170,9 +185,15 @@ def main() -> None:
             if args.profile and int(args.profile.split(":")[0]) == size:
                 gpus = int(args.profile.split(":")[1])
                 profile = {"what": f"cProfile, {size:,} samples, {gpus} GPUs", **profile_plan(path, gpus)}
+    profiles = [profile] if profile else []
+    if args.profile_file:
+        what, file = args.profile_file.split("=", 1)
+        profiles.append({"what": what, **profile_tables(file)})
     out = Path(args.out)
-    write_report(out, results, profile, args.note)
-    out.with_suffix(".json").write_text(json.dumps({"results": results, "profile": profile}, indent=1) + "\n")
+    write_report(out, results, profiles, args.note)
+    out.with_suffix(".json").write_text(
+        json.dumps({"results": results, "profiles": profiles}, indent=1) + "\n"
+    )
     print(f"wrote {out}")
 
 

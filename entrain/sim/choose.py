@@ -5,11 +5,11 @@ the commands that may import the simulator hand ``candidate_judge`` to ``entrain
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.planner import MacroscopicProfiler, Sampler
 from entrain.core.setups import CandidateJudge, ConfigRequest, SystemSetup
+from entrain.core.table_work import draw_works
 from entrain.core.work import SampleWork
 from entrain.sim.memory_fit import fit_memory
 
@@ -30,8 +30,7 @@ def planner_draws(
     out = []
     for trial in range(num_draws):
         items = profiler.draw(req.global_batch, trial)[0]
-        works = (w if isinstance(w, SampleWork) else cost.sample_work(w, req.tp, 1) for w in items)
-        out.append([replace(w, id=f"{w.id}#{i}") for i, w in enumerate(works)])
+        out.append(draw_works(items, cost, req.tp, 1, numbered=True))  # column-wise for a table draw
     return out
 
 

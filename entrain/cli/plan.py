@@ -16,7 +16,6 @@ within ``--tolerance`` count as the same, and the search stops at ``--global-bat
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from entrain.cli.common import (
@@ -32,10 +31,10 @@ from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
 from entrain.core.architectures import default_precision
 from entrain.core.errors import ConfigError
-from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, plan
+from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, memory_check_iterations, plan
 from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import SYSTEMS, get_system
-from entrain.core.work import SampleWork
+from entrain.core.table_work import draw_works
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
@@ -170,15 +169,15 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
 
 
 def _check_batches(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> list[list]:
-    """``--iterations`` global batches for the memory check, drawn by Algorithm 1's seeded sampler
-    (with replacement: a file may hold fewer samples than the check needs), priced at the planned TP
-    as ``simulate`` prices its batches."""
+    """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
+    file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
+    its batches: the first ``planner.memory_check_iterations`` of ``--iterations`` (all of them up
+    to DP 4; at DP 64, 2 global batches still hold 128 replica iterations)."""
     tp = result.config.encoder.tp
     batches = []
-    for i in range(args.iterations):
+    for i in range(memory_check_iterations(result.config.dp, args.iterations)):
         draw = sampler(args.global_batch, args.seed * 1_000_003 + 7_919 * (i + 1))
-        works = [x if isinstance(x, SampleWork) else cost.sample_work(x, tp) for x in draw]
-        batches.append([dataclasses.replace(w, id=f"{w.id}#{k}") for k, w in enumerate(works)])
+        batches.append(draw_works(draw, cost, tp, numbered=True))
     return batches  # a sample drawn twice is two samples of the batch (ids made unique)
 
 

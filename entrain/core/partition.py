@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
+
 from entrain.core.errors import ConfigError
 
 __all__ = ["Partition", "min_max_partition", "stage_times"]
@@ -42,6 +44,24 @@ def stage_times(layer_ms: Sequence[float], ranges: Sequence[tuple[int, int]]) ->
     return tuple(prefix[e] - prefix[f] for f, e in ranges)
 
 
+def _suffix_table(prefix: list[float], num_stages: int) -> list[list[float]]:
+    """``suffix[q][i]``: the best bottleneck of layers ``[i, n)`` in ``q`` stages (inf if fewer than ``q``
+    layers are left), ``min_j max(seg(i, j), suffix[q - 1][j])`` for ``j`` in ``i + 1 .. n - q + 1``:
+    one numpy pass per stage count over the matrix of segment sums (the same float operations as
+    the scalar recurrence, so the same values)."""
+    n = len(prefix) - 1
+    p = np.asarray(prefix)
+    seg = p[None, :] - p[:, None]  # seg[i, j] = prefix[j] - prefix[i]
+    rows, cols = np.indices(seg.shape)
+    suffix = np.full((num_stages + 1, n + 1), np.inf)
+    suffix[1, :n] = seg[:n, n]
+    for q in range(2, num_stages + 1):
+        cand = np.maximum(seg, suffix[q - 1][None, :])
+        cand[(cols <= rows) | (cols > n - q + 1)] = np.inf
+        suffix[q, : n - q + 1] = cand[: n - q + 1].min(axis=1)
+    return suffix.tolist()
+
+
 def min_max_partition(layer_ms: Sequence[float], num_stages: int) -> Partition:
     """Optimal contiguous split of ``layer_ms`` (per-layer times, >= 0) into ``num_stages`` stages.
 
@@ -57,14 +77,7 @@ def min_max_partition(layer_ms: Sequence[float], num_stages: int) -> Partition:
     def seg(i: int, j: int) -> float:
         return prefix[j] - prefix[i]
 
-    # suffix[q][i]: best bottleneck of layers [i, n) in q stages (inf if fewer than q layers left)
-    inf = float("inf")
-    suffix = [[inf] * (n + 1) for _ in range(num_stages + 1)]
-    for i in range(n):
-        suffix[1][i] = seg(i, n)
-    for q in range(2, num_stages + 1):
-        for i in range(n - q + 1):
-            suffix[q][i] = min(max(seg(i, j), suffix[q - 1][j]) for j in range(i + 1, n - q + 2))
+    suffix = _suffix_table(prefix, num_stages)
     best = suffix[num_stages][0]
     limit = best + _REL_TOL * max(abs(best), 1.0)
 

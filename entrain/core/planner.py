@@ -53,6 +53,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.parallel import num_microbatches
 from entrain.core.partition import min_max_partition
 from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.sample_table import SampleTable, TableDraw
 from entrain.core.samples import SampleMeta
 from entrain.core.work import SampleWork
 
@@ -71,6 +72,8 @@ __all__ = [
     "proportional_allocation",
     "draw_seed",
     "pool_sampler",
+    "MEMORY_CHECK_REPLICA_ITERATIONS",
+    "memory_check_iterations",
     "find_b_min",
     "search_candidates",
     "search_config",
@@ -101,16 +104,24 @@ class SampleStats:
     over its images), LLM tokens and their square; ``raw_*`` = given work for items without metadata
     (NaN otherwise)."""
 
-    ids: tuple[str, ...]
+    ids: Sequence[str]
     enc_x1: np.ndarray
     enc_x2: np.ndarray
     llm_x1: np.ndarray
     llm_x2: np.ndarray
     raw_encoder: np.ndarray
     raw_llm: np.ndarray
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """Column means, maxima and ``has_tokens``, computed once (the arrays are never changed)."""
 
     @classmethod
     def of(cls, items: Sequence[Item]) -> SampleStats:
+        if isinstance(items, SampleTable):
+            items = items.take(np.arange(len(items)))
+        if isinstance(items, TableDraw):  # columns, no record built
+            enc_x1, enc_x2, llm_x1 = items.columns()
+            nan = np.full(len(items), np.nan)
+            return cls(items.ids, enc_x1, enc_x2, llm_x1, llm_x1 * llm_x1, nan, nan.copy())
         n = len(items)
         cols = np.full((6, n), np.nan)
         ids = []
@@ -134,7 +145,19 @@ class SampleStats:
 
     @property
     def has_tokens(self) -> bool:
-        return not np.isnan(self.enc_x1).any()
+        got = self._memo.get("has_tokens")
+        if got is None:
+            got = self._memo["has_tokens"] = not np.isnan(self.enc_x1).any()
+        return got
+
+    def column_summary(self, comp: str) -> tuple[float, float, float, float]:
+        """``comp``'s (mean x, mean x^2, x and x^2 of the sample with the largest x; the first of equals)."""
+        got = self._memo.get(comp)
+        if got is None:
+            x1, x2 = (self.enc_x1, self.enc_x2) if comp == "encoder" else (self.llm_x1, self.llm_x2)
+            j = int(np.argmax(x1))
+            got = self._memo[comp] = (float(x1.mean()), float(x2.mean()), float(x1[j]), float(x2[j]))
+        return got
 
     def work(self, cost: CostModel, tp: int = 1, cp: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Per-sample (encoder, llm) forward+backward ms without per-call constants."""
@@ -204,13 +227,16 @@ def draw_seed(seed: int, batch_size: int, trial: int) -> int:
 
 
 def pool_sampler(items: Sequence[Item]) -> Sampler:
-    """i.i.d. draws from a fixed list, with replacement (``n`` uniform indices from ``seed``)."""
-    pool = list(items)
-    if not pool:
+    """i.i.d. draws from a fixed list or a ``SampleTable`` (a ``TableDraw`` view then), with replacement
+    (``n`` uniform indices from ``seed``)."""
+    pool = items if isinstance(items, SampleTable) else list(items)
+    if not len(pool):
         raise ConfigError("cannot sample from an empty dataset")
 
-    def sample(n: int, seed: int) -> list[Item]:
+    def sample(n: int, seed: int) -> Sequence[Item]:
         idx = np.random.default_rng(seed).integers(0, len(pool), size=n)
+        if isinstance(pool, SampleTable):
+            return pool.take(idx)  # a lazy view: records are built only when indexed
         return [pool[i] for i in idx.tolist()]
 
     return sample
@@ -580,17 +606,16 @@ class StaticConfig:
 def _mean_layer_ms(stats: SampleStats, cost: CostModel, comp: str, tp: int, cp: int, u: int) -> np.ndarray:
     """Per-layer forward + backward ms of a microbatch of ``u`` mean samples (constants included)."""
     coeffs = layer_coefficients(cost, comp, tp, cp)
-    x1 = stats.enc_x1 if comp == "encoder" else stats.llm_x1
-    x2 = stats.enc_x2 if comp == "encoder" else stats.llm_x2
     if stats.has_tokens:
-        var = coeffs[:, 0] * float(x2.mean()) + coeffs[:, 1] * float(x1.mean())
+        mean_x1, mean_x2 = stats.column_summary(comp)[:2]
+        var = coeffs[:, 0] * mean_x2 + coeffs[:, 1] * mean_x1
     else:  # raw work: spread the mean work over the layers by their linear costs
         enc, llm = stats.work(cost, 1, 1)
         mean_work = float((enc if comp == "encoder" else llm).mean())
         ref = layer_coefficients(cost, comp, 1, 1)[:, 1]
         scale = coeffs[:, 1].sum() / max(ref.sum(), 1e-300)
         var = mean_work * scale * coeffs[:, 1] / max(coeffs[:, 1].sum(), 1e-300)
-    mean_tokens = u * float(x1.mean()) if stats.has_tokens else 0.0
+    mean_tokens = u * mean_x1 if stats.has_tokens else 0.0
     return cost.small_call_factor(comp, mean_tokens) * u * var + coeffs[:, 2]
 
 
@@ -610,16 +635,36 @@ def _microbatch_load(stats: SampleStats, comp: str, microbatch_size: int) -> Mic
     profile's largest sample on ``comp`` (0 for raw-work profiles: no token metadata)."""
     if not stats.has_tokens:
         return MicrobatchLoad(0.0, 0.0, 0.0, 0.0)
-    x1, x2 = (stats.enc_x1, stats.enc_x2) if comp == "encoder" else (stats.llm_x1, stats.llm_x2)
-    j = int(np.argmax(x1))
+    mean_x1, mean_x2, peak_x1, peak_x2 = stats.column_summary(comp)
     u = microbatch_size
-    return MicrobatchLoad(u * float(x1.mean()), u * float(x2.mean()), u * float(x1[j]), u * float(x2[j]))
+    return MicrobatchLoad(u * mean_x1, u * mean_x2, u * peak_x1, u * peak_x2)
 
 
 def _params_bytes(cost: CostModel, comp: str, first: int, end: int, tp: int) -> float:
-    layers = cost.component(comp).layers[first:end]
-    factor = ADAM_BYTES_PER_BF16_WEIGHT_BYTE
-    return sum(layer.param_bytes * (factor if layer.trainable else 1.0) for layer in layers) / tp
+    def compute() -> float:
+        layers = cost.component(comp).layers[first:end]
+        factor = ADAM_BYTES_PER_BF16_WEIGHT_BYTE
+        return sum(layer.param_bytes * (factor if layer.trainable else 1.0) for layer in layers) / tp
+
+    return _cost_memo(cost, ("params", comp, first, end, tp), compute)
+
+
+_COST_MEMO: dict[tuple, tuple[CostModel, object]] = {}
+_COST_MEMO_MAX_ENTRIES = 200_000
+
+
+def _cost_memo(cost: CostModel, key: tuple, compute: Callable[[], object]):
+    """``compute()`` once per cost model and ``key``: what Algorithm 2 asks the cost model again and
+    again for the same stage (model state, kept bytes, recomputation coefficients)."""
+    full = (id(cost), *key)
+    hit = _COST_MEMO.get(full)
+    if hit is not None and hit[0] is cost:
+        return hit[1]
+    if len(_COST_MEMO) >= _COST_MEMO_MAX_ENTRIES:
+        _COST_MEMO.clear()
+    value = compute()
+    _COST_MEMO[full] = (cost, value)
+    return value
 
 
 def stage_memory_bytes(
@@ -629,11 +674,13 @@ def stage_memory_bytes(
     """One GPU of a stage: model state (weights + gradients + Adam states of trainable layers, bf16
     weights of frozen ones, / TP) + ``in_flight`` mean microbatches' kept activations + the largest
     microbatch's recomputation transient (``CostModel.recompute_transient_bytes``), / (TP x CP)."""
-    lin, sq = cost.kept_bytes_per_token(comp, first, end, recompute)
+    lin, sq = _cost_memo(cost, ("kept", comp, first, end, recompute),
+                         lambda: cost.kept_bytes_per_token(comp, first, end, recompute))  # fmt: skip
     held = in_flight * (load.tokens * lin + load.tokens_sq * sq)
-    transient = cost.recompute_transient_bytes(
-        comp, first, end, recompute, load.peak_tokens, load.peak_tokens_sq
-    )
+    dropped = _cost_memo(cost, ("dropped", comp, first, end, recompute),
+                         lambda: cost.recompute_dropped_bytes_per_token(comp, first, end, recompute))  # fmt: skip
+    # CostModel.recompute_transient_bytes on the cached per-layer coefficients
+    transient = max([0.0, *(lin * load.peak_tokens + sq * load.peak_tokens_sq for lin, sq in dropped)])
     return _params_bytes(cost, comp, first, end, tp) + (held + transient) / (tp * cp)
 
 
@@ -643,16 +690,27 @@ def _recompute_ms(
     """Recomputation ms of a mean ``u``-sample microbatch on layers ``[first, end)`` (one call)."""
     if mode == "none" or not stats.has_tokens:
         return 0.0
-    x1 = stats.enc_x1 if comp == "encoder" else stats.llm_x1
-    x2 = stats.enc_x2 if comp == "encoder" else stats.llm_x2
+    mean_x1, mean_x2 = stats.column_summary(comp)[:2]
     total = 0.0
-    for i in range(first, end):
-        g1 = cost.recompute_ms(comp, i, (1,), mode, tp, cp, 0)
-        g2 = cost.recompute_ms(comp, i, (2,), mode, tp, cp, 0)
-        c = cost.recompute_ms(comp, i, (), mode, tp, cp, 1)
-        a = (g2 - 2.0 * g1) / 2.0
-        total += u * (a * float(x2.mean()) + (g1 - a) * float(x1.mean())) + c
+    for a, b, c in _recompute_coefficients(cost, comp, first, end, tp, cp, mode):
+        total += u * (a * mean_x2 + b * mean_x1) + c
     return total
+
+
+def _recompute_coefficients(cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, mode: str):
+    """Per layer of ``[first, end)``: the ``(a, b, c)`` of its recomputation ms (``CostModel.recompute_ms``
+    at 1 and 2 units, and one call's constant), cached per cost model."""
+
+    def compute() -> tuple[tuple[float, float, float], ...]:
+        out = []
+        for i in range(first, end):
+            g1 = cost.recompute_ms(comp, i, (1,), mode, tp, cp, 0)
+            g2 = cost.recompute_ms(comp, i, (2,), mode, tp, cp, 0)
+            a = (g2 - 2.0 * g1) / 2.0
+            out.append((a, g1 - a, cost.recompute_ms(comp, i, (), mode, tp, cp, 1)))
+        return tuple(out)
+
+    return _cost_memo(cost, ("recompute", comp, first, end, tp, cp, mode), compute)
 
 
 def choose_recompute(
@@ -932,6 +990,22 @@ def plan(
         raise ConfigError(f"no DP degree yields a feasible configuration on {gpus} GPUs; e.g. {last_error}")
     best = min(per_dp, key=lambda d: per_dp[d][1].sort_key())
     return PlanResult(per_dp[best][0], per_dp[best][1], per_dp)
+
+
+MEMORY_CHECK_REPLICA_ITERATIONS = 80
+"""(replica, iteration) pairs the plan's simulated memory check needs to see: what ``--iterations 20``
+gives on the paper's DP 4 (docs/planning_scale.md)."""
+
+
+def memory_check_iterations(dp: int, iterations: int, replica_iterations: int = MEMORY_CHECK_REPLICA_ITERATIONS) -> int:
+    """Global batches the plan's simulated memory check draws: the fewest that hold at least
+    ``replica_iterations`` (replica, iteration) pairs, at most ``iterations`` and at least 1.
+
+    Each pair is an exchangeable draw of a replica's microbatches, so the chance that a fresh pair
+    peaks above every one of ``R`` simulated pairs is at most ``1 / (R + 1)``: with ``R`` >= 80 the
+    check keeps the guarantee it has on the paper's setup (20 iterations of 4 replicas) while
+    simulating 2 global batches instead of 20 at DP 64."""
+    return max(1, min(int(iterations), -(-int(replica_iterations) // max(int(dp), 1))))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from entrain.core.planner import Sampler, pool_sampler
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
 from entrain.data.generators import generate_samples, is_builtin
 from entrain.data.workload_io import detect_format, read_raw_work_jsonl, read_samples, resolve_dataset_file
+from entrain.data.workload_table import read_workload_table
 
 __all__ = ["POOL_SIZE", "dataset_sampler"]
 
@@ -31,6 +32,9 @@ def dataset_sampler(
             raise ConfigError(f"--seed must be >= 0 for the built-in datasets, got {seed}")
         return pool_sampler(generate_samples(dataset, POOL_SIZE, seed, vision=vision))
     path = resolve_dataset_file(dataset)
-    if detect_format(path) == "raw_work":
+    fmt = detect_format(path)
+    if fmt == "raw_work":
         return pool_sampler(read_raw_work_jsonl(path))
+    if fmt == "workload":  # streamed into columns: no Python object per record (docs/planning_scale.md)
+        return pool_sampler(read_workload_table(path, vision))
     return pool_sampler(read_samples(path, vision, image_root=image_root))

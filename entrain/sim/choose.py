@@ -7,12 +7,12 @@ decisions are made one after the other, and each one's incumbent is a candidate 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.planner import MacroscopicProfiler, Sampler
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.setups import CandidateJudge, ConfigRequest, SystemSetup
+from entrain.core.table_work import draw_works
 from entrain.core.work import SampleWork
 from entrain.sim.memory_fit import fit_memory
 
@@ -33,8 +33,7 @@ def planner_draws(
     out = []
     for trial in range(num_draws):
         items = profiler.draw(req.global_batch, trial)[0]
-        works = (w if isinstance(w, SampleWork) else cost.sample_work(w, req.tp, 1) for w in items)
-        out.append([replace(w, id=f"{w.id}#{i}") for i, w in enumerate(works)])
+        out.append(draw_works(items, cost, req.tp, 1, numbered=True))  # column-wise for a table draw
     return out
 
 

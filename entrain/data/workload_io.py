@@ -71,7 +71,7 @@ def detect_format(path: str) -> str:
     line_no, line = first
     if line.lstrip().startswith("["):
         raise ConfigError(f"{path}: a JSON array; workload files are JSONL (one JSON object per line)")
-    record = _parse_line(path, line_no, line)
+    record = parse_line(path, line_no, line)
     if "encoder" in record or "llm" in record:
         return "raw_work"
     if "images" in record or "text_tokens" in record:
@@ -86,7 +86,7 @@ def detect_format(path: str) -> str:
 # --- record parsing -----------------------------------------------------------------------------
 
 
-def _parse_line(path: str, line_no: int, line: str) -> dict[str, Any]:
+def parse_line(path: str, line_no: int, line: str) -> dict[str, Any]:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
@@ -145,7 +145,7 @@ def _parse_images(
     return tuple(out)
 
 
-def _parse_workload(path: str, line_no: int, record: dict, vision: VisionTokenConfig) -> SampleMeta:
+def parse_workload(path: str, line_no: int, record: dict, vision: VisionTokenConfig) -> SampleMeta:
     sample_id = _parse_id(path, line_no, record)
     images = _parse_images(path, line_no, record, vision)
     text = _field(path, line_no, record, "text_tokens")
@@ -182,7 +182,7 @@ def _read_records(path: str, parse: Callable[[int, dict], Any]) -> list[Any]:
             if not line.strip():
                 continue
             try:
-                record = _parse_line(path, line_no, line)
+                record = parse_line(path, line_no, line)
             except DataError as e:
                 if line.endswith("\n"):
                     raise
@@ -201,7 +201,7 @@ def _read_records(path: str, parse: Callable[[int, dict], Any]) -> list[Any]:
 
 def read_workload_jsonl(path: str, vision: VisionTokenConfig = DEFAULT_VISION) -> list[SampleMeta]:
     """Samples of a workload JSONL in file order."""
-    return _read_records(str(path), lambda n, r: _parse_workload(str(path), n, r, vision))
+    return _read_records(str(path), lambda n, r: parse_workload(str(path), n, r, vision))
 
 
 def read_raw_work_jsonl(path: str) -> list[SampleWork]:

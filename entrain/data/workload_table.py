@@ -20,7 +20,7 @@ import numpy as np
 from entrain.core.errors import DataError
 from entrain.core.sample_table import NO_ANSWER, SampleTable
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
-from entrain.data.workload_io import _parse_line, _parse_workload
+from entrain.data.workload_io import parse_line, parse_workload
 
 __all__ = ["CHUNK_LINES", "read_workload_table"]
 
@@ -45,7 +45,7 @@ class _Columns:
         metas = []  # some record is bad: find it (and its message) line by line
         try:
             for n, line in numbered:
-                metas.append((n, _parse_workload(path, n, _parse_line(path, n, line), vision)))
+                metas.append((n, parse_workload(path, n, parse_line(path, n, line), vision)))
         finally:
             if metas:
                 self._append(_columns_of(path, metas), len(metas))
@@ -104,7 +104,7 @@ class _Columns:
 
 
 def _chunk_columns(numbered: list[tuple[int, str]], max_ratio: float) -> dict[str, np.ndarray] | None:
-    """The chunk's columns when every record passes ``_parse_workload``'s checks, else None."""
+    """The chunk's columns when every record passes ``parse_workload``'s checks, else None."""
     try:
         records = json.loads("[" + ",".join(line for _, line in numbered) + "]")
     except json.JSONDecodeError:

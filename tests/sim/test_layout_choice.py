@@ -41,7 +41,7 @@ def test_departs_only_past_the_margin():
 
 
 @pytest.mark.parametrize(
-    "shared_over_disjoint, shared", [(0.98, True), (0.995, False), (1.05, False), (None, False)]
+    "shared_over_disjoint, shared", [(0.98, True), (0.998, False), (1.05, False), (None, False)]
 )
 def test_auto_layout_follows_the_simulated_times(shared_over_disjoint, shared):
     """``auto`` takes the boundary-sharing layout only when the judge simulates it more than the

@@ -26,10 +26,10 @@ from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import num_microbatches
-from entrain.core.systems import get_system, parse_systems
+from entrain.core.systems import ENTRAIN, default_systems, get_system, parse_systems
 from entrain.core.work import SampleWork
 
-DEFAULT_SYSTEMS = "entrain,1f1b,disttrain,dip"
+DEFAULT_SYSTEMS = default_systems("assign")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -84,7 +84,7 @@ def resolve_dp(args: argparse.Namespace, first_batch: Sequence[SampleWork], cost
 
 
 def _table(results: dict[str, dict], times_ms: dict[str, float], head: str) -> str:
-    base = results.get("entrain", {}).get("summary")
+    base = results.get(ENTRAIN, {}).get("summary")
     lines = [head, ""]
     cols = f"{'system':<16}{'enc std':>10}{'llm std':>10}{'enc max/mean':>14}{'llm max/mean':>14}"
     cols += f"{'K_eff':>7}{'defer/it':>10}{'ms/iter':>9}"

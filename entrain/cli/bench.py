@@ -28,9 +28,10 @@ from entrain.cli.common import emit_json
 from entrain.core.errors import ConfigError
 from entrain.core.planner import evaluate_config
 from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
+from entrain.core.systems import ENTRAIN
 from entrain.core.systems import SYSTEMS as REGISTRY
 from entrain.data.sampling import dataset_sampler
-from entrain.sim.ablation import dip_greedy_ablation
+from entrain.sim.ablation import ABLATED, dip_greedy_ablation
 from entrain.sim.choose import candidate_judge
 from entrain.sim.executor import simulate_plan
 from entrain.sim.run import run_system
@@ -41,8 +42,6 @@ HARDWARE = ("a40-paper", "a40-flops")
 SYSTEMS = tuple(REGISTRY)
 TRIAL_SIZES = (1, 4, 16, 64, 256)
 GPUS, DP, TP, GLOBAL_BATCH, MICROBATCH = 64, 4, 2, 512, 4
-ABLATED = ("dip-greedy", "dip-greedy-mem", "1f1b")
-"""The runs ``sim.ablation.dip_greedy_ablation`` starts from (the report's DIP-greedy ablation rows)."""
 VARIANTS = {
     PAPER: ("disjoint", 0, False),
     "entrain+ramp": ("disjoint", "auto", False),
@@ -85,7 +84,7 @@ def _setups(req: ConfigRequest, cost, systems) -> dict:
     sampler = dataset_sampler(req.dataset, req.seed)
     judge = candidate_judge(sampler, cost, req)
     setups = system_setups(list(systems), req, cost, sampler, judge)
-    base = setups["entrain"]
+    base = setups[ENTRAIN]
     for name, (lay, ramp, split) in VARIANTS.items():
         variant = replace(req, entrain_layout=lay, entrain_ramp=ramp, entrain_split=split)
         setups[name] = entrain_variant(base, variant, cost, judge)
@@ -130,10 +129,10 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
     setups = _setups(req, cost, systems)
     runs = {}
     for name in (*systems, *VARIANTS):
-        gen = name if name in systems else "entrain"
+        gen = name if name in systems else ENTRAIN
         s = setups[name]
         runs[name] = run_system(gen, s.layout, batches, cost, s.options, trace_iterations=0)
-    ref = runs["entrain"].metrics.iteration_time_ms
+    ref = runs[ENTRAIN].metrics.iteration_time_ms
     out: dict = {"dataset": dataset, "model": model, "hardware": hardware, "iterations": iterations,
                  "systems": {n: {**_system_json(r, setups[n]), "entrain_speedup": r.metrics.iteration_time_ms / ref}
                              for n, r in runs.items()}}  # fmt: skip
@@ -142,7 +141,7 @@ def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: 
         out["dip_greedy_ablation"] = {k: _ablation_json(r) for k, r in steps.items()}
     b_min = setups[PAPER].b_min_result
     out.update(b_min=b_min.b_min, b_min_converged=b_min.converged, b_min_reason=b_min.reason,
-               trials=[t.to_json() for t in b_min.trials], gap=_gap(runs["entrain"], cost),
+               trials=[t.to_json() for t in b_min.trials], gap=_gap(runs[ENTRAIN], cost),
                gap_paper=_gap(runs[PAPER], cost))  # fmt: skip
     if sweep:
         out["sweep"] = _sweep(setups[PAPER].profile, cost, batches[:sweep_iterations])
@@ -183,7 +182,7 @@ def _sweep(profile, cost, batches) -> dict:
         except ConfigError:
             out[key] = None
             continue
-        run = run_system("entrain", cfg.to_layout(), batches, cost, trace_iterations=0)
+        run = run_system(ENTRAIN, cfg.to_layout(), batches, cost, trace_iterations=0)
         out[key] = {"iteration_time_ms": run.metrics.iteration_time_ms, "memory_ok": cfg.memory_ok,
                     "eq2_ms": cfg.predicted_iteration_time_ms}  # fmt: skip
     return out
@@ -231,7 +230,7 @@ def run_case_kw(kw: dict) -> dict:
 
 def _logged(case: dict, log) -> dict:
     log(f"bench paper: {case['dataset']} + {SHORT[case['model']]} on {case['hardware']}: entrain "
-        f"{case['systems']['entrain']['iteration_time_ms'] / 1e3:.2f} s ({case['wall_s']:.0f} s wall)")  # fmt: skip
+        f"{case['systems'][ENTRAIN]['iteration_time_ms'] / 1e3:.2f} s ({case['wall_s']:.0f} s wall)")  # fmt: skip
     return case
 
 

@@ -16,27 +16,27 @@ from importlib import resources
 import jinja2
 
 from entrain.core.planner import PAPER_TABLE1
-from entrain.core.systems import SYSTEMS
+from entrain.core.systems import DIP, DISTTRAIN, DISTTRAIN_PAPER, ENTRAIN, ENTRAIN_1F1B, SYSTEMS
 from entrain.sim.ablation import DIP_GREEDY_STEPS
 
 SHORT = {"qwen25vl-llama3-1b": "1B", "qwen25vl-llama3-3b": "3B"}
 BASELINES = tuple(n for n, spec in SYSTEMS.items() if not spec.extensions)
 """The registry's systems that are not Entrain (Entrain's own accept its extensions)."""
 PAPER = "entrain-paper"
-ENTRAINS = {"entrain": "Entrain", PAPER: "Entrain (paper: no extensions)"}
+ENTRAINS = {ENTRAIN: "Entrain", PAPER: "Entrain (paper: no extensions)"}
 """``entrain`` = our default (the extensions where the cost model predicts a gain)."""
 EXTENSIONS = ("entrain+ramp", "entrain+shared", "entrain+split")
 COLOCATED = tuple(n for n, spec in SYSTEMS.items() if spec.colocated)
 """DIP and its variants (the registry's colocated systems)."""
-FIG11_COLUMNS = ("entrain", PAPER, *EXTENSIONS, *(n for n in SYSTEMS if n != "entrain"))
-FIG13_SYSTEMS = ("disttrain", *COLOCATED, PAPER, "entrain", "entrain-1f1b")
+FIG11_COLUMNS = (ENTRAIN, PAPER, *EXTENSIONS, *(n for n in SYSTEMS if n != ENTRAIN))
+FIG13_SYSTEMS = (DISTTRAIN, *COLOCATED, PAPER, ENTRAIN, ENTRAIN_1F1B)
 SPLITS = tuple(f"{e}:{8 - e}" for e in range(1, 8))
 
 
 @functools.cache
 def paper_figures() -> dict:
     """The paper's values (package data ``cli/paper/figures.json``)."""
-    return json.loads(resources.files("entrain").joinpath("cli/paper/figures.json").read_text())
+    return json.loads(resources.files(__package__).joinpath("paper/figures.json").read_text())
 
 
 def case_key(case: dict) -> str:
@@ -47,7 +47,7 @@ def time_ms(case: dict, name: str) -> float:
     return case["systems"][name]["iteration_time_ms"]
 
 
-def ratio(case: dict, num: str, den: str = "entrain") -> float:
+def ratio(case: dict, num: str, den: str = ENTRAIN) -> float:
     return time_ms(case, num) / time_ms(case, den)
 
 
@@ -101,14 +101,14 @@ def _case_targets(c: dict, who: str) -> list[dict]:
         dip = best_dip(c)
         rows += [
             _row(f"{label} >= {goal['speedup_vs_disttrain']:.2f}x vs disttrain", c,
-                 f"{ratio(c, 'disttrain', who):.3f}x", ratio(c, "disttrain", who) >= goal["speedup_vs_disttrain"]),
+                 f"{ratio(c, DISTTRAIN, who):.3f}x", ratio(c, DISTTRAIN, who) >= goal["speedup_vs_disttrain"]),
             _row(f"{label} >= {goal['speedup_vs_best_dip']:.2f}x vs the better DIP", c,
                  f"{ratio(c, dip, who):.3f}x ({dip}" + (", OOM)" if oom(c, dip) else ")"),
                  ratio(c, dip, who) >= goal["speedup_vs_best_dip"]),
         ]  # fmt: skip
     if c["dataset"] == goal["std_case_dataset"]:
         for key, need in goal["std_ratio_vs_disttrain"].items():
-            r = s["disttrain"][key] / max(s[who][key], 1e-9)
+            r = s[DISTTRAIN][key] / max(s[who][key], 1e-9)
             rows.append(_row(f"{label} {key} >= {need:g}x below disttrain", c, f"{r:.1f}x", r >= need))
     return rows
 
@@ -126,7 +126,7 @@ def target_rows(rows: list[dict]) -> list[list[str]]:
 # --- more tables ------------------------------------------------------------------------------------------
 def _cell(c: dict, name: str) -> str:
     text = f"{time_ms(c, name) / 1e3:.2f}"
-    if name != "entrain":
+    if name != ENTRAIN:
         text += f" ({ratio(c, name):.2f}x)"
     return text + (" **OOM**" if oom(c, name) else "")
 
@@ -137,7 +137,7 @@ def fig11_rows(cases: list[dict], names: list[str]) -> list[list[str]]:
     for c in cases:
         p = fig11.get(case_key(c))
         paper = f"{p[0]} / {p[1]} / {p[2]} ({min(p[0], p[1]) / p[2]:.2f}x)" if p else "-"
-        ours = f"{ratio(c, 'disttrain'):.2f}x / {ratio(c, best_dip(c)):.2f}x"
+        ours = f"{ratio(c, DISTTRAIN):.2f}x / {ratio(c, best_dip(c)):.2f}x"
         rows.append([f"{c['dataset']} + {SHORT[c['model']]}", *(_cell(c, n) for n in names), paper, ours])
     return rows
 
@@ -149,10 +149,10 @@ def _paper_split(c: dict, system: str) -> str:
 def table1_rows(cases: list[dict]) -> list[list[str]]:
     rows = []
     for c in cases:
-        s, pe = c["systems"], _paper_split(c, "entrain")
+        s, pe = c["systems"], _paper_split(c, ENTRAIN)
         same = "same" if s[PAPER]["split"] == pe else "differs"
         rows.append([f"{c['dataset']} + {SHORT[c['model']]}", c["hardware"], f"{s[PAPER]['split']} / {pe} ({same})",
-                     f"{s['disttrain']['split']} / {_paper_split(c, 'disttrain')}", f"{s['dip']['split']} colocated"])  # fmt: skip
+                     f"{s[DISTTRAIN]['split']} / {_paper_split(c, DISTTRAIN)}", f"{s[DIP]['split']} colocated"])  # fmt: skip
     return rows
 
 
@@ -187,10 +187,10 @@ def table3_rows(cases: list[dict]) -> list[list[str]]:
     for c in cases:
         s, paper = c["systems"], fig.get(case_key(c), {})
         for i, (key, label) in enumerate((("encoder_fwd_std_ms", "vision"), ("llm_fwd_std_ms", "LLM"))):
-            pv = {n: paper.get(n, (None, None))[i] for n in ("disttrain", "dip", "entrain")}
+            pv = {n: paper.get(n, (None, None))[i] for n in (DISTTRAIN, DIP, ENTRAIN)}
             cells = [f"{s[n][key]:.1f} / {'-' if pv[n] is None else f'{pv[n]:.2f}'}" for n in pv]
-            pr = f"{pv['disttrain'] / pv['entrain']:.1f}x" if pv["disttrain"] and pv["entrain"] else "-"
-            ours = s["disttrain"][key] / max(s["entrain"][key], 1e-9)
+            pr = f"{pv[DISTTRAIN] / pv[ENTRAIN]:.1f}x" if pv[DISTTRAIN] and pv[ENTRAIN] else "-"
+            ours = s[DISTTRAIN][key] / max(s[ENTRAIN][key], 1e-9)
             rows.append([f"{c['dataset']} + {SHORT[c['model']]}", label, *cells, f"{ours:.1f}x / {pr}"])
     return rows
 
@@ -259,7 +259,7 @@ def ablation_rows(cases: list[dict]) -> list[list[str]]:
         if steps:
             cells = [f"{v['iteration_time_ms'] / 1e3:.2f}" + (" OOM" if v["fits_memory"] is False else "")
                      for v in steps.values()]  # fmt: skip
-            rows.append([case_key(c), c["hardware"], *cells, f"{time_ms(c, 'entrain') / 1e3:.2f}"])
+            rows.append([case_key(c), c["hardware"], *cells, f"{time_ms(c, ENTRAIN) / 1e3:.2f}"])
     return rows
 
 
@@ -288,7 +288,7 @@ def win_facts(cases: list[dict]) -> list[dict]:
 
 
 def config_facts(cases: list[dict]) -> dict:
-    matches = [{"hardware": hw, "same": sum(c["systems"][PAPER]["split"] == _paper_split(c, "entrain") for c in hc),
+    matches = [{"hardware": hw, "same": sum(c["systems"][PAPER]["split"] == _paper_split(c, ENTRAIN) for c in hc),
                 "cases": len(hc), "in_sample": "table1_entrain" in _fitted(hw)["in_sample"]}
                for hw, hc in _by_hardware(cases).items()]  # fmt: skip
     at_b_min = [next(t for t in c["trials"] if t["batch_size"] == c["b_min"]) for c in cases]
@@ -298,7 +298,7 @@ def config_facts(cases: list[dict]) -> dict:
         "converged": sum(c.get("b_min_converged", True) for c in cases),
         "paper_test_at_b_min": sum(t.get("allocation_stable", len(t["allocations_seen"]) == 1) for t in at_b_min),
         "cases": len(cases),
-        "disttrain_same_as_entrain": sum(c["systems"]["disttrain"]["split"] == c["systems"][PAPER]["split"]
+        "disttrain_same_as_entrain": sum(c["systems"][DISTTRAIN]["split"] == c["systems"][PAPER]["split"]
                                          for c in cases),
     }  # fmt: skip
 
@@ -318,13 +318,13 @@ def ratio_facts(cases: list[dict]) -> dict:
     fig11 = [v for k, v in paper_figures()["fig11_iteration_s"]["cases"].items()]
     share = []
     for c in cases:
-        counts = c["systems"]["entrain"].get("ramp_chosen_counts", {})
+        counts = c["systems"][ENTRAIN].get("ramp_chosen_counts", {})
         total = sum(counts.values())
         share.append(100 * (1 - counts.get("0", 0) / total) if total else 0.0)
     return {
-        "disttrain_vs_paper": rng(ratio(c, "disttrain", PAPER) for c in cases),
-        "disttrain_paper_vs_paper": rng(ratio(c, "disttrain-paper", PAPER) for c in cases),
-        "disttrain_vs_default": rng(ratio(c, "disttrain") for c in cases),
+        "disttrain_vs_paper": rng(ratio(c, DISTTRAIN, PAPER) for c in cases),
+        "disttrain_paper_vs_paper": rng(ratio(c, DISTTRAIN_PAPER, PAPER) for c in cases),
+        "disttrain_vs_default": rng(ratio(c, DISTTRAIN) for c in cases),
         "paper_disttrain": rng(p[0] / p[2] for p in fig11),
         "paper_dip": rng(p[1] / p[2] for p in fig11),
         "colocated": {
@@ -333,15 +333,15 @@ def ratio_facts(cases: list[dict]) -> dict:
             if any(n in c["systems"] for c in cases)
         },  # fmt: skip
         "extensions": {n: rng(ratio(c, n, PAPER) for c in cases if n in c["systems"]) for n in EXTENSIONS},
-        "default_vs_paper": rng(ratio(c, "entrain", PAPER) for c in cases),
+        "default_vs_paper": rng(ratio(c, ENTRAIN, PAPER) for c in cases),
         "ramp_share_pct": rng(share, 0),
-        "shared_cases": sum(bool(c["systems"]["entrain"].get("shared_boundary")) for c in cases),
+        "shared_cases": sum(bool(c["systems"][ENTRAIN].get("shared_boundary")) for c in cases),
         "cases": len(cases),
     }
 
 
 def memory_facts(cases: list[dict]) -> dict:
-    names = [n for n in ("entrain", PAPER, "disttrain", *COLOCATED) if any(n in c["systems"] for c in cases)]
+    names = [n for n in (ENTRAIN, PAPER, DISTTRAIN, *COLOCATED) if any(n in c["systems"] for c in cases)]
     misfits = {n: [f"{c['dataset']} + {SHORT[c['model']]} ({c['hardware']})" for c in cases if oom(c, n)]
                for n in names}  # fmt: skip
     fig = paper_figures()["fig13_last_rank_activation_gb"]
@@ -350,12 +350,12 @@ def memory_facts(cases: list[dict]) -> dict:
     if case is not None:
         gb = {
             n: case["systems"][n]["peak_activation_bytes_per_rank"][-1] / 1e9
-            for n in ("disttrain", "dip", PAPER)
+            for n in (DISTTRAIN, DIP, PAPER)
         }
         paper = {n: statistics.fmean(v) for n, v in fig["values"].items()}
         last = {"ours": gb, "paper": fig["values"], "case": fig["case"],
-                "same_order": sorted(gb, key=gb.get) == sorted(("disttrain", "dip", PAPER),
-                                                                key=lambda n: paper["entrain" if n == PAPER else n])}  # fmt: skip
+                "same_order": sorted(gb, key=gb.get) == sorted((DISTTRAIN, DIP, PAPER),
+                                                                key=lambda n: paper[ENTRAIN if n == PAPER else n])}  # fmt: skip
     return {"misfits": misfits, "cases": len(cases), "last_rank": last}
 
 
@@ -366,9 +366,9 @@ def std_facts(cases: list[dict]) -> dict | None:
         return None
     out = {}
     for i, key in enumerate(("encoder_fwd_std_ms", "llm_fwd_std_ms")):
-        ours = [c["systems"]["disttrain"][key] / max(c["systems"]["entrain"][key], 1e-9) for c in syn]
+        ours = [c["systems"][DISTTRAIN][key] / max(c["systems"][ENTRAIN][key], 1e-9) for c in syn]
         paper = [
-            fig[case_key(c)]["disttrain"][i] / fig[case_key(c)]["entrain"][i]
+            fig[case_key(c)][DISTTRAIN][i] / fig[case_key(c)][ENTRAIN][i]
             for c in syn
             if case_key(c) in fig
         ]
@@ -412,7 +412,7 @@ def report_context(res: dict) -> dict:
 
 def render(res: dict) -> str:
     """The markdown report of one ``bench paper`` run."""
-    text = resources.files("entrain").joinpath("cli/paper/report.md.j2").read_text()
+    text = resources.files(__package__).joinpath("paper/report.md.j2").read_text()
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)  # fmt: skip
     return env.from_string(text).render(**report_context(res))

@@ -33,7 +33,7 @@ from entrain.core.architectures import default_precision
 from entrain.core.errors import ConfigError
 from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, memory_check_iterations, plan
 from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
-from entrain.core.systems import SYSTEMS, get_system
+from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.table_work import draw_works
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import candidate_judge
@@ -64,7 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--freeze", default="", help="comma list of frozen parts: encoder, vit, llm")
     p.add_argument(
         "--system",
-        default="entrain",
+        default=ENTRAIN,
         choices=tuple(SYSTEMS),
         help="the system whose layout and schedule options the plan carries (entrain train --plan runs it)",
     )
@@ -157,7 +157,7 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
         decision_margin=None if args.decision_margin_pct is None else args.decision_margin_pct / 100.0,
     )  # fmt: skip
     judge = candidate_judge(sampler, cost, req)
-    if spec.config == "entrain":
+    if spec.config == CONFIG_ENTRAIN:
         setup = entrain_setup(result, sampler, cost, args.seed)
         if spec.extensions:
             setup = entrain_variant(setup, req, cost, judge)

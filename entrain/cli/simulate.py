@@ -24,14 +24,15 @@ from entrain.cli.replan_flags import add_replan_args, replan_settings
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.setups import system_setups
-from entrain.core.systems import parse_systems
+from entrain.core.systems import ENTRAIN, default_systems, parse_systems, systems_where
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.adaptive import REPLAN_SYSTEMS, adaptive_deploy, monitor_for
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 from entrain.sim.run import SystemRun
 
-DEFAULT_SYSTEMS = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
+DEFAULT_SYSTEMS = default_systems("simulate")
+OURS = systems_where("ours")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -68,15 +69,15 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
     runs = {}
     for name in systems:
         setup = setups[name]
-        extra = {"eager_budget_factor": args.eager_budget_factor} if name == "entrain" else {}
+        extra = {"eager_budget_factor": args.eager_budget_factor} if name == ENTRAIN else {}
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
         if args.replan == "auto" and name in REPLAN_SYSTEMS:
             setups[name], runs[name] = _adaptive(name, setup, batches, cost, req, sampler, args, extra)
         else:
             options = {**setup.options, **extra}
             setups[name], runs[name] = deploy(name, setup, batches, cost, options, margin=req.margin)
-    if "entrain" in runs:
-        base = runs["entrain"].metrics.iteration_time_ms
+    if ENTRAIN in runs:
+        base = runs[ENTRAIN].metrics.iteration_time_ms
         for r in runs.values():
             r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
     return runs, {n: {**_describe(s.layout, s.source, s.b_min), "decisions": _decisions(s)} for n, s in setups.items()}
@@ -128,12 +129,12 @@ def best_fitting_baseline(runs: dict[str, SystemRun]) -> tuple[str | None, float
     """(fastest baseline whose plan fits device memory, its time / Entrain's); a baseline that does
     not fit never counts (nor does an Entrain that does not fit)."""
     fitting = {
-        n: r for n, r in runs.items() if not n.startswith("entrain") and r.metrics.fits_memory is not False
+        n: r for n, r in runs.items() if n not in OURS and r.metrics.fits_memory is not False
     }
     if not fitting:
         return None, None
     best = min(fitting, key=lambda n: fitting[n].metrics.iteration_time_ms)
-    mine = runs.get("entrain")
+    mine = runs.get(ENTRAIN)
     if mine is None or mine.metrics.fits_memory is False or mine.metrics.iteration_time_ms <= 0:
         return best, None
     return best, fitting[best].metrics.iteration_time_ms / mine.metrics.iteration_time_ms
@@ -148,7 +149,7 @@ def _drift_json(run: SystemRun) -> dict:
 
 
 def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace) -> dict:
-    top = runs.get("entrain") or next(iter(runs.values()))
+    top = runs.get(ENTRAIN) or next(iter(runs.values()))
     best, ratio = best_fitting_baseline(runs)
     return {
         "systems": {n: {**r.metrics.to_json(), "config": _config(configs[n]), "decisions": configs[n].get("decisions", []),
@@ -179,7 +180,7 @@ def table(runs: dict[str, SystemRun], configs: dict) -> str:
         mem = "-" if not peaks else f"{max(peaks) / 1e9:.1f}" + ("" if m.fits_memory else " OOM")
         cfg = f"E.PP {c['encoder']['pp']} / L.PP {c['llm']['pp']} (tp {c['llm']['tp']}, dp {configs[name]['dp']})"
         if (
-            name.startswith("entrain")
+            name in OURS
             and c["encoder"]["pp"] + c["llm"]["pp"] > configs[name]["ranks_per_replica"]
         ):
             cfg += f", {configs[name]['ranks_per_replica']} ranks: one shares the encoder/LLM boundary"

@@ -35,7 +35,7 @@ from entrain.cli.config_file import add_config_arg
 from entrain.cli.plan_flags import apply_plan
 from entrain.config import STOCK_MODEL_FLAGS, RunConfig
 from entrain.core.errors import ConfigError, EntrainError
-from entrain.core.systems import SYSTEMS, parse_systems
+from entrain.core.systems import ENTRAIN, SYSTEMS, parse_systems
 
 DEMO = {
     "model": "tiny",
@@ -83,7 +83,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_attention_arg(p)
     p.add_argument(
         "--system",
-        default="entrain",
+        default=ENTRAIN,
         help=f"one of {', '.join(SYSTEMS)}, or a comma list trained in turn (OUT/<system>); --plan sets it",
     )
     p.add_argument(

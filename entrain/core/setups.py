@@ -64,7 +64,14 @@ from entrain.core.planner import (
     search_config,
 )
 from entrain.core.schedules.common import ScheduleOptions
-from entrain.core.systems import get_system
+from entrain.core.systems import (
+    CONFIG_DIP,
+    CONFIG_DISTTRAIN,
+    CONFIG_DISTTRAIN_PAPER,
+    CONFIG_ENTRAIN,
+    DISTTRAIN,
+    get_system,
+)
 from entrain.core.work import SampleWork
 
 __all__ = [
@@ -145,19 +152,19 @@ def config_kind(system: str) -> str:
 
 def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> SystemSetup:
     common = dict(global_batch=req.global_batch, microbatch_size=req.microbatch_size)
-    if kind == "entrain":
+    if kind == CONFIG_ENTRAIN:
         res = plan(
             sampler, cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, seed=req.seed,
             extra_sizes=req.extra_sizes, **common,
         )  # fmt: skip
         return entrain_setup(res, sampler, cost, req.seed)
-    if kind == "disttrain":
+    if kind == CONFIG_DISTTRAIN:
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
         cfg = search_config([one], cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, **common)
         return SystemSetup(cfg.to_layout(), {}, "Algorithm 2 on one sample", profile=[one])
-    if kind == "disttrain-paper":
+    if kind == CONFIG_DISTTRAIN_PAPER:
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
-        cfg = paper_table1_config(req.dataset, req.model, [one], cost, system="disttrain", **common)
+        cfg = paper_table1_config(req.dataset, req.model, [one], cost, system=DISTTRAIN, **common)
         return SystemSetup(cfg.to_layout(), {}, "paper Table 1")
     profile = sampler(4, draw_seed(req.seed, 4, 0xD1B))
     dp = req.dp or max(1, min(4, req.gpus // (2 * req.tp)))  # 4, or fewer replicas on a few GPUs
@@ -516,16 +523,16 @@ def system_setups(
     (``entrain.data.sampling.dataset_sampler``, the one ``plan`` uses); ``judge`` simulates Entrain's
     layout candidates (``entrain_variant``)."""
     by_kind: dict[str, SystemSetup] = {}
-    kinds = sorted({config_kind(n) for n in systems}, key=lambda k: k != "entrain")
+    kinds = sorted({config_kind(n) for n in systems}, key=lambda k: k != CONFIG_ENTRAIN)
     for kind in kinds:
-        if kind == "dip" and req.dp is None and "entrain" in by_kind:
+        if kind == CONFIG_DIP and req.dp is None and CONFIG_ENTRAIN in by_kind:
             # DIP keeps the DP degree Entrain's planner chose (DIP fixes DP/TP/PP up front).
-            by_kind[kind] = _setup(kind, replace(req, dp=by_kind["entrain"].layout.dp), cost, sampler)
+            by_kind[kind] = _setup(kind, replace(req, dp=by_kind[CONFIG_ENTRAIN].layout.dp), cost, sampler)
         else:
             by_kind[kind] = _setup(kind, req, cost, sampler)
     out = {name: by_kind[config_kind(name)] for name in systems}
     extensible = [n for n in out if get_system(n).extensions]
     if extensible and extended(req):
-        variant = entrain_variant(by_kind["entrain"], req, cost, judge)
+        variant = entrain_variant(by_kind[CONFIG_ENTRAIN], req, cost, judge)
         out.update({n: variant for n in extensible})
     return out

@@ -33,15 +33,46 @@ from entrain.core.schedules.costs import PlanCosts
 from entrain.core.work import SampleWork
 
 __all__ = [
+    "ENTRAIN",
+    "ENTRAIN_1F1B",
+    "ONE_F_ONE_B",
+    "DISTTRAIN",
+    "DISTTRAIN_PAPER",
+    "DIP",
+    "DIP_GREEDY",
+    "DIP_GREEDY_MEM",
+    "CONFIG_ENTRAIN",
+    "CONFIG_DISTTRAIN",
+    "CONFIG_DISTTRAIN_PAPER",
+    "CONFIG_DIP",
     "SystemSpec",
     "SYSTEMS",
     "EXTENSIONS",
     "get_system",
+    "systems_where",
+    "default_systems",
     "parse_systems",
     "generate_plan",
     "plan_system",
     "stage_times_fn",
 ]
+
+ENTRAIN = entrain.NAME
+"""The reference system: the one the others are compared to (speedups, ``vs_entrain``)."""
+ENTRAIN_1F1B = entrain_1f1b.NAME
+ONE_F_ONE_B = one_f_one_b.NAME
+DISTTRAIN = disttrain.NAME
+DISTTRAIN_PAPER = disttrain_paper.NAME
+DIP = dip.NAME
+DIP_GREEDY = dip_greedy.NAME
+DIP_GREEDY_MEM = dip_greedy.MEMORY_BOUNDED
+
+CONFIG_ENTRAIN = ENTRAIN
+"""``SystemSpec.config`` kinds (``entrain.core.setups``), each named after the system that introduced
+it: Algorithms 1 + 2; Algorithm 2 on one sample; paper Table 1; DIP's fixed DP/TP/PP."""
+CONFIG_DISTTRAIN = DISTTRAIN
+CONFIG_DISTTRAIN_PAPER = DISTTRAIN_PAPER
+CONFIG_DIP = DIP
 
 Batcher = Callable[..., IterationAssignment]
 Generator = Callable[..., Plan]
@@ -66,30 +97,62 @@ class SystemSpec:
     ``"disttrain"`` (Algorithm 2 on one sample), ``"disttrain-paper"`` (paper Table 1), ``"dip"``."""
     extensions: tuple[str, ...] = ()
     """Which of ``EXTENSIONS`` it accepts."""
+    stage_chains: bool = False
+    """Its generator runs several consecutive stages on one rank (a stage chain), so the memory check
+    can recompute part of a rank's layers (``entrain.sim.memory_fit.escalate``)."""
+    replannable: bool = False
+    """``--replan auto`` re-plans it (its configuration is Algorithms 1-2 + extensions)."""
+    default_in: tuple[str, ...] = ()
+    """The commands (``simulate``, ``assign``) whose default ``--systems`` list includes it."""
 
     @property
     def colocated(self) -> bool:
         return self.layout == "colocated"
 
+    @property
+    def memory_fitted(self) -> bool:
+        """Its configuration comes from Algorithm 2, so activation recomputation per stage is part of
+        its plan (``fit_memory``); DIP's memory answer is its in-flight window (``dip-greedy-mem``)."""
+        return self.config != CONFIG_DIP
+
+    @property
+    def ours(self) -> bool:
+        """Entrain's own (it accepts Entrain's extensions), not a baseline."""
+        return bool(self.extensions)
+
     def ranks_per_replica(self, encoder_stages: int, llm_stages: int) -> int:
         return encoder_stages if self.colocated else encoder_stages + llm_stages
 
 
+_OURS = dict(extensions=EXTENSIONS, stage_chains=True, replannable=True)
+
 SYSTEMS: dict[str, SystemSpec] = {
     s.name: s
     for s in (
-        SystemSpec("entrain", assign_entrain, entrain.generate, "disjoint", "entrain", EXTENSIONS),
-        SystemSpec("entrain-1f1b", assign_entrain, entrain_1f1b.generate, "disjoint", "entrain", EXTENSIONS),
-        SystemSpec("1f1b", assign_1f1b, one_f_one_b.generate, "disjoint", "entrain"),
-        SystemSpec("disttrain", assign_disttrain, disttrain.generate, "disjoint", "disttrain"),
         SystemSpec(
-            "disttrain-paper", assign_disttrain, disttrain_paper.generate, "disjoint", "disttrain-paper"
+            ENTRAIN, assign_entrain, entrain.generate, "disjoint", CONFIG_ENTRAIN,
+            default_in=("simulate", "assign"), **_OURS,
         ),
-        SystemSpec("dip", assign_dip, dip.generate, "colocated", "dip"),
-        SystemSpec("dip-greedy", assign_dip, dip_greedy.generate, "colocated", "dip"),
-        SystemSpec("dip-greedy-mem", assign_dip, dip_greedy.generate, "colocated", "dip"),
+        SystemSpec(
+            ENTRAIN_1F1B, assign_entrain, entrain_1f1b.generate, "disjoint", CONFIG_ENTRAIN,
+            default_in=("simulate",), **_OURS,
+        ),
+        SystemSpec(
+            ONE_F_ONE_B, assign_1f1b, one_f_one_b.generate, "disjoint", CONFIG_ENTRAIN,
+            default_in=("simulate", "assign"),
+        ),
+        SystemSpec(
+            DISTTRAIN, assign_disttrain, disttrain.generate, "disjoint", CONFIG_DISTTRAIN,
+            default_in=("simulate", "assign"),
+        ),
+        SystemSpec(
+            DISTTRAIN_PAPER, assign_disttrain, disttrain_paper.generate, "disjoint", CONFIG_DISTTRAIN_PAPER
+        ),
+        SystemSpec(DIP, assign_dip, dip.generate, "colocated", CONFIG_DIP, default_in=("simulate", "assign")),
+        SystemSpec(DIP_GREEDY, assign_dip, dip_greedy.generate, "colocated", CONFIG_DIP, default_in=("simulate",)),
+        SystemSpec(DIP_GREEDY_MEM, assign_dip, dip_greedy.generate, "colocated", CONFIG_DIP),
     )
-}
+}  # fmt: skip
 
 
 def get_system(name: str) -> SystemSpec:
@@ -97,6 +160,16 @@ def get_system(name: str) -> SystemSpec:
         return SYSTEMS[name]
     except KeyError:
         raise ConfigError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}") from None
+
+
+def systems_where(prop: str) -> tuple[str, ...]:
+    """The registry's systems (in its order) whose ``SystemSpec`` field or property ``prop`` is true."""
+    return tuple(n for n, spec in SYSTEMS.items() if getattr(spec, prop))
+
+
+def default_systems(command: str) -> str:
+    """``command``'s default ``--systems`` (a comma list, in the registry's order)."""
+    return ",".join(n for n, spec in SYSTEMS.items() if command in spec.default_in)
 
 
 def parse_systems(text: str) -> list[str]:

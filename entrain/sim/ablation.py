@@ -22,10 +22,12 @@ from dataclasses import fields, replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.schedules.common import ScheduleOptions
+from entrain.core.systems import DIP_GREEDY, DIP_GREEDY_MEM, ONE_F_ONE_B
 from entrain.core.work import SampleWork
 from entrain.sim.run import SystemRun, run_system
 
 __all__ = [
+    "ABLATED",
     "DIP_GREEDY_STEPS",
     "NO_SUB_MICROBATCHES",
     "dip_greedy_ablation",
@@ -33,11 +35,13 @@ __all__ = [
     "schedule_options",
 ]
 
+ABLATED = (DIP_GREEDY, DIP_GREEDY_MEM, ONE_F_ONE_B)
+"""The systems ``dip_greedy_ablation`` needs the runs of."""
 DIP_GREEDY_STEPS = (
-    "dip-greedy (unbounded memory)",
-    "dip-greedy-mem (equal memory)",
-    "dip-greedy-mem, no sub-microbatches",
-    "dip-greedy-mem, one chunk per rank",
+    f"{DIP_GREEDY} (unbounded memory)",
+    f"{DIP_GREEDY_MEM} (equal memory)",
+    f"{DIP_GREEDY_MEM}, no sub-microbatches",
+    f"{DIP_GREEDY_MEM}, one chunk per rank",
 )
 NO_SUB_MICROBATCHES = {"dip_encoder_cap_patches": 1e18, "dip_llm_cap_tokens": 1e18}
 """DIP caps above any microbatch: every microbatch runs as one sub-microbatch."""
@@ -55,17 +59,17 @@ def dip_greedy_ablation(
 ) -> dict[str, SystemRun]:
     """``DIP_GREEDY_STEPS`` -> run; needs the runs of ``dip-greedy``, ``dip-greedy-mem`` and ``1f1b``
     on ``batches``."""
-    mem = runs["dip-greedy-mem"]
+    mem = runs[DIP_GREEDY_MEM]
     caps = {k: v for k, v in schedule_options(mem).items() if k.startswith("dip_")}
-    one_chunk = runs["1f1b"].layout
+    one_chunk = runs[ONE_F_ONE_B].layout
     one_chunk = replace(one_chunk, stages=tuple(replace(s, recompute="none") for s in one_chunk.stages))
     steps = (
-        runs["dip-greedy"],
+        runs[DIP_GREEDY],
         mem,
         run_system(
-            "dip-greedy-mem", mem.layout, batches, cost, {**caps, **NO_SUB_MICROBATCHES}, trace_iterations=0
+            DIP_GREEDY_MEM, mem.layout, batches, cost, {**caps, **NO_SUB_MICROBATCHES}, trace_iterations=0
         ),
-        run_system("dip-greedy-mem", one_chunk, batches, cost, {}, trace_iterations=0),
+        run_system(DIP_GREEDY_MEM, one_chunk, batches, cost, {}, trace_iterations=0),
     )
     return dict(zip(DIP_GREEDY_STEPS, steps))
 

@@ -13,6 +13,7 @@ import numpy as np
 from entrain.core.costmodel import CostModel
 from entrain.core.planner import SampleStats, pool_sampler, search_candidates
 from entrain.core.setups import ConfigRequest, SystemSetup, system_setups
+from entrain.core.systems import systems_where
 from entrain.core.work import SampleWork
 from entrain.sim.choose import candidate_judge, planner_draws
 from entrain.sim.drift import DriftMonitor, Replanner, ReplanSettings, WindowTime
@@ -29,8 +30,8 @@ __all__ = [
     "adaptive_deploy",
 ]
 
-REPLAN_SYSTEMS = ("entrain", "entrain-1f1b")
-"""Systems ``--replan auto`` re-plans (those whose configuration is Algorithms 1-2 + extensions)."""
+REPLAN_SYSTEMS = systems_where("replannable")
+"""Systems ``--replan auto`` re-plans (``SystemSpec.replannable``)."""
 
 
 @dataclass

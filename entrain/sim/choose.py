@@ -12,6 +12,7 @@ from entrain.core.costmodel import CostModel
 from entrain.core.planner import MacroscopicProfiler, Sampler
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.setups import CandidateJudge, ConfigRequest, SystemSetup
+from entrain.core.systems import ENTRAIN
 from entrain.core.table_work import draw_works
 from entrain.core.work import SampleWork
 from entrain.sim.memory_fit import fit_memory
@@ -88,7 +89,7 @@ def candidate_judge(
             if reused is not None:
                 seen[key] = (reused, None)
             else:
-                got, run = fit_memory("entrain", setup, draws, cost, setup.options, trace_iterations=0)
+                got, run = fit_memory(ENTRAIN, setup, draws, cost, setup.options, trace_iterations=0)
                 ms = run.metrics.iteration_time_ms if run.metrics.fits_memory is not False else float("inf")
                 seen[key] = (ms, run.plan.options if got.layout == setup.layout else None)
         return seen[key][0]

@@ -11,7 +11,7 @@ from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import Layout, StageSpec
 from entrain.core.setups import DECISION_MARGIN, SystemSetup, pick
-from entrain.core.systems import get_system
+from entrain.core.systems import ENTRAIN, get_system, systems_where
 from entrain.core.work import SampleWork
 from entrain.sim.run import run_system
 
@@ -26,15 +26,13 @@ __all__ = [
 ]
 
 
-MEMORY_FITTED = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper")
-"""Systems whose configuration comes from Algorithm 2, so activation recomputation per stage is part
-of their plan (``fit_memory``); DIP's memory answer is its in-flight window (``dip-greedy-mem``)."""
+MEMORY_FITTED = systems_where("memory_fitted")
+"""Systems whose configuration comes from Algorithm 2 (``SystemSpec.memory_fitted``)."""
 
 _NEXT_RECOMPUTE = {m: RECOMPUTE_MODES[i + 1] for i, m in enumerate(RECOMPUTE_MODES[:-1])}
 
-SPLIT_STAGES = ("entrain", "entrain-1f1b")
-"""Systems whose generator runs several consecutive stages on one rank (a stage chain), so the memory
-check can recompute part of a rank's layers (``escalate``)."""
+SPLIT_STAGES = systems_where("stage_chains")
+"""Systems whose generator runs stage chains (``SystemSpec.stage_chains``; ``escalate``)."""
 
 
 def _kept(cost: CostModel, comp: str, layer: int, mode: str) -> float:
@@ -207,7 +205,7 @@ def _recompute_candidates(
     for name, start in starts.items():
         first = chains(name, start, options)
         recomputes = any(st.recompute != "none" for st in first.layout.stages)
-        if system == "entrain" and eager > 1.0 and recomputes:
+        if system == ENTRAIN and eager > 1.0 and recomputes:
             chains(name, replace(start, options=tight), tight, ", eager 1.0")
     return found
 
@@ -239,7 +237,7 @@ def deploy(
     elif margin is None:
         margin = DECISION_MARGIN
     setup, run = fit_memory_best(system, setup, batches, cost, options, margin=margin)
-    if system == "entrain" and run.metrics.fits_memory is False:
+    if system == ENTRAIN and run.metrics.fits_memory is False:
         raise ConfigError(no_fit_message(run, batches, cost))
     return setup, run
 

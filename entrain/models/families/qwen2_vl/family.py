@@ -169,21 +169,10 @@ class Qwen2VLFamily(FamilyBase):
         return getattr(vis.config, "embed_dim", None) or vis.config.hidden_size
 
     def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
-        """``full``: every layer (and merger / norm / lm_head) the stage runs; ``selective``: each
-        layer's attention sub-block."""
-        if mode == "none":
-            return []
-        if hasattr(stage, "vis"):
-            blocks = [stage.vis.blocks[i] for i in stage.block_ids]
-            if mode == "selective":
-                return [b.attn for b in blocks]
-            return blocks + ([stage.vis.merger] if stage.has_merger else [])
-        inner = stage.llm.model
-        layers = [inner.layers[i] for i in stage.layer_ids]
-        if mode == "selective":
-            return [layer.self_attn for layer in layers]
-        extra = ([inner.norm] if stage.has_norm else []) + ([stage.llm.lm_head] if stage.has_lm_head else [])
-        return layers + extra
+        """The stages are the composition's stage modules: its recompute blocks apply as they are."""
+        from entrain.models.families.composition.family import COMPOSITION_FAMILY
+
+        return COMPOSITION_FAMILY.recompute_modules(stage, mode)
 
     def prepare_for_sharding(self, stage: nn.Module) -> None:
         """The stages are the composition's stage modules: its fused-qkv split applies as it is."""
@@ -207,9 +196,9 @@ class Qwen2VLFamily(FamilyBase):
         return fuse_parts(params)
 
     def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
-        if hasattr(stage, "vis"):
-            return [stage.vis.blocks[i] for i in stage.block_ids]
-        return [stage.llm.model.layers[i] for i in stage.layer_ids]
+        from entrain.models.families.composition.tp import fsdp_units
+
+        return fsdp_units(stage)
 
     # --- processing rules --------------------------------------------------------------------------
     def image_grids(self, cfg: QwenVLConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from entrain.cli.common import emit_json
+from entrain.cli.common import MODEL_PRESETS, emit_json, vision_limits
 from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset
 from entrain.data.tokenizer import load_tokenizer
 
@@ -25,6 +25,8 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="decode images but skip running the Qwen2.5-VL image processor on them")  # fmt: skip
     p.add_argument("--confine-images", action="store_true",
                    help="an image path resolving outside the dataset root is an error (default: a warning)")  # fmt: skip
+    p.add_argument("--model", default=None, choices=MODEL_PRESETS,
+                   help="count image tokens with this model family's processing rules (default: Qwen2.5-VL's)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=run_check)
 
@@ -35,6 +37,7 @@ def run_check(args: argparse.Namespace) -> int:
         image_root=args.image_root,
         tokenizer=load_tokenizer(args.tokenizer),
         max_tokens=args.max_tokens,
+        vision=vision_limits(args),
         processor=not args.no_processor,
         confine_images=args.confine_images,
     )

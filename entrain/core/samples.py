@@ -8,6 +8,7 @@ many of those tokens are supervised). Vision work is counted in ViT patches and 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,6 +19,8 @@ __all__ = [
     "smart_resize",
     "image_llm_tokens",
     "image_vit_patches",
+    "sample_image_tokens",
+    "sample_encoder_units",
     "LABEL_FRACTION",
 ]
 
@@ -41,6 +44,30 @@ class ImageTokenRule(Protocol):
         """Encoder input rows per attention unit of the image (one unit per image, or one per tile);
         the cost model prices each unit's attention separately."""
         ...
+
+    # Optional (a rule whose count of an image depends on the sample's other images, e.g.
+    # LLaVA-OneVision's AnyRes for a lone image, one tile per image of several): when a rule has
+    # them, ``SampleMeta`` asks these with all of the sample's ``(H, W)`` sizes instead.
+    #   sample_image_tokens(sizes) -> tuple[int, ...]   (per image, like image_tokens)
+    #   sample_encoder_units(sizes) -> tuple[int, ...]  (every unit of every image, in order)
+
+
+def sample_image_tokens(rule: ImageTokenRule, sizes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """LLM tokens per image of one sample's images under ``rule`` (its ``sample_image_tokens`` when it
+    has one, else ``image_tokens`` of each image alone)."""
+    whole = getattr(rule, "sample_image_tokens", None)
+    if whole is not None:
+        return tuple(whole(sizes))
+    return tuple(rule.image_tokens(h, w) for h, w in sizes)
+
+
+def sample_encoder_units(rule: ImageTokenRule, sizes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """Encoder units of every image of one sample, in order (``sample_encoder_units`` when the rule
+    has one, else ``encoder_units`` of each image alone)."""
+    whole = getattr(rule, "sample_encoder_units", None)
+    if whole is not None:
+        return tuple(whole(sizes))
+    return tuple(u for h, w in sizes for u in rule.encoder_units(h, w))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,11 +175,11 @@ class SampleMeta:
     @property
     def vit_patches_per_image(self) -> tuple[int, ...]:
         """Encoder input rows per attention unit (per image; per tile for a tiling family)."""
-        return tuple(u for h, w in self.images for u in self.vision.encoder_units(h, w))
+        return sample_encoder_units(self.vision, self.images)
 
     @property
     def image_tokens_per_image(self) -> tuple[int, ...]:
-        return tuple(self.vision.image_tokens(h, w) for h, w in self.images)
+        return sample_image_tokens(self.vision, self.images)
 
     @property
     def vit_patches(self) -> int:

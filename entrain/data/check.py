@@ -30,6 +30,7 @@ bad records are written to ``skipped.jsonl`` and the rest returned. Nothing is d
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from typing import Literal
 
 from entrain.core.errors import DataError
 from entrain.core.files import file_problem, printable
-from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, image_llm_tokens
+from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, SampleMeta, VisionTokenConfig
 from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed
 from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
 from entrain.data.processing import conversion_reason, count_tokens
@@ -181,7 +182,7 @@ def _short(src: str | bytes) -> str:
     return src if isinstance(src, str) else f"<{len(src)} encoded bytes>"
 
 
-def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processor: bool) -> _ImageResult:
+def _check_image(src: str | bytes, fld: str, vision: ImageTokenRule, processor: bool) -> _ImageResult:
     from PIL import Image
 
     res = _ImageResult()
@@ -218,7 +219,7 @@ def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processo
         if reason is not None:
             res.problems.append((fld, reason, CONVERTED))
     ratio = max(width, height) / max(1, min(width, height))
-    if ratio > vision.max_aspect_ratio:
+    if ratio > getattr(vision, "max_aspect_ratio", math.inf):  # a tiling family's rule has no limit
         res.problems.append(
             (
                 fld,
@@ -228,7 +229,7 @@ def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processo
         )
         return res
     res.hw = (height, width)
-    if processor:
+    if processor and isinstance(vision, VisionTokenConfig):  # Qwen2.5-VL's image processor
         from entrain.data.processing import merged_tokens, process_images
 
         try:
@@ -237,7 +238,7 @@ def _check_image(src: str | bytes, fld: str, vision: VisionTokenConfig, processo
         except Exception as e:  # noqa: BLE001 - any processor failure rejects the image
             res.problems.append((fld, f"rejected by the image processor: {type(e).__name__}: {e}", ERROR))
     else:
-        res.tokens = image_llm_tokens(height, width, vision)
+        res.tokens = vision.image_tokens(height, width)
     return res
 
 
@@ -259,7 +260,7 @@ def _outside(src: str, root: Path) -> bool:
 class _Rules:
     tokenizer: TextTokenizer
     max_tokens: int
-    vision: VisionTokenConfig
+    vision: ImageTokenRule
     processor: bool
     root: Path | None = None
     """The dataset root images should stay under (None: not checked)."""
@@ -366,7 +367,7 @@ def check_dataset(
     image_root: str | Path | None = None,
     tokenizer: TextTokenizer | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    vision: VisionTokenConfig = DEFAULT_VISION,
+    vision: ImageTokenRule = DEFAULT_VISION,
     *,
     processor: bool = True,
     confine_images: bool = False,
@@ -420,7 +421,7 @@ def screen_dataset(
     image_root: str | Path | None = None,
     tokenizer: TextTokenizer | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    vision: VisionTokenConfig = DEFAULT_VISION,
+    vision: ImageTokenRule = DEFAULT_VISION,
     processor: bool = False,
     confine_images: bool = False,
 ) -> Screened:

@@ -51,7 +51,7 @@ __all__ = [
 
 DATASETS: tuple[str, ...] = (
     "synthchartnet", "chartqa", "cocoqa", "llava150k", "synthchartnet-fv", "skewed",
-    "docvqa", "multi-image", "video", "text-heavy", "long-context", "mixture",
+    "docvqa", "multi-image", "video", "text-heavy", "long-context", "mixture", "anyres",
 )  # fmt: skip
 ALIASES: dict[str, str] = {"llava_instruct_150k": "llava150k"}
 BLOCK_SIZE = 256
@@ -423,6 +423,33 @@ def _join(samples: list[tuple[np.ndarray, np.ndarray, int]]) -> Rows:
     return counts, heights, widths, np.array([t for _, _, t in samples], dtype=np.int64)
 
 
+ANYRES_SOURCE_WEIGHTS = [0.35, 0.20, 0.25, 0.20]
+"""Per-sample source of ``anyres``: web photos, charts, document pages, screenshots [assumed]."""
+_SCREENSHOTS = [((1920, 1080), 0.35), ((2560, 1440), 0.15), ((1080, 2400), 0.30), ((800, 3000), 0.20)]
+"""(W, H) of screenshots: desktop 1080p / 1440p, phone, long infographics [assumed weights]."""
+
+
+def _screenshots(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    pick = _choice(rng, [p for _, p in _SCREENSHOTS], n)
+    return (np.array([s[1] for s, _ in _SCREENSHOTS])[pick], np.array([s[0] for s, _ in _SCREENSHOTS])[pick])
+
+
+def _anyres(rng: np.random.Generator, n: int) -> Rows:
+    """One image a sample of very different sizes and aspect ratios (LLaVA-OneVision's single-image
+    stage: photos, charts, pages, screenshots), so AnyRes tiles it into 2..37 tiles."""
+    source = _choice(rng, ANYRES_SOURCE_WEIGHTS, n)
+    photo_h, photo_w = _web_photos(rng, (n, 1))
+    chart_h, chart_w = _synthchart_images(rng, n)
+    _, page_h, page_w, _ = _docvqa(rng, n)
+    shot_h, shot_w = _screenshots(rng, n)
+    heights = np.choose(source, [photo_h[:, 0], chart_h, page_h, shot_h]).astype(np.int64)
+    widths = np.choose(source, [photo_w[:, 0], chart_w, page_w, shot_w]).astype(np.int64)
+    turns = 1 + np.minimum(7, rng.poisson(1.2, n))
+    qa = _qa_text(rng, n, turns, q_mean=18, a_mean=60, a_sigma=0.9)
+    text = _with_template(qa, np.ones(n, dtype=np.int64))
+    return _one_image(text, (heights, widths))
+
+
 Gen = Callable[[np.random.Generator, int], Rows]
 _ZOO: dict[str, Gen] = {
     "docvqa": _docvqa,
@@ -431,6 +458,7 @@ _ZOO: dict[str, Gen] = {
     "text-heavy": _text_heavy,
     "long-context": _long_context,
     "mixture": _mixture,
+    "anyres": _anyres,
 }
 ZOO: tuple[str, ...] = tuple(_ZOO)
 """The workload zoo (beyond the paper's four datasets)."""

@@ -52,6 +52,8 @@ class RenderedSample:
     grid_thw: tuple[tuple[int, int, int], ...]
     image_tokens: int
     """Merged image tokens (rows of this sample's encoder output)."""
+    extras: tuple[tuple[int, ...], ...] = ()
+    """Per image, the family's ``image_extras`` columns (``()``: none)."""
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +69,7 @@ class EncoderInput:
     patches: torch.Tensor
     """``[N, 1176]`` packed patches of every image of the (sub-)microbatch."""
     grid_thw: torch.Tensor
-    """``[images, 3]`` int64."""
+    """``[images, 3 + k]`` int64: the grids, then the family's ``image_extras`` columns."""
     rows_per_sample: tuple[int, ...]
     """Merged output rows each sample contributes, in order."""
 
@@ -87,6 +89,13 @@ def _background_priority() -> None:
 def _packed(s: RenderedSample) -> PackedSample:
     """What ``ModelFamily.position_ids`` sees of a rendered sample."""
     return PackedSample(s.input_ids, s.image_positions, s.grid_thw)
+
+
+def _grid_rows(samples: Sequence[RenderedSample]) -> torch.Tensor:
+    """``[images, 3 + k]`` int64 host tensor: each image's grid, then its ``extras`` columns."""
+    rows = [g + (s.extras[i] if s.extras else ()) for s in samples for i, g in enumerate(s.grid_thw)]
+    width = len(rows[0]) if rows else 3
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, width)
 
 
 def _seed_of(seed: int, sample_id: str, salt: str) -> int:
@@ -235,7 +244,7 @@ class SampleRenderer:
             return self._from_record(meta)
         gen = torch.Generator().manual_seed(_seed_of(self.seed, meta.id, "text"))
         grid = self.grid(meta)
-        img_tokens = [self.family.image_feature_rows(self.cfg, g) for g in grid]
+        img_tokens = self.family.sample_feature_rows(self.cfg, meta)
         text = meta.text_tokens
         start, pad, end = self._ids["image_start"], self._ids["image"], self._ids["image_end"]
         use_markers = text >= 2 * len(grid) + 2 and start >= 0 and end >= 0
@@ -266,11 +275,12 @@ class SampleRenderer:
             targets=ids_t[label_pos + 1],
             grid_thw=grid,
             image_tokens=sum(img_tokens),
+            extras=self.family.image_extras(self.cfg, meta),
         )
 
     def _from_record(self, meta: SampleMeta) -> RenderedSample:
         grid = self.grid(meta)
-        counts = [self.family.image_feature_rows(self.cfg, g) for g in grid]
+        counts = list(self.family.sample_feature_rows(self.cfg, meta))
         raw_ids, raw_labels = self.source.text(meta.id, counts)
         if self.source.model_ids:
             ids = torch.as_tensor(raw_ids, dtype=torch.int64)
@@ -287,6 +297,7 @@ class SampleRenderer:
             targets=ids[label_pos + 1],
             grid_thw=tuple(grid),
             image_tokens=sum(counts),
+            extras=self.family.image_extras(self.cfg, meta),
         )
 
     def _words(self, n: int, gen: torch.Generator) -> list[int]:
@@ -377,14 +388,13 @@ class SampleRenderer:
         samples = [self.sample(i) for i in ids]
         with_images = [s for s in samples if s.grid_thw]
         patches = [self.patches(s.id) for s in with_images]
-        grid = [g for s in with_images for g in s.grid_thw]
         return EncoderInput(
             patches=torch.cat(patches)
             if patches
             else torch.empty(
                 (0, self.family.encoder_input_width(self.cfg)), device=self.device, dtype=self.dtype
             ),
-            grid_thw=torch.tensor(grid, dtype=torch.int64).reshape(-1, 3),  # host: see grid_thw()
+            grid_thw=_grid_rows(with_images),  # host: see grid_thw()
             rows_per_sample=tuple(s.image_tokens for s in samples),
         )
 
@@ -392,8 +402,7 @@ class SampleRenderer:
         """``[images, 3]`` grids of the samples' images, in order (no pixels rendered). Grids stay on the
         host: the encoder derives its index tensors from them with Python loops, which on a GPU would
         otherwise wait for the device in every forward."""
-        grid = [g for i in ids for g in self.sample(i).grid_thw]
-        return torch.tensor(grid, dtype=torch.int64).reshape(-1, 3)
+        return _grid_rows([self.sample(i) for i in ids])
 
     def llm_batch(self, ids: Sequence[str], loss_scale: float) -> LLMBatch:
         batch = self._inputs.take(("llm", tuple(ids)), lambda: self._llm_batch(ids))

@@ -31,8 +31,9 @@ parallelize code relies on exactly this):
   the whole model's ``named_parameters`` names (checkpoints and gradient comparisons use them).
 * ``move_to(device)``: move the owned parameters (and any buffers the forward needs) to ``device``.
 * encoder stage ``forward(x, grid) -> Tensor``: ``x`` is ``[N, encoder_input_width]`` on the first
-  stage, else the previous stage's output; ``grid`` is the ``[images, 3]`` int64 host tensor of
-  ``image_grids``. Returns ``[M, H]`` image features in image order on the last stage (rows per
+  stage, else the previous stage's output; ``grid`` is the ``[images, 3 + k]`` int64 host tensor of
+  ``image_grids`` (columns 0..2) followed by the family's ``image_extras`` (k columns, e.g. the
+  original image size; k = 0 by default). Returns ``[M, H]`` image features in image order on the last stage (rows per
   image: ``image_feature_rows``), an intermediate tensor otherwise.
 * LLM stage ``forward(x, batch) -> Tensor``: ``batch`` is an ``LLMBatch`` (``entrain.models.batch``);
   ``x`` is the ``[M, H]`` image features on the first stage (None for a text-only batch), else the
@@ -227,6 +228,18 @@ class ModelFamily(Protocol):
         """Image feature rows (= image placeholder tokens in the LLM sequence) of one image's grid."""
         ...
 
+    def image_extras(self, cfg: Any, meta: SampleMeta) -> tuple[tuple[int, ...], ...]:
+        """Optional. Per image of ``meta``, the extra int columns the encoder stages receive after its
+        ``(t, h, w)`` grid row (same count for every image; e.g. the original ``(H, W)`` AnyRes
+        unpads by). Default: ``()`` (none)."""
+        ...
+
+    def sample_feature_rows(self, cfg: Any, meta: SampleMeta) -> tuple[int, ...]:
+        """Optional. Image feature rows per image of ``meta`` (what the renderer lays out), for a family
+        whose count needs more than the grid (the original size, the sample's other images).
+        Default: ``image_feature_rows`` of each of ``image_grids``."""
+        ...
+
     def encoder_input_width(self, cfg: Any) -> int:
         """Columns of one encoder input row (flattened patch values, e.g. 3*2*14*14 = 1176)."""
         ...
@@ -345,6 +358,12 @@ class FamilyBase:
 
     def map_token_id(self, cfg: Any, qwen_id: int) -> int:
         return qwen_id
+
+    def image_extras(self, cfg: Any, meta: SampleMeta) -> tuple[tuple[int, ...], ...]:
+        return ()
+
+    def sample_feature_rows(self, cfg: Any, meta: SampleMeta) -> tuple[int, ...]:
+        return tuple(self.image_feature_rows(cfg, g) for g in self.image_grids(cfg, meta))
 
     def format_chat(self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any) -> tuple[list[int], list[int]]:
         """Default: the Qwen2 chat template (``entrain.data.processing.format_chat``)."""

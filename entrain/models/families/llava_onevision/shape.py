@@ -1,0 +1,226 @@
+"""LLaVA-OneVision's shape as plain numbers (torch-free): presets, ``config.json`` reading, and the
+per-layer cost specs the planner prices (``entrain.core.presets.LayerSpec``).
+
+The encoder's sequence unit is one 384-px tile (729 SigLIP tokens at patch 14): every tile attends
+only within itself, so an image's encoder work is ``tiles x tokens per tile`` (linear terms) plus
+``tiles x 729**2`` (attention scores). The LLM is a Qwen2 decoder priced as the composition's
+(``LLMArch`` with ``family="qwen2"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from entrain.core.architectures import LLMArch
+from entrain.core.errors import ConfigError
+from entrain.core.layer_specs import LayerSpec, _llm_specs
+from entrain.models.families.llava_onevision.rules import OneVisionRules
+
+__all__ = ["SiglipArch", "OneVisionShape", "PRESETS", "shape_from_config"]
+
+
+@dataclass(frozen=True, slots=True)
+class SiglipArch:
+    """A SigLIP vision tower (``SiglipVisionModel``): patch conv + learned positions, pre-norm
+    encoder layers (full attention within a tile, GELU MLP); only the layers up to
+    ``vision_feature_layer`` count (``num_layers``)."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    image_size: int = 384
+    patch_size: int = 14
+    num_channels: int = 3
+
+    @property
+    def tokens_per_tile(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def patch_dim(self) -> int:
+        return self.num_channels * self.patch_size * self.patch_size
+
+    def embeddings_params(self) -> int:
+        h = self.hidden_size
+        return self.patch_dim * h + h + self.tokens_per_tile * h
+
+    def layer_params(self) -> int:
+        h, i = self.hidden_size, self.intermediate_size
+        return 4 * (h * h + h) + 2 * h * i + i + h + 4 * h
+
+
+@dataclass(frozen=True, slots=True)
+class OneVisionShape:
+    """``ModelShape`` of a LLaVA-OneVision model: SigLIP tiles -> 2-layer GELU projector (+ pack with
+    ``image_newline``) -> Qwen2."""
+
+    name: str
+    vision: SiglipArch
+    llm: LLMArch
+    rules: OneVisionRules = field(default_factory=OneVisionRules)
+    projector_bias: bool = True
+    description: str = field(default="", compare=False)
+
+    def projector_params(self) -> int:
+        """linear_1 (vision -> LLM width), linear_2, their biases, and ``image_newline``."""
+        h, d = self.llm.hidden_size, self.vision.hidden_size
+        return d * h + h * h + (2 * h if self.projector_bias else 0) + h
+
+    def num_params(self) -> int:
+        v = self.vision
+        return (
+            v.embeddings_params()
+            + v.num_layers * v.layer_params()
+            + self.projector_params()
+            + self.llm.num_params()
+        )
+
+    def layer_specs(self, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
+        return {"encoder": _encoder_specs(self), "llm": _llm_specs(self.llm, label_fraction)}
+
+
+def _encoder_specs(shape: OneVisionShape) -> list[LayerSpec]:
+    """Per token of one tile (the unit): embeddings, SigLIP layers (full attention within the tile),
+    the merger (projector on every vision token, then unpad/shrink/newline: memory-bound)."""
+    v, big = shape.vision, shape.llm.hidden_size
+    h, i, heads = v.hidden_size, v.intermediate_size, v.num_heads
+    attn_lin = 2.0 * 4 * h * h
+    specs = [
+        LayerSpec("embeddings", "patch_embed", "encoder", 0.0, 2.0 * v.patch_dim * h, 0.0, h, 0, 0.0, heads,
+                  2.0 * v.patch_dim, 2.0 * h, v.embeddings_params()),
+    ]  # fmt: skip
+    for n in range(v.num_layers):
+        specs.append(
+            LayerSpec(
+                f"layers.{n}",
+                "vit_block_full",
+                "encoder",
+                4.0 * h,
+                attn_lin + 2.0 * 2 * h * i,
+                0.0,
+                h,
+                2,
+                4.0 * h,
+                heads,
+                16.0 * h + 4.0 * i,
+                2.0 * h,
+                v.layer_params(),
+                attention="full",
+                heads=heads,
+                attn_lin_flops=attn_lin,
+                attn_saved_bytes=10.0 * h,
+            )  # fmt: skip
+        )
+    proj = 2.0 * (h * big + big * big)
+    specs.append(
+        LayerSpec(
+            "merger",
+            "merger",
+            "encoder",
+            0.0,
+            proj,
+            4.0 * 2 * big,
+            h,
+            0,
+            0.0,
+            heads,
+            2.0 * h + 4.0 * big,
+            2.0 * big,
+            shape.projector_params(),
+        )  # fmt: skip
+    )
+    return specs
+
+
+QWEN2_7B = LLMArch(
+    num_hidden_layers=28,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152_128,
+    tie_word_embeddings=False,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=32_768,
+    family="qwen2",
+)
+"""``llava-hf/llava-onevision-qwen2-7b-ov-hf``'s text_config (Qwen2-7B, vocabulary grown for the
+``<image>`` / ``<video>`` tokens)."""
+
+SIGLIP_SO400M = SiglipArch(num_layers=26, hidden_size=1152, intermediate_size=4304, num_heads=16)
+"""SigLIP-so400m-patch14-384 as LLaVA-OneVision uses it (its last layer dropped: 26 layers)."""
+
+PRESETS = {
+    "llava-ov-7b": OneVisionShape(
+        "llava-ov-7b",
+        SIGLIP_SO400M,
+        QWEN2_7B,
+        description="LLaVA-OneVision-7B: SigLIP-so400m tiles + Qwen2-7B",
+    ),
+    "llava-ov-tiny": OneVisionShape(
+        "llava-ov-tiny",
+        SiglipArch(
+            num_layers=2, hidden_size=32, intermediate_size=64, num_heads=4, image_size=28, patch_size=7
+        ),
+        LLMArch(
+            num_hidden_layers=2,
+            hidden_size=48,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=200,
+            tie_word_embeddings=False,
+            family="qwen2",
+        ),  # fmt: skip
+        OneVisionRules(
+            tile_px=28, patch_px=7, grid_pinpoints=((28, 28), (28, 56), (56, 28), (56, 56)), max_tiles=4
+        ),
+        description="a tiny LLaVA-OneVision for CPU tests and profiling",
+    ),
+}
+
+
+def _req(d: dict, key: str, where: str):
+    if key not in d:
+        raise ConfigError(f"{where}: missing field {key!r}")
+    return d[key]
+
+
+def shape_from_config(config: dict, name: str, where: str = "config.json") -> OneVisionShape:
+    """The shape of a ``LlavaOnevisionConfig`` given as its ``config.json`` dict (fields missing from a
+    sub-config take transformers' defaults for LLaVA-OneVision's SigLIP)."""
+    vision = config.get("vision_config") or {}
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"{where}: missing field 'text_config'")
+    total = int(vision.get("num_hidden_layers", 26))
+    layer = config.get("vision_feature_layer", -1)
+    if not isinstance(layer, int) or not -total - 1 <= layer <= total:
+        raise ConfigError(f"{where}: vision_feature_layer {layer!r} is not one layer of 0..{total}")
+    try:
+        rules = OneVisionRules.from_config(config, where)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    siglip = SiglipArch(
+        num_layers=layer if layer >= 0 else total + 1 + layer,
+        hidden_size=int(vision.get("hidden_size", 1152)),
+        intermediate_size=int(vision.get("intermediate_size", 4304)),
+        num_heads=int(vision.get("num_attention_heads", 16)),
+        image_size=rules.tile_px,
+        patch_size=rules.patch_px,
+    )
+    w = f"{where}: text_config"
+    heads = int(_req(text, "num_attention_heads", w))
+    llm = LLMArch(
+        num_hidden_layers=int(_req(text, "num_hidden_layers", w)),
+        hidden_size=int(_req(text, "hidden_size", w)),
+        intermediate_size=int(_req(text, "intermediate_size", w)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        vocab_size=int(_req(text, "vocab_size", w)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
+        family="qwen2",
+    )
+    return OneVisionShape(name, siglip, llm, rules, bool(config.get("multimodal_projector_bias", True)))

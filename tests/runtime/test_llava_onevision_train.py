@@ -7,7 +7,9 @@ through the seam's ``image_extras``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,12 +17,13 @@ import torch.nn.functional as F
 from entrain.core.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.llava_onevision.family import ONEVISION_FAMILY as FAM
-from entrain.models.families.llava_onevision.model import rows_to_tiles
+from entrain.models.families.llava_onevision.model import image_processor, rows_to_tiles
 from entrain.runtime.data import SampleRenderer
 
 from .cli_ranks import run_ranks
 
 PRESET = "llava-ov-tiny"
+SCHEMAS = Path(__file__).resolve().parents[2] / "entrain" / "schemas"
 SEED = 0
 
 
@@ -30,6 +33,7 @@ def tiny_folder(tmp_path_factory):
     cfg, _ = FAM.runtime_config(ModelSource(preset=PRESET))
     path = tmp_path_factory.mktemp("ov") / "tiny"
     FAM.build_model(cfg, seed=SEED).hf.save_pretrained(path)
+    image_processor(cfg).save_pretrained(path)
     return str(path)
 
 
@@ -125,3 +129,125 @@ def test_two_rank_training_loss_equals_transformers(source, dataset, tiny_folder
     )
     want = _hf_loss(tiny_folder, run_cfg, metas, ids)
     assert abs(loss - want) <= 1e-5 * abs(want), (loss, want)
+
+
+def _entrain_logits(params: dict, run_cfg, renderer, sid: str) -> torch.Tensor:
+    """The trained model through Entrain's own stages (one encoder stage, one LLM stage up to lm_head):
+    logits at the sample's label positions."""
+    from entrain.models.families.llava_onevision import model as ov
+
+    model = FAM.build_model(run_cfg, seed=SEED)
+    model.hf.load_state_dict(params, strict=False)
+    enc = FAM.build_stage(model, "encoder", 0, len(model.layer_names("encoder")))
+    feats = enc(renderer.patches(sid), renderer.encoder_input([sid]).grid_thw)
+    llm = ov.build_stage(model, "llm", 0, len(model.layer_names("llm")) - 1)
+    return llm(feats, renderer.llm_batch([sid], 1.0))
+
+
+@pytest.mark.parametrize("source", ["preset", "path"])
+def test_export_is_one_folder_transformers_loads_with_the_trained_logits(
+    source, tiny_folder, tmp_path, capsys
+):
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    from entrain.cli.export import _choose
+    from entrain.cli.main import main
+
+    run, exported = tmp_path / "run", tmp_path / "export"
+    model = ["--model", PRESET] if source == "preset" else ["--model-path", tiny_folder]
+    argv = ["train", *model, "--dataset", "skewed", "--hardware", "cpu-tiny", "--global-batch", "2",
+            "--microbatch-size", "1", "--steps", "1", "--out", str(run), "--no-progress", "--lr", "0.05"]  # fmt: skip
+    results = run_ranks(argv, 2, tmp_path / "ranks", timeout_s=120, wrap=_with_model_path_flag)
+    assert [r.exitcode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    assert main(["export", str(run), "--out", str(exported), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    jsonschema.validate(info, json.loads((SCHEMAS / "export.json").read_text()))
+    assert (exported / "preprocessor_config.json").is_file()
+    _, params = _choose(str(run), None)
+    src = ModelSource(preset=PRESET) if source == "preset" else ModelSource(model_path=tiny_folder)
+    run_cfg = _run_cfg(src)
+    initial = dict(FAM.build_model(run_cfg, seed=SEED).hf.named_parameters())
+    assert not torch.equal(params["lm_head.weight"], initial["lm_head.weight"].detach()), "the run must train"
+    metas, ids = _step0(run / "plan.json")
+    sid = next(i for i in ids if metas[i].images)
+    renderer = SampleRenderer(run_cfg, dict(metas), seed=SEED)
+    want = _entrain_logits(params, run_cfg, renderer, sid)
+    hf = LlavaOnevisionForConditionalGeneration.from_pretrained(exported, dtype=torch.float32)
+    s = renderer.sample(sid)
+    kw = _pixels(renderer, sid, [g[0] for g in s.grid_thw], [list(e) for e in s.extras])
+    with torch.no_grad():
+        got = hf(input_ids=s.input_ids[None], **kw).logits[0, s.label_positions]
+    err = float((got - want.detach()).abs().max())
+    assert err <= 1e-5 * float(want.detach().abs().max()), err
+
+
+def _losses(tmp_path, name: str, argv: list[str], world: int = 2) -> list[float]:
+    out = tmp_path / name
+    full = [*argv, "--steps", "2", "--out", str(out), "--no-progress", "--lr", "0.05"]
+    results = run_ranks(full, world, tmp_path / f"ranks-{name}", timeout_s=120)
+    assert [r.exitcode for r in results] == [0] * world, "".join(r.stderr[-2000:] for r in results)
+    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _plan_with_recompute(plan_path, mode: str):
+    plan = json.loads(plan_path.read_text())
+    for stage in plan["layout"]["stages"]:
+        stage["recompute"] = mode
+    path = plan_path.with_name(f"plan-{mode}.json")
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_fsdp_and_recompute_train_to_the_same_losses(tmp_path):
+    """Two steps (the second loss shows the first update): pipeline 1+1 plain, with full and selective
+    recomputation of every stage (2 gloo ranks), and FSDP over 2 data-parallel replicas of 1+1 (4)."""
+    from entrain.cli.main import main
+
+    common = ["--model", PRESET, "--dataset", "multi-image", "--hardware", "cpu-tiny", "--global-batch", "4",
+              "--microbatch-size", "1", "--seed", str(SEED)]  # fmt: skip
+    plan = tmp_path / "plan.json"
+    assert main(["plan", *common, "--gpus", "2", "--system", "1f1b", "--out", str(plan)]) == 0
+    base = _losses(tmp_path, "base", ["train", "--plan", str(plan)])
+    runs = {m: ["train", "--plan", str(_plan_with_recompute(plan, m))] for m in ("full", "selective")}
+    runs["fsdp"] = ["train", *common, "--fsdp", "--dp", "2", "--encoder-stages", "1", "--llm-stages", "1"]
+    for name, argv in runs.items():
+        got = _losses(tmp_path, name, argv, 4 if name == "fsdp" else 2)
+        assert len(got) == 2 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base)), (
+            name,
+            got,
+            base,
+        )
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recompute_reruns_each_wrapped_layer_in_the_backward(mode):
+    """Every module the family names for ``mode`` is on the stage's forward path and runs twice in a
+    step (forward, then again in the backward) once the runtime wraps it."""
+    from entrain.models.families.registry import build_stage
+    from entrain.runtime.recompute import apply_recompute
+
+    cfg = _run_cfg(ModelSource(preset=PRESET))
+    rule = FAM.image_rule(cfg.shape, None, None)
+    metas = {"a": SampleMeta("a", ((60, 90),), 12, vision=rule)}
+    renderer = SampleRenderer(cfg, metas, seed=SEED)
+    model = FAM.build_model(cfg, seed=SEED)
+    stages = [build_stage(model, c, 0, len(model.layer_names(c))) for c in ("encoder", "llm")]
+    calls: dict[int, int] = {}
+    for stage in stages:
+        mods = FAM.recompute_modules(stage, mode)
+        assert len(mods) == 2, mode  # the tiny model's two SigLIP / two Qwen2 layers
+        for m in mods:
+            calls[id(m)] = 0
+            m.forward = _counting(m.forward, calls, id(m))
+        assert apply_recompute(stage, mode) == 2
+    feats = stages[0](renderer.patches("a"), renderer.encoder_input(["a"]).grid_thw)
+    stages[1](feats, renderer.llm_batch(["a"], 1.0)).backward()
+    assert sorted(calls.values()) == [2] * 4, calls
+
+
+def _counting(forward, calls: dict, key: int):
+    def run(*args, **kwargs):
+        calls[key] += 1
+        return forward(*args, **kwargs)
+
+    return run

@@ -207,6 +207,13 @@ class OneVisionFamily(FamilyBase):
         every regular id; a tiny one wraps them)."""
         return qwen_id % _first_special_id(cfg)
 
+    # --- export ------------------------------------------------------------------------------------
+    def export(self, manifest: dict, params: dict, out_dir: str) -> dict:
+        """One folder ``LlavaOnevisionForConditionalGeneration.from_pretrained`` loads (``export``)."""
+        from entrain.models.families.llava_onevision.export import export
+
+        return export(manifest, params, out_dir)
+
     # --- profiler ----------------------------------------------------------------------------------
     def representative_config(self, cfg: OneVisionConfig):
         """One SigLIP layer and one decoder layer (every layer of a kind costs the same)."""

@@ -303,6 +303,8 @@ class EncoderStage(nn.Module):
     or, after the merger, ``[M, H]`` LLM image tokens in image order.
     """
 
+    entrain_family = FAMILY
+
     def __init__(self, model: OneVisionModel, first: int, end: int):
         super().__init__()
         self.tower = model.hf.model.vision_tower
@@ -366,6 +368,9 @@ class EncoderStage(nn.Module):
 class LLMStage(vlm.LLMStage):
     """LLM layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]`` of the Qwen2
     language model (``entrain.models.vlm.LLMStage``'s packed forward over this model's modules)."""
+
+    entrain_family = FAMILY
+    """Not the base class's: the runtime asks this family (recompute, FSDP units) for the stage."""
 
     def __init__(self, model: OneVisionModel, first: int, end: int):
         parts = nn.Module()  # the shape vlm.LLMStage reads: .model (embed_tokens, layers, norm), .lm_head

@@ -88,7 +88,7 @@ def add_model_source_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="one whole Hugging Face vision-language checkpoint folder, replacing --model / --vision-model / "
-        f"--llm-model; its config.json picks the family: {_families_help()}",
+        f"--llm-model; its config.json picks the family (`entrain data families` lists them): {_families_help()}",
     )
     p.add_argument(
         "--vision-model",

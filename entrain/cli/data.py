@@ -34,6 +34,7 @@ QUANTITIES = ("text_tokens", "image_tokens", "vit_patches", "encoder_llm_ratio")
 EXTENSIONS: dict[str, str] = {
     "entrain.cli.data_check": "add_check_parser",
     "entrain.cli.data_synth": "add_synth_parser",
+    "entrain.cli.data_families": "add_families_parser",
 }
 
 

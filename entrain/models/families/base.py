@@ -312,6 +312,11 @@ class FamilyBase:
     def claims_config(self, config: dict) -> bool:
         return False
 
+    def model_types(self) -> tuple[str, ...]:
+        """The ``config.json`` ``model_type`` values whose folders ``claims_config`` accepts (what
+        ``entrain data families`` lists); optional, not part of ``ModelFamily``. Default: none."""
+        return ()
+
     def code_names(self) -> tuple[str, ...]:
         """Default: the registry name only."""
         return (self.name,)

@@ -62,6 +62,9 @@ class OneVisionFamily(FamilyBase):
     def claims_config(self, config: dict) -> bool:
         return config.get("model_type") == MODEL_TYPE
 
+    def model_types(self) -> tuple[str, ...]:
+        return (MODEL_TYPE,)
+
     def shape(self, source: ModelSource) -> OneVisionShape:
         if source.model_path is None:
             try:

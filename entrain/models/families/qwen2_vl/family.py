@@ -1,7 +1,8 @@
 """The ``qwen2_vl`` model family: whole Qwen2-VL / Qwen2.5-VL checkpoints (``--model-path DIR``).
 
 Torch-free at import time: ``model``, ``positions`` and ``export`` (torch, transformers) are imported
-inside the methods. Sources: only a checkpoint folder (no presets).
+inside the methods. Sources: a checkpoint folder, or (``plan`` / ``simulate`` only) a cost-model preset
+of ``presets.PRESETS`` (a published shape, no weights).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from entrain.core.architectures import ModelArch
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.qwen2_vl.presets import PRESETS
 from entrain.models.families.qwen2_vl.spec import MODEL_TYPES, claims, shape_of_folder
 
 if TYPE_CHECKING:
@@ -81,18 +83,29 @@ def _hf_config(folder: str, depths):
 
 class Qwen2VLFamily(FamilyBase):
     name = FAMILY
-    description = "whole Qwen2-VL / Qwen2.5-VL checkpoints with M-RoPE (--model-path)"
+    description = "whole Qwen2-VL / Qwen2.5-VL checkpoints with M-RoPE (--model-path; qwen25vl-7b: cost model only)"
 
     # --- plain numbers ----------------------------------------------------------------------------
+    def preset_names(self) -> tuple[str, ...]:
+        return tuple(PRESETS)
+
     def code_names(self) -> tuple[str, ...]:
         return (self.name, *MODEL_TYPES, "Qwen2VL", "Qwen2_5_VL", "mrope")
 
     def claims_config(self, config: dict) -> bool:
         return claims(config)
 
+    def model_types(self) -> tuple[str, ...]:
+        return MODEL_TYPES
+
     def shape(self, source: ModelSource) -> ModelArch:
         if source.model_path is None:
-            raise ConfigError(f"model family {self.name!r} takes a checkpoint folder (--model-path DIR)")
+            if source.preset in PRESETS:
+                return PRESETS[source.preset]
+            raise ConfigError(
+                f"model family {self.name!r} takes a checkpoint folder (--model-path DIR) or a cost-model "
+                f"preset ({', '.join(PRESETS)}), not {source.preset!r}"
+            )
         return shape_of_folder(source.model_path)
 
     def layer_names(self, shape: ModelArch, component: str) -> list[str]:
@@ -120,6 +133,11 @@ class Qwen2VLFamily(FamilyBase):
         None (the built-in Qwen2 tokenizer: Qwen2-VL's vocabulary)."""
         from entrain.data.tokenizer import has_tokenizer_files, load_tokenizer
 
+        if source.model_path is None:
+            raise ConfigError(
+                f"--model {source.preset}: a cost-model preset (plan / simulate); to run the model, pass "
+                "its checkpoint folder with --model-path DIR"
+            )
         full = self.shape(source)
         depths = None
         if shape is not None and shape != full:  # the profiler's reduced model

@@ -29,7 +29,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from entrain.core.costmodel import CostModel
@@ -81,20 +82,23 @@ class StepPlanner:
         return out
 
 
-_PROCESS_PLANNER: StepPlanner | None = None
-"""The background process's planner (set by ``_start_process``)."""
-
-
 PARENT_POLL_S = 0.5
 
 
-def _start_process(planner: StepPlanner, parent_pid: int) -> None:
-    """The background process's start: keep the planner; leave as soon as the training process is
-    gone (a rank killed by a fault or by torchrun must not leave its planner behind: the worker holds
-    both ends of its task queue, so it would never see the parent's end close)."""
-    global _PROCESS_PLANNER
-    _PROCESS_PLANNER = planner
+def _serve(conn, planner: StepPlanner, parent_pid: int) -> None:
+    """The background process: plan each ``(step, batch)`` it is sent, answer ``(step, ok, plan or
+    error)``; leave when the pipe closes or the training process is gone (a rank killed by a fault or
+    by torchrun must not leave its planner behind)."""
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    while True:
+        try:
+            step, batch = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send((step, True, planner(step, batch)))
+        except Exception as e:  # handed to the step that asks for this Plan
+            conn.send((step, False, e))
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -103,18 +107,57 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(0)
 
 
-def _plan_in_process(step: int, batch: list[SampleWork]) -> Plan:
-    return _PROCESS_PLANNER(step, batch)
+class _PipeFuture:
+    def __init__(self, worker: _ProcessWorker, step: int):
+        self._worker, self._step = worker, step
+
+    def result(self) -> Plan:
+        return self._worker.collect(self._step)
 
 
-def _executor(mode: str, planner: StepPlanner) -> Executor | None:
+class _ProcessWorker:
+    """One spawned planner process fed over a pipe. Not a ``ProcessPoolExecutor``: its queues hold
+    semaphores that outlive a rank leaving by ``os._exit`` (``cli.train``), and the resource tracker
+    then prints warnings after the rank's one-line error; a pipe holds none."""
+
+    def __init__(self, planner: StepPlanner):
+        ctx = multiprocessing.get_context("spawn")  # never fork a process holding torch and gloo threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, planner, os.getpid()), daemon=True)
+        self._proc.start()
+        child.close()
+        self._answers: dict[int, tuple[bool, object]] = {}
+
+    def submit(self, step: int, batch: list[SampleWork]) -> _PipeFuture:
+        self._conn.send((step, batch))
+        return _PipeFuture(self, step)
+
+    def collect(self, step: int) -> Plan:
+        """Step ``step``'s Plan (answers come in the order asked; earlier ones are kept)."""
+        while step not in self._answers:
+            try:
+                got, ok, value = self._conn.recv()
+            except (EOFError, OSError):
+                raise BrokenProcessPool(f"the planner process died (exit code {self._proc.exitcode})") from None
+            self._answers[got] = (ok, value)
+        ok, value = self._answers.pop(step)
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Terminated, not drained: nothing it computes is needed any more, and a rank being shut
+        down by torchrun must not wait for a Plan."""
+        self._proc.terminate()
+        self._proc.join()
+        self._conn.close()
+
+
+def _executor(mode: str, planner: StepPlanner) -> Executor | _ProcessWorker | None:
     if mode == "thread":
         return ThreadPoolExecutor(1, thread_name_prefix="entrain-plan")
-    if mode == "process":  # spawn: never fork a process holding torch and gloo threads
-        ctx = multiprocessing.get_context("spawn")
-        return ProcessPoolExecutor(
-            1, mp_context=ctx, initializer=_start_process, initargs=(planner, os.getpid())
-        )
+    if mode == "process":
+        return _ProcessWorker(planner)
     return None
 
 
@@ -157,15 +200,9 @@ class StepPlans:
 
     def close(self) -> None:
         """Cancel queued work and join the worker: a thread finishes its running task; a process is
-        terminated first (nothing it computes is needed any more; a rank being shut down by torchrun
-        must not wait for a Plan)."""
-        if isinstance(self._pool, ProcessPoolExecutor):
-            processes = list((self._pool._processes or {}).values())
-            for p in processes:
-                p.terminate()
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            for p in processes:
-                p.join()
+        terminated (``_ProcessWorker.close``)."""
+        if isinstance(self._pool, _ProcessWorker):
+            self._pool.close()
         elif self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -191,5 +228,7 @@ class StepPlans:
 
     def _submit(self, step: int) -> None:
         if step not in self._done and step not in self._futures:
-            fn = _plan_in_process if isinstance(self._pool, ProcessPoolExecutor) else self._planner
-            self._futures[step] = self._pool.submit(fn, step, list(self._batches[step]))
+            if isinstance(self._pool, _ProcessWorker):
+                self._futures[step] = self._pool.submit(step, list(self._batches[step]))
+            else:
+                self._futures[step] = self._pool.submit(self._planner, step, list(self._batches[step]))

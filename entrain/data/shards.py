@@ -206,9 +206,14 @@ def scan_workers(num_shards: int, requested: int | None = None) -> int:
     Python thread runs (forking then is unsafe)."""
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     wanted = requested if requested is not None else min((os.cpu_count() or 1) // ranks, MAX_DEFAULT_WORKERS)
-    if threading.active_count() > 1:
+    if threads_running():
         return 1
     return max(1, min(wanted, num_shards))
+
+
+def threads_running() -> bool:
+    """Another Python thread is alive in this process (a fork would copy the locks it holds)."""
+    return threading.active_count() > 1
 
 
 _task: dict[str, Callable] = {}

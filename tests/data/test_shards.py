@@ -28,6 +28,15 @@ from entrain.data.shards import dataset_shards, map_shards, scan_workers
 from tests.data.shard_writers import FORMATS, dataset, image_bytes, records, write, write_hf
 
 
+@pytest.fixture
+def no_other_threads(monkeypatch):
+    """What these tests check must not depend on a thread another test left running (with one alive,
+    ``scan_workers`` scans in this process: ``test_a_live_thread_keeps_the_scan_in_this_process``)."""
+    from entrain.data import shards
+
+    monkeypatch.setattr(shards, "threads_running", lambda: False)
+
+
 def _schema(name: str) -> dict:
     return json.loads(resources.files("entrain").joinpath(f"schemas/{name}.json").read_text())
 
@@ -63,7 +72,7 @@ def _with_bad_record(fmt: str, folder: Path) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_bad_record_is_named_by_shard_and_index(fmt, tmp_path, capsys):
+def test_a_bad_record_is_named_by_shard_and_index(fmt, tmp_path, capsys, no_other_threads):
     folder, shard = _with_bad_record(fmt, tmp_path / fmt)
     report = check_dataset(folder, processor=False, workers=2)
     (finding,) = report.errors
@@ -97,7 +106,7 @@ def test_a_tar_sample_without_json_and_a_cut_shard_are_named(tmp_path):
     assert (Path(cut.file).name, cut.field, report.complete) == (second.name, "tar", False)
 
 
-def test_duplicate_ids_across_shards_and_parallel_equals_serial(tmp_path):
+def test_duplicate_ids_across_shards_and_parallel_equals_serial(tmp_path, no_other_threads):
     shards = [records(k, n) for k, n in enumerate((3, 2, 3))]
     shards[2][0]["id"] = "s0-1"  # the id of shard 0's record 1
     shards[1][1]["conversations"] = shards[1][1]["conversations"][:1]
@@ -116,14 +125,28 @@ def _slow_square(x: int) -> tuple[int, int]:
     return x * x, os.getpid()
 
 
-def test_map_shards_runs_in_worker_processes_and_keeps_shard_order():
+def test_a_live_thread_keeps_the_scan_in_this_process():
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        assert scan_workers(4, requested=2) == 1
+        assert {pid for _, pid in map_shards(_slow_square, [0, 1], workers=2)} == {os.getpid()}
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_map_shards_runs_in_worker_processes_and_keeps_shard_order(no_other_threads):
     out = list(map_shards(_slow_square, [0, 1, 2, 3], workers=2))
     assert [r for r, _ in out] == [0, 1, 4, 9]
     assert os.getpid() not in {pid for _, pid in out}
     assert {pid for _, pid in map_shards(_slow_square, [3], workers=2)} == {os.getpid()}  # one shard: here
 
 
-def test_scan_workers_share_the_cpus_among_the_ranks_of_a_node(monkeypatch):
+def test_scan_workers_share_the_cpus_among_the_ranks_of_a_node(monkeypatch, no_other_threads):
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert [scan_workers(n) for n in (1, 3, 20)] == [1, 3, 8]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
@@ -132,7 +155,7 @@ def test_scan_workers_share_the_cpus_among_the_ranks_of_a_node(monkeypatch):
     assert scan_workers(20) == 1
 
 
-def test_metadata_is_cached_per_shard(tmp_path, monkeypatch):
+def test_metadata_is_cached_per_shard(tmp_path, monkeypatch, no_other_threads):
     folder = dataset("hf", tmp_path / "hf")
     first = read_metadata(folder, workers=2)
     assert [m.id for m in first] == [f"s{k}-{i}" for k, n in enumerate((3, 2, 3)) for i in range(n)]

@@ -59,5 +59,8 @@ def test_plan_and_train_from_a_llava_dataset_with_a_measured_profile(tmp_path, c
     trained = json.loads((run / "plan.json").read_text())
     assert {s["id"] for s in trained["samples"]} <= set(ids) and len(trained["iterations"]) == 2
     assert trained["layout"] == plan["layout"] and trained["system"] == plan["system"]
-    assert trained["options"].items() >= plan["schedule_options"].items()
+    # the options the run planned with; the memory split off (a decision) leaves no trace in a Plan: only
+    # the cuts of a split that happened are recorded (``schedules.entrain``)
+    asked = {k: v for k, v in plan["schedule_options"].items() if (k, v) != ("memory_split", False)}
+    assert trained["options"].items() >= asked.items()
     assert json.loads((run / "config.json").read_text())["spec"]["profile"] == str(prof)

@@ -63,8 +63,10 @@ def join_plans(parts: Sequence[Plan]) -> Plan:
         raise ValueError("join_plans needs at least one Plan")
     first = parts[0]
     samples = {sid: w for p in parts for sid, w in p.samples.items()}
-    options = {
-        k: v for k, v in first.options.items() if k not in PER_ITERATION_OPTIONS and k != "memory_split"
+    options = {  # a memory split's per-iteration cuts are joined below; ``memory_split: False`` stays
+        k: v
+        for k, v in first.options.items()
+        if k not in PER_ITERATION_OPTIONS and not (k == "memory_split" and isinstance(v, dict))
     }
     for key in PER_ITERATION_OPTIONS:
         if key in first.options:
@@ -84,11 +86,15 @@ def join_plans(parts: Sequence[Plan]) -> Plan:
 def _joined_memory_split(parts: Sequence[Plan]) -> dict | None:
     """``memory_split`` over all iterations: present when any iteration cut; an iteration without
     cuts contributes no cut on each of its replicas (as ``plan_system`` records it)."""
-    with_split = [p.options["memory_split"] for p in parts if "memory_split" in p.options]
+    with_split = [p.options["memory_split"] for p in parts if isinstance(p.options.get("memory_split"), dict)]
     if not with_split:
         return None
     cuts = []
     for p in parts:
         split = p.options.get("memory_split")
-        cuts += split["cuts"] if split else [[[] for _ in range(p.layout.dp)] for _ in p.iterations]
+        cuts += (
+            split["cuts"]
+            if isinstance(split, dict)
+            else [[[] for _ in range(p.layout.dp)] for _ in p.iterations]
+        )
     return {**with_split[0], "cuts": cuts}

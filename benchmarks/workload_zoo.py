@@ -46,6 +46,8 @@ MODELS = {
     "qwen25vl-7b": "QwenVL-7B",
     "llava-ov-7b": "OV-7B",
 }
+PAPER_MODELS = ("qwen25vl-llama3-1b", "qwen25vl-llama3-3b")
+"""The paper's two compositions: the zoo's 20 cases of the regression guard (benchmarks/regression.py)."""
 FAMILY_DATASETS = {
     "qwen25vl-7b": ("docvqa", "mixture", "multi-image"),
     "llava-ov-7b": ("anyres", "docvqa", "mixture"),

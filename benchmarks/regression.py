@@ -138,7 +138,9 @@ def _entrain_line(res: dict) -> str:
 
 
 # --- comparing -----------------------------------------------------------------------------------------
-def compare_system(key: str, system: str, base: dict | None, cur: dict | None, tol: float = TOLERANCE) -> dict:
+def compare_system(
+    key: str, system: str, base: dict | None, cur: dict | None, tol: float = TOLERANCE
+) -> dict:
     """One row: baseline ms, current ms, ratio and the verdict ("ok", "slower", "faster", "lost fit",
     "missing")."""
     row = {"case": key, "system": system, "baseline_ms": None, "current_ms": None, "ratio": None}
@@ -260,7 +262,9 @@ def complete_run(run: dict) -> dict:
     want = {k: c["argv"] for k, c in cases(s["iterations"], s["seed"]).items()}
     got = {k: c["argv"] for k, c in run["cases"].items()}
     if got != want:
-        raise SystemExit(f"regression: the run holds {len(got)} case(s), not today's {len(want)} with the same argv")
+        raise SystemExit(
+            f"regression: the run holds {len(got)} case(s), not today's {len(want)} with the same argv"
+        )
     return run
 
 
@@ -276,9 +280,13 @@ def main(argv_: list[str] | None = None) -> int:
     if args.update and args.case:
         raise SystemExit("regression: --update rewrites the whole baseline; drop --case")
     if args.update and not args.why:
-        raise SystemExit("regression: --update needs --why TEXT (kept in the baseline; say it in the commit too)")
+        raise SystemExit(
+            "regression: --update needs --why TEXT (kept in the baseline; say it in the commit too)"
+        )
     if args.update and args.from_run:
-        return _write_baseline(args.baseline, {**complete_run(load_baseline(args.from_run)), "why": args.why}, log)
+        return _write_baseline(
+            args.baseline, {**complete_run(load_baseline(args.from_run)), "why": args.why}, log
+        )
     base = None if args.update else load_baseline(args.baseline)
     settings = base["settings"] if base else _settings(ITERATIONS, SEED)
     every = cases(settings["iterations"], settings["seed"])

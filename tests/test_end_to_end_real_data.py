@@ -40,12 +40,24 @@ def test_plan_and_train_from_a_llava_dataset_with_a_measured_profile(tmp_path, c
     assert json.loads(plan_file.read_text()) == plan  # --out writes what --json prints
 
     # train runs exactly that plan: its batch sizes apply (a contradicting --global-batch is an error)
-    argv = ["train", "--dataset", str(data), "--profile", str(prof), "--model", "tiny", "--plan", str(plan_file)]
+    argv = [
+        "train",
+        "--dataset",
+        str(data),
+        "--profile",
+        str(prof),
+        "--model",
+        "tiny",
+        "--plan",
+        str(plan_file),
+    ]
     with pytest.raises(ConfigError, match="was made with --global-batch 4, but --global-batch 8 was given"):
         _spec(build_parser().parse_args([*argv, "--global-batch", "8"]))
     spec = _spec(build_parser().parse_args([*argv, "--steps", "2", "--out", str(run), "--no-progress"]))
     check_spec(spec)
-    assert world_size_of(spec) == 2 and spec.parallel.global_batch == 4 and spec.schedule.systems == ("entrain",)
+    assert (
+        world_size_of(spec) == 2 and spec.parallel.global_batch == 4 and spec.schedule.systems == ("entrain",)
+    )
     losses = run_workers(_train, 2, tmp_path / "workers", spec)
     assert losses[0] == losses[1] and all(math.isfinite(x) and x > 0 for x in losses[0])
 

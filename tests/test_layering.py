@@ -116,7 +116,9 @@ def private_imports(root: pathlib.Path = PACKAGE) -> list[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and ((node.module or "").startswith("entrain") or node.level):
                 names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
-                bad += [f"{path.relative_to(root.parent)}:{node.lineno} imports {node.module}.{n}" for n in names]
+                bad += [
+                    f"{path.relative_to(root.parent)}:{node.lineno} imports {node.module}.{n}" for n in names
+                ]
     return bad
 
 

@@ -59,7 +59,10 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
 def test_the_recipe_runs_end_to_end_on_tiny_stock_folders(tmp_path, capsys):
     vision = save_vision(tmp_path / "qwen25vl")
     llm = save_tokenizer(save_llm(tmp_path / "llama", vocab=290))
-    assert main(["data", "synth", "--dataset", "chartqa", "--num-samples", "8", "--out", str(tmp_path / "ds")]) == 0
+    assert (
+        main(["data", "synth", "--dataset", "chartqa", "--num-samples", "8", "--out", str(tmp_path / "ds")])
+        == 0
+    )
     paths = {
         "ckpt/qwen25vl-3b": str(vision),
         "ckpt/llama32-1b": str(llm),

@@ -349,8 +349,7 @@ def memory_facts(cases: list[dict]) -> dict:
     last = None
     if case is not None:
         gb = {
-            n: case["systems"][n]["peak_activation_bytes_per_rank"][-1] / 1e9
-            for n in (DISTTRAIN, DIP, PAPER)
+            n: case["systems"][n]["peak_activation_bytes_per_rank"][-1] / 1e9 for n in (DISTTRAIN, DIP, PAPER)
         }
         paper = {n: statistics.fmean(v) for n, v in fig["values"].items()}
         last = {"ours": gb, "paper": fig["values"], "case": fig["case"],
@@ -368,9 +367,7 @@ def std_facts(cases: list[dict]) -> dict | None:
     for i, key in enumerate(("encoder_fwd_std_ms", "llm_fwd_std_ms")):
         ours = [c["systems"][DISTTRAIN][key] / max(c["systems"][ENTRAIN][key], 1e-9) for c in syn]
         paper = [
-            fig[case_key(c)][DISTTRAIN][i] / fig[case_key(c)][ENTRAIN][i]
-            for c in syn
-            if case_key(c) in fig
+            fig[case_key(c)][DISTTRAIN][i] / fig[case_key(c)][ENTRAIN][i] for c in syn if case_key(c) in fig
         ]
         out[key] = {"ours": rng(ours, 1), "paper": rng(paper, 1)}
     return out

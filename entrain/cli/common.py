@@ -54,7 +54,9 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
         help="built-in generator name, workload JSONL, raw-work JSONL, LLaVA JSON/JSONL/Parquet dataset, or a "
         "folder of Parquet or WebDataset .tar shards or of a Hugging Face save_to_disk dataset",
     )
-    p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS, help="model preset to price")
+    p.add_argument(
+        "--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS, help="model preset to price"
+    )
     add_model_source_args(p)
     add_pixel_args(p)
     p.add_argument(
@@ -66,7 +68,9 @@ def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None =
     p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
     add_attention_arg(p)
     p.add_argument("--gpus", type=int, default=64, help="GPUs to plan for")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: chosen by the planner)")
+    p.add_argument(
+        "--dp", type=int, default=None, help="data-parallel replicas (default: chosen by the planner)"
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor parallel degree of both components")
     p.add_argument("--global-batch", type=int, default=512, help="samples per iteration over all replicas")
     p.add_argument("--microbatch-size", type=int, default=4, help="samples per microbatch")
@@ -108,10 +112,16 @@ def add_model_source_args(p: argparse.ArgumentParser) -> None:
 def add_pixel_args(p: argparse.ArgumentParser) -> None:
     """``--min-pixels`` / ``--max-pixels``: the image processor's limits (Qwen's ``smart_resize``)."""
     p.add_argument(
-        "--min-pixels", type=int, default=None, help=f"smallest resized image area (default {DEFAULT_VISION.min_pixels})"
+        "--min-pixels",
+        type=int,
+        default=None,
+        help=f"smallest resized image area (default {DEFAULT_VISION.min_pixels})",
     )
     p.add_argument(
-        "--max-pixels", type=int, default=None, help=f"largest resized image area (default {DEFAULT_VISION.max_pixels})"
+        "--max-pixels",
+        type=int,
+        default=None,
+        help=f"largest resized image area (default {DEFAULT_VISION.max_pixels})",
     )
 
 
@@ -134,7 +144,9 @@ def _families_help() -> str:
 
 def model_source_of(args: argparse.Namespace) -> ModelSource:
     """The ``ModelSource`` of ``--model`` / ``--vision-model`` + ``--llm-model`` / ``--model-path``."""
-    if getattr(args, "model_path", None) and (getattr(args, "vision_model", None) or getattr(args, "llm_model", None)):
+    if getattr(args, "model_path", None) and (
+        getattr(args, "vision_model", None) or getattr(args, "llm_model", None)
+    ):
         raise ConfigError("--model-path is a whole checkpoint: pass it without --vision-model / --llm-model")
     return ModelSource(
         preset=args.model,
@@ -163,7 +175,9 @@ def add_precision_arg(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=help_text)
 
 
-def warn_profile_precision(command: str, path: str | None, cost: CostModel, precision: str, run: str) -> str | None:
+def warn_profile_precision(
+    command: str, path: str | None, cost: CostModel, precision: str, run: str
+) -> str | None:
     """Print (one stderr line) and return the warning when the ``--profile`` at ``path`` was timed in
     another precision than ``run`` computes in (``precision``); None when it was not."""
     line = precision_mismatch(path, cost, precision, run) if path else None

@@ -14,8 +14,12 @@ from entrain.data.tokenizer import load_tokenizer
 def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``check`` on the ``entrain data`` sub-subcommands."""
     p = subparsers.add_parser("check", help="validate a LLaVA JSON/JSONL or Parquet dataset and its images")
-    p.add_argument("path", metavar="PATH", help="LLaVA JSON (array), JSONL or Parquet file, or a folder of Parquet or WebDataset .tar shards or of a "
-                   "Hugging Face save_to_disk dataset (shards checked in parallel processes)")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="LLaVA JSON (array), JSONL or Parquet file, or a folder of Parquet or WebDataset .tar shards or of a "
+        "Hugging Face save_to_disk dataset (shards checked in parallel processes)",
+    )
     p.add_argument(
         "--image-root", default=None, help="folder image paths are relative to (default: the file's)"
     )

@@ -131,7 +131,10 @@ def run(args: argparse.Namespace) -> int:
             "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
-    obj = {**to_json(result, args, cost.model, cost.hardware.name), **_setup_json(args, result, sampler, cost)}
+    obj = {
+        **to_json(result, args, cost.model, cost.hardware.name),
+        **_setup_json(args, result, sampler, cost),
+    }
     if args.out:
         _write(args.out, obj)
     if args.json:
@@ -163,9 +166,15 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
             setup = entrain_variant(setup, req, cost, judge)
     else:
         setup = system_setups([args.system], req, cost, sampler, judge)[args.system]
-    setup, run = deploy(args.system, setup, _check_batches(args, result, sampler, cost), cost, margin=req.margin)
+    setup, run = deploy(
+        args.system, setup, _check_batches(args, result, sampler, cost), cost, margin=req.margin
+    )
     decisions = [d.to_json() for d in setup.decisions]
-    return {**setup_to_json(args.system, setup), "fits_memory": run.metrics.fits_memory, "decisions": decisions}
+    return {
+        **setup_to_json(args.system, setup),
+        "fits_memory": run.metrics.fits_memory,
+        "decisions": decisions,
+    }
 
 
 def _check_batches(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> list[list]:

@@ -54,7 +54,9 @@ def real_bars(events: list[dict], layout, step: int) -> tuple[list, float]:
         if e["cat"] == "compute" and replica == 0:
             a = e["args"]
             start = (e["ts"] - t0) / 1e3
-            bars.append((pp_rank, layout.stages[a["stage"]].component, a["kind"], start, start + e["dur"] / 1e3))
+            bars.append(
+                (pp_rank, layout.stages[a["stage"]].component, a["kind"], start, start + e["dur"] / 1e3)
+            )
     return bars, (t1 - t0) / 1e3
 
 
@@ -96,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
 
         emit_json(summary)
     else:
-        print(f"wrote {args.out}: step {step}, real {real_ms:.1f} ms, simulated {sim.iteration_time_ms:.1f} ms")
+        print(
+            f"wrote {args.out}: step {step}, real {real_ms:.1f} ms, simulated {sim.iteration_time_ms:.1f} ms"
+        )
     return 0
 
 

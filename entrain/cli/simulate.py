@@ -80,7 +80,9 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
         base = runs[ENTRAIN].metrics.iteration_time_ms
         for r in runs.values():
             r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
-    return runs, {n: {**_describe(s.layout, s.source, s.b_min), "decisions": _decisions(s)} for n, s in setups.items()}
+    return runs, {
+        n: {**_describe(s.layout, s.source, s.b_min), "decisions": _decisions(s)} for n, s in setups.items()
+    }
 
 
 def _decisions(setup) -> list[dict]:
@@ -128,9 +130,7 @@ def _config(described: dict) -> dict:
 def best_fitting_baseline(runs: dict[str, SystemRun]) -> tuple[str | None, float | None]:
     """(fastest baseline whose plan fits device memory, its time / Entrain's); a baseline that does
     not fit never counts (nor does an Entrain that does not fit)."""
-    fitting = {
-        n: r for n, r in runs.items() if n not in OURS and r.metrics.fits_memory is not False
-    }
+    fitting = {n: r for n, r in runs.items() if n not in OURS and r.metrics.fits_memory is not False}
     if not fitting:
         return None, None
     best = min(fitting, key=lambda n: fitting[n].metrics.iteration_time_ms)
@@ -152,8 +152,15 @@ def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace)
     top = runs.get(ENTRAIN) or next(iter(runs.values()))
     best, ratio = best_fitting_baseline(runs)
     return {
-        "systems": {n: {**r.metrics.to_json(), "config": _config(configs[n]), "decisions": configs[n].get("decisions", []),
-                        **_drift_json(r)} for n, r in runs.items()},  # fmt: skip
+        "systems": {
+            n: {
+                **r.metrics.to_json(),
+                "config": _config(configs[n]),
+                "decisions": configs[n].get("decisions", []),
+                **_drift_json(r),
+            }
+            for n, r in runs.items()
+        },  # fmt: skip
         "best_fitting_baseline": best,
         "entrain_vs_best_fitting_baseline": ratio,
         "ideal_ms": top.metrics.ideal_ms,
@@ -179,10 +186,7 @@ def table(runs: dict[str, SystemRun], configs: dict) -> str:
         peaks = m.peak_memory_bytes_per_rank
         mem = "-" if not peaks else f"{max(peaks) / 1e9:.1f}" + ("" if m.fits_memory else " OOM")
         cfg = f"E.PP {c['encoder']['pp']} / L.PP {c['llm']['pp']} (tp {c['llm']['tp']}, dp {configs[name]['dp']})"
-        if (
-            name in OURS
-            and c["encoder"]["pp"] + c["llm"]["pp"] > configs[name]["ranks_per_replica"]
-        ):
+        if name in OURS and c["encoder"]["pp"] + c["llm"]["pp"] > configs[name]["ranks_per_replica"]:
             cfg += f", {configs[name]['ranks_per_replica']} ranks: one shares the encoder/LLM boundary"
         lines.append(
             f"{name:<16}{m.iteration_time_ms:>10.1f}{speed:>11}{m.bubble_ratio:>8.3f}{m.encoder_fwd_std_ms:>9.1f}"

@@ -143,13 +143,19 @@ def _add_degree_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--global-batch", type=int, default=16, help="samples per step over all replicas (--plan sets it)")
+    p.add_argument(
+        "--global-batch", type=int, default=16, help="samples per step over all replicas (--plan sets it)"
+    )
     p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (--plan sets it)")
     p.add_argument("--steps", type=int, default=10, help="optimiser steps")
-    p.add_argument("--seed", type=int, default=0, help="seed of the samples, the planner's draws and the init")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the samples, the planner's draws and the init"
+    )
     p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
     p.add_argument("--out", default="runs/train", help="run folder")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (cosine decay after warm-up)")
+    p.add_argument(
+        "--lr", type=float, default=1e-3, help="AdamW peak learning rate (cosine decay after warm-up)"
+    )
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--betas", default="0.9,0.95", help="AdamW beta1,beta2")
     p.add_argument("--warmup-steps", type=int, default=2, help="linear learning-rate warm-up steps")
@@ -278,7 +284,9 @@ def _spec(args: argparse.Namespace) -> RunConfig:
         apply_plan(args, _DEFAULTS, _ACTIONS, quiet=worker)
     if args.fsdp and args.split_weight_grads == "on":  # the runtime does not split FSDP backwards
         if os.environ.get("RANK", "0") == "0" and not os.environ.get(ERROR_DIR_ENV):  # once, by the launcher
-            print("entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr)
+            print(
+                "entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr
+            )
         args.split_weight_grads = "off"
     spec = RunConfig.from_args(args)
     if spec.schedule.plan:
@@ -458,7 +466,11 @@ def relaunch_args(args: argparse.Namespace, spec) -> argparse.Namespace:
     state = read_state(system_out(spec, spec.schedule.systems[0]))
     if state is None:
         raise EntrainError(f"a worker asked for a re-plan but {spec.run.out} holds no re-plan state")
-    print(f"entrain train: re-plan after step {state['step'] - 1}: restarting on {state['plan']}", file=sys.stderr, flush=True)
+    print(
+        f"entrain train: re-plan after step {state['step'] - 1}: restarting on {state['plan']}",
+        file=sys.stderr,
+        flush=True,
+    )
     return argparse.Namespace(
         **{**vars(args), "plan": state["plan"], "resume": True, "overwrite": False,
            "encoder_stages": None, "llm_stages": None, "dp": None},
@@ -540,7 +552,9 @@ def check_dataset_size(spec) -> None:
     elif fmt == "workload":
         metas = read_workload_jsonl(path)
         if metas and all(m.answer_tokens == 0 for m in metas):
-            raise ConfigError(f"{path}: every sample has answer_tokens 0: no supervised (label) token, nothing to learn")
+            raise ConfigError(
+                f"{path}: every sample has answer_tokens 0: no supervised (label) token, nothing to learn"
+            )
         usable = len(metas)
     else:
         usable = len(read_raw_work_jsonl(path))
@@ -620,7 +634,9 @@ def warn_below_b_min(spec) -> int | None:
     if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
         return None
     if is_builtin(spec.data.dataset):
-        pool = generate_samples(spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec.data.vision(spec.model))
+        pool = generate_samples(
+            spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec.data.vision(spec.model)
+        )
     else:
         path = resolve_dataset_file(spec.data.dataset)
         pool = read_samples(path, spec.data.vision(spec.model), image_root=spec.data.image_root)[:B_MIN_POOL]

@@ -136,7 +136,11 @@ class VisionArch:
 
     def merger_params(self) -> int:
         m = self.merger_hidden
-        return self.hidden_size * self.norm_params_per_width + (m * m + m) + (m * self.out_hidden_size + self.out_hidden_size)
+        return (
+            self.hidden_size * self.norm_params_per_width
+            + (m * m + m)
+            + (m * self.out_hidden_size + self.out_hidden_size)
+        )
 
     def num_params(self) -> int:
         return self.patch_embed_params() + self.depth * self.block_params() + self.merger_params()

@@ -209,7 +209,6 @@ def llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
     return specs
 
 
-
 def composition_layer_specs(arch, label_fraction: float | None) -> dict[str, list[LayerSpec]]:
     """``ModelArch.layer_specs`` (``arch``: an ``entrain.core.architectures.ModelArch``): the preset compositions' vision tower and Llama-structured LLM."""
     return {"encoder": _vision_specs(arch.vision), "llm": llm_specs(arch.llm, label_fraction)}

@@ -130,11 +130,21 @@ def check_stage_ranges(layout: dict, path: str, layer_counts: Mapping[str, int] 
     stages = layout["stages"]
     for i, s in enumerate(stages):
         if s["stage"] != i:
-            raise _fail(path, f"layout.stages[{i}].stage", f"expected {i} (stages are numbered 0..n-1 in order), got {s['stage']}")
+            raise _fail(
+                path,
+                f"layout.stages[{i}].stage",
+                f"expected {i} (stages are numbered 0..n-1 in order), got {s['stage']}",
+            )
         if s["component"] not in ("encoder", "llm"):
-            raise _fail(path, f"layout.stages[{i}].component", f"expected 'encoder' or 'llm', got {s['component']!r}")
+            raise _fail(
+                path, f"layout.stages[{i}].component", f"expected 'encoder' or 'llm', got {s['component']!r}"
+            )
         if s.get("recompute", "none") not in RECOMPUTE_MODES:
-            raise _fail(path, f"layout.stages[{i}].recompute", f"expected one of {', '.join(RECOMPUTE_MODES)}, got {s['recompute']!r}")
+            raise _fail(
+                path,
+                f"layout.stages[{i}].recompute",
+                f"expected one of {', '.join(RECOMPUTE_MODES)}, got {s['recompute']!r}",
+            )
     comps = [s["component"] for s in stages]
     if comps != sorted(comps, key=lambda c: c != "encoder") or len(set(comps)) != 2:
         raise _fail(path, "layout.stages", f"expected the encoder's stages then the llm's, got {comps}")
@@ -143,26 +153,46 @@ def check_stage_ranges(layout: dict, path: str, layer_counts: Mapping[str, int] 
         _check_component(comp, mine, layout["components"][comp]["pp"], path, (layer_counts or {}).get(comp))
     ranks = sorted({s["pp_rank"] for s in stages})
     if ranks != list(range(len(ranks))):
-        raise _fail(path, "layout.stages", f"pipeline ranks {ranks} leave a rank without a stage; expected 0..{len(ranks) - 1}")
+        raise _fail(
+            path,
+            "layout.stages",
+            f"pipeline ranks {ranks} leave a rank without a stage; expected 0..{len(ranks) - 1}",
+        )
 
 
 def _check_component(comp: str, mine: list, pp: int, path: str, num_layers: int | None) -> None:
     ranks = len({s["pp_rank"] for _, s in mine})
     if pp != ranks:
-        raise _fail(path, f"layout.components.{comp}.pp", f"{pp}, but the layout puts the {comp} on {ranks} pipeline rank(s)")
+        raise _fail(
+            path,
+            f"layout.components.{comp}.pp",
+            f"{pp}, but the layout puts the {comp} on {ranks} pipeline rank(s)",
+        )
     end, rank = 0, -1
     for i, s in mine:
         first, stop = s["layers"]
         where = f"layout.stages[{i}].layers"
         if first != end:
-            what = f"layer(s) {end}..{first - 1} skipped" if first > end else f"layer(s) {first}..{end - 1} run twice"
+            what = (
+                f"layer(s) {end}..{first - 1} skipped"
+                if first > end
+                else f"layer(s) {first}..{end - 1} run twice"
+            )
             raise _fail(path, where, f"[{first}, {stop}) after the {comp}'s layers up to {end}: {what}")
         if stop <= first:
             raise _fail(path, where, f"[{first}, {stop}) is empty")
         if num_layers is not None and stop > num_layers:
             raise _fail(path, where, f"[{first}, {stop}) ends past the model's {num_layers} {comp} layers")
         if s["pp_rank"] < rank:
-            raise _fail(path, f"layout.stages[{i}].pp_rank", f"{s['pp_rank']}: the {comp}'s stages must be on non-decreasing pipeline ranks (previous {rank})")
+            raise _fail(
+                path,
+                f"layout.stages[{i}].pp_rank",
+                f"{s['pp_rank']}: the {comp}'s stages must be on non-decreasing pipeline ranks (previous {rank})",
+            )
         end, rank = stop, s["pp_rank"]
     if num_layers is not None and end != num_layers:
-        raise _fail(path, f"layout.stages[{mine[-1][0]}].layers", f"the {comp}'s stages end at layer {end}, but the model has {num_layers} {comp} layers (layer(s) {end}..{num_layers - 1} missing)")
+        raise _fail(
+            path,
+            f"layout.stages[{mine[-1][0]}].layers",
+            f"the {comp}'s stages end at layer {end}, but the model has {num_layers} {comp} layers (layer(s) {end}..{num_layers - 1} missing)",
+        )

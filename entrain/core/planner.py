@@ -997,7 +997,9 @@ MEMORY_CHECK_REPLICA_ITERATIONS = 80
 gives on the paper's DP 4 (docs/planning_scale.md)."""
 
 
-def memory_check_iterations(dp: int, iterations: int, replica_iterations: int = MEMORY_CHECK_REPLICA_ITERATIONS) -> int:
+def memory_check_iterations(
+    dp: int, iterations: int, replica_iterations: int = MEMORY_CHECK_REPLICA_ITERATIONS
+) -> int:
     """Global batches the plan's simulated memory check draws: the fewest that hold at least
     ``replica_iterations`` (replica, iteration) pairs, at most ``iterations`` and at least 1.
 

@@ -80,8 +80,13 @@ def trainable_parts(freeze: Iterable[str]) -> tuple[str, ...]:
     """The parts that still train under ``freeze`` (``FREEZE_OPTIONS``): of ``vit`` (the tower without
     the merger), ``merger`` and ``llm``; empty: the run has nothing to learn."""
     freeze = set(freeze)
-    parts = {"vit": not freeze & {"encoder", "vit"}, "merger": "encoder" not in freeze, "llm": "llm" not in freeze}
+    parts = {
+        "vit": not freeze & {"encoder", "vit"},
+        "merger": "encoder" not in freeze,
+        "llm": "llm" not in freeze,
+    }
     return tuple(p for p, trains in parts.items() if trains)
+
 
 BWD_MATMUL_FACTOR = 2.0
 BWD_ATTENTION_FACTOR = 2.5
@@ -472,7 +477,9 @@ def resolve_cost_model(
     name = model if isinstance(model, str) else model.name
     if profile:
         if freeze:
-            raise ConfigError("--freeze applies to presets; a measured --profile carries its own trainable flags")
+            raise ConfigError(
+                "--freeze applies to presets; a measured --profile carries its own trainable flags"
+            )
         if attention:
             raise ConfigError("--attention applies to presets; a measured --profile timed its own attention")
         return CostModel.load(profile, expect_model=name)

@@ -181,7 +181,9 @@ def entrain_setup(res: PlanResult, sampler: Sampler, cost: CostModel, seed: int)
     """Entrain's setup from the planner's result (Algorithm 1 + 2), before the extensions."""
     profile = MacroscopicProfiler(sampler, cost, seed=seed).draw(res.b_min.b_min, 0)[1]
     source = f"Algorithm 1+2 (b_min={res.b_min.b_min})"
-    return SystemSetup(res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile, config=res.config)
+    return SystemSetup(
+        res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile, config=res.config
+    )
 
 
 def fixed_stage_setup(
@@ -242,7 +244,9 @@ def read_plan_file(
     and the field otherwise, or when it is for another model than ``expect_model``."""
     d = load_plan_dict(path)
     if expect_model is not None and d["model"] != expect_model:
-        raise ConfigError(f"--plan {path} is for model {d['model']!r} but this run's model is {expect_model!r}")
+        raise ConfigError(
+            f"--plan {path} is for model {d['model']!r} but this run's model is {expect_model!r}"
+        )
     check_stage_ranges(d["layout"], path, layer_counts)
     get_system(d["system"])
     layout = Layout.from_json(d["layout"])
@@ -389,13 +393,21 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     m = req.margin
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
-        setup = decide("assignment", "paper", {n: _with_options(setup, assignment=n) for n in names}, judge, m)[0]
+        setup = decide(
+            "assignment", "paper", {n: _with_options(setup, assignment=n) for n in names}, judge, m
+        )[0]
     cands = {"paper": setup}  # the paper's assignment keeps the paper's DP split
     if setup.options.get("assignment", "paper") != "paper":
-        cands = {"paper": _with_options(setup, dp_resplit=False), "two-resource": _with_options(setup, dp_resplit=True)}
+        cands = {
+            "paper": _with_options(setup, dp_resplit=False),
+            "two-resource": _with_options(setup, dp_resplit=True),
+        }
     setup = decide("dp_split", "paper", cands, judge, m)[0]
     if req.entrain_ramp == "auto":
-        ramps = {"0": _with_options(setup, ramp_microbatches=0), "auto": _with_options(setup, ramp_microbatches="auto")}
+        ramps = {
+            "0": _with_options(setup, ramp_microbatches=0),
+            "auto": _with_options(setup, ramp_microbatches="auto"),
+        }
         setup = decide("ramp", "0", ramps, judge, m)[0]
     cuts = {"off": _with_options(setup, memory_split=False), "on": _with_options(setup, memory_split=True)}
     chosen, d = decide("sub_microbatches", "off", cuts, judge, m)
@@ -462,7 +474,11 @@ def tied_configs(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> lis
                               tp=cfg.encoder.tp if cfg.encoder.tp == cfg.llm.tp else None, cp=cp,
                               global_batch=req.global_batch, microbatch_size=req.microbatch_size)  # fmt: skip
     limit = cfg.predicted_iteration_time_ms * (1.0 + EQ2_TOLERANCE)
-    ties = [c for c in cands if c.memory_ok and c.predicted_iteration_time_ms <= limit and _stages(c) != _stages(cfg)]
+    ties = [
+        c
+        for c in cands
+        if c.memory_ok and c.predicted_iteration_time_ms <= limit and _stages(c) != _stages(cfg)
+    ]
     return [cfg, *ties[:MAX_TIED_CONFIGS]]
 
 
@@ -470,7 +486,9 @@ def _stages(cfg) -> tuple:
     return tuple((c.tp, c.cp, tuple(c.layer_ranges)) for c in (cfg.encoder, cfg.llm))
 
 
-def _decide_config(setup: SystemSetup, req: ConfigRequest, cost: CostModel, judge: CandidateJudge) -> SystemSetup:
+def _decide_config(
+    setup: SystemSetup, req: ConfigRequest, cost: CostModel, judge: CandidateJudge
+) -> SystemSetup:
     """Among Algorithm 2's choice and the configurations tied with it (``tied_configs``), the one
     that simulates fastest by more than the margin; the default is Algorithm 2's."""
     configs = tied_configs(setup, req, cost)
@@ -498,7 +516,11 @@ def _entrain_layout(
         global_batch=req.global_batch, microbatch_size=req.microbatch_size,
     )  # fmt: skip
     cfg = setup.config
-    eq2 = f"Eq. 2 {shared.predicted_iteration_time_ms:.0f} vs {cfg.predicted_iteration_time_ms:.0f} ms" if cfg else ""
+    eq2 = (
+        f"Eq. 2 {shared.predicted_iteration_time_ms:.0f} vs {cfg.predicted_iteration_time_ms:.0f} ms"
+        if cfg
+        else ""
+    )
     if req.entrain_layout == "shared":
         return replace(setup, layout=shared.layout, source=f"{source}; boundary sharing ({eq2 or 'forced'})")
     cands = {"disjoint": setup}

@@ -182,7 +182,9 @@ class _ImageResult:
 
 def _short(src) -> str:
     """A path as itself, an image in a shard as ``shard#location``, bytes as their length."""
-    return src if isinstance(src, str) else f"<{len(src)} encoded bytes>" if isinstance(src, bytes) else str(src)
+    return (
+        src if isinstance(src, str) else f"<{len(src)} encoded bytes>" if isinstance(src, bytes) else str(src)
+    )
 
 
 def _check_image(src: str | bytes, fld: str, vision: ImageTokenRule, processor: bool) -> _ImageResult:
@@ -323,7 +325,9 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
         return problems, None
     text, answer = count_tokens(rec.turns, tokenizer)
     if answer == 0:
-        problems.append(("conversations", f"{NO_LABEL} under the tokenizer {tokenizer.name} ({NO_LABEL_WHY})", ERROR))
+        problems.append(
+            ("conversations", f"{NO_LABEL} under the tokenizer {tokenizer.name} ({NO_LABEL_WHY})", ERROR)
+        )
         return problems, None
     if text + image_tokens > max_tokens:
         problems.append(
@@ -380,7 +384,9 @@ def _examined(path, image_root, rules: _Rules, workers: int | None, keep: bool) 
 
         image_processor(rules.vision)
     scan = partial(_examine_shard, rules=rules, image_root=root, keep=keep)
-    return flatten(map_shards(scan, dataset_shards(path), workers=workers, desc=f"checking {Path(path).name}"))
+    return flatten(
+        map_shards(scan, dataset_shards(path), workers=workers, desc=f"checking {Path(path).name}")
+    )
 
 
 def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
@@ -404,7 +410,11 @@ def _scan(examined: Iterable[Examined], keep: bool) -> Screened:
             break
         if item.id is not None:
             if item.id in first_index:
-                add("id", f"duplicate id (first used by record {_first(first_index[item.id], files, item.file)})", ERROR)
+                add(
+                    "id",
+                    f"duplicate id (first used by record {_first(first_index[item.id], files, item.file)})",
+                    ERROR,
+                )
             else:
                 first_index[item.id] = files.setdefault(item.file, len(files)) << 40 | item.index
         for fld, reason, severity in problems:  # none for a record that did not parse

@@ -387,7 +387,9 @@ def read_metadata(
     if Path(path).is_dir():
         from entrain.data.shards import read_sharded_metadata
 
-        return read_sharded_metadata(path, image_root, tok, vision, file_metadata, cache_dir, use_cache, workers)
+        return read_sharded_metadata(
+            path, image_root, tok, vision, file_metadata, cache_dir, use_cache, workers
+        )
     return file_metadata(path, image_root, tok, vision, cache_dir, use_cache, progress=True)
 
 

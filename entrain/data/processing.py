@@ -119,7 +119,9 @@ def _format_with_template(
         start = len(tokenizer.chat(messages[:i], add_generation_prompt=True)) if i else 0
         upto = tokenizer.chat(messages[: i + 1])
         if ids[: len(upto)] != upto:
-            raise ValueError(f"{tokenizer.name}: the chat template renders message {i} differently in context")
+            raise ValueError(
+                f"{tokenizer.name}: the chat template renders message {i} differently in context"
+            )
         labels[start : len(upto)] = ids[start : len(upto)]
     return ids, labels
 

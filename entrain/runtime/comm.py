@@ -100,7 +100,9 @@ class Transport:
         works = self._batch(dist.isend, pair, peer, self._group(self.me, peer))
         self.pending.extend((w, pair) for w in works)
 
-    def receive(self, peer: int, key: MessageKey, ids: Sequence[str], like: torch.Tensor | None = None) -> None:
+    def receive(
+        self, peer: int, key: MessageKey, ids: Sequence[str], like: torch.Tensor | None = None
+    ) -> None:
         """Receive message ``key`` from ``peer`` into ``stash``: with ``like`` (a tensor of its shape
         and dtype), header and data in one batch, the header checked at ``wait_all``; without, the
         header first, then the data it sizes, then the header's key and sample ids are checked."""

@@ -285,7 +285,9 @@ class SampleRenderer:
         if self.source.model_ids:
             ids = torch.as_tensor(raw_ids, dtype=torch.int64)
         else:
-            ids = torch.tensor([self.family.map_token_id(self.cfg, int(i)) for i in raw_ids], dtype=torch.int64)
+            ids = torch.tensor(
+                [self.family.map_token_id(self.cfg, int(i)) for i in raw_ids], dtype=torch.int64
+            )
         image_pos = torch.nonzero(ids == self._ids["image"]).flatten()
         labels = torch.as_tensor(raw_labels, dtype=torch.int64)
         label_pos = torch.nonzero(labels[1:] != -100).flatten()
@@ -420,7 +422,9 @@ class SampleRenderer:
 
         return LLMBatch(
             input_ids=packed([s.input_ids for s in samples]),
-            position_ids=host_to_device(self.family.position_ids(self.cfg, [_packed(s) for s in samples]), dev),
+            position_ids=host_to_device(
+                self.family.position_ids(self.cfg, [_packed(s) for s in samples]), dev
+            ),
             seq_lens=tuple(s.num_tokens for s in samples),
             image_positions=packed([s.image_positions + o for s, o in zip(samples, offsets)]),
             label_positions=packed([s.label_positions + o for s, o in zip(samples, offsets)]),

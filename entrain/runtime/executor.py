@@ -422,4 +422,3 @@ class Executor:
             return
         key = MessageKey(s + 1, True, mb, sub)
         self._out_grads[(s, mb, sub)] = self.transport.take(self._peer(s + 1), key)
-

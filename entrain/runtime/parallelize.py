@@ -114,7 +114,9 @@ def build_groups(layout: Layout, tp: int, rank: int, timeout_s: float | None = N
     return Groups(dp_group, dp_ranks, tp_group, tp_ranks, _channel_groups(layout, tp, me, kwargs))
 
 
-def _channel_groups(layout: Layout, tp: int, me: Placement, kwargs: dict) -> dict[tuple[int, int], dist.ProcessGroup]:
+def _channel_groups(
+    layout: Layout, tp: int, me: Placement, kwargs: dict
+) -> dict[tuple[int, int], dist.ProcessGroup]:
     """One group per channel and TP rank, created by every process in one order."""
     out = {}
     for src, dst in layout_channels(layout):

@@ -138,7 +138,9 @@ class _ProcessWorker:
             try:
                 got, ok, value = self._conn.recv()
             except (EOFError, OSError):
-                raise BrokenProcessPool(f"the planner process died (exit code {self._proc.exitcode})") from None
+                raise BrokenProcessPool(
+                    f"the planner process died (exit code {self._proc.exitcode})"
+                ) from None
             self._answers[got] = (ok, value)
         ok, value = self._answers.pop(step)
         if not ok:

@@ -28,7 +28,15 @@ from entrain.core.setups import (
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.core.work import SampleWork
 
-__all__ = ["MemoryCheck", "JudgeFactory", "fixed_stages", "ranks_per_replica", "plan_file", "run_setups", "make_plan"]
+__all__ = [
+    "MemoryCheck",
+    "JudgeFactory",
+    "fixed_stages",
+    "ranks_per_replica",
+    "plan_file",
+    "run_setups",
+    "make_plan",
+]
 
 
 def fixed_stages(spec: RunConfig) -> bool:
@@ -107,7 +115,10 @@ def planner_sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) ->
 
     if is_builtin(spec.data.dataset):
         return dataset_sampler(
-            spec.data.dataset, spec.data.seed, image_root=spec.data.image_root, vision=spec.data.vision(spec.model)
+            spec.data.dataset,
+            spec.data.seed,
+            image_root=spec.data.image_root,
+            vision=spec.data.vision(spec.model),
         )
     return pool_sampler([w.meta if w.meta is not None else w for batch in batches for w in batch])
 

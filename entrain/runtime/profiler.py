@@ -258,6 +258,7 @@ def _measure_rounds(
             stage = stages[(e.comp, e.layer)] = build_stage(model, e.comp, e.layer, e.layer + 1)
         make = _encoder_input if e.comp == "encoder" else _llm_input
         args, units = make(model, e.layer, e.x, device, e.per_label)
+
         def forward() -> torch.Tensor:
             with compute():
                 return stage(*args)

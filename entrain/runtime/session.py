@@ -292,7 +292,9 @@ def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer
             print(f"entrain: {skipped}", file=sys.stderr, flush=True)
         num_skipped = screened.report.bad if skipped else 0
     elif fmt == "workload":
-        works = sample_works(read_workload_jsonl(path, spec.data.vision(spec.model)), cost, tp=spec.parallel.tp)
+        works = sample_works(
+            read_workload_jsonl(path, spec.data.vision(spec.model)), cost, tp=spec.parallel.tp
+        )
     else:
         works = read_raw_work_jsonl(path)
     _check_meta(spec, works)
@@ -399,7 +401,10 @@ def _replans_note(replans: Sequence[dict]) -> str:
     def split(a: dict) -> str:
         return f"E.PP {a['encoder']['pp']} / L.PP {a['llm']['pp']}"
 
-    each = [f"after step {r['iteration']}: {split(r['old_allocation'])} -> {split(r['new_allocation'])}" for r in replans]
+    each = [
+        f"after step {r['iteration']}: {split(r['old_allocation'])} -> {split(r['new_allocation'])}"
+        for r in replans
+    ]
     return f" replans={len(replans)} ({'; '.join(each)})"
 
 
@@ -457,7 +462,9 @@ def run_systems(
         os.makedirs(spec.run.out, exist_ok=True)
     model_cfg, tokenizer = model_config(spec)
     data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
-    setups = run_setups(spec, cost, data.train, env.world_size // spec.parallel.tp, memory_check, judge_factory)
+    setups = run_setups(
+        spec, cost, data.train, env.world_size // spec.parallel.tp, memory_check, judge_factory
+    )
     for system, setup in setups.items():
         if setup.layout.world_size * spec.parallel.tp != env.world_size:
             need = setup.layout.world_size * spec.parallel.tp
@@ -474,7 +481,17 @@ def run_systems(
         check_shared_folder(spec.run.out, env.rank, _agree(env, watch, "run folder: shared by every rank"))
     return [
         _run_one(
-            spec, s, setups[s], cost, data, env, system_out(spec, s), watch, model_cfg, tokenizer, monitor_factory
+            spec,
+            s,
+            setups[s],
+            cost,
+            data,
+            env,
+            system_out(spec, s),
+            watch,
+            model_cfg,
+            tokenizer,
+            monitor_factory,
         )
         for s in setups
     ]
@@ -857,8 +874,10 @@ def _run_one(
             if scalars is not None:
                 scalars.write(step, {**row, "stage_std_ms": stds[-1], "skipped_samples": data.num_skipped})
             done = step + 1
-            if done == spec.run.steps or "replan" in row or (
-                spec.run.checkpoint_every > 0 and done % spec.run.checkpoint_every == 0
+            if (
+                done == spec.run.steps
+                or "replan" in row
+                or (spec.run.checkpoint_every > 0 and done % spec.run.checkpoint_every == 0)
             ):
                 _save_checkpoint(spec, system, layout, env, out, trainer, data, done, fault)
             if "replan" in row and done < spec.run.steps:  # continue on the new layout (runtime.replan)

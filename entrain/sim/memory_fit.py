@@ -198,7 +198,9 @@ def _recompute_candidates(
         whole = fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=False)
         found[name + note] = _noted(whole, note)
         if system in SPLIT_STAGES and whole[0].layout != start.layout:
-            split = fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=True)
+            split = fit_memory(
+                system, start, batches, cost, opts, trace_iterations=trace_iterations, split=True
+            )
             found[f"{name} per layer{note}"] = _noted(split, note)
         return whole[0]
 

@@ -49,7 +49,9 @@ def test_bad_config_files_are_one_line_errors(tmp_path, capsys, text, message):
     toml.write_text(text)
     assert main(["simulate", *SIM, "--config", str(toml)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("entrain simulate: error: --config") and message in err and len(err.splitlines()) == 1
+    assert (
+        err.startswith("entrain simulate: error: --config") and message in err and len(err.splitlines()) == 1
+    )
 
 
 def test_run_config_json_reproduces_the_run(tmp_path):

@@ -54,7 +54,9 @@ def render(parser: argparse.ArgumentParser | None = None, prefix: str = "entrain
             if action.option_strings and action.dest != "help":
                 lines.append(_describe(action))
             elif not action.option_strings and not isinstance(action, argparse._SubParsersAction):
-                lines.append(f"  <{action.dest}>  nargs={action.nargs!r}\n      {' '.join((action.help or '').split())}")
+                lines.append(
+                    f"  <{action.dest}>  nargs={action.nargs!r}\n      {' '.join((action.help or '').split())}"
+                )
         lines.append("")
         nested = render(sub, command)
         if nested:
@@ -63,13 +65,17 @@ def render(parser: argparse.ArgumentParser | None = None, prefix: str = "entrain
 
 
 def test_every_commands_flags_and_help_are_pinned():
-    assert GOLDEN.exists(), f"{GOLDEN} is missing: write it with `python tests/cli/test_flags_pinned.py --write`"
+    assert GOLDEN.exists(), (
+        f"{GOLDEN} is missing: write it with `python tests/cli/test_flags_pinned.py --write`"
+    )
     expected = GOLDEN.read_text()
     actual = render()
     if actual != expected:
         import difflib
 
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True), "golden", "now", n=1))
+        diff = "".join(
+            difflib.unified_diff(expected.splitlines(True), actual.splitlines(True), "golden", "now", n=1)
+        )
         raise AssertionError(
             "the CLI's flags or help changed; if deliberate, run `python tests/cli/test_flags_pinned.py --write` "
             f"and commit the golden file:\n{diff}"

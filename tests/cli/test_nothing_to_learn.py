@@ -49,7 +49,9 @@ def llava(tmp_path_factory) -> Path:
 
 def _drops_assistant(messages, add_generation_prompt=False):
     base = default_tokenizer()
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages if m["role"] != "assistant")
+    text = "".join(
+        f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages if m["role"] != "assistant"
+    )
     return base.encode(text + ("<|im_start|>assistant\n" if add_generation_prompt else ""))
 
 
@@ -58,7 +60,9 @@ def test_freezing_everything_is_refused_before_launch(tmp_path, capsys, launched
     line = _one_line(capsys.readouterr().err)
     assert "--freeze encoder,llm leaves no trainable parameter" in line and "nothing to learn" in line
     assert launched == [] and not (tmp_path / "run").exists()
-    assert main(["train", *TINY, "--freeze", "vit,llm", "--out", str(tmp_path / "run")]) == 0  # the merger trains
+    assert (
+        main(["train", *TINY, "--freeze", "vit,llm", "--out", str(tmp_path / "run")]) == 0
+    )  # the merger trains
     assert launched[0].model.freeze == ("vit", "llm")
 
 
@@ -104,7 +108,9 @@ def test_data_check_with_a_template_without_assistant_text_fails(llava, no_assis
     assert report["label_tokens"] == 0
 
 
-def test_train_refuses_a_dataset_without_label_tokens_before_launch(tmp_path, llava, no_assistant_tokenizer, capsys, launched):
+def test_train_refuses_a_dataset_without_label_tokens_before_launch(
+    tmp_path, llava, no_assistant_tokenizer, capsys, launched
+):
     from tests.models.stock import save_llm, save_vision
 
     vis, llm = save_vision(tmp_path / "vis"), save_llm(tmp_path / "llm", vocab=290)
@@ -114,7 +120,10 @@ def test_train_refuses_a_dataset_without_label_tokens_before_launch(tmp_path, ll
     capsys.readouterr()  # the fixtures' progress bars
     assert main([*argv, "--tokenizer", str(no_assistant_tokenizer)]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert f"{llava}: none of its 4 record(s) has a supervised (label) token" in line and "nothing to learn" in line
+    assert (
+        f"{llava}: none of its 4 record(s) has a supervised (label) token" in line
+        and "nothing to learn" in line
+    )
     assert launched == []
 
 

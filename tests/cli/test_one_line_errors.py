@@ -166,7 +166,19 @@ def test_tp_leaving_one_pipeline_rank_names_tp_not_gpus_or_the_batch(capsys, tmp
 
 
 def test_tp_with_fixed_stages_counts_processes_not_pipeline_ranks(capsys, tmp_path):
-    argv = ["train", "--model", "tiny", "--tp", "2", "--nproc", "2", "--encoder-stages", "1", "--llm-stages", "1"]
+    argv = [
+        "train",
+        "--model",
+        "tiny",
+        "--tp",
+        "2",
+        "--nproc",
+        "2",
+        "--encoder-stages",
+        "1",
+        "--llm-stages",
+        "1",
+    ]
     assert main([*argv, "--out", str(tmp_path / "r")]) == 2
     err = _one_line_error(capsys, "train")
     assert "replicas of 4 processes (1 encoder + 1 LLM stages x --tp 2)" in err

@@ -53,5 +53,7 @@ def test_train_samples_carry_the_limits(tmp_path):
 
 
 def test_bad_limits_are_one_line_errors(capsys):
-    assert main(["data", "stats", "--dataset", "chartqa", "--min-pixels", "5000", "--max-pixels", "4000"]) == 2
+    assert (
+        main(["data", "stats", "--dataset", "chartqa", "--min-pixels", "5000", "--max-pixels", "4000"]) == 2
+    )
     assert "--min-pixels 5000 / --max-pixels 4000" in capsys.readouterr().err

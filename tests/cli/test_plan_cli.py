@@ -90,7 +90,10 @@ def test_raw_work_file(tmp_path, capsys, schema):
 
 
 def test_human_output(capsys):
-    assert main(["plan", "--dataset", "cocoqa", "--gpus", "16", "--dp", "1", "--tp", "2", "--iterations", "2"]) == 0
+    assert (
+        main(["plan", "--dataset", "cocoqa", "--gpus", "16", "--dp", "1", "--tp", "2", "--iterations", "2"])
+        == 0
+    )
     text = capsys.readouterr().out
     assert "b_min =" in text and "stable" in text and "predicted iteration time" in text
     assert "stage 0: layers [0," in text
@@ -140,7 +143,9 @@ def test_out_carries_each_systems_layout_for_train(tmp_path, capsys, schema):
             options, chosen = plan["schedule_options"], {d["name"]: d["chosen"] for d in plan["decisions"]}
             assert options["split_weight_grads"] is True  # the options are what the decisions chose
             assert (options.get("assignment", "paper"), str(options.get("ramp_microbatches", 0))) == (
-                chosen["assignment"], chosen["ramp"])
+                chosen["assignment"],
+                chosen["ramp"],
+            )
             assert options.get("memory_split", True) is (chosen["sub_microbatches"] == "on")
         if flags == ["--paper-entrain"]:
             assert plan["schedule_options"] == {}
@@ -155,7 +160,13 @@ def test_train_refuses_a_bad_plan_file(tmp_path, capsys):
     assert main(["plan", "--model", "tiny", "--dataset", "skewed", "--gpus", "2", "--global-batch", "8",
                  "--microbatch-size", "1", "--out", str(good)]) == 0  # fmt: skip
     capsys.readouterr()
-    assert main(["train", "--model", "qwen25vl-llama3-1b", "--plan", str(good), "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(["train", "--model", "qwen25vl-llama3-1b", "--plan", str(good), "--out", str(tmp_path / "r")])
+        == 2
+    )
     assert "is for model 'tiny'" in capsys.readouterr().err
-    assert main(["train", "--model", "tiny", "--plan", str(good), "--nproc", "3", "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(["train", "--model", "tiny", "--plan", str(good), "--nproc", "3", "--out", str(tmp_path / "r")])
+        == 2
+    )
     assert "runs on 2 processes, but 3 were started" in capsys.readouterr().err

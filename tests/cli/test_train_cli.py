@@ -46,7 +46,10 @@ def test_cp_and_unsplittable_tp_are_refused_before_any_process_group(capsys):
             "not divisible by dp 1 x --microbatch-size 2 = 2",
         ),
         (["--global-batch", "6", "--microbatch-size", "2", "--dp", "2"], "use --global-batch 8"),
-        (["--encoder-stages", "1", "--nproc", "3"], "3 processes cannot form whole replicas of 2 pipeline ranks"),
+        (
+            ["--encoder-stages", "1", "--nproc", "3"],
+            "3 processes cannot form whole replicas of 2 pipeline ranks",
+        ),
         (["--llm-stages", "1", "--nproc", "3"], "--nproc 2 or 4"),
         (["--dp", "2", "--nproc", "2"], "needs 4 processes, but 2 were started: start 4 processes"),
         (["--llm-stages", "99"], "use 1.."),

@@ -146,11 +146,17 @@ def test_the_first_worker_error_is_the_one_printed(tmp_path, monkeypatch):
     from entrain.core.errors import EntrainError
 
     monkeypatch.setenv(train_cli.ERROR_DIR_ENV, str(tmp_path))
-    for rank, message in ((1, "injected fault"), (0, "connection closed by peer"), (2, "connection closed by peer")):
+    for rank, message in (
+        (1, "injected fault"),
+        (0, "connection closed by peer"),
+        (2, "connection closed by peer"),
+    ):
         monkeypatch.setenv("RANK", str(rank))
         train_cli._record_worker_error(EntrainError(message))
     assert len(os.listdir(tmp_path)) == 3
-    assert train_cli._worker_errors(str(tmp_path)) == ["injected fault (then 1 later error(s) on other ranks)"]
+    assert train_cli._worker_errors(str(tmp_path)) == [
+        "injected fault (then 1 later error(s) on other ranks)"
+    ]
 
 
 @pytest.mark.parametrize("command", ["train", "plan", "data stats"])

@@ -159,14 +159,27 @@ def test_a_flag_contradicting_the_plan_is_one_line(tmp_path, capsys, plan, launc
 
 
 def test_agreeing_flags_are_accepted(tmp_path, plan, launched):
-    argv = ["--global-batch", "6", "--micro", "1", "--system", "1f1b", "--max-pixels", "50000", "--dataset", "skewed"]
+    argv = [
+        "--global-batch",
+        "6",
+        "--micro",
+        "1",
+        "--system",
+        "1f1b",
+        "--max-pixels",
+        "50000",
+        "--dataset",
+        "skewed",
+    ]
     assert main(["train", "--plan", _write(tmp_path, plan), *argv, "--out", str(tmp_path / "run")]) == 0
     assert len(launched) == 1
 
 
 def test_another_model_is_one_line(tmp_path, capsys, plan, launched):
     assert main(["train", "--plan", _write(tmp_path, plan), "--model", "qwen25vl-llama3-1b"]) == 2
-    assert "is for model 'tiny' but this run's model is 'qwen25vl-llama3-1b'" in _one_line(capsys.readouterr().err)
+    assert "is for model 'tiny' but this run's model is 'qwen25vl-llama3-1b'" in _one_line(
+        capsys.readouterr().err
+    )
 
 
 def test_another_dataset_needs_allow_other_dataset(tmp_path, capsys, plan, launched):

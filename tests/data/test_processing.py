@@ -60,7 +60,12 @@ def test_labels_only_on_assistant_turns():
 def test_answer_tokens_are_the_positions_the_loss_is_taken_at():
     """``count_tokens``: the text count, and the supervised next tokens (``labels[1:]`` kept), which is
     how many label positions the runtime packs (``RecordSource`` -> ``label_positions``)."""
-    turns = [("user", "<image>\nWhat is it?"), ("assistant", "A cat."), ("user", "Color?"), ("assistant", "Grey.")]
+    turns = [
+        ("user", "<image>\nWhat is it?"),
+        ("assistant", "A cat."),
+        ("user", "Color?"),
+        ("assistant", "Grey."),
+    ]
     ids, labels = pr.format_chat(turns, [4], TOK)
     text, answer = pr.count_tokens(turns, TOK)
     assert text == len(ids) - 4 == pr.count_text_tokens(turns, TOK)

@@ -70,7 +70,11 @@ GOOD = '{"id": "ok", "images": [[480, 640]], "text_tokens": 30}'
         ('{"id": "x", "images": [[480, 640]], "text_tokens": -1}', "text_tokens", ">= 0"),
         ('{"id": "x", "images": [[480, 640]], "text_tokens": "30"}', "text_tokens", "integer"),
         ('{"id": "x", "images": [], "text_tokens": 0}', "text_tokens", "no images and no text"),
-        ('{"id": "x", "images": [], "text_tokens": 5, "answer_tokens": 6}', "answer_tokens", "0..text_tokens"),
+        (
+            '{"id": "x", "images": [], "text_tokens": 5, "answer_tokens": 6}',
+            "answer_tokens",
+            "0..text_tokens",
+        ),
         ('{"id": "x", "images": [], "text_tokens": 5, "answer_tokens": 1.5}', "answer_tokens", "integer"),
         (
             '{"id": "ok", "images": [[480, 640]], "text_tokens": 30}',

@@ -84,12 +84,16 @@ def test_an_unsupported_folder_is_one_line_naming_the_file_its_type_and_the_fami
     with pytest.raises(ConfigError) as e:
         family_of_folder(folder)
     msg = str(e.value)
-    assert "\n" not in msg and f"{folder}/config.json" in msg and "'mamba'" in msg and "MambaForCausalLM" in msg
+    assert (
+        "\n" not in msg and f"{folder}/config.json" in msg and "'mamba'" in msg and "MambaForCausalLM" in msg
+    )
     assert "composition (" in msg
 
 
 def test_bad_lookups_and_registrations_are_clear_errors(claims):
-    with pytest.raises(ConfigError, match=r"unknown model family 'nope'; registered: composition, (\w+, )*toy_whole"):
+    with pytest.raises(
+        ConfigError, match=r"unknown model family 'nope'; registered: composition, (\w+, )*toy_whole"
+    ):
         get_family("nope")
     with pytest.raises(ConfigError, match="unknown model preset 'nope'; choose from tiny"):
         family_of_preset("nope")

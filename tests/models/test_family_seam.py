@@ -38,7 +38,11 @@ def _code_tokens(source: str):
         if tok.type in (tokenize.COMMENT, tokenize.NL):
             continue
         is_docstring = tok.type == tokenize.STRING and prev in _STATEMENT_START
-        if not is_docstring and tok.type in (tokenize.NAME, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", -1)):
+        if not is_docstring and tok.type in (
+            tokenize.NAME,
+            tokenize.STRING,
+            getattr(tokenize, "FSTRING_MIDDLE", -1),
+        ):
             yield tok.start[0], tok.string
         prev = tok.type
 

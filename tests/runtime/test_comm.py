@@ -61,7 +61,9 @@ def _known_shapes(env):
         t.send(torch.full((4,), 3.0), 1, keys[2], ["c"])  # the receiver expects ids ["other"]
         t.wait_all()
         return None
-    for key, ids, like in zip(keys, (["a"], ["b"], ["other"]), (torch.empty(2, 3), torch.empty(4), torch.empty(4))):
+    for key, ids, like in zip(
+        keys, (["a"], ["b"], ["other"]), (torch.empty(2, 3), torch.empty(4), torch.empty(4))
+    ):
         t.receive(0, key, ids, like=like)
     assert len(t.checks) == 3  # none went through the header-first path
     got = [t.take(0, k) for k in keys]

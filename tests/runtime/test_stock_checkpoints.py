@@ -68,7 +68,9 @@ def test_a_rank_reads_only_its_stages_tensors(stock):
     loaded = {n for n, p in model.named_parameters() if not p.is_meta}
     assert loaded == {n for n in names}
     ref = _tensors(cfg.llm_dir)
-    assert torch.equal(model.llm.model.layers[1].self_attn.q_proj.bias, ref["model.layers.1.self_attn.q_proj.bias"])
+    assert torch.equal(
+        model.llm.model.layers[1].self_attn.q_proj.bias, ref["model.layers.1.self_attn.q_proj.bias"]
+    )
 
 
 def test_qwen2_vl_tower_matches_transformers(stock):

@@ -66,10 +66,14 @@ class ToyShape:
     def layer_specs(self, label_fraction=None) -> dict[str, list[LayerSpec]]:
         e, h = self.enc_hidden, self.hidden
         enc = [self._spec("embed", "patch_embed", "encoder", e, self.pixels * e)]
-        enc += [self._spec(f"block.{i}", "vit_block", "encoder", e, e * e + e) for i in range(self.enc_blocks)]
+        enc += [
+            self._spec(f"block.{i}", "vit_block", "encoder", e, e * e + e) for i in range(self.enc_blocks)
+        ]
         enc.append(self._spec("proj", "merger", "encoder", h, e * h + h))
         llm = [self._spec("embed", "embedding", "llm", h, (self.vocab + TOY_POSITIONS) * h)]
-        llm += [self._spec(f"layer.{i}", "decoder_layer", "llm", h, h * h + h) for i in range(self.llm_layers)]
+        llm += [
+            self._spec(f"layer.{i}", "decoder_layer", "llm", h, h * h + h) for i in range(self.llm_layers)
+        ]
         llm += [self._spec("head", "lm_head", "llm", h, h * self.vocab, True),
                 self._spec("loss", "loss", "llm", h, 0, True)]  # fmt: skip
         return {"encoder": enc, "llm": llm}
@@ -196,10 +200,16 @@ class ToyFamily(FamilyBase):
 
     def set_trainable(self, model, *, encoder=True, merger=True, llm=True):
         for name, p in model.named_parameters():
-            p.requires_grad_(merger if name.startswith("proj.") else encoder if name.startswith("enc_") else llm)
+            p.requires_grad_(
+                merger if name.startswith("proj.") else encoder if name.startswith("enc_") else llm
+            )
 
     def encoder_output_width(self, stage):
-        return stage.model[0].proj.out_features if stage.end == len(stage.model[0].enc_blocks) + 2 else stage.model[0].enc_embed.out_features
+        return (
+            stage.model[0].proj.out_features
+            if stage.end == len(stage.model[0].enc_blocks) + 2
+            else stage.model[0].enc_embed.out_features
+        )
 
     def recompute_modules(self, stage, mode):
         return []
@@ -249,7 +259,10 @@ def test_a_toy_family_plans_simulates_and_trains_on_two_ranks(toy, tmp_path, cap
     assert main(["plan", *COMMON, "--gpus", "2", "--system", "1f1b", "--out", str(plan), "--json"]) == 0
     capsys.readouterr()
     assert json.loads(plan.read_text())["model"] == PRESET
-    assert main(["simulate", *COMMON, "--gpus", "2", "--systems", "1f1b,entrain", "--iterations", "2", "--json"]) == 0
+    assert (
+        main(["simulate", *COMMON, "--gpus", "2", "--systems", "1f1b,entrain", "--iterations", "2", "--json"])
+        == 0
+    )
     sim = json.loads(capsys.readouterr().out)
     assert set(sim["systems"]) == {"1f1b", "entrain"}
     out = tmp_path / "run"

@@ -45,10 +45,15 @@ def test_trace_tensorboard_bf16_and_plot(tmp_path, capsys):
     assert all(e["dur"] >= 0 and e["ts"] > 0 for e in actions)
     for step in range(STEPS):  # exactly the plan's actions, per rank and kind
         for rank, todo in plan.iterations[step].actions.items():
-            ran = Counter(e["args"]["kind"] for e in actions if e["pid"] == rank and e["args"]["step"] == step)
+            ran = Counter(
+                e["args"]["kind"] for e in actions if e["pid"] == rank and e["args"]["step"] == step
+            )
             assert ran == Counter(a.kind.value for a in todo), (step, rank)
     assert {e["cat"] for e in actions} == {"compute", "comm"}
-    assert {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"} == {"rank 0", "rank 1"}
+    assert {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"} == {
+        "rank 0",
+        "rank 1",
+    }
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -73,14 +73,20 @@ def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
     cost = resolve_cost(spec)
     seen = []
 
-    def memory_check(system, setup, batches, cost, margin=None):  # train's CLI passes simulate's (memory_fit.deploy)
+    def memory_check(
+        system, setup, batches, cost, margin=None
+    ):  # train's CLI passes simulate's (memory_fit.deploy)
         seen.append((system, len(batches)))
         return train_cli._memory_check(system, setup, batches, cost, margin)
 
     # and its layout judge (sim.choose.candidate_judge), as train's CLI passes both
-    planned = run_setups(spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check, train_cli._judge_factory)
+    planned = run_setups(
+        spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check, train_cli._judge_factory
+    )
     assert seen == [(s, 2) for s in systems.split(",")]  # every planned system, on the run's batches
-    sim_args = build_parser().parse_args(["simulate", *common, "--gpus", "4", "--iterations", "2", "--systems", systems])
+    sim_args = build_parser().parse_args(
+        ["simulate", *common, "--gpus", "4", "--iterations", "2", "--systems", systems]
+    )
     runs, described = simulate_systems(sim_args, systems.split(","))
     for system in systems.split(","):
         assert planned[system].layout == runs[system].layout, system

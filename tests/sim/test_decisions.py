@@ -39,7 +39,9 @@ DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_spl
 def _base():
     """The headline's cost model and Entrain's setup before the extensions (the paper's)."""
     cost = resolve_cost_model(REQ.model, hardware="a40-paper")
-    paper = replace(REQ, entrain_layout="disjoint", entrain_ramp=0, entrain_split=False, entrain_assignment="paper")
+    paper = replace(
+        REQ, entrain_layout="disjoint", entrain_ramp=0, entrain_split=False, entrain_assignment="paper"
+    )
     return cost, system_setups(["entrain"], paper, cost, dataset_sampler(REQ.dataset, REQ.seed))["entrain"]
 
 
@@ -184,7 +186,11 @@ def test_recompute_departs_from_the_planners_only_past_the_margin():
     cost = replace(cost, hardware=replace(cost.hardware, device_memory_bytes=0.95 * peak))
     got, _ = fit_memory_best("entrain-1f1b", SystemSetup(layout, {}, ""), batches, cost, margin=0.0)
     d = got.decisions[-1]
-    assert d.name == "recompute" and d.default == "planner" and set(d.candidates) == {"planner", "planner per layer"}
+    assert (
+        d.name == "recompute"
+        and d.default == "planner"
+        and set(d.candidates) == {"planner", "planner per layer"}
+    )
     gain = 1.0 - d.candidates["planner per layer"] / d.candidates["planner"]
     assert gain > 0.0 and d.chosen == "planner per layer"
     kept, _ = fit_memory_best("entrain-1f1b", SystemSetup(layout, {}, ""), batches, cost, margin=gain + 1e-6)
@@ -250,7 +256,9 @@ def test_the_judge_reuses_a_twins_time_only_where_the_twin_ran_the_same_plan(mon
     req = ConfigRequest("text-heavy", "qwen25vl-llama3-1b", 16, 2, 2, 64, 4, seed=0)
     cost = resolve_cost_model(req.model, hardware="a40-paper")
     sampler = dataset_sampler(req.dataset, req.seed)
-    paper = replace(req, entrain_layout="disjoint", entrain_ramp=0, entrain_split=False, entrain_assignment="paper")
+    paper = replace(
+        req, entrain_layout="disjoint", entrain_ramp=0, entrain_split=False, entrain_assignment="paper"
+    )
     base = system_setups(["entrain"], paper, cost, sampler)["entrain"]
     auto = replace(base, options={"ramp_microbatches": "auto", "split_weight_grads": True})
     cands = {"auto": auto, "0": replace(auto, options={"split_weight_grads": True}),

@@ -82,4 +82,6 @@ def test_headline_auto_layout_never_simulates_slower_than_the_paper_layout():
     batches = list(load_workload(HEADLINE.dataset, cost, global_batch=512, iterations=5, seed=3, tp=2))
     ms = {n: run_system("entrain", s.layout, batches, cost, s.options, trace_iterations=0).metrics.iteration_time_ms
           for n, s in (("auto", auto), ("paper", paper))}  # fmt: skip
-    assert ms["auto"] <= ms["paper"], f"auto picked a layout {ms['auto'] / ms['paper'] - 1:.1%} slower: {auto.source}"
+    assert ms["auto"] <= ms["paper"], (
+        f"auto picked a layout {ms['auto'] / ms['paper'] - 1:.1%} slower: {auto.source}"
+    )

@@ -179,7 +179,9 @@ class ModelFamily(Protocol):
         docstring); it references ``model``'s submodules, so parameter names stay the model's."""
         ...
 
-    def set_trainable(self, model: nn.Module, *, encoder: bool = True, merger: bool = True, llm: bool = True) -> None:
+    def set_trainable(
+        self, model: nn.Module, *, encoder: bool = True, merger: bool = True, llm: bool = True
+    ) -> None:
         """``requires_grad`` per part (``--freeze``): the encoder body, its projector/merger, the LLM."""
         ...
 
@@ -254,7 +256,9 @@ class ModelFamily(Protocol):
         vocabulary."""
         ...
 
-    def format_chat(self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any) -> tuple[list[int], list[int]]:
+    def format_chat(
+        self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any
+    ) -> tuple[list[int], list[int]]:
         """``(input_ids, labels)`` of a real conversation (``entrain.data.records.Record.turns``) whose
         i-th image has ``image_tokens[i]`` placeholder tokens: the family's chat template, labels -100
         outside the assistant turns. ValueError for a conversation that does not fit its images."""
@@ -370,7 +374,9 @@ class FamilyBase:
     def sample_feature_rows(self, cfg: Any, meta: SampleMeta) -> tuple[int, ...]:
         return tuple(self.image_feature_rows(cfg, g) for g in self.image_grids(cfg, meta))
 
-    def format_chat(self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any) -> tuple[list[int], list[int]]:
+    def format_chat(
+        self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any
+    ) -> tuple[list[int], list[int]]:
         """Default: the Qwen2 chat template (``entrain.data.processing.format_chat``)."""
         from entrain.data.processing import format_chat
 

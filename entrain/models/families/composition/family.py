@@ -141,7 +141,9 @@ class CompositionFamily(FamilyBase):
         from entrain.core.samples import smart_resize
 
         p = cfg.vision.patch_size
-        return tuple((1, hr // p, wr // p) for hr, wr in (smart_resize(h, w, meta.vision) for h, w in meta.images))
+        return tuple(
+            (1, hr // p, wr // p) for hr, wr in (smart_resize(h, w, meta.vision) for h, w in meta.images)
+        )
 
     def image_feature_rows(self, cfg: VLMConfig, grid: tuple[int, int, int]) -> int:
         t, h, w = grid

@@ -76,7 +76,9 @@ def llm_input(cfg: VLMConfig, layer: int, x: int, device: torch.device, per_labe
     return (inp, batch), x
 
 
-def profile_input(cfg: VLMConfig, component: str, layer: int, tokens: int, device: torch.device, per_label: bool):
+def profile_input(
+    cfg: VLMConfig, component: str, layer: int, tokens: int, device: torch.device, per_label: bool
+):
     """``ModelFamily.profile_input``: the one-layer stage's forward args and units."""
     make = _encoder_input if component == "encoder" else llm_input
     return make(cfg, layer, tokens, device, per_label)

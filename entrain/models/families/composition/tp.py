@@ -138,8 +138,6 @@ def apply_tp(stage, mesh) -> None:
         parallelize_module(stage.llm.lm_head, mesh, ColwiseParallel(output_layouts=Replicate()))
 
 
-
-
 def fsdp_units(stage) -> list[nn.Module]:
     """The per-layer FSDP units of ``stage``: its ViT blocks or decoder layers."""
     if isinstance(stage, EncoderStage):

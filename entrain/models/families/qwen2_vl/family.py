@@ -83,7 +83,9 @@ def _hf_config(folder: str, depths):
 
 class Qwen2VLFamily(FamilyBase):
     name = FAMILY
-    description = "whole Qwen2-VL / Qwen2.5-VL checkpoints with M-RoPE (--model-path; qwen25vl-7b: cost model only)"
+    description = (
+        "whole Qwen2-VL / Qwen2.5-VL checkpoints with M-RoPE (--model-path; qwen25vl-7b: cost model only)"
+    )
 
     # --- plain numbers ----------------------------------------------------------------------------
     def preset_names(self) -> tuple[str, ...]:

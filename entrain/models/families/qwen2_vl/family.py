@@ -190,9 +190,7 @@ class Qwen2VLFamily(FamilyBase):
 
     def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
         """The stages are the composition's stage modules: its recompute blocks apply as they are."""
-        from entrain.models.families.composition.family import COMPOSITION_FAMILY
-
-        return COMPOSITION_FAMILY.recompute_modules(stage, mode)
+        return _composition().recompute_modules(stage, mode)
 
     def prepare_for_sharding(self, stage: nn.Module) -> None:
         """The stages are the composition's stage modules: its fused-qkv split applies as it is."""
@@ -221,21 +219,16 @@ class Qwen2VLFamily(FamilyBase):
         return fsdp_units(stage)
 
     # --- processing rules --------------------------------------------------------------------------
+    # the composition's tower is this family's vision tower: its patch and merge rules apply as they are
     def image_grids(self, cfg: QwenVLConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
         """``(1, H'/patch, W'/patch)`` per image of its ``smart_resize``-d size (a still image)."""
-        from entrain.core.samples import smart_resize
-
-        p = cfg.vision.patch_size
-        return tuple(
-            (1, hr // p, wr // p) for hr, wr in (smart_resize(h, w, meta.vision) for h, w in meta.images)
-        )
+        return _composition().image_grids(cfg, meta)
 
     def image_feature_rows(self, cfg: QwenVLConfig, grid: tuple[int, int, int]) -> int:
-        t, h, w = grid
-        return t * h * w // cfg.vision.spatial_merge_size**2
+        return _composition().image_feature_rows(cfg, grid)
 
     def encoder_input_width(self, cfg: QwenVLConfig) -> int:
-        return cfg.vision.patch_dim
+        return _composition().encoder_input_width(cfg)
 
     def token_ids(self, cfg: QwenVLConfig) -> dict[str, int]:
         hf = cfg.hf
@@ -298,3 +291,10 @@ def _fresh(cfg: QwenVLConfig):
 
 
 QWEN2_VL_FAMILY = Qwen2VLFamily()
+
+
+def _composition():
+    """The composition family, whose vision tower and stage modules this family reuses."""
+    from entrain.models.families.composition.family import COMPOSITION_FAMILY
+
+    return COMPOSITION_FAMILY

@@ -24,11 +24,11 @@ import numpy as np
 
 from entrain.cli.bench_report import SHORT, paper_figures
 from entrain.core.architectures import get_arch
-from entrain.core.planner import (
-    PAPER_TABLE1,
+from entrain.core.planning.baselines import PAPER_TABLE1
+from entrain.core.planning.config_search import evaluate_config
+from entrain.core.planning.profile import (
     MacroscopicProfiler,
     SampleStats,
-    evaluate_config,
     pool_sampler,
     proportional_allocation,
 )
@@ -180,7 +180,7 @@ def main() -> None:
         "| model | dataset | b_min | split at b_min | paper Entrain E.PP/L.PP | ours | match | Eq. 2 s | Fig. 11 s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    from entrain.core.planner import plan
+    from entrain.core.planning.entry import plan
 
     trial_rows = []
 

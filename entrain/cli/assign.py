@@ -73,7 +73,7 @@ def resolve_dp(args: argparse.Namespace, first_batch: Sequence[SampleWork], cost
         if args.dp < 1:
             raise ConfigError(f"--dp must be >= 1, got {args.dp}")
         return args.dp
-    from entrain.core.planner import search_config
+    from entrain.core.planning.config_search import search_config
 
     cfg = search_config(first_batch, cost, gpus=args.gpus, dp=None, tp=args.tp, cp=1,
                         global_batch=args.global_batch, microbatch_size=args.microbatch_size)  # fmt: skip

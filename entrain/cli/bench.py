@@ -26,7 +26,7 @@ from dataclasses import replace
 from entrain.cli.bench_report import PAPER, SHORT, render, targets
 from entrain.cli.common import emit_json
 from entrain.core.errors import ConfigError
-from entrain.core.planner import evaluate_config
+from entrain.core.planning.config_search import evaluate_config
 from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.core.systems import ENTRAIN
 from entrain.core.systems import SYSTEMS as REGISTRY

@@ -31,7 +31,10 @@ from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
 from entrain.core.architectures import default_precision
 from entrain.core.errors import ConfigError
-from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, memory_check_iterations, plan
+from entrain.core.planning.bmin import EQ2_TOLERANCE
+from entrain.core.planning.entry import PlanResult, plan
+from entrain.core.planning.memory import memory_check_iterations
+from entrain.core.planning.profile import Sampler
 from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.table_work import draw_works

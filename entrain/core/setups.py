@@ -48,21 +48,12 @@ from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import Layout
 from entrain.core.plan_file import check_stage_ranges, load_plan_dict
-from entrain.core.planner import (
-    EQ2_TOLERANCE,
-    MacroscopicProfiler,
-    PlanResult,
-    Sampler,
-    boundary_sharing_config,
-    dip_layout,
-    disttrain_profile_sample,
-    draw_seed,
-    evaluate_config,
-    paper_table1_config,
-    plan,
-    search_candidates,
-    search_config,
-)
+from entrain.core.planning.baselines import dip_layout, disttrain_profile_sample, paper_table1_config
+from entrain.core.planning.bmin import EQ2_TOLERANCE
+from entrain.core.planning.boundary import boundary_sharing_config
+from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
+from entrain.core.planning.entry import PlanResult, plan
+from entrain.core.planning.profile import MacroscopicProfiler, Sampler, draw_seed
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.systems import (
     CONFIG_DIP,

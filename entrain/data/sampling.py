@@ -10,7 +10,7 @@ the same ``b_min`` in each (``train``'s b_min warning still draws from its own s
 from __future__ import annotations
 
 from entrain.core.errors import ConfigError
-from entrain.core.planner import Sampler, pool_sampler
+from entrain.core.planning.profile import Sampler, pool_sampler
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
 from entrain.data.generators import generate_samples, is_builtin
 from entrain.data.workload_io import detect_format, read_raw_work_jsonl, read_samples, resolve_dataset_file

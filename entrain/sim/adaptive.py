@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from entrain.core.costmodel import CostModel
-from entrain.core.planner import SampleStats, pool_sampler, search_candidates
+from entrain.core.planning.config_search import search_candidates
+from entrain.core.planning.profile import SampleStats, pool_sampler
 from entrain.core.setups import ConfigRequest, SystemSetup, system_setups
 from entrain.core.systems import systems_where
 from entrain.core.work import SampleWork

@@ -10,21 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.errors import ConfigError
-from entrain.core.planner import (
+from entrain.core.planning.baselines import (
     PAPER_TABLE1,
-    SampleStats,
     dip_layout,
     disttrain_profile_sample,
-    evaluate_config,
-    find_b_min,
-    num_validation_trials,
     paper_table1_config,
-    plan,
-    pool_sampler,
-    proportional_allocation,
-    search_candidates,
-    search_config,
 )
+from entrain.core.planning.bmin import find_b_min, num_validation_trials
+from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
+from entrain.core.planning.entry import plan
+from entrain.core.planning.profile import SampleStats, pool_sampler, proportional_allocation
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
 from entrain.core.work import SampleWork
@@ -176,7 +171,7 @@ def test_disttrain_profile_sample_is_median_ratio():
     pool = meta_pool(300)
     s = disttrain_profile_sample(pool_sampler(pool), COST_1B, seed=1, num_draw=101)
     items = pool_sampler(pool)  # same draw again
-    from entrain.core.planner import draw_seed
+    from entrain.core.planning.profile import draw_seed
 
     drawn = items(101, draw_seed(1, 101, 0x0D15))
     ratios = sorted((COST_1B.sample_work(x).encoder / COST_1B.sample_work(x).llm, x.id) for x in drawn)
@@ -231,7 +226,7 @@ def test_boundary_sharing_covers_layers_and_is_no_slower_than_any_disjoint_split
     rank no slower than the slowest stage of any disjoint E:L split of the same ranks."""
     from dataclasses import replace
 
-    from entrain.core.planner import boundary_sharing_config
+    from entrain.core.planning.boundary import boundary_sharing_config
 
     profile = meta_pool(64)
     common = dict(dp=4, global_batch=512, microbatch_size=4)
@@ -292,10 +287,20 @@ def test_eager_attention_adds_the_saved_scores_to_stage_memory():
 def test_samples_without_size_dependent_work_still_get_candidates():
     """A measured profile of tiny sizes can fit per-call constants only: every sample's work is 0,
     and ProportionalAllocation splits the GPUs evenly instead of dividing by zero."""
-    from entrain.core.planner import search_candidates
+    from entrain.core.planning.config_search import search_candidates
     from entrain.core.work import SampleWork
 
     cost = build_cost_model("tiny", "cpu-tiny")
     zero = [SampleWork(f"s{i}", 0.0, 0.0) for i in range(8)]
     found = search_candidates(zero, cost, gpus=4, dp=1, global_batch=8, microbatch_size=1)
     assert found and all(c.allocation == (2, 2) for c in found)
+
+
+def test_below_b_min_warning_is_one_message():
+    """The one below-``b_min`` warning (``train``'s check and the runtime's both print it)."""
+    from entrain.core.planning.bmin import below_b_min_warning
+
+    text = below_b_min_warning(64, 4, 32)
+    assert "--global-batch 64 (16 per replica) is below b_min = 32" in text
+    assert text.endswith("use --global-batch 128 or more")
+    assert below_b_min_warning(128, 4, 32) is None and below_b_min_warning(64, 4, None) is None

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrain.core.planner import DeployCheck, find_b_min, plan, pool_sampler
+from entrain.core.planning.bmin import DeployCheck, find_b_min
+from entrain.core.planning.entry import plan
+from entrain.core.planning.profile import pool_sampler
 from entrain.core.presets import build_cost_model
 from entrain.core.work import SampleWork
 

@@ -9,7 +9,9 @@ import pytest
 
 from entrain.core.costmodel import RECOMPUTE_MODES
 from entrain.core.plan import ActionKind
-from entrain.core.planner import SampleStats, choose_recompute, evaluate_config
+from entrain.core.planning.config_search import evaluate_config
+from entrain.core.planning.memory import choose_recompute
+from entrain.core.planning.profile import SampleStats
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
 from entrain.core.schedules.costs import PlanCosts
@@ -101,9 +103,9 @@ def test_search_picks_the_cheapest_recomputation_that_fits():
             assert got[0] == mode and got[1] == comp.stage_memory_bytes[j] <= limit
             cheaper = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(mode)]
             for m in cheaper:
-                from entrain.core.planner import _microbatch_load, stage_memory_bytes
+                from entrain.core.planning.memory import microbatch_load, stage_memory_bytes
 
-                load = _microbatch_load(stats, comp.name, 4)
+                load = microbatch_load(stats, comp.name, 4)
                 assert stage_memory_bytes(COST, comp.name, f, e, comp.tp, comp.cp, load, in_flight, m) > limit
         first += comp.pp
     slower = [a > b for a, b in zip(cfg.encoder.stage_ms, free.encoder.stage_ms)]

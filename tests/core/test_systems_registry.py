@@ -18,12 +18,8 @@ from entrain.core.systems import SYSTEMS, default_systems, systems_where
 PACKAGE = Path(__file__).resolve().parents[2] / "entrain"
 REGISTRY = "core/systems.py"
 
-ALLOWED_FILES = {
-    # TODO(issue 23, wt-scale): core/planner.py is being split into core/planning/ on another branch;
-    # its PAPER_TABLE1 (paper Table 1 splits per system) and paper_table1_config's system argument
-    # move to registry constants after that merge.
-    "core/planner.py": "paper Table 1 keyed by system, pending the core/planning/ split (wt-scale)",
-}
+ALLOWED_FILES: dict[str, str] = {}
+"""Files that may type any system's name (none: paper Table 1 is keyed by the registry's constants)."""
 ALLOWED = {
     # (file, string) -> how many times; "entrain" is also the package's and the command's name.
     ("cli/main.py", "entrain"): 1,  # argparse prog: the command's name

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from entrain.core.costmodel import CostModel, parallel_key
 from entrain.core.plan import ActionKind, Layout
-from entrain.core.planner import ADAM_BYTES_PER_BF16_WEIGHT_BYTE
+from entrain.core.planning.memory import ADAM_BYTES_PER_BF16_WEIGHT_BYTE
 from entrain.core.work import SampleWork
 
 __all__ = ["PlanCosts", "StageQuad"]

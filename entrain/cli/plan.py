@@ -183,7 +183,7 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
 def _check_batches(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> list[list]:
     """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
     file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
-    its batches: the first ``planner.memory_check_iterations`` of ``--iterations`` (all of them up
+    its batches: the first ``planning.memory.memory_check_iterations`` of ``--iterations`` (all of them up
     to DP 4; at DP 64, 2 global batches still hold 128 replica iterations)."""
     tp = result.config.encoder.tp
     batches = []

@@ -3,12 +3,12 @@
 ``--plan``) all configure systems here; the profiling samples come from the caller's ``Sampler``.
 
 * ``entrain``, ``entrain-1f1b``, ``1f1b``: Algorithm 1 (``b_min``) then Algorithm 2 on the
-  ``b_min`` reference batch (``planner.plan``).
-* ``disttrain``: Algorithm 2 on one profiled sample (``planner.disttrain_profile_sample``).
-* ``disttrain-paper``: the paper's Table 1 DistTrain config (``planner.paper_table1_config``).
+  ``b_min`` reference batch (``planning.entry.plan``).
+* ``disttrain``: Algorithm 2 on one profiled sample (``planning.baselines.disttrain_profile_sample``).
+* ``disttrain-paper``: the paper's Table 1 DistTrain config (``planning.baselines.paper_table1_config``).
 * ``dip``, ``dip-greedy``: the colocated layout over all ``gpus / (dp * tp)`` ranks of a replica
   (dp: ``--dp``, else Entrain's planner's choice when it ran, else 4)
-  ``planner.dip_layout`` from a 4-sample profile (one microbatch), whose mean per-sample ViT
+  ``planning.baselines.dip_layout`` from a 4-sample profile (one microbatch), whose mean per-sample ViT
   patches and LLM tokens, doubled, cap the sub-microbatches.
 
 Configs are computed once per (system kind, dataset, cost model) and shared by systems that use
@@ -24,7 +24,7 @@ Every ``"auto"`` is a decision by simulation (``DECISIONS``, ``entrain_variant``
 (``DECISION_MARGIN``, ``ConfigRequest.decision_margin``) faster; each is recorded in
 ``SystemSetup.decisions``.
 
-* ``entrain_layout``: ``"shared"`` = the boundary-sharing layout (``planner.boundary_sharing_config``)
+* ``entrain_layout``: ``"shared"`` = the boundary-sharing layout (``planning.boundary.boundary_sharing_config``)
   over the ranks of Algorithm 2's configuration (same TP, CP, DP and GPU count); ``"auto"`` = that
   layout when it fits memory and simulates more than the margin faster than the disjoint one
   on the planner's draws (without a judge, the disjoint layout). Not by
@@ -128,7 +128,7 @@ class SystemSetup:
     """How the config was chosen, for reports."""
     b_min: int | None = None
     b_min_result: object | None = None
-    """``planner.BMinResult`` of Entrain's planner (trial table), when it ran."""
+    """``planning.bmin.BMinResult`` of Entrain's planner (trial table), when it ran."""
     profile: object | None = None
     """The profile the config was searched on (``SampleStats`` or samples)."""
     config: object | None = None
@@ -187,7 +187,7 @@ def fixed_stage_setup(
     judge: CandidateJudge | None = None,
 ) -> SystemSetup:
     """``system``'s setup with the stage counts fixed (``train --encoder-stages/--llm-stages``): the
-    layers split by Algorithm 2's partitioner (``planner.evaluate_config``) over ``profile``, on
+    layers split by Algorithm 2's partitioner (``planning.config_search.evaluate_config``) over ``profile``, on
     ``req.dp`` replicas; Entrain's extensions as ``req`` asks (``entrain_variant``, ``judge``)."""
     common = dict(global_batch=req.global_batch, microbatch_size=req.microbatch_size)
     dp, tp = req.dp or 1, req.tp

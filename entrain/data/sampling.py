@@ -1,7 +1,7 @@
 """The one profiling sampler: Algorithm 1's draws for ``plan``, ``simulate`` and ``bench``.
 
 ``dataset_sampler(dataset, seed)`` returns ``sampler(n, draw_seed) -> samples``: ``n`` i.i.d. draws
-with replacement (``planner.pool_sampler``) from the dataset's population. A built-in generator's
+with replacement (``planning.profile.pool_sampler``) from the dataset's population. A built-in generator's
 population is its first ``POOL_SIZE`` samples of ``seed``; a file's is every sample in it. These
 commands build their sampler here, so the same ``--dataset`` and ``--seed`` give the same draws and
 the same ``b_min`` in each (``train``'s b_min warning still draws from its own smaller pool).

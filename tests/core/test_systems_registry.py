@@ -53,7 +53,8 @@ def _names_typed(path: Path) -> Counter:
 
 
 def _own_module(name: str) -> str:
-    module = sys.modules[SYSTEMS[name].generator.__module__]
+    generator = SYSTEMS[name].generator
+    module = sys.modules[getattr(generator, "func", generator).__module__]  # a functools.partial's own
     return Path(module.__file__).resolve().relative_to(PACKAGE).as_posix()
 
 

@@ -81,11 +81,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _cost(args: argparse.Namespace):
-    freeze = tuple(x.strip() for x in args.freeze.split(",") if x.strip())
-    return resolve_cost_model(args, freeze)
-
-
 def _warn_profile_precision(args: argparse.Namespace, cost) -> str | None:
     """Warn when ``--profile`` was timed in another precision than ``entrain train`` computes in by
     default on the device the profile was measured on (bf16 on CUDA, fp32 on CPU)."""
@@ -107,7 +102,7 @@ def _sizes(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     apply_paper_entrain(args)
     RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
-    cost = _cost(args)
+    cost = resolve_cost_model(args, tuple(x.strip() for x in args.freeze.split(",") if x.strip()))
     _warn_profile_precision(args, cost)
     sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root, vision=vision_limits(args))
     if args.tp < 0 or args.cp < 0:

@@ -630,7 +630,6 @@ def warn_below_b_min(spec) -> int | None:
     from entrain.core.planning.profile import pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
-    from entrain.runtime.session import resolve_cost
 
     if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
         return None
@@ -644,7 +643,7 @@ def warn_below_b_min(spec) -> int | None:
     dp = spec.parallel.dp_or_1
     result = find_b_min(
         pool_sampler(pool),
-        resolve_cost(spec),
+        spec.model.cost_model(),
         gpus=dp * ((spec.parallel.encoder_stages or 1) + (spec.parallel.llm_stages or 1)),
         dp=dp,
         seed=spec.data.seed,

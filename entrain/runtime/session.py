@@ -179,10 +179,6 @@ def resolve_precision(spec: RunConfig, device: torch.device) -> str:
     return "bf16" if device.type == "cuda" else "fp32"
 
 
-def resolve_cost(spec: RunConfig) -> CostModel:
-    return spec.model.cost_model()
-
-
 @dataclass
 class RunData:
     """The batches of a run: training steps, held-out validation batches, and where they come from."""
@@ -458,7 +454,7 @@ def run_systems(
     from entrain.runtime.model_source import model_config
 
     check_spec(spec, env.world_size)
-    cost = resolve_cost(spec)
+    cost = spec.model.cost_model()
     if env.rank == 0:
         os.makedirs(spec.run.out, exist_ok=True)
     model_cfg, tokenizer = model_config(spec)

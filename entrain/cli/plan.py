@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from entrain.cli.common import (
     add_common_args,
@@ -101,7 +102,7 @@ def _sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     apply_paper_entrain(args)
-    RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
+    config = RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
     cost = resolve_cost_model(args, tuple(x.strip() for x in args.freeze.split(",") if x.strip()))
     _warn_profile_precision(args, cost)
     sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root, vision=vision_limits(args))
@@ -110,12 +111,7 @@ def run(args: argparse.Namespace) -> int:
     result = plan(
         sampler,
         cost,
-        gpus=args.gpus,
-        dp=args.dp,
-        tp=args.tp or None,
-        cp=args.cp or None,
-        global_batch=args.global_batch,
-        microbatch_size=args.microbatch_size,
+        replace(config.parallel, tp=args.tp or None, cp=args.cp or None),  # 0: searched
         alpha=args.alpha,
         p_error=args.p_error,
         n0=args.n0,

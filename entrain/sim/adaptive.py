@@ -71,14 +71,12 @@ def split_candidates(
     per_replica, unit = req.gpus // layout.dp, enc.tp * enc.cp
     planned = enc.tp * enc.cp * enc.pp
     stats = SampleStats.of(items)
+    parallel = replace(req.parallel, dp=layout.dp, tp=enc.tp, cp=enc.cp)
     out = []
     for budget in range(unit, per_replica, unit):
         if budget == planned:
             continue
-        found = search_candidates(
-            stats, cost, gpus=req.gpus, dp=layout.dp, tp=enc.tp, cp=enc.cp, global_batch=req.global_batch,
-            microbatch_size=req.microbatch_size, allocation=(budget, per_replica - budget),
-        )  # fmt: skip
+        found = search_candidates(stats, cost, parallel, allocation=(budget, per_replica - budget))
         fits = [c for c in found if c.memory_ok]
         if fits:
             source = f"Algorithm 2 with {budget} of {per_replica} GPUs a replica for the encoder (window)"

@@ -7,6 +7,7 @@ from itertools import accumulate
 import numpy as np
 import pytest
 
+from entrain.core.parallel import ParallelConfig
 from entrain.core.partition import Partition
 from entrain.core.planning import config_search, memory
 from entrain.core.planning.config_search import search_candidates
@@ -57,7 +58,9 @@ def scalar_partition(layer_ms, num_stages):
 
 
 def _plan(items, cost):
-    return plan(pool_sampler(items), cost, gpus=64, dp=4, tp=2, global_batch=256, microbatch_size=4)
+    return plan(
+        pool_sampler(items), cost, ParallelConfig(gpus=64, dp=4, tp=2, global_batch=256, microbatch_size=4)
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -84,11 +87,11 @@ def test_every_candidate_equals_the_plain_search(memory_gb, monkeypatch):
     cost = replace(base, hardware=replace(base.hardware, device_memory_bytes=memory_gb * 1e9))
     samples = random_samples(5, 400)
     draw = pool_sampler(SampleTable.from_samples(samples))(256, 3)
-    kwargs = dict(gpus=32, dp=2, tp=None, cp=None, global_batch=256, microbatch_size=8)
-    fast = search_candidates(draw, cost, **kwargs)
+    searched = ParallelConfig(gpus=32, dp=2, tp=None, cp=None, global_batch=256, microbatch_size=8)
+    fast = search_candidates(draw, cost, searched)
     monkeypatch.setattr(config_search, "min_max_partition", scalar_partition)
     monkeypatch.setattr(memory, "_cost_memo", lambda cost, key, compute: compute())
-    plain = search_candidates(list(draw), cost, **kwargs)
+    plain = search_candidates(list(draw), cost, searched)
     assert fast == plain
     assert {r for c in fast for r in c.encoder.recompute + c.llm.recompute} - {"none"}  # memory decided
 

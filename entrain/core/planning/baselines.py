@@ -10,6 +10,7 @@ import numpy as np
 from entrain.core.costmodel import CostModel
 from entrain.core.dataset_aliases import canonical_dataset
 from entrain.core.errors import ConfigError
+from entrain.core.parallel import ParallelConfig
 from entrain.core.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.planning.config_search import StaticConfig, evaluate_config
 from entrain.core.planning.profile import Item, Sampler, SampleStats, draw_seed
@@ -76,40 +77,26 @@ def paper_table1_config(
             f"Table 1 disjoint-stage configs exist for {DISTTRAIN} and {ENTRAIN}, not {system!r}"
         )
     e_pp, l_pp = PAPER_TABLE1[key][system]
-    return evaluate_config(
-        profile,
-        cost,
-        dp=PAPER_DP,
-        encoder=(PAPER_TP, 1, e_pp),
-        llm=(PAPER_TP, 1, l_pp),
-        global_batch=global_batch,
-        microbatch_size=microbatch_size,
+    parallel = ParallelConfig(
+        dp=PAPER_DP, tp=PAPER_TP, global_batch=global_batch, microbatch_size=microbatch_size
     )
+    return evaluate_config(profile, cost, parallel, encoder=(PAPER_TP, 1, e_pp), llm=(PAPER_TP, 1, l_pp))
 
 
 def dip_layout(
     profile: Sequence[Item] | SampleStats,
     cost: CostModel,
+    parallel: ParallelConfig,
     *,
-    dp: int,
     pp: int,
-    global_batch: int,
-    microbatch_size: int,
-    tp: int = 1,
-    cp: int = 1,
 ) -> Layout:
-    """DIP-like colocated layout: pipeline rank ``r`` of a replica holds encoder chunk ``r`` (stage
-    ``r``) and LLM chunk ``r`` (stage ``pp + r``); each modality is split over all ``pp`` ranks by
-    the min-max DP on ``profile`` (DIP: its 4-sample profile)."""
-    cfg = evaluate_config(
-        profile,
-        cost,
-        dp=dp,
-        encoder=(tp, cp, pp),
-        llm=(tp, cp, pp),
-        global_batch=global_batch,
-        microbatch_size=microbatch_size,
-    )
+    """DIP-like colocated layout on ``parallel``'s DP, TP, CP and batch sizes: pipeline rank ``r`` of
+    a replica holds encoder chunk ``r`` (stage ``r``) and LLM chunk ``r`` (stage ``pp + r``); each
+    modality is split over all ``pp`` ranks by the min-max DP on ``profile`` (DIP: its 4-sample
+    profile)."""
+    tp, cp = parallel.tp, parallel.cp
+    cfg = evaluate_config(profile, cost, parallel, encoder=(tp, cp, pp), llm=(tp, cp, pp))
+    dp, microbatch_size = cfg.dp, cfg.microbatch_size
     stages = [StageSpec(r, "encoder", f, e, r) for r, (f, e) in enumerate(cfg.encoder.layer_ranges)]
     stages += [StageSpec(pp + r, "llm", f, e, r) for r, (f, e) in enumerate(cfg.llm.layer_ranges)]
     return Layout(

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.parallel import ParallelConfig
 from entrain.core.planning.config_search import StaticConfig, search_candidates
 from entrain.core.planning.profile import (
     MacroscopicProfiler,
@@ -57,12 +58,10 @@ fraction of the reference batch's own configuration."""
 @dataclass(frozen=True, slots=True)
 class DeployCheck:
     """Algorithm 2's inputs, so that Algorithm 1 judges stability on the configuration that would be
-    deployed (``find_b_min(deploy=...)``) and stops at the global batch."""
+    deployed (``find_b_min(deploy=...)``) and stops at the global batch: ``parallel``'s batch sizes,
+    TP and CP (its GPU count and DP are the search's own)."""
 
-    global_batch: int
-    microbatch_size: int
-    tp: int | None = 1
-    cp: int | None = 1
+    parallel: ParallelConfig
     tolerance: float = EQ2_TOLERANCE
 
     def __post_init__(self) -> None:
@@ -134,9 +133,8 @@ class BMinResult:
 def _deployed(stats: SampleStats, cost: CostModel, dp: int, allocation, deploy: DeployCheck):
     """Algorithm 2's best memory-feasible configuration for ``allocation`` on ``stats`` (None if none)."""
     try:
-        cands = search_candidates(stats, cost, gpus=dp * sum(allocation), dp=dp, tp=deploy.tp, cp=deploy.cp,
-                                  global_batch=deploy.global_batch, microbatch_size=deploy.microbatch_size,
-                                  allocation=allocation)  # fmt: skip
+        parallel = replace(deploy.parallel, gpus=dp * sum(allocation), dp=dp)
+        cands = search_candidates(stats, cost, parallel, allocation=allocation)
     except ConfigError:
         return None
     return next((c for c in cands if c.memory_ok), None)
@@ -227,13 +225,13 @@ def find_b_min(
     Without ``deploy``: the paper's test (every draw gives the reference split), doubling up to
     ``max_batch_size``. With ``deploy`` (what ``plan`` uses): splits whose Algorithm 2
     configurations have Eq. 2 times within ``deploy.tolerance`` count as the same, and the search
-    stops at ``deploy.global_batch`` (``converged`` False and ``reason`` when it is not stable there).
+    stops at ``deploy.parallel.global_batch`` (``converged`` False and ``reason`` when it is not stable there).
     """
     if dp < 1 or gpus % dp:
         raise ConfigError(f"--gpus {gpus} is not divisible by --dp {dp}")
     if n0 < 1 or growth < 2:
         raise ConfigError(f"n0 must be >= 1 and growth >= 2, got {n0} and {growth}")
-    last = deploy.global_batch if deploy is not None else max_batch_size
+    last = deploy.parallel.global_batch if deploy is not None else max_batch_size
     if n0 > last:
         raise ConfigError(f"n0 {n0} exceeds the largest profiling batch size {last}")
     profiler = (

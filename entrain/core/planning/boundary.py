@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from entrain.core.costmodel import COMPONENTS, RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import num_microbatches
+from entrain.core.parallel import ParallelConfig
 from entrain.core.partition import min_max_partition
 from entrain.core.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.planning.memory import microbatch_load, recompute_ms, stage_memory_bytes
@@ -45,23 +45,20 @@ class SharedBoundaryConfig:
 def boundary_sharing_config(
     profile: Sequence[Item] | SampleStats,
     cost: CostModel,
+    parallel: ParallelConfig,
     *,
-    dp: int,
     ranks: int,
-    tp: int,
-    cp: int = 1,
-    global_batch: int,
-    microbatch_size: int,
 ) -> SharedBoundaryConfig:
     """One min-max partition (``partition.min_max_partition``) of the mean microbatch's per-layer
     forward + backward ms over the concatenated encoder-then-LLM layer list into ``ranks`` ranks
     (both components at the same ``tp`` x ``cp``, so a rank's GPUs can hold either). A rank whose
-    range crosses the boundary gets two stages. Memory per rank as Algorithm 2's check."""
+    range crosses the boundary gets two stages. Memory per rank as Algorithm 2's check. ``parallel``:
+    DP (None: 1), TP, CP and the batch sizes."""
     stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
     if len(stats) == 0:
         raise ConfigError("the profile has no samples")
-    u = int(microbatch_size)
-    num_microbatches(global_batch, dp, u)
+    dp, u, k = parallel.dp_or_1, parallel.microbatch_size, parallel.num_microbatches
+    tp, cp = parallel.tp, parallel.cp
     for comp in COMPONENTS:
         if not has_costs(cost, comp, tp, cp):
             raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
@@ -78,7 +75,6 @@ def boundary_sharing_config(
     pieces.sort(key=lambda p: (p[0] != "encoder", p[1]))
     stages = tuple(StageSpec(i, c, f, e, r) for i, (c, f, e, r) in enumerate(pieces))
     num_enc = sum(1 for p in pieces if p[0] == "encoder")
-    k = global_batch // (dp * u)
     layout = Layout(
         dp=dp,
         microbatch_size=u,

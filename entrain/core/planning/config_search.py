@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from entrain.core.costmodel import COMPONENTS, CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import num_microbatches
+from entrain.core.parallel import ParallelConfig, num_microbatches
 from entrain.core.partition import min_max_partition
 from entrain.core.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.planning.memory import choose_recompute
@@ -38,6 +38,7 @@ __all__ = [
     "StaticConfig",
     "evaluate_config",
     "dp_options",
+    "gpus_of",
     "search_candidates",
     "search_config",
     "no_fit_message",
@@ -157,23 +158,20 @@ class StaticConfig:
 def evaluate_config(
     profile: Sequence[Item] | SampleStats,
     cost: CostModel,
+    parallel: ParallelConfig,
     *,
-    dp: int,
     encoder: tuple[int, int, int],
     llm: tuple[int, int, int],
-    global_batch: int,
-    microbatch_size: int,
     gpus_per_replica: int | None = None,
     allocation: tuple[int, int] | None = None,
 ) -> StaticConfig:
-    """Evaluate one configuration: ``encoder`` / ``llm`` = (tp, cp, pp); min-max partition per
-    component, Eq. 2 time and the memory check. ConfigError if the batch is not divisible by
-    ``dp * microbatch_size`` or a component has fewer layers than stages."""
+    """Evaluate one configuration: ``parallel``'s DP (None: 1) and batch sizes, ``encoder`` / ``llm``
+    = (tp, cp, pp); min-max partition per component, Eq. 2 time and the memory check. ConfigError if
+    a component has fewer layers than stages (``ParallelConfig`` checked the batch's divisibility)."""
     stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
     if len(stats) == 0:
         raise ConfigError("the profile has no samples")
-    u = int(microbatch_size)
-    k = num_microbatches(global_batch, dp, u)
+    dp, u, k = parallel.dp_or_1, parallel.microbatch_size, parallel.num_microbatches
     limit = cost.hardware.device_memory_bytes
     degrees = {"encoder": encoder, "llm": llm}
     num_stages = encoder[2] + llm[2]
@@ -238,23 +236,20 @@ def dp_options(gpus: int, dp: int | None, global_batch: int, microbatch_size: in
 def search_candidates(
     profile: Sequence[Item] | SampleStats,
     cost: CostModel,
+    parallel: ParallelConfig,
     *,
-    gpus: int,
-    dp: int | None = None,
-    tp: int | None = 1,
-    cp: int | None = 1,
-    global_batch: int,
-    microbatch_size: int,
     allocation: tuple[int, int] | None = None,
 ) -> list[StaticConfig]:
-    """Every candidate Algorithm 2 visits (feasible or not), best first (``StaticConfig.sort_key``,
-    infeasible ones last). ``tp``/``cp`` = None searches {1, 2, 4, 8} / {1, 2} per component.
-    ``allocation`` = the (encoder, LLM) GPU budgets per replica instead of ProportionalAllocation's."""
+    """Every candidate Algorithm 2 visits on ``parallel.gpus`` (feasible or not), best first
+    (``StaticConfig.sort_key``, infeasible ones last). ``parallel.dp`` None tries every DP degree;
+    ``tp``/``cp`` None searches {1, 2, 4, 8} / {1, 2} per component. ``allocation`` = the (encoder,
+    LLM) GPU budgets per replica instead of ProportionalAllocation's."""
     stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
     share = encoder_share(stats, cost)
+    gpus, tp, cp = gpus_of(parallel), parallel.tp, parallel.cp
     out = []
-    for d in dp_options(gpus, dp, global_batch, microbatch_size):
-        g = gpus // d
+    for d in dp_options(gpus, parallel.dp, parallel.global_batch, parallel.microbatch_size):
+        g, at_d = gpus // d, replace(parallel, dp=d)
         m_enc, m_llm = allocation if allocation is not None else proportional_allocation(g, share)
         for e in _component_options(cost, "encoder", m_enc, tp, cp):
             for m in _component_options(cost, "llm", m_llm, tp, cp):
@@ -262,66 +257,43 @@ def search_candidates(
                     continue
                 out.append(
                     evaluate_config(
-                        stats,
-                        cost,
-                        dp=d,
-                        encoder=e,
-                        llm=m,
-                        global_batch=global_batch,
-                        microbatch_size=microbatch_size,
-                        gpus_per_replica=g,
-                        allocation=(m_enc, m_llm),
+                        stats, cost, at_d, encoder=e, llm=m, gpus_per_replica=g, allocation=(m_enc, m_llm)
                     )
                 )
     out.sort(key=lambda c: (not c.memory_ok, c.sort_key()))
     return out
 
 
+def gpus_of(parallel: ParallelConfig) -> int:
+    """The GPU count a search plans for (ConfigError when ``parallel`` leaves it open)."""
+    if parallel.gpus is None:
+        raise ConfigError("the configuration search needs the GPU count (--gpus)")
+    return parallel.gpus
+
+
 def search_config(
-    profile: Sequence[Item] | SampleStats,
-    cost: CostModel,
-    *,
-    gpus: int,
-    dp: int | None = None,
-    tp: int | None = 1,
-    cp: int | None = 1,
-    global_batch: int,
-    microbatch_size: int,
+    profile: Sequence[Item] | SampleStats, cost: CostModel, parallel: ParallelConfig
 ) -> StaticConfig:
     """Algorithm 2: the best feasible static configuration for the profile batch."""
-    cands = search_candidates(
-        profile,
-        cost,
-        gpus=gpus,
-        dp=dp,
-        tp=tp,
-        cp=cp,
-        global_batch=global_batch,
-        microbatch_size=microbatch_size,
-    )
+    cands = search_candidates(profile, cost, parallel)
     if not cands:
         raise ConfigError(
-            f"no configuration fits: --gpus {gpus}, --dp {dp}, --tp {tp} leave no TP x CP x PP factorisation "
-            "within each component's GPU budget"
+            f"no configuration fits: --gpus {parallel.gpus}, --dp {parallel.dp}, --tp {parallel.tp} leave no "
+            "TP x CP x PP factorisation within each component's GPU budget"
         )
     best = cands[0]
-    if not best.memory_ok and cp == 1 and any(has_costs(cost, "encoder", t, 2) for t in (1, 2, 4, 8)):
+    if (
+        not best.memory_ok
+        and parallel.cp == 1
+        and any(has_costs(cost, "encoder", t, 2) for t in (1, 2, 4, 8))
+    ):
         # context parallelism where a single sample's patches overflow a stage even with recomputation
-        wider = search_candidates(
-            profile,
-            cost,
-            gpus=gpus,
-            dp=dp,
-            tp=tp,
-            cp=None,
-            global_batch=global_batch,
-            microbatch_size=microbatch_size,
-        )
+        wider = search_candidates(profile, cost, replace(parallel, cp=None))
         if wider and wider[0].memory_ok:
             return wider[0]
     if not best.memory_ok:
         stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
-        raise ConfigError(no_fit_message(best, stats, gpus=gpus))
+        raise ConfigError(no_fit_message(best, stats, gpus=gpus_of(parallel)))
     return best
 
 

@@ -4,12 +4,13 @@ per DP degree when DP is not fixed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.parallel import ParallelConfig
 from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinResult, DeployCheck, find_b_min
-from entrain.core.planning.config_search import StaticConfig, dp_options, search_config
+from entrain.core.planning.config_search import StaticConfig, dp_options, gpus_of, search_config
 from entrain.core.planning.profile import MacroscopicProfiler, Sampler
 
 __all__ = ["PlanResult", "plan"]
@@ -27,13 +28,8 @@ class PlanResult:
 def plan(
     sampler: Sampler,
     cost: CostModel,
+    parallel: ParallelConfig,
     *,
-    gpus: int,
-    dp: int | None = None,
-    tp: int | None = 1,
-    cp: int | None = 1,
-    global_batch: int,
-    microbatch_size: int,
     alpha: float = 0.05,
     p_error: float = 0.05,
     n0: int = 4,
@@ -41,32 +37,25 @@ def plan(
     extra_sizes: Sequence[int] = (),
     tolerance: float = EQ2_TOLERANCE,
 ) -> PlanResult:
-    """Find ``b_min`` (per DP visited when ``dp`` is None; stability judged on the deployed
-    configuration, ``DeployCheck``, up to the global batch) and search the configuration from the
-    reference batch drawn at ``b_min``; the result is the DP with the best Eq. 2 time."""
+    """Find ``b_min`` on ``parallel.gpus`` (per DP visited when ``parallel.dp`` is None; stability
+    judged on the deployed configuration, ``DeployCheck``, up to the global batch) and search the
+    configuration from the reference batch drawn at ``b_min``; the result is the DP with the best
+    Eq. 2 time."""
     profiler = MacroscopicProfiler(sampler, cost, seed=seed)
-    deploy = DeployCheck(global_batch, microbatch_size, tp, cp, tolerance)
+    deploy = DeployCheck(parallel, tolerance)
+    gpus, global_batch = gpus_of(parallel), parallel.global_batch
     per_dp = {}
     last_error: ConfigError | None = None
-    for d in dp_options(gpus, dp, global_batch, microbatch_size):
+    for d in dp_options(gpus, parallel.dp, global_batch, parallel.microbatch_size):
         bmin = find_b_min(
             profiler, cost, gpus=gpus, dp=d, alpha=alpha, p_error=p_error, n0=min(n0, global_batch),
             extra_sizes=extra_sizes, deploy=deploy,
         )  # fmt: skip
         _, stats = profiler.draw(bmin.b_min, 0)
         try:
-            cfg = search_config(
-                stats,
-                cost,
-                gpus=gpus,
-                dp=d,
-                tp=tp,
-                cp=cp,
-                global_batch=global_batch,
-                microbatch_size=microbatch_size,
-            )
+            cfg = search_config(stats, cost, replace(parallel, dp=d))
         except ConfigError as err:
-            if dp is not None:
+            if parallel.dp is not None:
                 raise
             last_error = err
             continue

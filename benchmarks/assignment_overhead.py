@@ -5,7 +5,7 @@ microbatches per replica), SynthChartNet samples under the qwen25vl-llama3-1b / 
 model. Reports per size the min and median over iterations x repeats, the share of each step
 (DP split, stratified LPT, subset-sum deferral tables + V, BottleneckMatch), the baselines'
 batchers side by side, the growth exponent of time vs K (least squares on log-log), and the
-planner's b_min search time when ``entrain.core.planner.find_b_min`` exists.
+planner's b_min search time when ``entrain.core.planning.bmin.find_b_min`` exists.
 
 Targets (issue 2 req. 10): under 20 ms per iteration at B = 512; growth no worse than K^2 log K.
 
@@ -84,9 +84,9 @@ def _step_breakdown(batch, k: int) -> dict[str, float]:
 
 def _b_min_timing(cost) -> dict:
     try:
-        from entrain.core.planner import find_b_min
+        from entrain.core.planning.bmin import find_b_min
     except ImportError as e:
-        return {"available": False, "note": f"entrain.core.planner.find_b_min not available ({e})"}
+        return {"available": False, "note": f"entrain.core.planning.bmin.find_b_min not available ({e})"}
     from entrain.data.generators import generate_samples
 
     def sampler(n: int, seed: int):

@@ -23,7 +23,7 @@ from regression import load_baseline  # noqa: E402
 from entrain.cli.common import resolve_cost_model, vision_limits  # noqa: E402
 from entrain.cli.main import build_parser  # noqa: E402
 from entrain.config import RunConfig  # noqa: E402
-from entrain.core.planner import MacroscopicProfiler  # noqa: E402
+from entrain.core.planning.profile import MacroscopicProfiler  # noqa: E402
 from entrain.core.setups import system_setups  # noqa: E402
 from entrain.core.work import SampleWork  # noqa: E402
 from entrain.data.sampling import dataset_sampler  # noqa: E402

@@ -24,11 +24,12 @@ import numpy as np
 
 from entrain.cli.bench_report import SHORT, paper_figures
 from entrain.core.architectures import get_arch
-from entrain.core.planner import (
-    PAPER_TABLE1,
+from entrain.core.parallel import ParallelConfig
+from entrain.core.planning.baselines import PAPER_TABLE1
+from entrain.core.planning.config_search import evaluate_config
+from entrain.core.planning.profile import (
     MacroscopicProfiler,
     SampleStats,
-    evaluate_config,
     pool_sampler,
     proportional_allocation,
 )
@@ -114,15 +115,8 @@ def main() -> None:
         for (d, m), secs in FIG11_ENTRAIN_S.items():
             c = cost(m, enc_eff_fit, enc_eff_fit / ratios[m])
             e_pp, l_pp = PAPER_TABLE1[(d, m)]["entrain"]
-            cfg = evaluate_config(
-                profiles[d],
-                c,
-                dp=4,
-                encoder=(2, 1, e_pp),
-                llm=(2, 1, l_pp),
-                global_batch=512,
-                microbatch_size=4,
-            )
+            paper = ParallelConfig(dp=4, global_batch=512, microbatch_size=4)
+            cfg = evaluate_config(profiles[d], c, paper, encoder=(2, 1, e_pp), llm=(2, 1, l_pp))
             logs.append(math.log(cfg.predicted_iteration_time_ms / (secs * 1e3)))
         enc_eff_fit *= math.exp(float(np.mean(logs)))  # predicted / paper > 1 -> faster device
     llm_eff_fit = {m: enc_eff_fit / ratios[m] for m in MODELS}
@@ -180,7 +174,7 @@ def main() -> None:
         "| model | dataset | b_min | split at b_min | paper Entrain E.PP/L.PP | ours | match | Eq. 2 s | Fig. 11 s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    from entrain.core.planner import plan
+    from entrain.core.planning.entry import plan
 
     trial_rows = []
 
@@ -188,7 +182,8 @@ def main() -> None:
         c = cost(m, enc_eff_fit, llm_eff_fit[m])
         for d in DATASETS:
             sampler = pool_sampler(generate_samples(d, POOL, 0))
-            r = plan(sampler, c, gpus=64, dp=4, tp=2, global_batch=512, microbatch_size=4, extra_sizes=SIZES)
+            paper = ParallelConfig(gpus=64, dp=4, tp=2, global_batch=512, microbatch_size=4)
+            r = plan(sampler, c, paper, extra_sizes=SIZES)
             trial_rows.append((m, d, r.b_min))
             paper = PAPER_TABLE1[(d, m)]["entrain"]
             ours = (r.config.encoder.pp, r.config.llm.pp)

@@ -161,7 +161,7 @@ MUTANTS = (
     Mutant(
         "b-min-first-size",
         "Algorithm 1 stops at the first batch size whether or not its GPU split is stable",
-        "entrain/core/planner.py",
+        "entrain/core/planning/bmin.py",
         "if trials[n].stable:",
         "if True:",
         (PLANNER,),
@@ -170,7 +170,7 @@ MUTANTS = (
     Mutant(
         "memory-always-fits",
         "the planner's memory check passes every configuration",
-        "entrain/core/planner.py",
+        "entrain/core/planning/config_search.py",
         "mem_ok = all(m <= limit",
         "mem_ok = True or all(m <= limit",
         (PLANNER,),

@@ -25,7 +25,7 @@ from entrain.config import RunConfig
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import num_microbatches
+from entrain.core.parallel import ParallelConfig, num_microbatches
 from entrain.core.systems import ENTRAIN, default_systems, get_system, parse_systems
 from entrain.core.work import SampleWork
 
@@ -73,10 +73,12 @@ def resolve_dp(args: argparse.Namespace, first_batch: Sequence[SampleWork], cost
         if args.dp < 1:
             raise ConfigError(f"--dp must be >= 1, got {args.dp}")
         return args.dp
-    from entrain.core.planner import search_config
+    from entrain.core.planning.config_search import search_config
 
-    cfg = search_config(first_batch, cost, gpus=args.gpus, dp=None, tp=args.tp, cp=1,
-                        global_batch=args.global_batch, microbatch_size=args.microbatch_size)  # fmt: skip
+    parallel = ParallelConfig(
+        gpus=args.gpus, tp=args.tp, global_batch=args.global_batch, microbatch_size=args.microbatch_size
+    )
+    cfg = search_config(first_batch, cost, parallel)
     print(
         f"entrain assign: --dp not given; the planner chose dp={cfg.dp} for {args.gpus} GPUs", file=sys.stderr
     )

@@ -26,7 +26,8 @@ from dataclasses import replace
 from entrain.cli.bench_report import PAPER, SHORT, render, targets
 from entrain.cli.common import emit_json
 from entrain.core.errors import ConfigError
-from entrain.core.planner import evaluate_config
+from entrain.core.parallel import ParallelConfig
+from entrain.core.planning.config_search import evaluate_config
 from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.core.systems import ENTRAIN
 from entrain.core.systems import SYSTEMS as REGISTRY
@@ -177,8 +178,8 @@ def _sweep(profile, cost, batches) -> dict:
     for e in range(1, 8):
         key = f"{e}:{8 - e}"
         try:
-            cfg = evaluate_config(profile, cost, dp=DP, encoder=(TP, 1, e), llm=(TP, 1, 8 - e),
-                                  global_batch=GLOBAL_BATCH, microbatch_size=MICROBATCH)  # fmt: skip
+            parallel = ParallelConfig(dp=DP, tp=TP, global_batch=GLOBAL_BATCH, microbatch_size=MICROBATCH)
+            cfg = evaluate_config(profile, cost, parallel, encoder=(TP, 1, e), llm=(TP, 1, 8 - e))
         except ConfigError:
             out[key] = None
             continue

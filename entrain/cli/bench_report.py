@@ -15,7 +15,7 @@ from importlib import resources
 
 import jinja2
 
-from entrain.core.planner import PAPER_TABLE1
+from entrain.core.planning.baselines import PAPER_TABLE1
 from entrain.core.systems import DIP, DISTTRAIN, DISTTRAIN_PAPER, ENTRAIN, ENTRAIN_1F1B, SYSTEMS
 from entrain.sim.ablation import DIP_GREEDY_STEPS
 

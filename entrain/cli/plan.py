@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from entrain.cli.common import (
     add_common_args,
@@ -31,7 +32,10 @@ from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
 from entrain.core.architectures import default_precision
 from entrain.core.errors import ConfigError
-from entrain.core.planner import EQ2_TOLERANCE, PlanResult, Sampler, memory_check_iterations, plan
+from entrain.core.planning.bmin import EQ2_TOLERANCE
+from entrain.core.planning.entry import PlanResult, plan
+from entrain.core.planning.memory import memory_check_iterations
+from entrain.core.planning.profile import Sampler
 from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.table_work import draw_works
@@ -78,11 +82,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _cost(args: argparse.Namespace):
-    freeze = tuple(x.strip() for x in args.freeze.split(",") if x.strip())
-    return resolve_cost_model(args, freeze)
-
-
 def _warn_profile_precision(args: argparse.Namespace, cost) -> str | None:
     """Warn when ``--profile`` was timed in another precision than ``entrain train`` computes in by
     default on the device the profile was measured on (bf16 on CUDA, fp32 on CPU)."""
@@ -103,8 +102,8 @@ def _sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     apply_paper_entrain(args)
-    RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
-    cost = _cost(args)
+    config = RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
+    cost = resolve_cost_model(args, tuple(x.strip() for x in args.freeze.split(",") if x.strip()))
     _warn_profile_precision(args, cost)
     sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root, vision=vision_limits(args))
     if args.tp < 0 or args.cp < 0:
@@ -112,12 +111,7 @@ def run(args: argparse.Namespace) -> int:
     result = plan(
         sampler,
         cost,
-        gpus=args.gpus,
-        dp=args.dp,
-        tp=args.tp or None,
-        cp=args.cp or None,
-        global_batch=args.global_batch,
-        microbatch_size=args.microbatch_size,
+        replace(config.parallel, tp=args.tp or None, cp=args.cp or None),  # 0: searched
         alpha=args.alpha,
         p_error=args.p_error,
         n0=args.n0,
@@ -180,7 +174,7 @@ def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, 
 def _check_batches(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> list[list]:
     """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
     file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
-    its batches: the first ``planner.memory_check_iterations`` of ``--iterations`` (all of them up
+    its batches: the first ``planning.memory.memory_check_iterations`` of ``--iterations`` (all of them up
     to DP 4; at DP 64, 2 global batches still hold 128 replica iterations)."""
     tp = result.config.encoder.tp
     batches = []

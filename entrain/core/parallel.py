@@ -63,12 +63,13 @@ def check_stage_count(
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     """Degrees and batch sizes of a run. ``dp`` None: chosen by the planner (or from the process
-    count); ``encoder_stages``/``llm_stages`` None: chosen by the planner."""
+    count); ``encoder_stages``/``llm_stages`` None: chosen by the planner; ``tp``/``cp`` None (the
+    planning functions only, never a run): searched by Algorithm 2 per component."""
 
     gpus: int | None = None
     dp: int | None = None
-    tp: int = 1
-    cp: int = 1
+    tp: int | None = 1
+    cp: int | None = 1
     fsdp: bool = False
     """FSDP2 over each stage's data-parallel group instead of the flat gradient all-reduce."""
     encoder_stages: int | None = None

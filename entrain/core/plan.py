@@ -9,7 +9,7 @@ Indexing conventions (every generator and both executors follow them):
 * Stages are numbered per replica: encoder stages ``0..E-1`` then LLM stages ``E..E+L-1``.
   ``StageSpec.pp_rank`` says which pipeline rank of the replica holds a stage; a rank may hold
   several stages (DIP colocates encoder chunk r and LLM chunk r on rank r; Entrain's boundary-sharing
-  layout, ``planner.boundary_sharing_config``, puts the last encoder stage and the first LLM stage on
+  layout, ``planning.boundary.boundary_sharing_config``, puts the last encoder stage and the first LLM stage on
   one rank, which runs them as one fused stage). Global rank =
   ``replica * ranks_per_replica + pp_rank``; a stage's DP group = its pp_rank across replicas.
 * ``mb`` is the execution position ``0..K_eff-1`` of a microbatch in its replica (not the

@@ -3,12 +3,12 @@
 ``--plan``) all configure systems here; the profiling samples come from the caller's ``Sampler``.
 
 * ``entrain``, ``entrain-1f1b``, ``1f1b``: Algorithm 1 (``b_min``) then Algorithm 2 on the
-  ``b_min`` reference batch (``planner.plan``).
-* ``disttrain``: Algorithm 2 on one profiled sample (``planner.disttrain_profile_sample``).
-* ``disttrain-paper``: the paper's Table 1 DistTrain config (``planner.paper_table1_config``).
+  ``b_min`` reference batch (``planning.entry.plan``).
+* ``disttrain``: Algorithm 2 on one profiled sample (``planning.baselines.disttrain_profile_sample``).
+* ``disttrain-paper``: the paper's Table 1 DistTrain config (``planning.baselines.paper_table1_config``).
 * ``dip``, ``dip-greedy``: the colocated layout over all ``gpus / (dp * tp)`` ranks of a replica
   (dp: ``--dp``, else Entrain's planner's choice when it ran, else 4)
-  ``planner.dip_layout`` from a 4-sample profile (one microbatch), whose mean per-sample ViT
+  ``planning.baselines.dip_layout`` from a 4-sample profile (one microbatch), whose mean per-sample ViT
   patches and LLM tokens, doubled, cap the sub-microbatches.
 
 Configs are computed once per (system kind, dataset, cost model) and shared by systems that use
@@ -24,7 +24,7 @@ Every ``"auto"`` is a decision by simulation (``DECISIONS``, ``entrain_variant``
 (``DECISION_MARGIN``, ``ConfigRequest.decision_margin``) faster; each is recorded in
 ``SystemSetup.decisions``.
 
-* ``entrain_layout``: ``"shared"`` = the boundary-sharing layout (``planner.boundary_sharing_config``)
+* ``entrain_layout``: ``"shared"`` = the boundary-sharing layout (``planning.boundary.boundary_sharing_config``)
   over the ranks of Algorithm 2's configuration (same TP, CP, DP and GPU count); ``"auto"`` = that
   layout when it fits memory and simulates more than the margin faster than the disjoint one
   on the planner's draws (without a judge, the disjoint layout). Not by
@@ -46,23 +46,15 @@ from dataclasses import dataclass, replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
+from entrain.core.parallel import ParallelConfig
 from entrain.core.plan import Layout
 from entrain.core.plan_file import check_stage_ranges, load_plan_dict
-from entrain.core.planner import (
-    EQ2_TOLERANCE,
-    MacroscopicProfiler,
-    PlanResult,
-    Sampler,
-    boundary_sharing_config,
-    dip_layout,
-    disttrain_profile_sample,
-    draw_seed,
-    evaluate_config,
-    paper_table1_config,
-    plan,
-    search_candidates,
-    search_config,
-)
+from entrain.core.planning.baselines import dip_layout, disttrain_profile_sample, paper_table1_config
+from entrain.core.planning.bmin import EQ2_TOLERANCE
+from entrain.core.planning.boundary import boundary_sharing_config
+from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
+from entrain.core.planning.entry import PlanResult, plan
+from entrain.core.planning.profile import MacroscopicProfiler, Sampler, draw_seed
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.systems import (
     CONFIG_DIP,
@@ -127,6 +119,17 @@ class ConfigRequest:
     def margin(self) -> float:
         return DECISION_MARGIN if self.decision_margin is None else self.decision_margin
 
+    @property
+    def parallel(self) -> ParallelConfig:
+        """The request's GPUs, DP, TP (CP 1) and batch sizes, as the planning functions take them."""
+        return ParallelConfig(
+            gpus=self.gpus,
+            dp=self.dp,
+            tp=self.tp,
+            global_batch=self.global_batch,
+            microbatch_size=self.microbatch_size,
+        )
+
 
 @dataclass
 class SystemSetup:
@@ -137,7 +140,7 @@ class SystemSetup:
     """How the config was chosen, for reports."""
     b_min: int | None = None
     b_min_result: object | None = None
-    """``planner.BMinResult`` of Entrain's planner (trial table), when it ran."""
+    """``planning.bmin.BMinResult`` of Entrain's planner (trial table), when it ran."""
     profile: object | None = None
     """The profile the config was searched on (``SampleStats`` or samples)."""
     config: object | None = None
@@ -151,27 +154,26 @@ def config_kind(system: str) -> str:
 
 
 def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> SystemSetup:
-    common = dict(global_batch=req.global_batch, microbatch_size=req.microbatch_size)
     if kind == CONFIG_ENTRAIN:
-        res = plan(
-            sampler, cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, seed=req.seed,
-            extra_sizes=req.extra_sizes, **common,
-        )  # fmt: skip
+        res = plan(sampler, cost, req.parallel, seed=req.seed, extra_sizes=req.extra_sizes)
         return entrain_setup(res, sampler, cost, req.seed)
     if kind == CONFIG_DISTTRAIN:
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
-        cfg = search_config([one], cost, gpus=req.gpus, dp=req.dp, tp=req.tp, cp=1, **common)
+        cfg = search_config([one], cost, req.parallel)
         return SystemSetup(cfg.to_layout(), {}, "Algorithm 2 on one sample", profile=[one])
     if kind == CONFIG_DISTTRAIN_PAPER:
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
-        cfg = paper_table1_config(req.dataset, req.model, [one], cost, system=DISTTRAIN, **common)
+        cfg = paper_table1_config(
+            req.dataset, req.model, [one], cost, system=DISTTRAIN, global_batch=req.global_batch,
+            microbatch_size=req.microbatch_size,
+        )  # fmt: skip
         return SystemSetup(cfg.to_layout(), {}, "paper Table 1")
     profile = sampler(4, draw_seed(req.seed, 4, 0xD1B))
     dp = req.dp or max(1, min(4, req.gpus // (2 * req.tp)))  # 4, or fewer replicas on a few GPUs
     pp = req.gpus // (dp * req.tp)
     if pp < 1:
         raise ConfigError(f"dip: --gpus {req.gpus} cannot hold dp {dp} x tp {req.tp}")
-    layout = dip_layout(profile, cost, dp=dp, pp=pp, tp=req.tp, **common)
+    layout = dip_layout(profile, cost, replace(req.parallel, dp=dp), pp=pp)
     return SystemSetup(
         layout, _dip_caps(profile, cost, req.tp), "colocated, 4-sample profile", profile=profile
     )
@@ -196,10 +198,12 @@ def fixed_stage_setup(
     judge: CandidateJudge | None = None,
 ) -> SystemSetup:
     """``system``'s setup with the stage counts fixed (``train --encoder-stages/--llm-stages``): the
-    layers split by Algorithm 2's partitioner (``planner.evaluate_config``) over ``profile``, on
+    layers split by Algorithm 2's partitioner (``planning.config_search.evaluate_config``) over ``profile``, on
     ``req.dp`` replicas; Entrain's extensions as ``req`` asks (``entrain_variant``, ``judge``)."""
-    common = dict(global_batch=req.global_batch, microbatch_size=req.microbatch_size)
-    dp, tp = req.dp or 1, req.tp
+    tp = req.tp  # the GPU count is the layout's (req.gpus may be unset)
+    parallel = ParallelConfig(
+        dp=req.dp or 1, tp=tp, global_batch=req.global_batch, microbatch_size=req.microbatch_size
+    )
     source = f"stages fixed by flags ({encoder_stages} encoder + {llm_stages} LLM), Algorithm 2's partition"
     spec = get_system(system)
     if spec.colocated:
@@ -207,11 +211,9 @@ def fixed_stage_setup(
             raise ConfigError(
                 f"{system}: colocated layouts need equal stage counts, got {encoder_stages} + {llm_stages}"
             )
-        layout = dip_layout(profile, cost, dp=dp, pp=encoder_stages, tp=tp, **common)
+        layout = dip_layout(profile, cost, parallel, pp=encoder_stages)
         return SystemSetup(layout, _dip_caps(profile, cost, tp), source, profile=profile)
-    cfg = evaluate_config(
-        profile, cost, dp=dp, encoder=(tp, 1, encoder_stages), llm=(tp, 1, llm_stages), **common
-    )
+    cfg = evaluate_config(profile, cost, parallel, encoder=(tp, 1, encoder_stages), llm=(tp, 1, llm_stages))
     setup = SystemSetup(cfg.to_layout(), {}, source, profile=profile, config=cfg)
     if spec.extensions:
         return entrain_variant(setup, req, cost, judge, ties=False)
@@ -470,9 +472,9 @@ def tied_configs(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> lis
     if cfg is None or setup.profile is None:
         return []
     cp = cfg.encoder.cp if cfg.encoder.cp == cfg.llm.cp else None
-    cands = search_candidates(setup.profile, cost, gpus=cfg.dp * cfg.gpus_per_replica, dp=cfg.dp,
-                              tp=cfg.encoder.tp if cfg.encoder.tp == cfg.llm.tp else None, cp=cp,
-                              global_batch=req.global_batch, microbatch_size=req.microbatch_size)  # fmt: skip
+    tp = cfg.encoder.tp if cfg.encoder.tp == cfg.llm.tp else None
+    parallel = replace(req.parallel, gpus=cfg.dp * cfg.gpus_per_replica, dp=cfg.dp, tp=tp, cp=cp)
+    cands = search_candidates(setup.profile, cost, parallel)
     limit = cfg.predicted_iteration_time_ms * (1.0 + EQ2_TOLERANCE)
     ties = [
         c
@@ -511,10 +513,8 @@ def _entrain_layout(
         raise ConfigError("boundary sharing needs the same TP and CP for the encoder and the LLM")
     if req.entrain_layout == "disjoint" or not possible or judge is None and req.entrain_layout == "auto":
         return setup
-    shared = boundary_sharing_config(
-        setup.profile, cost, dp=layout.dp, ranks=layout.ranks_per_replica, tp=enc.tp, cp=enc.cp,
-        global_batch=req.global_batch, microbatch_size=req.microbatch_size,
-    )  # fmt: skip
+    parallel = replace(req.parallel, dp=layout.dp, tp=enc.tp, cp=enc.cp)
+    shared = boundary_sharing_config(setup.profile, cost, parallel, ranks=layout.ranks_per_replica)
     cfg = setup.config
     eq2 = (
         f"Eq. 2 {shared.predicted_iteration_time_ms:.0f} vs {cfg.predicted_iteration_time_ms:.0f} ms"

@@ -6,29 +6,23 @@ all read ``SYSTEMS``; ``plan_system`` turns global batches into a system's Plan 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.assignment.types import IterationAssignment
+from entrain.core.batching.common import Batcher
 from entrain.core.batching.dip import assign_dip
 from entrain.core.batching.disttrain import assign_disttrain
 from entrain.core.batching.onef1b import assign_1f1b
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ActionKind, Layout, Plan
-from entrain.core.schedules import (
-    dip,
-    dip_greedy,
-    disttrain,
-    disttrain_paper,
-    entrain,
-    entrain_1f1b,
-    one_f_one_b,
-)
-from entrain.core.schedules.common import ScheduleOptions
+from entrain.core.schedules import dip, dip_greedy, entrain, one_f_one_b
+from entrain.core.schedules.common import PlanGenerator, ScheduleOptions
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.work import SampleWork
 
@@ -59,10 +53,20 @@ __all__ = [
 
 ENTRAIN = entrain.NAME
 """The reference system: the one the others are compared to (speedups, ``vs_entrain``)."""
-ENTRAIN_1F1B = entrain_1f1b.NAME
+ENTRAIN_1F1B = "entrain-1f1b"
+"""Entrain's assignment, sub-microbatches and split backward with the plain 1F1B warm-up
+(``p - s - 1`` forwards): the eager-forward ablation (``entrain.generate`` with ``eager=False``)."""
 ONE_F_ONE_B = one_f_one_b.NAME
-DISTTRAIN = disttrain.NAME
-DISTTRAIN_PAPER = disttrain_paper.NAME
+DISTTRAIN = "disttrain"
+"""DistTrain-like: plain 1F1B (``one_f_one_b.generate``) on disjoint encoder and LLM ranks; what
+differs from ``1f1b`` is upstream (DESIGN.md §2): the configuration comes from Algorithm 2 on one
+profiled sample (``planning.baselines.disttrain_profile_sample``), and the ``disttrain`` batcher
+gives each replica exactly U samples of every global microbatch by LPT on encoder cost, then
+reorders whole microbatches by greedy insertion minimising the analytic 1F1B makespan (the
+assignment's ``execution_order``, which the 1F1B generator follows)."""
+DISTTRAIN_PAPER = "disttrain-paper"
+"""DistTrain's schedule and batching under the paper's own Table 1 DistTrain configuration
+(``planning.baselines.paper_table1_config``) instead of our one-sample Algorithm 2 pick."""
 DIP = dip.NAME
 DIP_GREEDY = dip_greedy.NAME
 DIP_GREEDY_MEM = dip_greedy.MEMORY_BOUNDED
@@ -74,9 +78,6 @@ CONFIG_DISTTRAIN = DISTTRAIN
 CONFIG_DISTTRAIN_PAPER = DISTTRAIN_PAPER
 CONFIG_DIP = DIP
 
-Batcher = Callable[..., IterationAssignment]
-Generator = Callable[..., Plan]
-
 EXTENSIONS = ("layout", "ramp", "split", "assignment")
 """Entrain's switchable extensions (ours, not the paper's): boundary-sharing layout, fill/drain ramp,
 split weight gradients, the two-resource assignment (``ScheduleOptions.assignment``)."""
@@ -87,8 +88,9 @@ class SystemSpec:
     name: str
     batcher: Batcher
     """``batcher(batch, dp, num_microbatches, *, stage_times=None) -> IterationAssignment``."""
-    generator: Generator
-    """``generate(layout, assignments, samples, cost, options, system=...) -> Plan``."""
+    generator: PlanGenerator
+    """``generate(layout, assignments, samples, cost, options, system=...) -> Plan``; several systems
+    may share one (a system that differs only upstream: batcher, configuration)."""
     layout: str
     """``"disjoint"``: encoder stages then LLM stages on their own ranks; ``"colocated"``: rank r holds
     encoder chunk r and LLM chunk r (equal stage counts)."""
@@ -134,7 +136,7 @@ SYSTEMS: dict[str, SystemSpec] = {
             default_in=("simulate", "assign"), **_OURS,
         ),
         SystemSpec(
-            ENTRAIN_1F1B, assign_entrain, entrain_1f1b.generate, "disjoint", CONFIG_ENTRAIN,
+            ENTRAIN_1F1B, assign_entrain, partial(entrain.generate, eager=False), "disjoint", CONFIG_ENTRAIN,
             default_in=("simulate",), **_OURS,
         ),
         SystemSpec(
@@ -142,11 +144,11 @@ SYSTEMS: dict[str, SystemSpec] = {
             default_in=("simulate", "assign"),
         ),
         SystemSpec(
-            DISTTRAIN, assign_disttrain, disttrain.generate, "disjoint", CONFIG_DISTTRAIN,
+            DISTTRAIN, assign_disttrain, one_f_one_b.generate, "disjoint", CONFIG_DISTTRAIN,
             default_in=("simulate", "assign"),
         ),
         SystemSpec(
-            DISTTRAIN_PAPER, assign_disttrain, disttrain_paper.generate, "disjoint", CONFIG_DISTTRAIN_PAPER
+            DISTTRAIN_PAPER, assign_disttrain, one_f_one_b.generate, "disjoint", CONFIG_DISTTRAIN_PAPER
         ),
         SystemSpec(DIP, assign_dip, dip.generate, "colocated", CONFIG_DIP, default_in=("simulate", "assign")),
         SystemSpec(DIP_GREEDY, assign_dip, dip_greedy.generate, "colocated", CONFIG_DIP, default_in=("simulate",)),

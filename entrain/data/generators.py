@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from entrain.core.dataset_aliases import DATASET_ALIASES, canonical_dataset
 from entrain.core.errors import ConfigError
 from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 
@@ -55,7 +56,8 @@ DATASETS: tuple[str, ...] = (
     "synthchartnet", "chartqa", "cocoqa", "llava150k", "synthchartnet-fv", "skewed",
     "docvqa", "multi-image", "video", "text-heavy", "long-context", "mixture", "curriculum", "anyres",
 )  # fmt: skip
-ALIASES: dict[str, str] = {"llava_instruct_150k": "llava150k"}
+ALIASES = DATASET_ALIASES
+"""Other names of the built-in datasets (``entrain.core.dataset_aliases``, the one copy)."""
 BLOCK_SIZE = 256
 """Samples per independently seeded block (also the longest possible SynthChartNet regime run)."""
 
@@ -501,7 +503,7 @@ _GENERATORS: dict[str, Gen] = {
 
 def canonical_name(name: str) -> str:
     """The built-in dataset ``name`` refers to (aliases resolved); ConfigError if none."""
-    canonical = ALIASES.get(name, name)
+    canonical = canonical_dataset(name)
     if canonical not in _GENERATORS:
         valid = ", ".join([*DATASETS, *ALIASES])
         raise ConfigError(f"unknown dataset {name!r}; built-in datasets: {valid}")
@@ -509,7 +511,7 @@ def canonical_name(name: str) -> str:
 
 
 def is_builtin(name: str) -> bool:
-    return ALIASES.get(name, name) in _GENERATORS
+    return canonical_dataset(name) in _GENERATORS
 
 
 def batch_source(name: str, iteration: int, iterations: int) -> str:

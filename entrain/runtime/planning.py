@@ -16,7 +16,7 @@ from entrain.config import RunConfig
 from entrain.core.costmodel import CostModel
 from entrain.core.p2p import check_plan
 from entrain.core.plan import Layout, Plan
-from entrain.core.planner import Sampler, pool_sampler
+from entrain.core.planning.profile import Sampler, pool_sampler
 from entrain.core.setups import (
     CandidateJudge,
     ConfigRequest,

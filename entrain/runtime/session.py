@@ -29,6 +29,7 @@ from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import check_stage_count
 from entrain.core.plan import IterationPlan, Layout
+from entrain.core.planning.bmin import below_b_min_warning
 from entrain.core.presets import trainable_parts
 from entrain.core.systems import get_system
 from entrain.core.work import SampleWork
@@ -176,10 +177,6 @@ def resolve_precision(spec: RunConfig, device: torch.device) -> str:
     if spec.model.precision is not None:
         return spec.model.precision
     return "bf16" if device.type == "cuda" else "fp32"
-
-
-def resolve_cost(spec: RunConfig) -> CostModel:
-    return spec.model.cost_model()
 
 
 @dataclass
@@ -457,7 +454,7 @@ def run_systems(
     from entrain.runtime.model_source import model_config
 
     check_spec(spec, env.world_size)
-    cost = resolve_cost(spec)
+    cost = spec.model.cost_model()
     if env.rank == 0:
         os.makedirs(spec.run.out, exist_ok=True)
     model_cfg, tokenizer = model_config(spec)
@@ -499,16 +496,9 @@ def run_systems(
 
 def _warn_below_b_min(spec: RunConfig, setup, env) -> None:
     """Rank 0 warns when the per-replica batch is below the planner's ``b_min`` (Algorithm 1)."""
-    per_replica = spec.parallel.global_batch // setup.layout.dp
-    if env.rank == 0 and setup.b_min is not None and per_replica < setup.b_min:
-        print(
-            f"entrain: warning: --global-batch {spec.parallel.global_batch} ({per_replica} per replica) is below "
-            f"b_min = {setup.b_min} for this dataset and layout (Algorithm 1): the encoder/LLM work split varies "
-            f"from batch to batch at this size, so the balance guarantee no longer holds; use --global-batch "
-            f"{setup.b_min * setup.layout.dp} or more",
-            file=sys.stderr,
-            flush=True,
-        )
+    warning = below_b_min_warning(spec.parallel.global_batch, setup.layout.dp, setup.b_min)
+    if env.rank == 0 and warning:
+        print(warning, file=sys.stderr, flush=True)
 
 
 def _agree(env, watch, what: str):

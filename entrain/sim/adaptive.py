@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from entrain.core.costmodel import CostModel
-from entrain.core.planner import SampleStats, pool_sampler, search_candidates
+from entrain.core.planning.config_search import search_candidates
+from entrain.core.planning.profile import SampleStats, pool_sampler
 from entrain.core.setups import ConfigRequest, SystemSetup, system_setups
 from entrain.core.systems import systems_where
 from entrain.core.work import SampleWork
@@ -70,14 +71,12 @@ def split_candidates(
     per_replica, unit = req.gpus // layout.dp, enc.tp * enc.cp
     planned = enc.tp * enc.cp * enc.pp
     stats = SampleStats.of(items)
+    parallel = replace(req.parallel, dp=layout.dp, tp=enc.tp, cp=enc.cp)
     out = []
     for budget in range(unit, per_replica, unit):
         if budget == planned:
             continue
-        found = search_candidates(
-            stats, cost, gpus=req.gpus, dp=layout.dp, tp=enc.tp, cp=enc.cp, global_batch=req.global_batch,
-            microbatch_size=req.microbatch_size, allocation=(budget, per_replica - budget),
-        )  # fmt: skip
+        found = search_candidates(stats, cost, parallel, allocation=(budget, per_replica - budget))
         fits = [c for c in found if c.memory_ok]
         if fits:
             source = f"Algorithm 2 with {budget} of {per_replica} GPUs a replica for the encoder (window)"

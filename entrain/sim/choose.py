@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from entrain.core.costmodel import CostModel
-from entrain.core.planner import MacroscopicProfiler, Sampler
+from entrain.core.planning.profile import MacroscopicProfiler, Sampler
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.setups import CandidateJudge, ConfigRequest, SystemSetup
 from entrain.core.systems import ENTRAIN

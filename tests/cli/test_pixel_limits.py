@@ -11,7 +11,7 @@ import pytest
 from entrain.cli.main import build_parser, main
 from entrain.cli.train import _spec
 from entrain.core.samples import smart_resize
-from entrain.runtime.session import load_data, resolve_cost
+from entrain.runtime.session import load_data
 
 SMALL = 128 * 28 * 28  # at most 128 merged tokens an image
 
@@ -43,7 +43,7 @@ def test_train_samples_carry_the_limits(tmp_path):
     argv = ["train", "--model", "tiny", "--dataset", "chartqa", "--global-batch", "4", "--steps", "1",
             "--max-pixels", str(SMALL), "--out", str(tmp_path)]  # fmt: skip
     spec = _spec(build_parser().parse_args(argv))
-    data = load_data(spec, resolve_cost(spec))
+    data = load_data(spec, spec.model.cost_model())
     metas = [w.meta for w in data.train[0]]
     assert all(m.vision.max_pixels == SMALL for m in metas)
     for m in metas:

@@ -10,21 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.errors import ConfigError
-from entrain.core.planner import (
+from entrain.core.parallel import ParallelConfig
+from entrain.core.planning.baselines import (
     PAPER_TABLE1,
-    SampleStats,
     dip_layout,
     disttrain_profile_sample,
-    evaluate_config,
-    find_b_min,
-    num_validation_trials,
     paper_table1_config,
-    plan,
-    pool_sampler,
-    proportional_allocation,
-    search_candidates,
-    search_config,
 )
+from entrain.core.planning.bmin import find_b_min, num_validation_trials
+from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
+from entrain.core.planning.entry import plan
+from entrain.core.planning.profile import SampleStats, pool_sampler, proportional_allocation
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
 from entrain.core.work import SampleWork
@@ -111,9 +107,8 @@ def test_b_min_doubles_until_stable_and_is_deterministic():
 
 def test_evaluate_config_eq2_and_ranges():
     prof = meta_pool(64)
-    cfg = evaluate_config(
-        prof, COST_1B, dp=4, encoder=(2, 1, 5), llm=(2, 1, 3), global_batch=512, microbatch_size=4
-    )
+    paper = ParallelConfig(dp=4, global_batch=512, microbatch_size=4)
+    cfg = evaluate_config(prof, COST_1B, paper, encoder=(2, 1, 5), llm=(2, 1, 3))
     stages = cfg.encoder.stage_ms + cfg.llm.stage_ms
     assert cfg.num_microbatches == 32
     assert cfg.predicted_iteration_time_ms == pytest.approx(sum(stages) + 31 * max(stages))
@@ -129,25 +124,29 @@ def test_evaluate_config_eq2_and_ranges():
     assert [s.component for s in layout.stages] == ["encoder"] * 5 + ["llm"] * 3
     with pytest.raises(ConfigError, match="not divisible"):
         evaluate_config(
-            prof, COST_1B, dp=4, encoder=(1, 1, 1), llm=(1, 1, 1), global_batch=100, microbatch_size=4
+            prof,
+            COST_1B,
+            ParallelConfig(dp=4, global_batch=100, microbatch_size=4),
+            encoder=(1, 1, 1),
+            llm=(1, 1, 1),
         )
 
 
 def test_search_config_is_best_candidate():
     prof = meta_pool(64)
-    cands = search_candidates(prof, COST_1B, gpus=32, dp=None, tp=None, cp=None, global_batch=256,
-                              microbatch_size=4)  # fmt: skip
+    searched = ParallelConfig(gpus=32, dp=None, tp=None, cp=None, global_batch=256, microbatch_size=4)
+    cands = search_candidates(prof, COST_1B, searched)
     assert len(cands) > 10
     for c in cands:
         assert c.gpus_used_per_replica <= c.gpus_per_replica
         assert c.encoder.pp * c.encoder.tp * c.encoder.cp <= c.allocation[0] + c.encoder.tp * c.encoder.cp
-    best = search_config(
-        prof, COST_1B, gpus=32, dp=None, tp=None, cp=None, global_batch=256, microbatch_size=4
-    )
+    best = search_config(prof, COST_1B, searched)
     feasible = [c for c in cands if c.memory_ok]
     assert best.predicted_iteration_time_ms == min(c.predicted_iteration_time_ms for c in feasible)
     # PP is floor / ceil of the GPU budget over TP x CP
-    fixed = search_candidates(prof, COST_1B, gpus=16, dp=1, tp=2, cp=1, global_batch=64, microbatch_size=4)
+    fixed = search_candidates(
+        prof, COST_1B, ParallelConfig(gpus=16, dp=1, tp=2, global_batch=64, microbatch_size=4)
+    )
     for c in fixed:
         m_enc, m_llm = c.allocation
         assert c.encoder.pp in (m_enc // 2, -(-m_enc // 2)) and c.llm.pp in (m_llm // 2, -(-m_llm // 2))
@@ -158,12 +157,14 @@ def test_memory_check_rejects():
         COST_1B, hardware=dataclasses.replace(COST_1B.hardware, device_memory_bytes=1e9)
     )
     with pytest.raises(ConfigError, match="device memory"):
-        search_config(meta_pool(16), small, gpus=8, dp=1, global_batch=16, microbatch_size=4)
+        search_config(meta_pool(16), small, ParallelConfig(gpus=8, dp=1, global_batch=16, microbatch_size=4))
 
 
 def test_plan_picks_best_dp():
     res = plan(
-        pool_sampler(meta_pool(500)), COST_1B, gpus=32, dp=None, tp=2, global_batch=256, microbatch_size=4
+        pool_sampler(meta_pool(500)),
+        COST_1B,
+        ParallelConfig(gpus=32, tp=2, global_batch=256, microbatch_size=4),
     )
     assert set(res.per_dp) <= {1, 2, 4, 8, 16}
     assert res.config.predicted_iteration_time_ms == min(
@@ -176,7 +177,7 @@ def test_disttrain_profile_sample_is_median_ratio():
     pool = meta_pool(300)
     s = disttrain_profile_sample(pool_sampler(pool), COST_1B, seed=1, num_draw=101)
     items = pool_sampler(pool)  # same draw again
-    from entrain.core.planner import draw_seed
+    from entrain.core.planning.profile import draw_seed
 
     drawn = items(101, draw_seed(1, 101, 0x0D15))
     ratios = sorted((COST_1B.sample_work(x).encoder / COST_1B.sample_work(x).llm, x.id) for x in drawn)
@@ -194,7 +195,7 @@ def test_paper_table1_and_dip_layout():
     assert (cfg.encoder.pp, cfg.llm.pp) == (4, 4)
     with pytest.raises(ConfigError, match="Table 1 has no configuration"):
         paper_table1_config("skewed", "tiny", prof, COST_1B)
-    layout = dip_layout(prof, COST_1B, dp=4, pp=8, global_batch=512, microbatch_size=4)
+    layout = dip_layout(prof, COST_1B, ParallelConfig(dp=4, global_batch=512, microbatch_size=4), pp=8)
     assert layout.ranks_per_replica == 8 and len(layout.stages) == 16
     assert [s.pp_rank for s in layout.stages] == list(range(8)) * 2
     enc = [s for s in layout.stages if s.component == "encoder"]
@@ -208,8 +209,8 @@ def test_a40_paper_reproduces_table1_entrain_configs(model):
     gen = pytest.importorskip("entrain.data.generators")
     cost = build_cost_model(model, "a40-paper")
     for dataset in ("synthchartnet", "llava150k", "chartqa", "cocoqa"):
-        res = plan(pool_sampler(gen.generate_samples(dataset, 1 << 13, 0)), cost, gpus=64, dp=4, tp=2,
-                   global_batch=512, microbatch_size=4)  # fmt: skip
+        paper = ParallelConfig(gpus=64, dp=4, tp=2, global_batch=512, microbatch_size=4)
+        res = plan(pool_sampler(gen.generate_samples(dataset, 1 << 13, 0)), cost, paper)
         assert res.b_min.b_min <= 256
         got = (res.config.encoder.pp, res.config.llm.pp)
         if (dataset, model) != ("cocoqa", "qwen25vl-llama3-3b"):
@@ -218,7 +219,9 @@ def test_a40_paper_reproduces_table1_entrain_configs(model):
 
 def test_budget_beyond_layer_count_is_clamped():
     cost = build_cost_model("tiny", "cpu-tiny")
-    cfg = search_config(meta_pool(32), cost, gpus=64, dp=2, global_batch=64, microbatch_size=4)
+    cfg = search_config(
+        meta_pool(32), cost, ParallelConfig(gpus=64, dp=2, global_batch=64, microbatch_size=4)
+    )
     assert cfg.encoder.pp == cost.encoder.num_layers  # 4 layers, budget far larger
     assert all(e - f == 1 for f, e in cfg.encoder.layer_ranges)
     assert cfg.gpus_used_per_replica <= 32
@@ -231,13 +234,13 @@ def test_boundary_sharing_covers_layers_and_is_no_slower_than_any_disjoint_split
     rank no slower than the slowest stage of any disjoint E:L split of the same ranks."""
     from dataclasses import replace
 
-    from entrain.core.planner import boundary_sharing_config
+    from entrain.core.planning.boundary import boundary_sharing_config
 
     profile = meta_pool(64)
-    common = dict(dp=4, global_batch=512, microbatch_size=4)
+    parallel = ParallelConfig(dp=4, tp=2, global_batch=512, microbatch_size=4)
     # memory unbounded: no stage recomputes, so rank times are the partition's alone
     cost = replace(COST_1B, hardware=replace(COST_1B.hardware, device_memory_bytes=1e18))
-    cfg = boundary_sharing_config(profile, cost, ranks=ranks, tp=2, **common)
+    cfg = boundary_sharing_config(profile, cost, parallel, ranks=ranks)
     layout = cfg.layout
     assert layout.ranks_per_replica == ranks and len(cfg.rank_ms) == ranks
     for comp in ("encoder", "llm"):
@@ -248,7 +251,7 @@ def test_boundary_sharing_covers_layers_and_is_no_slower_than_any_disjoint_split
     assert sum(per_rank) == len(layout.stages) <= ranks + 1 and max(per_rank) <= 2
     assert cfg.shares_boundary == (len(layout.stages) == ranks + 1)
     disjoint = [
-        evaluate_config(profile, cost, encoder=(2, 1, e), llm=(2, 1, ranks - e), **common)
+        evaluate_config(profile, cost, parallel, encoder=(2, 1, e), llm=(2, 1, ranks - e))
         for e in range(1, ranks)
     ]
     best = min(max(c.encoder.stage_ms + c.llm.stage_ms) for c in disjoint)
@@ -265,7 +268,8 @@ def test_eager_attention_adds_the_saved_scores_to_stage_memory():
     from entrain.core.schedules.costs import PlanCosts
 
     prof = meta_pool(64)
-    kw = dict(dp=1, encoder=(1, 1, 1), llm=(1, 1, 1), global_batch=16, microbatch_size=4)
+    kw = dict(encoder=(1, 1, 1), llm=(1, 1, 1))
+    one = ParallelConfig(dp=1, global_batch=16, microbatch_size=4)
     from dataclasses import replace
 
     flash = build_cost_model("qwen25vl-fullatt-llama3-1b", "a40-flops", attention="flash")
@@ -274,7 +278,7 @@ def test_eager_attention_adds_the_saved_scores_to_stage_memory():
     flash, eager = (
         replace(c, hardware=replace(c.hardware, device_memory_bytes=1e18)) for c in (flash, eager)
     )
-    a, b = evaluate_config(prof, flash, **kw), evaluate_config(prof, eager, **kw)
+    a, b = evaluate_config(prof, flash, one, **kw), evaluate_config(prof, eager, one, **kw)
     stats = SampleStats.of(prof)
     extra = 2 * 4 * float(stats.enc_x2.mean()) * 32 * 16 * 6.0
     assert b.encoder.stage_memory_bytes[0] - a.encoder.stage_memory_bytes[0] == pytest.approx(extra)
@@ -292,10 +296,20 @@ def test_eager_attention_adds_the_saved_scores_to_stage_memory():
 def test_samples_without_size_dependent_work_still_get_candidates():
     """A measured profile of tiny sizes can fit per-call constants only: every sample's work is 0,
     and ProportionalAllocation splits the GPUs evenly instead of dividing by zero."""
-    from entrain.core.planner import search_candidates
+    from entrain.core.planning.config_search import search_candidates
     from entrain.core.work import SampleWork
 
     cost = build_cost_model("tiny", "cpu-tiny")
     zero = [SampleWork(f"s{i}", 0.0, 0.0) for i in range(8)]
-    found = search_candidates(zero, cost, gpus=4, dp=1, global_batch=8, microbatch_size=1)
+    found = search_candidates(zero, cost, ParallelConfig(gpus=4, dp=1, global_batch=8, microbatch_size=1))
     assert found and all(c.allocation == (2, 2) for c in found)
+
+
+def test_below_b_min_warning_is_one_message():
+    """The one below-``b_min`` warning (``train``'s check and the runtime's both print it)."""
+    from entrain.core.planning.bmin import below_b_min_warning
+
+    text = below_b_min_warning(64, 4, 32)
+    assert "--global-batch 64 (16 per replica) is below b_min = 32" in text
+    assert text.endswith("use --global-batch 128 or more")
+    assert below_b_min_warning(128, 4, 32) is None and below_b_min_warning(64, 4, None) is None

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrain.core.planner import DeployCheck, find_b_min, plan, pool_sampler
+from entrain.core.parallel import ParallelConfig
+from entrain.core.planning.bmin import DeployCheck, find_b_min
+from entrain.core.planning.entry import plan
+from entrain.core.planning.profile import pool_sampler
 from entrain.core.presets import build_cost_model
 from entrain.core.work import SampleWork
 
@@ -32,7 +35,9 @@ def flipping_sampler(offset: float):
 def test_split_flip_that_deploys_the_same_stages_converges():
     """TP 2 on 16 GPUs: 5:11 and 6:10 both deploy E.PP 3 / L.PP 5, so the flip does not matter. The
     paper's test never settles (the old planner reported b_min 65536 > the global batch)."""
-    res = plan(flipping_sampler(0.02), COST, gpus=64, dp=4, tp=2, global_batch=512, microbatch_size=4)
+    res = plan(
+        flipping_sampler(0.02), COST, ParallelConfig(gpus=64, dp=4, tp=2, global_batch=512, microbatch_size=4)
+    )
     b = res.b_min
     assert b.converged and b.reason is None and b.b_min == 4
     assert b.trial(4).allocations_seen == ((6, 10), (5, 11)) and not b.trial(4).allocation_stable
@@ -45,16 +50,15 @@ def test_split_flip_that_deploys_the_same_stages_converges():
 def test_split_flip_that_changes_the_deployment_stops_at_the_global_batch():
     """TP 1: 5:11 and 6:10 deploy different stage counts; with tolerance 0 the draws never agree, so
     the search stops at the global batch (48: not a power of two times n0) with a reason."""
-    res = plan(flipping_sampler(0.02), COST, gpus=16, dp=1, tp=1, global_batch=48, microbatch_size=4,
-               tolerance=0.0)  # fmt: skip
+    small = ParallelConfig(gpus=16, dp=1, tp=1, global_batch=48, microbatch_size=4)
+    res = plan(flipping_sampler(0.02), COST, small, tolerance=0.0)
     b = res.b_min
     assert [t.batch_size for t in b.trials] == [4, 8, 16, 32, 48]
     assert not b.converged and b.b_min == 48 == b.max_batch_size
     assert "global batch" in b.reason and "6:10, 5:11" in b.reason
     assert all(0 < t.eq2_gap < 1 for t in b.trials)
     # a tolerance above the deployments' Eq. 2 difference treats the two splits as the same
-    loose = plan(flipping_sampler(0.02), COST, gpus=16, dp=1, tp=1, global_batch=48, microbatch_size=4,
-                 tolerance=0.5)  # fmt: skip
+    loose = plan(flipping_sampler(0.02), COST, small, tolerance=0.5)
     assert loose.b_min.converged and loose.b_min.b_min == 4
 
 
@@ -76,8 +80,8 @@ def noisy_sampler(center: float, spread: float):
     tolerance=st.sampled_from([0.0, 0.01]),
 )
 def test_b_min_never_exceeds_the_global_batch(center, spread, tp, global_batch, tolerance):
-    res = plan(noisy_sampler(center, spread), COST, gpus=16, dp=1, tp=tp, global_batch=global_batch,
-               microbatch_size=4, alpha=0.3, p_error=0.3, tolerance=tolerance)  # fmt: skip
+    parallel = ParallelConfig(gpus=16, dp=1, tp=tp, global_batch=global_batch, microbatch_size=4)
+    res = plan(noisy_sampler(center, spread), COST, parallel, alpha=0.3, p_error=0.3, tolerance=tolerance)
     b = res.b_min
     assert b.b_min <= global_batch == b.max_batch_size
     assert b.converged == b.trial(b.b_min).stable and (b.reason is None) == b.converged
@@ -89,7 +93,7 @@ def test_b_min_never_exceeds_the_global_batch(center, spread, tp, global_batch, 
 
 def test_deploy_check_rejects_a_bad_tolerance():
     with pytest.raises(Exception, match="tolerance"):
-        DeployCheck(512, 4, tolerance=1.5)
+        DeployCheck(ParallelConfig(global_batch=512, microbatch_size=4), tolerance=1.5)
 
 
 def test_pool_sampler_draws_with_replacement():

@@ -7,8 +7,13 @@ from itertools import accumulate
 import numpy as np
 import pytest
 
-from entrain.core import planner
+from entrain.core.parallel import ParallelConfig
 from entrain.core.partition import Partition
+from entrain.core.planning import config_search, memory
+from entrain.core.planning.config_search import search_candidates
+from entrain.core.planning.entry import plan
+from entrain.core.planning.memory import memory_check_iterations
+from entrain.core.planning.profile import SampleStats, pool_sampler
 from entrain.core.presets import build_cost_model
 from entrain.core.sample_table import SampleTable
 from entrain.core.samples import SampleMeta, VisionTokenConfig
@@ -53,8 +58,8 @@ def scalar_partition(layer_ms, num_stages):
 
 
 def _plan(items, cost):
-    return planner.plan(
-        planner.pool_sampler(items), cost, gpus=64, dp=4, tp=2, global_batch=256, microbatch_size=4
+    return plan(
+        pool_sampler(items), cost, ParallelConfig(gpus=64, dp=4, tp=2, global_batch=256, microbatch_size=4)
     )
 
 
@@ -66,8 +71,8 @@ def test_optimised_plan_equals_plain_plan(seed, monkeypatch):
     cost = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
     samples = random_samples(seed, 3000)
     fast = _plan(SampleTable.from_samples(samples), cost)
-    monkeypatch.setattr(planner, "min_max_partition", scalar_partition)
-    monkeypatch.setattr(planner, "_cost_memo", lambda cost, key, compute: compute())
+    monkeypatch.setattr(config_search, "min_max_partition", scalar_partition)
+    monkeypatch.setattr(memory, "_cost_memo", lambda cost, key, compute: compute())
     plain = _plan(samples, cost)
     assert fast.b_min == plain.b_min
     assert fast.config == plain.config
@@ -81,12 +86,12 @@ def test_every_candidate_equals_the_plain_search(memory_gb, monkeypatch):
     base = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
     cost = replace(base, hardware=replace(base.hardware, device_memory_bytes=memory_gb * 1e9))
     samples = random_samples(5, 400)
-    draw = planner.pool_sampler(SampleTable.from_samples(samples))(256, 3)
-    kwargs = dict(gpus=32, dp=2, tp=None, cp=None, global_batch=256, microbatch_size=8)
-    fast = planner.search_candidates(draw, cost, **kwargs)
-    monkeypatch.setattr(planner, "min_max_partition", scalar_partition)
-    monkeypatch.setattr(planner, "_cost_memo", lambda cost, key, compute: compute())
-    plain = planner.search_candidates(list(draw), cost, **kwargs)
+    draw = pool_sampler(SampleTable.from_samples(samples))(256, 3)
+    searched = ParallelConfig(gpus=32, dp=2, tp=None, cp=None, global_batch=256, microbatch_size=8)
+    fast = search_candidates(draw, cost, searched)
+    monkeypatch.setattr(config_search, "min_max_partition", scalar_partition)
+    monkeypatch.setattr(memory, "_cost_memo", lambda cost, key, compute: compute())
+    plain = search_candidates(list(draw), cost, searched)
     assert fast == plain
     assert {r for c in fast for r in c.encoder.recompute + c.llm.recompute} - {"none"}  # memory decided
 
@@ -99,7 +104,7 @@ def test_table_statistics_equal_record_statistics():
     samples.append(SampleMeta("tiny", ((5, 7),), 3, vision))
     table = SampleTable.from_samples(samples, vision)
     assert list(table) == samples
-    a, b = planner.SampleStats.of(table), planner.SampleStats.of(samples)
+    a, b = SampleStats.of(table), SampleStats.of(samples)
     for name in ("enc_x1", "enc_x2", "llm_x1", "llm_x2"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert list(a.ids) == list(b.ids)
@@ -109,14 +114,14 @@ def test_table_statistics_equal_record_statistics():
 def test_column_pricing_is_sample_work_bit_for_bit(model, hardware):
     cost = build_cost_model(model, hardware)
     table = SampleTable.from_samples(random_samples(4, 400))
-    draw = planner.pool_sampler(table)(600, 11)
+    draw = pool_sampler(table)(600, 11)
     for tp in (1, 2):
         assert draw_works(draw, cost, tp, numbered=True) == draw_works(list(draw), cost, tp, numbered=True)
 
 
 def test_memory_check_iterations():
-    assert planner.memory_check_iterations(4, 20) == 20  # the paper's setup: every iteration
-    assert planner.memory_check_iterations(1, 20) == 20
-    assert planner.memory_check_iterations(64, 20) == 2  # 128 replica iterations >= 80
-    assert planner.memory_check_iterations(256, 20) == 1
-    assert planner.memory_check_iterations(64, 1) == 1
+    assert memory_check_iterations(4, 20) == 20  # the paper's setup: every iteration
+    assert memory_check_iterations(1, 20) == 20
+    assert memory_check_iterations(64, 20) == 2  # 128 replica iterations >= 80
+    assert memory_check_iterations(256, 20) == 1
+    assert memory_check_iterations(64, 1) == 1

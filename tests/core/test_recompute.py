@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from entrain.core.costmodel import RECOMPUTE_MODES
+from entrain.core.parallel import ParallelConfig
 from entrain.core.plan import ActionKind
-from entrain.core.planner import SampleStats, choose_recompute, evaluate_config
+from entrain.core.planning.config_search import evaluate_config
+from entrain.core.planning.memory import choose_recompute
+from entrain.core.planning.profile import SampleStats
 from entrain.core.presets import build_cost_model
 from entrain.core.samples import SampleMeta
 from entrain.core.schedules.costs import PlanCosts
@@ -54,7 +57,7 @@ def test_plan_costs_price_the_planned_recomputation():
     kept activations shrink to the layer inputs, and the split backward's W is unchanged."""
     prof = pages(8)
     cfg = evaluate_config(
-        prof, COST, dp=1, encoder=(1, 1, 2), llm=(1, 1, 2), global_batch=8, microbatch_size=4
+        prof, COST, ParallelConfig(dp=1, global_batch=8, microbatch_size=4), encoder=(1, 1, 2), llm=(1, 1, 2)
     )
     layout = cfg.to_layout()
     works = {m.id: COST.sample_work(m) for m in prof}
@@ -83,11 +86,12 @@ def test_search_picks_the_cheapest_recomputation_that_fits():
     memory fits and the cheaper modes' do not; stage time includes the recomputation."""
     prof = pages(32)
     stats = SampleStats.of(prof)
-    kw = dict(dp=4, encoder=(2, 1, 4), llm=(2, 1, 4), global_batch=512, microbatch_size=4)
-    cfg = evaluate_config(prof, COST, **kw)
+    paper = ParallelConfig(dp=4, global_batch=512, microbatch_size=4)
+    kw = dict(encoder=(2, 1, 4), llm=(2, 1, 4))
+    cfg = evaluate_config(prof, COST, paper, **kw)
     limit = COST.hardware.device_memory_bytes
     roomy = replace(COST, hardware=replace(COST.hardware, device_memory_bytes=1e18))
-    free = evaluate_config(prof, roomy, **kw)
+    free = evaluate_config(prof, roomy, paper, **kw)
     assert cfg.memory_ok and not all(m <= limit for m in free.encoder.stage_memory_bytes)
     assert set(free.encoder.recompute) == {"none"}
     chosen = cfg.encoder.recompute + cfg.llm.recompute
@@ -101,9 +105,9 @@ def test_search_picks_the_cheapest_recomputation_that_fits():
             assert got[0] == mode and got[1] == comp.stage_memory_bytes[j] <= limit
             cheaper = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(mode)]
             for m in cheaper:
-                from entrain.core.planner import _microbatch_load, stage_memory_bytes
+                from entrain.core.planning.memory import microbatch_load, stage_memory_bytes
 
-                load = _microbatch_load(stats, comp.name, 4)
+                load = microbatch_load(stats, comp.name, 4)
                 assert stage_memory_bytes(COST, comp.name, f, e, comp.tp, comp.cp, load, in_flight, m) > limit
         first += comp.pp
     slower = [a > b for a, b in zip(cfg.encoder.stage_ms, free.encoder.stage_ms)]
@@ -121,7 +125,11 @@ def test_small_calls_pay_an_efficiency_loss():
     assert COST.small_call_factor("encoder", 128) == pytest.approx(2.0)
     metas = [SampleMeta(f"t{i}", ((112, 112),), 30) for i in range(16)]  # 64 patches, ~46 tokens each
     cfg = evaluate_config(
-        metas, COST, dp=1, encoder=(1, 1, 1), llm=(1, 1, 1), global_batch=16, microbatch_size=16
+        metas,
+        COST,
+        ParallelConfig(dp=1, global_batch=16, microbatch_size=16),
+        encoder=(1, 1, 1),
+        llm=(1, 1, 1),
     )
     costs = PlanCosts(cfg.to_layout(), COST, {m.id: COST.sample_work(m) for m in metas})
     ids = [m.id for m in metas]

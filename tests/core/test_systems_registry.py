@@ -18,12 +18,8 @@ from entrain.core.systems import SYSTEMS, default_systems, systems_where
 PACKAGE = Path(__file__).resolve().parents[2] / "entrain"
 REGISTRY = "core/systems.py"
 
-ALLOWED_FILES = {
-    # TODO(issue 23, wt-scale): core/planner.py is being split into core/planning/ on another branch;
-    # its PAPER_TABLE1 (paper Table 1 splits per system) and paper_table1_config's system argument
-    # move to registry constants after that merge.
-    "core/planner.py": "paper Table 1 keyed by system, pending the core/planning/ split (wt-scale)",
-}
+ALLOWED_FILES: dict[str, str] = {}
+"""Files that may type any system's name (none: paper Table 1 is keyed by the registry's constants)."""
 ALLOWED = {
     # (file, string) -> how many times; "entrain" is also the package's and the command's name.
     ("cli/main.py", "entrain"): 1,  # argparse prog: the command's name
@@ -57,7 +53,8 @@ def _names_typed(path: Path) -> Counter:
 
 
 def _own_module(name: str) -> str:
-    module = sys.modules[SYSTEMS[name].generator.__module__]
+    generator = SYSTEMS[name].generator
+    module = sys.modules[getattr(generator, "func", generator).__module__]  # a functools.partial's own
     return Path(module.__file__).resolve().relative_to(PACKAGE).as_posix()
 
 
@@ -129,3 +126,25 @@ def test_derived_lists():
     assert ASSIGN_DEFAULT == default_systems("assign") == "entrain,1f1b,disttrain,dip"
     assert MEMORY_FITTED == ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper")
     assert SPLIT_STAGES == REPLAN_SYSTEMS == systems_where("ours") == ("entrain", "entrain-1f1b")
+
+
+def test_systems_sharing_a_generator_plan_as_it_does():
+    """``disttrain`` and ``disttrain-paper`` differ from ``1f1b`` only upstream (batcher,
+    configuration): the same assignment gives the same actions; ``entrain-1f1b`` is Entrain's
+    generator without the eager forward."""
+    from entrain.core.systems import generate_plan
+    from tests.sim.fixtures import deferral_assignment, disjoint_layout, one_iteration, raw_samples, toy_cost
+
+    samples = raw_samples({s: (2.0, 3.0) for s in "abcdef"})
+    groups = [["a", "b"], ["c"], ["d", "e"], ["f"]]
+
+    def plan(system: str, deferred: dict):
+        its = one_iteration(deferral_assignment(groups, deferred))
+        return generate_plan(system, disjoint_layout(2, 2, k=4), its, samples, toy_cost())
+
+    plain = plan("1f1b", {})
+    for system in ("disttrain", "disttrain-paper"):
+        got = plan(system, {})
+        assert got.system == system and got.iterations == plain.iterations
+    eager, lazy = plan("entrain", {"b": (0, 1)}), plan("entrain-1f1b", {"b": (0, 1)})
+    assert "eager_budget_factor" in eager.options and "eager_budget_factor" not in lazy.options

@@ -10,7 +10,7 @@ from entrain.cli.main import build_parser
 from entrain.cli.train import _spec
 from entrain.core.plan import ActionKind
 from entrain.runtime.planning import make_plan, run_setups
-from entrain.runtime.session import load_data, resolve_cost
+from entrain.runtime.session import load_data
 
 FIXED = ["--encoder-stages", "1", "--llm-stages", "1"]
 
@@ -18,7 +18,7 @@ FIXED = ["--encoder-stages", "1", "--llm-stages", "1"]
 def _setups(tmp_path, *flags, systems="entrain,1f1b", gpus=2):
     spec = _spec(build_parser().parse_args(["train", "--steps", "1", "--out", str(tmp_path), "--system", systems,
                                             *flags]))  # fmt: skip
-    cost = resolve_cost(spec)
+    cost = spec.model.cost_model()
     data = load_data(spec, cost, owner=False)
     return run_setups(spec, cost, data.train, gpus), cost, data.train[0]
 
@@ -70,7 +70,7 @@ def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
     systems = "entrain,1f1b,dip"
     spec = _spec(build_parser().parse_args(["train", *common, "--steps", "2", "--out", str(tmp_path),
                                             "--system", systems]))  # fmt: skip
-    cost = resolve_cost(spec)
+    cost = spec.model.cost_model()
     seen = []
 
     def memory_check(
@@ -117,7 +117,7 @@ def test_train_plans_under_the_pixel_limits_as_simulate_does(tmp_path):
               "--microbatch-size", "4"]  # fmt: skip
     spec = _spec(build_parser().parse_args(["train", *common, "--steps", "1", "--out", str(tmp_path),
                                             "--system", "entrain"]))  # fmt: skip
-    cost = resolve_cost(spec)
+    cost = spec.model.cost_model()
     train = load_data(spec, cost, owner=False).train
     planned = run_setups(spec, cost, train, 2, judge_factory=train_cli._judge_factory)["entrain"].layout
     sim_args = build_parser().parse_args(

@@ -12,6 +12,7 @@ import pytest
 
 from entrain.cli.main import main
 from entrain.core import setups
+from entrain.core.parallel import ParallelConfig
 from entrain.core.presets import resolve_cost_model
 from entrain.core.setups import (
     DECISION_MARGIN,
@@ -154,8 +155,8 @@ def test_a_tied_configuration_is_taken_only_past_the_margin(monkeypatch):
     """Ties among Algorithm 2's configurations: another one within the Eq. 2 tolerance is simulated and
     replaces Algorithm 2's choice only when it wins by more than the margin."""
     cost, base = _base()
-    other = setups.search_candidates(base.profile, cost, gpus=64, dp=4, tp=None, cp=1, global_batch=512,
-                                     microbatch_size=4)  # fmt: skip
+    searched = ParallelConfig(gpus=64, dp=4, tp=None, global_batch=512, microbatch_size=4)
+    other = setups.search_candidates(base.profile, cost, searched)
     other = next(c for c in other if c.memory_ok and c.llm.pp != base.config.llm.pp)
     monkeypatch.setattr(setups, "tied_configs", lambda s, r, c: [s.config, other])
     tag = f"pp{other.llm.pp}"

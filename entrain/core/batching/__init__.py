@@ -1,8 +1,8 @@
 """Batchers: one global batch -> ``IterationAssignment`` (per-replica encoder/LLM microbatches,
-execution order, deferrals). Every batcher has the signature
-``batcher(batch: Sequence[SampleWork], dp: int, num_microbatches: int, *, stage_times=None)``;
-``stage_times`` (a microbatch's samples -> per-stage ms) is used by the DistTrain batcher only and
-ignored by the others. Which system uses which batcher is recorded in ``entrain.core.systems``.
+execution order, deferrals). Every batcher is a ``common.Batcher``:
+``batcher(batch, dp, num_microbatches, *, stage_times=None)``; ``stage_times`` (a microbatch's
+samples -> per-stage ms) is used by the DistTrain batcher only and ignored by the others. Which
+system uses which batcher is recorded in ``entrain.core.systems``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,36 @@
-"""Helpers shared by the baseline batchers: building a deferral-free ``ReplicaAssignment``."""
+"""What every batcher shares: the ``Batcher`` signature (``SystemSpec.batcher``) and, for the
+baseline batchers, building a deferral-free ``ReplicaAssignment``."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from entrain.core.assignment.types import ReplicaAssignment
+import numpy as np
+
+from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
 from entrain.core.parallel import microbatch_size_for
 from entrain.core.work import SampleWork
 
-__all__ = ["plain_replica", "check_fixed_size"]
+__all__ = ["StageTimes", "Batcher", "plain_replica", "check_fixed_size"]
+
+StageTimes = Callable[[Sequence[SampleWork]], Sequence[float] | np.ndarray]
+"""A microbatch's samples -> per-stage ms (``(S,)``, or forward and backward ``(2, S)``)."""
+
+
+class Batcher(Protocol):
+    """One global batch -> per-replica encoder/LLM microbatches, execution order and deferrals.
+    ``stage_times`` is used by the DistTrain batcher only and ignored by the others."""
+
+    def __call__(
+        self,
+        batch: Sequence[SampleWork],
+        dp: int,
+        num_microbatches: int,
+        *,
+        stage_times: StageTimes | None = None,
+    ) -> IterationAssignment: ...
 
 
 def check_fixed_size(batch_size: int, dp: int, num_microbatches: int) -> int:

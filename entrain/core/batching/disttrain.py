@@ -23,13 +23,13 @@ Cost: ``O(K^2 (K + S))`` numpy steps per replica (``K`` microbatches, ``S`` stag
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from entrain.core.assignment.dp_split import check_batch, sort_desc
 from entrain.core.assignment.types import IterationAssignment
-from entrain.core.batching.common import check_fixed_size, plain_replica
+from entrain.core.batching.common import StageTimes, check_fixed_size, plain_replica
 from entrain.core.batching.makespan import onef1b_makespan
 from entrain.core.work import SampleWork
 
@@ -41,7 +41,6 @@ __all__ = [
     "assign_disttrain",
 ]
 
-StageTimes = Callable[[Sequence[SampleWork]], Sequence[float] | np.ndarray]
 BACKWARD_SHARE = 2.0 / 3.0
 
 

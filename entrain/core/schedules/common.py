@@ -8,14 +8,17 @@
   supplies), with a configurable warm-up count.
 * ``build_plan``: runs a per-replica compute-order function over every iteration, lowers to
   SEND/RECV (``lowering.add_comms``) and assembles the ``Plan``.
+* ``PlanGenerator``: the signature every system's schedule generator has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
+from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout, MicrobatchSpec, Plan
 from entrain.core.schedules.graph import ReplicaGraph
@@ -23,6 +26,7 @@ from entrain.core.schedules.lowering import add_comms
 from entrain.core.work import SampleWork
 
 __all__ = [
+    "PlanGenerator",
     "ASSIGNMENTS",
     "ScheduleOptions",
     "plain_specs",
@@ -37,6 +41,24 @@ __all__ = [
 ]
 
 ComputeOrder = Callable[[ReplicaGraph], dict[int, list[Action]]]
+
+
+class PlanGenerator(Protocol):
+    """A system's schedule generator (``SystemSpec.generator``): the per-iteration assignments of its
+    batcher -> the lowered ``Plan`` on ``layout``. ``system`` is the name the Plan records (one
+    generator may serve several systems); ``cost`` None where the generator needs no cost model."""
+
+    def __call__(
+        self,
+        layout: Layout,
+        assignments: Sequence[IterationAssignment],
+        samples: dict[str, SampleWork],
+        cost: CostModel | None = None,
+        options: ScheduleOptions | None = None,
+        *,
+        system: str,
+    ) -> Plan: ...
+
 
 ASSIGNMENTS = ("paper", "two-resource", "auto")
 """Entrain's per-iteration assignment choices (``ScheduleOptions.assignment``)."""

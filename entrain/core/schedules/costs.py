@@ -30,7 +30,7 @@ by the simulator, so every executor of a Plan prices an action the same way.
   gradients (bf16 ``param_bytes / tp``): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
 * Model state of a rank (``model_state_bytes``): 18 bytes per trainable parameter (bf16 weight, fp32
   gradient, fp32 master weight and AdamW m, v), 2 per frozen one, divided by TP — the planner's
-  memory check (``planner.ADAM_BYTES_PER_BF16_WEIGHT_BYTE``).
+  memory check (``planning.memory.ADAM_BYTES_PER_BF16_WEIGHT_BYTE``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from entrain.core.costmodel import CostModel, parallel_key
 from entrain.core.plan import ActionKind, Layout
-from entrain.core.planner import ADAM_BYTES_PER_BF16_WEIGHT_BYTE
+from entrain.core.planning.memory import ADAM_BYTES_PER_BF16_WEIGHT_BYTE
 from entrain.core.work import SampleWork
 
 __all__ = ["PlanCosts", "StageQuad"]

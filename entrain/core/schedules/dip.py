@@ -1,7 +1,7 @@
 """``dip``: DIP-like (DESIGN.md §2; baselines.md §2).
 
 * Placement: every rank r of a replica holds encoder chunk r and LLM chunk r (the layout from
-  ``planner.dip_layout``; each modality split by the same min-max layer DP).
+  ``planning.baselines.dip_layout``; each modality split by the same min-max layer DP).
 * Sub-microbatches: each parent microbatch (the ``dip`` batcher's fixed-size microbatches) is cut,
   in sample order, into encoder subs of at most ``S_enc`` ViT patches and LLM subs of at most
   ``S_llm`` tokens (a larger sample gets a sub of its own). Defaults: 2x the mean per-sample

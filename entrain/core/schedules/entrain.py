@@ -28,7 +28,7 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
 * Split weight gradients (``ScheduleOptions.split_weight_grads``): each ``B`` of the order becomes
   ``I`` then ``W``; the gradient leaves after ``I``, so fill/drain and every wait on a downstream
   gradient shrink by the weight-gradient half of a backward. Same work per rank, same order.
-* Boundary sharing (the layout, ``planner.boundary_sharing_config``): a pipeline rank may hold
+* Boundary sharing (the layout, ``planning.boundary.boundary_sharing_config``): a pipeline rank may hold
   several consecutive stages — the last encoder stage and the first LLM stage. Such a rank runs
   them as one fused stage (``common.rank_units``): forward unit k = its encoder sub-forwards of
   microbatch k, then the LLM forward of k (fed locally, deferred samples included); backward slot k

@@ -117,9 +117,10 @@ def measure(dataset: str, num_samples: int, seed: int, cost: CostModel | None) -
 
 @cache
 def _cost(model: str, hardware: str, attention: str | None = None) -> CostModel:
-    from entrain.core.presets import build_cost_model
+    """``presets.resolve_cost_model``'s preset, once per setup (the bounds share a few)."""
+    from entrain.core.presets import resolve_cost_model
 
-    return build_cost_model(model, hardware, attention=attention)
+    return resolve_cost_model(model, hardware=hardware, attention=attention)
 
 
 def setup_of(entry: dict, bounds: dict) -> tuple[str, str, str | None]:

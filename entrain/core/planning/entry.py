@@ -1,0 +1,66 @@
+"""The planner's entry point: Algorithm 1 (``bmin``) then Algorithm 2 (``config_search``) for a run,
+per DP degree when DP is not fixed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
+from entrain.core.parallel import ParallelConfig
+from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinResult, DeployCheck, find_b_min
+from entrain.core.planning.config_search import StaticConfig, dp_options, gpus_of, search_config
+from entrain.core.planning.profile import MacroscopicProfiler, Sampler
+
+__all__ = ["PlanResult", "plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """Algorithm 1 + Algorithm 2 for one run: the b_min search (of the chosen DP) and the config."""
+
+    b_min: BMinResult
+    config: StaticConfig
+    per_dp: dict[int, tuple[BMinResult, StaticConfig]] = field(default_factory=dict)
+
+
+def plan(
+    sampler: Sampler,
+    cost: CostModel,
+    parallel: ParallelConfig,
+    *,
+    alpha: float = 0.05,
+    p_error: float = 0.05,
+    n0: int = 4,
+    seed: int = 0,
+    extra_sizes: Sequence[int] = (),
+    tolerance: float = EQ2_TOLERANCE,
+) -> PlanResult:
+    """Find ``b_min`` on ``parallel.gpus`` (per DP visited when ``parallel.dp`` is None; stability
+    judged on the deployed configuration, ``DeployCheck``, up to the global batch) and search the
+    configuration from the reference batch drawn at ``b_min``; the result is the DP with the best
+    Eq. 2 time."""
+    profiler = MacroscopicProfiler(sampler, cost, seed=seed)
+    deploy = DeployCheck(parallel, tolerance)
+    gpus, global_batch = gpus_of(parallel), parallel.global_batch
+    per_dp = {}
+    last_error: ConfigError | None = None
+    for d in dp_options(gpus, parallel.dp, global_batch, parallel.microbatch_size):
+        bmin = find_b_min(
+            profiler, cost, gpus=gpus, dp=d, alpha=alpha, p_error=p_error, n0=min(n0, global_batch),
+            extra_sizes=extra_sizes, deploy=deploy,
+        )  # fmt: skip
+        _, stats = profiler.draw(bmin.b_min, 0)
+        try:
+            cfg = search_config(stats, cost, replace(parallel, dp=d))
+        except ConfigError as err:
+            if parallel.dp is not None:
+                raise
+            last_error = err
+            continue
+        per_dp[d] = (bmin, cfg)
+    if not per_dp:
+        raise ConfigError(f"no DP degree yields a feasible configuration on {gpus} GPUs; e.g. {last_error}")
+    best = min(per_dp, key=lambda d: per_dp[d][1].sort_key())
+    return PlanResult(per_dp[best][0], per_dp[best][1], per_dp)

@@ -1,0 +1,155 @@
+"""A stage's memory and activation recomputation, as Algorithm 2 checks them.
+
+A stage's memory: weights + gradients + Adam states of trainable layers, bf16 weights of frozen ones,
+divided by TP, plus the activations of its 1F1B in-flight microbatches; each stage takes the cheapest
+``costmodel.RECOMPUTE_MODES`` entry that fits (``choose_recompute``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
+from entrain.core.planning.profile import SampleStats
+
+__all__ = [
+    "ADAM_BYTES_PER_BF16_WEIGHT_BYTE",
+    "MicrobatchLoad",
+    "microbatch_load",
+    "stage_memory_bytes",
+    "recompute_ms",
+    "choose_recompute",
+    "MEMORY_CHECK_REPLICA_ITERATIONS",
+    "memory_check_iterations",
+]
+
+ADAM_BYTES_PER_BF16_WEIGHT_BYTE = 9.0
+"""Trainable layer: bf16 weight (2) + fp32 gradient (4) + fp32 master, m, v (12) = 18 bytes per
+parameter = 9x its bf16 ``param_bytes``."""
+
+
+@dataclass(frozen=True, slots=True)
+class MicrobatchLoad:
+    """What a stage plans for: a mean microbatch's tokens (and squared unit lengths) on one component,
+    held ``in_flight`` times, and the largest microbatch's, which a recomputing backward expands."""
+
+    tokens: float
+    tokens_sq: float
+    peak_tokens: float
+    peak_tokens_sq: float
+
+
+def microbatch_load(stats: SampleStats, comp: str, microbatch_size: int) -> MicrobatchLoad:
+    """Mean microbatch = ``microbatch_size`` mean samples; largest = ``microbatch_size`` copies of the
+    profile's largest sample on ``comp`` (0 for raw-work profiles: no token metadata)."""
+    if not stats.has_tokens:
+        return MicrobatchLoad(0.0, 0.0, 0.0, 0.0)
+    mean_x1, mean_x2, peak_x1, peak_x2 = stats.column_summary(comp)
+    u = microbatch_size
+    return MicrobatchLoad(u * mean_x1, u * mean_x2, u * peak_x1, u * peak_x2)
+
+
+def _params_bytes(cost: CostModel, comp: str, first: int, end: int, tp: int) -> float:
+    def compute() -> float:
+        layers = cost.component(comp).layers[first:end]
+        factor = ADAM_BYTES_PER_BF16_WEIGHT_BYTE
+        return sum(layer.param_bytes * (factor if layer.trainable else 1.0) for layer in layers) / tp
+
+    return _cost_memo(cost, ("params", comp, first, end, tp), compute)
+
+
+_COST_MEMO: dict[tuple, tuple[CostModel, object]] = {}
+_COST_MEMO_MAX_ENTRIES = 200_000
+
+
+def _cost_memo(cost: CostModel, key: tuple, compute: Callable[[], object]):
+    """``compute()`` once per cost model and ``key``: what Algorithm 2 asks the cost model again and
+    again for the same stage (model state, kept bytes, recomputation coefficients)."""
+    full = (id(cost), *key)
+    hit = _COST_MEMO.get(full)
+    if hit is not None and hit[0] is cost:
+        return hit[1]
+    if len(_COST_MEMO) >= _COST_MEMO_MAX_ENTRIES:
+        _COST_MEMO.clear()
+    value = compute()
+    _COST_MEMO[full] = (cost, value)
+    return value
+
+
+def stage_memory_bytes(
+    cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, load: MicrobatchLoad, in_flight: int,
+    recompute: str = "none",
+) -> float:  # fmt: skip
+    """One GPU of a stage: model state (weights + gradients + Adam states of trainable layers, bf16
+    weights of frozen ones, / TP) + ``in_flight`` mean microbatches' kept activations + the largest
+    microbatch's recomputation transient (``CostModel.recompute_transient_bytes``), / (TP x CP)."""
+    lin, sq = _cost_memo(cost, ("kept", comp, first, end, recompute),
+                         lambda: cost.kept_bytes_per_token(comp, first, end, recompute))  # fmt: skip
+    held = in_flight * (load.tokens * lin + load.tokens_sq * sq)
+    dropped = _cost_memo(cost, ("dropped", comp, first, end, recompute),
+                         lambda: cost.recompute_dropped_bytes_per_token(comp, first, end, recompute))  # fmt: skip
+    # CostModel.recompute_transient_bytes on the cached per-layer coefficients
+    transient = max([0.0, *(lin * load.peak_tokens + sq * load.peak_tokens_sq for lin, sq in dropped)])
+    return _params_bytes(cost, comp, first, end, tp) + (held + transient) / (tp * cp)
+
+
+def recompute_ms(
+    stats: SampleStats, cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, u: int, mode: str
+) -> float:
+    """Recomputation ms of a mean ``u``-sample microbatch on layers ``[first, end)`` (one call)."""
+    if mode == "none" or not stats.has_tokens:
+        return 0.0
+    mean_x1, mean_x2 = stats.column_summary(comp)[:2]
+    total = 0.0
+    for a, b, c in _recompute_coefficients(cost, comp, first, end, tp, cp, mode):
+        total += u * (a * mean_x2 + b * mean_x1) + c
+    return total
+
+
+def _recompute_coefficients(cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, mode: str):
+    """Per layer of ``[first, end)``: the ``(a, b, c)`` of its recomputation ms (``CostModel.recompute_ms``
+    at 1 and 2 units, and one call's constant), cached per cost model."""
+
+    def compute() -> tuple[tuple[float, float, float], ...]:
+        out = []
+        for i in range(first, end):
+            g1 = cost.recompute_ms(comp, i, (1,), mode, tp, cp, 0)
+            g2 = cost.recompute_ms(comp, i, (2,), mode, tp, cp, 0)
+            a = (g2 - 2.0 * g1) / 2.0
+            out.append((a, g1 - a, cost.recompute_ms(comp, i, (), mode, tp, cp, 1)))
+        return tuple(out)
+
+    return _cost_memo(cost, ("recompute", comp, first, end, tp, cp, mode), compute)
+
+
+def choose_recompute(
+    stats: SampleStats, cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, u: int,
+    in_flight: int, limit_bytes: float,
+) -> tuple[str, float, float]:  # fmt: skip
+    """(mode, memory bytes, recomputation ms) of the cheapest ``RECOMPUTE_MODES`` entry whose stage
+    memory fits ``limit_bytes``; ``full`` (not fitting) when none does."""
+    load = microbatch_load(stats, comp, u)
+    for mode in RECOMPUTE_MODES:
+        mem = stage_memory_bytes(cost, comp, first, end, tp, cp, load, in_flight, mode)
+        if mem <= limit_bytes or mode == RECOMPUTE_MODES[-1]:
+            return mode, mem, recompute_ms(stats, cost, comp, first, end, tp, cp, u, mode)
+    raise AssertionError("unreachable")
+
+
+MEMORY_CHECK_REPLICA_ITERATIONS = 80
+"""(replica, iteration) pairs the plan's simulated memory check needs to see: what ``--iterations 20``
+gives on the paper's DP 4 (docs/planning_scale.md)."""
+
+
+def memory_check_iterations(
+    dp: int, iterations: int, replica_iterations: int = MEMORY_CHECK_REPLICA_ITERATIONS
+) -> int:
+    """Global batches the plan's simulated memory check draws: the fewest that hold at least
+    ``replica_iterations`` (replica, iteration) pairs, at most ``iterations`` and at least 1.
+
+    Each pair is an exchangeable draw of a replica's microbatches, so the chance that a fresh pair
+    peaks above every one of ``R`` simulated pairs is at most ``1 / (R + 1)``: with ``R`` >= 80 the
+    check keeps the guarantee it has on the paper's setup (20 iterations of 4 replicas) while
+    simulating 2 global batches instead of 20 at DP 64."""
+    return max(1, min(int(iterations), -(-int(replica_iterations) // max(int(dp), 1))))

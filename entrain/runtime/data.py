@@ -29,7 +29,7 @@ from entrain.core.errors import DataError
 from entrain.core.samples import LABEL_FRACTION, ImageTokenRule, SampleMeta
 from entrain.models.batch import LLMBatch
 from entrain.models.families.base import PackedSample
-from entrain.models.families.registry import family_of
+from entrain.models.families.registry import DEFAULT_FAMILY, family_of, get_family
 from entrain.runtime.h2d import InputPrefetcher, host_to_device
 
 __all__ = ["RenderedSample", "SampleRenderer", "RecordSource", "EncoderInput", "PATCH_BANK_ROWS"]
@@ -123,7 +123,8 @@ class RecordSource:
         self.model_ids = tokenizer is not None
         """True: ``text`` returns the model's ids (no ``ModelFamily.map_token_id`` remap)."""
         self.family = self.cfg = None
-        """The model family whose processing rules apply (``bind``; None: ``entrain.data.processing``'s)."""
+        """The model family whose processing rules apply (``bind``; None: ``entrain.data.processing``'s chat
+        template and the default family's image processor)."""
 
     def bind(self, family, cfg) -> None:
         """Use ``family``'s chat template and image processor (``ModelFamily.format_chat`` /
@@ -163,7 +164,7 @@ class RecordSource:
         images through the image processor. Raises DataError naming an unreadable image. Thread-safe
         (no shared state), so it runs on the renderer's prefetch thread."""
         from entrain.data.problems import image_error
-        from entrain.data.processing import MERGE_SIZE, load_image, process_images
+        from entrain.data.processing import MERGE_SIZE, load_image
 
         record = self.records[sample_id]
         images = []
@@ -176,9 +177,7 @@ class RecordSource:
             patch = vision.factor // MERGE_SIZE
             return np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)
         try:
-            if self.family is not None:
-                return self.family.process_images(self.cfg, images, vision)
-            return process_images(images, vision)
+            return self._process_images(images, vision)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "images", f"processor: {e}") from None
 
@@ -186,7 +185,12 @@ class RecordSource:
         """The whole ``EncodedSample`` (images and text) of one record."""
         from entrain.data.processing import encode_sample
 
-        return encode_sample(self.records[sample_id], self.tokenizer, vision)
+        return encode_sample(self.records[sample_id], self.tokenizer, self._process_images, vision)
+
+    def _process_images(self, images: Sequence, vision: ImageTokenRule) -> tuple[np.ndarray, np.ndarray]:
+        """The bound family's ``process_images`` (unbound: the default family's, without a config)."""
+        family = self.family if self.family is not None else get_family(DEFAULT_FAMILY)
+        return family.process_images(self.cfg, images, vision)
 
 
 class SampleRenderer:

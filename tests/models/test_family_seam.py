@@ -15,16 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "entrain"
 FAMILIES = PACKAGE / "models" / "families"
 
-ALLOWED = {
-    "entrain/core/architectures.py": "preset data: the composition's plain-number arch (VisionArch, LLMArch, "
-    "MODEL_PRESETS). TODO: move into the family folder once core's string presets (build_cost_model('tiny', "
-    "...), the cpu-tiny calibration, the a40-paper fits by model name) take shapes from the caller",
-    "entrain/core/layer_specs.py": "the composition's analytic layer specs (composition_layer_specs), priced "
-    "by name in core for the same reason as architectures.py (TODO: same move)",
-    "entrain/data/processing.py": "the default image processor (FamilyBase.process_images): data check/stats "
-    "process images without a model, and data may not import models. TODO: pass the family's processor in",
-    "entrain/cli/common.py": "--llm-model's help text (user documentation of the composition's flags)",
-}
+ALLOWED: dict[str, str] = {}
 """Files outside the family folders allowed to name a family in code, and why."""
 
 _STATEMENT_START = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING)

@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "IGNORE_INDEX",
     "EncodedSample",
+    "ImageText",
     "ProcessImages",
     "conversion_reason",
     "count_text_tokens",
@@ -37,6 +38,7 @@ __all__ = [
     "format_chat",
     "load_image",
     "merged_tokens",
+    "vision_markers",
 ]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
@@ -58,21 +60,37 @@ def _messages(turns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return [("system", DEFAULT_SYSTEM_PROMPT), *turns]
 
 
-def _expand(text: str, counts: Sequence[int], first: int) -> tuple[str, int]:
+ImageText = Callable[[int], str]
+"""The text an image of ``n`` LLM tokens becomes in the conversation (a model family's convention)."""
+
+
+def vision_markers(n: int) -> str:
+    """The default ``ImageText``: ``<|vision_start|>`` + n x ``<|image_pad|>`` + ``<|vision_end|>``."""
+    return VISION_START + IMAGE_PAD * n + VISION_END
+
+
+def _expand(
+    text: str, counts: Sequence[int], first: int, image_text: ImageText = vision_markers
+) -> tuple[str, int]:
     """``text`` with its placeholders expanded using ``counts[first:]``; returns (text, next index)."""
     parts = text.split(IMAGE_PLACEHOLDER)
     out = [parts[0]]
     k = first
     for part in parts[1:]:
-        out.append(VISION_START + IMAGE_PAD * counts[k] + VISION_END + part)
+        out.append(image_text(counts[k]) + part)
         k += 1
     return "".join(out), k
 
 
 def format_chat(
-    turns: Sequence[tuple[str, str]], image_tokens: Sequence[int], tokenizer: TextTokenizer
+    turns: Sequence[tuple[str, str]],
+    image_tokens: Sequence[int],
+    tokenizer: TextTokenizer,
+    image_text: ImageText = vision_markers,
 ) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)`` of a conversation whose i-th ``<image>`` has ``image_tokens[i]`` tokens.
+    """``(input_ids, labels)`` of a conversation whose i-th ``<image>`` has ``image_tokens[i]`` tokens
+    (its text: ``image_text(n)``), through the tokenizer's chat template when it has one, Qwen2's chat
+    markers otherwise.
 
     Raises ValueError if the placeholder count differs from ``len(image_tokens)``.
     """
@@ -82,13 +100,13 @@ def format_chat(
             f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(image_tokens)} image(s)"
         )
     if tokenizer.chat is not None:
-        return _format_with_template(turns, image_tokens, tokenizer)
+        return _format_with_template(turns, image_tokens, tokenizer, image_text)
     ids: list[int] = []
     labels: list[int] = []
     k = 0
     header_len = {}
     for role, text in _messages(turns):
-        body, k = _expand(text, image_tokens, k)
+        body, k = _expand(text, image_tokens, k, image_text)
         msg = tokenizer.encode(f"{IM_START}{role}\n{body}{IM_END}\n")
         ids.extend(msg)
         if role == "assistant":
@@ -102,7 +120,10 @@ def format_chat(
 
 
 def _format_with_template(
-    turns: Sequence[tuple[str, str]], image_tokens: Sequence[int], tokenizer: TextTokenizer
+    turns: Sequence[tuple[str, str]],
+    image_tokens: Sequence[int],
+    tokenizer: TextTokenizer,
+    image_text: ImageText = vision_markers,
 ) -> tuple[list[int], list[int]]:
     """A Hugging Face tokenizer's own chat template: ids of the whole conversation; labels copy the
     ids of each assistant message after its generation prompt (the ids that
@@ -110,7 +131,7 @@ def _format_with_template(
     ``apply_chat_template(messages[:i + 1])``, and are -100 elsewhere."""
     messages, k = [], 0
     for role, text in turns:
-        body, k = _expand(text, image_tokens, k)
+        body, k = _expand(text, image_tokens, k, image_text)
         messages.append({"role": role, "content": body})
     ids = tokenizer.chat(messages)
     labels = [IGNORE_INDEX] * len(ids)

@@ -139,25 +139,31 @@ class RecordSource:
         """``(input_ids, labels)`` of the conversation whose i-th image has ``image_tokens[i]`` merged
         tokens (``entrain.core.samples.image_llm_tokens`` of its header size, equal to the image
         processor's count). Raises DataError if the record's image count differs."""
-        from entrain.data.processing import IMAGE_PAD, format_chat
+        from entrain.data.processing import format_chat
 
         turns = self.records[sample_id].turns
         try:
             if self.family is not None:
-                ids, labels = self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer)
-            else:
-                ids, labels = format_chat(turns, image_tokens, self.tokenizer)
+                return self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer)
+            return format_chat(turns, image_tokens, self.tokenizer)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "conversations", str(e)) from None
-        pads = ids.count(self.tokenizer.token_id(IMAGE_PAD))
-        if pads != sum(image_tokens):
+
+    def check_image_slots(self, sample_id: str, slots: int, image_tokens: Sequence[int]) -> None:
+        """DataError unless the formatted conversation holds ``slots`` image tokens (the model's image
+        id) where its images need ``sum(image_tokens)``."""
+        need = sum(image_tokens)
+        if slots != need:
+            why = (
+                "the text holds chat-template special tokens (`entrain data check` lists them)"
+                if slots > need
+                else "the tokenizer does not write the model's image token"
+            )
             raise DataError(
                 *self._where(sample_id),
                 "conversations",
-                f"{pads} {IMAGE_PAD} tokens where its images need {sum(image_tokens)}: the text holds "
-                "chat-template special tokens (`entrain data check` lists them)",
+                f"{slots} image tokens where its images need {need}: {why}",
             )
-        return ids, labels
 
     def pixels(self, sample_id: str, vision: ImageTokenRule) -> tuple[np.ndarray, np.ndarray]:
         """``(pixel_values [patches, 1176] float32, image_grid_thw [images, 3] int64)`` of the record's
@@ -293,6 +299,7 @@ class SampleRenderer:
                 [self.family.map_token_id(self.cfg, int(i)) for i in raw_ids], dtype=torch.int64
             )
         image_pos = torch.nonzero(ids == self._ids["image"]).flatten()
+        self.source.check_image_slots(meta.id, len(image_pos), counts)
         labels = torch.as_tensor(raw_labels, dtype=torch.int64)
         label_pos = torch.nonzero(labels[1:] != -100).flatten()
         return RenderedSample(

@@ -105,7 +105,9 @@ def add_model_source_args(p: argparse.ArgumentParser) -> None:
         "--llm-model",
         default=None,
         metavar="DIR",
-        help="a causal-LM checkpoint folder (LlamaForCausalLM, Qwen2ForCausalLM, or the same layer structure)",
+        help="a causal-LM checkpoint folder: a decoder-only transformer with RMSNorm, GQA attention and a gated "
+        "MLP (its config.json has num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, "
+        "vocab_size)",
     )
 
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from entrain.cli.common import MODEL_PRESETS, emit_json, vision_limits
+from entrain.cli.common import MODEL_PRESETS, emit_json, model_source_of, vision_limits
+from entrain.core.samples import ImageTokenRule
 from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset
+from entrain.data.processing import ProcessImages
 from entrain.data.tokenizer import load_tokenizer
+from entrain.models.families.registry import DEFAULT_FAMILY, family_of_source, get_family
 
 
 def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +30,7 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="local tokenizer folder or tokenizer.json (default: offline Qwen2)")  # fmt: skip
     p.add_argument("--no-processor", action="store_true",
-                   help="decode images but skip running the Qwen2.5-VL image processor on them")  # fmt: skip
+                   help="decode images but skip running the model family's image processor on them")  # fmt: skip
     p.add_argument("--confine-images", action="store_true",
                    help="an image path resolving outside the dataset root is an error (default: a warning)")  # fmt: skip
     p.add_argument("--model", default=None, choices=MODEL_PRESETS,
@@ -36,14 +39,24 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_check)
 
 
+def image_processing(args: argparse.Namespace, rule: ImageTokenRule) -> ProcessImages | None:
+    """The model family's image processor for ``rule`` (``ModelFamily.image_processing``; the default
+    family's without ``--model``); None with ``--no-processor``."""
+    if args.no_processor:
+        return None
+    family = get_family(DEFAULT_FAMILY) if args.model is None else family_of_source(model_source_of(args))
+    return family.image_processing(rule)
+
+
 def run_check(args: argparse.Namespace) -> int:
+    vision = vision_limits(args)
     report = check_dataset(
         args.path,
         image_root=args.image_root,
         tokenizer=load_tokenizer(args.tokenizer),
         max_tokens=args.max_tokens,
-        vision=vision_limits(args),
-        processor=not args.no_processor,
+        vision=vision,
+        processor=image_processing(args, vision),
         confine_images=args.confine_images,
     )
     if args.json:

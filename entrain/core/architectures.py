@@ -40,8 +40,10 @@ __all__ = [
 PRECISIONS = ("fp32", "bf16")
 """Compute precisions of ``entrain train --precision`` (bf16: autocast over fp32 master weights)."""
 
-VISION_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
-LLM_FAMILIES = ("llama", "qwen2")
+NORM_KINDS = ("rms", "layer")
+"""``VisionArch.norm``: RMSNorm (a scale per unit) or LayerNorm (scale and bias)."""
+MLP_KINDS = ("gated", "plain")
+"""``VisionArch.mlp``: a gated MLP (gate, up and down matrices) or a plain one (two matrices)."""
 
 QWEN2_VOCAB_SIZE = 151_936
 """Qwen2 / Qwen2.5 tokenizer vocabulary (embedding rows of the released checkpoints)."""
@@ -55,8 +57,11 @@ def default_precision(device_type: str) -> str:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VisionArch:
-    """Qwen2.5-VL vision tower (``Qwen2_5_VisionTransformerPretrainedModel``): patch embedding, ``depth``
-    blocks (RMSNorm, fused QKV with bias, SwiGLU MLP with bias), patch merger (RMSNorm + 2-layer MLP)."""
+    """A ViT tower with a patch merger, described by its properties: patch embedding (Conv3d without
+    bias), ``depth`` blocks (two norms of kind ``norm``, fused QKV with bias, an MLP of kind ``mlp``
+    with bias; window attention except in ``fullatt_block_indexes``), patch merger (a norm + a 2-layer
+    MLP to the LLM width). A model family maps its ``config.json`` onto these fields (e.g. Qwen2.5-VL's
+    tower: RMSNorm, gated MLP, 112-px windows; Qwen2-VL's: LayerNorm, plain MLP, full attention)."""
 
     depth: int
     hidden_size: int
@@ -72,13 +77,17 @@ class VisionArch:
     spatial_merge_size: int = 2
     in_channels: int = 3
     hidden_act: str = "silu"
-    family: str = "qwen2_5_vl"
-    """``qwen2_5_vl`` (RMSNorm, SwiGLU MLP, window attention) or ``qwen2_vl`` (Qwen2-VL's tower:
-    LayerNorm, 2-matrix GELU MLP, full attention in every block)."""
+    norm: str = "rms"
+    """Kind of every norm (``NORM_KINDS``): ``rms`` (RMSNorm) or ``layer`` (LayerNorm with bias)."""
+    mlp: str = "gated"
+    """Kind of each block's MLP (``MLP_KINDS``): ``gated`` (SwiGLU: gate, up, down) or ``plain``
+    (``fc1`` / ``fc2``)."""
 
     def __post_init__(self) -> None:
-        if self.family not in VISION_FAMILIES:
-            raise ConfigError(f"vision family {self.family!r}; expected one of {', '.join(VISION_FAMILIES)}")
+        if self.norm not in NORM_KINDS:
+            raise ConfigError(f"vision norm {self.norm!r}; expected one of {', '.join(NORM_KINDS)}")
+        if self.mlp not in MLP_KINDS:
+            raise ConfigError(f"vision mlp {self.mlp!r}; expected one of {', '.join(MLP_KINDS)}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"vision hidden_size {self.hidden_size} not divisible by num_heads {self.num_heads}"
@@ -112,13 +121,13 @@ class VisionArch:
 
     @property
     def mlp_matrices(self) -> int:
-        """Weight matrices of a block's MLP: 3 (SwiGLU) or 2 (Qwen2-VL's fc1/fc2)."""
-        return 2 if self.family == "qwen2_vl" else 3
+        """Weight matrices of a block's MLP: 3 (gated) or 2 (plain: fc1/fc2)."""
+        return 3 if self.mlp == "gated" else 2
 
     @property
     def norm_params_per_width(self) -> int:
-        """Parameters of one norm per hidden unit: 1 (RMSNorm) or 2 (Qwen2-VL's LayerNorm, with bias)."""
-        return 2 if self.family == "qwen2_vl" else 1
+        """Parameters of one norm per hidden unit: 1 (RMSNorm) or 2 (LayerNorm, with bias)."""
+        return 2 if self.norm == "layer" else 1
 
     def is_full_attention(self, block: int) -> bool:
         return block in self.fullatt_block_indexes
@@ -165,8 +174,10 @@ class VisionArch:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LLMArch:
-    """A Llama decoder (``LlamaForCausalLM``): token embedding, decoder layers (RMSNorm, GQA attention
-    without bias, SwiGLU MLP without bias), final RMSNorm, lm_head (tied to the embedding or not)."""
+    """A decoder-only LM described by its properties: token embedding, decoder layers (RMSNorm, GQA
+    attention, SwiGLU MLP; biases per ``qkv_bias`` / ``attention_bias`` / ``mlp_bias``), final RMSNorm,
+    lm_head (tied to the embedding or not). Field names follow ``LlamaConfig``; a model family maps
+    its ``config.json`` onto them (e.g. Qwen2's decoder: ``qkv_bias=True``)."""
 
     num_hidden_layers: int
     hidden_size: int
@@ -181,15 +192,13 @@ class LLMArch:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 131_072
     hidden_act: str = "silu"
-    family: str = "llama"
-    """``llama`` (``LlamaForCausalLM``) or ``qwen2`` (``Qwen2ForCausalLM``: q/k/v projections with bias)."""
+    qkv_bias: bool = False
+    """q/k/v projections with bias, the output projection without (Qwen2's decoder)."""
     attention_bias: bool = False
-    """Llama's ``attention_bias``: q/k/v/o projections with bias."""
+    """``LlamaConfig.attention_bias``: q/k/v/o projections with bias."""
     mlp_bias: bool = False
 
     def __post_init__(self) -> None:
-        if self.family not in LLM_FAMILIES:
-            raise ConfigError(f"LLM family {self.family!r}; expected one of {', '.join(LLM_FAMILIES)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads {self.num_attention_heads} not a multiple of "
@@ -221,7 +230,7 @@ class LLMArch:
 
     def layer_bias_params(self) -> int:
         qkv = self.q_dim + 2 * self.kv_dim
-        attn = qkv if self.family == "qwen2" else (qkv + self.hidden_size) * self.attention_bias
+        attn = qkv * (self.qkv_bias or self.attention_bias) + self.hidden_size * self.attention_bias
         return attn + (2 * self.intermediate_size + self.hidden_size) * self.mlp_bias
 
     def lm_head_params(self) -> int:
@@ -273,10 +282,10 @@ class ModelArch:
         return self.vision.num_params() + self.llm.num_params()
 
     def layer_specs(self, label_fraction: float | None = None) -> dict:
-        """``ModelShape.layer_specs`` (``entrain.core.layer_specs.composition_layer_specs``)."""
-        from entrain.core.layer_specs import composition_layer_specs
+        """``ModelShape.layer_specs`` (``entrain.core.layer_specs.vit_decoder_layer_specs``)."""
+        from entrain.core.layer_specs import vit_decoder_layer_specs
 
-        return composition_layer_specs(self, label_fraction)
+        return vit_decoder_layer_specs(self, label_fraction)
 
 
 def _qwen25_vit(out_hidden_size: int, fullatt_block_indexes: tuple[int, ...] = (7, 15, 23, 31)) -> VisionArch:
@@ -331,26 +340,26 @@ MODEL_PRESETS: dict[str, ModelArch] = {
             max_position_embeddings=16_384,
             rope_theta=10_000.0,
         ),
-        description="2-block ViT + 2-layer Llama, hidden 128, vocab 4096 (CPU tests and demos)",
+        description="2-block ViT + 2-layer decoder, hidden 128, vocab 4096 (CPU tests and demos)",
     ),
     "qwen25vl-llama3-1b": ModelArch(
         name="qwen25vl-llama3-1b",
         vision=_qwen25_vit(LLAMA32_1B.hidden_size),
         llm=LLAMA32_1B,
-        description="Qwen2.5-VL vision tower (675M class) + Llama-3.2-1B, Qwen2 vocabulary",
+        description="675M-class windowed ViT + 16-layer 1B decoder (hidden 2048), Qwen2 vocabulary",
     ),
     "qwen25vl-llama3-3b": ModelArch(
         name="qwen25vl-llama3-3b",
         vision=_qwen25_vit(LLAMA32_3B.hidden_size),
         llm=LLAMA32_3B,
-        description="Qwen2.5-VL vision tower (675M class) + Llama-3.2-3B, Qwen2 vocabulary",
+        description="675M-class windowed ViT + 28-layer 3B decoder (hidden 3072), Qwen2 vocabulary",
     ),
     "qwen25vl-fullatt-llama3-1b": ModelArch(
         name="qwen25vl-fullatt-llama3-1b",
         vision=_qwen25_vit(LLAMA32_1B.hidden_size, fullatt_block_indexes=tuple(range(32))),
         llm=LLAMA32_1B,
-        description="Qwen2.5-VL vision tower with full attention in all 32 blocks (Qwen2-VL's attention "
-        "pattern: the 'Qwen2Vision' of paper Fig. 4) + Llama-3.2-1B, Qwen2 vocabulary",
+        description="675M-class ViT with full attention in all 32 blocks (the 'Qwen2Vision' of paper "
+        "Fig. 4) + 16-layer 1B decoder (hidden 2048), Qwen2 vocabulary",
     ),
 }
 

@@ -1,8 +1,8 @@
 """Layer specifications: the hardware-independent work of one layer per sequence unit (``LayerSpec``),
 what a model family's ``ModelShape.layer_specs`` returns and ``entrain.core.presets`` prices; and the
-specs of the preset compositions (``composition_layer_specs``: the vision tower and the
-Llama-structured LLM of ``entrain.core.architectures.ModelArch``; see ``presets``' module docstring
-for the modelling choices)."""
+analytic specs of a ViT tower feeding a decoder-only LM (``vit_decoder_layer_specs``: the
+``VisionArch`` and ``LLMArch`` of an ``entrain.core.architectures.ModelArch``; see ``presets``' module
+docstring for the modelling choices)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from entrain.core.samples import LABEL_FRACTION
 
-__all__ = ["LayerSpec", "composition_layer_specs"]
+__all__ = ["LayerSpec", "llm_specs", "vit_decoder_layer_specs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +121,9 @@ def _vision_specs(v) -> list[LayerSpec]:
 
 
 def llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
-    """The LLM of ``llm`` (an ``entrain.core.architectures.LLMArch``)."""
+    """The LLM of ``llm`` (an ``entrain.core.architectures.LLMArch``): embedding, decoder layers, and
+    the head layers (``_llm_head_specs``)."""
     h, i, q, kv = llm.hidden_size, llm.intermediate_size, llm.q_dim, llm.kv_dim
-    # heads: time per label token (f = 1), bytes per LLM token at the default share; or both per LLM
-    # token at an explicit fraction
-    per_label = label_fraction is None
-    vocab, f = llm.vocab_size, 1.0 if per_label else label_fraction
-    fb = LABEL_FRACTION if per_label else label_fraction
     layer_lin = 2.0 * (h * q + 2 * h * kv + q * h + 3 * h * i)
     layer_act = 8.0 * h + 4.0 * q + 4.0 * kv + 6.0 * i
     heads = llm.num_attention_heads
@@ -170,7 +166,17 @@ def llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
                 attn_saved_bytes=2.0 * h + 4.0 * q + 4.0 * kv,
             )
         )
-    specs += [
+    return specs + _llm_head_specs(llm, label_fraction)
+
+
+def _llm_head_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
+    """The final norm, lm_head and loss of ``llm``. Heads: time per label token (f = 1), bytes per LLM
+    token at the default share; or both per LLM token at an explicit ``label_fraction``."""
+    h, heads = llm.hidden_size, llm.num_attention_heads
+    per_label = label_fraction is None
+    vocab, f = llm.vocab_size, 1.0 if per_label else label_fraction
+    fb = LABEL_FRACTION if per_label else label_fraction
+    return [
         LayerSpec("norm", "final_norm", "llm", 0.0, 0.0, 4.0 * h, h, 0, 0.0, heads, 2.0 * h, 2.0 * h, h),
         LayerSpec(
             "lm_head",
@@ -206,9 +212,9 @@ def llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
             per_label=per_label,
         ),
     ]
-    return specs
 
 
-def composition_layer_specs(arch, label_fraction: float | None) -> dict[str, list[LayerSpec]]:
-    """``ModelArch.layer_specs`` (``arch``: an ``entrain.core.architectures.ModelArch``): the preset compositions' vision tower and Llama-structured LLM."""
+def vit_decoder_layer_specs(arch, label_fraction: float | None) -> dict[str, list[LayerSpec]]:
+    """``ModelArch.layer_specs`` (``arch``: an ``entrain.core.architectures.ModelArch``): its ViT tower
+    with patch merger, and its decoder-only LM."""
     return {"encoder": _vision_specs(arch.vision), "llm": llm_specs(arch.llm, label_fraction)}

@@ -2,7 +2,8 @@
 
 Every record of a LLaVA JSON/JSONL or Parquet file, or of a sharded dataset folder (its shards
 checked in parallel processes, ``entrain.data.shards``) is parsed, its images decoded fully
-and run through the Qwen2.5-VL image processor, and its chat-formatted length measured. Findings:
+and run through the model family's image processor (``processor``: passed in by the caller), and its
+chat-formatted length measured. Findings:
 
 - severity ``error`` (the record is bad): invalid JSON (with line), a missing or empty field, an
   unknown role, ``<image>`` placeholder count != image count, an image missing / unreadable /
@@ -44,7 +45,7 @@ from entrain.core.files import file_problem, printable
 from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, SampleMeta, VisionTokenConfig
 from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed
 from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
-from entrain.data.processing import conversion_reason, count_tokens
+from entrain.data.processing import ProcessImages, conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
 
 __all__ = [
@@ -187,7 +188,9 @@ def _short(src) -> str:
     )
 
 
-def _check_image(src: str | bytes, fld: str, vision: ImageTokenRule, processor: bool) -> _ImageResult:
+def _check_image(
+    src: str | bytes, fld: str, vision: ImageTokenRule, processor: ProcessImages | None
+) -> _ImageResult:
     from PIL import Image
 
     res = _ImageResult()
@@ -234,11 +237,11 @@ def _check_image(src: str | bytes, fld: str, vision: ImageTokenRule, processor: 
         )
         return res
     res.hw = (height, width)
-    if processor and isinstance(vision, VisionTokenConfig):  # Qwen2.5-VL's image processor
-        from entrain.data.processing import merged_tokens, process_images
+    if processor and isinstance(vision, VisionTokenConfig):  # a smart_resize rule's patch grid
+        from entrain.data.processing import merged_tokens
 
         try:
-            _, grid = process_images([rgb], vision)
+            _, grid = processor([rgb], vision)
             res.tokens = merged_tokens(grid)[0]
         except Exception as e:  # noqa: BLE001 - any processor failure rejects the image
             res.problems.append((fld, f"rejected by the image processor: {type(e).__name__}: {e}", ERROR))
@@ -266,7 +269,8 @@ class _Rules:
     tokenizer: TextTokenizer
     max_tokens: int
     vision: ImageTokenRule
-    processor: bool
+    processor: ProcessImages | None
+    """The model family's image processor (None: token counts come from ``vision`` alone)."""
     root: Path | None = None
     """The dataset root images should stay under (None: not checked)."""
     confine_images: bool = False
@@ -379,10 +383,6 @@ def _examined(path, image_root, rules: _Rules, workers: int | None, keep: bool) 
         return (_examine(item, rules, keep) for item in items)
 
     root = image_root if image_root is not None else path
-    if rules.processor:  # built once here, so the forked workers share it instead of each importing it
-        from entrain.data.processing import image_processor
-
-        image_processor(rules.vision)
     scan = partial(_examine_shard, rules=rules, image_root=root, keep=keep)
     return flatten(
         map_shards(scan, dataset_shards(path), workers=workers, desc=f"checking {Path(path).name}")
@@ -444,13 +444,14 @@ def check_dataset(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     vision: ImageTokenRule = DEFAULT_VISION,
     *,
-    processor: bool = True,
+    processor: ProcessImages | None = None,
     confine_images: bool = False,
     workers: int | None = None,
 ) -> CheckReport:
     """Check every record of ``path`` (a file or a sharded dataset folder, whose shards are checked
-    in up to ``workers`` processes). ``processor=False`` skips running the image processor
-    (images are still fully decoded; token counts then come from ``smart_resize``).
+    in up to ``workers`` processes). ``processor``: the model family's image processor, built before
+    the call (``ModelFamily.image_processing``), run on every image; None skips it (images are still
+    fully decoded; token counts then come from ``vision``).
     ``confine_images``: an image outside the dataset root is an error (else a warning)."""
     rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
     return _scan(_examined(path, image_root, rules, workers, keep=False), keep=False).report
@@ -500,7 +501,7 @@ def screen_dataset(
     tokenizer: TextTokenizer | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     vision: ImageTokenRule = DEFAULT_VISION,
-    processor: bool = False,
+    processor: ProcessImages | None = None,
     confine_images: bool = False,
     workers: int | None = None,
 ) -> Screened:

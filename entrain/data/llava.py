@@ -26,6 +26,7 @@ decode; text tokens of the Qwen2 chat-formatted conversation) and caches the res
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,10 +343,11 @@ def record_meta(
 
 def _check_resizable(record: Record, i: int, src: str | bytes, hw: tuple[int, int], vision) -> None:
     """Raise DataError naming the record and image when Qwen's ``smart_resize`` refuses its size (an
-    aspect ratio above ``vision.max_aspect_ratio``), in ``entrain data check``'s words."""
+    aspect ratio above ``vision.max_aspect_ratio``; a rule without one takes any), in ``entrain data
+    check``'s words."""
     height, width = hw
     ratio = max(height, width) / max(1, min(height, width))
-    if ratio > vision.max_aspect_ratio:
+    if ratio > getattr(vision, "max_aspect_ratio", math.inf):  # a tiling family's rule has no limit
         raise DataError(
             record.file,
             record.line or f"#{record.index}",

@@ -1,29 +1,26 @@
-"""Turning a ``Record`` into model inputs: images through the Qwen2.5-VL image processor and the
+"""Turning a ``Record`` into model inputs: images through a model family's image processor and the
 conversation through the Qwen2 chat template.
 
-- Images: ``transformers``' ``Qwen2VLImageProcessorPil`` (the image processor Qwen2.5-VL uses; PIL
-  backend, no torchvision) does the ``smart_resize``, normalisation and 14x14 patching; this module
-  only decodes files and converts non-RGB8 images to RGB8 (alpha composited onto white, 16-bit
-  scaled to 8-bit), like Qwen's ``qwen_vl_utils``.
+- Images: the model family's image processor (``ProcessImages``, passed in by the caller: data never
+  imports ``entrain.models``) does the resizing, normalisation and patching; this module only decodes
+  files and converts non-RGB8 images to RGB8 (alpha composited onto white, 16-bit scaled to 8-bit),
+  like Qwen's ``qwen_vl_utils``.
 - Text: ``<|im_start|>{role}\\n{text}<|im_end|>\\n`` per turn after the default system block
   ``You are a helpful assistant.`` (unless the record starts with a system turn); each ``<image>``
   placeholder becomes ``<|vision_start|>`` + N x ``<|image_pad|>`` + ``<|vision_end|>`` with N the
   image's merged token count. Labels copy the ids of each assistant turn after its
   ``<|im_start|>assistant\\n`` header and are -100 elsewhere.
-
-``transformers`` is imported only when images are processed.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from entrain.core.errors import DataError
-from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
+from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, VisionTokenConfig
 from entrain.data.problems import image_error
 from entrain.data.records import IMAGE_PLACEHOLDER, Record
 from entrain.data.tokenizer import TextTokenizer
@@ -32,20 +29,26 @@ __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "IGNORE_INDEX",
     "EncodedSample",
+    "ImageText",
+    "ProcessImages",
     "conversion_reason",
     "count_text_tokens",
     "count_tokens",
     "encode_sample",
     "format_chat",
-    "image_processor",
     "load_image",
-    "process_images",
+    "merged_tokens",
+    "vision_markers",
 ]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 IGNORE_INDEX = -100
 MERGE_SIZE = 2
-"""Qwen2.5-VL's spatial merge (2x2 ViT patches -> one LLM token)."""
+"""Spatial merge of a ``smart_resize`` rule's patch grid (2x2 ViT patches -> one LLM token)."""
+
+ProcessImages = Callable[[Sequence, ImageTokenRule], tuple[np.ndarray, np.ndarray]]
+"""A model family's image processor: ``(RGB8 PIL images, image rule) -> (pixel_values,
+image_grid_thw)`` (``ModelFamily.process_images`` with its model config bound)."""
 
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -57,21 +60,37 @@ def _messages(turns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return [("system", DEFAULT_SYSTEM_PROMPT), *turns]
 
 
-def _expand(text: str, counts: Sequence[int], first: int) -> tuple[str, int]:
+ImageText = Callable[[int], str]
+"""The text an image of ``n`` LLM tokens becomes in the conversation (a model family's convention)."""
+
+
+def vision_markers(n: int) -> str:
+    """The default ``ImageText``: ``<|vision_start|>`` + n x ``<|image_pad|>`` + ``<|vision_end|>``."""
+    return VISION_START + IMAGE_PAD * n + VISION_END
+
+
+def _expand(
+    text: str, counts: Sequence[int], first: int, image_text: ImageText = vision_markers
+) -> tuple[str, int]:
     """``text`` with its placeholders expanded using ``counts[first:]``; returns (text, next index)."""
     parts = text.split(IMAGE_PLACEHOLDER)
     out = [parts[0]]
     k = first
     for part in parts[1:]:
-        out.append(VISION_START + IMAGE_PAD * counts[k] + VISION_END + part)
+        out.append(image_text(counts[k]) + part)
         k += 1
     return "".join(out), k
 
 
 def format_chat(
-    turns: Sequence[tuple[str, str]], image_tokens: Sequence[int], tokenizer: TextTokenizer
+    turns: Sequence[tuple[str, str]],
+    image_tokens: Sequence[int],
+    tokenizer: TextTokenizer,
+    image_text: ImageText = vision_markers,
 ) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)`` of a conversation whose i-th ``<image>`` has ``image_tokens[i]`` tokens.
+    """``(input_ids, labels)`` of a conversation whose i-th ``<image>`` has ``image_tokens[i]`` tokens
+    (its text: ``image_text(n)``), through the tokenizer's chat template when it has one, Qwen2's chat
+    markers otherwise.
 
     Raises ValueError if the placeholder count differs from ``len(image_tokens)``.
     """
@@ -81,13 +100,13 @@ def format_chat(
             f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(image_tokens)} image(s)"
         )
     if tokenizer.chat is not None:
-        return _format_with_template(turns, image_tokens, tokenizer)
+        return _format_with_template(turns, image_tokens, tokenizer, image_text)
     ids: list[int] = []
     labels: list[int] = []
     k = 0
     header_len = {}
     for role, text in _messages(turns):
-        body, k = _expand(text, image_tokens, k)
+        body, k = _expand(text, image_tokens, k, image_text)
         msg = tokenizer.encode(f"{IM_START}{role}\n{body}{IM_END}\n")
         ids.extend(msg)
         if role == "assistant":
@@ -101,7 +120,10 @@ def format_chat(
 
 
 def _format_with_template(
-    turns: Sequence[tuple[str, str]], image_tokens: Sequence[int], tokenizer: TextTokenizer
+    turns: Sequence[tuple[str, str]],
+    image_tokens: Sequence[int],
+    tokenizer: TextTokenizer,
+    image_text: ImageText = vision_markers,
 ) -> tuple[list[int], list[int]]:
     """A Hugging Face tokenizer's own chat template: ids of the whole conversation; labels copy the
     ids of each assistant message after its generation prompt (the ids that
@@ -109,7 +131,7 @@ def _format_with_template(
     ``apply_chat_template(messages[:i + 1])``, and are -100 elsewhere."""
     messages, k = [], 0
     for role, text in turns:
-        body, k = _expand(text, image_tokens, k)
+        body, k = _expand(text, image_tokens, k, image_text)
         messages.append({"role": role, "content": body})
     ids = tokenizer.chat(messages)
     labels = [IGNORE_INDEX] * len(ids)
@@ -222,29 +244,6 @@ def load_image(src: str | bytes):
         return to_rgb(ImageOps.exif_transpose(im))
 
 
-@functools.cache
-def image_processor(vision: VisionTokenConfig = DEFAULT_VISION):
-    """The Qwen2.5-VL image processor (PIL backend) configured with ``vision``'s pixel limits."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(
-        min_pixels=vision.min_pixels,
-        max_pixels=vision.max_pixels,
-        patch_size=vision.factor // MERGE_SIZE,
-        merge_size=MERGE_SIZE,
-    )
-
-
-def process_images(
-    images: Sequence, vision: VisionTokenConfig = DEFAULT_VISION
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(pixel_values [sum of patches, 3*2*14*14] float32, image_grid_thw [n, 3] int64)``."""
-    out = image_processor(vision)(images=list(images), return_tensors="np")
-    return np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(
-        out["image_grid_thw"], dtype=np.int64
-    )
-
-
 def merged_tokens(grid_thw: np.ndarray) -> list[int]:
     """LLM tokens per image from its ``(t, h, w)`` patch grid: ``t*h*w / merge**2``."""
     return [int(np.prod(g)) // (MERGE_SIZE * MERGE_SIZE) for g in np.asarray(grid_thw).reshape(-1, 3)]
@@ -266,9 +265,13 @@ class EncodedSample:
 
 
 def encode_sample(
-    record: Record, tokenizer: TextTokenizer, vision: VisionTokenConfig = DEFAULT_VISION
+    record: Record,
+    tokenizer: TextTokenizer,
+    process_images: ProcessImages,
+    vision: VisionTokenConfig = DEFAULT_VISION,
 ) -> EncodedSample:
-    """Decode, convert and process ``record``'s images and format its conversation into ids/labels.
+    """Decode, convert and process ``record``'s images (through the family's ``process_images``) and
+    format its conversation into ids/labels.
 
     Raises DataError naming the record and image for an unreadable image or one the processor rejects.
     """

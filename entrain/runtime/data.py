@@ -29,7 +29,7 @@ from entrain.core.errors import DataError
 from entrain.core.samples import LABEL_FRACTION, ImageTokenRule, SampleMeta
 from entrain.models.batch import LLMBatch
 from entrain.models.families.base import PackedSample
-from entrain.models.families.registry import family_of
+from entrain.models.families.registry import DEFAULT_FAMILY, family_of, get_family
 from entrain.runtime.h2d import InputPrefetcher, host_to_device
 
 __all__ = ["RenderedSample", "SampleRenderer", "RecordSource", "EncoderInput", "PATCH_BANK_ROWS"]
@@ -123,7 +123,8 @@ class RecordSource:
         self.model_ids = tokenizer is not None
         """True: ``text`` returns the model's ids (no ``ModelFamily.map_token_id`` remap)."""
         self.family = self.cfg = None
-        """The model family whose processing rules apply (``bind``; None: ``entrain.data.processing``'s)."""
+        """The model family whose processing rules apply (``bind``; None: ``entrain.data.processing``'s chat
+        template and the default family's image processor)."""
 
     def bind(self, family, cfg) -> None:
         """Use ``family``'s chat template and image processor (``ModelFamily.format_chat`` /
@@ -138,32 +139,38 @@ class RecordSource:
         """``(input_ids, labels)`` of the conversation whose i-th image has ``image_tokens[i]`` merged
         tokens (``entrain.core.samples.image_llm_tokens`` of its header size, equal to the image
         processor's count). Raises DataError if the record's image count differs."""
-        from entrain.data.processing import IMAGE_PAD, format_chat
+        from entrain.data.processing import format_chat
 
         turns = self.records[sample_id].turns
         try:
             if self.family is not None:
-                ids, labels = self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer)
-            else:
-                ids, labels = format_chat(turns, image_tokens, self.tokenizer)
+                return self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer)
+            return format_chat(turns, image_tokens, self.tokenizer)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "conversations", str(e)) from None
-        pads = ids.count(self.tokenizer.token_id(IMAGE_PAD))
-        if pads != sum(image_tokens):
+
+    def check_image_slots(self, sample_id: str, slots: int, image_tokens: Sequence[int]) -> None:
+        """DataError unless the formatted conversation holds ``slots`` image tokens (the model's image
+        id) where its images need ``sum(image_tokens)``."""
+        need = sum(image_tokens)
+        if slots != need:
+            why = (
+                "the text holds chat-template special tokens (`entrain data check` lists them)"
+                if slots > need
+                else "the tokenizer does not write the model's image token"
+            )
             raise DataError(
                 *self._where(sample_id),
                 "conversations",
-                f"{pads} {IMAGE_PAD} tokens where its images need {sum(image_tokens)}: the text holds "
-                "chat-template special tokens (`entrain data check` lists them)",
+                f"{slots} image tokens where its images need {need}: {why}",
             )
-        return ids, labels
 
     def pixels(self, sample_id: str, vision: ImageTokenRule) -> tuple[np.ndarray, np.ndarray]:
         """``(pixel_values [patches, 1176] float32, image_grid_thw [images, 3] int64)`` of the record's
         images through the image processor. Raises DataError naming an unreadable image. Thread-safe
         (no shared state), so it runs on the renderer's prefetch thread."""
         from entrain.data.problems import image_error
-        from entrain.data.processing import MERGE_SIZE, load_image, process_images
+        from entrain.data.processing import MERGE_SIZE, load_image
 
         record = self.records[sample_id]
         images = []
@@ -176,9 +183,7 @@ class RecordSource:
             patch = vision.factor // MERGE_SIZE
             return np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)
         try:
-            if self.family is not None:
-                return self.family.process_images(self.cfg, images, vision)
-            return process_images(images, vision)
+            return self._process_images(images, vision)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "images", f"processor: {e}") from None
 
@@ -186,7 +191,12 @@ class RecordSource:
         """The whole ``EncodedSample`` (images and text) of one record."""
         from entrain.data.processing import encode_sample
 
-        return encode_sample(self.records[sample_id], self.tokenizer, vision)
+        return encode_sample(self.records[sample_id], self.tokenizer, self._process_images, vision)
+
+    def _process_images(self, images: Sequence, vision: ImageTokenRule) -> tuple[np.ndarray, np.ndarray]:
+        """The bound family's ``process_images`` (unbound: the default family's, without a config)."""
+        family = self.family if self.family is not None else get_family(DEFAULT_FAMILY)
+        return family.process_images(self.cfg, images, vision)
 
 
 class SampleRenderer:
@@ -289,6 +299,7 @@ class SampleRenderer:
                 [self.family.map_token_id(self.cfg, int(i)) for i in raw_ids], dtype=torch.int64
             )
         image_pos = torch.nonzero(ids == self._ids["image"]).flatten()
+        self.source.check_image_slots(meta.id, len(image_pos), counts)
         labels = torch.as_tensor(raw_labels, dtype=torch.int64)
         label_pos = torch.nonzero(labels[1:] != -100).flatten()
         return RenderedSample(

@@ -80,3 +80,23 @@ def test_missing_file_is_one_line_error(capsys, tmp_path):
     assert main(["data", "check", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "runs"), [([], True), (["--no-processor"], False), (["--model", "llava-ov-tiny"], False)]
+)
+def test_check_runs_the_model_familys_image_processor(flags, runs):
+    """The CLI hands the family's processor to the check (the default family's without ``--model``;
+    none with ``--no-processor`` or for a tiling family, whose rule counts the tokens)."""
+    from entrain.cli.common import vision_limits
+    from entrain.cli.data_check import image_processing
+    from entrain.cli.main import build_parser
+    from entrain.data.processing import merged_tokens
+
+    args = build_parser().parse_args(["data", "check", "data.json", *flags])
+    rule = vision_limits(args)
+    process = image_processing(args, rule)
+    assert (process is not None) == runs
+    if runs:  # a 100x1 image: the processor's 20 tokens, where the plain rule counts 4
+        _, grid = process([Image.new("RGB", (100, 1), "white")], rule)
+        assert merged_tokens(grid) == [20]

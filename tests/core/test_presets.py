@@ -53,6 +53,13 @@ def test_arch_facts():
     assert dataclasses.replace(full.vision, fullatt_block_indexes=(7, 15, 23, 31)) == a.vision
 
 
+@pytest.mark.parametrize("field", ["norm", "mlp"])
+def test_vision_properties_are_checked(field):
+    """The tower's norm and MLP kinds are properties, not a family name: a bad kind names the field."""
+    with pytest.raises(ConfigError, match=f"vision {field} 'other'"):
+        dataclasses.replace(get_arch("tiny").vision, **{field: "other"})
+
+
 def test_unknown_arch():
     with pytest.raises(ConfigError, match="unknown model preset"):
         get_arch("gpt5")

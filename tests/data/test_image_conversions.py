@@ -21,6 +21,7 @@ from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset, screen_dataset
 from entrain.data.llava import read_metadata  # noqa: E402
 from entrain.data.processing import load_image  # noqa: E402
 from entrain.data.synth import synth_dataset  # noqa: E402
+from entrain.models.families.composition.processing import process_images  # noqa: E402
 
 
 def _dataset(root: Path, names: list[str]) -> Path:
@@ -60,7 +61,7 @@ def test_exif_orientation_is_applied_the_same_way_by_check_metadata_and_training
     assert loaded.size == (40, 60)
     (meta,) = read_metadata(path, use_cache=False)
     assert meta.images == ((60, 40),)
-    screened = screen_dataset(path, processor=True)  # train's screening, with Qwen's image processor
+    screened = screen_dataset(path, processor=process_images)  # with Qwen's image processor
     assert screened.samples[0].images == ((60, 40),)
     (finding,) = screened.report.findings
     assert finding.severity == "converted" and "EXIF orientation 6 applied" in finding.reason

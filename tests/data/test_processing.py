@@ -16,6 +16,7 @@ from entrain.core.samples import image_llm_tokens  # noqa: E402
 from entrain.data import processing as pr  # noqa: E402
 from entrain.data.llava import Record  # noqa: E402
 from entrain.data.tokenizer import default_tokenizer  # noqa: E402
+from entrain.models.families.composition.processing import process_images  # noqa: E402
 
 TOK = default_tokenizer()
 VS, VE, PAD = (TOK.token_id(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))
@@ -101,14 +102,14 @@ def test_placeholder_mismatch_is_refused():
 def test_processor_token_count_equals_core_rule(path):
     with Image.open(path) as im:
         width, height = im.size
-    _, grid = pr.process_images([pr.load_image(str(path))])
+    _, grid = process_images([pr.load_image(str(path))])
     assert pr.merged_tokens(grid) == [image_llm_tokens(height, width)]
 
 
 def test_encode_sample_end_to_end(tmp_path):
     photo = shipped_photos()[2]  # coffee.png, 600x400
     rec = Record("c", (str(photo),), (("user", "<image>\nWhat is this?"), ("assistant", "Coffee cup.")))
-    enc = pr.encode_sample(rec, TOK)
+    enc = pr.encode_sample(rec, TOK, process_images)
     n = image_llm_tokens(400, 600)
     assert enc.num_image_tokens == n == int((enc.input_ids == PAD).sum())
     assert enc.pixel_values.shape == (4 * n, 3 * 2 * 14 * 14)
@@ -145,12 +146,12 @@ def test_conversions_to_rgb8(tmp_path, mode, reason):
 
 def test_encode_text_only_sample():
     rec = Record("t", (), (("user", "Hi"), ("assistant", "Hello")))
-    enc = pr.encode_sample(rec, TOK)
+    enc = pr.encode_sample(rec, TOK, process_images)
     assert enc.num_image_tokens == 0 and enc.pixel_values.shape == (0, 1176)
     assert len(enc.input_ids) == pr.count_text_tokens(rec.turns, TOK)
 
 
 def test_processor_token_count_for_sub_patch_sides():
     im = Image.new("RGB", (100, 1), "white")  # W=100, H=1: processor 20 tokens, core rule 4
-    _, grid = pr.process_images([im])
+    _, grid = process_images([im])
     assert pr.merged_tokens(grid) == [image_llm_tokens(1, 100)]

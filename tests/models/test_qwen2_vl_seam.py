@@ -43,7 +43,11 @@ def test_shape_prices_the_checkpoint(folder):
     specs = layer_specs(shape)
     for component in ("encoder", "llm"):
         assert len(family.layer_names(shape, component)) == len(specs[component])
-    assert shape.llm.family == "qwen2" and shape.vision.family == cfg.model_type
+    assert shape.llm.qkv_bias and not shape.llm.attention_bias
+    plain = (
+        cfg.model_type == "qwen2_vl"
+    )  # Qwen2-VL's tower: LayerNorm, fc1/fc2; Qwen2.5-VL's: RMSNorm, SwiGLU
+    assert (shape.vision.norm, shape.vision.mlp) == (("layer", "plain") if plain else ("rms", "gated"))
 
 
 def test_rank_loads_only_its_stages(folder):

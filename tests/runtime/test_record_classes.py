@@ -22,6 +22,7 @@ from entrain.core.samples import VisionTokenConfig  # noqa: E402
 from entrain.data.check import check_dataset, screen_dataset  # noqa: E402
 from entrain.data.workload_io import sample_works  # noqa: E402
 from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config  # noqa: E402
+from entrain.models.families.composition.processing import process_images  # noqa: E402
 from entrain.models.families.composition.vlm import build_stage, build_vlm  # noqa: E402
 from entrain.runtime.data import RecordSource, SampleRenderer  # noqa: E402
 
@@ -104,7 +105,7 @@ def datasets(tmp_path_factory) -> list[Path]:
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["json", "jsonl", "parquet"])
 def test_every_accepted_record_class_trains(datasets, tmp_path, which):
     path = datasets[which]
-    report = check_dataset(path, vision=VISION)  # with the image processor, as a user runs it
+    report = check_dataset(path, vision=VISION, processor=process_images)  # as a user runs it
     assert report.ok, report.format_text()
     screened = screen_dataset(path, on_bad="error", out_dir=tmp_path, vision=VISION)
     assert len(screened.records) == report.records

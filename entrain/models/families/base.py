@@ -43,7 +43,7 @@ parallelize code relies on exactly this):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -383,10 +383,27 @@ class FamilyBase:
         return format_chat(turns, image_tokens, tokenizer)
 
     def process_images(self, cfg: Any, images: Sequence, rule: ImageTokenRule) -> tuple[Any, Any]:
-        """Default: Qwen2-VL's image processor (``entrain.data.processing.process_images``)."""
-        from entrain.data.processing import process_images
+        """Default: Qwen2-VL's image processor (``entrain.models.families.composition.processing``)."""
+        from entrain.models.families.composition.processing import process_images
 
         return process_images(images, rule)
+
+    def image_processing(
+        self, rule: ImageTokenRule
+    ) -> Callable[[Sequence, ImageTokenRule], tuple[Any, Any]] | None:
+        """The image processor ``entrain data check`` runs on every image, without a model config:
+        ``(images, rule) -> (pixel_values, image_grid_thw)`` (``entrain.data.processing.ProcessImages``),
+        built now, so a sharded check's forked workers share it; None when the family has none that
+        runs without a checkpoint (token counts then come from ``rule``). Optional, not part of
+        ``ModelFamily``. Default: Qwen2-VL's image processor for a ``smart_resize`` rule
+        (``VisionTokenConfig``), None for any other rule."""
+        from entrain.core.samples import VisionTokenConfig
+        from entrain.models.families.composition.processing import image_processor, process_images
+
+        if not isinstance(rule, VisionTokenConfig):
+            return None
+        image_processor(rule)
+        return process_images
 
     def position_ids(self, cfg: Any, samples: Sequence[PackedSample]) -> torch.Tensor:
         """Default: 1-D ``0..L-1`` per sample, concatenated (``[T]``)."""

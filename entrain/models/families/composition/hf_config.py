@@ -73,7 +73,8 @@ def vision_arch(folder: str) -> VisionArch:
                 spatial_merge_size=int(v.get("spatial_merge_size", 2)),
                 in_channels=int(v.get("in_channels", 3)),
                 hidden_act=str(v.get("hidden_act", "quick_gelu")),
-                family=family,
+                norm="layer",
+                mlp="plain",
             )
         return VisionArch(
             depth=int(v["depth"]),
@@ -88,7 +89,6 @@ def vision_arch(folder: str) -> VisionArch:
             spatial_merge_size=int(v.get("spatial_merge_size", 2)),
             in_channels=int(v.get("in_channels", 3)),
             hidden_act=str(v.get("hidden_act", "silu")),
-            family=family,
         )
     except KeyError as e:
         raise ConfigError(f"{where}: vision config lacks {e.args[0]!r}") from None
@@ -110,7 +110,7 @@ def llm_arch(folder: str) -> LLMArch:
             f"{where}: not a Llama-structured causal LM (model_type {cfg.get('model_type')!r}; lacks "
             f"{', '.join(missing)})"
         )
-    family = "qwen2" if cfg.get("model_type") == "qwen2" else "llama"
+    qwen2 = cfg.get("model_type") == "qwen2"
     try:
         heads = int(cfg["num_attention_heads"])
         return LLMArch(
@@ -126,8 +126,8 @@ def llm_arch(folder: str) -> LLMArch:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 32_768)),
             hidden_act=str(cfg.get("hidden_act", "silu")),
-            family=family,
-            attention_bias=bool(cfg.get("attention_bias", False)) and family == "llama",
+            qkv_bias=qwen2,
+            attention_bias=bool(cfg.get("attention_bias", False)) and not qwen2,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
         )
     except (TypeError, ValueError) as e:

@@ -197,6 +197,14 @@ class OneVisionFamily(FamilyBase):
         side = cfg.shape.rules.side
         return rows.numpy().astype(np.float32), np.array([(n, side, side) for n in tiles], dtype=np.int64)
 
+    def format_chat(
+        self, cfg: OneVisionConfig, turns, image_tokens, tokenizer
+    ) -> tuple[list[int], list[int]]:
+        """``LlavaOnevisionProcessor``'s prompt: n ``<image>`` tokens per image, no markers (``chat``)."""
+        from entrain.models.families.llava_onevision.chat import chat_ids
+
+        return chat_ids(turns, image_tokens, tokenizer)
+
     def token_ids(self, cfg: OneVisionConfig) -> dict[str, int]:
         """``<image>`` is the config's ``image_token_index``; no start/end markers."""
         image = cfg.shape.llm.vocab_size - 1 if cfg.folder is None else _image_token_id(cfg.folder)
@@ -204,7 +212,12 @@ class OneVisionFamily(FamilyBase):
 
     def map_token_id(self, cfg: OneVisionConfig, qwen_id: int) -> int:
         """Text ids wrap below the image/video token ids (a real checkpoint's Qwen2 vocabulary keeps
-        every regular id; a tiny one wraps them)."""
+        every regular id; a tiny one wraps them); Qwen2's ``<|image_pad|>`` (what ``format_chat``
+        writes for a tokenizer without ``<image>``) becomes the image token id."""
+        from entrain.data.tokenizer import QWEN2_SPECIAL_TOKENS
+
+        if qwen_id == QWEN2_SPECIAL_TOKENS["<|image_pad|>"]:
+            return self.token_ids(cfg)["image"]
         return qwen_id % _first_special_id(cfg)
 
     # --- export ------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ per-layer cost specs the planner prices (``entrain.core.presets.LayerSpec``).
 The encoder's sequence unit is one 384-px tile (729 SigLIP tokens at patch 14): every tile attends
 only within itself, so an image's encoder work is ``tiles x tokens per tile`` (linear terms) plus
 ``tiles x 729**2`` (attention scores). The LLM is a Qwen2 decoder priced as the composition's
-(``LLMArch`` with ``family="qwen2"``).
+(``LLMArch`` with ``qkv_bias=True``).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ QWEN2_7B = LLMArch(
     rope_theta=1_000_000.0,
     rms_norm_eps=1e-6,
     max_position_embeddings=32_768,
-    family="qwen2",
+    qkv_bias=True,
 )
 """``llava-hf/llava-onevision-qwen2-7b-ov-hf``'s text_config (Qwen2-7B, vocabulary grown for the
 ``<image>`` / ``<video>`` tokens)."""
@@ -172,7 +172,7 @@ PRESETS = {
             num_key_value_heads=2,
             vocab_size=200,
             tie_word_embeddings=False,
-            family="qwen2",
+            qkv_bias=True,
         ),  # fmt: skip
         OneVisionRules(
             tile_px=28, patch_px=7, grid_pinpoints=((28, 28), (28, 56), (56, 28), (56, 56)), max_tiles=4
@@ -221,6 +221,6 @@ def shape_from_config(config: dict, name: str, where: str = "config.json") -> On
         num_key_value_heads=int(text.get("num_key_value_heads") or heads),
         vocab_size=int(_req(text, "vocab_size", w)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
-        family="qwen2",
+        qkv_bias=True,
     )
     return OneVisionShape(name, siglip, llm, rules, bool(config.get("multimodal_projector_bias", True)))

@@ -123,7 +123,7 @@ class Qwen2VLFamily(FamilyBase):
         vision MLP (``fc1`` / ``fc2``) has none."""
         from entrain.models.families.composition.tp import check_tp
 
-        if tp != 1 and shape.vision.family == "qwen2_vl":
+        if tp != 1 and shape.vision.mlp == "plain":
             raise ConfigError(
                 f"--tp {tp}: Qwen2-VL's vision MLP (fc1/fc2) has no tensor-parallel plan; use --tp 1"
             )

@@ -36,7 +36,7 @@ QWEN25_VL_7B = ModelArch(
         rope_theta=1_000_000.0,
         rms_norm_eps=1e-6,
         max_position_embeddings=128_000,
-        family="qwen2",
+        qkv_bias=True,
     ),
     description="Qwen2.5-VL-7B-Instruct's published shape (vision tower 32 x 1280 + Qwen2 28 x 3584), cost model only",
 )

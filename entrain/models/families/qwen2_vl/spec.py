@@ -57,7 +57,7 @@ def text_arch(config: dict, where: str) -> LLMArch:
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(text.get("max_position_embeddings", 32_768)),
             hidden_act=str(text.get("hidden_act", "silu")),
-            family="qwen2",
+            qkv_bias=True,
         )
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: bad language model config value ({e})") from None

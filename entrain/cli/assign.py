@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="per-iteration microbatch assignment of each system, with balance statistics",
         description=__doc__.split("\n\n")[0],
     )
-    add_common_args(p, systems_default=DEFAULT_SYSTEMS)
+    add_common_args(p, "assign", systems_default=DEFAULT_SYSTEMS)
     p.set_defaults(func=run)
 
 

@@ -21,6 +21,7 @@ import sys
 from entrain.cli.common import (
     add_common_args,
     add_entrain_extension_args,
+    add_shared_flags,
     apply_paper_entrain,
     emit_json,
     resolve_cost_model,
@@ -46,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="find b_min (Algorithm 1) and the static parallel configuration (Algorithm 2)",
         description=__doc__.split("\n\n")[0],
     )
-    add_common_args(p)
+    add_common_args(p, "plan")
     add_config_arg(p)
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the stability test")
     p.add_argument("--p-error", type=float, default=0.05, help="tolerated probability of a different split")
@@ -59,9 +60,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, default=EQ2_TOLERANCE,
                    help="GPU splits whose deployed configurations' Eq. 2 times differ by at most this "
                         f"fraction count as the same (default {EQ2_TOLERANCE:g}; 0 = same Eq. 2 time)")  # fmt: skip
-    p.add_argument("--cp", type=int, default=1, help="context parallel degree (0 = search {1, 2})")
+    add_shared_flags(p, "plan", "cp")
     p.add_argument("--sizes", default="", help="extra batch sizes to test, e.g. 1,4,16,64,256")
-    p.add_argument("--freeze", default="", help="comma list of frozen parts: encoder, vit, llm")
+    add_shared_flags(p, "plan", "freeze")
     p.add_argument(
         "--system",
         default=ENTRAIN,

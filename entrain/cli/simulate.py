@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="simulate each system's pipeline schedule", description=__doc__
     )
-    add_common_args(p, systems_default=DEFAULT_SYSTEMS)
+    add_common_args(p, "simulate", systems_default=DEFAULT_SYSTEMS)
     add_config_arg(p)
     p.add_argument("--plot-dir", default=None, help="write gantt_<system>.png, fwd_time.png, memory.png here")
     p.add_argument(

@@ -21,13 +21,12 @@ import time
 from dataclasses import replace
 
 from entrain.cli.common import (
-    HARDWARE_PRESETS,
-    MODEL_PRESETS,
     add_attention_arg,
     add_entrain_extension_args,
     add_model_source_args,
     add_pixel_args,
     add_precision_arg,
+    add_shared_flags,
     apply_paper_entrain,
     warn_profile_precision,
 )
@@ -52,34 +51,11 @@ DEMO = {
 }
 
 
-DATASET_HELP = (
-    "built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of Parquet "
-    "or WebDataset .tar shards or of a Hugging Face save_to_disk dataset"
-)
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train", help="train a VLM with a system's Plans (torchrun)", description=__doc__
     )
-    p.add_argument(
-        "--dataset",
-        "--work-file",
-        dest="dataset",
-        default="skewed",
-        help=DATASET_HELP,
-    )
-    p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
-    p.add_argument("--model", default="tiny", choices=MODEL_PRESETS, help="model preset to train")
-    p.add_argument(
-        "--hardware",
-        default=None,
-        choices=HARDWARE_PRESETS,
-        help="cost-model preset to plan with (default: cpu-tiny for tiny, a40-paper otherwise)",
-    )
-    p.add_argument(
-        "--profile", default=None, metavar="FILE", help="measured profile (entrain profile) to plan with"
-    )
+    add_shared_flags(p, "train", "dataset", "image_root", "model", "hardware", "profile")
     add_attention_arg(p)
     p.add_argument(
         "--system",
@@ -121,37 +97,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_degree_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--dp",
-        type=int,
-        default=None,
-        help="data-parallel replicas (default: the planner's choice, or processes / stages when fixed)",
-    )
-    p.add_argument(
-        "--tp",
-        type=int,
-        default=1,
-        help="tensor-parallel degree inside every stage (each pipeline rank becomes --tp processes)",
-    )
+    add_shared_flags(p, "train", "dp", "tp")
     p.add_argument(
         "--fsdp",
         action="store_true",
         help="shard each stage's parameters, gradients and AdamW state over its data-parallel group "
         "(FSDP2; needs --dp 2 or more) instead of all-reducing whole gradients",
     )
-    p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
+    add_shared_flags(p, "train", "cp")
 
 
 def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--global-batch", type=int, default=16, help="samples per step over all replicas (--plan sets it)"
-    )
-    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (--plan sets it)")
+    add_shared_flags(p, "train", "global_batch", "microbatch_size")
     p.add_argument("--steps", type=int, default=10, help="optimiser steps")
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the samples, the planner's draws and the init"
-    )
-    p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
+    add_shared_flags(p, "train", "seed", "shuffle")
     p.add_argument("--out", default="runs/train", help="run folder")
     p.add_argument(
         "--lr", type=float, default=1e-3, help="AdamW peak learning rate (cosine decay after warm-up)"
@@ -162,7 +121,7 @@ def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0 disables")
     p.add_argument("--val-every", type=int, default=0, help="validation loss every N steps (0: never)")
     p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
-    p.add_argument("--freeze", default="", help="comma list of encoder, vit (tower without merger), llm")
+    add_shared_flags(p, "train", "freeze")
     p.add_argument("--weights", default=None, help="local weights folder (default: random init from --seed)")
 
 

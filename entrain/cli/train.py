@@ -32,7 +32,7 @@ from entrain.cli.common import (
 )
 from entrain.cli.config_file import add_config_arg
 from entrain.cli.plan_flags import apply_plan
-from entrain.config import STOCK_MODEL_FLAGS, RunConfig
+from entrain.config import RunConfig
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import ENTRAIN, SYSTEMS, parse_systems
 
@@ -279,66 +279,26 @@ def _tensorboard(wanted: bool) -> bool:
     return wanted
 
 
-_FORWARDED = (
-    "dataset",
-    "image_root",
-    "model",
-    "hardware",
-    "profile",
-    "attention",
-    "system",
-    "plan",
-    "encoder_stages",
-    "llm_stages",
-    "dp",
-    "tp",
-    "cp",
-    "global_batch",
-    "microbatch_size",
-    "steps",
-    "seed",
-    "out",
-    "lr",
-    "weight_decay",
-    "warmup_steps",
-    "max_grad_norm",
-    "betas",
-    "val_every",
-    "val_batches",
-    "freeze",
-    "weights",
-    "on_bad_sample",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "timeout_s",
-    "entrain_layout",
-    "ramp_microbatches",
-    "split_weight_grads",
-    "assignment",
-    "device",
-    "replan",
-    "replan_window",
-    "replan_threshold",
-    "replan_restart_s",
-    *STOCK_MODEL_FLAGS,
-)
-_FLAGS_FORWARDED = (
-    "shuffle",
-    "resume",
-    "no_progress",
-    "overwrite",
-    "confine_images",
-    "tensorboard",
-    "trace",
-    "fsdp",
-    "deterministic",
-    "allow_other_dataset",
-)
+NOT_RECORDED = {
+    "nproc": "the launcher's own: the workers it starts are the processes",
+    "demo": "its values are recorded as the flags it sets",
+    "config": "the file's values are recorded as the flags they set",
+    "paper_entrain": "recorded as the four extension flags it sets",
+}
+"""``train`` flags that ``config.json`` does not record (every other flag is: ``run_flags``), and why."""
+
+NOT_IN_CONFIG = {
+    **dict.fromkeys(
+        ("nproc", "demo", "config", "paper_entrain"), "a launcher flag: its effect is other flags"
+    ),
+    "allow_other_dataset": "with --plan: the dataset actually run is fingerprinted (--dataset)",
+}
+"""``train`` flags without a ``RunConfig`` field (so outside the resume fingerprint), and why."""
 
 
 def run_flags(args: argparse.Namespace) -> dict:
     """The resolved flags of a run (what config.json records for ``--config``)."""
-    return {k: getattr(args, k) for k in (*_FORWARDED, *_FLAGS_FORWARDED)}
+    return {a.dest: getattr(args, a.dest) for a in _ACTIONS if a.dest not in NOT_RECORDED}
 
 
 def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:

@@ -60,3 +60,57 @@ def test_a_flag_redefined_with_other_help_or_default_is_caught():
     actions["simulate"]["tp"] = argparse.Action(["--tp"], "tp", default=2, help="tp, reworded")
     assert shared_flag_mismatches(actions) == ["tp: help differs between train, plan, simulate, assign",
                                                "tp: default differs between train, plan, simulate, assign (1, 2)"]  # fmt: skip
+
+
+def unaccounted_train_flags(train_actions: dict[str, argparse.Action]) -> list[str]:
+    """``dest: why`` for every ``train`` flag neither recorded (forwarded) and fingerprinted nor listed
+    as deliberately left out, with a reason."""
+    from entrain.cli.train import NOT_IN_CONFIG, NOT_RECORDED, run_flags
+    from entrain.config import fingerprint_fields, fingerprint_keys
+
+    recorded = run_flags(argparse.Namespace(**{d: a.default for d, a in train_actions.items()}))
+    fields, keys = fingerprint_fields(), set(fingerprint_keys())
+    problems = []
+    for dest in train_actions:
+        if dest not in recorded and len(NOT_RECORDED.get(dest, "")) < 20:
+            problems.append(f"{dest}: not recorded in config.json (so not forwarded) and no reason why")
+        meta = fields.get(dest)
+        if meta is None:
+            if len(NOT_IN_CONFIG.get(dest, "")) < 20:
+                problems.append(f"{dest}: no RunConfig field and no reason in train.NOT_IN_CONFIG")
+        elif dest not in keys and len(meta.get("why", "")) < 20:
+            problems.append(
+                f"{dest}: not fingerprinted and its field's metadata says no reason (not_fp(why))"
+            )
+    return problems
+
+
+def test_every_train_flag_is_forwarded_and_fingerprinted_or_excluded_with_a_reason():
+    from entrain.config import fingerprint_fields
+
+    assert unaccounted_train_flags(_actions()["train"]) == []
+    for name, meta in fingerprint_fields().items():  # every field says whether it is fingerprinted
+        assert meta.get("fingerprint") in (True, "when-set") or len(meta.get("why", "")) > 20, name
+
+
+def test_the_fingerprint_and_the_record_follow_the_field_metadata():
+    from entrain.cli.train import run_flags
+    from entrain.config import RunConfig
+    from entrain.runtime.session import fingerprint
+
+    actions = _actions()["train"]
+    args = argparse.Namespace(**{d: a.default for d, a in actions.items()})
+    args.model_path, args.decision_margin_pct, args.confine_images = "ckpt/vlm", 1.0, True
+    spec = RunConfig.from_args(args)
+    fp = fingerprint(spec, "entrain")
+    assert fp["model_path"] == "ckpt/vlm" and fp["confine_images"] is True and fp["dp"] == 1
+    assert "vision_model" not in fp and "deterministic" not in fp and "entrain_layout" not in fp
+    assert run_flags(args)["model_path"] == "ckpt/vlm" and run_flags(args)["decision_margin_pct"] == 1.0
+
+
+def test_a_new_train_flag_without_a_field_or_reason_is_caught():
+    actions = dict(_actions()["train"])
+    actions["brand_new"] = argparse.Action(["--brand-new"], "brand_new", default=1, help="nobody reviewed")
+    assert "brand_new: no RunConfig field and no reason in train.NOT_IN_CONFIG" in unaccounted_train_flags(
+        actions
+    )

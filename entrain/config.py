@@ -156,6 +156,12 @@ class ModelConfig:
     model_path: str | None = _fp(None, FP_WHEN_SET)
     """One whole checkpoint folder of a model family (``--model-path``; replaces ``name``)."""
 
+    def __post_init__(self) -> None:
+        if self.model_path and (self.vision_model or self.llm_model):
+            raise ConfigError(
+                "--model-path is a whole checkpoint: pass it without --vision-model / --llm-model"
+            )
+
     def source(self):
         """The ``entrain.models.families.base.ModelSource`` of these flags."""
         from entrain.models.families.base import ModelSource

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from entrain.config import parse_ramp
+from entrain.config import RunConfig, parse_ramp
 from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel, precision_mismatch
 from entrain.core.errors import ConfigError
@@ -364,6 +364,39 @@ def workload_source(args: argparse.Namespace, cost: CostModel) -> WorkloadSource
         shuffle=args.shuffle,
         image_root=getattr(args, "image_root", None),
         vision=vision_limits(args),
+    )
+
+
+def config_cost_model(config: RunConfig, freeze: tuple[str, ...] = ()) -> CostModel:
+    """``resolve_cost_model`` of a built ``RunConfig``: its model, hardware, attention, or ``--profile``."""
+    model = config.model
+    return resolve_preset_or_profile(
+        model.arch(), hardware=model.hardware, profile=model.profile, attention=model.attention, freeze=freeze
+    )
+
+
+def config_hardware_label(config: RunConfig) -> str:
+    """``hardware_label`` of a built ``RunConfig``."""
+    model = config.model
+    return (
+        f"profile:{model.profile}" if model.profile else model.hardware or default_hardware(model.arch().name)
+    )
+
+
+def config_workload(config: RunConfig, cost: CostModel) -> WorkloadSource:
+    """``workload_source`` of a built ``RunConfig``."""
+    data = config.data
+    return WorkloadSource(data.dataset, cost, data.seed, tp=config.parallel.tp, shuffle=data.shuffle,
+                          image_root=data.image_root, vision=data.vision(config.model))  # fmt: skip
+
+
+def config_sampler(config: RunConfig):
+    """The planner's i.i.d. draws from the run's dataset (``entrain.data.sampling.dataset_sampler``)."""
+    from entrain.data.sampling import dataset_sampler
+
+    data = config.data
+    return dataset_sampler(
+        data.dataset, data.seed, image_root=data.image_root, vision=data.vision(config.model)
     )
 
 

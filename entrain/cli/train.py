@@ -247,7 +247,8 @@ def _spec(args: argparse.Namespace) -> RunConfig:
                 "entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr
             )
         args.split_weight_grads = "off"
-    spec = RunConfig.from_args(args)
+    flags = run_flags(args)
+    spec = RunConfig.from_args(args)  # no flag is read from args after this line (the config has them all)
     if spec.schedule.plan:
         from entrain.runtime.planning import plan_file
 
@@ -267,7 +268,7 @@ def _spec(args: argparse.Namespace) -> RunConfig:
             ),
             schedule=replace(spec.schedule, systems=(system,)),
         )
-    return replace(spec, run=replace(spec.run, flags=run_flags(args)))
+    return replace(spec, run=replace(spec.run, flags=flags))
 
 
 def _tensorboard(wanted: bool) -> bool:
@@ -299,6 +300,12 @@ NOT_IN_CONFIG = {
 def run_flags(args: argparse.Namespace) -> dict:
     """The resolved flags of a run (what config.json records for ``--config``)."""
     return {a.dest: getattr(args, a.dest) for a in _ACTIONS if a.dest not in NOT_RECORDED}
+
+
+def recorded_flags(spec: RunConfig) -> argparse.Namespace:
+    """The run's flags as ``config.json`` records them (``spec.run.flags``), the others at their
+    defaults: what the launcher forwards to its workers."""
+    return argparse.Namespace(**{**_DEFAULTS, **spec.run.flags})
 
 
 def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
@@ -597,24 +604,24 @@ def run(args: argparse.Namespace) -> int:
     fixed = fixed_stages(spec) and not spec.schedule.plan  # the planner reports b_min itself otherwise
     if under_torchrun:  # started by the user's own torchrun
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0"):
-            check_run_folder(spec, args.overwrite)
+            check_run_folder(spec, spec.run.overwrite)
         if os.environ["RANK"] == "0" and fixed:
             warn_below_b_min(spec)
         from entrain.runtime.distributed import local_process_count
 
-        resolve_device(args.device, local_process_count(), say=os.environ.get("LOCAL_RANK", "0") == "0")
+        resolve_device(spec.run.device, local_process_count(), say=os.environ.get("LOCAL_RANK", "0") == "0")
         return _run_rank(spec, under_torchrun=True)
     # everything that can be checked before a process starts, in the order a user fixes it
-    check_run_folder(spec, args.overwrite)
+    check_run_folder(spec, spec.run.overwrite)
     if spec.run.resume:
         _check_resume(spec)
     check_dataset_size(spec)
     if fixed:
         warn_below_b_min(spec)
     need = world or default_world_size(spec)
-    resolve_device(args.device, need)
+    resolve_device(spec.run.device, need)
     if need > 1:  # not under torchrun: start it
-        return _launch(args, spec, need)
+        return _launch(recorded_flags(spec), spec, need)
     try:
         return _run_rank(spec, under_torchrun=False)
     except KeyboardInterrupt:

@@ -11,6 +11,10 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import pathlib
+
+import pytest
 
 RUN_COMMANDS = ("train", "plan", "simulate", "assign")
 
@@ -114,3 +118,54 @@ def test_a_new_train_flag_without_a_field_or_reason_is_caught():
     assert "brand_new: no RunConfig field and no reason in train.NOT_IN_CONFIG" in unaccounted_train_flags(
         actions
     )
+
+
+CLI = pathlib.Path(__file__).resolve().parents[2] / "entrain" / "cli"
+BUILDS = ("from_args", "_spec")
+"""Calls that build a command's configuration: ``RunConfig.from_args``, a command's request built from
+the flags (``PlanRequest.from_args`` ...), ``train._spec``."""
+READERS = {
+    "plan": {"from_args": "builds the PlanRequest", "run": "hands the flags to PlanRequest.from_args"},
+    "simulate": {"from_args": "builds the SimulateRequest", "simulate_systems": "benchmarks' entry point",
+                 "run": "hands the flags to SimulateRequest.from_args"},
+    "assign": {"run": "builds the AssignRequest"},
+    "train": {
+        "run": "--demo, --nproc and --dp before the config", "_as_worker": "the same in a worker",
+        "_spec": "builds the config", "_infer_dp": "--dp from the process count, before the config",
+        "_apply_demo": "--demo's values, before the config", "run_flags": "what config.json records",
+        "_child_argv": "forwards the recorded flags", "_launch": "forwards the recorded flags",
+        "relaunch_args": "forwards the recorded flags after a re-plan",
+    },
+}  # fmt: skip
+"""Functions of each command that may read ``args`` (only before they build the configuration)."""
+
+
+def args_reads_after_the_config(source: str, readers: dict[str, str]) -> list[str]:
+    """``function:line`` of every use of ``args`` in a function not in ``readers``, or in one after the
+    line that builds the configuration."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        uses = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == "args"]
+        built = [
+            n.lineno
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) in BUILDS
+        ]
+        after = [line for line in uses if built and line > min(built)]
+        found += [f"{fn.name}:{line}" for line in (uses if fn.name not in readers else after)]
+    return found
+
+
+@pytest.mark.parametrize("command", sorted(READERS))
+def test_a_command_reads_no_flag_from_args_after_its_config_is_built(command):
+    source = (CLI / f"{command}.py").read_text()
+    assert args_reads_after_the_config(source, READERS[command]) == []
+
+
+def test_an_args_read_after_the_config_is_caught():
+    source = "def run(args):\n    config = RunConfig.from_args(args)\n    return go(config, args.seed)\n"
+    assert args_reads_after_the_config(source, {"run": "builds it"}) == ["run:3"]
+    source = "def _cost(args):\n    return resolve(args.model)\n"
+    assert args_reads_after_the_config(source, {}) == ["_cost:2"]

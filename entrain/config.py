@@ -8,18 +8,21 @@ every part that needs it. Each part is small, typed and owned by the component t
 * ``OptimConfig``: AdamW and the learning-rate schedule;
 * ``RunDirConfig``: the run folder, its length, checkpoints and waits.
 
-A field's name is its flag's (``--global-batch`` -> ``global_batch``), so ``RunConfig.from_args``
-reads the flags without a list of them; a new flag becomes a new field of the part that owns it.
+A field's name is its flag's (``--global-batch`` -> ``global_batch``; metadata ``flag`` where it is
+not), so ``RunConfig.from_args`` reads the flags without a list of them; a new flag becomes a new field
+of the part that owns it. Every field's metadata says whether it is part of the resume fingerprint
+(``fingerprint_keys``): ``FP``, ``FP_WHEN_SET`` (left out at its default, so runs from before the flag
+stay resumable) or ``not_fp(why)``; ``tests/cli/test_flag_definitions.py`` checks that each has one.
 Imports ``entrain.core`` only (no torch)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig
+from entrain.core.parallel import FP, ParallelConfig
 from entrain.core.replan_settings import (
     DEFAULT_THRESHOLD,
     DEFAULT_WINDOW,
@@ -40,9 +43,35 @@ __all__ = [
     "RunConfig",
     "ENTRAIN_LAYOUTS",
     "parse_ramp",
+    "FP",
+    "FP_WHEN_SET",
+    "not_fp",
+    "fingerprint_keys",
+    "fingerprint_fields",
 ]
 
 BAD_SAMPLE_POLICIES = ("error", "skip")
+
+FP_WHEN_SET = {"fingerprint": "when-set"}
+"""In the resume fingerprint when set (not None / False): runs from before the flag stay resumable."""
+
+
+def not_fp(why: str, flag: str | None = None) -> dict:
+    """Metadata of a field left out of the resume fingerprint, with the reason (and its flag's name
+    where it is not the field's)."""
+    return {"fingerprint": False, "why": why, **({"flag": flag} if flag else {})}
+
+
+def _fp(default=MISSING, meta: dict = FP, **options):
+    return field(default=default, metadata=meta, **options)
+
+
+SCHEDULE_ONLY = (
+    "the schedule orders the same work: loss and gradients do not depend on it (DESIGN.md section 3), "
+    "so a resumed run may change it"
+)
+REPLAN_ONLY = "when to re-plan, not what is trained (a re-plan resumes the same run on a new plan)"
+RECORD_ONLY = "what the run writes or how long it waits, not what it trains"
 
 
 def _pick(cls, args: argparse.Namespace, **given):
@@ -72,18 +101,18 @@ def _comma_list(text: str | tuple | None) -> tuple[str, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    dataset: str
-    image_root: str | None = None
-    seed: int = 0
-    shuffle: bool = False
-    on_bad_sample: str = "error"
-    confine_images: bool = False
+    dataset: str = _fp()
+    image_root: str | None = _fp(None)
+    seed: int = _fp(0)
+    shuffle: bool = _fp(False)
+    on_bad_sample: str = _fp("error")
+    confine_images: bool = _fp(False, FP_WHEN_SET)
     """An image path resolving outside the dataset root is a bad record (else a warning)."""
-    val_every: int = 0
+    val_every: int = _fp(0)
     """Validation loss every N steps (0: never)."""
-    val_batches: int = 1
-    min_pixels: int | None = None
-    max_pixels: int | None = None
+    val_batches: int = _fp(1)
+    min_pixels: int | None = _fp(None, FP_WHEN_SET)
+    max_pixels: int | None = _fp(None, FP_WHEN_SET)
     """The image processor's limits (``--min-pixels`` / ``--max-pixels``)."""
 
     def __post_init__(self) -> None:
@@ -106,30 +135,32 @@ class DataConfig:
         return pixel_limits(self.min_pixels, self.max_pixels)
 
 
-STOCK_MODEL_FLAGS = ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels", "precision")
-"""Stock-model and image-size flags: forwarded to the workers and part of the resume fingerprint."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    name: str
+    name: str = field(metadata={**FP, "flag": "model"})
     """``--model``: a model preset."""
-    hardware: str | None = None
+    hardware: str | None = _fp(None)
     """Cost-model preset to plan with (default: ``entrain.core.presets.default_hardware``)."""
-    profile: str | None = None
+    profile: str | None = _fp(None)
     """A measured profile (``entrain profile``) replacing the preset."""
-    attention: str | None = None
-    freeze: tuple[str, ...] = ()
-    weights: str | None = None
-    vision_model: str | None = None
+    attention: str | None = _fp(None)
+    freeze: tuple[str, ...] = _fp(())
+    weights: str | None = _fp(None)
+    vision_model: str | None = _fp(None, FP_WHEN_SET)
     """A stock Qwen2-VL / Qwen2.5-VL folder (with ``llm_model``, replaces ``name``)."""
-    llm_model: str | None = None
-    tokenizer: str | None = None
+    llm_model: str | None = _fp(None, FP_WHEN_SET)
+    tokenizer: str | None = _fp(None, FP_WHEN_SET)
     """The stock LLM's tokenizer folder (default: ``llm_model``'s own)."""
-    precision: str | None = None
+    precision: str | None = _fp(None, FP_WHEN_SET)
     """``fp32`` or ``bf16`` (None: bf16 on CUDA, fp32 on CPU; ``session.resolve_precision``)."""
-    model_path: str | None = None
+    model_path: str | None = _fp(None, FP_WHEN_SET)
     """One whole checkpoint folder of a model family (``--model-path``; replaces ``name``)."""
+
+    def __post_init__(self) -> None:
+        if self.model_path and (self.vision_model or self.llm_model):
+            raise ConfigError(
+                "--model-path is a whole checkpoint: pass it without --vision-model / --llm-model"
+            )
 
     def source(self):
         """The ``entrain.models.families.base.ModelSource`` of these flags."""
@@ -178,25 +209,30 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleConfig:
-    systems: tuple[str, ...]
-    entrain_layout: str = "auto"
+    systems: tuple[str, ...] = field(
+        metadata=not_fp("fingerprint() records the one system each run folder trains", flag="system")
+    )
+    entrain_layout: str = _fp("auto", not_fp(SCHEDULE_ONLY))
     """Entrain extension: ``shared`` (boundary sharing), ``disjoint`` (the paper's) or ``auto``."""
-    ramp_microbatches: int | str = "auto"
+    ramp_microbatches: int | str = _fp("auto", not_fp(SCHEDULE_ONLY))
     """Entrain extension: fill/drain ramp, ``auto`` or a piece count (0 = the paper's schedule)."""
-    split_weight_grads: bool = True
+    split_weight_grads: bool = _fp(True, not_fp(SCHEDULE_ONLY))
     """Entrain extension: backwards as input- then weight-gradient halves (False = the paper's)."""
-    assignment: str = "auto"
+    assignment: str = _fp("auto", not_fp(SCHEDULE_ONLY))
     """Entrain extension: per-iteration assignment, ``paper`` (Algorithm 3), ``two-resource`` or ``auto``."""
-    plan: str | None = None
+    plan: str | None = _fp(
+        None,
+        not_fp("a re-plan resumes on a new plan file; the batch sizes and layout it sets are fingerprinted"),
+    )
     """A plan file (``entrain plan --out``) to run exactly, instead of planning."""
-    decision_margin_pct: float | None = None
+    decision_margin_pct: float | None = _fp(None, not_fp(SCHEDULE_ONLY))
     """``--decision-margin PCT``: an automatic choice departs from the paper's default only when a
     candidate simulates more than this percentage faster (None: ``setups.DECISION_MARGIN``)."""
-    replan: str = "off"
+    replan: str = _fp("off", not_fp(REPLAN_ONLY))
     """``auto``: re-plan Entrain's split when the data drifts (``entrain.sim.drift``); ``off``."""
-    replan_window: int = DEFAULT_WINDOW
-    replan_threshold: float = DEFAULT_THRESHOLD
-    replan_restart_s: float = RESTART_MS / 1000
+    replan_window: int = _fp(DEFAULT_WINDOW, not_fp(REPLAN_ONLY))
+    replan_threshold: float = _fp(DEFAULT_THRESHOLD, not_fp(REPLAN_ONLY))
+    replan_restart_s: float = _fp(RESTART_MS / 1000, not_fp(REPLAN_ONLY))
 
     def __post_init__(self) -> None:
         for name in self.systems:
@@ -219,15 +255,17 @@ class ScheduleConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.01
-    warmup_steps: int = 2
+    lr: float = _fp(1e-3)
+    betas: tuple[float, float] = _fp((0.9, 0.95))
+    weight_decay: float = _fp(0.01)
+    warmup_steps: int = _fp(2)
     """Linear warm-up from lr / warmup_steps to lr over this many steps."""
-    total_steps: int = 100
+    total_steps: int = _fp(
+        100, not_fp("--steps may grow on resume: the schedule follows the new total", "steps")
+    )
     """Cosine decay from lr to ``min_lr_ratio * lr`` between the end of warm-up and this step."""
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float | None = 1.0
+    min_lr_ratio: float = _fp(0.1, not_fp("no flag sets it: every run has the default"))
+    max_grad_norm: float | None = _fp(1.0)
     """Global-norm clipping over all stages and replicas; None disables it."""
 
     def __post_init__(self) -> None:
@@ -253,22 +291,28 @@ class OptimConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RunDirConfig:
-    out: str
-    steps: int
-    checkpoint_every: int = 0
+    out: str = _fp(meta=not_fp("the run folder holds the checkpoints and their fingerprint"))
+    steps: int = _fp(meta=not_fp("--steps may grow on resume"))
+    checkpoint_every: int = _fp(0, not_fp(RECORD_ONLY))
     """Save a checkpoint every this many steps (0: only at the end)."""
-    keep_checkpoints: int = 3
-    resume: bool = False
-    timeout_s: float = 300.0
+    keep_checkpoints: int = _fp(3, not_fp(RECORD_ONLY))
+    resume: bool = _fp(False, not_fp("how the run starts: --resume itself is what reads the fingerprint"))
+    overwrite: bool = _fp(False, not_fp("replaces the run in --out: nothing is resumed"))
+    """``--overwrite``: the only way to reuse a folder that holds a run without ``--resume``."""
+    timeout_s: float = _fp(300.0, not_fp(RECORD_ONLY))
     """Longest wait of any collective or point-to-point transfer."""
-    progress: bool = True
-    tensorboard: bool = False
-    trace: bool = False
-    device: str = "auto"
+    progress: bool = _fp(True, not_fp(RECORD_ONLY, "no_progress"))
+    tensorboard: bool = _fp(False, not_fp(RECORD_ONLY))
+    trace: bool = _fp(False, not_fp(RECORD_ONLY))
+    device: str = _fp(
+        "auto", not_fp("checkpoints are device-independent: a run may resume on another device")
+    )
     """``--device``: ``auto``, ``cuda`` or ``cpu`` (``entrain.runtime.distributed.choose_device``)."""
-    deterministic: bool = False
+    deterministic: bool = _fp(False, FP_WHEN_SET)
     """``--deterministic``: torch's deterministic algorithms (bitwise-equal resume on GPU)."""
-    flags: dict = field(default_factory=dict, compare=False)
+    flags: dict = field(
+        default_factory=dict, compare=False, metadata=not_fp("the record of the flags themselves")
+    )
     """The command-line flags of the run (``entrain train``): config.json records them, so
     ``entrain train --config RUN/config.json`` starts the same run."""
 
@@ -330,6 +374,10 @@ class RunConfig:
                 return getattr(part, name)
         raise AttributeError(f"RunConfig has no field {name!r}")
 
+    @staticmethod
+    def parts() -> tuple[type, ...]:
+        return DataConfig, ModelConfig, ParallelConfig, ScheduleConfig, OptimConfig, RunDirConfig
+
     def config_request(self, gpus: int | None = None) -> ConfigRequest:
         """What ``entrain.core.setups`` needs to choose each system's configuration on ``gpus`` GPUs
         (default ``parallel.gpus``)."""
@@ -358,3 +406,24 @@ class RunConfig:
         out["model"] = out.pop("name")
         out.pop("flags", None)  # config.json records them next to the spec
         return out
+
+
+def fingerprint_fields() -> dict[str, dict]:
+    """``{flag name: metadata}`` of every field of every ``RunConfig`` part (``metadata["flag"]`` where
+    the flag's name is not the field's), for the resume fingerprint and its test."""
+    out: dict[str, dict] = {}
+    for part in RunConfig.parts():
+        for f in fields(part):
+            out.setdefault(f.metadata.get("flag", f.name), dict(f.metadata))
+    return out
+
+
+def fingerprint_keys(when_set: bool | None = None) -> tuple[str, ...]:
+    """The flag names whose values make the resume fingerprint (``entrain.runtime.session.fingerprint``),
+    from the fields' metadata; ``when_set`` True / False: only those left out at their default / the others."""
+    keys = []
+    for name, meta in fingerprint_fields().items():
+        kind = meta.get("fingerprint")
+        if kind and (when_set is None or (kind == "when-set") == when_set):
+            keys.append(name)
+    return tuple(keys)

@@ -17,16 +17,17 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from entrain.cli.common import add_common_args, emit_json, model_label, resolve_cost_model, workload_source
+from entrain.cli.common import add_common_args, config_cost_model, config_workload, emit_json
 from entrain.config import RunConfig
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import ParallelConfig, num_microbatches
-from entrain.core.systems import ENTRAIN, default_systems, get_system, parse_systems
+from entrain.core.systems import ENTRAIN, default_systems, get_system
 from entrain.core.work import SampleWork
 
 DEFAULT_SYSTEMS = default_systems("assign")
@@ -38,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="per-iteration microbatch assignment of each system, with balance statistics",
         description=__doc__.split("\n\n")[0],
     )
-    add_common_args(p, systems_default=DEFAULT_SYSTEMS)
+    add_common_args(p, "assign", systems_default=DEFAULT_SYSTEMS)
     p.set_defaults(func=run)
 
 
@@ -66,21 +67,22 @@ def summarize(iterations: Sequence[IterationAssignment]) -> dict[str, float]:
     }
 
 
-def resolve_dp(args: argparse.Namespace, first_batch: Sequence[SampleWork], cost: CostModel) -> int:
+def resolve_dp(config: RunConfig, first_batch: Sequence[SampleWork], cost: CostModel) -> int:
     """``--dp``, or the DP of the planner's configuration (Algorithm 2, ``search_config``) profiled
     on the first iteration's global batch, on ``--gpus`` GPUs (noted on stderr)."""
-    if args.dp is not None:
-        if args.dp < 1:
-            raise ConfigError(f"--dp must be >= 1, got {args.dp}")
-        return args.dp
+    par = config.parallel
+    if par.dp is not None:
+        if par.dp < 1:
+            raise ConfigError(f"--dp must be >= 1, got {par.dp}")
+        return par.dp
     from entrain.core.planning.config_search import search_config
 
     parallel = ParallelConfig(
-        gpus=args.gpus, tp=args.tp, global_batch=args.global_batch, microbatch_size=args.microbatch_size
+        gpus=par.gpus, tp=par.tp, global_batch=par.global_batch, microbatch_size=par.microbatch_size
     )
     cfg = search_config(first_batch, cost, parallel)
     print(
-        f"entrain assign: --dp not given; the planner chose dp={cfg.dp} for {args.gpus} GPUs", file=sys.stderr
+        f"entrain assign: --dp not given; the planner chose dp={cfg.dp} for {par.gpus} GPUs", file=sys.stderr
     )
     return cfg.dp
 
@@ -108,29 +110,43 @@ def _table(results: dict[str, dict], times_ms: dict[str, float], head: str) -> s
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class AssignRequest:
+    """What ``entrain assign`` does: the run's configuration and its own flags (read once, in ``run``)."""
+
+    config: RunConfig
+    iterations: int
+    json: bool
+
+
 def run(args: argparse.Namespace) -> int:
-    systems = parse_systems(args.systems)
-    RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
-    cost = resolve_cost_model(args)
-    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
-    dp = resolve_dp(args, batches[0], cost)
-    k = num_microbatches(args.global_batch, dp, args.microbatch_size)
+    return assign(AssignRequest(RunConfig.from_args(args), args.iterations, args.json))
+
+
+def assign(req: AssignRequest) -> int:
+    """Every system's assignment of the workload's iterations, as a table or ``--json``."""
+    config, par = req.config, req.config.parallel
+    cost = config_cost_model(config)
+    batches = list(config_workload(config, cost).batches(par.global_batch, req.iterations))
+    dp = resolve_dp(config, batches[0], cost)
+    k = num_microbatches(par.global_batch, dp, par.microbatch_size)
     results: dict[str, dict] = {}
     times_ms: dict[str, float] = {}
-    for name in systems:
+    for name in config.schedule.systems:
         batcher = get_system(name).batcher
         t0 = time.perf_counter()
         its = [batcher(b, dp, k) for b in batches]
         times_ms[name] = (time.perf_counter() - t0) * 1e3 / max(1, len(batches))
         results[name] = {"summary": summarize(its), "iterations": [it.to_json() for it in its]}
-    if args.json:
+    data, model = config.data.dataset, config.model.arch().name
+    if req.json:
         emit_json({
-            "systems": results, "dataset": args.dataset, "model": model_label(args), "dp": dp,
-            "global_batch": args.global_batch, "microbatch_size": args.microbatch_size,
-            "num_microbatches": k, "iterations": args.iterations, "seed": args.seed,
+            "systems": results, "dataset": data, "model": model, "dp": dp,
+            "global_batch": par.global_batch, "microbatch_size": par.microbatch_size,
+            "num_microbatches": k, "iterations": req.iterations, "seed": config.data.seed,
         })  # fmt: skip
         return 0
-    head = (f"entrain assign: dataset {args.dataset}, model {model_label(args)}, dp {dp}, global batch "
-            f"{args.global_batch}, microbatch size {args.microbatch_size} (K = {k}), {args.iterations} iterations")  # fmt: skip
+    head = (f"entrain assign: dataset {data}, model {model}, dp {dp}, global batch "
+            f"{par.global_batch}, microbatch size {par.microbatch_size} (K = {k}), {req.iterations} iterations")  # fmt: skip
     print(_table(results, times_ms, head))
     return 0

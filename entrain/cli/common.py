@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from entrain.config import parse_ramp
+from entrain.config import RunConfig, parse_ramp
 from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel, precision_mismatch
 from entrain.core.errors import ConfigError
@@ -45,42 +45,101 @@ class _Presets:
 MODEL_PRESETS = _Presets()
 
 
-def add_common_args(p: argparse.ArgumentParser, *, systems_default: str | None = None) -> None:
-    p.add_argument(
-        "--dataset",
-        "--work-file",
-        dest="dataset",
-        default="synthchartnet",
-        help="built-in generator name, workload JSONL, raw-work JSONL, LLaVA JSON/JSONL/Parquet dataset, or a "
-        "folder of Parquet or WebDataset .tar shards or of a Hugging Face save_to_disk dataset",
+@dataclass(frozen=True)
+class FlagSpec:
+    """One flag shared by several commands: its names, help and argparse options (default, choices ...),
+    defined once here; ``add_shared_flags`` adds it to each command that takes it."""
+
+    names: tuple[str, ...]
+    help: str
+    options: dict
+
+    @property
+    def dest(self) -> str:
+        return self.options.get("dest") or self.names[0].lstrip("-").replace("-", "_")
+
+
+def _flag(*names: str, help: str, **options) -> FlagSpec:
+    return FlagSpec(names, help, options)
+
+
+SHARED_FLAGS: dict[str, FlagSpec] = {
+    spec.dest: spec
+    for spec in (
+        _flag("--dataset", "--work-file", dest="dataset", default="synthchartnet",
+              help="built-in generator name, workload JSONL, raw-work JSONL (not entrain train), LLaVA "
+                   "JSON/JSONL/Parquet dataset, or a folder of Parquet or WebDataset .tar shards or of a Hugging "
+                   "Face save_to_disk dataset"),
+        _flag("--image-root", default=None, help="folder that LLaVA image paths are relative to"),
+        _flag("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS,
+              help="model preset to price (entrain train: to build and train)"),
+        _flag("--hardware", default=None, choices=HARDWARE_PRESETS,
+              help="cost-model preset to plan with (default: cpu-tiny for tiny, a40-paper otherwise)"),
+        _flag("--profile", default=None, metavar="FILE",
+              help="measured profile (entrain profile) replacing the preset"),
+        _flag("--gpus", type=int, default=64, help="GPUs to plan for"),
+        _flag("--dp", type=int, default=None,
+              help="data-parallel replicas (default: chosen by the planner; entrain train with fixed stages: "
+                   "processes / stages)"),
+        _flag("--tp", type=int, default=1,
+              help="tensor-parallel degree of both components (entrain train: inside every stage, each "
+                   "pipeline rank becomes --tp processes)"),
+        _flag("--cp", type=int, default=1,
+              help="context parallel degree (entrain plan: 0 = search {1, 2}; the training runtime supports 1)"),
+        _flag("--global-batch", type=int, default=512,
+              help="samples per iteration (one optimiser step) over all replicas (entrain train --plan sets it)"),
+        _flag("--microbatch-size", type=int, default=4,
+              help="samples per microbatch (entrain train --plan sets it)"),
+        _flag("--seed", type=int, default=0,
+              help="seed of the samples drawn, of the planner's draws and (entrain train) of the weights' init"),
+        _flag("--iterations", type=int, default=20, help="global batches (iterations) to draw"),
+        _flag("--shuffle", action="store_true", help="shuffle a file's samples with the seed first"),
+        _flag("--freeze", default="", help="comma list of frozen parts: encoder, vit (tower without merger), llm"),
+        _flag("--json", action="store_true", help="print one JSON object on stdout"),
     )
-    p.add_argument(
-        "--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS, help="model preset to price"
-    )
+}  # fmt: skip
+"""Every flag that ``train``, ``plan``, ``simulate`` and ``assign`` share, with one help and one default
+(a command's own default only in ``COMMAND_DEFAULTS``, with its reason)."""
+
+COMMAND_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
+    "train": {
+        "dataset": ("skewed", "train runs for real, on CPU by default: the fixed CPU benchmark set"),
+        "model": ("tiny", "train builds the model: the preset a CPU trains in seconds"),
+        "global_batch": (16, "a batch the tiny model trains on a CPU in seconds, not the paper's 512"),
+        "microbatch_size": (2, "K = 8 microbatches of the CPU-sized batch on one replica"),
+    },
+}
+"""``{command: {dest: (default, why)}}``: a shared flag whose default differs in one command, and why."""
+
+COMMAND_MEANINGS: dict[str, str] = {
+    "out": "a different thing per command: plan's output file (plan.json), train's run folder",
+    "system": "plan carries one system's layout; train takes one system or a comma list trained in turn",
+    "systems": "assign's default is one system per distinct batcher (the others repeat an assignment)",
+}
+"""Flags of the same name that are defined per command on purpose, and why."""
+
+
+def add_shared_flags(p: argparse.ArgumentParser, command: str, *dests: str) -> None:
+    """Add the ``SHARED_FLAGS`` named by ``dests`` to ``command``'s parser ``p``, in that order."""
+    own = COMMAND_DEFAULTS.get(command, {})
+    for dest in dests:
+        spec = SHARED_FLAGS[dest]
+        options = {**spec.options, **({"default": own[dest][0]} if dest in own else {})}
+        p.add_argument(*spec.names, help=spec.help, **options)
+
+
+def add_common_args(p: argparse.ArgumentParser, command: str, *, systems_default: str | None = None) -> None:
+    """CONTRACT.md's common flags of the planner/simulator commands (``command``: the parser's name)."""
+    add_shared_flags(p, command, "dataset", "model")
     add_model_source_args(p)
     add_pixel_args(p)
-    p.add_argument(
-        "--hardware",
-        default=None,
-        choices=HARDWARE_PRESETS,
-        help="default: cpu-tiny for tiny, a40-paper otherwise",
-    )
-    p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
+    add_shared_flags(p, command, "hardware", "profile")
     add_attention_arg(p)
-    p.add_argument("--gpus", type=int, default=64, help="GPUs to plan for")
-    p.add_argument(
-        "--dp", type=int, default=None, help="data-parallel replicas (default: chosen by the planner)"
-    )
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree of both components")
-    p.add_argument("--global-batch", type=int, default=512, help="samples per iteration over all replicas")
-    p.add_argument("--microbatch-size", type=int, default=4, help="samples per microbatch")
-    p.add_argument("--seed", type=int, default=0, help="seed of the samples drawn and of the planner's draws")
-    p.add_argument("--iterations", type=int, default=20, help="global batches (iterations) to draw")
-    p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
-    p.add_argument("--image-root", default=None, help="folder that LLaVA image paths are relative to")
+    add_shared_flags(p, command, "gpus", "dp", "tp", "global_batch", "microbatch_size", "seed", "iterations")
+    add_shared_flags(p, command, "shuffle", "image_root")
     if systems_default is not None:
         p.add_argument("--systems", default=systems_default, help="comma list of systems")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_shared_flags(p, command, "json")
 
 
 def add_model_source_args(p: argparse.ArgumentParser) -> None:
@@ -307,6 +366,39 @@ def workload_source(args: argparse.Namespace, cost: CostModel) -> WorkloadSource
         shuffle=args.shuffle,
         image_root=getattr(args, "image_root", None),
         vision=vision_limits(args),
+    )
+
+
+def config_cost_model(config: RunConfig, freeze: tuple[str, ...] = ()) -> CostModel:
+    """``resolve_cost_model`` of a built ``RunConfig``: its model, hardware, attention, or ``--profile``."""
+    model = config.model
+    return resolve_preset_or_profile(
+        model.arch(), hardware=model.hardware, profile=model.profile, attention=model.attention, freeze=freeze
+    )
+
+
+def config_hardware_label(config: RunConfig) -> str:
+    """``hardware_label`` of a built ``RunConfig``."""
+    model = config.model
+    return (
+        f"profile:{model.profile}" if model.profile else model.hardware or default_hardware(model.arch().name)
+    )
+
+
+def config_workload(config: RunConfig, cost: CostModel) -> WorkloadSource:
+    """``workload_source`` of a built ``RunConfig``."""
+    data = config.data
+    return WorkloadSource(data.dataset, cost, data.seed, tp=config.parallel.tp, shuffle=data.shuffle,
+                          image_root=data.image_root, vision=data.vision(config.model))  # fmt: skip
+
+
+def config_sampler(config: RunConfig):
+    """The planner's i.i.d. draws from the run's dataset (``entrain.data.sampling.dataset_sampler``)."""
+    from entrain.data.sampling import dataset_sampler
+
+    data = config.data
+    return dataset_sampler(
+        data.dataset, data.seed, image_root=data.image_root, vision=data.vision(config.model)
     )
 
 

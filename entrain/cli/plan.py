@@ -16,16 +16,18 @@ within ``--tolerance`` count as the same, and the search stops at ``--global-bat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from dataclasses import replace
+from dataclasses import dataclass
 
 from entrain.cli.common import (
     add_common_args,
     add_entrain_extension_args,
+    add_shared_flags,
     apply_paper_entrain,
+    config_cost_model,
+    config_sampler,
     emit_json,
-    resolve_cost_model,
-    vision_limits,
     warn_profile_precision,
 )
 from entrain.cli.config_file import add_config_arg
@@ -36,10 +38,9 @@ from entrain.core.planning.bmin import EQ2_TOLERANCE
 from entrain.core.planning.entry import PlanResult, plan
 from entrain.core.planning.memory import memory_check_iterations
 from entrain.core.planning.profile import Sampler
-from entrain.core.setups import ConfigRequest, entrain_setup, entrain_variant, setup_to_json, system_setups
+from entrain.core.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.table_work import draw_works
-from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 
@@ -50,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="find b_min (Algorithm 1) and the static parallel configuration (Algorithm 2)",
         description=__doc__.split("\n\n")[0],
     )
-    add_common_args(p)
+    add_common_args(p, "plan")
     add_config_arg(p)
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the stability test")
     p.add_argument("--p-error", type=float, default=0.05, help="tolerated probability of a different split")
@@ -63,9 +64,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, default=EQ2_TOLERANCE,
                    help="GPU splits whose deployed configurations' Eq. 2 times differ by at most this "
                         f"fraction count as the same (default {EQ2_TOLERANCE:g}; 0 = same Eq. 2 time)")  # fmt: skip
-    p.add_argument("--cp", type=int, default=1, help="context parallel degree (0 = search {1, 2})")
+    add_shared_flags(p, "plan", "cp")
     p.add_argument("--sizes", default="", help="extra batch sizes to test, e.g. 1,4,16,64,256")
-    p.add_argument("--freeze", default="", help="comma list of frozen parts: encoder, vit, llm")
+    add_shared_flags(p, "plan", "freeze")
     p.add_argument(
         "--system",
         default=ENTRAIN,
@@ -82,12 +83,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _warn_profile_precision(args: argparse.Namespace, cost) -> str | None:
+def _warn_profile_precision(config: RunConfig, cost) -> str | None:
     """Warn when ``--profile`` was timed in another precision than ``entrain train`` computes in by
     default on the device the profile was measured on (bf16 on CUDA, fp32 on CPU)."""
     device = str(cost.notes.get("device", "cpu")).split(":")[0]
     run = f"entrain train on {device} (its default --precision)"
-    return warn_profile_precision("plan", args.profile, cost, default_precision(device), run)
+    return warn_profile_precision("plan", config.model.profile, cost, default_precision(device), run)
 
 
 def _sizes(text: str) -> list[int]:
@@ -100,24 +101,51 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """What ``entrain plan`` does: the run's configuration and plan's own flags (read once, in ``run``)."""
+
+    config: RunConfig
+    iterations: int
+    alpha: float
+    p_error: float
+    n0: int
+    tolerance: float
+    sizes: tuple[int, ...] = ()
+    out: str | None = None
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> PlanRequest:
+        apply_paper_entrain(args)
+        own = (args.iterations, args.alpha, args.p_error, args.n0, args.tolerance, tuple(_sizes(args.sizes)))
+        out, json = args.out, args.json
+        config = RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
+        return cls(config, *own, out=out, json=json)
+
+
 def run(args: argparse.Namespace) -> int:
-    apply_paper_entrain(args)
-    config = RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
-    cost = resolve_cost_model(args, tuple(x.strip() for x in args.freeze.split(",") if x.strip()))
-    _warn_profile_precision(args, cost)
-    sampler = dataset_sampler(args.dataset, args.seed, image_root=args.image_root, vision=vision_limits(args))
-    if args.tp < 0 or args.cp < 0:
+    return plan_command(PlanRequest.from_args(args))
+
+
+def plan_command(req: PlanRequest) -> int:
+    """Algorithms 1 and 2, the system's setup and its memory check; printed, ``--json`` or ``--out``."""
+    config, par = req.config, req.config.parallel
+    cost = config_cost_model(config, config.model.freeze)
+    _warn_profile_precision(config, cost)
+    sampler = config_sampler(config)
+    if par.tp < 0 or par.cp < 0:
         raise ConfigError("--tp and --cp must be >= 0 (0 = search)")
     result = plan(
         sampler,
         cost,
-        replace(config.parallel, tp=args.tp or None, cp=args.cp or None),  # 0: searched
-        alpha=args.alpha,
-        p_error=args.p_error,
-        n0=args.n0,
-        seed=args.seed,
-        extra_sizes=_sizes(args.sizes),
-        tolerance=args.tolerance,
+        dataclasses.replace(par, tp=par.tp or None, cp=par.cp or None),  # 0: searched
+        alpha=req.alpha,
+        p_error=req.p_error,
+        n0=req.n0,
+        seed=config.data.seed,
+        extra_sizes=list(req.sizes),
+        tolerance=req.tolerance,
     )
     if not result.b_min.converged:
         print(
@@ -125,61 +153,58 @@ def run(args: argparse.Namespace) -> int:
             "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
-    obj = {
-        **to_json(result, args, cost.model, cost.hardware.name),
-        **_setup_json(args, result, sampler, cost),
-    }
-    if args.out:
-        _write(args.out, obj)
-    if args.json:
+    obj = {**to_json(result, req, cost.model, cost.hardware.name), **_setup_json(req, result, sampler, cost)}
+    if req.out:
+        _write(req.out, obj)
+    if req.json:
         emit_json(obj)
     else:
-        print_human(result, cost.model, cost.hardware.name, args.dataset)
+        print_human(result, cost.model, cost.hardware.name, config.data.dataset)
         print(f"{obj['system']}: {obj['source']}")
-        if args.out:
-            print(f"wrote {args.out} (entrain train --plan {args.out})")
+        if req.out:
+            print(f"wrote {req.out} (entrain train --plan {req.out})")
     return 0
 
 
-def _setup_json(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> dict:
+def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> dict:
     """The plan-file keys of ``--system``'s setup (``entrain.core.setups.setup_to_json``): Entrain's
     from this result with the extensions asked for, a baseline's chosen its own way; then, like
     ``simulate``, the simulated memory check (recomputation where a rank overflows; Entrain's one-line
     error when nothing fits); ``decisions``: every automatic choice with its candidates' times."""
-    spec = get_system(args.system)
-    req = ConfigRequest(
-        args.dataset, args.model, args.gpus, args.dp or result.config.dp, result.config.encoder.tp,
-        args.global_batch, args.microbatch_size, args.seed, entrain_layout=args.entrain_layout,
-        entrain_ramp=args.ramp_microbatches, entrain_split=args.split_weight_grads == "on", entrain_assignment=args.assignment,
-        decision_margin=None if args.decision_margin_pct is None else args.decision_margin_pct / 100.0,
-    )  # fmt: skip
-    judge = candidate_judge(sampler, cost, req)
+    config = req.config
+    system, seed = config.schedule.systems[0], config.data.seed
+    spec = get_system(system)
+    setup_req = dataclasses.replace(
+        config.config_request(), dp=config.parallel.dp or result.config.dp, tp=result.config.encoder.tp
+    )
+    judge = candidate_judge(sampler, cost, setup_req)
     if spec.config == CONFIG_ENTRAIN:
-        setup = entrain_setup(result, sampler, cost, args.seed)
+        setup = entrain_setup(result, sampler, cost, seed)
         if spec.extensions:
-            setup = entrain_variant(setup, req, cost, judge)
+            setup = entrain_variant(setup, setup_req, cost, judge)
     else:
-        setup = system_setups([args.system], req, cost, sampler, judge)[args.system]
+        setup = system_setups([system], setup_req, cost, sampler, judge)[system]
     setup, run = deploy(
-        args.system, setup, _check_batches(args, result, sampler, cost), cost, margin=req.margin
+        system, setup, _check_batches(req, result, sampler, cost), cost, margin=setup_req.margin
     )
     decisions = [d.to_json() for d in setup.decisions]
     return {
-        **setup_to_json(args.system, setup),
+        **setup_to_json(system, setup),
         "fits_memory": run.metrics.fits_memory,
         "decisions": decisions,
     }
 
 
-def _check_batches(args: argparse.Namespace, result: PlanResult, sampler: Sampler, cost) -> list[list]:
+def _check_batches(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> list[list]:
     """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
     file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
     its batches: the first ``planning.memory.memory_check_iterations`` of ``--iterations`` (all of them up
     to DP 4; at DP 64, 2 global batches still hold 128 replica iterations)."""
     tp = result.config.encoder.tp
     batches = []
-    for i in range(memory_check_iterations(result.config.dp, args.iterations)):
-        draw = sampler(args.global_batch, args.seed * 1_000_003 + 7_919 * (i + 1))
+    seed = req.config.data.seed
+    for i in range(memory_check_iterations(result.config.dp, req.iterations)):
+        draw = sampler(req.config.parallel.global_batch, seed * 1_000_003 + 7_919 * (i + 1))
         batches.append(draw_works(draw, cost, tp, numbered=True))
     return batches  # a sample drawn twice is two samples of the batch (ids made unique)
 
@@ -198,8 +223,9 @@ def _write(path: str, obj: dict) -> None:
         raise ConfigError(f"--out {path}: cannot write it ({e.strerror})") from None
 
 
-def to_json(result: PlanResult, args: argparse.Namespace, model: str, hardware: str) -> dict:
+def to_json(result: PlanResult, req: PlanRequest, model: str, hardware: str) -> dict:
     b, cfg = result.b_min, result.config
+    vision = req.config.data.vision(req.config.model)
     return {
         "b_min": b.b_min,
         "k_trials": b.k_trials,
@@ -212,13 +238,13 @@ def to_json(result: PlanResult, args: argparse.Namespace, model: str, hardware: 
         "max_batch_size": b.max_batch_size,
         "allocation": list(b.allocation),
         "gpus_per_replica": b.gpus_per_replica,
-        "dataset": args.dataset,
+        "dataset": req.config.data.dataset,
         "model": model,
-        "min_pixels": vision_limits(args).min_pixels,
-        "max_pixels": vision_limits(args).max_pixels,
+        "min_pixels": vision.min_pixels,
+        "max_pixels": vision.max_pixels,
         "hardware": hardware,
-        "gpus": args.gpus,
-        "global_batch": args.global_batch,
+        "gpus": req.config.parallel.gpus,
+        "global_batch": req.config.parallel.global_batch,
         "alpha": b.alpha,
         "p_error": b.p_error,
         "n0": b.n0,

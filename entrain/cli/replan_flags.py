@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from entrain.sim.drift import DEFAULT_THRESHOLD, DEFAULT_WINDOW, REPLAN_MODES, RESTART_MS, ReplanSettings
+from entrain.sim.drift import DEFAULT_THRESHOLD, DEFAULT_WINDOW, REPLAN_MODES, RESTART_MS
 
-__all__ = ["add_replan_args", "replan_settings"]
+__all__ = ["add_replan_args"]
 
 
 def add_replan_args(p: argparse.ArgumentParser) -> None:
@@ -25,9 +25,3 @@ def add_replan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replan-restart-s", type=float, default=RESTART_MS / 1000,
                    help=f"the re-plan's restart cost in seconds, besides writing and reading the checkpoint "
                         f"(default {RESTART_MS / 1000:g})")  # fmt: skip
-
-
-def replan_settings(args: argparse.Namespace) -> ReplanSettings:
-    return ReplanSettings(
-        window=args.replan_window, threshold=args.replan_threshold, restart_ms=args.replan_restart_s * 1000
-    )

@@ -7,25 +7,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from dataclasses import dataclass
 
 from entrain.cli.common import (
     add_common_args,
     add_entrain_extension_args,
     apply_paper_entrain,
+    config_cost_model,
+    config_hardware_label,
+    config_sampler,
+    config_workload,
     emit_json,
-    hardware_label,
-    model_label,
-    resolve_cost_model,
-    vision_limits,
-    workload_source,
 )
 from entrain.cli.config_file import add_config_arg
-from entrain.cli.replan_flags import add_replan_args, replan_settings
+from entrain.cli.replan_flags import add_replan_args
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.setups import system_setups
-from entrain.core.systems import ENTRAIN, default_systems, parse_systems, systems_where
-from entrain.data.sampling import dataset_sampler
+from entrain.core.systems import ENTRAIN, default_systems, systems_where
 from entrain.sim.adaptive import REPLAN_SYSTEMS, adaptive_deploy, monitor_for
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
@@ -39,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="simulate each system's pipeline schedule", description=__doc__
     )
-    add_common_args(p, systems_default=DEFAULT_SYSTEMS)
+    add_common_args(p, "simulate", systems_default=DEFAULT_SYSTEMS)
     add_config_arg(p)
     p.add_argument("--plot-dir", default=None, help="write gantt_<system>.png, fwd_time.png, memory.png here")
     p.add_argument(
@@ -53,29 +52,51 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@dataclass(frozen=True)
+class SimulateRequest:
+    """What ``entrain simulate`` does: the run's configuration and its own flags (read once)."""
+
+    config: RunConfig
+    iterations: int
+    eager_budget_factor: float = 1.25
+    plot_dir: str | None = None
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SimulateRequest:
+        apply_paper_entrain(args)
+        if args.iterations < 1:
+            raise ConfigError(f"--iterations must be >= 1, got {args.iterations}")
+        own = {k: getattr(args, k) for k in ("eager_budget_factor", "plot_dir", "json") if hasattr(args, k)}
+        iterations = args.iterations
+        return cls(RunConfig.from_args(args), iterations, **own)
+
+
 def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict[str, SystemRun], dict]:
     """Run every system; returns the runs and the setups' descriptions."""
-    apply_paper_entrain(args)
-    if args.iterations < 1:
-        raise ConfigError(f"--iterations must be >= 1, got {args.iterations}")
-    config = RunConfig.from_args(args)
-    cost = resolve_cost_model(args)
-    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
-    req = dataclasses.replace(config.config_request(), model=cost.model)  # a stock checkpoint's label
-    sampler = dataset_sampler(
-        args.dataset, args.seed, image_root=getattr(args, "image_root", None), vision=vision_limits(args)
-    )
-    setups = system_setups(systems, req, cost, sampler, candidate_judge(sampler, cost, req))
+    return simulate(SimulateRequest.from_args(args), systems)
+
+
+def simulate(req: SimulateRequest, systems: list[str]) -> tuple[dict[str, SystemRun], dict]:
+    """Run every system of ``systems`` on the request's workload; the runs and the setups' descriptions."""
+    config = req.config
+    cost = config_cost_model(config)
+    batches = list(config_workload(config, cost).batches(config.parallel.global_batch, req.iterations))
+    req_setup = dataclasses.replace(config.config_request(), model=cost.model)  # a stock checkpoint's label
+    sampler = config_sampler(config)
+    setups = system_setups(systems, req_setup, cost, sampler, candidate_judge(sampler, cost, req_setup))
     runs = {}
     for name in systems:
         setup = setups[name]
-        extra = {"eager_budget_factor": args.eager_budget_factor} if name == ENTRAIN else {}
+        extra = {"eager_budget_factor": req.eager_budget_factor} if name == ENTRAIN else {}
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
-        if args.replan == "auto" and name in REPLAN_SYSTEMS:
-            setups[name], runs[name] = _adaptive(name, setup, batches, cost, req, sampler, args, extra)
+        if config.schedule.replan == "auto" and name in REPLAN_SYSTEMS:
+            setups[name], runs[name] = _adaptive(
+                name, setup, batches, cost, req_setup, sampler, config, extra
+            )
         else:
             options = {**setup.options, **extra}
-            setups[name], runs[name] = deploy(name, setup, batches, cost, options, margin=req.margin)
+            setups[name], runs[name] = deploy(name, setup, batches, cost, options, margin=req_setup.margin)
     if ENTRAIN in runs:
         base = runs[ENTRAIN].metrics.iteration_time_ms
         for r in runs.values():
@@ -90,11 +111,11 @@ def _decisions(setup) -> list[dict]:
     return [d.to_json() for d in setup.decisions]
 
 
-def _adaptive(name, setup, batches, cost, req, sampler, args, extra):
+def _adaptive(name, setup, batches, cost, req, sampler, config: RunConfig, extra):
     """``--replan auto``: the system re-planned on drift (``entrain.sim.adaptive``); its run carries
     ``replans`` and ``drift``, its setup is the first segment's."""
     monitor = monitor_for(
-        name, setup, req, cost, sampler, total_iterations=len(batches), settings=replan_settings(args),
+        name, setup, req, cost, sampler, total_iterations=len(batches), settings=config.schedule.replan_settings(),
         extra_options=extra,
     )  # fmt: skip
     got = adaptive_deploy(name, monitor, batches, cost, extra)
@@ -148,7 +169,7 @@ def _drift_json(run: SystemRun) -> dict:
     return out
 
 
-def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace) -> dict:
+def to_json(runs: dict[str, SystemRun], configs: dict, req: SimulateRequest) -> dict:
     top = runs.get(ENTRAIN) or next(iter(runs.values()))
     best, ratio = best_fitting_baseline(runs)
     return {
@@ -165,13 +186,13 @@ def to_json(runs: dict[str, SystemRun], configs: dict, args: argparse.Namespace)
         "entrain_vs_best_fitting_baseline": ratio,
         "ideal_ms": top.metrics.ideal_ms,
         "lower_bound_ms": top.metrics.lower_bound_ms,
-        "dataset": args.dataset,
-        "model": model_label(args),
-        "hardware": hardware_label(args),
-        "iterations": args.iterations,
-        "global_batch": args.global_batch,
-        "microbatch_size": args.microbatch_size,
-        "seed": args.seed,
+        "dataset": req.config.data.dataset,
+        "model": req.config.model.arch().name,
+        "hardware": config_hardware_label(req.config),
+        "iterations": req.iterations,
+        "global_batch": req.config.parallel.global_batch,
+        "microbatch_size": req.config.parallel.microbatch_size,
+        "seed": req.config.data.seed,
     }
 
 
@@ -206,17 +227,18 @@ def table(runs: dict[str, SystemRun], configs: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    systems = parse_systems(args.systems)
-    runs, configs = simulate_systems(args, systems)
-    if args.plot_dir:
+    req = SimulateRequest.from_args(args)
+    runs, configs = simulate(req, list(req.config.schedule.systems))
+    if req.plot_dir:
         from entrain.sim.plots import write_all
 
-        for path in write_all(list(runs.values()), args.plot_dir):
+        for path in write_all(list(runs.values()), req.plot_dir):
             print(f"entrain simulate: wrote {path}", file=sys.stderr)
-    if args.json:
-        emit_json(to_json(runs, configs, args))
+    if req.json:
+        emit_json(to_json(runs, configs, req))
         return 0
-    print(f"entrain simulate: dataset {args.dataset}, model {model_label(args)}, {args.iterations} iterations, "
-          f"global batch {args.global_batch}, microbatch size {args.microbatch_size}")  # fmt: skip
+    par = req.config.parallel
+    print(f"entrain simulate: dataset {req.config.data.dataset}, model {req.config.model.arch().name}, "
+          f"{req.iterations} iterations, global batch {par.global_batch}, microbatch size {par.microbatch_size}")  # fmt: skip
     print(table(runs, configs))
     return 0

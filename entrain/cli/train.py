@@ -21,19 +21,18 @@ import time
 from dataclasses import replace
 
 from entrain.cli.common import (
-    HARDWARE_PRESETS,
-    MODEL_PRESETS,
     add_attention_arg,
     add_entrain_extension_args,
     add_model_source_args,
     add_pixel_args,
     add_precision_arg,
+    add_shared_flags,
     apply_paper_entrain,
     warn_profile_precision,
 )
 from entrain.cli.config_file import add_config_arg
 from entrain.cli.plan_flags import apply_plan
-from entrain.config import STOCK_MODEL_FLAGS, RunConfig
+from entrain.config import RunConfig
 from entrain.core.errors import ConfigError, EntrainError
 from entrain.core.systems import ENTRAIN, SYSTEMS, parse_systems
 
@@ -52,34 +51,11 @@ DEMO = {
 }
 
 
-DATASET_HELP = (
-    "built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of Parquet "
-    "or WebDataset .tar shards or of a Hugging Face save_to_disk dataset"
-)
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train", help="train a VLM with a system's Plans (torchrun)", description=__doc__
     )
-    p.add_argument(
-        "--dataset",
-        "--work-file",
-        dest="dataset",
-        default="skewed",
-        help=DATASET_HELP,
-    )
-    p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
-    p.add_argument("--model", default="tiny", choices=MODEL_PRESETS, help="model preset to train")
-    p.add_argument(
-        "--hardware",
-        default=None,
-        choices=HARDWARE_PRESETS,
-        help="cost-model preset to plan with (default: cpu-tiny for tiny, a40-paper otherwise)",
-    )
-    p.add_argument(
-        "--profile", default=None, metavar="FILE", help="measured profile (entrain profile) to plan with"
-    )
+    add_shared_flags(p, "train", "dataset", "image_root", "model", "hardware", "profile")
     add_attention_arg(p)
     p.add_argument(
         "--system",
@@ -121,37 +97,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_degree_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--dp",
-        type=int,
-        default=None,
-        help="data-parallel replicas (default: the planner's choice, or processes / stages when fixed)",
-    )
-    p.add_argument(
-        "--tp",
-        type=int,
-        default=1,
-        help="tensor-parallel degree inside every stage (each pipeline rank becomes --tp processes)",
-    )
+    add_shared_flags(p, "train", "dp", "tp")
     p.add_argument(
         "--fsdp",
         action="store_true",
         help="shard each stage's parameters, gradients and AdamW state over its data-parallel group "
         "(FSDP2; needs --dp 2 or more) instead of all-reducing whole gradients",
     )
-    p.add_argument("--cp", type=int, default=1, help="context parallel degree (the runtime supports 1)")
+    add_shared_flags(p, "train", "cp")
 
 
 def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--global-batch", type=int, default=16, help="samples per step over all replicas (--plan sets it)"
-    )
-    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (--plan sets it)")
+    add_shared_flags(p, "train", "global_batch", "microbatch_size")
     p.add_argument("--steps", type=int, default=10, help="optimiser steps")
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the samples, the planner's draws and the init"
-    )
-    p.add_argument("--shuffle", action="store_true", help="shuffle a file's samples with the seed first")
+    add_shared_flags(p, "train", "seed", "shuffle")
     p.add_argument("--out", default="runs/train", help="run folder")
     p.add_argument(
         "--lr", type=float, default=1e-3, help="AdamW peak learning rate (cosine decay after warm-up)"
@@ -162,7 +121,7 @@ def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0 disables")
     p.add_argument("--val-every", type=int, default=0, help="validation loss every N steps (0: never)")
     p.add_argument("--val-batches", type=int, default=1, help="held-out global batches per validation")
-    p.add_argument("--freeze", default="", help="comma list of encoder, vit (tower without merger), llm")
+    add_shared_flags(p, "train", "freeze")
     p.add_argument("--weights", default=None, help="local weights folder (default: random init from --seed)")
 
 
@@ -288,7 +247,8 @@ def _spec(args: argparse.Namespace) -> RunConfig:
                 "entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr
             )
         args.split_weight_grads = "off"
-    spec = RunConfig.from_args(args)
+    flags = run_flags(args)
+    spec = RunConfig.from_args(args)  # no flag is read from args after this line (the config has them all)
     if spec.schedule.plan:
         from entrain.runtime.planning import plan_file
 
@@ -308,7 +268,7 @@ def _spec(args: argparse.Namespace) -> RunConfig:
             ),
             schedule=replace(spec.schedule, systems=(system,)),
         )
-    return replace(spec, run=replace(spec.run, flags=run_flags(args)))
+    return replace(spec, run=replace(spec.run, flags=flags))
 
 
 def _tensorboard(wanted: bool) -> bool:
@@ -320,66 +280,32 @@ def _tensorboard(wanted: bool) -> bool:
     return wanted
 
 
-_FORWARDED = (
-    "dataset",
-    "image_root",
-    "model",
-    "hardware",
-    "profile",
-    "attention",
-    "system",
-    "plan",
-    "encoder_stages",
-    "llm_stages",
-    "dp",
-    "tp",
-    "cp",
-    "global_batch",
-    "microbatch_size",
-    "steps",
-    "seed",
-    "out",
-    "lr",
-    "weight_decay",
-    "warmup_steps",
-    "max_grad_norm",
-    "betas",
-    "val_every",
-    "val_batches",
-    "freeze",
-    "weights",
-    "on_bad_sample",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "timeout_s",
-    "entrain_layout",
-    "ramp_microbatches",
-    "split_weight_grads",
-    "assignment",
-    "device",
-    "replan",
-    "replan_window",
-    "replan_threshold",
-    "replan_restart_s",
-    *STOCK_MODEL_FLAGS,
-)
-_FLAGS_FORWARDED = (
-    "shuffle",
-    "resume",
-    "no_progress",
-    "overwrite",
-    "confine_images",
-    "tensorboard",
-    "trace",
-    "fsdp",
-    "deterministic",
-    "allow_other_dataset",
-)
+NOT_RECORDED = {
+    "nproc": "the launcher's own: the workers it starts are the processes",
+    "demo": "its values are recorded as the flags it sets",
+    "config": "the file's values are recorded as the flags they set",
+    "paper_entrain": "recorded as the four extension flags it sets",
+}
+"""``train`` flags that ``config.json`` does not record (every other flag is: ``run_flags``), and why."""
+
+NOT_IN_CONFIG = {
+    **dict.fromkeys(
+        ("nproc", "demo", "config", "paper_entrain"), "a launcher flag: its effect is other flags"
+    ),
+    "allow_other_dataset": "with --plan: the dataset actually run is fingerprinted (--dataset)",
+}
+"""``train`` flags without a ``RunConfig`` field (so outside the resume fingerprint), and why."""
 
 
 def run_flags(args: argparse.Namespace) -> dict:
     """The resolved flags of a run (what config.json records for ``--config``)."""
-    return {k: getattr(args, k) for k in (*_FORWARDED, *_FLAGS_FORWARDED)}
+    return {a.dest: getattr(args, a.dest) for a in _ACTIONS if a.dest not in NOT_RECORDED}
+
+
+def recorded_flags(spec: RunConfig) -> argparse.Namespace:
+    """The run's flags as ``config.json`` records them (``spec.run.flags``), the others at their
+    defaults: what the launcher forwards to its workers."""
+    return argparse.Namespace(**{**_DEFAULTS, **spec.run.flags})
 
 
 def _apply_demo(args: argparse.Namespace, defaults: dict) -> None:
@@ -671,24 +597,24 @@ def run(args: argparse.Namespace) -> int:
     fixed = fixed_stages(spec) and not spec.schedule.plan  # the planner reports b_min itself otherwise
     if under_torchrun:  # started by the user's own torchrun
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0"):
-            check_run_folder(spec, args.overwrite)
+            check_run_folder(spec, spec.run.overwrite)
         if os.environ["RANK"] == "0" and fixed:
             warn_below_b_min(spec)
         from entrain.runtime.distributed import local_process_count
 
-        resolve_device(args.device, local_process_count(), say=os.environ.get("LOCAL_RANK", "0") == "0")
+        resolve_device(spec.run.device, local_process_count(), say=os.environ.get("LOCAL_RANK", "0") == "0")
         return _run_rank(spec, under_torchrun=True)
     # everything that can be checked before a process starts, in the order a user fixes it
-    check_run_folder(spec, args.overwrite)
+    check_run_folder(spec, spec.run.overwrite)
     if spec.run.resume:
         _check_resume(spec)
     check_dataset_size(spec)
     if fixed:
         warn_below_b_min(spec)
     need = world or default_world_size(spec)
-    resolve_device(args.device, need)
+    resolve_device(spec.run.device, need)
     if need > 1:  # not under torchrun: start it
-        return _launch(args, spec, need)
+        return _launch(recorded_flags(spec), spec, need)
     try:
         return _run_rank(spec, under_torchrun=False)
     except KeyboardInterrupt:

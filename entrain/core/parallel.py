@@ -5,7 +5,7 @@ message are written once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from entrain.core.errors import ConfigError
 
@@ -15,7 +15,11 @@ __all__ = [
     "microbatch_size_for",
     "check_stage_count",
     "check_degree",
+    "FP",
 ]
+
+FP = {"fingerprint": True}
+"""Field metadata (``entrain.config``): part of the resume fingerprint."""
 
 
 def num_microbatches(global_batch: int, dp: int, microbatch_size: int) -> int:
@@ -66,16 +70,19 @@ class ParallelConfig:
     count); ``encoder_stages``/``llm_stages`` None: chosen by the planner; ``tp``/``cp`` None (the
     planning functions only, never a run): searched by Algorithm 2 per component."""
 
-    gpus: int | None = None
-    dp: int | None = None
-    tp: int | None = 1
-    cp: int | None = 1
-    fsdp: bool = False
+    gpus: int | None = field(
+        default=None,
+        metadata={"fingerprint": False, "why": "the planning commands' only: train runs its processes"},
+    )
+    dp: int | None = field(default=None, metadata=FP)
+    tp: int | None = field(default=1, metadata=FP)
+    cp: int | None = field(default=1, metadata=FP)
+    fsdp: bool = field(default=False, metadata=FP)
     """FSDP2 over each stage's data-parallel group instead of the flat gradient all-reduce."""
-    encoder_stages: int | None = None
-    llm_stages: int | None = None
-    global_batch: int
-    microbatch_size: int
+    encoder_stages: int | None = field(default=None, metadata=FP)
+    llm_stages: int | None = field(default=None, metadata=FP)
+    global_batch: int = field(metadata=FP)
+    microbatch_size: int = field(metadata=FP)
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpus", self.gpus), ("--dp", self.dp), ("--encoder-stages", self.encoder_stages),

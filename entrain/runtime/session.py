@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from entrain.config import STOCK_MODEL_FLAGS, RunConfig
+from entrain.config import RunConfig, fingerprint_keys
 from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
@@ -320,49 +320,17 @@ def record_source(spec: RunConfig, data: RunData, tokenizer=None):
     return RecordSource(spec.data.dataset, spec.data.image_root, records=data.records, tokenizer=tokenizer)
 
 
-FINGERPRINT_KEYS = (
-    "dataset",
-    "model",
-    "encoder_stages",
-    "llm_stages",
-    "dp",
-    "tp",
-    "fsdp",
-    "cp",
-    "global_batch",
-    "microbatch_size",
-    "seed",
-    "shuffle",
-    "hardware",
-    "profile",
-    "attention",
-    "image_root",
-    "lr",
-    "weight_decay",
-    "betas",
-    "warmup_steps",
-    "max_grad_norm",
-    "val_every",
-    "val_batches",
-    "freeze",
-    "weights",
-    "on_bad_sample",
-    "deterministic",
-    *STOCK_MODEL_FLAGS,
-)
-"""What must match for ``--resume`` (``--steps`` may grow: the LR schedule then follows the new total)."""
+FINGERPRINT_KEYS = fingerprint_keys()
+"""What must match for ``--resume``: the config fields whose metadata says so (``entrain.config``; e.g.
+``--steps`` may grow: the LR schedule then follows the new total)."""
 
 
 def fingerprint(spec: RunConfig, system: str) -> dict:
     """The run's resume fingerprint, JSON-normalised (as stored in a checkpoint manifest)."""
     fp = {k: spec.flag_value(k) for k in FINGERPRINT_KEYS}
-    for k in ("vision_model", "llm_model", "tokenizer", "min_pixels", "max_pixels"):
-        if fp[k] is None:  # runs from before these flags stay resumable
+    for k in fingerprint_keys(when_set=True):
+        if fp[k] is None or fp[k] is False:  # runs from before these flags stay resumable
             del fp[k]
-    if fp["precision"] is None:
-        del fp["precision"]
-    if not fp["deterministic"]:  # runs from before --deterministic stay resumable
-        del fp["deterministic"]
     fp["dp"] = spec.parallel.dp_or_1
     fp["system"] = system
     return json.loads(json.dumps(fp))

@@ -117,7 +117,7 @@ class _PipeFuture:
 
 class _ProcessWorker:
     """One spawned planner process fed over a pipe. Not a ``ProcessPoolExecutor``: its queues hold
-    semaphores that outlive a rank leaving by ``os._exit`` (``cli.train``), and the resource tracker
+    semaphores that outlive a rank leaving by ``os._exit`` (``runtime.launcher``), and the resource tracker
     then prints warnings after the rank's one-line error; a pipe holds none."""
 
     def __init__(self, planner: StepPlanner):

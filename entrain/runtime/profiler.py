@@ -42,7 +42,6 @@ from entrain.core.costmodel import (
     PROFILE_SOURCE,
     ComponentCost,
     CostModel,
-    LayerCost,
     Quadratic,
     parallel_key,
 )
@@ -309,11 +308,7 @@ def profile_model(
     else one representative per layer kind (``representative_config``). ``budget_s``: wall seconds
     after which the timed passes of one layer and size stop (at least one runs). ``precision``: the
     compute precision of ``entrain train --precision`` the layers are timed in (recorded in the notes)."""
-    if all_layers:
-        small = cfg
-        rep = {c: {i: i for i in range(len(cfg.layer_names(c)))} for c in ("encoder", "llm")}
-    else:
-        small, rep = representative_config(cfg)
+    small, rep = _representatives(cfg, all_layers)
     model = timing_model(small, seed).to(device)
     bases = {
         (comp, i): analytic.component(comp).layers[min(k for k, v in rep[comp].items() if v == i)]
@@ -323,38 +318,10 @@ def profile_model(
     entries = [_Entry(comp, i, x, base.per_label) for (comp, i), base in bases.items() for x in tokens]
     timed = _measure_rounds(model, entries, device, repeats, warmup, budget_s, precision)
     fits: list[LayerFit] = []
-    comps = {}
-    for comp in ("encoder", "llm"):
-        measured: dict[int, tuple[Quadratic, Quadratic]] = {}
-        base_layers = analytic.component(comp).layers
-        for i in sorted(set(rep[comp].values())):
-            base = bases[(comp, i)]
-            rows = [timed[_Entry(comp, i, x, base.per_label)] for x in tokens]
-            xs, fwd, bwd = ([r[k] for r in rows] for k in range(3))
-            curves = []
-            for phase, ms in (("fwd", fwd), ("bwd", bwd)):
-                curve, q_quality, used = fit_curve(xs, ms)
-                curves.append(curve)
-                fit = LayerFit(
-                    comp,
-                    base.name,
-                    base.kind,
-                    phase,
-                    tuple(xs),
-                    tuple(ms),
-                    q_quality,
-                    bool(curve.table),
-                    used,
-                )
-                fits.append(fit)
-                if progress:
-                    progress(fit)
-            measured[i] = (curves[0], curves[1])
-        layers: list[LayerCost] = []
-        for k, base in enumerate(base_layers):
-            f, b = measured[rep[comp][k]]
-            layers.append(replace(base, fwd={KEY: f}, bwd={KEY: b}))
-        comps[comp] = ComponentCost(comp, tuple(layers))
+    comps = {
+        comp: _fitted_component(comp, analytic, rep[comp], bases, timed, tokens, fits, progress)
+        for comp in ("encoder", "llm")
+    }
     notes = {
         "source": PROFILE_SOURCE,
         "device": str(device),
@@ -381,6 +348,49 @@ def profile_model(
         notes=notes,
     )
     return cost, fits
+
+
+def _representatives(cfg, all_layers: bool) -> tuple[object, dict[str, dict[int, int]]]:
+    """The model to time and, per component, each layer's representative in it: the full model and
+    every layer itself with ``all_layers``, else ``representative_config``."""
+    if all_layers:
+        return cfg, {c: {i: i for i in range(len(cfg.layer_names(c)))} for c in ("encoder", "llm")}
+    return representative_config(cfg)
+
+
+def _fitted_component(
+    comp: str,
+    analytic: CostModel,
+    rep: dict[int, int],
+    bases: dict,
+    timed: dict,
+    tokens: Sequence[int],
+    fits: list[LayerFit],
+    progress: Callable[[LayerFit], None] | None,
+) -> ComponentCost:
+    """``comp``'s layers with the fitted curves of their representatives (``analytic``'s other fields
+    kept); every fit is appended to ``fits`` and shown to ``progress``."""
+    measured: dict[int, tuple[Quadratic, Quadratic]] = {}
+    for i in sorted(set(rep.values())):
+        base = bases[(comp, i)]
+        rows = [timed[_Entry(comp, i, x, base.per_label)] for x in tokens]
+        xs, fwd, bwd = ([r[k] for r in rows] for k in range(3))
+        curves = []
+        for phase, ms in (("fwd", fwd), ("bwd", bwd)):
+            curve, q_quality, used = fit_curve(xs, ms)
+            curves.append(curve)
+            fit = LayerFit(
+                comp, base.name, base.kind, phase, tuple(xs), tuple(ms), q_quality, bool(curve.table), used
+            )
+            fits.append(fit)
+            if progress:
+                progress(fit)
+        measured[i] = (curves[0], curves[1])
+    layers = [
+        replace(base, fwd={KEY: measured[rep[k]][0]}, bwd={KEY: measured[rep[k]][1]})
+        for k, base in enumerate(analytic.component(comp).layers)
+    ]
+    return ComponentCost(comp, tuple(layers))
 
 
 def _named(cfg, comp: str, rep: dict[int, int]) -> list[tuple[str, int]]:

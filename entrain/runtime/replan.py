@@ -9,7 +9,7 @@ reaches the same decision without communicating. When a re-plan fires after step
 3. rank 0 writes the new layout as a plan file ``OUT/replan/plan-<s+1>.json`` (the format of
    ``entrain plan --out``) and ``OUT/replan/state.json`` (the monitor's reference and the re-plans so
    far, the plan file's path);
-4. every rank leaves with ``REPLAN_EXIT``; the launcher (``entrain.cli.train``) restarts the worker
+4. every rank leaves with ``REPLAN_EXIT``; the launcher (``entrain.cli.launch``) restarts the worker
    group with ``--plan OUT/replan/plan-<s+1>.json --resume``: the checkpoint is resharded onto the new
    layout (``entrain.runtime.checkpoint``) and the run continues from step ``s + 1`` exactly as a run
    started on that layout from that checkpoint, watched by a monitor restored from ``state.json``.

@@ -50,6 +50,7 @@ from entrain.runtime.planning import (
     run_setups,
 )
 from entrain.runtime.replan import step_monitor
+from entrain.runtime.run_folder import METRICS, history, open_metrics, system_out, write_json
 
 __all__ = [
     "SystemSummary",
@@ -336,10 +337,6 @@ def fingerprint(spec: RunConfig, system: str) -> dict:
     return json.loads(json.dumps(fp))
 
 
-def system_out(spec: RunConfig, system: str) -> str:
-    return spec.run.out if len(spec.schedule.systems) == 1 else os.path.join(spec.run.out, system)
-
-
 def stage_std_ms(records: Sequence[dict]) -> float:
     """Per (rank, stage) -- a stage of one replica --, the population std across microbatches of
     (forward + backward) ms summed over the microbatch's subs; mean over them."""
@@ -399,13 +396,6 @@ def _model_flops(model, plan_it, renderer) -> float:
     patches = sum(t * h * w for s in ids for t, h, w in renderer.sample(s).grid_thw)
     tokens = sum(renderer.sample(s).num_tokens for s in ids)
     return 6.0 * (vis * patches + llm * tokens)
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def run_systems(
@@ -611,15 +601,6 @@ def _save_checkpoint(
     watch.gather_point(f"{phase}: manifest written")
 
 
-def _history(metrics_path: str, start: int) -> list[dict]:
-    """Metrics rows of the steps before ``start`` (a resumed run keeps them, drops later ones)."""
-    if start == 0 or not os.path.exists(metrics_path):
-        return []
-    with open(metrics_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [r for r in rows if r["step"] < start]
-
-
 def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
     """Samples whose pixels ``rank`` processes in ``it``: its replica's encoder samples, in order,
     when it holds the first encoder stage; none otherwise (LLM-only ranks need ids only)."""
@@ -674,43 +655,62 @@ def _run_one(
     tokenizer=None,
     monitor_factory=None,
 ) -> SystemSummary:
-    from entrain.models.families.registry import family_of
-    from entrain.runtime.data import SampleRenderer
-    from entrain.runtime.faults import fault_from_env
-    from entrain.runtime.model_source import model_config
-    from entrain.runtime.parallelize import StageParallelism
-    from entrain.runtime.trainer import PipelineTrainer
-
-    train_batches, val_batches = data.train, data.val
+    """Train ``system`` on this rank: its Plans, the run folder, the model (restored from a checkpoint
+    when resuming), the step loop, then the summary."""
     layout, options = setup.layout, setup.options
-    plans = _step_plans(spec, system, layout, train_batches, cost, options)
-    val_plan = make_plan(system, layout, val_batches, cost, options) if val_batches else None
+    plans = _step_plans(spec, system, layout, data.train, cost, options)
+    val_plan = make_plan(system, layout, data.val, cost, options) if data.val else None
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)
     ckpt = _start_state(spec, system, env, out, data, watch)
     start = ckpt.step if ckpt is not None else 0
     plans.backfill(start)
-    metrics_path = os.path.join(out, "metrics.jsonl")
-    history = _history(metrics_path, start) if rank0 else []
+    kept = history(os.path.join(out, METRICS), start) if rank0 else []
     if rank0:
-        config = {
-            "spec": spec.to_json(),
-            "setup": setup.source,
-            "flags": spec.run.flags,
-            "system": system,
-            "world_size": env.world_size,
-            "device": str(env.device),
-            "backend": env.backend,
-            "layout": layout.to_json(),
-            "torch": torch.__version__,
-            "resumed_from_step": start,
-            "fingerprint": fingerprint(spec, system),
-            "precision": resolve_precision(spec, env.device),
-        }
-        _write_json(os.path.join(out, "config.json"), config)
-    if cfg is None:
-        cfg, tokenizer = model_config(spec)
+        _write_config(spec, system, setup, env, out, start)
+    run = _build_run(spec, system, layout, data, env, out, watch, cfg, tokenizer)
+    run.plans, run.val_plan = plans, val_plan
+    run.open_trace(start)
+    run.fault = _restore(run.trainer, ckpt, watch)
+    run.open_progress(start, kept)
+    run.drift = step_monitor(monitor_factory, spec, system, setup, cost, data.train, out, start)
+    ok = False
+    try:
+        replanned = run.train_steps(start)
+        if rank0:  # every step's Plan (a resumed run's earlier ones were planned in the background)
+            write_json(os.path.join(out, "plan.json"), plans.whole().to_json())
+        ok = True
+    finally:
+        run.close(ok)
+    if replanned is not None:
+        raise replanned
+    return run.series.summary(system, out, data, run.drift)
+
+
+def _write_config(spec: RunConfig, system: str, setup, env, out: str, start: int) -> None:
+    """Rank 0's ``config.json``: the run's configuration, where it runs and the step it starts at."""
+    config = {
+        "spec": spec.to_json(),
+        "setup": setup.source,
+        "flags": spec.run.flags,
+        "system": system,
+        "world_size": env.world_size,
+        "device": str(env.device),
+        "backend": env.backend,
+        "layout": setup.layout.to_json(),
+        "torch": torch.__version__,
+        "resumed_from_step": start,
+        "fingerprint": fingerprint(spec, system),
+        "precision": resolve_precision(spec, env.device),
+    }
+    write_json(os.path.join(out, "config.json"), config)
+
+
+def _build_model(spec: RunConfig, layout: Layout, env, cfg):
+    """This rank's stages of the model (``--weights`` or a seeded init), with ``--freeze`` applied."""
+    from entrain.models.families.registry import family_of
+
     family = family_of(cfg)
     model = family.build_model(
         cfg,
@@ -721,163 +721,261 @@ def _run_one(
     model.entrain_family = family.name
     parts = trainable_parts(spec.model.freeze)
     family.set_trainable(model, encoder="vit" in parts, merger="merger" in parts, llm="llm" in parts)
-    metas = {w.id: w.meta for batch in train_batches + val_batches for w in batch}
+    return model
+
+
+def _build_run(
+    spec: RunConfig, system: str, layout: Layout, data: RunData, env, out: str, watch, cfg, tokenizer
+):
+    """The model, its sample renderer and the pipeline trainer of this rank (``cfg`` None: the
+    run's model config and tokenizer, ``model_source.model_config``)."""
+    from entrain.runtime.data import SampleRenderer
+    from entrain.runtime.model_source import model_config
+    from entrain.runtime.parallelize import StageParallelism
+    from entrain.runtime.trainer import PipelineTrainer
+
+    if cfg is None:
+        cfg, tokenizer = model_config(spec)
+    model = _build_model(spec, layout, env, cfg)
+    metas = {w.id: w.meta for batch in data.train + data.val for w in batch}
     renderer = SampleRenderer(
         cfg, metas, seed=spec.data.seed, device=env.device, source=record_source(spec, data, tokenizer)
     )
-    optim = spec.optim
     autocast = torch.bfloat16 if resolve_precision(spec, env.device) == "bf16" else None
     trainer = PipelineTrainer(
         layout=layout,
         model=model,
         env=env,
         renderer=renderer,
-        optim=optim,
+        optim=spec.optim,
         autocast_dtype=autocast,
         timeout_s=spec.run.timeout_s,
         watch=watch,
         parallel=StageParallelism(tp=spec.parallel.tp, fsdp=spec.parallel.fsdp),
     )
-    tracer, trace_events = None, []
-    if spec.run.trace:
-        from entrain.runtime.trace import ActionTracer, read_trace
+    return _SystemRun(spec, system, layout, data, env, out, model, renderer, trainer)
 
-        tracer = trainer.executor.tracer = ActionTracer(env.rank)
-        trace_path = os.path.join(out, "trace.json")
-        if rank0 and start > 0 and os.path.exists(trace_path):  # a resumed run keeps the earlier steps
-            trace_events = [e for e in read_trace(trace_path) if e["args"]["step"] < start]
-    scalars = None
-    if spec.run.tensorboard and rank0:
-        from entrain.runtime.tensorboard import ScalarLog
 
-        scalars = ScalarLog(out, purge_step=start)
-    plan_rank = trainer.place.plan_rank
+def _restore(trainer, ckpt, watch):
+    """Load the checkpoint to continue from (if any) and arm the test fault of ``$ENTRAIN_FAULT``
+    (``entrain.runtime.faults``), which the caller also hands to the checkpoint saves."""
+    from entrain.runtime.faults import fault_from_env
+
     fault = fault_from_env(resumed=ckpt is not None)
     if ckpt is not None:
         _load_checkpoint(trainer, ckpt, watch, fault)
     if fault is not None:
         trainer.fault_hook = fault.maybe_fire
-    peak = _peak_flops(env.device)
-    bar = None
-    if rank0 and spec.run.progress:
-        from tqdm import tqdm
+    return fault
 
-        bar = tqdm(
-            total=spec.run.steps,
-            initial=start,
-            desc=system,
-            file=sys.stderr,
-            dynamic_ncols=True,
-            mininterval=0.5,
+
+@dataclass
+class _Series:
+    """The per-step numbers the summary is made of (a resumed run's earlier steps included)."""
+
+    losses: list[float]
+    times: list[float]
+    tps: list[float]
+    stds: list[float]
+
+    @classmethod
+    def of(cls, rows: Sequence[dict]) -> _Series:
+        return cls(
+            [r["loss"] for r in rows],
+            [r["iteration_time_ms"] for r in rows],
+            [r["tokens_per_s"] for r in rows],
+            [stage_std_ms(r["stage_times"]) for r in rows],
         )
-    losses = [r["loss"] for r in history]
-    times = [r["iteration_time_ms"] for r in history]
-    tps = [r["tokens_per_s"] for r in history]
-    stds = [stage_std_ms(r["stage_times"]) for r in history]
-    metrics = None
-    if rank0:  # the kept rows replace the file atomically, then new rows are appended
-        tmp = metrics_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in history)
-        os.replace(tmp, metrics_path)
-        metrics = open(metrics_path, "a")  # noqa: SIM115 - closed below
-    drift = step_monitor(monitor_factory, spec, system, setup, cost, train_batches, out, start)
-    replanned = None
-    ok = False
-    try:
+
+    def summary(self, system: str, out: str, data: RunData, drift) -> SystemSummary:
+        """Medians over the steps after the first (a warm-up), or over the one step there is."""
+        nan = float("nan")
+        times, stds, tps = self.times, self.stds, self.tps
+        warm = slice(1, None) if len(times) > 1 else slice(None)
+        return SystemSummary(
+            system=system,
+            iter_ms=statistics.median(times[warm]) if times else nan,
+            stage_std_ms=statistics.median(stds[warm]) if stds else 0.0,
+            first_loss=self.losses[0] if self.losses else nan,
+            last_loss=self.losses[-1] if self.losses else nan,
+            tokens_per_s=statistics.median(tps[warm]) if tps else nan,
+            out=out,
+            skipped=data.skipped,
+            replans=drift.replans() if drift is not None else [],
+        )
+
+
+@dataclass
+class _SystemRun:
+    """One system's training on this rank: the trainer, the step Plans, and the records rank 0 writes
+    (metrics rows, TensorBoard scalars, the trace, the progress bar)."""
+
+    spec: RunConfig
+    system: str
+    layout: Layout
+    data: RunData
+    env: object
+    out: str
+    model: object
+    renderer: object
+    trainer: object
+    plans: object = None
+    val_plan: object = None
+    drift: object = None
+    fault: object = None
+    tracer: object = None
+    trace_events: list = field(default_factory=list)
+    scalars: object = None
+    bar: object = None
+    metrics: object = None
+    series: _Series = field(default_factory=lambda: _Series([], [], [], []))
+
+    @property
+    def rank0(self) -> bool:
+        return self.env.rank == 0
+
+    def open_trace(self, start: int) -> None:
+        """``--trace``'s action tracer (a resumed run keeps the earlier steps' events) and
+        ``--tensorboard``'s scalar log (rank 0; later steps purged)."""
+        if self.spec.run.trace:
+            from entrain.runtime.trace import ActionTracer, read_trace
+
+            self.tracer = self.trainer.executor.tracer = ActionTracer(self.env.rank)
+            trace_path = os.path.join(self.out, "trace.json")
+            if self.rank0 and start > 0 and os.path.exists(trace_path):
+                self.trace_events = [e for e in read_trace(trace_path) if e["args"]["step"] < start]
+        if self.spec.run.tensorboard and self.rank0:
+            from entrain.runtime.tensorboard import ScalarLog
+
+            self.scalars = ScalarLog(self.out, purge_step=start)
+
+    def open_progress(self, start: int, kept: list[dict]) -> None:
+        """The progress bar and ``metrics.jsonl`` (rank 0), and the series continued from ``kept``."""
+        if self.rank0 and self.spec.run.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=self.spec.run.steps,
+                initial=start,
+                desc=self.system,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.5,
+            )
+        self.series = _Series.of(kept)
+        if self.rank0:
+            self.metrics = open_metrics(os.path.join(self.out, METRICS), kept)
+
+    def train_steps(self, start: int):
+        """Steps ``start`` to ``--steps``, each with the next step's pixels processed while it runs;
+        returns the ``ReplanRequested`` to raise after a re-plan's checkpoint (None: all steps ran)."""
+        spec, plans = self.spec, self.plans
+        plan_rank = self.trainer.place.plan_rank
+        peak = _peak_flops(self.env.device)
         if start < spec.run.steps:
-            renderer.prefetch(_pixel_ids(layout, plan_rank, plans.get(start)))
+            self.renderer.prefetch(_pixel_ids(self.layout, plan_rank, plans.get(start)))
         for step in range(start, spec.run.steps):
             it = plans.get(step)
             if step + 1 < spec.run.steps:  # the next step's pixels are processed while this one runs
-                renderer.prefetch(_pixel_ids(layout, plan_rank, plans.get(step + 1)))
+                self.renderer.prefetch(_pixel_ids(self.layout, plan_rank, plans.get(step + 1)))
             assignment_wait_ms = plans.take_wait_ms()
-            if tracer is not None:
-                tracer.step = step
-            res = trainer.train_step(it)
-            row = {
-                "step": step,
-                "loss": res.loss,
-                "iteration_time_ms": res.iteration_time_ms,
-                "tokens_per_s": res.tokens_per_s,
-                "lr": res.lr,
-                "grad_norm": res.grad_norm,
-                "cpu_ms": res.cpu_ms,
-                "assignment_wait_ms": assignment_wait_ms,
-                "plan_hash": plan_hash(it),
-                "epoch": data.position(step, spec.parallel.global_batch).epoch,
-                "sample_ids": [w.id for w in train_batches[step]],
-                "stage_times": res.records,
-                "memory_per_rank": res.memory,
-            }
-            if peak:
-                row["mfu"] = (
-                    _model_flops(model, it, renderer)
-                    / (res.iteration_time_ms / 1e3)
-                    / (peak * env.world_size)
-                )
-            if val_plan is not None and (step + 1) % spec.data.val_every == 0:
-                row["val_loss"] = statistics.fmean(trainer.evaluate(v) for v in val_plan.iterations)
-            if drift is not None and (record := drift.observe(step, train_batches[step])) is not None:
-                row["replan"] = record
-            losses.append(res.loss)
-            times.append(res.iteration_time_ms)
-            tps.append(res.tokens_per_s)
-            if tracer is not None:
-                trace_events += _gather_events(env, tracer.drain())
-            if rank0:
-                stds.append(stage_std_ms(res.records))
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
-            if scalars is not None:
-                scalars.write(step, {**row, "stage_std_ms": stds[-1], "skipped_samples": data.num_skipped})
+            if self.tracer is not None:
+                self.tracer.step = step
+            res = self.trainer.train_step(it)
+            row = self.step_row(step, it, res, assignment_wait_ms, peak)
+            self.record(step, row, res)
             done = step + 1
             if (
                 done == spec.run.steps
                 or "replan" in row
                 or (spec.run.checkpoint_every > 0 and done % spec.run.checkpoint_every == 0)
             ):
-                _save_checkpoint(spec, system, layout, env, out, trainer, data, done, fault)
-            if "replan" in row and done < spec.run.steps:  # continue on the new layout (runtime.replan)
-                replanned = drift.hand_over(step, owner=rank0)
-                break
-            if bar is not None:
-                bar.set_postfix(
-                    loss=f"{res.loss:.3f}",
-                    iter_ms=f"{res.iteration_time_ms:.0f}",
-                    tok_s=f"{res.tokens_per_s:.0f}",
+                _save_checkpoint(
+                    spec,
+                    self.system,
+                    self.layout,
+                    self.env,
+                    self.out,
+                    self.trainer,
+                    self.data,
+                    done,
+                    self.fault,
                 )
-                bar.update(1)
-        if rank0:  # every step's Plan (a resumed run's earlier ones were planned in the background)
-            _write_json(os.path.join(out, "plan.json"), plans.whole().to_json())
-        ok = True
-    finally:
-        plans.close()
-        renderer.close()
-        if metrics is not None:
-            metrics.close()
-        if scalars is not None:
-            scalars.close()
-        if tracer is not None and rank0 and trace_events:
+            if "replan" in row and done < spec.run.steps:  # continue on the new layout (runtime.replan)
+                return self.drift.hand_over(step, owner=self.rank0)
+            self.show(res)
+        return None
+
+    def step_row(
+        self, step: int, it: IterationPlan, res, assignment_wait_ms: float, peak: float | None
+    ) -> dict:
+        """The step's ``metrics.jsonl`` row: the step's result, its Plan and samples, MFU (on a known
+        GPU), the validation loss when due and the drift monitor's re-plan when it decided one."""
+        spec, data = self.spec, self.data
+        row = {
+            "step": step,
+            "loss": res.loss,
+            "iteration_time_ms": res.iteration_time_ms,
+            "tokens_per_s": res.tokens_per_s,
+            "lr": res.lr,
+            "grad_norm": res.grad_norm,
+            "cpu_ms": res.cpu_ms,
+            "assignment_wait_ms": assignment_wait_ms,
+            "plan_hash": plan_hash(it),
+            "epoch": data.position(step, spec.parallel.global_batch).epoch,
+            "sample_ids": [w.id for w in data.train[step]],
+            "stage_times": res.records,
+            "memory_per_rank": res.memory,
+        }
+        if peak:
+            flops = _model_flops(self.model, it, self.renderer)
+            row["mfu"] = flops / (res.iteration_time_ms / 1e3) / (peak * self.env.world_size)
+        if self.val_plan is not None and (step + 1) % spec.data.val_every == 0:
+            row["val_loss"] = statistics.fmean(self.trainer.evaluate(v) for v in self.val_plan.iterations)
+        if self.drift is not None and (record := self.drift.observe(step, data.train[step])) is not None:
+            row["replan"] = record
+        return row
+
+    def record(self, step: int, row: dict, res) -> None:
+        """The step into the series, the trace, ``metrics.jsonl`` and TensorBoard."""
+        series = self.series
+        series.losses.append(res.loss)
+        series.times.append(res.iteration_time_ms)
+        series.tps.append(res.tokens_per_s)
+        if self.tracer is not None:
+            self.trace_events += _gather_events(self.env, self.tracer.drain())
+        if self.rank0:
+            series.stds.append(stage_std_ms(res.records))
+            self.metrics.write(json.dumps(row) + "\n")
+            self.metrics.flush()
+        if self.scalars is not None:
+            self.scalars.write(
+                step, {**row, "stage_std_ms": series.stds[-1], "skipped_samples": self.data.num_skipped}
+            )
+
+    def show(self, res) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(
+                loss=f"{res.loss:.3f}",
+                iter_ms=f"{res.iteration_time_ms:.0f}",
+                tok_s=f"{res.tokens_per_s:.0f}",
+            )
+            self.bar.update(1)
+
+    def close(self, ok: bool) -> None:
+        """Stop the planner and the renderer, close the records (rank 0 writes the trace), and, after a
+        clean run only, the trainer: after a failure the pending sends may never complete."""
+        self.plans.close()
+        self.renderer.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.scalars is not None:
+            self.scalars.close()
+        if self.tracer is not None and self.rank0 and self.trace_events:
             from entrain.runtime.trace import write_trace
 
-            write_trace(os.path.join(out, "trace.json"), trace_events)
-        if bar is not None:
-            bar.close()
-        if ok:  # after a failure the pending sends may never complete: the error is what matters
-            trainer.close()
-    if replanned is not None:
-        raise replanned
-    nan = float("nan")
-    warm = slice(1, None) if len(times) > 1 else slice(None)
-    return SystemSummary(
-        system=system,
-        iter_ms=statistics.median(times[warm]) if times else nan,
-        stage_std_ms=statistics.median(stds[warm]) if stds else 0.0,
-        first_loss=losses[0] if losses else nan,
-        last_loss=losses[-1] if losses else nan,
-        tokens_per_s=statistics.median(tps[warm]) if tps else nan,
-        out=out,
-        skipped=data.skipped,
-        replans=drift.replans() if drift is not None else [],
-    )
+            write_trace(os.path.join(self.out, "trace.json"), self.trace_events)
+        if self.bar is not None:
+            self.bar.close()
+        if ok:
+            self.trainer.close()

@@ -143,7 +143,8 @@ def test_train_warns_when_the_profile_precision_is_not_the_runs(profiles, tmp_pa
     ],
 )
 def test_train_compares_with_its_effective_precision(profiles, capsys, flags, device, profile, warned):
-    from entrain.cli.train import _spec, _warn_profile_precision
+    from entrain.cli.train import _spec
+    from entrain.cli.train_worker import _warn_profile_precision
 
     path, _, _ = profiles[profile]
     spec = _spec(build_parser().parse_args([*TRAIN, *flags, "--profile", str(path), "--out", "unused"]))

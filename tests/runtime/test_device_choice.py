@@ -14,6 +14,7 @@ import torch
 
 from entrain.cli import train as train_cli
 from entrain.cli.main import main
+from entrain.cli.train_args import DEFAULTS, child_argv
 from entrain.core.errors import ConfigError
 from entrain.runtime.distributed import DEVICE_ENV, choose_device, device_from_env
 from tests.cli.test_train_cli import FAST
@@ -117,5 +118,5 @@ def test_deterministic_reaches_the_worker(monkeypatch, tmp_path):
     finally:
         torch.use_deterministic_algorithms(False)
     assert seen == {"on": True, "fp": {**seen["fp"], "deterministic": True}}
-    worker_args = argparse.Namespace(**{**train_cli._DEFAULTS, "deterministic": True})
-    assert "--deterministic" in train_cli._child_argv(worker_args)  # torchrun workers get it too
+    worker_args = argparse.Namespace(**{**DEFAULTS, "deterministic": True})
+    assert "--deterministic" in child_argv(worker_args)  # torchrun workers get it too

@@ -11,6 +11,7 @@ import pytest
 
 from entrain.cli import train as cli_train
 from entrain.cli.main import build_parser
+from entrain.cli.train_args import child_argv, relaunch_args
 from entrain.runtime import checkpoint as ck
 from entrain.runtime.replan import REPLAN_EXIT, read_state
 
@@ -62,7 +63,7 @@ def test_the_group_continues_on_the_new_plan_as_a_run_started_from_the_checkpoin
     # what the launcher restarts the group with
     args = build_parser().parse_args([*BASE, *REPLAN, "--out", str(replanned)])
     spec = cli_train._spec(args)
-    again = ["train", *cli_train._child_argv(cli_train.relaunch_args(args, spec))]
+    again = ["train", *child_argv(relaunch_args(args, spec))]
     assert "--resume" in again and state["plan"] in again
     results = run_ranks(again, WORLD, tmp_path / "ranks", timeout_s=300)
     assert [r.exitcode for r in results] == [0] * WORLD, results[0].stderr[-3000:]

@@ -5,7 +5,7 @@ themselves are proven exact in test_exact_gradients_extensions.py)."""
 
 import pytest
 
-from entrain.cli import train as train_cli
+from entrain.cli import train_worker
 from entrain.cli.main import build_parser
 from entrain.cli.train import _spec
 from entrain.core.plan import ActionKind
@@ -77,11 +77,11 @@ def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
         system, setup, batches, cost, margin=None
     ):  # train's CLI passes simulate's (memory_fit.deploy)
         seen.append((system, len(batches)))
-        return train_cli._memory_check(system, setup, batches, cost, margin)
+        return train_worker._memory_check(system, setup, batches, cost, margin)
 
     # and its layout judge (sim.choose.candidate_judge), as train's CLI passes both
     planned = run_setups(
-        spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check, train_cli._judge_factory
+        spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check, train_worker._judge_factory
     )
     assert seen == [(s, 2) for s in systems.split(",")]  # every planned system, on the run's batches
     sim_args = build_parser().parse_args(
@@ -119,7 +119,7 @@ def test_train_plans_under_the_pixel_limits_as_simulate_does(tmp_path):
                                             "--system", "entrain"]))  # fmt: skip
     cost = spec.model.cost_model()
     train = load_data(spec, cost, owner=False).train
-    planned = run_setups(spec, cost, train, 2, judge_factory=train_cli._judge_factory)["entrain"].layout
+    planned = run_setups(spec, cost, train, 2, judge_factory=train_worker._judge_factory)["entrain"].layout
     sim_args = build_parser().parse_args(
         ["simulate", *common, "--gpus", "2", "--iterations", "1", "--systems", "entrain"]
     )

@@ -1,0 +1,176 @@
+"""``entrain train``'s parsed flags turned into the run's ``RunConfig`` (``--demo``, ``--plan``, ``--dp``
+inferred from the process count), and spelled out again for the worker processes torchrun starts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+
+from entrain.cli.common import apply_paper_entrain
+from entrain.cli.plan_flags import apply_plan
+from entrain.config import RunConfig
+from entrain.core.errors import ConfigError
+from entrain.core.systems import SYSTEMS, parse_systems
+from entrain.runtime.launcher import launched_worker
+
+DEMO = {
+    "model": "tiny",
+    "dataset": "skewed",
+    "system": "entrain,1f1b",
+    "encoder_stages": 1,
+    "llm_stages": 1,
+    "nproc": 2,
+    "global_batch": 16,
+    "microbatch_size": 1,
+    "steps": 8,
+    "lr": 3e-3,
+    "out": "runs/demo",
+}
+
+DEFAULTS: dict = {}
+"""Every train flag's default (filled by ``entrain.cli.train.add_parser``)."""
+ACTIONS: list[argparse.Action] = []
+"""The train parser's optional flags (filled by ``entrain.cli.train.add_parser``)."""
+
+
+def spec_of(args: argparse.Namespace) -> RunConfig:
+    """The run's configuration from the flags; with ``--plan``, the plan file's system, batch sizes and
+    layout replace the flags'."""
+    apply_paper_entrain(args)
+    _tensorboard(args.tensorboard)
+    if args.plan:
+        worker = os.environ.get("RANK", "0") != "0" or launched_worker()
+        apply_plan(args, DEFAULTS, ACTIONS, quiet=worker)
+    if args.fsdp and args.split_weight_grads == "on":  # the runtime does not split FSDP backwards
+        if os.environ.get("RANK", "0") == "0" and not launched_worker():  # once, by the launcher
+            print(
+                "entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr
+            )
+        args.split_weight_grads = "off"
+    flags = run_flags(args)
+    spec = RunConfig.from_args(args)  # no flag is read from args after this line (the config has them all)
+    if spec.schedule.plan:
+        spec = _with_plan_layout(spec)
+    return replace(spec, run=replace(spec.run, flags=flags))
+
+
+def _with_plan_layout(spec: RunConfig) -> RunConfig:
+    """``--plan``: the plan file's system, degrees and batch sizes (its stages are the layout's)."""
+    from entrain.runtime.planning import plan_file
+
+    system, setup = plan_file(spec)
+    layout = setup.layout
+    return replace(
+        spec,
+        parallel=replace(
+            spec.parallel,
+            dp=layout.dp,
+            tp=layout.components["encoder"].tp,
+            cp=layout.components["encoder"].cp,
+            encoder_stages=None,
+            llm_stages=None,
+            global_batch=layout.global_batch,
+            microbatch_size=layout.microbatch_size,
+        ),
+        schedule=replace(spec.schedule, systems=(system,)),
+    )
+
+
+def _tensorboard(wanted: bool) -> bool:
+    """``--tensorboard``, refused before any launch when the package is missing."""
+    if wanted:
+        from entrain.runtime.tensorboard import check_tensorboard
+
+        check_tensorboard()
+    return wanted
+
+
+NOT_RECORDED = {
+    "nproc": "the launcher's own: the workers it starts are the processes",
+    "demo": "its values are recorded as the flags it sets",
+    "config": "the file's values are recorded as the flags they set",
+    "paper_entrain": "recorded as the four extension flags it sets",
+}
+"""``train`` flags that ``config.json`` does not record (every other flag is: ``run_flags``), and why."""
+
+NOT_IN_CONFIG = {
+    **dict.fromkeys(
+        ("nproc", "demo", "config", "paper_entrain"), "a launcher flag: its effect is other flags"
+    ),
+    "allow_other_dataset": "with --plan: the dataset actually run is fingerprinted (--dataset)",
+}
+"""``train`` flags without a ``RunConfig`` field (so outside the resume fingerprint), and why."""
+
+
+def run_flags(args: argparse.Namespace) -> dict:
+    """The resolved flags of a run (what config.json records for ``--config``)."""
+    return {a.dest: getattr(args, a.dest) for a in ACTIONS if a.dest not in NOT_RECORDED}
+
+
+def recorded_flags(spec: RunConfig) -> argparse.Namespace:
+    """The run's flags as ``config.json`` records them (``spec.run.flags``), the others at their
+    defaults: what the launcher forwards to its workers."""
+    return argparse.Namespace(**{**DEFAULTS, **spec.run.flags})
+
+
+def apply_demo(args: argparse.Namespace) -> None:
+    """Demo values for every flag the user left at its default."""
+    for key, value in DEMO.items():
+        if getattr(args, key) == DEFAULTS.get(key):
+            setattr(args, key, value)
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    """The resolved flags (every one that differs from its default), spelled out for the torchrun
+    children, which build the same ``RunConfig`` from them."""
+    out = []
+    for action in ACTIONS:
+        value = getattr(args, action.dest)
+        if value == action.default or action.dest == "nproc":
+            continue
+        flag = action.option_strings[0]
+        out += [flag] if action.nargs == 0 else [flag, str(value)]
+    return out
+
+
+def infer_dp(args: argparse.Namespace, world: int | None) -> None:
+    """``--dp`` from the process count (``--nproc`` or torchrun's WORLD_SIZE) when the stages are fixed
+    by flags and ``--dp`` is not given (the planner chooses it otherwise)."""
+    fixed = args.encoder_stages is not None or args.llm_stages is not None
+    if args.dp is not None or world is None or not fixed or args.plan:
+        return
+    enc, llm = args.encoder_stages or 1, args.llm_stages or 1
+    per_replica = max(SYSTEMS[s].ranks_per_replica(enc, llm) for s in parse_systems(args.system))
+    per_replica *= max(1, args.tp)
+    if world % per_replica:
+        lower = max(per_replica, world // per_replica * per_replica)
+        unit, tp_note = ("processes", f" x --tp {args.tp}") if args.tp > 1 else ("pipeline ranks", "")
+        raise ConfigError(
+            f"{world} processes cannot form whole replicas of {per_replica} {unit} ({enc} encoder + {llm} LLM "
+            f"stages{tp_note}): start a multiple of {per_replica} processes (e.g. "
+            f"--nproc {lower} or {lower + per_replica}) or change --encoder-stages / --llm-stages"
+        )
+    args.dp = world // per_replica
+
+
+def relaunch_args(args: argparse.Namespace, spec: RunConfig) -> argparse.Namespace:
+    """The flags of the worker group after a re-plan (``entrain.runtime.replan``): the new plan file,
+    resumed from the re-plan's checkpoint (resharded onto the new layout)."""
+    from entrain.core.errors import EntrainError
+    from entrain.runtime.replan import read_state
+    from entrain.runtime.run_folder import system_out
+
+    state = read_state(system_out(spec, spec.schedule.systems[0]))
+    if state is None:
+        raise EntrainError(f"a worker asked for a re-plan but {spec.run.out} holds no re-plan state")
+    print(
+        f"entrain train: re-plan after step {state['step'] - 1}: restarting on {state['plan']}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return argparse.Namespace(
+        **{**vars(args), "plan": state["plan"], "resume": True, "overwrite": False,
+           "encoder_stages": None, "llm_stages": None, "dp": None},
+    )  # fmt: skip

@@ -1,0 +1,148 @@
+"""What ``entrain train`` checks before any training process starts, in the order a user fixes it: the
+run folder, a resumed run's configuration, the dataset's size, the batch against ``b_min``; and the
+device and the number of processes to start."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from entrain.config import RunConfig
+from entrain.core.errors import ConfigError
+from entrain.core.systems import SYSTEMS
+from entrain.runtime.run_folder import check_run_folder, system_out
+
+B_MIN_POOL = 4096
+
+
+def check_before_launch(spec: RunConfig, overwrite: bool, fixed: bool) -> None:
+    """Everything that can be checked before a process starts; ``fixed``: the stages are fixed by
+    flags (the planner reports ``b_min`` itself otherwise)."""
+    check_run_folder(spec, overwrite)
+    if spec.run.resume:
+        check_resume(spec)
+    check_dataset_size(spec)
+    if fixed:
+        warn_below_b_min(spec)
+
+
+def check_resume(spec: RunConfig) -> None:
+    """Refuse ``--resume`` into a run folder written by another configuration (before any launch)."""
+    from entrain.runtime.checkpoint import check_resumable
+    from entrain.runtime.session import fingerprint
+
+    for system in spec.schedule.systems:
+        check_resumable(system_out(spec, system), fingerprint(spec, system))
+
+
+def check_dataset_size(spec: RunConfig) -> None:
+    """Refuse a file dataset with fewer usable samples than one global batch (plus the held-out
+    validation batches), before any process starts. A LLaVA/Parquet file is screened for it (under
+    ``--on-bad-sample error`` a bad record stops here with the report)."""
+    from entrain.data.generators import is_builtin
+    from entrain.data.workload_io import (
+        detect_format,
+        read_raw_work_jsonl,
+        read_workload_jsonl,
+        resolve_dataset_file,
+    )
+    from entrain.runtime.session import screen
+
+    if is_builtin(spec.data.dataset):
+        return
+    path = resolve_dataset_file(spec.data.dataset)
+    fmt = detect_format(path)
+    if fmt == "conversation":  # with the run's tokenizer: a record without a label token is bad
+        from entrain.runtime.model_source import model_config
+
+        usable = len(screen(spec, None, tokenizer=model_config(spec)[1]).samples)
+    elif fmt == "workload":
+        metas = read_workload_jsonl(path)
+        if metas and all(m.answer_tokens == 0 for m in metas):
+            raise ConfigError(
+                f"{path}: every sample has answer_tokens 0: no supervised (label) token, nothing to learn"
+            )
+        usable = len(metas)
+    else:
+        usable = len(read_raw_work_jsonl(path))
+    held_out = spec.data.val_batches if spec.data.val_every > 0 else 0
+    need = spec.parallel.global_batch * (1 + held_out)
+    if usable < need:
+        what = f"--global-batch {spec.parallel.global_batch}" + (
+            f" and {held_out} held-out validation batch(es)" if held_out else ""
+        )
+        raise ConfigError(f"{path}: {usable} usable sample(s), but {what} need(s) at least {need}")
+
+
+def default_world_size(spec: RunConfig) -> int:
+    """Processes to start without ``--nproc``: what a plan file or fixed stages need; else 2 (the
+    smallest disjoint pipeline), 1 when every system is colocated (DIP)."""
+    from entrain.runtime.session import world_size_of
+
+    need = world_size_of(spec)
+    if need is not None:
+        return need
+    per_replica = 1 if all(SYSTEMS[s].colocated for s in spec.schedule.systems) else 2
+    return per_replica * spec.parallel.dp_or_1 * spec.parallel.tp
+
+
+def _is_conversation_file(dataset: str) -> bool:
+    from entrain.data.generators import is_builtin
+    from entrain.data.workload_io import detect_format
+
+    return not is_builtin(dataset) and os.path.exists(dataset) and detect_format(dataset) == "conversation"
+
+
+def warn_below_b_min(spec: RunConfig) -> int | None:
+    """Warn on stderr when the per-replica batch is below ``b_min`` (Algorithm 1 under the run's cost
+    model, on a pool of ``B_MIN_POOL`` samples of the dataset); returns b_min (None: not checked --
+    colocated systems only, or a LLaVA/Parquet file, whose metadata pass would be a second screening)."""
+    from entrain.core.planner import find_b_min, pool_sampler
+    from entrain.data.generators import generate_samples, is_builtin
+    from entrain.data.workload_io import read_samples, resolve_dataset_file
+    from entrain.runtime.session import resolve_cost
+
+    if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
+        return None
+    if is_builtin(spec.data.dataset):
+        pool = generate_samples(
+            spec.data.dataset, B_MIN_POOL, spec.data.seed, vision=spec.data.vision(spec.model)
+        )
+    else:
+        path = resolve_dataset_file(spec.data.dataset)
+        pool = read_samples(path, spec.data.vision(spec.model), image_root=spec.data.image_root)[:B_MIN_POOL]
+    dp = spec.parallel.dp_or_1
+    result = find_b_min(
+        pool_sampler(pool),
+        resolve_cost(spec),
+        gpus=dp * ((spec.parallel.encoder_stages or 1) + (spec.parallel.llm_stages or 1)),
+        dp=dp,
+        seed=spec.data.seed,
+        max_batch_size=B_MIN_POOL,
+    )
+    per_replica = spec.parallel.global_batch // dp
+    if per_replica < result.b_min:
+        print(
+            f"entrain: warning: --global-batch {spec.parallel.global_batch} ({per_replica} per replica) is below b_min "
+            f"= {result.b_min} for this dataset and layout (Algorithm 1): the encoder/LLM work split varies "
+            f"from batch to batch at this size, so the balance guarantee no longer holds; use "
+            f"--global-batch {result.b_min * dp} or more",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result.b_min
+
+
+def resolve_device(requested: str, num_local_procs: int, say: bool = True) -> str:
+    """The device type of this node's ``num_local_procs`` processes (``distributed.choose_device``;
+    ``--device auto`` defers to ``$ENTRAIN_DEVICE``), exported as ``ENTRAIN_DEVICE`` for this process
+    and those it starts; the CPU fallback's note goes to stderr when ``say``."""
+    from entrain.runtime.distributed import DEVICE_ENV, choose_device, visible_gpus
+
+    if requested == "auto":
+        requested = os.environ.get(DEVICE_ENV, "auto")
+    kind, note = choose_device(requested, num_local_procs, visible_gpus())
+    if note and say:
+        print(note, file=sys.stderr, flush=True)
+    os.environ[DEVICE_ENV] = kind
+    return kind

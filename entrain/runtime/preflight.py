@@ -97,10 +97,10 @@ def warn_below_b_min(spec: RunConfig) -> int | None:
     """Warn on stderr when the per-replica batch is below ``b_min`` (Algorithm 1 under the run's cost
     model, on a pool of ``B_MIN_POOL`` samples of the dataset); returns b_min (None: not checked --
     colocated systems only, or a LLaVA/Parquet file, whose metadata pass would be a second screening)."""
-    from entrain.core.planner import find_b_min, pool_sampler
+    from entrain.core.planning.bmin import below_b_min_warning, find_b_min
+    from entrain.core.planning.profile import pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
-    from entrain.runtime.session import resolve_cost
 
     if all(SYSTEMS[s].colocated for s in spec.schedule.systems) or _is_conversation_file(spec.data.dataset):
         return None
@@ -114,22 +114,15 @@ def warn_below_b_min(spec: RunConfig) -> int | None:
     dp = spec.parallel.dp_or_1
     result = find_b_min(
         pool_sampler(pool),
-        resolve_cost(spec),
+        spec.model.cost_model(),
         gpus=dp * ((spec.parallel.encoder_stages or 1) + (spec.parallel.llm_stages or 1)),
         dp=dp,
         seed=spec.data.seed,
         max_batch_size=B_MIN_POOL,
     )
-    per_replica = spec.parallel.global_batch // dp
-    if per_replica < result.b_min:
-        print(
-            f"entrain: warning: --global-batch {spec.parallel.global_batch} ({per_replica} per replica) is below b_min "
-            f"= {result.b_min} for this dataset and layout (Algorithm 1): the encoder/LLM work split varies "
-            f"from batch to batch at this size, so the balance guarantee no longer holds; use "
-            f"--global-batch {result.b_min * dp} or more",
-            file=sys.stderr,
-            flush=True,
-        )
+    warning = below_b_min_warning(spec.parallel.global_batch, dp, result.b_min)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     return result.b_min
 
 

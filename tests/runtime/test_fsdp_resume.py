@@ -12,10 +12,11 @@ checkpoint with ``--resume``: the resumed step's loss and the step-2 checkpoint'
 and AdamW tensor are the straight run's, bitwise (one layout, gloo on the CPU). Layouts (4
 processes at most, the suite's limit): the issue's ``entrain`` 1+1 x DP 2 with ``--fsdp``; DP 2 x
 stages 2+2 with ``--fsdp`` (``dip`` places an encoder and an LLM stage on each pipeline rank, so
-it fits 4 processes; ``entrain`` would need 8); DP 2 x ``--tp 2 --fsdp`` (``dip``, 1+1).
+it fits 4 processes; ``entrain`` would need 8).
 
-Every other model family (``FAMILY_MODELS``) runs the ``--tp 2 --fsdp`` layout too, first against the
-plain DP 2 run of the same batches (losses and gradient norms, relative 1e-5), then resumed."""
+DP 2 x ``--tp 2 --fsdp`` (``dip``, 1+1) runs for the other model families (``FAMILY_MODELS``; the
+composition's TP + FSDP gradients: tests/runtime/test_stage_parallel.py): first against the plain
+DP 2 run of the same batches (losses and gradient norms, relative 1e-5), then resumed."""
 
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ from .harness import run_workers
 LAYOUTS = {
     "entrain-1+1-dp2-fsdp": {"system": "entrain", "encoder_stages": 1, "llm_stages": 1},
     "dip-2+2-dp2-fsdp": {"system": "dip", "encoder_stages": 2, "llm_stages": 2},
-    "dip-1+1-dp2-tp2-fsdp": {"system": "dip", "encoder_stages": 1, "llm_stages": 1, "tp": 2},
 }
 
 

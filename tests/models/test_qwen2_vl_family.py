@@ -232,3 +232,21 @@ def test_freeze_parts(folder):
     assert {"lm_head.weight", "model.language_model.embed_tokens.weight"} <= trainable
     get_family("qwen2_vl").set_trainable(staged, llm=False)
     assert all(n.startswith("model.visual.") for n, p in staged.named_parameters() if p.requires_grad)
+
+
+def test_an_mrope_section_that_does_not_cover_the_head_is_a_config_error(tmp_path):
+    """2 heads of a 64-wide text model: head_dim 32 needs sections summing to 16, not 8 (the first
+    forward failed deep in the rotary embedding before)."""
+    from entrain.core.errors import ConfigError
+    from tests.models.qwen_vl_tiny import _configs
+
+    cfg, _ = _configs("qwen2_vl", text_layers=1, vision_depth=1, tied=False)
+    cfg.text_config.num_attention_heads = cfg.text_config.num_key_value_heads = 2
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"config\.json: text_config mrope_section \[2, 3, 3\] sums to 8.* 32"
+    ):
+        qm.read_hf_config(str(tmp_path))
+    cfg.text_config.rope_parameters["mrope_section"] = [4, 6, 6]
+    cfg.save_pretrained(tmp_path)
+    assert qm.read_hf_config(str(tmp_path)).get_text_config().num_attention_heads == 2

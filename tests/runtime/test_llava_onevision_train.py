@@ -182,11 +182,13 @@ def test_export_is_one_folder_transformers_loads_with_the_trained_logits(
 
 
 def _losses(tmp_path, name: str, argv: list[str], world: int = 2) -> list[float]:
+    """Per step: the loss and the gradient norm."""
     out = tmp_path / name
     full = [*argv, "--steps", "2", "--out", str(out), "--no-progress", "--lr", "0.05"]
     results = run_ranks(full, world, tmp_path / f"ranks-{name}", timeout_s=120)
     assert [r.exitcode for r in results] == [0] * world, "".join(r.stderr[-2000:] for r in results)
-    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [v for r in rows for v in (r["loss"], r["grad_norm"])]
 
 
 def _plan_with_recompute(plan_path, mode: str):
@@ -199,8 +201,9 @@ def _plan_with_recompute(plan_path, mode: str):
 
 
 def test_fsdp_and_recompute_train_to_the_same_losses(tmp_path):
-    """Two steps (the second loss shows the first update): pipeline 1+1 plain, with full and selective
-    recomputation of every stage (2 gloo ranks), and FSDP over 2 data-parallel replicas of 1+1 (4)."""
+    """Two steps (the second loss shows the first update; losses and gradient norms): pipeline 1+1
+    plain, with full and selective recomputation of every stage (2 gloo ranks), and FSDP over 2
+    data-parallel replicas of 1+1 (4)."""
     from entrain.cli.main import main
 
     common = ["--model", PRESET, "--dataset", "multi-image", "--hardware", "cpu-tiny", "--global-batch", "4",
@@ -212,7 +215,7 @@ def test_fsdp_and_recompute_train_to_the_same_losses(tmp_path):
     runs["fsdp"] = ["train", *common, "--fsdp", "--dp", "2", "--encoder-stages", "1", "--llm-stages", "1"]
     for name, argv in runs.items():
         got = _losses(tmp_path, name, argv, 4 if name == "fsdp" else 2)
-        assert len(got) == 2 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base)), (
+        assert len(got) == 4 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base)), (
             name,
             got,
             base,

@@ -1,7 +1,9 @@
 """``--model-path`` end to end for whole Qwen2-VL / Qwen2.5-VL checkpoints: ``plan`` and ``simulate``
 price the folder's shapes, a 2-rank ``train`` (forked ranks, no torchrun; encoder and LLM on their
 own rank) trains it with M-RoPE positions, and ``export`` writes one folder that transformers'
-own class loads, holding the trained weights, whose logits equal the trained staged model's."""
+own class loads, holding the trained weights, whose logits equal the trained staged model's.
+``--tp 2 --fsdp`` and resume: tests/runtime/test_fsdp_resume.py (every family); bf16 and
+``--freeze``: tests/runtime/test_precision.py."""
 
 from __future__ import annotations
 
@@ -123,52 +125,3 @@ def test_profile_times_the_checkpoint_layers(tmp_path, capsys):
     assert profile["model"] == "hf:q"
     text = out.read_text()
     assert "blocks.2" in text and "layers.1" in text
-
-
-def test_resume_continues_the_straight_run(tmp_path):
-    """A 2-rank run interrupted in step 1 and resumed (DCP checkpoint) ends with the straight run's
-    losses and weights."""
-    from .cli_ranks import run_ranks
-
-    folder = save_whole(tmp_path / "q", "qwen2_5_vl", text_layers=2, vision_depth=2, tied=True)
-    train = ["train", "--model-path", str(folder), *COMMON, "--steps", "2", "--lr", "1e-2",
-             "--no-progress", "--checkpoint-every", "1"]  # fmt: skip
-
-    def launch(out, name, *extra, env=None):
-        results = run_ranks([*train, "--out", str(out), *extra], 2, tmp_path / name, env=env, timeout_s=120)
-        return [r.exitcode for r in results], results
-
-    assert launch(tmp_path / "straight", "s")[0] == [0, 0]
-    codes, _ = launch(tmp_path / "resumed", "a", env={"ENTRAIN_FAULT": "raise:1:1"})
-    assert codes != [0, 0]
-    codes, results = launch(tmp_path / "resumed", "b", "--resume")
-    assert codes == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
-
-    def rows(run):
-        return [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-    assert rows(tmp_path / "resumed") == rows(tmp_path / "straight")
-    _, a = load_model_state(checkpoint_dirs(tmp_path / "straight")[0][1])
-    _, b = load_model_state(checkpoint_dirs(tmp_path / "resumed")[0][1])
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_tp_and_fsdp_give_the_plain_runs_losses(tmp_path):
-    """``--tp 2`` (4 ranks: one TP pair per component) and ``--fsdp`` train Qwen2.5-VL with the plain
-    2-rank run's losses and gradient norms (relative 1e-5)."""
-    from .cli_ranks import run_ranks
-
-    folder = save_whole(tmp_path / "q", "qwen2_5_vl", text_layers=2, vision_depth=2, tied=True)
-    train = ["train", "--model-path", str(folder), *COMMON, "--steps", "2", "--lr", "1e-2", "--no-progress",
-             "--system", "dip", "--encoder-stages", "1", "--llm-stages", "1", "--dp", "2"]  # fmt: skip
-    runs = {"plain": ([], 2), "tp2": (["--tp", "2"], 4), "fsdp": (["--fsdp"], 2)}
-    metrics = {}
-    for name, (extra, world) in runs.items():
-        out = tmp_path / name
-        results = run_ranks([*train, *extra, "--out", str(out / "run")], world, out / "ranks", timeout_s=150)
-        assert all(r.exitcode == 0 for r in results), name + results[0].stderr[-3000:]
-        metrics[name] = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-    for name in ("tp2", "fsdp"):
-        for ours, plain in zip(metrics[name], metrics["plain"], strict=True):
-            assert ours["loss"] == pytest.approx(plain["loss"], rel=1e-5), name
-            assert ours["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5), name

@@ -120,3 +120,44 @@ def test_degrees_the_model_cannot_split_are_refused_before_any_process_group():
         check_spec(run_config(**base, fsdp=True))
     with pytest.raises(ConfigError, match="needs 4 processes"):
         check_spec(run_config(**base, tp=2), world_size=2)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+def test_every_family_takes_the_degrees_its_model_splits_and_refuses_the_rest(family, tmp_path):
+    """Qwen2-VL's tower (fc1/fc2 MLP) and LLaVA-OneVision have TP plans: ``--tp 2`` passes the check,
+    a degree that does not divide the heads is a one-line ConfigError naming the dimension."""
+    from entrain.core.errors import ConfigError
+    from entrain.models.families.base import ModelSource
+    from entrain.models.families.registry import get_family
+
+    from .families import family_flags
+
+    flags = family_flags(family, tmp_path / "model")
+    shape = get_family(family).shape(
+        ModelSource(preset=flags.get("model"), model_path=flags.get("model_path"))
+    )
+    get_family(family).check_tp(shape, 2)
+    with pytest.raises(ConfigError, match=r"^--tp 3 must divide .*vision heads \d+, .*LLM attention heads 4"):
+        get_family(family).check_tp(shape, 3)
+
+
+@pytest.mark.parametrize("family", ["composition", "qwen2_vl", "llava_onevision"])
+def test_every_owned_parameter_is_in_its_stage_module_tree(family, tmp_path):
+    """FSDP shards and reduces the parameters of a stage's module tree: a parameter a stage owns but
+    reaches another way (LLaVA-OneVision's ``image_newline`` once was) would train unreduced."""
+    from entrain.models.families.base import ModelSource
+    from entrain.models.families.registry import build_stage, get_family
+
+    from .families import family_flags
+
+    flags = {"model": "tiny"} if family == "composition" else family_flags(family, tmp_path / "model")
+    fam = get_family(family)
+    cfg, _ = fam.runtime_config(ModelSource(preset=flags.get("model"), model_path=flags.get("model_path")))
+    model = fam.build_model(cfg, seed=SEED)
+    for comp in ("encoder", "llm"):
+        n = len(fam.layer_names(cfg.shape, comp))
+        for first, end in ((0, 1), (1, n - 1), (n - 1, n)):
+            stage = build_stage(model, comp, first, end)
+            tree = {id(p) for p in stage.parameters()}
+            outside = [name for name, p in stage.owned_parameters() if id(p) not in tree]
+            assert not outside, (comp, first, end, outside)

@@ -7,8 +7,9 @@ Tensor parallel (``torch.distributed.tensor.parallel``), per stage:
   ``-1`` heads, so it runs on the local heads unchanged.
 * Qwen vision blocks: the fused ``attn.qkv`` is split into ``attn.qkv.q/k/v`` (``SplitQKV``: one
   contiguous column shard of the fused weight would mix q, k and v), each column-wise by heads, and
-  ``attn.num_heads`` becomes the local head count; ``attn.proj`` row-wise; the MLP as Llama's. The
-  merger's MLP is column- then row-wise.
+  ``attn.num_heads`` becomes the local head count; ``attn.proj`` row-wise; the MLP as Llama's
+  (Qwen2-VL's tower: ``fc1`` column-wise, ``fc2`` row-wise). The merger's MLP is column- then
+  row-wise.
 * Embeddings and lm_head as torchtitan does without loss parallelism: ``embed_tokens`` row-wise (the
   vocabulary sharded, outputs all-reduced), ``lm_head`` column-wise with replicated (all-gathered)
   logits. Norms and the patch embedding stay replicated.
@@ -22,7 +23,7 @@ from torch import nn
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.vlm import EncoderStage
 
-__all__ = ["SplitQKV", "split_fused_qkv", "check_tp", "apply_tp", "fsdp_units"]
+__all__ = ["SplitQKV", "split_fused_qkv", "check_tp", "apply_tp", "fsdp_units", "fc_plan", "tp_llm_stage"]
 
 
 def check_tp(arch, tp: int) -> None:
@@ -93,13 +94,20 @@ def split_fused_qkv(stage) -> None:
                 attn.qkv = SplitQKV(attn.qkv)
 
 
+def fc_plan(prefix: str) -> dict:
+    """A two-matrix MLP (``fc1``, activation, ``fc2``): ``fc1`` column-wise, ``fc2`` row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {f"{prefix}fc1": ColwiseParallel(), f"{prefix}fc2": RowwiseParallel()}
+
+
 def _tp_vision_block(block: nn.Module, mesh) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     attn = block.attn
     plan = {f"attn.qkv.{p}": ColwiseParallel() for p in "qkv"}
     plan["attn.proj"] = RowwiseParallel()
-    plan.update(_mlp_plan("mlp."))
+    plan.update(fc_plan("mlp.") if hasattr(block.mlp, "fc1") else _mlp_plan("mlp."))
     parallelize_module(block, mesh, plan)
     attn.num_heads //= mesh.size()
 
@@ -116,7 +124,6 @@ def _tp_llm_layer(layer: nn.Module, mesh) -> None:
 def apply_tp(stage, mesh) -> None:
     """Tensor-parallelise the layers stage ``stage`` owns over ``mesh`` (its TP group); the fused qkv
     is split first (``split_fused_qkv``)."""
-    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if isinstance(stage, EncoderStage):
@@ -127,6 +134,15 @@ def apply_tp(stage, mesh) -> None:
         if stage.has_merger:
             parallelize_module(vis.merger.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         return
+    tp_llm_stage(stage, mesh)
+
+
+def tp_llm_stage(stage, mesh) -> None:
+    """Tensor-parallelise an LLM stage (``vlm.LLMStage`` or a family's subclass): embedding, decoder
+    layers, lm_head."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
     inner = stage.llm.model
     if stage.has_embed:
         parallelize_module(

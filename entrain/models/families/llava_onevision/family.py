@@ -6,7 +6,7 @@ at import: the torch parts (``model``) are imported inside the methods.
 
 The encoder stages get each image's original ``(H, W)`` (what AnyRes unpads by) as the seam's
 ``image_extras`` columns; the renderer's token counts are ``sample_feature_rows`` (the multi-image
-rule). Not behind the seam: TP.
+rule). Tensor parallel: ``tp`` (SigLIP layers, projector, the composition's Qwen2 plan).
 """
 
 from __future__ import annotations
@@ -100,6 +100,11 @@ class OneVisionFamily(FamilyBase):
             )
         return rule
 
+    def check_tp(self, shape: OneVisionShape, tp: int) -> None:
+        from entrain.models.families.llava_onevision.tp import check_tp
+
+        check_tp(shape, tp)
+
     # --- runtime ---------------------------------------------------------------------------------
     def runtime_config(
         self, source: ModelSource, shape: OneVisionShape | None = None
@@ -146,6 +151,11 @@ class OneVisionFamily(FamilyBase):
         inner = stage.llm.model
         layers = [inner.layers[i] for i in stage.layer_ids]
         return [layer.self_attn for layer in layers] if mode == "selective" else layers
+
+    def apply_tp(self, stage: nn.Module, mesh: Any) -> None:
+        from entrain.models.families.llava_onevision.tp import apply_tp
+
+        apply_tp(stage, mesh)
 
     def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
         from entrain.models.families.llava_onevision.model import EncoderStage

@@ -313,12 +313,15 @@ class EncoderStage(nn.Module):
         super().__init__()
         self.tower = model.hf.model.vision_tower
         self.projector = model.hf.model.multi_modal_projector
-        object.__setattr__(self, "outer", model.hf.model)  # pack_image_features, image_newline; no submodule
+        object.__setattr__(self, "outer", model.hf.model)  # pack_image_features; no submodule
         k = model.num_feature_layers
         self.first, self.end = first, end
         self.has_embeddings = first == 0
         self.layer_ids = list(range(max(first, 1) - 1, min(end, k + 1) - 1))
         self.has_merger = end == k + 2
+        if self.has_merger:  # the stage's own submodule: FSDP shards and reduces the stage's module tree
+            self.newline = nn.Module()
+            self.newline.image_newline = model.hf.model.image_newline
 
     def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
         tower = self.tower
@@ -329,7 +332,7 @@ class EncoderStage(nn.Module):
         owned = _owned(VISION, parts)
         if self.has_merger:
             owned += [(f"{PROJECTOR}{n}", p) for n, p in self.projector.named_parameters()]
-            owned.append((NEWLINE, self.outer.image_newline))
+            owned.append((NEWLINE, self.newline.image_newline))
         return owned
 
     def move_to(self, device: torch.device) -> None:
@@ -359,7 +362,7 @@ class EncoderStage(nn.Module):
         packed, _ = self.outer.pack_image_features(
             feats,
             tiles.image_sizes,
-            image_newline=self.outer.image_newline,
+            image_newline=self.newline.image_newline,
             vision_aspect_ratio=self.outer.config.vision_aspect_ratio,
         )
         return torch.cat(packed)

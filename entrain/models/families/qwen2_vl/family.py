@@ -119,14 +119,10 @@ class Qwen2VLFamily(FamilyBase):
         raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
 
     def check_tp(self, shape: ModelArch, tp: int) -> None:
-        """The composition's tensor-parallel plan (same vision blocks, Qwen2 decoder layers); Qwen2-VL's
-        vision MLP (``fc1`` / ``fc2``) has none."""
+        """The composition's tensor-parallel plan (same vision blocks, Qwen2 decoder layers; Qwen2-VL's
+        vision MLP ``fc1`` / ``fc2`` column- then row-wise)."""
         from entrain.models.families.composition.tp import check_tp
 
-        if tp != 1 and shape.vision.mlp == "plain":
-            raise ConfigError(
-                f"--tp {tp}: Qwen2-VL's vision MLP (fc1/fc2) has no tensor-parallel plan; use --tp 1"
-            )
         check_tp(shape, tp)
 
     # --- runtime ---------------------------------------------------------------------------------

@@ -60,9 +60,24 @@ def read_hf_config(folder: str):
             f"checkpoint (expected one of {', '.join(MODEL_TYPES)})"
         )
     try:
-        return AutoConfig.from_pretrained(folder, local_files_only=True)
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{folder}/config.json: transformers cannot read it ({e})") from None
+    check_mrope(config.get_text_config(), f"{folder}/config.json")
+    return config
+
+
+def check_mrope(text, where: str) -> None:
+    """ConfigError unless the M-RoPE sections (temporal, height, width) cover the rotary half of a
+    head, as the language model's rotary embedding splits it (else the first forward fails)."""
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    section = rope.get("mrope_section")
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if section is not None and 2 * sum(section) != head_dim:
+        raise ConfigError(
+            f"{where}: text_config mrope_section {list(section)} sums to {sum(section)}, not half the "
+            f"head dimension {head_dim} (hidden_size / num_attention_heads)"
+        )
 
 
 def untie(config) -> bool:

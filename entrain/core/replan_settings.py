@@ -20,11 +20,12 @@ __all__ = [
 REPLAN_MODES = ("off", "auto")
 DRIFT_TRIGGER = math.log(1.5)
 """The window drifted when its pooled mean encoder or LLM work per sample is 1.5x (or 1/1.5) the
-reference's. Measured at the paper's global batch (512, 8 iterations, seeds 0 and 1, 1B): the largest
+reference's (the window the current split was last judged on by the simulator; at first the planner's
+draws). Measured at the paper's global batch (512, 8 iterations, seeds 0 and 1, 1B): the largest
 single-batch drift of the paper's datasets and the zoo is SynthChartNet's 0.41 (its regime runs; a
 window of 2 pools it below 0.35), every other one at most 0.17; ``curriculum``'s phase changes are
-2.5 (chartqa -> docvqa) and 0.53 (docvqa -> video). The gate only saves the simulator's time: the
-predicted gain decides a re-plan."""
+2.5 (chartqa -> docvqa) and 0.53 (docvqa -> video). The trigger only saves the simulator's time: the
+predicted gain in time decides a re-plan (``entrain.sim.drift``)."""
 DEFAULT_WINDOW = 2
 """Iterations that must all drift before a re-plan is considered (and that it is planned on)."""
 DEFAULT_THRESHOLD = 0.05

@@ -95,8 +95,25 @@ def test_the_re_plan_cost_can_veto_it(tiny):
     monitor, fake = _monitor(tiny, {"old": 1000.0, "new": 990.0}, window=1)
     assert monitor.observe(0, _batch(40, 10)) is None
     assert fake.calls == 1 and monitor.history[0].predicted_gain < 0
-    assert monitor.observe(1, _batch(40, 10)) is None  # evaluated again only after another window
+    assert monitor.observe(1, _batch(100, 10)) is None  # a further drift: evaluated again
     assert fake.calls == 2 and not monitor.replans
+
+
+def test_a_kept_split_is_judged_on_the_window(tiny):
+    """An evaluation that keeps the split moves the reference to the window: the same workload is not
+    evaluated again, a drift from it is (a drift in steps, ``curriculum``'s docvqa -> video)."""
+    monitor, fake = _monitor(tiny, {"old": 1000.0, "new": 999.0}, window=1)
+    assert monitor.observe(0, _batch(40, 10)) is None and fake.calls == 1
+    assert monitor.profile == WorkProfile(40, 10)
+    assert monitor.observe(1, _batch(40, 10)) is None and fake.calls == 1
+    assert monitor.observe(2, _batch(24, 10)) is None and fake.calls == 2  # 0.6x: ln 1.67 > ln 1.5
+
+
+def test_trigger_zero_evaluates_every_window(tiny):
+    monitor, fake = _monitor(tiny, {"old": 1000.0, "new": 999.0}, window=2, trigger=0.0)
+    for i in range(6):
+        monitor.observe(i, _batch(10, 10))
+    assert fake.calls == 3 and [d.predicted_gain is not None for d in monitor.history] == [False, True] * 3
 
 
 def test_no_time_left_means_no_re_plan(tiny):

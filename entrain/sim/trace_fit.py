@@ -134,6 +134,7 @@ def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tup
         ids, stage, ms = _ids(run, e), a["stage"], e["dur"] / 1e3
         const = _constants(costs, stage)
         predicted = costs.compute_ms(stage, kind, ids)
+        predicted -= run.base.hardware.action_overhead_ms if predicted > 0 else 0.0  # not in the layers
         if kind is ActionKind.F:
             out[(stage, "fwd")].append((ms, predicted - const["fwd"], costs.tokens(stage, ids)))
             continue
@@ -208,8 +209,8 @@ def _overhead_ms(evs: list[dict], recv_ms: float) -> float:
 
 
 def _compute_units(evs: list[dict]) -> int:
-    """Forwards plus backwards (an ``I`` + ``W`` pair is one backward)."""
-    return sum(1 for e in evs if e["args"]["kind"] in ("F", "B", "W"))
+    """Compute actions (``F``, ``B``, ``I``, ``W``: each one dispatch)."""
+    return sum(1 for e in evs if e["args"]["kind"] in ("F", "B", "I", "W"))
 
 
 def rank_overheads(run: TracedRun) -> dict[int, float]:

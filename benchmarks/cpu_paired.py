@@ -190,6 +190,13 @@ def run_workload(name: str, rounds: int, steps: int, seed: int, profile: str | N
     }
 
 
+def _cpu_share(r: dict) -> str:
+    """Median over rounds of the busiest rank's CPU / wall, Entrain / 1F1B."""
+    return " / ".join(
+        f"{statistics.median(x[s] for x in r['busiest_cpu_over_wall']):.2f}" for s in PAIRED_SYSTEMS
+    )
+
+
 def _row(key: str, r: dict) -> str:
     it = r["iter_ms"]
     med = {s: statistics.median(x[s] for x in it) for s in PAIRED_SYSTEMS}
@@ -197,7 +204,7 @@ def _row(key: str, r: dict) -> str:
     return (
         f"| {key} | {r['profile'] or 'cpu-tiny'} | {r['rounds']} x {r['steps']} | {med['entrain']:.0f} | {med['1f1b']:.0f} | "
         f"{r['real_ratio']:.3f} ({min(r['ratios']):.3f}-{max(r['ratios']):.3f}) | {ok} | {r['sim_ratio']:.3f} | "
-        f"{r['sim_rel_error']:+.1%} | {r['refit_sim_ratio']:.3f} | {r['refit_sim_rel_error']:+.1%} | "
+        f"{r['sim_rel_error']:+.1%} | {r['refit_sim_ratio']:.3f} | {r['refit_sim_rel_error']:+.1%} | {_cpu_share(r)} | "
         f"{r['decisions']['entrain']['stages']}; split {r['decisions']['entrain']['split_weight_grads']}; "
         f"{r['decisions']['entrain']['assignment']} |"
     )
@@ -216,11 +223,13 @@ def report(results: dict, idle: dict) -> str:
         f"with `--trace`, first {WARMUP} step dropped. Real ratio = median over rounds of Entrain's median "
         "iteration ms / 1F1B's of the same launch (min-max in brackets). Sim ratio = the same Plans (round 0) "
         "simulated under the cost model they were planned with; refit = under the profile refitted from round "
-        "0's 1F1B trace (`entrain profile --from-trace`); error = sim / real - 1 (target |error| <= 5 %).",
+        "0's 1F1B trace (`entrain profile --from-trace`); error = sim / real - 1 (target |error| <= 5 %). Busiest "
+        "rank CPU / wall: its process CPU time over the iteration's wall time (1.0 on an idle machine; below, the "
+        "rank waited or shared the 2 cores with other jobs).",
         "",
         "| workload (pass) | planned with | rounds x steps | Entrain ms | 1F1B ms | real ratio | <= 1.0 | sim ratio | "
-        "error | refit sim ratio | error | Entrain's plan (round 0) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "error | refit sim ratio | error | busiest rank CPU / wall (E / 1F1B) | Entrain's plan (round 0) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(k, r) for k, r in results.items()]
     lines += ["", "Entrain's simulated decisions (`entrain simulate --json`, those with more than one candidate) "

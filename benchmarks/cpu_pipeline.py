@@ -458,7 +458,9 @@ def main() -> int:
         help="skewed (issue 4) or text-heavy: LLM-dominant data, Entrain's two-resource assignment (issue 10); "
         "with --paired also chartqa, multi-image",
     )
-    ap.add_argument("--paired", action="store_true", help="Entrain (defaults) / 1F1B with traces (cpu_paired.py)")
+    ap.add_argument(
+        "--paired", action="store_true", help="Entrain (defaults) / 1F1B with traces (cpu_paired.py)"
+    )
     ap.add_argument("--profile", default=None, help="--paired: plan both systems with this profile")
     ap.add_argument("--pass-name", default="", help="--paired: suffix of the workload's key in the results")
     ap.add_argument(
@@ -470,6 +472,8 @@ def main() -> int:
         return main_in_stage(args, idle)
     if args.paired:
         return main_paired(args, idle)
+    if args.dataset not in CASES:
+        ap.error(f"--dataset {args.dataset} needs --paired")
     case = CASES[args.dataset]
     launches, sims, orders = [], {}, []
     rng = random.Random(args.order_seed)

@@ -232,6 +232,11 @@ def report(results: dict, idle: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(k, r) for k, r in results.items()]
+    notes: dict[str, list[str]] = {}
+    for k, r in results.items():
+        if r.get("note"):
+            notes.setdefault(r["note"], []).append(k)
+    lines += ["", *(f"Note on {', '.join(keys)}: {note}." for note, keys in notes.items())] if notes else []
     lines += ["", "Entrain's simulated decisions (`entrain simulate --json`, those with more than one candidate) "
               "under the cost model the pass planned with, and under the profile refitted from its 1F1B trace "
               "(measured per-action overhead in brackets):", "",

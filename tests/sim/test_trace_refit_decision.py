@@ -1,7 +1,7 @@
 """Issue 21 req. 4, closed loop: planning with a profile refitted from a run's trace changes the decision
 the real run contradicted. On the tiny model, ``multi-image`` (images capped at 224 x 224 px) on 2
 processes, the analytic ``cpu-tiny`` preset makes Entrain share the LLM rank with the second half of
-the encoder (3 stages) by 0.6 % simulated; the CPU runs pay about 1-3 ms per action outside the
+the encoder (3 stages) by 0.6 % simulated; the CPU runs paid 2.2-6.1 ms per action outside the
 layers (dispatch, posting sends, receive copies: ``benchmarks/results/cpu_pipeline_paired.md``), which
 the extra stage pays on every microbatch. A synthetic trace of the 1F1B run (compute durations exactly
 the preset's, ``OVERHEAD_MS`` between consecutive actions) is refitted by ``entrain profile
@@ -26,7 +26,7 @@ from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import candidate_judge, planner_draws
 
 OVERHEAD_MS = 2.0
-"""Per action, between consecutive compute actions of a rank (the measured runs: 0.6-3.1 ms)."""
+"""Per action, between consecutive compute actions of a rank (the measured runs: 2.2-6.1 ms)."""
 MAX_PIXELS = 224 * 224
 REQ = ConfigRequest("multi-image", "tiny", gpus=2, dp=None, tp=1, global_batch=16, microbatch_size=2)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -253,7 +254,9 @@ def report(results: dict, idle: dict) -> str:
 def main_paired(args, idle: tuple[bool, float]) -> int:
     key = args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
     os.makedirs(args.out, exist_ok=True)
-    slug = args.dataset + ("_" + "-".join(args.pass_name.split()) if args.pass_name else "")
+    slug = args.dataset + (
+        "_" + re.sub(r"[^a-z0-9]+", "-", args.pass_name.lower()).strip("-") if args.pass_name else ""
+    )
     refit_out = os.path.join(args.out, f"{STEM}_{slug}.refit.json")
     result = run_workload(args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out)
     path = os.path.join(args.out, f"{STEM}.json")

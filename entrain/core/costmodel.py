@@ -280,9 +280,10 @@ class HardwareSpec:
     llm_min_efficient_tokens: float = 0.0
     """Likewise for LLM tokens."""
     action_overhead_ms: float = 0.0
-    """What a rank pays per compute action (``F``, ``B``, ``I`` or ``W``) outside the stage's layers, however many layers the stage holds: the executor's dispatch, posting the
-    stage-boundary send, a receive's own copy. 0 in the presets (on a GPU the host runs ahead);
-    ``entrain profile --from-trace`` measures it on the run's ranks (docs/profiling.md)."""
+    """What a rank pays per compute action (``F``, ``B``, ``I`` or ``W``) outside the stage's layers,
+    however many layers the stage holds: the executor's dispatch, posting the stage-boundary send, a
+    receive's own copy. 0 in the presets (on a GPU the host runs ahead); ``entrain profile
+    --from-trace`` measures it on the run's ranks (docs/profiling.md)."""
 
     def to_json(self) -> dict:
         extra = {"action_overhead_ms": self.action_overhead_ms} if self.action_overhead_ms else {}

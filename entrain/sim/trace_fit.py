@@ -15,7 +15,8 @@ gaps between consecutive actions: per-action dispatch; posting a send; a receive
 arrived: the 10th percentile of the run's receive durations), per compute action, is the hardware's
 ``action_overhead_ms`` (the ranks' mean, weighted by their actions): the simulator charges it once
 per action however many layers the stage holds, so a layout with more or fewer stages than the run's
-pays it per stage (spread over the layers' constants, a one-layer stage paid a fraction of it).
+pays it per stage (spread over the traced stage's layers, as it was before, a one-layer stage of
+another layout paid a fraction of it).
 The new profile has the base's schema and layers: each layer of a stage gets its curves scaled by
 ``alpha`` and ``beta / layers`` as its constant; a split backward's input-gradient share is the
 measured ``I / (I + W)``. Documented in docs/profiling.md (``Refit from a trace``)."""

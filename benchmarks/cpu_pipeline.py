@@ -30,6 +30,8 @@ min each on an idle 2-core machine, estimated from the smoke runs' CPU time: 1 r
     python benchmarks/cpu_pipeline.py --launches 5 --steps 7
     python benchmarks/cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
 
+``--paired`` (issue 21 req. 3-4): `benchmarks/cpu_paired.py`.
+
 ``--in-stage`` (issue 14) instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
 ``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state
 and peak memory per rank, into ``benchmarks/results/cpu_pipeline_in_stage.{md,json}``.
@@ -48,6 +50,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from cpu_paired import PAIRED_CONFIGS, main_paired  # benchmarks/cpu_paired.py
 from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
 
 SYSTEMS = ("entrain", "1f1b", "disttrain")
@@ -450,10 +453,16 @@ def main() -> int:
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument(
         "--dataset",
-        choices=CASES,
+        choices=sorted({*CASES, *PAIRED_CONFIGS}),
         default="skewed",
-        help="skewed (issue 4) or text-heavy: LLM-dominant data, Entrain's two-resource assignment (issue 10)",
+        help="skewed (issue 4) or text-heavy: LLM-dominant data, Entrain's two-resource assignment (issue 10); "
+        "with --paired also chartqa, multi-image",
     )
+    ap.add_argument(
+        "--paired", action="store_true", help="Entrain (defaults) / 1F1B with traces (cpu_paired.py)"
+    )
+    ap.add_argument("--profile", default=None, help="--paired: plan both systems with this profile")
+    ap.add_argument("--pass-name", default="", help="--paired: suffix of the workload's key in the results")
     ap.add_argument(
         "--in-stage", action="store_true", help="the TP 2 / FSDP rows next to 1F1B (IN_STAGE_ROWS)"
     )
@@ -461,6 +470,10 @@ def main() -> int:
     idle = (True, 1.0) if args.skip_idle_check else wait_idle(args.max_idle_wait_s)
     if args.in_stage:
         return main_in_stage(args, idle)
+    if args.paired:
+        return main_paired(args, idle)
+    if args.dataset not in CASES:
+        ap.error(f"--dataset {args.dataset} needs --paired")
     case = CASES[args.dataset]
     launches, sims, orders = [], {}, []
     rng = random.Random(args.order_seed)

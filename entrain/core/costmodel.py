@@ -279,8 +279,14 @@ class HardwareSpec:
     (``CostModel.small_call_factor``); 0: no loss."""
     llm_min_efficient_tokens: float = 0.0
     """Likewise for LLM tokens."""
+    action_overhead_ms: float = 0.0
+    """What a rank pays per compute action (``F``, ``B``, ``I`` or ``W``) outside the stage's layers,
+    however many layers the stage holds: the executor's dispatch, posting the stage-boundary send, a
+    receive's own copy. 0 in the presets (on a GPU the host runs ahead); ``entrain profile
+    --from-trace`` measures it on the run's ranks (docs/profiling.md)."""
 
     def to_json(self) -> dict:
+        extra = {"action_overhead_ms": self.action_overhead_ms} if self.action_overhead_ms else {}
         return {
             "name": self.name,
             "device_memory_bytes": self.device_memory_bytes,
@@ -290,6 +296,7 @@ class HardwareSpec:
             "allreduce_latency_ms": self.allreduce_latency_ms,
             "encoder_min_efficient_tokens": self.encoder_min_efficient_tokens,
             "llm_min_efficient_tokens": self.llm_min_efficient_tokens,
+            **extra,
         }
 
     @classmethod

@@ -12,7 +12,11 @@ backward = ``B``, or ``I`` + ``W`` of one (sub-)microbatch) a least-squares line
 gives the stage's scale of the per-layer curves (``alpha``) and its per-call constant (``beta``).
 What the profile cannot see, the rank's time spent outside compute actions but not waiting (the
 gaps between consecutive actions: per-action dispatch; posting a send; a receive whose message had
-arrived: the 10th percentile of the run's receive durations), is added to ``beta`` spread over the rank's compute actions.
+arrived: the 10th percentile of the run's receive durations), per compute action, is the hardware's
+``action_overhead_ms`` (the ranks' mean, weighted by their actions): the simulator charges it once
+per action however many layers the stage holds, so a layout with more or fewer stages than the run's
+pays it per stage (spread over the traced stage's layers, as it was before, a one-layer stage of
+another layout paid a fraction of it).
 The new profile has the base's schema and layers: each layer of a stage gets its curves scaled by
 ``alpha`` and ``beta / layers`` as its constant; a split backward's input-gradient share is the
 measured ``I / (I + W)``. Documented in docs/profiling.md (``Refit from a trace``)."""
@@ -33,7 +37,16 @@ from entrain.core.errors import ConfigError
 from entrain.core.plan import ActionKind, Plan
 from entrain.core.schedules.costs import PlanCosts
 
-__all__ = ["TracedRun", "StageFit", "load_run", "fit_stages", "rank_overheads", "refit", "stage_errors"]
+__all__ = [
+    "TracedRun",
+    "StageFit",
+    "action_overhead_ms",
+    "load_run",
+    "fit_stages",
+    "rank_overheads",
+    "refit",
+    "stage_errors",
+]
 
 RECV_COST_QUANTILE = 0.1
 """A receive's own cost: this quantile of the run's receive durations (the ones that did not wait)."""
@@ -122,6 +135,7 @@ def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tup
         ids, stage, ms = _ids(run, e), a["stage"], e["dur"] / 1e3
         const = _constants(costs, stage)
         predicted = costs.compute_ms(stage, kind, ids)
+        predicted -= run.base.hardware.action_overhead_ms if predicted > 0 else 0.0  # not in the layers
         if kind is ActionKind.F:
             out[(stage, "fwd")].append((ms, predicted - const["fwd"], costs.tokens(stage, ids)))
             continue
@@ -196,8 +210,8 @@ def _overhead_ms(evs: list[dict], recv_ms: float) -> float:
 
 
 def _compute_units(evs: list[dict]) -> int:
-    """Forwards plus backwards (an ``I`` + ``W`` pair is one backward)."""
-    return sum(1 for e in evs if e["args"]["kind"] in ("F", "B", "W"))
+    """Compute actions (``F``, ``B``, ``I``, ``W``: each one dispatch)."""
+    return sum(1 for e in evs if e["args"]["kind"] in ("F", "B", "I", "W"))
 
 
 def rank_overheads(run: TracedRun) -> dict[int, float]:
@@ -209,6 +223,16 @@ def rank_overheads(run: TracedRun) -> dict[int, float]:
         if units:
             per_rank[pid].append(_overhead_ms(evs, recv.get(pid, 0.0)) / units)
     return {pid: statistics.fmean(v) for pid, v in per_rank.items()}
+
+
+def action_overhead_ms(run: TracedRun, overheads: dict[int, float]) -> float:
+    """The hardware's per-action overhead: the ranks' ``rank_overheads`` weighted by their compute
+    actions (``_compute_units``) over the run."""
+    units: dict[int, int] = defaultdict(int)
+    for (pid, _), evs in _by_rank_step(run).items():
+        units[pid] += _compute_units(evs)
+    total = sum(units[p] for p in overheads)
+    return sum(overheads[p] * units[p] for p in overheads) / total if total else 0.0
 
 
 def _input_fractions(run: TracedRun) -> dict[int, float]:
@@ -243,11 +267,9 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
     fractions = _input_fractions(run)
     for fit in fits:
         spec = layout.stages[fit.stage]
-        ranks = [p for p in overheads if layout.replica_of(p // run.tp)[1] == spec.pp_rank]
-        extra = statistics.fmean(overheads[p] for p in ranks) if ranks else 0.0
         span = range(spec.first_layer, spec.end_layer)
         for i in span:
-            layer = _layer(layers[spec.component][i], fit.phase, fit.alpha, (fit.beta_ms + extra) / len(span))
+            layer = _layer(layers[spec.component][i], fit.phase, fit.alpha, fit.beta_ms / len(span))
             if fit.phase == "bwd" and fit.stage in fractions:
                 layer = replace(layer, bwd_input_fraction=fractions[fit.stage])
             layers[spec.component][i] = layer
@@ -272,8 +294,10 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
     if run.config.get("precision"):
         notes["precision"] = run.config["precision"]
     base = run.base
+    hardware = replace(base.hardware, action_overhead_ms=action_overhead_ms(run, overheads))
     return replace(
         base,
+        hardware=hardware,
         encoder=replace(base.encoder, layers=tuple(layers["encoder"])),
         llm=replace(base.llm, layers=tuple(layers["llm"])),
         notes=notes,

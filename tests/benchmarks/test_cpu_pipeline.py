@@ -131,3 +131,26 @@ def test_llm_forward_std_sums_the_llm_stages_per_microbatch(cpu_pipeline):
     ]
     assert cpu_pipeline.llm_fwd_std_ms(rec, 1) == pytest.approx(10.0)  # per microbatch 30 and 10
     assert cpu_pipeline.llm_fwd_std_ms(rec, 2) == pytest.approx(7.0)  # 20 and 6
+
+
+def test_paired_report_flags_a_slower_entrain_and_the_sim_error(benchmarks_on_path):
+    """``--paired`` (cpu_paired.py): the real ratio with its per-round range, a case where Entrain is
+    slower is marked, the simulator's error is sim / real - 1, the decisions before and after the refit."""
+    cpu_paired = importlib.import_module("cpu_paired")
+    result = {
+        "config": {}, "profile": None, "rounds": 3, "steps": 4, "orders": [],
+        "iter_ms": [{"entrain": 110.0, "1f1b": 100.0}, {"entrain": 90.0, "1f1b": 100.0},
+                    {"entrain": 105.0, "1f1b": 100.0}],
+        "busiest_cpu_over_wall": [{"entrain": 0.9, "1f1b": 0.8}] * 3,
+        "ratios": [1.1, 0.9, 1.05], "real_ratio": 1.05, "sim_ratio": 0.945, "refit_sim_ratio": 1.05,
+        "sim_rel_error": 0.945 / 1.05 - 1, "refit_sim_rel_error": 0.0,
+        "decisions": {"entrain": {"stages": "encoder[0,4)@0 llm[0,6)@1", "split_weight_grads": "True",
+                                  "assignment": "paper 2"}},
+        "decisions_planned": {"layout": "shared"}, "decisions_refit": {"layout": "disjoint"},
+        "refit_action_overhead_ms": 3.0,
+    }  # fmt: skip
+    text = cpu_paired.report({"multi-image": result}, {"multi-image": [False, 0.1]})
+    row = next(line for line in text.splitlines() if line.startswith("| multi-image | cpu-tiny"))
+    assert "| 1.050 (0.900-1.100) | **no** | 0.945 | -10.0% | 1.050 | +0.0% | 0.90 / 0.80 |" in row
+    assert "| multi-image | layout shared | layout disjoint (3.00) |" in text
+    assert "multi-image NOT passed (10%)" in text

@@ -23,6 +23,8 @@ by the simulator, so every executor of a Plan prices an action the same way.
   each trainable layer's backward, the whole backward of a frozen layer that passes gradients), ``W``
   = the rest; a stage whose input needs no gradient (the first encoder stage) runs its whole
   backward as ``W`` (``I`` costs 0), as the runtime does.
+* Every compute action that does work (``F``, ``B``, ``I``, ``W``) also pays the hardware's
+  ``action_overhead_ms``, however many layers the stage holds.
 * A call of fewer tokens than the hardware's ``*_min_efficient_tokens`` has its size-dependent
   time multiplied by ``CostModel.small_call_factor`` (small sub-microbatches are not free).
 * p2p time of a message = ``latency + bytes / bandwidth`` (``HardwareSpec``); gradient messages
@@ -266,6 +268,10 @@ class PlanCosts:
         return got
 
     def _compute_uncached(self, stage: int, kind: ActionKind, ids: tuple[str, ...]) -> float:
+        ms = self._work_ms(stage, kind, ids)
+        return ms + self.cost.hardware.action_overhead_ms if ms > 0 else ms
+
+    def _work_ms(self, stage: int, kind: ActionKind, ids: tuple[str, ...]) -> float:
         if not kind.is_compute:
             raise ValueError(f"{kind} is not a compute action")
         if kind is ActionKind.F:

@@ -1,0 +1,272 @@
+"""Issue 21 req. 3-4: real runs against the simulator, Entrain at ``train``'s defaults vs 1F1B, paired.
+
+``python benchmarks/cpu_pipeline.py --paired --dataset WORKLOAD [--launches 3] [--steps 4]
+[--profile FILE]``: per round one ``torchrun`` launch trains ``entrain`` and ``1f1b`` in turn (order
+drawn per round) with ``--trace``; Entrain runs with every decision at ``train``'s default (decided by
+simulation, ``core/setups.py``). Recorded per workload: the real per-round paired ratio Entrain / 1F1B
+(median iteration time over the kept steps), and the simulator's ratio for the Plans that ran (round
+0's ``plan.json``) under (a) the cost model the run planned with and (b) the cost model refitted from
+round 0's 1F1B trace (``entrain profile --from-trace``, ``entrain.sim.trace_fit``): 1F1B's 1 encoder + 1
+LLM stage layout fits every layer, so (b) predicts Entrain's Plan out of sample. ``--profile FILE``
+plans both systems with ``FILE`` (the closed loop: the refitted profile of an earlier pass) and is
+recorded. Results are merged per workload into ``benchmarks/results/cpu_pipeline_paired.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+PAIRED_SYSTEMS = ("entrain", "1f1b")
+CAPPED = 224 * 224
+"""Images capped at 224 x 224 px on the image-heavy sets, so a tiny-model step takes about a second."""
+PAIRED_CONFIGS = {
+    "skewed": {"model": "tiny", "dataset": "skewed", "seed": 0, "global_batch": 16, "microbatch_size": 1},
+    "chartqa": {"model": "tiny", "dataset": "chartqa", "max_pixels": CAPPED, "seed": 0, "global_batch": 16,
+                "microbatch_size": 2},
+    "text-heavy": {"model": "tiny", "dataset": "text-heavy", "max_pixels": CAPPED, "seed": 0, "global_batch": 24,
+                   "microbatch_size": 4},
+    "multi-image": {"model": "tiny", "dataset": "multi-image", "max_pixels": CAPPED, "seed": 0,
+                    "global_batch": 16, "microbatch_size": 2},
+}  # fmt: skip
+"""Workloads of ``--paired``: the built-in generators (docs/workloads.md), no stage counts given (each
+system's planner places its own 2-process layout)."""
+WARMUP = 1
+SIM_TOLERANCE = 0.05
+"""Req. 3: the simulator's ratio within 5 % of the real paired ratio."""
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+STEM = "cpu_pipeline_paired"
+
+
+def _launch(out: str, steps: int, order: list[str], config: dict, profile: str | None) -> None:
+    cmd = [sys.executable, "-m", "entrain", "train", "--system", ",".join(order), "--steps", str(steps),
+           "--out", out, "--no-progress", "--nproc", "2", "--trace"]  # fmt: skip
+    for key, value in config.items():
+        cmd += ["--" + key.replace("_", "-"), str(value)]
+    if profile:
+        cmd += ["--profile", profile]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def _iter_ms(run: str) -> float:
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()][WARMUP:]
+    return statistics.median(r["iteration_time_ms"] for r in rows)
+
+
+def _cpu_over_wall(run: str) -> float:
+    """Busiest rank's CPU time over wall time per kept step (median): < 1 when the rank waited or
+    the machine was shared."""
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()][WARMUP:]
+    return statistics.median(max(r["cpu_ms"]) / r["iteration_time_ms"] for r in rows)
+
+
+def _load_cost(run: str, profile: str | None = None):
+    from entrain.cli.plot_trace import run_model_config
+    from entrain.core.costmodel import CostModel
+
+    if profile:
+        return CostModel.load(profile)
+    with open(os.path.join(run, "config.json")) as f:
+        return run_model_config(json.load(f)["spec"]).cost_model()
+
+
+def simulated_ms(run: str, cost) -> float:
+    """Median simulated iteration ms of the run's Plans (kept steps) under ``cost``."""
+    from entrain.core.plan import Plan
+    from entrain.sim.executor import simulate_plan
+
+    with open(os.path.join(run, "plan.json")) as f:
+        plan = Plan.from_json(json.load(f))
+    runs = simulate_plan(plan, cost, trace_iterations=0)[WARMUP:]
+    return statistics.median(r.iteration_time_ms for r in runs)
+
+
+def refit_profile(run: str, out: str, label: str) -> dict:
+    """``entrain profile --from-trace run --out out``; its ``--json`` object. The profile's
+    ``notes.from_trace`` (the temporary run folder) becomes ``label``."""
+    cmd = [sys.executable, "-m", "entrain", "profile", "--from-trace", run, "--out", out, "--json"]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    with open(out) as f:
+        profile = json.load(f)
+    profile["notes"]["from_trace"] = label
+    with open(out, "w") as f:
+        json.dump(profile, f, indent=1)
+    got = json.loads(done.stdout)
+    got["from_trace"]["run"] = label
+    return got
+
+
+def decisions_under(config: dict, profile: str | None) -> dict[str, str]:
+    """Entrain's simulated decisions (``entrain simulate --json``: name -> chosen) for ``config`` on 2
+    processes, planned with ``profile`` (None: the preset)."""
+    cmd = [sys.executable, "-m", "entrain", "simulate", "--gpus", "2", "--systems", "entrain", "--iterations", "2",
+           "--json"]  # fmt: skip
+    for key, value in config.items():
+        cmd += ["--" + key.replace("_", "-"), str(value)]
+    if profile:
+        cmd += ["--profile", profile]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    entrain = json.loads(done.stdout)["systems"]["entrain"]
+    return {d["name"]: d["chosen"] for d in entrain["decisions"] if len(d["candidates"]) > 1}
+
+
+def _decisions(run: str) -> dict[str, str]:
+    with open(os.path.join(run, "plan.json")) as f:
+        plan = json.load(f)
+    stages = [
+        f"{s['component']}[{s['layers'][0]},{s['layers'][1]})@{s['pp_rank']}"
+        for s in plan["layout"]["stages"]
+    ]
+    opts = plan.get("options", {})
+    chosen = opts.get("assignment_chosen")
+    flat = [a for per in chosen for a in per] if chosen else [opts.get("assignment", "paper")]
+    return {
+        "stages": " ".join(stages),
+        "split_weight_grads": str(bool(opts.get("split_weight_grads", False))),
+        "assignment": ", ".join(f"{a} {flat.count(a)}" for a in sorted(set(flat))),
+    }
+
+
+def predictions(first: str, refit_path: str, profile: str | None, label: str) -> dict:
+    """Round 0's Plans simulated under the planning cost model and under the 1F1B-trace refit."""
+    base = {
+        s: simulated_ms(os.path.join(first, s), _load_cost(os.path.join(first, s), profile))
+        for s in PAIRED_SYSTEMS
+    }
+    fit = refit_profile(os.path.join(first, "1f1b"), refit_path, label)
+    refit = {s: simulated_ms(os.path.join(first, s), _load_cost("", refit_path)) for s in PAIRED_SYSTEMS}
+    return {
+        "sim_ms": base,
+        "sim_ratio": base["entrain"] / base["1f1b"],
+        "refit_sim_ms": refit,
+        "refit_sim_ratio": refit["entrain"] / refit["1f1b"],
+        "refit_errors": fit["from_trace"]["errors"],
+        "refit_overhead_ms_per_action": fit["from_trace"]["overhead_ms_per_action"],
+    }
+
+
+def run_workload(name: str, rounds: int, steps: int, seed: int, profile: str | None, refit_out: str) -> dict:
+    config = PAIRED_CONFIGS[name]
+    rng = random.Random(seed)
+    per_round, orders, cpu_wall = [], [], []
+    with tempfile.TemporaryDirectory(prefix="entrain-paired-") as tmp:
+        for i in range(rounds):
+            out = os.path.join(tmp, f"round{i}")
+            orders.append(rng.sample(PAIRED_SYSTEMS, 2))
+            _launch(out, steps, orders[-1], config, profile)
+            per_round.append({s: _iter_ms(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
+            cpu_wall.append({s: _cpu_over_wall(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
+        first = os.path.join(tmp, "round0")
+        pred = predictions(
+            first, refit_out, profile, f"round 0 of `cpu_pipeline.py --paired --dataset {name}`, 1f1b"
+        )
+        decisions = {s: _decisions(os.path.join(first, s)) for s in PAIRED_SYSTEMS}
+    ratios = [r["entrain"] / r["1f1b"] for r in per_round]
+    real = statistics.median(ratios)
+    return {
+        "config": config,
+        "profile": os.path.basename(profile) if profile else None,
+        "rounds": rounds,
+        "steps": steps,
+        "orders": orders,
+        "iter_ms": per_round,
+        "busiest_cpu_over_wall": cpu_wall,
+        "ratios": ratios,
+        "real_ratio": real,
+        **pred,
+        "sim_rel_error": pred["sim_ratio"] / real - 1,
+        "refit_sim_rel_error": pred["refit_sim_ratio"] / real - 1,
+        "decisions": decisions,
+        "decisions_planned": decisions_under(config, profile),
+        "decisions_refit": decisions_under(config, refit_out),
+        "refit_action_overhead_ms": _load_cost("", refit_out).hardware.action_overhead_ms,
+    }
+
+
+def _cpu_share(r: dict) -> str:
+    """Median over rounds of the busiest rank's CPU / wall, Entrain / 1F1B."""
+    return " / ".join(
+        f"{statistics.median(x[s] for x in r['busiest_cpu_over_wall']):.2f}" for s in PAIRED_SYSTEMS
+    )
+
+
+def _row(key: str, r: dict) -> str:
+    it = r["iter_ms"]
+    med = {s: statistics.median(x[s] for x in it) for s in PAIRED_SYSTEMS}
+    ok = "yes" if r["real_ratio"] <= 1.0 else "**no**"
+    return (
+        f"| {key} | {r['profile'] or 'cpu-tiny'} | {r['rounds']} x {r['steps']} | {med['entrain']:.0f} | {med['1f1b']:.0f} | "
+        f"{r['real_ratio']:.3f} ({min(r['ratios']):.3f}-{max(r['ratios']):.3f}) | {ok} | {r['sim_ratio']:.3f} | "
+        f"{r['sim_rel_error']:+.1%} | {r['refit_sim_ratio']:.3f} | {r['refit_sim_rel_error']:+.1%} | {_cpu_share(r)} | "
+        f"{r['decisions']['entrain']['stages']}; split {r['decisions']['entrain']['split_weight_grads']}; "
+        f"{r['decisions']['entrain']['assignment']} |"
+    )
+
+
+def _decision_text(decisions: dict[str, str]) -> str:
+    return ", ".join(f"{name} {chosen}" for name, chosen in decisions.items())
+
+
+def report(results: dict, idle: dict) -> str:
+    lines = [
+        "# Real runs against the simulator: Entrain (defaults) / 1F1B, paired per round (issue 21 req. 3-4)",
+        "",
+        "Generated by `python benchmarks/cpu_pipeline.py --paired --dataset WORKLOAD` (module "
+        "`benchmarks/cpu_paired.py`): tiny model, 2 processes, one launch per round training both systems "
+        f"with `--trace`, first {WARMUP} step dropped. Real ratio = median over rounds of Entrain's median "
+        "iteration ms / 1F1B's of the same launch (min-max in brackets). Sim ratio = the same Plans (round 0) "
+        "simulated under the cost model they were planned with; refit = under the profile refitted from round "
+        "0's 1F1B trace (`entrain profile --from-trace`); error = sim / real - 1 (target |error| <= 5 %). Busiest "
+        "rank CPU / wall: its process CPU time over the iteration's wall time (1.0 on an idle machine; below, the "
+        "rank waited or shared the 2 cores with other jobs).",
+        "",
+        "| workload (pass) | planned with | rounds x steps | Entrain ms | 1F1B ms | real ratio | <= 1.0 | sim ratio | "
+        "error | refit sim ratio | error | busiest rank CPU / wall (E / 1F1B) | Entrain's plan (round 0) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_row(k, r) for k, r in results.items()]
+    notes: dict[str, list[str]] = {}
+    for k, r in results.items():
+        if r.get("note"):
+            notes.setdefault(r["note"], []).append(k)
+    lines += ["", *(f"Note on {', '.join(keys)}: {note}." for note, keys in notes.items())] if notes else []
+    lines += ["", "Entrain's simulated decisions (`entrain simulate --json`, those with more than one candidate) "
+              "under the cost model the pass planned with, and under the profile refitted from its 1F1B trace "
+              "(measured per-action overhead in brackets):", "",
+              "| workload (pass) | planned with | refit (overhead ms/action) |", "|---|---|---|"]  # fmt: skip
+    for k, r in results.items():
+        if "decisions_planned" in r:
+            lines.append(f"| {k} | {_decision_text(r['decisions_planned'])} | "
+                         f"{_decision_text(r['decisions_refit'])} ({r['refit_action_overhead_ms']:.2f}) |")  # fmt: skip
+    lines += ["", "Idle check before each pass (fraction of the 2 cores idle; target 90 %): "
+              + "; ".join(f"{k} {'passed' if v[0] else 'NOT passed'} ({v[1]:.0%})" for k, v in idle.items()), ""]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main_paired(args, idle: tuple[bool, float]) -> int:
+    key = args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
+    os.makedirs(args.out, exist_ok=True)
+    slug = args.dataset + (
+        "_" + re.sub(r"[^a-z0-9]+", "-", args.pass_name.lower()).strip("-") if args.pass_name else ""
+    )
+    refit_out = os.path.join(args.out, f"{STEM}_{slug}.refit.json")
+    result = run_workload(args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out)
+    path = os.path.join(args.out, f"{STEM}.json")
+    old = json.load(open(path)) if os.path.exists(path) else {"results": {}, "idle": {}}
+    old["results"][key] = result
+    old["idle"][key] = list(idle)
+    with open(path, "w") as f:
+        json.dump(old, f, indent=1)
+    text = report(old["results"], old["idle"])
+    with open(os.path.join(args.out, f"{STEM}.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from entrain.cli import simulate as S
+from entrain.cli.common import config_cost_model, config_workload
 from entrain.cli.main import build_parser
 from entrain.config import RunConfig
 from entrain.core.setups import system_setups
@@ -44,8 +44,9 @@ def tiny():
     args = build_parser().parse_args(
         "simulate --model tiny --dataset chartqa --gpus 4 --global-batch 16 --microbatch-size 2".split()
     )
-    cost = S.resolve_cost_model(args)
-    req = dataclasses.replace(RunConfig.from_args(args).config_request(), model=cost.model)
+    config = RunConfig.from_args(args)
+    cost = config_cost_model(config)
+    req = dataclasses.replace(config.config_request(), model=cost.model)
     sampler = sampling.dataset_sampler("chartqa", 0)
     old = system_setups(["entrain"], dataclasses.replace(req, dp=2), cost, sampler)["entrain"]
     new = system_setups(["entrain"], dataclasses.replace(req, dp=1), cost, sampler)["entrain"]
@@ -167,14 +168,15 @@ def test_no_false_alarm_on_stationary_workloads(dataset, monkeypatch):
             f"simulate --dataset {dataset} --model qwen25vl-llama3-1b --gpus 64 --dp 4 --tp 2 --global-batch 512 "
             f"--microbatch-size 4 --iterations 6 --seed {seed} --replan auto".split()
         )
-        cost = S.resolve_cost_model(args)
-        req = dataclasses.replace(RunConfig.from_args(args).config_request(), model=cost.model)
+        config = RunConfig.from_args(args)
+        cost = config_cost_model(config)
+        req = dataclasses.replace(config.config_request(), model=cost.model)
         sampler = sampling.dataset_sampler(dataset, seed)
         setup = system_setups(["entrain"], req, cost, sampler)["entrain"]
         monitor = monitor_for(
             "entrain", setup, req, cost, sampler, total_iterations=6, settings=ReplanSettings()
         )
-        for i, batch in enumerate(S.workload_source(args, cost).batches(512, 6)):
+        for i, batch in enumerate(config_workload(config, cost).batches(512, 6)):
             assert monitor.observe(i, batch) is None, (dataset, seed, i, monitor.history[-1])
             assert monitor.history[-1].predicted_gain is None, (dataset, seed, i, monitor.history[-1])
         assert not monitor.replans

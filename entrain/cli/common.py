@@ -67,12 +67,14 @@ SHARED_FLAGS: dict[str, FlagSpec] = {
     spec.dest: spec
     for spec in (
         _flag("--dataset", "--work-file", dest="dataset", default="synthchartnet",
-              help="built-in generator name, workload JSONL, raw-work JSONL (not entrain train), LLaVA "
+              help="built-in generator name, workload JSONL, raw-work JSONL (not entrain train or data stats), LLaVA "
                    "JSON/JSONL/Parquet dataset, or a folder of Parquet or WebDataset .tar shards or of a Hugging "
                    "Face save_to_disk dataset"),
-        _flag("--image-root", default=None, help="folder that LLaVA image paths are relative to"),
+        _flag("--image-root", default=None,
+              help="folder that LLaVA image paths are relative to (default: the dataset file's folder)"),
         _flag("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS,
-              help="model preset to price (entrain train: to build and train)"),
+              help="model preset to price (entrain train: to build and train; entrain profile: to time; "
+                   "entrain data check: whose family's rules count the image tokens, default Qwen2.5-VL's)"),
         _flag("--hardware", default=None, choices=HARDWARE_PRESETS,
               help="cost-model preset to plan with (default: cpu-tiny for tiny, a40-paper otherwise)"),
         _flag("--profile", default=None, metavar="FILE",
@@ -91,15 +93,28 @@ SHARED_FLAGS: dict[str, FlagSpec] = {
         _flag("--microbatch-size", type=int, default=4,
               help="samples per microbatch (entrain train --plan sets it)"),
         _flag("--seed", type=int, default=0,
-              help="seed of the samples drawn, of the planner's draws and (entrain train) of the weights' init"),
+              help="seed of the samples drawn, of the planner's draws and (entrain train, entrain profile) of "
+                   "the weights' init"),
         _flag("--iterations", type=int, default=20, help="global batches (iterations) to draw"),
         _flag("--shuffle", action="store_true", help="shuffle a file's samples with the seed first"),
         _flag("--freeze", default="", help="comma list of frozen parts: encoder, vit (tower without merger), llm"),
         _flag("--json", action="store_true", help="print one JSON object on stdout"),
+        _flag("--precision", choices=PRECISIONS, default=None,
+              help="compute precision, as entrain train computes (entrain profile: times the layers so): bf16 "
+                   "runs every forward under bf16 autocast over fp32 weights, with fp32 master weights and "
+                   "AdamW state (default: bf16 on CUDA, fp32 on CPU)"),
+        _flag("--confine-images", action="store_true",
+              help="an image path resolving outside the dataset root is an error (entrain train: makes its "
+                   "record bad) (default: a warning)"),
+        _flag("--overwrite", action="store_true",
+              help="replace what an existing --out holds (without it such a folder is refused; entrain train: "
+                   "or --resume; entrain export: never the run itself or the base checkpoint it was trained "
+                   "from)"),
     )
 }  # fmt: skip
-"""Every flag that ``train``, ``plan``, ``simulate`` and ``assign`` share, with one help and one default
-(a command's own default only in ``COMMAND_DEFAULTS``, with its reason)."""
+"""Every flag that two or more ``entrain`` commands share, with one help and one default (a command's own
+default only in ``COMMAND_DEFAULTS``, with its reason; a flag of the same name defined per command only
+in ``COMMAND_MEANINGS`` / ``COMMAND_OWN``, with its reason)."""
 
 COMMAND_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
     "train": {
@@ -108,15 +123,36 @@ COMMAND_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "global_batch": (16, "a batch the tiny model trains on a CPU in seconds, not the paper's 512"),
         "microbatch_size": (2, "K = 8 microbatches of the CPU-sized batch on one replica"),
     },
+    "profile": {"model": ("tiny", "profile runs the model for real: the preset a CPU times in seconds")},
+    "data check": {
+        "model": (None, "no model: Qwen2.5-VL's image rules count the tokens (vision_limits without --model)")
+    },
 }
 """``{command: {dest: (default, why)}}``: a shared flag whose default differs in one command, and why."""
 
 COMMAND_MEANINGS: dict[str, str] = {
-    "out": "a different thing per command: plan's output file (plan.json), train's run folder",
+    "out": "a different thing per command: plan's output file (plan.json), train's run folder, profile's "
+    "JSON, export's folder, bench paper's report, plot-trace's image, data synth's dataset folder",
+    "device": "profile times on one device (cpu or cuda, default cuda when there is one); train places its "
+    "processes (auto, cuda or cpu: NCCL or gloo, default auto or $ENTRAIN_DEVICE)",
+    "tokenizer": "train: the AutoTokenizer of a stock --llm-model (default its folder's); data check: the one "
+    "counting text tokens (default the offline Qwen2 one)",
+    "step": "export: the step whose checkpoint is exported (default the newest); plot-trace: the traced step "
+    "drawn (default the last traced one)",
+    "num_samples": "data stats: samples drawn or a file's first N (optional); data synth: the samples written "
+    "(required)",
     "system": "plan carries one system's layout; train takes one system or a comma list trained in turn",
     "systems": "assign's default is one system per distinct batcher (the others repeat an assignment)",
 }
 """Flags of the same name that are defined per command on purpose, and why."""
+
+COMMAND_OWN: dict[str, dict[str, str]] = {
+    "data synth": {
+        "dataset": "names only a built-in generator whose samples are written out (required, no --work-file "
+        "alias), not a dataset to read"
+    },
+}
+"""``{command: {dest: why}}``: one command's own flag named like a shared one, and why it is its own."""
 
 
 def add_shared_flags(p: argparse.ArgumentParser, command: str, *dests: str) -> None:
@@ -228,12 +264,6 @@ def model_arch_of(args: argparse.Namespace) -> ModelShape:
 def model_label(args: argparse.Namespace) -> str:
     """``--model``'s name, or the stock model's (``hf:VISION+LLM``) for reports."""
     return model_arch_of(args).name
-
-
-def add_precision_arg(p: argparse.ArgumentParser, help_text: str) -> None:
-    """``--precision``: the compute precision of ``entrain train`` (``PRECISIONS``; None: bf16 on CUDA,
-    fp32 on CPU, ``entrain.core.architectures.default_precision``), one definition for every command."""
-    p.add_argument("--precision", choices=PRECISIONS, default=None, help=help_text)
 
 
 def warn_profile_precision(

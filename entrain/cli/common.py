@@ -10,12 +10,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from entrain.config import RunConfig, parse_ramp
+from entrain.config import ModelConfig, RunConfig, parse_ramp
 from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel, precision_mismatch
 from entrain.core.errors import ConfigError
-from entrain.core.presets import HARDWARE_PRESETS, default_hardware
-from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
+from entrain.core.presets import HARDWARE_PRESETS
 from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, pixel_limits
 from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import DECISION_MARGIN, ENTRAIN_LAYOUTS, LAYOUT_MARGIN
@@ -339,22 +338,14 @@ def _ramp(text: str) -> int | str:
 
 
 def hardware_label(args: argparse.Namespace) -> str:
-    """What the costs come from, for reports: the hardware preset, or ``profile:FILE``."""
-    if getattr(args, "profile", None):
-        return f"profile:{args.profile}"
-    return args.hardware or default_hardware(model_label(args))
+    """``ModelConfig.hardware_label`` of a data command's flags (no RunConfig to build)."""
+    return ModelConfig.from_args(args).hardware_label()
 
 
-def resolve_cost_model(args: argparse.Namespace, freeze: tuple[str, ...] = ()) -> CostModel:
-    """The cost model named by ``--model``/``--hardware``/``--attention`` (and frozen parts), or the
-    measured ``--profile`` (``entrain.core.presets.resolve_cost_model``)."""
-    return resolve_preset_or_profile(
-        model_arch_of(args),
-        hardware=args.hardware,
-        profile=getattr(args, "profile", None),
-        attention=getattr(args, "attention", None),
-        freeze=freeze,
-    )
+def resolve_cost_model(args: argparse.Namespace) -> CostModel:
+    """The cost model of a data command's flags (no RunConfig to build): ``ModelConfig.cost_model``,
+    the one adapter over the one resolver ``entrain.core.presets.resolve_cost_model``."""
+    return ModelConfig.from_args(args).cost_model()
 
 
 @dataclass
@@ -396,22 +387,6 @@ def workload_source(args: argparse.Namespace, cost: CostModel) -> WorkloadSource
         shuffle=args.shuffle,
         image_root=getattr(args, "image_root", None),
         vision=vision_limits(args),
-    )
-
-
-def config_cost_model(config: RunConfig, freeze: tuple[str, ...] = ()) -> CostModel:
-    """``resolve_cost_model`` of a built ``RunConfig``: its model, hardware, attention, or ``--profile``."""
-    model = config.model
-    return resolve_preset_or_profile(
-        model.arch(), hardware=model.hardware, profile=model.profile, attention=model.attention, freeze=freeze
-    )
-
-
-def config_hardware_label(config: RunConfig) -> str:
-    """``hardware_label`` of a built ``RunConfig``."""
-    model = config.model
-    return (
-        f"profile:{model.profile}" if model.profile else model.hardware or default_hardware(model.arch().name)
     )
 
 

@@ -25,7 +25,6 @@ from entrain.cli.common import (
     add_entrain_extension_args,
     add_shared_flags,
     apply_paper_entrain,
-    config_cost_model,
     config_sampler,
     emit_json,
     warn_profile_precision,
@@ -131,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 def plan_command(req: PlanRequest) -> int:
     """Algorithms 1 and 2, the system's setup and its memory check; printed, ``--json`` or ``--out``."""
     config, par = req.config, req.config.parallel
-    cost = config_cost_model(config, config.model.freeze)
+    cost = config.model.cost_model(config.model.freeze)  # a profile refuses --freeze here
     _warn_profile_precision(config, cost)
     sampler = config_sampler(config)
     if par.tp < 0 or par.cp < 0:

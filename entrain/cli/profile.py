@@ -17,9 +17,9 @@ import sys
 from entrain.cli.common import (
     add_model_source_args,
     add_shared_flags,
-    default_hardware,
     emit_json,
     model_source_of,
+    resolve_cost_model,
 )
 from entrain.core.errors import ConfigError
 
@@ -127,7 +127,6 @@ def _measure(args: argparse.Namespace) -> int:
     import torch
 
     from entrain.core.architectures import default_precision
-    from entrain.core.presets import build_cost_model
     from entrain.runtime.profiler import profile_model
 
     arch, model_cfg = _target(args)
@@ -143,7 +142,7 @@ def _measure(args: argparse.Namespace) -> int:
     try:
         cost, fits = profile_model(
             model_cfg,
-            build_cost_model(arch, default_hardware(arch.name)),
+            resolve_cost_model(args),  # the preset whose layers are timed (no --hardware: the default)
             tokens=tokens,
             device=device,
             repeats=args.repeats,

@@ -22,7 +22,10 @@ def adapters(root: pathlib.Path = ENTRAIN) -> list[str]:
     """``module:function`` of every function calling a ``resolve_cost_model`` with a flag's keyword."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text())
+        text = path.read_text()
+        if "resolve_cost_model" not in text:
+            continue
+        tree = ast.parse(text)
         names = {"resolve_cost_model"} | {  # and what the resolver is imported as
             a.asname
             for n in ast.walk(tree)

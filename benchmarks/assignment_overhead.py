@@ -84,7 +84,8 @@ def _step_breakdown(batch, k: int) -> dict[str, float]:
 
 def _b_min_timing(cost) -> dict:
     try:
-        from entrain.core.planning.bmin import find_b_min
+        from entrain.core.parallel import ParallelConfig
+        from entrain.core.planning.bmin import BMinConfig, find_b_min
     except ImportError as e:
         return {"available": False, "note": f"entrain.core.planning.bmin.find_b_min not available ({e})"}
     from entrain.data.generators import generate_samples
@@ -93,7 +94,8 @@ def _b_min_timing(cost) -> dict:
         return generate_samples(DATASET, n, seed)
 
     t0 = time.perf_counter()
-    result = find_b_min(sampler, cost, gpus=GPUS, dp=DP, seed=0)
+    parallel = ParallelConfig(gpus=GPUS, dp=DP, global_batch=512, microbatch_size=4)  # batch: unused here
+    result = find_b_min(sampler, cost, parallel, BMinConfig(seed=0))
     ms = (time.perf_counter() - t0) * 1e3  # wall
     return {
         "available": True, "b_min": result.b_min, "converged": result.converged, "k_trials": result.k_trials,

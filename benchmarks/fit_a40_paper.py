@@ -174,6 +174,7 @@ def main() -> None:
         "| model | dataset | b_min | split at b_min | paper Entrain E.PP/L.PP | ours | match | Eq. 2 s | Fig. 11 s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    from entrain.core.planning.bmin import BMinConfig
     from entrain.core.planning.entry import plan
 
     trial_rows = []
@@ -183,7 +184,7 @@ def main() -> None:
         for d in DATASETS:
             sampler = pool_sampler(generate_samples(d, POOL, 0))
             paper = ParallelConfig(gpus=64, dp=4, tp=2, global_batch=512, microbatch_size=4)
-            r = plan(sampler, c, paper, extra_sizes=SIZES)
+            r = plan(sampler, c, paper, BMinConfig(extra_sizes=tuple(SIZES)))
             trial_rows.append((m, d, r.b_min))
             paper = PAPER_TABLE1[(d, m)]["entrain"]
             ours = (r.config.encoder.pp, r.config.llm.pp)

@@ -193,9 +193,17 @@ class ModelConfig:
         """The name plans, profiles and reports carry: the preset's, or a stock model's ``hf:VISION+LLM``."""
         return self.arch().name if self.source().is_stock else self.name
 
-    def cost_model(self) -> CostModel:
-        """The run's cost model (``entrain.core.presets.resolve_cost_model``). A measured profile timed
-        the run's own trainable parts, so the frozen parts apply to presets only."""
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ModelConfig:
+        """The model part of a command's parsed flags: ``--model``, its checkpoint folders and the cost
+        model's flags (``--hardware``, ``--profile``, ``--attention``, ``--freeze``), those it has."""
+        return _pick(cls, args, name=args.model, freeze=_comma_list(getattr(args, "freeze", ())))
+
+    def cost_model(self, freeze: tuple[str, ...] | None = None) -> CostModel:
+        """The cost model of every command (``entrain.core.presets.resolve_cost_model``, the one
+        resolver; this is its one adapter). ``freeze``: the parts priced frozen; None: the run's own,
+        none with a measured profile, which timed the run's own trainable parts (``entrain plan`` passes
+        its ``--freeze``, which a profile refuses)."""
         from entrain.core.presets import resolve_cost_model
 
         return resolve_cost_model(
@@ -203,7 +211,16 @@ class ModelConfig:
             hardware=self.hardware,
             profile=self.profile,
             attention=self.attention,
-            freeze=() if self.profile else self.freeze,
+            freeze=(() if self.profile else self.freeze) if freeze is None else freeze,
+        )
+
+    def hardware_label(self) -> str:
+        """What the costs come from, for reports: the hardware preset (``default_hardware`` of the
+        model when none is given), or ``profile:FILE``."""
+        from entrain.core.presets import default_hardware
+
+        return (
+            f"profile:{self.profile}" if self.profile else self.hardware or default_hardware(self.arch().name)
         )
 
 
@@ -357,7 +374,7 @@ class RunConfig:
             run["progress"] = not args.no_progress
         return cls(
             data=_pick(DataConfig, args),
-            model=_pick(ModelConfig, args, name=args.model, freeze=_comma_list(getattr(args, "freeze", ()))),
+            model=ModelConfig.from_args(args),
             parallel=_pick(ParallelConfig, args),
             schedule=_pick(ScheduleConfig, args, **schedule),
             optim=_pick(OptimConfig, args, **optim),

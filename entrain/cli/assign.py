@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from entrain.cli.common import add_common_args, config_cost_model, config_workload, emit_json
+from entrain.cli.common import add_common_args, config_workload, emit_json
 from entrain.config import RunConfig
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 def assign(req: AssignRequest) -> int:
     """Every system's assignment of the workload's iterations, as a table or ``--json``."""
     config, par = req.config, req.config.parallel
-    cost = config_cost_model(config)
+    cost = config.model.cost_model()
     batches = list(config_workload(config, cost).batches(par.global_batch, req.iterations))
     dp = resolve_dp(config, batches[0], cost)
     k = num_microbatches(par.global_batch, dp, par.microbatch_size)

@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 from entrain.cli.bench_report import PAPER, SHORT, render, targets
-from entrain.cli.common import emit_json
+from entrain.cli.common import add_shared_flags, emit_json
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import ParallelConfig
 from entrain.core.planning.config_search import evaluate_config
@@ -63,14 +63,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     paper.add_argument("--out", default="benchmarks/results/paper_reproduction.md",
                        help="markdown report; the numbers also go to the same path with .json")  # fmt: skip
     paper.add_argument("--quick", action="store_true", help="one case, two iterations (< 30 s)")
-    paper.add_argument("--iterations", type=int, default=20)
+    add_shared_flags(paper, "bench paper", "iterations")
     paper.add_argument("--sweep-iterations", type=int, default=5, help="iterations per Fig. 14 sweep point")
-    paper.add_argument("--seed", type=int, default=0)
+    add_shared_flags(paper, "bench paper", "seed")
     paper.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                        help="worker processes (default: 2 or the CPU count if lower)")  # fmt: skip
-    paper.add_argument(
-        "--json", action="store_true", help="also print the numbers as one JSON object on stdout"
-    )
+    add_shared_flags(paper, "bench paper", "json")
     paper.set_defaults(func=run)
 
 

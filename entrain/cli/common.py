@@ -10,12 +10,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from entrain.config import RunConfig, parse_ramp
+from entrain.config import ModelConfig, RunConfig, parse_ramp
 from entrain.core.architectures import PRECISIONS
 from entrain.core.costmodel import CostModel, precision_mismatch
 from entrain.core.errors import ConfigError
-from entrain.core.presets import HARDWARE_PRESETS, default_hardware
-from entrain.core.presets import resolve_cost_model as resolve_preset_or_profile
+from entrain.core.presets import HARDWARE_PRESETS
 from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, pixel_limits
 from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import DECISION_MARGIN, ENTRAIN_LAYOUTS, LAYOUT_MARGIN
@@ -67,12 +66,14 @@ SHARED_FLAGS: dict[str, FlagSpec] = {
     spec.dest: spec
     for spec in (
         _flag("--dataset", "--work-file", dest="dataset", default="synthchartnet",
-              help="built-in generator name, workload JSONL, raw-work JSONL (not entrain train), LLaVA "
+              help="built-in generator name, workload JSONL, raw-work JSONL (not entrain train or data stats), LLaVA "
                    "JSON/JSONL/Parquet dataset, or a folder of Parquet or WebDataset .tar shards or of a Hugging "
                    "Face save_to_disk dataset"),
-        _flag("--image-root", default=None, help="folder that LLaVA image paths are relative to"),
+        _flag("--image-root", default=None,
+              help="folder that LLaVA image paths are relative to (default: the dataset file's folder)"),
         _flag("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS,
-              help="model preset to price (entrain train: to build and train)"),
+              help="model preset to price (entrain train: to build and train; entrain profile: to time; "
+                   "entrain data check: whose family's rules count the image tokens, default Qwen2.5-VL's)"),
         _flag("--hardware", default=None, choices=HARDWARE_PRESETS,
               help="cost-model preset to plan with (default: cpu-tiny for tiny, a40-paper otherwise)"),
         _flag("--profile", default=None, metavar="FILE",
@@ -91,15 +92,28 @@ SHARED_FLAGS: dict[str, FlagSpec] = {
         _flag("--microbatch-size", type=int, default=4,
               help="samples per microbatch (entrain train --plan sets it)"),
         _flag("--seed", type=int, default=0,
-              help="seed of the samples drawn, of the planner's draws and (entrain train) of the weights' init"),
+              help="seed of the samples drawn, of the planner's draws and (entrain train, entrain profile) of "
+                   "the weights' init"),
         _flag("--iterations", type=int, default=20, help="global batches (iterations) to draw"),
         _flag("--shuffle", action="store_true", help="shuffle a file's samples with the seed first"),
         _flag("--freeze", default="", help="comma list of frozen parts: encoder, vit (tower without merger), llm"),
         _flag("--json", action="store_true", help="print one JSON object on stdout"),
+        _flag("--precision", choices=PRECISIONS, default=None,
+              help="compute precision, as entrain train computes (entrain profile: times the layers so): bf16 "
+                   "runs every forward under bf16 autocast over fp32 weights, with fp32 master weights and "
+                   "AdamW state (default: bf16 on CUDA, fp32 on CPU)"),
+        _flag("--confine-images", action="store_true",
+              help="an image path resolving outside the dataset root is an error (entrain train: makes its "
+                   "record bad) (default: a warning)"),
+        _flag("--overwrite", action="store_true",
+              help="replace what an existing --out holds (without it such a folder is refused; entrain train: "
+                   "or --resume; entrain export: never the run itself or the base checkpoint it was trained "
+                   "from)"),
     )
 }  # fmt: skip
-"""Every flag that ``train``, ``plan``, ``simulate`` and ``assign`` share, with one help and one default
-(a command's own default only in ``COMMAND_DEFAULTS``, with its reason)."""
+"""Every flag that two or more ``entrain`` commands share, with one help and one default (a command's own
+default only in ``COMMAND_DEFAULTS``, with its reason; a flag of the same name defined per command only
+in ``COMMAND_MEANINGS`` / ``COMMAND_OWN``, with its reason)."""
 
 COMMAND_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
     "train": {
@@ -108,15 +122,36 @@ COMMAND_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "global_batch": (16, "a batch the tiny model trains on a CPU in seconds, not the paper's 512"),
         "microbatch_size": (2, "K = 8 microbatches of the CPU-sized batch on one replica"),
     },
+    "profile": {"model": ("tiny", "profile runs the model for real: the preset a CPU times in seconds")},
+    "data check": {
+        "model": (None, "no model: Qwen2.5-VL's image rules count the tokens (vision_limits without --model)")
+    },
 }
 """``{command: {dest: (default, why)}}``: a shared flag whose default differs in one command, and why."""
 
 COMMAND_MEANINGS: dict[str, str] = {
-    "out": "a different thing per command: plan's output file (plan.json), train's run folder",
+    "out": "a different thing per command: plan's output file (plan.json), train's run folder, profile's "
+    "JSON, export's folder, bench paper's report, plot-trace's image, data synth's dataset folder",
+    "device": "profile times on one device (cpu or cuda, default cuda when there is one); train places its "
+    "processes (auto, cuda or cpu: NCCL or gloo, default auto or $ENTRAIN_DEVICE)",
+    "tokenizer": "train: the AutoTokenizer of a stock --llm-model (default its folder's); data check: the one "
+    "counting text tokens (default the offline Qwen2 one)",
+    "step": "export: the step whose checkpoint is exported (default the newest); plot-trace: the traced step "
+    "drawn (default the last traced one)",
+    "num_samples": "data stats: samples drawn or a file's first N (optional); data synth: the samples written "
+    "(required)",
     "system": "plan carries one system's layout; train takes one system or a comma list trained in turn",
     "systems": "assign's default is one system per distinct batcher (the others repeat an assignment)",
 }
 """Flags of the same name that are defined per command on purpose, and why."""
+
+COMMAND_OWN: dict[str, dict[str, str]] = {
+    "data synth": {
+        "dataset": "names only a built-in generator whose samples are written out (required, no --work-file "
+        "alias), not a dataset to read"
+    },
+}
+"""``{command: {dest: why}}``: one command's own flag named like a shared one, and why it is its own."""
 
 
 def add_shared_flags(p: argparse.ArgumentParser, command: str, *dests: str) -> None:
@@ -230,12 +265,6 @@ def model_label(args: argparse.Namespace) -> str:
     return model_arch_of(args).name
 
 
-def add_precision_arg(p: argparse.ArgumentParser, help_text: str) -> None:
-    """``--precision``: the compute precision of ``entrain train`` (``PRECISIONS``; None: bf16 on CUDA,
-    fp32 on CPU, ``entrain.core.architectures.default_precision``), one definition for every command."""
-    p.add_argument("--precision", choices=PRECISIONS, default=None, help=help_text)
-
-
 def warn_profile_precision(
     command: str, path: str | None, cost: CostModel, precision: str, run: str
 ) -> str | None:
@@ -309,22 +338,14 @@ def _ramp(text: str) -> int | str:
 
 
 def hardware_label(args: argparse.Namespace) -> str:
-    """What the costs come from, for reports: the hardware preset, or ``profile:FILE``."""
-    if getattr(args, "profile", None):
-        return f"profile:{args.profile}"
-    return args.hardware or default_hardware(model_label(args))
+    """``ModelConfig.hardware_label`` of a data command's flags (no RunConfig to build)."""
+    return ModelConfig.from_args(args).hardware_label()
 
 
-def resolve_cost_model(args: argparse.Namespace, freeze: tuple[str, ...] = ()) -> CostModel:
-    """The cost model named by ``--model``/``--hardware``/``--attention`` (and frozen parts), or the
-    measured ``--profile`` (``entrain.core.presets.resolve_cost_model``)."""
-    return resolve_preset_or_profile(
-        model_arch_of(args),
-        hardware=args.hardware,
-        profile=getattr(args, "profile", None),
-        attention=getattr(args, "attention", None),
-        freeze=freeze,
-    )
+def resolve_cost_model(args: argparse.Namespace) -> CostModel:
+    """The cost model of a data command's flags (no RunConfig to build): ``ModelConfig.cost_model``,
+    the one adapter over the one resolver ``entrain.core.presets.resolve_cost_model``."""
+    return ModelConfig.from_args(args).cost_model()
 
 
 @dataclass
@@ -366,22 +387,6 @@ def workload_source(args: argparse.Namespace, cost: CostModel) -> WorkloadSource
         shuffle=args.shuffle,
         image_root=getattr(args, "image_root", None),
         vision=vision_limits(args),
-    )
-
-
-def config_cost_model(config: RunConfig, freeze: tuple[str, ...] = ()) -> CostModel:
-    """``resolve_cost_model`` of a built ``RunConfig``: its model, hardware, attention, or ``--profile``."""
-    model = config.model
-    return resolve_preset_or_profile(
-        model.arch(), hardware=model.hardware, profile=model.profile, attention=model.attention, freeze=freeze
-    )
-
-
-def config_hardware_label(config: RunConfig) -> str:
-    """``hardware_label`` of a built ``RunConfig``."""
-    model = config.model
-    return (
-        f"profile:{model.profile}" if model.profile else model.hardware or default_hardware(model.arch().name)
     )
 
 

@@ -10,11 +10,10 @@ import sys
 import numpy as np
 
 from entrain.cli.common import (
-    HARDWARE_PRESETS,
-    MODEL_PRESETS,
     add_attention_arg,
     add_model_source_args,
     add_pixel_args,
+    add_shared_flags,
     emit_json,
     hardware_label,
     model_label,
@@ -54,21 +53,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="token and encoder:LLM work-ratio distributions of a dataset")
-    p.add_argument("--dataset", "--work-file", dest="dataset", default="synthchartnet",
-                   help="built-in generator name, workload JSONL, LLaVA JSON/JSONL/Parquet dataset, or a folder of "
-                        "Parquet or WebDataset .tar shards or of a Hugging Face save_to_disk dataset")  # fmt: skip
-    p.add_argument("--model", default="qwen25vl-llama3-1b", choices=MODEL_PRESETS)
-    p.add_argument("--hardware", default=None, choices=HARDWARE_PRESETS,
-                   help="default: cpu-tiny for tiny, a40-paper otherwise")  # fmt: skip
-    p.add_argument("--profile", default=None, metavar="FILE", help="measured profile replacing the preset")
+    add_shared_flags(p, "data stats", "dataset", "model", "hardware", "profile")
     add_model_source_args(p)
     add_pixel_args(p)
     add_attention_arg(p)
     p.add_argument("--num-samples", type=int, default=None,
                    help=f"samples to draw (default {DEFAULT_NUM_SAMPLES}); a file's first N (default all)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--image-root", default=None, help="folder LLaVA image paths are relative to")
+    add_shared_flags(p, "data stats", "seed", "json", "image_root")
     p.add_argument(
         "--plot", default=None, metavar="FILE.png", help="write text/vision token CDFs (paper Fig. 3)"
     )

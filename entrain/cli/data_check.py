@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from entrain.cli.common import MODEL_PRESETS, emit_json, model_source_of, vision_limits
+from entrain.cli.common import add_shared_flags, emit_json, model_source_of, vision_limits
 from entrain.core.samples import ImageTokenRule
 from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset
 from entrain.data.processing import ProcessImages
@@ -23,19 +23,13 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
         help="LLaVA JSON (array), JSONL or Parquet file, or a folder of Parquet or WebDataset .tar shards or of a "
         "Hugging Face save_to_disk dataset (shards checked in parallel processes)",
     )
-    p.add_argument(
-        "--image-root", default=None, help="folder image paths are relative to (default: the file's)"
-    )
+    add_shared_flags(p, "data check", "image_root")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="max LLM tokens per sample")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="local tokenizer folder or tokenizer.json (default: offline Qwen2)")  # fmt: skip
     p.add_argument("--no-processor", action="store_true",
                    help="decode images but skip running the model family's image processor on them")  # fmt: skip
-    p.add_argument("--confine-images", action="store_true",
-                   help="an image path resolving outside the dataset root is an error (default: a warning)")  # fmt: skip
-    p.add_argument("--model", default=None, choices=MODEL_PRESETS,
-                   help="count image tokens with this model family's processing rules (default: Qwen2.5-VL's)")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_shared_flags(p, "data check", "confine_images", "model", "json")
     p.set_defaults(func=run_check)
 
 

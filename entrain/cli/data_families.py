@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from entrain.cli.common import emit_json
+from entrain.cli.common import add_shared_flags, emit_json
 from entrain.models.families.registry import families
 
 
@@ -16,7 +16,7 @@ def add_families_parser(subparsers: argparse._SubParsersAction) -> None:
         "families",
         help="list the model families (presets, and the config.json model_type --model-path takes)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_shared_flags(p, "data families", "json")
     p.set_defaults(func=run_families)
 
 

@@ -7,6 +7,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from entrain.cli.common import add_shared_flags
 from entrain.core.errors import ConfigError
 from entrain.data.generators import DATASETS
 
@@ -19,8 +20,7 @@ def add_synth_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", required=True, help=f"built-in generator: {', '.join(DATASETS)}")
     p.add_argument("--num-samples", type=int, required=True)
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true", help="replace the dataset an existing --out holds")
+    add_shared_flags(p, "data synth", "seed", "overwrite")
     p.set_defaults(func=run_synth)
 
 

@@ -24,6 +24,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from entrain.cli.common import add_shared_flags
 from entrain.core.errors import ConfigError
 
 EXPORT_INFO = "entrain_export.json"
@@ -36,12 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (with checkpoints/)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--step", type=int, default=None, help="export this step's checkpoint (default: newest)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace what a non-empty --out holds (never the run itself or the base checkpoint it was trained from)",
-    )
+    add_shared_flags(p, "export", "json", "overwrite")
     p.set_defaults(func=run)
 
 

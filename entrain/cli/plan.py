@@ -25,7 +25,6 @@ from entrain.cli.common import (
     add_entrain_extension_args,
     add_shared_flags,
     apply_paper_entrain,
-    config_cost_model,
     config_sampler,
     emit_json,
     warn_profile_precision,
@@ -34,7 +33,7 @@ from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
 from entrain.core.architectures import default_precision
 from entrain.core.errors import ConfigError
-from entrain.core.planning.bmin import EQ2_TOLERANCE
+from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinConfig
 from entrain.core.planning.entry import PlanResult, plan
 from entrain.core.planning.memory import memory_check_iterations
 from entrain.core.planning.profile import Sampler
@@ -131,22 +130,14 @@ def run(args: argparse.Namespace) -> int:
 def plan_command(req: PlanRequest) -> int:
     """Algorithms 1 and 2, the system's setup and its memory check; printed, ``--json`` or ``--out``."""
     config, par = req.config, req.config.parallel
-    cost = config_cost_model(config, config.model.freeze)
+    cost = config.model.cost_model(config.model.freeze)  # a profile refuses --freeze here
     _warn_profile_precision(config, cost)
     sampler = config_sampler(config)
     if par.tp < 0 or par.cp < 0:
         raise ConfigError("--tp and --cp must be >= 0 (0 = search)")
-    result = plan(
-        sampler,
-        cost,
-        dataclasses.replace(par, tp=par.tp or None, cp=par.cp or None),  # 0: searched
-        alpha=req.alpha,
-        p_error=req.p_error,
-        n0=req.n0,
-        seed=config.data.seed,
-        extra_sizes=list(req.sizes),
-        tolerance=req.tolerance,
-    )
+    bmin = BMinConfig(req.alpha, req.p_error, req.n0, seed=config.data.seed, extra_sizes=tuple(req.sizes))
+    searched = dataclasses.replace(par, tp=par.tp or None, cp=par.cp or None)  # 0: searched
+    result = plan(sampler, cost, searched, bmin, tolerance=req.tolerance)
     if not result.b_min.converged:
         print(
             f"entrain plan: warning: Algorithm 1 did not converge: {result.b_min.reason}; "

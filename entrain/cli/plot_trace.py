@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 
+from entrain.cli.common import add_shared_flags
 from entrain.core.errors import ConfigError
 
 
@@ -24,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by entrain train --trace")
     p.add_argument("--out", required=True, metavar="FILE.png", help="image to write")
     p.add_argument("--step", type=int, default=None, help="step to draw (default: the last traced one)")
-    p.add_argument("--json", action="store_true", help="print the two iteration times as JSON")
+    add_shared_flags(p, "plot-trace", "json")
     p.set_defaults(func=run)
 
 

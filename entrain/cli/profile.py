@@ -15,12 +15,11 @@ import argparse
 import sys
 
 from entrain.cli.common import (
-    MODEL_PRESETS,
     add_model_source_args,
-    add_precision_arg,
-    default_hardware,
+    add_shared_flags,
     emit_json,
     model_source_of,
+    resolve_cost_model,
 )
 from entrain.core.errors import ConfigError
 
@@ -29,14 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "profile", help="measure per-layer costs of a model on this machine", description=__doc__
     )
-    p.add_argument("--model", default="tiny", choices=MODEL_PRESETS)
+    add_shared_flags(p, "profile", "model")
     add_model_source_args(p)
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    add_precision_arg(
-        p,
-        "time the layers as entrain train --precision computes them: bf16 runs every forward under bf16 "
-        "autocast over fp32 weights (default: bf16 on CUDA, fp32 on CPU)",
-    )
+    add_shared_flags(p, "profile", "precision")
     p.add_argument(
         "--tokens",
         default="64,256,1024,4096",
@@ -52,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="wall seconds per layer and size after which timed runs stop early (at least one runs)",
     )
     p.add_argument("--all-layers", action="store_true", help="measure every layer, not one per kind")
-    p.add_argument("--seed", type=int, default=0)
+    add_shared_flags(p, "profile", "seed")
     p.add_argument(
         "--from-trace",
         default=None,
@@ -61,7 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "per-stage times and per-action overheads by least squares (docs/profiling.md); the model is the run's",
     )
     p.add_argument("--out", required=True, help="profile JSON to write")
-    p.add_argument("--json", action="store_true", help="print one JSON object (fits) on stdout")
+    add_shared_flags(p, "profile", "json")
     p.add_argument("--verbose", action="store_true", help="measured times per size on stderr")
     p.set_defaults(func=run)
 
@@ -132,7 +127,6 @@ def _measure(args: argparse.Namespace) -> int:
     import torch
 
     from entrain.core.architectures import default_precision
-    from entrain.core.presets import build_cost_model
     from entrain.runtime.profiler import profile_model
 
     arch, model_cfg = _target(args)
@@ -148,7 +142,7 @@ def _measure(args: argparse.Namespace) -> int:
     try:
         cost, fits = profile_model(
             model_cfg,
-            build_cost_model(arch, default_hardware(arch.name)),
+            resolve_cost_model(args),  # the preset whose layers are timed (no --hardware: the default)
             tokens=tokens,
             device=device,
             repeats=args.repeats,

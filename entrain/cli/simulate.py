@@ -13,8 +13,6 @@ from entrain.cli.common import (
     add_common_args,
     add_entrain_extension_args,
     apply_paper_entrain,
-    config_cost_model,
-    config_hardware_label,
     config_sampler,
     config_workload,
     emit_json,
@@ -80,7 +78,7 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
 def simulate(req: SimulateRequest, systems: list[str]) -> tuple[dict[str, SystemRun], dict]:
     """Run every system of ``systems`` on the request's workload; the runs and the setups' descriptions."""
     config = req.config
-    cost = config_cost_model(config)
+    cost = config.model.cost_model()
     batches = list(config_workload(config, cost).batches(config.parallel.global_batch, req.iterations))
     req_setup = dataclasses.replace(config.config_request(), model=cost.model)  # a stock checkpoint's label
     sampler = config_sampler(config)
@@ -188,7 +186,7 @@ def to_json(runs: dict[str, SystemRun], configs: dict, req: SimulateRequest) -> 
         "lower_bound_ms": top.metrics.lower_bound_ms,
         "dataset": req.config.data.dataset,
         "model": req.config.model.arch().name,
-        "hardware": config_hardware_label(req.config),
+        "hardware": req.config.model.hardware_label(),
         "iterations": req.iterations,
         "global_batch": req.config.parallel.global_batch,
         "microbatch_size": req.config.parallel.microbatch_size,

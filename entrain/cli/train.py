@@ -20,7 +20,6 @@ from entrain.cli.common import (
     add_entrain_extension_args,
     add_model_source_args,
     add_pixel_args,
-    add_precision_arg,
     add_shared_flags,
 )
 from entrain.cli.config_file import add_config_arg
@@ -116,11 +115,7 @@ def _add_stock_model_args(p: argparse.ArgumentParser) -> None:
         help="tokenizer folder (AutoTokenizer) of a stock --llm-model (default: the LLM folder's own)",
     )
     add_pixel_args(p)
-    add_precision_arg(
-        p,
-        "bf16: bf16 autocast compute with fp32 master weights and AdamW state (default: bf16 on CUDA, "
-        "fp32 on CPU)",
-    )
+    add_shared_flags(p, "train", "precision")
     p.add_argument(
         "--tensorboard", action="store_true", help="write TensorBoard event files under OUT/tensorboard/"
     )
@@ -164,16 +159,7 @@ def _add_run_folder_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue the run in --out from its newest complete checkpoint (same flags; --steps may grow)",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the run an existing --out holds (without it, or --resume, such a folder is refused)",
-    )
-    p.add_argument(
-        "--confine-images",
-        action="store_true",
-        help="an image path resolving outside the dataset root makes its record bad (default: a warning)",
-    )
+    add_shared_flags(p, "train", "overwrite", "confine_images")
     p.add_argument(
         "--timeout-s",
         type=float,

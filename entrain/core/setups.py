@@ -50,7 +50,7 @@ from entrain.core.parallel import ParallelConfig
 from entrain.core.plan import Layout
 from entrain.core.plan_file import check_stage_ranges, load_plan_dict
 from entrain.core.planning.baselines import dip_layout, disttrain_profile_sample, paper_table1_config
-from entrain.core.planning.bmin import EQ2_TOLERANCE
+from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinConfig
 from entrain.core.planning.boundary import boundary_sharing_config
 from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
 from entrain.core.planning.entry import PlanResult, plan
@@ -155,7 +155,7 @@ def config_kind(system: str) -> str:
 
 def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> SystemSetup:
     if kind == CONFIG_ENTRAIN:
-        res = plan(sampler, cost, req.parallel, seed=req.seed, extra_sizes=req.extra_sizes)
+        res = plan(sampler, cost, req.parallel, BMinConfig(seed=req.seed, extra_sizes=tuple(req.extra_sizes)))
         return entrain_setup(res, sampler, cost, req.seed)
     if kind == CONFIG_DISTTRAIN:
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)

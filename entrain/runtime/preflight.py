@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
@@ -97,7 +98,7 @@ def warn_below_b_min(spec: RunConfig) -> int | None:
     """Warn on stderr when the per-replica batch is below ``b_min`` (Algorithm 1 under the run's cost
     model, on a pool of ``B_MIN_POOL`` samples of the dataset); returns b_min (None: not checked --
     colocated systems only, or a LLaVA/Parquet file, whose metadata pass would be a second screening)."""
-    from entrain.core.planning.bmin import below_b_min_warning, find_b_min
+    from entrain.core.planning.bmin import BMinConfig, below_b_min_warning, find_b_min
     from entrain.core.planning.profile import pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
@@ -112,13 +113,12 @@ def warn_below_b_min(spec: RunConfig) -> int | None:
         path = resolve_dataset_file(spec.data.dataset)
         pool = read_samples(path, spec.data.vision(spec.model), image_root=spec.data.image_root)[:B_MIN_POOL]
     dp = spec.parallel.dp_or_1
+    gpus = dp * ((spec.parallel.encoder_stages or 1) + (spec.parallel.llm_stages or 1))
     result = find_b_min(
         pool_sampler(pool),
         spec.model.cost_model(),
-        gpus=dp * ((spec.parallel.encoder_stages or 1) + (spec.parallel.llm_stages or 1)),
-        dp=dp,
-        seed=spec.data.seed,
-        max_batch_size=B_MIN_POOL,
+        replace(spec.parallel, gpus=gpus, dp=dp),
+        BMinConfig(seed=spec.data.seed, max_batch_size=B_MIN_POOL),
     )
     warning = below_b_min_warning(spec.parallel.global_batch, dp, result.b_min)
     if warning:

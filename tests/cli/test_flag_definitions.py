@@ -1,7 +1,8 @@
 """Issue 23 requirement 2: each flag is defined once and every ``train`` flag is accounted for.
 
-* a flag shared by ``train``, ``plan``, ``simulate`` and ``assign`` has one help text and one default
-  everywhere, unless ``common.COMMAND_DEFAULTS`` / ``common.COMMAND_MEANINGS`` say why not;
+* a flag that two ``entrain`` subcommands (any of ``build_parser()``'s) define is ``common.SHARED_FLAGS``'
+  one: one help text and one default everywhere, unless ``common.COMMAND_DEFAULTS`` /
+  ``common.COMMAND_MEANINGS`` / ``common.COMMAND_OWN`` say why not;
 * every ``train`` flag is recorded in the run's ``config.json`` (and so forwarded to the workers and
   to ``--config``) unless ``train.NOT_RECORDED`` says why, and is part of the resume fingerprint
   unless its config field's metadata (or ``config.FLAGS_WITHOUT_FIELD``) says why not;
@@ -19,51 +20,84 @@ import pytest
 RUN_COMMANDS = ("train", "plan", "simulate", "assign")
 
 
+def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every leaf subcommand of ``parser`` by its full name (``data stats``, ``bench paper``, ``train``)."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                full = f"{prefix} {name}".strip()
+                found.update(_commands(sub, full) or {full: sub})
+    return found
+
+
 def _actions() -> dict[str, dict[str, argparse.Action]]:
+    """``{command: {dest: action}}`` of every ``entrain`` subcommand (``build_parser()``)."""
     from entrain.cli.main import build_parser
 
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     return {
-        c: {a.dest: a for a in sub[c]._actions if a.option_strings and a.dest != "help"} for c in RUN_COMMANDS
+        c: {a.dest: a for a in sub._actions if a.option_strings and a.dest != "help"}
+        for c, sub in _commands(build_parser()).items()
     }
 
 
 def shared_flag_mismatches(actions: dict[str, dict[str, argparse.Action]]) -> list[str]:
-    """``dest: what differs`` for every flag two commands define differently without a stated reason."""
-    from entrain.cli.common import COMMAND_DEFAULTS, COMMAND_MEANINGS
+    """``dest: what differs`` for every flag two commands both define that is not ``SHARED_FLAGS``' one
+    (its help, its default but for ``COMMAND_DEFAULTS``) or, for one that an ``add_*_args`` function
+    defines, not alike in every command, unless ``COMMAND_MEANINGS`` / ``COMMAND_OWN``
+    say why it is defined per command."""
+    from entrain.cli.common import COMMAND_DEFAULTS, COMMAND_MEANINGS, COMMAND_OWN, SHARED_FLAGS, FlagSpec
 
     problems = []
     for dest in sorted(set().union(*actions.values())):
         having = {c: acts[dest] for c, acts in actions.items() if dest in acts}
         if len(having) < 2 or COMMAND_MEANINGS.get(dest):
             continue
-        helps = {a.help for a in having.values()}
-        defaults = {repr(a.default) for c, a in having.items() if not COMMAND_DEFAULTS.get(c, {}).get(dest)}
-        if len(helps) > 1:
-            problems.append(f"{dest}: help differs between {', '.join(having)}")
-        if len(defaults) > 1:
-            problems.append(
-                f"{dest}: default differs between {', '.join(having)} ({', '.join(sorted(defaults))})"
-            )
+        having = {c: a for c, a in having.items() if not COMMAND_OWN.get(c, {}).get(dest)}
+        spec = SHARED_FLAGS.get(dest)
+        if spec is None:  # one add_*_args function defines it: every command's copy alike
+            first = next(iter(having.values()))
+            spec = FlagSpec(tuple(first.option_strings), first.help, {"default": first.default})
+        default = spec.options.get("default", False if spec.options.get("action") == "store_true" else None)
+        own = {c for c in having if dest in COMMAND_DEFAULTS.get(c, {})}
+        helps = [c for c, a in having.items() if a.help != spec.help]
+        defaults = [c for c, a in having.items() if c not in own and a.default != default]
+        where = "SHARED_FLAGS'" if dest in SHARED_FLAGS else f"{next(iter(having))}'s"
+        if helps:
+            problems.append(f"{dest}: help differs from {where} in {', '.join(helps)}")
+        if defaults:
+            problems.append(f"{dest}: default differs from {where} in {', '.join(defaults)}")
     return problems
 
 
+def test_every_command_is_scanned():
+    assert {"train", "plan", "data stats", "data check", "profile", "bench paper", "export"} <= set(
+        _actions()
+    )
+
+
 def test_a_shared_flag_has_one_help_and_one_default():
-    from entrain.cli.common import COMMAND_DEFAULTS, COMMAND_MEANINGS
+    from entrain.cli.common import COMMAND_DEFAULTS, COMMAND_MEANINGS, COMMAND_OWN
 
     assert shared_flag_mismatches(_actions()) == []
-    reasons = [why for per in COMMAND_DEFAULTS.values() for _, why in per.values()] + list(
-        COMMAND_MEANINGS.values()
-    )
+    reasons = [why for per in (*COMMAND_DEFAULTS.values(),) for _, why in per.values()]
+    reasons += list(COMMAND_MEANINGS.values()) + [why for per in COMMAND_OWN.values() for why in per.values()]
     assert all(len(why) > 20 for why in reasons)
 
 
 def test_a_flag_redefined_with_other_help_or_default_is_caught():
     actions = _actions()
     actions["simulate"]["tp"] = argparse.Action(["--tp"], "tp", default=2, help="tp, reworded")
-    assert shared_flag_mismatches(actions) == ["tp: help differs between train, plan, simulate, assign",
-                                               "tp: default differs between train, plan, simulate, assign (1, 2)"]  # fmt: skip
+    actions["profile"]["seed"] = argparse.Action(["--seed"], "seed", default=0, help=None)
+    actions["export"]["iterations"] = argparse.Action(["--iterations"], "iterations", default=20, help="x")
+    actions["export"]["lr"] = argparse.Action(["--lr"], "lr", default=1e-3, help="AdamW peak learning rate")
+    assert shared_flag_mismatches(actions) == [
+        "iterations: help differs from SHARED_FLAGS' in export",
+        "lr: help differs from train's in export",
+        "seed: help differs from SHARED_FLAGS' in profile",
+        "tp: help differs from SHARED_FLAGS' in simulate",
+        "tp: default differs from SHARED_FLAGS' in simulate",
+    ]
 
 
 def unaccounted_train_flags(train_actions: dict[str, argparse.Action]) -> list[str]:

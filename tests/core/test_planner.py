@@ -17,7 +17,7 @@ from entrain.core.planning.baselines import (
     disttrain_profile_sample,
     paper_table1_config,
 )
-from entrain.core.planning.bmin import find_b_min, num_validation_trials
+from entrain.core.planning.bmin import BMinConfig, find_b_min, num_validation_trials
 from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
 from entrain.core.planning.entry import plan
 from entrain.core.planning.profile import SampleStats, pool_sampler, proportional_allocation
@@ -87,7 +87,8 @@ def raw_sampler(spread: float):
 
 
 def test_b_min_doubles_until_stable_and_is_deterministic():
-    res = find_b_min(raw_sampler(0.9), COST_1B, gpus=16, dp=1, n0=4, seed=3)
+    on_16 = ParallelConfig(gpus=16, dp=1, global_batch=512, microbatch_size=4)  # batch: unused here
+    res = find_b_min(raw_sampler(0.9), COST_1B, on_16, BMinConfig(n0=4, seed=3))
     assert res.converged and res.k_trials == 59
     sizes = [t.batch_size for t in res.trials]
     assert sizes == [4 * 2**i for i in range(len(sizes))] and sizes[-1] == res.b_min
@@ -96,12 +97,12 @@ def test_b_min_doubles_until_stable_and_is_deterministic():
     assert res.allocation == (10, 6)  # 16 * 0.625 = 10
     assert any(len(t.allocations_seen) > 1 for t in res.trials[:-1])
     assert all(list(t.allocations_seen) == sorted(t.allocations_seen, reverse=True) for t in res.trials)
-    again = find_b_min(raw_sampler(0.9), COST_1B, gpus=16, dp=1, n0=4, seed=3)
+    again = find_b_min(raw_sampler(0.9), COST_1B, on_16, BMinConfig(n0=4, seed=3))
     assert again == res
     # no variance: the first size is stable
-    assert find_b_min(raw_sampler(0.0), COST_1B, gpus=16, dp=1, n0=4).b_min == 4
+    assert find_b_min(raw_sampler(0.0), COST_1B, on_16, BMinConfig(n0=4)).b_min == 4
     # extra sizes are evaluated and reported in order
-    res2 = find_b_min(raw_sampler(0.9), COST_1B, gpus=16, dp=1, extra_sizes=(1, 1024))
+    res2 = find_b_min(raw_sampler(0.9), COST_1B, on_16, BMinConfig(extra_sizes=(1, 1024)))
     assert [t.batch_size for t in res2.trials][0] == 1 and res2.trial(1024).stable
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrain.core.parallel import ParallelConfig
-from entrain.core.planning.bmin import DeployCheck, find_b_min
+from entrain.core.planning.bmin import BMinConfig, DeployCheck, find_b_min
 from entrain.core.planning.entry import plan
 from entrain.core.planning.profile import pool_sampler
 from entrain.core.presets import build_cost_model
@@ -43,7 +43,8 @@ def test_split_flip_that_deploys_the_same_stages_converges():
     assert b.trial(4).allocations_seen == ((6, 10), (5, 11)) and not b.trial(4).allocation_stable
     assert b.trial(4).eq2_gap <= b.tolerance
     assert (res.config.encoder.pp, res.config.llm.pp) == (3, 5)
-    paper = find_b_min(flipping_sampler(0.02), COST, gpus=64, dp=4, max_batch_size=512)
+    on_64 = ParallelConfig(gpus=64, dp=4, global_batch=512, microbatch_size=4)
+    paper = find_b_min(flipping_sampler(0.02), COST, on_64, BMinConfig(max_batch_size=512))
     assert not paper.converged and paper.b_min == 512 and "6:10, 5:11" in paper.reason
 
 
@@ -81,7 +82,8 @@ def noisy_sampler(center: float, spread: float):
 )
 def test_b_min_never_exceeds_the_global_batch(center, spread, tp, global_batch, tolerance):
     parallel = ParallelConfig(gpus=16, dp=1, tp=tp, global_batch=global_batch, microbatch_size=4)
-    res = plan(noisy_sampler(center, spread), COST, parallel, alpha=0.3, p_error=0.3, tolerance=tolerance)
+    bmin = BMinConfig(alpha=0.3, p_error=0.3)
+    res = plan(noisy_sampler(center, spread), COST, parallel, bmin, tolerance=tolerance)
     b = res.b_min
     assert b.b_min <= global_batch == b.max_batch_size
     assert b.converged == b.trial(b.b_min).stable and (b.reason is None) == b.converged

@@ -23,7 +23,7 @@ ALLOWED_FILES: dict[str, str] = {}
 ALLOWED = {
     # (file, string) -> how many times; "entrain" is also the package's and the command's name.
     ("cli/main.py", "entrain"): 1,  # argparse prog: the command's name
-    ("cli/train.py", "entrain"): 1,  # `python -m entrain train` for the launched workers: the package
+    ("cli/launch.py", "entrain"): 1,  # `python -m entrain train` for the launched workers: the package
 }
 
 

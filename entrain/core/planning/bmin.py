@@ -16,7 +16,6 @@ the global batch, ``converged`` False and a ``reason`` when it is not stable the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from entrain.core.costmodel import CostModel
@@ -33,6 +32,8 @@ from entrain.core.planning.profile import (
 
 __all__ = [
     "EQ2_TOLERANCE",
+    "BMinConfig",
+    "PAPER_BMIN_CONFIG",
     "DeployCheck",
     "TrialResult",
     "BMinResult",
@@ -53,6 +54,25 @@ EQ2_TOLERANCE = 0.01
 """Algorithm 1 (ours): a validation batch agrees with the reference batch when the configuration
 Algorithm 2 deploys from it, evaluated on the reference batch, has a paper Eq. 2 time within this
 fraction of the reference batch's own configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class BMinConfig:
+    """Algorithm 1's own parameters: ``k`` from ``alpha`` and ``p_error``, the doubling from ``n0`` by
+    ``growth`` up to ``max_batch_size`` (the global batch with a ``DeployCheck``), the draws' ``seed``,
+    and ``extra_sizes`` also tried (for a trial table, never for ``b_min``)."""
+
+    alpha: float = 0.05
+    p_error: float = 0.05
+    n0: int = 4
+    growth: int = 2
+    seed: int = 0
+    max_batch_size: int = 1 << 16
+    extra_sizes: tuple[int, ...] = ()
+
+
+PAPER_BMIN_CONFIG = BMinConfig()
+"""The paper's Algorithm 1 parameters (alpha = p_error = 0.05, n0 = 4, doubling, seed 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,34 +228,34 @@ def _not_converged_reason(last: TrialResult, deploy: DeployCheck | None) -> str:
 def find_b_min(
     sampler: Sampler | MacroscopicProfiler,
     cost: CostModel,
+    parallel: ParallelConfig,
+    config: BMinConfig = PAPER_BMIN_CONFIG,
     *,
-    gpus: int,
-    dp: int,
-    alpha: float = 0.05,
-    p_error: float = 0.05,
-    n0: int = 4,
-    growth: int = 2,
-    seed: int = 0,
-    max_batch_size: int = 1 << 16,
-    extra_sizes: Sequence[int] = (),
     deploy: DeployCheck | None = None,
 ) -> BMinResult:
-    """Algorithm 1: the smallest profiling batch size whose GPU split is stable over ``k`` draws.
+    """Algorithm 1 on ``parallel.gpus`` GPUs in ``parallel.dp`` replicas: the smallest profiling batch
+    size whose GPU split is stable over ``k`` draws (``config``: Algorithm 1's parameters).
 
     Without ``deploy``: the paper's test (every draw gives the reference split), doubling up to
-    ``max_batch_size``. With ``deploy`` (what ``plan`` uses): splits whose Algorithm 2
+    ``config.max_batch_size``. With ``deploy`` (what ``plan`` uses): splits whose Algorithm 2
     configurations have Eq. 2 times within ``deploy.tolerance`` count as the same, and the search
     stops at ``deploy.parallel.global_batch`` (``converged`` False and ``reason`` when it is not stable there).
     """
+    gpus, dp = parallel.gpus, parallel.dp
+    alpha, p_error, n0, growth = config.alpha, config.p_error, config.n0, config.growth
+    if gpus is None or dp is None:
+        raise ConfigError("Algorithm 1 needs the GPU count and the DP degree (--gpus, --dp)")
     if dp < 1 or gpus % dp:
         raise ConfigError(f"--gpus {gpus} is not divisible by --dp {dp}")
     if n0 < 1 or growth < 2:
         raise ConfigError(f"n0 must be >= 1 and growth >= 2, got {n0} and {growth}")
-    last = deploy.parallel.global_batch if deploy is not None else max_batch_size
+    last = deploy.parallel.global_batch if deploy is not None else config.max_batch_size
     if n0 > last:
         raise ConfigError(f"n0 {n0} exceeds the largest profiling batch size {last}")
     profiler = (
-        sampler if isinstance(sampler, MacroscopicProfiler) else MacroscopicProfiler(sampler, cost, seed=seed)
+        sampler
+        if isinstance(sampler, MacroscopicProfiler)
+        else MacroscopicProfiler(sampler, cost, seed=config.seed)
     )
     g = gpus // dp
     k = num_validation_trials(alpha, p_error)
@@ -246,7 +266,7 @@ def find_b_min(
         if trials[n].stable:
             break
     converged = trials[b_min].stable
-    for size in extra_sizes:
+    for size in config.extra_sizes:
         if size not in trials:
             trials[size] = _trial(profiler, int(size), k, g, dp, deploy)
     return BMinResult(

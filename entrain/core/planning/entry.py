@@ -3,13 +3,19 @@ per DP degree when DP is not fixed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.parallel import ParallelConfig
-from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinResult, DeployCheck, find_b_min
+from entrain.core.planning.bmin import (
+    EQ2_TOLERANCE,
+    PAPER_BMIN_CONFIG,
+    BMinConfig,
+    BMinResult,
+    DeployCheck,
+    find_b_min,
+)
 from entrain.core.planning.config_search import StaticConfig, dp_options, gpus_of, search_config
 from entrain.core.planning.profile import MacroscopicProfiler, Sampler
 
@@ -29,28 +35,22 @@ def plan(
     sampler: Sampler,
     cost: CostModel,
     parallel: ParallelConfig,
+    bmin_config: BMinConfig = PAPER_BMIN_CONFIG,
     *,
-    alpha: float = 0.05,
-    p_error: float = 0.05,
-    n0: int = 4,
-    seed: int = 0,
-    extra_sizes: Sequence[int] = (),
     tolerance: float = EQ2_TOLERANCE,
 ) -> PlanResult:
     """Find ``b_min`` on ``parallel.gpus`` (per DP visited when ``parallel.dp`` is None; stability
     judged on the deployed configuration, ``DeployCheck``, up to the global batch) and search the
     configuration from the reference batch drawn at ``b_min``; the result is the DP with the best
-    Eq. 2 time."""
-    profiler = MacroscopicProfiler(sampler, cost, seed=seed)
+    Eq. 2 time (``bmin_config``: Algorithm 1's parameters; its ``max_batch_size`` is the global batch)."""
+    profiler = MacroscopicProfiler(sampler, cost, seed=bmin_config.seed)
     deploy = DeployCheck(parallel, tolerance)
     gpus, global_batch = gpus_of(parallel), parallel.global_batch
     per_dp = {}
     last_error: ConfigError | None = None
     for d in dp_options(gpus, parallel.dp, global_batch, parallel.microbatch_size):
-        bmin = find_b_min(
-            profiler, cost, gpus=gpus, dp=d, alpha=alpha, p_error=p_error, n0=min(n0, global_batch),
-            extra_sizes=extra_sizes, deploy=deploy,
-        )  # fmt: skip
+        one = replace(bmin_config, n0=min(bmin_config.n0, global_batch))
+        bmin = find_b_min(profiler, cost, replace(parallel, gpus=gpus, dp=d), one, deploy=deploy)
         _, stats = profiler.draw(bmin.b_min, 0)
         try:
             cfg = search_config(stats, cost, replace(parallel, dp=d))

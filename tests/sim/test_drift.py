@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from entrain.cli.common import config_cost_model, config_workload
+from entrain.cli.common import config_workload
 from entrain.cli.main import build_parser
 from entrain.config import RunConfig
 from entrain.core.setups import system_setups
@@ -45,7 +45,7 @@ def tiny():
         "simulate --model tiny --dataset chartqa --gpus 4 --global-batch 16 --microbatch-size 2".split()
     )
     config = RunConfig.from_args(args)
-    cost = config_cost_model(config)
+    cost = config.model.cost_model()
     req = dataclasses.replace(config.config_request(), model=cost.model)
     sampler = sampling.dataset_sampler("chartqa", 0)
     old = system_setups(["entrain"], dataclasses.replace(req, dp=2), cost, sampler)["entrain"]
@@ -169,7 +169,7 @@ def test_no_false_alarm_on_stationary_workloads(dataset, monkeypatch):
             f"--microbatch-size 4 --iterations 6 --seed {seed} --replan auto".split()
         )
         config = RunConfig.from_args(args)
-        cost = config_cost_model(config)
+        cost = config.model.cost_model()
         req = dataclasses.replace(config.config_request(), model=cost.model)
         sampler = sampling.dataset_sampler(dataset, seed)
         setup = system_setups(["entrain"], req, cost, sampler)["entrain"]

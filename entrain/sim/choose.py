@@ -7,6 +7,7 @@ decisions are made one after the other, and each one's incumbent is a candidate 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from entrain.core.costmodel import CostModel
 from entrain.core.planning.profile import MacroscopicProfiler, Sampler
@@ -16,6 +17,7 @@ from entrain.core.systems import ENTRAIN
 from entrain.core.table_work import draw_works
 from entrain.core.work import SampleWork
 from entrain.sim.memory_fit import fit_memory
+from entrain.sim.replica_sample import JUDGE_REPLICAS, estimated_iteration_ms, heaviest_replicas, sub_layout
 
 __all__ = ["JUDGE_DRAWS", "TWINS", "planner_draws", "candidate_judge"]
 
@@ -62,14 +64,19 @@ def _key(layout, options: dict) -> str:
 
 
 def candidate_judge(
-    sampler: Sampler, cost: CostModel, req: ConfigRequest, num_draws: int = JUDGE_DRAWS
+    sampler: Sampler,
+    cost: CostModel,
+    req: ConfigRequest,
+    num_draws: int = JUDGE_DRAWS,
+    replicas: int = JUDGE_REPLICAS,
 ) -> CandidateJudge:
     """``{name: Entrain's setup} -> {name: simulated iteration ms}`` on ``planner_draws`` (drawn once,
     on first use), after the simulated memory check's recomputation where a rank overflows
     (``memory_fit.fit_memory``, as ``simulate`` and ``plan`` deploy it): on memory-bound workloads
     (docvqa) neither raw candidate fits, and comparing them unfitted kept a layout 2.6 % slower. A
     plan that does not fit even so gets ``inf``. A candidate already simulated, or whose ``TWINS``
-    twin ran its plan, is not simulated again."""
+    twin ran its plan, is not simulated again. Above ``replicas`` replicas a candidate is simulated on
+    a sub-cluster of that many and its full iteration time estimated (``judged_ms``)."""
     draws: list[Sequence[SampleWork]] = []
     seen: dict[str, tuple[float, dict | None]] = {}
 
@@ -89,9 +96,7 @@ def candidate_judge(
             if reused is not None:
                 seen[key] = (reused, None)
             else:
-                got, run = fit_memory(ENTRAIN, setup, draws, cost, setup.options, trace_iterations=0)
-                ms = run.metrics.iteration_time_ms if run.metrics.fits_memory is not False else float("inf")
-                seen[key] = (ms, run.plan.options if got.layout == setup.layout else None)
+                seen[key] = judged_ms(setup, draws, cost, replicas)
         return seen[key][0]
 
     def judge(candidates: dict[str, SystemSetup]) -> dict[str, float]:
@@ -100,3 +105,26 @@ def candidate_judge(
         return {name: simulate(setup) for name, setup in candidates.items()}
 
     return judge
+
+
+def judged_ms(
+    setup: SystemSetup, draws: Sequence[Sequence[SampleWork]], cost: CostModel, replicas: int
+) -> tuple[float, dict | None]:
+    """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan's
+    options, or None where the check changed the layout)`` of ``setup`` on ``draws``. Above
+    ``replicas`` replicas: on a sub-cluster of the ``replicas`` heaviest replicas of each draw's DP
+    split (``replica_sample``), with the full DP's all-reduce."""
+    full = setup.layout
+    layout, batches, split = full, draws, None
+    if full.dp > replicas:
+        layout = sub_layout(full, replicas)
+        batches, split = zip(*(heaviest_replicas(d, full, cost, replicas) for d in draws))
+    sub = replace(setup, layout=layout)
+    got, run = fit_memory(ENTRAIN, sub, batches, cost, setup.options, trace_iterations=0, assignments=split)
+    if run.metrics.fits_memory is False:
+        ms = float("inf")
+    elif layout is full:
+        ms = run.metrics.iteration_time_ms
+    else:
+        ms = estimated_iteration_ms(run, replace(got.layout, dp=full.dp), cost)
+    return ms, run.plan.options if got.layout == layout else None

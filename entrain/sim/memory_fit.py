@@ -119,17 +119,27 @@ def fit_memory(
     *,
     trace_iterations: int = 1,
     split: bool | None = None,
+    assignments=None,
 ):
     """Simulate ``system``'s plan on ``batches``; while a pipeline rank's peak (model state + held
     activations + recomputation transient) exceeds device memory, take one ``escalate`` step (per layer
     for ``SPLIT_STAGES`` where that suffices, else every stage of each such rank one step up
     ``RECOMPUTE_MODES``; ``split`` False: always the latter) and simulate again. Returns ``(setup, run)``: the first plan that fits, else
     the last one tried (every overflowing rank already at ``full``; ``run.metrics.fits_memory`` is
-    False). Algorithm 2 prices recomputation on a mean microbatch; this check sees the real ones."""
+    False). Algorithm 2 prices recomputation on a mean microbatch; this check sees the real ones.
+    ``assignments``: the batches' split into replicas given (``run_system``)."""
     options = dict(setup.options if options is None else options)
     base = setup.source
     while True:
-        run = run_system(system, setup.layout, batches, cost, options, trace_iterations=trace_iterations)
+        run = run_system(
+            system,
+            setup.layout,
+            batches,
+            cost,
+            options,
+            trace_iterations=trace_iterations,
+            assignments=assignments,
+        )
         if run.metrics.fits_memory is not False:
             return setup, run
         layout = escalate(setup.layout, run, cost, split=system in SPLIT_STAGES if split is None else split)

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from entrain.core.assignment.types import IterationAssignment
 from entrain.core.costmodel import CostModel
 from entrain.core.plan import Layout, Plan
 from entrain.core.schedules import ScheduleOptions
 from entrain.core.schedules.costs import PlanCosts
-from entrain.core.systems import plan_system, stage_times_fn
+from entrain.core.systems import generate_plan, plan_system, stage_times_fn
 from entrain.core.work import SampleWork
 from entrain.sim.executor import IterationRun, simulate_plan
 from entrain.sim.metrics import SystemMetrics, compute_metrics
@@ -43,8 +44,15 @@ def run_system(
     options: ScheduleOptions | dict | None = None,
     *,
     trace_iterations: int = 1,
+    assignments: Sequence[IterationAssignment] | None = None,
 ) -> SystemRun:
-    plan = plan_system(system, layout, batches, cost, options)
+    """``system`` on ``layout`` over ``batches``, one iteration each; ``assignments``: each batch's
+    split into replicas given (the judge's sub-cluster, ``replica_sample``) instead of the batcher's."""
+    if assignments is None:
+        plan = plan_system(system, layout, batches, cost, options)
+    else:
+        samples = {s.id: s for batch in batches for s in batch}
+        plan = generate_plan(system, layout, assignments, samples, cost, options)
     iterations = simulate_plan(plan, cost, trace_iterations=trace_iterations)
     costs = PlanCosts(layout, cost, plan.samples)
     return SystemRun(system, layout, plan, iterations, compute_metrics(layout, iterations, costs))

@@ -231,6 +231,7 @@ def to_json(result: PlanResult, req: PlanRequest, model: str, hardware: str) -> 
         "gpus_per_replica": b.gpus_per_replica,
         "dataset": req.config.data.dataset,
         "model": model,
+        **_model_source(req.config),
         "min_pixels": vision.min_pixels,
         "max_pixels": vision.max_pixels,
         "hardware": hardware,
@@ -241,6 +242,19 @@ def to_json(result: PlanResult, req: PlanRequest, model: str, hardware: str) -> 
         "n0": b.n0,
         "seed": b.seed,
     }
+
+
+MODEL_SOURCE_FLAGS = ("model_path", "vision_model", "llm_model", "tokenizer")
+"""The checkpoint folders a plan records (``model_source``) so that ``train --plan`` finds the model
+the plan was made for without the flags again."""
+
+
+def _model_source(config: RunConfig) -> dict:
+    """``{"model_source": {flag dest: absolute folder}}`` of the checkpoint flags given ({}: a preset)."""
+    import os
+
+    given = {k: getattr(config.model, k) for k in MODEL_SOURCE_FLAGS if getattr(config.model, k)}
+    return {"model_source": {k: os.path.abspath(v) for k, v in given.items()}} if given else {}
 
 
 def print_human(result: PlanResult, model: str, hardware: str, dataset: str) -> None:

@@ -1,4 +1,5 @@
-"""``entrain train --plan FILE``: the plan file decides the run's model, dataset, pixel limits, batch
+"""``entrain train --plan FILE``: the plan file decides the run's model (a preset, or the checkpoint
+folders it records in ``model_source``), dataset, pixel limits, batch
 sizes, system and layout (``entrain.core.plan_file.RUN_FIELDS``). A flag left at its default takes the
 plan's value; a flag given with another value is a one-line error before any process starts (a
 different dataset only with ``--allow-other-dataset``)."""
@@ -74,6 +75,9 @@ def apply_plan(
     stock = any(getattr(args, f, None) for f in ("vision_model", "llm_model", "model_path"))
     if "model" not in given_flags and not stock and d["model"] in preset_names():
         args.model = d["model"]
+    if "model" not in given_flags and not stock:  # the checkpoint folders the plan was made with
+        for dest, folder in (d.get("model_source") or {}).items():
+            setattr(args, dest, folder)
     _apply_dataset(args, "dataset" in given_flags, d["dataset"], quiet)
 
 

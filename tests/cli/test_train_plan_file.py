@@ -208,3 +208,22 @@ def test_a_plan_without_layer_counts_still_checks_coverage(tmp_path, plan):
     d["layout"]["stages"][2]["layers"] = [4, 6]
     with pytest.raises(ConfigError, match="layer\\(s\\) 3..3 skipped"):
         read_plan_file(_write(tmp_path, d))
+
+
+def test_a_plan_made_with_model_path_trains_without_the_flag_again(tmp_path, launched):
+    """``plan --model-path DIR --out P`` records the folder (``model_source``); ``train --plan P``
+    alone then trains that checkpoint, and another ``--model`` is still refused."""
+    from tests.models.qwen_vl_tiny import save_with_tokenizer
+
+    ckpt = save_with_tokenizer(tmp_path / "ckpt", "qwen2_5_vl", text_layers=2, vision_depth=2, tied=True)
+    path = tmp_path / "p.json"
+    argv = ["plan", "--model-path", str(ckpt), "--dataset", "skewed", "--gpus", "2", "--global-batch", "4",
+            "--microbatch-size", "1", "--max-pixels", "50000", "--system", "1f1b", "--out", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(path.read_text())["model_source"] == {"model_path": str(ckpt.resolve())}
+    assert main(["train", "--plan", str(path), "--out", str(tmp_path / "run")]) == 0
+    (spec,) = launched
+    assert spec.model.model_path == str(ckpt.resolve())
+    assert spec.run.flags["model_path"] == str(ckpt.resolve())  # config.json replays it
+    other = ["train", "--plan", str(path), "--model", "qwen25vl-llama3-1b", "--out", str(tmp_path / "r2")]
+    assert main(other) == 2

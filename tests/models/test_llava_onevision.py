@@ -279,3 +279,8 @@ def test_unsupported_configs_are_refused(tmp_path):
         ov.OneVisionModel(cfg, meta=True)
     with pytest.raises(ConfigError, match="no config.json"):
         ov.read_config(str(tmp_path))
+    # the planner reads the same rule from config.json: plan refuses what train would
+    from entrain.models.families.llava_onevision.shape import shape_from_config
+
+    with pytest.raises(ConfigError, match="c.json: vision_feature_select_strategy 'default'"):
+        shape_from_config(cfg.to_dict(), "ov", "c.json")

@@ -34,6 +34,7 @@ from torch import nn
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition import vlm
 from entrain.models.families.composition.attention import PACKED_ATTENTION
+from entrain.models.families.llava_onevision.shape import check_supported as check_supported_config
 
 __all__ = [
     "OneVisionModel",
@@ -119,13 +120,10 @@ def shape_processor(shape, folder: str | None):
 
 
 def check_supported(cfg, where: str = "config") -> None:
-    """Refuse what the stages do not reproduce exactly."""
-    if cfg.vision_feature_select_strategy != "full":
-        raise ConfigError(f"{where}: vision_feature_select_strategy must be 'full' (SigLIP has no CLS token)")
+    """Refuse what the stages do not reproduce exactly (``shape.check_supported`` on the config's dict)."""
+    check_supported_config(cfg.to_dict(), where)
     if not isinstance(cfg.vision_feature_layer, int):
         raise ConfigError(f"{where}: vision_feature_layer must be one layer, not {cfg.vision_feature_layer}")
-    if getattr(cfg.text_config, "use_sliding_window", False):
-        raise ConfigError(f"{where}: text_config.use_sliding_window is not supported by packed attention")
 
 
 def feature_layers(cfg) -> int:

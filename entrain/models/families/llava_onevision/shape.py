@@ -188,6 +188,18 @@ def _req(d: dict, key: str, where: str):
     return d[key]
 
 
+def check_supported(config: dict, where: str = "config.json") -> None:
+    """Refuse what the stages do not reproduce exactly (``plan`` and ``train`` alike)."""
+    strategy = config.get("vision_feature_select_strategy", "full")
+    if strategy != "full":
+        raise ConfigError(
+            f"{where}: vision_feature_select_strategy {strategy!r} is not supported: 'full' only (SigLIP has "
+            "no CLS token to drop)"
+        )
+    if (config.get("text_config") or {}).get("use_sliding_window", False):
+        raise ConfigError(f"{where}: text_config.use_sliding_window is not supported by packed attention")
+
+
 def shape_from_config(config: dict, name: str, where: str = "config.json") -> OneVisionShape:
     """The shape of a ``LlavaOnevisionConfig`` given as its ``config.json`` dict (fields missing from a
     sub-config take transformers' defaults for LLaVA-OneVision's SigLIP)."""
@@ -195,6 +207,7 @@ def shape_from_config(config: dict, name: str, where: str = "config.json") -> On
     text = config.get("text_config")
     if not isinstance(text, dict):
         raise ConfigError(f"{where}: missing field 'text_config'")
+    check_supported(config, where)
     total = int(vision.get("num_hidden_layers", 26))
     layer = config.get("vision_feature_layer", -1)
     if not isinstance(layer, int) or not -total - 1 <= layer <= total:

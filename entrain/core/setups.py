@@ -541,10 +541,20 @@ def _entrain_layout(
             cands[SHARED_BATCH] = replace(setup, layout=wide.layout)
     got, d = decide("layout", "disjoint", cands, judge, req.margin)
     ms = d.candidates
+    if (
+        d.chosen == SHARED_BATCH
+        and "shared" in ms
+        and not departs(ms["shared"], ms[SHARED_BATCH], req.margin)
+    ):
+        d = replace(
+            d, chosen="shared"
+        )  # the batch draw's partition departs from b_min's only past the margin
+        got = replace(cands["shared"], decisions=(*cands["shared"].decisions, d))
     best = min((n for n in ms if n != "disjoint"), key=ms.__getitem__, default=None)
     if best is None:
         return got
-    sim = f"simulated {ms[best]:.0f} vs {ms['disjoint']:.0f} ms disjoint"
+    shown = best if d.chosen == "disjoint" else d.chosen
+    sim = f"simulated {ms[shown]:.0f} vs {ms['disjoint']:.0f} ms disjoint"
     if d.chosen != "disjoint":
         on = ", partitioned on the batch-sized draw" if d.chosen == SHARED_BATCH else ""
         return replace(got, source=f"{source}; boundary sharing{on} ({sim}; {eq2})")

@@ -103,12 +103,18 @@ def test_the_shared_layout_is_also_partitioned_on_a_batch_sized_draw():
     wide = boundary_sharing_config(skewed.batch_profile, cost, parallel, ranks=ranks).layout
     shared = boundary_sharing_config(base.profile, cost, parallel, ranks=ranks).layout
     assert wide != shared  # the draw's partition differs: a candidate of its own
-    for faster, want in ((wide, wide), (shared, shared)):
+    # (shared's ms, the batch draw's ms) -> the layout taken: the batch draw's only past the margin
+    for (shared_ms, wide_ms), want in (
+        ((950.0, 900.0), wide),
+        ((900.0, 950.0), shared),
+        ((900.0, 899.0), shared),
+    ):
         seen = []
 
-        def judge(candidates, faster=faster, seen=seen):
+        def judge(candidates, times=(shared_ms, wide_ms), seen=seen):
             seen.append(sorted(candidates))
-            return {n: 900.0 if s.layout == faster else 1000.0 for n, s in candidates.items()}
+            ms = lambda s: times[0] if s.layout == shared else times[1] if s.layout == wide else 1000.0  # noqa: E731
+            return {n: ms(s) for n, s in candidates.items()}
 
         got = entrain_variant(skewed, replace(HEADLINE, entrain_layout="auto"), cost, judge)
         assert ["disjoint", "shared", "shared-batch"] in seen and got.layout == want

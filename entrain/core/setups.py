@@ -546,9 +546,8 @@ def _entrain_layout(
         and "shared" in ms
         and not departs(ms["shared"], ms[SHARED_BATCH], req.margin)
     ):
-        d = replace(
-            d, chosen="shared"
-        )  # the batch draw's partition departs from b_min's only past the margin
+        # the batch draw's partition departs from b_min's only past the margin
+        d = replace(d, chosen="shared")
         got = replace(cands["shared"], decisions=(*cands["shared"].decisions, d))
     best = min((n for n in ms if n != "disjoint"), key=ms.__getitem__, default=None)
     if best is None:

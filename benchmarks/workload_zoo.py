@@ -5,6 +5,8 @@
     python benchmarks/workload_zoo.py --models 1B --out /tmp/zoo1 &   # the models in parallel, then
     python benchmarks/workload_zoo.py --models 3B --out /tmp/zoo3; wait
     python benchmarks/workload_zoo.py --merge /tmp/zoo1.json /tmp/zoo3.json
+    python benchmarks/workload_zoo.py --models QwenVL-7B --datasets text-heavy --out /tmp/th  # one case, then
+    python benchmarks/workload_zoo.py --merge benchmarks/results/workload_zoo.json /tmp/th.json  # replace its row
 
 Setup: the paper's (64 GPUs, DP 4, TP 2, global batch 512, microbatch size 4, a40-paper), every model. The
 whole-model family presets (``qwen25vl-7b``: Qwen2.5-VL-7B-Instruct's shape; ``llava-ov-7b``:
@@ -160,11 +162,15 @@ def _recompute_cost(case: dict) -> str:
 def _iterations_note(res: dict) -> str:
     """``N iteration(s)``, and the rows run with another count (merged partial runs)."""
     base = res["iterations"]
-    other = {}
+    other, models = {}, {}
+    for c in res["cases"]:
+        models.setdefault(c["model"], set()).add(c.get("iterations", base))
     for c in res["cases"]:
         n = c.get("iterations", base)
-        if n != base:
-            other.setdefault(n, set()).add(c["model"])
+        if n != base:  # a model's rows all at n: the model; else the row
+            other.setdefault(n, set()).add(
+                c["model"] if models[c["model"]] == {n} else f"{c['dataset']} {c['model']}"
+            )
     notes = [f"{n} for the {'/'.join(sorted(m))} rows" for n, m in sorted(other.items())]
     return f"{base} iteration(s)" + (f" ({'; '.join(notes)})" if notes else "")
 
@@ -260,12 +266,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--datasets", default=None, help="comma list of workloads (default: the model's own set)")
     p.add_argument(
-        "--merge", nargs="+", default=None, metavar="JSON", help="render these partial runs together"
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="render these partial runs together (a later file's row replaces an earlier one's)",
     )
     args = p.parse_args(argv)
     if args.merge:
         parts = [json.loads(Path(f).read_text()) for f in args.merge]
-        cases = [c for part in parts for c in part["cases"]]
+        latest = {(c["dataset"], c["model"]): c for part in parts for c in part["cases"]}
+        cases = list(latest.values())  # a later part's row replaces an earlier one, in its place
         res = {
             "iterations": parts[0]["iterations"],
             "elapsed_s": max(x["elapsed_s"] for x in parts),

@@ -145,6 +145,9 @@ class SystemSetup:
     """The profile the config was searched on (``SampleStats`` or samples)."""
     config: object | None = None
     """Algorithm 2's ``StaticConfig`` (Entrain's planner), when it ran."""
+    batch_profile: object | None = None
+    """Entrain's planner: a draw of the global batch's size (``SampleStats``), on which the
+    boundary-sharing layout is also partitioned (a ``layout`` candidate, ``_entrain_layout``)."""
     decisions: tuple[Decision, ...] = ()
     """The automatic choices made for this setup, each with its candidates' simulated times."""
 
@@ -181,11 +184,16 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
 
 def entrain_setup(res: PlanResult, sampler: Sampler, cost: CostModel, seed: int) -> SystemSetup:
     """Entrain's setup from the planner's result (Algorithm 1 + 2), before the extensions."""
-    profile = MacroscopicProfiler(sampler, cost, seed=seed).draw(res.b_min.b_min, 0)[1]
+    profiler = MacroscopicProfiler(sampler, cost, seed=seed)
+    profile = profiler.draw(res.b_min.b_min, 0)[1]
+    batch = (
+        profiler.draw(res.config.global_batch, 0)[1] if res.config.global_batch > res.b_min.b_min else None
+    )
     source = f"Algorithm 1+2 (b_min={res.b_min.b_min})"
     return SystemSetup(
-        res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile, config=res.config
-    )
+        res.config.to_layout(), {}, source, res.b_min.b_min, res.b_min, profile, config=res.config,
+        batch_profile=batch,
+    )  # fmt: skip
 
 
 def fixed_stage_setup(
@@ -505,7 +513,8 @@ def _entrain_layout(
 ) -> SystemSetup:
     """The layout ``req.entrain_layout`` asks for: ``"shared"`` always the boundary-sharing layout;
     ``"auto"`` that layout only when it fits (Algorithm 2's memory model) and ``judge`` simulates it
-    more than the margin faster than the disjoint one (the ``layout`` decision)."""
+    more than the margin faster than the disjoint one (the ``layout`` decision; its partition on the
+    profile and, ``SHARED_BATCH``, on the batch-sized draw are both candidates)."""
     layout, source = setup.layout, setup.source
     enc, llm = layout.components["encoder"], layout.components["llm"]
     possible = (enc.tp, enc.cp) == (llm.tp, llm.cp) and setup.profile is not None
@@ -526,14 +535,33 @@ def _entrain_layout(
     cands = {"disjoint": setup}
     if shared.memory_ok:
         cands["shared"] = replace(setup, layout=shared.layout)
+    if setup.batch_profile is not None:  # the same partition on the batch-sized draw (b_min's may skew it)
+        wide = boundary_sharing_config(setup.batch_profile, cost, parallel, ranks=layout.ranks_per_replica)
+        if wide.memory_ok and wide.layout != shared.layout:
+            cands[SHARED_BATCH] = replace(setup, layout=wide.layout)
     got, d = decide("layout", "disjoint", cands, judge, req.margin)
-    if "shared" not in d.candidates:
-        return got
     ms = d.candidates
-    sim = f"simulated {ms['shared']:.0f} vs {ms['disjoint']:.0f} ms disjoint"
-    if d.chosen == "shared":
-        return replace(got, source=f"{source}; boundary sharing ({sim}; {eq2})")
+    if (
+        d.chosen == SHARED_BATCH
+        and "shared" in ms
+        and not departs(ms["shared"], ms[SHARED_BATCH], req.margin)
+    ):
+        # the batch draw's partition departs from b_min's only past the margin
+        d = replace(d, chosen="shared")
+        got = replace(cands["shared"], decisions=(*cands["shared"].decisions, d))
+    best = min((n for n in ms if n != "disjoint"), key=ms.__getitem__, default=None)
+    if best is None:
+        return got
+    shown = best if d.chosen == "disjoint" else d.chosen
+    sim = f"simulated {ms[shown]:.0f} vs {ms['disjoint']:.0f} ms disjoint"
+    if d.chosen != "disjoint":
+        on = ", partitioned on the batch-sized draw" if d.chosen == SHARED_BATCH else ""
+        return replace(got, source=f"{source}; boundary sharing{on} ({sim}; {eq2})")
     return replace(got, source=f"{source}; disjoint layout kept (boundary sharing {sim})")
+
+
+SHARED_BATCH = "shared-batch"
+"""The ``layout`` candidate partitioned on the global batch's draw (``SystemSetup.batch_profile``)."""
 
 
 def extended(req: ConfigRequest) -> bool:

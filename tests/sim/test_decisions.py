@@ -89,7 +89,11 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     d = _decisions(got)
     assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "sub_microbatches"]
     assert list(d) == [n for n in setups.DECISIONS if n != "recompute"]
-    assert set(d["layout"].candidates) == {"disjoint", "shared"}
+    assert set(d["layout"].candidates) == {
+        "disjoint",
+        "shared",
+        "shared-batch",
+    }  # b_min 8: the 512 draw differs
     assert set(d["assignment"].candidates) == {"paper", "two-resource", "auto"}
     assert set(d["dp_split"].candidates) == {"paper"}  # the paper's assignment: nothing to re-split
     assert set(d["ramp"].candidates) == {"0", "auto"}

@@ -5,7 +5,8 @@ the encoder (3 stages) by 0.6 % simulated; the CPU runs paid 2.2-6.1 ms per acti
 layers (dispatch, posting sends, receive copies: ``benchmarks/results/cpu_pipeline_paired.md``), which
 the extra stage pays on every microbatch. A synthetic trace of the 1F1B run (compute durations exactly
 the preset's, ``OVERHEAD_MS`` between consecutive actions) is refitted by ``entrain profile
---from-trace``; with the refit, Entrain keeps the paper's 1 encoder + 1 LLM stage."""
+--from-trace``; with the refit, that shared-rank partition simulates slower than the paper's 1 encoder +
+1 LLM stage."""
 
 from __future__ import annotations
 
@@ -85,9 +86,20 @@ def test_the_refit_measures_the_per_action_overhead(loop):
     assert "action_overhead_ms" not in build_cost_model("tiny", "cpu-tiny").to_json()["hardware"]
 
 
-def test_planning_with_the_refit_drops_the_extra_stage(loop):
+def _layout_decision(setups):
+    return next(d for d in setups["entrain"].decisions if d.name == "layout")
+
+
+def test_planning_with_the_refit_reverses_the_boundary_sharing_verdict(loop):
+    """The contradicted choice: the b_min draw's shared-rank partition (``shared``) against the paper's
+    stages. The preset has it faster; the refit, whose every action pays the measured overhead, has it
+    slower by more than the decision margin. (The layout decision also prices the shared-rank
+    partition of a global-batch-sized draw, ``shared-batch``: 9-10 % faster under both cost models,
+    so the chosen layout keeps 3 stages; the real runs have not measured that partition.)"""
     base, _, refit = loop
-    assert len(base["entrain"].layout.stages) == 3  # the preset: boundary sharing, by 0.6 %
-    after = _setups(refit)
-    assert len(after["entrain"].layout.stages) == 2  # the refit: the paper's 1 encoder + 1 LLM stage
-    assert after["1f1b"].layout == base["1f1b"].layout
+    before, after = _layout_decision(base), _layout_decision(_setups(refit))
+    assert before.candidates["shared"] < before.candidates["disjoint"]  # the preset: sharing wins
+    assert after.candidates["shared"] > after.candidates["disjoint"] * (
+        1 + after.margin
+    )  # the refit: it loses
+    assert len(base["entrain"].layout.stages) == 3

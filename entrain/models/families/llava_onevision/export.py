@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from entrain.core.errors import ConfigError
+from entrain.models.families.hf_export import load_exactly
 
 __all__ = ["export"]
 
@@ -34,14 +35,7 @@ def export(manifest: dict, params: dict[str, torch.Tensor], out: str) -> dict:
     with torch.device("meta"):
         model = LlavaOnevisionForConditionalGeneration(config)
     params = {**_unused(config, folder, set(params)), **params}
-    expected = {n for n, _ in model.named_parameters()}
-    if set(params) != expected:
-        missing, extra = sorted(expected - set(params)), sorted(set(params) - expected)
-        raise ConfigError(
-            f"the checkpoint's parameters do not match {folder or manifest['model']} "
-            f"(missing {missing[:3]}, unexpected {extra[:3]})"
-        )
-    model.load_state_dict({n: t.float() for n, t in params.items()}, strict=False, assign=True)
+    load_exactly(model, {n: t.float() for n, t in params.items()}, folder or manifest["model"])
     Path(out).mkdir(parents=True, exist_ok=True)
     copied = _copy_processor_files(folder, out) if folder is not None else _preset_processor(manifest, out)
     model.save_pretrained(out, safe_serialization=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from entrain.core.errors import ConfigError
+from entrain.models.families.hf_export import load_exactly
 from entrain.models.families.qwen2_vl.model import conditional_generation_class, read_hf_config, untie
 
 __all__ = ["export_folder", "copied_files"]
@@ -42,14 +42,7 @@ def export_folder(source_dir: str, params: dict[str, torch.Tensor], out_dir: str
     untie(config)
     with torch.device("meta"):
         model = conditional_generation_class(config.model_type)(config)
-    expected = {n for n, _ in model.named_parameters()}
-    if set(params) != expected:
-        missing, extra = sorted(expected - set(params)), sorted(set(params) - expected)
-        raise ConfigError(
-            f"the checkpoint's parameters do not match {source_dir}/config.json "
-            f"(missing {missing[:3]}, unexpected {extra[:3]})"
-        )
-    model.load_state_dict({n: t.detach().cpu() for n, t in params.items()}, strict=False, assign=True)
+    load_exactly(model, {n: t.detach().cpu() for n, t in params.items()}, f"{source_dir}/config.json")
     model.save_pretrained(out_dir, safe_serialization=True)
     for f in copied_files(source_dir):  # after: the source's generation config wins over the default one
         shutil.copy2(os.path.join(source_dir, f), os.path.join(out_dir, f))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 
@@ -251,8 +252,6 @@ the plan was made for without the flags again."""
 
 def _model_source(config: RunConfig) -> dict:
     """``{"model_source": {flag dest: absolute folder}}`` of the checkpoint flags given ({}: a preset)."""
-    import os
-
     given = {k: getattr(config.model, k) for k in MODEL_SOURCE_FLAGS if getattr(config.model, k)}
     return {"model_source": {k: os.path.abspath(v) for k, v in given.items()}} if given else {}
 

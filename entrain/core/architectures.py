@@ -233,6 +233,10 @@ class LLMArch:
         attn = qkv * (self.qkv_bias or self.attention_bias) + self.hidden_size * self.attention_bias
         return attn + (2 * self.intermediate_size + self.hidden_size) * self.mlp_bias
 
+    def kv_params(self) -> int:
+        """Of ``layer_params``: the K and V projections' (weights and biases)."""
+        return 2 * self.kv_dim * (self.hidden_size + (self.qkv_bias or self.attention_bias))
+
     def lm_head_params(self) -> int:
         """Parameters the lm_head adds (0 when tied to the embedding)."""
         return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size

@@ -195,8 +195,20 @@ class LayerCost:
     the sequence's tokens. False in cost files written before the distinction (their head layers
     were priced per LLM token at ``LABEL_FRACTION``)."""
 
+    kv_param_bytes: float = 0.0
+    """Of ``param_bytes``: a decoder layer's K/V projections (``rank_param_bytes``)."""
+    kv_heads: int = 0
+    """A decoder layer's KV heads (0: not one)."""
+
     def keys(self) -> list[str]:
         return sorted(self.fwd)
+
+    def rank_param_bytes(self, tp: int) -> float:
+        """``param_bytes`` one of ``tp`` TP ranks holds: a ``1/tp`` shard, but the K/V projections
+        whole when ``tp`` exceeds the KV heads (replicated on every rank, as the runtime does)."""
+        if tp == 1 or not self.kv_heads or self.kv_heads % tp == 0:
+            return self.param_bytes / tp
+        return (self.param_bytes - self.kv_param_bytes) / tp + self.kv_param_bytes
 
     def to_json(self) -> dict:
         return {
@@ -213,6 +225,7 @@ class LayerCost:
             "selective_bytes_per_token": self.selective_bytes_per_token,
             "selective_fwd_fraction": self.selective_fwd_fraction,
             "per_label": self.per_label,
+            **({"kv_param_bytes": self.kv_param_bytes, "kv_heads": self.kv_heads} if self.kv_heads else {}),
         }
 
     @classmethod
@@ -231,6 +244,8 @@ class LayerCost:
             selective_bytes_per_token=float(d.get("selective_bytes_per_token", 0.0)),
             selective_fwd_fraction=float(d.get("selective_fwd_fraction", 0.0)),
             per_label=bool(d.get("per_label", False)),
+            kv_param_bytes=float(d.get("kv_param_bytes", 0.0)),
+            kv_heads=int(d.get("kv_heads", 0)),
         )
 
 

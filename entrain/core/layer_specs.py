@@ -46,6 +46,10 @@ class LayerSpec:
     norm output, Q, K, V, the attention output; selective recomputation drops these)."""
     per_label: bool = False
     """``x`` counts label tokens (``LayerCost.per_label``)."""
+    kv_params: int = 0
+    """Of ``param_count``: the K/V projections' (weights and biases) of a decoder layer."""
+    kv_heads: int = 0
+    """KV heads of a decoder layer: with fewer than TP ranks its K/V projections are replicated."""
 
 
 def _vision_specs(v) -> list[LayerSpec]:
@@ -164,6 +168,8 @@ def llm_specs(llm, label_fraction: float | None) -> list[LayerSpec]:
                 heads=heads,
                 attn_lin_flops=2.0 * (h * q + 2 * h * kv + q * h),
                 attn_saved_bytes=2.0 * h + 4.0 * q + 4.0 * kv,
+                kv_params=llm.kv_params(),
+                kv_heads=llm.num_key_value_heads,
             )
         )
     return specs + _llm_head_specs(llm, label_fraction)

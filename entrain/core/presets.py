@@ -236,6 +236,8 @@ def _layer_cost(
         activation_bytes_per_token_sq=0.0 if window else saved,
         output_bytes_per_token=s.output_bytes_per_token,
         param_bytes=2.0 * s.param_count,
+        kv_param_bytes=2.0 * s.kv_params,
+        kv_heads=s.kv_heads,
         trainable=trainable,
         bwd_input_fraction=0.0 if s.kind in ("patch_embed", "embedding") else 0.5,
         selective_bytes_per_token=s.attn_saved_bytes + (saved if window else 0.0),

@@ -86,3 +86,25 @@ def test_a_table_follows_the_power_law_between_its_points():
     flat = Quadratic(table=((16.0, 1.0), (64.0, 1.0), (256.0, 3.0)))  # a flat segment stays flat
     assert flat(32.0) == pytest.approx(1.0)
     assert flat.constant_ms == pytest.approx(1.0)
+
+
+def test_kv_projections_fewer_than_tp_ranks_are_counted_whole_on_every_rank():
+    """The tiny model's decoder layers have 2 KV heads: TP 2 shards them, TP 4 replicates them (the
+    runtime's ``replicate_kv_heads``), so a rank's weights and the planner's model state grow."""
+    from entrain.core.planning.memory import MicrobatchLoad, stage_memory_bytes
+    from entrain.core.presets import build_cost_model as build
+
+    cost = build("tiny", "cpu-tiny")
+    layer = cost.component("llm").layers[1]
+    assert (
+        layer.kind == "decoder_layer" and layer.kv_heads == 2 and 0 < layer.kv_param_bytes < layer.param_bytes
+    )
+    assert layer.rank_param_bytes(2) == layer.param_bytes / 2
+    kv = layer.kv_param_bytes
+    assert layer.rank_param_bytes(4) == (layer.param_bytes - kv) / 4 + kv
+    zero = MicrobatchLoad(0.0, 0.0, 0.0, 0.0)
+    n = cost.component("llm").num_layers
+    grown = stage_memory_bytes(cost, "llm", 1, n - 3, 4, 1, zero, 1) - sum(
+        lay.param_bytes * 9.0 / 4 for lay in cost.component("llm").layers[1 : n - 3]
+    )
+    assert grown == pytest.approx((n - 4) * 9.0 * kv * 3 / 4)

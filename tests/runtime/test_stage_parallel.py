@@ -1,6 +1,7 @@
 """Parallelism inside stages: ``--tp`` (DTensor tensor parallelism) and ``--fsdp`` (FSDP2) give the
 gradients, loss and gradient norm of the TP 1 and plain-DP runs of the same batch, on one forked group
-of 4 processes."""
+of 4 processes. ``--tp 4`` on the tiny model's 2 KV heads replicates each KV head on 2 ranks
+(``composition.tp.replicate_kv_heads``)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ CASES = [
     ("dip-2+2-dp2", "dip", 2, 2, 2, 2, 1, False),
     ("dip-2+2-dp2-fsdp", "dip", 2, 2, 2, 2, 1, True),
     ("dip-1+1-dp2-tp2-fsdp", "dip", 1, 1, 2, 2, 2, True),
+    ("dip-1+1-tp4-kv-replicated", "dip", 1, 1, 1, 4, 4, False),
 ]
 SAME_AS = {
     "1f1b-1+1-tp2": "1f1b-1+1-dp2",
     "dip-2+2-dp2-fsdp": "dip-2+2-dp2",
     "dip-1+1-dp2-tp2-fsdp": "1f1b-1+1-dp2",
+    "dip-1+1-tp4-kv-replicated": "1f1b-1+1-dp2",
     "dip-2+2-dp2": "1f1b-1+1-dp2",
 }
 """Case -> the TP 1, plain-DP run it must equal (gradients, loss, gradient norm: relative 1e-5). Any
@@ -161,3 +164,19 @@ def test_every_owned_parameter_is_in_its_stage_module_tree(family, tmp_path):
             tree = {id(p) for p in stage.parameters()}
             outside = [name for name, p in stage.owned_parameters() if id(p) not in tree]
             assert not outside, (comp, first, end, outside)
+
+
+@pytest.mark.parametrize(
+    "tp,kv_heads,ok", [(2, 4, True), (4, 2, True), (8, 1, True), (4, 3, False), (4, 6, False)]
+)
+def test_kv_heads_are_sharded_or_replicated_else_refused_naming_the_field(tp, kv_heads, ok):
+    """KV heads a multiple of ``--tp``: sharded; a divisor of it: replicated (GQA/MQA); else a one-line
+    ConfigError naming ``num_key_value_heads`` (every family's check goes through ``check_tp_dims``)."""
+    from entrain.core.errors import ConfigError
+    from entrain.models.families.composition.tp import check_tp_dims
+
+    if ok:
+        check_tp_dims(tp, {"LLM attention heads": 8}, kv_heads)
+        return
+    with pytest.raises(ConfigError, match=rf"^--tp {tp} must divide .*num_key_value_heads\) {kv_heads}\b"):
+        check_tp_dims(tp, {"LLM attention heads": 8}, kv_heads)

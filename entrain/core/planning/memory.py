@@ -1,7 +1,7 @@
 """A stage's memory and activation recomputation, as Algorithm 2 checks them.
 
 A stage's memory: weights + gradients + Adam states of trainable layers, bf16 weights of frozen ones,
-divided by TP, plus the activations of its 1F1B in-flight microbatches; each stage takes the cheapest
+divided by TP (K/V projections replicated when TP exceeds the KV heads: ``LayerCost.rank_param_bytes``), plus the activations of its 1F1B in-flight microbatches; each stage takes the cheapest
 ``costmodel.RECOMPUTE_MODES`` entry that fits (``choose_recompute``).
 """
 
@@ -54,7 +54,7 @@ def _params_bytes(cost: CostModel, comp: str, first: int, end: int, tp: int) -> 
     def compute() -> float:
         layers = cost.component(comp).layers[first:end]
         factor = ADAM_BYTES_PER_BF16_WEIGHT_BYTE
-        return sum(layer.param_bytes * (factor if layer.trainable else 1.0) for layer in layers) / tp
+        return sum(layer.rank_param_bytes(tp) * (factor if layer.trainable else 1.0) for layer in layers)
 
     return _cost_memo(cost, ("params", comp, first, end, tp), compute)
 

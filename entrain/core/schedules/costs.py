@@ -29,7 +29,8 @@ by the simulator, so every executor of a Plan prices an action the same way.
   time multiplied by ``CostModel.small_call_factor`` (small sub-microbatches are not free).
 * p2p time of a message = ``latency + bytes / bandwidth`` (``HardwareSpec``); gradient messages
   have the size of the activations they answer. DP all-reduce of a rank's trainable parameter
-  gradients (bf16 ``param_bytes / tp``): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
+  gradients (bf16 ``param_bytes / tp``: ``LayerCost.rank_param_bytes``, replicated K/V projections
+  whole): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
 * Model state of a rank (``model_state_bytes``): 18 bytes per trainable parameter (bf16 weight, fp32
   gradient, fp32 master weight and AdamW m, v), 2 per frozen one, divided by TP — the planner's
   memory check (``planning.memory.ADAM_BYTES_PER_BF16_WEIGHT_BYTE``).
@@ -140,12 +141,12 @@ class PlanCosts:
         kept, kept_sq = self.cost.kept_bytes_per_token(comp, first, end, spec.recompute)
         act, act_sq = kept / (tp * cp), kept_sq / (tp * cp)
         out = layers[-1].output_bytes_per_token / (tp * cp) if layers else 0.0
-        grad = sum(layer.param_bytes for layer in layers if layer.trainable) / tp
+        grad = sum(layer.rank_param_bytes(tp) for layer in layers if layer.trainable)
         state = sum(
-            layer.param_bytes * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
+            layer.rank_param_bytes(tp) * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
             for layer in layers
         )
-        return StageQuad(*coef[:6], act, out, grad, state / tp, act_sq, *coef[6:])
+        return StageQuad(*coef[:6], act, out, grad, state, act_sq, *coef[6:])
 
     def _dropped_bytes(self, stage: int) -> tuple[tuple[float, float], ...]:
         spec = self.layout.stages[stage]

@@ -2,9 +2,12 @@
 
 Tensor parallel (``torch.distributed.tensor.parallel``), per stage:
 
-* Llama layers: ``q/k/v_proj`` column-wise (by heads; N must divide the KV heads), ``o_proj``
-  row-wise; ``gate/up_proj`` column-wise, ``down_proj`` row-wise. HF's attention reshapes with
-  ``-1`` heads, so it runs on the local heads unchanged.
+* Llama layers: ``q/k/v_proj`` column-wise (by heads), ``o_proj`` row-wise; ``gate/up_proj``
+  column-wise, ``down_proj`` row-wise. HF's attention reshapes with ``-1`` heads, so it runs on the
+  local heads unchanged. With fewer KV heads than TP ranks (GQA/MQA; N a multiple of the KV heads),
+  the KV heads are replicated as Megatron and vLLM do (``replicate_kv_heads``): ``k/v_proj`` stay
+  whole on every rank, each rank uses the KV head its query heads read, and the gradient of the
+  projections' output is summed over the TP group.
 * Qwen vision blocks: the fused ``attn.qkv`` is split into ``attn.qkv.q/k/v`` (``SplitQKV``: one
   contiguous column shard of the fused weight would mix q, k and v), each column-wise by heads, and
   ``attn.num_heads`` becomes the local head count; ``attn.proj`` row-wise; the MLP as Llama's
@@ -23,7 +26,17 @@ from torch import nn
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.vlm import EncoderStage
 
-__all__ = ["SplitQKV", "split_fused_qkv", "check_tp", "apply_tp", "fsdp_units", "fc_plan", "tp_llm_stage"]
+__all__ = [
+    "SplitQKV",
+    "split_fused_qkv",
+    "check_tp",
+    "check_tp_dims",
+    "apply_tp",
+    "fsdp_units",
+    "fc_plan",
+    "tp_llm_stage",
+    "replicate_kv_heads",
+]
 
 
 def check_tp(arch, tp: int) -> None:
@@ -35,16 +48,22 @@ def check_tp(arch, tp: int) -> None:
         "vision heads": vis["num_heads"],
         "vision MLP width": vis["intermediate_size"],
         "LLM attention heads": llm["num_attention_heads"],
-        "LLM KV heads": llm.get("num_key_value_heads") or llm["num_attention_heads"],
         "LLM MLP width": llm["intermediate_size"],
         "vocabulary": llm["vocab_size"],
     }
-    bad = {k: v for k, v in dims.items() if v % tp}
-    if bad:
-        raise ConfigError(
-            f"--tp {tp} must divide the sharded dimensions of the model: "
-            + ", ".join(f"{k} {v}" for k, v in bad.items())
+    check_tp_dims(tp, dims, llm.get("num_key_value_heads") or llm["num_attention_heads"])
+
+
+def check_tp_dims(tp: int, dims: dict[str, int], kv_heads: int) -> None:
+    """ConfigError unless ``tp`` divides each of ``dims`` (what the TP plan shards, by name) and the
+    LLM's ``kv_heads`` either divides by ``tp`` (sharded) or divides ``tp`` (replicated)."""
+    bad = [f"{k} {n}" for k, n in dims.items() if n % tp]
+    if kv_heads % tp and tp % kv_heads:
+        bad.append(
+            f"LLM KV heads (num_key_value_heads) {kv_heads}, which --tp must divide or be a multiple of"
         )
+    if bad:
+        raise ConfigError(f"--tp {tp} must divide the sharded dimensions of the model: " + ", ".join(bad))
 
 
 # --- tensor parallel ---------------------------------------------------------------------------
@@ -115,10 +134,55 @@ def _tp_vision_block(block: nn.Module, mesh) -> None:
 def _tp_llm_layer(layer: nn.Module, mesh) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    plan = {f"self_attn.{p}_proj": ColwiseParallel() for p in "qkv"}
+    attn = layer.self_attn
+    sharded = "qkv" if (attn.k_proj.out_features // attn.head_dim) % mesh.size() == 0 else "q"
+    plan = {f"self_attn.{p}_proj": ColwiseParallel() for p in sharded}
     plan["self_attn.o_proj"] = RowwiseParallel()
     plan.update(_mlp_plan("mlp."))
+    if sharded == "q":
+        replicate_kv_heads(attn, mesh)
     parallelize_module(layer, mesh, plan)
+
+
+class _SumGradOverGroup(torch.autograd.Function):
+    """Identity forward; the backward sums the gradient over ``group`` (Megatron's "copy to the
+    tensor-parallel region"): every rank that uses a replicated tensor adds its share."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _kv_head_of_rank(module, args, output, *, columns: slice, group):
+    return _SumGradOverGroup.apply(output, group)[..., columns]
+
+
+def replicate_kv_heads(attn: nn.Module, mesh) -> None:
+    """Fewer KV heads than TP ranks (``mesh.size()`` a multiple of them): ``k_proj`` / ``v_proj`` stay
+    whole, replicated on every rank (same parameter names and tensors as without TP), and a forward
+    hook keeps the KV head this rank's query heads read (rank ``r`` of ``N`` holds query heads
+    ``r*H/N ..``; they share KV head ``r // (N / KV)``). The hook sums the projections' output
+    gradient over the TP group, so the weights' gradients (and the layer input's) are those of the
+    whole attention, equal on every rank."""
+    import functools
+
+    tp, rank = mesh.size(), mesh.get_local_rank()
+    kv_heads = attn.k_proj.out_features // attn.head_dim
+    head = rank // (tp // kv_heads)
+    columns = slice(head * attn.head_dim, (head + 1) * attn.head_dim)
+    hook = functools.partial(_kv_head_of_rank, columns=columns, group=mesh.get_group())
+    for proj in (attn.k_proj, attn.v_proj):
+        proj.register_forward_hook(hook)
+    attn.num_key_value_groups = attn.q_proj.out_features // attn.head_dim // tp  # local query heads, 1 KV
 
 
 def apply_tp(stage, mesh) -> None:

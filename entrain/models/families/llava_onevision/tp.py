@@ -6,18 +6,19 @@
   norms and ``image_newline`` stay replicated.
 * The projector (the merger layer): ``linear_1`` column-wise, ``linear_2`` row-wise (its output, the
   image features, replicated for ``pack_image_features``).
-* LLM stages: the composition's Qwen2 plan (``composition.tp.tp_llm_stage``).
+* LLM stages: the composition's Qwen2 plan (``composition.tp.tp_llm_stage``; fewer KV heads than
+  TP ranks: replicated, ``composition.tp.replicate_kv_heads``).
 """
 
 from __future__ import annotations
-
-from entrain.core.errors import ConfigError
 
 __all__ = ["check_tp", "apply_tp"]
 
 
 def check_tp(shape, tp: int) -> None:
     """ConfigError unless ``tp`` divides every sharded dimension of ``shape`` (a ``OneVisionShape``)."""
+    from entrain.models.families.composition.tp import check_tp_dims
+
     if tp == 1:
         return
     v, llm = shape.vision, shape.llm
@@ -26,16 +27,10 @@ def check_tp(shape, tp: int) -> None:
         "vision MLP width": v.intermediate_size,
         "projector width (LLM hidden size)": llm.hidden_size,
         "LLM attention heads": llm.num_attention_heads,
-        "LLM KV heads": llm.num_key_value_heads or llm.num_attention_heads,
         "LLM MLP width": llm.intermediate_size,
         "vocabulary": llm.vocab_size,
     }
-    bad = {k: n for k, n in dims.items() if n % tp}
-    if bad:
-        raise ConfigError(
-            f"--tp {tp} must divide the sharded dimensions of the model: "
-            + ", ".join(f"{k} {n}" for k, n in bad.items())
-        )
+    check_tp_dims(tp, dims, llm.num_key_value_heads or llm.num_attention_heads)
 
 
 def apply_tp(stage, mesh) -> None:

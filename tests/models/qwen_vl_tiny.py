@@ -14,13 +14,14 @@ PATCH_VALUES = 3 * 2 * 14 * 14
 FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 
 
-def _configs(family: str, *, text_layers: int, vision_depth: int, tied: bool, vocab: int = VOCAB, ids=None):
+def _configs(family: str, *, text_layers: int, vision_depth: int, tied: bool, vocab: int = VOCAB, ids=None,
+             kv_heads: int = 2):  # fmt: skip
     text = dict(
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=text_layers,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         vocab_size=vocab,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
         bos_token_id=0,
@@ -51,12 +52,15 @@ def _configs(family: str, *, text_layers: int, vision_depth: int, tied: bool, vo
 
 
 def save_whole(folder: Path, family: str, *, text_layers: int = 4, vision_depth: int = 4, tied: bool = False,
-               seed: int = 0, shard: str | None = "200KB", vocab: int = VOCAB, ids: dict | None = None) -> Path:  # fmt: skip
-    """A random ``...ForConditionalGeneration`` saved to ``folder`` (sharded safetensors)."""
+               seed: int = 0, shard: str | None = "200KB", vocab: int = VOCAB, ids: dict | None = None,
+               kv_heads: int = 2) -> Path:  # fmt: skip
+    """A random ``...ForConditionalGeneration`` saved to ``folder`` (sharded safetensors; 4 query heads,
+    ``kv_heads`` KV heads)."""
     torch.manual_seed(seed)
     cfg, cls = _configs(
-        family, text_layers=text_layers, vision_depth=vision_depth, tied=tied, vocab=vocab, ids=ids
-    )
+        family, text_layers=text_layers, vision_depth=vision_depth, tied=tied, vocab=vocab, ids=ids,
+        kv_heads=kv_heads,
+    )  # fmt: skip
     model = cls(cfg)
     with torch.no_grad():  # non-trivial norms and biases, so a misplaced tensor shows
         for p in model.parameters():

@@ -38,8 +38,9 @@ def text_only_metas() -> list[SampleMeta]:
     return metas
 
 
-def works(metas: list[SampleMeta]) -> list[SampleWork]:
-    cost = build_cost_model("tiny", "cpu-tiny")
+def works(metas: list[SampleMeta], cost=None) -> list[SampleWork]:
+    """Each sample's work under ``cost`` (default: the tiny model's on ``cpu-tiny``)."""
+    cost = cost or build_cost_model("tiny", "cpu-tiny")
     return [cost.sample_work(m) for m in metas]
 
 
@@ -51,10 +52,12 @@ def plan_for(
     num_microbatches: int,
     batch: list[SampleWork],
     options: dict | None = None,
+    cost=None,
 ):
     """``system``'s Plan of ``batch`` with the stage counts fixed (Algorithm 2's layer partition), with
-    the schedule ``options`` (default: Entrain's extensions off)."""
-    cost = build_cost_model("tiny", "cpu-tiny")
+    the schedule ``options`` (default: Entrain's extensions off); ``cost``: another model's cost model
+    (default: the tiny model's)."""
+    cost = cost or build_cost_model("tiny", "cpu-tiny")
     u = len(batch) // (dp * num_microbatches)
     req = ConfigRequest("skewed", "tiny", 0, dp, 1, len(batch), u, entrain_layout="disjoint", entrain_ramp=0,
                         entrain_split=False)  # fmt: skip

@@ -4,7 +4,12 @@ before clipping, after clipping (which every case exercises) and the reported gr
 gradient scaled by any constant anywhere on the path fails.
 
 Every rank count is one forked group that runs all of its cases; each case also checks the
-forward-only (validation) loss and the training loss."""
+forward-only (validation) loss and the training loss.
+
+The other model families (``families.WHOLE_FAMILIES``: whole Qwen2-VL and Qwen2.5-VL checkpoints,
+LLaVA-OneVision) run the pipeline layout ``dip`` 2+2 (2 processes) plain and with ``--freeze vit``
+(the composition's: ``dip-2+2``, ``1f1b-1+1-frozen-vit`` above), against the single-process fp64
+oracle: transformers' own class of the family, every sample alone."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
 from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, text_only_metas, works
+from .families import WHOLE_FAMILIES, family_model, oracle_step
 from .harness import assert_matches_reference, reference_step, run_workers, train_step_before_clip
 
 SYSTEMS = ("1f1b", "entrain", "disttrain")
@@ -123,3 +129,36 @@ def test_gradients_match_reference(world, references, tmp_path):
         )
         # forward-only pass of the same batch before the update
         assert abs(val_loss - ref.loss) < 1e-5 * abs(ref.loss), f"{name}: validation loss {val_loss}"
+
+
+def _train_family(env, fm, plan, cases):
+    """Per case (name, encoder frozen): the step's gradients before and after clipping, loss, norm."""
+    out = {}
+    for name, frozen in cases:
+        trainer = PipelineTrainer(layout=plan.layout, model=fm.build(frozen_encoder=frozen), env=env,
+                                  renderer=fm.renderer(), optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM))  # fmt: skip
+        result, before = train_step_before_clip(trainer, plan.iterations[0])
+        out[name] = (before, trainer.named_grads(), result.loss, result.grad_norm)
+    return out
+
+
+@pytest.mark.parametrize("family", WHOLE_FAMILIES)
+def test_every_family_pipeline_gradients_match_transformers(family, tmp_path):
+    """PP 2+2 (``dip``: an encoder and an LLM stage on each of 2 processes), plain and with the vision
+    tower frozen (its parameters get no gradient; the rest the oracle's with the tower frozen)."""
+    fm = family_model(family, tmp_path / "model")
+    plan = fm.plan("dip", 2, 2, 1, 4)
+    assert plan.layout.world_size == 2 and len(plan.layout.stages) == 4
+    cases = [("plain", False), ("frozen-vit", True)]
+    results = run_workers(_train_family, 2, tmp_path / "w", fm, plan, cases)
+    for name, frozen in cases:
+        ref = oracle_step(fm, max_grad_norm=MAX_GRAD_NORM, frozen_encoder=frozen)
+        assert ref.grad_norm > MAX_GRAD_NORM, f"{family} {name}: clipping would not be exercised"
+        before = {k: v for r in results for k, v in r[name][0].items()}
+        after = {k: v for r in results for k, v in r[name][1].items()}
+        _, _, loss, grad_norm = results[0][name]
+        assert_matches_reference(
+            f"{family} {name}", before=before, after=after, loss=loss, grad_norm=grad_norm, ref=ref, tol=1e-5
+        )
+    frozen = set(oracle_step(fm, max_grad_norm=None).grads) - set(ref.grads)
+    assert len(frozen) > 5, f"{family}: --freeze vit froze {sorted(frozen)}"

@@ -180,3 +180,61 @@ def test_kv_heads_are_sharded_or_replicated_else_refused_naming_the_field(tp, kv
         return
     with pytest.raises(ConfigError, match=rf"^--tp {tp} must divide .*num_key_value_heads\) {kv_heads}\b"):
         check_tp_dims(tp, {"LLM attention heads": 8}, kv_heads)
+
+
+def _train_tp2(env, fm, plan, folder):
+    """One step at TP 2: gradients before and after clipping, loss, norm, whole parameters after the
+    step; the step's checkpoint is saved to ``folder`` (``torch.distributed.checkpoint``)."""
+    from torch.distributed.tensor import DTensor
+
+    from entrain.runtime import checkpoint as ck
+
+    from .harness import train_step_before_clip
+
+    trainer = PipelineTrainer(layout=plan.layout, model=fm.build(), env=env, renderer=fm.renderer(),
+                              optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM), parallel=StageParallelism(tp=2))  # fmt: skip
+    result, before = train_step_before_clip(trainer, plan.iterations[0])
+    after = trainer.named_grads()
+    ck.save_state(folder, trainer.checkpoint_state())
+    params = {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in trainer.named_params
+    }
+    return before, after, result.loss, result.grad_norm, params
+
+
+def test_tp2_with_one_kv_head_trains_as_transformers_and_saves_whole_parameters(tmp_path):
+    """A whole Qwen2-VL checkpoint with 1 KV head (MQA) and 4 query heads at ``--tp 2`` (``dip`` 1+1,
+    2 processes): each rank keeps the replicated KV head; the step's gradients (before and after
+    clipping), grad norm and loss are the single-process transformers oracle's (fp64), and the
+    checkpoint it saves holds the whole, unsharded parameters of the run."""
+    from entrain.runtime import checkpoint as ck
+
+    from .families import family_model, oracle_step
+    from .harness import assert_matches_reference
+
+    fm = family_model("qwen2_vl", tmp_path / "model", kv_heads=1)
+    assert fm.cfg.shape.llm.num_key_value_heads == 1
+    fm.family.check_tp(fm.cfg.shape, 2)
+    plan = _with_tp(fm.plan("dip", 1, 1, 1, 4), 2)
+    folder = tmp_path / "checkpoint"
+    results = run_workers(_train_tp2, 2, tmp_path / "w", fm, plan, folder)
+    fuse = fm.family.fuse_parts
+    before, after = (fuse({k: v for r in results for k, v in r[i].items()}) for i in (0, 1))
+    ref = oracle_step(fm, max_grad_norm=MAX_GRAD_NORM)
+    assert "model.language_model.layers.0.self_attn.k_proj.weight" in ref.grads
+    _, _, loss, grad_norm, _ = results[0]
+    assert_matches_reference(
+        "tp2 kv1", before=before, after=after, loss=loss, grad_norm=grad_norm, ref=ref, tol=1e-5
+    )
+    params = fuse({k: v for r in results for k, v in r[4].items()})
+    saved = fuse(
+        {
+            k[len(ck.MODEL_PREFIX) :]: v
+            for k, v in ck.read_tensors(folder).items()
+            if k.startswith(ck.MODEL_PREFIX)
+        }
+    )
+    assert saved.keys() == params.keys() == ref.grads.keys()
+    for name, p in params.items():
+        assert torch.equal(saved[name], p), name

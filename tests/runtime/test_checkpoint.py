@@ -4,7 +4,8 @@ resume: 2N steps straight == N steps, a crash, ``--resume``, N more -- bitwise.
 Which guarantee holds where: on the CPU (gloo) a resumed run is bitwise the straight run, always;
 on a GPU only with ``--deterministic`` (torch's deterministic algorithms: some CUDA kernels, e.g.
 atomics-based reductions in backward, otherwise differ from run to run). The ``gpu`` test below
-asserts the GPU case."""
+asserts the GPU case. Every other model family (``families.FAMILY_MODELS``) resumes bitwise after a
+crash too (2 steps, a checkpoint after each, the crash in step 1)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import torch
 
 from entrain.cli.main import main
 from entrain.runtime import checkpoint as ck
+
+from .cli_ranks import cli_argv
+from .families import FAMILY_MODELS, family_flags
 
 FAST = [
     "train",
@@ -67,20 +71,40 @@ def test_exact_resume_after_a_crash_is_bitwise_the_straight_run(straight, tmp_pa
     _assert_bitwise_resume(straight, out)
 
 
-def _assert_bitwise_resume(straight, out) -> None:
+def _assert_bitwise_resume(straight, out, steps: int = 4) -> None:
     a, b = _rows(straight), _rows(out)
-    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    assert [r["step"] for r in b] == list(range(steps))
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     assert [r["plan_hash"] for r in a] == [r["plan_hash"] for r in b]
     assert [r["sample_ids"] for r in a] == [r["sample_ids"] for r in b]
-    state_a, state_b = _state(straight, 4), _state(out, 4)
+    state_a, state_b = _state(straight, steps), _state(out, steps)
     assert state_a.keys() == state_b.keys()
     assert sum(k.startswith("model/") for k in state_a) > 10
     assert sum(k.endswith("/exp_avg_sq") for k in state_a) > 10
     for name in state_a:
         assert torch.equal(state_a[name], state_b[name]), name
     config = json.loads((out / "config.json").read_text())
-    assert config["resumed_from_step"] == 2
+    assert config["resumed_from_step"] == steps // 2
+
+
+@pytest.mark.parametrize("family", FAMILY_MODELS)
+def test_every_family_resumes_bitwise(family, tmp_path, monkeypatch, capsys):
+    """2 steps straight (a checkpoint after each); its step-1 checkpoint resumed for step 2 (the crash
+    itself: the composition's test above). Each step is planned in line (no planner process)."""
+    import shutil
+
+    monkeypatch.setenv("ENTRAIN_PLAN_PREFETCH", "0")
+    fast = FAST[FAST.index("--dataset") :]
+    fast[fast.index("--steps") + 1], fast[fast.index("--checkpoint-every") + 1] = "2", "1"
+    argv = [*cli_argv("train", family_flags(family, tmp_path / "model")), *fast]
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    assert main([*argv, "--out", str(straight)]) == 0
+    shutil.copytree(straight, out)
+    shutil.rmtree(ck.step_dir(out, 2))
+    (out / "metrics.jsonl").write_text((straight / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert "resuming dip from" in capsys.readouterr().err
+    _assert_bitwise_resume(straight, out, steps=2)
 
 
 @pytest.mark.gpu

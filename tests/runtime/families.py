@@ -68,16 +68,21 @@ class FamilyModel:
         return SampleRenderer(self.cfg, dict(self.metas), seed=SEED, **({"dtype": dtype} if dtype else {}))
 
 
-def family_model(label: str, folder: Path, **whole) -> FamilyModel:
-    """``label``: ``composition`` or one of ``WHOLE_FAMILIES``; a checkpoint is saved under ``folder``."""
+def family_model(label: str, folder: Path, *, kv_heads: int | None = None) -> FamilyModel:
+    """``label``: ``composition`` or one of ``WHOLE_FAMILIES``; a checkpoint is saved under ``folder``.
+    ``kv_heads``: the LLM's KV heads instead of the tiny model's (a preset's shape is changed)."""
     from entrain.core.presets import build_cost_model
     from entrain.models.families.base import ModelSource
     from entrain.models.families.registry import family_of_source
 
-    flags = family_flags(label, folder, **whole)
+    checkpoint = label not in ("composition", "llava_onevision")
+    flags = family_flags(label, folder, **({"kv_heads": kv_heads} if checkpoint and kv_heads else {}))
     source = ModelSource(preset=flags.get("model", "tiny"), model_path=flags.get("model_path"))
     family = family_of_source(source)
-    cfg, _ = family.runtime_config(source)
+    shape = family.shape(source)
+    if kv_heads and not checkpoint:
+        shape = replace(shape, llm=replace(shape.llm, num_key_value_heads=kv_heads))
+    cfg, _ = family.runtime_config(source, shape)
     rule = family.image_rule(cfg.shape, None, None)
     metas = {m.id: replace(m, vision=rule) for m in batch_metas()}
     return FamilyModel(label, family, cfg, build_cost_model(cfg.shape, "cpu-tiny"), metas)
@@ -90,7 +95,8 @@ def oracle_step(
     own ``...ForConditionalGeneration`` for a whole-checkpoint family (``loss = sum(token CE) / label
     tokens of the batch``), the Hugging Face modules (``harness.reference_step``) for a composition."""
     ids = sorted(fm.metas)
-    model = fm.build(torch.float64, frozen_encoder=frozen_encoder)
+    # a checkpoint family builds float32 whatever ``dtype`` says: cast the whole model
+    model = fm.build(torch.float64, frozen_encoder=frozen_encoder).to(torch.float64)
     if fm.label == "composition":
         return reference_step(model, fm.cfg, fm.metas, ids, seed=SEED, max_grad_norm=max_grad_norm)
     hf = getattr(model, "hf", model)  # LLaVA-OneVision's stage model wraps transformers' class
@@ -125,3 +131,16 @@ def _image_inputs(fm: FamilyModel, renderer, sid: str, hf) -> dict:
     hf.model.rope_deltas = None
     grid = torch.tensor(s.grid_thw)
     return {"pixel_values": renderer.patches(sid), "image_grid_thw": grid, "mm_token_type_ids": types}
+
+
+def without_zero_gradients(ref: ReferenceStep, *grads: dict) -> tuple[ReferenceStep, ...]:
+    """``ref`` and ``grads`` without the tensors whose true gradient is zero (round-off in the oracle:
+    SigLIP's key biases, without rotary positions, shift every score of a query alike), which no
+    relative bound measures; asserts those stay at round-off (``1e-6`` of the gradient norm) in
+    ``grads``."""
+    zero = {n for n, g in ref.grads.items() if float(g.norm()) < 1e-9 * ref.grad_norm}
+    for g in grads:
+        assert all(float(g[n].norm()) < 1e-6 * ref.grad_norm for n in zero if n in g), zero
+    keep = [n for n in ref.grads if n not in zero]
+    rest = replace(ref, grads={n: ref.grads[n] for n in keep}, clipped={n: ref.clipped[n] for n in keep})
+    return rest, *({n: v for n, v in g.items() if n not in zero} for g in grads)

@@ -68,9 +68,12 @@ class FamilyModel:
         return SampleRenderer(self.cfg, dict(self.metas), seed=SEED, **({"dtype": dtype} if dtype else {}))
 
 
-def family_model(label: str, folder: Path, *, kv_heads: int | None = None) -> FamilyModel:
+def family_model(
+    label: str, folder: Path, *, kv_heads: int | None = None, num_samples: int = 8
+) -> FamilyModel:
     """``label``: ``composition`` or one of ``WHOLE_FAMILIES``; a checkpoint is saved under ``folder``.
-    ``kv_heads``: the LLM's KV heads instead of the tiny model's (a preset's shape is changed)."""
+    ``kv_heads``: the LLM's KV heads instead of the tiny model's (a preset's shape is changed);
+    ``num_samples``: the batch's first samples."""
     from entrain.core.presets import build_cost_model
     from entrain.models.families.base import ModelSource
     from entrain.models.families.registry import family_of_source
@@ -84,7 +87,7 @@ def family_model(label: str, folder: Path, *, kv_heads: int | None = None) -> Fa
         shape = replace(shape, llm=replace(shape.llm, num_key_value_heads=kv_heads))
     cfg, _ = family.runtime_config(source, shape)
     rule = family.image_rule(cfg.shape, None, None)
-    metas = {m.id: replace(m, vision=rule) for m in batch_metas()}
+    metas = {m.id: replace(m, vision=rule) for m in batch_metas()[:num_samples]}
     return FamilyModel(label, family, cfg, build_cost_model(cfg.shape, "cpu-tiny"), metas)
 
 

@@ -215,10 +215,10 @@ def test_tp2_with_one_kv_head_trains_as_transformers_and_saves_whole_parameters(
     from .families import family_model, oracle_step, without_zero_gradients
     from .harness import assert_matches_reference
 
-    fm = family_model(family, tmp_path / "model", kv_heads=1)
+    fm = family_model(family, tmp_path / "model", kv_heads=1, num_samples=4)
     assert fm.cfg.shape.llm.num_key_value_heads == 1
     fm.family.check_tp(fm.cfg.shape, 2)
-    plan = _with_tp(fm.plan("dip", 1, 1, 1, 4), 2)
+    plan = _with_tp(fm.plan("dip", 1, 1, 1, 2), 2)
     folder = tmp_path / "checkpoint"
     results = run_workers(_train_tp2, 2, tmp_path / "w", fm, plan, folder)
     fuse = fm.family.fuse_parts

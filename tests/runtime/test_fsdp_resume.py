@@ -16,7 +16,8 @@ it fits 4 processes; ``entrain`` would need 8).
 
 DP 2 x ``--tp 2 --fsdp`` (``dip``, 1+1) runs for the other model families (``FAMILY_MODELS``; the
 composition's TP + FSDP gradients: tests/runtime/test_stage_parallel.py): first against the plain
-DP 2 run of the same batches (losses and gradient norms, relative 1e-5), then resumed."""
+DP 2 run of the same batches (losses and gradient norms, relative 1e-5), then resumed; the Qwen2-VL
+checkpoint has 1 KV head, replicated on both TP ranks."""
 
 from __future__ import annotations
 
@@ -74,8 +75,10 @@ def test_fsdp_dp2_saves_and_resumes_to_the_straight_run(tmp_path, name):
 
 @pytest.mark.parametrize("family", FAMILY_MODELS)
 def test_every_family_tp2_fsdp_trains_as_the_plain_run_and_resumes(tmp_path, family):
-    """One microbatch of 2 samples per replica, 2 steps: the second loss shows the first update."""
-    flags = {**family_flags(family, tmp_path / "model"), "dataset": "skewed", "hardware": "cpu-tiny",
+    """One microbatch of 2 samples per replica, 2 steps: the second loss shows the first update. The
+    Qwen2-VL checkpoint has 1 KV head: TP 2 replicates it (``replicate_kv_heads``) under FSDP."""
+    whole = {"kv_heads": 1} if family == "qwen2_vl" else {}
+    flags = {**family_flags(family, tmp_path / "model", **whole), "dataset": "skewed", "hardware": "cpu-tiny",
              "system": "dip", "encoder_stages": 1, "llm_stages": 1, "dp": 2, "global_batch": 4,
              "microbatch_size": 2, "steps": 2, "lr": 0.01, "seed": 3, "timeout_s": 60, "no_progress": True}  # fmt: skip
     _launch([*cli_argv("train", flags), "--out", str(tmp_path / "plain")], tmp_path / "p", world=2)

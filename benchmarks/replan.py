@@ -97,6 +97,12 @@ class Timer:
         judge = self.judge(system)
         return judge(setup, list(batches)) if system in MEMORY_FITTED else judge.planned(setup, list(batches))
 
+    def fits(self, system: str, setup, batches) -> bool:
+        """Deployed: whether the memory check found a fit; as planned: whether the plan fits."""
+        if system in MEMORY_FITTED:
+            return math.isfinite(self.run(system, setup, batches))
+        return self.judge(system).planned_fits(setup, list(batches)) is not False
+
     def of(self, system: str):
         return lambda setup, batches: self.run(system, setup, batches)
 
@@ -109,7 +115,7 @@ def _split(setup) -> str:
 def _static_row(timer: Timer, system: str, setup, phases: list) -> dict:
     per = {name: timer.run(system, setup, b) for name, b in zip(CURRICULUM_PHASES, phases)}
     return {"per_phase_ms": per, "mean_ms": sum(per.values()) / len(per), "replan_pause_ms": 0.0,
-            "fits_memory": all(math.isfinite(t) for t in per.values()), "split": _split(setup), "replans": []}  # fmt: skip
+            "fits_memory": all(timer.fits(system, setup, b) for b in phases), "split": _split(setup), "replans": []}  # fmt: skip
 
 
 def adaptive_row(timer: Timer, start, reference, replan, phases: list, per_phase: int, cost) -> dict:
@@ -328,7 +334,7 @@ FINDINGS = """## What was measured (2026-12-04, seed 0)
 """
 
 
-def write_md(cases: list[dict], real: dict | None) -> str:
+def write_md(cases: list[dict], real: dict | None, ceiling: list[dict] | None = None) -> str:
     lines = ["# Re-planning on drift: `curriculum` (benchmarks/replan.py)", "",
              "Setup: " + (__doc__ or "").split("Setup:")[1].strip(), "",
              "Times: simulated ms per iteration (a40-paper), per phase and the run's mean; `vs adaptive` = the "
@@ -336,6 +342,10 @@ def write_md(cases: list[dict], real: dict | None) -> str:
              "restart + reshard, `entrain.sim.drift.replan_cost_ms`).", ""]  # fmt: skip
     for case in cases:
         lines += _case_md(case)
+    if ceiling:
+        from benchmarks.replan_ceiling import CEILING_INTRO, table_md
+
+        lines += [CEILING_INTRO, "", *table_md(ceiling), ""]
     lines += [FINDINGS]
     if real:
         lines += _real_md(real)
@@ -415,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         "--real-run", default=None, help="run the real CPU run in this folder, write its JSON there"
     )
     p.add_argument("--real-steps", type=int, default=10)
+    p.add_argument("--ceiling", nargs="*", help="benchmarks/replan_ceiling.py JSON files to add to the md")
     args = p.parse_args(argv)
     if args.real_run:
         got = real_run(Path(args.real_run), args.real_steps, 4)
@@ -436,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model} done", file=sys.stderr, flush=True)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({"cases": cases, "real": real}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(write_md(cases, real))
+    ceiling = [c for f in args.ceiling or [] for c in json.loads(Path(f).read_text())["cases"]]
+    out.with_suffix(".md").write_text(write_md(cases, real, ceiling))
     print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
     return 0
 

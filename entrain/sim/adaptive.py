@@ -128,9 +128,12 @@ class WindowJudge:
         self.cache: dict = {}
         self.held: list = []
 
-    def _memo(self, kind: str, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
+    def _key(self, kind: str, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> tuple:
         options = {**setup.options, **self.extra}
-        key = (kind, repr((setup.layout, sorted(options.items()))), tuple(id(b) for b in batches))
+        return kind, repr((setup.layout, sorted(options.items()))), tuple(id(b) for b in batches)
+
+    def _memo(self, kind: str, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
+        key, options = self._key(kind, setup, batches), {**setup.options, **self.extra}
         if key not in self.cache:
             if len(self.cache) >= _JUDGE_MEMO_MAX:
                 self.cache.clear()
@@ -142,6 +145,7 @@ class WindowJudge:
             else:
                 run = run_system(self.system, one.layout, batches, self.cost, options, trace_iterations=0)
                 self.cache[key] = run.metrics.iteration_time_ms
+                self.cache[("fits", *key[1:])] = run.metrics.fits_memory
         return self.cache[key]
 
     def _starts(self, setup: SystemSetup) -> list[SystemSetup]:
@@ -157,6 +161,11 @@ class WindowJudge:
     def planned(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
         """The plan as planned (no memory check)."""
         return self._memo("planned", setup, batches)
+
+    def planned_fits(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> bool | None:
+        """Whether the plan as planned fits device memory on ``batches`` (``planned``'s run)."""
+        self.planned(setup, batches)
+        return self.cache[self._key("fits", setup, batches)]
 
     def bound(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
         """A lower bound of ``__call__``: the plan as planned without recomputation (the check only

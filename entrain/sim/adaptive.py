@@ -5,6 +5,7 @@ setup. Every segment is deployed (the simulated memory check) and simulated on i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -16,10 +17,11 @@ from entrain.core.planning.profile import SampleStats, pool_sampler
 from entrain.core.setups import ConfigRequest, SystemSetup, system_setups
 from entrain.core.systems import systems_where
 from entrain.core.work import SampleWork
-from entrain.sim.choose import candidate_judge, planner_draws
+from entrain.sim.choose import candidate_judge, judged_ms, planner_draws
 from entrain.sim.drift import DriftMonitor, Replanner, ReplanSettings, WindowTime
-from entrain.sim.memory_fit import deploy
+from entrain.sim.memory_fit import deploy, from_peaks
 from entrain.sim.metrics import SystemMetrics
+from entrain.sim.replica_sample import JUDGE_REPLICAS
 from entrain.sim.run import SystemRun, run_system
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "AdaptiveRun",
     "window_replanner",
     "window_time",
+    "WindowJudge",
+    "fastest",
     "monitor_for",
     "adaptive_deploy",
 ]
@@ -44,20 +48,42 @@ class AdaptiveRun:
     monitor: DriftMonitor
 
 
-def window_replanner(system: str, req: ConfigRequest, cost: CostModel, time_ms: WindowTime) -> Replanner:
+def window_replanner(system: str, req: ConfigRequest, cost: CostModel, judge: WindowJudge) -> Replanner:
     """The best split for the window: Algorithms 1-2 (and Entrain's extensions, the layout judged by
     simulation) on the window's samples (the planner's population, ``pool_sampler``), against Algorithm
     2's best configuration for each other encoder/LLM GPU budget of a replica on the same samples
-    (``split_candidates``); the one ``time_ms`` simulates fastest on the window's batches."""
+    (``split_candidates``); the one ``judge`` puts fastest on the window's batches (``fastest``), from
+    the start of its memory check that got there (``WindowJudge.start``)."""
 
     def replan(batches: list[Sequence[SampleWork]]) -> SystemSetup:
         items = [w.meta if w.meta is not None else w for b in batches for w in b]
         sampler = pool_sampler(items)
         planned = system_setups([system], req, cost, sampler, candidate_judge(sampler, cost, req))[system]
         candidates = [planned, *split_candidates(planned, items, cost, req)]
-        return min(candidates, key=lambda c: time_ms(c, batches))
+        return judge.start(fastest(candidates, batches, judge, judge.bound), batches)
 
     return replan
+
+
+def fastest(
+    candidates: Sequence[SystemSetup],
+    batches: list[Sequence[SampleWork]],
+    time_ms: WindowTime,
+    bound_ms: WindowTime | None = None,
+) -> SystemSetup:
+    """The candidate with the lowest ``time_ms`` on ``batches`` (ties: the earlier). ``bound_ms``, a
+    lower bound of ``time_ms`` (``WindowJudge.bound``), orders the candidates, and one whose bound is
+    not below the best time so far is not judged."""
+    if bound_ms is None:
+        return min(candidates, key=lambda c: time_ms(c, batches))
+    best, best_ms = candidates[0], math.inf
+    for c in sorted(candidates, key=lambda c: bound_ms(c, batches)):
+        if bound_ms(c, batches) >= best_ms:
+            break
+        ms = time_ms(c, batches)
+        if ms < best_ms:
+            best, best_ms = c, ms
+    return best
 
 
 def split_candidates(
@@ -84,16 +110,72 @@ def split_candidates(
     return out
 
 
-def window_time(system: str, cost: CostModel, extra_options: dict | None = None) -> WindowTime:
-    """The simulated mean iteration ms of a setup's plan (as planned: no memory check) on the window."""
+_JUDGE_MEMO_MAX = 4096
 
-    def time_ms(setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
-        options = {**setup.options, **(extra_options or {})}
-        return run_system(
-            system, setup.layout, batches, cost, options, trace_iterations=0
-        ).metrics.iteration_time_ms
 
-    return time_ms
+class WindowJudge:
+    """The simulated mean iteration ms of a setup on a window as it would run there (``__call__``, a
+    ``WindowTime``): after the simulated memory check's recomputation where a rank overflows
+    (``choose.judged_ms``, the planner's judge) from the plan's own recomputation and from none
+    (``memory_fit.from_peaks``, two of ``deploy``'s starts), the faster; ``inf`` where neither fits.
+    Not as planned: a plan made for lighter data overflows a heavy window (3B, chartqa's plan on
+    docvqa: 141 GB peak on a 48 GB GPU), and as planned, without the recomputation it needs, it beat
+    the window's own plan, which has it (benchmarks/results/replan.md, "Finding A"). Memoised per
+    (layout, options, the batches' identity; the batches are held so their ids stay theirs)."""
+
+    def __init__(self, system: str, cost: CostModel, extra_options: dict | None = None):
+        self.system, self.cost, self.extra = system, cost, dict(extra_options or {})
+        self.cache: dict = {}
+        self.held: list = []
+
+    def _key(self, kind: str, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> tuple:
+        options = {**setup.options, **self.extra}
+        return kind, repr((setup.layout, sorted(options.items()))), tuple(id(b) for b in batches)
+
+    def _memo(self, kind: str, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
+        key, options = self._key(kind, setup, batches), {**setup.options, **self.extra}
+        if key not in self.cache:
+            if len(self.cache) >= _JUDGE_MEMO_MAX:
+                self.cache.clear()
+                self.held.clear()
+            self.held.append(list(batches))
+            one = replace(setup, options=options)
+            if kind == "judged":
+                self.cache[key] = judged_ms(one, batches, self.cost, JUDGE_REPLICAS, self.system)[0]
+            else:
+                run = run_system(self.system, one.layout, batches, self.cost, options, trace_iterations=0)
+                self.cache[key] = run.metrics.iteration_time_ms
+                self.cache[("fits", *key[1:])] = run.metrics.fits_memory
+        return self.cache[key]
+
+    def _starts(self, setup: SystemSetup) -> list[SystemSetup]:
+        return [s for s in (setup, from_peaks(setup)) if s is not None]
+
+    def __call__(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
+        return min(self._memo("judged", s, batches) for s in self._starts(setup))
+
+    def start(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> SystemSetup:
+        """The start (``setup``, or it without recomputation) whose memory check is the faster."""
+        return min(self._starts(setup), key=lambda s: self._memo("judged", s, batches))
+
+    def planned(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
+        """The plan as planned (no memory check)."""
+        return self._memo("planned", setup, batches)
+
+    def planned_fits(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> bool | None:
+        """Whether the plan as planned fits device memory on ``batches`` (``planned``'s run)."""
+        self.planned(setup, batches)
+        return self.cache[self._key("fits", setup, batches)]
+
+    def bound(self, setup: SystemSetup, batches: list[Sequence[SampleWork]]) -> float:
+        """A lower bound of ``__call__``: the plan as planned without recomputation (the check only
+        adds recomputation); ``fastest``'s pruning."""
+        return self.planned(from_peaks(setup) or setup, batches)
+
+
+def window_time(system: str, cost: CostModel, extra_options: dict | None = None) -> WindowJudge:
+    """The monitor's and the re-planner's judge of a setup on the window (``WindowJudge``)."""
+    return WindowJudge(system, cost, extra_options)
 
 
 def monitor_for(
@@ -109,13 +191,13 @@ def monitor_for(
 ) -> DriftMonitor:
     """The monitor of ``system``'s run: the reference is the planner's draws (``planner_draws``)."""
     reference = [w for b in planner_draws(sampler, cost, req) for w in b]
-    time_ms = window_time(system, cost, extra_options)
+    judge = window_time(system, cost, extra_options)
     return DriftMonitor(
         setup,
         reference,
         cost,
-        replanner=window_replanner(system, req, cost, time_ms),
-        window_time=time_ms,
+        replanner=window_replanner(system, req, cost, judge),
+        window_time=judge,
         total_iterations=total_iterations,
         settings=settings,
     )

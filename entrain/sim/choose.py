@@ -108,7 +108,11 @@ def candidate_judge(
 
 
 def judged_ms(
-    setup: SystemSetup, draws: Sequence[Sequence[SampleWork]], cost: CostModel, replicas: int
+    setup: SystemSetup,
+    draws: Sequence[Sequence[SampleWork]],
+    cost: CostModel,
+    replicas: int,
+    system: str = ENTRAIN,
 ) -> tuple[float, dict | None]:
     """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan's
     options, or None where the check changed the layout)`` of ``setup`` on ``draws``. Above
@@ -120,7 +124,7 @@ def judged_ms(
         layout = sub_layout(full, replicas)
         batches, split = zip(*(heaviest_replicas(d, full, cost, replicas) for d in draws))
     sub = replace(setup, layout=layout)
-    got, run = fit_memory(ENTRAIN, sub, batches, cost, setup.options, trace_iterations=0, assignments=split)
+    got, run = fit_memory(system, sub, batches, cost, setup.options, trace_iterations=0, assignments=split)
     if run.metrics.fits_memory is False:
         ms = float("inf")
     elif layout is full:

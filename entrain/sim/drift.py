@@ -8,7 +8,9 @@ LLM work (``SampleWork``, forward + backward ms) over the reference's, ``encoder
 
 The decision is the predicted gain in time, every ``window`` iterations: Algorithms 1-2 re-run on
 the window's samples (the caller's ``Replanner``: the best split for the window), and the simulator's
-time of the current split and of the new one on the window's batches (the caller's ``WindowTime``)::
+time of the current split and of the new one on the window's batches as each would run there (the
+caller's ``WindowTime``: ``entrain.sim.adaptive.window_time``, after the memory check's
+recomputation; a split that fits the window in no way is ``inf``)::
 
     predicted_gain = ((t_current - t_new) * H - replan_cost_ms) / (t_current * H)
 
@@ -157,7 +159,7 @@ def replan_cost_ms(old: Layout, new: Layout, cost: CostModel, restart_ms: float 
 Replanner = Callable[[list[Sequence[SampleWork]]], SystemSetup]
 """Algorithms 1-2 (and Entrain's extensions) on the window's batches -> the new setup."""
 WindowTime = Callable[[SystemSetup, list[Sequence[SampleWork]]], float]
-"""The simulator's mean iteration ms of a setup on the window's batches."""
+"""The simulator's mean iteration ms of a setup on the window's batches (``inf``: it does not fit)."""
 
 
 class DriftMonitor:
@@ -227,6 +229,10 @@ class DriftMonitor:
         current_ms = self.window_time(self.setup, batches)
         new_ms = self.window_time(new, batches)
         cost_ms = replan_cost_ms(self.setup.layout, new.layout, self.cost, self.settings.restart_ms)
+        if not math.isfinite(new_ms):  # nothing the re-planner found fits the window
+            return -1.0, None
+        if not math.isfinite(current_ms):  # the split in use does not fit it even recomputing
+            return 1.0, new
         if current_ms <= 0:
             return -1.0, None
         return ((current_ms - new_ms) * left - cost_ms) / (current_ms * left), new

@@ -22,6 +22,7 @@ __all__ = [
     "fit_memory",
     "escalate",
     "fit_memory_best",
+    "from_peaks",
     "no_fit_message",
 ]
 
@@ -195,10 +196,9 @@ def _recompute_candidates(
 ) -> dict[str, tuple]:
     """``{name: (setup, run)}`` of ``fit_memory_best``'s starts, the planner's per rank first."""
     starts = {"planner": setup}
-    if any(st.recompute != "none" for st in setup.layout.stages):
-        bare = tuple(replace(st, recompute="none") for st in setup.layout.stages)
-        source = f"{setup.source}; recompute from the simulated peaks"
-        starts["from peaks"] = replace(setup, layout=replace(setup.layout, stages=bare), source=source)
+    bare = from_peaks(setup)
+    if bare is not None:
+        starts["from peaks"] = bare
     eager = options.get("eager_budget_factor", 1.25)
     tight = {**options, "eager_budget_factor": 1.0}
     found: dict[str, tuple] = {}
@@ -220,6 +220,16 @@ def _recompute_candidates(
         if system == ENTRAIN and eager > 1.0 and recomputes:
             chains(name, replace(start, options=tight), tight, ", eager 1.0")
     return found
+
+
+def from_peaks(setup: SystemSetup) -> SystemSetup | None:
+    """``setup`` without the planner's recomputation (every stage ``none``), for ``fit_memory`` to add
+    it where the simulated peaks need it; None where the planner chose none."""
+    if all(st.recompute == "none" for st in setup.layout.stages):
+        return None
+    bare = tuple(replace(st, recompute="none") for st in setup.layout.stages)
+    source = f"{setup.source}; recompute from the simulated peaks"
+    return replace(setup, layout=replace(setup.layout, stages=bare), source=source)
 
 
 def _noted(found: tuple, note: str) -> tuple:

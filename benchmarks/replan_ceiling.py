@@ -1,0 +1,128 @@
+"""The ceiling of any re-plan on ``curriculum`` (issue 24 req. 5): per phase, the fastest plan of EVERY
+encoder/LLM split Algorithm 2 allows at the paper's setup, each as it would run on the phase's batches.
+
+    python benchmarks/replan_ceiling.py --model qwen25vl-llama3-1b --out /tmp/ceiling1
+    python benchmarks/replan_ceiling.py --merge /tmp/ceiling1.json /tmp/ceiling3.json   # the md table
+
+Setup and batches: ``benchmarks/replan.py``'s (64 GPUs, DP 4, TP 2, B 512, mb 4, a40-paper, seed 0; a
+phase = its first 2 global batches). Candidates: every (E.PP, L.PP) with E.PP + L.PP <= the replica's
+16 GPUs / TP 2 (Algorithm 2 also tries floor/ceil stage counts that leave GPUs idle), each with Algorithm
+2's min-max layer partition and per-stage recomputation on each phase's samples (the three profiles;
+identical plans counted once), with Entrain's schedule options of the first-phase plan. Every plan is judged as deployed on the
+phase: the simulated memory check's recomputation where a rank overflows, from the plan's and from
+none (``adaptive.WindowJudge``, the re-planner's judge; ``inf`` where nothing fits), pruned by the plan as planned (a lower bound:
+``adaptive.fastest``). Against: the static Entrain plans (first phase, whole mix) and the re-planner's
+pick on the phase's batches, judged the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.replan import MODELS, _args, _split
+from entrain.cli.common import resolve_cost_model, workload_source
+from entrain.config import RunConfig
+from entrain.core.planning.config_search import evaluate_config
+from entrain.core.setups import SystemSetup, system_setups
+from entrain.data.generators import CURRICULUM_PHASES
+from entrain.data.sampling import dataset_sampler
+from entrain.sim.adaptive import WindowJudge, fastest, window_replanner
+
+STATICS = ("first phase", "whole mix", "re-planner")
+
+CEILING_INTRO = """## The ceiling: every split, as deployed (benchmarks/replan_ceiling.py)
+
+Per phase (its 2 batches above), the fastest plan of every (E.PP, L.PP) Algorithm 2 allows at this
+setup (E.PP + L.PP <= 8 pipeline ranks of TP 2: 28 splits, each with Algorithm 2's partition and
+recomputation on each phase's samples), every plan timed as deployed on the phase (the re-planner's
+judge), against the static Entrain plans (each deployed per phase, which favours them) and the
+re-planner's pick on the phase (ms per iteration):"""
+
+
+def split_plans(profiles: dict, cost, req, options: dict) -> list[SystemSetup]:
+    """Every (E.PP, L.PP) split's plans: Algorithm 2's partition and recomputation on each profile;
+    duplicates dropped."""
+    stages = req.gpus // req.dp // req.tp
+    parallel = dataclasses.replace(req.parallel, dp=req.dp)
+    out, seen = [], set()
+    for e in range(1, stages):
+        for m in range(1, stages - e + 1):
+            for name, stats in profiles.items():
+                cfg = evaluate_config(stats, cost, parallel, encoder=(req.tp, 1, e), llm=(req.tp, 1, m))
+                s = SystemSetup(cfg.to_layout(), dict(options), f"E.PP {e} / L.PP {m}, Algorithm 2 on {name}")
+                if repr(s.layout) not in seen:
+                    seen.add(repr(s.layout))
+                    out.append(s)
+    return out
+
+
+def run_model(model: str) -> dict:
+    args = _args(model, 2)
+    cost = resolve_cost_model(args)
+    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
+    phases = {p: batches[2 * i : 2 * i + 2] for i, p in enumerate(CURRICULUM_PHASES)}
+    req = dataclasses.replace(RunConfig.from_args(args).config_request(), model=cost.model)
+    extra = {"eager_budget_factor": args.eager_budget_factor}
+    judge = WindowJudge("entrain", cost, extra)
+    t = time.time()
+    first_req = dataclasses.replace(req, dataset=CURRICULUM_PHASES[0])
+    first = system_setups(["entrain"], first_req, cost, dataset_sampler(CURRICULUM_PHASES[0], args.seed))
+    mix = system_setups(["entrain"], req, cost, dataset_sampler("curriculum", args.seed))["entrain"]
+    replan = window_replanner("entrain", req, cost, judge)
+    profiles = {p: [w.meta for b in bs for w in b] for p, bs in phases.items()}
+    plans = split_plans(profiles, cost, req, first["entrain"].options)
+    out = {"model": MODELS[model], "candidates": len(plans), "phases": {}}
+    for p, bs in phases.items():
+        statics = {"first phase": first["entrain"], "whole mix": mix, "re-planner": replan(bs)}
+        row = {}
+        for name, s in statics.items():
+            row[name] = {"ms": judge(s, bs), "split": _split(s), "planned_ms": judge.planned(s, bs)}
+        best = fastest(plans, bs, judge, judge.bound)
+        row["best"] = {"ms": judge(best, bs), "split": _split(best), "source": best.source}
+        out["phases"][p] = row
+        print(model, p, json.dumps(row), file=sys.stderr, flush=True)
+    out["seconds"] = time.time() - t
+    return out
+
+
+def table_md(cases: list[dict]) -> list[str]:
+    out = ["| model | phase | best of every split | its split | first phase | whole mix | re-planner's pick | "
+           "its split | better static / best |", "|---|---|---:|---|---:|---:|---:|---|---:|"]  # fmt: skip
+    for c in cases:
+        for p, r in c["phases"].items():
+            static = min(r["first phase"]["ms"], r["whole mix"]["ms"])
+            out.append(f"| {c['model']} | {p} | {r['best']['ms']:.0f} | {r['best']['split']} | "
+                       f"{r['first phase']['ms']:.0f} | {r['whole mix']['ms']:.0f} | {r['re-planner']['ms']:.0f} | "
+                       f"{r['re-planner']['split']} | {static / r['best']['ms']:.3f}x |")  # fmt: skip
+        mean = {
+            k: sum(r[k]["ms"] for r in c["phases"].values()) / len(c["phases"]) for k in (*STATICS, "best")
+        }
+        static = min(mean["first phase"], mean["whole mix"])
+        out.append(f"| {c['model']} | **mean** | {mean['best']:.0f} | | {mean['first phase']:.0f} | "
+                   f"{mean['whole mix']:.0f} | {mean['re-planner']:.0f} | | **{static / mean['best']:.3f}x** |")  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, action="append")
+    p.add_argument("--out", default="/dev/null")
+    p.add_argument("--merge", nargs="*")
+    args = p.parse_args(argv)
+    if args.merge is not None:
+        cases = [c for f in args.merge for c in json.loads(Path(f).read_text())["cases"]]
+        print("\n".join(table_md(cases)))
+        return 0
+    cases = [run_model(m) for m in args.model or list(MODELS)]
+    Path(args.out).with_suffix(".json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")
+    print("\n".join(table_md(cases)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -51,6 +51,19 @@ class CompositionFamily(FamilyBase):
             return ["embed_tokens", *(f"layers.{i}" for i in range(n)), "norm", "lm_head", "loss"]
         raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
 
+    def image_rule(self, shape: ModelArch, min_pixels: int | None, max_pixels: int | None):
+        """Qwen2-VL's ``smart_resize`` rule at the vision tower's own patch geometry (``patch_size`` x
+        ``spatial_merge_size`` pixels per LLM token, ``temporal_patch_size`` frames per patch)."""
+        from entrain.core.samples import pixel_limits
+
+        v = shape.vision
+        return replace(
+            pixel_limits(min_pixels, max_pixels),
+            factor=v.patch_size * v.spatial_merge_size,
+            merge_size=v.spatial_merge_size,
+            temporal_patch_size=v.temporal_patch_size,
+        )
+
     def check_tp(self, shape: ModelArch, tp: int) -> None:
         from entrain.models.families.composition.tp import check_tp
 

@@ -118,14 +118,17 @@ def _qwen_vision(rng: random.Random, family: str, out_hidden: int) -> tuple[dict
                       hidden_act=rng.choice(["quick_gelu", "gelu", "silu"]))  # fmt: skip
     else:
         depth = common["depth"]
-        full = rng.choice([[], list(range(depth)), sorted(rng.sample(range(depth), rng.randint(1, depth)))])
+        subset = sorted(rng.sample(range(depth), rng.randint(1, depth)))
+        full = rng.choice([[], list(range(depth)), subset, [*subset, depth + 3], None])  # None: the default
         window = patch * merge * rng.choice([1, 2, 4])
         vision = dict(common, hidden_size=width, intermediate_size=rng.choice([2 * width, 3 * width + 4]),
                       out_hidden_size=out_hidden, fullatt_block_indexes=full, window_size=window,
                       hidden_act=rng.choice(["silu", "gelu"]))  # fmt: skip
+        if full is None:
+            del vision["fullatt_block_indexes"]
     desc = f"vis d{common['depth']} w{width} heads{heads} p{patch} m{merge} tp{common['temporal_patch_size']}"
     if family == "qwen2_5_vl":
-        desc += f" win{vision['window_size']} full{vision['fullatt_block_indexes']}"
+        desc += f" win{vision['window_size']} full{vision.get('fullatt_block_indexes', 'default')}"
     return vision, desc
 
 

@@ -82,7 +82,7 @@ def vision_arch(folder: str) -> VisionArch:
             intermediate_size=int(v["intermediate_size"]),
             num_heads=int(v["num_heads"]),
             out_hidden_size=int(v["out_hidden_size"]),
-            fullatt_block_indexes=tuple(int(i) for i in v.get("fullatt_block_indexes", ())),
+            fullatt_block_indexes=_full_attention_blocks(v),
             window_size=int(v.get("window_size", 112)),
             patch_size=int(v.get("patch_size", 14)),
             temporal_patch_size=int(v.get("temporal_patch_size", 2)),
@@ -94,6 +94,15 @@ def vision_arch(folder: str) -> VisionArch:
         raise ConfigError(f"{where}: vision config lacks {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: bad vision config value ({e})") from None
+
+
+def _full_attention_blocks(vision: dict) -> tuple[int, ...]:
+    """The blocks of ``fullatt_block_indexes`` the tower has: transformers runs block ``i`` with full
+    attention iff ``i`` is in the list, so an index past the depth (the default ``[7, 15, 23, 31]`` of
+    a shallower tower) selects nothing. Missing: transformers' default."""
+    depth = int(vision["depth"])
+    listed = vision.get("fullatt_block_indexes", (7, 15, 23, 31))
+    return tuple(sorted({int(i) for i in listed if 0 <= int(i) < depth}))
 
 
 def llm_arch(folder: str) -> LLMArch:

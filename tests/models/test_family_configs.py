@@ -36,17 +36,21 @@ def qwen_folder(tmp_path):
 
 def test_qwen_images_follow_the_checkpoints_patch_geometry(qwen_folder):
     """The image rule, the planner's token counts and the runtime's processor use the checkpoint's
-    patch_size / spatial_merge_size / temporal_patch_size, as transformers' processor for it does
-    (they were 14 / 2 / 2 always: a temporal_patch_size 1 checkpoint failed in train on the patch
-    width, a merge 1 one trained on patches in 2x2-merge order at another resolution)."""
+    patch_size / spatial_merge_size / temporal_patch_size and its processor's min / max pixels, as
+    transformers' processor loaded from the folder does (they were 14 / 2 / 2 and Qwen's limits
+    always: a temporal_patch_size 1 checkpoint failed in train on the patch width, a merge 1 one
+    trained on patches in 2x2-merge order, every image at another resolution than the folder's
+    processor gives)."""
+    proc = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 1024, "max_pixels": 6000,
+            "patch_size": PATCH, "merge_size": MERGE, "temporal_patch_size": FRAMES}  # fmt: skip
+    (qwen_folder / "preprocessor_config.json").write_text(json.dumps(proc))
     family = family_of_folder(str(qwen_folder))
     source = ModelSource(model_path=str(qwen_folder))
     rule = family.image_rule(family.shape(source), None, None)
+    assert (rule.min_pixels, rule.max_pixels) == (1024, 6000)  # the folder's processor limits
     cfg, _ = family.runtime_config(source)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (90, 130, 3), dtype=np.uint8))
-    want = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=FRAMES)(
-        images=[image], return_tensors="np"
-    )
+    want = Qwen2VLImageProcessorPil.from_pretrained(qwen_folder)(images=[image], return_tensors="np")
     rows, grid = family.process_images(cfg, [image], rule)
     assert grid.tolist() == want["image_grid_thw"].tolist()
     np.testing.assert_array_equal(rows, want["pixel_values"])

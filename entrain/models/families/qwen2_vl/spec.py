@@ -74,6 +74,11 @@ def shape_of_folder(folder: str) -> ModelArch:
             f"checkpoint (expected one of {', '.join(MODEL_TYPES)})"
         )
     vision, llm = vision_arch(folder), text_arch(config, where)
+    if vision.in_channels != 3:
+        raise ConfigError(
+            f"{where}: vision_config in_channels {vision.in_channels} is not supported: the image processor "
+            "makes RGB patches (3 channels)"
+        )
     if vision.out_hidden_size != llm.hidden_size:
         raise ConfigError(
             f"{where}: the merger outputs {vision.out_hidden_size} features but the language model's "

@@ -56,7 +56,9 @@ class Case:
     index: int
     summary: str
     config: object
-    expect_refusal: str | None = None
+    legacy: bool = False
+    """Written as the published Qwen2-VL / Qwen2.5-VL folders are (transformers 4): a flat config with
+    ``rope_scaling`` {type: mrope}, tensors named ``model.layers.*`` / ``visual.*``."""
     results: dict = field(default_factory=dict)
 
 
@@ -143,8 +145,9 @@ def qwen_case(rng: random.Random, family: str, index: int) -> Case:
         from transformers import Qwen2_5_VLConfig as Cls
     cfg = Cls(vision_config=vision, text_config=dict(text, tie_word_embeddings=tied),
               tie_word_embeddings=tied, **ids)  # fmt: skip
+    legacy = rng.random() < 0.35
     summary = f"{tdesc}; {vdesc}; tied={tied} ids={ids['image_token_id']}/{ids['vision_start_token_id']}"
-    return Case(family, index, summary, cfg)
+    return Case(family, index, summary + (" legacy-layout" if legacy else ""), cfg, legacy=legacy)
 
 
 # --- Qwen oracle -----------------------------------------------------------------------------------
@@ -425,8 +428,41 @@ def save_case(case: Case, folder: Path, *, tokenizer: bool) -> None:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     model.save_pretrained(folder)
+    if case.legacy:
+        legacy_layout(folder)
     if tokenizer:
         save_processor_files(case, folder)
+
+
+def legacy_layout(folder: Path) -> None:
+    """Rewrite a transformers-5 Qwen2(.5)-VL folder as the Hub's published ones are: the text fields
+    at the top level, ``rope_theta`` + ``rope_scaling`` {type: mrope, mrope_section}, ``in_chans``,
+    tensors ``model.layers.*`` / ``model.embed_tokens`` / ``model.norm`` / ``visual.*``."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((folder / "config.json").read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    for key in ("model_type", "architectures", "dtype"):
+        text.pop(key, None)
+    config.update(text)
+    config["rope_theta"] = rope["rope_theta"]
+    config["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
+    config["vision_config"]["in_chans"] = config["vision_config"].pop("in_channels", 3)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    for f in folder.glob("*.safetensors"):
+        tensors = load_file(f)
+        renamed = {}
+        for name, t in tensors.items():
+            if name.startswith("model.language_model."):
+                name = "model." + name[len("model.language_model.") :]
+            elif name.startswith("model.visual."):
+                name = name[len("model.") :]
+            renamed[name] = t
+        save_file(renamed, f, metadata={"format": "pt"})
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        index.unlink()
 
 
 def save_processor_files(case: Case, folder: Path) -> None:
@@ -620,6 +656,7 @@ def main() -> int:
         for c in cases:
             t0 = time.perf_counter()
             run_case(c, c.index < args.cli, Path(tmp))
+            c.results = {k: v.replace(tmp, "DIR") for k, v in c.results.items()}  # no machine paths
             status = " ".join(f"{k}={v}" for k, v in c.results.items())
             failed += any(v.startswith("FAIL") for v in c.results.values())
             print(

@@ -102,9 +102,13 @@ def _qwen_text(rng: random.Random) -> tuple[dict, str]:
                 vocab_size=vocab, rope_parameters=rope, hidden_act=rng.choice(["silu", "gelu", "relu"]),
                 rms_norm_eps=rng.choice([1e-6, 1e-5]), max_position_embeddings=rng.choice([512, 2048, 32768]),
                 use_sliding_window=False, bos_token_id=0, eos_token_id=1)  # fmt: skip
-    if rng.random() < 0.3:
-        text["head_dim"] = head_dim
-    desc = f"text h{hidden} heads{heads}/kv{kv} hd{head_dim} mrope{rope['mrope_section']} L{text['num_hidden_layers']}"
+    draw = rng.random()
+    if draw < 0.35:  # written out; now and then not hidden / heads (transformers' attention ignores it)
+        text["head_dim"] = head_dim if draw < 0.3 else 2 * head_dim
+    if rng.random() < 0.1:  # sliding-window layers from the first on, windows shorter than a sample
+        text.update(use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    desc = f"text h{hidden} heads{heads}/kv{kv} hd{text.get('head_dim', head_dim)} mrope{rope['mrope_section']} L{text['num_hidden_layers']}"
+    desc += " sliding8" if text["use_sliding_window"] else ""
     return text, desc
 
 
@@ -122,7 +126,7 @@ def _qwen_vision(rng: random.Random, family: str, out_hidden: int) -> tuple[dict
         depth = common["depth"]
         subset = sorted(rng.sample(range(depth), rng.randint(1, depth)))
         full = rng.choice([[], list(range(depth)), subset, [*subset, depth + 3], None])  # None: the default
-        window = patch * merge * rng.choice([1, 2, 4])
+        window = patch * merge * rng.choice([1, 2, 4]) + rng.choice([0, 0, patch, 5])  # some not whole tokens
         vision = dict(common, hidden_size=width, intermediate_size=rng.choice([2 * width, 3 * width + 4]),
                       out_hidden_size=out_hidden, fullatt_block_indexes=full, window_size=window,
                       hidden_act=rng.choice(["silu", "gelu"]))  # fmt: skip

@@ -110,3 +110,27 @@ def test_full_attention_indexes_past_the_depth_select_nothing_as_in_transformers
     Qwen2_5_VLConfig(vision_config=vision, text_config=text).save_pretrained(tmp_path)
     shape = family_of_folder(str(tmp_path)).shape(ModelSource(model_path=str(tmp_path)))
     assert [shape.vision.is_full_attention(i) for i in range(3)] == [False, True, False]
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        (dict(use_sliding_window=True, sliding_window=8, max_window_layers=0), "use_sliding_window true"),
+        (
+            dict(rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 1]}),
+            r"mrope_section \[1, 1, 1\]",
+        ),
+        (dict(head_dim=32), "head_dim 32"),
+    ],
+)
+def test_qwen_text_configs_the_stages_do_not_reproduce_are_refused_at_plan_time(tmp_path, text, field):
+    """Sliding-window layers gave other logits than transformers (rel. error 0.4, no error raised); an
+    M-RoPE split not covering the head failed only in train; a head_dim apart from hidden / heads
+    failed deep in transformers. Now the plan's shape read refuses each, naming the field."""
+    base = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=300,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]})  # fmt: skip
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
+    Qwen2_5_VLConfig(vision_config=vision, text_config={**base, **text}).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=rf"config\.json: text_config {field}"):
+        family_of_folder(str(tmp_path)).shape(ModelSource(model_path=str(tmp_path)))

@@ -302,6 +302,10 @@ def ov_case(rng: random.Random, index: int) -> Case:
                 num_attention_heads=t_heads, num_key_value_heads=rng.choice(_divisors(t_heads)), vocab_size=vocab,
                 tie_word_embeddings=tied, rope_parameters={"rope_type": "default", "rope_theta": rng.choice([1e4, 1e6])},
                 rms_norm_eps=rng.choice([1e-6, 1e-5]))  # fmt: skip
+    if rng.random() < 0.25:  # Qwen2's attention takes head_dim as given
+        text["head_dim"] = rng.choice([8, 16, 24])
+    if rng.random() < 0.1:
+        text.update(use_sliding_window=True, sliding_window=8, max_window_layers=0)
     cfg = LlavaOnevisionConfig(
         vision_config=vision, text_config=text, image_token_index=image_id, video_token_index=image_id - 1,
         image_grid_pinpoints=pinpoints, vision_aspect_ratio=f"anyres_max_{rng.choice([1, 2, 4, 9])}",
@@ -310,7 +314,8 @@ def ov_case(rng: random.Random, index: int) -> Case:
         multimodal_projector_bias=rng.random() < 0.7, image_seq_length=rng.choice([576, (tile // patch) ** 2]),
     )  # fmt: skip
     summary = (f"siglip L{layers} w{width} tile{tile}/p{patch} feat{feature} {strategy} pins{grids} "
-               f"{cfg.vision_aspect_ratio} text h{hidden} L{text['num_hidden_layers']} tied={tied} img{image_id} "
+               f"{cfg.vision_aspect_ratio} text h{hidden} hd{text.get('head_dim', '-')} L{text['num_hidden_layers']} "
+               f"sliding={text.get('use_sliding_window', False)} tied={tied} img{image_id} "
                f"act={cfg.projector_hidden_act} bias={cfg.multimodal_projector_bias}")  # fmt: skip
     return Case("llava_onevision", index, summary, cfg)
 

@@ -134,3 +134,22 @@ def test_qwen_text_configs_the_stages_do_not_reproduce_are_refused_at_plan_time(
     Qwen2_5_VLConfig(vision_config=vision, text_config={**base, **text}).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=rf"config\.json: text_config {field}"):
         family_of_folder(str(tmp_path)).shape(ModelSource(model_path=str(tmp_path)))
+
+
+def test_onevision_text_head_dim_is_priced_as_transformers_builds_it(tmp_path):
+    """Qwen2's attention takes ``head_dim`` as given (24 here, not 32 / 2): the shape the planner
+    prices counts the parameters transformers' model has (the projections were priced at 16 wide)."""
+    import torch
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=2, image_size=28, patch_size=7, vision_use_head=False)  # fmt: skip
+    text = dict(model_type="qwen2", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, vocab_size=200, head_dim=24)  # fmt: skip
+    cfg = LlavaOnevisionConfig(vision_config=vision, text_config=text, image_grid_pinpoints=[[28, 28]],
+                               vision_feature_layer=-1)  # fmt: skip
+    cfg.save_pretrained(tmp_path)
+    with torch.device("meta"):
+        hf = LlavaOnevisionForConditionalGeneration(cfg)
+    shape = family_of_folder(str(tmp_path)).shape(ModelSource(model_path=str(tmp_path)))
+    assert shape.num_params() == sum(p.numel() for n, p in hf.named_parameters() if "post_layernorm" not in n)

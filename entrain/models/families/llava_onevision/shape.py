@@ -244,6 +244,7 @@ def shape_from_config(config: dict, name: str, where: str = "config.json") -> On
         intermediate_size=int(_req(text, "intermediate_size", w)),
         num_attention_heads=heads,
         num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text["head_dim"]) if text.get("head_dim") else None,  # Qwen2 takes it as given
         vocab_size=int(_req(text, "vocab_size", w)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
         qkv_bias=True,

@@ -225,7 +225,7 @@ def vision_limits(args: argparse.Namespace) -> ImageTokenRule:
     """The model family's image rule (``ModelFamily.image_rule``) within ``--min-pixels`` /
     ``--max-pixels`` (the family's defaults otherwise; Qwen's for a command without ``--model``)."""
     lo, hi = getattr(args, "min_pixels", None), getattr(args, "max_pixels", None)
-    if getattr(args, "model", None) is None:
+    if not names_a_model(args):
         return pixel_limits(lo, hi)
     source = model_source_of(args)
     family = family_of_source(source)
@@ -236,6 +236,13 @@ def _families_help() -> str:
     from entrain.models.families.registry import families
 
     return "; ".join(f"{f.name} ({f.description})" for f in families())
+
+
+def names_a_model(args: argparse.Namespace) -> bool:
+    """Whether the command line names a model: ``--model``, ``--model-path`` or the stock folders."""
+    return any(
+        getattr(args, k, None) is not None for k in ("model", "model_path", "vision_model", "llm_model")
+    )
 
 
 def model_source_of(args: argparse.Namespace) -> ModelSource:

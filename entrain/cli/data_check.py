@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from entrain.cli.common import add_shared_flags, emit_json, model_source_of, vision_limits
+from entrain.cli.common import (
+    add_model_source_args,
+    add_shared_flags,
+    emit_json,
+    model_source_of,
+    names_a_model,
+    vision_limits,
+)
 from entrain.core.samples import ImageTokenRule
 from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset
 from entrain.data.processing import ProcessImages
@@ -30,6 +37,7 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-processor", action="store_true",
                    help="decode images but skip running the model family's image processor on them")  # fmt: skip
     add_shared_flags(p, "data check", "confine_images", "model", "json")
+    add_model_source_args(p)
     p.set_defaults(func=run_check)
 
 
@@ -38,8 +46,19 @@ def image_processing(args: argparse.Namespace, rule: ImageTokenRule) -> ProcessI
     family's without ``--model``); None with ``--no-processor``."""
     if args.no_processor:
         return None
-    family = get_family(DEFAULT_FAMILY) if args.model is None else family_of_source(model_source_of(args))
+    family = family_of_source(model_source_of(args)) if names_a_model(args) else get_family(DEFAULT_FAMILY)
     return family.image_processing(rule)
+
+
+def _tokenizer(args: argparse.Namespace):
+    """``--tokenizer``; else a ``--model-path`` checkpoint's own (its family's runtime tokenizer, the
+    one ``train`` uses); else the built-in Qwen2 tokenizer."""
+    if args.tokenizer is None and args.model_path is not None:
+        source = model_source_of(args)
+        tok = family_of_source(source).runtime_config(source)[1]
+        if tok is not None:
+            return tok
+    return load_tokenizer(args.tokenizer)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -47,7 +66,7 @@ def run_check(args: argparse.Namespace) -> int:
     report = check_dataset(
         args.path,
         image_root=args.image_root,
-        tokenizer=load_tokenizer(args.tokenizer),
+        tokenizer=_tokenizer(args),
         max_tokens=args.max_tokens,
         vision=vision,
         processor=image_processing(args, vision),

@@ -82,6 +82,10 @@ class VisionArch:
     mlp: str = "gated"
     """Kind of each block's MLP (``MLP_KINDS``): ``gated`` (SwiGLU: gate, up, down) or ``plain``
     (``fc1`` / ``fc2``)."""
+    min_pixels: int | None = None
+    """The checkpoint's image processor limits (its ``preprocessor_config.json``): the defaults of
+    ``--min-pixels`` / ``--max-pixels``; None: Qwen's (``entrain.core.samples.DEFAULT_VISION``)."""
+    max_pixels: int | None = None
 
     def __post_init__(self) -> None:
         if self.norm not in NORM_KINDS:

@@ -89,12 +89,13 @@ class SampleTable(Sequence[SampleMeta]):
         h_bar, w_bar = resized_sides(heights, widths, vision)
         merged = (h_bar // vision.factor) * (w_bar // vision.factor)
         owner = np.repeat(np.arange(n), np.diff(image_offsets))
-        patches = (4 * merged).astype(np.float64)
+        per_token = vision.merge_size**2  # ViT patches per merged LLM token (4 for Qwen)
+        patches = (per_token * merged).astype(np.float64)
         text = np.asarray(text_tokens, dtype=np.int64)
         return cls(
             np.asarray(id_bytes, dtype=np.uint8), np.asarray(id_offsets, dtype=np.int64), image_offsets,
             np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64), text,
-            np.asarray(answer_tokens, dtype=np.int64), vision, 4 * merged,
+            np.asarray(answer_tokens, dtype=np.int64), vision, per_token * merged,
             np.bincount(owner, weights=patches, minlength=n), np.bincount(owner, weights=patches**2, minlength=n),
             text + np.bincount(owner, weights=merged.astype(np.float64), minlength=n),
         )  # fmt: skip

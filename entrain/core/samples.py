@@ -80,10 +80,26 @@ class VisionTokenConfig:
     min_pixels: int = 3136
     max_pixels: int = 12845056
     max_aspect_ratio: float = 200.0
+    merge_size: int = 2
+    """``spatial_merge_size``: merge_size x merge_size patches make one LLM token."""
+    temporal_patch_size: int = 2
+    """Frames per patch (a still image is repeated to fill them)."""
 
     def __post_init__(self) -> None:
         if self.factor <= 0 or self.min_pixels <= 0 or self.max_pixels < self.min_pixels:
             raise ValueError(f"invalid vision token limits: {self}")
+        if self.merge_size <= 0 or self.factor % self.merge_size or self.temporal_patch_size <= 0:
+            raise ValueError(f"invalid vision patch geometry: {self}")
+
+    @property
+    def patch_size(self) -> int:
+        """Pixels along a patch's side (``factor / merge_size``)."""
+        return self.factor // self.merge_size
+
+    @property
+    def patch_values(self) -> int:
+        """Values of one RGB patch row: ``3 x temporal_patch_size x patch_size**2`` (1,176 for Qwen)."""
+        return 3 * self.temporal_patch_size * self.patch_size**2
 
     def image_tokens(self, height: int, width: int) -> int:
         """``image_llm_tokens``: merged tokens of the ``smart_resize``-d image."""
@@ -145,8 +161,9 @@ def image_llm_tokens(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_V
 
 
 def image_vit_patches(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_VISION) -> int:
-    """ViT patch tokens of a still image: ``4 * (H'/28) * (W'/28)`` (14x14 patches before the 2x2 merge)."""
-    return 4 * image_llm_tokens(height, width, cfg)
+    """ViT patch tokens of a still image: ``4 * (H'/28) * (W'/28)`` (14x14 patches before the 2x2 merge;
+    ``merge_size**2`` per LLM token in general)."""
+    return cfg.merge_size**2 * image_llm_tokens(height, width, cfg)
 
 
 @dataclass(frozen=True, slots=True)

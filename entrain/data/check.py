@@ -242,7 +242,7 @@ def _check_image(
 
         try:
             _, grid = processor([rgb], vision)
-            res.tokens = merged_tokens(grid)[0]
+            res.tokens = merged_tokens(grid, vision.merge_size)[0]
         except Exception as e:  # noqa: BLE001 - any processor failure rejects the image
             res.problems.append((fld, f"rejected by the image processor: {type(e).__name__}: {e}", ERROR))
     else:

@@ -244,9 +244,15 @@ def load_image(src: str | bytes):
         return to_rgb(ImageOps.exif_transpose(im))
 
 
-def merged_tokens(grid_thw: np.ndarray) -> list[int]:
+def merged_tokens(grid_thw: np.ndarray, merge_size: int = MERGE_SIZE) -> list[int]:
     """LLM tokens per image from its ``(t, h, w)`` patch grid: ``t*h*w / merge**2``."""
-    return [int(np.prod(g)) // (MERGE_SIZE * MERGE_SIZE) for g in np.asarray(grid_thw).reshape(-1, 3)]
+    return [int(np.prod(g)) // (merge_size * merge_size) for g in np.asarray(grid_thw).reshape(-1, 3)]
+
+
+def no_pixels(vision) -> tuple[np.ndarray, np.ndarray]:
+    """The empty ``(pixel_values, image_grid_thw)`` of a sample without images under ``vision``."""
+    width = getattr(vision, "patch_values", 3 * 2 * (vision.factor // MERGE_SIZE) ** 2)
+    return np.zeros((0, width), np.float32), np.zeros((0, 3), np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +297,7 @@ def encode_sample(
                 record.file, record.line or f"#{record.index}", "images", f"processor: {e}"
             ) from None
     else:
-        patch = vision.factor // MERGE_SIZE
-        pixels, grid = np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)
-    ids, labels = format_chat(record.turns, merged_tokens(grid), tokenizer)
+        pixels, grid = no_pixels(vision)
+    merge = getattr(vision, "merge_size", MERGE_SIZE)
+    ids, labels = format_chat(record.turns, merged_tokens(grid, merge), tokenizer)
     return EncodedSample(record.id, np.asarray(ids, np.int64), np.asarray(labels, np.int64), pixels, grid)

@@ -170,7 +170,7 @@ class RecordSource:
         images through the image processor. Raises DataError naming an unreadable image. Thread-safe
         (no shared state), so it runs on the renderer's prefetch thread."""
         from entrain.data.problems import image_error
-        from entrain.data.processing import MERGE_SIZE, load_image
+        from entrain.data.processing import load_image, no_pixels
 
         record = self.records[sample_id]
         images = []
@@ -180,8 +180,7 @@ class RecordSource:
             except (OSError, ValueError, SyntaxError) as e:
                 raise DataError(*self._where(sample_id), f"images[{i}]", image_error(e)) from None
         if not images:
-            patch = vision.factor // MERGE_SIZE
-            return np.zeros((0, 3 * 2 * patch * patch), np.float32), np.zeros((0, 3), np.int64)
+            return no_pixels(vision)
         try:
             return self._process_images(images, vision)
         except ValueError as e:

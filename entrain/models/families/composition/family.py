@@ -51,6 +51,22 @@ class CompositionFamily(FamilyBase):
             return ["embed_tokens", *(f"layers.{i}" for i in range(n)), "norm", "lm_head", "loss"]
         raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
 
+    def image_rule(self, shape: ModelArch, min_pixels: int | None, max_pixels: int | None):
+        """Qwen2-VL's ``smart_resize`` rule at the vision tower's own patch geometry (``patch_size`` x
+        ``spatial_merge_size`` pixels per LLM token, ``temporal_patch_size`` frames per patch) within
+        ``--min-pixels`` / ``--max-pixels``, else the checkpoint's processor limits, else Qwen's."""
+        from entrain.core.samples import pixel_limits
+
+        v = shape.vision
+        lo = v.min_pixels if min_pixels is None else min_pixels
+        hi = v.max_pixels if max_pixels is None else max_pixels
+        return replace(
+            pixel_limits(lo, hi),
+            factor=v.patch_size * v.spatial_merge_size,
+            merge_size=v.spatial_merge_size,
+            temporal_patch_size=v.temporal_patch_size,
+        )
+
     def check_tp(self, shape: ModelArch, tp: int) -> None:
         from entrain.models.families.composition.tp import check_tp
 

@@ -10,7 +10,9 @@ checkpoints need no preset.
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 
 from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
@@ -55,9 +57,31 @@ def vision_config_of(cfg: dict, where: str) -> tuple[dict, str]:
     return vision, _VISION_TYPES[model_type]
 
 
+def processor_limits(folder: str) -> dict[str, int]:
+    """``min_pixels`` / ``max_pixels`` of the folder's ``preprocessor_config.json`` (the keys the
+    published Qwen2-VL / Qwen2.5-VL folders write, or transformers 5's ``size`` {shortest_edge,
+    longest_edge}); {} without the file or the keys."""
+    path = os.path.join(folder, "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            proc = json.load(f)
+        size = proc.get("size") if isinstance(proc.get("size"), dict) else {}
+        limits = {"min_pixels": proc.get("min_pixels", size.get("shortest_edge")),
+                  "max_pixels": proc.get("max_pixels", size.get("longest_edge"))}  # fmt: skip
+        return {k: int(v) for k, v in limits.items() if v is not None}
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path}: cannot read the image processor's pixel limits ({e})") from None
+
+
 def vision_arch(folder: str) -> VisionArch:
     where = os.path.join(folder, "config.json")
     v, family = vision_config_of(read_config(folder), where)
+    return replace(_vision_arch(v, family, where), **processor_limits(folder))
+
+
+def _vision_arch(v: dict, family: str, where: str) -> VisionArch:
     try:
         if family == "qwen2_vl":  # hidden_size is the merger output; embed_dim the ViT width
             width = int(v["embed_dim"])
@@ -82,7 +106,7 @@ def vision_arch(folder: str) -> VisionArch:
             intermediate_size=int(v["intermediate_size"]),
             num_heads=int(v["num_heads"]),
             out_hidden_size=int(v["out_hidden_size"]),
-            fullatt_block_indexes=tuple(int(i) for i in v.get("fullatt_block_indexes", ())),
+            fullatt_block_indexes=_full_attention_blocks(v),
             window_size=int(v.get("window_size", 112)),
             patch_size=int(v.get("patch_size", 14)),
             temporal_patch_size=int(v.get("temporal_patch_size", 2)),
@@ -94,6 +118,15 @@ def vision_arch(folder: str) -> VisionArch:
         raise ConfigError(f"{where}: vision config lacks {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: bad vision config value ({e})") from None
+
+
+def _full_attention_blocks(vision: dict) -> tuple[int, ...]:
+    """The blocks of ``fullatt_block_indexes`` the tower has: transformers runs block ``i`` with full
+    attention iff ``i`` is in the list, so an index past the depth (the default ``[7, 15, 23, 31]`` of
+    a shallower tower) selects nothing. Missing: transformers' default."""
+    depth = int(vision["depth"])
+    listed = vision.get("fullatt_block_indexes", (7, 15, 23, 31))
+    return tuple(sorted({int(i) for i in listed if 0 <= int(i) < depth}))
 
 
 def llm_arch(folder: str) -> LLMArch:

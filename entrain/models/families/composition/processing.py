@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
-from entrain.data.processing import MERGE_SIZE
 
 __all__ = ["image_processor", "process_images"]
 
@@ -24,8 +23,9 @@ def image_processor(vision: VisionTokenConfig = DEFAULT_VISION):
     return Qwen2VLImageProcessorPil(
         min_pixels=vision.min_pixels,
         max_pixels=vision.max_pixels,
-        patch_size=vision.factor // MERGE_SIZE,
-        merge_size=MERGE_SIZE,
+        patch_size=vision.factor // vision.merge_size,
+        merge_size=vision.merge_size,
+        temporal_patch_size=vision.temporal_patch_size,
     )
 
 

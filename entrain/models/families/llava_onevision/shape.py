@@ -198,6 +198,18 @@ def check_supported(config: dict, where: str = "config.json") -> None:
         )
     if (config.get("text_config") or {}).get("use_sliding_window", False):
         raise ConfigError(f"{where}: text_config.use_sliding_window is not supported by packed attention")
+    layer = config.get("vision_feature_layer", -1)
+    if isinstance(layer, list):
+        raise ConfigError(
+            f"{where}: vision_feature_layer {layer!r} is not supported: one layer only (the stages pass one "
+            "hidden state between them, not several concatenated)"
+        )
+    if layer == 0:  # transformers asks the tower for output_hidden_states=0: none, and fails
+        total = int((config.get("vision_config") or {}).get("num_hidden_layers", 26))
+        raise ConfigError(
+            f"{where}: vision_feature_layer 0 is not supported: transformers' LlavaOnevision cannot run it "
+            f"(it reads no hidden states for 0); the embeddings' output is vision_feature_layer {-total - 1}"
+        )
 
 
 def shape_from_config(config: dict, name: str, where: str = "config.json") -> OneVisionShape:
@@ -232,6 +244,7 @@ def shape_from_config(config: dict, name: str, where: str = "config.json") -> On
         intermediate_size=int(_req(text, "intermediate_size", w)),
         num_attention_heads=heads,
         num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text["head_dim"]) if text.get("head_dim") else None,  # Qwen2 takes it as given
         vocab_size=int(_req(text, "vocab_size", w)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
         qkv_bias=True,

@@ -118,6 +118,10 @@ class Qwen2VLFamily(FamilyBase):
             return ["embed_tokens", *(f"layers.{i}" for i in range(n)), "norm", "lm_head", "loss"]
         raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
 
+    def image_rule(self, shape: ModelArch, min_pixels: int | None, max_pixels: int | None):
+        """The composition's rule: ``smart_resize`` at the checkpoint's patch / merge / temporal sizes."""
+        return _composition().image_rule(shape, min_pixels, max_pixels)
+
     def check_tp(self, shape: ModelArch, tp: int) -> None:
         """The composition's tensor-parallel plan (same vision blocks, Qwen2 decoder layers; Qwen2-VL's
         vision MLP ``fc1`` / ``fc2`` column- then row-wise)."""

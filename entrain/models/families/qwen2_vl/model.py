@@ -27,6 +27,7 @@ from entrain.core.errors import ConfigError
 from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
 from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, assign_tensor
 from entrain.models.families.composition.vlm import EncoderStage, LLMStage
+from entrain.models.families.qwen2_vl.spec import check_supported
 
 __all__ = [
     "MODEL_TYPES",
@@ -63,21 +64,8 @@ def read_hf_config(folder: str):
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{folder}/config.json: transformers cannot read it ({e})") from None
-    check_mrope(config.get_text_config(), f"{folder}/config.json")
+    check_supported(read_config(folder), f"{folder}/config.json")
     return config
-
-
-def check_mrope(text, where: str) -> None:
-    """ConfigError unless the M-RoPE sections (temporal, height, width) cover the rotary half of a
-    head, as the language model's rotary embedding splits it (else the first forward fails)."""
-    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    section = rope.get("mrope_section")
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if section is not None and 2 * sum(section) != head_dim:
-        raise ConfigError(
-            f"{where}: text_config mrope_section {list(section)} sums to {sum(section)}, not half the "
-            f"head dimension {head_dim} (hidden_size / num_attention_heads)"
-        )
 
 
 def untie(config) -> bool:

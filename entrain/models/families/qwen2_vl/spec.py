@@ -15,7 +15,7 @@ from entrain.core.errors import ConfigError
 from entrain.models.families.composition.hf_config import vision_arch
 from entrain.models.families.registry import read_config
 
-__all__ = ["MODEL_TYPES", "claims", "text_config_of", "text_arch", "shape_of_folder"]
+__all__ = ["MODEL_TYPES", "claims", "text_config_of", "text_arch", "shape_of_folder", "check_supported"]
 
 MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 _TEXT_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
@@ -63,6 +63,38 @@ def text_arch(config: dict, where: str) -> LLMArch:
         raise ConfigError(f"{where}: bad language model config value ({e})") from None
 
 
+def check_supported(config: dict, where: str) -> None:
+    """Refuse what the stages do not reproduce exactly (``plan``, ``data check`` and ``train`` alike):
+    the one place of this family's unsupported-config rules. ``config``: the ``config.json`` dict."""
+    text = text_config_of(config)
+    heads = int(text.get("num_attention_heads") or 1)
+    width = int(text.get("hidden_size") or 0) // heads
+    if text.get("head_dim") not in (None, width):
+        raise ConfigError(
+            f"{where}: text_config head_dim {text['head_dim']} is not supported: the language model's attention "
+            f"uses hidden_size / num_attention_heads = {width} and head_dim only resizes its rotary table"
+        )
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    section = rope.get("mrope_section") if isinstance(rope, dict) else None
+    if section is not None and 2 * sum(section) != width:
+        raise ConfigError(
+            f"{where}: text_config mrope_section {list(section)} sums to {sum(section)}, not half the "
+            f"head dimension {width} (hidden_size / num_attention_heads)"
+        )
+    if text.get("use_sliding_window"):
+        raise ConfigError(
+            f"{where}: text_config use_sliding_window true is not supported: the packed attention is full "
+            "causal attention per sample"
+        )
+    vision = config.get("vision_config") or {}
+    channels = vision.get("in_channels", vision.get("in_chans", 3))
+    if channels != 3:
+        raise ConfigError(
+            f"{where}: vision_config in_channels {channels} is not supported: the image processor makes "
+            "RGB patches (3 channels)"
+        )
+
+
 def shape_of_folder(folder: str) -> ModelArch:
     """The ``ModelArch`` (vision tower incl. merger + Qwen2 LLM) of checkpoint ``folder``; ConfigError
     naming ``config.json`` and the field otherwise."""
@@ -73,6 +105,7 @@ def shape_of_folder(folder: str) -> ModelArch:
             f"{where}: model_type {config.get('model_type')!r} is not a whole Qwen2-VL / Qwen2.5-VL "
             f"checkpoint (expected one of {', '.join(MODEL_TYPES)})"
         )
+    check_supported(config, where)
     vision, llm = vision_arch(folder), text_arch(config, where)
     if vision.out_hidden_size != llm.hidden_size:
         raise ConfigError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrain.sim.trace_fit import _line
+from entrain.sim.trace_fit import _after_warmup, _line
 
 CONSTANT_MS = 7.0
 
@@ -39,3 +39,15 @@ def test_a_falling_line_scales_the_base_line():
     points = [(30.0, 10.0, 10.0), (28.0, 20.0, 20.0), (26.0, 30.0, 30.0)]
     alpha, beta, _, _ = _line(points, CONSTANT_MS)
     assert alpha > 0 and beta == pytest.approx(alpha * CONSTANT_MS)
+
+
+def _event(step: int, dur_ms: float) -> dict:
+    return {"ph": "X", "pid": 0, "ts": 0.0, "dur": dur_ms * 1e3, "args": {"step": step, "kind": "F"}}
+
+
+def test_the_warmup_step_is_not_fitted():
+    """The run's first step (first calls, the allocator's heap growing: a 66 ms first forward against
+    5-11 ms later on chartqa) is left out when later steps exist, as the benchmarks drop it."""
+    events = [_event(0, 66.0), _event(0, 7.0), _event(1, 7.0), _event(2, 6.0)]
+    assert [e["args"]["step"] for e in _after_warmup(events)] == [1, 2]
+    assert _after_warmup(events[:2]) == events[:2]  # a one-step run keeps its only step

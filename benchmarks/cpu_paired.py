@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -153,7 +154,15 @@ def predictions(first: str, refit_path: str, profile: str | None, label: str) ->
     }
 
 
-def run_workload(name: str, rounds: int, steps: int, seed: int, profile: str | None, refit_out: str) -> dict:
+def run_workload(
+    name: str,
+    rounds: int,
+    steps: int,
+    seed: int,
+    profile: str | None,
+    refit_out: str,
+    keep: str | None = None,
+) -> dict:
     config = PAIRED_CONFIGS[name]
     rng = random.Random(seed)
     per_round, orders, cpu_wall = [], [], []
@@ -164,6 +173,8 @@ def run_workload(name: str, rounds: int, steps: int, seed: int, profile: str | N
             _launch(out, steps, orders[-1], config, profile)
             per_round.append({s: _iter_ms(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
             cpu_wall.append({s: _cpu_over_wall(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
+            if keep:
+                shutil.copytree(out, os.path.join(keep, name, f"round{i}"), dirs_exist_ok=True)
         first = os.path.join(tmp, "round0")
         pred = predictions(
             first, refit_out, profile, f"round 0 of `cpu_pipeline.py --paired --dataset {name}`, 1f1b"
@@ -258,7 +269,9 @@ def main_paired(args, idle: tuple[bool, float]) -> int:
         "_" + re.sub(r"[^a-z0-9]+", "-", args.pass_name.lower()).strip("-") if args.pass_name else ""
     )
     refit_out = os.path.join(args.out, f"{STEM}_{slug}.refit.json")
-    result = run_workload(args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out)
+    result = run_workload(
+        args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out, args.keep_runs
+    )
     path = os.path.join(args.out, f"{STEM}.json")
     old = json.load(open(path)) if os.path.exists(path) else {"results": {}, "idle": {}}
     old["results"][key] = result

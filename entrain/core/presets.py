@@ -145,6 +145,9 @@ class DeviceModel:
     notes: dict
     score_bytes_per_ms: dict[str, float] | None = None
     """Memory rate of eager attention's score traffic per component; ``None``: ``bytes_per_ms``."""
+    bwd_input_fraction: dict[str, float] | None = None
+    """Measured share of a trainable layer's backward spent on input gradients, per layer kind;
+    ``None`` or a kind left out: 0.5 (the matmuls' FLOPs split evenly)."""
 
 
 def attention_by_component(attention: str) -> dict[str, str]:
@@ -239,7 +242,9 @@ def _layer_cost(
         kv_param_bytes=2.0 * s.kv_params,
         kv_heads=s.kv_heads,
         trainable=trainable,
-        bwd_input_fraction=0.0 if s.kind in ("patch_embed", "embedding") else 0.5,
+        bwd_input_fraction=0.0
+        if s.kind in ("patch_embed", "embedding")
+        else (dev.bwd_input_fraction or {}).get(s.kind, 0.5),
         selective_bytes_per_token=s.attn_saved_bytes + (saved if window else 0.0),
         selective_fwd_fraction=s.attn_lin_flops / s.lin_flops if s.lin_flops > 0 else 0.0,
         per_label=s.per_label,
@@ -320,6 +325,17 @@ CPU_TINY_VISION_MS_PER_PATCH = 0.11
 CPU_TINY_VISION_MS_PER_PATCH2 = 4.9e-5
 CPU_TINY_FWD_CALL_MS = 7.0
 CPU_TINY_BWD_CALL_MS = 7.0
+CPU_TINY_BWD_INPUT_FRACTION = {
+    "vit_block_window": 0.85,
+    "vit_block_full": 0.85,
+    "merger": 0.55,
+    **dict.fromkeys(("decoder_layer", "final_norm", "lm_head", "loss"), 0.72),
+}
+"""Input-gradient share of a split backward (``I / (I + W)``) on the tiny CPU runs, not the matmuls'
+0.5: the ``I`` walks the whole graph (attention, norms, activations, the loss) and only the weight
+matmuls wait for ``W``. Measured per stage in the Entrain traces of ``cpu_pipeline.py --paired``
+(3 launches x 4 workloads, one idle: a ratio of one rank's own actions, steady under load): LLM stages 0.69-0.75 (0.56-0.58 on chartqa's 100-token samples),
+the merger alone 0.54-0.60, the full-attention block + merger 0.81-0.82 (docs/cost_model.md)."""
 CPU_SPEC = HardwareSpec(
     name="cpu-tiny",
     device_memory_bytes=8e9,
@@ -359,6 +375,7 @@ def _cpu_device(layer_counts: dict) -> DeviceModel:
         collective_bytes_per_ms={1: 1e12, 2: 2.5e6, 4: 1.2e6, 8: 0.6e6},
         collective_latency_ms=0.6,
         notes={"source": "reference/cpu-feasibility.md section 2 (1 thread, thread-CPU time)"},
+        bwd_input_fraction=CPU_TINY_BWD_INPUT_FRACTION,
     )
 
 

@@ -135,3 +135,25 @@ def test_the_plain_number_half_runs_with_torch_blocked():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+class _SortsFirst(_Claims):
+    name = "a_toy"
+
+    def claims_config(self, config: dict) -> bool:
+        return False
+
+    def preset_names(self):
+        return ()
+
+
+def test_listing_order_does_not_depend_on_registration_order():
+    """``--help`` and ``data families`` list the families in one order (the composition first, then by
+    name) whichever module a process imported first: a family registered last still sorts by name."""
+    register_family(_SortsFirst())
+    try:
+        names = family_names()
+    finally:
+        unregister_family("a_toy")
+    assert names[:2] == ("composition", "a_toy")
+    assert names[1:] == tuple(sorted(names[1:]))

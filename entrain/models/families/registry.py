@@ -71,7 +71,16 @@ def register_family(family: ModelFamily, *, replace: bool = False) -> ModelFamil
     if clash:
         raise ConfigError(f"model family {family.name!r}: preset(s) {clash} belong to {taken[clash[0]]!r}")
     _FAMILIES[family.name] = family
+    _keep_canonical_order()
     return family
+
+
+def _keep_canonical_order() -> None:
+    """The composition first, then by name: listings (``--help``, ``data families``) must not depend
+    on which family module a process happened to import first."""
+    ordered = sorted(_FAMILIES.items(), key=lambda item: (item[0] != COMPOSITION, item[0]))
+    _FAMILIES.clear()
+    _FAMILIES.update(ordered)
 
 
 def unregister_family(name: str) -> None:

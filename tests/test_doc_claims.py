@@ -72,6 +72,16 @@ def test_planner_doc_b_min_range_is_the_committed_paper_reproduction():
     assert (int(low), int(high), int(llava)) == (min(b_mins), max(b_mins), case["b_min"])
 
 
+def test_the_code_state_the_readme_names_is_the_results_files():
+    """A commit the README names for the paper reproduction is the one its report names, so a
+    regenerated report (which names another, or none) makes the README's sentence fail here."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    named = re.search(r"`benchmarks/results/paper_reproduction\.md` \(simulated at ([0-9a-f]{7})", text)
+    if named:
+        report = (RESULTS / "paper_reproduction.md").read_text(encoding="utf-8")
+        assert f"simulated on {named[1]}" in report, f"README names {named[1]}, the report does not"
+
+
 @pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)
 def test_every_cited_results_file_exists(path):
     cited = set(re.findall(r"benchmarks/results/([\w.-]+\.\w+)", path.read_text(encoding="utf-8")))

@@ -52,7 +52,8 @@ def test_readme_headline_is_the_committed_paper_reproduction():
         f"{min(ratios):.2f}",
         f"{max(ratios):.2f}",
     )
-    assert got == tuple(str(w) for w in want)
+    want = tuple(str(w) for w in want)
+    assert got == want, f"README quotes {got}, paper_reproduction.json gives {want}: update the README"
 
 
 def test_planner_doc_b_min_range_is_the_committed_paper_reproduction():
@@ -69,7 +70,8 @@ def test_planner_doc_b_min_range_is_the_committed_paper_reproduction():
         if (c["dataset"], c["model"], c["hardware"]) == ("llava150k", "qwen25vl-llama3-3b", "a40-flops")
     ]
     b_mins = [c["b_min"] for c in cases]
-    assert (int(low), int(high), int(llava)) == (min(b_mins), max(b_mins), case["b_min"])
+    want = (min(b_mins), max(b_mins), case["b_min"])
+    assert (int(low), int(high), int(llava)) == want, f"docs/planner.md: paper_reproduction.json gives {want}"
 
 
 def test_the_code_state_the_readme_names_is_the_results_files():
@@ -79,7 +81,9 @@ def test_the_code_state_the_readme_names_is_the_results_files():
     named = re.search(r"`benchmarks/results/paper_reproduction\.md` \(simulated at ([0-9a-f]{7})", text)
     if named:
         report = (RESULTS / "paper_reproduction.md").read_text(encoding="utf-8")
-        assert f"simulated on {named[1]}" in report, f"README names {named[1]}, the report does not"
+        assert f"simulated on {named[1]}" in report, (
+            f"README names {named[1]}, the report does not: say which code the report was simulated on"
+        )
 
 
 @pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)

@@ -41,6 +41,7 @@ from entrain.core.planning.profile import Sampler
 from entrain.core.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.table_work import draw_works
+from entrain.core.workers import default_jobs, worker_processes
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 
@@ -74,6 +75,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the system whose layout and schedule options the plan carries (entrain train --plan runs it)",
     )
     add_entrain_extension_args(p)
+    p.add_argument("--jobs", type=int, default=default_jobs(),
+                   help="worker processes for the simulations of the decisions and the memory check "
+                        "(default: 2 or the CPU count if lower; the plan is the same for any number)")  # fmt: skip
     p.add_argument(
         "--out",
         default=None,
@@ -114,6 +118,7 @@ class PlanRequest:
     sizes: tuple[int, ...] = ()
     out: str | None = None
     json: bool = False
+    jobs: int = 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PlanRequest:
@@ -121,11 +126,13 @@ class PlanRequest:
         own = (args.iterations, args.alpha, args.p_error, args.n0, args.tolerance, tuple(_sizes(args.sizes)))
         out, json = args.out, args.json
         config = RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
-        return cls(config, *own, out=out, json=json)
+        return cls(config, *own, out=out, json=json, jobs=args.jobs)
 
 
 def run(args: argparse.Namespace) -> int:
-    return plan_command(PlanRequest.from_args(args))
+    req = PlanRequest.from_args(args)
+    with worker_processes(req.jobs):
+        return plan_command(req)
 
 
 def plan_command(req: PlanRequest) -> int:

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from entrain.core.workers import ordered_map, worker_processes
+from entrain.sim.choose import judged_ms
 from entrain.sim.run import run_system
 from tests.sim.test_replica_sample import _at
 
@@ -51,3 +52,16 @@ def test_two_workers_give_the_serial_plan_and_simulation_bit_for_bit():
     assert {tuple(r) for r in serial.plan.options["ramp_chosen"][0]} == {(7, 2), (7, 3)}  # per replica
     assert pooled.iterations == serial.iterations
     assert pooled.metrics == serial.metrics
+
+
+def test_the_judges_dp_split_is_reused_for_the_same_layout_only():
+    """The judge keeps each layout's heaviest replicas (``judged_ms``'s ``splits``): candidates that
+    differ in options only share them, another layout gets its own, and the times are those of
+    judging every candidate afresh."""
+    cost, setup, draws = _at(64, 2)
+    other = replace(setup, layout=replace(setup.layout, dp=32, num_microbatches=4))  # same 512 samples
+    cands = [setup, replace(setup, options={"split_weight_grads": True}), other]
+    splits: dict = {}
+    kept = [judged_ms(s, draws, cost, 16, splits)[0] for s in cands]
+    assert len(splits) == 2
+    assert kept == [judged_ms(s, draws, cost, 16)[0] for s in cands]

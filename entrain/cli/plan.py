@@ -44,6 +44,7 @@ from entrain.core.table_work import draw_works
 from entrain.core.workers import default_jobs, worker_processes
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
+from entrain.sim.replica_sample import heaviest_batches
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -198,14 +199,26 @@ def _check_batches(req: PlanRequest, result: PlanResult, sampler: Sampler, cost)
     """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
     file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
     its batches: the first ``planning.memory.memory_check_iterations`` of ``--iterations`` (all of them up
-    to DP 4; at DP 64, 2 global batches still hold 128 replica iterations)."""
-    tp = result.config.encoder.tp
-    batches = []
-    seed = req.config.data.seed
-    for i in range(memory_check_iterations(result.config.dp, req.iterations)):
-        draw = sampler(req.config.parallel.global_batch, seed * 1_000_003 + 7_919 * (i + 1))
-        batches.append(draw_works(draw, cost, tp, numbered=True))
-    return batches  # a sample drawn twice is two samples of the batch (ids made unique)
+    to DP 4 at 32 microbatches a replica; at DP 64, 2 global batches still hold 128 replica iterations).
+    Where a replica iteration holds so many microbatches that fewer batches hold as many replica
+    microbatches (DP 4 with 512 a replica: 2), those fewer are the heaviest of the batches drawn
+    (``replica_sample.heaviest_batches``: the largest samples set a rank's peak)."""
+    cfg, seed = result.config, req.config.data.seed
+    num = memory_check_iterations(cfg.dp, req.iterations)
+    batches = [
+        draw_works(
+            sampler(req.config.parallel.global_batch, seed * 1_000_003 + 7_919 * (i + 1)),
+            cost,
+            cfg.encoder.tp,
+            numbered=True,
+        )
+        for i in range(num)
+    ]  # a sample drawn twice is two samples of the batch (ids made unique)
+    fewer = memory_check_iterations(cfg.dp, req.iterations, num_microbatches=cfg.num_microbatches)
+    if fewer < num:
+        window = cfg.microbatch_size * cfg.to_layout().ranks_per_replica
+        batches = [batches[i] for i in heaviest_batches(batches, fewer, window)]
+    return batches
 
 
 def _write(path: str, obj: dict) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["default_jobs", "worker_processes", "ordered_map"]
+__all__ = ["default_jobs", "worker_processes", "worker_jobs", "ordered_map"]
 
 _jobs = 1
 _task: tuple[Callable[[Any], Any], Sequence[Any]] | None = None
@@ -41,6 +41,11 @@ def worker_processes(jobs: int) -> Iterator[None]:
         yield
     finally:
         _jobs = before
+
+
+def worker_jobs() -> int:
+    """The worker processes ``ordered_map`` may use here (1: none)."""
+    return _jobs
 
 
 def _in_worker() -> None:

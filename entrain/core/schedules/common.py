@@ -300,10 +300,12 @@ def build_plan_per_replica(
     samples: dict[str, SampleWork],
     replica: Callable[[ReplicaAssignment], tuple],
     options: dict,
+    lowered: bool = False,
 ) -> Plan:
     """``build_plan`` with one function returning a replica's (microbatch specs, compute order), or
     (specs, compute order, the ``ReplicaAssignment`` actually used) when it may replace the given one
-    (Entrain's assignment choice); the Plan records the assignments used."""
+    (Entrain's assignment choice); the Plan records the assignments used. ``lowered``: the orders
+    come with their SEND/RECV already (``lowering.add_comms``)."""
     check_replicas(layout, assignments)
     iterations = []
     for ia in assignments:
@@ -311,9 +313,8 @@ def build_plan_per_replica(
         for r, rep in enumerate(ia.replicas):
             mbs, compute, *used = replica(rep)
             used_reps.append(used[0] if used else rep)
-            graph = ReplicaGraph(layout, mbs)
-            lowered = add_comms(graph, compute)
-            for pp, acts in lowered.items():
+            acts_per_rank = compute if lowered else add_comms(ReplicaGraph(layout, mbs), compute)
+            for pp, acts in acts_per_rank.items():
                 actions[layout.global_rank(r, pp)] = tuple(acts)
             all_specs.append(mbs)
         iterations.append(IterationPlan(IterationAssignment(tuple(used_reps)), tuple(all_specs), actions))

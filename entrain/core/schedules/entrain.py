@@ -69,6 +69,7 @@ from entrain.core.schedules.common import (
 )
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.lowering import add_comms
 from entrain.core.schedules.memory_split import rank_rooms, split_to_fit
 from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.work import SampleWork
@@ -296,14 +297,14 @@ def generate(
         splits, assignments = [p[0] for p in picked], [p[1] for p in picked]
 
     def best_of(rep: ReplicaAssignment) -> tuple:
-        """([ramp, pieces], specs, compute order, assignment name, assignment, cuts) of the best."""
+        """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts) of the best."""
         best = None
         for name, assigned in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches):
             for ramp, pieces in _ramp_candidates(opts, layout, assigned):
                 t, graph, compute, cut = candidate(assigned, ramp, pieces)
                 if best is None or t < best[0]:
-                    best = (t, [ramp, pieces], graph.microbatches, compute, name, assigned, cut)
-        return best[1:]
+                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut)
+        return best[1], best[2].microbatches, add_comms(best[2], best[3]), *best[4:]
 
     check_replicas(layout, assignments)
     picked_per_replica = ordered_map(best_of, [rep for ia in assignments for rep in ia.replicas])
@@ -315,7 +316,7 @@ def generate(
         _, mbs, compute, _, assigned, _ = next(replica_results)
         return mbs, compute, assigned
 
-    plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options)
+    plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options, lowered=True)
     per_iteration = [slice(i * layout.dp, (i + 1) * layout.dp) for i in range(len(assignments))]
     if opts.ramp_microbatches == "auto":
         plan.options["ramp_chosen"] = [chosen[s] for s in per_iteration]

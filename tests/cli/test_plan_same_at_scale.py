@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from entrain.cli import plan as plan_cli
 from entrain.cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -26,7 +27,8 @@ KEYS = (
 )
 
 
-def test_plan_at_dp64_is_the_previous_codes(tmp_path, capsys):
+def test_plan_at_dp64_is_the_previous_codes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(plan_cli, "POOLED_GLOBAL_BATCH", 256)  # the workers at this small batch too
     path = tmp_path / "workload.jsonl"
     write_workload(path, 2000, seed=2)
     argv = ["plan", "--dataset", str(path), "--gpus", "1024", "--dp", "64", "--tp", "2", "--global-batch", "256",

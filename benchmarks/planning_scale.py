@@ -10,6 +10,14 @@ run (top functions by own time and by cumulative time) so the table says where t
     python benchmarks/planning_scale.py [--sizes 100000,1000000] [--gpus 64,256,1024,4096]
         [--profile 100000:1024] [--out benchmarks/results/planning_scale.md]
 
+Just the target cell (1M samples x 1024 GPUs; an idle machine for the wall time), without cProfile,
+into a scratch report:
+
+    python benchmarks/planning_scale.py --sizes 1000000 --gpus 1024 --profile '' --out /tmp/cell.md
+
+``--phases SIZE:GPUS`` prints the CPU seconds per phase (reading, Algorithms 1 + 2, the judge and its
+DP split, the memory check) of one in-process run (``--jobs`` workers' CPU included).
+
 The machine is a shared 2-core CPU: the load average before and after each run is recorded.
 """
 
@@ -119,6 +127,55 @@ def profile_tables(prof, top: int = 20) -> dict[str, str]:
     return out
 
 
+PHASES = (
+    ("reading", "entrain.cli.plan", "config_sampler"),
+    ("Algorithm 1 + 2", "entrain.cli.plan", "plan"),
+    ("setup", "entrain.cli.plan", "entrain_setup"),
+    ("decision judge", "entrain.sim.choose", "judged_ms"),
+    ("judge's DP split", "entrain.sim.choose", "heaviest_replicas"),
+    ("memory check batches", "entrain.cli.plan", "_check_batches"),
+    ("deploy memory check", "entrain.cli.plan", "deploy"),
+)
+"""(phase, module, function) timed by ``--phases`` (the DP split is inside the judge)."""
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the ``--jobs`` workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def phase_cpu_s(path: str, gpus: int, jobs: int) -> dict[str, float]:
+    """CPU seconds per ``PHASES`` entry of one in-process ``entrain plan --jobs jobs``, and the total."""
+    import importlib
+
+    from entrain.cli.main import main
+
+    spent = dict.fromkeys([p[0] for p in PHASES], 0.0)
+    saved = []
+    for name, module, fn in PHASES:
+        mod = importlib.import_module(module)
+        orig = getattr(mod, fn)
+
+        def timed(*a, _orig=orig, _name=name, **k):
+            t0 = _cpu_s()
+            try:
+                return _orig(*a, **k)
+            finally:
+                spent[_name] += _cpu_s() - t0
+
+        saved.append((mod, fn, orig))
+        setattr(mod, fn, timed)
+    t0, stdout, sys.stdout = _cpu_s(), sys.stdout, io.StringIO()
+    try:
+        main([*plan_args(path, gpus), "--jobs", str(jobs)])
+    finally:
+        sys.stdout = stdout
+        for mod, fn, orig in saved:
+            setattr(mod, fn, orig)
+    return {**spent, "total": _cpu_s() - t0}
+
+
 def _row(size: int, r: dict) -> str:
     p = r["plan"]
     met = "yes" if r["wall_s"] <= TARGET_WALL_S and r["rss_gb"] <= TARGET_RSS_GB else "no"
@@ -152,11 +209,19 @@ def write_report(out: Path, results: dict, profiles: list[dict], notes: list[str
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--sizes", default="100000,1000000")
     ap.add_argument("--gpus", default="64,256,1024,4096")
     ap.add_argument("--profile", default="100000:1024", help="SIZE:GPUS of the cProfile run ('' = none)")
     ap.add_argument("--out", default="benchmarks/results/planning_scale.md")
+    ap.add_argument(
+        "--phases", default="", help="SIZE:GPUS: print CPU s per phase of one run, run nothing else"
+    )
+    ap.add_argument("--jobs", type=int, default=2, help="entrain plan --jobs of the --phases run")
     ap.add_argument("--note", action="append", default=[], help="a line added under the table")
     ap.add_argument("--from-json", default="", help="results JSON of an earlier run to render (runs nothing)")
     ap.add_argument(
@@ -165,6 +230,13 @@ def main() -> None:
         help="WHAT=FILE: also summarise a saved cProfile (e.g. of the code before)",
     )
     args = ap.parse_args()
+    if args.phases:
+        size, gpus = (int(x) for x in args.phases.split(":"))
+        with tempfile.TemporaryDirectory(prefix="planning_scale_") as tmp:
+            path = os.path.join(tmp, f"workload_{size}.jsonl")
+            write_workload(path, size)
+            print(json.dumps({"samples": size, "gpus": gpus, **phase_cpu_s(path, gpus, args.jobs)}))
+        return
     sizes = [int(x) for x in args.sizes.split(",") if x]
     gpus_list = [int(x) for x in args.gpus.split(",") if x]
     results: dict[int, list[dict]] = {}

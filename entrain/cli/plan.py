@@ -41,8 +41,10 @@ from entrain.core.planning.profile import Sampler
 from entrain.core.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.table_work import draw_works
+from entrain.core.workers import default_jobs, worker_processes
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
+from entrain.sim.replica_sample import heaviest_batches
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -74,6 +76,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the system whose layout and schedule options the plan carries (entrain train --plan runs it)",
     )
     add_entrain_extension_args(p)
+    p.add_argument("--jobs", type=int, default=default_jobs(),
+                   help="worker processes for reading and for the simulations of the decisions and the memory "
+                        "check, from a global batch of 2048 (default: 2 or the CPU count if lower; the plan "
+                        "is the same for any number)")  # fmt: skip
     p.add_argument(
         "--out",
         default=None,
@@ -114,6 +120,7 @@ class PlanRequest:
     sizes: tuple[int, ...] = ()
     out: str | None = None
     json: bool = False
+    jobs: int = 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PlanRequest:
@@ -121,11 +128,19 @@ class PlanRequest:
         own = (args.iterations, args.alpha, args.p_error, args.n0, args.tolerance, tuple(_sizes(args.sizes)))
         out, json = args.out, args.json
         config = RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
-        return cls(config, *own, out=out, json=json)
+        return cls(config, *own, out=out, json=json, jobs=args.jobs)
+
+
+POOLED_GLOBAL_BATCH = 2048
+"""``--jobs`` applies from this global batch on: below it a plan takes seconds, and forking the workers
+(tens of ms a call, caches refilled per worker) cost more than it saved (the paper-scale default
+plan: 2 s more CPU and no less wall)."""
 
 
 def run(args: argparse.Namespace) -> int:
-    return plan_command(PlanRequest.from_args(args))
+    req = PlanRequest.from_args(args)
+    with worker_processes(req.jobs if req.config.parallel.global_batch >= POOLED_GLOBAL_BATCH else 1):
+        return plan_command(req)
 
 
 def plan_command(req: PlanRequest) -> int:
@@ -191,14 +206,26 @@ def _check_batches(req: PlanRequest, result: PlanResult, sampler: Sampler, cost)
     """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
     file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
     its batches: the first ``planning.memory.memory_check_iterations`` of ``--iterations`` (all of them up
-    to DP 4; at DP 64, 2 global batches still hold 128 replica iterations)."""
-    tp = result.config.encoder.tp
-    batches = []
-    seed = req.config.data.seed
-    for i in range(memory_check_iterations(result.config.dp, req.iterations)):
-        draw = sampler(req.config.parallel.global_batch, seed * 1_000_003 + 7_919 * (i + 1))
-        batches.append(draw_works(draw, cost, tp, numbered=True))
-    return batches  # a sample drawn twice is two samples of the batch (ids made unique)
+    to DP 4 at 32 microbatches a replica; at DP 64, 2 global batches still hold 128 replica iterations).
+    Where a replica iteration holds so many microbatches that fewer batches hold as many replica
+    microbatches (DP 4 with 512 a replica: 2), those fewer are the heaviest of the batches drawn
+    (``replica_sample.heaviest_batches``: the largest samples set a rank's peak)."""
+    cfg, seed = result.config, req.config.data.seed
+    num = memory_check_iterations(cfg.dp, req.iterations)
+    batches = [
+        draw_works(
+            sampler(req.config.parallel.global_batch, seed * 1_000_003 + 7_919 * (i + 1)),
+            cost,
+            cfg.encoder.tp,
+            numbered=True,
+        )
+        for i in range(num)
+    ]  # a sample drawn twice is two samples of the batch (ids made unique)
+    fewer = memory_check_iterations(cfg.dp, req.iterations, num_microbatches=cfg.num_microbatches)
+    if fewer < num:
+        window = cfg.microbatch_size * cfg.to_layout().ranks_per_replica
+        batches = [batches[i] for i in heaviest_batches(batches, fewer, window)]
+    return batches
 
 
 def _write(path: str, obj: dict) -> None:

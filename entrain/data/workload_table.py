@@ -13,6 +13,7 @@ reported at the first repeated line, as the list reader reports them.
 from __future__ import annotations
 
 import json
+from functools import partial
 from itertools import islice
 
 import numpy as np
@@ -20,12 +21,16 @@ import numpy as np
 from entrain.core.errors import DataError
 from entrain.core.sample_table import NO_ANSWER, SampleTable
 from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
+from entrain.core.workers import ordered_map, worker_jobs
 from entrain.data.workload_io import parse_line, parse_workload
 
 __all__ = ["CHUNK_LINES", "read_workload_table"]
 
 CHUNK_LINES = 1 << 15
 """Lines decoded and checked together (bounds the Python objects alive at once)."""
+
+PARALLEL_CHUNKS = 8
+"""Chunks read at once and decoded in worker processes when ``worker_processes`` allows them."""
 
 _FIELDS = ("id_bytes", "id_ends", "id_hashes", "image_counts", "heights", "widths", "text", "answer", "lines")
 
@@ -41,16 +46,16 @@ class _Columns:
         """Append a chunk; on a bad record, append the records before it, then raise its DataError."""
         cols = _chunk_columns(numbered, vision.max_aspect_ratio)
         if cols is not None:
-            return self._append(cols, len(numbered))
+            return self.append(cols, len(numbered))
         metas = []  # some record is bad: find it (and its message) line by line
         try:
             for n, line in numbered:
                 metas.append((n, parse_workload(path, n, parse_line(path, n, line), vision)))
         finally:
             if metas:
-                self._append(_columns_of(path, metas), len(metas))
+                self.append(_columns_of(path, metas), len(metas))
 
-    def _append(self, cols: dict[str, np.ndarray], num_records: int) -> None:
+    def append(self, cols: dict[str, np.ndarray], num_records: int) -> None:
         for name in _FIELDS:
             self.parts[name].append(cols[name])
         self.num_records += num_records
@@ -175,20 +180,34 @@ def read_workload_table(
     path: str, vision: VisionTokenConfig = DEFAULT_VISION, chunk_lines: int = CHUNK_LINES
 ) -> SampleTable:
     """The samples of a workload JSONL in file order, as a ``SampleTable``; DataError naming
-    ``file:line`` and the field for a bad record, as ``workload_io.read_workload_jsonl``."""
+    ``file:line`` and the field for a bad record, as ``workload_io.read_workload_jsonl``. Under
+    ``entrain.core.workers.worker_processes`` (``plan --jobs``) ``PARALLEL_CHUNKS`` chunks at a time
+    are decoded in the workers (the same columns; a chunk that fails is read again here)."""
     path = str(path)
     cols = _Columns()
+    group = PARALLEL_CHUNKS if worker_jobs() > 1 else 1
+    decode = partial(_chunk_columns, max_ratio=vision.max_aspect_ratio)
     with open(path, encoding="utf-8") as f:
-        for chunk in _chunks(f, chunk_lines):
-            try:
-                cols.add_chunk(path, chunk, vision)
-            except DataError as e:
-                cols.check_unique(path)  # a repeated id on an earlier line is the first problem
-                line = dict(chunk).get(e.record, "\n")
-                if e.field is not None or line.endswith("\n"):
-                    raise
-                from entrain.data.problems import unread  # the last line, cut short: a truncated file
-
-                raise DataError(path, e.record, None, f"{e.reason}; {unread(cols.num_records)}") from None
+        chunks = _chunks(f, chunk_lines)
+        while batch := list(islice(chunks, group)):
+            decoded = ordered_map(decode, batch) if group > 1 else [None] * len(batch)
+            for chunk, got in zip(batch, decoded):
+                if got is not None:
+                    cols.append(got, len(chunk))
+                else:
+                    _add_chunk(cols, path, chunk, vision)
     cols.check_unique(path)
     return cols.table(vision)
+
+
+def _add_chunk(cols: _Columns, path: str, chunk: list[tuple[int, str]], vision: VisionTokenConfig) -> None:
+    try:
+        cols.add_chunk(path, chunk, vision)
+    except DataError as e:
+        cols.check_unique(path)  # a repeated id on an earlier line is the first problem
+        line = dict(chunk).get(e.record, "\n")
+        if e.field is not None or line.endswith("\n"):
+            raise
+        from entrain.data.problems import unread  # the last line, cut short: a truncated file
+
+        raise DataError(path, e.record, None, f"{e.reason}; {unread(cols.num_records)}") from None

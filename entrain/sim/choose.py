@@ -79,6 +79,7 @@ def candidate_judge(
     a sub-cluster of that many and its full iteration time estimated (``judged_ms``)."""
     draws: list[Sequence[SampleWork]] = []
     seen: dict[str, tuple[float, dict | None]] = {}
+    splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
     def twin_ms(setup: SystemSetup) -> float | None:
         for option, value, twin, same in TWINS:
@@ -96,7 +97,7 @@ def candidate_judge(
             if reused is not None:
                 seen[key] = (reused, None)
             else:
-                seen[key] = judged_ms(setup, draws, cost, replicas)
+                seen[key] = judged_ms(setup, draws, cost, replicas, splits=splits)
         return seen[key][0]
 
     def judge(candidates: dict[str, SystemSetup]) -> dict[str, float]:
@@ -113,16 +114,23 @@ def judged_ms(
     cost: CostModel,
     replicas: int,
     system: str = ENTRAIN,
+    splits: dict[str, tuple] | None = None,
 ) -> tuple[float, dict | None]:
     """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan's
     options, or None where the check changed the layout)`` of ``setup`` on ``draws``. Above
     ``replicas`` replicas: on a sub-cluster of the ``replicas`` heaviest replicas of each draw's DP
-    split (``replica_sample``), with the full DP's all-reduce."""
+    split (``replica_sample``; it depends on the layout alone, not on the schedule options, and is
+    kept in ``splits`` for the next candidate on the same layout), with the full DP's all-reduce."""
     full = setup.layout
     layout, batches, split = full, draws, None
     if full.dp > replicas:
         layout = sub_layout(full, replicas)
-        batches, split = zip(*(heaviest_replicas(d, full, cost, replicas) for d in draws))
+        key = repr((full, replicas))
+        if splits is None or key not in splits:
+            got = tuple(zip(*(heaviest_replicas(d, full, cost, replicas) for d in draws)))
+            splits = {} if splits is None else splits
+            splits[key] = got
+        batches, split = splits[key]
     sub = replace(setup, layout=layout)
     got, run = fit_memory(system, sub, batches, cost, setup.options, trace_iterations=0, assignments=split)
     if run.metrics.fits_memory is False:

@@ -29,6 +29,7 @@ from entrain.core.plan import Action, ActionKind, IterationPlan, Layout, Plan
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import Message, ReplicaGraph
 from entrain.core.validate import format_grid, message_of
+from entrain.core.workers import ordered_map
 
 __all__ = ["Span", "ReplicaRun", "IterationRun", "simulate_plan", "run_iteration", "run_replica"]
 
@@ -89,13 +90,13 @@ def simulate_plan(
 def run_iteration(
     layout: Layout, it: IterationPlan, costs: PlanCosts, *, comm: bool = True, trace: bool = False
 ) -> IterationRun:
-    runs = []
-    for replica in range(layout.dp):
+
+    def run(replica: int) -> ReplicaRun:
         ranks = [layout.global_rank(replica, r) for r in range(layout.ranks_per_replica)]
         graph = ReplicaGraph(layout, it.microbatches[replica])
-        runs.append(
-            run_replica(graph, {g: it.actions[g] for g in ranks}, costs, replica, comm=comm, trace=trace)
-        )
+        return run_replica(graph, {g: it.actions[g] for g in ranks}, costs, replica, comm=comm, trace=trace)
+
+    runs = ordered_map(run, range(layout.dp))  # replicas run independently
     allreduce = {r: costs.allreduce_ms(r) for r in range(layout.ranks_per_replica)}
     t = 0.0
     for r in range(layout.ranks_per_replica):

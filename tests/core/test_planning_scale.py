@@ -125,3 +125,10 @@ def test_memory_check_iterations():
     assert memory_check_iterations(64, 20) == 2  # 128 replica iterations >= 80
     assert memory_check_iterations(256, 20) == 1
     assert memory_check_iterations(64, 1) == 1
+    # with the replica's microbatches: fewer only where a replica iteration holds many more than 32
+    assert memory_check_iterations(4, 20, num_microbatches=32) == 20  # the paper's setup, unchanged
+    assert memory_check_iterations(64, 20, num_microbatches=32) == 2  # 1M x 1024 GPUs, unchanged
+    assert memory_check_iterations(64, 20, num_microbatches=1) == 2
+    assert memory_check_iterations(4, 20, num_microbatches=512) == 2  # 64 GPUs at global batch 8192
+    assert memory_check_iterations(16, 20, num_microbatches=128) == 2  # 256 GPUs
+    assert memory_check_iterations(256, 20, num_microbatches=8) == 1

@@ -21,6 +21,7 @@ __all__ = [
     "recompute_ms",
     "choose_recompute",
     "MEMORY_CHECK_REPLICA_ITERATIONS",
+    "MEMORY_CHECK_REPLICA_MICROBATCHES",
     "memory_check_iterations",
 ]
 
@@ -142,14 +143,32 @@ MEMORY_CHECK_REPLICA_ITERATIONS = 80
 gives on the paper's DP 4 (docs/planning_scale.md)."""
 
 
+MEMORY_CHECK_REPLICA_MICROBATCHES = MEMORY_CHECK_REPLICA_ITERATIONS * 32
+"""(replica, microbatch) pairs that are as many as the paper's setup checks (80 replica iterations of
+32 microbatches): enough where a replica iteration holds many more microbatches (low DP at a large
+global batch: 512 a replica at DP 4 and global batch 8192)."""
+
+
 def memory_check_iterations(
-    dp: int, iterations: int, replica_iterations: int = MEMORY_CHECK_REPLICA_ITERATIONS
+    dp: int,
+    iterations: int,
+    replica_iterations: int = MEMORY_CHECK_REPLICA_ITERATIONS,
+    num_microbatches: int | None = None,
+    replica_microbatches: int = MEMORY_CHECK_REPLICA_MICROBATCHES,
 ) -> int:
     """Global batches the plan's simulated memory check draws: the fewest that hold at least
-    ``replica_iterations`` (replica, iteration) pairs, at most ``iterations`` and at least 1.
+    ``replica_iterations`` (replica, iteration) pairs or, given ``num_microbatches`` per replica, at
+    least ``replica_microbatches`` (replica, microbatch) pairs; at most ``iterations``, at least 1.
+    A rank's peak is set by the microbatches it holds at once, and a replica iteration of K
+    microbatches passes K such windows: at DP 4 with 512 microbatches a replica, 2 global batches
+    hold 4096 pairs (20 held 40960 and took minutes to simulate).
 
     Each pair is an exchangeable draw of a replica's microbatches, so the chance that a fresh pair
     peaks above every one of ``R`` simulated pairs is at most ``1 / (R + 1)``: with ``R`` >= 80 the
     check keeps the guarantee it has on the paper's setup (20 iterations of 4 replicas) while
     simulating 2 global batches instead of 20 at DP 64."""
-    return max(1, min(int(iterations), -(-int(replica_iterations) // max(int(dp), 1))))
+    dp = max(int(dp), 1)
+    need = -(-int(replica_iterations) // dp)
+    if num_microbatches:
+        need = min(need, -(-int(replica_microbatches) // (dp * int(num_microbatches))))
+    return max(1, min(int(iterations), need))

@@ -34,6 +34,7 @@ __all__ = [
     "one_f_one_b_order",
     "stage_units",
     "build_plan",
+    "check_replicas",
     "require_one_stage_per_rank",
     "require_stage_chain",
     "rank_units",
@@ -285,6 +286,13 @@ def build_plan(
     return build_plan_per_replica(system, layout, assignments, samples, replica, options)
 
 
+def check_replicas(layout: Layout, assignments: Sequence[IterationAssignment]) -> None:
+    """Every iteration's assignment has ``layout.dp`` replicas."""
+    for ia in assignments:
+        if len(ia.replicas) != layout.dp:
+            raise ConfigError(f"assignment has {len(ia.replicas)} replicas but the layout has dp={layout.dp}")
+
+
 def build_plan_per_replica(
     system: str,
     layout: Layout,
@@ -292,21 +300,21 @@ def build_plan_per_replica(
     samples: dict[str, SampleWork],
     replica: Callable[[ReplicaAssignment], tuple],
     options: dict,
+    lowered: bool = False,
 ) -> Plan:
     """``build_plan`` with one function returning a replica's (microbatch specs, compute order), or
     (specs, compute order, the ``ReplicaAssignment`` actually used) when it may replace the given one
-    (Entrain's assignment choice); the Plan records the assignments used."""
+    (Entrain's assignment choice); the Plan records the assignments used. ``lowered``: the orders
+    come with their SEND/RECV already (``lowering.add_comms``)."""
+    check_replicas(layout, assignments)
     iterations = []
     for ia in assignments:
-        if len(ia.replicas) != layout.dp:
-            raise ConfigError(f"assignment has {len(ia.replicas)} replicas but the layout has dp={layout.dp}")
         all_specs, actions, used_reps = [], {}, []
         for r, rep in enumerate(ia.replicas):
             mbs, compute, *used = replica(rep)
             used_reps.append(used[0] if used else rep)
-            graph = ReplicaGraph(layout, mbs)
-            lowered = add_comms(graph, compute)
-            for pp, acts in lowered.items():
+            acts_per_rank = compute if lowered else add_comms(ReplicaGraph(layout, mbs), compute)
+            for pp, acts in acts_per_rank.items():
                 actions[layout.global_rank(r, pp)] = tuple(acts)
             all_specs.append(mbs)
         iterations.append(IterationPlan(IterationAssignment(tuple(used_reps)), tuple(all_specs), actions))

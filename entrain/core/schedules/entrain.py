@@ -61,6 +61,7 @@ from entrain.core.plan import Action, ActionKind, Layout, Plan
 from entrain.core.schedules.common import (
     ScheduleOptions,
     build_plan_per_replica,
+    check_replicas,
     entrain_specs,
     one_f_one_b_order,
     rank_units,
@@ -68,9 +69,11 @@ from entrain.core.schedules.common import (
 )
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.lowering import add_comms
 from entrain.core.schedules.memory_split import rank_rooms, split_to_fit
 from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.work import SampleWork
+from entrain.core.workers import ordered_map
 
 __all__ = ["generate", "eager_warmups", "peak_bytes", "rank_shares", "split_weight_grads"]
 
@@ -267,9 +270,6 @@ def generate(
         plan_options["assignment"] = opts.assignment
     order = _compute_order(costs, opts.eager_budget_factor, eager, opts.split_weight_grads)
     rooms = _memory_rooms(opts, costs)
-    chosen: list[list[int]] = []
-    chosen_assignment: list[str] = []
-    cuts: list[list[list[int]]] = []
 
     def candidate(assigned: ReplicaAssignment, ramp: int, pieces: int, predict: bool = auto):
         """(predicted ms or 0, graph, compute order, memory-split cuts) of one candidate."""
@@ -296,19 +296,27 @@ def generate(
         picked = [balanced_dp_split(ia, samples, costs, k, predict) for ia in assignments]
         splits, assignments = [p[0] for p in picked], [p[1] for p in picked]
 
-    def replica(rep):
+    def best_of(rep: ReplicaAssignment) -> tuple:
+        """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts) of the best."""
         best = None
         for name, assigned in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches):
             for ramp, pieces in _ramp_candidates(opts, layout, assigned):
                 t, graph, compute, cut = candidate(assigned, ramp, pieces)
                 if best is None or t < best[0]:
-                    best = (t, [ramp, pieces], graph.microbatches, compute, name, assigned, cut)
-        chosen.append(best[1])
-        chosen_assignment.append(best[4])
-        cuts.append(best[6])
-        return best[2], best[3], best[5]
+                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut)
+        return best[1], best[2].microbatches, add_comms(best[2], best[3]), *best[4:]
 
-    plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options)
+    check_replicas(layout, assignments)
+    picked_per_replica = ordered_map(best_of, [rep for ia in assignments for rep in ia.replicas])
+    chosen = [p[0] for p in picked_per_replica]
+    chosen_assignment, cuts = [p[3] for p in picked_per_replica], [p[5] for p in picked_per_replica]
+    replica_results = iter(picked_per_replica)
+
+    def replica(rep):
+        _, mbs, compute, _, assigned, _ = next(replica_results)
+        return mbs, compute, assigned
+
+    plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options, lowered=True)
     per_iteration = [slice(i * layout.dp, (i + 1) * layout.dp) for i in range(len(assignments))]
     if opts.ramp_microbatches == "auto":
         plan.options["ramp_chosen"] = [chosen[s] for s in per_iteration]

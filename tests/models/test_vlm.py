@@ -66,6 +66,26 @@ def test_stages_compose_to_the_full_model(tiny):
     torch.testing.assert_close(out[start : start + alone.shape[0]], alone, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("cut", [2, 3])  # 3: the merger alone on the second stage
+def test_stages_reuse_geometry_across_microbatches(tiny, cut, monkeypatch):
+    """Each encoder stage keeps the index tensors of the image grids it saw: a microbatch of other
+    grids computes its own, a repeated one reuses them, and every output equals the whole tower's."""
+    from entrain.models.families.composition.vlm import EncoderStage
+
+    _, model, r = tiny
+    calls = []
+    compute = EncoderStage._compute_geometry
+    monkeypatch.setattr(
+        EncoderStage, "_compute_geometry", lambda s, g, x: calls.append(1) or compute(s, g, x)
+    )
+    e0, e1 = build_stage(model, "encoder", 0, cut), build_stage(model, "encoder", cut, 4)
+    for ids in (["a", "b", "d"], ["d"], ["a", "b", "d"], ["b"], ["d"]):
+        enc = r.encoder_input(ids)
+        ref = model.vision(enc.patches, enc.grid_thw).pooler_output
+        torch.testing.assert_close(e1(e0(enc.patches, enc.grid_thw), enc.grid_thw), ref, rtol=0, atol=1e-6)
+    assert len(calls) == 3 * (1 if cut == 3 else 2)  # 3 distinct grid lists; the merger alone needs none
+
+
 def test_packed_logits_equal_alone(tiny):
     """A sample's logits are the same alone or packed with others (per-sample causal attention)."""
     cfg, model, r = tiny

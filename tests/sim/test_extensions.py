@@ -141,6 +141,24 @@ def test_split_weight_grads_keeps_the_work_and_never_delays(system, w):
     assert b.makespan_ms <= a.makespan_ms * (1 + 1e-12)
 
 
+def test_split_weight_grads_sends_a_slots_gradients_before_its_weight_gradients():
+    """A fused rank's backward slot (LLM stage 2, then encoder stage 1, with a deferred sub) runs its
+    input gradients first (the encoder's gradient leaves before the LLM's ``W``); a rank's drain of
+    one stage keeps ``I`` then ``W`` per microbatch."""
+    from entrain.core.plan import Action
+    from entrain.core.schedules.entrain import split_weight_grads
+
+    def acts(spec: str) -> list[Action]:
+        return [Action(int(t[1]), ActionKind(t[0]), int(t[2]), int(t[3:] or 0)) for t in spec.split()]
+
+    fused = acts("F10 F20 B20 B10 B101 F11 F21 B21 B11 B22")
+    assert split_weight_grads(fused) == acts(
+        "F10 F20 I20 I10 I101 W20 W10 W101 F11 F21 I21 I11 W21 W11 I22 W22"
+    )
+    drain = acts("B05 B06")
+    assert split_weight_grads(drain) == acts("I05 W05 I06 W06")
+
+
 def test_auto_ramp_is_taken_when_fill_and_drain_dominate():
     """Uniform microbatches, 4 stages, 4 microbatches: halving the fill/drain grain is a clear gain."""
     cost = toy_cost(enc_layers=4, llm_layers=4)

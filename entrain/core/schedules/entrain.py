@@ -142,13 +142,27 @@ def _ramp_candidates(opts: ScheduleOptions, layout: Layout, rep) -> list[tuple[i
 
 
 def split_weight_grads(actions: Sequence[Action]) -> list[Action]:
-    """Every ``B`` replaced by ``I`` then ``W`` of the same (stage, microbatch, sub)."""
+    """Every ``B`` replaced by ``I`` and ``W`` of the same (stage, microbatch, sub): the ``I``s of a
+    backward slot (consecutive ``B``s of decreasing stages: a fused rank's LLM backward, then the
+    encoder backwards it completes) first, then their ``W``s, so the gradient the slot sends
+    upstream does not wait for the slot's weight gradients (a rank of one stage: ``I`` then ``W``)."""
     out: list[Action] = []
+    slot: list[Action] = []
+
+    def flush() -> None:
+        out.extend(Action(b.stage, ActionKind.I, b.mb, b.sub) for b in slot)
+        out.extend(Action(b.stage, ActionKind.W, b.mb, b.sub) for b in slot)
+        slot.clear()
+
     for a in actions:
-        if a.kind is ActionKind.B:
-            out += [Action(a.stage, ActionKind.I, a.mb, a.sub), Action(a.stage, ActionKind.W, a.mb, a.sub)]
-        else:
+        if a.kind is not ActionKind.B:
+            flush()
             out.append(a)
+            continue
+        if slot and a.stage >= slot[0].stage:
+            flush()  # a later slot (drain: the same stages again)
+        slot.append(a)
+    flush()
     return out
 
 

@@ -177,6 +177,28 @@ class VisionGeometry:
     """Patches of the largest window."""
 
 
+GEOMETRY_CACHE_SIZE = 8
+"""Image grid lists whose index tensors an encoder stage keeps (each a few tensors of its patches)."""
+
+
+def _geometry_key(grid_thw: torch.Tensor, like: torch.Tensor) -> tuple:
+    """The cache key of a geometry: the images' grids (host values), the device, dtype and autocast."""
+    autocast = torch.is_autocast_enabled(like.device.type)
+    return (tuple(map(tuple, grid_thw.tolist())), like.device, like.dtype, autocast)
+
+
+def _remembered(cache: dict, key: tuple, make):
+    """``cache[key]``, made by ``make()`` when absent; the least recently used entries go beyond
+    ``GEOMETRY_CACHE_SIZE``."""
+    value = cache.pop(key, None)
+    if value is None:
+        value = make()
+    cache[key] = value  # most recent last
+    while len(cache) > GEOMETRY_CACHE_SIZE:
+        del cache[next(iter(cache))]
+    return value
+
+
 def _max_len(bounds: torch.Tensor) -> int:
     """The longest span of host ``bounds`` (0 for none)."""
     return int((bounds[1:] - bounds[:-1]).max()) if len(bounds) > 1 else 0
@@ -204,6 +226,8 @@ class EncoderStage(nn.Module):
         self.prefix = "vision."
         self.windowed = hasattr(vis, "window_size")
         """Qwen2.5-VL's window attention (window-permuted states); Qwen2-VL attends fully everywhere."""
+        self._geometries: dict[tuple, VisionGeometry | torch.Tensor] = {}
+        """Recent geometries (and merger orders) by image grids, oldest first (``GEOMETRY_CACHE_SIZE``)."""
 
     def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
         parts: list[tuple[str, nn.Module]] = []
@@ -221,6 +245,12 @@ class EncoderStage(nn.Module):
         self.vis.rotary_pos_emb.to(device)
 
     def geometry(self, grid_thw: torch.Tensor, like: torch.Tensor) -> VisionGeometry:
+        """The index tensors of ``grid_thw``'s images, remembered per image grid list (and ``like``'s
+        device and dtype): microbatches of same-sized images (a resize cap) reuse them."""
+        key = _geometry_key(grid_thw, like)
+        return _remembered(self._geometries, key, lambda: self._compute_geometry(grid_thw, like))
+
+    def _compute_geometry(self, grid_thw: torch.Tensor, like: torch.Tensor) -> VisionGeometry:
         vis = self.vis
         pos_ids = get_vision_position_ids(grid_thw, vis.spatial_merge_size)
         # the attention bounds stay on the host: the per-window attention splits by them (.tolist())
@@ -232,20 +262,36 @@ class EncoderStage(nn.Module):
         if not self.windowed:
             emb = vis.rotary_pos_emb(like.new_empty((n, vis.config.embed_dim)), pos_ids.to(like.device))
             return VisionGeometry(None, cu_seqlens, cu_seqlens, emb, max_len, max_len)
-        window_index, cu_window = get_vision_window_index(
-            grid_host,
-            spatial_merge_size=vis.spatial_merge_size,
-            window_size=vis.window_size,
-            patch_size=vis.patch_size,
-        )
+        window_index, cu_window = self._window_index(grid_host)
         dummy = like.new_empty((n, vis.config.hidden_size))
         emb = vis.rotary_pos_emb(dummy, pos_ids.to(like.device))
         window_index = window_index.to(like.device)
         emb = tuple(vis.permute_input_for_window_attn(e, window_index, seq_len=n) for e in emb)
         return VisionGeometry(window_index, cu_seqlens, cu_window, emb, max_len, _max_len(cu_window))
 
+    def _window_index(self, grid_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        vis = self.vis
+        return get_vision_window_index(
+            grid_host,
+            spatial_merge_size=vis.spatial_merge_size,
+            window_size=vis.window_size,
+            patch_size=vis.patch_size,
+        )
+
+    def _image_order(self, grid_thw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """The permutation from window order back to image order (what the merger alone needs)."""
+        key = ("image_order", *_geometry_key(grid_thw, like))
+        return _remembered(
+            self._geometries,
+            key,
+            lambda: torch.argsort(self._window_index(grid_thw.cpu())[0].to(like.device)),
+        )
+
     def forward(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         vis = self.vis
+        if not self.has_patch_embed and not self.block_ids:  # the merger alone: no rotary, no bounds
+            x = vis.merger(x)
+            return x[self._image_order(grid_thw, x)] if self.windowed else x
         geo = self.geometry(grid_thw, x)
         if self.has_patch_embed:
             x = vis.patch_embed(x)

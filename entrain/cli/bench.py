@@ -66,8 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_shared_flags(paper, "bench paper", "iterations")
     paper.add_argument("--sweep-iterations", type=int, default=5, help="iterations per Fig. 14 sweep point")
     add_shared_flags(paper, "bench paper", "seed")
-    paper.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                       help="worker processes (default: 2 or the CPU count if lower)")  # fmt: skip
+    add_shared_flags(paper, "bench paper", "jobs")
     add_shared_flags(paper, "bench paper", "json")
     paper.set_defaults(func=run)
 

@@ -20,6 +20,7 @@ from entrain.core.schedules.common import ASSIGNMENTS
 from entrain.core.setups import DECISION_MARGIN, ENTRAIN_LAYOUTS, LAYOUT_MARGIN
 from entrain.core.shape import ModelShape
 from entrain.core.work import SampleWork
+from entrain.core.workers import default_jobs
 from entrain.models.families.base import ModelSource
 from entrain.models.families.registry import family_of_source, preset_names
 
@@ -105,6 +106,10 @@ SHARED_FLAGS: dict[str, FlagSpec] = {
         _flag("--confine-images", action="store_true",
               help="an image path resolving outside the dataset root is an error (entrain train: makes its "
                    "record bad) (default: a warning)"),
+        _flag("--jobs", type=int, default=default_jobs(),
+              help="worker processes; the results are the same for any number (bench paper: the cases run in "
+                   "them; entrain plan: reading and the simulations of the decisions and the memory check, from "
+                   "a global batch of 2048) (default: 2 or the CPU count if lower)"),
         _flag("--overwrite", action="store_true",
               help="replace what an existing --out holds (without it such a folder is refused; entrain train: "
                    "or --resume; entrain export: never the run itself or the base checkpoint it was trained "

@@ -41,7 +41,7 @@ from entrain.core.planning.profile import Sampler
 from entrain.core.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.table_work import draw_works
-from entrain.core.workers import default_jobs, worker_processes
+from entrain.core.workers import worker_processes
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 from entrain.sim.replica_sample import heaviest_batches
@@ -76,10 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the system whose layout and schedule options the plan carries (entrain train --plan runs it)",
     )
     add_entrain_extension_args(p)
-    p.add_argument("--jobs", type=int, default=default_jobs(),
-                   help="worker processes for reading and for the simulations of the decisions and the memory "
-                        "check, from a global batch of 2048 (default: 2 or the CPU count if lower; the plan "
-                        "is the same for any number)")  # fmt: skip
+    add_shared_flags(p, "plan", "jobs")
     p.add_argument(
         "--out",
         default=None,
@@ -126,9 +123,9 @@ class PlanRequest:
     def from_args(cls, args: argparse.Namespace) -> PlanRequest:
         apply_paper_entrain(args)
         own = (args.iterations, args.alpha, args.p_error, args.n0, args.tolerance, tuple(_sizes(args.sizes)))
-        out, json = args.out, args.json
+        out, json, jobs = args.out, args.json, args.jobs
         config = RunConfig.from_args(args)  # the flags' rules (batch divisibility, degrees), before any work
-        return cls(config, *own, out=out, json=json, jobs=args.jobs)
+        return cls(config, *own, out=out, json=json, jobs=jobs)
 
 
 POOLED_GLOBAL_BATCH = 2048

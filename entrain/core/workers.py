@@ -6,7 +6,7 @@ candidate orders and their predicted makespans, then the executor), and replicas
 results in the items' order; outside ``worker_processes`` (and inside a worker) it is a plain loop.
 The workers are forked at each call, so they see the caller's state (cost model, samples, closures)
 without pickling it; only the results travel back (pickled exactly: the same floats and objects the
-loop would return, so a plan is bitwise the same for any number of jobs; tests/core/test_workers.py).
+loop would return, so a plan is bitwise the same for any number of jobs; tests/sim/test_workers.py).
 
 Fork is only safe in a process that has not started threads (torch, a data loader): only the
 commands that plan (``entrain plan --jobs``) enable it.

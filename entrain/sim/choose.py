@@ -125,11 +125,10 @@ def judged_ms(
     layout, batches, split = full, draws, None
     if full.dp > replicas:
         layout = sub_layout(full, replicas)
+        splits = {} if splits is None else splits
         key = repr((full, replicas))
-        if splits is None or key not in splits:
-            got = tuple(zip(*(heaviest_replicas(d, full, cost, replicas) for d in draws)))
-            splits = {} if splits is None else splits
-            splits[key] = got
+        if key not in splits:
+            splits[key] = tuple(zip(*(heaviest_replicas(d, full, cost, replicas) for d in draws)))
         batches, split = splits[key]
     sub = replace(setup, layout=layout)
     got, run = fit_memory(system, sub, batches, cost, setup.options, trace_iterations=0, assignments=split)

@@ -16,6 +16,15 @@ received ahead of the action that consumes it waits in ``stash``.
 
 gloo runs the same semantics: its send is a rendezvous too (``tests/runtime/test_comm.py`` pins that a
 send does not complete before its receive is posted), and its pairs match in order.
+
+Pre-posted gradient receives (gloo only, ``Transport.prepost_gradients``): under the rendezvous the data
+moves when the receiver posts, and on a CPU it is the *sender's* transport thread that moves it; its core
+is busy with the sender's next compute action, so a receive posted at its action waited 2-5 ms for the
+scheduler to run that thread (rank 0's gradient receives 22-33 ms per step on chartqa, against 1-5 ms
+pre-posted; docs/profiling.md). The executor therefore posts a gradient's receive as soon as it may: once
+the forward output it belongs to exists and every earlier message of the channel has been posted (the
+channel's FIFO order, the program's receive order), and the receive action only waits for it. NCCL keeps
+receiving at the action, the order its replay checks (``entrain.core.p2p.check_program``).
 """
 
 from __future__ import annotations
@@ -53,6 +62,14 @@ class MessageKey:
         return f"{self.stage}SEND_{kind}{self.mb}.{self.sub}"
 
 
+def _decode(code: int) -> tuple[int, bool, int, int]:
+    """``MessageKey`` fields of a key code (the inverse of ``MessageKey.code``)."""
+    rest, sub = divmod(code, 64)
+    rest, mb = divmod(rest, 4096)
+    stage, backward = divmod(rest, 2)
+    return stage, bool(backward), mb, sub
+
+
 def ids_checksum(ids: Sequence[str]) -> int:
     return zlib.crc32("\x1f".join(ids).encode())
 
@@ -74,6 +91,12 @@ class Transport:
     compared in ``wait_all`` (one host synchronisation per step, not per message)."""
     me: int = 0
     """This process's plan rank (names the channels it sends on)."""
+    prepost_gradients: bool = False
+    """Post gradient receives ahead of their actions (gloo; see the module docstring)."""
+    preposted: dict[tuple[int, int], tuple[list, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """(peer, key code) -> (works, header, data) of receives posted ahead of their action."""
+    num_preposted: int = 0
+    """Receives posted ahead so far (a count for tests and traces)."""
 
     def _header(self, tensor: torch.Tensor, key: MessageKey, ids: Sequence[str]) -> torch.Tensor:
         if tensor.dim() > _MAX_DIMS:
@@ -108,7 +131,11 @@ class Transport:
         header first, then the data it sizes, then the header's key and sample ids are checked."""
         group = self._group(peer, self.me)
         header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-        if like is not None:
+        if (peer, key.code) in self.preposted:
+            works, header, data = self.preposted.pop((peer, key.code))
+            self._wait(works)
+            self.checks.append((peer, key, header, self._header(like, key, ids)))
+        elif like is not None:
             data = torch.empty(like.shape, dtype=like.dtype, device=self.device)
             self._wait(self._batch(dist.irecv, (header, data), peer, group))
             self.checks.append((peer, key, header, self._header(like, key, ids)))
@@ -121,6 +148,15 @@ class Transport:
         if (peer, key.code) in self.stash:
             raise RuntimeError(f"rank {dist.get_rank()}: message {key} from rank {peer} arrived twice")
         self.stash[(peer, key.code)] = data
+
+    def prepost(self, peer: int, key: MessageKey, like: torch.Tensor) -> None:
+        """Post the receive of message ``key`` (shape and dtype of ``like``) from ``peer`` now; its
+        ``receive`` then only waits. The caller posts in the channel's message order."""
+        header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
+        data = torch.empty(like.shape, dtype=like.dtype, device=self.device)
+        works = self._batch(dist.irecv, (header, data), peer, self._group(peer, self.me))
+        self.preposted[(peer, key.code)] = (works, header, data)
+        self.num_preposted += 1
 
     @staticmethod
     def _wait(works: list) -> None:
@@ -164,7 +200,14 @@ class Transport:
                 )
 
     def wait_all(self) -> None:
-        """Wait for every pending send (end of a step, and before shutdown)."""
+        """Wait for every pending send (end of a step, and before shutdown); a receive posted ahead and
+        never taken is a schedule mismatch."""
+        if self.preposted:
+            keys = ", ".join(
+                f"{MessageKey(*_decode(code))} from rank {peer}" for peer, code in self.preposted
+            )
+            self.preposted.clear()
+            raise RuntimeError(f"rank {dist.get_rank()}: receives posted ahead were never taken: {keys}")
         timeout = timedelta(seconds=self.timeout_s) if self.timeout_s is not None else None
         for work, _ in self.pending:
             if timeout is None:

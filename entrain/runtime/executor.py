@@ -21,7 +21,8 @@ that scalar makes gradients independent of grouping, deferral and splitting.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -155,6 +156,9 @@ class Executor:
             raise RuntimeError(f"rank {self.rank}: the actions given are not the Plan's list for this rank")
         self._reset(it, loss_scale, forward_only)
         program = rank_program(self.layout, it, self.rank, forward_only=forward_only)
+        self._preposting = self.transport.prepost_gradients and not forward_only
+        if self._preposting:
+            self._unposted = _receive_queues(program)
         grad_mode = torch.no_grad() if forward_only else nullcontext()
         if self.tracer is not None:
             self.tracer.start_step(self.device)
@@ -197,14 +201,28 @@ class Executor:
         self._handlers[c.action.kind](c.action)
 
     def _receive(self, peer: int, msg: Message) -> None:
-        key = MessageKey(msg.src, msg.kind == "B", msg.mb, msg.sub)
+        key = _key(msg)
         if msg.kind == "F":
             ids, like = self._ids(msg.src, msg.mb, msg.sub), None
         else:  # the gradient has the shape and dtype of the output it belongs to
             ids, like = self._ids(msg.dst, msg.mb, msg.sub), self._outputs[(msg.dst, msg.mb, msg.sub)]
         if receive_needs_header(msg) != (like is None):
             raise RuntimeError(f"rank {self.rank}: {key}: the program and the executor disagree on its size")
+        queue = self._unposted[peer]
+        if queue and queue[0] == msg:
+            queue.popleft()
+        elif self._preposting and (peer, key.code) not in self.transport.preposted:
+            raise RuntimeError(f"rank {self.rank}: {key} received out of its channel's order")
         self.transport.receive(peer, key, ids, like=like)
+        self._prepost(peer)
+
+    def _prepost(self, peer: int) -> None:
+        """Post, in the channel's order, the gradient receives from ``peer`` whose forward output exists
+        (``Transport.prepost_gradients``; a no-op otherwise)."""
+        queue = self._unposted[peer]
+        while queue and queue[0].kind == "B" and (queue[0].dst, queue[0].mb, queue[0].sub) in self._outputs:
+            msg = queue.popleft()
+            self.transport.prepost(peer, _key(msg), self._outputs[(msg.dst, msg.mb, msg.sub)])
 
     # --- state --------------------------------------------------------------------------------------
     def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
@@ -214,6 +232,10 @@ class Executor:
         self._features: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}
         self._used: dict[Key, list[torch.Tensor]] = {}
         self._outputs: dict[Key, torch.Tensor] = {}
+        self._preposting = False
+        self._unposted: dict[int, deque[Message]] = defaultdict(deque)
+        """Per peer: the messages still to receive from it, in program (= channel) order, when gradient
+        receives are posted ahead (``_prepost``); empty otherwise."""
         self._out_grads: dict[Key, torch.Tensor] = {}
         self._pending_w: dict[Key, Callable[[], None]] = {}
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -399,6 +421,7 @@ class Executor:
         self.transport.send(
             out.detach(), self._peer(s + 1), MessageKey(s, False, mb, sub), self._ids(s, mb, sub)
         )
+        self._prepost(self._peer(s + 1))
 
     def _recv_forward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
@@ -422,3 +445,22 @@ class Executor:
             return
         key = MessageKey(s + 1, True, mb, sub)
         self._out_grads[(s, mb, sub)] = self.transport.take(self._peer(s + 1), key)
+
+
+def _key(msg: Message) -> MessageKey:
+    return MessageKey(msg.src, msg.kind == "B", msg.mb, msg.sub)
+
+
+def _receive_queues(program: Sequence[Step]) -> dict[int, deque[Message]]:
+    """Per peer, the messages a rank's program receives from it, in order (as ``Executor._comm`` takes
+    them): the order of the peer's sends on that channel."""
+    queues: dict[int, deque[Message]] = defaultdict(deque)
+    seen: set[tuple[int, Message]] = set()
+    for step in program:
+        if not isinstance(step, Comm):
+            continue
+        for op in (op for batch in step.batches for op in batch.ops if not op.send):
+            if (op.peer, op.message) not in seen:
+                seen.add((op.peer, op.message))
+                queues[op.peer].append(op.message)
+    return queues

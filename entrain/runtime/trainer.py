@@ -130,6 +130,7 @@ class PipelineTrainer:
             peer_rank=lambda r: process_rank(r, self.place.tp_rank, parallel.tp),
             channel_group=lambda src, dst: self.groups.channels[(src, dst)],
             me=self.place.plan_rank,
+            prepost_gradients=env.backend == "gloo",
         )
         self.watch = watch or PeerWatch(
             env.rank, env.world_size, timeout_s if timeout_s is not None else 300.0

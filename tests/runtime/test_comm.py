@@ -107,6 +107,41 @@ def test_a_gloo_send_waits_for_its_receive(tmp_path):
     assert early is False
 
 
+def _preposted(env):
+    """A receive posted ahead (``Transport.prepost``) lets the sender's rendezvous complete before the
+    receive's action: the sender waits for both its sends before the receiver runs any receive (without
+    the receives posted ahead that wait would time out); the action then takes the message, header
+    checked, and one posted ahead but never taken is named at the end of the step."""
+    t = Transport(env.device, timeout_s=10.0, me=env.rank, prepost_gradients=True)
+    keys = [MessageKey(1, True, mb, 0) for mb in range(2)]
+    if env.rank == 0:
+        dist.barrier()  # rank 1 has posted both receives ahead
+        t.send(torch.full((3,), 7.0), 1, keys[0], ["a"])
+        t.send(torch.full((3,), 8.0), 1, keys[1], ["b"])
+        t.wait_all()  # both sends complete: the receives were posted
+        dist.barrier()  # only now does rank 1 run a receive action
+        return None
+    for key in keys:
+        t.prepost(0, key, torch.empty(3))
+    dist.barrier()
+    dist.barrier()
+    t.receive(0, keys[0], ["a"], like=torch.empty(3))
+    got = t.take(0, keys[0])
+    try:
+        t.wait_all()  # keys[1] was posted ahead but never taken
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    return got, t.num_preposted, error
+
+
+def test_a_receive_posted_ahead_completes_the_send_before_its_action(tmp_path):
+    _, (got, num_preposted, error) = run_workers(_preposted, 2, tmp_path)
+    torch.testing.assert_close(got, torch.full((3,), 7.0))
+    assert num_preposted == 2
+    assert error is not None and "1SEND_B1.0 from rank 0" in error and "never taken" in error
+
+
 def _layout(tp: int = 1, cp: int = 1) -> Layout:
     stages = (StageSpec(0, "encoder", 0, 4, 0), StageSpec(1, "llm", 0, 6, 1))
     comps = {"encoder": ComponentLayout(tp=1, pp=1), "llm": ComponentLayout(tp=tp, cp=cp, pp=1)}

@@ -18,6 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from entrain.core.p2p import Comm, rank_program
 from entrain.core.plan import ActionKind, Plan
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.vlm import build_vlm, set_trainable
@@ -78,8 +79,17 @@ def _train_cases(env, cases):
         trainer = PipelineTrainer(layout=plan.layout, model=model, env=env, renderer=renderer, optim=optim)
         val_loss = trainer.evaluate(plan.iterations[0])
         result, before = train_step_before_clip(trainer, plan.iterations[0])
-        out[name] = (before, trainer.named_grads(), result.loss, result.grad_norm, val_loss)
+        preposted = (trainer.transport.num_preposted, _gradient_receives(plan, trainer.place.plan_rank))
+        out[name] = (before, trainer.named_grads(), result.loss, result.grad_norm, val_loss, preposted)
     return out
+
+
+def _gradient_receives(plan: Plan, rank: int) -> int:
+    """Gradient messages ``rank`` receives from other ranks in the step (its p2p program)."""
+    program = rank_program(plan.layout, plan.iterations[0], rank)
+    received = {(op.peer, op.message) for c in program if isinstance(c, Comm) for b in c.batches for op in b.ops
+                if not op.send}  # fmt: skip
+    return sum(1 for _, msg in received if msg.kind == "B")
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +126,7 @@ def test_gradients_match_reference(world, references, tmp_path):
         cases.append((name, plan, dtype))
         tolerances[name] = 1e-10 if dtype == F64 else 1e-5
     results = run_workers(_train_cases, world, tmp_path, cases)
+    num_preposted = 0
     for name, tol in tolerances.items():
         before, after = {}, {}
         for rank_result in results:
@@ -123,12 +134,17 @@ def test_gradients_match_reference(world, references, tmp_path):
             after.update(rank_result[name][1])
         ref = references[_reference_kind(name)]
         assert ref.grad_norm > MAX_GRAD_NORM, f"{name}: clipping would not be exercised"
-        _, _, loss, grad_norm, val_loss = results[0][name]
+        _, _, loss, grad_norm, val_loss, _ = results[0][name]
+        # gloo: every gradient receive was posted ahead of its action (entrain.runtime.comm)
+        preposted = [r[name][5] for r in results]
+        assert all(got == want for got, want in preposted), (name, preposted)
+        num_preposted += sum(got for got, _ in preposted)
         assert_matches_reference(
             name, before=before, after=after, loss=loss, grad_norm=grad_norm, ref=ref, tol=tol
         )
         # forward-only pass of the same batch before the update
         assert abs(val_loss - ref.loss) < 1e-5 * abs(ref.loss), f"{name}: validation loss {val_loss}"
+    assert world == 1 or num_preposted > 0
 
 
 def _train_family(env, fm, plan, cases):

@@ -63,6 +63,7 @@ from entrain.core.schedules.common import (
     build_plan_per_replica,
     check_replicas,
     entrain_specs,
+    has_fused_rank,
     one_f_one_b_order,
     rank_units,
     require_stage_chain,
@@ -141,11 +142,12 @@ def _ramp_candidates(opts: ScheduleOptions, layout: Layout, rep) -> list[tuple[i
     return out
 
 
-def split_weight_grads(actions: Sequence[Action]) -> list[Action]:
+def split_weight_grads(actions: Sequence[Action], per_slot: bool = True) -> list[Action]:
     """Every ``B`` replaced by ``I`` and ``W`` of the same (stage, microbatch, sub): the ``I``s of a
     backward slot (consecutive ``B``s of decreasing stages: a fused rank's LLM backward, then the
     encoder backwards it completes) first, then their ``W``s, so the gradient the slot sends
-    upstream does not wait for the slot's weight gradients (a rank of one stage: ``I`` then ``W``)."""
+    upstream does not wait for the slot's weight gradients (a rank of one stage: ``I`` then ``W``).
+    ``per_slot`` False (``ScheduleOptions.backward_order`` ``"per-b"``): each ``B`` as ``I, W`` in place."""
     out: list[Action] = []
     slot: list[Action] = []
 
@@ -159,14 +161,16 @@ def split_weight_grads(actions: Sequence[Action]) -> list[Action]:
             flush()
             out.append(a)
             continue
-        if slot and a.stage >= slot[0].stage:
+        if slot and (not per_slot or a.stage >= slot[0].stage):
             flush()  # a later slot (drain: the same stages again)
         slot.append(a)
     flush()
     return out
 
 
-def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: bool = False):
+def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: str | None = None):
+    """Per-rank compute orders of a graph; ``split``: the ``backward_order`` of split backwards."""
+
     def order(graph: ReplicaGraph) -> dict[int, list[Action]]:
         p = graph.layout.ranks_per_replica
         units = [rank_units(graph, r) for r in range(p)]
@@ -176,7 +180,7 @@ def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: b
             fwd, bwd = units[rank]
             out[rank] = one_f_one_b_order(fwd, bwd, warm[rank])
             if split:
-                out[rank] = split_weight_grads(out[rank])
+                out[rank] = split_weight_grads(out[rank], per_slot=split == "slot")
         return out
 
     return order
@@ -280,9 +284,12 @@ def generate(
         plan_options.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
     if opts.split_weight_grads:
         plan_options["split_weight_grads"] = True
+        if has_fused_rank(layout):  # where the backward orders differ
+            plan_options["backward_order"] = opts.backward_order
     if opts.assignment != "paper":
         plan_options["assignment"] = opts.assignment
-    order = _compute_order(costs, opts.eager_budget_factor, eager, opts.split_weight_grads)
+    split = opts.backward_order if opts.split_weight_grads else None
+    order = _compute_order(costs, opts.eager_budget_factor, eager, split)
     rooms = _memory_rooms(opts, costs)
 
     def candidate(assigned: ReplicaAssignment, ramp: int, pieces: int, predict: bool = auto):

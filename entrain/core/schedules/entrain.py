@@ -26,8 +26,17 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   ``Plan.options["ramp_chosen"][iteration][replica]``. Gradients are unchanged by construction (the loss is
   normalised by the global label count; tested against the single-process reference).
 * Split weight gradients (``ScheduleOptions.split_weight_grads``): each ``B`` of the order becomes
-  ``I`` then ``W``; the gradient leaves after ``I``, so fill/drain and every wait on a downstream
-  gradient shrink by the weight-gradient half of a backward. Same work per rank, same order.
+  ``I`` and ``W``; the gradient leaves after ``I``, so fill/drain and every wait on a downstream
+  gradient shrink by the weight-gradient half of a backward. Same work per rank, same order of
+  backwards. On a fused rank (boundary sharing, below) a backward slot holds several ``B``s, run in
+  the order ``ScheduleOptions.backward_order`` says (``split_weight_grads``): ``"slot"``, the slot's
+  ``I``s then its ``W``s (the encoder's gradient does not wait for the LLM's ``W``), or ``"per-b"``,
+  each ``B`` as ``I, W`` in place; identical on every other rank. It is decided per plan by
+  simulation (``entrain.core.setups``, the ``backward_order`` decision), not per iteration by
+  ``predicted_makespan_ms``: the slot order only moves ``I``s earlier and ``W``s later, so its
+  prediction is never above per-b's; the two differ in the fused rank's memory (``W`` frees the
+  activations), which only the simulated memory check prices. Recorded in
+  ``Plan.options["backward_order"]`` where a rank is fused.
 * Boundary sharing (the layout, ``planning.boundary.boundary_sharing_config``): a pipeline rank may hold
   several consecutive stages — the last encoder stage and the first LLM stage. Such a rank runs
   them as one fused stage (``common.rank_units``): forward unit k = its encoder sub-forwards of

@@ -288,15 +288,7 @@ def generate(
     if (eager or auto) and cost is None:
         raise ConfigError("entrain's eager forward, ramp='auto' and assignment='auto' need a cost model")
     costs = PlanCosts(layout, cost, samples) if cost is not None else None
-    plan_options: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
-    if opts.ramp_microbatches:
-        plan_options.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
-    if opts.split_weight_grads:
-        plan_options["split_weight_grads"] = True
-        if has_fused_rank(layout):  # where the backward orders differ
-            plan_options["backward_order"] = opts.backward_order
-    if opts.assignment != "paper":
-        plan_options["assignment"] = opts.assignment
+    plan_options = _plan_options(opts, layout, eager)
     split = opts.backward_order if opts.split_weight_grads else None
     order = _compute_order(costs, opts.eager_budget_factor, eager, split)
     rooms = _memory_rooms(opts, costs)
@@ -356,6 +348,20 @@ def generate(
     if any(cuts):
         plan.options["memory_split"] = {"room_bytes": rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan
+
+
+def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
+    """The ``Plan.options`` the schedule options give (before the per-iteration choices)."""
+    out: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
+    if opts.ramp_microbatches:
+        out.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
+    if opts.split_weight_grads:
+        out["split_weight_grads"] = True
+        if has_fused_rank(layout):  # where the backward orders differ
+            out["backward_order"] = opts.backward_order
+    if opts.assignment != "paper":
+        out["assignment"] = opts.assignment
+    return out
 
 
 def _memory_rooms(opts: ScheduleOptions, costs: PlanCosts | None) -> list[float] | None:

@@ -107,7 +107,7 @@ class ScheduleOptions:
     (the encoder's gradient leaves before the LLM's ``W``), ``"per-b"`` each ``B`` as ``I, W`` in place
     (the LLM's activations are freed before the encoder's backward). Identical on every other rank.
     ``entrain.core.setups`` decides it by simulation (the ``backward_order`` decision): the cost
-    model's prediction cannot, it never ranks ``"per-b"`` ahead (the orders differ only in memory)."""
+    model's prediction cannot, it never ranks ``"per-b"`` ahead (per-b can only win through memory)."""
 
     assignment: str = "paper"
     """Entrain's per-iteration assignment (``ASSIGNMENTS``): ``"paper"`` (Algorithm 3: stratified on

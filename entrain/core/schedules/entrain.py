@@ -34,8 +34,8 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   each ``B`` as ``I, W`` in place; identical on every other rank. It is decided per plan by
   simulation (``entrain.core.setups``, the ``backward_order`` decision), not per iteration by
   ``predicted_makespan_ms``: the slot order only moves ``I``s earlier and ``W``s later, so its
-  prediction is never above per-b's; the two differ in the fused rank's memory (``W`` frees the
-  activations), which only the simulated memory check prices. Recorded in
+  prediction is never above per-b's; per-b can only win through the fused rank's memory (``W``
+  frees the activations), which only the simulated memory check prices. Recorded in
   ``Plan.options["backward_order"]`` where a rank is fused.
 * Boundary sharing (the layout, ``planning.boundary.boundary_sharing_config``): a pipeline rank may hold
   several consecutive stages — the last encoder stage and the first LLM stage. Such a rank runs

@@ -55,7 +55,7 @@ from entrain.core.planning.boundary import boundary_sharing_config
 from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
 from entrain.core.planning.entry import PlanResult, plan
 from entrain.core.planning.profile import MacroscopicProfiler, Sampler, draw_seed
-from entrain.core.schedules.common import ScheduleOptions
+from entrain.core.schedules.common import BACKWARD_ORDERS, ScheduleOptions, has_fused_rank
 from entrain.core.systems import (
     CONFIG_DIP,
     CONFIG_DISTTRAIN,
@@ -381,7 +381,9 @@ def entrain_variant(
     return replace(current, source=current.source + _notes(current.options))
 
 
-DECISIONS = ("config", "layout", "assignment", "dp_split", "ramp", "sub_microbatches", "recompute")
+DECISIONS = (
+    "config", "layout", "assignment", "dp_split", "ramp", "backward_order", "sub_microbatches", "recompute",
+)  # fmt: skip
 """Every automatic choice, in the order it is made (``recompute``: by the memory check,
 ``entrain.sim.memory_fit.deploy``); docs/planner.md, "Decisions by simulation"."""
 
@@ -398,8 +400,9 @@ def _with_options(setup: SystemSetup, **delta) -> SystemSetup:
 
 def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudge) -> SystemSetup:
     """The schedule-option decisions: assignment (paper / two-resource / per-iteration auto), the DP
-    re-split (only under a non-paper assignment), the ramp (0 / per-replica auto) and the memory
-    split into sub-microbatches (off: recomputation alone; on)."""
+    re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split
+    backward's order (slot / per-b where a rank holds several stages; elsewhere both are one plan,
+    simulated once) and the memory split into sub-microbatches (off: recomputation alone; on)."""
     m = req.margin
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
@@ -419,6 +422,9 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
             "auto": _with_options(setup, ramp_microbatches="auto"),
         }
         setup = decide("ramp", "0", ramps, judge, m)[0]
+    differ = setup.options.get("split_weight_grads") and has_fused_rank(setup.layout)
+    orders = {o: _with_options(setup, backward_order=o) for o in (BACKWARD_ORDERS if differ else ("slot",))}
+    setup = decide("backward_order", "slot", orders, judge, m)[0]
     cuts = {"off": _with_options(setup, memory_split=False), "on": _with_options(setup, memory_split=True)}
     chosen, d = decide("sub_microbatches", "off", cuts, judge, m)
     if d.chosen == "off" and d.candidates["on"] == d.candidates["off"]:
@@ -453,6 +459,8 @@ def _notes(options: dict) -> str:
         notes += f"; ramp_microbatches={options['ramp_microbatches']}"
     if options.get("split_weight_grads"):
         notes += "; split weight grads"
+    if options.get("backward_order", "slot") != "slot":
+        notes += f" ({options['backward_order']} backward order)"
     if options.get("assignment", "paper") != "paper":
         notes += f"; assignment={options['assignment']}"
     if options.get("dp_resplit") is False:

@@ -147,6 +147,7 @@ def test_out_carries_each_systems_layout_for_train(tmp_path, capsys, schema):
                 chosen["ramp"],
             )
             assert options.get("memory_split", True) is (chosen["sub_microbatches"] == "on")
+            assert options.get("backward_order", "slot") == chosen["backward_order"]
         if flags == ["--paper-entrain"]:
             assert plan["schedule_options"] == {}
 

@@ -4,7 +4,9 @@ code before them (issue 25 req. 1): ``golden/plan_scale_dp64.json`` was written 
 d49dc77) on the seeded planning-scale workload below; every decision's candidate times included.
 Re-written once since, for a schedule change and not for the workers: the split backward's
 I-before-W slot order (7361b13) made the two boundary-sharing candidates faster (shared 2907 -> 2869
-ms, shared-batch 3077 -> 3066); the chosen plan and every other number are the same."""
+ms, shared-batch 3077 -> 3066); the chosen plan and every other number are the same. Then the
+``backward_order`` decision was added to the list (the disjoint layout: ``slot`` alone, the ramp's
+chosen time); nothing else changed."""
 
 from __future__ import annotations
 

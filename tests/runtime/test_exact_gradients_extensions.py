@@ -82,6 +82,7 @@ CASES = [
     ("shared-rank1-ramp", "shared-rank1", {"ramp_microbatches": 1}),
     ("split-1+1-ramp", None, {"ramp_microbatches": 1, "split_weight_grads": True}),
     ("split-shared-rank0", "shared-rank0", {"split_weight_grads": True}),
+    ("split-shared-rank0-per-b", "shared-rank0", {"split_weight_grads": True, "backward_order": "per-b"}),
     ("split-shared-rank1-ramp", "shared-rank1", {"ramp_microbatches": 1, "split_weight_grads": True}),
     ("two-resource-1+1", None, {"assignment": "two-resource"}),
     ("memory-split-1+1", "full-recompute-encoder", MEMORY_SPLIT),
@@ -154,6 +155,11 @@ def test_ramped_and_boundary_sharing_plans_give_reference_gradients(reference, t
         if layout_name is not None and layout_name.startswith("shared"):
             e = plan.layout.num_encoder_stages
             assert plan.layout.stages[e - 1].pp_rank == plan.layout.stages[e].pp_rank, name
+            if options.get("split_weight_grads"):  # the fused rank runs the backward order asked for
+                assert plan.options["backward_order"] == options.get("backward_order", "slot"), name
+            if options.get("backward_order") == "per-b":  # the fused rank's I/W order differs from slot's
+                slot = _plan(layout_name, {**options, "backward_order": "slot"}).iterations[0]
+                assert it.actions != slot.actions, name
         cases.append((name, plan))
     results = run_workers(_train, 2, tmp_path, cases)
     assert reference.grad_norm > MAX_GRAD_NORM, "clipping would not be exercised"

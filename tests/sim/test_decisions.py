@@ -32,7 +32,7 @@ REQ = ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 64, 4, 2, 512, 4, see
 """Issue 21's headline command, Entrain's defaults (every choice ``auto``)."""
 
 DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_split": "paper", "ramp": "0",
-            "sub_microbatches": "off"}  # fmt: skip
+            "backward_order": "slot", "sub_microbatches": "off"}  # fmt: skip
 """Each planning decision's paper default (``config``: Algorithm 2's own choice)."""
 
 
@@ -57,6 +57,7 @@ def features(setup: SystemSetup) -> dict[str, str]:
         "assignment": assignment,
         "dp_split": "two-resource" if resplit else "paper",
         "ramp": str(o.get("ramp_microbatches", 0)),
+        "backward_order": o.get("backward_order", "slot"),
         "sub_microbatches": "on" if o.get("memory_split", True) else "off",
     }
 
@@ -87,7 +88,8 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     judge, seen = fake_judge({})
     got = entrain_variant(base, REQ, cost, judge)
     d = _decisions(got)
-    assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "sub_microbatches"]
+    assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "backward_order",
+                       "sub_microbatches"]  # fmt: skip
     assert list(d) == [n for n in setups.DECISIONS if n != "recompute"]
     assert set(d["layout"].candidates) == {
         "disjoint",
@@ -97,6 +99,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     assert set(d["assignment"].candidates) == {"paper", "two-resource", "auto"}
     assert set(d["dp_split"].candidates) == {"paper"}  # the paper's assignment: nothing to re-split
     assert set(d["ramp"].candidates) == {"0", "auto"}
+    assert set(d["backward_order"].candidates) == {"slot"}  # the disjoint layout: no rank holds two stages
     assert set(d["sub_microbatches"].candidates) == {"off", "on"}
     for name, default in DEFAULTS.items():
         assert d[name].default == (default or d[name].default), name
@@ -105,7 +108,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     # a memory split the draws cannot tell from none (equal times: it cut nothing) stays on
     assert features(got) == {**features(base), "sub_microbatches": "on", "config": features(base)["config"]}
     assert got.options.get("split_weight_grads") is True  # not a decision: on as asked
-    assert len(seen) == 6
+    assert len(seen) == 7
 
 
 @pytest.mark.parametrize(
@@ -138,6 +141,22 @@ def test_dp_resplit_is_decided_under_a_non_paper_assignment():
         assert got.options.get("dp_resplit", True) is (chosen == "two-resource")
 
 
+@pytest.mark.parametrize("factor, chosen", [(0.98, "per-b"), (0.998, "slot"), (1.02, "slot")])
+def test_the_backward_order_is_simulated_where_a_rank_holds_two_stages(factor, chosen):
+    """The shared layout's fused rank: per-b is taken where it simulates faster past the margin (the
+    plan's options say so), slot kept otherwise; on the disjoint layout both are one plan (only slot)."""
+    cost, base = _base()
+    judge, _ = fake_judge({("layout", "shared"): 0.9, ("backward_order", "per-b"): factor})
+    got = entrain_variant(base, REQ, cost, judge)
+    d = _decisions(got)["backward_order"]
+    assert features(got)["layout"] == "shared" and set(d.candidates) == {"slot", "per-b"}
+    assert d.chosen == chosen and got.options.get("backward_order", "slot") == chosen
+    assert d.candidates["per-b"] == pytest.approx(1000.0 * 0.9 * factor)
+    judge, _ = fake_judge({("backward_order", "per-b"): 0.5})  # disjoint: per-b is the same plan
+    kept = _decisions(entrain_variant(base, REQ, cost, judge))["backward_order"]
+    assert set(kept.candidates) == {"slot"} and kept.chosen == "slot"
+
+
 def test_the_fastest_departure_wins_among_several():
     cost, base = _base()
     judge, _ = fake_judge({("assignment", "two-resource"): 0.95, ("assignment", "auto"): 0.9})
@@ -151,7 +170,7 @@ def test_explicit_flags_are_not_decided():
     judge, _ = fake_judge({})
     fixed = replace(REQ, entrain_ramp=2, entrain_assignment="two-resource", entrain_layout="disjoint")
     got = entrain_variant(base, fixed, cost, judge)
-    assert [d.name for d in got.decisions] == ["config", "dp_split", "sub_microbatches"]
+    assert [d.name for d in got.decisions] == ["config", "dp_split", "backward_order", "sub_microbatches"]
     assert got.options["ramp_microbatches"] == 2 and got.options["assignment"] == "two-resource"
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ActionKind, ComponentLayout, Layout, StageSpec
 from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.entrain import split_weight_grads
 from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.lowering import strip_comms
 from entrain.core.schedules.predict import predicted_makespan_ms
@@ -139,14 +140,28 @@ def test_split_weight_grads_keeps_the_work_and_never_delays(system, w):
     for g in a.busy_ms:
         assert b.busy_ms[g] == pytest.approx(a.busy_ms[g])
     assert b.makespan_ms <= a.makespan_ms * (1 + 1e-12)
+    # per-b (each B as I, W in place) differs only on a fused rank, and never runs faster in time: the
+    # slot order only moves I earlier and W later within a slot, so the choice needs memory (setups)
+    per_b = generate_plan(system, layout, asg, samples, cost, {**opts, "split_weight_grads": True,
+                                                              "backward_order": "per-b"})  # fmt: skip
+    fused = {r for r in range(layout.ranks_per_replica) if sum(st.pp_rank == r for st in layout.stages) > 1}
+    recorded = (split.options.get("backward_order"), per_b.options.get("backward_order"))
+    assert recorded == (("slot", "per-b") if fused else (None, None))
+    for g, acts in plan.iterations[0].actions.items():
+        compute = [a for a in acts if a.kind.is_compute]
+        for got, per_slot in ((split, True), (per_b, False)):
+            mine = [a for a in got.iterations[0].actions[g] if a.kind.is_compute]
+            assert mine == split_weight_grads(compute, per_slot=per_slot)
+        assert per_b.iterations[0].actions[g] == split.iterations[0].actions[g] or g in fused
+    (c,) = simulate_plan(per_b, cost)
+    assert b.makespan_ms <= c.replicas[0].makespan_ms * (1 + 1e-12) <= a.makespan_ms * (1 + 1e-9)
 
 
 def test_split_weight_grads_sends_a_slots_gradients_before_its_weight_gradients():
     """A fused rank's backward slot (LLM stage 2, then encoder stage 1, with a deferred sub) runs its
     input gradients first (the encoder's gradient leaves before the LLM's ``W``); a rank's drain of
-    one stage keeps ``I`` then ``W`` per microbatch."""
+    one stage keeps ``I`` then ``W`` per microbatch; ``per-b`` keeps each ``B``'s place."""
     from entrain.core.plan import Action
-    from entrain.core.schedules.entrain import split_weight_grads
 
     def acts(spec: str) -> list[Action]:
         return [Action(int(t[1]), ActionKind(t[0]), int(t[2]), int(t[3:] or 0)) for t in spec.split()]
@@ -157,6 +172,11 @@ def test_split_weight_grads_sends_a_slots_gradients_before_its_weight_gradients(
     )
     drain = acts("B05 B06")
     assert split_weight_grads(drain) == acts("I05 W05 I06 W06")
+    # backward_order "per-b": each B as I, W in place (the LLM's W, freeing its activations, first)
+    assert split_weight_grads(fused, per_slot=False) == acts(
+        "F10 F20 I20 W20 I10 W10 I101 W101 F11 F21 I21 W21 I11 W11 I22 W22"
+    )
+    assert split_weight_grads(drain, per_slot=False) == split_weight_grads(drain)
 
 
 def test_auto_ramp_is_taken_when_fill_and_drain_dominate():

@@ -28,6 +28,7 @@ from entrain.core.work import SampleWork
 __all__ = [
     "PlanGenerator",
     "ASSIGNMENTS",
+    "BACKWARD_ORDERS",
     "ScheduleOptions",
     "plain_specs",
     "entrain_specs",
@@ -37,6 +38,7 @@ __all__ = [
     "check_replicas",
     "require_one_stage_per_rank",
     "require_stage_chain",
+    "has_fused_rank",
     "rank_units",
     "build_plan_per_replica",
 ]
@@ -63,6 +65,9 @@ class PlanGenerator(Protocol):
 
 ASSIGNMENTS = ("paper", "two-resource", "auto")
 """Entrain's per-iteration assignment choices (``ScheduleOptions.assignment``)."""
+
+BACKWARD_ORDERS = ("slot", "per-b")
+"""Orders of a split backward's ``I``s and ``W``s (``ScheduleOptions.backward_order``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,14 @@ class ScheduleOptions:
     (input gradients, sent upstream at once) then ``W`` (weight gradients) in the same place of the
     order, so the previous stage gets its gradient after the input half of the backward (the
     zero-bubble split; the runtime runs ``I + W`` as one backward's work)."""
+    backward_order: str = "slot"
+    """Under ``split_weight_grads``, the order of the ``I``s and ``W``s of a backward slot that holds
+    several stages (a fused rank of the boundary-sharing layout: the LLM's backward, then the encoder
+    backwards it completes; ``BACKWARD_ORDERS``): ``"slot"`` runs the slot's ``I``s, then its ``W``s
+    (the encoder's gradient leaves before the LLM's ``W``), ``"per-b"`` each ``B`` as ``I, W`` in place
+    (the LLM's activations are freed before the encoder's backward). Identical on every other rank.
+    ``entrain.core.setups`` decides it by simulation (the ``backward_order`` decision): the cost
+    model's prediction cannot, it never ranks ``"per-b"`` ahead (per-b can only win through memory)."""
 
     assignment: str = "paper"
     """Entrain's per-iteration assignment (``ASSIGNMENTS``): ``"paper"`` (Algorithm 3: stratified on
@@ -122,6 +135,10 @@ class ScheduleOptions:
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:
             raise ConfigError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {self.assignment!r}")
+        if self.backward_order not in BACKWARD_ORDERS:
+            raise ConfigError(
+                f"backward_order must be one of {', '.join(BACKWARD_ORDERS)}, got {self.backward_order!r}"
+            )
         r = self.ramp_microbatches
         if not (r == "auto" or (isinstance(r, int) and not isinstance(r, bool) and r >= 0)):
             raise ConfigError(f"ramp_microbatches must be a count >= 0 or 'auto', got {r!r}")
@@ -215,6 +232,11 @@ def stage_units(graph: ReplicaGraph, stage: int) -> tuple[list[list[Action]], li
         slot = graph.grad_slot(m, u) if graph.is_encoder(stage) else m
         bwd[slot].append(Action(stage, ActionKind.B, m, s))
     return fwd, bwd
+
+
+def has_fused_rank(layout: Layout) -> bool:
+    """Whether a pipeline rank holds several stages (the boundary-sharing layout)."""
+    return len(layout.stages) > layout.ranks_per_replica
 
 
 def rank_units(graph: ReplicaGraph, rank: int) -> tuple[list[list[Action]], list[list[Action]]]:

@@ -26,8 +26,17 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   ``Plan.options["ramp_chosen"][iteration][replica]``. Gradients are unchanged by construction (the loss is
   normalised by the global label count; tested against the single-process reference).
 * Split weight gradients (``ScheduleOptions.split_weight_grads``): each ``B`` of the order becomes
-  ``I`` then ``W``; the gradient leaves after ``I``, so fill/drain and every wait on a downstream
-  gradient shrink by the weight-gradient half of a backward. Same work per rank, same order.
+  ``I`` and ``W``; the gradient leaves after ``I``, so fill/drain and every wait on a downstream
+  gradient shrink by the weight-gradient half of a backward. Same work per rank, same order of
+  backwards. On a fused rank (boundary sharing, below) a backward slot holds several ``B``s, run in
+  the order ``ScheduleOptions.backward_order`` says (``split_weight_grads``): ``"slot"``, the slot's
+  ``I``s then its ``W``s (the encoder's gradient does not wait for the LLM's ``W``), or ``"per-b"``,
+  each ``B`` as ``I, W`` in place; identical on every other rank. It is decided per plan by
+  simulation (``entrain.core.setups``, the ``backward_order`` decision), not per iteration by
+  ``predicted_makespan_ms``: the slot order only moves ``I``s earlier and ``W``s later, so its
+  prediction is never above per-b's; per-b can only win through the fused rank's memory (``W``
+  frees the activations), which only the simulated memory check prices. Recorded in
+  ``Plan.options["backward_order"]`` where a rank is fused.
 * Boundary sharing (the layout, ``planning.boundary.boundary_sharing_config``): a pipeline rank may hold
   several consecutive stages — the last encoder stage and the first LLM stage. Such a rank runs
   them as one fused stage (``common.rank_units``): forward unit k = its encoder sub-forwards of
@@ -63,6 +72,7 @@ from entrain.core.schedules.common import (
     build_plan_per_replica,
     check_replicas,
     entrain_specs,
+    has_fused_rank,
     one_f_one_b_order,
     rank_units,
     require_stage_chain,
@@ -141,11 +151,12 @@ def _ramp_candidates(opts: ScheduleOptions, layout: Layout, rep) -> list[tuple[i
     return out
 
 
-def split_weight_grads(actions: Sequence[Action]) -> list[Action]:
+def split_weight_grads(actions: Sequence[Action], per_slot: bool = True) -> list[Action]:
     """Every ``B`` replaced by ``I`` and ``W`` of the same (stage, microbatch, sub): the ``I``s of a
     backward slot (consecutive ``B``s of decreasing stages: a fused rank's LLM backward, then the
     encoder backwards it completes) first, then their ``W``s, so the gradient the slot sends
-    upstream does not wait for the slot's weight gradients (a rank of one stage: ``I`` then ``W``)."""
+    upstream does not wait for the slot's weight gradients (a rank of one stage: ``I`` then ``W``).
+    ``per_slot`` False (``ScheduleOptions.backward_order`` ``"per-b"``): each ``B`` as ``I, W`` in place."""
     out: list[Action] = []
     slot: list[Action] = []
 
@@ -159,14 +170,16 @@ def split_weight_grads(actions: Sequence[Action]) -> list[Action]:
             flush()
             out.append(a)
             continue
-        if slot and a.stage >= slot[0].stage:
+        if slot and (not per_slot or a.stage >= slot[0].stage):
             flush()  # a later slot (drain: the same stages again)
         slot.append(a)
     flush()
     return out
 
 
-def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: bool = False):
+def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: str | None = None):
+    """Per-rank compute orders of a graph; ``split``: the ``backward_order`` of split backwards."""
+
     def order(graph: ReplicaGraph) -> dict[int, list[Action]]:
         p = graph.layout.ranks_per_replica
         units = [rank_units(graph, r) for r in range(p)]
@@ -176,7 +189,7 @@ def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: b
             fwd, bwd = units[rank]
             out[rank] = one_f_one_b_order(fwd, bwd, warm[rank])
             if split:
-                out[rank] = split_weight_grads(out[rank])
+                out[rank] = split_weight_grads(out[rank], per_slot=split == "slot")
         return out
 
     return order
@@ -275,14 +288,9 @@ def generate(
     if (eager or auto) and cost is None:
         raise ConfigError("entrain's eager forward, ramp='auto' and assignment='auto' need a cost model")
     costs = PlanCosts(layout, cost, samples) if cost is not None else None
-    plan_options: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
-    if opts.ramp_microbatches:
-        plan_options.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
-    if opts.split_weight_grads:
-        plan_options["split_weight_grads"] = True
-    if opts.assignment != "paper":
-        plan_options["assignment"] = opts.assignment
-    order = _compute_order(costs, opts.eager_budget_factor, eager, opts.split_weight_grads)
+    plan_options = _plan_options(opts, layout, eager)
+    split = opts.backward_order if opts.split_weight_grads else None
+    order = _compute_order(costs, opts.eager_budget_factor, eager, split)
     rooms = _memory_rooms(opts, costs)
 
     def candidate(assigned: ReplicaAssignment, ramp: int, pieces: int, predict: bool = auto):
@@ -340,6 +348,20 @@ def generate(
     if any(cuts):
         plan.options["memory_split"] = {"room_bytes": rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan
+
+
+def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
+    """The ``Plan.options`` the schedule options give (before the per-iteration choices)."""
+    out: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
+    if opts.ramp_microbatches:
+        out.update(ramp_microbatches=opts.ramp_microbatches, ramp_pieces=opts.ramp_pieces)
+    if opts.split_weight_grads:
+        out["split_weight_grads"] = True
+        if has_fused_rank(layout):  # where the backward orders differ
+            out["backward_order"] = opts.backward_order
+    if opts.assignment != "paper":
+        out["assignment"] = opts.assignment
+    return out
 
 
 def _memory_rooms(opts: ScheduleOptions, costs: PlanCosts | None) -> list[float] | None:

@@ -105,6 +105,23 @@ def refit_profile(run: str, out: str, label: str) -> dict:
     return got
 
 
+def joint_prediction(first: str, out: str, label: str) -> dict:
+    """Round 0's two Plans simulated under one profile fitted to both of its traces (``entrain profile
+    --from-trace 1F1B --also-trace ENTRAIN``: the cuts Entrain makes inside a component priced as they
+    ran; docs/profiling.md) -- in sample for the round, out of sample for the other rounds."""
+    runs = [os.path.join(first, s) for s in ("1f1b", "entrain")]
+    cmd = [sys.executable, "-m", "entrain", "profile", "--from-trace", runs[0], "--also-trace", runs[1],
+           "--out", out]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    with open(out) as f:
+        profile = json.load(f)
+    profile["notes"]["from_trace"] = [f"{label}, {s}" for s in ("1f1b", "entrain")]
+    with open(out, "w") as f:
+        json.dump(profile, f, indent=1)
+    ms = {s: simulated_ms(os.path.join(first, s), _load_cost("", out)) for s in PAIRED_SYSTEMS}
+    return {"joint_sim_ms": ms, "joint_sim_ratio": ms["entrain"] / ms["1f1b"]}
+
+
 def decisions_under(config: dict, profile: str | None) -> dict[str, str]:
     """Entrain's simulated decisions (``entrain simulate --json``: name -> chosen) for ``config`` on 2
     processes, planned with ``profile`` (None: the preset)."""
@@ -144,7 +161,9 @@ def predictions(first: str, refit_path: str, profile: str | None, label: str) ->
     }
     fit = refit_profile(os.path.join(first, "1f1b"), refit_path, label)
     refit = {s: simulated_ms(os.path.join(first, s), _load_cost("", refit_path)) for s in PAIRED_SYSTEMS}
+    joint = joint_prediction(first, refit_path.replace(".refit.json", ".joint.json"), label.rsplit(",", 1)[0])
     return {
+        **joint,
         "sim_ms": base,
         "sim_ratio": base["entrain"] / base["1f1b"],
         "refit_sim_ms": refit,
@@ -195,6 +214,7 @@ def run_workload(
         **pred,
         "sim_rel_error": pred["sim_ratio"] / real - 1,
         "refit_sim_rel_error": pred["refit_sim_ratio"] / real - 1,
+        "joint_sim_rel_error": pred["joint_sim_ratio"] / real - 1,
         "decisions": decisions,
         "decisions_planned": decisions_under(config, profile),
         "decisions_refit": decisions_under(config, refit_out),
@@ -209,6 +229,13 @@ def _cpu_share(r: dict) -> str:
     )
 
 
+def _joint(r: dict) -> str:
+    """The joint refit's ratio and error (passes before it existed: not computed)."""
+    if "joint_sim_ratio" not in r:
+        return "- | -"
+    return f"{r['joint_sim_ratio']:.3f} | {r['joint_sim_rel_error']:+.1%}"
+
+
 def _row(key: str, r: dict) -> str:
     it = r["iter_ms"]
     med = {s: statistics.median(x[s] for x in it) for s in PAIRED_SYSTEMS}
@@ -216,7 +243,8 @@ def _row(key: str, r: dict) -> str:
     return (
         f"| {key} | {r['profile'] or 'cpu-tiny'} | {r['rounds']} x {r['steps']} | {med['entrain']:.0f} | {med['1f1b']:.0f} | "
         f"{r['real_ratio']:.3f} ({min(r['ratios']):.3f}-{max(r['ratios']):.3f}) | {ok} | {r['sim_ratio']:.3f} | "
-        f"{r['sim_rel_error']:+.1%} | {r['refit_sim_ratio']:.3f} | {r['refit_sim_rel_error']:+.1%} | {_cpu_share(r)} | "
+        f"{r['sim_rel_error']:+.1%} | {r['refit_sim_ratio']:.3f} | {r['refit_sim_rel_error']:+.1%} | {_joint(r)} | "
+        f"{_cpu_share(r)} | "
         f"{r['decisions']['entrain']['stages']}; split {r['decisions']['entrain']['split_weight_grads']}; "
         f"{r['decisions']['entrain']['assignment']} |"
     )
@@ -235,13 +263,16 @@ def report(results: dict, idle: dict) -> str:
         f"with `--trace`, first {WARMUP} step dropped. Real ratio = median over rounds of Entrain's median "
         "iteration ms / 1F1B's of the same launch (min-max in brackets). Sim ratio = the same Plans (round 0) "
         "simulated under the cost model they were planned with; refit = under the profile refitted from round "
-        "0's 1F1B trace (`entrain profile --from-trace`); error = sim / real - 1 (target |error| <= 5 %). Busiest "
+        "0's 1F1B trace (`entrain profile --from-trace`); joint = under one profile fitted to both of round 0's "
+        "traces (`--from-trace 1F1B --also-trace ENTRAIN`: in sample for round 0's cuts, out of sample for the "
+        "other rounds); error = sim / real - 1 (target |error| <= 5 %). Busiest "
         "rank CPU / wall: its process CPU time over the iteration's wall time (1.0 on an idle machine; below, the "
         "rank waited or shared the 2 cores with other jobs).",
         "",
         "| workload (pass) | planned with | rounds x steps | Entrain ms | 1F1B ms | real ratio | <= 1.0 | sim ratio | "
-        "error | refit sim ratio | error | busiest rank CPU / wall (E / 1F1B) | Entrain's plan (round 0) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "error | refit sim ratio | error | joint refit sim ratio | error | busiest rank CPU / wall (E / 1F1B) | "
+        "Entrain's plan (round 0) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(k, r) for k, r in results.items()]
     notes: dict[str, list[str]] = {}
@@ -262,13 +293,35 @@ def report(results: dict, idle: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rescore_joint(args) -> int:
+    """``--rescore-joint DIR``: add the joint refit's prediction to the recorded pass ``--dataset`` /
+    ``--pass-name`` from the round folders it kept (``--keep-runs DIR``), without running it again."""
+    key = args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
+    path = os.path.join(args.out, f"{STEM}.json")
+    old = json.load(open(path))
+    r = old["results"][key]
+    out = os.path.join(args.out, f"{STEM}_{_slug(args)}.joint.json")
+    label = f"round 0 of `cpu_pipeline.py --paired --dataset {args.dataset}`"
+    r.update(joint_prediction(os.path.join(args.rescore_joint, args.dataset, "round0"), out, label))
+    r["joint_sim_rel_error"] = r["joint_sim_ratio"] / r["real_ratio"] - 1
+    with open(path, "w") as f:
+        json.dump(old, f, indent=1)
+    with open(os.path.join(args.out, f"{STEM}.md"), "w") as f:
+        f.write(report(old["results"], old["idle"]))
+    print(f"{key}: joint refit sim ratio {r['joint_sim_ratio']:.3f} ({r['joint_sim_rel_error']:+.1%})")
+    return 0
+
+
+def _slug(args) -> str:
+    return args.dataset + (
+        "_" + re.sub(r"[^a-z0-9]+", "-", args.pass_name.lower()).strip("-") if args.pass_name else ""
+    )
+
+
 def main_paired(args, idle: tuple[bool, float]) -> int:
     key = args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
     os.makedirs(args.out, exist_ok=True)
-    slug = args.dataset + (
-        "_" + re.sub(r"[^a-z0-9]+", "-", args.pass_name.lower()).strip("-") if args.pass_name else ""
-    )
-    refit_out = os.path.join(args.out, f"{STEM}_{slug}.refit.json")
+    refit_out = os.path.join(args.out, f"{STEM}_{_slug(args)}.refit.json")
     result = run_workload(
         args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out, args.keep_runs
     )

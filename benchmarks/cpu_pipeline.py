@@ -50,7 +50,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from cpu_paired import PAIRED_CONFIGS, main_paired  # benchmarks/cpu_paired.py
+from cpu_paired import PAIRED_CONFIGS, main_paired, rescore_joint  # benchmarks/cpu_paired.py
 from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
 
 SYSTEMS = ("entrain", "1f1b", "disttrain")
@@ -465,9 +465,17 @@ def main() -> int:
     ap.add_argument("--pass-name", default="", help="--paired: suffix of the workload's key in the results")
     ap.add_argument("--keep-runs", default=None, help="--paired: copy each round's run folders (traces) here")
     ap.add_argument(
+        "--rescore-joint",
+        default=None,
+        metavar="DIR",
+        help="--paired: add the joint refit's prediction to the recorded pass from the rounds it kept in DIR",
+    )
+    ap.add_argument(
         "--in-stage", action="store_true", help="the TP 2 / FSDP rows next to 1F1B (IN_STAGE_ROWS)"
     )
     args = ap.parse_args()
+    if args.paired and args.rescore_joint:
+        return rescore_joint(args)
     idle = (True, 1.0) if args.skip_idle_check else wait_idle(args.max_idle_wait_s)
     if args.in_stage:
         return main_in_stage(args, idle)

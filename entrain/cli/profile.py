@@ -55,6 +55,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="refit the run's cost model from RUN/trace.json (entrain train --trace) instead of timing layers: "
         "per-stage times and per-action overheads by least squares (docs/profiling.md); the model is the run's",
     )
+    p.add_argument(
+        "--also-trace",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="with --from-trace: another traced run of the same model and cost model whose Plan cuts the "
+        "components at other layers (e.g. the Entrain run next to a 1F1B one); every run is fitted at once, "
+        "per layer group, so each cut is priced as the runs ran it (repeatable)",
+    )
     p.add_argument("--out", required=True, help="profile JSON to write")
     add_shared_flags(p, "profile", "json")
     p.add_argument("--verbose", action="store_true", help="measured times per size on stderr")
@@ -110,6 +119,8 @@ def _device(name: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.also_trace and args.from_trace is None:
+        raise ConfigError("--also-trace needs --from-trace (the runs to fit together)")
     if args.from_trace is not None:
         from entrain.cli.profile_trace import run_from_trace
 

@@ -37,18 +37,31 @@ def _fit_json(run, fit) -> dict:
     }
 
 
+def _also_json(run, cost) -> dict:
+    """An ``--also-trace`` run and its simulated stage times' errors under its cost model and the fit."""
+    from entrain.sim.trace_fit import stage_errors
+
+    return {
+        "run": run.folder,
+        "errors": {"base": stage_errors(run, run.base), "refit": stage_errors(run, cost)},
+    }
+
+
 def run_from_trace(args: argparse.Namespace) -> int:
-    from entrain.sim.trace_fit import fit_stages, load_run, rank_overheads, refit, stage_errors
+    from entrain.sim.trace_fit import fit_stages, joint_refit, load_run, rank_overheads, refit, stage_errors
 
     run = load_run(args.from_trace, _cost_of)
+    also = [load_run(folder, _cost_of) for folder in args.also_trace]
     fits = fit_stages(run)
     overheads = rank_overheads(run)
-    cost = refit(run, fits, overheads)
+    cost = joint_refit([run, *also]) if also else refit(run, fits, overheads)
     cost.save(args.out)
     errors = {"base": stage_errors(run, run.base), "refit": stage_errors(run, cost)}
+    how = f"one fit over {1 + len(also)} runs' layer groups" if also else f"{len(fits)} stage fits"
     print(
-        f"wrote {args.out}: {len(fits)} stage fits from {len(run.events)} traced actions of {args.from_trace}; "
-        f"simulated stage times' mean error {errors['base']['busy_mean_rel_error']:.1%} (the run's cost model) "
+        f"wrote {args.out}: {how} from {sum(len(r.events) for r in (run, *also))} traced actions of "
+        f"{', '.join([args.from_trace, *args.also_trace])}; simulated stage times' mean error of "
+        f"{args.from_trace} {errors['base']['busy_mean_rel_error']:.1%} (the run's cost model) "
         f"-> {errors['refit']['busy_mean_rel_error']:.1%} (refitted)",
         file=sys.stderr,
     )
@@ -67,6 +80,7 @@ def run_from_trace(args: argparse.Namespace) -> int:
                     "run": args.from_trace,
                     "errors": errors,
                     "overhead_ms_per_action": {str(p): v for p, v in sorted(overheads.items())},
+                    **({"also": [_also_json(r, cost) for r in also]} if also else {}),
                 },
             }
         )

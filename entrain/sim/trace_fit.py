@@ -39,6 +39,7 @@ from entrain.core.schedules.costs import PlanCosts
 
 __all__ = [
     "TracedRun",
+    "joint_refit",
     "StageFit",
     "action_overhead_ms",
     "load_run",
@@ -364,3 +365,135 @@ def stage_errors(run: TracedRun, cost: CostModel) -> dict:
         "span_mean_rel_error": statistics.fmean(span_errors),
         "span_max_rel_error": max(span_errors),
     }
+
+
+# --- several runs of other stage cuts: one fit (``--from-trace RUN --also-trace RUN2``) -------------------
+def _groups(runs: list[TracedRun]) -> dict[str, list[tuple[int, int]]]:
+    """Per component, the finest layer ranges every traced stage is a union of (its cuts in all runs)."""
+    out = {}
+    for comp in ("encoder", "llm"):
+        n = runs[0].base.component(comp).num_layers
+        cuts = {0, n}
+        for run in runs:
+            for spec in run.plan.layout.stages:
+                if spec.component == comp:
+                    cuts |= {spec.first_layer, spec.end_layer}
+        edges = sorted(cuts)
+        out[comp] = list(zip(edges, edges[1:]))
+    return out
+
+
+def _group_ms(run: TracedRun, stage: int, group: tuple[int, int], phase: str, ids) -> tuple[float, float]:
+    """The base's time of layers ``group`` of ``stage``'s component over ``ids``: (variable part, per
+    sample, recomputation included; one call's constants), as ``PlanCosts`` prices a stage."""
+    spec = run.plan.layout.stages[stage]
+    par = run.plan.layout.components[spec.component]
+    base, (first, end) = run.base, group
+    constant = base.stage_ms(spec.component, first, end, (), phase, par.tp, par.cp, 1)
+    total = 0.0
+    for sid in ids:
+        meta = run.plan.samples[sid].meta
+        units, labels = base.units(spec.component, meta), base.labels(spec.component, meta)
+        total += base.stage_ms(spec.component, first, end, units, phase, par.tp, par.cp, 0, labels)
+        if phase == "bwd":
+            total += sum(
+                base.recompute_ms(spec.component, i, units, spec.recompute, par.tp, par.cp, 0, labels)
+                for i in range(first, end)
+            )
+    return total, constant
+
+
+def _joint_rows(runs: list[TracedRun], groups: dict[str, list[tuple[int, int]]]):
+    """One row per traced forward and per (sub-)microbatch backward (``B``, or ``I`` + ``W``): the
+    predicted ms of each group it covers, the compute actions it took, its measured ms."""
+    rows = []
+    for run in runs:
+        backward: dict[tuple, list] = {}
+        for e in run.events:
+            a = e["args"]
+            if not ActionKind(a["kind"]).is_compute:
+                continue
+            phase = "fwd" if a["kind"] == "F" else "bwd"
+            key = (id(run), e["pid"], a["step"], a["stage"], a["mb"], a["sub"], phase)
+            row = backward.setdefault(key, [run, a["stage"], phase, _ids(run, e), 0, 0.0])
+            row[4] += 1
+            row[5] += e["dur"] / 1e3
+        for run_, stage, phase, ids, num_actions, ms in backward.values():
+            spec = run_.plan.layout.stages[stage]
+            covered = {}
+            for g in groups[spec.component]:
+                if spec.first_layer <= g[0] and g[1] <= spec.end_layer:
+                    var, const = _group_ms(run_, stage, g, phase, ids)
+                    covered[(spec.component, phase, g, "var")] = var
+                    covered[(spec.component, phase, g, "const")] = const
+            rows.append((covered, num_actions, ms))
+    return rows
+
+
+def joint_refit(runs: list[TracedRun]) -> CostModel:
+    """One cost model from runs of one model whose Plans cut the components at other layers (a paired
+    run's 1F1B and Entrain traces): per component, phase and layer group (``_groups``) a scale of the
+    base's time, and one per-action constant, by non-negative least squares over every traced compute
+    (``measured = sum over the groups it covers of s_g * base_g + k * actions``), so a cut the runs
+    saw is priced as they ran it. The hardware's per-action overhead is the runs' mean gap overhead
+    (``action_overhead_ms``) plus ``k``; a split backward's input share, per stage as in ``refit``."""
+    from scipy.optimize import nnls
+
+    base = runs[0].base
+    if any(r.base.to_json()["components"] != base.to_json()["components"] for r in runs[1:]):
+        raise ConfigError("--also-trace: every run must have been planned with the same cost model")
+    groups = _groups(runs)
+    rows = _joint_rows(runs, groups)
+    columns = sorted({c for covered, _, _ in rows for c in covered})
+    index = {c: i for i, c in enumerate(columns)}
+    a = np.zeros((len(rows), len(columns) + 1))
+    y = np.array([ms for _, _, ms in rows])
+    for r, (covered, num_actions, _) in enumerate(rows):
+        for c, ms in covered.items():
+            a[r, index[c]] = ms
+        a[r, -1] = num_actions
+    norm = np.maximum(np.abs(a).max(axis=0), 1e-12)
+    solution = nnls(a / norm, y)[0] / norm
+    scales = {c: float(solution[index[c]]) for c in columns}
+    per_action_ms = float(solution[-1])
+    layers = {c: list(base.component(c).layers) for c in ("encoder", "llm")}
+    for (comp, phase, (first, end), part), s_g in scales.items():
+        if part == "const":
+            continue
+        c_g = scales.get((comp, phase, (first, end), "const"), 1.0)
+        for i in range(first, end):
+            const = _layer_constant(base, comp, i, phase)
+            layers[comp][i] = _layer(layers[comp][i], phase, s_g, c_g * const)
+    for run in runs:
+        for stage, fraction in _input_fractions(run).items():
+            spec = run.plan.layout.stages[stage]
+            for i in range(spec.first_layer, spec.end_layer):
+                layers[spec.component][i] = replace(layers[spec.component][i], bwd_input_fraction=fraction)
+    gaps = statistics.fmean(action_overhead_ms(r, rank_overheads(r)) for r in runs)
+    notes = {
+        "source": PROFILE_SOURCE,
+        "from_trace": [os.path.abspath(r.folder) for r in runs],
+        "base": base.notes.get("source", base.hardware.name),
+        "device": runs[0].config.get("device"),
+        "group_scales": [
+            {"component": c, "phase": p, "layers": [g[0], g[1]], "part": part, "scale": v}
+            for (c, p, g, part), v in scales.items()
+        ],
+        "per_action_ms": per_action_ms,
+        "gap_overhead_ms": gaps,
+    }
+    if runs[0].config.get("precision"):
+        notes["precision"] = runs[0].config["precision"]
+    hardware = replace(base.hardware, action_overhead_ms=gaps + per_action_ms)
+    return replace(
+        base,
+        hardware=hardware,
+        encoder=replace(base.encoder, layers=tuple(layers["encoder"])),
+        llm=replace(base.llm, layers=tuple(layers["llm"])),
+        notes=notes,
+    )
+
+
+def _layer_constant(base: CostModel, comp: str, i: int, phase: str) -> float:
+    """The per-call constant of layer ``i``'s ``phase`` at TP 1, CP 1 (its one-call time on nothing)."""
+    return base.layer_ms(comp, i, (), phase, 1, 1, 1)

@@ -322,13 +322,20 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
         ],  # fmt: skip
         "overhead_ms_per_action": {str(p): v for p, v in sorted(overheads.items())},
     }
+    return _refitted(run, layers, action_overhead_ms(run, overheads), notes)
+
+
+def _refitted(
+    run: TracedRun, layers: dict[str, list[LayerCost]], overhead_ms: float, notes: dict
+) -> CostModel:
+    """``run``'s base cost model with ``layers``, per-action ``overhead_ms``, ``notes`` (and the run's
+    precision in them)."""
     if run.config.get("precision"):
         notes["precision"] = run.config["precision"]
     base = run.base
-    hardware = replace(base.hardware, action_overhead_ms=action_overhead_ms(run, overheads))
     return replace(
         base,
-        hardware=hardware,
+        hardware=replace(base.hardware, action_overhead_ms=overhead_ms),
         encoder=replace(base.encoder, layers=tuple(layers["encoder"])),
         llm=replace(base.llm, layers=tuple(layers["llm"])),
         notes=notes,
@@ -482,16 +489,7 @@ def joint_refit(runs: list[TracedRun]) -> CostModel:
         "per_action_ms": per_action_ms,
         "gap_overhead_ms": gaps,
     }
-    if runs[0].config.get("precision"):
-        notes["precision"] = runs[0].config["precision"]
-    hardware = replace(base.hardware, action_overhead_ms=gaps + per_action_ms)
-    return replace(
-        base,
-        hardware=hardware,
-        encoder=replace(base.encoder, layers=tuple(layers["encoder"])),
-        llm=replace(base.llm, layers=tuple(layers["llm"])),
-        notes=notes,
-    )
+    return _refitted(runs[0], layers, gaps + per_action_ms, notes)
 
 
 def _layer_constant(base: CostModel, comp: str, i: int, phase: str) -> float:

@@ -30,7 +30,7 @@ from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import planner_draws
 from entrain.sim.executor import simulate_plan
 
-from .test_trace_refit_decision import MAX_PIXELS, OVERHEAD_MS, REQ, _events, _setups
+from .test_trace_refit_decision import MAX_PIXELS, OVERHEAD_MS, REQ, _setups, write_run_folder
 
 LAYER_SCALES = {"merger": 0.5, "patch_embed": 1.5}
 INSIDE_MS = 1.0
@@ -47,17 +47,6 @@ def _machine() -> CostModel:
                 q.update(a=q["a"] * scale, b=q["b"] * scale, c=q["c"] * scale)
     cost = CostModel.from_json(base)
     return replace(cost, hardware=replace(cost.hardware, action_overhead_ms=INSIDE_MS))
-
-
-def _run_folder(folder, plan, machine: CostModel) -> str:
-    (folder / "plan.json").write_text(json.dumps(plan.to_json()))
-    (folder / "trace.json").write_text(json.dumps({"traceEvents": _events(plan, machine)}))
-    spec = {"model": "tiny", "max_pixels": MAX_PIXELS, "tp": 1}
-    (folder / "config.json").write_text(json.dumps({"spec": spec, "device": "cpu", "precision": "fp32"}))
-    (folder / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": i}) + "\n" for i in range(len(plan.iterations)))
-    )
-    return str(folder)
 
 
 def _refit(*args: str, out) -> CostModel:
@@ -86,7 +75,7 @@ def runs(tmp_path_factory):
     folders = {}
     for system, plan in plans.items():
         (tmp / system).mkdir()
-        folders[system] = _run_folder(tmp / system, plan, machine)
+        folders[system] = str(write_run_folder(tmp / system, plan, machine))
     # the simulator charges the traces' gaps per action as well: what the runs "measured"
     truth = replace(machine, hardware=replace(machine.hardware, action_overhead_ms=INSIDE_MS + OVERHEAD_MS))
     single = _refit(folders["1f1b"], out=tmp / "single.json")

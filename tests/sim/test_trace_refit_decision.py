@@ -55,6 +55,19 @@ def _events(plan, cost: CostModel) -> list[dict]:
     return events
 
 
+def write_run_folder(folder, plan, machine: CostModel):
+    """A run folder of ``plan`` as ``entrain train --trace`` writes it, its actions timed by ``machine``
+    (``_events``), planned for the tiny model on ``cpu-tiny``."""
+    (folder / "plan.json").write_text(json.dumps(plan.to_json()))
+    (folder / "trace.json").write_text(json.dumps({"traceEvents": _events(plan, machine)}))
+    spec = {"model": "tiny", "max_pixels": MAX_PIXELS, "tp": 1}
+    (folder / "config.json").write_text(json.dumps({"spec": spec, "device": "cpu", "precision": "fp32"}))
+    (folder / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i}) + "\n" for i in range(len(plan.iterations)))
+    )
+    return folder
+
+
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory):
     """(base setups, 1F1B run folder, refitted cost model)."""
@@ -63,14 +76,7 @@ def loop(tmp_path_factory):
     sampler = dataset_sampler(REQ.dataset, REQ.seed, vision=VisionTokenConfig(max_pixels=MAX_PIXELS))
     one = base["1f1b"]
     plan = plan_system("1f1b", one.layout, planner_draws(sampler, base_cost, REQ), base_cost, one.options)
-    run = tmp_path_factory.mktemp("run")
-    (run / "plan.json").write_text(json.dumps(plan.to_json()))
-    (run / "trace.json").write_text(json.dumps({"traceEvents": _events(plan, base_cost)}))
-    spec = {"model": "tiny", "max_pixels": MAX_PIXELS, "tp": 1}
-    (run / "config.json").write_text(json.dumps({"spec": spec, "device": "cpu", "precision": "fp32"}))
-    (run / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": i}) + "\n" for i in range(len(plan.iterations)))
-    )
+    run = write_run_folder(tmp_path_factory.mktemp("run"), plan, base_cost)
     out = run / "refit.json"
     with contextlib.redirect_stderr(io.StringIO()):
         assert main(["profile", "--from-trace", str(run), "--out", str(out)]) == 0

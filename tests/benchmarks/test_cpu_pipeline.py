@@ -149,8 +149,13 @@ def test_paired_report_flags_a_slower_entrain_and_the_sim_error(benchmarks_on_pa
         "decisions_planned": {"layout": "shared"}, "decisions_refit": {"layout": "disjoint"},
         "refit_action_overhead_ms": 3.0,
     }  # fmt: skip
-    text = cpu_paired.report({"multi-image": result}, {"multi-image": [False, 0.1]})
+    joint = {**result, "joint_sim_ratio": 1.029, "joint_sim_rel_error": 1.029 / 1.05 - 1}
+    text = cpu_paired.report(
+        {"multi-image": result, "multi-image (joint)": joint}, {"multi-image": [False, 0.1]}
+    )
     row = next(line for line in text.splitlines() if line.startswith("| multi-image | cpu-tiny"))
-    assert "| 1.050 (0.900-1.100) | **no** | 0.945 | -10.0% | 1.050 | +0.0% | 0.90 / 0.80 |" in row
+    assert "| 1.050 (0.900-1.100) | **no** | 0.945 | -10.0% | 1.050 | +0.0% | - | - | 0.90 / 0.80 |" in row
+    row = next(line for line in text.splitlines() if line.startswith("| multi-image (joint) | cpu-tiny"))
+    assert "| 1.050 | +0.0% | 1.029 | -2.0% | 0.90 / 0.80 |" in row  # the joint refit's ratio and error
     assert "| multi-image | layout shared | layout disjoint (3.00) |" in text
     assert "multi-image NOT passed (10%)" in text

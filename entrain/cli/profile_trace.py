@@ -74,7 +74,9 @@ def run_from_trace(args: argparse.Namespace) -> int:
                 **({"precision": cost.notes["precision"]} if "precision" in cost.notes else {}),
                 "tokens": [min(sizes), max(sizes)],
                 "out": args.out,
-                "layers": "refitted per stage from the trace",
+                "layers": "refitted per layer group from the traces"
+                if also
+                else "refitted per stage from the trace",
                 "fits": [_fit_json(run, f) for f in fits],
                 "from_trace": {
                     "run": args.from_trace,

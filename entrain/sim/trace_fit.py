@@ -440,10 +440,12 @@ def _joint_rows(runs: list[TracedRun], groups: dict[str, list[tuple[int, int]]])
 def joint_refit(runs: list[TracedRun]) -> CostModel:
     """One cost model from runs of one model whose Plans cut the components at other layers (a paired
     run's 1F1B and Entrain traces): per component, phase and layer group (``_groups``) a scale of the
-    base's time, and one per-action constant, by non-negative least squares over every traced compute
-    (``measured = sum over the groups it covers of s_g * base_g + k * actions``), so a cut the runs
-    saw is priced as they ran it. The hardware's per-action overhead is the runs' mean gap overhead
-    (``action_overhead_ms``) plus ``k``; a split backward's input share, per stage as in ``refit``."""
+    base's size-dependent part and one of its per-call constants, and one per-action constant, by
+    non-negative least squares over every traced compute (``measured = sum over the groups it covers
+    of (v_g * variable_g + c_g * constant_g) + k * actions``), so a cut the runs saw is priced as they
+    ran it (a cut inside a group is priced by the base's split of it). The hardware's per-action
+    overhead is the runs' mean gap overhead (``action_overhead_ms``) plus ``k``; a split backward's
+    input share, per stage as in ``refit``."""
     from scipy.optimize import nnls
 
     base = runs[0].base

@@ -154,14 +154,15 @@ def _decisions(run: str) -> dict[str, str]:
 
 
 def predictions(first: str, refit_path: str, profile: str | None, label: str) -> dict:
-    """Round 0's Plans simulated under the planning cost model and under the 1F1B-trace refit."""
+    """Round 0's Plans simulated under the planning cost model, the 1F1B-trace refit and the joint refit
+    (``label``: the round, named in the refitted profiles' notes)."""
     base = {
         s: simulated_ms(os.path.join(first, s), _load_cost(os.path.join(first, s), profile))
         for s in PAIRED_SYSTEMS
     }
-    fit = refit_profile(os.path.join(first, "1f1b"), refit_path, label)
+    fit = refit_profile(os.path.join(first, "1f1b"), refit_path, f"{label}, 1f1b")
     refit = {s: simulated_ms(os.path.join(first, s), _load_cost("", refit_path)) for s in PAIRED_SYSTEMS}
-    joint = joint_prediction(first, refit_path.replace(".refit.json", ".joint.json"), label.rsplit(",", 1)[0])
+    joint = joint_prediction(first, refit_path.replace(".refit.json", ".joint.json"), label)
     return {
         **joint,
         "sim_ms": base,
@@ -196,7 +197,7 @@ def run_workload(
                 shutil.copytree(out, os.path.join(keep, name, f"round{i}"), dirs_exist_ok=True)
         first = os.path.join(tmp, "round0")
         pred = predictions(
-            first, refit_out, profile, f"round 0 of `cpu_pipeline.py --paired --dataset {name}`, 1f1b"
+            first, refit_out, profile, f"round 0 of `cpu_pipeline.py --paired --dataset {name}`"
         )
         decisions = {s: _decisions(os.path.join(first, s)) for s in PAIRED_SYSTEMS}
     ratios = [r["entrain"] / r["1f1b"] for r in per_round]
@@ -296,18 +297,14 @@ def report(results: dict, idle: dict) -> str:
 def rescore_joint(args) -> int:
     """``--rescore-joint DIR``: add the joint refit's prediction to the recorded pass ``--dataset`` /
     ``--pass-name`` from the round folders it kept (``--keep-runs DIR``), without running it again."""
-    key = args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
-    path = os.path.join(args.out, f"{STEM}.json")
-    old = json.load(open(path))
-    r = old["results"][key]
+    key = _key(args)
+    recorded = _recorded(args.out)
+    r = recorded["results"][key]
     out = os.path.join(args.out, f"{STEM}_{_slug(args)}.joint.json")
     label = f"round 0 of `cpu_pipeline.py --paired --dataset {args.dataset}`"
     r.update(joint_prediction(os.path.join(args.rescore_joint, args.dataset, "round0"), out, label))
     r["joint_sim_rel_error"] = r["joint_sim_ratio"] / r["real_ratio"] - 1
-    with open(path, "w") as f:
-        json.dump(old, f, indent=1)
-    with open(os.path.join(args.out, f"{STEM}.md"), "w") as f:
-        f.write(report(old["results"], old["idle"]))
+    _save(args.out, recorded)
     print(f"{key}: joint refit sim ratio {r['joint_sim_ratio']:.3f} ({r['joint_sim_rel_error']:+.1%})")
     return 0
 
@@ -318,21 +315,36 @@ def _slug(args) -> str:
     )
 
 
+def _key(args) -> str:
+    """The pass's key in the results: the workload, and ``--pass-name`` in brackets."""
+    return args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
+
+
 def main_paired(args, idle: tuple[bool, float]) -> int:
-    key = args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
+    key = _key(args)
     os.makedirs(args.out, exist_ok=True)
     refit_out = os.path.join(args.out, f"{STEM}_{_slug(args)}.refit.json")
     result = run_workload(
         args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out, args.keep_runs
     )
-    path = os.path.join(args.out, f"{STEM}.json")
-    old = json.load(open(path)) if os.path.exists(path) else {"results": {}, "idle": {}}
-    old["results"][key] = result
-    old["idle"][key] = list(idle)
-    with open(path, "w") as f:
-        json.dump(old, f, indent=1)
-    text = report(old["results"], old["idle"])
-    with open(os.path.join(args.out, f"{STEM}.md"), "w") as f:
-        f.write(text)
-    print(text)
+    recorded = _recorded(args.out)
+    recorded["results"][key] = result
+    recorded["idle"][key] = list(idle)
+    print(_save(args.out, recorded))
     return 0
+
+
+def _recorded(out: str) -> dict:
+    """``cpu_pipeline_paired.json`` of ``out`` (empty if none yet)."""
+    path = os.path.join(out, f"{STEM}.json")
+    return json.load(open(path)) if os.path.exists(path) else {"results": {}, "idle": {}}
+
+
+def _save(out: str, recorded: dict) -> str:
+    """Write ``recorded`` and its report to ``out``; the report's text."""
+    with open(os.path.join(out, f"{STEM}.json"), "w") as f:
+        json.dump(recorded, f, indent=1)
+    text = report(recorded["results"], recorded["idle"])
+    with open(os.path.join(out, f"{STEM}.md"), "w") as f:
+        f.write(text)
+    return text

@@ -62,14 +62,6 @@ class MessageKey:
         return f"{self.stage}SEND_{kind}{self.mb}.{self.sub}"
 
 
-def _decode(code: int) -> tuple[int, bool, int, int]:
-    """``MessageKey`` fields of a key code (the inverse of ``MessageKey.code``)."""
-    rest, sub = divmod(code, 64)
-    rest, mb = divmod(rest, 4096)
-    stage, backward = divmod(rest, 2)
-    return stage, bool(backward), mb, sub
-
-
 def ids_checksum(ids: Sequence[str]) -> int:
     return zlib.crc32("\x1f".join(ids).encode())
 
@@ -93,8 +85,10 @@ class Transport:
     """This process's plan rank (names the channels it sends on)."""
     prepost_gradients: bool = False
     """Post gradient receives ahead of their actions (gloo; see the module docstring)."""
-    preposted: dict[tuple[int, int], tuple[list, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    """(peer, key code) -> (works, header, data) of receives posted ahead of their action."""
+    preposted: dict[tuple[int, int], tuple[MessageKey, list, torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict
+    )
+    """(peer, key code) -> (key, works, header, data) of receives posted ahead of their action."""
     num_preposted: int = 0
     """Receives posted ahead so far (a count for tests and traces)."""
 
@@ -132,7 +126,7 @@ class Transport:
         group = self._group(peer, self.me)
         header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
         if (peer, key.code) in self.preposted:
-            works, header, data = self.preposted.pop((peer, key.code))
+            _, works, header, data = self.preposted.pop((peer, key.code))
             self._wait(works)
             self.checks.append((peer, key, header, self._header(like, key, ids)))
         elif like is not None:
@@ -155,7 +149,7 @@ class Transport:
         header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
         data = torch.empty(like.shape, dtype=like.dtype, device=self.device)
         works = self._batch(dist.irecv, (header, data), peer, self._group(peer, self.me))
-        self.preposted[(peer, key.code)] = (works, header, data)
+        self.preposted[(peer, key.code)] = (key, works, header, data)
         self.num_preposted += 1
 
     @staticmethod
@@ -203,9 +197,7 @@ class Transport:
         """Wait for every pending send (end of a step, and before shutdown); a receive posted ahead and
         never taken is a schedule mismatch."""
         if self.preposted:
-            keys = ", ".join(
-                f"{MessageKey(*_decode(code))} from rank {peer}" for peer, code in self.preposted
-            )
+            keys = ", ".join(f"{key} from rank {peer}" for (peer, _), (key, *_) in self.preposted.items())
             self.preposted.clear()
             raise RuntimeError(f"rank {dist.get_rank()}: receives posted ahead were never taken: {keys}")
         timeout = timedelta(seconds=self.timeout_s) if self.timeout_s is not None else None

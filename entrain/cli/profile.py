@@ -64,6 +64,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "components at other layers (e.g. the Entrain run next to a 1F1B one); every run is fitted at once, "
         "per layer group, so each cut is priced as the runs ran it (repeatable)",
     )
+    p.add_argument(
+        "--fit-groups",
+        choices=("kinds", "cuts"),
+        default=None,
+        help="with --also-trace: the layers one scale is fitted for: 'kinds' (default) = the layers of one kind wherever "
+        "they sit (any cut is then priced from the traces), 'cuts' = the layer ranges between the runs' stage "
+        "cuts (a cut no run made is priced by the run's cost model's split of its range)",
+    )
     p.add_argument("--out", required=True, help="profile JSON to write")
     add_shared_flags(p, "profile", "json")
     p.add_argument("--verbose", action="store_true", help="measured times per size on stderr")
@@ -121,6 +129,9 @@ def _device(name: str | None):
 def run(args: argparse.Namespace) -> int:
     if args.also_trace and args.from_trace is None:
         raise ConfigError("--also-trace needs --from-trace (the runs to fit together)")
+    if args.fit_groups and not args.also_trace:
+        raise ConfigError("--fit-groups needs --also-trace (it groups the layers of a fit over several runs)")
+    args.fit_groups = args.fit_groups or "kinds"
     if args.from_trace is not None:
         from entrain.cli.profile_trace import run_from_trace
 

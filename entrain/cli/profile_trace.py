@@ -54,10 +54,10 @@ def run_from_trace(args: argparse.Namespace) -> int:
     also = [load_run(folder, _cost_of) for folder in args.also_trace]
     fits = fit_stages(run)
     overheads = rank_overheads(run)
-    cost = joint_refit([run, *also]) if also else refit(run, fits, overheads)
+    cost = joint_refit([run, *also], args.fit_groups) if also else refit(run, fits, overheads)
     cost.save(args.out)
     errors = {"base": stage_errors(run, run.base), "refit": stage_errors(run, cost)}
-    how = f"one fit over {1 + len(also)} runs' layer groups" if also else f"{len(fits)} stage fits"
+    how = f"one fit over {1 + len(also)} runs' layer {args.fit_groups}" if also else f"{len(fits)} stage fits"
     print(
         f"wrote {args.out}: {how} from {sum(len(r.events) for r in (run, *also))} traced actions of "
         f"{', '.join([args.from_trace, *args.also_trace])}; simulated stage times' mean error of "
@@ -74,7 +74,7 @@ def run_from_trace(args: argparse.Namespace) -> int:
                 **({"precision": cost.notes["precision"]} if "precision" in cost.notes else {}),
                 "tokens": [min(sizes), max(sizes)],
                 "out": args.out,
-                "layers": "refitted per layer group from the traces"
+                "layers": f"refitted per layer group ({args.fit_groups}) from the traces"
                 if also
                 else "refitted per stage from the trace",
                 "fits": [_fit_json(run, f) for f in fits],

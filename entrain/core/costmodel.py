@@ -40,8 +40,10 @@ __all__ = [
 ]
 
 Component = Literal["encoder", "llm"]
-Phase = Literal["fwd", "bwd", "bwd_input"]
-"""``bwd_input``: the input-gradient part of ``bwd`` (what a split ``I`` runs; ``bwd`` minus it is ``W``)."""
+Phase = Literal["fwd", "bwd", "bwd_split", "bwd_input"]
+"""``bwd``: the backward in one call (``B``); ``bwd_split``: the backward split into ``I`` and ``W``
+(``bwd`` plus the split's own cost, ``LayerCost.split_extra_fraction`` and ``split_extra_ms``);
+``bwd_input``: the input-gradient part of ``bwd_split`` (what ``I`` runs; the rest is ``W``)."""
 COMPONENTS: tuple[Component, ...] = ("encoder", "llm")
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -190,6 +192,12 @@ class LayerCost:
     selective_fwd_fraction: float = 0.0
     """Share of the forward's linear term that selective recomputation re-runs (the attention
     sub-block's projections); its squared term is re-run whole."""
+    split_extra_fraction: float = 0.0
+    """Extra share of ``bwd`` a backward split into ``I`` and ``W`` costs (the runtime's weight-gradient
+    pass walks the layer's graph a second time: ``torch.distributed.pipelining``'s
+    ``stage_backward_weight``); 0 in the GPU presets, measured on the CPU (``benchmarks/fit_cpu_tiny.py``)."""
+    split_extra_ms: float = 0.0
+    """The split's extra per-call constant (ms per call of this layer)."""
     per_label: bool = False
     """``x`` counts label tokens (the layer runs only where the loss is taken: ``lm_head``, loss), not
     the sequence's tokens. False in cost files written before the distinction (their head layers
@@ -226,6 +234,11 @@ class LayerCost:
             "selective_fwd_fraction": self.selective_fwd_fraction,
             "per_label": self.per_label,
             **({"kv_param_bytes": self.kv_param_bytes, "kv_heads": self.kv_heads} if self.kv_heads else {}),
+            **(
+                {"split_extra_fraction": self.split_extra_fraction, "split_extra_ms": self.split_extra_ms}
+                if self.split_extra_fraction or self.split_extra_ms
+                else {}
+            ),
         }
 
     @classmethod
@@ -246,7 +259,19 @@ class LayerCost:
             per_label=bool(d.get("per_label", False)),
             kv_param_bytes=float(d.get("kv_param_bytes", 0.0)),
             kv_heads=int(d.get("kv_heads", 0)),
+            split_extra_fraction=float(d.get("split_extra_fraction", 0.0)),
+            split_extra_ms=float(d.get("split_extra_ms", 0.0)),
         )
+
+
+def _split(q: Quadratic, layer: LayerCost) -> Quadratic:
+    """A trainable layer's backward run as ``I`` + ``W``: ``q`` and the split's extra cost."""
+    if not (layer.split_extra_fraction or layer.split_extra_ms):
+        return q
+    q = q.scaled(1.0 + layer.split_extra_fraction)
+    extra = layer.split_extra_ms
+    table = tuple((x, ms + extra) for x, ms in q.table)
+    return Quadratic(q.a, q.b, q.c + extra, table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,8 +425,10 @@ class CostModel:
             q = layer.fwd[key]
         else:
             q = self._bwd_quadratic(comp, layer_idx, key)
-            if q is not None and phase == "bwd_input" and layer.trainable:
-                q = q.scaled(layer.bwd_input_fraction)  # a frozen layer's backward is input-only already
+            if q is not None and phase != "bwd" and layer.trainable:
+                q = _split(q, layer)
+                if phase == "bwd_input":
+                    q = q.scaled(layer.bwd_input_fraction)  # a frozen layer's backward is input-only already
         if q is None:
             return 0.0
         return sum(q.variable_ms(x) for x in units) + q.constant_ms * num_calls

@@ -61,6 +61,7 @@ __all__ = [
     "TP_DEGREES",
     "CP_DEGREES",
     "DeviceModel",
+    "analytic_cpu_tiny",
     "build_cost_model",
     "cost_model_for",
     "default_hardware",
@@ -148,6 +149,10 @@ class DeviceModel:
     bwd_input_fraction: dict[str, float] | None = None
     """Measured share of a trainable layer's backward spent on input gradients, per layer kind;
     ``None`` or a kind left out: 0.5 (the matmuls' FLOPs split evenly)."""
+    kind_scales: dict[str, dict[str, float]] | None = None
+    """Measured corrections per layer kind (``cpu-tiny``: ``benchmarks/fit_cpu_tiny.py``): ``fwd``,
+    ``bwd`` scale the size-dependent part, ``fwd_const``, ``bwd_const`` the per-call constant, and
+    ``split_extra_fraction``, ``split_extra_ms`` are the ``LayerCost`` fields; a kind left out: 1, 0."""
 
 
 def attention_by_component(attention: str) -> dict[str, str]:
@@ -209,11 +214,15 @@ def _quadratics(
     if cp > 1 and s.cp_kv_bytes:
         comm_ms += (cp - 1) / cp * s.cp_kv_bytes / tp / dev.collective_bytes_per_ms[cp]
         comm_lat += dev.collective_latency_ms
-    fwd = Quadratic(quad_ms / shard, lin_ms / shard + comm_ms, dev.fwd_call_ms[comp] / num_layers + comm_lat)
+    k = (dev.kind_scales or {}).get(s.kind, {})
+    f, b, fc, bc = (k.get(x, 1.0) for x in ("fwd", "bwd", "fwd_const", "bwd_const"))
+    fwd = Quadratic(
+        f * quad_ms / shard, f * lin_ms / shard + comm_ms, fc * dev.fwd_call_ms[comp] / num_layers + comm_lat
+    )
     bwd = Quadratic(
-        bwd_quad_ms / shard,
-        bwd_lin_ms / shard + comm_ms * (2.0 if s.cp_kv_bytes and cp > 1 else 1.0),
-        dev.bwd_call_ms[comp] / num_layers + comm_lat,
+        b * bwd_quad_ms / shard,
+        b * bwd_lin_ms / shard + comm_ms * (2.0 if s.cp_kv_bytes and cp > 1 else 1.0),
+        bc * dev.bwd_call_ms[comp] / num_layers + comm_lat,
     )
     return fwd, bwd
 
@@ -230,7 +239,10 @@ def _layer_cost(
             fwd[key], bwd[key] = _quadratics(s, dev, num_layers, tp, cp, attention)
     saved = _eager_traffic(s)[2] if attention == "eager" else 0.0
     window = s.attention == "window"
+    scales = (dev.kind_scales or {}).get(s.kind, {})
     return LayerCost(
+        split_extra_fraction=scales.get("split_extra_fraction", 0.0),
+        split_extra_ms=scales.get("split_extra_ms", 0.0),
         name=s.name,
         kind=s.kind,
         fwd=fwd,
@@ -336,6 +348,84 @@ CPU_TINY_BWD_INPUT_FRACTION = {
 matmuls wait for ``W``. Measured per stage in the Entrain traces of ``cpu_pipeline.py --paired``
 (3 launches x 4 workloads, one idle: a ratio of one rank's own actions, steady under load): LLM stages 0.69-0.75 (0.56-0.58 on chartqa's 100-token samples),
 the merger alone 0.54-0.60, the full-attention block + merger 0.81-0.82 (docs/cost_model.md)."""
+CPU_TINY_KIND_SCALES: dict[str, dict[str, float]] = {  # fmt: skip
+    "patch_embed": {
+        "fwd": 1.0284,
+        "fwd_const": 0.0,
+        "bwd": 0.4838,
+        "bwd_const": 0.1009,
+        "split_extra_fraction": 0.0413,
+        "split_extra_ms": 0.0,
+    },
+    "vit_block_window": {
+        "fwd": 1.0284,
+        "fwd_const": 0.0,
+        "bwd": 0.4838,
+        "bwd_const": 0.1009,
+        "split_extra_fraction": 0.0413,
+        "split_extra_ms": 0.0,
+    },
+    "vit_block_full": {
+        "fwd": 0.5066,
+        "fwd_const": 0.5332,
+        "bwd": 0.5258,
+        "bwd_const": 0.0,
+        "split_extra_fraction": 0.038,
+        "split_extra_ms": 0.0,
+    },
+    "merger": {
+        "fwd": 0.4622,
+        "fwd_const": 0.4051,
+        "bwd": 0.3765,
+        "bwd_const": 0.6842,
+        "split_extra_fraction": 0.0531,
+        "split_extra_ms": 0.0,
+    },
+    "embedding": {
+        "fwd": 16.5026,
+        "fwd_const": 0.3668,
+        "bwd": 10.1637,
+        "bwd_const": 0.4263,
+        "split_extra_fraction": 0.0052,
+        "split_extra_ms": 0.4646,
+    },
+    "decoder_layer": {
+        "fwd": 0.5994,
+        "fwd_const": 0.0,
+        "bwd": 0.6236,
+        "bwd_const": 0.0,
+        "split_extra_fraction": 0.0846,
+        "split_extra_ms": 0.4646,
+    },
+    "final_norm": {
+        "fwd": 0.6697,
+        "fwd_const": 0.3884,
+        "bwd": 0.4839,
+        "bwd_const": 0.2787,
+        "split_extra_fraction": 0.1091,
+        "split_extra_ms": 0.4646,
+    },
+    "lm_head": {
+        "fwd": 0.6697,
+        "fwd_const": 0.3884,
+        "bwd": 0.4839,
+        "bwd_const": 0.2787,
+        "split_extra_fraction": 0.1091,
+        "split_extra_ms": 0.4646,
+    },
+    "loss": {
+        "fwd": 0.6697,
+        "fwd_const": 0.3884,
+        "bwd": 0.4839,
+        "bwd_const": 0.2787,
+        "split_extra_fraction": 0.1091,
+        "split_extra_ms": 0.4646,
+    },
+}
+"""Per layer kind, the analytic curves' corrections measured on traced runs
+(``benchmarks/fit_cpu_tiny.py``, ``benchmarks/results/cpu_tiny_fit.md``; ``DeviceModel.kind_scales``)."""
+CPU_TINY_ACTION_OVERHEAD_MS = 0.3294
+"""Per compute action, outside its layers (``HardwareSpec.action_overhead_ms``), from the same fit."""
 CPU_SPEC = HardwareSpec(
     name="cpu-tiny",
     device_memory_bytes=8e9,
@@ -353,7 +443,8 @@ def _fb(spec: LayerSpec, term: str) -> float:
     return (1.0 + BWD_ATTENTION_FACTOR) * spec.quad_flops
 
 
-def _cpu_device(layer_counts: dict) -> DeviceModel:
+def _cpu_device(layer_counts: dict, traced: bool = True) -> DeviceModel:
+    """``cpu-tiny``'s rates; ``traced``: with the corrections fitted on traced runs."""
     tiny = get_arch("tiny")
     measured = layer_specs(replace(tiny, llm=replace(tiny.llm, vocab_size=CPU_TINY_MEASURED_VOCAB)), 1.0)
     vis, llm = measured["encoder"], measured["llm"]
@@ -366,7 +457,7 @@ def _cpu_device(layer_counts: dict) -> DeviceModel:
         "llm": sum(_fb(s, "quad") for s in llm) / CPU_TINY_LLM_MS_PER_TOKEN2,
     }
     return DeviceModel(
-        spec=CPU_SPEC,
+        spec=replace(CPU_SPEC, action_overhead_ms=CPU_TINY_ACTION_OVERHEAD_MS) if traced else CPU_SPEC,
         lin_flops_per_ms=lin,
         quad_flops_per_ms=quad,
         bytes_per_ms={"encoder": 5e6, "llm": 5e6},
@@ -376,7 +467,16 @@ def _cpu_device(layer_counts: dict) -> DeviceModel:
         collective_latency_ms=0.6,
         notes={"source": "reference/cpu-feasibility.md section 2 (1 thread, thread-CPU time)"},
         bwd_input_fraction=CPU_TINY_BWD_INPUT_FRACTION,
+        kind_scales=CPU_TINY_KIND_SCALES if traced else None,
     )
+
+
+def analytic_cpu_tiny(model: str | ModelShape) -> CostModel:
+    """``cpu-tiny`` without the corrections fitted on traced runs (what ``benchmarks/fit_cpu_tiny.py``
+    measures them against)."""
+    arch = get_arch(model) if isinstance(model, str) else model
+    counts = {c: len(v) for c, v in layer_specs(arch, None).items()}
+    return cost_model_for(arch, _cpu_device(counts, traced=False), hardware_name="cpu-tiny")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -132,13 +132,13 @@ def _ids(run: TracedRun, e: dict) -> tuple[str, ...]:
 def _constants(costs: PlanCosts, stage: int) -> dict[str, float]:
     """Per-call constant of each phase of ``stage`` (``PlanCosts``' closed form)."""
     coefs = costs._phase_coefs[stage]
-    return {phase: coefs[phase][2] for phase in ("fwd", "bwd")}
+    return {phase: coefs[phase][2] for phase in ("fwd", "bwd", "bwd_split")}
 
 
 def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tuple[float, float, float]]]:
     """(stage, phase) -> [(measured ms, predicted variable ms, tokens)]: forwards, and backwards
     (``B``, or ``I`` + ``W`` of one (sub-)microbatch summed)."""
-    backward: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0, None])
+    backward: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0, None, "bwd"])
     out: dict[tuple[int, str], list] = defaultdict(list)
     for e in run.events:
         a = e["args"]
@@ -156,8 +156,10 @@ def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tup
         backward[key][0] += ms
         backward[key][1] += predicted
         backward[key][2] = costs.tokens(stage, ids)
-    for (_, _, stage, _, _), (ms, predicted, tokens) in backward.items():
-        out[(stage, "bwd")].append((ms, predicted - _constants(costs, stage)["bwd"], tokens))
+        if kind is not ActionKind.B:
+            backward[key][3] = "bwd_split"
+    for (_, _, stage, _, _), (ms, predicted, tokens, phase) in backward.items():
+        out[(stage, "bwd")].append((ms, predicted - _constants(costs, stage)[phase], tokens))
     return out
 
 
@@ -300,9 +302,11 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
         spec = layout.stages[fit.stage]
         span = range(spec.first_layer, spec.end_layer)
         for i in span:
-            layer = _layer(layers[spec.component][i], fit.phase, fit.alpha, fit.beta_ms / len(span))
-            if fit.phase == "bwd" and fit.stage in fractions:
+            layer, constant = layers[spec.component][i], fit.beta_ms / len(span)
+            if fit.phase == "bwd" and fit.stage in fractions:  # split: the constant held the split's own
+                constant = max(0.0, constant - layer.split_extra_ms)
                 layer = replace(layer, bwd_input_fraction=fractions[fit.stage])
+            layer = _layer(layer, fit.phase, fit.alpha, constant)
             layers[spec.component][i] = layer
     notes = {
         "source": PROFILE_SOURCE,
@@ -375,84 +379,131 @@ def stage_errors(run: TracedRun, cost: CostModel) -> dict:
 
 
 # --- several runs of other stage cuts: one fit (``--from-trace RUN --also-trace RUN2``) -------------------
-def _groups(runs: list[TracedRun]) -> dict[str, list[tuple[int, int]]]:
-    """Per component, the finest layer ranges every traced stage is a union of (its cuts in all runs)."""
-    out = {}
+FIT_GROUPS = ("cuts", "kinds")
+"""How ``joint_refit`` groups layers: ``cuts``: the finest layer ranges every traced stage is a union
+of; ``kinds``: the layers of one kind (``LayerCost.kind``; patch embedding with the window blocks,
+the head layers with the final norm), wherever they sit, so any cut is priced from the kinds'
+scales."""
+KIND_GROUPS = {"patch_embed": "vit_block_window", "final_norm": "head", "lm_head": "head", "loss": "head"}
+"""Kinds fitted as one (too little time of their own to be told apart)."""
+
+Groups = dict[str, dict[str, tuple[int, ...]]]
+"""Per component: group name -> its layer indices."""
+
+
+def _groups(runs: list[TracedRun], by: str = "cuts") -> Groups:
+    """Per component, the layer groups one scale is fitted for (``FIT_GROUPS``)."""
+    out: Groups = {}
     for comp in ("encoder", "llm"):
-        n = runs[0].base.component(comp).num_layers
-        cuts = {0, n}
+        layers = runs[0].base.component(comp).layers
+        if by == "kinds":
+            named: dict[str, list[int]] = defaultdict(list)
+            for i, layer in enumerate(layers):
+                named[KIND_GROUPS.get(layer.kind, layer.kind)].append(i)
+            out[comp] = {k: tuple(v) for k, v in named.items()}
+            continue
+        cuts = {0, len(layers)}
         for run in runs:
             for spec in run.plan.layout.stages:
                 if spec.component == comp:
                     cuts |= {spec.first_layer, spec.end_layer}
         edges = sorted(cuts)
-        out[comp] = list(zip(edges, edges[1:]))
+        out[comp] = {f"[{a},{b})": tuple(range(a, b)) for a, b in zip(edges, edges[1:])}
     return out
 
 
-def _group_ms(run: TracedRun, stage: int, group: tuple[int, int], phase: str, ids) -> tuple[float, float]:
-    """The base's time of layers ``group`` of ``stage``'s component over ``ids``: (variable part, per
-    sample, recomputation included; one call's constants), as ``PlanCosts`` prices a stage."""
+def _group_ms(run: TracedRun, stage: int, group: tuple[int, ...], phase: str, ids) -> tuple[float, float]:
+    """The base's time of layers ``group`` of ``stage`` over ``ids``: (variable part, per sample,
+    recomputation included; one call's constants), as ``PlanCosts`` prices a stage."""
     spec = run.plan.layout.stages[stage]
     par = run.plan.layout.components[spec.component]
-    base, (first, end) = run.base, group
-    constant = base.stage_ms(spec.component, first, end, (), phase, par.tp, par.cp, 1)
+    base, comp = run.base, spec.component
+    constant = sum(base.layer_ms(comp, i, (), phase, par.tp, par.cp, 1) for i in group)
     total = 0.0
     for sid in ids:
         meta = run.plan.samples[sid].meta
-        units, labels = base.units(spec.component, meta), base.labels(spec.component, meta)
-        total += base.stage_ms(spec.component, first, end, units, phase, par.tp, par.cp, 0, labels)
-        if phase == "bwd":
-            total += sum(
-                base.recompute_ms(spec.component, i, units, spec.recompute, par.tp, par.cp, 0, labels)
-                for i in range(first, end)
-            )
+        units, labels = base.units(comp, meta), base.labels(comp, meta)
+        for i in group:
+            total += base.layer_ms(comp, i, units, phase, par.tp, par.cp, 0, labels)
+            if phase != "fwd":
+                total += base.recompute_ms(comp, i, units, spec.recompute, par.tp, par.cp, 0, labels)
     return total, constant
 
 
-def _joint_rows(runs: list[TracedRun], groups: dict[str, list[tuple[int, int]]]):
-    """One row per traced forward and per (sub-)microbatch backward (``B``, or ``I`` + ``W``): the
-    predicted ms of each group it covers, the compute actions it took, its measured ms."""
+def _traced_computes(run: TracedRun) -> list[tuple[int, str, tuple[str, ...], int, float]]:
+    """(stage, phase, sample ids, compute actions, measured ms): each forward, and each (sub-)microbatch
+    backward (``B``, or ``I`` + ``W`` summed: 2 actions)."""
+    rows: dict[tuple, list] = {}
+    for e in run.events:
+        a = e["args"]
+        if not ActionKind(a["kind"]).is_compute:
+            continue
+        phase = "fwd" if a["kind"] == "F" else "bwd"
+        key = (e["pid"], a["step"], a["stage"], a["mb"], a["sub"], phase)
+        row = rows.setdefault(key, [a["stage"], phase, _ids(run, e), 0, 0.0])
+        row[3] += 1
+        row[4] += e["dur"] / 1e3
+    return [tuple(r) for r in rows.values()]
+
+
+def _split_fitted(runs: list[TracedRun]) -> set[str]:
+    """Components whose traced backwards include both kinds (``B``, and ``I`` + ``W``): only there can
+    the split's own cost be told from the backward's."""
+    kinds: dict[str, set[bool]] = defaultdict(set)
+    for run in runs:
+        for stage, phase, _, num_actions, _ in _traced_computes(run):
+            if phase == "bwd":
+                kinds[run.plan.layout.stages[stage].component].add(num_actions > 1)
+    return {c for c, k in kinds.items() if k == {False, True}}
+
+
+def _joint_rows(runs: list[TracedRun], groups: Groups, split_fitted: set[str]):
+    """One row per traced compute (``_traced_computes``): the predicted ms of each group part it
+    covers (``(component, phase, group, "var" | "const")``; a split backward also the split's columns
+    ``(component, "split", "", "var" | "const")`` where ``split_fitted``), its compute actions, its
+    measured ms."""
     rows = []
     for run in runs:
-        backward: dict[tuple, list] = {}
-        for e in run.events:
-            a = e["args"]
-            if not ActionKind(a["kind"]).is_compute:
-                continue
-            phase = "fwd" if a["kind"] == "F" else "bwd"
-            key = (id(run), e["pid"], a["step"], a["stage"], a["mb"], a["sub"], phase)
-            row = backward.setdefault(key, [run, a["stage"], phase, _ids(run, e), 0, 0.0])
-            row[4] += 1
-            row[5] += e["dur"] / 1e3
-        for run_, stage, phase, ids, num_actions, ms in backward.values():
-            spec = run_.plan.layout.stages[stage]
-            covered = {}
-            for g in groups[spec.component]:
-                if spec.first_layer <= g[0] and g[1] <= spec.end_layer:
-                    var, const = _group_ms(run_, stage, g, phase, ids)
-                    covered[(spec.component, phase, g, "var")] = var
-                    covered[(spec.component, phase, g, "const")] = const
-            rows.append((covered, num_actions, ms))
+        for stage, phase, ids, num_actions, ms in _traced_computes(run):
+            spec = run.plan.layout.stages[stage]
+            comp, split = spec.component, phase == "bwd" and num_actions > 1
+            priced = "bwd_split" if split and comp not in split_fitted else phase
+            covered: dict[tuple, float] = defaultdict(float)
+            for name, layers in groups[comp].items():
+                inside = tuple(i for i in layers if spec.first_layer <= i < spec.end_layer)
+                if not inside:
+                    continue
+                var, const = _group_ms(run, stage, inside, priced, ids)
+                covered[(comp, phase, name, "var")] += var
+                covered[(comp, phase, name, "const")] += const
+                if split and comp in split_fitted:
+                    trainable = [i for i in inside if run.base.component(comp).layers[i].trainable]
+                    covered[(comp, "split", "", "var")] += var
+                    covered[(comp, "split", "", "const")] += len(trainable)
+            rows.append((dict(covered), num_actions, ms))
     return rows
 
 
-def joint_refit(runs: list[TracedRun]) -> CostModel:
+def joint_refit(runs: list[TracedRun], by: str = "cuts") -> CostModel:
     """One cost model from runs of one model whose Plans cut the components at other layers (a paired
-    run's 1F1B and Entrain traces): per component, phase and layer group (``_groups``) a scale of the
-    base's size-dependent part and one of its per-call constants, and one per-action constant, by
+    run's 1F1B and Entrain traces): per component, phase and layer group (``_groups``, ``by`` one of
+    ``FIT_GROUPS``) a scale of the base's size-dependent part and one of its per-call constants; per
+    component whose backwards ran both whole and split (``_split_fitted``) the split's own cost, a
+    share of the base's backward and a constant per layer; and one per-action constant, by
     non-negative least squares over every traced compute (``measured = sum over the groups it covers
-    of (v_g * variable_g + c_g * constant_g) + k * actions``), so a cut the runs saw is priced as they
-    ran it (a cut inside a group is priced by the base's split of it). The hardware's per-action
-    overhead is the runs' mean gap overhead (``action_overhead_ms``) plus ``k``; a split backward's
-    input share, per stage as in ``refit``."""
+    of (v_g * variable_g + c_g * constant_g) [+ split terms] + k * actions``). A cut the runs saw is
+    priced as they ran it (with ``cuts``, a cut inside a group by the base's split of it). The
+    hardware's per-action overhead is the runs' mean gap overhead (``action_overhead_ms``) plus ``k``;
+    a split backward's input share, per stage as in ``refit``."""
     from scipy.optimize import nnls
 
+    if by not in FIT_GROUPS:
+        raise ConfigError(f"fit groups {by!r}: choose from {', '.join(FIT_GROUPS)}")
     base = runs[0].base
     if any(r.base.to_json()["components"] != base.to_json()["components"] for r in runs[1:]):
         raise ConfigError("--also-trace: every run must have been planned with the same cost model")
-    groups = _groups(runs)
-    rows = _joint_rows(runs, groups)
+    groups, split_fitted = _groups(runs, by), _split_fitted(runs)
+    rows = _joint_rows(runs, groups, split_fitted)
     columns = sorted({c for covered, _, _ in rows for c in covered})
     index = {c: i for i, c in enumerate(columns)}
     a = np.zeros((len(rows), len(columns) + 1))
@@ -466,13 +517,19 @@ def joint_refit(runs: list[TracedRun]) -> CostModel:
     scales = {c: float(solution[index[c]]) for c in columns}
     per_action_ms = float(solution[-1])
     layers = {c: list(base.component(c).layers) for c in ("encoder", "llm")}
-    for (comp, phase, (first, end), part), s_g in scales.items():
-        if part == "const":
+    for (comp, phase, name, part), s_g in scales.items():
+        if part == "const" or phase == "split":
             continue
-        c_g = scales.get((comp, phase, (first, end), "const"), 1.0)
-        for i in range(first, end):
+        c_g = scales.get((comp, phase, name, "const"), 1.0)
+        for i in groups[comp][name]:
             const = _layer_constant(base, comp, i, phase)
             layers[comp][i] = _layer(layers[comp][i], phase, s_g, c_g * const)
+            if phase == "bwd" and comp in split_fitted:
+                extra = scales[(comp, "split", "", "var")] / s_g if s_g > 0 else 0.0
+                split_ms = scales[(comp, "split", "", "const")]
+                layers[comp][i] = replace(
+                    layers[comp][i], split_extra_fraction=extra, split_extra_ms=split_ms
+                )
     for run in runs:
         for stage, fraction in _input_fractions(run).items():
             spec = run.plan.layout.stages[stage]
@@ -484,8 +541,16 @@ def joint_refit(runs: list[TracedRun]) -> CostModel:
         "from_trace": [os.path.abspath(r.folder) for r in runs],
         "base": base.notes.get("source", base.hardware.name),
         "device": runs[0].config.get("device"),
+        "fit_groups": by,
         "group_scales": [
-            {"component": c, "phase": p, "layers": [g[0], g[1]], "part": part, "scale": v}
+            {
+                "component": c,
+                "phase": p,
+                "layers": list(groups[c][g]) if g else [],
+                "group": g,
+                "part": part,
+                "scale": v,
+            }
             for (c, p, g, part), v in scales.items()
         ],
         "per_action_ms": per_action_ms,

@@ -4,8 +4,10 @@ The paired CPU runs' Entrain Plans cut the encoder where 1F1B runs it whole (``m
 layers [0,3) on rank 0, the merger with the LLM on rank 1). A refit from the 1F1B trace alone scales
 the whole encoder at once and keeps the preset's split inside it, so where the preset misprices a layer
 against the others it mispredicts Entrain's stages (``docs/profiling.md``, "what is left").
-Here the "machine" is ``cpu-tiny`` with the merger at half and the patch embedding at 1.5 times the
-preset's time and 1 ms more per compute action; synthetic traces of both Plans run on it, and the runs
+Here the "machine" is ``cpu-tiny`` with the merger at half and the full-attention block at 1.5 times
+the preset's time, 1 ms more per compute action, and a backward split into ``I`` + ``W`` costing
+``SPLIT_EXTRA`` more than a whole one (``LayerCost.split_extra_fraction``, ``split_extra_ms``: 1F1B
+runs whole backwards, Entrain split ones); synthetic traces of both Plans run on it, and the runs
 were planned with the plain preset. ``entrain profile --from-trace 1F1B --also-trace ENTRAIN`` fits
 both at once and predicts both Plans as the machine runs them; the 1F1B refit alone does not."""
 
@@ -32,19 +34,22 @@ from entrain.sim.executor import simulate_plan
 
 from .test_trace_refit_decision import MAX_PIXELS, OVERHEAD_MS, REQ, _setups, write_run_folder
 
-LAYER_SCALES = {"merger": 0.5, "patch_embed": 1.5}
+LAYER_SCALES = {"merger": 0.5, "vit_block_full": 1.5}
+SPLIT_EXTRA = {"split_extra_fraction": 0.1, "split_extra_ms": 0.3}
 INSIDE_MS = 1.0
 """Per compute action, inside it (a stage call's own cost, which no layer curve has)."""
 
 
 def _machine() -> CostModel:
-    """The preset with ``LAYER_SCALES`` applied to those layers' curves and ``INSIDE_MS`` per action."""
+    """The preset with ``LAYER_SCALES`` applied to those layers' curves, ``SPLIT_EXTRA`` on every layer
+    and ``INSIDE_MS`` per action."""
     base = build_cost_model("tiny", "cpu-tiny").to_json()
-    for layer in base["components"]["encoder"]["layers"]:
+    for layer in (*base["components"]["encoder"]["layers"], *base["components"]["llm"]["layers"]):
         scale = LAYER_SCALES.get(layer["kind"], 1.0)
         for phase in ("fwd", "bwd"):
             for q in layer[phase].values():
                 q.update(a=q["a"] * scale, b=q["b"] * scale, c=q["c"] * scale)
+        layer.update(SPLIT_EXTRA)
     cost = CostModel.from_json(base)
     return replace(cost, hardware=replace(cost.hardware, action_overhead_ms=INSIDE_MS))
 
@@ -90,6 +95,16 @@ def test_the_joint_refit_predicts_both_plans_as_they_ran(runs):
     real = _ms(plans["entrain"], truth) / _ms(plans["1f1b"], truth)
     assert _ms(plans["entrain"], joint) / _ms(plans["1f1b"], joint) == pytest.approx(real, rel=0.01)
     assert joint.notes["per_action_ms"] == pytest.approx(INSIDE_MS, abs=0.3)
+
+
+def test_the_joint_refit_finds_what_a_split_backward_costs_more(runs):
+    """1F1B's whole backwards next to Entrain's split ones tell the split's own cost apart: the decoder
+    layers' extra share comes out as the machine's, and the joint fit is by layer kind (the default)."""
+    *_, joint, _ = runs
+    assert joint.notes["fit_groups"] == "kinds"
+    decoders = [x for x in joint.llm.layers if x.kind == "decoder_layer"]
+    extra = SPLIT_EXTRA["split_extra_fraction"]
+    assert all(x.split_extra_fraction == pytest.approx(extra, abs=0.02) for x in decoders)
 
 
 def test_the_1f1b_refit_alone_mispredicts_the_cut_encoder(runs):

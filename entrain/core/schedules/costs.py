@@ -19,9 +19,10 @@ by the simulator, so every executor of a Plan prices an action the same way.
   ``sum_{l in stage} b_l * x``, i.e. the sample's work split over stages (and over forward and
   backward) by the stages' share of the per-layer linear costs; activation and message bytes use
   the same ``x``. Per-call constants are added as for any sample.
-* A split backward: ``I`` = the layers' input-gradient parts (``LayerCost.bwd_input_fraction`` of
-  each trainable layer's backward, the whole backward of a frozen layer that passes gradients), ``W``
-  = the rest; a stage whose input needs no gradient (the first encoder stage) runs its whole
+* A split backward: ``I`` + ``W`` = the layers' backward plus the split's own cost
+  (``LayerCost.split_extra_fraction`` and ``split_extra_ms``: phase ``bwd_split``); ``I`` = the
+  layers' input-gradient parts of it (``LayerCost.bwd_input_fraction`` of each trainable layer's
+  split backward, the whole backward of a frozen layer that passes gradients), ``W`` = the rest; a stage whose input needs no gradient (the first encoder stage) runs its whole
   backward as ``W`` (``I`` costs 0), as the runtime does.
 * Every compute action that does work (``F``, ``B``, ``I``, ``W``) also pays the hardware's
   ``action_overhead_ms``, however many layers the stage holds.
@@ -71,8 +72,12 @@ class StageQuad:
     bwd_input_a: float = 0.0
     bwd_input_b: float = 0.0
     bwd_input_c: float = 0.0
-    """The input-gradient part of the backward (a split ``I``); 0 on a stage whose input needs no
+    """The input-gradient part of the split backward (``I``); 0 on a stage whose input needs no
     gradient (the first encoder stage): its whole backward is ``W``."""
+    bwd_split_a: float = 0.0
+    bwd_split_b: float = 0.0
+    bwd_split_c: float = 0.0
+    """The backward split into ``I`` + ``W`` (``bwd`` plus the split's own cost)."""
 
 
 def _fit_quadratic(f1: float, f2: float) -> tuple[float, float]:
@@ -106,6 +111,7 @@ class PlanCosts:
                 "fwd": (q.fwd_a, q.fwd_b, q.fwd_c),
                 "bwd": (q.bwd_a, q.bwd_b, q.bwd_c),
                 "bwd_input": (q.bwd_input_a, q.bwd_input_b, q.bwd_input_c),
+                "bwd_split": (q.bwd_split_a, q.bwd_split_b, q.bwd_split_c),
             }
             for q in self.stage_quads
         )
@@ -122,7 +128,7 @@ class PlanCosts:
         tp, cp = (par.tp, par.cp) if par else (1, 1)
         first, end = spec.first_layer, spec.end_layer
         coef = []
-        for phase in ("fwd", "bwd", "bwd_input"):
+        for phase in ("fwd", "bwd", "bwd_input", "bwd_split"):
             if phase == "bwd_input" and not self._input_grad(stage):
                 coef += [0.0, 0.0, 0.0]
                 continue
@@ -206,7 +212,9 @@ class PlanCosts:
                     )
             else:
                 q = self.stage_quads[stage]
-                b = {"fwd": q.fwd_b, "bwd": q.bwd_b, "bwd_input": q.bwd_input_b}[phase]
+                b = {"fwd": q.fwd_b, "bwd": q.bwd_b, "bwd_input": q.bwd_input_b, "bwd_split": q.bwd_split_b}[
+                    phase
+                ]
                 got = b * self.unit_sums(spec.component, sid)[1]
             self._sample_ms[key] = got
         return got
@@ -277,14 +285,13 @@ class PlanCosts:
             raise ValueError(f"{kind} is not a compute action")
         if kind is ActionKind.F:
             return self._phase_ms(stage, "fwd", ids)
-        bwd = self._phase_ms(stage, "bwd", ids)
         if kind is ActionKind.B:
-            return bwd
+            return self._phase_ms(stage, "bwd", ids)
         inp = self._phase_ms(stage, "bwd_input", ids) if self._input_grads[stage] else 0.0
-        return inp if kind is ActionKind.I else bwd - inp
+        return inp if kind is ActionKind.I else self._phase_ms(stage, "bwd_split", ids) - inp
 
     def _phase_ms(self, stage: int, phase: str, ids: Iterable[str]) -> float:
-        """One call of ``phase`` (``fwd``, ``bwd``, ``bwd_input``) over the samples ``ids``."""
+        """One call of ``phase`` (``fwd``, ``bwd``, ``bwd_input``, ``bwd_split``) over the samples ``ids``."""
         a, b, c = self._phase_coefs[stage][phase]
         ids = tuple(ids)
         sq, lin = self._sums(stage, ids)

@@ -135,7 +135,8 @@ def test_backward_costs_more_and_tp_shards():
 
 
 def test_cpu_tiny_matches_measured_scale():
-    cost = build_cost_model("tiny", "cpu-tiny")
+    """The analytic base (before the traced corrections) is the reference measurements' scale."""
+    cost = P.analytic_cpu_tiny("tiny")
     assert cost.per_call_ms("encoder") == pytest.approx(14.0)
     assert cost.per_call_ms("llm") == pytest.approx(14.0)
     # one square image of 1024 patches: 157.7 ms measured (F+B incl. the constant)
@@ -143,6 +144,24 @@ def test_cpu_tiny_matches_measured_scale():
     assert img.vit_patches == 1024
     enc = cost.sample_work(img).encoder + cost.per_call_ms("encoder")
     assert 157.7 * 0.8 < enc < 157.7 * 1.25
+
+
+def test_cpu_tiny_carries_the_traced_fit():
+    """``cpu-tiny`` = the analytic base with ``benchmarks/results/cpu_tiny_fit.json``'s per-kind scales
+    (the fit's record and the preset's constants are one set of numbers)."""
+    import json
+    import pathlib
+
+    fit = json.loads((pathlib.Path(__file__).parents[2] / "benchmarks/results/cpu_tiny_fit.json").read_text())
+    assert fit["kind_scales"] == P.CPU_TINY_KIND_SCALES
+    assert fit["action_overhead_ms"] == P.CPU_TINY_ACTION_OVERHEAD_MS
+    cost, base = build_cost_model("tiny", "cpu-tiny"), P.analytic_cpu_tiny("tiny")
+    assert cost.hardware.action_overhead_ms == P.CPU_TINY_ACTION_OVERHEAD_MS
+    for new, old in zip((*cost.encoder.layers, *cost.llm.layers), (*base.encoder.layers, *base.llm.layers)):
+        s = P.CPU_TINY_KIND_SCALES[new.kind]
+        assert new.fwd["tp1cp1"].b == pytest.approx(old.fwd["tp1cp1"].b * s["fwd"])
+        assert new.bwd["tp1cp1"].c == pytest.approx(old.bwd["tp1cp1"].c * s["bwd_const"])
+        assert new.split_extra_fraction == s["split_extra_fraction"]
 
 
 def test_frozen_components():

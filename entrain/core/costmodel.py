@@ -322,8 +322,8 @@ class HardwareSpec:
     action_overhead_ms: float = 0.0
     """What a rank pays per compute action (``F``, ``B``, ``I`` or ``W``) outside the stage's layers,
     however many layers the stage holds: the executor's dispatch, posting the stage-boundary send, a
-    receive's own copy. 0 in the presets (on a GPU the host runs ahead); ``entrain profile
-    --from-trace`` measures it on the run's ranks (docs/profiling.md)."""
+    receive's own copy. 0 in the GPU presets (the host runs ahead), ``cpu-tiny``'s fitted on traced runs;
+    ``entrain profile --from-trace`` measures it on the run's ranks (docs/profiling.md)."""
 
     def to_json(self) -> dict:
         extra = {"action_overhead_ms": self.action_overhead_ms} if self.action_overhead_ms else {}

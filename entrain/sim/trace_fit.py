@@ -391,7 +391,7 @@ Groups = dict[str, dict[str, tuple[int, ...]]]
 """Per component: group name -> its layer indices."""
 
 
-def _groups(runs: list[TracedRun], by: str = "cuts") -> Groups:
+def _groups(runs: list[TracedRun], by: str) -> Groups:
     """Per component, the layer groups one scale is fitted for (``FIT_GROUPS``)."""
     out: Groups = {}
     for comp in ("encoder", "llm"):
@@ -484,7 +484,7 @@ def _joint_rows(runs: list[TracedRun], groups: Groups, split_fitted: set[str]):
     return rows
 
 
-def joint_refit(runs: list[TracedRun], by: str = "cuts") -> CostModel:
+def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
     """One cost model from runs of one model whose Plans cut the components at other layers (a paired
     run's 1F1B and Entrain traces): per component, phase and layer group (``_groups``, ``by`` one of
     ``FIT_GROUPS``) a scale of the base's size-dependent part and one of its per-call constants; per

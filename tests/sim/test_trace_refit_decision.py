@@ -89,7 +89,7 @@ def test_the_refit_measures_the_per_action_overhead(loop):
     assert refit.hardware.action_overhead_ms == pytest.approx(OVERHEAD_MS, rel=0.1)
     assert "action_overhead_ms" in refit.to_json()["hardware"]
     assert CostModel.from_json(refit.to_json()).hardware == refit.hardware
-    assert "action_overhead_ms" not in build_cost_model("tiny", "cpu-tiny").to_json()["hardware"]
+    assert "action_overhead_ms" not in build_cost_model("tiny", "a40-paper").to_json()["hardware"]
 
 
 def _layout_decision(setups):

@@ -233,8 +233,9 @@ class ScheduleConfig:
     """Entrain extension: ``shared`` (boundary sharing), ``disjoint`` (the paper's) or ``auto``."""
     ramp_microbatches: int | str = _fp("auto", not_fp(SCHEDULE_ONLY))
     """Entrain extension: fill/drain ramp, ``auto`` or a piece count (0 = the paper's schedule)."""
-    split_weight_grads: bool = _fp(True, not_fp(SCHEDULE_ONLY))
-    """Entrain extension: backwards as input- then weight-gradient halves (False = the paper's)."""
+    split_weight_grads: bool | str = _fp("auto", not_fp(SCHEDULE_ONLY))
+    """Entrain extension: backwards as input- then weight-gradient halves: True, False (the paper's) or
+    ``auto`` (where it simulates faster by more than the decision margin)."""
     assignment: str = _fp("auto", not_fp(SCHEDULE_ONLY))
     """Entrain extension: per-iteration assignment, ``paper`` (Algorithm 3), ``two-resource`` or ``auto``."""
     plan: str | None = _fp(
@@ -368,7 +369,7 @@ class RunConfig:
         if hasattr(args, "ramp_microbatches"):
             schedule["ramp_microbatches"] = parse_ramp(args.ramp_microbatches)
         if isinstance(getattr(args, "split_weight_grads", None), str):
-            schedule["split_weight_grads"] = args.split_weight_grads == "on"
+            schedule["split_weight_grads"] = {"on": True, "off": False}.get(args.split_weight_grads, "auto")
         run = {"out": getattr(args, "out", ""), "steps": steps}
         if hasattr(args, "no_progress"):
             run["progress"] = not args.no_progress

@@ -312,9 +312,11 @@ def add_entrain_extension_args(p: argparse.ArgumentParser) -> None:
                         f"concatenated layers); 'auto' (default) uses it only when it simulates more than {LAYOUT_MARGIN * 100:g} %% "
                         "faster than the disjoint stages on the planner's draws; "
                         "'disjoint' = the paper's E.PP:L.PP stages")  # fmt: skip
-    p.add_argument("--split-weight-grads", choices=("on", "off"), default="on",
+    p.add_argument("--split-weight-grads", choices=("auto", "on", "off"), default="auto",
                    help="Entrain extension (not in the paper): run every backward as input gradients (sent "
-                        "upstream at once) then weight gradients (default on)")  # fmt: skip
+                        "upstream at once) then weight gradients; 'auto' (default): only where it simulates "
+                        "faster by more than --decision-margin (a split costs its own extra where the cost "
+                        "model says so, e.g. cpu-tiny)")  # fmt: skip
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="auto",
                    help="Entrain's per-iteration assignment: 'paper' (Algorithm 3, stratified on encoder work), "
                         "'two-resource' (extension: balances encoder and LLM work together, then deferral), "
@@ -322,7 +324,8 @@ def add_entrain_extension_args(p: argparse.ArgumentParser) -> None:
                         "simulates faster by more than --decision-margin; per-iteration: per replica, whichever "
                         "the cost model predicts faster)")  # fmt: skip
     p.add_argument("--decision-margin", dest="decision_margin_pct", type=float, default=None, metavar="PCT",
-                   help="every automatic choice (layout, ramp, assignment, DP re-split, sub-microbatches, "
+                   help="every automatic choice (layout, ramp, assignment, DP re-split, split backward, "
+                        "sub-microbatches, "
                         "recompute, ties among Algorithm 2 configurations) departs from the paper's default "
                         "only when a candidate simulates more than PCT %% faster on the planner's draws "
                         f"(default {DECISION_MARGIN * 100:g}, from the simulator's measured error on such "

@@ -43,8 +43,9 @@ def spec_of(args: argparse.Namespace) -> RunConfig:
     if args.plan:
         worker = os.environ.get("RANK", "0") != "0" or launched_worker()
         apply_plan(args, DEFAULTS, ACTIONS, quiet=worker)
-    if args.fsdp and args.split_weight_grads == "on":  # the runtime does not split FSDP backwards
-        if os.environ.get("RANK", "0") == "0" and not launched_worker():  # once, by the launcher
+    if args.fsdp and args.split_weight_grads != "off":  # the runtime does not split FSDP backwards
+        explicit = args.split_weight_grads == "on"
+        if explicit and os.environ.get("RANK", "0") == "0" and not launched_worker():  # once, by the launcher
             print(
                 "entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr
             )

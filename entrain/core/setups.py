@@ -15,8 +15,8 @@ Configs are computed once per (system kind, dataset, cost model) and shared by s
 the same one.
 
 Entrain extensions (ours, not the paper's; ``ConfigRequest.entrain_layout`` and
-``ConfigRequest.entrain_ramp``, both ``"auto"`` by default, and ``ConfigRequest.entrain_split``, on by
-default; ``"disjoint"``, ``0`` and off give the paper's Entrain):
+``ConfigRequest.entrain_ramp`` and ``ConfigRequest.entrain_split``, all ``"auto"`` by default;
+``"disjoint"``, ``0`` and off give the paper's Entrain):
 
 Every ``"auto"`` is a decision by simulation (``DECISIONS``, ``entrain_variant``; docs/planner.md,
 "Decisions by simulation"): the candidates are simulated on the planner's draws (the caller's
@@ -32,7 +32,10 @@ Every ``"auto"`` is a decision by simulation (``DECISIONS``, ``entrain_variant``
   it considers), and a 0.2 % Eq. 2 lead was a 5 % simulated loss on the paper's headline case.
   Applies to ``entrain`` and ``entrain-1f1b``; ``1f1b`` keeps the disjoint layout (a baseline).
 * ``entrain_ramp``: ``ScheduleOptions.ramp_microbatches`` for ``entrain`` and ``entrain-1f1b``.
-* ``entrain_split``: ``ScheduleOptions.split_weight_grads`` for ``entrain`` and ``entrain-1f1b``.
+* ``entrain_split``: ``ScheduleOptions.split_weight_grads`` for ``entrain`` and ``entrain-1f1b``
+  (``True``, ``False`` or ``"auto"``: split only where it simulates more than the margin faster than
+  whole backwards; a split backward costs its own extra where the cost model says so,
+  ``LayerCost.split_extra_fraction``; without a judge, split).
 * ``entrain_assignment``: ``ScheduleOptions.assignment`` for ``entrain`` and ``entrain-1f1b``
   (``"auto"`` by default: ``"paper"``, ``"two-resource"`` or ``"auto"`` (per replica and iteration,
   whichever has the lower predicted makespan), decided by simulation, then the DP re-split
@@ -107,8 +110,9 @@ class ConfigRequest:
     more than ``LAYOUT_MARGIN`` faster)."""
     entrain_ramp: int | str = "auto"
     """Entrain's ``ramp_microbatches`` (0 = paper's schedule)."""
-    entrain_split: bool = True
-    """Entrain's ``split_weight_grads`` (False = paper's schedule)."""
+    entrain_split: bool | str = "auto"
+    """Entrain's ``split_weight_grads``: True, False (the paper's schedule) or ``"auto"`` (decided by
+    simulation, ``DECISIONS``)."""
     entrain_assignment: str = "auto"
     """Entrain's ``ScheduleOptions.assignment`` (``"paper"`` = Algorithm 3)."""
     decision_margin: float | None = None
@@ -382,7 +386,8 @@ def entrain_variant(
 
 
 DECISIONS = (
-    "config", "layout", "assignment", "dp_split", "ramp", "backward_order", "sub_microbatches", "recompute",
+    "config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order", "sub_microbatches",
+    "recompute",
 )  # fmt: skip
 """Every automatic choice, in the order it is made (``recompute``: by the memory check,
 ``entrain.sim.memory_fit.deploy``); docs/planner.md, "Decisions by simulation"."""
@@ -400,9 +405,10 @@ def _with_options(setup: SystemSetup, **delta) -> SystemSetup:
 
 def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudge) -> SystemSetup:
     """The schedule-option decisions: assignment (paper / two-resource / per-iteration auto), the DP
-    re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split
-    backward's order (slot / per-b where a rank holds several stages; elsewhere both are one plan,
-    simulated once) and the memory split into sub-microbatches (off: recomputation alone; on)."""
+    re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split backward
+    (off / on, where ``entrain_split`` is ``"auto"``), its order (slot / per-b where a rank holds several
+    stages; elsewhere both are one plan, simulated once) and the memory split into sub-microbatches
+    (off: recomputation alone; on)."""
     m = req.margin
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
@@ -422,6 +428,9 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
             "auto": _with_options(setup, ramp_microbatches="auto"),
         }
         setup = decide("ramp", "0", ramps, judge, m)[0]
+    if req.entrain_split == "auto":
+        splits = {s: _with_options(setup, split_weight_grads=s == "on") for s in ("off", "on")}
+        setup = decide("split", "off", splits, judge, m)[0]
     differ = setup.options.get("split_weight_grads") and has_fused_rank(setup.layout)
     orders = {o: _with_options(setup, backward_order=o) for o in (BACKWARD_ORDERS if differ else ("slot",))}
     setup = decide("backward_order", "slot", orders, judge, m)[0]

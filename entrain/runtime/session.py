@@ -99,7 +99,7 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
     _check_something_trains(spec.model.freeze)
     if par.fsdp and par.dp_or_1 < 2:
         raise ConfigError("--fsdp shards each stage over its data-parallel group: it needs --dp 2 or more")
-    if par.fsdp and spec.schedule.split_weight_grads:
+    if par.fsdp and spec.schedule.split_weight_grads is True:
         raise ConfigError("--fsdp with --split-weight-grads on is not supported by the runtime; pick one")
     for comp, n in (("encoder", par.encoder_stages), ("llm", par.llm_stages)):
         if n is not None:

@@ -82,7 +82,7 @@ def test_paper_entrain_flag_and_memory_keys(capsys, schema):
     paper_flags = ["--entrain-layout", "disjoint", "--ramp-microbatches", "0", "--assignment", "paper"]
     assert main([*base, *paper_flags, "--split-weight-grads", "off"]) == 0
     assert json.loads(capsys.readouterr().out) == paper
-    assert main([*base, *paper_flags]) == 0  # split weight gradients only
+    assert main([*base, *paper_flags, "--split-weight-grads", "on"]) == 0  # split weight gradients only
     split = json.loads(capsys.readouterr().out)["systems"]["entrain"]
     assert "split weight grads" in split["config"]["source"]
     # on a GPU preset a split backward is the same work, its gradients only leave earlier: never slower
@@ -90,7 +90,7 @@ def test_paper_entrain_flag_and_memory_keys(capsys, schema):
     gpu = ["--hardware", "a40-flops", *paper_flags]
     assert main([*base, *gpu, "--split-weight-grads", "off"]) == 0
     whole = json.loads(capsys.readouterr().out)["systems"]["entrain"]
-    assert main([*base, *gpu]) == 0
+    assert main([*base, *gpu, "--split-weight-grads", "on"]) == 0
     split = json.loads(capsys.readouterr().out)["systems"]["entrain"]
     assert split["iteration_time_ms"] <= whole["iteration_time_ms"]
     assert split["bubble_ratio"] <= whole["bubble_ratio"]

@@ -168,9 +168,14 @@ def test_a_folder_or_fifo_as_dataset_is_not_a_regular_file(tmp_path, capsys, com
 
 
 def test_fsdp_turns_split_weight_grads_off_with_a_note(tmp_path, capsys):
+    """FSDP runs whole backwards: the default (``auto``) becomes off silently, an explicit ``on`` with a
+    note."""
     from entrain.cli.main import build_parser
 
     argv = ["train", *TINY, "--fsdp", "--dp", "2", "--out", str(tmp_path / "run")]
     spec = train_cli._spec(build_parser().parse_args(argv))
+    assert spec.schedule.split_weight_grads is False and spec.parallel.fsdp
+    assert capsys.readouterr().err == ""
+    spec = train_cli._spec(build_parser().parse_args([*argv, "--split-weight-grads", "on"]))
     assert spec.schedule.split_weight_grads is False and spec.parallel.fsdp
     assert "--fsdp runs whole backwards (--split-weight-grads off)" in capsys.readouterr().err

@@ -32,7 +32,7 @@ REQ = ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 64, 4, 2, 512, 4, see
 """Issue 21's headline command, Entrain's defaults (every choice ``auto``)."""
 
 DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_split": "paper", "ramp": "0",
-            "backward_order": "slot", "sub_microbatches": "off"}  # fmt: skip
+            "split": "off", "backward_order": "slot", "sub_microbatches": "off"}  # fmt: skip
 """Each planning decision's paper default (``config``: Algorithm 2's own choice)."""
 
 
@@ -57,6 +57,7 @@ def features(setup: SystemSetup) -> dict[str, str]:
         "assignment": assignment,
         "dp_split": "two-resource" if resplit else "paper",
         "ramp": str(o.get("ramp_microbatches", 0)),
+        "split": "on" if o.get("split_weight_grads") else "off",
         "backward_order": o.get("backward_order", "slot"),
         "sub_microbatches": "on" if o.get("memory_split", True) else "off",
     }
@@ -88,7 +89,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     judge, seen = fake_judge({})
     got = entrain_variant(base, REQ, cost, judge)
     d = _decisions(got)
-    assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "backward_order",
+    assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order",
                        "sub_microbatches"]  # fmt: skip
     assert list(d) == [n for n in setups.DECISIONS if n != "recompute"]
     assert set(d["layout"].candidates) == {
@@ -99,6 +100,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     assert set(d["assignment"].candidates) == {"paper", "two-resource", "auto"}
     assert set(d["dp_split"].candidates) == {"paper"}  # the paper's assignment: nothing to re-split
     assert set(d["ramp"].candidates) == {"0", "auto"}
+    assert set(d["split"].candidates) == {"off", "on"}
     assert set(d["backward_order"].candidates) == {"slot"}  # the disjoint layout: no rank holds two stages
     assert set(d["sub_microbatches"].candidates) == {"off", "on"}
     for name, default in DEFAULTS.items():
@@ -107,14 +109,14 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
         assert d[name].margin == DECISION_MARGIN
     # a memory split the draws cannot tell from none (equal times: it cut nothing) stays on
     assert features(got) == {**features(base), "sub_microbatches": "on", "config": features(base)["config"]}
-    assert got.options.get("split_weight_grads") is True  # not a decision: on as asked
-    assert len(seen) == 7
+    assert "split_weight_grads" not in got.options  # no win: the paper's whole backwards
+    assert len(seen) == 8
 
 
 @pytest.mark.parametrize(
     "decision, value",
     [("layout", "shared"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
-     ("sub_microbatches", "on")],
+     ("split", "on"), ("sub_microbatches", "on")],
 )  # fmt: skip
 @pytest.mark.parametrize("factor, flips", [(0.98, True), (0.998, False), (1.02, False)])
 def test_a_decision_departs_only_when_the_simulated_win_exceeds_the_margin(decision, value, factor, flips):
@@ -146,13 +148,15 @@ def test_the_backward_order_is_simulated_where_a_rank_holds_two_stages(factor, c
     """The shared layout's fused rank: per-b is taken where it simulates faster past the margin (the
     plan's options say so), slot kept otherwise; on the disjoint layout both are one plan (only slot)."""
     cost, base = _base()
-    judge, _ = fake_judge({("layout", "shared"): 0.9, ("backward_order", "per-b"): factor})
+    judge, _ = fake_judge(
+        {("layout", "shared"): 0.9, ("split", "on"): 0.9, ("backward_order", "per-b"): factor}
+    )
     got = entrain_variant(base, REQ, cost, judge)
     d = _decisions(got)["backward_order"]
     assert features(got)["layout"] == "shared" and set(d.candidates) == {"slot", "per-b"}
     assert d.chosen == chosen and got.options.get("backward_order", "slot") == chosen
-    assert d.candidates["per-b"] == pytest.approx(1000.0 * 0.9 * factor)
-    judge, _ = fake_judge({("backward_order", "per-b"): 0.5})  # disjoint: per-b is the same plan
+    assert d.candidates["per-b"] == pytest.approx(1000.0 * 0.9 * 0.9 * factor)
+    judge, _ = fake_judge({("split", "on"): 0.9, ("backward_order", "per-b"): 0.5})  # disjoint: one plan
     kept = _decisions(entrain_variant(base, REQ, cost, judge))["backward_order"]
     assert set(kept.candidates) == {"slot"} and kept.chosen == "slot"
 
@@ -170,7 +174,17 @@ def test_explicit_flags_are_not_decided():
     judge, _ = fake_judge({})
     fixed = replace(REQ, entrain_ramp=2, entrain_assignment="two-resource", entrain_layout="disjoint")
     got = entrain_variant(base, fixed, cost, judge)
+    assert [d.name for d in got.decisions] == [
+        "config",
+        "dp_split",
+        "split",
+        "backward_order",
+        "sub_microbatches",
+    ]
+    fixed = replace(fixed, entrain_split=True)
+    got = entrain_variant(base, fixed, cost, judge)
     assert [d.name for d in got.decisions] == ["config", "dp_split", "backward_order", "sub_microbatches"]
+    assert got.options["split_weight_grads"] is True
     assert got.options["ramp_microbatches"] == 2 and got.options["assignment"] == "two-resource"
 
 

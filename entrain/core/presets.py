@@ -150,7 +150,7 @@ class DeviceModel:
     """Measured share of a trainable layer's backward spent on input gradients, per layer kind;
     ``None`` or a kind left out: 0.5 (the matmuls' FLOPs split evenly)."""
     kind_scales: dict[str, dict[str, float]] | None = None
-    """Measured corrections per layer kind (``cpu-tiny``: ``benchmarks/fit_cpu_tiny.py``): ``fwd``,
+    """Measured corrections per fitted layer kind (``fitted_kind``; ``cpu-tiny``: ``benchmarks/fit_cpu_tiny.py``): ``fwd``,
     ``bwd`` scale the size-dependent part, ``fwd_const``, ``bwd_const`` the per-call constant, and
     ``split_extra_fraction``, ``split_extra_ms`` are the ``LayerCost`` fields; a kind left out: 1, 0."""
 
@@ -214,7 +214,7 @@ def _quadratics(
     if cp > 1 and s.cp_kv_bytes:
         comm_ms += (cp - 1) / cp * s.cp_kv_bytes / tp / dev.collective_bytes_per_ms[cp]
         comm_lat += dev.collective_latency_ms
-    k = (dev.kind_scales or {}).get(s.kind, {})
+    k = (dev.kind_scales or {}).get(fitted_kind(s.kind), {})
     f, b, fc, bc = (k.get(x, 1.0) for x in ("fwd", "bwd", "fwd_const", "bwd_const"))
     fwd = Quadratic(
         f * quad_ms / shard, f * lin_ms / shard + comm_ms, fc * dev.fwd_call_ms[comp] / num_layers + comm_lat
@@ -239,7 +239,7 @@ def _layer_cost(
             fwd[key], bwd[key] = _quadratics(s, dev, num_layers, tp, cp, attention)
     saved = _eager_traffic(s)[2] if attention == "eager" else 0.0
     window = s.attention == "window"
-    scales = (dev.kind_scales or {}).get(s.kind, {})
+    scales = (dev.kind_scales or {}).get(fitted_kind(s.kind), {})
     return LayerCost(
         split_extra_fraction=scales.get("split_extra_fraction", 0.0),
         split_extra_ms=scales.get("split_extra_ms", 0.0),
@@ -348,15 +348,17 @@ CPU_TINY_BWD_INPUT_FRACTION = {
 matmuls wait for ``W``. Measured per stage in the Entrain traces of ``cpu_pipeline.py --paired``
 (3 launches x 4 workloads, one idle: a ratio of one rank's own actions, steady under load): LLM stages 0.69-0.75 (0.56-0.58 on chartqa's 100-token samples),
 the merger alone 0.54-0.60, the full-attention block + merger 0.81-0.82 (docs/cost_model.md)."""
+KIND_GROUPS = {"patch_embed": "vit_block_window", "final_norm": "head", "lm_head": "head", "loss": "head"}
+"""Layer kinds fitted as one (``fitted_kind``): too little time of their own, always in one stage with
+the kind they join, to be told apart in a trace."""
+
+
+def fitted_kind(kind: str) -> str:
+    """The kind ``kind``'s measured corrections are fitted and kept under (``KIND_GROUPS``)."""
+    return KIND_GROUPS.get(kind, kind)
+
+
 CPU_TINY_KIND_SCALES: dict[str, dict[str, float]] = {  # fmt: skip
-    "patch_embed": {
-        "fwd": 1.0284,
-        "fwd_const": 0.0,
-        "bwd": 0.4838,
-        "bwd_const": 0.1009,
-        "split_extra_fraction": 0.0413,
-        "split_extra_ms": 0.0,
-    },
     "vit_block_window": {
         "fwd": 1.0284,
         "fwd_const": 0.0,
@@ -397,23 +399,7 @@ CPU_TINY_KIND_SCALES: dict[str, dict[str, float]] = {  # fmt: skip
         "split_extra_fraction": 0.0846,
         "split_extra_ms": 0.4646,
     },
-    "final_norm": {
-        "fwd": 0.6697,
-        "fwd_const": 0.3884,
-        "bwd": 0.4839,
-        "bwd_const": 0.2787,
-        "split_extra_fraction": 0.1091,
-        "split_extra_ms": 0.4646,
-    },
-    "lm_head": {
-        "fwd": 0.6697,
-        "fwd_const": 0.3884,
-        "bwd": 0.4839,
-        "bwd_const": 0.2787,
-        "split_extra_fraction": 0.1091,
-        "split_extra_ms": 0.4646,
-    },
-    "loss": {
+    "head": {
         "fwd": 0.6697,
         "fwd_const": 0.3884,
         "bwd": 0.4839,
@@ -422,7 +408,7 @@ CPU_TINY_KIND_SCALES: dict[str, dict[str, float]] = {  # fmt: skip
         "split_extra_ms": 0.4646,
     },
 }
-"""Per layer kind, the analytic curves' corrections measured on traced runs
+"""Per fitted kind (``fitted_kind``), the analytic curves' corrections measured on traced runs
 (``benchmarks/fit_cpu_tiny.py``, ``benchmarks/results/cpu_tiny_fit.md``; ``DeviceModel.kind_scales``)."""
 CPU_TINY_ACTION_OVERHEAD_MS = 0.3294
 """Per compute action, outside its layers (``HardwareSpec.action_overhead_ms``), from the same fit."""

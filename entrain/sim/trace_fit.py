@@ -35,6 +35,7 @@ import numpy as np
 from entrain.core.costmodel import PROFILE_SOURCE, CostModel, LayerCost, Quadratic
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ActionKind, Plan
+from entrain.core.presets import fitted_kind
 from entrain.core.schedules.costs import PlanCosts
 
 __all__ = [
@@ -381,11 +382,8 @@ def stage_errors(run: TracedRun, cost: CostModel) -> dict:
 # --- several runs of other stage cuts: one fit (``--from-trace RUN --also-trace RUN2``) -------------------
 FIT_GROUPS = ("cuts", "kinds")
 """How ``joint_refit`` groups layers: ``cuts``: the finest layer ranges every traced stage is a union
-of; ``kinds``: the layers of one kind (``LayerCost.kind``; patch embedding with the window blocks,
-the head layers with the final norm), wherever they sit, so any cut is priced from the kinds'
+of; ``kinds``: the layers of one kind (``LayerCost.kind``, as ``presets.fitted_kind`` groups them), wherever they sit, so any cut is priced from the kinds'
 scales."""
-KIND_GROUPS = {"patch_embed": "vit_block_window", "final_norm": "head", "lm_head": "head", "loss": "head"}
-"""Kinds fitted as one (too little time of their own to be told apart)."""
 
 Groups = dict[str, dict[str, tuple[int, ...]]]
 """Per component: group name -> its layer indices."""
@@ -399,7 +397,7 @@ def _groups(runs: list[TracedRun], by: str) -> Groups:
         if by == "kinds":
             named: dict[str, list[int]] = defaultdict(list)
             for i, layer in enumerate(layers):
-                named[KIND_GROUPS.get(layer.kind, layer.kind)].append(i)
+                named[fitted_kind(layer.kind)].append(i)
             out[comp] = {k: tuple(v) for k, v in named.items()}
             continue
         cuts = {0, len(layers)}

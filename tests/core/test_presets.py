@@ -158,7 +158,7 @@ def test_cpu_tiny_carries_the_traced_fit():
     cost, base = build_cost_model("tiny", "cpu-tiny"), P.analytic_cpu_tiny("tiny")
     assert cost.hardware.action_overhead_ms == P.CPU_TINY_ACTION_OVERHEAD_MS
     for new, old in zip((*cost.encoder.layers, *cost.llm.layers), (*base.encoder.layers, *base.llm.layers)):
-        s = P.CPU_TINY_KIND_SCALES[new.kind]
+        s = P.CPU_TINY_KIND_SCALES[P.fitted_kind(new.kind)]
         assert new.fwd["tp1cp1"].b == pytest.approx(old.fwd["tp1cp1"].b * s["fwd"])
         assert new.bwd["tp1cp1"].c == pytest.approx(old.bwd["tp1cp1"].c * s["bwd_const"])
         assert new.split_extra_fraction == s["split_extra_fraction"]

@@ -22,8 +22,9 @@ by the simulator, so every executor of a Plan prices an action the same way.
 * A split backward: ``I`` + ``W`` = the layers' backward plus the split's own cost
   (``LayerCost.split_extra_fraction`` and ``split_extra_ms``: phase ``bwd_split``); ``I`` = the
   layers' input-gradient parts of it (``LayerCost.bwd_input_fraction`` of each trainable layer's
-  split backward, the whole backward of a frozen layer that passes gradients), ``W`` = the rest; a stage whose input needs no gradient (the first encoder stage) runs its whole
-  backward as ``W`` (``I`` costs 0), as the runtime does.
+  split backward, the whole backward of a frozen layer that passes gradients), ``W`` = the rest; a
+  stage whose input needs no gradient (the first encoder stage) runs its whole backward as ``W``
+  (``I`` costs 0), as the runtime does.
 * Every compute action that does work (``F``, ``B``, ``I``, ``W``) also pays the hardware's
   ``action_overhead_ms``, however many layers the stage holds.
 * A call of fewer tokens than the hardware's ``*_min_efficient_tokens`` has its size-dependent

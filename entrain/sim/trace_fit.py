@@ -136,31 +136,31 @@ def _constants(costs: PlanCosts, stage: int) -> dict[str, float]:
     return {phase: coefs[phase][2] for phase in ("fwd", "bwd", "bwd_split")}
 
 
-def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tuple[float, float, float]]]:
-    """(stage, phase) -> [(measured ms, predicted variable ms, tokens)]: forwards, and backwards
-    (``B``, or ``I`` + ``W`` of one (sub-)microbatch summed)."""
-    backward: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0, None, "bwd"])
-    out: dict[tuple[int, str], list] = defaultdict(list)
+def _traced_computes(run: TracedRun) -> list[tuple[int, str, tuple[str, ...], int, float]]:
+    """(stage, phase, sample ids, compute actions, measured ms): each forward, and each (sub-)microbatch
+    backward (``B``, or ``I`` + ``W`` summed: 2 actions)."""
+    rows: dict[tuple, list] = {}
     for e in run.events:
         a = e["args"]
-        kind = ActionKind(a["kind"])
-        if not kind.is_compute:
+        if not ActionKind(a["kind"]).is_compute:
             continue
-        ids, stage, ms = _ids(run, e), a["stage"], e["dur"] / 1e3
-        const = _constants(costs, stage)
-        predicted = costs.compute_ms(stage, kind, ids)
-        predicted -= run.base.hardware.action_overhead_ms if predicted > 0 else 0.0  # not in the layers
-        if kind is ActionKind.F:
-            out[(stage, "fwd")].append((ms, predicted - const["fwd"], costs.tokens(stage, ids)))
-            continue
-        key = (e["pid"], a["step"], stage, a["mb"], a["sub"])
-        backward[key][0] += ms
-        backward[key][1] += predicted
-        backward[key][2] = costs.tokens(stage, ids)
-        if kind is not ActionKind.B:
-            backward[key][3] = "bwd_split"
-    for (_, _, stage, _, _), (ms, predicted, tokens, phase) in backward.items():
-        out[(stage, "bwd")].append((ms, predicted - _constants(costs, stage)[phase], tokens))
+        phase = "fwd" if a["kind"] == "F" else "bwd"
+        key = (e["pid"], a["step"], a["stage"], a["mb"], a["sub"], phase)
+        row = rows.setdefault(key, [a["stage"], phase, _ids(run, e), 0, 0.0])
+        row[3] += 1
+        row[4] += e["dur"] / 1e3
+    return [tuple(r) for r in rows.values()]
+
+
+def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tuple[float, float, float]]]:
+    """(stage, phase) -> [(measured ms, predicted variable ms, tokens)]: each traced compute
+    (``_traced_computes``) as ``PlanCosts`` prices its layers (a split backward as ``bwd_split``), less
+    the per-call constant."""
+    out: dict[tuple[int, str], list] = defaultdict(list)
+    for stage, phase, ids, num_actions, ms in _traced_computes(run):
+        priced = "bwd_split" if num_actions > 1 else phase
+        variable = costs._phase_ms(stage, priced, ids) - _constants(costs, stage)[priced]
+        out[(stage, phase)].append((ms, variable, costs.tokens(stage, ids)))
     return out
 
 
@@ -382,8 +382,8 @@ def stage_errors(run: TracedRun, cost: CostModel) -> dict:
 # --- several runs of other stage cuts: one fit (``--from-trace RUN --also-trace RUN2``) -------------------
 FIT_GROUPS = ("cuts", "kinds")
 """How ``joint_refit`` groups layers: ``cuts``: the finest layer ranges every traced stage is a union
-of; ``kinds``: the layers of one kind (``LayerCost.kind``, as ``presets.fitted_kind`` groups them), wherever they sit, so any cut is priced from the kinds'
-scales."""
+of; ``kinds``: the layers of one kind (``LayerCost.kind``, as ``presets.fitted_kind`` groups them),
+wherever they sit, so any cut is priced from the kinds' scales."""
 
 Groups = dict[str, dict[str, tuple[int, ...]]]
 """Per component: group name -> its layer indices."""
@@ -428,41 +428,29 @@ def _group_ms(run: TracedRun, stage: int, group: tuple[int, ...], phase: str, id
     return total, constant
 
 
-def _traced_computes(run: TracedRun) -> list[tuple[int, str, tuple[str, ...], int, float]]:
-    """(stage, phase, sample ids, compute actions, measured ms): each forward, and each (sub-)microbatch
-    backward (``B``, or ``I`` + ``W`` summed: 2 actions)."""
-    rows: dict[tuple, list] = {}
-    for e in run.events:
-        a = e["args"]
-        if not ActionKind(a["kind"]).is_compute:
-            continue
-        phase = "fwd" if a["kind"] == "F" else "bwd"
-        key = (e["pid"], a["step"], a["stage"], a["mb"], a["sub"], phase)
-        row = rows.setdefault(key, [a["stage"], phase, _ids(run, e), 0, 0.0])
-        row[3] += 1
-        row[4] += e["dur"] / 1e3
-    return [tuple(r) for r in rows.values()]
+Traced = list[tuple[TracedRun, list[tuple[int, str, tuple[str, ...], int, float]]]]
+"""Each run with its ``_traced_computes``."""
 
 
-def _split_fitted(runs: list[TracedRun]) -> set[str]:
+def _split_fitted(traced: Traced) -> set[str]:
     """Components whose traced backwards include both kinds (``B``, and ``I`` + ``W``): only there can
     the split's own cost be told from the backward's."""
     kinds: dict[str, set[bool]] = defaultdict(set)
-    for run in runs:
-        for stage, phase, _, num_actions, _ in _traced_computes(run):
+    for run, computes in traced:
+        for stage, phase, _, num_actions, _ in computes:
             if phase == "bwd":
                 kinds[run.plan.layout.stages[stage].component].add(num_actions > 1)
     return {c for c, k in kinds.items() if k == {False, True}}
 
 
-def _joint_rows(runs: list[TracedRun], groups: Groups, split_fitted: set[str]):
+def _joint_rows(traced: Traced, groups: Groups, split_fitted: set[str]):
     """One row per traced compute (``_traced_computes``): the predicted ms of each group part it
     covers (``(component, phase, group, "var" | "const")``; a split backward also the split's columns
     ``(component, "split", "", "var" | "const")`` where ``split_fitted``), its compute actions, its
     measured ms."""
     rows = []
-    for run in runs:
-        for stage, phase, ids, num_actions, ms in _traced_computes(run):
+    for run, computes in traced:
+        for stage, phase, ids, num_actions, ms in computes:
             spec = run.plan.layout.stages[stage]
             comp, split = spec.component, phase == "bwd" and num_actions > 1
             priced = "bwd_split" if split and comp not in split_fitted else phase
@@ -500,8 +488,9 @@ def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
     base = runs[0].base
     if any(r.base.to_json()["components"] != base.to_json()["components"] for r in runs[1:]):
         raise ConfigError("--also-trace: every run must have been planned with the same cost model")
-    groups, split_fitted = _groups(runs, by), _split_fitted(runs)
-    rows = _joint_rows(runs, groups, split_fitted)
+    traced = [(run, _traced_computes(run)) for run in runs]
+    groups, split_fitted = _groups(runs, by), _split_fitted(traced)
+    rows = _joint_rows(traced, groups, split_fitted)
     columns = sorted({c for covered, _, _ in rows for c in covered})
     index = {c: i for i, c in enumerate(columns)}
     a = np.zeros((len(rows), len(columns) + 1))

@@ -10,9 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from entrain.data.problems import ASSISTANT_IMAGE
-from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, ImageRef, Parsed, Record
+from entrain.data.records import (
+    IMAGE_PLACEHOLDER,
+    MEDIA_FIELDS,
+    PLACEHOLDERS,
+    ROLES,
+    TRAINED_MEDIA,
+    ImageRef,
+    Parsed,
+    Record,
+    media_kind,
+)
 
-__all__ = ["parse_record"]
+__all__ = ["media_problems", "parse_record"]
+
+READ_FIELDS = frozenset(
+    {"id", "conversations", "messages", *(k for keys in MEDIA_FIELDS.values() for k in keys)}
+)
+"""The top-level fields of a LLaVA record that the readers read."""
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -89,8 +104,10 @@ def _content_parts(parts: list, where: str, problems: list[tuple[str, str]]) -> 
     out = []
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "image":
-            out.append(IMAGE_PLACEHOLDER)
+        if (
+            isinstance(kind, str) and kind in PLACEHOLDERS
+        ):  # an input part: its placeholder (matched against the record's fields)
+            out.append(PLACEHOLDERS[kind])
         elif kind == "text" and isinstance(part.get("text"), str):
             out.append(part["text"])
         else:
@@ -115,6 +132,67 @@ def _record_id(obj: dict, problems: list[tuple[str, str]]) -> str | None:
     return str(rid)
 
 
+def _items(value: Any) -> int:
+    """How many inputs a media field's value holds (a list's length, else one; none for null or [])."""
+    if value is None:
+        return 0
+    return len(value) if isinstance(value, list) else 1
+
+
+def _media_path(value: Any) -> tuple[str, str] | None:
+    """``(path, kind)`` of the first string in ``value`` (a string or a list) that names a media file."""
+    for item in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+        if (
+            isinstance(item, str)
+            and "." in item
+            and "\n" not in item
+            and len(item) < 4096
+            and media_kind(item.strip())
+        ):
+            return item, media_kind(item.strip()) or ""
+    return None
+
+
+def media_problems(obj: dict, turns: list[tuple[str, str]], turns_field: str) -> list[tuple[str, str]]:
+    """The problems of a record's inputs other than images: every input kind entrain does not train
+    (video, audio) is a bad record, never trained with the input dropped; a placeholder of such a kind
+    without its field, or the field without its placeholder, too; and a field no reader reads holding a
+    media file's path (a misspelt or unknown key would otherwise train the record without it)."""
+    problems: list[tuple[str, str]] = []
+    for kind, keys in MEDIA_FIELDS.items():
+        if kind in TRAINED_MEDIA:
+            continue  # images: parse_record's own checks
+        held = {k: _items(obj.get(k)) for k in keys if _items(obj.get(k))}
+        for key in held:
+            problems.append(
+                (
+                    key,
+                    f"{kind} inputs are not supported: no model family entrain trains reads {kind} "
+                    f"(it trains the {'/'.join(MEDIA_FIELDS['image'])} fields only)",
+                )  # fmt: skip
+            )
+        placeholders = sum(text.count(PLACEHOLDERS[kind]) for _, text in turns)
+        if placeholders != sum(held.values()):
+            problems.append(
+                (
+                    turns_field,
+                    f"{placeholders} {PLACEHOLDERS[kind]} placeholder(s) but "
+                    f"{sum(held.values())} {kind} input(s) ({'/'.join(keys)})",
+                )  # fmt: skip
+            )
+    for key, value in obj.items():
+        found = None if key in READ_FIELDS else _media_path(value)
+        if found is not None:
+            problems.append(
+                (
+                    str(key),
+                    f"{found[0]!r} looks like {'an' if found[1][0] in 'aeiou' else 'a'} {found[1]} file but {key!r} is not a field entrain reads "
+                    f"(inputs go in {', '.join(k for keys in MEDIA_FIELDS.values() for k in keys)})",
+                )  # fmt: skip
+            )
+    return problems
+
+
 def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Path) -> Parsed:
     """Normalise one LLaVA record; relative image paths resolve against ``base``."""
     if not isinstance(obj, dict):
@@ -130,5 +208,7 @@ def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Pat
         problems.append(
             ("conversations", f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s)")
         )
+    turns_field = "messages" if "conversations" not in obj and "messages" in obj else "conversations"
+    problems += media_problems(obj, turns, turns_field)
     record = None if problems else Record(rid or "", tuple(images), tuple(turns), file, index, line)
     return Parsed(file, index, line, rid, record, problems)

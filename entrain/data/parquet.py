@@ -22,13 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from entrain.core.errors import ConfigError
+from entrain.data.conversation import media_problems
 from entrain.data.problems import ASSISTANT_IMAGE, unread
-from entrain.data.records import IMAGE_PLACEHOLDER, ImageRef, Parsed, Record
+from entrain.data.records import IMAGE_PLACEHOLDER, MEDIA_FIELDS, ImageRef, Parsed, Record
 
 __all__ = ["LLAVA_COLUMNS", "iter_parquet", "llava_row"]
 
-LLAVA_COLUMNS = ("id", "conversations", "messages", "image", "images")
-"""The columns of a LLaVA-fields table that the reader uses."""
+LLAVA_COLUMNS = ("id", "conversations", "messages", *(k for keys in MEDIA_FIELDS.values() for k in keys))
+"""The columns of a LLaVA-fields table that the reader uses (a video or audio column too: its rows are
+bad records, entrain trains images only)."""
+FINEVISION_COLUMNS = (
+    "id",
+    "images",
+    "texts",
+    *(k for kind, keys in MEDIA_FIELDS.items() if kind != "image" for k in keys),
+)
+"""The columns of a FineVision-style table that the reader uses."""
 
 RefOf = Callable[[str, int, bytes], ImageRef]
 """``(column, image index, bytes) -> ImageRef`` of one row's image."""
@@ -95,6 +104,7 @@ def _row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: RefOf)
     rid = f"{stem}:{index}" if rid is None or rid == "" else str(rid)
     images = _images(row.get("images"), base, problems, ref_of)
     turns = _turns(row.get("texts"), problems)
+    problems += media_problems(row, turns, "texts")
     placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
     if not problems and placeholders == 0 and images:
         role, text = turns[0]
@@ -149,7 +159,7 @@ def iter_parquet(
         reason = f"Parquet column missing (the file has {', '.join(sorted(names)) or 'no columns'})"
         yield Parsed(str(p), 0, None, None, None, [(missing[0], reason)], True)
         return
-    wanted = LLAVA_COLUMNS if llava else ("id", "images", "texts")
+    wanted = LLAVA_COLUMNS if llava else FINEVISION_COLUMNS
     index = 0
     for group, row_in_group, row in _rows(pf, [c for c in wanted if c in names], batch_rows):
         if isinstance(row, str):

@@ -8,9 +8,47 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 
-__all__ = ["IMAGE_PLACEHOLDER", "ROLES", "ImageRef", "Record", "Parsed"]
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "MEDIA_EXTENSIONS",
+    "MEDIA_FIELDS",
+    "PLACEHOLDERS",
+    "ROLES",
+    "TRAINED_MEDIA",
+    "ImageRef",
+    "Parsed",
+    "Record",
+    "media_kind",
+]
 
 IMAGE_PLACEHOLDER = "<image>"
+MEDIA_FIELDS: dict[str, tuple[str, ...]] = {
+    "image": ("image", "images"),
+    "video": ("video", "videos"),
+    "audio": ("audio", "audios"),
+}
+"""Every input kind a record can carry (LLaVA JSON/JSONL, Parquet / Arrow columns, WebDataset members)
+and the fields that hold it."""
+PLACEHOLDERS: dict[str, str] = {kind: f"<{kind}>" for kind in MEDIA_FIELDS}
+"""The placeholder each input kind has in a conversation's text (one per item)."""
+TRAINED_MEDIA = ("image",)
+"""The input kinds entrain trains (no model family reads video or audio frames yet): a record carrying
+another kind is a bad record, never trained with it dropped."""
+MEDIA_EXTENSIONS: dict[str, frozenset[str]] = {
+    "image": frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"}),
+    "video": frozenset({"mp4", "webm", "avi", "mov", "mkv", "m4v", "flv", "wmv", "mpg", "mpeg"}),
+    "audio": frozenset({"wav", "mp3", "flac", "ogg", "m4a", "aac", "opus"}),
+}
+"""File extensions of each input kind (WebDataset members; a path in a field no reader uses)."""
+
+
+def media_kind(name: str) -> str | None:
+    """The input kind a file name's extension (or a bare extension) names (``"clip.MP4"``, ``"mp4"`` ->
+    ``"video"``); None for others."""
+    ext = name.rsplit(".", 1)[-1].lower()
+    return next((kind for kind, exts in MEDIA_EXTENSIONS.items() if ext in exts), None)
+
+
 ROLES: dict[str, str] = {
     "human": "user",
     "user": "user",

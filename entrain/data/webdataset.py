@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from entrain.data.problems import unread
-from entrain.data.records import ImageRef, Parsed
+from entrain.data.records import MEDIA_EXTENSIONS, MEDIA_FIELDS, ImageRef, Parsed, media_kind
 
 __all__ = ["IMAGE_EXTENSIONS", "iter_tar", "sample_key"]
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
+IMAGE_EXTENSIONS = MEDIA_EXTENSIONS["image"]
 
 
 def sample_key(name: str) -> tuple[str, str]:
@@ -101,10 +101,24 @@ def _parse(sample: _Sample, shard: Path, index: int, base: Path) -> Parsed:
         )
     if isinstance(obj, dict):
         obj.setdefault("id", sample.key)
+        _add_media_members(obj, sample)
         if sample.images:
             obj.pop("image", None)
             obj["images"] = [ref for _, ref in sorted(sample.images, key=lambda x: _ext_order(x[0]))]
     return parse_record(obj, file=file, index=index, line=None, base=base)
+
+
+def _add_media_members(obj: dict, sample: _Sample) -> None:
+    """A sample's video / audio members (``.mp4``, ``.wav`` ...) as its ``videos`` / ``audios`` field, so
+    that the record is named bad for them (entrain trains images only), never trained without them."""
+    for ext in sample.others:
+        kind = media_kind(ext)
+        if kind is not None:
+            key, held = MEDIA_FIELDS[kind][-1], obj.get(MEDIA_FIELDS[kind][-1])
+            obj[key] = [
+                *(held if isinstance(held, list) else [] if held is None else [held]),
+                f"{sample.key}.{ext}",
+            ]
 
 
 def iter_tar(path: str | Path, image_root: str | Path | None = None) -> Iterator[Parsed]:

@@ -100,3 +100,29 @@ def test_check_runs_the_model_familys_image_processor(flags, runs):
     if runs:  # a 100x1 image: the processor's 20 tokens, where the plain rule counts 4
         _, grid = process([Image.new("RGB", (100, 1), "white")], rule)
         assert merged_tokens(grid) == [20]
+
+
+def test_a_video_record_is_bad_for_check_and_stats(capsys, schema, tmp_path):
+    """A ``video`` field with its ``<video>`` placeholder: entrain trains images only, so the record is
+    named bad (file, record, field), never counted or trained as text with the video dropped."""
+    answer = {"from": "gpt", "value": "A cat jumps."}
+    records = [
+        {"id": "ok", "conversations": [{"from": "human", "value": "Hello?"}, answer]},
+        {
+            "id": "clip",
+            "video": "clip.mp4",
+            "conversations": [{"from": "human", "value": "<video>\nWhat?"}, answer],
+        },
+    ]
+    path = tmp_path / "videos.json"
+    path.write_text(json.dumps(records))
+    assert run_data(["check", str(path), "--json", "--no-processor"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, schema)
+    assert (out["records"], out["bad"]) == (2, 1)
+    assert [(f["index"], f["field"], f["severity"]) for f in out["findings"]] == [(1, "video", "error")]
+    assert "video inputs are not supported" in out["findings"][0]["reason"]
+    assert run_data(["stats", "--dataset", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}:1 (id clip): field 'video': video inputs are not supported" in err

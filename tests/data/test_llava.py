@@ -243,8 +243,10 @@ def test_openai_messages_with_content_parts(dataset):
             {"role": "assistant", "content": "A red square."},
         ],
     }
-    bad = {"id": "z", "messages": [{"role": "user", "content": [{"type": "video"}]}]}
-    path = _write_jsonl(root / "m.jsonl", [record, bad])
-    good, broken = llava.iter_parsed(path)
+    bad = {"id": "z", "messages": [{"role": "user", "content": [{"type": "table"}]}]}
+    video = {"id": "v", "messages": [{"role": "user", "content": [{"type": "video"}]}, record["messages"][1]]}
+    path = _write_jsonl(root / "m.jsonl", [record, bad, video])
+    good, broken, no_video = llava.iter_parsed(path)
     assert good.record.turns == (("user", "<image>What is it?"), ("assistant", "A red square."))
     assert broken.problems[0][0] == "messages[0].content[0]"
+    assert no_video.problems == [("messages", "1 <video> placeholder(s) but 0 video input(s) (video/videos)")]

@@ -1,0 +1,181 @@
+"""Every input kind a record can carry is trained or named as a bad record, never dropped: entrain trains
+images only, so a video or audio input (LLaVA ``video``/``videos``/``audio``/``audios`` fields,
+chat-template ``{"type": "video"}`` parts, Parquet / Arrow columns, WebDataset ``.mp4``/``.wav``
+members), a ``<video>``/``<audio>`` placeholder without its field, and a field no reader reads that
+holds a media file's path are bad records for every reader, for ``entrain data check``
+(``check_dataset``), for ``entrain train``'s screening (``screen_dataset``) and for ``data stats``
+(``read_samples``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from entrain.core.errors import DataError
+from entrain.data import llava
+from entrain.data.check import BadSamplesError, check_dataset, screen_dataset
+from entrain.data.shards import iter_sharded
+from entrain.data.workload_io import read_samples
+
+ASK = {"from": "human", "value": "What happens?"}
+ANSWER = {"from": "gpt", "value": "A cat jumps."}
+
+
+def _record(rid: str, question: str = "What happens?", **fields) -> dict:
+    return {"id": rid, **fields, "conversations": [{"from": "human", "value": question}, ANSWER]}
+
+
+UNSUPPORTED = "inputs are not supported: no model family entrain trains reads"
+
+BAD_RECORDS = {
+    "video field": (_record("v", "<video>\nWhat?", video="clip.mp4"), "video", f"video {UNSUPPORTED} video"),
+    "videos list": (
+        _record("vs", "<video><video>\nWhat?", videos=["a.mp4", "b.mp4"]),
+        "videos",
+        f"video {UNSUPPORTED} video",
+    ),
+    "audio field": (_record("a", "<audio>\nWho?", audio="talk.wav"), "audio", f"audio {UNSUPPORTED} audio"),
+    "audios list": (
+        _record("as", "<audio>\nWho?", audios=["talk.wav"]),
+        "audios",
+        f"audio {UNSUPPORTED} audio",
+    ),
+    "video placeholder without a field": (
+        _record("p", "<video>\nWhat?"),
+        "conversations",
+        "1 <video> placeholder(s) but 0 video input(s)",
+    ),
+    "audio placeholder without a field": (
+        _record("q", "<audio>\nWho?"),
+        "conversations",
+        "1 <audio> placeholder(s) but 0 audio input(s)",
+    ),
+    "video field without a placeholder": (
+        _record("n", video="clip.mp4"),
+        "conversations",
+        "0 <video> placeholder(s) but 1 video input(s)",
+    ),
+    "unknown key with a video path": (
+        _record("u", frames="clips/clip.MP4"),
+        "frames",
+        "'clips/clip.MP4' looks like a video file but 'frames' is not a field entrain reads",
+    ),
+    "unknown key with an image path": (
+        _record("i", picture=["pics/x.jpg"]),
+        "picture",
+        "'pics/x.jpg' looks like an image file but 'picture' is not a field entrain reads",
+    ),
+    "video content part": (
+        {
+            "id": "m",
+            "video": "clip.mp4",
+            "messages": [
+                {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
+                {"role": "assistant", "content": "A cat."},
+            ],
+        },
+        "video",
+        f"video {UNSUPPORTED} video",
+    ),
+}
+
+
+def _problems(item) -> list[tuple[str, str]]:
+    assert item.record is None, item
+    return item.problems
+
+
+@pytest.mark.parametrize("name", list(BAD_RECORDS))
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_the_llava_reader_names_every_unsupported_input(tmp_path, name, fmt):
+    record, field, reason = BAD_RECORDS[name]
+    good = _record(
+        "ok", source="coco", note="a plain string", format="mp4"
+    )  # extra keys without media paths stay good
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps([good, record]))
+    else:
+        path.write_text("\n".join(json.dumps(r) for r in (good, record)) + "\n")
+    ok, bad = llava.iter_parsed(path)
+    assert ok.record is not None and ok.problems == []
+    assert any(f == field and reason in why for f, why in _problems(bad)), bad.problems
+    assert (bad.index, bad.id) == (1, record["id"])
+
+
+def _llava_parquet(path, rows: list[dict]) -> None:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_a_parquet_video_column_makes_its_rows_bad(tmp_path):
+    rows = [
+        {"id": "a", "conversations": [ASK, ANSWER], "video": None},
+        {
+            "id": "b",
+            "conversations": [{"from": "human", "value": "<video>\nWhat?"}, ANSWER],
+            "video": "c.mp4",
+        },
+    ]
+    _llava_parquet(tmp_path / "d.parquet", rows)
+    ok, bad = llava.iter_parsed(tmp_path / "d.parquet")
+    assert ok.record is not None
+    assert ("video", f"video {UNSUPPORTED} video (it trains the image/images fields only)") in _problems(bad)
+
+
+def test_a_finevision_audio_column_makes_its_rows_bad(tmp_path):
+    rows = [{"id": "a", "images": [], "texts": [{"user": "Who?", "assistant": "Ann."}], "audio": b"RIFF...."}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "f.parquet")
+    (bad,) = llava.iter_parsed(tmp_path / "f.parquet")
+    assert any(f == "audio" and UNSUPPORTED in why for f, why in _problems(bad)), bad.problems
+
+
+def _tar(path, members: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize(("ext", "field"), [("mp4", "videos"), ("0.wav", "audios")])
+def test_a_webdataset_video_or_audio_member_makes_its_sample_bad(tmp_path, ext, field):
+    meta = json.dumps({"conversations": [ASK, ANSWER]}).encode()
+    folder = tmp_path / "wds"
+    folder.mkdir()
+    _tar(folder / "shard-00000.tar", {"s0.json": meta, "s1.json": meta, f"s1.{ext}": b"\x00" * 16})
+    ok, bad = iter_sharded(folder)
+    assert ok.record is not None
+    assert any(f == field and UNSUPPORTED in why for f, why in _problems(bad)), bad.problems
+
+
+@pytest.fixture
+def video_dataset(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([_record("ok"), BAD_RECORDS["video field"][0], _record("ok2")]))
+    return path
+
+
+def test_data_check_counts_the_video_record_bad(video_dataset):
+    report = check_dataset(video_dataset)
+    assert (report.records, report.bad) == (3, 1)
+    (finding,) = report.errors
+    assert (finding.index, finding.field) == (1, "video") and UNSUPPORTED in finding.reason
+
+
+def test_train_screening_stops_at_the_video_record_or_skips_it(video_dataset, tmp_path):
+    with pytest.raises(BadSamplesError, match="1 of 3 record"):
+        screen_dataset(video_dataset)
+    screened = screen_dataset(video_dataset, on_bad="skip", out_dir=tmp_path / "run")
+    assert [r.id for r in screened.records] == ["ok", "ok2"]
+    (skipped,) = [json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
+    assert skipped["id"] == "v" and UNSUPPORTED in json.dumps(skipped)
+
+
+def test_data_stats_reading_stops_at_the_video_record(video_dataset):
+    with pytest.raises(DataError, match=r"d\.json:1 \(id v\).*'video': video inputs are not supported"):
+        read_samples(str(video_dataset))

@@ -328,7 +328,10 @@ def stale_results(
     results: Path = RESULTS, repo: Path = ROOT, code: tuple[str, ...] = SIMULATED_CODE
 ) -> list[dict]:
     """``{"file", "commit", "changed_by"}`` for each results file naming a commit older than a change to
-    ``code`` (``changed_by``: those commits, newest first; ``None``: the commit is not in the repository)."""
+    ``code`` (``changed_by``: those commits, newest first; ``None``: the commit is not in the repository);
+    None outside a git checkout (an exported copy of a commit: nothing to compare with)."""
+    if not (repo / ".git").exists():
+        return None
     out = []
     for path in sorted(results.iterdir()):
         if path.suffix not in (".md", ".json") or path.name in NOT_STALE:
@@ -502,9 +505,10 @@ def main(argv_: list[str] | None = None) -> int:
     if not args.from_run:
         args.out.with_suffix(".json").write_text(json.dumps(current, indent=1) + "\n")
     _print_rows(rows)
-    stale = current.get("stale_results") or []
-    print(f"stale results ({len(stale)}): older than a change to {' or '.join(SIMULATED_CODE)}")
-    print("\n".join(stale_lines(stale)) or "- none")
+    stale = current.get("stale_results")
+    if stale is not None:
+        print(f"stale results ({len(stale)}): older than a change to {' or '.join(SIMULATED_CODE)}")
+        print("\n".join(stale_lines(stale)) or "- none")
     log(f"regression: wrote {args.out} and its .json; exit {status}")
     return status
 

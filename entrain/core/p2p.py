@@ -32,7 +32,7 @@ means every timing finishes. ``single_group`` gives the programs as one communic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -46,11 +46,18 @@ __all__ = [
     "Batch",
     "Comm",
     "Step",
+    "WarmUp",
+    "NcclRules",
+    "warmup_batches",
     "FORWARD_KINDS",
     "rank_program",
     "replica_programs",
     "single_group",
     "check_program",
+    "CONNECTED",
+    "REAL_NCCL",
+    "SHARED_QUEUE_ENV",
+    "rules_from_env",
     "check_iteration",
     "check_plan",
     "receive_needs_header",
@@ -61,7 +68,7 @@ FORWARD_KINDS = frozenset({ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F})
 """The actions a forward-only (evaluation) step runs."""
 
 _SENDS = (ActionKind.SEND_F, ActionKind.SEND_B)
-Part = Literal["header", "data"]
+Part = Literal["header", "data", "warmup"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,8 @@ class P2POp:
     part: Part = "data"
 
     def __str__(self) -> str:
+        if self.part == "warmup":
+            return f"warm-up{'->' if self.send else '<-'}r{self.peer}"
         act = self.message.send_action() if self.send else self.message.recv_action()
         return f"{act}:{self.part}{'->' if self.send else '<-'}r{self.peer}"
 
@@ -103,8 +112,32 @@ class Comm:
     batches: tuple[Batch, ...]
 
 
-Step = Action | Comm
-"""A compute action, run as it is, or a communication action."""
+@dataclass(frozen=True, slots=True)
+class WarmUp:
+    """The connection warm-up that opens a program: one small send or receive per channel of the rank,
+    in ``layout_channels``'s order (the same global order on every rank), so that NCCL's lazy
+    connection setup (see ``check_program``) happens while no rank waits on another for anything else."""
+
+    batches: tuple[Batch, ...]
+
+
+Step = Action | Comm | WarmUp
+"""A compute action, run as it is, a communication action, or the connection warm-up."""
+
+_WARMUP_MESSAGE = Message("W", -1, -1, 0, 0)
+"""The placeholder message of a warm-up operation (its part is ``"warmup"``)."""
+
+
+def warmup_batches(layout: Layout, rank: int) -> tuple[Batch, ...]:
+    """``rank``'s warm-up: for each channel it is on, in the global channel order, a send (its sender)
+    or a receive (its receiver) of one small tensor. Deadlock-free under any setup order: the smallest
+    channel not yet warmed has both its ranks at it."""
+    out = []
+    for src, dst in layout_channels(layout):
+        if rank in (src, dst):
+            send = rank == src
+            out.append(Batch((src, dst), (P2POp(send, dst if send else src, _WARMUP_MESSAGE, "warmup"),)))
+    return tuple(out)
 
 
 def _actions(it: IterationPlan, rank: int, forward_only: bool) -> list[Action]:
@@ -180,17 +213,35 @@ class _Builder:
 
 
 def rank_program(
-    layout: Layout, it: IterationPlan, rank: int, *, forward_only: bool = False, iteration: int = 0
+    layout: Layout,
+    it: IterationPlan,
+    rank: int,
+    *,
+    forward_only: bool = False,
+    iteration: int = 0,
+    warmup: bool = False,
 ) -> tuple[Step, ...]:
-    """The steps ``rank`` runs for ``it``: its compute actions and its communication, in order."""
-    return _Builder(layout, it, rank, forward_only, iteration).build()
+    """The steps ``rank`` runs for ``it``: its compute actions and its communication, in order; with
+    ``warmup``, opened by the connection warm-up (the runtime's first step after building its groups)."""
+    steps = _Builder(layout, it, rank, forward_only, iteration).build()
+    head = warmup_batches(layout, rank) if warmup else ()
+    return ((WarmUp(head),) if head else ()) + steps
 
 
 def replica_programs(
-    layout: Layout, it: IterationPlan, replica: int, *, forward_only: bool = False, iteration: int = 0
+    layout: Layout,
+    it: IterationPlan,
+    replica: int,
+    *,
+    forward_only: bool = False,
+    iteration: int = 0,
+    warmup: bool = False,
 ) -> dict[int, tuple[Step, ...]]:
     ranks = [layout.global_rank(replica, pp) for pp in range(layout.ranks_per_replica)]
-    return {g: rank_program(layout, it, g, forward_only=forward_only, iteration=iteration) for g in ranks}
+    return {
+        g: rank_program(layout, it, g, forward_only=forward_only, iteration=iteration, warmup=warmup)
+        for g in ranks
+    }
 
 
 def single_group(programs: dict[int, Sequence[Step]]) -> dict[int, tuple[Step, ...]]:
@@ -200,6 +251,8 @@ def single_group(programs: dict[int, Sequence[Step]]) -> dict[int, tuple[Step, .
     def one(step: Step) -> Step:
         if isinstance(step, Action):
             return step
+        if isinstance(step, WarmUp):
+            return WarmUp(tuple(replace(b, group=(-1, -1)) for b in step.batches))
         return replace(step, batches=tuple(replace(b, group=(-1, -1)) for b in step.batches))
 
     return {g: tuple(one(s) for s in steps) for g, steps in programs.items()}
@@ -208,41 +261,87 @@ def single_group(programs: dict[int, Sequence[Step]]) -> dict[int, tuple[Step, .
 # --- the replay -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class NcclRules:
+    """What the replay assumes beyond NCCL's rendezvous, in-order streams and FIFO matching.
+
+    ``lazy_connect``: NCCL connects a pair of ranks of a communicator on their first operation on it,
+    and the host call that posts that first operation blocks until the peer has posted its own first
+    operation on the pair (the connection handshake needs both). ``False``: every pair connected
+    before the program starts.
+
+    ``shared_queue``: ``CUDA_DEVICE_MAX_CONNECTIONS=1``: every stream of a GPU feeds one hardware
+    queue, so the operations of all of a rank's communicators run in the one order its host posted
+    them (a send waiting for its receive holds back every later operation of the rank). ``False``: one
+    queue per communicator."""
+
+    lazy_connect: bool = False
+    shared_queue: bool = False
+
+
+CONNECTED = NcclRules()
+"""Pairs connected in advance, one queue per communicator (the rules ``check_program`` assumes)."""
+REAL_NCCL = NcclRules(lazy_connect=True)
+"""NCCL as the runtime meets it: lazy connection setup, one queue per communicator."""
+SHARED_QUEUE_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+"""Set to 1, every communicator of a GPU shares one hardware queue (``NcclRules.shared_queue``)."""
+
+
+def rules_from_env(env: Mapping[str, str], lazy_connect: bool = True) -> NcclRules:
+    """The rules a run under environment ``env`` meets (``shared_queue`` where ``SHARED_QUEUE_ENV``
+    is 1)."""
+    return NcclRules(lazy_connect, env.get(SHARED_QUEUE_ENV, "").strip() == "1")
+
+
 @dataclass
 class _Rank:
-    """A rank in the replay: its batches in host order, the host's position, and per group the
-    queue of posted batches (a communicator's stream: the head batch has started)."""
+    """A rank in the replay: its batches in host order, the host's position, and per stream the
+    queue of posted batches (the head batch has started)."""
 
     batches: list[tuple[int, Batch]]
-    """(step, batch) in the order the host posts them."""
+    """(step, batch) in the order the host posts them; step -1: the warm-up."""
     next: int = 0
     waiting: int | None = None
     """Index of the batch the host waits for (one with a receive)."""
+    connecting: tuple[int, tuple[tuple[tuple[int, int], int], ...]] | None = None
+    """(batch index, (group, peer) pairs) whose connection the host's post is blocked in."""
     streams: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    """Per communicator, its unfinished batches in order (the head has started or waits in ``queue``)."""
+    queue: list[int] = field(default_factory=list)
+    """Posted batches not started yet, in post order (the GPU's one queue under ``shared_queue``)."""
 
     @property
     def host_done(self) -> bool:
-        return self.next >= len(self.batches) and self.waiting is None
+        return self.next >= len(self.batches) and self.waiting is None and self.connecting is None
 
     @property
     def done(self) -> bool:
         return self.host_done and not any(self.streams.values())
 
 
+def _comm_steps(steps: Sequence[Step]) -> list[tuple[int, Batch]]:
+    return [
+        (s.step if isinstance(s, Comm) else -1, b)
+        for s in steps
+        if not isinstance(s, Action)
+        for b in s.batches
+    ]
+
+
 class _Replay:
-    def __init__(self, programs: dict[int, Sequence[Step]], iteration: int):
-        self.iteration = iteration
+    def __init__(self, programs: dict[int, Sequence[Step]], iteration: int, rules: NcclRules):
+        self.iteration, self.rules = iteration, rules
         self.actions = {
-            g: [s if isinstance(s, Action) else s.action for s in steps] for g, steps in programs.items()
-        }
-        self.ranks = {
-            g: _Rank([(s.step, b) for s in steps if isinstance(s, Comm) for b in s.batches])
+            g: [s if isinstance(s, Action) else s.action for s in steps if not isinstance(s, WarmUp)]
             for g, steps in programs.items()
         }
+        self.ranks = {g: _Rank(_comm_steps(steps)) for g, steps in programs.items()}
         self.started: dict[tuple[tuple[int, int], int, int, bool], list[P2POp]] = {}
         """(group, src, dst, is send) -> the operations started on that channel, in order."""
         self.slot: dict[tuple[int, int], tuple[int, ...]] = {}
         """(rank, batch index) -> channel position of each of its operations, once started."""
+        self.posted: set[tuple[tuple[int, int], int, int]] = set()
+        """(group, rank, peer): ``rank`` has posted an operation with ``peer`` on ``group``."""
 
     def run(self) -> None:
         while not all(r.done for r in self.ranks.values()):
@@ -252,24 +351,49 @@ class _Replay:
     def _progress(self, g: int, r: _Rank) -> bool:
         moved = False
         while True:
-            step = self._finish_heads(g, r) or self._host(g, r)
+            step = self._finish_heads(g, r) or self._connect(g, r) or self._host(g, r)
             if not step:
                 return moved
             moved = True
 
+    def _unconnected(self, g: int, pairs) -> tuple[tuple[tuple[int, int], int], ...]:
+        """The (group, peer) pairs of ``pairs`` whose peer has not posted on them with ``g``."""
+        return tuple(p for p in pairs if (p[0], p[1], g) not in self.posted)
+
+    def _connect(self, g: int, r: _Rank) -> bool:
+        """Return the host from its connection handshake once every peer has posted; whether it did."""
+        if r.connecting is None or self._unconnected(g, r.connecting[1]):
+            return False
+        r.connecting = None
+        return True
+
     def _host(self, g: int, r: _Rank) -> bool:
         """Post the host's next batch where it is not waiting; whether it did."""
-        if r.waiting is not None or r.next >= len(r.batches):
+        if r.waiting is not None or r.connecting is not None or r.next >= len(r.batches):
             return False
         i, (_, batch) = r.next, r.batches[r.next]
-        queue = r.streams.setdefault(batch.group, [])
-        queue.append(i)
-        if len(queue) == 1:
-            self._start(g, r, i)
+        r.streams.setdefault(batch.group, []).append(i)
+        r.queue.append(i)
+        self._dispatch(g, r)
         r.next += 1
         if batch.receives:
             r.waiting = i
+        pairs = {(batch.group, op.peer) for op in batch.ops}
+        first = sorted(p for p in pairs if (p[0], g, p[1]) not in self.posted)
+        self.posted.update((grp, g, peer) for grp, peer in pairs)
+        if self.rules.lazy_connect and self._unconnected(g, first):
+            r.connecting = (i, tuple(first))
         return True
+
+    def _dispatch(self, g: int, r: _Rank) -> None:
+        """Start posted batches that head their communicator's stream; under ``shared_queue`` only
+        from the head of the GPU's one queue (a batch waiting for its stream blocks those behind it)."""
+        while r.queue:
+            i = next((j for j in r.queue if r.streams[r.batches[j][1].group][0] == j), None)
+            if i is None or (self.rules.shared_queue and i != r.queue[0]):
+                return
+            r.queue.remove(i)
+            self._start(g, r, i)
 
     def _start(self, g: int, r: _Rank, i: int) -> None:
         step, batch = r.batches[i]
@@ -298,73 +422,113 @@ class _Replay:
     def _finish_heads(self, g: int, r: _Rank) -> bool:
         """End every started batch whose operations are all matched; whether one ended."""
         for queue in r.streams.values():
-            if queue and not self._open(g, r, queue[0]):
+            if queue and (g, queue[0]) in self.slot and not self._open(g, r, queue[0]):
                 done = queue.pop(0)
                 if r.waiting == done:
                     r.waiting = None
-                if queue:
-                    self._start(g, r, queue[0])
+                self._dispatch(g, r)
                 return True
         return False
 
     def _blocked_at(self, r: _Rank) -> tuple[int, int]:
-        """(step, batch) the host is stuck on: the batch it waits for or, its program done, its
-        oldest unfinished batch."""
+        """(step, batch) the host is stuck on: the batch whose connection it waits for, the batch it
+        waits for or, its program done, its oldest unfinished batch."""
+        if r.connecting is not None:
+            return r.batches[r.connecting[0]][0], r.connecting[0]
         if r.waiting is not None:
             return r.batches[r.waiting][0], r.waiting
         i = min(q[0] for q in r.streams.values() if q)
         return r.batches[i][0], i
 
+    def _name(self, g: int, step: int) -> str:
+        return f"step {step} ({self.actions[g][step]})" if step >= 0 else "the warm-up"
+
+    def _blocked_line(self, g: int, r: _Rank) -> tuple[int, str]:
+        step, i = self._blocked_at(r)
+        where = f"rank {g} {self._name(g, step)}"
+        if r.connecting is not None and r.connecting[0] == i:
+            peers = ", ".join(
+                f"rank {p} on channel {grp}" for grp, p in self._unconnected(g, r.connecting[1])
+            )
+            return (
+                step,
+                f"{where} blocks its host connecting to {peers} (lazy connection: no operation there yet)",
+            )
+        return step, f"{where} {self._waits(g, r, i)}"
+
+    def _waits(self, g: int, r: _Rank, i: int, depth: int = 0) -> str:
+        """What unfinished batch ``i`` of ``g`` waits for: its operations' matches once started, else
+        the batch ahead of it on its communicator or on the GPU's one queue."""
+        if (g, i) in self.slot:
+            return "waits on " + ", ".join(str(op) for op in self._open(g, r, i))
+        head = r.streams[r.batches[i][1].group][0]
+        ahead, where = (head, "its communicator") if head != i else (r.queue[0], "its GPU's one queue")
+        behind = f"is queued on {where} behind {self._name(g, r.batches[ahead][0])}"
+        return behind + (f", which {self._waits(g, r, ahead, depth + 1)}" if depth < 2 else "")
+
     def _deadlock(self) -> None:
         blocked, lines = {}, []
         for g, r in self.ranks.items():
-            if r.done:
-                continue
-            step, i = self._blocked_at(r)
-            blocked[g] = step
-            head = r.streams[r.batches[i][1].group][0]
-            what = ", ".join(str(op) for op in self._open(g, r, head))
-            if head == i:
-                lines.append(f"rank {g} step {step} ({self.actions[g][step]}) waits on {what}")
-            else:
-                lines.append(
-                    f"rank {g} step {step} ({self.actions[g][step]}) is queued on its communicator behind "
-                    f"step {r.batches[head][0]}, which waits on {what}"
-                )
+            if not r.done:
+                step, line = self._blocked_line(g, r)
+                blocked[g] = max(step, 0)
+                lines.append(line)
+        rules = "".join(
+            [
+                "; a pair connects on its first operations" if self.rules.lazy_connect else "",
+                f"; {SHARED_QUEUE_ENV}=1: one queue per GPU" if self.rules.shared_queue else "",
+            ]
+        )
         head = (
             f"iteration {self.iteration}: deadlock under NCCL semantics (a send completes only when its "
-            f"receive is posted; a communicator runs its operations in order): " + "; ".join(lines)
+            f"receive is posted; a communicator runs its operations in order{rules}): " + "; ".join(lines)
         )
         raise ScheduleError(head + "\n" + format_grid(self.actions, blocked, primary=min(blocked)))
 
     def _mismatch(self, g: int, step: int, op: P2POp, other: P2POp) -> None:
         raise ScheduleError(
-            f"iteration {self.iteration}: rank {g} step {step}: {op} would be matched with {other} of rank "
-            f"{op.peer} (point-to-point operations between two ranks match in issue order)\n"
-            + format_grid(self.actions, {g: step})
+            f"iteration {self.iteration}: rank {g} {self._name(g, step)}: {op} would be matched with {other} "
+            f"of rank {op.peer} (point-to-point operations between two ranks match in issue order)\n"
+            + format_grid(self.actions, {g: max(step, 0)})
         )
 
 
-def check_program(programs: dict[int, Sequence[Step]], iteration: int = 0) -> None:
-    """Replay the programs of the ranks of a replica under NCCL's semantics; raise ``ScheduleError``
-    with the action grid at the first deadlock or mismatched pair of operations."""
-    _Replay(programs, iteration).run()
+def check_program(
+    programs: dict[int, Sequence[Step]], iteration: int = 0, rules: NcclRules = CONNECTED
+) -> None:
+    """Replay the programs of the ranks of a replica under NCCL's semantics and ``rules``; raise
+    ``ScheduleError`` with the action grid at the first deadlock or mismatched pair of operations.
+
+    The host posts its batches in order; the first post on a pair blocks it until the peer has posted
+    on that pair (``rules.lazy_connect``); it waits for each batch with a receive; a stream
+    (a communicator's, or the GPU's one under ``rules.shared_queue``) starts its batches one at a time,
+    in order; a batch ends when each of its operations' matches has started; at the end every stream
+    drains."""
+    _Replay(programs, iteration, rules).run()
 
 
 def check_iteration(
-    layout: Layout, it: IterationPlan, iteration: int = 0, forward_only: bool = False
+    layout: Layout,
+    it: IterationPlan,
+    iteration: int = 0,
+    forward_only: bool = False,
+    rules: NcclRules = REAL_NCCL,
 ) -> None:
+    """Every replica's programs of ``it`` under ``rules``, each opened by the warm-up (as if it were
+    the run's first step: nothing connected yet)."""
     for replica in range(layout.dp):
-        check_program(
-            replica_programs(layout, it, replica, forward_only=forward_only, iteration=iteration), iteration
+        programs = replica_programs(
+            layout, it, replica, forward_only=forward_only, iteration=iteration, warmup=True
         )
+        check_program(programs, iteration, rules)
 
 
-def check_plan(plan: Plan) -> None:
-    """Every iteration of ``plan``, training and forward-only steps, is deadlock-free under NCCL."""
+def check_plan(plan: Plan, rules: NcclRules = REAL_NCCL) -> None:
+    """Every iteration of ``plan``, training and forward-only steps, is deadlock-free under NCCL with
+    ``rules`` (default: lazy connection setup, one queue per communicator)."""
     for i, it in enumerate(plan.iterations):
         for forward_only in (False, True):
-            check_iteration(plan.layout, it, i, forward_only)
+            check_iteration(plan.layout, it, i, forward_only, rules)
 
 
 def receive_needs_header(msg: Message) -> bool:

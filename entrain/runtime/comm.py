@@ -37,6 +37,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from entrain.core.p2p import Batch
+
 __all__ = ["MessageKey", "Transport", "ids_checksum"]
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
@@ -91,6 +93,29 @@ class Transport:
     """(peer, key code) -> (key, works, header, data) of receives posted ahead of their action."""
     num_preposted: int = 0
     """Receives posted ahead so far (a count for tests and traces)."""
+    warmed: bool = False
+    """Whether every channel of this rank has been connected (``warm_up``)."""
+
+    def warm_up(self, batches: Sequence[Batch]) -> None:
+        """Connect this rank's channels before the first step's messages (``entrain.core.p2p.WarmUp``):
+        one ``int64[1]`` per channel, in the global channel order the batches follow; a receive is
+        waited for, a send kept until ``wait_all`` (as for any message). NCCL sets a pair up on its
+        first operation and blocks the host until the peer posts on it too, which mid-step could wait
+        on a rank that waits on this one."""
+        for batch in batches:
+            (op,) = batch.ops
+            token = torch.zeros(1, dtype=torch.int64, device=self.device)
+            try:
+                works = self._batch(
+                    dist.isend if op.send else dist.irecv, (token,), op.peer, self._group(*batch.group)
+                )
+                if not op.send:
+                    self._wait(works)
+            except Exception as e:
+                src, dst = batch.group
+                raise RuntimeError(f"the warm-up of channel {src} -> {dst}") from e
+            self.pending.extend((w, (token,)) for w in works if op.send)
+        self.warmed = True
 
     def _header(self, tensor: torch.Tensor, key: MessageKey, ids: Sequence[str]) -> torch.Tensor:
         if tensor.dim() > _MAX_DIMS:

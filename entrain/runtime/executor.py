@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from entrain.core.errors import EntrainError
-from entrain.core.p2p import Comm, Step, rank_program, receive_needs_header
+from entrain.core.p2p import Comm, Step, WarmUp, rank_program, receive_needs_header
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.schedules.graph import Message
 from entrain.models.families.registry import family_of
@@ -65,6 +65,18 @@ class ExecutionError(EntrainError, RuntimeError):
         super().__init__(
             f"rank {rank}: action {action} (stage {action.stage}, microbatch {action.mb}, sub "
             f"{action.sub_index}){with_peer} failed: {cause_line(cause)}"
+        )
+
+
+class WarmUpError(EntrainError, RuntimeError):
+    """Connecting a rank's point-to-point channels before its first step failed (a peer died or
+    stalled past the process-group timeout before it got there)."""
+
+    def __init__(self, rank: int, cause: BaseException):
+        self.rank = rank
+        super().__init__(
+            f"rank {rank}: connecting its point-to-point channels before its first step failed (a peer rank "
+            f"died or stalled past --timeout-s): {cause_line(cause)}"
         )
 
 
@@ -155,7 +167,9 @@ class Executor:
         if tuple(actions) != tuple(it.actions.get(self.rank, ())):
             raise RuntimeError(f"rank {self.rank}: the actions given are not the Plan's list for this rank")
         self._reset(it, loss_scale, forward_only)
-        program = rank_program(self.layout, it, self.rank, forward_only=forward_only)
+        program = rank_program(
+            self.layout, it, self.rank, forward_only=forward_only, warmup=not self.transport.warmed
+        )
         self._preposting = self.transport.prepost_gradients and not forward_only
         if self._preposting:
             self._unposted = _receive_queues(program)
@@ -173,6 +187,12 @@ class Executor:
         return out
 
     def _run_step(self, step: Step) -> None:
+        if isinstance(step, WarmUp):
+            try:
+                self.transport.warm_up(step.batches)
+            except Exception as e:
+                raise WarmUpError(self.process_rank(self.rank), e) from e
+            return
         a = step if isinstance(step, Action) else step.action
         if a.stage not in self.modules:
             raise RuntimeError(f"rank {self.rank}: action {a} for stage {a.stage}, which it does not hold")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.p2p import check_plan
+from entrain.core.p2p import check_plan, rules_from_env
 from entrain.core.plan import IterationPlan, Layout, Plan
 from entrain.core.plan_steps import join_plans, pinned_options, plan_step
 from entrain.core.work import SampleWork
@@ -78,7 +78,7 @@ class StepPlanner:
             out = first
         else:
             out = plan_step(self.system, self.layout, batch, self.cost, self.options, self.pinned)
-        check_plan(out)
+        check_plan(out, rules_from_env(os.environ))  # lazy connection; one GPU queue where set
         return out
 
 

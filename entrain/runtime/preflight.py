@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
+from entrain.core.p2p import SHARED_QUEUE_ENV, rules_from_env
 from entrain.core.systems import SYSTEMS
 from entrain.runtime.run_folder import check_run_folder, system_out
 
@@ -23,8 +25,29 @@ def check_before_launch(spec: RunConfig, overwrite: bool, fixed: bool) -> None:
     if spec.run.resume:
         check_resume(spec)
     check_dataset_size(spec)
+    refuse_shared_gpu_queue(spec.schedule.systems)
     if fixed:
         warn_below_b_min(spec)
+
+
+SHARED_QUEUE_SAFE = ("1f1b", "disttrain", "disttrain-paper")
+"""The systems whose every Plan is deadlock-free when all communicators of a GPU share one hardware
+queue (``entrain.core.p2p.NcclRules.shared_queue``; tests/core/test_p2p_nccl_rules.py replays each
+system's Plans under it: the others deadlock in some layout)."""
+
+
+def refuse_shared_gpu_queue(systems: Sequence[str], env: Mapping[str, str] = os.environ) -> None:
+    """Refuse, before launch, a run of a system that can deadlock when ``CUDA_DEVICE_MAX_CONNECTIONS``
+    is 1 (every communicator of a GPU on one queue: a send waiting for its receive holds back the
+    rank's other channels)."""
+    if not rules_from_env(env).shared_queue:
+        return
+    unsafe = [s for s in systems if s not in SHARED_QUEUE_SAFE]
+    if unsafe:
+        raise ConfigError(
+            f"{SHARED_QUEUE_ENV}=1 puts every communicator of a GPU on one queue, where {', '.join(unsafe)} "
+            f"can deadlock; unset it (or set it above 1), or run only {', '.join(SHARED_QUEUE_SAFE)}"
+        )
 
 
 def check_resume(spec: RunConfig) -> None:

@@ -202,10 +202,12 @@ def test_an_action_error_names_the_error_a_torch_message_wraps():
     )
 
 
-def _stalled_peer(env, plan, folder):
+def _stalled_peer(env, plan, folder, warm_up=True):
+    """Rank 1 stalls (after connecting its channels when ``warm_up``) while rank 0 runs its step."""
     import time
 
-    from entrain.runtime.executor import ExecutionError
+    from entrain.core.p2p import warmup_batches
+    from entrain.runtime.executor import ExecutionError, WarmUpError
 
     cfg = get_model_config("tiny")
     metas = {m.id: m for m in batch_metas()}
@@ -216,6 +218,8 @@ def _stalled_peer(env, plan, folder):
         renderer=SampleRenderer(cfg, metas),
         optim=OptimConfig(),
     )
+    if warm_up:  # both ranks connect first: the stall is mid-step
+        trainer.executor.transport.warm_up(warmup_batches(plan.layout, env.rank))
     running = Path(folder) / "rank0-running"
     if env.rank == 1:  # the LLM rank never runs its actions; it leaves once rank 0 is waiting on it
         deadline = time.monotonic() + 50  # however long rank 0 takes to get there on a loaded machine
@@ -230,6 +234,8 @@ def _stalled_peer(env, plan, folder):
         trainer.executor.run(it, it.actions[0], loss_scale=1.0)
     except ExecutionError as e:
         return str(e), e.peer, time.monotonic() - t0
+    except WarmUpError as e:
+        return str(e), None, time.monotonic() - t0
     return None
 
 
@@ -240,3 +246,15 @@ def test_a_stalled_peer_fails_with_rank_action_and_peer(tmp_path):
     )
     assert peer == 1 and waited_s < 30
     assert message.startswith("rank 0: action 0RECV_B0 (stage 0, microbatch 0, sub 0) with rank 1 failed")
+
+
+def test_a_peer_that_never_connects_fails_the_warm_up_naming_the_channel(tmp_path):
+    """The first step opens with the channel warm-up (``entrain.core.p2p.WarmUp``); a peer that never
+    gets there is named by its channel, not mistaken for a mid-step stall."""
+    plan = plan_for("1f1b", 1, 1, 1, 4, works(batch_metas()))
+    (message, _, waited_s), _ = run_workers(
+        _stalled_peer, 2, tmp_path, plan, str(tmp_path), False, pg_timeout_s=2, clean_shutdown=False
+    )
+    assert waited_s < 30
+    assert message.startswith("rank 0: connecting its point-to-point channels before its first step failed")
+    assert "the warm-up of channel 1 -> 0" in message

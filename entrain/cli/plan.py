@@ -34,6 +34,7 @@ from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
 from entrain.core.architectures import default_precision
 from entrain.core.errors import ConfigError
+from entrain.core.plan_file import CHECKPOINT_FLAGS, checkpoint_fingerprints
 from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinConfig
 from entrain.core.planning.entry import PlanResult, plan
 from entrain.core.planning.memory import memory_check_iterations
@@ -269,15 +270,19 @@ def to_json(result: PlanResult, req: PlanRequest, model: str, hardware: str) -> 
     }
 
 
-MODEL_SOURCE_FLAGS = ("model_path", "vision_model", "llm_model", "tokenizer")
+MODEL_SOURCE_FLAGS = CHECKPOINT_FLAGS
 """The checkpoint folders a plan records (``model_source``) so that ``train --plan`` finds the model
 the plan was made for without the flags again."""
 
 
 def _model_source(config: RunConfig) -> dict:
-    """``{"model_source": {flag dest: absolute folder}}`` of the checkpoint flags given ({}: a preset)."""
+    """``{"model_source": {flag dest: absolute folder}, "checkpoint_fingerprint": {flag dest: sha256}}``
+    of the checkpoint flags given ({}: a preset): ``train --plan`` refuses a folder whose content differs."""
     given = {k: getattr(config.model, k) for k in MODEL_SOURCE_FLAGS if getattr(config.model, k)}
-    return {"model_source": {k: os.path.abspath(v) for k, v in given.items()}} if given else {}
+    if not given:
+        return {}
+    folders = {k: os.path.abspath(v) for k, v in given.items()}
+    return {"model_source": folders, "checkpoint_fingerprint": checkpoint_fingerprints(folders)}
 
 
 def print_human(result: PlanResult, model: str, hardware: str, dataset: str) -> None:

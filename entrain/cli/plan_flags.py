@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
+from entrain.cli.common import vision_limits
 from entrain.core.errors import ConfigError
-from entrain.core.plan_file import load_plan_dict
-from entrain.core.samples import DEFAULT_VISION
+from entrain.core.plan_file import checkpoint_fingerprints, load_plan_dict
 from entrain.models.families.registry import preset_names
 
 __all__ = ["apply_plan", "given_dests", "same_dataset"]
@@ -65,7 +65,7 @@ def apply_plan(
         given = getattr(args, dest)
         flag = "--" + dest.replace("_", "-")
         if dest not in given_flags:
-            if dest in _APPLIED or (dest.endswith("_pixels") and value != getattr(DEFAULT_VISION, dest)):
+            if dest in _APPLIED:
                 setattr(args, dest, value)
         elif given != value:
             raise ConfigError(
@@ -78,7 +78,34 @@ def apply_plan(
     if "model" not in given_flags and not stock:  # the checkpoint folders the plan was made with
         for dest, folder in (d.get("model_source") or {}).items():
             setattr(args, dest, folder)
+    _check_fingerprints(args, d)
+    _apply_pixels(args, d, given_flags)
     _apply_dataset(args, "dataset" in given_flags, d["dataset"], quiet)
+
+
+def _apply_pixels(args: argparse.Namespace, d: dict, given_flags: set[str]) -> None:
+    """The plan's pixel limits as flags where they are not the model family's own (a family's "no
+    limit" placeholder is no flag value: the workers' flag parser would refuse it)."""
+    own = vision_limits(argparse.Namespace(**{**vars(args), "min_pixels": None, "max_pixels": None}))
+    for dest in ("min_pixels", "max_pixels"):
+        if dest not in given_flags and d[dest] != getattr(own, dest):
+            setattr(args, dest, d[dest])
+
+
+def _check_fingerprints(args: argparse.Namespace, d: dict) -> None:
+    """ConfigError when a checkpoint folder of this run holds other content (config.json, processor
+    config, tensor names / shapes / dtypes) than the one the plan was made with, whatever its name."""
+    planned = d.get("checkpoint_fingerprint") or {}
+    folders = {k: getattr(args, k, None) for k in planned}
+    for dest, now in checkpoint_fingerprints(folders).items():
+        if now != planned[dest]:
+            flag = "--" + dest.replace("_", "-")
+            was = (d.get("model_source") or {}).get(dest, "?")
+            raise ConfigError(
+                f"--plan {args.plan} was made for the checkpoint {was} (fingerprint {planned[dest][:12]}), but "
+                f"{flag} {folders[dest]} holds other content (fingerprint {now[:12]}: its config.json, "
+                f"preprocessor_config.json or tensors differ): write the plan again for it"
+            )
 
 
 def _apply_dataset(args: argparse.Namespace, given: bool, planned: str, quiet: bool) -> None:

@@ -1,5 +1,6 @@
 """A plan file (``entrain plan --out FILE``) checked completely before ``entrain train --plan`` starts
-a process: every field present with its type (``PLAN_FIELDS``), the stages numbered in order, each
+a process: every field present with its type (``PLAN_FIELDS``), no field at any level that ``entrain
+plan`` does not write (``REPORT_FIELDS``: the plan's report), the stages numbered in order, each
 component's stages covering its layers exactly once and in order, and the pipeline ranks valid.
 
 Each problem is one ``ConfigError`` naming the file and the field's path, e.g.
@@ -8,17 +9,50 @@ Each problem is one ``ConfigError`` naming the file and the field's path, e.g.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from entrain.core.costmodel import RECOMPUTE_MODES
 from entrain.core.errors import ConfigError
+from entrain.core.safetensors_header import checkpoint_fingerprint
 from entrain.core.schedules.common import ScheduleOptions
 
-__all__ = ["PLAN_FIELDS", "RUN_FIELDS", "load_plan_dict", "check_stage_ranges"]
+__all__ = [
+    "PLAN_FIELDS",
+    "REPORT_FIELDS",
+    "CHECKPOINT_FLAGS",
+    "checkpoint_fingerprints",
+    "RUN_FIELDS",
+    "load_plan_dict",
+    "check_stage_ranges",
+]
+
+
+class Maybe(NamedTuple):
+    """A field ``entrain plan`` writes only sometimes (checked when present)."""
+
+    spec: object
+
+
+class Items(NamedTuple):
+    """A list of any length (empty too) of ``spec``."""
+
+    spec: object
+
+
+ANY = object()
+"""A value ``train --plan`` does not read (a report's number or free-form map): any JSON value."""
+
+
+def _report(*names: str) -> dict:
+    """An object of the plan's report whose values train does not read: only its field names checked."""
+    return {name: Maybe(ANY) for name in names}
+
 
 _COMPONENT = {"tp": int, "cp": int, "pp": int}
-_STAGE = {"stage": int, "component": str, "layers": (int, int), "pp_rank": int}
+_STAGE = {"stage": int, "component": str, "layers": (int, int), "pp_rank": int, "recompute": Maybe(str)}
 PLAN_FIELDS: dict = {
     "system": str,
     "model": str,
@@ -38,6 +72,59 @@ PLAN_FIELDS: dict = {
 }
 """Every field ``train --plan`` reads, with its type (a dict: an object; a one-item list: a non-empty
 list of that; a tuple: a list of exactly those)."""
+
+CHECKPOINT_FLAGS = ("model_path", "vision_model", "llm_model", "tokenizer")
+"""The checkpoint flags a plan records in ``model_source`` (and, but for the tokenizer, fingerprints)."""
+
+
+def checkpoint_fingerprints(folders: Mapping[str, str]) -> dict[str, str]:
+    """``{flag dest: checkpoint_fingerprint}`` of the checkpoint folders among ``folders`` (by flag dest;
+    the tokenizer is not one)."""
+    return {k: checkpoint_fingerprint(v) for k, v in folders.items() if k in CHECKPOINT_FLAGS[:3] and v}
+
+
+_CONFIG_COMPONENT = _report("tp", "cp", "pp", "layer_names", "layers_per_stage", "stage_time_ms",
+                            "stage_memory_bytes", "recompute")  # fmt: skip
+REPORT_FIELDS: dict = {
+    "b_min": Maybe(int),
+    "k_trials": Maybe(int),
+    "trials": Maybe(
+        Items(
+            _report("batch_size", "allocations_seen", "stable", "reference", "allocation_stable", "eq2_gap")
+        )
+    ),  # fmt: skip
+    "config": Maybe(
+        {
+            **_report(
+                "dp", "microbatch_size", "num_microbatches", "gpus_per_replica", "allocation", "memory_ok"
+            ),
+            "components": Maybe({"encoder": Maybe(_CONFIG_COMPONENT), "llm": Maybe(_CONFIG_COMPONENT)}),
+        }
+    ),  # fmt: skip
+    **_report(
+        "predicted_iteration_time_ms",
+        "converged",
+        "reason",
+        "tolerance",
+        "max_batch_size",
+        "allocation",
+        "gpus_per_replica",
+        "hardware",
+        "gpus",
+        "alpha",
+        "p_error",
+        "n0",
+        "seed",
+        "source",
+        "fits_memory",
+    ),  # fmt: skip
+    "decisions": Maybe(Items(_report("name", "chosen", "candidates", "margin", "default"))),
+    "model_source": Maybe({k: Maybe(str) for k in CHECKPOINT_FLAGS}),
+    "checkpoint_fingerprint": Maybe({k: Maybe(str) for k in CHECKPOINT_FLAGS[:3]}),
+}
+"""The fields a plan file may hold besides ``PLAN_FIELDS``: what ``entrain plan`` reports (only their
+names checked), the checkpoint folders it was made with and their content fingerprints
+(``entrain.core.safetensors_header.checkpoint_fingerprint``)."""
 
 RUN_FIELDS = ("model", "dataset", "min_pixels", "max_pixels", "global_batch", "microbatch_size")
 """What a plan records about the run it was made for (CONTRACT third round)."""
@@ -59,14 +146,17 @@ def _fail(path: str, where: str, what: str) -> ConfigError:
 
 def _check(value, spec, where: str, path: str) -> None:
     """``value`` against ``spec`` (see ``PLAN_FIELDS``), ``where`` its path in the file."""
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            raise _fail(path, where, f"expected object, got {_name(type(value))}")
-        for key, sub in spec.items():
-            here = f"{where}.{key}" if where else key
-            if key not in value:
-                raise _fail(path, here, "missing")
-            _check(value[key], sub, here, path)
+    if spec is ANY:
+        return
+    if isinstance(spec, Maybe):
+        _check(value, spec.spec, where, path)
+    elif isinstance(spec, dict):
+        _check_object(value, spec, where, path)
+    elif isinstance(spec, Items):
+        if not isinstance(value, list):
+            raise _fail(path, where, f"expected a list, got {_name(type(value))}")
+        for i, item in enumerate(value):
+            _check(item, spec.spec, f"{where}[{i}]", path)
     elif isinstance(spec, list | tuple):
         items = spec * len(value) if isinstance(spec, list) and isinstance(value, list) else spec
         if not isinstance(value, list) or not value or len(value) != len(items):
@@ -77,6 +167,24 @@ def _check(value, spec, where: str, path: str) -> None:
             _check(item, sub, f"{where}[{i}]", path)
     else:
         _check_scalar(value, spec, where, path)
+
+
+def _check_object(value, spec: dict, where: str, path: str) -> None:
+    """An object: every field of ``spec`` present (but a ``Maybe`` one) and no other field."""
+    if not isinstance(value, dict):
+        raise _fail(path, where, f"expected object, got {_name(type(value))}")
+    for key in value:
+        if key not in spec:
+            here = f"{where}.{key}" if where else key
+            near = difflib.get_close_matches(str(key), [str(k) for k in spec], n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(map(str, spec))}"
+            raise _fail(path, here, f"unknown field ({hint})")
+    for key, sub in spec.items():
+        here = f"{where}.{key}" if where else key
+        if key in value:
+            _check(value[key], sub, here, path)
+        elif not isinstance(sub, Maybe):
+            raise _fail(path, here, "missing")
 
 
 def _check_scalar(value, spec: type, where: str, path: str) -> None:
@@ -99,7 +207,7 @@ def load_plan_dict(path: str) -> dict:
         raise ConfigError(f"--plan {path}: cannot read it ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"--plan {path}: not JSON ({e})") from None
-    _check(d, PLAN_FIELDS, "", path)
+    _check(d, {**PLAN_FIELDS, **REPORT_FIELDS}, "", path)
     _check_options(d["schedule_options"], path)
     check_stage_ranges(d["layout"], path)
     return d

@@ -257,7 +257,8 @@ def read_plan_file(
     ``layer_counts`` exactly once in order, valid pipeline ranks); ``ConfigError`` naming the file
     and the field otherwise, or when it is for another model than ``expect_model``."""
     d = load_plan_dict(path)
-    if expect_model is not None and d["model"] != expect_model:
+    by_content = bool(d.get("checkpoint_fingerprint"))  # train's apply_plan matched the folders' content
+    if expect_model is not None and d["model"] != expect_model and not by_content:
         raise ConfigError(
             f"--plan {path} is for model {d['model']!r} but this run's model is {expect_model!r}"
         )

@@ -111,7 +111,26 @@ TAMPERED = {
     "three layer bounds": (_stage(0, "layers", [0, 2, 4]), "layout.stages[0].layers: expected a list of 2, got 3 item(s)"),
     "unknown option": (_top("schedule_options", {"ramp": 2}), "schedule_options.ramp: unknown schedule option"),
     "option type": (_top("schedule_options", {"split_weight_grads": "yes"}), "schedule_options.split_weight_grads: expected bool, got str"),
-    "nearly empty": (lambda d: d.clear() or d.update(x=1), "system: missing"),
+    # every level refuses a field entrain plan does not write, by its JSON path
+    "unknown top field": (_top("min_pixel", 3136), "min_pixel: unknown field (did you mean 'min_pixels'?)"),
+    "misspelt options": (lambda d: d.update(schedul_options=d.pop("schedule_options")),
+                         "schedul_options: unknown field (did you mean 'schedule_options'?)"),
+    "unknown stage field": (_stage(1, "extra", 1), "layout.stages[1].extra: unknown field"),
+    "unknown layout field": (lambda d: d["layout"].update(pp=2), "layout.pp: unknown field"),
+    "unknown component": (lambda d: d["layout"]["components"].update(vit={"tp": 1, "cp": 1, "pp": 1}),
+                          "layout.components.vit: unknown field"),
+    "unknown degree": (lambda d: d["layout"]["components"]["llm"].update(ep=1),
+                       "layout.components.llm.ep: unknown field"),
+    "unknown model source": (_top("model_source", {"model_dir": "/x"}),
+                             "model_source.model_dir: unknown field (did you mean 'model_path'?)"),
+    "unknown fingerprint": (_top("checkpoint_fingerprint", {"weights": "ab"}),
+                            "checkpoint_fingerprint.weights: unknown field"),
+    "unknown trial field": (lambda d: d["trials"][0].update(size=4), "trials[0].size: unknown field"),
+    "unknown config field": (lambda d: d["config"]["components"]["encoder"].update(tpp=1),
+                             "config.components.encoder.tpp: unknown field (did you mean 'tp'?)"),
+    "unknown decision field": (lambda d: d["decisions"].append({"nam": "x"}), "].nam: unknown field (did you mean 'name'?)"),
+    "nearly empty": (lambda d: d.clear() or d.update(x=1), "x: unknown field"),
+    "only report fields": (lambda d: d.clear() or d.update(b_min=1), "system: missing"),
 }  # fmt: skip
 
 

@@ -59,6 +59,19 @@ COSTMODEL = "tests/core/test_costmodel.py"
 SIM_EXECUTOR = "tests/sim/test_simulator.py"
 STAGE_PARALLEL = "tests/runtime/test_stage_parallel.py::test_tp_and_fsdp_gradients_match_tp1_and_plain_dp"
 RESUME_CRASH = "tests/runtime/test_checkpoint.py::test_exact_resume_after_a_crash_is_bitwise_the_straight_run"
+MROPE = "tests/models/test_mrope_positions_vs_transformers.py"
+ONEVISION = "tests/models/test_llava_onevision.py"
+ONEVISION_RULES = "tests/models/test_llava_onevision_rules.py"
+QWEN_EXPORT = (
+    "tests/models/test_qwen2_vl_family.py::test_export_loads_in_transformers_with_the_trained_logits"
+)
+P2P = "tests/core/test_p2p.py"
+REGRESSION = "tests/benchmarks/test_regression.py"
+TRACE_LINE = "tests/sim/test_trace_fit_line.py"
+TRACE_SPLIT = "tests/sim/test_trace_fit_split_share.py"
+DRIFT = "tests/sim/test_drift.py"
+SHARDS = "tests/data/test_shards.py"
+ORDERED_MAP = "tests/core/test_ordered_map_processes.py"
 
 MUTANTS = (
     Mutant(
@@ -226,6 +239,208 @@ MUTANTS = (
         "start = ckpt.step if ckpt",
         "start = ckpt.step - 1 if ckpt",
         (RESUME_CRASH,),
+    ),
+    # journeys, not only units: the families, point-to-point programs, drift / re-plan, trace fit, shard
+    # readers, planning workers and the regression guard
+    Mutant(
+        "mrope-image-run-not-checked",
+        "M-RoPE positions accept an image whose placeholder tokens a text token cuts in two",
+        "entrain/models/families/qwen2_vl/positions.py",
+        "if not n or int(run[-1]) - int(run[0]) != n - 1:",
+        "if not n:",
+        (f"{MROPE}::test_an_image_cut_by_text_is_refused_not_given_positions",),
+    ),
+    Mutant(
+        "mrope-positions-off-by-one",
+        "each packed sample's M-RoPE ids start at 1 instead of transformers' 0",
+        "entrain/models/families/qwen2_vl/positions.py",
+        "[grids[i] for i in inside]) + offset",
+        "[grids[i] for i in inside]) + offset + 1",
+        (f"{MROPE}::test_packed_ids_are_transformers_per_sample",),
+    ),
+    Mutant(
+        "mrope-adjacent-images-overlap",
+        "the second of two adjacent images starts on the first one's largest id",
+        "entrain/models/families/qwen2_vl/positions.py",
+        "offset = int(part.max()) + 1 if part.numel() else offset",
+        "offset = int(part.max()) if part.numel() else offset",
+        (f"{MROPE}::test_adjacent_images_continue_as_after_one_separating_token",),
+    ),
+    Mutant(
+        "tiling-patch-rows-transposed",
+        "LLaVA-OneVision tiles are cut into patch rows column by column (a transposed tile)",
+        "entrain/models/families/llava_onevision/model.py",
+        "x = x.reshape(n, c, side, patch_px, side, patch_px).permute(0, 2, 4, 1, 3, 5)",
+        "x = x.reshape(n, c, side, patch_px, side, patch_px).permute(0, 4, 2, 1, 3, 5)",
+        (f"{ONEVISION}::test_patch_rows_drop_only_what_the_patch_conv_drops",),
+    ),
+    Mutant(
+        "tiling-best-resolution-last-tie",
+        "AnyRes takes the last grid that keeps as many pixels, not the one that wastes the fewest",
+        "entrain/models/families/llava_onevision/rules.py",
+        "if kept > best_kept or (kept == best_kept and wasted < best_wasted):",
+        "if kept >= best_kept:",
+        (f"{ONEVISION_RULES}::test_7b_geometry_matches_transformers",),
+    ),
+    Mutant(
+        "export-keeps-tied-config",
+        "a Qwen2.5-VL export keeps the source's tied lm_head in its config (trained apart from the embedding)",
+        "entrain/models/families/qwen2_vl/export.py",
+        '    untie(config)\n    with torch.device("meta"):',
+        '    with torch.device("meta"):',
+        (f"{QWEN_EXPORT}[qwen2_5_vl]",),
+    ),
+    Mutant(
+        "p2p-forward-receive-without-header",
+        "a forward receive posts its data with its header (its size unknown until the header is read)",
+        "entrain/core/p2p.py",
+        "if not receive_needs_header(msg):",
+        "if True:",
+        (f"{P2P}::test_a_forward_receive_reads_its_header_before_posting_the_data",),
+    ),
+    Mutant(
+        "p2p-checker-ignores-part",
+        "the NCCL replay pairs operations by message only (a data receive matched with a header send)",
+        "entrain/core/p2p.py",
+        "(theirs[n].message, theirs[n].part) != (op.message, op.part)",
+        "theirs[n].message != op.message",
+        (f"{P2P}::test_a_data_receive_posted_before_its_header_is_a_mismatch",),
+    ),
+    Mutant(
+        "p2p-no-channel-order",
+        "a receive posts only its own message, not the earlier ones its sender sent first (FIFO matching)",
+        "entrain/core/p2p.py",
+        "for m in self.orders[peer][first : pos + 1]",
+        "for m in self.orders[peer][pos : pos + 1]",
+        (f"{P2P}::test_receives_follow_the_senders_order_per_channel",),
+    ),
+    Mutant(
+        "regression-error-case-ok",
+        "the regression guard passes a case that fails now (or fails otherwise than in the baseline)",
+        "benchmarks/regression.py",
+        'return "ok" if same else "missing"',
+        'return "ok" if base is not None else "missing"',
+        (f"{REGRESSION}::test_a_case_that_errors_is_ok_only_with_the_baselines_same_error",),
+    ),
+    Mutant(
+        "regression-tolerance-doubled",
+        "the regression guard lets Entrain be 1 % slower (twice the tolerance)",
+        "benchmarks/regression.py",
+        "if c > b * (1.0 + tol):",
+        "if c > b * (1.0 + 2 * tol):",
+        (f"{REGRESSION}::test_verdict",),
+    ),
+    Mutant(
+        "trace-fit-input-share-from-w",
+        "the trace fit reads a split backward's W time as its I share",
+        "entrain/sim/trace_fit.py",
+        '[kind == "W"] += e["dur"]',
+        '[kind == "I"] += e["dur"]',
+        (TRACE_SPLIT,),
+    ),
+    Mutant(
+        "trace-fit-keeps-warmup",
+        "the trace fit keeps the run's first (warm-up) step",
+        "entrain/sim/trace_fit.py",
+        'return [e for e in events if e["args"]["step"] != min(steps)]',
+        "return events",
+        (f"{TRACE_LINE}::test_the_warmup_step_is_not_fitted",),
+    ),
+    Mutant(
+        "trace-fit-scale-drops-constant",
+        "sizes too alike for a slope: the trace fit scales the base line's slope but drops its constant",
+        "entrain/sim/trace_fit.py",
+        "return s, s * constant_ms",
+        "return s, 0.0",
+        (f"{TRACE_LINE}::test_sizes_alike_scale_the_base_line",),
+    ),
+    Mutant(
+        "drift-encoder-only",
+        "the drift monitor watches the encoder's work only (an LLM-side drift never opens the gate)",
+        "entrain/sim/drift.py",
+        "return max(abs(math.log(encoder_ratio)), abs(math.log(llm_ratio)))",
+        "return abs(math.log(encoder_ratio))",
+        (f"{DRIFT}::test_drift_is_the_larger_of_the_encoder_and_llm_moves",),
+    ),
+    Mutant(
+        "replan-cost-new-shard-twice",
+        "the re-plan cost prices the checkpoint write on the new layout (its shard twice + restart)",
+        "entrain/sim/drift.py",
+        "return _shard_ms(old, cost) + restart_ms + _shard_ms(new, cost)",
+        "return 2 * _shard_ms(new, cost) + restart_ms",
+        (f"{DRIFT}::test_re_plan_cost_writes_the_old_layouts_shards_and_reads_the_new_ones",),
+    ),
+    Mutant(
+        "replan-gain-one-iteration-more",
+        "the re-plan gain counts the current iteration among those left on the new layout",
+        "entrain/sim/drift.py",
+        "left = self.total_iterations - iteration - 1",
+        "left = self.total_iterations - iteration",
+        (f"{DRIFT}::test_a_drift_with_a_gain_re_plans_after_a_full_window",),
+    ),
+    Mutant(
+        "webdataset-lexical-image-order",
+        "a tar sample's images sorted as text (.10 before .2)",
+        "entrain/data/webdataset.py",
+        'return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in ext.split("."))',
+        "return (ext,)",
+        (f"{SHARDS}::test_a_tar_samples_images_are_in_their_index_order_past_nine",),
+    ),
+    Mutant(
+        "webdataset-key-at-last-dot",
+        "a tar member's sample key ends at its last dot (k.0.png and k.1.png become two samples)",
+        "entrain/data/webdataset.py",
+        'stem, dot, ext = base.partition(".")',
+        'stem, dot, ext = base.rpartition(".")',
+        (f"{SHARDS}::test_a_tar_samples_images_are_in_their_index_order_past_nine",),
+    ),
+    Mutant(
+        "parquet-row-in-group-stuck",
+        "a Parquet image's location names row 0 of its row group for every row",
+        "entrain/data/parquet.py",
+        "row_in_group += 1",
+        "row_in_group += 0",
+        (f"{SHARDS}::test_kept_records_read_their_images_by_location[parquet]",),
+    ),
+    Mutant(
+        "shards-metadata-misordered",
+        "the shards scanned afresh give their metadata back in reverse shard order",
+        "entrain/data/shards.py",
+        "todo = [s for s, c in zip(shards, cached, strict=True) if c is None]",
+        "todo = [s for s, c in zip(shards, cached, strict=True) if c is None][::-1]",
+        (f"{SHARDS}::test_metadata_is_cached_per_shard",),
+    ),
+    Mutant(
+        "shards-workers-ignore-ranks",
+        "every rank of a node scans with all the node's CPUs (not its share)",
+        "entrain/data/shards.py",
+        "min((os.cpu_count() or 1) // ranks, MAX_DEFAULT_WORKERS)",
+        "min((os.cpu_count() or 1), MAX_DEFAULT_WORKERS)",
+        (f"{SHARDS}::test_scan_workers_share_the_cpus_among_the_ranks_of_a_node",),
+    ),
+    Mutant(
+        "workers-results-reversed",
+        "the planner's worker pool returns the items' results in reverse order",
+        "entrain/core/workers.py",
+        "return pool.map(_call, range(len(items)), chunksize=1)",
+        "return pool.map(_call, range(len(items))[::-1], chunksize=1)",
+        ("tests/sim/test_workers.py::test_ordered_map_keeps_the_order_and_raises_the_error",),
+    ),
+    Mutant(
+        "workers-never-fork",
+        "--jobs N plans in the calling process only (no worker process)",
+        "entrain/core/workers.py",
+        "jobs = min(_jobs, len(items))",
+        "jobs = 1",
+        (ORDERED_MAP,),
+    ),
+    Mutant(
+        "worker-forks-again",
+        "a planning worker's own ordered_map tries to fork a pool of its own",
+        "entrain/core/workers.py",
+        "_jobs = 1  # a worker never forks again",
+        "pass  # a worker forks again",
+        (ORDERED_MAP,),
     ),
 )
 

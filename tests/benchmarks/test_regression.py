@@ -78,3 +78,22 @@ def test_verdict(regression, current, status, verdicts):
     rows = regression.compare(_run(BASE), _run(current))
     assert [r["verdict"] for r in rows] == verdicts
     assert regression.exit_status(rows) == status
+
+
+def _errored(message: str) -> dict:
+    return {"cases": {"c": {"error": message}}}
+
+
+@pytest.mark.parametrize(
+    "base, current, verdict",
+    [
+        (_run(BASE), _errored("simulate failed"), "missing"),  # ran before, fails now
+        (_errored("no memory fit"), _errored("another failure"), "missing"),  # fails otherwise now
+        (_errored("no memory fit"), _run(BASE), "missing"),  # a case the baseline cannot compare
+        (_errored("no memory fit"), _errored("no memory fit"), "ok"),  # the same known failure
+    ],
+)
+def test_a_case_that_errors_is_ok_only_with_the_baselines_same_error(regression, base, current, verdict):
+    rows = regression.compare(base, current)
+    assert [(r["system"], r["verdict"]) for r in rows] == [("-", verdict)]
+    assert regression.exit_status(rows) == (0 if verdict == "ok" else 1)

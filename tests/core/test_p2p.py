@@ -177,3 +177,33 @@ def test_a_receive_out_of_channel_order_is_named():
 def test_channels_of_a_layout():
     layout = _chain_layout(1, 2, shared=True, k=2, dp=2)  # ranks 0-1 per replica; stage 1 shares rank 0
     assert layout_channels(layout) == [(0, 1), (1, 0), (2, 3), (3, 2)]
+
+
+def test_a_forward_receive_reads_its_header_before_posting_the_data():
+    """Activations have a size only their sender knows: the receiver posts the header alone, reads
+    it, then posts the data receive; a gradient (the shape of its forward output) posts both at once."""
+    layout, it = _two_rank_layout(), _out_of_order_iteration()
+    forward = [s for s in rank_program(layout, it, 1) if isinstance(s, Comm) and s.batches]
+    (recv,) = [c for c in forward if c.action.kind.name == "RECV_F"]
+    assert [[op.part for op in b.ops] for b in recv.batches] == [["header"], ["data"]] * 2
+    assert all(b.receives for b in recv.batches)  # the host waits for each: the size comes first
+    sends = [c for c in forward if c.action.kind.name == "SEND_B"]
+    assert all([op.part for op in c.batches[0].ops] == ["header", "data"] for c in sends)
+
+
+def test_a_data_receive_posted_before_its_header_is_a_mismatch():
+    """Planted: rank 1 posts the data receive of a forward message before its header; FIFO matching
+    would pair it with the sender's header, so the checker names the pair."""
+    layout, it = _two_rank_layout(), _out_of_order_iteration()
+    programs = dict(replica_programs(layout, it, 0))
+
+    def swapped(step):
+        if not isinstance(step, Comm) or step.action.kind.name != "RECV_F" or not step.batches:
+            return step
+        batches = list(step.batches)
+        batches[0], batches[1] = batches[1], batches[0]  # mb 0's data, then its header
+        return replace(step, batches=tuple(batches))
+
+    programs[1] = tuple(swapped(s) for s in programs[1])
+    with pytest.raises(ScheduleError, match=r"1RECV_F0\.0:data<-r0 would be matched with 0SEND_F0\.0:header"):
+        check_program(programs)

@@ -224,3 +224,25 @@ def test_an_unreadable_image_in_a_shard_names_its_place(tmp_path):
         DataError, match=r"shard-00000.tar:#1: field 'images\[0\]': .*shard-00000.tar \(bytes \d+"
     ):
         read_metadata(folder, use_cache=False)
+
+
+def test_a_tar_samples_images_are_in_their_index_order_past_nine(tmp_path):
+    """``k.0.png`` ... ``k.11.png``, stored out of order: the record's images follow the indices as
+    numbers (``.2`` before ``.10``), each the bytes of its own member."""
+    pictures = {i: image_bytes(i) for i in range(12)}
+    record = {"id": "many", "conversations": [
+        {"from": "human", "value": "<image>" * 12 + "\nWhich pictures?"},
+        {"from": "gpt", "value": "Twelve."},
+    ]}  # fmt: skip
+    members = [("many.json", json.dumps(record).encode())]
+    members += [(f"many.{i}.png", pictures[i]) for i in (10, 2, 0, 11, 1, 9, 3, 4, 8, 5, 7, 6)]
+    (tmp_path / "wds").mkdir()
+    shard = tmp_path / "wds" / "shard-00000.tar"
+    with tarfile.open(shard, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    (parsed,) = iter_parsed(shard)
+    assert not parsed.problems
+    assert [ref.read_bytes() for ref in parsed.record.images] == [pictures[i] for i in range(12)]

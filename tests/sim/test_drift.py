@@ -11,6 +11,7 @@ import pytest
 from entrain.cli.common import config_workload
 from entrain.cli.main import build_parser
 from entrain.config import RunConfig
+from entrain.core.plan import ComponentLayout, StageSpec
 from entrain.core.setups import system_setups
 from entrain.core.work import SampleWork
 from entrain.data import sampling
@@ -135,6 +136,40 @@ def test_re_plan_cost_is_checkpoint_restart_and_reshard(tiny):
     base = replan_cost_ms(old.layout, new.layout, cost, 0.0)
     assert base > 0
     assert replan_cost_ms(old.layout, new.layout, cost, 5000.0) == pytest.approx(base + 5000.0)
+
+
+def test_drift_is_the_larger_of_the_encoder_and_llm_moves(tiny):
+    """A batch whose LLM work quadrupled while its encoder work held drifts by ln 4, and opens the
+    gate as an encoder move of the same size does."""
+    monitor, fake = _monitor(tiny, {"old": 1000.0, "new": 999.0}, window=1)
+    assert monitor.observe(0, _batch(10, 40)) is None
+    d = monitor.history[0]
+    assert (d.encoder_work_ratio, d.llm_work_ratio) == pytest.approx((1.0, 4.0))
+    assert d.drift == pytest.approx(math.log(4.0)) and fake.calls == 1
+    monitor.observe(1, _batch(20, 40))  # now the encoder moved (2x), the LLM did not
+    assert monitor.history[1].drift == pytest.approx(math.log(2.0)) and fake.calls == 2
+
+
+def test_re_plan_cost_writes_the_old_layouts_shards_and_reads_the_new_ones(tiny):
+    """Checkpoint on the old layout + restart + reshard onto the new: a move costs half of staying on
+    each layout (write and read its own shards) added, whichever way it goes; here the LLM split over
+    two stages halves the largest shard."""
+    cost, whole, _ = tiny
+    llm_pp2 = dataclasses.replace(
+        whole.layout,
+        components={**whole.layout.components, "llm": ComponentLayout(pp=2)},
+        stages=(whole.layout.stages[0], StageSpec(1, "llm", 0, 3, 1), StageSpec(2, "llm", 3, 6, 2)),
+    )
+    assert [(s.component, s.first_layer, s.end_layer) for s in whole.layout.stages] == [
+        ("encoder", 0, 4),
+        ("llm", 0, 6),
+    ]
+    stay_whole = replan_cost_ms(whole.layout, whole.layout, cost, 0.0)
+    stay_split = replan_cost_ms(llm_pp2, llm_pp2, cost, 0.0)
+    assert stay_split < 0.8 * stay_whole
+    want = stay_whole / 2 + stay_split / 2 + 700.0
+    assert replan_cost_ms(whole.layout, llm_pp2, cost, 700.0) == pytest.approx(want)
+    assert replan_cost_ms(llm_pp2, whole.layout, cost, 700.0) == pytest.approx(want)
 
 
 def test_joined_metrics_weight_segments_by_iterations():

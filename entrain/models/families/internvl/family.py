@@ -1,0 +1,296 @@
+"""The InternVL family (InternViT tiles + pixel shuffle + projector + Qwen2 / Qwen3 / Llama) behind
+``ModelFamily``.
+
+Sources: one whole ``InternVLForConditionalGeneration`` checkpoint folder (``--model-path``; its
+``config.json``, ``preprocessor_config.json`` and tokenizer files), or (``plan`` / ``simulate`` only) a
+cost-model preset of ``shape.PRESETS`` (``internvl35-8b``: a published shape, no weights). Torch-free
+at import: the torch parts (``model``, ``export``) are imported inside the methods.
+
+An image's grid is ``(tiles, side, side)`` (``rules``: dynamic tiling with the thumbnail); its LLM
+tokens ``tiles x image_seq_length``, between ``<img>`` and ``</img>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from entrain.core.errors import ConfigError
+from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.internvl.rules import InternVLImageRule, image_tiles
+from entrain.models.families.internvl.shape import PRESETS, InternVLShape, shape_from_config
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from entrain.core.samples import SampleMeta
+
+__all__ = ["InternVLFamily", "INTERNVL_FAMILY", "InternVLRunConfig", "FAMILY", "read_processor_config"]
+
+FAMILY = "internvl"
+MODEL_TYPE = "internvl"
+START, CONTEXT, END = "<img>", "<IMG_CONTEXT>", "</img>"
+"""``InternVLProcessor``'s image tokens: ``<img>``, n x ``<IMG_CONTEXT>``, ``</img>`` per image."""
+
+
+@dataclass(frozen=True)
+class InternVLRunConfig:
+    """A run's model: the checkpoint ``folder`` and its ``shape``; ``depths`` (vision layers, decoder
+    layers) replacing the checkpoint's (the profiler's reduced model, built empty)."""
+
+    shape: InternVLShape
+    folder: str
+    depths: tuple[int, int] | None = None
+    family: str = FAMILY
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+    def layer_names(self, component: str) -> list[str]:
+        return INTERNVL_FAMILY.layer_names(self.shape, component)
+
+
+def read_processor_config(folder: str) -> dict | None:
+    """The folder's ``preprocessor_config.json`` (None without one); ConfigError naming a bad file."""
+    path = os.path.join(folder, "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(got, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return got
+
+
+def _added_tokens(folder: str) -> dict[str, int]:
+    """Special tokens of the folder's tokenizer files (``tokenizer.json``'s ``added_tokens``,
+    ``tokenizer_config.json``'s ``added_tokens_decoder``), plain JSON."""
+    found: dict[str, int] = {}
+    path = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            found.update({t["content"]: int(t["id"]) for t in json.load(f).get("added_tokens", [])})
+    path = os.path.join(folder, "tokenizer_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            decoder = json.load(f).get("added_tokens_decoder") or {}
+        found.update({t["content"]: int(i) for i, t in decoder.items()})
+    return found
+
+
+@cache
+def _token_ids(folder: str) -> tuple[tuple[str, int], ...]:
+    from entrain.models.families.registry import read_config
+
+    added = _added_tokens(folder)
+    image = int(read_config(folder).get("image_token_id", 151667))
+    return (("image", image), ("image_start", added.get(START, -1)), ("image_end", added.get(END, -1)))
+
+
+class InternVLFamily(FamilyBase):
+    name = FAMILY
+    description = "InternVL: InternViT 448-px dynamic tiles + pixel shuffle + projector + Qwen2/Qwen3/Llama (--model-path; internvl35-8b: cost model only)"
+
+    # --- plain numbers ----------------------------------------------------------------------------
+    def preset_names(self) -> tuple[str, ...]:
+        return tuple(PRESETS)
+
+    def code_names(self) -> tuple[str, ...]:
+        return (FAMILY, "InternVL", "InternViT", "GotOcr2")
+
+    def claims_config(self, config: dict) -> bool:
+        return config.get("model_type") == MODEL_TYPE
+
+    def model_types(self) -> tuple[str, ...]:
+        return (MODEL_TYPE,)
+
+    def shape(self, source: ModelSource) -> InternVLShape:
+        if source.model_path is None:
+            if source.preset in PRESETS:
+                return PRESETS[source.preset]
+            raise ConfigError(
+                f"model family {FAMILY!r} takes a checkpoint folder (--model-path DIR) or a cost-model preset "
+                f"({', '.join(PRESETS)}), not {source.preset!r}"
+            )
+        from entrain.models.families.registry import read_config
+
+        folder = source.model_path
+        where = os.path.join(folder, "config.json")
+        return shape_from_config(read_config(folder), f"hf:{folder}", where, read_processor_config(folder))
+
+    def layer_names(self, shape: InternVLShape, component: str) -> list[str]:
+        if component == "encoder":
+            return ["embeddings", *(f"layers.{i}" for i in range(shape.vision.num_layers)), "merger"]
+        if component == "llm":
+            layers = [f"layers.{i}" for i in range(shape.llm.num_hidden_layers)]
+            return ["embed_tokens", *layers, "norm", "lm_head", "loss"]
+        raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
+
+    def image_rule(
+        self, shape: InternVLShape, min_pixels: int | None, max_pixels: int | None
+    ) -> InternVLImageRule:
+        """Dynamic tiles (``--min-pixels`` / ``--max-pixels`` do not apply: ConfigError if given, unless
+        they are the rule's own placeholders, which a plan file records and ``train --plan`` replays)."""
+        rule = InternVLImageRule(shape.rules)
+        if min_pixels not in (None, rule.min_pixels) or max_pixels not in (None, rule.max_pixels):
+            raise ConfigError(
+                f"--min-pixels / --max-pixels: {FAMILY} tiles every image (min_patches..max_patches tiles of "
+                "preprocessor_config.json), no pixel limits"
+            )
+        return rule
+
+    # --- runtime ---------------------------------------------------------------------------------
+    def runtime_config(
+        self, source: ModelSource, shape: InternVLShape | None = None
+    ) -> tuple[InternVLRunConfig, Any]:
+        """The checkpoint's config; the tokenizer: ``--tokenizer``, else the folder's own files, else None
+        (the built-in Qwen2 tokenizer)."""
+        from entrain.data.tokenizer import has_tokenizer_files, load_tokenizer
+
+        if source.model_path is None:
+            raise ConfigError(
+                f"--model {source.preset}: a cost-model preset (plan / simulate); to run the model, pass its "
+                "checkpoint folder with --model-path DIR"
+            )
+        full = self.shape(source)
+        depths = None
+        if shape is not None and shape != full:  # the profiler's reduced model
+            depths = (shape.vision.num_layers, shape.llm.num_hidden_layers)
+        cfg = InternVLRunConfig(shape or full, source.model_path, depths)
+        path = source.tokenizer or (source.model_path if has_tokenizer_files(source.model_path) else None)
+        return cfg, (load_tokenizer(path) if path else None)
+
+    def build_model(
+        self, cfg: InternVLRunConfig, *, seed=0, weights_dir=None, dtype=None, stages=None
+    ) -> nn.Module:
+        from entrain.models.families.internvl import model as m
+
+        if weights_dir is not None:
+            raise ConfigError("--weights and --model-path both give the weights: pass one")
+        return m.build_model(cfg.folder, config=m.hf_config_of(cfg), stages=stages, run_cfg=cfg)
+
+    def empty_model(self, cfg: InternVLRunConfig) -> nn.Module:
+        from entrain.models.families.internvl import model as m
+
+        return m.InternVLModel(m.hf_config_of(cfg), meta=True, run_cfg=cfg)
+
+    def build_stage(self, model: nn.Module, component: str, first: int, end: int) -> nn.Module:
+        from entrain.models.families.internvl.model import build_stage
+
+        return build_stage(model, component, first, end)
+
+    def set_trainable(self, model: nn.Module, *, encoder=True, merger=True, llm=True) -> None:
+        from entrain.models.families.internvl.model import set_trainable
+
+        set_trainable(model, encoder=encoder, merger=merger, llm=llm)
+
+    def encoder_output_width(self, stage: nn.Module) -> int:
+        return stage.projector.linear_2.out_features if stage.has_merger else stage.tower.config.hidden_size
+
+    def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
+        from entrain.models.families.internvl.model import EncoderStage
+
+        if mode == "none":
+            return []
+        if isinstance(stage, EncoderStage):
+            layers = [stage.tower.encoder.layer[i] for i in stage.layer_ids]
+            return [layer.attention for layer in layers] if mode == "selective" else layers
+        layers = [stage.llm.model.layers[i] for i in stage.layer_ids]
+        return [layer.self_attn for layer in layers] if mode == "selective" else layers
+
+    def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
+        from entrain.models.families.internvl.model import EncoderStage
+
+        if isinstance(stage, EncoderStage):
+            return [stage.tower.encoder.layer[i] for i in stage.layer_ids]
+        return [stage.llm.model.layers[i] for i in stage.layer_ids]
+
+    # --- processing rules --------------------------------------------------------------------------
+    def image_grids(self, cfg: InternVLRunConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
+        """``(tiles, side, side)`` per image (``side`` = 32 for 448-px tiles at patch 14)."""
+        rules = cfg.shape.rules
+        return tuple((image_tiles(h, w, rules), rules.side, rules.side) for h, w in meta.images)
+
+    def image_feature_rows(self, cfg: InternVLRunConfig, grid: tuple[int, int, int]) -> int:
+        return int(grid[0]) * cfg.shape.rules.tokens_per_tile
+
+    def encoder_input_width(self, cfg: InternVLRunConfig) -> int:
+        return cfg.shape.vision.patch_dim
+
+    def process_images(self, cfg: InternVLRunConfig, images, rule) -> tuple[Any, Any]:
+        """One sample's PIL ``images`` through transformers' ``GotOcr2ImageProcessorPil`` (the folder's
+        ``preprocessor_config.json``, with ``crop_to_patches`` as ``InternVLProcessor`` passes it): patch
+        rows ``[N, C * patch**2]`` of every tile (``model.tiles_to_rows``) and ``(tiles, side, side)``
+        per image."""
+        import numpy as np
+
+        from entrain.models.families.internvl.model import image_processor, tiles_to_rows
+
+        rules = cfg.shape.rules
+        got = image_processor(cfg)(list(images), crop_to_patches=rules.crop_to_patches, return_tensors="pt")
+        rows = tiles_to_rows(got["pixel_values"], rules.patch_px)
+        grids = [(int(n), rules.side, rules.side) for n in got["num_patches"]]
+        return rows.numpy().astype(np.float32), np.array(grids, dtype=np.int64)
+
+    def format_chat(
+        self, cfg: InternVLRunConfig, turns, image_tokens, tokenizer
+    ) -> tuple[list[int], list[int]]:
+        """The tokenizer's chat template, each ``<image>`` expanded as ``InternVLProcessor`` does:
+        ``<img>`` + n x ``<IMG_CONTEXT>`` + ``</img>`` (Qwen2's vision markers for a tokenizer without
+        them, which ``map_token_id`` maps); labels on the assistant turns only."""
+        from entrain.data.processing import format_chat, vision_markers
+
+        if CONTEXT in tokenizer.special_tokens:
+            return format_chat(turns, image_tokens, tokenizer, lambda n: START + CONTEXT * n + END)
+        return format_chat(turns, image_tokens, tokenizer, vision_markers)
+
+    def token_ids(self, cfg: InternVLRunConfig) -> dict[str, int]:
+        """``<IMG_CONTEXT>`` is the config's ``image_token_id``; ``<img>`` / ``</img>`` the tokenizer's
+        (-1: a folder without tokenizer files has no markers)."""
+        return dict(_token_ids(cfg.folder))
+
+    def map_token_id(self, cfg: InternVLRunConfig, qwen_id: int) -> int:
+        """Qwen2's vision markers become ``<img>`` / ``<IMG_CONTEXT>`` / ``</img>``; text ids wrap below
+        the first of those (a real checkpoint's Qwen vocabulary keeps every regular id)."""
+        from entrain.data.tokenizer import QWEN2_SPECIAL_TOKENS
+
+        ids = self.token_ids(cfg)
+        markers = {"<|vision_start|>": "image_start", "<|image_pad|>": "image", "<|vision_end|>": "image_end"}
+        for token, key in markers.items():
+            if qwen_id == QWEN2_SPECIAL_TOKENS[token] and ids[key] >= 0:
+                return ids[key]
+        return qwen_id % min(i for i in ids.values() if i >= 0)
+
+    # --- export ------------------------------------------------------------------------------------
+    def export(self, manifest: dict, params: dict, out_dir: str) -> dict:
+        """One folder ``InternVLForConditionalGeneration.from_pretrained`` loads (``export``)."""
+        from entrain.models.families.internvl.export import export
+
+        return export(manifest, params, out_dir)
+
+    # --- profiler ----------------------------------------------------------------------------------
+    def representative_config(self, cfg: InternVLRunConfig):
+        """One InternViT layer and one decoder layer (every layer of a kind costs the same)."""
+        s = cfg.shape
+        small = replace(s, vision=replace(s.vision, num_layers=1), llm=replace(s.llm, num_hidden_layers=1))
+        d, n = s.vision.num_layers, s.llm.num_hidden_layers
+        enc = {0: 0, d + 1: 2, **{i + 1: 1 for i in range(d)}}
+        llm = {0: 0, n + 1: 2, n + 2: 3, n + 3: 4, **{i + 1: 1 for i in range(n)}}
+        return InternVLRunConfig(small, cfg.folder, (1, 1)), {"encoder": enc, "llm": llm}
+
+    def profile_input(
+        self, cfg: InternVLRunConfig, component: str, layer: int, tokens: int, device, per_label: bool
+    ):
+        from entrain.models.families.internvl.profiling import profile_input
+
+        return profile_input(cfg, component, layer, tokens, device, per_label)
+
+
+INTERNVL_FAMILY = InternVLFamily()

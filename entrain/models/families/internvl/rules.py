@@ -1,0 +1,128 @@
+"""InternVL's processing rules, torch-free: tiles and LLM tokens per image (dynamic tiling).
+
+What transformers' ``GotOcr2ImageProcessor`` (InternVL's image processor, called by ``InternVLProcessor``
+with ``crop_to_patches=True``) and ``InternVLModel.get_image_features`` do to an image of ``h x w``
+pixels, as arithmetic:
+
+* **Tiles.** Among every ``cols x rows`` grid with ``min_tiles <= cols * rows <= max_tiles``
+  (``min_patches`` / ``max_patches`` of ``preprocessor_config.json``), the one whose aspect ratio
+  ``cols / rows`` is closest to the image's ``w / h`` (a tie goes to the later, larger grid while the
+  image's area exceeds half of the grid's pixels). The image is resized to that grid of ``tile_px``
+  tiles and cut, row by row; a grid of more than one tile is followed by the whole image resized to
+  one tile (the *thumbnail*, last).
+* **Tokens.** A tile is one InternViT sequence: a CLS token and ``(tile_px / patch_px)**2`` patches.
+  The CLS token is dropped, the patch map is pixel-shuffled by ``downsample_ratio`` (0.5: 2x2 patches
+  become one token of 4x the width) and projected: ``image_seq_length`` = ``(side * ratio)**2`` LLM
+  tokens per tile (256 for 448-px tiles at patch 14). The prompt holds ``<img>``, ``tiles x
+  image_seq_length`` ``<IMG_CONTEXT>`` tokens and ``</img>`` per image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+__all__ = ["InternVLRules", "InternVLImageRule", "tile_grid", "image_tiles", "image_tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class InternVLRules:
+    """The numbers the tiling rules need (``config.json`` and ``preprocessor_config.json``)."""
+
+    tile_px: int = 448
+    """``vision_config.image_size`` (= the image processor's ``size``): a tile's side in pixels."""
+    patch_px: int = 14
+    """``vision_config.patch_size``."""
+    downsample_ratio: float = 0.5
+    """``downsample_ratio``: the pixel shuffle's scale (0.5 merges 2x2 patches)."""
+    min_tiles: int = 1
+    """``min_patches`` of the image processor (``min_dynamic_patch`` of the original InternVL)."""
+    max_tiles: int = 12
+    """``max_patches`` (``max_dynamic_patch``)."""
+    crop_to_patches: bool = True
+    """Dynamic tiling on (``InternVLProcessor`` passes ``crop_to_patches=True``); off: one tile."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.patch_px <= self.tile_px or self.tile_px % self.patch_px:
+            raise ValueError(f"patch {self.patch_px} px does not tile a {self.tile_px}-px tile")
+        if not 1 <= self.min_tiles <= self.max_tiles:
+            raise ValueError(
+                f"min_patches {self.min_tiles} / max_patches {self.max_tiles}: need 1 <= min <= max"
+            )
+        scaled = self.side * self.downsample_ratio
+        if not 0 < self.downsample_ratio <= 1 or scaled != int(scaled):
+            raise ValueError(
+                f"downsample_ratio {self.downsample_ratio} does not divide the {self.side}x{self.side} patch map"
+            )
+
+    @property
+    def side(self) -> int:
+        """Patches along a tile's side (32 for 448 / 14)."""
+        return self.tile_px // self.patch_px
+
+    @property
+    def patches_per_tile(self) -> int:
+        """Encoder input rows of one tile (its CLS token is added by the embeddings)."""
+        return self.side * self.side
+
+    @property
+    def tokens_per_tile(self) -> int:
+        """LLM tokens of one tile after the pixel shuffle (``image_seq_length``)."""
+        return int(self.side * self.downsample_ratio) ** 2
+
+
+@cache
+def _arrangements(min_tiles: int, max_tiles: int) -> tuple[tuple[int, int], ...]:
+    """Every ``(cols, rows)`` grid of ``min_tiles..max_tiles`` tiles, by tile count (stable)."""
+    grids = [
+        (c, r)
+        for c in range(1, max_tiles + 1)
+        for r in range(1, max_tiles + 1)
+        if min_tiles <= c * r <= max_tiles
+    ]
+    return tuple(sorted(grids, key=lambda g: g[0] * g[1]))
+
+
+def tile_grid(height: int, width: int, rules: InternVLRules) -> tuple[int, int]:
+    """``(cols, rows)`` of the grid an image is resized to (``get_optimal_tiled_canvas``)."""
+    aspect, area = width / height, width * height
+    best, best_diff = (1, 1), float("inf")
+    for cols, rows in _arrangements(rules.min_tiles, rules.max_tiles):
+        diff = abs(aspect - cols / rows)
+        if diff < best_diff:
+            best, best_diff = (cols, rows), diff
+        elif diff == best_diff and area > 0.5 * rules.tile_px * rules.tile_px * cols * rows:
+            best = (cols, rows)
+    return best
+
+
+def image_tiles(height: int, width: int, rules: InternVLRules) -> int:
+    """Tiles the vision tower encodes for an image: the grid's, plus the thumbnail when more than one."""
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size {height}x{width} px is not positive")
+    if not rules.crop_to_patches or rules.max_tiles <= 1:
+        return 1
+    cols, rows = tile_grid(height, width, rules)
+    return cols * rows + 1 if cols * rows > 1 else 1
+
+
+def image_tokens(height: int, width: int, rules: InternVLRules) -> int:
+    """``<IMG_CONTEXT>`` tokens of an image (``<img>`` / ``</img>`` not counted)."""
+    return image_tiles(height, width, rules) * rules.tokens_per_tile
+
+
+@dataclass(frozen=True, slots=True)
+class InternVLImageRule:
+    """The family's ``entrain.core.samples.ImageTokenRule``: LLM tokens and encoder units (one unit of
+    ``side**2`` patch rows per tile) of an image; every image of a sample is tiled on its own."""
+
+    rules: InternVLRules = InternVLRules()
+    min_pixels: int = 1
+    """Dynamic tiling has no pixel limits (every image is resized into tiles); kept for the plan file."""
+    max_pixels: int = 2**62
+
+    def image_tokens(self, height: int, width: int) -> int:
+        return image_tokens(height, width, self.rules)
+
+    def encoder_units(self, height: int, width: int) -> tuple[int, ...]:
+        return (self.rules.patches_per_tile,) * image_tiles(height, width, self.rules)

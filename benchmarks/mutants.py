@@ -66,6 +66,7 @@ QWEN_EXPORT = (
     "tests/models/test_qwen2_vl_family.py::test_export_loads_in_transformers_with_the_trained_logits"
 )
 P2P = "tests/core/test_p2p.py"
+P2P_RULES = "tests/core/test_p2p_nccl_rules.py"
 REGRESSION = "tests/benchmarks/test_regression.py"
 TRACE_LINE = "tests/sim/test_trace_fit_line.py"
 TRACE_SPLIT = "tests/sim/test_trace_fit_split_share.py"
@@ -313,6 +314,30 @@ MUTANTS = (
         "for m in self.orders[peer][first : pos + 1]",
         "for m in self.orders[peer][pos : pos + 1]",
         (f"{P2P}::test_receives_follow_the_senders_order_per_channel",),
+    ),
+    Mutant(
+        "p2p-deadlock-unreported",
+        "the NCCL replay stops quietly where no rank can move (a deadlock passes the check)",
+        "entrain/core/p2p.py",
+        "                self._deadlock()",
+        "                return",
+        (f"{P2P}::test_one_communicator_deadlocks_1f1b_with_the_error_grid",),
+    ),
+    Mutant(
+        "p2p-lazy-connect-ignored",
+        "the NCCL replay lets a host post past a first operation whose peer has not connected",
+        "entrain/core/p2p.py",
+        "if self.rules.lazy_connect and self._unconnected(g, first):",
+        "if False:",
+        (f"{P2P_RULES}::test_a_first_send_blocks_the_host_until_the_peer_posts_on_the_pair",),
+    ),
+    Mutant(
+        "p2p-shared-queue-ignored",
+        "under CUDA_DEVICE_MAX_CONNECTIONS=1 the replay still runs each communicator's queue on its own",
+        "entrain/core/p2p.py",
+        "if i is None or (self.rules.shared_queue and i != r.queue[0]):",
+        "if i is None:",
+        (f"{P2P_RULES}::test_one_gpu_queue_holds_a_rank_behind_its_waiting_send",),
     ),
     Mutant(
         "regression-error-case-ok",

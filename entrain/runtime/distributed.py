@@ -1,14 +1,17 @@
 """Process groups and the device, from the environment (CUDA + NCCL when available, else CPU + gloo).
 
 Nothing here hard-codes a device: ``device_from_env`` picks the GPU of ``LOCAL_RANK`` when torch sees
-one GPU per process of this node, else the CPU. The rule (``choose_device``, one per node, the same in
-every process) for ``ENTRAIN_DEVICE`` (``entrain train --device``; unset = ``auto``):
+one GPU per process of this node, the one GPU it sees when a launcher gives each process its own
+(``CUDA_VISIBLE_DEVICES`` naming one GPU: device 0, whatever ``LOCAL_RANK``), else the CPU. The rule
+(``choose_device``, one per node, the same in every process) for ``ENTRAIN_DEVICE`` (``entrain train
+--device``; unset = ``auto``):
 
 * ``cpu``: CPU + gloo, whatever is visible (the test suite sets it: CPU tests never pick NCCL);
-* ``auto``: CUDA + NCCL when the node has at least as many GPUs as processes (``LOCAL_WORLD_SIZE``);
-  more processes than GPUs falls back to CPU + gloo, with a one-line note (NCCL refuses two processes
-  on one GPU);
-* ``cuda``: one GPU per process, or a one-line error saying how many GPUs the node's processes need.
+* ``auto``: CUDA + NCCL when the node has at least as many GPUs as processes (``LOCAL_WORLD_SIZE``),
+  or this process sees exactly the one GPU ``CUDA_VISIBLE_DEVICES`` names; more processes than GPUs
+  falls back to CPU + gloo, with a one-line note (NCCL refuses two processes on one GPU);
+* ``cuda``: one GPU per process, or a one-line error saying how many GPUs the node's processes need
+  (or that none is usable).
 
 ``init_distributed`` reads torchrun's ``RANK``/``WORLD_SIZE`` (or takes them, with an ``init_method``,
 for forked test workers).
@@ -31,6 +34,8 @@ __all__ = [
     "DEVICE_CHOICES",
     "DEVICE_ENV",
     "choose_device",
+    "node_device",
+    "own_gpu_only",
     "device_from_env",
     "init_distributed",
     "set_deterministic",
@@ -52,25 +57,31 @@ DEVICE_ENV = "ENTRAIN_DEVICE"
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 
 
-def choose_device(requested: str, num_local_procs: int, num_gpus: int) -> tuple[str, str | None]:
+def choose_device(
+    requested: str, num_local_procs: int, num_gpus: int, own_gpu: bool = False
+) -> tuple[str, str | None]:
     """``(device type, note or None)`` for ``num_local_procs`` processes on a node with ``num_gpus``
-    visible GPUs (module docstring); ConfigError for ``cuda`` without one GPU per process."""
+    visible GPUs (module docstring; ``own_gpu``: ``CUDA_VISIBLE_DEVICES`` names this process's one
+    GPU, ``own_gpu_only``); ConfigError for ``cuda`` without one GPU per process."""
     if requested not in DEVICE_CHOICES:
         raise ConfigError(f"{DEVICE_ENV}={requested!r}; choose from {', '.join(DEVICE_CHOICES)}")
     if requested == "cpu" or (requested == "auto" and num_gpus == 0):
         return "cpu", None
-    if num_gpus >= num_local_procs:
+    if num_gpus >= num_local_procs or (num_gpus == 1 and own_gpu):
         return "cuda", None
     need = (
         f"{num_local_procs} processes on this node need {num_local_procs} GPUs (one each), {num_gpus} visible"
     )
     if requested == "cuda" and num_gpus == 0:
-        raise ConfigError("--device cuda: no GPU is visible (torch.cuda.is_available() is False)")
+        raise ConfigError("--device cuda: no GPU is visible (none that torch can use on this node)")
     if requested == "cuda":
         raise ConfigError(
             f"--device cuda: {need}; start at most {num_gpus} processes per node, or use --device cpu"
         )
-    return "cpu", f"entrain train: note: {need}: running on CPU with gloo (--device cuda refuses this)"
+    return "cpu", (
+        f"entrain train: note: {need}: running on CPU with gloo (--device cuda refuses this; a launcher "
+        "that gives each process its own GPU sets CUDA_VISIBLE_DEVICES to it)"
+    )
 
 
 def local_process_count() -> int:
@@ -79,18 +90,35 @@ def local_process_count() -> int:
 
 
 def visible_gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """GPUs this process can use (0 where CUDA is missing or unusable)."""
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except RuntimeError:  # a broken driver: no usable GPU
+        return 0
+
+
+def own_gpu_only() -> bool:
+    """Whether ``CUDA_VISIBLE_DEVICES`` names exactly one GPU (a launcher that shows each process its
+    own GPU sets it so)."""
+    names = [n for n in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if n.strip()]
+    return len(names) == 1
+
+
+def node_device(requested: str, num_local_procs: int) -> tuple[str, str | None]:
+    """``choose_device`` with what this process sees."""
+    return choose_device(requested, num_local_procs, visible_gpus(), own_gpu_only())
 
 
 def device_from_env() -> torch.device:
-    """This process's device under ``choose_device``'s rule (``ENTRAIN_DEVICE``, ``LOCAL_RANK``)."""
+    """This process's device under ``choose_device``'s rule (``ENTRAIN_DEVICE``, ``LOCAL_RANK``): the
+    GPU of its local rank, or device 0 where it sees one GPU (its own, or the node's only one)."""
     requested = os.environ.get(DEVICE_ENV, "auto")
     if requested == "cpu":  # no CUDA query at all (forked test workers)
         return torch.device("cpu")
-    kind, _ = choose_device(requested, local_process_count(), visible_gpus())
-    if kind == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+    kind, _ = node_device(requested, local_process_count())
+    if kind == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda", 0 if visible_gpus() == 1 else int(os.environ.get("LOCAL_RANK", "0")))
 
 
 CUBLAS_WORKSPACE = ":4096:8"

@@ -153,11 +153,11 @@ def resolve_device(requested: str, num_local_procs: int, say: bool = True) -> st
     """The device type of this node's ``num_local_procs`` processes (``distributed.choose_device``;
     ``--device auto`` defers to ``$ENTRAIN_DEVICE``), exported as ``ENTRAIN_DEVICE`` for this process
     and those it starts; the CPU fallback's note goes to stderr when ``say``."""
-    from entrain.runtime.distributed import DEVICE_ENV, choose_device, visible_gpus
+    from entrain.runtime.distributed import DEVICE_ENV, node_device
 
     if requested == "auto":
         requested = os.environ.get(DEVICE_ENV, "auto")
-    kind, note = choose_device(requested, num_local_procs, visible_gpus())
+    kind, note = node_device(requested, num_local_procs)
     if note and say:
         print(note, file=sys.stderr, flush=True)
     os.environ[DEVICE_ENV] = kind

@@ -18,7 +18,14 @@ import subprocess
 import sys
 import tempfile
 
-from entrain.runtime.launcher import ERROR_DIR_ENV, ERROR_EXIT, INTERRUPTED_EXIT, worker_errors
+from entrain.runtime.launcher import (
+    ERROR_DIR_ENV,
+    ERROR_EXIT,
+    INTERRUPTED_EXIT,
+    STOPPED_EXITS,
+    stop_on_signals,
+    worker_errors,
+)
 
 __all__ = ["ERROR_EXIT", "INTERRUPTED_EXIT", "launch", "main"]
 
@@ -26,7 +33,8 @@ __all__ = ["ERROR_EXIT", "INTERRUPTED_EXIT", "launch", "main"]
 def launch(args: argparse.Namespace, spec, nproc: int) -> int:
     """Run ``entrain train`` on ``nproc`` torchrun workers with the resolved flags, again on the new plan
     after a re-plan; the exit status: 0, ``ERROR_EXIT`` after a worker's Entrain error (printed once),
-    ``INTERRUPTED_EXIT`` after Ctrl-C, else the failed worker's."""
+    ``128 + N`` after signal N (130 Ctrl-C, 143 SIGTERM, 129 hang-up: the signal is forwarded to every
+    process of the run, each has ended, one line says where to resume), else the failed worker's."""
     from entrain.cli.train_args import child_argv, relaunch_args
     from entrain.runtime.replan import REPLAN_EXIT
 
@@ -37,10 +45,14 @@ def launch(args: argparse.Namespace, spec, nproc: int) -> int:
         args = relaunch_args(args, spec)  # a re-plan checkpointed: the group again, on the new layout
 
 
-def _start_workers(argv: list[str], nproc: int) -> tuple[int, list[str]]:
-    """torchrun's exit status and the Entrain errors its workers wrote."""
+def _torchrun_command(argv: list[str], nproc: int) -> list[str]:
     cmd = [sys.executable, "-m", "entrain.cli.launch", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd += ["-m", "entrain", "train", *argv]
+    return [*cmd, "-m", "entrain", "train", *argv]
+
+
+def _start_workers(argv: list[str], nproc: int) -> tuple[int, list[str]]:
+    """torchrun's exit status (``128 + N`` after signal N stopped the run: ``stop_on_signals``) and the
+    Entrain errors its workers wrote."""
     errors = tempfile.mkdtemp(prefix="entrain-errors-")
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -48,13 +60,10 @@ def _start_workers(argv: list[str], nproc: int) -> tuple[int, list[str]]:
     # gloo addresses, which a restarted group then tries to connect to
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env[ERROR_DIR_ENV] = errors
-    proc = subprocess.Popen(cmd, env=env)
     try:
-        rc = proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: let torchrun stop the workers
-        proc.wait()
-        rc = INTERRUPTED_EXIT
-    try:
+        # its own session: a terminal's Ctrl-C reaches this process only, which stops the whole tree once
+        cmd = _torchrun_command(argv, nproc)
+        rc = stop_on_signals(lambda: subprocess.Popen(cmd, env=env, start_new_session=True))
         return rc, worker_errors(errors)
     finally:
         shutil.rmtree(errors, ignore_errors=True)
@@ -65,9 +74,9 @@ def _exit_status(rc: int, messages: list[str], spec) -> int:
 
     if rc == 0:
         return 0
-    if rc == INTERRUPTED_EXIT:
-        print(interrupted_line(spec), file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT
+    if rc in STOPPED_EXITS:  # Ctrl-C, SIGTERM or a hang-up: every process of the run has ended
+        print(interrupted_line(spec, STOPPED_EXITS[rc]), file=sys.stderr, flush=True)
+        return rc
     for message in messages:
         print(f"entrain train: error: {message}", file=sys.stderr, flush=True)
     if not messages:

@@ -54,7 +54,16 @@ def spec_of(args: argparse.Namespace) -> RunConfig:
     spec = RunConfig.from_args(args)  # no flag is read from args after this line (the config has them all)
     if spec.schedule.plan:
         spec = _with_plan_layout(spec)
+        flags = {**flags, **_plan_flags(spec)}
     return replace(spec, run=replace(spec.run, flags=flags))
+
+
+def _plan_flags(spec: RunConfig) -> dict:
+    """The flag values ``--plan`` gave the run (its system, degrees and batch sizes), recorded as flags:
+    config.json and the workers' argv show the run that trains, not the defaults it replaced."""
+    p = spec.parallel
+    return {"system": spec.schedule.systems[0], "dp": p.dp, "tp": p.tp, "cp": p.cp,
+            "global_batch": p.global_batch, "microbatch_size": p.microbatch_size}  # fmt: skip
 
 
 def _with_plan_layout(spec: RunConfig) -> RunConfig:
@@ -117,23 +126,44 @@ def recorded_flags(spec: RunConfig) -> argparse.Namespace:
 
 
 def apply_demo(args: argparse.Namespace) -> None:
-    """Demo values for every flag the user left at its default."""
+    """Demo values for every flag the user did not give (on the command line or by ``--config``)."""
+    from entrain.cli.plan_flags import given_dests
+
+    given = given_dests(args, DEFAULTS, ACTIONS)
     for key, value in DEMO.items():
-        if getattr(args, key) == DEFAULTS.get(key):
+        if key not in given:
             setattr(args, key, value)
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    """The resolved flags (every one that differs from its default), spelled out for the torchrun
-    children, which build the same ``RunConfig`` from them."""
+    """The resolved flags (every one that differs from the parser's own default), spelled out for the
+    torchrun children, which build the same ``RunConfig`` from them. A ``--config`` file's values are
+    defaults of the front process's parser only: they are compared with ``DEFAULTS``, never with the
+    parser's current defaults, and the spelled-out flags must parse back to the values they spell."""
     out = []
     for action in ACTIONS:
         value = getattr(args, action.dest)
-        if value == action.default or action.dest == "nproc":
+        if action.dest in NOT_RECORDED or value == DEFAULTS[action.dest]:
             continue
         flag = action.option_strings[0]
         out += [flag] if action.nargs == 0 else [flag, str(value)]
+    _check_spelled(args, out)
     return out
+
+
+def _check_spelled(args: argparse.Namespace, argv: list[str]) -> None:
+    """RuntimeError when ``argv`` parsed by a fresh ``train`` parser (no ``--config`` defaults) gives
+    any recorded flag another value than ``args`` holds: the workers would train another run."""
+    from entrain.cli.main import build_parser
+
+    back = build_parser().parse_args(["train", *argv])
+    wrong = [
+        f"{a.dest}: {getattr(args, a.dest)!r} became {getattr(back, a.dest)!r}"
+        for a in ACTIONS
+        if a.dest not in NOT_RECORDED and getattr(back, a.dest) != getattr(args, a.dest)
+    ]
+    if wrong:
+        raise RuntimeError(f"the worker processes' flags would differ from the run's: {'; '.join(wrong)}")
 
 
 def infer_dp(args: argparse.Namespace, world: int | None) -> None:

@@ -10,13 +10,22 @@ checkpoint, for the launcher to start the group again on the new plan.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 from entrain.core.errors import EntrainError
 
 ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOPPED_EXITS = {128 + s: how for s, how in zip(STOP_SIGNALS, ("interrupted", "terminated", "hung up"))}
+"""The launcher's exit status after each of ``STOP_SIGNALS`` (the shell's ``128 + N``) and its word."""
+STOP_WAIT_S = 30.0
+"""How long the processes of a stopped run get to end on the forwarded signal before SIGKILL."""
 ERROR_DIR_ENV = "ENTRAIN_ERROR_DIR"
 """Set by the parent for its torchrun workers: each writes its Entrain error message to
 ``<time_ns>-rank<N>.txt`` there instead of stderr, and the parent prints each distinct message once."""
@@ -77,3 +86,103 @@ def leave_for_replan(under_torchrun: bool) -> None:
     if not launched_worker() and os.environ.get("RANK") == "0":
         print(f"entrain: the drift monitor re-planned; {how}", file=sys.stderr)
     quiet_exit(REPLAN_EXIT)
+
+
+class _Stopped(Exception):  # noqa: N818 - a signal, not an error
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_on_signals(start: Callable[[], subprocess.Popen]) -> int:
+    """``start()`` a child (in its own session) and wait for it: its exit status, or, when this process
+    gets one of ``STOP_SIGNALS``, ``128 + N`` once the signal was forwarded to the child and every
+    process it started (workers in sessions of their own included) and each of them has ended (SIGKILL
+    after ``STOP_WAIT_S``). Off the main thread no handler can be set: a plain wait."""
+    if threading.current_thread() is not threading.main_thread():
+        return start().wait()
+    stopping: list[int] = []
+    started: list[subprocess.Popen] = []
+
+    def handler(signum: int, frame) -> None:
+        stopping.append(signum)
+        if len(stopping) == 1 and started:  # once: a second Ctrl-C while the tree stops changes nothing
+            raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        started.append(start())
+        if stopping:  # the signal came while the child was being started
+            raise _Stopped(stopping[0])
+        return started[0].wait()
+    except _Stopped as e:
+        stop_tree(started[0], e.signum, STOP_WAIT_S)
+        return 128 + e.signum
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def stop_tree(proc: subprocess.Popen, signum: int, wait_s: float) -> None:
+    """Send ``signum`` to ``proc`` and all its descendants, wait up to ``wait_s`` for every one of them
+    to end, then SIGKILL those left."""
+    tree = {proc.pid, *descendants(proc.pid)}
+    _send(tree, signum)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is None:
+            tree |= set(descendants(proc.pid))
+        if not [p for p in tree if _alive(p)]:
+            break
+        time.sleep(0.05)
+    _send({p for p in tree if _alive(p)}, signal.SIGKILL)
+    proc.wait()
+
+
+def _send(pids: set[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...); None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (children, their children, ...; Linux ``/proc``; none
+    elsewhere)."""
+    if not os.path.isdir("/proc"):
+        return []
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        stat = _proc_stat(int(name)) if name.isdigit() else None
+        if stat is not None:
+            children.setdefault(int(stat[1]), []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc"):
+        return True
+    stat = _proc_stat(pid)
+    return stat is not None and stat[0] != "Z"

@@ -62,9 +62,9 @@ def check_run_folder(spec: RunConfig, overwrite: bool) -> None:
             )
 
 
-def interrupted_line(spec: RunConfig) -> str:
-    """``interrupted at step N; continue with --resume``: N = the steps the interrupted system completed
-    (rows in its ``metrics.jsonl``)."""
+def interrupted_line(spec: RunConfig, how: str = "interrupted") -> str:
+    """``interrupted at step N; continue with --resume`` (``how``: how the run was stopped): N = the
+    steps the interrupted system completed (rows in its ``metrics.jsonl``)."""
     done = 0
     for system in spec.schedule.systems:
         path = os.path.join(system_out(spec, system), METRICS)
@@ -75,4 +75,4 @@ def interrupted_line(spec: RunConfig) -> str:
             done = 0
         if done < spec.run.steps:
             break
-    return f"interrupted at step {done}; continue with --resume"
+    return f"{how} at step {done}; continue with --resume"

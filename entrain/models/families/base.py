@@ -383,10 +383,12 @@ class FamilyBase:
         return format_chat(turns, image_tokens, tokenizer)
 
     def process_images(self, cfg: Any, images: Sequence, rule: ImageTokenRule) -> tuple[Any, Any]:
-        """Default: Qwen2-VL's image processor (``entrain.models.families.composition.processing``)."""
-        from entrain.models.families.composition.processing import process_images
+        """Default: Qwen2-VL's image processor (``entrain.models.families.composition.processing``) with
+        the checkpoint's ``preprocessor_config.json`` settings (``cfg.folder``, else ``cfg.vision_dir``)."""
+        from entrain.models.families.composition.processing import folder_settings, process_images
 
-        return process_images(images, rule)
+        folder = getattr(cfg, "folder", None) or getattr(cfg, "vision_dir", None)
+        return process_images(images, rule, folder_settings(folder, rule))
 
     def image_processing(
         self, rule: ImageTokenRule

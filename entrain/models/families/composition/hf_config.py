@@ -17,6 +17,7 @@ from dataclasses import replace
 from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import ModelSource
+from entrain.models.families.composition.processing import processor_settings
 from entrain.models.families.registry import read_config
 
 __all__ = ["composition_arch", "read_config", "vision_arch", "llm_arch", "arch_from_folders"]
@@ -78,7 +79,9 @@ def processor_limits(folder: str) -> dict[str, int]:
 def vision_arch(folder: str) -> VisionArch:
     where = os.path.join(folder, "config.json")
     v, family = vision_config_of(read_config(folder), where)
-    return replace(_vision_arch(v, family, where), **processor_limits(folder))
+    arch = replace(_vision_arch(v, family, where), **processor_limits(folder))
+    processor_settings(folder, (arch.patch_size, arch.spatial_merge_size, arch.temporal_patch_size))
+    return arch
 
 
 def _vision_arch(v: dict, family: str, where: str) -> VisionArch:

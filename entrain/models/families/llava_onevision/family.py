@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, ModelSource
 from entrain.models.families.llava_onevision.rules import OneVisionImageRule, image_tiles, sample_tokens
-from entrain.models.families.llava_onevision.shape import PRESETS, OneVisionShape, shape_from_config
+from entrain.models.families.llava_onevision.shape import (
+    PRESETS,
+    OneVisionShape,
+    check_processor,
+    shape_from_config,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -78,7 +83,9 @@ class OneVisionFamily(FamilyBase):
         from entrain.models.families.registry import read_config
 
         where = os.path.join(source.model_path, "config.json")
-        return shape_from_config(read_config(source.model_path), f"hf:{source.model_path}", where)
+        shape = shape_from_config(read_config(source.model_path), f"hf:{source.model_path}", where)
+        check_processor(source.model_path, shape.rules)
+        return shape
 
     def layer_names(self, shape: OneVisionShape, component: str) -> list[str]:
         if component == "encoder":

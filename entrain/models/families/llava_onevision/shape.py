@@ -250,3 +250,32 @@ def shape_from_config(config: dict, name: str, where: str = "config.json") -> On
         qkv_bias=True,
     )
     return OneVisionShape(name, siglip, llm, rules, bool(config.get("multimodal_projector_bias", True)))
+
+
+def check_processor(folder: str, rules: OneVisionRules) -> None:
+    """The folder's ``preprocessor_config.json`` (if any) tiles as ``config.json`` says: its ``size``
+    is the tile's side and its ``image_grid_pinpoints`` the config's (the token counts, the plan and
+    the pixels the model sees all follow the config), and it resizes; ConfigError naming the file and
+    field otherwise. Its normalisation is read by the processor itself (``model.shape_processor``)."""
+    import json
+    import os
+
+    path = os.path.join(folder, "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            proc = json.load(f)
+        size = proc.get("size", {})
+        sides = {size.get(k) for k in ("height", "width", "shortest_edge") if size.get(k) is not None}
+        pinpoints = proc.get("image_grid_pinpoints")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: cannot read it ({e})") from None
+    if sides and sides != {rules.tile_px}:
+        raise ConfigError(
+            f"{path}: size {size} differs from the config's {rules.tile_px}-px tiles (vision_config.image_size)"
+        )
+    if pinpoints is not None and [tuple(p) for p in pinpoints] != [tuple(p) for p in rules.grid_pinpoints]:
+        raise ConfigError(f"{path}: image_grid_pinpoints differ from config.json's image_grid_pinpoints")
+    if proc.get("do_resize", True) is False:
+        raise ConfigError(f"{path}: do_resize False is not supported (every image is resized into tiles)")

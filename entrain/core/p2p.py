@@ -49,6 +49,7 @@ __all__ = [
     "WarmUp",
     "NcclRules",
     "warmup_batches",
+    "channel_warmup",
     "FORWARD_KINDS",
     "rank_program",
     "replica_programs",
@@ -132,8 +133,13 @@ def warmup_batches(layout: Layout, rank: int) -> tuple[Batch, ...]:
     """``rank``'s warm-up: for each channel it is on, in the global channel order, a send (its sender)
     or a receive (its receiver) of one small tensor. Deadlock-free under any setup order: the smallest
     channel not yet warmed has both its ranks at it."""
+    return channel_warmup(layout_channels(layout), rank)
+
+
+def channel_warmup(channels: Sequence[tuple[int, int]], rank: int) -> tuple[Batch, ...]:
+    """``warmup_batches`` over ``channels`` (sorted: the one global order)."""
     out = []
-    for src, dst in layout_channels(layout):
+    for src, dst in sorted(channels):
         if rank in (src, dst):
             send = rank == src
             out.append(Batch((src, dst), (P2POp(send, dst if send else src, _WARMUP_MESSAGE, "warmup"),)))

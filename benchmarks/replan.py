@@ -269,6 +269,8 @@ def _real_md(real: dict) -> list[str]:
     out = [
         "## Real CPU run (tiny model, 4 gloo ranks, two-phase workload file)",
         "",
+        _source_line({"commit": real["commit"], "command": real["bench_command"]}),
+        "",
         f"`{real.get('command', '')}`",
         "",
     ]
@@ -290,23 +292,13 @@ def _real_md(real: dict) -> list[str]:
     return out + ["", real.get("note", ""), ""]
 
 
-FINDINGS = """## What was measured (2026-12-04, seed 0; every plan timed as deployed)
+ANALYSIS_SOURCE = (
+    "a6590fe",
+    "python benchmarks/replan.py --model MODEL --out FILE; python benchmarks/replan.py --merge ...",
+)
+"""The run the analysis below was written from (the file's previous version): its numbers are that run's."""
+ANALYSIS = """### Why (the analysis of the run at a6590fe; its numbers are that run's, not the tables above)
 
-- **1B meets the target, 3B cannot.** Adaptive Entrain is **1.116x** the better static Entrain for
-  1B (the first-phase plan, 94917 ms against 85077) and **1.038x** for 3B (the whole-mix plan, 106885
-  against 102999). The exhaustive ceiling (the table above: every split, as deployed) is 1.123x (1B)
-  and 1.039x (3B): no re-plan can reach 1.10x for 3B at this setup. Adaptive Entrain is faster than
-  every memory-fitted baseline (1F1B 1.83x / 1.71x, DistTrain 1.30x / 1.25x). DIP and DIP-greedy are
-  timed as planned (as `simulate` does; their own memory caps) and overflow device memory on these
-  phases (`fits` False): DIP-greedy's 0.978x (3B) and 1.030x (1B) are not times it could run at.
-  Against the re-planner's own choice made once on the whole mix (`split by simulation`), adaptive
-  Entrain is 1.069x (1B; that static plan is E.PP 6 / L.PP 2, the docvqa phase's best split, slower
-  on chartqa and video) and 1.037x (3B).
-- What fired (1000 a phase): three re-plans each, on each phase's first window: 1B E.PP 5 / L.PP 2
-  -> 5 / 3 (chartqa, predicted 19.4 %) -> 6 / 2 (docvqa, 17.0 %) -> 5 / 3 (video, 13.0 %); 3B 5 / 3 ->
-  4 / 4 (16.3 %) -> 5 / 3 (10.7 %) -> 4 / 4 (7.6 %). Pauses 221 s / 246 s in all (3 x (60 s restart
-  + checkpoint transfers)). At 10 iterations a phase a re-plan's minute does not pay (1B 1.001x,
-  3B 1.000x); at 100, 1.103x / 1.028x.
 - **Finding A: the "planning weakness" was timing overflowing plans.** The previous version of this
   file timed every plan as planned (no memory check). The plan fields that differed: 1B video, the
   same split, partition and b_min, and only encoder stage 1 (layers 6-13) `recompute` `selective`
@@ -345,8 +337,69 @@ FINDINGS = """## What was measured (2026-12-04, seed 0; every plan timed as depl
 """
 
 
-def write_md(cases: list[dict], real: dict | None, ceiling: list[dict] | None = None) -> str:
-    lines = ["# Re-planning on drift: `curriculum` (benchmarks/replan.py)", "",
+def _better_static(case: dict) -> tuple[str, float]:
+    rows = case["rows"]
+    name = min((MIX, FIRST), key=lambda n: rows[n]["mean_ms"])
+    return ("whole-mix" if name == MIX else "first-phase"), rows[name]["mean_ms"]
+
+
+def _adaptive(case: dict, per_phase: int | None = None) -> dict:
+    return case["adaptive"][str(per_phase or case["per_phase"][-1])]
+
+
+def _vs(case: dict, row: str) -> float:
+    return case["rows"][row]["mean_ms"] / _adaptive(case)["mean_ms"]
+
+
+def _fired(case: dict) -> str:
+    steps = [f"E.PP {r['new_allocation']['encoder']['pp']} / L.PP {r['new_allocation']['llm']['pp']} "
+             f"(after iteration {r['iteration']}, predicted {r['predicted_gain']:.1%})" for r in _adaptive(case)["replans"]]  # fmt: skip
+    start = case["rows"][MIX]["split"].split(" (")[0]
+    return f"{case['model']} {start} -> " + " -> ".join(steps) if steps else f"{case['model']} none"
+
+
+def findings_md(cases: list[dict]) -> str:
+    """What was measured, every number from ``cases`` (the tables above)."""
+    heads, ceilings = [], []
+    for c in cases:
+        kind, static_ms = _better_static(c)
+        a_ms = _adaptive(c)["mean_ms"]
+        verdict = "meets" if static_ms / a_ms >= TARGET else "misses"
+        heads.append(f"**{static_ms / a_ms:.3f}x** the better static Entrain for {c['model']} (the {kind} plan, "
+                     f"{static_ms:.0f} ms against {a_ms:.0f}; {verdict} {TARGET:.2f}x)")  # fmt: skip
+        best_mean = sum(x["best_ms"] for x in c["ceiling"].values()) / len(c["ceiling"])
+        ceilings.append(f"{static_ms / best_mean:.3f}x ({c['model']})")
+    names = " / ".join(c["model"] for c in cases)
+    per = lambda row: " / ".join(f"{_vs(c, row):.3f}x" for c in cases)  # noqa: E731
+    runs = "; ".join(
+        f"at {n} iterations a phase " + " / ".join(f"{_better_static(c)[1] / _adaptive(c, n)['mean_ms']:.3f}x" for c in cases)
+        for n in cases[0]["per_phase"][:-1]
+    )  # fmt: skip
+    pauses = " / ".join(f"{_adaptive(c)['replan_pause_ms'] / 1000:.0f} s" for c in cases)
+    lines = [
+        "## What was measured (seed 0; every plan timed as deployed; every number from the tables above)", "",
+        "- Adaptive Entrain is " + "; ".join(heads) + ". The per-phase ceiling (the fastest split found for each "
+        "phase, no re-plan cost) is " + ", ".join(ceilings) + ".",
+        f"- Each row's time / adaptive Entrain's ({names}): 1F1B {per('1f1b')}, DistTrain {per('disttrain')}; "
+        f"DIP {per('dip')} and DIP-greedy {per('dip-greedy')}, timed as planned (as `simulate` does; their own "
+        "memory caps): where `fits` is False they overflow device memory, not times they could run at.",
+        f"- The static Entrain plans / adaptive: the re-planner's own choice made once on the whole mix (`split by "
+        f"simulation`) {per(MIX_SIM)}, the first-phase plan {per(FIRST)}, the whole-mix plan {per(MIX)}.",
+        f"- What fired ({cases[0]['per_phase'][-1]} a phase): " + "; ".join(_fired(c) for c in cases) +
+        f". Re-plan pauses {pauses} in all. Adaptive vs the better static by run length: {runs}.",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _source_line(source: dict) -> str:
+    return f"Source: commit {source['commit']}, `{source['command']}`"
+
+
+def render(data: dict) -> str:
+    """replan.md from replan.json: the simulated tables, the ceiling, what was measured, the analysis and the
+    real run, each with the Source line (commit and command) its numbers came from."""
+    cases, ceiling, real = data["cases"], data.get("ceiling"), data.get("real")
+    lines = ["# Re-planning on drift: `curriculum` (benchmarks/replan.py)", "", _source_line(data["source"]), "",
              "Setup: " + (__doc__ or "").split("Setup:")[1].strip(), "",
              "Times: simulated ms per iteration (a40-paper), per phase and the run's mean; `vs adaptive` = the "
              "row's mean / adaptive Entrain's. Adaptive Entrain's mean includes its re-plans' pauses (checkpoint + "
@@ -354,10 +407,15 @@ def write_md(cases: list[dict], real: dict | None, ceiling: list[dict] | None = 
     for case in cases:
         lines += _case_md(case)
     if ceiling:
-        from benchmarks.replan_ceiling import CEILING_INTRO, table_md
+        from replan_ceiling import CEILING_INTRO, table_md
 
-        lines += [CEILING_INTRO, "", *table_md(ceiling), ""]
-    lines += [FINDINGS]
+        lines += [CEILING_INTRO, "", _source_line(ceiling["source"]), "", *table_md(ceiling["cases"]), ""]
+    lines += [
+        findings_md(cases),
+        ANALYSIS,
+        _source_line(dict(zip(("commit", "command"), ANALYSIS_SOURCE))),
+        "",
+    ]
     if real:
         lines += _real_md(real)
     return "\n".join(lines) + "\n"
@@ -420,32 +478,87 @@ def _real_step(row: dict, replans: list[dict], steps: int) -> dict:
     return {"step": row["step"], "phase": phase, "iteration_ms": row["iteration_time_ms"], "layout": layout}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _head(commit: str | None) -> str:
+    """``commit`` when given (a run from an exported copy), else this checkout's HEAD; refused when dirty."""
+    if commit:
+        return commit
+    import subprocess
+
+    here = Path(__file__).parent
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+    )
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "entrain", "benchmarks/*.py"],
+                           cwd=here.parent, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    if dirty:
+        raise SystemExit(
+            f"replan: uncommitted code ({dirty.splitlines()[0]} ...): name --commit or commit first"
+        )
+    return head.stdout.strip()
+
+
+def _sim_source(cases: list[dict], commit: str) -> dict:
+    per_phase = ",".join(str(n) for n in cases[0]["per_phase"])
+    models = " ".join(f"--model {m}" for m in MODELS if MODELS[m] in {c["model"] for c in cases})
+    command = (f"python benchmarks/replan.py {models} --per-phase {per_phase} "
+               f"--samples {cases[0]['samples_per_phase']}")  # fmt: skip
+    return {"commit": commit, "command": command}
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=MODELS, action="append")
-    p.add_argument(
-        "--per-phase",
-        default="10,100,1000",
-        help="iterations a phase, comma-separated; the last is the main table's (default 10,100,1000)",
-    )
+    p.add_argument("--per-phase", default="10,100,1000",
+                   help="iterations a phase, comma-separated; the last is the main table's (default 10,100,1000)")  # fmt: skip
     p.add_argument("--samples", type=int, default=2, help="simulated batches a phase (the window; default 2)")
     p.add_argument("--out", default=str(OUT))
-    p.add_argument("--merge", nargs="*")
-    p.add_argument("--real", default=None, help="a real run's JSON (see docs) to add to the md")
+    p.add_argument(
+        "--merge", nargs="*", help="model runs' JSON files (one --model each) to write one md from"
+    )
+    p.add_argument("--real", default=None, help="a real run's JSON (--real-run's) to add to the md")
     p.add_argument(
         "--real-run", default=None, help="run the real CPU run in this folder, write its JSON there"
     )
     p.add_argument("--real-steps", type=int, default=10)
-    p.add_argument("--ceiling", nargs="*", help="benchmarks/replan_ceiling.py JSON files to add to the md")
-    args = p.parse_args(argv)
+    p.add_argument("--ceiling", default=None, help="a benchmarks/replan_ceiling.py JSON to add to the md")
+    p.add_argument("--ceiling-commit", default=None, help="the commit the --ceiling JSON was run at")
+    p.add_argument("--commit", default=None,
+                   help="the commit the runs ran at (default: this checkout's HEAD; a run from an exported copy)")  # fmt: skip
+    return p
+
+
+def _ceiling_json(args) -> dict | None:
+    if not args.ceiling:
+        return None
+    data = json.loads(Path(args.ceiling).read_text())
+    if "source" not in data:
+        if not args.ceiling_commit:
+            raise SystemExit(
+                "replan: --ceiling without a source: name the commit it ran at (--ceiling-commit)"
+            )
+        models = " ".join(f"--model {m}" for m in MODELS)
+        data["source"] = {
+            "commit": args.ceiling_commit,
+            "command": f"python benchmarks/replan_ceiling.py {models}",
+        }
+    return {"source": data["source"], "cases": data["cases"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    commit = None if args.merge is not None else _head(args.commit)  # before a run of minutes, not after
     if args.real_run:
         got = real_run(Path(args.real_run), args.real_steps, 4)
+        got |= {"commit": commit, "bench_command": f"python benchmarks/replan.py --real-run DIR "
+                f"--real-steps {args.real_steps}"}  # fmt: skip
         (Path(args.real_run) / "real.json").write_text(json.dumps(got, indent=1) + "\n")
         print(json.dumps(got["replans"]), file=sys.stderr)
         return 0
     real = json.loads(Path(args.real).read_text()) if args.real else None
     if args.merge is not None:
-        cases = [c for f in args.merge for c in json.loads(Path(f).read_text())["cases"]]
+        runs = [json.loads(Path(f).read_text()) for f in args.merge]
+        cases = [c for r in runs for c in r["cases"]]
+        source = _sim_source(cases, runs[0].get("source", {}).get("commit") or _head(args.commit))
     else:
         cases = []
         for model in args.model or list(MODELS):
@@ -456,10 +569,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{model}: {err}", file=sys.stderr)
                 return 2
             print(f"{model} done", file=sys.stderr, flush=True)
+        source = _sim_source(cases, commit)
+    data = {"source": source, "cases": cases, "ceiling": _ceiling_json(args), "real": real}
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps({"cases": cases, "real": real}, indent=1) + "\n")
-    ceiling = [c for f in args.ceiling or [] for c in json.loads(Path(f).read_text())["cases"]]
-    out.with_suffix(".md").write_text(write_md(cases, real, ceiling))
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.with_suffix(".md").write_text(render(data))
     print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
     return 0
 

@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.replan import MODELS, _args, _split
+from replan import MODELS, _args, _split
+
 from entrain.cli.common import resolve_cost_model, workload_source
 from entrain.config import RunConfig
 from entrain.core.planning.config_search import evaluate_config

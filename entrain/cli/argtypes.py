@@ -12,6 +12,7 @@ or malformed input file, or an output path that cannot be written is one line on
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import tempfile
@@ -168,20 +169,68 @@ def _unwritable(path: Path, want_dir: bool) -> str | None:
     return _probe(ancestor)
 
 
-def output_file(text: str) -> str:
-    """A file path that can be written (its folder exists or can be made)."""
-    why = _unwritable(Path(text).absolute(), want_dir=False)
+RUN_FILES = ("plan.json", "trace.json", "tensorboard", "skipped.jsonl")
+"""What ``entrain train`` keeps in its run folder besides ``RUN_MARKERS`` (config.json, metrics.jsonl,
+checkpoints/): the plan it ran, its trace, TensorBoard events and the records it skipped."""
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds an ``entrain train`` run: ``checkpoints/``, ``metrics.jsonl`` or a run's
+    ``config.json`` (one with the run's ``flags`` and ``fingerprint``, not a model's)."""
+    if (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file():
+        return True
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "flags" in config and "fingerprint" in config
+
+
+def run_conflict(path: Path, want_dir: bool, owned: bool = False) -> str | None:
+    """Why writing ``path`` would harm a training run it does not own; None if it would not. A file may
+    be added beside a run's own files (``plot-trace RUN --out RUN/gantt.png``), never over them or
+    inside its checkpoints; an output folder (replaced whole by ``--overwrite``) is never a run folder
+    or inside one; a run folder the command ``owned`` (``entrain train --out``) may be a run, never
+    inside another run's files."""
+    from entrain.runtime.run_folder import RUN_MARKERS
+
+    whole = want_dir and not owned
+    for folder in (path, *path.parents) if whole else path.parents:
+        if not is_run_folder(folder):
+            continue
+        if folder == path:
+            return f"would overwrite the run folder {path}; write into another folder"
+        entry = path.relative_to(folder).parts[0]
+        if whole or entry in (*RUN_MARKERS, *RUN_FILES):
+            return f"it is inside the run folder {folder} ({entry}); write outside it"
+    return None
+
+
+def _output(text: str, want_dir: bool, owned: bool = False) -> str:
+    """``text`` when it can be written as a file or folder (which ``want_dir`` says) without touching a
+    training run it does not own (``run_conflict``; ``owned``: the run folder the command writes)."""
+    path = Path(text).absolute()
+    why = _unwritable(path, want_dir) or run_conflict(path, want_dir, owned)
     if why is not None:
-        raise argparse.ArgumentTypeError(f"cannot write {text}: {why}")
+        raise argparse.ArgumentTypeError(f"cannot write {'into ' if want_dir else ''}{text}: {why}")
     return text
+
+
+def output_file(text: str) -> str:
+    """A file path that can be written (its folder exists or can be made; ``check_output_paths`` makes
+    it before the command runs), not over a training run's files."""
+    return _output(text, want_dir=False)
 
 
 def output_dir(text: str) -> str:
-    """A folder path that can be written into (exists, or can be made)."""
-    why = _unwritable(Path(text).absolute(), want_dir=True)
-    if why is not None:
-        raise argparse.ArgumentTypeError(f"cannot write into {text}: {why}")
-    return text
+    """A folder path that can be written into (exists, or can be made), not a training run or inside one."""
+    return _output(text, want_dir=True)
+
+
+def run_dir_out(text: str) -> str:
+    """``entrain train --out``: the run folder the command owns (``--resume`` continues it), never
+    inside another run's files."""
+    return _output(text, want_dir=True, owned=True)
 
 
 def _image_formats() -> dict[str, str]:
@@ -253,13 +302,26 @@ RULES: dict[str, Check] = {
 }
 
 PER_COMMAND: dict[tuple[str, str], Check] = {
-    ("entrain train", "out"): output_dir,
+    ("entrain train", "out"): run_dir_out,
     ("entrain train", "cp"): POSITIVE,
     ("entrain data synth", "out"): output_dir,
     ("entrain export", "out"): output_dir,
     ("entrain plot-trace", "out"): image_file,
     ("entrain export", "run_dir"): existing_dir,
 }
+
+
+OUTPUT_CHECKS: tuple[Check, ...] = (output_file, output_dir, image_file, run_dir_out)
+"""The checks of the flags that name a file or folder a command writes (in ``RULES`` / ``PER_COMMAND``:
+the one list of output flags; every such flag is probed at parse time and ``check_output_paths``
+makes its folder and keeps it out of the base checkpoints)."""
+OUTPUT_DESTS = frozenset(
+    dest
+    for dest, check in (*RULES.items(), *((d, c) for (_, d), c in PER_COMMAND.items()))
+    if check in OUTPUT_CHECKS
+)
+BASE_CHECKPOINT_FLAGS = ("model_path", "weights", "vision_model", "llm_model")
+"""The flags naming a checkpoint folder a command reads its model from (never written into)."""
 
 
 def _typed(check: Check, base) -> Check:
@@ -302,8 +364,37 @@ def _available_bytes() -> int | None:
         return None
 
 
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Every output flag (``OUTPUT_DESTS``) of the command, before any work: never the base checkpoint
+    the command reads (``BASE_CHECKPOINT_FLAGS``), inside it or around it; then its folder is made (the
+    parse-time probe accepts one that can be made), so no writer fails on a missing folder."""
+    bases = {
+        flag: Path(v).resolve()
+        for flag in BASE_CHECKPOINT_FLAGS
+        if isinstance(v := getattr(args, flag, None), str)
+    }
+    for dest in sorted(OUTPUT_DESTS):
+        value = getattr(args, dest, None)
+        if not isinstance(value, str):
+            continue
+        path, flag = Path(value).resolve(), "--" + dest.replace("_", "-")
+        for base_flag, base in bases.items():
+            if path == base or base in path.parents or path in base.parents:
+                raise ConfigError(
+                    f"{flag} {value} would write {'inside' if base in path.parents else 'over'} the base checkpoint "
+                    f"--{base_flag.replace('_', '-')} {base}; write outside it"
+                )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(
+                f"{flag} {value}: cannot make its folder {path.parent} ({e.strerror})"
+            ) from None
+
+
 def check_args(args: argparse.Namespace) -> None:
-    """Checks over several flags, before any work: a run whose samples would not fit in memory."""
+    """Checks over several flags, before any work: the output paths (``check_output_paths``) and a run
+    whose samples would not fit in memory."""
     batch = getattr(args, "global_batch", None)
     rounds = getattr(args, "iterations", None) or getattr(args, "steps", None) or 1
     available = _available_bytes()
@@ -314,3 +405,4 @@ def check_args(args: argparse.Namespace) -> None:
                 f"--global-batch {batch} x {rounds} iteration(s) needs about {need / 2**30:.1f} GiB for its samples "
                 f"and their assignment, more than the {available / 2**30:.1f} GiB of memory available"
             )
+    check_output_paths(args)

@@ -10,8 +10,9 @@ embeddings at the image-pad positions. The same folder is accepted by ``entrain 
 ``DIR`` is written whole or not at all: the folders go to a temporary sibling ``.DIR.tmp-PID`` that
 is renamed to ``DIR`` at the end (a failed export removes it and leaves ``DIR`` as it was). A
 ``DIR`` that is not empty is refused without ``--overwrite``; the run's own folder and the base
-checkpoints it was trained from (``--weights``, ``--vision-model``, ``--llm-model`` in its
-``config.json``) are refused even with it.
+checkpoints it was trained from (``--weights``, ``--vision-model``, ``--llm-model``, ``--model-path`` in
+its ``config.json``), any folder inside them (the run's ``checkpoints/``, a step) or around them, and
+with ``--overwrite`` a folder holding any training run, are refused.
 """
 
 from __future__ import annotations
@@ -91,12 +92,28 @@ def check_out(run_dir: str, out: str, overwrite: bool) -> None:
     for what, folder in guarded.items():
         if folder.is_relative_to(target):  # replacing --out would remove it
             raise ConfigError(f"--out {out} would overwrite {what} {folder}; export into another folder")
+        if target.is_relative_to(folder):  # inside it: its checkpoints, a step, any folder of it
+            raise ConfigError(f"--out {out} is inside {what} {folder}; export into a folder outside it")
+    held = _run_under(target) if overwrite and target.is_dir() else None
+    if held is not None:
+        raise ConfigError(f"--out {out} would overwrite the run folder {held}; export into another folder")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise ConfigError(
             f"--out {out} is not empty: pass --overwrite to replace what it holds, or export into a new folder"
         )
     if target.exists() and not target.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
+
+
+def _run_under(folder: Path) -> Path | None:
+    """A training run folder inside ``folder`` (``--overwrite`` would remove it); None when none is."""
+    from entrain.cli.argtypes import is_run_folder
+
+    for root, dirs, _ in os.walk(folder):
+        if is_run_folder(Path(root)):
+            return Path(root)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return None
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import pytest
 
 from entrain.cli import export as export_cli
 from entrain.cli.main import main
+from entrain.core.errors import ConfigError
 
 TRAIN = ["train", "--model", "tiny", "--dataset", "skewed", "--system", "dip", "--global-batch", "2",
          "--microbatch-size", "1", "--steps", "1", "--no-progress"]  # fmt: skip
@@ -78,7 +79,38 @@ def test_the_base_checkpoint_and_the_run_are_never_replaced(run_dir, tmp_path, c
     _one_line_error(capsys, "would overwrite the base checkpoint the run was trained from (--weights)")
     assert main(["export", str(tuned), "--out", str(tmp_path), "--overwrite"]) == 2  # holds base and run
     _one_line_error(capsys, f"--out {tmp_path} would overwrite the")
+    for inside in (base / "llm", base / "sub"):
+        assert main(["export", str(tuned), "--out", str(inside), "--overwrite"]) == 2
+        _one_line_error(
+            capsys, f"--out {inside} is inside the base checkpoint the run was trained from", str(base)
+        )
     assert _held(base) == before
     assert main(["export", str(tuned), "--out", str(tuned), "--overwrite"]) == 2
     _one_line_error(capsys, "would overwrite the run folder")
     assert (tuned / "checkpoints").is_dir()
+
+
+def test_no_folder_inside_or_around_the_run_is_written(run_dir, tmp_path, capsys):
+    """``--out RUN/checkpoints --overwrite`` deleted the run's checkpoints (a later --resume started from
+    step 0) and ``--out RUN/checkpoints/step-N --overwrite`` replaced that step's files: every folder
+    inside the run, the run itself and a folder holding it are refused, on the command line (parse
+    time) and by ``export`` itself; the run's files are untouched."""
+    before = _held(run_dir)
+    (step,) = sorted((run_dir / "checkpoints").iterdir())
+    for out in (run_dir / "checkpoints", step, run_dir / "sub", run_dir):
+        assert main(["export", str(run_dir), "--out", str(out), "--overwrite"]) == 2
+        _one_line_error(capsys, f"--out: cannot write into {out}", f"the run folder {run_dir}")
+        with pytest.raises(ConfigError, match=f"--out {out} .* the run folder {run_dir}"):
+            export_cli.export(str(run_dir), str(out), overwrite=True)
+    assert main(["export", str(run_dir), "--out", str(run_dir.parent), "--overwrite"]) == 2
+    _one_line_error(capsys, f"--out {run_dir.parent} would overwrite the run folder {run_dir}")
+    assert _held(run_dir) == before and not (run_dir / "sub").exists()
+
+
+def test_overwrite_never_removes_another_run_inside_out(run_dir, tmp_path, capsys):
+    other = tmp_path / "runs" / "other"
+    other.mkdir(parents=True)
+    (other / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "runs"), "--overwrite"]) == 2
+    _one_line_error(capsys, f"--out {tmp_path / 'runs'} would overwrite the run folder {other}")
+    assert (other / "metrics.jsonl").read_text() == '{"step": 0}\n'

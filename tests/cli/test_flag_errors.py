@@ -64,9 +64,9 @@ def _cases(tmp_path_factory) -> list[tuple[str, str, list[str]]]:
             elif rule is argtypes.profile_file:
                 bad = {"missing": str(folder / "none.json"), "malformed": str(malformed),
                        "not-a-profile": str(not_a_profile), "a-folder": str(folder)}  # fmt: skip
-            elif rule in (argtypes.output_file, argtypes.output_dir, argtypes.image_file):
+            elif rule in argtypes.OUTPUT_CHECKS:
                 bad = {"under-a-file": str(a_file / "out"), "deep-under-a-file": str(a_file / "x" / "y")}
-                if rule is not argtypes.output_dir:
+                if rule not in (argtypes.output_dir, argtypes.run_dir_out):
                     bad["a-folder"] = str(folder)
                 else:
                     bad["a-file"] = str(a_file)

@@ -186,8 +186,8 @@ def test_tp_with_fixed_stages_counts_processes_not_pipeline_ranks(capsys, tmp_pa
 
 def test_export_of_a_missing_step_says_none_was_found_and_lists_the_steps(tmp_path, capsys):
     for step in (2, 4):
-        (tmp_path / "checkpoints" / f"step-{step}").mkdir(parents=True)
-    assert main(["export", str(tmp_path), "--step", "9", "--out", str(tmp_path / "x")]) == 2
+        (tmp_path / "run" / "checkpoints" / f"step-{step}").mkdir(parents=True)
+    assert main(["export", str(tmp_path / "run"), "--step", "9", "--out", str(tmp_path / "x")]) == 2
     err = _one_line_error(capsys, "export")
     assert "no checkpoint of step 9 found under checkpoints/ (it holds step(s) 2, 4)" in err
 

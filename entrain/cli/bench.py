@@ -232,14 +232,27 @@ def _logged(case: dict, log) -> dict:
     return case
 
 
+def _numbers_path(out: str) -> str:
+    """The JSON beside the report ``out`` (its numbers), probed as ``--out`` is, before any work."""
+    from entrain.cli.argtypes import output_file
+
+    path = os.path.splitext(out)[0] + ".json"
+    if os.path.abspath(path) == os.path.abspath(out):
+        raise ConfigError(f"--out {out}: the numbers go to {path}; give the report another extension (.md)")
+    try:
+        return output_file(path)
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError(f"--out {out}: its numbers' file: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    json_path = _numbers_path(args.out)
     res = bench_paper(quick=args.quick, iterations=args.iterations, sweep_iterations=args.sweep_iterations,
                       seed=args.seed, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
     text = render(res)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)
-    json_path = os.path.splitext(args.out)[0] + ".json"
     with open(json_path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"entrain bench paper: wrote {args.out} and {json_path}", file=sys.stderr)

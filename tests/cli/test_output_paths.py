@@ -177,3 +177,19 @@ def test_data_stats_plots_into_a_folder_that_does_not_exist_yet(tmp_path, monkey
     assert main(argv) == 0
     assert (tmp_path / "no" / "such" / "dir" / "x.png").stat().st_size > 0
     assert "wrote no/such/dir/x.png" in capsys.readouterr().err
+
+
+def test_bench_papers_numbers_file_is_probed_too(run, tmp_path, capsys):
+    """``bench paper --out R.md`` also writes ``R.json``: over a run's plan.json, or over the report
+    itself, it is refused before the (minutes long) benchmark runs."""
+    before = _held(run)
+    _refused(
+        capsys,
+        ["bench", "paper", "--quick", "--out", str(run / "plan.md")],
+        f"--out {run / 'plan.md'}",
+        f"the run folder {run}",
+    )
+    _refused(
+        capsys, ["bench", "paper", "--quick", "--out", str(tmp_path / "r.json")], "give the report another extension"
+    )
+    assert _held(run) == before and not (tmp_path / "r.json").exists()

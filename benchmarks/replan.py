@@ -409,7 +409,11 @@ def render(data: dict) -> str:
     if ceiling:
         from replan_ceiling import CEILING_INTRO, table_md
 
-        lines += [CEILING_INTRO, "", _source_line(ceiling["source"]), "", *table_md(ceiling["cases"]), ""]
+        lines += [CEILING_INTRO, "", _source_line(ceiling["source"]), ""]
+        if ceiling["source"]["commit"] != data["source"]["commit"]:
+            lines += ["Run on other code than the tables above (its Source line): its static plans' times are that "
+                      "code's, not the tables'.", ""]  # fmt: skip
+        lines += [*table_md(ceiling["cases"]), ""]
     lines += [
         findings_md(cases),
         ANALYSIS,

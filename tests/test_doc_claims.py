@@ -209,17 +209,18 @@ def _exhaustive_ceiling(case: dict) -> float:
 
 def test_workloads_doc_replan_numbers_are_the_committed_replan_run(benchmarks_path):
     """docs/workloads.md's curriculum paragraph: adaptive Entrain / the better static plan per model and the
-    exhaustive ceiling, from replan.json, and its Source line names the simulation's commit."""
+    exhaustive ceiling, from replan.json, and its Source lines name the simulation's and the ceiling's commits."""
     replan, data = importlib.import_module("replan"), _json("replan.json")
     got = _quoted(
         ROOT / "docs" / "workloads.md",
         r"adaptive Entrain is ([\d.]+)x the better static plan for 1B .*? and ([\d.]+)x for 3B.*?exhaustive "
-        r"ceiling over every split: ([\d.]+)x / ([\d.]+)x\)\. Source: commit ([0-9a-f]+),",
+        r"ceiling over every split[^:]*: ([\d.]+)x / ([\d.]+)x\)\. Source: commit ([0-9a-f]+), `[^`]+` "
+        r"Source: commit ([0-9a-f]+),",
     ).groups()
     ratio = {c["model"]: replan._better_static(c)[1] / replan._adaptive(c)["mean_ms"] for c in data["cases"]}
     ceiling = {c["model"]: _exhaustive_ceiling(c) for c in data["ceiling"]["cases"]}
     want = (f"{ratio['1B']:.3f}", f"{ratio['3B']:.3f}", f"{ceiling['1B']:.3f}", f"{ceiling['3B']:.3f}",
-            data["source"]["commit"])  # fmt: skip
+            data["source"]["commit"], data["ceiling"]["source"]["commit"])  # fmt: skip
     assert got == want, f"docs/workloads.md quotes {got}, replan.json gives {want}"
 
 

@@ -163,11 +163,27 @@ def _export_into(run_dir: str, out: str, step: int | None = None) -> dict:
     from entrain.models.families.registry import family_of_manifest
 
     manifest, params = _choose(run_dir, step)
+    check_base_unchanged(run_dir, manifest)
     try:
         fields = family_of_manifest(manifest).export(manifest, params, out)
     except ConfigError as e:
         raise ConfigError(f"{run_dir}: {e}") from None
     return _write_info(run_dir, out, manifest, params, fields)
+
+
+def check_base_unchanged(run_dir: str, manifest: dict) -> None:
+    """ConfigError when a base checkpoint folder the run was trained from (its ``--model-path``, read
+    again by the export) now holds other content than the checkpoint's fingerprint recorded."""
+    from entrain.core.plan_file import checkpoint_fingerprints
+    from entrain.runtime.checkpoint import check_base_content
+
+    saved = manifest.get("fingerprint") or {}
+    folders = {k: saved.get(k) for k in (saved.get("checkpoint_fingerprint") or {})}
+    try:
+        now = {"checkpoint_fingerprint": checkpoint_fingerprints({k: v for k, v in folders.items() if v})}
+    except ConfigError as e:
+        raise ConfigError(f"{run_dir}: the base checkpoint it was trained from: {e}") from None
+    check_base_content(saved, now, f"{run_dir}: trained from", "exporting it")
 
 
 def _write_info(run_dir: str, out: str, manifest: dict, params: dict, fields: dict) -> dict:

@@ -59,6 +59,7 @@ __all__ = [
     "atomic_write_bytes",
     "checkpoint_dirs",
     "fingerprint_mismatch",
+    "check_base_content",
     "latest_manifest",
     "load_model_state",
     "load_state",
@@ -410,6 +411,26 @@ RESHARDABLE = ("dp", "tp", "fsdp", "encoder_stages", "llm_stages")
 """Fingerprint keys a resumed run may change: the checkpoint is resharded to the new layout."""
 
 
+ADDED_LATER = ("checkpoint_fingerprint",)
+"""Fingerprint keys compared only when the saved manifest has them (runs from before stay resumable)."""
+
+
+def check_base_content(saved: dict, now: dict, head: str, action: str) -> None:
+    """ConfigError when a base checkpoint folder of the run (``--model-path`` ...) holds other content
+    (``checkpoint_fingerprint``) than when ``saved`` was written: one line naming the folder and both
+    fingerprints, before a shape mismatch deep in the loader."""
+    before, after = saved.get("checkpoint_fingerprint") or {}, now.get("checkpoint_fingerprint") or {}
+    for dest, was in before.items():
+        folder = saved.get(dest)
+        if dest in after and after[dest] != was and now.get(dest, folder) == folder:  # the same folder
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(
+                f"{head} {flag} {folder} when it held other content (fingerprint "
+                f"{was[:12]}, now {after[dest][:12]}: its config.json, preprocessor_config.json or tensors "
+                f"changed since): restore that checkpoint, or start a new run instead of {action}"
+            )
+
+
 def check_resumable(out: str | Path, fingerprint: dict) -> dict | None:
     """ConfigError when the newest checkpoint in ``out`` was written by a different configuration
     (other than the layout keys of ``RESHARDABLE``); returns its manifest (None when there is none)."""
@@ -417,7 +438,11 @@ def check_resumable(out: str | Path, fingerprint: dict) -> dict | None:
     if manifest is None:
         return None
     saved = {k: v for k, v in manifest.get("fingerprint", {}).items() if k not in RESHARDABLE}
-    diff = fingerprint_mismatch(saved, {k: v for k, v in fingerprint.items() if k not in RESHARDABLE})
+    now = {
+        k: v for k, v in fingerprint.items() if k not in RESHARDABLE and (k in saved or k not in ADDED_LATER)
+    }
+    check_base_content(saved, now, f"--resume: the checkpoints in {out} were trained from", "--resume")
+    diff = fingerprint_mismatch(saved, now)
     if diff:
         raise ConfigError(
             f"--resume: the checkpoints in {out} were written by another configuration "

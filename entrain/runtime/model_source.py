@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
+from entrain.core.plan_file import checkpoint_fingerprints
 from entrain.models.families.base import ModelFamily, ModelShape, ModelSource
 from entrain.models.families.registry import family_of_source
 
-__all__ = ["model_source", "model_family", "model_arch", "model_config"]
+__all__ = ["model_source", "model_family", "model_arch", "model_config", "checkpoint_content", "CONTENT_KEY"]
+
+CONTENT_KEY = "checkpoint_fingerprint"
+"""The resume fingerprint's key of the run's checkpoint folders' content (``checkpoint_content``)."""
 
 
 def model_source(spec: RunConfig) -> ModelSource:
@@ -39,3 +43,13 @@ def model_config(spec: RunConfig):
     built-in Qwen2 tokenizer, remapped by the family's ``map_token_id``)."""
     source = model_source(spec)
     return family_of_source(source).runtime_config(source)
+
+
+def checkpoint_content(spec: RunConfig) -> dict:
+    """``{CONTENT_KEY: {flag dest: sha256}}`` of the run's checkpoint folders (``--model-path``,
+    ``--vision-model``, ``--llm-model``; ``entrain.core.safetensors_header.checkpoint_fingerprint``),
+    {} for a preset: the resume fingerprint binds a run to its base checkpoint's content."""
+    model = spec.model
+    folders = {k: getattr(model, k, None) for k in ("model_path", "vision_model", "llm_model")}
+    found = checkpoint_fingerprints({k: v for k, v in folders.items() if v})
+    return {CONTENT_KEY: found} if found else {}

@@ -514,6 +514,8 @@ def _start_state(spec: RunConfig, system: str, env, out: str, data: RunData, wat
         if env.rank == 0 and os.path.isdir(stale):
             _say(env)(f"entrain: a fresh run (no --resume): removing the old checkpoints in {stale}")
             shutil.rmtree(stale, ignore_errors=True)
+        if env.rank == 0:  # and the old run's records: nothing of it is continued (--overwrite)
+            _remove_old_records(out)
         return None
     ck.check_resumable(out, fingerprint(spec, system))
     agree = _agree(env, watch, "checkpoint load: verify the files")
@@ -534,6 +536,19 @@ def _start_state(spec: RunConfig, system: str, env, out: str, data: RunData, wat
         )
     _say(env)(f"entrain: resuming {system} from {found.folder} (step {found.step} of {spec.run.steps})")
     return found
+
+
+def _remove_old_records(out: str) -> None:
+    """A fresh start's folder: no record of an earlier run (its config, metrics, plan, re-plans) is left
+    to mark it as holding a run before this one trained a step, or to be resumed from later."""
+    import shutil
+
+    from entrain.runtime.replan import REPLAN_DIR
+
+    for name in ("config.json", METRICS, "plan.json"):
+        if os.path.exists(path := os.path.join(out, name)):
+            os.remove(path)
+    shutil.rmtree(os.path.join(out, REPLAN_DIR), ignore_errors=True)
 
 
 def _load_checkpoint(trainer, found, watch, fault) -> None:
@@ -669,10 +684,8 @@ def _run_one(
     start = ckpt.step if ckpt is not None else 0
     plans.backfill(start)
     kept = history(os.path.join(out, METRICS), start) if rank0 else []
-    if rank0:
-        _write_config(spec, system, setup, env, out, start)
     run = _build_run(spec, system, layout, data, env, out, watch, cfg, tokenizer)
-    run.plans, run.val_plan = plans, val_plan
+    run.plans, run.val_plan, run.setup = plans, val_plan, setup
     run.open_trace(start)
     run.fault = _restore(run.trainer, ckpt, watch)
     run.open_progress(start, kept)
@@ -823,6 +836,9 @@ class _SystemRun:
     trainer: object
     plans: object = None
     val_plan: object = None
+    setup: object = None
+    start: int = 0
+    kept: list = field(default_factory=list)
     drift: object = None
     fault: object = None
     tracer: object = None
@@ -852,7 +868,8 @@ class _SystemRun:
             self.scalars = ScalarLog(self.out, purge_step=start)
 
     def open_progress(self, start: int, kept: list[dict]) -> None:
-        """The progress bar and ``metrics.jsonl`` (rank 0), and the series continued from ``kept``."""
+        """The progress bar (rank 0) and the series continued from ``kept``; ``metrics.jsonl`` and
+        ``config.json`` wait for the first step (``open_records``)."""
         if self.rank0 and self.spec.run.progress:
             from tqdm import tqdm
 
@@ -865,8 +882,15 @@ class _SystemRun:
                 mininterval=0.5,
             )
         self.series = _Series.of(kept)
-        if self.rank0:
-            self.metrics = open_metrics(os.path.join(self.out, METRICS), kept)
+        self.start, self.kept = start, kept
+
+    def open_records(self) -> None:
+        """Rank 0, once the run's first step trained: ``config.json`` and ``metrics.jsonl`` (the ``kept``
+        rows first), what makes the folder hold a run (``run_folder.RUN_MARKERS``): a start that fails
+        before (a missing shard, a truncated weights file, a layout the system cannot run) leaves none,
+        and the same command is accepted again once its input is fixed."""
+        _write_config(self.spec, self.system, self.setup, self.env, self.out, self.start)
+        self.metrics = open_metrics(os.path.join(self.out, METRICS), self.kept)
 
     def train_steps(self, start: int):
         """Steps ``start`` to ``--steps``, each with the next step's pixels processed while it runs;
@@ -948,6 +972,8 @@ class _SystemRun:
             self.trace_events += _gather_events(self.env, self.tracer.drain())
         if self.rank0:
             series.stds.append(stage_std_ms(res.records))
+            if self.metrics is None:
+                self.open_records()
             self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
         if self.scalars is not None:

@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from entrain.core.errors import ConfigError
-from entrain.core.p2p import layout_channels
 from entrain.core.plan import Layout
+from entrain.runtime.channel_groups import build_channel_groups
 
 __all__ = [
     "StageParallelism",
@@ -117,14 +117,12 @@ def build_groups(layout: Layout, tp: int, rank: int, timeout_s: float | None = N
 def _channel_groups(
     layout: Layout, tp: int, me: Placement, kwargs: dict
 ) -> dict[tuple[int, int], dist.ProcessGroup]:
-    """One group per channel and TP rank, created by every process in one order."""
-    out = {}
-    for src, dst in layout_channels(layout):
-        for t in range(tp):
-            group = dist.new_group([process_rank(src, t, tp), process_rank(dst, t, tp)], **kwargs)
-            if t == me.tp_rank and me.plan_rank in (src, dst):
-                out[(src, dst)] = group
-    return out
+    """This process's group of each channel it is on: NCCL splits the world once per round of disjoint
+    channels, gloo makes one group per channel and TP rank (``channel_groups``)."""
+    split = dist.split_group if dist.get_backend() == "nccl" else None
+    return build_channel_groups(
+        layout, tp, me.plan_rank, me.tp_rank, new_group=dist.new_group, split=split, **kwargs
+    )
 
 
 def check_tp(shape, tp: int, family=None) -> None:

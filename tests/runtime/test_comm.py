@@ -220,16 +220,22 @@ def _stalled_peer(env, plan, folder, warm_up=True):
     )
     if warm_up:  # both ranks connect first: the stall is mid-step
         trainer.executor.transport.warm_up(warmup_batches(plan.layout, env.rank))
-    running = Path(folder) / "rank0-running"
+    running = Path(folder) / "rank0-waiting"
     if env.rank == 1:  # the LLM rank never runs its actions; it leaves once rank 0 is waiting on it
         deadline = time.monotonic() + 50  # however long rank 0 takes to get there on a loaded machine
         while not running.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.5)
         return None
+    transport, wait = trainer.executor.transport, trainer.executor.transport._wait
+
+    def first_wait(works):  # every operation before this wait has been posted
+        running.touch()
+        wait(works)
+
+    transport._wait = first_wait
     it = plan.iterations[0]
     t0 = time.monotonic()
-    running.touch()
     try:
         trainer.executor.run(it, it.actions[0], loss_scale=1.0)
     except ExecutionError as e:

@@ -10,12 +10,14 @@ The config is the checkpoint folder's own with ``tie_word_embeddings`` false.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.hf_export import load_exactly
+from entrain.models.families.llava_onevision.export import WEIGHT_SUFFIXES
 
 __all__ = ["export"]
 
@@ -26,7 +28,6 @@ def export(manifest: dict, params: dict[str, torch.Tensor], out: str) -> dict:
     from transformers import InternVLForConditionalGeneration
 
     from entrain.models.families.internvl.model import read_config
-    from entrain.models.families.llava_onevision.export import _copy_processor_files
 
     folder = (manifest.get("model_source") or {}).get("model_path")
     if folder is None:
@@ -40,7 +41,7 @@ def export(manifest: dict, params: dict[str, torch.Tensor], out: str) -> dict:
         model = InternVLForConditionalGeneration(config)
     load_exactly(model, {n: t.float() for n, t in params.items()}, folder)
     Path(out).mkdir(parents=True, exist_ok=True)
-    copied = _copy_processor_files(folder, out)
+    copied = _processor_files(folder, out)
     model.save_pretrained(out, safe_serialization=True)
     written = [str(Path(out) / f) for f in os.listdir(out)]
     return {
@@ -49,3 +50,16 @@ def export(manifest: dict, params: dict[str, torch.Tensor], out: str) -> dict:
         "image_token_id": int(config.image_token_id),
         "files": sorted(set(written + copied)),
     }
+
+
+def _processor_files(folder: str, out: str) -> list[str]:
+    """Copies of the folder's plain files but config.json and the weights (tokenizer, image processor,
+    chat template, generation config), as written under ``out``."""
+    names = [
+        n
+        for n in sorted(os.listdir(folder))
+        if os.path.isfile(os.path.join(folder, n)) and n != "config.json" and not n.endswith(WEIGHT_SUFFIXES)
+    ]
+    for n in names:
+        shutil.copy2(os.path.join(folder, n), os.path.join(out, n))
+    return [str(Path(out) / n) for n in names]

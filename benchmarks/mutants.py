@@ -62,6 +62,7 @@ RESUME_CRASH = "tests/runtime/test_checkpoint.py::test_exact_resume_after_a_cras
 MROPE = "tests/models/test_mrope_positions_vs_transformers.py"
 ONEVISION = "tests/models/test_llava_onevision.py"
 ONEVISION_RULES = "tests/models/test_llava_onevision_rules.py"
+INTERNVL_TILES = "tests/models/test_internvl.py::test_tiles_per_image_are_the_image_processors"
 QWEN_EXPORT = (
     "tests/models/test_qwen2_vl_family.py::test_export_loads_in_transformers_with_the_trained_logits"
 )
@@ -282,6 +283,22 @@ MUTANTS = (
         "if kept > best_kept or (kept == best_kept and wasted < best_wasted):",
         "if kept >= best_kept:",
         (f"{ONEVISION_RULES}::test_7b_geometry_matches_transformers",),
+    ),
+    Mutant(
+        "internvl-tile-tie-first",
+        "InternVL keeps the first grid of an equally close aspect ratio even for an image large enough for more",
+        "entrain/models/families/internvl/rules.py",
+        "elif diff == best_diff and area > 0.5 * rules.tile_px * rules.tile_px * cols * rows:",
+        "elif False:",
+        (INTERNVL_TILES,),
+    ),
+    Mutant(
+        "internvl-thumbnail-always",
+        "InternVL adds the thumbnail tile to a one-tile image too",
+        "entrain/models/families/internvl/rules.py",
+        "return cols * rows + 1 if cols * rows > 1 else 1",
+        "return cols * rows + 1",
+        (INTERNVL_TILES,),
     ),
     Mutant(
         "export-keeps-tied-config",

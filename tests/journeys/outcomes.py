@@ -1,0 +1,172 @@
+"""What each documented command promises, checked after it ran: ``CHECKS[subcommand]``.
+
+Every command's output paths (``--out``, ``--plot``, ``--plot-dir``; ``bench paper``'s default report)
+must exist, JSON files and ``--json`` output must parse; a command may promise more (``data synth``
+its records, ``train`` a run folder recording the flags it was given, ``export`` folders that load).
+A documented command whose subcommand has no entry here is not covered: the coverage test fails."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+OUTPUT_FLAGS = ("--out", "--plot", "--plot-dir")
+INPUT_FLAGS = ("--dataset", "--plan", "--profile", "--from-trace", "--also-trace", "--config")
+DEFAULT_OUTPUTS = {
+    "bench paper": ("benchmarks/results/paper_reproduction.md",),
+    "train --demo": ("runs/demo",),
+}
+
+
+@dataclass
+class Ran:
+    subcommand: str
+    argv: list[str]
+    """The command as run (sizes reduced), program first."""
+    folder: Path
+    stdout: str
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv[:-1] else None
+
+
+def positionals(subcommand: str, argv: list[str]) -> list[str]:
+    """The operands after the subcommand words (``data check PATH``, ``export RUN``)."""
+    words = argv[1 + len(subcommand.split()) :]
+    out, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word.startswith("--"):
+            skip = "=" not in word and word not in ("--json", "--quick", "--demo", "--resume", "--trace")
+        else:
+            out.append(word)
+    return out
+
+
+def outputs(subcommand: str, argv: list[str]) -> list[str]:
+    found = [v for f in OUTPUT_FLAGS if (v := flag(argv, f))]
+    key = "train --demo" if subcommand == "train" and "--demo" in argv and not found else subcommand
+    return found or list(DEFAULT_OUTPUTS.get(key, ()))
+
+
+def inputs(subcommand: str, argv: list[str]) -> list[str]:
+    if argv[0] != "entrain":
+        return []
+    return [v for f in INPUT_FLAGS if (v := flag(argv, f))] + positionals(subcommand, argv)
+
+
+def _files(ran: Ran) -> None:
+    for path in outputs(ran.subcommand, ran.argv):
+        target = ran.folder / path
+        assert target.exists(), f"{' '.join(ran.argv)}: promised {path}, which is missing"
+        if target.is_dir():
+            assert any(target.iterdir()), f"{' '.join(ran.argv)}: {path} is empty"
+        elif target.suffix == ".json":
+            json.loads(target.read_text())
+        else:
+            assert target.stat().st_size > 0, f"{path} is empty"
+    if "--json" in ran.argv:
+        json.loads(ran.stdout)
+
+
+def _synth(ran: Ran) -> None:
+    _files(ran)
+    records = json.loads((ran.folder / flag(ran.argv, "--out") / "data.json").read_text())
+    assert len(records) == int(flag(ran.argv, "--num-samples") or len(records))
+
+
+def _families(ran: Ran) -> None:
+    from entrain.models.families.registry import family_names
+
+    assert all(name in ran.stdout for name in family_names()), ran.stdout
+
+
+def _python(ran: Ran) -> None:
+    """``python -c CODE`` ran without raising (``run_python``): nothing more is promised."""
+
+
+def _export(ran: Ran) -> None:
+    from tests.journeys.loading import check_export
+
+    _files(ran)
+    check_export(ran.folder / positionals("export", ran.argv)[0], ran.folder / flag(ran.argv, "--out"))
+
+
+def _train(ran: Ran) -> None:
+    _files(ran)
+    for run in run_folders(ran.folder / outputs("train", ran.argv)[0]):
+        check_run_records(ran.argv, ran.folder, run)
+
+
+def run_folders(out: Path) -> list[Path]:
+    """``out`` for one system, else ``out/<system>`` per system."""
+    if (out / "config.json").is_file():
+        return [out]
+    return sorted(p for p in out.iterdir() if (p / "config.json").is_file())
+
+
+ASKED = {
+    "--steps": ("steps", int),
+    "--global-batch": ("global_batch", int),
+    "--microbatch-size": ("microbatch_size", int),
+    "--seed": ("seed", int),
+    "--system": ("systems", lambda v: v.split(",")),
+    "--model": ("model", str),
+    "--model-path": ("model_path", os.path.normpath),
+    "--vision-model": ("vision_model", os.path.normpath),
+    "--llm-model": ("llm_model", os.path.normpath),
+    "--out": ("out", os.path.normpath),
+    "--plan": ("plan", os.path.normpath),
+}
+"""A flag of the train line -> the ``config.json`` ``spec`` key that must record it."""
+
+
+def check_run_records(argv: list[str], folder: Path, run: Path) -> None:
+    """config.json, plan.json and metrics.jsonl record the settings the line asked for."""
+    config = json.loads((run / "config.json").read_text())
+    spec = config["spec"]
+    for name, (key, parse) in ASKED.items():
+        if (value := flag(argv, name)) is not None:
+            recorded = os.path.normpath(spec[key]) if parse is os.path.normpath else spec[key]
+            assert recorded == parse(value), f"{name} {value}: config.json records {key}={spec[key]!r}"
+    if (plan_path := flag(argv, "--plan")) is not None:
+        planned = json.loads((folder / plan_path).read_text())
+        assert spec["global_batch"] == planned["global_batch"] and config["system"] == planned["system"]
+        assert spec["microbatch_size"] == planned["microbatch_size"]
+    plan = json.loads((run / "plan.json").read_text())
+    if plan_path is not None:
+        assert plan["layout"] == planned["layout"], "the run's layout is not the plan's"
+    assert not {"--trace"} & set(argv) or (run / "trace.json").is_file(), "--trace: no trace.json"
+    assert "--tensorboard" not in argv or any((run / "tensorboard").iterdir()), (
+        "--tensorboard: nothing written"
+    )
+    assert plan["system"] == config["system"] and config["system"] in spec["systems"]
+    assert plan["layout"]["microbatch_size"] == spec["microbatch_size"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in rows if "step" in r and "loss" in r]
+    assert steps == list(range(spec["steps"])), f"{run}/metrics.jsonl steps {steps}, asked {spec['steps']}"
+    first = next(r for r in rows if r.get("step") == config.get("resumed_from_step", 0))
+    assert len(first["sample_ids"]) == spec["global_batch"] and math.isfinite(first["loss"])
+
+
+CHECKS: dict[str, Callable[[Ran], None]] = {
+    "data stats": _files,
+    "data synth": _synth,
+    "data check": _files,
+    "data families": _families,
+    "plan": _files,
+    "assign": _files,
+    "simulate": _files,
+    "bench paper": _files,
+    "profile": _files,
+    "train": _train,
+    "export": _export,
+    "plot-trace": _files,
+    "python -c": _python,
+}

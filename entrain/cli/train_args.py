@@ -55,7 +55,29 @@ def spec_of(args: argparse.Namespace) -> RunConfig:
     if spec.schedule.plan:
         spec = _with_plan_layout(spec)
         flags = {**flags, **_plan_flags(spec)}
+    else:
+        spec = _on_last_layout(spec)
     return replace(spec, run=replace(spec.run, flags=flags))
+
+
+def _on_last_layout(spec: RunConfig) -> RunConfig:
+    """``--resume`` of a run that re-planned (``--replan auto``): the layout it was last on, the newest
+    re-plan's plan file at or before its newest checkpoint (``replan.last_plan``), as ``--plan`` would
+    give it; every process of the run reads the same folder. The run's flags stay as given."""
+    from entrain.runtime.checkpoint import latest_manifest
+    from entrain.runtime.replan import last_plan
+    from entrain.runtime.run_folder import system_out
+
+    if not spec.run.resume or len(spec.schedule.systems) != 1:
+        return spec
+    out = system_out(spec, spec.schedule.systems[0])
+    manifest = latest_manifest(out)
+    path = last_plan(out, manifest["step"]) if manifest is not None else None
+    if path is None:
+        return spec
+    if os.environ.get("RANK", "0") == "0" and not launched_worker():
+        print(f"entrain train: note: --resume continues on the run's last layout, {path}", file=sys.stderr)
+    return _with_plan_layout(replace(spec, schedule=replace(spec.schedule, plan=path)))
 
 
 def _plan_flags(spec: RunConfig) -> dict:

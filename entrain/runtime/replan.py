@@ -13,12 +13,16 @@ reaches the same decision without communicating. When a re-plan fires after step
    group with ``--plan OUT/replan/plan-<s+1>.json --resume``: the checkpoint is resharded onto the new
    layout (``entrain.runtime.checkpoint``) and the run continues from step ``s + 1`` exactly as a run
    started on that layout from that checkpoint, watched by a monitor restored from ``state.json``.
+
+A later ``--resume`` with the run's original flags continues on the layout the run was last on
+(``last_plan``: the newest re-plan at or before its newest checkpoint), as the launcher's restart does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +39,7 @@ __all__ = [
     "StepMonitor",
     "step_monitor",
     "read_state",
+    "last_plan",
 ]
 
 REPLAN_EXIT = 75
@@ -62,6 +67,19 @@ def read_state(out: str) -> dict | None:
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def last_plan(out: str, checkpoint_step: int) -> str | None:
+    """The plan file of the layout a run in ``out`` was last on at ``checkpoint_step`` (its newest
+    complete checkpoint): the newest ``replan/plan-<s>.json`` with ``s <= checkpoint_step``; None
+    when it had not re-planned by then (it ran on the layout its flags give)."""
+    folder = os.path.join(out, REPLAN_DIR)
+    steps = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = re.fullmatch(r"plan-(\d+)\.json", name)
+        if match and int(match.group(1)) <= checkpoint_step:
+            steps.append(int(match.group(1)))
+    return os.path.join(folder, f"plan-{max(steps)}.json") if steps else None
 
 
 @dataclass

@@ -35,6 +35,7 @@ def replanned(tmp_path_factory):
     out = tmp_path_factory.mktemp("replan") / "run"
     results = run_ranks([*BASE, *REPLAN, "--out", str(out)], WORLD, out.parent / "ranks", timeout_s=300)
     assert [r.exitcode for r in results] == [REPLAN_EXIT] * WORLD, results[0].stderr[-3000:]
+    shutil.copytree(out, out.parent / "pristine")  # as the re-plan left it (a test below continues it)
     return out
 
 
@@ -78,3 +79,24 @@ def test_the_group_continues_on_the_new_plan_as_a_run_started_from_the_checkpoin
         assert a["loss"] == b["loss"] and a["sample_ids"] == b["sample_ids"]
     config = json.loads((replanned / "config.json").read_text())
     assert config["layout"] == json.loads(open(state["plan"]).read())["layout"]
+
+
+def test_a_resume_with_the_original_flags_continues_on_the_re_planned_layout(replanned, tmp_path):
+    """The group stopped after the re-plan's checkpoint (no launcher restarted it): ``--resume`` with
+    the flags the run was started with deploys the re-plan's layout, not the planner's first one, and
+    the monitor, restored from state.json, watches that split."""
+    out = tmp_path / "run"
+    shutil.copytree(replanned.parent / "pristine", out)
+    state = read_state(str(out))
+    plan = json.loads(open(state["plan"].replace(str(replanned), str(out))).read())
+    first = json.loads((out / "config.json").read_text())["layout"]
+    assert plan["layout"] != first  # the re-plan moved the split
+    results = run_ranks(
+        [*BASE, *REPLAN, "--out", str(out), "--resume"], WORLD, tmp_path / "ranks", timeout_s=300
+    )
+    assert [r.exitcode for r in results] == [0] * WORLD, results[0].stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["layout"] == plan["layout"] and config["resumed_from_step"] == 2
+    assert "continues on the run's last layout" in results[0].stderr
+    assert "replans=1 (after step 1:" in results[0].stdout  # the restored monitor: no re-plan back
+    assert [r["step"] for r in _rows(out)] == [0, 1, 2, 3]

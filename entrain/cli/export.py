@@ -25,6 +25,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from entrain.cli.argtypes import is_run_folder
 from entrain.cli.common import add_shared_flags
 from entrain.core.errors import ConfigError
 
@@ -84,7 +85,8 @@ def check_out(run_dir: str, out: str, overwrite: bool) -> None:
     """ConfigError for an ``--out`` that would replace the run, a base checkpoint it was trained from
     (even with ``--overwrite``), or a non-empty folder (without ``--overwrite``)."""
     target = Path(out).resolve()
-    guarded = {"the run folder": Path(run_dir).resolve()}
+    run = Path(run_dir).resolve()
+    guarded = {"the run folder": run} if is_run_folder(run) else {}  # not a run: _choose names what it lacks
     guarded |= {
         f"the base checkpoint the run was trained from (--{k.replace('_', '-')})": v
         for k, v in _base_folders(run_dir).items()
@@ -107,8 +109,6 @@ def check_out(run_dir: str, out: str, overwrite: bool) -> None:
 
 def _run_under(folder: Path) -> Path | None:
     """A training run folder inside ``folder`` (``--overwrite`` would remove it); None when none is."""
-    from entrain.cli.argtypes import is_run_folder
-
     for root, dirs, _ in os.walk(folder):
         if is_run_folder(Path(root)):
             return Path(root)

@@ -25,10 +25,13 @@ pre-posted; docs/profiling.md). The executor therefore posts a gradient's receiv
 the forward output it belongs to exists and every earlier message of the channel has been posted (the
 channel's FIFO order, the program's receive order), and the receive action only waits for it. NCCL keeps
 receiving at the action, the order its replay checks (``entrain.core.p2p.check_program``).
+``ENTRAIN_RECEIVE_ORDER=nccl`` makes gloo receive at the action too (``RECEIVE_ORDER_ENV``): tests
+run the order a GPU run uses on the CPU (tests/runtime/test_nccl_receive_order.py).
 """
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +42,10 @@ import torch.distributed as dist
 
 from entrain.core.p2p import Batch
 
-__all__ = ["MessageKey", "Transport", "ids_checksum"]
+__all__ = ["MessageKey", "Transport", "ids_checksum", "RECEIVE_ORDER_ENV"]
+
+RECEIVE_ORDER_ENV = "ENTRAIN_RECEIVE_ORDER"
+"""``nccl``: post every receive at its action, as on NCCL, even on gloo (no receive posted ahead)."""
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64]
 _HEADER_LEN = 8
@@ -95,6 +101,10 @@ class Transport:
     """Receives posted ahead so far (a count for tests and traces)."""
     warmed: bool = False
     """Whether every channel of this rank has been connected (``warm_up``)."""
+
+    def __post_init__(self) -> None:
+        if os.environ.get(RECEIVE_ORDER_ENV, "").strip().lower() == "nccl":
+            self.prepost_gradients = False
 
     def warm_up(self, batches: Sequence[Batch]) -> None:
         """Connect this rank's channels before the first step's messages (``entrain.core.p2p.WarmUp``):

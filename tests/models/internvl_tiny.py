@@ -9,15 +9,10 @@ from pathlib import Path
 
 import torch
 
+from tests.models.stock import CHAT_TEMPLATE
+
 TILE_PX, PATCH_PX, MAX_TILES = 56, 7, 4
 SPECIALS = ["<s>", "</s>", "<|start|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<|start|>assistant\n{% generation %}{{ m['content'] }}</s>{% endgeneration %}"
-    "{% else %}<|start|>{{ m['role'] }}\n{{ m['content'] }}</s>{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|start|>assistant\n{% endif %}"
-)
 
 
 def save_tokenizer(folder: Path):

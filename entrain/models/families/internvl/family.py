@@ -195,22 +195,17 @@ class InternVLFamily(FamilyBase):
         return stage.projector.linear_2.out_features if stage.has_merger else stage.tower.config.hidden_size
 
     def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
-        from entrain.models.families.internvl.model import EncoderStage
+        from entrain.models.families.internvl.model import stage_layers
 
+        layers, attention = stage_layers(stage)
         if mode == "none":
             return []
-        if isinstance(stage, EncoderStage):
-            layers = [stage.tower.encoder.layer[i] for i in stage.layer_ids]
-            return [layer.attention for layer in layers] if mode == "selective" else layers
-        layers = [stage.llm.model.layers[i] for i in stage.layer_ids]
-        return [layer.self_attn for layer in layers] if mode == "selective" else layers
+        return [getattr(layer, attention) for layer in layers] if mode == "selective" else layers
 
     def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
-        from entrain.models.families.internvl.model import EncoderStage
+        from entrain.models.families.internvl.model import stage_layers
 
-        if isinstance(stage, EncoderStage):
-            return [stage.tower.encoder.layer[i] for i in stage.layer_ids]
-        return [stage.llm.model.layers[i] for i in stage.layer_ids]
+        return stage_layers(stage)[0]
 
     # --- processing rules --------------------------------------------------------------------------
     def image_grids(self, cfg: InternVLRunConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:

@@ -41,6 +41,7 @@ __all__ = [
     "hf_config_of",
     "build_model",
     "build_stage",
+    "stage_layers",
     "set_trainable",
     "image_processor",
     "tiles_to_rows",
@@ -132,23 +133,11 @@ class InternVLModel(nn.Module):
 
 
 def build_model(
-    folder: str | None = None,
-    *,
-    config=None,
-    seed: int = 0,
-    stages: Sequence[tuple[str, int, int]] | None = None,
-    run_cfg=None,
+    folder: str, *, config=None, stages: Sequence[tuple[str, int, int]] | None = None, run_cfg=None
 ) -> InternVLModel:
     """The model of checkpoint ``folder`` (``config``: its config, e.g. with reduced depths) on the meta
     device with only the parameters of ``stages`` ((component, first, end); None: all) read as float32
-    CPU tensors; without a folder, a random float32 model of ``config`` from ``seed``."""
-    if folder is None:
-        if config is None:
-            raise ConfigError("build_model needs a checkpoint folder or a config")
-        torch.manual_seed(seed)
-        model = InternVLModel(config, meta=False, run_cfg=run_cfg)
-        model.hf.lm_head.weight.data.copy_(model.hf.model.language_model.embed_tokens.weight.data)
-        return model
+    CPU tensors."""
     model = InternVLModel(config if config is not None else read_config(folder), meta=True, run_cfg=run_cfg)
     if stages is None:
         stages = [(c, 0, len(model.layer_names(c))) for c in ("encoder", "llm")]
@@ -250,6 +239,13 @@ class LLMStage(ov.LLMStage):
     stage: the same ``model.language_model`` / ``lm_head`` modules and names)."""
 
     entrain_family = FAMILY
+
+
+def stage_layers(stage: EncoderStage | LLMStage) -> tuple[list[nn.Module], str]:
+    """The transformer layers a stage runs, and the name of their attention sub-module."""
+    if isinstance(stage, EncoderStage):
+        return [stage.tower.encoder.layer[i] for i in stage.layer_ids], "attention"
+    return [stage.llm.model.layers[i] for i in stage.layer_ids], "self_attn"
 
 
 def build_stage(model: InternVLModel, component: str, first: int, end: int) -> EncoderStage | LLMStage:

@@ -112,56 +112,28 @@ class InternVLShape:
 
 
 def _encoder_specs(shape: InternVLShape) -> list[LayerSpec]:
-    """Per token of one tile (the unit): embeddings, InternViT layers, the merger."""
-    v, big = shape.vision, shape.llm.hidden_size
+    """Per token of one tile (the unit): embeddings, InternViT layers (every one alike), the merger."""
+    v, big, k = shape.vision, shape.llm.hidden_size, shape.shuffle
     h, i, heads = v.hidden_size, v.intermediate_size, v.num_heads
-    attn_lin = 2.0 * 4 * h * h
-    specs = [
-        LayerSpec("embeddings", "patch_embed", "encoder", 0.0, 2.0 * v.patch_dim * h, 0.0, h, 0, 0.0, heads,
-                  2.0 * v.patch_dim, 2.0 * h, v.embeddings_params()),
-    ]  # fmt: skip
-    for n in range(v.num_layers):
-        specs.append(
-            LayerSpec(
-                f"layers.{n}",
-                "vit_block_full",
-                "encoder",
-                4.0 * h,
-                attn_lin + 2.0 * 2 * h * i,
-                0.0,
-                h,
-                2,
-                4.0 * h,
-                heads,
-                16.0 * h + 4.0 * i,
-                2.0 * h,
-                v.layer_params(),
-                attention="full",
-                heads=heads,
-                attn_lin_flops=attn_lin,
-                attn_saved_bytes=10.0 * h,
-            )  # fmt: skip
-        )
-    k = shape.shuffle
-    proj = 2.0 * (h * big + big * big / k)  # per vision token: linear_1 over k tokens' width, linear_2
-    specs.append(
-        LayerSpec(
-            "merger",
-            "merger",
-            "encoder",
-            0.0,
-            proj,
-            4.0 * 2 * h,
-            h,
-            0,
-            0.0,
-            heads,
-            4.0 * h + 4.0 * big / k,
-            2.0 * big / k,
-            shape.projector_params(),
-        )  # fmt: skip
-    )
-    return specs
+    attn = 2.0 * 4 * h * h
+    block = LayerSpec(
+        "layers.0", "vit_block_full", "encoder", quad_flops=4.0 * h, lin_flops=attn + 4.0 * h * i, mem_bytes=0.0,
+        hidden=h, tp_allreduces=2, cp_kv_bytes=4.0 * h, max_tp=heads, activation_bytes_per_token=16.0 * h + 4.0 * i,
+        output_bytes_per_token=2.0 * h, param_count=v.layer_params(), attention="full", heads=heads,
+        attn_lin_flops=attn, attn_saved_bytes=10.0 * h,
+    )  # fmt: skip
+    embeddings = LayerSpec(
+        "embeddings", "patch_embed", "encoder", quad_flops=0.0, lin_flops=2.0 * v.patch_dim * h, mem_bytes=0.0,
+        hidden=h, tp_allreduces=0, cp_kv_bytes=0.0, max_tp=heads, activation_bytes_per_token=2.0 * v.patch_dim,
+        output_bytes_per_token=2.0 * h, param_count=v.embeddings_params(),
+    )  # fmt: skip
+    # per vision token: linear_1 over k tokens' width, linear_2 on 1/k of an LLM token
+    merger = LayerSpec(
+        "merger", "merger", "encoder", quad_flops=0.0, lin_flops=2.0 * (h * big + big * big / k), mem_bytes=8.0 * h,
+        hidden=h, tp_allreduces=0, cp_kv_bytes=0.0, max_tp=heads, activation_bytes_per_token=4.0 * h + 4.0 * big / k,
+        output_bytes_per_token=2.0 * big / k, param_count=shape.projector_params(),
+    )  # fmt: skip
+    return [embeddings, *(replace(block, name=f"layers.{n}") for n in range(v.num_layers)), merger]
 
 
 def _llm_specs(shape: InternVLShape, label_fraction: float | None) -> list[LayerSpec]:

@@ -30,7 +30,14 @@ from torch import nn
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.hf_config import read_config, vision_config_of
 
-__all__ = ["SafetensorsFolder", "build_stock_vision", "build_stock_llm", "materialize", "VISION_PREFIXES"]
+__all__ = [
+    "SafetensorsFolder",
+    "build_stock_vision",
+    "build_stock_llm",
+    "materialize",
+    "check_unexpected",
+    "VISION_PREFIXES",
+]
 
 VISION_PREFIXES = ("", "visual.", "model.visual.")
 INDEX_FILE = "model.safetensors.index.json"
@@ -165,11 +172,20 @@ def _vision_prefix(reader: SafetensorsFolder, probe: str) -> str:
 
 
 def materialize(
-    model: nn.Module, names: Iterable[str], *, vision_dir: str | None, llm_dir: str | None
+    model: nn.Module,
+    names: Iterable[str],
+    *,
+    vision_dir: str | None,
+    llm_dir: str | None,
+    strict: bool = False,
 ) -> dict[str, list[str]]:
     """Replace the meta parameters ``names`` (``vision.*`` / ``llm.*`` names of
     ``entrain.models.families.composition.vlm.VLM``) by the stock folders' tensors, as float32 CPU parameters (keeping
-    ``requires_grad``). Returns the files read per folder."""
+    ``requires_grad``). Returns the files read per folder. ``strict``: ``model`` is the folders' whole
+    config.json, so a tensor of the vision tower or the LLM it has no parameter for is refused
+    (``check_unexpected``)."""
+    if strict:
+        _check_whole(model, vision_dir, llm_dir)
     groups: dict[str, list[tuple[str, str]]] = {"vision": [], "llm": []}
     for name in names:
         part, rest = name.split(".", 1)
@@ -196,6 +212,32 @@ def materialize(
             assign_tensor(model, full, t, f"{llm_dir}: {keys[n]}")
         read[llm_dir] = sorted(reader.read_files)
     return read
+
+
+def _check_whole(model: nn.Module, vision_dir: str, llm_dir: str) -> None:
+    """Every tensor of the vision tower (under its prefix) and of the LLM folder has a parameter."""
+    vision = [n for n, _ in model.vision.named_parameters()]
+    reader = SafetensorsFolder(vision_dir)
+    prefix = _vision_prefix(reader, vision[0])
+    check_unexpected(reader, [prefix + n for n in vision], (prefix,))
+    reader = SafetensorsFolder(llm_dir)
+    llm = [n for n, _ in model.llm.named_parameters()]
+    check_unexpected(reader, [*llm, *(["model.embed_tokens.weight"] if "lm_head.weight" in llm else [])])
+
+
+def check_unexpected(
+    reader: SafetensorsFolder, used: Iterable[str], prefixes: tuple[str, ...] = ("",)
+) -> None:
+    """ConfigError naming the folder and a few of its tensors (those under ``prefixes``) that the model
+    built from its config.json has no parameter for: weights of layers the config does not have would
+    otherwise be left out silently and a truncated model trained."""
+    used = set(used)
+    extra = sorted(k for k in reader.files if k.startswith(prefixes) and k not in used)
+    if extra:
+        raise ConfigError(
+            f"{reader.folder}: {len(extra)} tensor(s) that its config.json has no parameter for (e.g. "
+            f"{', '.join(extra[:3])}): the config and the weights disagree (fewer layers in the config?)"
+        )
 
 
 def assign_tensor(model: nn.Module, name: str, t: torch.Tensor, where: str) -> None:

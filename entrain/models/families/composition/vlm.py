@@ -108,11 +108,19 @@ def build_vlm(
         if stages is None:
             stages = [(c, 0, len(cfg.layer_names(c))) for c in ("encoder", "llm")]
         names = [n for c, a, b in stages for n, _ in build_stage(model, c, a, b).owned_parameters()]
-        materialize(model, names, vision_dir=cfg.vision_dir, llm_dir=cfg.llm_dir)
+        materialize(model, names, vision_dir=cfg.vision_dir, llm_dir=cfg.llm_dir, strict=_whole(cfg))
         return model
     if weights_dir is not None:
         _load_weights(model, weights_dir)
     return model.to(dtype)
+
+
+def _whole(cfg: VLMConfig) -> bool:
+    """The stock folders' own depths (not the profiler's reduced model): their every tensor is used."""
+    from entrain.models.families.composition.hf_config import llm_arch, vision_arch
+
+    full = vision_arch(cfg.vision_dir).depth, llm_arch(cfg.llm_dir).num_hidden_layers
+    return (cfg.vision.depth, cfg.llm.num_hidden_layers) == full
 
 
 def _load_weights(model: VLM, weights_dir: str) -> None:

@@ -214,9 +214,15 @@ def checkpoint_keys(name: str) -> list[str]:
 
 def materialize(model: OneVisionModel, names: Iterable[str], folder: str) -> None:
     """Replace the meta parameters ``names`` by the folder's tensors (float32, CPU)."""
-    from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder
+    from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, check_unexpected
 
     reader = SafetensorsFolder(folder)
+    names = list(names)
+    if names:  # the whole config.json's model: every tensor of the folder has a parameter
+        every = [
+            next((k for k in checkpoint_keys(n) if k in reader), None) for n, _ in model.hf.named_parameters()
+        ]
+        check_unexpected(reader, [k for k in every if k is not None])
     keys = {}
     for name in names:
         found = [k for k in checkpoint_keys(name) if k in reader]

@@ -156,7 +156,7 @@ class Qwen2VLFamily(FamilyBase):
 
         if weights_dir is not None:
             raise ConfigError("--weights and --model-path both give the weights: pass one")
-        model = build_model(cfg.folder, stages=stages, hf_config=_fresh(cfg))
+        model = build_model(cfg.folder, stages=stages, hf_config=_fresh(cfg), strict=cfg.depths is None)
         model.entrain_family = self.name
         model.cfg = cfg  # the runtime (profiler) reads the run's config off the model
         return model

@@ -25,7 +25,11 @@ from torch import nn
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
-from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, assign_tensor
+from entrain.models.families.composition.hf_checkpoint import (
+    SafetensorsFolder,
+    assign_tensor,
+    check_unexpected,
+)
 from entrain.models.families.composition.vlm import EncoderStage, LLMStage
 from entrain.models.families.qwen2_vl.spec import check_supported
 
@@ -99,7 +103,7 @@ def layer_counts(model: nn.Module) -> dict[str, int]:
 
 
 def build_model(
-    folder: str, *, stages: Sequence[tuple[str, int, int]] | None = None, hf_config=None
+    folder: str, *, stages: Sequence[tuple[str, int, int]] | None = None, hf_config=None, strict: bool = True
 ) -> nn.Module:
     """The model of checkpoint ``folder`` on the meta device with the parameters of ``stages``
     (``(component, first, end)``; None: all) loaded as float32 CPU tensors."""
@@ -117,7 +121,7 @@ def build_model(
     if stages is None:
         stages = [(c, 0, n) for c, n in layer_counts(model).items()]
     names = [n for c, a, b in stages for n, _ in build_stage(model, c, a, b).owned_parameters()]
-    load_parameters(model, folder, names)
+    load_parameters(model, folder, names, strict=strict)
     return model
 
 
@@ -137,9 +141,15 @@ def checkpoint_key(name: str, reader: SafetensorsFolder) -> str:
     raise ConfigError(f"{reader.folder}: the checkpoint has no tensor for {name!r} (looked for {candidates})")
 
 
-def load_parameters(model: nn.Module, folder: str, names: Iterable[str]) -> list[str]:
-    """Replace the meta parameters ``names`` by the folder's tensors; returns the files read."""
+def load_parameters(model: nn.Module, folder: str, names: Iterable[str], *, strict: bool = True) -> list[str]:
+    """Replace the meta parameters ``names`` by the folder's tensors; returns the files read.
+    ``strict``: the model is the folder's whole config.json (not the profiler's reduced one), so every
+    parameter of it must have a tensor and every tensor a parameter (ConfigError naming a few)."""
     reader = SafetensorsFolder(folder)
+    names = list(names)
+    if strict and names:
+        every = {n: checkpoint_key(n, reader) for n, _ in model.named_parameters()}
+        check_unexpected(reader, every.values())
     keys = {n: checkpoint_key(n, reader) for n in names}
     tensors = reader.read(set(keys.values()))
     used: set[str] = set()

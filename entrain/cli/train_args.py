@@ -173,16 +173,16 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _check_spelled(args: argparse.Namespace, argv: list[str]) -> None:
+def _check_spelled(recorded: argparse.Namespace, argv: list[str]) -> None:
     """RuntimeError when ``argv`` parsed by a fresh ``train`` parser (no ``--config`` defaults) gives
-    any recorded flag another value than ``args`` holds: the workers would train another run."""
+    any recorded flag another value than ``recorded`` holds: the workers would train another run."""
     from entrain.cli.main import build_parser
 
     back = build_parser().parse_args(["train", *argv])
     wrong = [
-        f"{a.dest}: {getattr(args, a.dest)!r} became {getattr(back, a.dest)!r}"
+        f"{a.dest}: {getattr(recorded, a.dest)!r} became {getattr(back, a.dest)!r}"
         for a in ACTIONS
-        if a.dest not in NOT_RECORDED and getattr(back, a.dest) != getattr(args, a.dest)
+        if a.dest not in NOT_RECORDED and getattr(back, a.dest) != getattr(recorded, a.dest)
     ]
     if wrong:
         raise RuntimeError(f"the worker processes' flags would differ from the run's: {'; '.join(wrong)}")

@@ -246,3 +246,15 @@ def test_a_plan_made_with_model_path_trains_without_the_flag_again(tmp_path, lau
     assert spec.run.flags["model_path"] == str(ckpt.resolve())  # config.json replays it
     other = ["train", "--plan", str(path), "--model", "qwen25vl-llama3-1b", "--out", str(tmp_path / "r2")]
     assert main(other) == 2
+
+
+def test_every_field_of_the_plan_schema_is_known_to_the_plan_file_check():
+    """The strict check (unknown fields refused) knows every field ``entrain plan --json`` documents."""
+    from pathlib import Path
+
+    from entrain.core.plan_file import PLAN_FIELDS, REPORT_FIELDS
+
+    schema = json.loads((Path(__file__).parents[2] / "entrain" / "schemas" / "plan.json").read_text())
+    assert set(schema["properties"]) <= set(PLAN_FIELDS) | set(REPORT_FIELDS)
+    for field in ("model_source", "checkpoint_fingerprint"):
+        assert set(schema["properties"][field]["properties"]) == set(REPORT_FIELDS[field].spec)

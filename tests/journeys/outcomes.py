@@ -123,6 +123,16 @@ ASKED = {
     "--llm-model": ("llm_model", os.path.normpath),
     "--out": ("out", os.path.normpath),
     "--plan": ("plan", os.path.normpath),
+    "--dataset": ("dataset", os.path.normpath),
+    "--profile": ("profile", os.path.normpath),
+    "--lr": ("lr", float),
+    "--precision": ("precision", str),
+    "--max-pixels": ("max_pixels", int),
+    "--freeze": ("freeze", lambda v: v.split(",")),
+    "--checkpoint-every": ("checkpoint_every", int),
+    "--trace": ("trace", bool),
+    "--tensorboard": ("tensorboard", bool),
+    "--resume": ("resume", bool),
 }
 """A flag of the train line -> the ``config.json`` ``spec`` key that must record it."""
 
@@ -132,7 +142,8 @@ def check_run_records(argv: list[str], folder: Path, run: Path) -> None:
     config = json.loads((run / "config.json").read_text())
     spec = config["spec"]
     for name, (key, parse) in ASKED.items():
-        if (value := flag(argv, name)) is not None:
+        value = "1" if parse is bool and name in argv else flag(argv, name)
+        if value is not None:
             recorded = os.path.normpath(spec[key]) if parse is os.path.normpath else spec[key]
             assert recorded == parse(value), f"{name} {value}: config.json records {key}={spec[key]!r}"
     if (plan_path := flag(argv, "--plan")) is not None:

@@ -344,10 +344,14 @@ def stale_results(
 
 
 def stale_lines(stale: list[dict]) -> list[str]:
-    return [f"- {s['file']} (commit {s['commit']}): "
-            + ("not a commit of this repository" if s["changed_by"] is None
-               else f"{', '.join(s['changed_by'])} changed {' or '.join(SIMULATED_CODE)} since")
-            for s in stale]  # fmt: skip
+    """One line a stale file: how many commits changed the measured code since its commit, the newest three."""
+    out = []
+    for s in stale:
+        since = s["changed_by"]
+        why = ("not a commit of this repository" if since is None else
+               f"{len(since)} commit(s) to {' or '.join(SIMULATED_CODE)} since (newest: {', '.join(since[:3])})")  # fmt: skip
+        out.append(f"- {s['file']} (commit {s['commit']}): {why}")
+    return out
 
 
 # --- the report -------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ NCCL's semantics by ``entrain.core.p2p.check_program``). Every message is two tr
 ``int64[8]`` header ``[key, dtype, ndim, d0, d1, d2, d3, ids_crc]`` and then the contiguous data, on the
 group of its *channel* (the ordered pair sender -> receiver): a send holds only its channel's
 communicator, never a receive from another rank, so NCCL's rendezvous cannot cross two ranks' sends.
-A send posts header and data in one ``batch_isend_irecv`` and does not wait (the pairs are kept until
-``wait_all`` at the end of the step). A receive of known shape (a gradient has the shape of the
+A send posts header and data in one ``batch_isend_irecv`` and does not wait; its tensors are held
+while it is in flight and dropped once it has completed (``release_sent``, asked without waiting at
+every send and receive; ``wait_all`` waits for the rest at the end of the step). A receive of known shape (a gradient has the shape of the
 forward output it belongs to) posts header and data together and checks the header at the end of the
 step (no host synchronisation per message); a forward message's header comes first and sizes the
 data (one host synchronisation on a GPU). Either way the key (stage / direction / microbatch / sub) and
@@ -146,8 +147,23 @@ class Transport:
     def _batch(self, op, tensors: Sequence[torch.Tensor], peer: int, group) -> list:
         return dist.batch_isend_irecv([dist.P2POp(op, t, self._process(peer), group) for t in tensors])
 
+    def release_sent(self) -> None:
+        """Drop the sends that have completed (their tensors with them): a sent tensor is held while
+        its send is in flight, not to the end of the step. ``is_completed`` asks without waiting (NCCL
+        queries the work's CUDA event; gloo's send says it completed only once waited on, so on the
+        CPU the tensors stay to ``wait_all``); a completed send is waited on once more, which returns
+        at once or raises its error."""
+        done = [w for w, _ in self.pending if w.is_completed()]
+        for work in done:
+            work.wait()
+        if done:
+            finished = set(map(id, done))
+            self.pending = [(w, t) for w, t in self.pending if id(w) not in finished]
+
     def send(self, tensor: torch.Tensor, peer: int, key: MessageKey, ids: Sequence[str]) -> None:
-        """Header and data in one batch on the channel to ``peer``; kept until ``wait_all``."""
+        """Header and data in one batch on the channel to ``peer``; held until the send completes
+        (``release_sent``, at every send and receive) or ``wait_all``."""
+        self.release_sent()
         pair = (self._header(tensor, key, ids), tensor.contiguous())
         works = self._batch(dist.isend, pair, peer, self._group(self.me, peer))
         self.pending.extend((w, pair) for w in works)
@@ -158,6 +174,7 @@ class Transport:
         """Receive message ``key`` from ``peer`` into ``stash``: with ``like`` (a tensor of its shape
         and dtype), header and data in one batch, the header checked at ``wait_all``; without, the
         header first, then the data it sizes, then the header's key and sample ids are checked."""
+        self.release_sent()
         group = self._group(peer, self.me)
         header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
         if (peer, key.code) in self.preposted:

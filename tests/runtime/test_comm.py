@@ -264,3 +264,46 @@ def test_a_peer_that_never_connects_fails_the_warm_up_naming_the_channel(tmp_pat
     assert waited_s < 30
     assert message.startswith("rank 0: connecting its point-to-point channels before its first step failed")
     assert "the warm-up of channel 1 -> 0" in message
+
+
+class _FakeSend:
+    """A send's work: completed once its receiver has posted (``done``), as NCCL's event says."""
+
+    def __init__(self):
+        self.done, self.waited = False, 0
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self, timeout=None) -> bool:
+        self.waited += 1
+        return True
+
+
+def test_a_sent_tensor_is_released_when_its_send_completes_not_at_the_end_of_the_step(monkeypatch):
+    """``Transport.release_sent`` at the next send drops a completed send with its tensors and keeps
+    the one in flight. (gloo's send work says it completed only once waited on, so there the tensors
+    wait for ``wait_all``; NCCL's work answers from its CUDA event.)"""
+    import gc
+    import weakref
+
+    works: list[_FakeSend] = []
+
+    def batch(self, op, tensors, peer, group):
+        works.append(_FakeSend())
+        return [works[-1]]
+
+    monkeypatch.setattr(Transport, "_batch", batch)
+    t = Transport(torch.device("cpu"), me=0)
+    first, second = torch.arange(6.0), torch.ones(2)
+    alive = weakref.ref(first)
+    t.send(first, 1, MessageKey(0, False, 0, 0), ["a"])
+    del first
+    t.send(second, 1, MessageKey(0, False, 1, 0), ["b"])
+    gc.collect()
+    assert alive() is not None and len(t.pending) == 2  # in flight: held
+    works[0].done = True
+    t.send(torch.zeros(1), 1, MessageKey(0, False, 2, 0), ["c"])
+    gc.collect()
+    assert alive() is None and works[0].waited == 1  # completed: released (its error raised, if any)
+    assert [w for w, _ in t.pending] == works[1:]

@@ -97,6 +97,12 @@ def _check_fingerprints(args: argparse.Namespace, d: dict) -> None:
     config, tensor names / shapes / dtypes) than the one the plan was made with, whatever its name."""
     planned = d.get("checkpoint_fingerprint") or {}
     folders = {k: getattr(args, k, None) for k in planned}
+    for dest in (k for k, v in folders.items() if not v):
+        was = (d.get("model_source") or {}).get(dest, "?")
+        raise ConfigError(
+            f"--plan {args.plan} was made for the checkpoint {was} (--{dest.replace('_', '-')}), but this run "
+            f"does not train it: drop the model flags or write a plan for this model"
+        )
     for dest, now in checkpoint_fingerprints(folders).items():
         if now != planned[dest]:
             flag = "--" + dest.replace("_", "-")

@@ -95,3 +95,16 @@ def test_the_fingerprint_reads_content_not_layout(tmp_path):
     (ckpt / "config.json").write_text("{")
     with pytest.raises(ConfigError, match="config.json: cannot read it"):
         checkpoint_fingerprint(ckpt)
+
+
+def test_a_plan_for_a_checkpoint_does_not_train_a_preset(tmp_path, capsys, launched):
+    plan = _plan(tmp_path, _save(tmp_path / "ckpt"))
+    capsys.readouterr()
+    assert (
+        main(["train", "--plan", str(plan), "--model", "llava-ov-tiny", "--out", str(tmp_path / "run")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        f"was made for the checkpoint {(tmp_path / 'ckpt').resolve()} (--model-path)" in err
+        and launched == []
+    )

@@ -115,6 +115,8 @@ def test_pipeline_gradients_match_transformers(world, folder, oracles, tmp_path)
     for name, system, enc, llm, frozen in CASES_BY_WORLD[world]:
         plan = fm.plan(system, enc, llm, 1, NUM_MICROBATCHES)
         assert plan.layout.world_size == world and len(plan.layout.stages) == enc + llm, name
+        if enc == 2:  # the cut passes InternViT hidden states (CLS included), not image features
+            assert 1 <= plan.layout.stages[0].end_layer <= fm.cfg.shape.vision.num_layers, plan.layout.stages
         tiles = [[sum(g[0] for g in fm.family.image_grids(fm.cfg, fm.metas[i])) for i in mb.llm_subs[0]]
                  for mb in plan.iterations[0].microbatches[0]]  # fmt: skip
         assert any(len(set(t)) > 1 for t in tiles), (

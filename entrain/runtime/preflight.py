@@ -25,7 +25,7 @@ def check_before_launch(spec: RunConfig, overwrite: bool, fixed: bool) -> None:
     if spec.run.resume:
         check_resume(spec)
     check_dataset_size(spec)
-    refuse_shared_gpu_queue(spec.schedule.systems)
+    refuse_shared_gpu_queue(spec.schedule.systems, device=spec.run.device)
     if fixed:
         warn_below_b_min(spec)
 
@@ -36,11 +36,13 @@ queue (``entrain.core.p2p.NcclRules.shared_queue``; tests/core/test_p2p_nccl_rul
 system's Plans under it: the others deadlock in some layout)."""
 
 
-def refuse_shared_gpu_queue(systems: Sequence[str], env: Mapping[str, str] = os.environ) -> None:
+def refuse_shared_gpu_queue(
+    systems: Sequence[str], env: Mapping[str, str] = os.environ, device: str = "auto"
+) -> None:
     """Refuse, before launch, a run of a system that can deadlock when ``CUDA_DEVICE_MAX_CONNECTIONS``
     is 1 (every communicator of a GPU on one queue: a send waiting for its receive holds back the
-    rank's other channels)."""
-    if not rules_from_env(env).shared_queue:
+    rank's other channels); ``device``: ``--device`` (``cpu``: no GPU queue, nothing to refuse)."""
+    if device == "cpu" or not rules_from_env(env).shared_queue:
         return
     unsafe = [s for s in systems if s not in SHARED_QUEUE_SAFE]
     if unsafe:

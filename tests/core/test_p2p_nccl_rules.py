@@ -162,6 +162,7 @@ def test_under_one_gpu_queue_a_system_passes_or_is_refused_before_launch(system)
         line = str(err.value)
         assert "\n" not in line and "CUDA_DEVICE_MAX_CONNECTIONS=1" in line and system in line
         assert all(s in line for s in SHARED_QUEUE_SAFE)
+    refuse_shared_gpu_queue([system], env, device="cpu")  # gloo on the CPU: no GPU queue
     refuse_shared_gpu_queue([system], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"})
     refuse_shared_gpu_queue([system], {})
 
@@ -179,17 +180,20 @@ def test_the_launcher_refuses_one_gpu_queue_before_any_process(monkeypatch):
     calls = []
     monkeypatch.setattr(preflight, "check_run_folder", lambda spec, overwrite: None)
     monkeypatch.setattr(preflight, "check_dataset_size", lambda spec: None)
-    monkeypatch.setattr(preflight, "refuse_shared_gpu_queue", lambda systems: calls.append(list(systems)))
+    monkeypatch.setattr(
+        preflight, "refuse_shared_gpu_queue", lambda systems, device: calls.append((list(systems), device))
+    )
 
     class Spec:
         class run:
             resume = False
+            device = "cuda"
 
         class schedule:
             systems = ("entrain", "1f1b")
 
     preflight.check_before_launch(Spec, overwrite=False, fixed=False)
-    assert calls == [["entrain", "1f1b"]]
+    assert calls == [(["entrain", "1f1b"], "cuda")]
 
 
 def test_a_warm_up_step_names_itself_in_errors():

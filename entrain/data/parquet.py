@@ -134,6 +134,25 @@ def llava_row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: R
     return Parsed(file, index, None, parsed.id, None, problems + parsed.problems)
 
 
+def read_columns(schema, wanted: tuple[str, ...]) -> list[str]:
+    """The columns of a table (arrow ``schema``) a reader reads: the ``wanted`` ones it has, and every
+    other column of strings (cheap, unlike image bytes), so that one holding media paths under a name no
+    reader uses is named as a problem (``media_problems``) instead of ignored."""
+    import pyarrow as pa
+
+    def strings(t) -> bool:
+        return (
+            pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or (pa.types.is_list(t) and strings(t.value_type))
+        )
+
+    names = set(schema.names)
+    return [c for c in wanted if c in names] + [
+        f.name for f in schema if f.name not in wanted and strings(f.type)
+    ]
+
+
 def _llava_schema(names: set[str]) -> bool:
     return "texts" not in names and ("conversations" in names or "messages" in names)
 
@@ -161,7 +180,7 @@ def iter_parquet(
         return
     wanted = LLAVA_COLUMNS if llava else FINEVISION_COLUMNS
     index = 0
-    for group, row_in_group, row in _rows(pf, [c for c in wanted if c in names], batch_rows):
+    for group, row_in_group, row in _rows(pf, read_columns(pf.schema_arrow, wanted), batch_rows):
         if isinstance(row, str):
             yield Parsed(str(p), index, None, None, None, [("parquet", f"{row}; {unread(index)}")], True)
             return

@@ -115,7 +115,7 @@ def iter_arrow(path: str | Path, image_root: str | Path | None = None) -> Iterat
     """Parse every row of a ``save_to_disk`` arrow (IPC stream) file, one record batch at a time."""
     import pyarrow as pa
 
-    from entrain.data.parquet import LLAVA_COLUMNS, llava_row
+    from entrain.data.parquet import LLAVA_COLUMNS, llava_row, read_columns
 
     p = Path(path)
     base = Path(image_root) if image_root is not None else p.parent
@@ -129,7 +129,7 @@ def iter_arrow(path: str | Path, image_root: str | Path | None = None) -> Iterat
             )
             yield Parsed(str(p), 0, None, None, None, [("conversations", reason)], True)
             return
-        columns = [c for c in LLAVA_COLUMNS if c in names]
+        columns = read_columns(reader.schema, LLAVA_COLUMNS)
         for batch in reader:
             for row in batch.select(columns).to_pylist():
 

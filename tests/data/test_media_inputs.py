@@ -127,6 +127,31 @@ def test_a_parquet_video_column_makes_its_rows_bad(tmp_path):
     assert ("video", f"video {UNSUPPORTED} video (it trains the image/images fields only)") in _problems(bad)
 
 
+def test_a_parquet_column_no_reader_reads_holding_media_paths_makes_its_rows_bad(tmp_path):
+    rows = [
+        {"id": "a", "conversations": [ASK, ANSWER], "frames": None, "source": "coco"},
+        {"id": "b", "conversations": [ASK, ANSWER], "frames": ["clips/b.mp4"], "source": "coco"},
+    ]
+    _llava_parquet(tmp_path / "d.parquet", rows)
+    ok, bad = llava.iter_parsed(tmp_path / "d.parquet")
+    assert ok.record is not None
+    assert any(f == "frames" and "'clips/b.mp4' looks like a video file" in why for f, why in _problems(bad))
+
+
+def test_an_arrow_video_column_makes_its_rows_bad(tmp_path):
+    table = pa.Table.from_pylist([{"id": "v", "conversations": [ASK, ANSWER], "video": "c.mp4"}])
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    with pa.ipc.new_stream(folder / "data-00000-of-00001.arrow", table.schema) as writer:
+        writer.write_table(table)
+    (folder / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+    )
+    (folder / "dataset_info.json").write_text("{}")
+    (bad,) = iter_sharded(folder)
+    assert any(f == "video" and UNSUPPORTED in why for f, why in _problems(bad)), bad.problems
+
+
 def test_a_finevision_audio_column_makes_its_rows_bad(tmp_path):
     rows = [{"id": "a", "images": [], "texts": [{"user": "Who?", "assistant": "Ann."}], "audio": b"RIFF...."}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "f.parquet")

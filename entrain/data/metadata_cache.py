@@ -22,8 +22,9 @@ from entrain.core.samples import SampleMeta, VisionTokenConfig
 __all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "file_stamp", "load", "store"]
 
 CACHE_DIRNAME = ".entrain_cache"
-_VERSION = 4
-"""4: image sizes after the EXIF orientation, and no image over the aspect-ratio limit (issue 22)."""
+_VERSION = 5
+"""4: image sizes after the EXIF orientation, and no image over the aspect-ratio limit; 5: no record
+with a video / audio input or a media path in a field no reader reads (those are bad records now)."""
 
 
 def file_stamp(path: str | Path) -> list[int] | None:

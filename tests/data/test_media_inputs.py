@@ -204,3 +204,17 @@ def test_train_screening_stops_at_the_video_record_or_skips_it(video_dataset, tm
 def test_data_stats_reading_stops_at_the_video_record(video_dataset):
     with pytest.raises(DataError, match=r"d\.json:1 \(id v\).*'video': video inputs are not supported"):
         read_samples(str(video_dataset))
+
+
+def test_a_metadata_cache_from_before_the_media_check_is_not_reused(video_dataset, monkeypatch):
+    """``data stats`` reads the metadata cached next to the data: one written when a video record still
+    passed as text (cache version 4, no media check) is not reused, so the record is named bad."""
+    from entrain.data import conversation, metadata_cache
+
+    with monkeypatch.context() as old:
+        old.setattr(metadata_cache, "_VERSION", 4)
+        old.setattr(conversation, "media_problems", lambda *args: [])
+        assert [s.id for s in read_samples(str(video_dataset))] == ["ok", "v", "ok2"]
+    assert list((video_dataset.parent / metadata_cache.CACHE_DIRNAME).iterdir())
+    with pytest.raises(DataError, match="video inputs are not supported"):
+        read_samples(str(video_dataset))

@@ -28,9 +28,8 @@ def _save(kind: str, folder: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def stock_checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """Each kind of ``STOCK_FOLDERS`` saved once: ``{kind: folder}``."""
-    if scale() == "full":
-        return {}
+    """Each kind of ``STOCK_FOLDERS`` saved once, tiny: ``{kind: folder}`` (the family journeys use
+    them at every scale)."""
     root = tmp_path_factory.mktemp("stock")
     return {kind: _save(kind, root / kind) for kind in sorted(set(STOCK_FOLDERS.values()))}
 

@@ -39,7 +39,8 @@ def start_forked(argv: list[str], nproc: int) -> tuple[int, list[str]]:
     if failed and not messages:
         for r in failed:
             print(r.stderr[-4000:], file=sys.stderr)
-    return (failed[0].exitcode or 1 if failed else 0), messages
+    status = (failed[0].exitcode or 1) if failed else 0
+    return status, messages
 
 
 def forked_workers(monkeypatch) -> None:

@@ -7,6 +7,7 @@ A documented command whose subcommand has no entry here is not covered: the cove
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -35,15 +36,32 @@ def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv[:-1] else None
 
 
+@functools.cache
+def switches() -> frozenset[str]:
+    """Every flag of every ``entrain`` command that takes no value (``--json``, ``--trace``)."""
+    import argparse
+
+    from entrain.cli.main import build_parser
+
+    found: set[str] = set()
+    parsers = [build_parser()]
+    while parsers:
+        for action in parsers.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += action.choices.values()
+            elif action.nargs == 0:
+                found.update(action.option_strings)
+    return frozenset(found)
+
+
 def positionals(subcommand: str, argv: list[str]) -> list[str]:
     """The operands after the subcommand words (``data check PATH``, ``export RUN``)."""
-    words = argv[1 + len(subcommand.split()) :]
     out, skip = [], False
-    for word in words:
+    for word in argv[1 + len(subcommand.split()) :]:
         if skip:
             skip = False
         elif word.startswith("--"):
-            skip = "=" not in word and word not in ("--json", "--quick", "--demo", "--resume", "--trace")
+            skip = "=" not in word and word not in switches()
         else:
             out.append(word)
     return out

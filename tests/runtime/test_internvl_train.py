@@ -176,3 +176,37 @@ def test_train_at_lr_0_reports_the_oracle_loss_and_exports_the_input_checkpoint(
     ref = oracle_step(replace(fm, metas={i: metas[i] for i in ids}), frozen_encoder=False, max_grad_norm=None)
     loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert abs(loss - ref.loss) <= 1e-5 * abs(ref.loss), (loss, ref.loss)
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recompute_reruns_each_wrapped_layer_in_the_backward(mode, folder):
+    """Every module the family names for ``mode`` (InternViT layers / their attention, decoder layers /
+    their self-attention) is on the stage's forward path and runs twice in a step once wrapped."""
+    from entrain.models.families.registry import build_stage
+    from entrain.runtime.recompute import apply_recompute
+
+    fm = family_model(folder)
+    fm = replace(fm, metas={"s0": fm.metas["s0"]})
+    renderer, model = fm.renderer(), fm.build()
+    stages = [
+        build_stage(model, c, 0, len(fm.family.layer_names(fm.cfg.shape, c))) for c in ("encoder", "llm")
+    ]
+    calls: dict[int, int] = {}
+    for stage in stages:
+        mods = fm.family.recompute_modules(stage, mode)
+        assert len(mods) == 2, mode  # the tiny model's two InternViT / two decoder layers
+        for m in mods:
+            calls[id(m)] = 0
+            m.forward = _counting(m.forward, calls, id(m))
+        assert apply_recompute(stage, mode) == 2
+    feats = stages[0](renderer.patches("s0"), renderer.grid_thw(["s0"]))
+    stages[1](feats, renderer.llm_batch(["s0"], 1.0)).backward()
+    assert sorted(calls.values()) == [2] * 4, calls
+
+
+def _counting(forward, calls: dict, key: int):
+    def run(*args, **kwargs):
+        calls[key] += 1
+        return forward(*args, **kwargs)
+
+    return run

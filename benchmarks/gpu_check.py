@@ -82,11 +82,12 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), path) if p)}
 
 
-def _start(cmd: list[str]) -> subprocess.Popen:
-    """``cmd`` in its own process group (killed whole at its deadline, spawned workers included)."""
+def _start(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+    """``cmd`` in its own process group (killed whole at its deadline, spawned workers included);
+    ``env``: variables on top of this process's."""
     return subprocess.Popen(
-        cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        cmd, cwd=REPO, env={**_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
     )  # fmt: skip
 
 
@@ -256,7 +257,8 @@ def run_p2p(timeout_s: float, backend: str = "nccl") -> dict:
         store = str(Path(tmp) / "store")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--p2p-worker"]
         t0 = time.monotonic()
-        procs = [_start([*cmd, str(r), store, backend]) for r in (0, 1)]
+        nccl_says = {"NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")}  # its refusal, in its words
+        procs = [_start([*cmd, str(r), store, backend], nccl_says) for r in (0, 1)]
         results = [_finish(p, timeout_s - (time.monotonic() - t0)) for p in procs]
     seconds = time.monotonic() - t0
     text = "".join(out + err for _, out, err in results)

@@ -227,7 +227,7 @@ def test_the_point_to_point_path_runs_between_two_processes(gpu_check):
 
 def test_nccl_refusing_two_ranks_on_one_gpu_is_the_reason_not_a_failure(gpu_check, monkeypatch):
     line = "torch.distributed.DistBackendError: ncclInvalidUsage: Duplicate GPU detected : rank 1 and rank 0"
-    monkeypatch.setattr(gpu_check, "_start", lambda cmd: cmd)
+    monkeypatch.setattr(gpu_check, "_start", lambda cmd, env: cmd)
     monkeypatch.setattr(gpu_check, "_finish", lambda proc, timeout_s: (1, "", f"Traceback\n{line}\n"))
     result = gpu_check.run_p2p(60.0)
     assert (result["status"], result["why"]) == ("refused", line)

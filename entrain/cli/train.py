@@ -28,7 +28,13 @@ from entrain.cli.launch import launch as _launch
 from entrain.cli.train_args import ACTIONS, DEFAULTS, apply_demo, infer_dp, recorded_flags
 from entrain.cli.train_args import spec_of as _spec
 from entrain.core.systems import ENTRAIN, SYSTEMS
-from entrain.runtime.launcher import launched_worker, under_torchrun
+from entrain.runtime.launcher import (
+    TERMINATED_EXIT,
+    Terminated,
+    launched_worker,
+    sigterm_as_interrupt,
+    under_torchrun,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -222,7 +228,11 @@ def run(args: argparse.Namespace) -> int:
     if need > 1:  # not under torchrun: start it
         return _launch(recorded_flags(spec), spec, need)
     try:
-        return run_rank(spec, under_torchrun=False)
-    except KeyboardInterrupt:
-        print(interrupted_line(spec), file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT
+        with sigterm_as_interrupt():  # `kill -TERM` stops this run as Ctrl-C does
+            return run_rank(spec, under_torchrun=False)
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        print(
+            interrupted_line(spec, "terminated" if terminated else "interrupted"), file=sys.stderr, flush=True
+        )
+        return TERMINATED_EXIT if terminated else INTERRUPTED_EXIT

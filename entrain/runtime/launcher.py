@@ -15,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from entrain.core.errors import EntrainError
 
@@ -86,6 +87,31 @@ def leave_for_replan(under_torchrun: bool) -> None:
     if not launched_worker() and os.environ.get("RANK") == "0":
         print(f"entrain: the drift monitor re-planned; {how}", file=sys.stderr)
     quiet_exit(REPLAN_EXIT)
+
+
+TERMINATED_EXIT = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's ``KeyboardInterrupt`` would be: the run stops the same way."""
+
+
+def _raise_terminated(signum: int, frame) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM raises ``Terminated`` (a ``KeyboardInterrupt``) in the main thread, so a run in
+    this process stops as on Ctrl-C (its records closed, one line) instead of dying mid-write."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Stopped(Exception):  # noqa: N818 - a signal, not an error

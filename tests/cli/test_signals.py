@@ -99,3 +99,33 @@ def test_a_signal_to_the_front_process_stops_every_process_of_the_run(tmp_path, 
         for pid in [front.pid, *pids]:
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_a_single_process_run_as_ctrl_c_does(tmp_path):
+    """A run the front process trains itself (one process): SIGTERM closes its records, names the step
+    to resume from in one line and exits 143; the background planner it started ends with it."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "entrain", "train", "--model", "tiny", "--system", "dip", "--global-batch", "2",
+            "--microbatch-size", "1", "--steps", "1000", "--no-progress", "--out", str(out)]  # fmt: skip
+    err_path = tmp_path / "front.err"
+    with open(err_path, "w") as err_file:
+        front = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file)
+    below: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1):
+            assert front.poll() is None and time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.05)
+        below = descendants(front.pid)
+        front.send_signal(signal.SIGTERM)
+        assert front.wait(timeout=60) == 143, err_path.read_text()
+        steps = (out / "metrics.jsonl").read_text().count("\n")
+        assert err_path.read_text().splitlines()[-1] == f"terminated at step {steps}; continue with --resume"
+        deadline = time.monotonic() + 30  # the planner process notices its parent is gone
+        while [pid for pid in below if _running(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in below if _running(pid)] == []
+    finally:
+        for pid in [front.pid, *below]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

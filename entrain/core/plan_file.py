@@ -197,7 +197,8 @@ def _check_scalar(value, spec: type, where: str, path: str) -> None:
 
 
 def load_plan_dict(path: str) -> dict:
-    """The plan file's JSON object, every field of ``PLAN_FIELDS`` checked (name and type), its
+    """The plan file's JSON object, every field of ``PLAN_FIELDS`` checked (name and type), no field at
+    any level that neither it nor ``REPORT_FIELDS`` names (the key's JSON path in the error), its
     stages numbered, placed and covering layers as ``check_stage_ranges`` asks (without the model's
     layer counts), and its schedule options known ones of the right type."""
     try:

@@ -109,7 +109,6 @@ class InternVLModel(nn.Module):
         from transformers import InternVLForConditionalGeneration
 
         check_supported(cfg.to_dict())
-        self.tied_source = bool(cfg.tie_word_embeddings or cfg.text_config.tie_word_embeddings)
         cfg.tie_word_embeddings = False
         cfg.text_config.tie_word_embeddings = False
         cfg.text_config._attn_implementation = PACKED_ATTENTION

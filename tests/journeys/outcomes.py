@@ -164,6 +164,8 @@ def check_run_records(argv: list[str], folder: Path, run: Path) -> None:
         if value is not None:
             recorded = os.path.normpath(spec[key]) if parse is os.path.normpath else spec[key]
             assert recorded == parse(value), f"{name} {value}: config.json records {key}={spec[key]!r}"
+    if (config_path := flag(argv, "--config")) is not None:
+        _check_config_file(argv, folder / config_path, spec)
     if (plan_path := flag(argv, "--plan")) is not None:
         planned = json.loads((folder / plan_path).read_text())
         assert spec["global_batch"] == planned["global_batch"] and config["system"] == planned["system"]
@@ -182,6 +184,30 @@ def check_run_records(argv: list[str], folder: Path, run: Path) -> None:
     assert steps == list(range(spec["steps"])), f"{run}/metrics.jsonl steps {steps}, asked {spec['steps']}"
     first = next(r for r in rows if r.get("step") == config.get("resumed_from_step", 0))
     assert len(first["sample_ids"]) == spec["global_batch"] and math.isfinite(first["loss"])
+
+
+def _check_config_file(argv: list[str], path: Path, spec: dict) -> None:
+    """``--config FILE``: the run records each of the file's flags that the command line does not
+    give (a TOML's keys, or a run's ``config.json`` ``flags``); never ``out`` from a run's config."""
+    import tomllib
+
+    text = path.read_text(encoding="utf-8")
+    data = json.loads(text)["flags"] if path.suffix == ".json" else tomllib.loads(text)
+    for key, value in data.items():
+        name = "--" + key.replace("_", "-")
+        if (
+            name in argv
+            or name not in ASKED
+            or value in (None, "")
+            or (path.suffix == ".json" and key == "out")
+        ):
+            continue
+        spec_key, parse = ASKED[name]
+        recorded = os.path.normpath(spec[spec_key]) if parse is os.path.normpath else spec[spec_key]
+        expected = value if parse is bool else parse(str(value))
+        assert recorded == expected, (
+            f"--config {path.name}: {key}={value!r}, config.json records {spec_key}={spec[spec_key]!r}"
+        )
 
 
 CHECKS: dict[str, Callable[[Ran], None]] = {

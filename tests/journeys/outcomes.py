@@ -182,6 +182,8 @@ def check_run_records(argv: list[str], folder: Path, run: Path) -> None:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r["step"] for r in rows if "step" in r and "loss" in r]
     assert steps == list(range(spec["steps"])), f"{run}/metrics.jsonl steps {steps}, asked {spec['steps']}"
+    last = run / "checkpoints" / f"step-{spec['steps']:08d}" / "manifest.json"
+    assert last.is_file(), f"{run}: no checkpoint of the last step ({last.parent.name})"
     first = next(r for r in rows if r.get("step") == config.get("resumed_from_step", 0))
     assert len(first["sample_ids"]) == spec["global_batch"] and math.isfinite(first["loss"])
 

@@ -72,10 +72,20 @@ def run_python(argv: list[str]) -> int:
     return 0
 
 
-def run(argv: list[str]) -> int:
+def run(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Run one command with its documented ``NAME=value`` environment (restored afterwards)."""
     from entrain.cli.main import main
 
-    if argv[0] == "python":
-        return run_python(argv)
-    assert argv[0] == "entrain", argv
-    return main(argv[1:])
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        if argv[0] == "python":
+            return run_python(argv)
+        assert argv[0] == "entrain", argv
+        return main(argv[1:])
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -59,7 +59,7 @@ def test_a_documented_block_runs_as_written(key, tmp_path, monkeypatch, capsys, 
     failed = []
     for command in prerequisites(block, document) + in_order(block):  # all: one failure hides no other
         argv = argv_of(command)
-        rc = run(argv)
+        rc = run(argv, command.env)
         out, err = capsys.readouterr()
         if rc != 0:
             failed.append(f"{command.where}\n  ran: {' '.join(argv)}\n  exit {rc}: {err[-2000:]}")

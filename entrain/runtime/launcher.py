@@ -151,26 +151,36 @@ def stop_on_signals(start: Callable[[], subprocess.Popen]) -> int:
 
 def stop_tree(proc: subprocess.Popen, signum: int, wait_s: float) -> None:
     """Send ``signum`` to ``proc`` and all its descendants, wait up to ``wait_s`` for every one of them
-    to end, then SIGKILL those left."""
-    tree = {proc.pid, *descendants(proc.pid)}
+    to end, then SIGKILL those left. A process is known by its pid and start time, so a pid reused by
+    another process meanwhile is never signalled."""
+    tree = set(descendants(proc.pid))
+    proc.send_signal(signum)
     _send(tree, signum)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if proc.poll() is None:
             tree |= set(descendants(proc.pid))
-        if not [p for p in tree if _alive(p)]:
+        elif not tree:
             break
+        tree = {p for p in tree if _running(p)}
         time.sleep(0.05)
-    _send({p for p in tree if _alive(p)}, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.kill()
+    _send(tree, signal.SIGKILL)
     proc.wait()
 
 
-def _send(pids: set[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
+Process = tuple[int, str]
+"""A process: its pid and start time (``/proc/PID/stat``'s ``starttime``)."""
+
+
+def _send(processes: set[Process], signum: int) -> None:
+    for process in processes:
+        if _running(process):
+            try:
+                os.kill(process[0], signum)
+            except ProcessLookupError:
+                pass
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -182,33 +192,24 @@ def _proc_stat(pid: int) -> list[str] | None:
         return None
 
 
-def descendants(pid: int) -> list[int]:
-    """Every living process below ``pid`` (children, their children, ...; Linux ``/proc``; none
-    elsewhere)."""
+def descendants(pid: int) -> list[Process]:
+    """Every process below ``pid`` (children, their children, ...; Linux ``/proc``; none elsewhere)."""
     if not os.path.isdir("/proc"):
         return []
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[Process]] = {}
     for name in os.listdir("/proc"):
         stat = _proc_stat(int(name)) if name.isdigit() else None
         if stat is not None:
-            children.setdefault(int(stat[1]), []).append(int(name))
+            children.setdefault(int(stat[1]), []).append((int(name), stat[19]))
     out, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
         out += kids
-        todo += kids
+        todo += [k[0] for k in kids]
     return out
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie, ended but not yet reaped by its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not os.path.isdir("/proc"):
-        return True
-    stat = _proc_stat(pid)
-    return stat is not None and stat[0] != "Z"
+def _running(process: Process) -> bool:
+    """Whether ``process`` still runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    stat = _proc_stat(process[0])
+    return stat is not None and stat[19] == process[1] and stat[0] != "Z"

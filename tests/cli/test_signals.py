@@ -56,10 +56,10 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _wait_for(paths: list[Path], front: subprocess.Popen) -> None:
+def _wait_for(paths: list[Path], front: subprocess.Popen, err_path: Path) -> None:
     deadline = time.monotonic() + 120
     while not all(p.exists() and p.stat().st_size > 0 for p in paths):
-        assert front.poll() is None, front.communicate()
+        assert front.poll() is None, err_path.read_text()
         assert time.monotonic() < deadline, "the fake torchrun tree never started"
         time.sleep(0.05)
 
@@ -85,9 +85,11 @@ def test_a_signal_to_the_front_process_stops_every_process_of_the_run(tmp_path, 
     roles = ("torchrun", "worker")
     pids: list[int] = []
     try:
-        _wait_for([folder / f"{r}.beat" for r in roles] + [folder / f"{r}.pid" for r in roles], front)
+        _wait_for(
+            [folder / f"{r}.beat" for r in roles] + [folder / f"{r}.pid" for r in roles], front, err_path
+        )
         pids = [int((folder / f"{r}.pid").read_text()) for r in roles]
-        assert set(pids) <= set(descendants(front.pid))
+        assert set(pids) <= {pid for pid, _ in descendants(front.pid)}
         front.send_signal(signum)  # the front process alone, as `kill -TERM PID` does
         assert front.wait(timeout=60) == status, err_path.read_text()
         assert [pid for pid in pids if _running(pid)] == []
@@ -116,7 +118,7 @@ def test_sigterm_stops_a_single_process_run_as_ctrl_c_does(tmp_path):
         while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1):
             assert front.poll() is None and time.monotonic() < deadline, err_path.read_text()
             time.sleep(0.05)
-        below = descendants(front.pid)
+        below = [pid for pid, _ in descendants(front.pid)]
         front.send_signal(signal.SIGTERM)
         assert front.wait(timeout=60) == 143, err_path.read_text()
         steps = (out / "metrics.jsonl").read_text().count("\n")

@@ -621,11 +621,13 @@ def report(rows: list[dict], mutants: tuple[Mutant, ...], *, fast: bool = False)
         if rows[0] is None
         else f"The unmutated copy passes those tests ({rows[0]['seconds']:.0f} s)."
     )
+    command = f"python benchmarks/mutants.py{' --fast' if fast else ''}"
     lines = [
         "# Mutation check",
         "",
-        f"`python benchmarks/mutants.py{' --fast' if fast else ''}` on {_commit()}, "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
+        f"Source: commit {_commit().split()[0]}, `{command}`",
+        "",
+        f"`{command}` on {_commit()}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
         f"Each mutant is applied to a scratch copy of the tree; its {'killing' if fast else 'listed'} fast "
         "tests run with `-x`.",
         baseline,

@@ -50,3 +50,11 @@ def test_fast_mode_exits_non_zero_when_a_mutant_survives(monkeypatch, capsys):
 def test_every_mutant_has_a_unique_name():
     names = [m.name for m in mutants.MUTANTS]
     assert len(set(names)) == len(names)
+
+
+def test_the_report_names_its_source_commit_and_command():
+    row = {"name": "deferral-off", "killed": True, "failed": ["t::x"], "seconds": 1.0, "rc": 1}
+    text = mutants.report([None, row], mutants.MUTANTS, fast=True)
+    head = mutants._commit().split()[0]
+    assert f"Source: commit {head}, `python benchmarks/mutants.py --fast`" in text
+    assert "**1 of 1 mutants killed**" in text and "| deferral-off |" in text

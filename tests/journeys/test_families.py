@@ -49,6 +49,12 @@ def _internvl(folder: Path, stock: dict) -> list[str]:
     return ["--model-path", str(save_internvl(folder))]
 
 
+def _qwen3_vl(folder: Path, stock: dict) -> list[str]:
+    from tests.models.qwen3_vl_tiny import save_whole
+
+    return ["--model-path", str(save_whole(folder, text_layers=3, vision_depth=4))]
+
+
 CHECKPOINTS: dict[tuple[str, str], Callable[[Path, dict], list[str]]] = {
     ("composition", "stock folders"): lambda folder, stock: [
         *("--vision-model", str(stock["qwen2_5_vl"]), "--llm-model", str(stock["llama"]))
@@ -57,6 +63,7 @@ CHECKPOINTS: dict[tuple[str, str], Callable[[Path, dict], list[str]]] = {
     ("llava_onevision", "llava_onevision"): _llava,
     ("qwen2_vl", "qwen2_vl"): _qwen("qwen2_vl"),
     ("qwen2_vl", "qwen2_5_vl"): _qwen("qwen2_5_vl"),
+    ("qwen3_vl", "qwen3_vl"): _qwen3_vl,
 }
 """(registry family, ``model_type`` of its checkpoint; the composition's is a stock vision folder
 and a stock LLM folder) -> the model flags of a tiny checkpoint saved under a folder."""
@@ -79,10 +86,11 @@ def _entrain(capsys, *argv: str) -> None:
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("case", list(CHECKPOINTS), ids=["-".join(c) for c in CHECKPOINTS])
+@pytest.mark.parametrize("case", registered(), ids=["-".join(c) for c in registered()])
 def test_a_family_plans_trains_resumes_and_exports(
     case, tmp_path, monkeypatch, capsys, stock_checkpoints, tiny_dataset
 ):
+    assert case in CHECKPOINTS, f"{case}: no tiny checkpoint in CHECKPOINTS"
     model = CHECKPOINTS[case](tmp_path / "ckpt", stock_checkpoints)
     monkeypatch.chdir(tmp_path)
     _entrain(capsys, "plan", *model, "--dataset", str(tiny_dataset), "--gpus", "2", "--global-batch", "4",

@@ -56,7 +56,9 @@ FAMILY_DATASETS = {
 }
 """The whole-model family presets run fewer workloads (each case is minutes on the shared machine): the
 zoo's document, multi-image and mixed ones (and, for LLaVA-OneVision, its own AnyRes workload)."""
-SYSTEMS = ("entrain", "entrain-1f1b", "1f1b", "disttrain", "dip", "dip-greedy", "dip-greedy-mem")
+SYSTEMS = (
+    "entrain", "entrain-1f1b", "1f1b", "disttrain", "dip", "dip-greedy", "dip-greedy-mem", "encoder-rebalance", "dflop",
+)  # fmt: skip
 IDEAL_TARGET = 1.10
 OUT = Path(__file__).parent / "results" / "workload_zoo"
 PAPER_ASSIGNMENT = "entrain, paper's assignment"

@@ -5,6 +5,9 @@
 * ``entrain``, ``entrain-1f1b``, ``1f1b``: Algorithm 1 (``b_min``) then Algorithm 2 on the
   ``b_min`` reference batch (``planning.entry.plan``).
 * ``disttrain``: Algorithm 2 on one profiled sample (``planning.baselines.disttrain_profile_sample``).
+* ``encoder-rebalance``: DistTrain's (above).
+* ``dflop``: Algorithm 2 on a draw of a global batch (DFLOP's data-aware parallelism optimizer picks
+  each module's layout from the input distribution; ``batching.dflop`` lists the differences).
 * ``disttrain-paper``: the paper's Table 1 DistTrain config (``planning.baselines.paper_table1_config``).
 * ``dip``, ``dip-greedy``: the colocated layout over all ``gpus / (dp * tp)`` ranks of a replica
   (dp: ``--dp``, else Entrain's planner's choice when it ran, else 4)
@@ -60,6 +63,7 @@ from entrain.core.planning.entry import PlanResult, plan
 from entrain.core.planning.profile import MacroscopicProfiler, Sampler, draw_seed
 from entrain.core.schedules.common import BACKWARD_ORDERS, ScheduleOptions, has_fused_rank
 from entrain.core.systems import (
+    CONFIG_DFLOP,
     CONFIG_DIP,
     CONFIG_DISTTRAIN,
     CONFIG_DISTTRAIN_PAPER,
@@ -168,6 +172,10 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
         cfg = search_config([one], cost, req.parallel)
         return SystemSetup(cfg.to_layout(), {}, "Algorithm 2 on one sample", profile=[one])
+    if kind == CONFIG_DFLOP:
+        profile = sampler(req.global_batch, draw_seed(req.seed, req.global_batch, 0xDF1))
+        cfg = search_config(profile, cost, req.parallel)
+        return SystemSetup(cfg.to_layout(), {}, "Algorithm 2 on a global-batch draw (DFLOP)", profile=profile)
     if kind == CONFIG_DISTTRAIN_PAPER:
         one = disttrain_profile_sample(sampler, cost, seed=req.seed)
         cfg = paper_table1_config(
@@ -388,7 +396,7 @@ def entrain_variant(
 
 DECISIONS = (
     "config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order", "sub_microbatches",
-    "recompute",
+    "encoder_rebalance", "recompute",
 )  # fmt: skip
 """Every automatic choice, in the order it is made (``recompute``: by the memory check,
 ``entrain.sim.memory_fit.deploy``); docs/planner.md, "Decisions by simulation"."""
@@ -408,8 +416,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     """The schedule-option decisions: assignment (paper / two-resource / per-iteration auto), the DP
     re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split backward
     (off / on, where ``entrain_split`` is ``"auto"``), its order (slot / per-b where a rank holds several
-    stages; elsewhere both are one plan, simulated once) and the memory split into sub-microbatches
-    (off: recomputation alone; on)."""
+    stages; elsewhere both are one plan, simulated once), the memory split into sub-microbatches
+    (off: recomputation alone; on) and the encoder's cross-replica rebalancing (off / on)."""
     m = req.margin
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
@@ -438,8 +446,18 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     cuts = {"off": _with_options(setup, memory_split=False), "on": _with_options(setup, memory_split=True)}
     chosen, d = decide("sub_microbatches", "off", cuts, judge, m)
     if d.chosen == "off" and d.candidates["on"] == d.candidates["off"]:
-        return _inert_split(cuts["on"], d)
-    return chosen
+        chosen = _inert_split(cuts["on"], d)
+    return _decide_rebalance(chosen, judge, m)
+
+
+def _decide_rebalance(setup: SystemSetup, judge: CandidateJudge, margin: float) -> SystemSetup:
+    """The ``encoder_rebalance`` decision: each position's encoder work balanced across the DP
+    replicas by all-to-all (``schedules.rebalance``, what the ``encoder-rebalance`` baseline does for
+    DistTrain) or not; with one replica there is nothing to move and ``off`` alone is listed (the
+    judge has simulated that plan already)."""
+    names = ("off", "on") if setup.layout.dp > 1 else ("off",)
+    cands = {n: _with_options(setup, encoder_rebalance=n == "on") for n in names}
+    return decide("encoder_rebalance", "off", cands, judge, margin)[0]
 
 
 def _inert_split(on: SystemSetup, d: Decision) -> SystemSetup:
@@ -477,6 +495,8 @@ def _notes(options: dict) -> str:
         notes += "; paper DP split"
     if options.get("memory_split") is False:
         notes += "; no memory split"
+    if options.get("encoder_rebalance"):
+        notes += "; encoder rebalanced across replicas"
     return notes
 
 

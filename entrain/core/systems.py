@@ -15,15 +15,18 @@ import numpy as np
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.assignment.types import IterationAssignment
 from entrain.core.batching.common import Batcher
+from entrain.core.batching.dflop import assign_dflop
 from entrain.core.batching.dip import assign_dip
 from entrain.core.batching.disttrain import assign_disttrain
 from entrain.core.batching.onef1b import assign_1f1b
+from entrain.core.batching.rebalance import assign_encoder_rebalance
 from entrain.core.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ActionKind, Layout, Plan
 from entrain.core.schedules import dip, dip_greedy, entrain, one_f_one_b
 from entrain.core.schedules.common import PlanGenerator, ScheduleOptions
 from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.rebalance import rebalance_plan
 from entrain.core.work import SampleWork
 
 __all__ = [
@@ -35,10 +38,13 @@ __all__ = [
     "DIP",
     "DIP_GREEDY",
     "DIP_GREEDY_MEM",
+    "ENCODER_REBALANCE",
+    "DFLOP",
     "CONFIG_ENTRAIN",
     "CONFIG_DISTTRAIN",
     "CONFIG_DISTTRAIN_PAPER",
     "CONFIG_DIP",
+    "CONFIG_DFLOP",
     "SystemSpec",
     "SYSTEMS",
     "EXTENSIONS",
@@ -70,6 +76,14 @@ DISTTRAIN_PAPER = "disttrain-paper"
 DIP = dip.NAME
 DIP_GREEDY = dip_greedy.NAME
 DIP_GREEDY_MEM = dip_greedy.MEMORY_BOUNDED
+ENCODER_REBALANCE = "encoder-rebalance"
+"""DistTrain's configuration and 1F1B on disjoint encoder and LLM ranks, with the encoder inputs
+rebalanced across the DP replicas each iteration by all-to-all and the features returned to their
+owners before the LLM (``batching.rebalance``: VeOmni, MegaScale-Omni, LoongForge, OrchMLLM)."""
+DFLOP = "dflop"
+"""DFLOP (SIGMOD'26, arXiv 2603.25120): each module's layout from a profile of the input
+distribution, the global batch split into ``dp * K`` variable-size microbatches by its min-max ILP
+over both modules' predicted times (``batching.dflop``: what we follow and every difference), 1F1B."""
 
 CONFIG_ENTRAIN = ENTRAIN
 """``SystemSpec.config`` kinds (``entrain.core.setups``), each named after the system that introduced
@@ -77,6 +91,7 @@ it: Algorithms 1 + 2; Algorithm 2 on one sample; paper Table 1; DIP's fixed DP/T
 CONFIG_DISTTRAIN = DISTTRAIN
 CONFIG_DISTTRAIN_PAPER = DISTTRAIN_PAPER
 CONFIG_DIP = DIP
+CONFIG_DFLOP = DFLOP
 
 EXTENSIONS = ("layout", "ramp", "split", "assignment")
 """Entrain's switchable extensions (ours, not the paper's): boundary-sharing layout, fill/drain ramp,
@@ -96,7 +111,8 @@ class SystemSpec:
     encoder chunk r and LLM chunk r (equal stage counts)."""
     config: str
     """How its configuration is chosen (``entrain.core.setups``): ``"entrain"`` (Algorithm 1 + 2),
-    ``"disttrain"`` (Algorithm 2 on one sample), ``"disttrain-paper"`` (paper Table 1), ``"dip"``."""
+    ``"disttrain"`` (Algorithm 2 on one sample), ``"disttrain-paper"`` (paper Table 1), ``"dip"``,
+    ``"dflop"`` (Algorithm 2 on a draw of a global batch: DFLOP's optimizer on its input distribution)."""
     extensions: tuple[str, ...] = ()
     """Which of ``EXTENSIONS`` it accepts."""
     stage_chains: bool = False
@@ -153,6 +169,10 @@ SYSTEMS: dict[str, SystemSpec] = {
         SystemSpec(DIP, assign_dip, dip.generate, "colocated", CONFIG_DIP, default_in=("simulate", "assign")),
         SystemSpec(DIP_GREEDY, assign_dip, dip_greedy.generate, "colocated", CONFIG_DIP, default_in=("simulate",)),
         SystemSpec(DIP_GREEDY_MEM, assign_dip, dip_greedy.generate, "colocated", CONFIG_DIP),
+        SystemSpec(
+            ENCODER_REBALANCE, assign_encoder_rebalance, one_f_one_b.generate, "disjoint", CONFIG_DISTTRAIN
+        ),
+        SystemSpec(DFLOP, assign_dflop, one_f_one_b.generate, "disjoint", CONFIG_DFLOP),
     )
 }  # fmt: skip
 
@@ -195,12 +215,18 @@ def generate_plan(
 ) -> Plan:
     """The Plan of ``system`` for these per-iteration assignments (lowered, ready to execute)."""
     gen = get_system(system).generator
-    return gen(layout, list(assignments), samples, cost, ScheduleOptions.from_any(options), system=system)
+    if cost is not None:  # the message parts a family declares besides the hidden states
+        layout = cost.layout_with_parts(layout)
+    opts = ScheduleOptions.from_any(options)
+    plan = gen(layout, list(assignments), samples, cost, opts, system=system)
+    return rebalance_plan(plan) if opts.encoder_rebalance else plan
 
 
 def stage_times_fn(costs: PlanCosts):
     """For the DistTrain batcher: a microbatch's samples -> ``(2, S)`` forward/backward ms per
-    stage of ``costs.layout`` (one call each, per-call constants included)."""
+    stage of ``costs.layout`` (one call each, per-call constants included). Its ``encoder_stages``
+    attribute says how many of the columns are encoder stages (the rebalancing and DFLOP batchers
+    price the two modules apart)."""
 
     def times(samples: Sequence[SampleWork]) -> np.ndarray:
         ids = [s.id for s in samples]
@@ -209,6 +235,7 @@ def stage_times_fn(costs: PlanCosts):
         bwd = [costs.compute_ms(s, ActionKind.B, ids) for s in range(n)]
         return np.array([fwd, bwd])
 
+    times.encoder_stages = costs.layout.num_encoder_stages
     return times
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from entrain.config import RunConfig
+from entrain.core.batching.rebalance import moved_samples
 from entrain.core.costmodel import CostModel
+from entrain.core.errors import ConfigError
 from entrain.core.p2p import check_plan
 from entrain.core.plan import Layout, Plan
 from entrain.core.planning.profile import Sampler, pool_sampler
@@ -134,5 +136,12 @@ def make_plan(
     Plans the simulator runs (``entrain.core.systems.plan_system``), each iteration's point-to-point
     programs checked deadlock-free under NCCL's semantics (``entrain.core.p2p``) before any runs."""
     plan = plan_system(system, layout, batches, cost, options)
+    crossing = [moved_samples(it.assignment) for it in plan.iterations]
+    if any(crossing):
+        raise ConfigError(
+            f"{system}: the plan moves encoder work across data-parallel replicas "
+            f"({sum(map(len, crossing))} sample(s)), which the runtime does not execute yet (no cross-replica "
+            "messages in the point-to-point program); simulate it, or train it with --dp 1"
+        )
     check_plan(plan)
     return plan

@@ -36,6 +36,8 @@ def test_registry_covers_every_system():
         "dip",
         "dip-greedy",
         "dip-greedy-mem",
+        "encoder-rebalance",
+        "dflop",
     ]
     assert SYSTEMS["entrain-1f1b"].batcher is SYSTEMS["entrain"].batcher
     assert [n for n, s in SYSTEMS.items() if s.colocated] == ["dip", "dip-greedy", "dip-greedy-mem"]
@@ -53,7 +55,9 @@ def test_every_batcher_covers_each_sample_once(system):
     ids = sorted(s.id for s in batch)
     assert sorted(s for r in it.replicas for mb in r.encoder_microbatches for s in mb) == ids
     assert sorted(s for r in it.replicas for mb in r.llm_microbatches for s in mb) == ids
-    assert all(len(r.sample_ids) == 24 for r in it.replicas)
+    # encoder work crosses replicas (encoder-rebalance) or microbatches vary in size (dflop)
+    varies = system in ("encoder-rebalance", "dflop")
+    assert varies or all(len(r.sample_ids) == 24 for r in it.replicas)
     assert SYSTEMS[system].batcher(batch, 2, 6) == it
 
 

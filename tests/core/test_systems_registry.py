@@ -124,7 +124,9 @@ def test_derived_lists():
         == "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"
     )
     assert ASSIGN_DEFAULT == default_systems("assign") == "entrain,1f1b,disttrain,dip"
-    assert MEMORY_FITTED == ("entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper")
+    assert MEMORY_FITTED == (
+        "entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "encoder-rebalance", "dflop"
+    )  # fmt: skip
     assert SPLIT_STAGES == REPLAN_SYSTEMS == systems_where("ours") == ("entrain", "entrain-1f1b")
 
 

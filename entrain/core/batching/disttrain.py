@@ -38,6 +38,7 @@ __all__ = [
     "default_stage_times",
     "lpt_global_microbatch",
     "reorder_microbatches",
+    "fwd_bwd",
     "assign_disttrain",
 ]
 
@@ -49,22 +50,26 @@ def default_stage_times(samples: Sequence[SampleWork]) -> np.ndarray:
     return np.array([sum(s.encoder for s in samples), sum(s.llm for s in samples)])
 
 
-def _fwd_bwd(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fwd_bwd(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward per-stage ms of ``stage_times``' answer (a total split 1:2)."""
     times = np.asarray(times, dtype=float)
     if times.ndim == 2:
         return times[0], times[1]
     return times * (1.0 - BACKWARD_SHARE), times * BACKWARD_SHARE
 
 
-def lpt_global_microbatch(samples: Sequence[SampleWork], dp: int) -> list[list[SampleWork]]:
-    """Split one global microbatch of ``dp * U`` samples into ``dp`` groups of ``U`` by encoder LPT."""
+def lpt_global_microbatch(
+    samples: Sequence[SampleWork], dp: int, key: str = "encoder"
+) -> list[list[SampleWork]]:
+    """Split one global microbatch of ``dp * U`` samples into ``dp`` groups of ``U`` by LPT on ``key``
+    work (DistTrain: the encoder's; ``encoder-rebalance``'s owners: the LLM's)."""
     u = len(samples) // dp
     groups: list[list[SampleWork]] = [[] for _ in range(dp)]
     load = [0.0] * dp
-    for s in sort_desc(samples, "encoder"):
+    for s in sort_desc(samples, key):
         r = min((i for i in range(dp) if len(groups[i]) < u), key=lambda i: (load[i], i))
         groups[r].append(s)
-        load[r] += s.encoder
+        load[r] += getattr(s, key)
     return groups
 
 
@@ -99,7 +104,7 @@ def assign_disttrain(
             per_replica[r].append(group)
     replicas = []
     for mbs in per_replica:
-        pairs = [_fwd_bwd(times_of(mb)) for mb in mbs]
+        pairs = [fwd_bwd(times_of(mb)) for mb in mbs]
         fwd, bwd = np.array([f for f, _ in pairs]), np.array([b for _, b in pairs])
         replicas.append(plain_replica(mbs, reorder_microbatches(fwd, bwd)))
     return IterationAssignment(tuple(replicas))

@@ -131,6 +131,10 @@ class ScheduleOptions:
     memory_budget_bytes: float | None = None
     """Per-rank memory (model state + held activations + recomputation transient) Entrain's memory
     split keeps within (None: the device memory)."""
+    encoder_rebalance: bool = False
+    """Entrain (after the 2026 systems): rebalance each position's encoder work across the DP
+    replicas by all-to-all, the features returned to their owners (``schedules.rebalance``; the
+    ``encoder_rebalance`` decision, ``entrain.core.setups``)."""
 
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:

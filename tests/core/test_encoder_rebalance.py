@@ -83,3 +83,20 @@ def test_entrain_option_moves_encoder_work_and_keeps_every_action():
             rep[pos].llm_ids for rep in plain.iterations[0].microbatches
         ]
     assert rebalance_plan(rebalance_plan(plain)).iterations == got.iterations  # a fixed point
+
+
+def test_a_real_run_refuses_a_plan_that_moves_encoder_work_across_replicas():
+    """The runtime's point-to-point program has no cross-replica messages yet: ``make_plan`` says so
+    (one line naming the system) rather than train wrong; one replica moves nothing and plans."""
+    import pytest
+
+    from entrain.core.errors import ConfigError
+    from entrain.runtime.planning import make_plan
+
+    batch = _skewed()
+    with pytest.raises(ConfigError, match=f"{ENCODER_REBALANCE}: the plan moves encoder work across"):
+        make_plan(ENCODER_REBALANCE, disjoint_layout(2, 2, dp=2, k=2, microbatch_size=4), [batch], toy_cost())
+    one = make_plan(
+        ENCODER_REBALANCE, disjoint_layout(2, 2, dp=1, k=4, microbatch_size=4), [batch], toy_cost()
+    )
+    assert not moved_samples(one.iterations[0].assignment)

@@ -1,0 +1,88 @@
+"""Interleaved M-RoPE position ids of a packed Qwen3-VL LLM batch.
+
+Each sample's ``[3, L]`` ids (temporal, height, width) are what transformers' own model computes for
+that sample alone: ``Qwen3VLModel.get_rope_index`` once per sample (image placeholder tokens typed 1,
+video ones 2; a video's grid split per frame, as the processor puts a timestamp before each frame),
+so visual tokens take their merged grid positions and the text after one continues from its start
++ ``max(h, w) / merge``. Samples' ids are concatenated, restarting at 0 per sample. The interleaving
+of the t/h/w frequencies is the rotary table's (transformers' ``Qwen3VLTextRotaryEmbedding``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from entrain.core.errors import ConfigError
+
+__all__ = ["mrope_position_ids", "sample_position_ids"]
+
+
+def _owner(hf_config: Any) -> SimpleNamespace:
+    """What ``get_rope_index`` reads of its model: the config and ``get_vision_position_ids`` (no state)."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    return SimpleNamespace(
+        config=hf_config,
+        get_vision_position_ids=lambda *a, **k: Qwen3VLModel.get_vision_position_ids(None, *a, **k),
+    )
+
+
+def _runs(positions: torch.Tensor, grids, merge: int, where: str) -> list[tuple[int, int]]:
+    """``(first, end)`` token span of each image; ConfigError unless each is one contiguous run of
+    exactly its merged tokens and no two touch (transformers would take them for one)."""
+    sizes = [t * h * w // merge**2 for t, h, w in grids]
+    if sum(sizes) != positions.numel():
+        raise ConfigError(
+            f"{where}: {positions.numel()} image tokens but its grids {list(grids)} need {sum(sizes)}"
+        )
+    runs, start = [], 0
+    for i, n in enumerate(sizes):
+        run = positions[start : start + n]
+        if not n or int(run[-1]) - int(run[0]) != n - 1:
+            raise ConfigError(f"{where}: the tokens of image {i} are not one contiguous run")
+        if runs and runs[-1][1] == int(run[0]):
+            raise ConfigError(
+                f"{where}: images {i - 1} and {i} touch (a vision_end/vision_start pair separates them)"
+            )
+        runs.append((int(run[0]), int(run[-1]) + 1))
+        start += n
+    return runs
+
+
+def sample_position_ids(hf_config: Any, input_ids, image_positions, grids: Sequence[Sequence[int]],
+                        where: str = "sample", video_positions=None, video_grids=()) -> torch.Tensor:  # fmt: skip
+    """``[3, L]`` int64 ids of one sample as transformers' ``get_rope_index`` gives them: ``input_ids
+    [L]``, the image placeholders ``image_positions`` with the images' ``(t, h, w)`` patch grids, and
+    optionally the video placeholders ``video_positions`` (each frame's tokens one run) with
+    ``video_grids``."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    input_ids = torch.as_tensor(input_ids, dtype=torch.int64).cpu()
+    merge = hf_config.vision_config.spatial_merge_size
+    types = torch.zeros((1, input_ids.numel()), dtype=torch.int32)
+    for a, b in _runs(torch.as_tensor(image_positions, dtype=torch.int64).cpu(), grids, merge, where):
+        types[0, a:b] = 1
+    if video_positions is not None and len(video_grids):
+        types[0, torch.as_tensor(video_positions, dtype=torch.int64)] = 2
+
+    def grid_tensor(gs):
+        return torch.tensor([list(g) for g in gs], dtype=torch.int64).reshape(-1, 3) if len(gs) else None
+
+    ids, _ = Qwen3VLModel.get_rope_index(
+        _owner(hf_config), input_ids.unsqueeze(0), mm_token_type_ids=types,
+        image_grid_thw=grid_tensor(grids), video_grid_thw=grid_tensor(video_grids),
+    )  # fmt: skip
+    return ids[:, 0]
+
+
+def mrope_position_ids(hf_config: Any, samples: Sequence[Any]) -> torch.Tensor:
+    """``[3, T]`` ids of a packed batch: each sample's ``sample_position_ids``, concatenated."""
+    parts = [
+        sample_position_ids(hf_config, s.input_ids, s.image_positions, s.grids, f"packed sample {i}")
+        for i, s in enumerate(samples)
+    ]
+    return torch.cat(parts, dim=1) if parts else torch.zeros((3, 0), dtype=torch.int64)

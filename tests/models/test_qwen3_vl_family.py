@@ -176,3 +176,22 @@ def test_export_loads_in_transformers_with_every_tensor(model, folder, tmp_path)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     for n, p in loaded.named_parameters():
         assert torch.equal(p, params[n]), n
+
+
+def test_touching_images_are_split_as_if_one_text_token_sat_between(model):
+    """Images with no token between (short texts): each keeps its own grid positions, the second
+    continuing right after the first's largest id — transformers' ids with one separator token,
+    which is dropped, and every later id one less."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    from entrain.models.families.qwen3_vl.positions import sample_position_ids
+
+    ids = torch.tensor([5, 6, *[IMAGE] * 4, *[IMAGE] * 8, 7, 8])
+    got = sample_position_ids(model.config, ids, torch.arange(2, 14), ((1, 4, 4), (1, 4, 8)))
+    apart = torch.cat([ids[:6], torch.tensor([9]), ids[6:]])
+    want, _ = Qwen3VLModel.get_rope_index(
+        model.model, apart.unsqueeze(0), mm_token_type_ids=(apart == IMAGE).int().unsqueeze(0),
+        image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 8]]),
+    )  # fmt: skip
+    want = torch.cat([want[:, 0, :6], want[:, 0, 7:] - 1], dim=1)
+    assert torch.equal(got, want)

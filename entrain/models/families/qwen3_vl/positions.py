@@ -33,7 +33,7 @@ def _owner(hf_config: Any) -> SimpleNamespace:
 
 def _runs(positions: torch.Tensor, grids, merge: int, where: str) -> list[tuple[int, int]]:
     """``(first, end)`` token span of each image; ConfigError unless each is one contiguous run of
-    exactly its merged tokens and no two touch (transformers would take them for one)."""
+    exactly its merged tokens."""
     sizes = [t * h * w // merge**2 for t, h, w in grids]
     if sum(sizes) != positions.numel():
         raise ConfigError(
@@ -44,10 +44,6 @@ def _runs(positions: torch.Tensor, grids, merge: int, where: str) -> list[tuple[
         run = positions[start : start + n]
         if not n or int(run[-1]) - int(run[0]) != n - 1:
             raise ConfigError(f"{where}: the tokens of image {i} are not one contiguous run")
-        if runs and runs[-1][1] == int(run[0]):
-            raise ConfigError(
-                f"{where}: images {i - 1} and {i} touch (a vision_end/vision_start pair separates them)"
-            )
         runs.append((int(run[0]), int(run[-1]) + 1))
         start += n
     return runs
@@ -59,23 +55,43 @@ def sample_position_ids(hf_config: Any, input_ids, image_positions, grids: Seque
     [L]``, the image placeholders ``image_positions`` with the images' ``(t, h, w)`` patch grids, and
     optionally the video placeholders ``video_positions`` (each frame's tokens one run) with
     ``video_grids``."""
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
-
     input_ids = torch.as_tensor(input_ids, dtype=torch.int64).cpu()
     merge = hf_config.vision_config.spatial_merge_size
-    types = torch.zeros((1, input_ids.numel()), dtype=torch.int32)
-    for a, b in _runs(torch.as_tensor(image_positions, dtype=torch.int64).cpu(), grids, merge, where):
-        types[0, a:b] = 1
+    runs = _runs(torch.as_tensor(image_positions, dtype=torch.int64).cpu(), grids, merge, where)
+    types = torch.zeros(input_ids.numel(), dtype=torch.int32)
+    for a, b in runs:
+        types[a:b] = 1
     if video_positions is not None and len(video_grids):
-        types[0, torch.as_tensor(video_positions, dtype=torch.int64)] = 2
+        types[torch.as_tensor(video_positions, dtype=torch.int64)] = 2
+    # two images with no token between (transformers would take them for one): split there, the part
+    # from the second on continuing after the first part's largest id, as the text after an image does
+    cuts = [0, *(runs[i][0] for i in range(1, len(runs)) if runs[i][0] == runs[i - 1][1]), input_ids.numel()]
+    parts, offset = [], 0
+    for a, b in zip(cuts, cuts[1:]):
+        inside = [g for (s, _), g in zip(runs, grids) if a <= s < b]
+        videos = video_grids if a == 0 else ()  # a video's frames are apart: never split
+        part = _rope_index(hf_config, input_ids[a:b], types[a:b], inside, videos) + offset
+        offset = int(part.max()) + 1 if part.numel() else offset
+        parts.append(part)
+    return torch.cat(parts, dim=1)
+
+
+def _rope_index(
+    hf_config: Any, input_ids: torch.Tensor, types: torch.Tensor, grids, video_grids
+) -> torch.Tensor:
+    """Transformers' ``get_rope_index`` of one token sequence (``types``: 0 text, 1 image, 2 video)."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 
     def grid_tensor(gs):
         return torch.tensor([list(g) for g in gs], dtype=torch.int64).reshape(-1, 3) if len(gs) else None
 
     ids, _ = Qwen3VLModel.get_rope_index(
-        _owner(hf_config), input_ids.unsqueeze(0), mm_token_type_ids=types,
-        image_grid_thw=grid_tensor(grids), video_grid_thw=grid_tensor(video_grids),
-    )  # fmt: skip
+        _owner(hf_config),
+        input_ids.unsqueeze(0),
+        mm_token_type_ids=types.unsqueeze(0),
+        image_grid_thw=grid_tensor(grids),
+        video_grid_thw=grid_tensor(video_grids),
+    )
     return ids[:, 0]
 
 

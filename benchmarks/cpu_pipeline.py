@@ -239,7 +239,7 @@ def _launch_one(out: str, steps: int, systems, *extra: str, nproc: int = 2, conf
 
 
 def _stage_std(rows: list[dict]) -> float:
-    from entrain.runtime.session import stage_std_ms
+    from entrain.runtime.run_metrics import stage_std_ms
 
     return statistics.median(stage_std_ms(r["stage_times"]) for r in rows)
 

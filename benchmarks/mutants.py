@@ -130,7 +130,7 @@ MUTANTS = (
     Mutant(
         "skipped-rng-restore",
         "resume does not restore the Python / numpy / torch generator states",
-        "entrain/runtime/session.py",
+        "entrain/runtime/checkpointer.py",
         'ck.set_rng_state(found.rank_state["rng"])',
         "pass",
         (RESUME,),

@@ -152,7 +152,7 @@ class ModelConfig:
     tokenizer: str | None = _fp(None, FP_WHEN_SET)
     """The stock LLM's tokenizer folder (default: ``llm_model``'s own)."""
     precision: str | None = _fp(None, FP_WHEN_SET)
-    """``fp32`` or ``bf16`` (None: bf16 on CUDA, fp32 on CPU; ``session.resolve_precision``)."""
+    """``fp32`` or ``bf16`` (None: bf16 on CUDA, fp32 on CPU; ``preflight.resolve_precision``)."""
     model_path: str | None = _fp(None, FP_WHEN_SET)
     """One whole checkpoint folder of a model family (``--model-path``; replaces ``name``)."""
 
@@ -437,7 +437,7 @@ def fingerprint_fields() -> dict[str, dict]:
 
 
 def fingerprint_keys(when_set: bool | None = None) -> tuple[str, ...]:
-    """The flag names whose values make the resume fingerprint (``entrain.runtime.session.fingerprint``),
+    """The flag names whose values make the resume fingerprint (``entrain.runtime.checkpointer.fingerprint``),
     from the fields' metadata; ``when_set`` True / False: only those left out at their default / the others."""
     keys = []
     for name, meta in fingerprint_fields().items():

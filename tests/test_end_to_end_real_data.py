@@ -14,7 +14,8 @@ from runtime.harness import run_workers
 from entrain.cli.main import build_parser, main
 from entrain.cli.train import _spec
 from entrain.core.errors import ConfigError
-from entrain.runtime.session import check_spec, run_systems, world_size_of
+from entrain.runtime.preflight import check_spec, world_size_of
+from entrain.runtime.session import run_systems
 
 
 def _train(env, spec):

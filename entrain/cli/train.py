@@ -207,9 +207,8 @@ def run(args: argparse.Namespace) -> int:
     torchrun workers it starts (``entrain.cli.launch``)."""
     from entrain.cli.train_worker import as_worker, run_rank, run_under_torchrun
     from entrain.runtime.planning import fixed_stages
-    from entrain.runtime.preflight import check_before_launch, default_world_size, resolve_device
+    from entrain.runtime.preflight import check_before_launch, check_spec, default_world_size, resolve_device
     from entrain.runtime.run_folder import interrupted_line
-    from entrain.runtime.session import check_spec
 
     if args.demo:
         apply_demo(args)

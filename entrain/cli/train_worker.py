@@ -34,7 +34,7 @@ def as_worker(args: argparse.Namespace) -> int:
     """A torchrun worker of ``entrain.cli.launch.launch``: the parent checked the flags, the run folder
     and the dataset; an Entrain error goes to ``$ENTRAIN_ERROR_DIR`` for the parent to print once,
     and Ctrl-C ends the worker quietly (the parent reports the step)."""
-    from entrain.runtime.session import check_spec
+    from entrain.runtime.preflight import check_spec
 
     try:
         infer_dp(args, int(os.environ["WORLD_SIZE"]))
@@ -63,9 +63,9 @@ def _memory_check(system: str, setup, batches, cost, margin: float | None = None
 
 def _warn_profile_precision(spec, device) -> str | None:
     """The one-line warning of a ``--profile`` timed in another precision than this run's effective
-    ``--precision`` (``session.resolve_precision`` on the device the process group runs on)."""
+    ``--precision`` (``preflight.resolve_precision`` on the device the process group runs on)."""
     from entrain.core.costmodel import CostModel
-    from entrain.runtime.session import resolve_precision
+    from entrain.runtime.preflight import resolve_precision
 
     path = spec.model.profile
     if not path:
@@ -117,7 +117,8 @@ def run_rank(spec, under_torchrun: bool) -> int:
     from entrain.runtime.distributed import set_deterministic, shutdown
     from entrain.runtime.launcher import leave_for_replan
     from entrain.runtime.replan import ReplanRequested
-    from entrain.runtime.session import run_systems, summary_line
+    from entrain.runtime.run_metrics import summary_line
+    from entrain.runtime.session import run_systems
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     keep_freed_memory()

@@ -1,6 +1,8 @@
 """What ``entrain train`` checks before any training process starts, in the order a user fixes it: the
 run folder, a resumed run's configuration, the dataset's size, the batch against ``b_min``; and the
-device and the number of processes to start."""
+device and the number of processes to start. ``check_spec`` (what the runtime cannot run) runs both
+before the launch and again in every worker, with the number of processes started; ``resolve_precision``
+is the run's precision on its device."""
 
 from __future__ import annotations
 
@@ -8,12 +10,20 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from entrain.config import RunConfig
+from entrain.core.architectures import PRECISIONS
 from entrain.core.errors import ConfigError
 from entrain.core.p2p import SHARED_QUEUE_ENV, rules_from_env
-from entrain.core.systems import SYSTEMS
+from entrain.core.parallel import check_stage_count
+from entrain.core.presets import trainable_parts
+from entrain.core.systems import SYSTEMS, get_system
+from entrain.runtime.planning import fixed_stages, plan_file, ranks_per_replica
 from entrain.runtime.run_folder import check_run_folder, system_out
+
+if TYPE_CHECKING:
+    import torch
 
 B_MIN_POOL = 4096
 
@@ -55,7 +65,7 @@ def refuse_shared_gpu_queue(
 def check_resume(spec: RunConfig) -> None:
     """Refuse ``--resume`` into a run folder written by another configuration (before any launch)."""
     from entrain.runtime.checkpoint import check_resumable
-    from entrain.runtime.session import fingerprint
+    from entrain.runtime.checkpointer import fingerprint
 
     for system in spec.schedule.systems:
         check_resumable(system_out(spec, system), fingerprint(spec, system))
@@ -72,7 +82,7 @@ def check_dataset_size(spec: RunConfig) -> None:
         read_workload_jsonl,
         resolve_dataset_file,
     )
-    from entrain.runtime.session import screen
+    from entrain.runtime.run_data import screen
 
     if is_builtin(spec.data.dataset):
         return
@@ -103,8 +113,6 @@ def check_dataset_size(spec: RunConfig) -> None:
 def default_world_size(spec: RunConfig) -> int:
     """Processes to start without ``--nproc``: what a plan file or fixed stages need; else 2 (the
     smallest disjoint pipeline), 1 when every system is colocated (DIP)."""
-    from entrain.runtime.session import world_size_of
-
     need = world_size_of(spec)
     if need is not None:
         return need
@@ -164,3 +172,104 @@ def resolve_device(requested: str, num_local_procs: int, say: bool = True) -> st
         print(note, file=sys.stderr, flush=True)
     os.environ[DEVICE_ENV] = kind
     return kind
+
+
+def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
+    """Refuse what the runtime cannot run, before any process group starts (the batch and range
+    rules themselves are ``ParallelConfig``'s)."""
+    par = spec.parallel
+    if par.cp > 1:
+        raise ConfigError(
+            f"the runtime executes Plans with CP = 1; the encoder and llm have CP = {par.cp} "
+            "(the planner and simulator cover it)"
+        )
+    from entrain.runtime.model_source import model_family, model_source
+    from entrain.runtime.parallelize import check_tp
+
+    family = model_family(spec)
+    shape = family.shape(model_source(spec))
+    check_tp(shape, par.tp, family)
+    if spec.model.precision is not None and spec.model.precision not in PRECISIONS:
+        raise ConfigError(f"--precision {spec.model.precision!r}: choose from {', '.join(PRECISIONS)}")
+    _check_something_trains(spec.model.freeze)
+    if par.fsdp and par.dp_or_1 < 2:
+        raise ConfigError("--fsdp shards each stage over its data-parallel group: it needs --dp 2 or more")
+    if par.fsdp and spec.schedule.split_weight_grads is True:
+        raise ConfigError("--fsdp with --split-weight-grads on is not supported by the runtime; pick one")
+    for comp, n in (("encoder", par.encoder_stages), ("llm", par.llm_stages)):
+        if n is not None:
+            check_stage_count(comp, n, family.layer_names(shape, comp), shape.name)
+    need = world_size_of(spec)
+    if world_size is not None and need is not None and need != world_size:
+        raise ConfigError(_world_mismatch(spec, need, world_size))
+    if world_size is not None and need is None:
+        _check_planner_world(spec, world_size)
+
+
+def _check_something_trains(freeze: Sequence[str]) -> None:
+    if not trainable_parts(freeze):
+        raise ConfigError(
+            f"--freeze {','.join(freeze)} leaves no trainable parameter (the merger trains unless "
+            "'encoder' is frozen, the LLM unless 'llm' is): nothing to learn; freeze fewer parts"
+        )
+
+
+def _check_planner_world(spec: RunConfig, world_size: int) -> None:
+    """The planner needs whole replicas of at least 2 pipeline ranks (1 for DIP) on the processes,
+    each pipeline rank being ``--tp`` processes."""
+    dp, tp = spec.parallel.dp_or_1, spec.parallel.tp
+    least = max(1 if get_system(s).colocated else 2 for s in spec.schedule.systems)
+    per_replica = dp * tp
+    if world_size % per_replica or world_size // per_replica < least:
+        need = per_replica * max(least, -(-world_size // per_replica))
+        if tp == 1:
+            raise ConfigError(
+                f"dp {dp} needs {need} processes, but {world_size} were started: start {need} processes "
+                f"(--nproc {need}), or another multiple of {dp} with at least {least} pipeline ranks a replica"
+            )
+        raise ConfigError(
+            f"--tp {tp} makes every pipeline rank {tp} processes: dp {dp} x {least} pipeline ranks x tp {tp} "
+            f"needs {need} processes, but {world_size} were started: start {need} (--nproc {need}) or lower --tp"
+        )
+
+
+def _world_mismatch(spec: RunConfig, need: int, world_size: int) -> str:
+    par = spec.parallel
+    if spec.schedule.plan:
+        return (
+            f"the plan {spec.schedule.plan} runs on {need} processes, but {world_size} were started: "
+            f"start {need} processes (--nproc {need})"
+        )
+    per = max(ranks_per_replica(spec, s) for s in spec.schedule.systems) * par.tp
+    system = next(
+        s for s in spec.schedule.systems if par.dp_or_1 * ranks_per_replica(spec, s) * par.tp == need
+    )
+    hint = (
+        f"start {need} processes (--nproc {need})"
+        if world_size % per
+        else f"start {need} processes (--nproc {need}) or pass --dp {world_size // per}"
+    )
+    return (
+        f"{system} with {par.encoder_stages} encoder + {par.llm_stages} LLM stages and dp {par.dp_or_1} needs "
+        f"{need} processes, but {world_size} were started: {hint}"
+    )
+
+
+def world_size_of(spec: RunConfig) -> int | None:
+    """Processes the run needs: the plan file's, or dp x ranks per replica x tp with the stage counts
+    fixed by flags; None when the planner chooses the layout for the processes it is given."""
+    if spec.schedule.plan:
+        return plan_file(spec)[1].layout.world_size
+    if not fixed_stages(spec):
+        return None
+    par = spec.parallel
+    return max(par.dp_or_1 * ranks_per_replica(spec, s) * par.tp for s in spec.schedule.systems)
+
+
+def resolve_precision(spec: RunConfig, device: torch.device) -> str:
+    """``--precision``, or bf16 on CUDA and fp32 on CPU when not given. bf16 runs the forward and
+    backward under ``torch.autocast`` (CPU and CUDA both support bf16 autocast); parameters,
+    gradients and AdamW state stay fp32."""
+    if spec.model.precision is not None:
+        return spec.model.precision
+    return "bf16" if device.type == "cuda" else "fp32"

@@ -2,7 +2,7 @@
 ``torch.utils.tensorboard`` (the ``tensorboard`` package, in the ``train`` extra).
 
 Tags: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/iteration_ms``, ``train/tokens_per_s``,
-``train/stage_std_ms`` (``entrain.runtime.session.stage_std_ms``), ``val/loss`` when validated, and
+``train/stage_std_ms`` (``entrain.runtime.run_metrics.stage_std_ms``), ``val/loss`` when validated, and
 ``data/skipped_samples`` (records left out by ``--on-bad-sample skip``), at the step index.
 """
 

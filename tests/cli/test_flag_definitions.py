@@ -134,7 +134,7 @@ def test_every_train_flag_is_forwarded_and_fingerprinted_or_excluded_with_a_reas
 def test_the_fingerprint_and_the_record_follow_the_field_metadata():
     from entrain.cli.train_args import run_flags
     from entrain.config import RunConfig
-    from entrain.runtime.session import fingerprint
+    from entrain.runtime.checkpointer import fingerprint
 
     actions = _actions()["train"]
     args = argparse.Namespace(**{d: a.default for d, a in actions.items()})

@@ -135,7 +135,7 @@ def test_readme_main_job_with_two_steps(tmp_path):
 
 
 def test_stage_std_is_per_replica_stage_over_microbatches():
-    from entrain.runtime.session import stage_std_ms
+    from entrain.runtime.run_metrics import stage_std_ms
 
     rows = [
         {"rank": rank, "stage": 0, "mb": mb, "sub": sub, "fwd_ms": f, "bwd_ms": 0.0}

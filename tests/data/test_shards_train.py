@@ -10,7 +10,8 @@ import math
 
 from entrain.cli.main import build_parser
 from entrain.cli.train import _spec
-from entrain.runtime.session import check_spec, run_systems, world_size_of
+from entrain.runtime.preflight import check_spec, world_size_of
+from entrain.runtime.session import run_systems
 from tests.data.shard_writers import records, write
 from tests.runtime.harness import run_workers
 

@@ -81,7 +81,7 @@ def test_export_from_a_changed_base_is_one_line(changed, tmp_path, capsys):
 
 def test_a_run_from_before_the_content_fingerprint_stays_resumable(changed, tmp_path):
     from entrain.cli.train import _spec
-    from entrain.runtime.session import fingerprint
+    from entrain.runtime.checkpointer import fingerprint
 
     ckpt, run = changed
     old = Path(shutil.copytree(run, tmp_path / "old"))

@@ -14,8 +14,9 @@ from entrain.cli import train as train_cli
 from entrain.cli.main import build_parser
 from entrain.core.errors import ConfigError
 from entrain.runtime import checkpoint as ck
-from entrain.runtime import session
+from entrain.runtime.checkpointer import Checkpointer, agree
 from entrain.runtime.health import PeerWatch
+from entrain.runtime.run_data import RunData
 
 from .cases import batch_metas, plan_for, works
 from .harness import run_workers
@@ -46,16 +47,16 @@ def _save_then_resume(env, spec, layout, out):
     watch = PeerWatch(env.rank, env.world_size, 30.0)
     state = {f"model/w{env.rank}": torch.full((4096,), float(env.rank))}
     trainer = SimpleNamespace(watch=watch, checkpoint_state=lambda: state)
-    session._save_checkpoint(spec, "1f1b", layout, env, str(out), trainer, session.RunData([], []), STEP)
-    agree = session._agree(env, watch, "resume")
-    found = ck.select_checkpoint(out, rank=env.rank, agree=agree, world_size=env.world_size)
+    Checkpointer(spec, "1f1b", layout, env, str(out), RunData([], []), watch).save(trainer, STEP)
+    verify = agree(env, watch, "resume")
+    found = ck.select_checkpoint(out, rank=env.rank, agree=verify, world_size=env.world_size)
     dist.barrier()
     if env.rank == 0:  # corrupt a file of rank 1's share (every other file, from the second)
         name = sorted(found.manifest["files"])[1]
         (ck.step_dir(out, STEP) / name).write_bytes(b"corrupt")
     dist.barrier()
     said = []
-    again = ck.select_checkpoint(out, rank=env.rank, agree=agree, say=said.append, world_size=env.world_size)
+    again = ck.select_checkpoint(out, rank=env.rank, agree=verify, say=said.append, world_size=env.world_size)
     return sorted(hashed), found.manifest["files"], again, said
 
 
@@ -78,7 +79,7 @@ def test_each_rank_hashes_its_own_files_and_resume_verifies_its_share(tmp_path):
 def _check_folder(env, folders):
     watch = PeerWatch(env.rank, env.world_size, 30.0)
     try:
-        ck.check_shared_folder(folders[env.rank], env.rank, session._agree(env, watch, "shared"), wait_s=0.2)
+        ck.check_shared_folder(folders[env.rank], env.rank, agree(env, watch, "shared"), wait_s=0.2)
     except ConfigError as e:
         return str(e)
     return None

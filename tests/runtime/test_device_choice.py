@@ -165,11 +165,12 @@ def test_deterministic_reaches_the_worker(monkeypatch, tmp_path):
     the resume fingerprint. On CPU a resumed run is bitwise equal with or without it; on GPU only
     with it (``docs/architecture.md``)."""
     from entrain.runtime import session
+    from entrain.runtime.checkpointer import fingerprint
 
     seen = {}
 
     def record(spec, env, memory_check=None, judge_factory=None):
-        seen.update(on=torch.are_deterministic_algorithms_enabled(), fp=session.fingerprint(spec, "dip"))
+        seen.update(on=torch.are_deterministic_algorithms_enabled(), fp=fingerprint(spec, "dip"))
         return []
 
     monkeypatch.setattr(session, "run_systems", record)

@@ -98,7 +98,7 @@ def test_degrees_the_model_cannot_split_are_refused_before_any_process_group():
 
     from entrain.config import RunConfig
     from entrain.core.errors import ConfigError
-    from entrain.runtime.session import check_spec
+    from entrain.runtime.preflight import check_spec
 
     def run_config(**flags):
         return RunConfig.from_args(Namespace(**flags))

@@ -10,7 +10,7 @@ from entrain.cli.main import build_parser
 from entrain.cli.train import _spec
 from entrain.core.plan import ActionKind
 from entrain.runtime.planning import make_plan, run_setups
-from entrain.runtime.session import load_data
+from entrain.runtime.run_data import load_data
 
 FIXED = ["--encoder-stages", "1", "--llm-stages", "1"]
 

@@ -195,3 +195,27 @@ def test_touching_images_are_split_as_if_one_text_token_sat_between(model):
     )  # fmt: skip
     want = torch.cat([want[:, 0, :6], want[:, 0, 7:] - 1], dim=1)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("frames", "fps"), [((0, 12, 24, 36), 24.0), ((0, 5, 10), 2.0), ((3, 9, 15, 21), None)]
+)
+def test_video_placeholder_text_is_the_processors(frames, fps):
+    """transformers' ``Qwen3VLProcessor.replace_video_token`` (timestamps per temporal patch) on the
+    same grid and sampled frames."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+    from entrain.models.families.qwen3_vl.processing import video_placeholder_text
+
+    t = (len(frames) + 1) // 2
+    grid = torch.tensor([[t, 4, 6]])
+    owner = SimpleNamespace(
+        video_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2),
+        vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>", video_token="<|video_pad|>",
+    )  # fmt: skip
+    owner._calculate_timestamps = lambda *a: Qwen3VLProcessor._calculate_timestamps(owner, *a)
+    meta = SimpleNamespace(fps=fps, frames_indices=list(frames))
+    want = Qwen3VLProcessor.replace_video_token(owner, {"video_grid_thw": grid, "video_metadata": [meta]}, 0)
+    assert video_placeholder_text((t, 4, 6), frames, fps) == want

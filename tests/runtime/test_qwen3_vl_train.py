@@ -26,7 +26,6 @@ from .harness import assert_matches_reference, run_workers, train_step_before_cl
 # (name, system, (encoder cuts), (llm cuts), encoder frozen); the tiny tower taps blocks 0, 2, 3
 # (layers 1, 3, 4 of [patch_embed, blocks.0-4, merger]); decoder layers 0-2 (list 1-3) add them
 CASES_BY_WORLD = {
-    2: [("1f1b-1+1", "1f1b", (), (), False), ("entrain-1+1-frozen-vit", "entrain", (), (), True)],
     4: [("entrain-2+2-taps-split", "entrain", (3,), (2,), False),  # deepstack_0 crosses; 1, 2 ride past
         ("1f1b-2+2-frozen-vit", "1f1b", (4,), (3,), True)],  # deepstack_0, 1 cross; 2 rides past
 }  # fmt: skip

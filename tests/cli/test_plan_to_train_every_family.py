@@ -44,6 +44,12 @@ def _internvl_checkpoint(folder: Path) -> list[str]:
     return ["--model-path", str(tiny.save_internvl(folder))]
 
 
+def _qwen3_vl_checkpoint(folder: Path) -> list[str]:
+    from tests.models.qwen3_vl_tiny import save_whole
+
+    return ["--model-path", str(save_whole(folder, text_layers=3, vision_depth=4))]
+
+
 MODELS = {  # case: (the registry family that runs it, its model flags given a folder to save into)
     "composition-preset": ("composition", lambda folder: ["--model", "tiny"]),
     "qwen2_vl-checkpoint": ("qwen2_vl", _qwen_checkpoint("qwen2_vl")),
@@ -51,6 +57,7 @@ MODELS = {  # case: (the registry family that runs it, its model flags given a f
     "llava_onevision-preset": ("llava_onevision", lambda folder: ["--model", "llava-ov-tiny"]),
     "llava_onevision-checkpoint": ("llava_onevision", _llava_checkpoint),
     "internvl-checkpoint": ("internvl", _internvl_checkpoint),
+    "qwen3_vl-checkpoint": ("qwen3_vl", _qwen3_vl_checkpoint),
 }
 
 

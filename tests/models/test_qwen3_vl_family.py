@@ -219,3 +219,27 @@ def test_video_placeholder_text_is_the_processors(frames, fps):
     meta = SimpleNamespace(fps=fps, frames_indices=list(frames))
     want = Qwen3VLProcessor.replace_video_token(owner, {"video_grid_thw": grid, "video_metadata": [meta]}, 0)
     assert video_placeholder_text((t, 4, 6), frames, fps) == want
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recompute_keeps_loss_and_every_gradient(folder, reference, mode):
+    """``--recompute``: the family's recompute modules (blocks with their DeepStack mergers, decoder
+    layers) wrapped in activation checkpointing give transformers' loss and gradients."""
+    from entrain.models.families.registry import build_stage
+    from entrain.runtime.recompute import apply_recompute
+
+    staged = qm.build_model(str(folder)).double()
+    staged.entrain_family = "qwen3_vl"
+    cuts = CUTS["around_taps"]
+    for component, n, cs in (("encoder", ENCODER_LAYERS, cuts[0]), ("llm", LLM_LAYERS, cuts[1])):
+        bounds = [0, *cs, n]
+        wrapped = [
+            apply_recompute(build_stage(staged, component, a, b), mode) for a, b in zip(bounds, bounds[1:])
+        ]
+        assert sum(wrapped) > 0
+    loss = run_staged(staged, mixed_samples(), cuts)
+    loss.backward()
+    ref_loss, ref_grads = reference
+    assert rel_err(loss.detach(), ref_loss) < REL
+    bad = {n: rel_err(p.grad, ref_grads[n]) for n, p in staged.named_parameters() if n in ref_grads}
+    assert all(e < REL for e in bad.values()), bad

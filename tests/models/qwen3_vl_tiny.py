@@ -19,6 +19,7 @@ __all__ = [
     "Sample",
     "config",
     "save_whole",
+    "save_with_tokenizer",
     "make_sample",
     "mixed_samples",
 ]
@@ -28,7 +29,8 @@ TAPS = (0, 2, 3)
 """The tapped vision blocks of the tiny tower (DeepStack): 3 features into LLM layers 0, 1, 2."""
 
 
-def config(*, text_layers: int = 4, vision_depth: int = 5, taps=TAPS, vocab: int = VOCAB, tied: bool = False):
+def config(*, text_layers: int = 4, vision_depth: int = 5, taps=TAPS, vocab: int = VOCAB, tied: bool = False,
+           ids: dict | None = None):  # fmt: skip
     from transformers import Qwen3VLConfig
 
     text = dict(
@@ -50,7 +52,7 @@ def config(*, text_layers: int = 4, vision_depth: int = 5, taps=TAPS, vocab: int
     )
     vision = dict(depth=vision_depth, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                   num_position_embeddings=16, deepstack_visual_indexes=list(taps))  # fmt: skip
-    ids = dict(
+    ids = ids or dict(
         image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VSTART, vision_end_token_id=VEND
     )
     return Qwen3VLConfig(vision_config=vision, text_config=text, tie_word_embeddings=tied, **ids)
@@ -72,6 +74,22 @@ def save_whole(folder: Path, *, seed: int = 0, shard: str | None = "200KB", **kw
                  "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=1) + "\n")
     return folder
+
+
+def save_with_tokenizer(folder: Path, **kwargs) -> Path:
+    """A tiny checkpoint as a published one ships: a tokenizer (small BPE + chat template) holding the
+    vision tokens at the config's ids, the image processor config, and the model."""
+    from transformers import AutoTokenizer
+
+    from tests.models.qwen_vl_tiny import VISION_TOKENS
+    from tests.models.stock import save_tokenizer
+
+    save_tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS.values())})
+    tok.save_pretrained(folder)
+    ids = {key: tok.convert_tokens_to_ids(t) for key, t in VISION_TOKENS.items()}
+    return save_whole(folder, vocab=len(tok), ids=ids, **kwargs)
 
 
 def make_sample(layout: list, seed: int) -> Sample:

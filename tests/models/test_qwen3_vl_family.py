@@ -243,3 +243,29 @@ def test_recompute_keeps_loss_and_every_gradient(folder, reference, mode):
     assert rel_err(loss.detach(), ref_loss) < REL
     bad = {n: rel_err(p.grad, ref_grads[n]) for n, p in staged.named_parameters() if n in ref_grads}
     assert all(e < REL for e in bad.values()), bad
+
+
+def test_chat_template_and_vision_tokens_come_from_the_checkpoint_folder(tmp_path):
+    """A folder with its own tokenizer: the family's vision token ids are the config's (= the
+    tokenizer's), and a conversation is rendered through the folder's chat template with one
+    placeholder per image feature row between vision_start and vision_end."""
+    from entrain.models.families.base import ModelSource
+    from entrain.models.families.registry import family_of_folder
+    from tests.models.qwen3_vl_tiny import save_with_tokenizer
+
+    folder = save_with_tokenizer(tmp_path / "ckpt", text_layers=3)
+    family = family_of_folder(str(folder))
+    cfg, tok = family.runtime_config(ModelSource(model_path=str(folder)))
+    ids = family.token_ids(cfg)
+    assert tok is not None and tok.chat is not None
+    hf_tok = __import__("transformers").AutoTokenizer.from_pretrained(folder)
+    assert ids == {k: hf_tok.convert_tokens_to_ids(t) for k, t in
+                   (("image", "<|image_pad|>"), ("image_start", "<|vision_start|>"), ("image_end", "<|vision_end|>"))}  # fmt: skip
+    turns = [("user", "<image>\nWhat is shown in the chart?"), ("assistant", "The bars rise.")]
+    input_ids, labels = family.format_chat(cfg, turns, [6], tok)
+    at = input_ids.index(ids["image"])
+    assert input_ids[at - 1] == ids["image_start"] and input_ids[at : at + 7] == [ids["image"]] * 6 + [
+        ids["image_end"]
+    ]
+    answer = [t for t, lab in zip(input_ids, labels) if lab != -100]
+    assert hf_tok.decode(answer).startswith("The bars rise.")

@@ -100,3 +100,19 @@ def test_a_real_run_refuses_a_plan_that_moves_encoder_work_across_replicas():
         ENCODER_REBALANCE, disjoint_layout(2, 2, dp=1, k=4, microbatch_size=4), [batch], toy_cost()
     )
     assert not moved_samples(one.iterations[0].assignment)
+
+
+def test_rebalancing_never_raises_a_replicas_in_flight_encoder_work():
+    """Replica a is heavy at position 0 and light at 1, b the reverse: balancing either position alone
+    would give one replica more encoder work over the two in flight (window 2) than any replica had,
+    so the memory the plan was fitted to would not hold; with a window of 1 both positions balance."""
+    from entrain.core.schedules.rebalance import rebalance_iteration
+
+    works = {"a0": 4.0, "a1": 4.0, "a2": 1.0, "b0": 1.0, "b1": 4.0, "b2": 4.0}
+    samples = raw_samples({s: (w, 1.0) for s, w in works.items()})
+    reps = [deferral_assignment([["a0", "a1"], ["a2"]], {}), deferral_assignment([["b0"], ["b1", "b2"]], {})]
+    layout = disjoint_layout(2, 2, dp=2, k=2, microbatch_size=2)
+    plain = generate_plan(ENTRAIN, layout, one_iteration(*reps), samples, toy_cost()).iterations[0]
+    assert rebalance_iteration(plain, samples, window=2).microbatches == plain.microbatches
+    moved = rebalance_iteration(plain, samples, window=1)
+    assert [sum(works[s] for s in rep[0].encoder_ids) for rep in moved.microbatches] == [4.0, 5.0]

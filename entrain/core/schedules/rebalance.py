@@ -43,11 +43,26 @@ def _assignment(rep: ReplicaAssignment, specs: tuple[MicrobatchSpec, ...], sampl
     return replace(rep, encoder_microbatches=tuple(enc), encoder_work=work)
 
 
-def rebalance_iteration(it: IterationPlan, samples: dict[str, SampleWork]) -> IterationPlan:
-    """``it`` with its encoder sub-microbatches rebalanced across replicas (module docstring)."""
+def _window_peak(loads: list[list[float]], window: int) -> float:
+    """The largest sum of ``window`` consecutive positions' encoder work on any replica."""
+    return max(
+        (sum(row[i : i + window]) for row in loads for i in range(max(1, len(row) - window + 1))), default=0.0
+    )
+
+
+def rebalance_iteration(it: IterationPlan, samples: dict[str, SampleWork], window: int = 1) -> IterationPlan:
+    """``it`` with its encoder sub-microbatches rebalanced across replicas (module docstring). A
+    position's rebalancing is kept only where no replica's encoder work over any ``window``
+    consecutive positions (the forwards a first encoder rank holds at once: its pipeline depth)
+    exceeds the largest such sum of the plan as generated, so the memory it was fitted to holds."""
     reps = [list(r) for r in it.microbatches]
     if len(reps) < 2:
         return it
+
+    def loads() -> list[list[float]]:
+        return [[sum(samples[s].encoder for s in spec.encoder_ids) for spec in r] for r in reps]
+
+    limit = _window_peak(loads(), window) * (1.0 + 1e-9)
     for p in range(min(len(r) for r in reps)):
         specs = [r[p] for r in reps]
         if not _rebalanceable(specs):
@@ -55,6 +70,9 @@ def rebalance_iteration(it: IterationPlan, samples: dict[str, SampleWork]) -> It
         enc = rebalance_encoder([[samples[s] for s in spec.encoder_subs[0]] for spec in specs])
         for r, group in enumerate(enc):
             reps[r][p] = _with_sub0(specs[r], tuple(s.id for s in group))
+        if _window_peak(loads(), window) > limit:
+            for r, spec in enumerate(specs):
+                reps[r][p] = spec
     mbs = tuple(tuple(r) for r in reps)
     assignment = IterationAssignment(
         tuple(_assignment(rep, specs, samples) for rep, specs in zip(it.assignment.replicas, mbs))
@@ -63,6 +81,8 @@ def rebalance_iteration(it: IterationPlan, samples: dict[str, SampleWork]) -> It
 
 
 def rebalance_plan(plan: Plan) -> Plan:
-    """Every iteration of ``plan`` rebalanced; ``Plan.options["encoder_rebalance"]`` set."""
-    its = tuple(rebalance_iteration(it, plan.samples) for it in plan.iterations)
+    """Every iteration of ``plan`` rebalanced (windows of the replica's pipeline depth);
+    ``Plan.options["encoder_rebalance"]`` set."""
+    depth = plan.layout.ranks_per_replica
+    its = tuple(rebalance_iteration(it, plan.samples, depth) for it in plan.iterations)
     return replace(plan, iterations=its, options={**plan.options, "encoder_rebalance": True})

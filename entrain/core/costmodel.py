@@ -15,16 +15,21 @@ i.e. once per (sub-)microbatch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from entrain.core.errors import ConfigError
+from entrain.core.layer_specs import MessagePart
 from entrain.core.samples import LABEL_FRACTION, SampleMeta
 from entrain.core.work import SampleWork
+
+if TYPE_CHECKING:
+    from entrain.core.plan import Layout
 
 __all__ = [
     "Quadratic",
@@ -207,6 +212,11 @@ class LayerCost:
     """Of ``param_bytes``: a decoder layer's K/V projections (``rank_param_bytes``)."""
     kv_heads: int = 0
     """A decoder layer's KV heads (0: not one)."""
+    message_parts: tuple[MessagePart, ...] = ()
+    """The parts besides the hidden states a stage boundary after this layer carries
+    (``LayerSpec.message_parts``)."""
+    no_cut_after: bool = False
+    """No stage may end after this layer (``LayerSpec.no_cut_after``)."""
 
     def keys(self) -> list[str]:
         return sorted(self.fwd)
@@ -239,6 +249,8 @@ class LayerCost:
                 if self.split_extra_fraction or self.split_extra_ms
                 else {}
             ),
+            **({"message_parts": [p.to_json() for p in self.message_parts]} if self.message_parts else {}),
+            **({"no_cut_after": True} if self.no_cut_after else {}),
         }
 
     @classmethod
@@ -261,6 +273,8 @@ class LayerCost:
             kv_heads=int(d.get("kv_heads", 0)),
             split_extra_fraction=float(d.get("split_extra_fraction", 0.0)),
             split_extra_ms=float(d.get("split_extra_ms", 0.0)),
+            message_parts=tuple(MessagePart.from_json(p) for p in d.get("message_parts", ())),
+            no_cut_after=bool(d.get("no_cut_after", False)),
         )
 
 
@@ -588,9 +602,41 @@ class CostModel:
             return sum(frac * q.variable_ms(x) for x in units) + frac * q.constant_ms * num_calls
         return sum(q.a * x * x + frac * q.b * x for x in units) + frac * q.c * num_calls
 
-    def boundary_bytes(self, component: Component, layer_idx: int, tokens: int) -> float:
-        """Bytes sent after layer ``layer_idx`` (exclusive end of a stage) for ``tokens`` tokens."""
-        return tokens * self.component(component).layers[layer_idx - 1].output_bytes_per_token
+    def boundary_bytes(
+        self, component: Component, layer_idx: int, tokens: float, image_tokens: float = 0.0
+    ) -> float:
+        """Bytes sent after layer ``layer_idx`` (exclusive end of a stage) for ``tokens`` tokens with
+        ``image_tokens`` image feature rows: the hidden states and every other message part."""
+        hidden = tokens * self.component(component).layers[layer_idx - 1].output_bytes_per_token
+        return hidden + sum(self.part_bytes(component, layer_idx, tokens, image_tokens).values())
+
+    def boundary_parts(self, component: Component, layer_idx: int) -> tuple[MessagePart, ...]:
+        """The parts besides the hidden states a stage ending at ``layer_idx`` (exclusive) sends."""
+        return self.component(component).layers[layer_idx - 1].message_parts
+
+    def part_bytes(
+        self, component: Component, layer_idx: int, tokens: float, image_tokens: float
+    ) -> dict[str, float]:
+        """Bytes of each part besides the hidden states sent after layer ``layer_idx``, by name."""
+        return {p.name: p.bytes_for(tokens, image_tokens) for p in self.boundary_parts(component, layer_idx)}
+
+    def forbidden_cuts(self, component: Component) -> frozenset[int]:
+        """The cut points ``j`` (a stage ending at layer ``j``, exclusive) no partition may use."""
+        layers = self.component(component).layers
+        return frozenset(i + 1 for i, layer in enumerate(layers) if layer.no_cut_after)
+
+    def layout_with_parts(self, layout: Layout) -> Layout:
+        """``layout`` with every stage's ``parts`` (what its forward message carries besides the hidden
+        states) from its last layer's ``message_parts``; the same layout when no layer declares any."""
+        stages = tuple(
+            dataclasses.replace(s, parts=self.boundary_parts(s.component, s.end_layer))
+            if s.end_layer > 0
+            else s
+            for s in layout.stages
+        )
+        if stages == layout.stages:
+            return layout
+        return dataclasses.replace(layout, stages=stages)
 
     # --- serialisation ----------------------------------------------------------------------------
     def to_json(self) -> dict:

@@ -6,11 +6,61 @@ docstring for the modelling choices)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from entrain.core.samples import LABEL_FRACTION
 
-__all__ = ["LayerSpec", "llm_specs", "vit_decoder_layer_specs"]
+__all__ = ["HIDDEN", "MessagePart", "LayerSpec", "llm_specs", "vit_decoder_layer_specs"]
+
+HIDDEN = "hidden"
+"""The name of a stage message's main part (the hidden states every family sends)."""
+PART_ROWS = ("tokens", "image_tokens")
+_PART_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePart:
+    """A named tensor ``[rows, width]`` that crosses a stage boundary besides ``HIDDEN`` (e.g. the
+    DeepStack features a vision encoder hands to the first LLM layers). ``rows``: ``tokens`` counts
+    the sending component's token unit (encoder input patches, LLM tokens) times ``rows_per_token``;
+    ``image_tokens`` one row per image feature row of the samples. Bytes = rows * width * dtype_bytes."""
+
+    name: str
+    width: int
+    dtype_bytes: int = 2
+    rows: str = "tokens"
+    rows_per_token: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not _PART_NAME.match(self.name) or self.name == HIDDEN:
+            raise ValueError(f"message part name {self.name!r}: [a-z][a-z0-9_]*, not {HIDDEN!r}")
+        if self.rows not in PART_ROWS:
+            raise ValueError(f"message part {self.name!r}: rows {self.rows!r}, expected one of {PART_ROWS}")
+        if self.width < 0 or self.dtype_bytes <= 0 or self.rows_per_token < 0:
+            raise ValueError(f"message part {self.name!r}: negative width, rows or dtype size")
+
+    def bytes_for(self, tokens: float, image_tokens: float) -> float:
+        """Bytes of this part in a message of ``tokens`` component tokens and ``image_tokens`` image
+        feature rows."""
+        rows = tokens * self.rows_per_token if self.rows == "tokens" else image_tokens
+        return rows * self.width * self.dtype_bytes
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "width": self.width, "dtype_bytes": self.dtype_bytes, "rows": self.rows}
+        if self.rows_per_token != 1.0:
+            out["rows_per_token"] = self.rows_per_token
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> MessagePart:
+        return cls(
+            str(d["name"]),
+            int(d["width"]),
+            int(d.get("dtype_bytes", 2)),
+            str(d.get("rows", "tokens")),
+            float(d.get("rows_per_token", 1.0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +100,11 @@ class LayerSpec:
     """Of ``param_count``: the K/V projections' (weights and biases) of a decoder layer."""
     kv_heads: int = 0
     """KV heads of a decoder layer: with fewer than TP ranks its K/V projections are replicated."""
+    message_parts: tuple[MessagePart, ...] = ()
+    """The parts besides ``HIDDEN`` a stage boundary right after this layer carries (every part a
+    later stage needs, on every boundary it crosses)."""
+    no_cut_after: bool = False
+    """The partitioner must not end a stage after this layer."""
 
 
 def _vision_specs(v) -> list[LayerSpec]:

@@ -12,9 +12,12 @@ The runtime therefore talks over one group per *channel* (ordered pair of ranks,
 a send holds only its channel, never a receive from anyone, and never the host, which waits for its
 sends at the end of the step. ``rank_program`` turns a rank's action list into that program:
 
-* a message is a fixed-size header (key, dtype, shape, sample-id checksum) and its data; a send
-  posts both as one batch; a receive of known size (a gradient has its output's shape) posts both
-  as one batch, a forward message first its header (the host reads the size) and then its data;
+* a message is a set of named parts (``StageSpec.part_names`` of the stage whose forward output it is
+  or belongs to: ``"hidden"`` first, then what the family declares), each a fixed-size header (key,
+  dtype, shape, sample-id checksum) and its data; a send posts every part's header, then every part's
+  data, as one batch; a receive of known size (a gradient has its output's shape) posts them in that
+  order as one batch, a forward message first every header (the host reads the sizes) and then every
+  part's data (a pair of ranks matches its operations in issue order, within a batch too);
 * receives follow the channel's send order: when an action needs a message that its sender sends
   after others not yet received, those are received first and kept for their own actions (FIFO
   matching cannot deliver a later message first);
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from entrain.core.errors import ScheduleError
+from entrain.core.layer_specs import HIDDEN
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout, Plan
 from entrain.core.schedules.graph import Message
 from entrain.core.validate import format_grid, message_of
@@ -63,6 +67,7 @@ __all__ = [
     "check_plan",
     "receive_needs_header",
     "layout_channels",
+    "message_part_names",
 ]
 
 FORWARD_KINDS = frozenset({ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F})
@@ -74,18 +79,22 @@ Part = Literal["header", "data", "warmup"]
 
 @dataclass(frozen=True, slots=True)
 class P2POp:
-    """One send (``send=True``) or receive of ``part`` of ``message`` with plan rank ``peer``."""
+    """One send (``send=True``) or receive of ``part`` (header or data) of message part ``tensor`` of
+    ``message`` with plan rank ``peer``."""
 
     send: bool
     peer: int
     message: Message
     part: Part = "data"
+    tensor: str = HIDDEN
+    """The message part (named tensor) the operation carries."""
 
     def __str__(self) -> str:
         if self.part == "warmup":
             return f"warm-up{'->' if self.send else '<-'}r{self.peer}"
         act = self.message.send_action() if self.send else self.message.recv_action()
-        return f"{act}:{self.part}{'->' if self.send else '<-'}r{self.peer}"
+        name = "" if self.tensor == HIDDEN else f"[{self.tensor}]"
+        return f"{act}{name}:{self.part}{'->' if self.send else '<-'}r{self.peer}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,15 +185,23 @@ def _channel_orders(
     return orders
 
 
-def _send_batches(rank: int, peer: int, msg: Message) -> tuple[Batch, ...]:
-    return (Batch((rank, peer), (P2POp(True, peer, msg, "header"), P2POp(True, peer, msg, "data"))),)
+def message_part_names(layout: Layout, msg: Message) -> tuple[str, ...]:
+    """The parts of ``msg`` in wire order: those of the stage whose forward output it is (a forward
+    message) or whose forward output's gradient it is (a gradient message)."""
+    return layout.stages[msg.src if msg.kind == "F" else msg.dst].part_names
 
 
-def _recv_batches(rank: int, peer: int, msg: Message) -> tuple[Batch, ...]:
-    head, data = P2POp(False, peer, msg, "header"), P2POp(False, peer, msg, "data")
+def _send_batches(rank: int, peer: int, msg: Message, names: Sequence[str]) -> tuple[Batch, ...]:
+    ops = tuple(P2POp(True, peer, msg, p, n) for p in ("header", "data") for n in names)
+    return (Batch((rank, peer), ops),)
+
+
+def _recv_batches(rank: int, peer: int, msg: Message, names: Sequence[str]) -> tuple[Batch, ...]:
+    heads = tuple(P2POp(False, peer, msg, "header", n) for n in names)
+    data = tuple(P2POp(False, peer, msg, "data", n) for n in names)
     if not receive_needs_header(msg):
-        return (Batch((peer, rank), (head, data)),)
-    return (Batch((peer, rank), (head,)), Batch((peer, rank), (data,)))
+        return (Batch((peer, rank), heads + data),)
+    return (Batch((peer, rank), heads), Batch((peer, rank), data))
 
 
 class _Builder:
@@ -207,7 +224,7 @@ class _Builder:
         if peer == self.rank:
             return ()  # a hand-over between stages of this rank
         if a.kind in _SENDS:
-            return _send_batches(self.rank, peer, msg)
+            return _send_batches(self.rank, peer, msg, message_part_names(self.layout, msg))
         pos = self.position.get((peer, msg))
         if pos is None:
             raise ScheduleError(
@@ -215,7 +232,11 @@ class _Builder:
                 f"{peer} never sends"
             )
         first, self.received[peer] = self.received[peer], max(self.received[peer], pos + 1)
-        return tuple(b for m in self.orders[peer][first : pos + 1] for b in _recv_batches(self.rank, peer, m))
+        return tuple(
+            b
+            for m in self.orders[peer][first : pos + 1]
+            for b in _recv_batches(self.rank, peer, m, message_part_names(self.layout, m))
+        )
 
 
 def rank_program(
@@ -325,6 +346,11 @@ class _Rank:
         return self.host_done and not any(self.streams.values())
 
 
+def _what(op: P2POp) -> tuple[Message, str, str]:
+    """What an operation carries: a send and a receive match only when they carry the same."""
+    return (op.message, op.part, op.tensor)
+
+
 def _comm_steps(steps: Sequence[Step]) -> list[tuple[int, Batch]]:
     return [
         (s.step if isinstance(s, Comm) else -1, b)
@@ -411,7 +437,7 @@ class _Replay:
             slots.append(len(mine) - 1)
             theirs = self.started.get((batch.group, src, dst, not op.send), [])
             n = len(mine) - 1
-            if len(theirs) > n and (theirs[n].message, theirs[n].part) != (op.message, op.part):
+            if len(theirs) > n and _what(theirs[n]) != _what(op):
                 self._mismatch(g, step, op, theirs[n])
         self.slot[(g, i)] = tuple(slots)
 

@@ -9,7 +9,7 @@ in-flight activations under 1F1B).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -44,10 +44,12 @@ def stage_times(layer_ms: Sequence[float], ranges: Sequence[tuple[int, int]]) ->
     return tuple(prefix[e] - prefix[f] for f, e in ranges)
 
 
-def _suffix_table(prefix: list[float], num_stages: int) -> list[list[float]]:
+def _suffix_table(
+    prefix: list[float], num_stages: int, forbidden_cuts: Collection[int] = ()
+) -> list[list[float]]:
     """``suffix[q][i]``: the best bottleneck of layers ``[i, n)`` in ``q`` stages (inf if fewer than ``q``
-    layers are left), ``min_j max(seg(i, j), suffix[q - 1][j])`` for ``j`` in ``i + 1 .. n - q + 1``:
-    one numpy pass per stage count over the matrix of segment sums (the same float operations as
+    layers are left), ``min_j max(seg(i, j), suffix[q - 1][j])`` for ``j`` in ``i + 1 .. n - q + 1`` not in
+    ``forbidden_cuts``: one numpy pass per stage count over the matrix of segment sums (the same float operations as
     the scalar recurrence, so the same values)."""
     n = len(prefix) - 1
     p = np.asarray(prefix)
@@ -58,14 +60,21 @@ def _suffix_table(prefix: list[float], num_stages: int) -> list[list[float]]:
     for q in range(2, num_stages + 1):
         cand = np.maximum(seg, suffix[q - 1][None, :])
         cand[(cols <= rows) | (cols > n - q + 1)] = np.inf
+        if forbidden_cuts:
+            cand[:, sorted(forbidden_cuts)] = np.inf
         suffix[q, : n - q + 1] = cand[: n - q + 1].min(axis=1)
     return suffix.tolist()
 
 
-def min_max_partition(layer_ms: Sequence[float], num_stages: int) -> Partition:
-    """Optimal contiguous split of ``layer_ms`` (per-layer times, >= 0) into ``num_stages`` stages.
+def min_max_partition(
+    layer_ms: Sequence[float], num_stages: int, forbidden_cuts: Collection[int] = ()
+) -> Partition:
+    """Optimal contiguous split of ``layer_ms`` (per-layer times, >= 0) into ``num_stages`` stages, no
+    stage ending at a cut point of ``forbidden_cuts`` (``j``: between layers ``j - 1`` and ``j``; a
+    family's ``LayerSpec.no_cut_after``, ``CostModel.forbidden_cuts``).
 
-    Raises ConfigError if ``num_stages`` is not in ``1..len(layer_ms)``.
+    Raises ConfigError if ``num_stages`` is not in ``1..len(layer_ms)`` or the forbidden cuts leave no
+    split into ``num_stages`` stages.
     """
     n = len(layer_ms)
     if not 1 <= num_stages <= n:
@@ -77,14 +86,22 @@ def min_max_partition(layer_ms: Sequence[float], num_stages: int) -> Partition:
     def seg(i: int, j: int) -> float:
         return prefix[j] - prefix[i]
 
-    suffix = _suffix_table(prefix, num_stages)
+    forbidden = frozenset(j for j in forbidden_cuts if 0 < j < n)
+    suffix = _suffix_table(prefix, num_stages, forbidden)
     best = suffix[num_stages][0]
+    if best == np.inf:
+        raise ConfigError(
+            f"cannot split {n} layers into {num_stages} stages without cutting where the model forbids it "
+            f"(after layers {sorted(j - 1 for j in forbidden)})"
+        )
     limit = best + _REL_TOL * max(abs(best), 1.0)
 
     bounds, start = [], 0
     for q in range(num_stages, 1, -1):  # choose the shortest feasible stage each time
         end = next(
-            j for j in range(start + 1, n - q + 2) if seg(start, j) <= limit and suffix[q - 1][j] <= limit
+            j
+            for j in range(start + 1, n - q + 2)
+            if j not in forbidden and seg(start, j) <= limit and suffix[q - 1][j] <= limit
         )
         bounds.append((start, end))
         start = end

@@ -26,6 +26,9 @@ Indexing conventions (every generator and both executors follow them):
   encoder -> LLM boundary the (mb, sub) of a communication action is the *encoder* message's:
   LLM stage E runs ``E RECV_F j.0`` and ``E RECV_F (j-1).1`` before ``E F j`` when j-1 deferred
   into j, and sends the gradients back per encoder message. Samples are routed by id.
+* A message is a set of named tensors: ``"hidden"`` and the parts ``StageSpec.parts`` of the stage
+  whose forward output it is (or whose output's gradient it is) declares, in that order; a part a
+  later stage needs crosses every boundary on its way (each stage sends it on).
 * ``F`` = forward, ``B`` = full backward, ``I`` / ``W`` = backward for inputs / weights (split
   backward, zero-bubble style). Text form: ``2F0``, ``0F3.1``, ``4SEND_B7``.
 """
@@ -40,6 +43,7 @@ from enum import StrEnum
 from typing import Literal
 
 from entrain.core.assignment.types import IterationAssignment
+from entrain.core.layer_specs import HIDDEN, MessagePart
 from entrain.core.work import SampleWork
 
 __all__ = [
@@ -114,6 +118,19 @@ class StageSpec:
     pp_rank: int
     recompute: str = "none"
     """Activation recomputation of the stage's layers (``costmodel.RECOMPUTE_MODES``)."""
+    parts: tuple[MessagePart, ...] = ()
+    """What the stage's forward message carries besides ``HIDDEN`` (its gradient message the same
+    parts' gradients), in wire order after it (``CostModel.layout_with_parts``; a family declares them
+    on its ``LayerSpec.message_parts``)."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.part_names)) != len(self.part_names):
+            raise ValueError(f"stage {self.stage}: message parts {list(self.part_names)} repeat a name")
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        """Every part of the stage's messages, in wire order: ``HIDDEN`` first."""
+        return (HIDDEN, *(p.name for p in self.parts))
 
     def to_json(self) -> dict:
         out = {
@@ -124,6 +141,8 @@ class StageSpec:
         }
         if self.recompute != "none":
             out["recompute"] = self.recompute
+        if self.parts:
+            out["parts"] = [p.to_json() for p in self.parts]
         return out
 
     @classmethod
@@ -136,6 +155,7 @@ class StageSpec:
             int(end),
             int(d["pp_rank"]),
             d.get("recompute", "none"),
+            tuple(MessagePart.from_json(p) for p in d.get("parts", ())),
         )
 
 

@@ -52,7 +52,9 @@ def _report(*names: str) -> dict:
 
 
 _COMPONENT = {"tp": int, "cp": int, "pp": int}
-_STAGE = {"stage": int, "component": str, "layers": (int, int), "pp_rank": int, "recompute": Maybe(str)}
+_PART = {"name": str, "width": int, "dtype_bytes": int, "rows": str, "rows_per_token": Maybe(float)}
+_STAGE = {"stage": int, "component": str, "layers": (int, int), "pp_rank": int, "recompute": Maybe(str),
+          "parts": Maybe(Items(_PART))}  # fmt: skip
 PLAN_FIELDS: dict = {
     "system": str,
     "model": str,

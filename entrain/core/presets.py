@@ -260,6 +260,8 @@ def _layer_cost(
         selective_bytes_per_token=s.attn_saved_bytes + (saved if window else 0.0),
         selective_fwd_fraction=s.attn_lin_flops / s.lin_flops if s.lin_flops > 0 else 0.0,
         per_label=s.per_label,
+        message_parts=s.message_parts,
+        no_cut_after=s.no_cut_after,
     )
 
 

@@ -103,3 +103,39 @@ def test_plan_json_keeps_the_pixel_limits_samples_were_counted_under():
     )
     assert again["d"].meta.vision == vision and again["a"].meta.vision == plan.samples["a"].meta.vision
     assert "vision" not in plan.to_json()["samples"][0]["meta"]  # default limits: the file is unchanged
+
+
+def test_plan_json_round_trips_the_message_parts_of_a_stage():
+    """A stage's message parts besides ``hidden`` (name, width, dtype size, rows) survive plan.json; a
+    stage without any writes no ``parts`` key (every existing plan file is unchanged)."""
+    from dataclasses import replace
+
+    from entrain.core.layer_specs import MessagePart
+
+    plan = _tiny_plan()
+    parts = (MessagePart("deep_0", 16, 2, "tokens", 0.25), MessagePart("deep_1", 16, 4, "image_tokens"))
+    stages = (replace(plan.layout.stages[0], parts=parts), plan.layout.stages[1])
+    plan = replace(plan, layout=replace(plan.layout, stages=stages))
+    again = Plan.loads(plan.dumps())
+    assert again == plan and again.layout.stages[0].parts == parts
+    assert again.layout.stages[0].part_names == ("hidden", "deep_0", "deep_1")
+    assert "parts" not in plan.to_json()["layout"]["stages"][1]
+    assert "parts" not in _tiny_plan().to_json()["layout"]["stages"][0]
+
+
+@pytest.mark.parametrize(
+    "name, rows, error",
+    [("hidden", "tokens", "not 'hidden'"), ("Deep", "tokens", "a-z"), ("deep", "pixels", "rows")],
+)
+def test_a_bad_message_part_is_refused(name, rows, error):
+    from entrain.core.layer_specs import MessagePart
+
+    with pytest.raises(ValueError, match=error):
+        MessagePart(name, 8, rows=rows)
+
+
+def test_a_stage_whose_parts_repeat_a_name_is_refused():
+    from entrain.core.layer_specs import MessagePart
+
+    with pytest.raises(ValueError, match="repeat a name"):
+        StageSpec(0, "encoder", 0, 3, 0, parts=(MessagePart("deep", 8), MessagePart("deep", 8)))

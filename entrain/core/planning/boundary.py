@@ -65,7 +65,8 @@ def boundary_sharing_config(
     enc_ms = mean_layer_ms(stats, cost, "encoder", tp, cp, u)
     llm_ms = mean_layer_ms(stats, cost, "llm", tp, cp, u)
     n_enc = len(enc_ms)
-    part = min_max_partition([*enc_ms.tolist(), *llm_ms.tolist()], ranks)
+    no_cut = cost.forbidden_cuts("encoder") | {n_enc + j for j in cost.forbidden_cuts("llm")}
+    part = min_max_partition([*enc_ms.tolist(), *llm_ms.tolist()], ranks, no_cut)
     pieces: list[tuple[str, int, int, int]] = []  # (component, first, end, rank)
     for r, (f, e) in enumerate(part.ranges):
         if f < n_enc:

@@ -181,7 +181,7 @@ def evaluate_config(
         if not has_costs(cost, comp, tp, cp):
             raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
         layer_ms = mean_layer_ms(stats, cost, comp, tp, cp, u)
-        part = min_max_partition(layer_ms.tolist(), pp)
+        part = min_max_partition(layer_ms.tolist(), pp, cost.forbidden_cuts(comp))
         chosen = [
             choose_recompute(stats, cost, comp, f, e, tp, cp, u, num_stages - (first + j), limit)
             for j, (f, e) in enumerate(part.ranges)

@@ -323,8 +323,24 @@ class PlanCosts:
         return max([0.0, *(a * lin + b * sq for a, b in coefs)])
 
     def message_bytes(self, src_stage: int, ids: Iterable[str]) -> float:
-        """Bytes of the activations ``src_stage`` sends for ``ids`` (gradients: the same size)."""
-        return self.stage_quads[src_stage].output_bytes_per_token * self.tokens(src_stage, ids)
+        """Bytes of the activations ``src_stage`` sends for ``ids`` (gradients: the same size): its
+        hidden states and every other part it declares (``StageSpec.parts``)."""
+        ids = tuple(ids)
+        hidden = self.stage_quads[src_stage].output_bytes_per_token * self.tokens(src_stage, ids)
+        return hidden + sum(self.part_bytes(src_stage, ids).values())
+
+    def part_bytes(self, src_stage: int, ids: tuple[str, ...]) -> dict[str, float]:
+        """Bytes of each part besides the hidden states of ``src_stage``'s message for ``ids``."""
+        spec = self.layout.stages[src_stage]
+        if not spec.parts:
+            return {}
+        tp, cp = self._parallel(spec.component)
+        tokens, images = self.tokens(src_stage, ids), sum(map(self._image_rows, ids))
+        return {p.name: p.bytes_for(tokens, images) / (tp * cp) for p in spec.parts}
+
+    def _image_rows(self, sid: str) -> float:
+        meta = self.samples[sid].meta
+        return float(sum(meta.image_tokens_per_image)) if meta is not None else 0.0
 
     def message_ms(self, src_stage: int, ids: tuple[str, ...]) -> float:
         """p2p time of the message ``src_stage`` sends for ``ids`` (memoised)."""

@@ -1,15 +1,16 @@
 """Variable-shape point-to-point transport: one group per channel, a header before the data.
 
 The runtime issues the operations of ``entrain.core.p2p.rank_program`` (checked deadlock-free under
-NCCL's semantics by ``entrain.core.p2p.check_program``). Every message is two transfers: a fixed
-``int64[8]`` header ``[key, dtype, ndim, d0, d1, d2, d3, ids_crc]`` and then the contiguous data, on the
-group of its *channel* (the ordered pair sender -> receiver): a send holds only its channel's
+NCCL's semantics by ``entrain.core.p2p.check_program``). A message is one or more named parts
+(``entrain.core.plan.StageSpec.part_names``), each two transfers: a fixed ``int64[8]`` header
+``[key, dtype, ndim, d0, d1, d2, d3, ids_crc]`` (the key names the part too) and then the contiguous
+data; every part of a message travels on the group of its *channel* (the ordered pair sender -> receiver): a send holds only its channel's
 communicator, never a receive from another rank, so NCCL's rendezvous cannot cross two ranks' sends.
-A send posts header and data in one ``batch_isend_irecv`` and does not wait; its tensors are held
+A send posts every part's header and data in one ``batch_isend_irecv`` and does not wait; its tensors are held
 while it is in flight and dropped once it has completed (``release_sent``, asked without waiting at
 every send and receive; ``wait_all`` waits for the rest at the end of the step). A receive of known shape (a gradient has the shape of the
-forward output it belongs to) posts header and data together and checks the header at the end of the
-step (no host synchronisation per message); a forward message's header comes first and sizes the
+forward output it belongs to) posts every header and data together and checks the header at the end of the
+step (no host synchronisation per message); a forward message's headers come first and size the
 data (one host synchronisation on a GPU). Either way the key (stage / direction / microbatch / sub) and
 the CRC of the sample ids are checked, so a schedule mismatch is a clear error instead of a backend
 abort or silent corruption. Receives follow the sender's order per channel (FIFO matching); a message
@@ -55,20 +56,26 @@ _MAX_DIMS = 4
 
 @dataclass(frozen=True, slots=True)
 class MessageKey:
-    """A message of sender stage ``stage``: forward output (``backward=False``) or input gradient."""
+    """Part ``part`` (index in the message's part names) of a message of sender stage ``stage``:
+    forward output (``backward=False``) or input gradient."""
 
     stage: int
     backward: bool
     mb: int
     sub: int
+    part: int = 0
 
     @property
     def code(self) -> int:
-        return ((self.stage * 2 + int(self.backward)) * 4096 + self.mb) * 64 + self.sub
+        return (((self.stage * 2 + int(self.backward)) * 4096 + self.mb) * 64 + self.sub) * 64 + self.part
+
+    def with_part(self, part: int) -> MessageKey:
+        return MessageKey(self.stage, self.backward, self.mb, self.sub, part)
 
     def __str__(self) -> str:
         kind = "B" if self.backward else "F"
-        return f"{self.stage}SEND_{kind}{self.mb}.{self.sub}"
+        text = f"{self.stage}SEND_{kind}{self.mb}.{self.sub}"
+        return text if self.part == 0 else f"{text}[part {self.part}]"
 
 
 def ids_checksum(ids: Sequence[str]) -> int:
@@ -161,47 +168,96 @@ class Transport:
             self.pending = [(w, t) for w, t in self.pending if id(w) not in finished]
 
     def send(self, tensor: torch.Tensor, peer: int, key: MessageKey, ids: Sequence[str]) -> None:
-        """Header and data in one batch on the channel to ``peer``; held until the send completes
-        (``release_sent``, at every send and receive) or ``wait_all``."""
+        """A one-part message (``send_parts``)."""
+        self.send_parts([tensor], peer, key, ids)
+
+    def send_parts(
+        self, tensors: Sequence[torch.Tensor], peer: int, key: MessageKey, ids: Sequence[str]
+    ) -> None:
+        """Every part's header and data (part ``i``: ``tensors[i]``) in one batch on the channel to
+        ``peer``; held until the send completes (``release_sent``, at every send and receive) or
+        ``wait_all``."""
         self.release_sent()
-        pair = (self._header(tensor, key, ids), tensor.contiguous())
-        works = self._batch(dist.isend, pair, peer, self._group(self.me, peer))
-        self.pending.extend((w, pair) for w in works)
+        headers = [self._header(t, key.with_part(i), ids) for i, t in enumerate(tensors)]
+        batch = (*headers, *(t.contiguous() for t in tensors))  # headers first: the receiver's order
+        works = self._batch(dist.isend, batch, peer, self._group(self.me, peer))
+        self.pending.extend((w, batch) for w in works)
 
     def receive(
         self, peer: int, key: MessageKey, ids: Sequence[str], like: torch.Tensor | None = None
     ) -> None:
-        """Receive message ``key`` from ``peer`` into ``stash``: with ``like`` (a tensor of its shape
-        and dtype), header and data in one batch, the header checked at ``wait_all``; without, the
-        header first, then the data it sizes, then the header's key and sample ids are checked."""
+        """A one-part message (``receive_parts``)."""
+        self.receive_parts(peer, key, ids, 1, None if like is None else [like])
+
+    def receive_parts(
+        self,
+        peer: int,
+        key: MessageKey,
+        ids: Sequence[str],
+        num_parts: int,
+        likes: Sequence[torch.Tensor] | None = None,
+    ) -> None:
+        """Receive the ``num_parts`` parts of message ``key`` from ``peer`` into ``stash`` (one entry
+        per part, ``key.with_part(i)``): with ``likes`` (tensors of their shapes and dtypes), every
+        header and data in one batch, the headers checked at ``wait_all``; without, the headers first,
+        then the data they size, then each header's key and sample ids are checked."""
         self.release_sent()
-        group = self._group(peer, self.me)
-        header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-        if (peer, key.code) in self.preposted:
-            _, works, header, data = self.preposted.pop((peer, key.code))
-            self._wait(works)
-            self.checks.append((peer, key, header, self._header(like, key, ids)))
-        elif like is not None:
-            data = torch.empty(like.shape, dtype=like.dtype, device=self.device)
-            self._wait(self._batch(dist.irecv, (header, data), peer, group))
-            self.checks.append((peer, key, header, self._header(like, key, ids)))
+        keys = [key.with_part(i) for i in range(num_parts)]
+        if all((peer, k.code) in self.preposted for k in keys):
+            entries = [self.preposted.pop((peer, k.code)) for k in keys]
+            self._wait(list({id(w): w for _, works, _, _ in entries for w in works}.values()))
+            datas = [data for *_, data in entries]
+            self._expect(peer, keys, ids, [h for _, _, h, _ in entries], likes)
+        elif likes is not None:
+            datas = self._receive_known(peer, keys, ids, likes)
         else:
-            self._wait(self._batch(dist.irecv, (header,), peer, group))
-            code, dtype_idx, ndim, *rest = header.tolist()  # sizes the buffer: the one host sync
-            data = torch.empty(rest[:ndim], dtype=_DTYPES[dtype_idx], device=self.device)
-            self._wait(self._batch(dist.irecv, (data,), peer, group))  # received before any check: the peer
-            self._check(peer, key, ids, code, rest[_MAX_DIMS])  # must not wait on a failed rank
-        if (peer, key.code) in self.stash:
-            raise RuntimeError(f"rank {dist.get_rank()}: message {key} from rank {peer} arrived twice")
-        self.stash[(peer, key.code)] = data
+            datas = self._receive_sized(peer, keys, ids)
+        for k, data in zip(keys, datas):
+            if (peer, k.code) in self.stash:
+                raise RuntimeError(f"rank {dist.get_rank()}: message {k} from rank {peer} arrived twice")
+            self.stash[(peer, k.code)] = data
+
+    def _expect(self, peer: int, keys, ids, headers, likes) -> None:
+        for k, header, like in zip(keys, headers, likes):
+            self.checks.append((peer, k, header, self._header(like, k, ids)))
+
+    def _receive_known(self, peer: int, keys, ids, likes) -> list[torch.Tensor]:
+        headers = [torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device) for _ in keys]
+        datas = [torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in likes]
+        pairs = [*headers, *datas]
+        self._wait(self._batch(dist.irecv, pairs, peer, self._group(peer, self.me)))
+        self._expect(peer, keys, ids, headers, likes)
+        return datas
+
+    def _receive_sized(self, peer: int, keys, ids) -> list[torch.Tensor]:
+        group = self._group(peer, self.me)
+        headers = [torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device) for _ in keys]
+        self._wait(self._batch(dist.irecv, headers, peer, group))
+        values = torch.stack(headers).tolist()  # sizes the buffers: the one host sync
+        datas = [
+            torch.empty(rest[:ndim], dtype=_DTYPES[dtype_idx], device=self.device)
+            for _, dtype_idx, ndim, *rest in values
+        ]
+        self._wait(self._batch(dist.irecv, datas, peer, group))  # received before any check: the peer
+        for k, (code, _, _, *rest) in zip(keys, values):  # must not wait on a failed rank
+            self._check(peer, k, ids, code, rest[_MAX_DIMS])
+        return datas
 
     def prepost(self, peer: int, key: MessageKey, like: torch.Tensor) -> None:
-        """Post the receive of message ``key`` (shape and dtype of ``like``) from ``peer`` now; its
-        ``receive`` then only waits. The caller posts in the channel's message order."""
-        header = torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device)
-        data = torch.empty(like.shape, dtype=like.dtype, device=self.device)
-        works = self._batch(dist.irecv, (header, data), peer, self._group(peer, self.me))
-        self.preposted[(peer, key.code)] = (key, works, header, data)
+        """A one-part message (``prepost_parts``)."""
+        self.prepost_parts(peer, key, [like])
+
+    def prepost_parts(self, peer: int, key: MessageKey, likes: Sequence[torch.Tensor]) -> None:
+        """Post the receive of every part of message ``key`` (part ``i`` of the shape and dtype of
+        ``likes[i]``) from ``peer`` now, in one batch; its ``receive_parts`` then only waits. The caller
+        posts in the channel's message order."""
+        keys = [key.with_part(i) for i in range(len(likes))]
+        headers = [torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device) for _ in keys]
+        datas = [torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in likes]
+        pairs = [*headers, *datas]
+        works = self._batch(dist.irecv, pairs, peer, self._group(peer, self.me))
+        for k, header, data in zip(keys, headers, datas):
+            self.preposted[(peer, k.code)] = (k, works, header, data)
         self.num_preposted += 1
 
     @staticmethod

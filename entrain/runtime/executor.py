@@ -3,11 +3,17 @@
 The executor knows nothing about the system that made the Plan: it runs the actions in order through
 a dispatch table with one small handler per ``ActionKind``. Conventions (``entrain.core.plan``):
 
-* a stage's input for ``(mb, sub)`` is a leaf tensor (``detach().requires_grad_()``) received from the
-  previous stage; its ``.grad`` is what ``SEND_B`` returns;
+* a message is a set of named parts (``StageSpec.part_names``: ``"hidden"`` and what the family
+  declares); a stage's input for ``(mb, sub)`` is one leaf tensor (``detach().requires_grad_()``) per
+  part received from the previous stage; their ``.grad`` is what ``SEND_B`` returns, part by part;
+* a stage module takes the ``"hidden"`` part as ``x``, or every part as a ``dict`` when it sets
+  ``takes_parts``; it returns a tensor (the ``"hidden"`` part) or a ``dict`` of parts. A part the
+  stage's message declares that the module did not return but received rides along: the stage sends
+  it on as it came, and its gradient goes back the same way (added to its input leaf's gradient);
 * on the first LLM stage the leaves are *encoder messages* ``(mb, sub)`` of the last encoder stage,
-  cut into per-sample rows and routed by sample id to whichever LLM (sub-)microbatch consumes them
-  (deferred samples simply wait there); the gradient of a message goes back once the Plan says so;
+  every part cut into per-sample rows (each part has one row per image feature row) and routed by
+  sample id to whichever LLM (sub-)microbatch consumes them (deferred samples simply wait there); the
+  gradient of a message goes back once the Plan says so;
 * neighbouring stages on the same rank hand tensors over locally (with or without comm actions);
 * ``I`` computes input gradients only; ``W`` the weight gradients, from the gradients ``I`` saved at
   the nodes where weight paths leave the input paths (``torch.distributed.pipelining``'s
@@ -31,7 +37,8 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from entrain.core.errors import EntrainError
-from entrain.core.p2p import Comm, Step, WarmUp, rank_program, receive_needs_header
+from entrain.core.layer_specs import HIDDEN
+from entrain.core.p2p import Comm, Step, WarmUp, message_part_names, rank_program, receive_needs_header
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.schedules.graph import Message
 from entrain.models.families.registry import family_of
@@ -41,6 +48,8 @@ from entrain.runtime.data import SampleRenderer
 __all__ = ["Executor", "ExecutionError", "CollectiveError", "ComputeRecord", "StepOutput"]
 
 Key = tuple[int, int, int]  # (stage, mb, sub)
+Parts = dict[str, torch.Tensor]
+"""A message's tensors by part name (``HIDDEN`` first)."""
 
 
 def _no_weight_grads() -> None:
@@ -221,11 +230,12 @@ class Executor:
         self._handlers[c.action.kind](c.action)
 
     def _receive(self, peer: int, msg: Message) -> None:
-        key = _key(msg)
+        key, names = _key(msg), message_part_names(self.layout, msg)
         if msg.kind == "F":
             ids, like = self._ids(msg.src, msg.mb, msg.sub), None
         else:  # the gradient has the shape and dtype of the output it belongs to
-            ids, like = self._ids(msg.dst, msg.mb, msg.sub), self._outputs[(msg.dst, msg.mb, msg.sub)]
+            out = self._outputs[(msg.dst, msg.mb, msg.sub)]
+            ids, like = self._ids(msg.dst, msg.mb, msg.sub), [out[n] for n in names]
         if receive_needs_header(msg) != (like is None):
             raise RuntimeError(f"rank {self.rank}: {key}: the program and the executor disagree on its size")
         queue = self._unposted[peer]
@@ -233,7 +243,7 @@ class Executor:
             queue.popleft()
         elif self._preposting and (peer, key.code) not in self.transport.preposted:
             raise RuntimeError(f"rank {self.rank}: {key} received out of its channel's order")
-        self.transport.receive(peer, key, ids, like=like)
+        self.transport.receive_parts(peer, key, ids, len(names), like)
         self._prepost(peer)
 
     def _prepost(self, peer: int) -> None:
@@ -242,21 +252,27 @@ class Executor:
         queue = self._unposted[peer]
         while queue and queue[0].kind == "B" and (queue[0].dst, queue[0].mb, queue[0].sub) in self._outputs:
             msg = queue.popleft()
-            self.transport.prepost(peer, _key(msg), self._outputs[(msg.dst, msg.mb, msg.sub)])
+            out = self._outputs[(msg.dst, msg.mb, msg.sub)]
+            self.transport.prepost_parts(
+                peer, _key(msg), [out[n] for n in message_part_names(self.layout, msg)]
+            )
 
     # --- state --------------------------------------------------------------------------------------
     def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
         self._it, self._loss_scale, self._forward_only = it, loss_scale, forward_only
-        self._inputs: dict[Key, torch.Tensor] = {}
-        self._messages: dict[tuple[int, int], torch.Tensor] = {}
-        self._features: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}
+        self._inputs: dict[Key, Parts] = {}
+        self._messages: dict[tuple[int, int], Parts] = {}
+        self._features: dict[str, tuple[tuple[int, int], Parts]] = {}
         self._used: dict[Key, list[torch.Tensor]] = {}
-        self._outputs: dict[Key, torch.Tensor] = {}
+        self._outputs: dict[Key, Parts] = {}
+        """Per task, the parts its stage sends (``StageSpec.part_names``; the last stage: its loss)."""
+        self._riders: dict[Key, Parts] = {}
+        """Per task, the parts it sends on as it received them (input leaves), by name."""
         self._preposting = False
         self._unposted: dict[int, deque[Message]] = defaultdict(deque)
         """Per peer: the messages still to receive from it, in program (= channel) order, when gradient
         receives are posted ahead (``_prepost``); empty otherwise."""
-        self._out_grads: dict[Key, torch.Tensor] = {}
+        self._out_grads: dict[Key, Parts] = {}
         self._pending_w: dict[Key, Callable[[], None]] = {}
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         self._records: list[ComputeRecord] = []
@@ -285,21 +301,25 @@ class Executor:
         t = t.detach()
         return t.requires_grad_(self.input_grad[stage] and not self._forward_only and t.is_floating_point())
 
-    def _accept_input(self, stage: int, mb: int, sub: int, t: torch.Tensor) -> None:
-        """Store stage ``stage``'s input (mb, sub); on the first LLM stage, route rows by sample id."""
-        leaf = self._leaf(t, stage)
+    def _accept_input(self, stage: int, mb: int, sub: int, parts: Parts) -> None:
+        """Store stage ``stage``'s input parts (mb, sub); on the first LLM stage, route every part's rows
+        by sample id."""
+        leaves = {name: self._leaf(t, stage) for name, t in parts.items()}
         if stage != self.first_llm:
-            self._inputs[(stage, mb, sub)] = leaf
+            self._inputs[(stage, mb, sub)] = leaves
             return
-        self._messages[(mb, sub)] = leaf
+        self._messages[(mb, sub)] = leaves
         start = 0
         for sid in self._ids(stage - 1, mb, sub):
             rows = self.renderer.sample(sid).image_tokens
-            self._features[sid] = ((mb, sub), leaf[start : start + rows])
+            self._features[sid] = ((mb, sub), {n: t[start : start + rows] for n, t in leaves.items()})
             start += rows
-        assert start == leaf.shape[0], f"encoder message {mb}.{sub}: {leaf.shape[0]} rows, plan says {start}"
+        for name, t in leaves.items():
+            assert start == t.shape[0], (
+                f"encoder message {mb}.{sub} part {name}: {t.shape[0]} rows, plan says {start}"
+            )
 
-    def _input_leaf(self, stage: int, mb: int, sub: int) -> torch.Tensor:
+    def _input_leaf(self, stage: int, mb: int, sub: int) -> Parts:
         return self._messages[(mb, sub)] if stage == self.first_llm else self._inputs[(stage, mb, sub)]
 
     def _timed(self, a: Action, kind: str, fn: Callable[[], None]) -> None:
@@ -344,33 +364,55 @@ class Executor:
         s, mb, sub = a.stage, a.mb, a.sub_index
         with self.autocast():
             if self._is_encoder[s]:
-                out = self._encoder_forward(module, s, mb, sub, inputs)
+                out, given = self._encoder_forward(module, s, mb, sub, inputs)
             else:
-                out = self._llm_forward(module, s, mb, sub, ids, inputs)
-        self._outputs[(s, mb, sub)] = out
+                out, given = self._llm_forward(module, s, mb, sub, ids, inputs)
+        parts = self._outputs[(s, mb, sub)] = self._output_parts(s, out, given)
+        self._riders[(s, mb, sub)] = {n: t for n, t in parts.items() if given.get(n) is t and t.is_leaf}
         if s == self.last_stage:
-            self._loss_sum = self._loss_sum + out.detach().double()  # stays on the device: no sync
+            self._loss_sum = self._loss_sum + parts[HIDDEN].detach().double()  # stays on the device: no sync
         elif self._is_local(s + 1):
-            self._accept_input(s + 1, mb, sub, out)
+            self._accept_input(s + 1, mb, sub, parts)
 
-    def _encoder_forward(self, module: nn.Module, s: int, mb: int, sub: int, inputs) -> torch.Tensor:
+    def _output_parts(self, s: int, out: torch.Tensor | Parts, given: Parts) -> Parts:
+        """The parts stage ``s`` sends: what its module returned (a tensor is the ``HIDDEN`` part) and,
+        riding along, the declared parts it did not return but received (``given``)."""
+        parts = dict(out) if isinstance(out, dict) else {HIDDEN: out}
+        names = (HIDDEN,) if s == self.last_stage else self.layout.stages[s].part_names
+        unknown = sorted(set(parts) - set(names))
+        missing = [n for n in names if n not in parts and n not in given]
+        if unknown or missing:
+            raise RuntimeError(
+                f"stage {s} returned parts {sorted(parts)}: its message carries {list(names)} (the family's "
+                f"LayerSpec.message_parts); undeclared {unknown}, neither returned nor received {missing}"
+            )
+        return {n: parts[n] if n in parts else given[n] for n in names}
+
+    def _call(self, module: nn.Module, x: Parts | None, other) -> torch.Tensor | Parts:
+        """``module`` on its input parts: all of them with ``takes_parts``, else the ``HIDDEN`` one."""
+        if getattr(module, "takes_parts", False):
+            return module({} if x is None else x, other)
+        return module(None if x is None else x.get(HIDDEN), other)
+
+    def _encoder_forward(self, module: nn.Module, s: int, mb: int, sub: int, inputs) -> tuple:
         if s == 0:
-            x, grid = inputs.patches, inputs.grid_thw
+            x, given, grid = inputs.patches, {}, inputs.grid_thw
         else:
-            x = self._inputs[(s, mb, sub)]
-            self._used[(s, mb, sub)] = [x]
-            grid = inputs
+            given = self._inputs[(s, mb, sub)]
+            self._used[(s, mb, sub)] = list(given.values())
+            x, grid = given[HIDDEN], inputs
         if grid.shape[0] == 0:  # text-only samples: nothing to encode
             dim = self._out_dim(module)
-            return x.new_zeros((0, dim))
-        return module(x, grid)
+            empty = {p.name: x.new_zeros((0, p.width)) for p in self.layout.stages[s].parts}
+            return {HIDDEN: x.new_zeros((0, dim)), **empty}, {}
+        return (module(x, grid) if s == 0 else self._call(module, given, grid)), given
 
     @staticmethod
     def _out_dim(module: nn.Module) -> int:
         """Columns of an encoder stage's output (``ModelFamily.encoder_output_width``)."""
         return family_of(module).encoder_output_width(module)
 
-    def _llm_forward(self, module: nn.Module, s: int, mb: int, sub: int, ids, batch) -> torch.Tensor:
+    def _llm_forward(self, module: nn.Module, s: int, mb: int, sub: int, ids, batch) -> tuple:
         if s == self.first_llm:
             with_images = [sid for sid in ids if self.renderer.sample(sid).image_tokens]
             missing = [sid for sid in with_images if sid not in self._features]
@@ -378,53 +420,67 @@ class Executor:
                 raise RuntimeError(
                     f"rank {self.rank}: {s}F{mb}.{sub} has no encoder output for samples {missing}"
                 )
-            parts = [self._features.pop(sid) for sid in with_images]
-            x = torch.cat([rows for _, rows in parts]) if parts else None
-            self._used[(s, mb, sub)] = [self._messages[k] for k in dict.fromkeys(k for k, _ in parts)]
+            found = [self._features.pop(sid) for sid in with_images]
+            names = found[0][1] if found else {}
+            x = {n: torch.cat([rows[n] for _, rows in found]) for n in names} if found else None
+            messages = dict.fromkeys(k for k, _ in found)
+            self._used[(s, mb, sub)] = [t for k in messages for t in self._messages[k].values()]
         else:
             x = self._inputs[(s, mb, sub)]
-            self._used[(s, mb, sub)] = [x]
-        return module(x, batch)
+            self._used[(s, mb, sub)] = list(x.values())
+        return self._call(module, x, batch), x or {}
 
-    def _output_grad(self, s: int, mb: int, sub: int) -> torch.Tensor | None:
+    def _output_grad(self, s: int, mb: int, sub: int) -> Parts | None:
         if s == self.last_stage:
             return None
         key = (s, mb, sub)
         if key in self._out_grads:
             return self._out_grads.pop(key)
         assert self._is_local(s + 1), f"rank {self.rank}: no gradient received for {s}B{mb}.{sub}"
-        g = self._input_leaf(s + 1, mb, sub).grad
+        leaves = self._input_leaf(s + 1, mb, sub)
         out = self._outputs[key]
-        return torch.zeros_like(out) if g is None else g
+        return {n: torch.zeros_like(t) if leaves[n].grad is None else leaves[n].grad for n, t in out.items()}
+
+    def _backward_parts(self, key: Key) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """The output parts of ``key`` to back-propagate and their gradients (None: the loss). A part
+        riding along hands its gradient straight to its input leaf."""
+        grads = self._output_grad(*key)
+        out, riders = self._outputs.pop(key), self._riders.pop(key, {})
+        outs, out_grads = [], []
+        for name, t in out.items():
+            if name in riders:
+                if t.requires_grad:
+                    t.grad = grads[name].clone() if t.grad is None else t.grad + grads[name]
+            elif t.requires_grad:
+                outs.append(t)
+                out_grads.append(None if grads is None else grads[name])
+        return outs, None if grads is None else out_grads
 
     def _backward(self, a: Action) -> None:
         def run() -> None:
             key = (a.stage, a.mb, a.sub_index)
-            grad = self._output_grad(*key)
-            out = self._outputs.pop(key)
+            outs, grads = self._backward_parts(key)
             self._used.pop(key, None)
-            if out.requires_grad:
-                torch.autograd.backward(out, grad)
+            if outs:
+                torch.autograd.backward(outs, grads)
 
         self._timed(a, "B", run)
 
     def _backward_input(self, a: Action) -> None:
         def run() -> None:
             key = (a.stage, a.mb, a.sub_index)
-            grad = self._output_grad(*key)
-            out = self._outputs.pop(key)
+            outs, grads = self._backward_parts(key)
             leaves = [t for t in self._used.pop(key, []) if t.requires_grad]
             params = [p for _, p in self.modules[a.stage].owned_parameters() if p.requires_grad]
             self._pending_w[key] = _no_weight_grads
-            if not out.requires_grad:
+            if not outs:
                 return
             if not leaves:  # nothing upstream waits: the whole backward runs at W
-                self._pending_w[key] = lambda: torch.autograd.backward(out, grad, inputs=params)
+                self._pending_w[key] = lambda: torch.autograd.backward(outs, grads, inputs=params)
             elif not params:
-                torch.autograd.backward(out, grad, inputs=leaves)
+                torch.autograd.backward(outs, grads, inputs=leaves)
             else:
-                grads = None if grad is None else [grad]
-                _, groups = stage_backward_input([out], grads, leaves, iter(params))
+                _, groups = stage_backward_input(outs, grads, leaves, iter(params))
                 self._pending_w[key] = lambda: stage_backward_weight(iter(params), groups)
 
         self._timed(a, "I", run)
@@ -438,33 +494,38 @@ class Executor:
         if self._is_local(s + 1):
             return
         out = self._outputs[(s, mb, sub)]
-        self.transport.send(
-            out.detach(), self._peer(s + 1), MessageKey(s, False, mb, sub), self._ids(s, mb, sub)
+        tensors = [t.detach() for t in out.values()]
+        self.transport.send_parts(
+            tensors, self._peer(s + 1), MessageKey(s, False, mb, sub), self._ids(s, mb, sub)
         )
         self._prepost(self._peer(s + 1))
+
+    def _take(self, stage: int, backward: bool, mb: int, sub: int, names: Sequence[str]) -> Parts:
+        """The parts ``names`` of message (``stage``: its sender) from the stash."""
+        key, peer = MessageKey(stage, backward, mb, sub), self._peer(stage)
+        return {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)}
 
     def _recv_forward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
         if self._is_local(s - 1):
             return
-        t = self.transport.take(self._peer(s - 1), MessageKey(s - 1, False, mb, sub))
-        self._accept_input(s, mb, sub, t)
+        parts = self._take(s - 1, False, mb, sub, self.layout.stages[s - 1].part_names)
+        self._accept_input(s, mb, sub, parts)
 
     def _send_backward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
         if self._is_local(s - 1):
             return
-        leaf = self._input_leaf(s, mb, sub)
-        g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        leaves = self._input_leaf(s, mb, sub)
+        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves.values()]
         ids = self._ids(s - 1, mb, sub) if s == self.first_llm else self._ids(s, mb, sub)
-        self.transport.send(g, self._peer(s - 1), MessageKey(s, True, mb, sub), ids)
+        self.transport.send_parts(grads, self._peer(s - 1), MessageKey(s, True, mb, sub), ids)
 
     def _recv_backward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
         if self._is_local(s + 1):
             return
-        key = MessageKey(s + 1, True, mb, sub)
-        self._out_grads[(s, mb, sub)] = self.transport.take(self._peer(s + 1), key)
+        self._out_grads[(s, mb, sub)] = self._take(s + 1, True, mb, sub, self.layout.stages[s].part_names)
 
 
 def _key(msg: Message) -> MessageKey:

@@ -113,12 +113,35 @@ def _toy_model(shape: ToyShape):
     return ToyModel()
 
 
+def toy_encoder_layers(m, x, first: int, end: int):
+    """The toy encoder's embedding and blocks ``[first, end)`` (its projector, layer ``blocks + 1``,
+    excluded)."""
+    import torch
+
+    for i in range(first, end):
+        x = m.enc_embed(x) if i == 0 else x + torch.tanh(m.enc_blocks[i - 1](x))
+    return x
+
+
+class OwnedLayers:
+    """A toy stage's ``owned_parameters`` and ``move_to``: the submodules named ``self.owned`` of
+    ``self.model[0]``."""
+
+    def owned_parameters(self):
+        m = self.model[0]
+        return [(f"{n}.{pn}", p) for n in self.owned for pn, p in m.get_submodule(n).named_parameters()]
+
+    def move_to(self, device):
+        for _, p in self.owned_parameters():
+            p.data = p.data.to(device)
+
+
 def _toy_stage(model, component: str, first: int, end: int):
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    class ToyStage(nn.Module):
+    class ToyStage(OwnedLayers, nn.Module):
         entrain_family = TOY
 
         def __init__(self):
@@ -131,28 +154,13 @@ def _toy_stage(model, component: str, first: int, end: int):
                 names.append("positions")
             self.owned = [n for n in names if n is not None]
 
-        def owned_parameters(self):
-            m = self.model[0]
-            return [(f"{n}.{pn}", p) for n in self.owned for pn, p in m.get_submodule(n).named_parameters()]
-
-        def move_to(self, device):
-            for _, p in self.owned_parameters():
-                p.data = p.data.to(device)
-
         def forward(self, x, arg):
             m = self.model[0]
             return self._encoder(m, x) if self.component == "encoder" else self._llm(m, x, arg)
 
         def _encoder(self, m, x):
-            blocks = len(m.enc_blocks)
-            for i in range(self.first, self.end):
-                if i == 0:
-                    x = m.enc_embed(x)
-                elif i <= blocks:
-                    x = x + torch.tanh(m.enc_blocks[i - 1](x))
-                else:
-                    x = m.proj(x)
-            return x
+            x = toy_encoder_layers(m, x, self.first, min(self.end, len(m.enc_blocks) + 1))
+            return m.proj(x) if self.end == len(m.enc_blocks) + 2 else x
 
         def _llm(self, m, x, batch):
             n = len(m.layers)

@@ -39,6 +39,20 @@ parallelize code relies on exactly this):
   ``x`` is the ``[M, H]`` image features on the first stage (None for a text-only batch), else the
   previous stage's output. Returns ``[1, T, H]`` hidden states, ``[n, V]`` logits at the label
   positions, or the scalar loss ``sum(token CE) * batch.loss_scale`` on the stage holding ``loss``.
+
+Message parts (several tensors between stages, e.g. DeepStack features a vision tower hands to the
+first LLM layers). A message between stages is a set of named tensors: ``"hidden"`` (what the contract
+above calls the output) and the parts a family declares, plain numbers, on its ``LayerSpec``s
+(``entrain.core.layer_specs``): ``LayerSpec.message_parts`` = the ``MessagePart``s (name, width, dtype
+size, rows) a stage boundary right after that layer carries besides ``"hidden"`` (every part a later
+stage needs, on each boundary it crosses); ``LayerSpec.no_cut_after`` = no stage may end after that
+layer (the planner's partition honours it). The cost model prices each part, the Plan's stages carry
+them (``StageSpec.parts``). At run time a stage module that sets ``takes_parts = True`` receives
+``x`` as a ``dict[str, Tensor]`` of every part (first LLM stage: each part's rows of the batch's
+samples, concatenated; every part at the encoder -> LLM boundary has one row per image feature row;
+``{}`` for a text-only batch), and any stage may return a ``dict[str, Tensor]`` (a tensor is the
+``"hidden"`` part). A declared part the module does not return but received rides along: the runtime
+sends it on, and its gradient back. Without ``takes_parts`` nothing changes: ``x`` is ``"hidden"``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,15 @@ from entrain.core.errors import ConfigError
 from entrain.core.p2p import SHARED_QUEUE_ENV, rules_from_env
 from entrain.core.parallel import check_stage_count
 from entrain.core.presets import trainable_parts
-from entrain.core.systems import SYSTEMS, get_system
+from entrain.core.systems import (
+    DFLOP,
+    DISTTRAIN,
+    DISTTRAIN_PAPER,
+    ENCODER_REBALANCE,
+    ONE_F_ONE_B,
+    SYSTEMS,
+    get_system,
+)
 from entrain.runtime.planning import fixed_stages, plan_file, ranks_per_replica
 from entrain.runtime.run_folder import check_run_folder, system_out
 
@@ -40,7 +48,7 @@ def check_before_launch(spec: RunConfig, overwrite: bool, fixed: bool) -> None:
         warn_below_b_min(spec)
 
 
-SHARED_QUEUE_SAFE = ("1f1b", "disttrain", "disttrain-paper")
+SHARED_QUEUE_SAFE = (ONE_F_ONE_B, DISTTRAIN, DISTTRAIN_PAPER, ENCODER_REBALANCE, DFLOP)
 """The systems whose every Plan is deadlock-free when all communicators of a GPU share one hardware
 queue (``entrain.core.p2p.NcclRules.shared_queue``; tests/core/test_p2p_nccl_rules.py replays each
 system's Plans under it: the others deadlock in some layout)."""

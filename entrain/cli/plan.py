@@ -193,6 +193,7 @@ def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) ->
         system, setup, _check_batches(req, result, sampler, cost), cost, margin=setup_req.margin
     )
     decisions = [d.to_json() for d in setup.decisions]
+    setup = dataclasses.replace(setup, layout=cost.layout_with_parts(setup.layout))  # the family's parts
     return {
         **setup_to_json(system, setup),
         "fits_memory": run.metrics.fits_memory,

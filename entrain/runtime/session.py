@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -141,7 +141,8 @@ def _run_one(inputs: RunInputs, system: str, setup: SystemSetup) -> SystemSummar
     when resuming), the step loop, then the summary."""
     spec, env, data, cost = inputs.spec, inputs.env, inputs.data, inputs.cost
     out = system_out(spec, system)
-    layout, options = cost.layout_with_parts(setup.layout), setup.options  # the family's message parts
+    setup = replace(setup, layout=cost.layout_with_parts(setup.layout))  # the family's message parts
+    layout, options = setup.layout, setup.options
     plans = _step_plans(spec, system, layout, data.train, cost, options)
     val_plan = make_plan(system, layout, data.val, cost, options) if data.val else None
     rank0 = env.rank == 0

@@ -7,7 +7,8 @@ I-before-W slot order (7361b13) made the two boundary-sharing candidates faster 
 ms, shared-batch 3077 -> 3066); the chosen plan and every other number are the same. Then the
 ``backward_order`` decision was added to the list (the disjoint layout: ``slot`` alone, the ramp's
 chosen time); nothing else changed. Then the ``split`` decision (split backward off / on, off the
-paper's default) was added: on, 2391 ms against 3260 ms off; nothing else changed."""
+paper's default) was added: on, 2391 ms against 3260 ms off; nothing else changed. Then the
+``encoder_rebalance`` decision (off / on, 2391 ms each: off kept); nothing else changed."""
 
 from __future__ import annotations
 

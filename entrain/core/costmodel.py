@@ -611,8 +611,10 @@ class CostModel:
         return hidden + sum(self.part_bytes(component, layer_idx, tokens, image_tokens).values())
 
     def boundary_parts(self, component: Component, layer_idx: int) -> tuple[MessagePart, ...]:
-        """The parts besides the hidden states a stage ending at ``layer_idx`` (exclusive) sends."""
-        return self.component(component).layers[layer_idx - 1].message_parts
+        """The parts besides the hidden states a stage ending at ``layer_idx`` (exclusive) sends (none past
+        the component's last layer: the layout's own check names that error)."""
+        layers = self.component(component).layers
+        return layers[layer_idx - 1].message_parts if layer_idx <= len(layers) else ()
 
     def part_bytes(
         self, component: Component, layer_idx: int, tokens: float, image_tokens: float

@@ -19,7 +19,7 @@ from entrain.cli.main import main
 from entrain.sim.ablation import DIP_GREEDY_STEPS
 
 NAMES = {"entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy", "dip-greedy-mem",
-         "entrain+ramp", "entrain+shared", "entrain+split", "entrain-paper"}  # fmt: skip
+         "encoder-rebalance", "dflop", "entrain+ramp", "entrain+shared", "entrain+split", "entrain-paper"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -190,6 +190,8 @@ def test_bench_papers_numbers_file_is_probed_too(run, tmp_path, capsys):
         f"the run folder {run}",
     )
     _refused(
-        capsys, ["bench", "paper", "--quick", "--out", str(tmp_path / "r.json")], "give the report another extension"
+        capsys,
+        ["bench", "paper", "--quick", "--out", str(tmp_path / "r.json")],
+        "give the report another extension",
     )
     assert _held(run) == before and not (tmp_path / "r.json").exists()

@@ -31,8 +31,10 @@ def random_samples(seed: int, n: int) -> list[SampleMeta]:
     return out
 
 
-def scalar_partition(layer_ms, num_stages):
-    """The min-max recurrence one scalar at a time (the partitioner before vectorisation)."""
+def scalar_partition(layer_ms, num_stages, forbidden_cuts=()):
+    """The min-max recurrence one scalar at a time (the partitioner before vectorisation; these models
+    forbid no cut)."""
+    assert not forbidden_cuts
     n = len(layer_ms)
     prefix = [0.0, *accumulate(float(x) for x in layer_ms)]
     inf = float("inf")

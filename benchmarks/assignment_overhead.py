@@ -7,11 +7,11 @@ model. Reports per size the min and median over iterations x repeats, the share 
 batchers side by side, the growth exponent of time vs K (least squares on log-log), and the
 planner's b_min search time when ``entrain.core.planning.bmin.find_b_min`` exists.
 
-Targets (issue 2 req. 10): under 20 ms per iteration at B = 512; growth no worse than K^2 log K.
+Targets: under 20 ms per iteration at B = 512; growth no worse than K^2 log K.
 
     python benchmarks/assignment_overhead.py [--quick] [--out benchmarks/results/assignment_overhead.md]
 
-``--runtime`` adds the assignment left on a real CPU run's critical path (issue 25 req. 2): the same
+``--runtime`` adds the assignment left on a real CPU run's critical path: the same
 2-process ``entrain train`` run with each step's Plan computed in line (``ENTRAIN_PLAN_PREFETCH=0``)
 and ahead on the worker thread (the default), side by side: per step the wait for the Plan
 (``assignment_wait_ms`` in metrics.jsonl) against the iteration time. ``--runtime-only`` measures
@@ -296,7 +296,7 @@ def runtime_markdown(rt: dict) -> list[str]:
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rt["config"].items())
     lines = [
         "",
-        "## Assignment left on the critical path of a CPU run (issue 25 req. 2)",
+        "## Assignment left on the critical path of a CPU run",
         "",
         f"`python benchmarks/assignment_overhead.py --runtime-only`: `entrain train --system entrain {flags}` "
         f"in {rt['rounds']} alternating rounds, each step's Plan computed in line "

@@ -1,4 +1,4 @@
-"""Requirement 8: Entrain vs 1F1B vs DistTrain, really trained on this CPU (issue 4).
+"""Entrain vs 1F1B vs DistTrain, really trained on this CPU.
 
 The tiny VLM on the built-in ``skewed`` set (fixed before measuring: seed 0, global batch 16,
 microbatch size 1, 1 encoder + 1 LLM stage on 2 processes). After an idle check (the CPUs at least
@@ -16,7 +16,7 @@ median), never on a ratio of medians. Results go to ``benchmarks/results/cpu_pip
     python benchmarks/cpu_pipeline.py [--launches 3] [--steps 7] [--order-seed 0] [--skip-idle-check]
         [--dataset skewed|text-heavy] [--in-stage]
 
-``--dataset text-heavy`` (issue 10, requirement 7) runs the same protocol on LLM-dominant data
+``--dataset text-heavy`` runs the same protocol on LLM-dominant data
 (``LLM_CONFIG``: the built-in ``text-heavy`` generator, half the samples text-only with long answers,
 images capped at 224 x 224 px; global batch 24, microbatch size 4, each system's own 2-process layout).
 The shared launch trains Entrain with ``--assignment two-resource`` next to 1F1B and DistTrain; the
@@ -30,9 +30,9 @@ min each on an idle 2-core machine, estimated from the smoke runs' CPU time: 1 r
     python benchmarks/cpu_pipeline.py --launches 5 --steps 7
     python benchmarks/cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
 
-``--paired`` (issue 21 req. 3-4): `benchmarks/cpu_paired.py`.
+``--paired``: `benchmarks/cpu_paired.py`.
 
-``--in-stage`` (issue 14) instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
+``--in-stage`` instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
 ``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state
 and peak memory per rank, into ``benchmarks/results/cpu_pipeline_in_stage.{md,json}``.
 """
@@ -79,7 +79,7 @@ processes), measured side by side with the plain 1F1B row (2 processes) in each 
 ROWS = (*SYSTEMS, *EXTENSION_ROWS)
 WARMUP = 1
 TARGET_RATIO = 0.9
-"""Requirement 8: Entrain's iteration time at most this fraction of 1F1B's (paired per round)."""
+"""Entrain's iteration time at most this fraction of 1F1B's (paired per round)."""
 CONFIG = {
     "model": "tiny",
     "dataset": "skewed",
@@ -147,7 +147,7 @@ CASES = {
             Target(SPLIT, "Entrain, paper layout, split weight gradients"),
         ),
         "cpu_pipeline",
-        "CPU pipeline benchmark (issue 4, requirement 8)",
+        "CPU pipeline benchmark",
         f"`entrain` = Entrain on 1 encoder + 1 LLM stage (`{' '.join(PAPER_LAYOUT)}`); `{SHARED}` = Entrain "
         f"with its boundary-sharing layout (ours, not the paper's; `{' '.join(EXTENSION_ROWS[SHARED])}`); "
         f"`{SPLIT}` = Entrain on 1 encoder + 1 LLM stage with every backward run as input then weight gradients "
@@ -163,7 +163,7 @@ CASES = {
             Target("entrain", "Entrain, two-resource assignment", "disttrain", 1.0),
         ),
         "cpu_pipeline_text_heavy",
-        "CPU pipeline benchmark, LLM-dominant data (issue 10, requirement 7)",
+        "CPU pipeline benchmark, LLM-dominant data",
         "`entrain` = Entrain with `--assignment two-resource` (encoder and LLM work balanced together, then "
         "deferral), in the same launch as 1F1B and DistTrain; `entrain-auto` = `--assignment auto` (per "
         "iteration the cost model's pick, the default) and `entrain-paper` = `--assignment paper` (Algorithm 3, "
@@ -412,7 +412,7 @@ def report_in_stage(launches: list[dict], sims: dict, idle: tuple[bool, float], 
     }
     procs = {"1f1b": 2, **{r: n for r, (_, n) in IN_STAGE_ROWS.items()}}
     lines = [
-        "# CPU pipeline benchmark: parallelism inside the stages (issue 14, requirement 5)",
+        "# CPU pipeline benchmark: parallelism inside the stages",
         "",
         f"Config: {json.dumps(CONFIG)}, system 1f1b; {len(launches)} launches x {steps} steps, first {WARMUP} "
         f"dropped; idle check {'passed' if idle[0] else 'NOT passed'} (CPU idle {idle[1]:.0%} before the first "
@@ -455,7 +455,7 @@ def main() -> int:
         "--dataset",
         choices=sorted({*CASES, *PAIRED_CONFIGS}),
         default="skewed",
-        help="skewed (issue 4) or text-heavy: LLM-dominant data, Entrain's two-resource assignment (issue 10); "
+        help="skewed or text-heavy: LLM-dominant data, Entrain's two-resource assignment; "
         "with --paired also chartqa, multi-image",
     )
     ap.add_argument(

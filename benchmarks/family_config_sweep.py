@@ -1,4 +1,4 @@
-"""Sweep random tiny Qwen2-VL / Qwen2.5-VL / LLaVA-OneVision checkpoints through Entrain (issue 20).
+"""Sweep random tiny Qwen2-VL / Qwen2.5-VL / LLaVA-OneVision checkpoints through Entrain.
 
 For each family, ``--configs`` random configurations (seeded) vary every field a user's checkpoint may
 vary; each is written with ``save_pretrained`` (random weights) and checked:

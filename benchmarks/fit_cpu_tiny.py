@@ -1,4 +1,4 @@
-"""Fit the ``cpu-tiny`` cost preset's per-kind scales from traced runs (issue 21 req. 3).
+"""Fit the ``cpu-tiny`` cost preset's per-kind scales from traced runs.
 
 The analytic ``cpu-tiny`` (FLOP-proportional layer costs, one rate per component, a 7 ms per-call
 constant per component spread evenly over its layers) mispriced the stage cuts Entrain makes on this

@@ -281,7 +281,7 @@ def run_p2p(timeout_s: float, backend: str = "nccl") -> dict:
 # --- 3. the bf16 profiles ----------------------------------------------------------------------------
 @functools.cache
 def cli_has_precision() -> bool:
-    """Whether ``entrain profile`` takes ``--precision`` (issue 26, requirement 4)."""
+    """Whether ``entrain profile`` takes ``--precision``."""
     code, out, _ = _run([sys.executable, "-m", "entrain", "profile", "--help"], 120)
     return code == 0 and "--precision" in out
 

@@ -154,7 +154,7 @@ MUTANTS = (
         (GOLDEN,),
         (f"{GOLDEN}::test_golden_file[1f1b.txt]",),
     ),
-    # issue 22, requirement 6: this round's mutants
+    # This round's mutants
     Mutant(
         "dp-split-replica-0-leftovers",
         "the DP split: replica 0 takes one sample, then only what the other replicas leave",

@@ -192,8 +192,8 @@ def write_report(out: Path, results: dict, profiles: list[dict], notes: list[str
         "",
         f"`python benchmarks/planning_scale.py`: seeded workload JSONL (0-4 images of 224-1024 px a side, "
         f"20-2000 text tokens), `--model {MODEL} --global-batch {GLOBAL_BATCH} --microbatch-size {MICROBATCH} "
-        f"--tp {TP} --dp gpus/{GPUS_PER_REPLICA}`; wall time and peak RSS from `/usr/bin/time -v`. Target "
-        f"(issue 25 req. 1): at most {TARGET_WALL_S:.0f} s and {TARGET_RSS_GB} GB. Shared 2-core machine: "
+        f"--tp {TP} --dp gpus/{GPUS_PER_REPLICA}`; wall time and peak RSS from `/usr/bin/time -v`. Target"
+        f": at most {TARGET_WALL_S:.0f} s and {TARGET_RSS_GB} GB. Shared 2-core machine: "
         "the 1-minute load average before / after each run is listed.",
         "",
         "| samples | GPUs | dp | wall s | CPU s | peak RSS GB | target met | b_min | stages | Eq. 2 ms | load |",

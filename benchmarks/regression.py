@@ -57,7 +57,7 @@ cases 11-45 s): more iterations would make it impractical to run before every me
 SEED = 0
 """Both reports' seed (``bench paper``'s default, the zoo's ``simulate`` default)."""
 HEADLINE = ("synthchartnet", "qwen25vl-llama3-1b", "a40-paper", 3, 5)
-"""Issue 21's headline command: dataset, model, hardware, seed, iterations."""
+"""the headline command: dataset, model, hardware, seed, iterations."""
 RESULTS = Path(__file__).parent / "results"
 BASELINE = RESULTS / "regression_baseline.json"
 REPORT = RESULTS / "regression.md"

@@ -1,4 +1,4 @@
-"""The ceiling of any re-plan on ``curriculum`` (issue 24 req. 5): per phase, the fastest plan of EVERY
+"""The ceiling of any re-plan on ``curriculum``: per phase, the fastest plan of EVERY
 encoder/LLM split Algorithm 2 allows at the paper's setup, each as it would run on the phase's batches.
 
     python benchmarks/replan_ceiling.py --model qwen25vl-llama3-1b --out /tmp/ceiling1

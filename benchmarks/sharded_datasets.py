@@ -1,4 +1,4 @@
-"""Peak memory and wall time of scanning large LLaVA datasets (issue 25 requirement 3).
+"""Peak memory and wall time of scanning large LLaVA datasets.
 
 Generates a LLaVA JSONL of N records whose images are 16 small PNGs shared by every record, and
 WebDataset tar shards of the same kind of records (each sample its own small PNG), then runs the
@@ -129,7 +129,7 @@ def report(rows: list[dict], baseline: dict) -> str:
     lines = [
         "# Scanning large LLaVA datasets: peak memory and wall time",
         "",
-        "`python benchmarks/sharded_datasets.py` (issue 25 requirement 3) on this shared 2-core machine. "
+        "`python benchmarks/sharded_datasets.py` on this shared 2-core machine. "
         f"Records are LLaVA conversations of about 230 bytes of JSON; the JSONL's images are {NUM_IMAGES} "
         "small PNGs shared by every record, the tar shards hold one PNG per sample. Peak RSS is "
         "`Maximum resident set size` of `/usr/bin/time -v`; the command is `python -m entrain` with the "
@@ -195,7 +195,7 @@ def _notes() -> str:
   350 bytes per record, plus the statistics' arrays. The warm run loads the same list from
   `.entrain_cache/` (one JSON line per record, read line by line). It is about 50 bytes per record
   larger, because the image-size tuples read back from the cache are not shared between records.
-  Planning at scale (issue 25 requirement 1) keeps the planner's side of this compact.
+  Planning at scale keeps the planner's side of this compact.
 - **Tar shards** are scanned in worker processes, one per CPU (2 here), in shard order. Peak RSS is
   that of the largest single process, as `/usr/bin/time -v` reports it. The parent holds the
   metadata list. Each worker holds one shard's results and the image bytes of one sample at a time,

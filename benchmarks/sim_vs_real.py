@@ -23,7 +23,7 @@ documented in docs/profiling.md.
     python benchmarks/sim_vs_real.py [--launches 3] [--steps 6] [--max-idle-wait-s 300] [--max-repeats 3]
         [--dataset chartqa|text-heavy]
 
-``--dataset text-heavy`` (issue 10 requirement 7) runs the same chain on the LLM-dominant set of
+``--dataset text-heavy`` runs the same chain on the LLM-dominant set of
 ``cpu_pipeline.py --dataset text-heavy`` (``LLM_CONFIG``: ``entrain data synth --dataset text-heavy``,
 144 samples, images capped at ``--max-pixels`` 224 x 224 on every step, global batch 24, microbatch
 size 4), with Entrain planned by ``--assignment two-resource``; same error targets. Results:
@@ -74,7 +74,7 @@ LLM_CONFIG = {
     "microbatch_size": 4,
     "max_pixels": 224 * 224,
 }
-"""Issue 10 requirement 7: the LLM-dominant set of ``cpu_pipeline.py --dataset text-heavy`` (``text-heavy``
+"""The LLM-dominant set of ``cpu_pipeline.py --dataset text-heavy`` (``text-heavy``
 with images capped at 224 x 224 px, global batch 24, microbatch size 4), written by ``entrain data synth``."""
 
 
@@ -97,8 +97,8 @@ CASES = {
     "chartqa": Case(CONFIG, "sim_vs_real"),
     "text-heavy": Case(LLM_CONFIG, "sim_vs_real_text_heavy", ("--assignment", "two-resource")),
 }
-"""``--dataset``: the chart set (issue 5 / 11) or the LLM-dominant set with Entrain's two-resource
-assignment (issue 10)."""
+"""``--dataset``: the chart set or the LLM-dominant set with Entrain's two-resource
+assignment."""
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 IDLE_TARGET = 0.9
 MAX_FOREIGN_CORES = 0.25
@@ -355,8 +355,7 @@ def report(
     tables = [f"{f['component']}/{f['layer']} {f['phase']}" for f in fits if f["table"]]
     worst = max(fits, key=lambda f: f["used_worst_rel_residual"])
     lines = [
-        f"# Simulator vs measured training on this CPU, {case.config['dataset']} "
-        f"({'issue 10 requirement 7' if case.entrain_flags else 'issue 5 requirement 6, issue 11 requirement 7'})",
+        f"# Simulator vs measured training on this CPU, {case.config['dataset']}",
         "",
         f"Config: {json.dumps(case.config)}; systems {', '.join(SYSTEMS)}"
         f"{' (Entrain planned with ' + ' '.join(case.entrain_flags) + ')' if case.entrain_flags else ''}; "
@@ -449,7 +448,7 @@ def main() -> int:
         "--dataset",
         choices=CASES,
         default="chartqa",
-        help="chartqa, or text-heavy: LLM-dominant data, Entrain with --assignment two-resource (issue 10)",
+        help="chartqa, or text-heavy: LLM-dominant data, Entrain with --assignment two-resource",
     )
     args = ap.parse_args()
     case = CASES[args.dataset]

@@ -1,4 +1,4 @@
-"""Issue 13 requirement 7: the Gantt of a real CPU run beside the simulated Gantt of the same Plan.
+"""The Gantt of a real CPU run beside the simulated Gantt of the same Plan.
 
 Runs the CPU benchmark's configuration (``cpu_pipeline.CONFIG``: the tiny VLM on ``skewed``, 1
 encoder + 1 LLM stage on 2 processes) with ``entrain train --trace`` for Entrain and for 1F1B, then

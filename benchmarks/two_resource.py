@@ -1,4 +1,4 @@
-"""Two-resource assignment vs the paper's, side by side in one run (simulated, issue 10 req. 2).
+"""Two-resource assignment vs the paper's, side by side in one run (simulated).
 
 Part ``paper``: every ``bench paper`` case (4 datasets x Llama3-1B/3B x a40-paper/a40-flops, the
 paper setup: 64 GPUs, DP 4, TP 2, global batch 512, microbatch size 4), Entrain's default setup

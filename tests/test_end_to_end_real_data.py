@@ -1,4 +1,4 @@
-"""Issue 5 requirement 7 end to end: a synthesised LLaVA dataset (real chart images, real text), the
+"""A synthesised LLaVA dataset (real chart images, real text), the
 tiny model profiled on this CPU at tiny sizes, ``entrain plan --dataset llava.json --profile FILE``,
 and ``entrain train --dataset llava.json --profile FILE`` (2 steps of Entrain on 1 encoder + 1 LLM
 stage, the two ranks as forked gloo workers: no torchrun launch)."""

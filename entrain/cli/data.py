@@ -29,7 +29,7 @@ DEFAULT_NUM_SAMPLES = 10_000
 QUANTITIES = ("text_tokens", "image_tokens", "vit_patches", "encoder_llm_ratio")
 
 
-# Sub-subcommands living in their own modules (issue 5): module -> its registration function.
+# Sub-subcommands living in their own modules: module -> its registration function.
 EXTENSIONS: dict[str, str] = {
     "entrain.cli.data_check": "add_check_parser",
     "entrain.cli.data_synth": "add_synth_parser",

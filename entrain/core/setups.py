@@ -312,7 +312,7 @@ the two-resource one 0.48 % ahead (0.11-0.15 % on two other draws), and Entrain 
 than before the decisions, past the regression guard's 0.5 %. The paired sim-vs-real ratios measured on CPU
 (benchmarks/results/sim_vs_real_*.md: Entrain / 1F1B simulated 0.827 vs real 0.974 on chartqa,
 0.992 vs 1.106 on text-heavy) err by 10-15 %, dominated by per-action overheads the preset cost
-model does not price (issue 21 req. 3-4 refit them); runs that plan with such a profile should pass
+model does not price; runs that plan with such a profile should pass
 ``--decision-margin`` of that size (docs/planner.md, "Decisions by simulation")."""
 
 LAYOUT_MARGIN = DECISION_MARGIN

@@ -1,4 +1,4 @@
-"""Worker processes for the planner's independent per-replica work (issue 25 req. 1).
+"""Worker processes for the planner's independent per-replica work.
 
 ``entrain plan`` spends nearly all its time generating and simulating replicas (Entrain's per-replica
 candidate orders and their predicted makespans, then the executor), and replicas are independent.

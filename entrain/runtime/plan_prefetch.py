@@ -1,4 +1,4 @@
-"""Assignment off the critical path (issue 25 req. 2): each step's Plan is computed by one background
+"""Assignment off the critical path: each step's Plan is computed by one background
 worker while earlier steps train; the step only waits for what is not ready yet.
 
 ``StepPlans.get(step)`` returns iteration ``step``'s Plan and first queues the Plans of the next

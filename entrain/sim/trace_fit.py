@@ -1,4 +1,4 @@
-"""Refit a cost model from a real run's trace (``entrain profile --from-trace RUN``; issue 21 req. 4).
+"""Refit a cost model from a real run's trace (``entrain profile --from-trace RUN``).
 
 A run folder written by ``entrain train --trace`` holds every rank's actions with their durations
 (``trace.json``), the Plans that ran (``plan.json``) and the run's cost model (``config.json``: its

@@ -1,4 +1,4 @@
-"""The regression guard (benchmarks/regression.py, issue 21 req. 1): Entrain's simulated iteration time
+"""The regression guard (benchmarks/regression.py): Entrain's simulated iteration time
 on a few of the baseline's cases, the paper's headline command among them, is no more than 0.5 %
 above ``benchmarks/results/regression_baseline.json``; the baseline covers exactly today's case
 list; the verdict logic fails on Entrain slower (1) and on a baseline system slower (2)."""
@@ -10,7 +10,7 @@ import importlib
 import pytest
 
 FAST_CASES = (
-    "synthchartnet/1B/a40-paper/seed3",  # the headline command (issue 21: 12674 vs 12078 ms)
+    "synthchartnet/1B/a40-paper/seed3",  # the headline command
     "chartqa/1B/a40-paper/seed0",
     "cocoqa/1B/a40-paper/seed0",
     "llava150k/1B/a40-paper/seed0",

@@ -1,4 +1,4 @@
-"""benchmarks/sim_vs_real.py covers the LLM-dominant set (issue 10 req. 7): the same synth -> plan ->
+"""benchmarks/sim_vs_real.py covers the LLM-dominant set: the same synth -> plan ->
 train chain, with the pixel cap on every step and Entrain planned with the two-resource assignment."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``--config FILE.toml`` on ``train``, ``plan`` and ``simulate`` (issue 13, requirement 5): keys are flag
+"""``--config FILE.toml`` on ``train``, ``plan`` and ``simulate``: keys are flag
 names, the command line wins, bad keys and values are one-line errors, and a run folder's config.json
 given back to ``--config`` reproduces the run."""
 
@@ -28,7 +28,7 @@ def test_toml_keys_are_flags_and_the_command_line_wins(tmp_path, capsys):
     won = _out(capsys, ["simulate", *SIM, "--config", str(toml), "--iterations", "1"])
     assert won == _out(capsys, ["simulate", *SIM, *flags[:2], "--iterations", "1", *flags[4:]])
     plan = ["plan", "--dataset", "chartqa", "--model", "tiny", "--gpus", "2", "--json", "--config", str(toml)]
-    assert main(plan) == 0  # plan has no --systems: simulate's key, ignored with a note (issue 22)
+    assert main(plan) == 0  # plan has no --systems: simulate's key, ignored with a note
     assert "note: --config " in (err := capsys.readouterr().err) and ": ignoring systems " in err
     toml.write_text("global_batch = 8\n")
     assert _out(capsys, plan)["global_batch"] == 8

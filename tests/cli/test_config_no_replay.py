@@ -1,5 +1,5 @@
 """A stored config (a run folder's ``config.json``, or a TOML file) never replays ``--overwrite`` or
-``--resume`` (issue 22 req. 3): they act on the run folder, so only the command line gives them."""
+``--resume``: they act on the run folder, so only the command line gives them."""
 
 from __future__ import annotations
 

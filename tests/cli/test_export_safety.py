@@ -1,4 +1,4 @@
-"""``entrain export RUN --out DIR`` harms nothing (issue 22 req. 3): a non-empty ``DIR`` needs
+"""``entrain export RUN --out DIR`` harms nothing: a non-empty ``DIR`` needs
 ``--overwrite``; the run folder and the base checkpoint the run was trained from are refused even with
 it; the folders are written to a temporary sibling renamed at the end, so a failed export leaves
 ``DIR`` as it was (and no temporary folder behind)."""

@@ -1,4 +1,4 @@
-"""Issue 23 requirement 2: each flag is defined once and every ``train`` flag is accounted for.
+"""Each flag is defined once and every ``train`` flag is accounted for.
 
 * a flag that two ``entrain`` subcommands (any of ``build_parser()``'s) define is ``common.SHARED_FLAGS``'
   one: one help text and one default everywhere, unless ``common.COMMAND_DEFAULTS`` /

@@ -1,6 +1,6 @@
-"""No function in ``entrain/cli`` is longer than about 60 lines (issue 11: the CLI stays a thin layer;
+"""No function in ``entrain/cli`` is longer than about 60 lines (the CLI stays a thin layer;
 long functions go to the component that owns the logic), and none in ``entrain`` longer than 80
-(issue 23: long functions become named steps)."""
+(long functions become named steps)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs with nothing to learn are refused before launch (issue 22): ``--freeze`` leaving no trainable
+"""Runs with nothing to learn are refused before launch: ``--freeze`` leaving no trainable
 parameter, and a dataset without a supervised (label) token under the run's tokenizer (a chat template
 that emits no assistant text); ``data check`` names each such record (no torchrun launch here)."""
 

@@ -1,4 +1,4 @@
-"""Issue 22, requirement 5: inputs that ended in a traceback or a misleading message are one line
+"""Inputs that ended in a traceback or a misleading message are one line
 (``entrain <command>: error: ...``, exit 2) naming the file, record and field, before any work
 starts where they can be: a truncated ``.safetensors``, a symlink loop among a dataset's images, a
 20000x10 image, an output path that cannot be created (a virtual folder: permission bits do not

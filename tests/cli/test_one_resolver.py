@@ -1,4 +1,4 @@
-"""Issue 23 requirement 3: one cost-model resolver (``entrain.core.presets.resolve_cost_model``) and one
+"""One cost-model resolver (``entrain.core.presets.resolve_cost_model``) and one
 adapter from flags to it (``entrain.config.ModelConfig.cost_model``): no other code in ``entrain/`` hands
 the resolver a ``--profile`` / ``--attention`` / ``--freeze`` of its own, and the data commands' helper
 (``entrain.cli.common.resolve_cost_model``) goes through the adapter."""

@@ -1,4 +1,4 @@
-"""``--min-pixels`` / ``--max-pixels`` (issue 13, requirement 3): the same image-processor limits in
+"""``--min-pixels`` / ``--max-pixels``: the same image-processor limits in
 ``data stats``, ``plan``, ``assign``, ``simulate`` and ``train``, so plans and training count the
 same patches."""
 

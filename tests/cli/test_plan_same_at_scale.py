@@ -1,6 +1,6 @@
 """``entrain plan`` at DP 64 (the judge's sub-cluster, the memory check on 2 global batches) gives,
 with ``--jobs 2`` (worker processes) and the judge's DP split kept per layout, exactly the plan of the
-code before them (issue 25 req. 1): ``golden/plan_scale_dp64.json`` was written by that code (commit
+code before them: ``golden/plan_scale_dp64.json`` was written by that code (commit
 d49dc77) on the seeded planning-scale workload below; every decision's candidate times included.
 Re-written once since, for a schedule change and not for the workers: the split backward's
 I-before-W slot order (7361b13) made the two boundary-sharing candidates faster (shared 2907 -> 2869

@@ -1,4 +1,4 @@
-"""``entrain profile --from-trace RUN --out FILE`` (issue 21 req. 4): a short real 2-rank CPU run with
+"""``entrain profile --from-trace RUN --out FILE``: a short real 2-rank CPU run with
 ``--trace`` (two forked gloo workers, no torchrun) is refitted into a profile of the schema of every
 profile, which ``simulate --profile`` takes, and which predicts that run's stage times better than
 the run's own (analytic) cost model did."""

@@ -1,4 +1,4 @@
-"""``entrain train`` before and around its workers (issue 12): a run folder is never overwritten by
+"""``entrain train`` before and around its workers: a run folder is never overwritten by
 accident, everything checkable is checked before torchrun starts, skipped records are counted,
 Ctrl-C is one line and exit 130, and a worker's error is printed once (one torchrun launch)."""
 

@@ -1,4 +1,4 @@
-"""``entrain train --plan FILE`` (issue 22): a tampered plan file is one line naming the file and the
+"""``entrain train --plan FILE``: a tampered plan file is one line naming the file and the
 field before any process starts; the plan's model, dataset, pixel limits and batch sizes apply, and a
 flag given beside it that contradicts them is one line (no torchrun launch in this file)."""
 

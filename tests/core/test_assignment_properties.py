@@ -1,4 +1,4 @@
-"""Hypothesis property tests of Entrain's hierarchical assignment (issue 2 req. 9): safety
+"""Hypothesis property tests of Entrain's hierarchical assignment: safety
 (each sample once, determinism, deferral shape) on the shared strategies of assignment_strategies.py;
 quality against oracles is in test_assignment_quality.py."""
 

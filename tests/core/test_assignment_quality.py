@@ -1,4 +1,4 @@
-"""Quality of Entrain's assignment against brute-force or analytic oracles (issue 15 req. 2).
+"""Quality of Entrain's assignment against brute-force or analytic oracles.
 
 The safety properties (each sample once, determinism) live in test_assignment_properties.py; these
 tests fail when the assignment gets worse: deferral that misses the optimal pairing makespan, encoder

@@ -1,4 +1,4 @@
-"""Algorithm 1 converges (issue 11): stability is judged on the configuration Algorithm 2 would
+"""Algorithm 1 converges: stability is judged on the configuration Algorithm 2 would
 deploy (Eq. 2 within a tolerance), the doubling stops at the global batch with ``converged`` False
 and a reason, and the one seeded sampler draws with replacement."""
 
@@ -23,7 +23,7 @@ BREAKPOINT = 5.5 / 16
 
 def flipping_sampler(offset: float):
     """Every draw's encoder share is ``BREAKPOINT +- offset`` (the sign from the draw's seed) at every
-    batch size: the GPU split flips between 6:10 and 5:11 forever, as in issue 11's LLaVA example."""
+    batch size: the GPU split flips between 6:10 and 5:11 forever, as in the LLaVA example."""
 
     def sample(n: int, seed: int) -> list[SampleWork]:
         share = BREAKPOINT + (offset if seed % 2 else -offset)

@@ -1,4 +1,4 @@
-"""Planning at scale (issue 25 req. 1): the optimised Algorithm 1 + 2 path (columnar draws, numpy
+"""Planning at scale: the optimised Algorithm 1 + 2 path (columnar draws, numpy
 min-max partition, per-stage cost caches, column-wise pricing) gives exactly what the plain path gives."""
 
 from dataclasses import replace

@@ -1,4 +1,4 @@
-"""Activation recomputation in the cost model and Algorithm 2's search (issue 10, requirement 3)."""
+"""Activation recomputation in the cost model and Algorithm 2's search."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The systems registry (``entrain.core.systems.SYSTEMS``) is the only list of systems (issue 23):
+"""The systems registry (``entrain.core.systems.SYSTEMS``) is the only list of systems:
 no system's name is typed as a string outside the registry, the system's own schedule module and the
 tests (plus the allow-list below, each entry with its reason); every schema enum of system names is
 the registry's list; the lists code used to keep by hand are derived from ``SystemSpec`` fields."""

@@ -1,7 +1,7 @@
 """The two-resource assignment (``assignment.two_resource``): the safety and quality properties the
 paper's assignment has (each sample once, determinism, list-scheduling bound, deferral never raises a
 pair's larger load), plus what it is for: on LLM-dominant draws its largest LLM microbatch is never
-larger than the paper assignment's (issue 10 req. 8), and it removes the paper's LLM pile-up."""
+larger than the paper assignment's, and it removes the paper's LLM pile-up."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def test_dp_split_balances_what_the_papers_leaves_to_its_last_sample():
     assert replica_loads(mine, EQUAL_SHARES)[:, 1].tolist() == [21.0, 21.0]
 
 
-# --- LLM-dominant draws (issue 10 req. 8) ---------------------------------------------------------
+# --- LLM-dominant draws ---------------------------------------------------------
 
 
 @st.composite

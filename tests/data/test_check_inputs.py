@@ -1,4 +1,4 @@
-"""Classes of broken or unusual input (issue 12): files cut off, special tokens typed in text,
+"""Classes of broken or unusual input: files cut off, special tokens typed in text,
 ``<image>`` in an assistant turn, paths that are not regular files or leave the dataset root,
 animated images, unprintable ids, and a metadata cache that notices replaced images."""
 

@@ -1,4 +1,4 @@
-"""Issue 22, requirement 5, data side: a 32-bit float image in [0, 1] is scaled, not turned black;
+"""A 32-bit float image in [0, 1] is scaled, not turned black;
 an EXIF orientation is applied by training and by the metadata pass and reported by ``data check``
 in the same words as the other conversions; ``data synth`` of the long-context and docvqa generators
 writes datasets ``data check`` passes with its default limits (the samples over them capped, said)."""

@@ -1,4 +1,4 @@
-"""A stock LLM's tokenizer (issue 13, requirement 2): its chat template gives the same ids and
+"""A stock LLM's tokenizer: its chat template gives the same ids and
 labels as Hugging Face's ``apply_chat_template``; image tokens are added when missing; a folder
 without tokenizer files falls back to the built-in Qwen2 tokenizer only for Qwen2's vocabulary."""
 

@@ -1,4 +1,4 @@
-"""Sharded ``--dataset`` folders (issue 25 requirement 3): Parquet shards, WebDataset tar shards and
+"""Sharded ``--dataset`` folders: Parquet shards, WebDataset tar shards and
 a Hugging Face ``save_to_disk`` folder through ``data check``, ``data stats``, ``plan``; bad records
 named by shard and index; parallel scanning equal to serial and in shard order; the per-shard
 metadata cache; images read back by location (what training's pixels use)."""

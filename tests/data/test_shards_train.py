@@ -1,4 +1,4 @@
-"""``entrain train`` on a sharded dataset (issue 25 requirement 3): two forked gloo ranks train one
+"""``entrain train`` on a sharded dataset: two forked gloo ranks train one
 step of Entrain on WebDataset tar shards with real images, whose pixels are read back from the tars
 by location; a bad record is skipped and named by shard and index in ``skipped.jsonl``. The readers
 of the three shard formats share this path (``iter_parsed`` -> screening -> ``RecordSource``)."""

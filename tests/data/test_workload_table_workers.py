@@ -1,4 +1,4 @@
-"""Reading a workload JSONL with ``plan --jobs`` (issue 25 req. 1): chunks decoded in worker
+"""Reading a workload JSONL with ``plan --jobs``: chunks decoded in worker
 processes give the serial reader's table, and a bad record the same one-line error."""
 
 from __future__ import annotations

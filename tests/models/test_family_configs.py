@@ -1,5 +1,5 @@
 """Checkpoint configurations the family tests did not try, found by ``benchmarks/family_config_sweep.py``
-(issue 20: "checked on tiny checkpoints with configurations that are not in your tests"): each test
+(checked on tiny checkpoints with configurations that are not in the tests): each test
 is one bug class the sweep found, on config-only folders (no weights: cheap)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Real-size models on one GPU (issue 26, requirement 7): the ``qwen25vl-llama3-1b`` and ``-3b``
+"""Real-size models on one GPU: the ``qwen25vl-llama3-1b`` and ``-3b``
 presets, one layer per kind (what ``entrain profile`` times, random weights), run a real sample
 (one 448 x 448 image, 300 text tokens) through the encoder and LLM stages under bf16 autocast on
 CUDA: the layers compute in bf16, the loss is finite and within bf16 rounding of the fp32 loss, and

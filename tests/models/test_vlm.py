@@ -109,7 +109,7 @@ def test_packed_logits_equal_alone(tiny):
 
 
 def test_embedding_only_stage_runs_split_backward(tiny):
-    """An LLM stage of the embedding alone (the boundary rank of a shared layout, issue 10 req. 7) runs
+    """An LLM stage of the embedding alone (the boundary rank of a shared layout) runs
     split backward: torch's ``stage_backward_input`` detaches the stage output in place, which a view
     refuses."""
     from torch.distributed.pipelining._backward import stage_backward_input

@@ -1,4 +1,4 @@
-"""Issue 26 requirement 5: checkpoint hashes are computed by each rank for the files it wrote, at the
+"""Checkpoint hashes are computed by each rank for the files it wrote, at the
 same time (rank 0 only merges them into the manifest), and a resume verifies them, each rank its
 share of the files: no rank waits while another hashes the whole checkpoint. A run folder that some
 node does not share is refused before training."""

@@ -1,4 +1,4 @@
-"""FSDP with DP 2 saves and resumes (issue 22 req. 1), on forked ranks (no torchrun launch).
+"""FSDP with DP 2 saves and resumes, on forked ranks (no torchrun launch).
 
 Root cause of the hang: ``PeerWatch`` counted every collective a rank marked toward its gather points,
 and ranks mark different numbers of them (one FSDP reduce-scatter per stage module a rank holds: an

@@ -1,4 +1,4 @@
-"""On one GPU (issue 26, requirement 7): the runtime's gradients on CUDA in fp32 equal the CPU float64
+"""On one GPU: the runtime's gradients on CUDA in fp32 equal the CPU float64
 single-process reference, before and after clipping, with the grad norm and the loss (every stage:
 the colocated 1-rank layout holds the encoder and the LLM stage); bf16 autocast training on CUDA
 keeps the loss finite and falling over a few steps on one batch, and its gradients stay within bf16

@@ -1,4 +1,4 @@
-"""What a step reports on one GPU (issue 26, requirement 7): the forward / backward times of its
+"""What a step reports on one GPU: the forward / backward times of its
 compute actions come from CUDA events (one ``elapsed_time`` read per record, every one positive, all
 of them together within the step's time), and the peak device memory is measured per step (a small
 step after a big one reports a smaller peak). One spawned worker runs both scenarios."""

@@ -1,4 +1,4 @@
-"""NCCL pipelines on several GPUs (issue 26, requirement 7): every system of the registry
+"""NCCL pipelines on several GPUs: every system of the registry
 (``entrain.core.systems.SYSTEMS``) on a 2-process layout, and TP / FSDP inside the stages, give the
 CPU float64 single-process reference gradients (before and after clipping), grad norm and loss. One
 process per GPU (``cuda:RANK``, NCCL), spawned; one group per process count runs all its cases."""

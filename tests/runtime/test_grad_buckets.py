@@ -1,4 +1,4 @@
-"""Issue 26 requirement 6: the DP gradient all-reduce runs in buckets (``entrain.runtime.grad_buckets``)
+"""The DP gradient all-reduce runs in buckets (``entrain.runtime.grad_buckets``)
 launched during the pipeline, each only after every backward that adds to its parameters, in the
 same bucket order on every replica; the gradients still equal the single-process reference.
 

@@ -1,4 +1,4 @@
-"""Issue 26 requirement 6: on a GPU the rendered inputs are copied from pinned memory without
+"""On a GPU the rendered inputs are copied from pinned memory without
 blocking, the next forward's on a side stream while the current one computes (``entrain.runtime.h2d``);
 on the CPU nothing changes. CUDA is faked: tensors and streams that record what they were asked."""
 

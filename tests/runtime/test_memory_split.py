@@ -1,4 +1,4 @@
-"""Entrain's memory split in the runtime (issue 10, requirement 3): with full recomputation on the
+"""Entrain's memory split in the runtime: with full recomputation on the
 encoder and a budget that holds one sample's recomputation transient but not a whole microbatch's, the
 Plan cuts its encoder microbatches into sub-microbatches; on 2 forked gloo ranks it trains to the
 gradients of the uncut Plan, and the encoder rank's measured peak tensor memory drops, as the

@@ -1,4 +1,4 @@
-"""Issue 26 requirement 5: the GPU peak memory a step reports is its own: ``train_step`` resets
+"""The GPU peak memory a step reports is its own: ``train_step`` resets
 torch's peak statistics before its work (a second system in the same process starts from zero too).
 CUDA is faked: ``torch.cuda.reset_peak_memory_stats`` is recorded, the trainer runs on CPU."""
 

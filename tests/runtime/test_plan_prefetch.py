@@ -1,4 +1,4 @@
-"""Assignment off the critical path (issue 25 req. 2): the runtime's Plans computed ahead by a
+"""Assignment off the critical path: the runtime's Plans computed ahead by a
 background process (or thread) are the Plans computed in line (a fresh run, a run resumed mid-way,
 the last step), the worker really plans ahead, its failure is the step's error (no hang, also when
 the process dies) and ``close`` joins it."""

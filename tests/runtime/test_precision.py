@@ -1,4 +1,4 @@
-"""``--precision bf16`` on the CPU (issue 13, requirement 4), for every model family: bf16 autocast
+"""``--precision bf16`` on the CPU, for every model family: bf16 autocast
 compute, fp32 master weights and AdamW state; the loss moves off the fp32 loss by bf16 rounding only.
 Both runs freeze the vision tower (``--freeze vit``): its parameters stay as built, every other one
 trains."""

@@ -1,4 +1,4 @@
-"""Activation recomputation in the runtime (issue 10, requirement 4): a Plan whose stages recompute
+"""Activation recomputation in the runtime: a Plan whose stages recompute
 (``StageSpec.recompute``) trains to the same gradients as the Plan without it, on 2 forked gloo ranks,
 and the measured peak tensor memory of the step drops (every
 live CPU tensor storage, activations and recomputation transients included: ``harness.PeakTensorMemory``).

@@ -1,4 +1,4 @@
-"""Multi-rank Entrain resume is exact (issue 15 req. 4): a 4-rank run (DP 2 x one encoder and one LLM
+"""Multi-rank Entrain resume is exact: a 4-rank run (DP 2 x one encoder and one LLM
 stage, forked ranks, no torchrun) that dies in step 1 and is resumed ends with bitwise the
 parameters, AdamW state, global RNG streams and per-step sample ids and losses of a straight run.
 
@@ -112,7 +112,7 @@ def _assert_bitwise(a, b, where: str) -> None:
 
 def test_multirank_entrain_resume_is_bitwise_the_straight_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    # the straight run plans each step in line, the resumed one ahead in a background process (issue 25 req. 2)
+    # the straight run plans each step in line, the resumed one ahead in a background process
     in_line = {"ENTRAIN_PLAN_PREFETCH": "0"}
     for r in _launch([*TRAIN, "--out", str(straight / "run")], straight, launch_seed=1, env=in_line):
         assert r.exitcode == 0, r.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Stock Hugging Face checkpoints (issue 13, requirement 1): tiny models saved with save_pretrained,
+"""Stock Hugging Face checkpoints: tiny models saved with save_pretrained,
 shapes from config.json for the cost model, per-stage loading from sharded safetensors, and a
 single-process ``entrain train --lr 0`` whose export equals the loaded tensors bitwise."""
 

@@ -1,7 +1,7 @@
 """``entrain train --trace --tensorboard --precision bf16`` on 1 encoder + 1 LLM stage (two forked gloo
 workers, no torchrun): trace.json holds every action of every rank with start and duration,
 TensorBoard gets the step scalars, bf16 runs on the CPU with fp32 master weights, and
-``entrain plot-trace`` draws the real Gantt beside the simulated one (issue 13, reqs 4, 6, 7)."""
+``entrain plot-trace`` draws the real Gantt beside the simulated one."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from entrain.sim.run import run_system
 from tests.sim.fixtures import disjoint_layout, toy_cost
 
 REQ = ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 64, 4, 2, 512, 4, seed=3)
-"""Issue 21's headline command, Entrain's defaults (every choice ``auto``)."""
+"""The headline command, Entrain's defaults (every choice ``auto``)."""
 
 DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_split": "paper", "ramp": "0",
             "split": "off", "backward_order": "slot", "sub_microbatches": "off",

@@ -19,7 +19,7 @@ from entrain.sim.choose import candidate_judge, planner_draws
 from entrain.sim.run import run_system
 
 HEADLINE = ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 64, 4, 2, 512, 4, seed=3)
-"""Issue 21's headline command (``entrain simulate ... --seed 3``), Entrain's defaults."""
+"""The headline command (``entrain simulate ... --seed 3``), Entrain's defaults."""
 
 
 @cache

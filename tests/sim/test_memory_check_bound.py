@@ -1,4 +1,4 @@
-"""The plan's memory check at low DP (issue 25 req. 1): where a replica iteration holds many
+"""The plan's memory check at low DP: where a replica iteration holds many
 microbatches, ``memory_check_iterations`` simulates fewer global batches (as many (replica,
 microbatch) pairs as the paper's setup checks): the heaviest of the batches the full check would
 simulate (``replica_sample.heaviest_batches``). Here that gives the full check's verdict (the

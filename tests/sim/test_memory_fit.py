@@ -1,4 +1,4 @@
-"""Memory-aware plans (issue 10, requirement 3): on heavy vision data every Algorithm 2 system gets a
+"""Memory-aware plans: on heavy vision data every Algorithm 2 system gets a
 plan that fits device memory in simulation (recomputation where a rank overflows); when nothing fits
 the error names the largest sample and what would make it fit."""
 

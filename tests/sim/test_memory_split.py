@@ -1,4 +1,4 @@
-"""Entrain's memory split (issue 10, requirement 3): an encoder (sub-)microbatch whose recomputing
+"""Entrain's memory split: an encoder (sub-)microbatch whose recomputing
 backward would overflow its rank is cut into sub-microbatches that fit; the simulator sees the lower
 peak, a plan that overflowed now fits, and no encoder sub exceeds its rank's budget unless it is a
 single sample."""

@@ -1,4 +1,4 @@
-"""The decisions' judge at large DP (issue 25 req. 1): above ``JUDGE_REPLICAS`` replicas it simulates
+"""The decisions' judge at large DP: above ``JUDGE_REPLICAS`` replicas it simulates
 the heaviest replicas of each draw's DP split as a sub-cluster (``entrain.sim.replica_sample``). Here
 the estimate against the full simulation at DP 8, 16 and 64 (the fast path engaged directly, with
 fewer replicas), and the decisions it gives against the full judge's."""

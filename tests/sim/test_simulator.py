@@ -103,7 +103,7 @@ def test_per_call_constant_is_paid_per_sub_microbatch():
 
 def test_text_only_encoder_call_costs_nothing():
     """The runtime skips the encoder for a (sub-)microbatch without images: no per-call constant
-    (issue 10 req. 7: text-heavy data, measured ~0.1 ms where the simulator charged the constants)."""
+    (measured ~0.1 ms where the simulator charged the constants)."""
     cost = toy_cost(enc_layers=1, llm_layers=1, call_ms=1.0)
     costs = PlanCosts(disjoint_layout(1, 1, k=1, enc_layers=1, llm_layers=1), cost,
                       raw_samples({"t": (0.0, 3.0), "i": (3.0, 3.0)}))  # fmt: skip

@@ -1,4 +1,4 @@
-"""Issue 21 req. 3-4: one refit from two runs whose Plans cut the components at other layers.
+"""One refit from two runs whose Plans cut the components at other layers.
 
 The paired CPU runs' Entrain Plans cut the encoder where 1F1B runs it whole (``multi-image``: encoder
 layers [0,3) on rank 0, the merger with the LLM on rank 1). A refit from the 1F1B trace alone scales

@@ -1,4 +1,4 @@
-"""Issue 21 req. 4, closed loop: planning with a profile refitted from a run's trace changes the decision
+"""Planning with a profile refitted from a run's trace changes the decision
 the real run contradicted. On the tiny model, ``multi-image`` (images capped at 224 x 224 px) on 2
 processes, the analytic ``cpu-tiny`` preset makes Entrain share the LLM rank with the second half of
 the encoder (3 stages) by 0.6 % simulated; the CPU runs paid 2.2-6.1 ms per action outside the

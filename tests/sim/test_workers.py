@@ -1,4 +1,4 @@
-"""Worker processes for the planner's per-replica work (``entrain.core.workers``, issue 25 req. 1):
+"""Worker processes for the planner's per-replica work (``entrain.core.workers``):
 with ``--jobs 2`` Entrain's per-replica candidates and the executor's replicas run in forked workers,
 and the plan, its options and every simulated number are bitwise those of the serial loop."""
 

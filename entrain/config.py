@@ -1,4 +1,4 @@
-"""One run's configuration (DESIGN.md §2b): built once from the command line's flags and handed to
+"""One run's configuration (docs/architecture.md): built once from the command line's flags and handed to
 every part that needs it. Each part is small, typed and owned by the component that reads it:
 
 * ``DataConfig``: what samples a run sees (dataset, seed, order, bad records, validation);
@@ -67,7 +67,7 @@ def _fp(default=MISSING, meta: dict = FP, **options):
 
 
 SCHEDULE_ONLY = (
-    "the schedule orders the same work: loss and gradients do not depend on it (DESIGN.md section 3), "
+    "the schedule orders the same work: loss and gradients do not depend on it (docs/design.md §3), "
     "so a resumed run may change it"
 )
 REPLAN_ONLY = "when to re-plan, not what is trained (a re-plan resumes the same run on a new plan)"

@@ -1,4 +1,4 @@
-"""The package's layers point one way (DESIGN.md §2b) and no module imports itself back in a circle.
+"""The package's layers point one way (docs/architecture.md) and no module imports itself back in a circle.
 
 Every ``import`` statement counts, including those inside functions: a deferred import is still a
 dependency. ``core`` imports no other ``entrain`` package and no torch; ``config`` (the run

@@ -1,5 +1,5 @@
-"""Flag values checked at parse time, in one table (CONTRACT.md, Additions: a bad flag value, a missing
-or malformed input file, or an output path that cannot be written is one line on stderr,
+"""Flag values checked at parse time, in one table (docs/contract.md, general rules: a bad flag value,
+a missing or malformed input file, or an output path that cannot be written is one line on stderr,
 ``entrain <command>: error: ...``, exit status 2, before any work starts).
 
 ``RULES`` maps a flag's destination name to its check, for every command that has the flag;

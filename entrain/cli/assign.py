@@ -1,12 +1,12 @@
 """``entrain assign``: run each system's batcher on the workload and report how evenly it spreads
-encoder and LLM work over microbatches (CONTRACT.md ``entrain assign``).
+encoder and LLM work over microbatches (docs/contract.md ``entrain assign``).
 
 Default systems: ``entrain,1f1b,disttrain,dip`` (one per distinct batcher; ``entrain-1f1b``,
 ``disttrain-paper`` and ``dip-greedy`` share those batchers and can be named explicitly).
 ``disttrain``'s reordering sees two stages (the microbatch's summed encoder and LLM work) here;
 the simulator passes the real per-stage times of its layout.
 
-Summary statistics, per CONTRACT.md: for each (iteration, replica) the population std and the
+Summary statistics, per docs/contract.md: for each (iteration, replica) the population std and the
 max/mean of the per-microbatch encoder work (over encoder microbatches) and LLM work (over LLM
 microbatches); then the mean over all (iteration, replica). Units: ms (or the raw-work file's).
 """
@@ -49,7 +49,7 @@ def _ratio(x: np.ndarray) -> float:
 
 
 def summarize(iterations: Sequence[IterationAssignment]) -> dict[str, float]:
-    """CONTRACT.md summary (four keys) plus ``k_eff_mean`` and ``deferrals_per_iteration``."""
+    """docs/contract.md's summary (four keys) plus ``k_eff_mean`` and ``deferrals_per_iteration``."""
     rows = []
     for it in iterations:
         for r in it.replicas:

@@ -1,6 +1,6 @@
-"""Flags shared by the planner/simulator commands (CONTRACT.md "Common flags") and their resolution
-into samples, per-sample work and a cost model. Every subcommand uses these helpers, so flag names
-and meanings are defined once."""
+"""Flags shared by the planner/simulator commands (docs/contract.md, "Flags every planning command shares")
+and their resolution into samples, per-sample work and a cost model. Every subcommand uses these helpers, so
+flag names and meanings are defined once."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def add_shared_flags(p: argparse.ArgumentParser, command: str, *dests: str) -> N
 
 
 def add_common_args(p: argparse.ArgumentParser, command: str, *, systems_default: str | None = None) -> None:
-    """CONTRACT.md's common flags of the planner/simulator commands (``command``: the parser's name)."""
+    """docs/contract.md's common flags of the planner/simulator commands (``command``: the parser's name)."""
     add_shared_flags(p, command, "dataset", "model")
     add_model_source_args(p)
     add_pixel_args(p)

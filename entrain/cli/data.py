@@ -1,5 +1,6 @@
 """``entrain data``: dataset tools. ``stats`` summarises a dataset's token and work distributions
-(CONTRACT.md); ``check`` and ``synth`` arrive with issue 5 and register beside it in ``add_parser``."""
+(docs/contract.md ``entrain data``); ``check``, ``synth`` and ``families`` register beside it in
+``add_parser``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``entrain data check PATH``: validate a LLaVA JSON/JSONL or FineVision Parquet dataset
-(CONTRACT.md). Exit 0 iff no finding has severity ``error``, else 1 (``warning`` and ``converted``
-findings are not bad)."""
+(docs/contract.md ``entrain data``). Exit 0 iff no finding has severity ``error``, else 1 (``warning``
+and ``converted`` findings are not bad)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``entrain data families``: every registered model family — its name, one-line description, the
 ``--model`` presets it serves and the ``config.json`` ``model_type`` values a ``--model-path`` folder
-of it declares (CONTRACT.md, third round)."""
+of it declares (docs/contract.md ``entrain data``)."""
 
 from __future__ import annotations
 

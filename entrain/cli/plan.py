@@ -1,4 +1,4 @@
-"""``entrain plan``: macroscopic planning (CONTRACT.md ``entrain plan``).
+"""``entrain plan``: macroscopic planning (docs/contract.md ``entrain plan``).
 
 Algorithm 1 finds ``b_min``, the smallest profiling batch size whose encoder:LLM GPU split is the
 same in ``k = ceil(ln(alpha)/ln(1-p_error))`` validation draws (trial table like paper Tables 2,

@@ -1,5 +1,5 @@
-"""``--replan`` and its settings, shared by ``simulate`` and ``train`` (CONTRACT.md third round, Drift;
-the monitor and the decision: ``entrain.sim.drift``)."""
+"""``--replan`` and its settings, shared by ``simulate`` and ``train`` (docs/contract.md;
+docs/design.md §4, Drift; the monitor and the decision: ``entrain.sim.drift``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``entrain simulate``: run each system's Plan (its own batcher, schedule and configuration) through
 the discrete-event simulator and report iteration time, bubbles, per-microbatch variability and
-memory (CONTRACT.md ``entrain simulate``)."""
+memory (docs/contract.md ``entrain simulate``)."""
 
 from __future__ import annotations
 

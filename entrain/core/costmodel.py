@@ -52,7 +52,7 @@ Phase = Literal["fwd", "bwd", "bwd_split", "bwd_input"]
 COMPONENTS: tuple[Component, ...] = ("encoder", "llm")
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
-"""Activation recomputation of a stage, cheapest first (DESIGN.md; ``docs/cost_model.md``):
+"""Activation recomputation of a stage, cheapest first (docs/design.md §4; ``docs/cost_model.md``):
 
 * ``none``: every layer keeps what its backward needs (``activation_bytes_per_token`` and the squared
   term).

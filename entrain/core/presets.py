@@ -14,7 +14,7 @@ Every model preset (``entrain.core.architectures.MODEL_PRESETS``) works with eve
   attention in the encoder unless ``attention`` says otherwise (Fig. 4's setup with the
   ``qwen25vl-fullatt-llama3-1b`` model).
 * ``cpu-tiny``: FLOP-proportional layer costs scaled to the single-thread CPU measurements of the
-  ``tiny`` model (``reference/cpu-feasibility.md`` section 2), with the measured ~7 ms forward + ~7 ms
+  ``tiny`` model (``docs/design.md`` §6.9), with the measured ~7 ms forward + ~7 ms
   backward per-call constant per component split evenly over its layers.
 
 Modelling choices (see ``docs/cost_model.md``):
@@ -328,7 +328,7 @@ def _a40_device(name: str, model: str, encoder_eff: float, llm_eff: float, layer
 
 
 # --- CPU (tiny) --------------------------------------------------------------------------------------
-# Single-thread thread-CPU time of the tiny model (reference/cpu-feasibility.md section 2), forward +
+# Single-thread thread-CPU time of the tiny model (docs/design.md §6.9), forward +
 # backward with a 7 ms + 7 ms per-call constant: LLM (vocab 1000, logits at all tokens) 0.064 ms/token +
 # 5.35e-5 ms/token^2 (fit of the T=64..4096 table, relative error within 26 %); vision 0.11 ms/patch
 # (between the single-image fit 0.094 and packed 256-patch images 0.143) + 4.9e-5 ms/patch^2.
@@ -453,7 +453,7 @@ def _cpu_device(layer_counts: dict, traced: bool = True) -> DeviceModel:
         bwd_call_ms={c: CPU_TINY_BWD_CALL_MS for c in layer_counts},
         collective_bytes_per_ms={1: 1e12, 2: 2.5e6, 4: 1.2e6, 8: 0.6e6},
         collective_latency_ms=0.6,
-        notes={"source": "reference/cpu-feasibility.md section 2 (1 thread, thread-CPU time)"},
+        notes={"source": "docs/design.md §6.9 (1 thread, thread-CPU time)"},
         bwd_input_fraction=CPU_TINY_BWD_INPUT_FRACTION,
         kind_scales=CPU_TINY_KIND_SCALES if traced else None,
     )

@@ -1,4 +1,4 @@
-"""Each system's own configuration (DESIGN.md §2), chosen the way its method would choose it
+"""Each system's own configuration (docs/design.md §2), chosen the way its method would choose it
 (``SystemSpec.config`` in ``entrain.core.systems``). ``simulate``, ``bench`` and ``train`` (without
 ``--plan``) all configure systems here; the profiling samples come from the caller's ``Sampler``.
 

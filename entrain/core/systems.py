@@ -1,8 +1,9 @@
-"""The systems Entrain compares (CONTRACT.md): the only list of them. Each ``SystemSpec`` names the
-system's batcher (one global batch -> per-replica microbatches), its schedule generator (assignments
--> Plan), the kind of layout it runs on, how its configuration is chosen, and which of Entrain's own
-extensions (beyond the paper) it accepts. The CLI's choices, the simulator, the runtime and the bench
-all read ``SYSTEMS``; ``plan_system`` turns global batches into a system's Plan for both executors."""
+"""The systems Entrain compares (docs/contract.md, "Names"): the only list of them. Each ``SystemSpec``
+names the system's batcher (one global batch -> per-replica microbatches), its schedule generator
+(assignments -> Plan), the kind of layout it runs on, how its configuration is chosen, and which of
+Entrain's own extensions (beyond the paper) it accepts. The CLI's choices, the simulator, the runtime and
+the bench all read ``SYSTEMS``; ``plan_system`` turns global batches into a system's Plan for both
+executors."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ ENTRAIN_1F1B = "entrain-1f1b"
 ONE_F_ONE_B = one_f_one_b.NAME
 DISTTRAIN = "disttrain"
 """DistTrain-like: plain 1F1B (``one_f_one_b.generate``) on disjoint encoder and LLM ranks; what
-differs from ``1f1b`` is upstream (DESIGN.md §2): the configuration comes from Algorithm 2 on one
+differs from ``1f1b`` is upstream (docs/design.md §2): the configuration comes from Algorithm 2 on one
 profiled sample (``planning.baselines.disttrain_profile_sample``), and the ``disttrain`` batcher
 gives each replica exactly U samples of every global microbatch by LPT on encoder cost, then
 reorders whole microbatches by greedy insertion minimising the analytic 1F1B makespan (the

@@ -258,7 +258,7 @@ def _skewed_text(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.clip(np.rint(np.exp(rng.uniform(math.log(16), math.log(256), n))), 16, 256).astype(np.int64)
 
 
-# --- the workload zoo (CONTRACT.md Additions; distributions and sources in docs/workloads.md) -----
+# --- the workload zoo (names in docs/contract.md; distributions and sources in docs/workloads.md) -
 
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """A block of samples: ``(image_counts, heights, widths, text_tokens)``, images flattened."""
@@ -289,7 +289,7 @@ def _with_template(turn_tokens: np.ndarray, visual_items: np.ndarray) -> np.ndar
 
 
 DOC_LONG_SIDE_PX = (800, 3500)
-"""Scanned pages' long side (CONTRACT.md): fax/low-DPI, 200-DPI and 300-DPI letter/A4 scans."""
+"""Scanned pages' long side (docs/workloads.md): fax/low-DPI, 200-DPI and 300-DPI letter/A4 scans."""
 DOC_OCR_SHARE = 0.6
 """Share of document samples whose prompt carries the page's OCR text [assumed]."""
 
@@ -334,7 +334,7 @@ def _multi_image(rng: np.random.Generator, n: int) -> Rows:
 
 
 VIDEO_FRAMES = (4, 32)
-"""Frames a video sample (CONTRACT.md); even, as Qwen2.5-VL's temporal patch spans 2 frames."""
+"""Frames a video sample (docs/workloads.md); even, as Qwen2.5-VL's temporal patch spans 2 frames."""
 VIDEO_FRAME_MAX_PIXELS = 768 * 28 * 28
 """qwen_vl_utils' per-frame pixel cap for video (VIDEO_MAX_PIXELS)."""
 _VIDEO_SOURCES = [((640, 360), 0.30), ((854, 480), 0.35), ((1280, 720), 0.30), ((1920, 1080), 0.05)]
@@ -366,7 +366,7 @@ def _video(rng: np.random.Generator, n: int) -> Rows:
 
 
 TEXT_ONLY_SHARE = 0.5
-"""Share of ``text-heavy`` samples without an image (CONTRACT.md: about half)."""
+"""Share of ``text-heavy`` samples without an image (docs/workloads.md: about half)."""
 
 
 def _text_heavy(rng: np.random.Generator, n: int) -> Rows:
@@ -381,7 +381,7 @@ def _text_heavy(rng: np.random.Generator, n: int) -> Rows:
 
 
 LONG_CONTEXT_TOKENS = (2048, 16384)
-"""Text tokens of a ``long-context`` sample (CONTRACT.md), log-uniform."""
+"""Text tokens of a ``long-context`` sample (docs/workloads.md), log-uniform."""
 LONG_CONTEXT_IMAGE_SHARE = 0.4
 """Share of long-context samples with their one small image [assumed]."""
 
@@ -428,7 +428,7 @@ def _join(samples: list[tuple[np.ndarray, np.ndarray, int]]) -> Rows:
 
 
 CURRICULUM_PHASES: tuple[str, ...] = ("chartqa", "docvqa", "video")
-"""``curriculum``'s phases in training order (CONTRACT.md, third round), each a third of the run."""
+"""``curriculum``'s phases in training order (docs/workloads.md), each a third of the run."""
 
 
 def _curriculum(rng: np.random.Generator, n: int) -> Rows:

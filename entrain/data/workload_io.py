@@ -1,6 +1,6 @@
 """Workload files and the ``--dataset`` resolver every planner/simulator command uses.
 
-Formats (CONTRACT.md "Names"), one JSON object per line, detected per file from the first
+Formats (docs/contract.md, "Names"), one JSON object per line, detected per file from the first
 record's keys:
 
 - workload JSONL: ``{"id": str, "images": [[H, W], ...], "text_tokens": int}`` (pixels, tokens), optionally

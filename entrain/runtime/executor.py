@@ -1,4 +1,4 @@
-"""Interpret one rank's action list of an ``IterationPlan`` (DESIGN.md section 3).
+"""Interpret one rank's action list of an ``IterationPlan`` (docs/design.md §3).
 
 The executor knows nothing about the system that made the Plan: it runs the actions in order through
 a dispatch table with one small handler per ``ActionKind``. Conventions (``entrain.core.plan``):

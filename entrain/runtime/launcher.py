@@ -68,7 +68,7 @@ def worker_errors(folder: str) -> list[str]:
 def quiet_exit(code: int) -> None:
     """Leave a worker at once, without the interpreter's teardown: gloo's threads racing C++ static
     destructors abort ~1 launch in 10 with "terminate called without an active exception"
-    (cpu-feasibility.md section 6.8), failing a finished run."""
+    (docs/design.md §6.7), failing a finished run."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -10,7 +10,7 @@ from the newest complete one, bitwise the uninterrupted run) and the records
 (``entrain.runtime.run_metrics``: ``config.json``, ``metrics.jsonl`` with each step's ``plan_hash``,
 epoch and sample ids, the trace, TensorBoard, the progress bar). The checks before any of it are
 ``entrain.runtime.preflight``'s. Shutdown waits on every pending send, runs a barrier, then destroys
-the process group (cpu-feasibility.md section 6.8).
+the process group (docs/design.md §6.7).
 """
 
 from __future__ import annotations

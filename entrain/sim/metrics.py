@@ -1,4 +1,4 @@
-"""Metrics of simulated iterations, exactly as CONTRACT.md ``entrain simulate`` defines them.
+"""Metrics of simulated iterations, exactly as docs/contract.md (``entrain simulate``) defines them.
 
 Per iteration (then averaged over iterations):
 

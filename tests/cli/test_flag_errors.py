@@ -1,4 +1,4 @@
-"""Every command rejects bad flag values at parse time as one line with exit status 2 (CONTRACT.md,
+"""Every command rejects bad flag values at parse time as one line with exit status 2 (docs/contract.md,
 Additions): zero, negative and absurd sizes, an empty system list, a missing or malformed profile,
 and an output path that cannot be written. The table is every flag of every command that
 ``entrain.cli.argtypes`` checks, found by walking the parsers, so a new command is covered too."""

@@ -1,5 +1,5 @@
 """Every command's flags and help text, pinned in ``tests/cli/golden/cli_flags.txt``: a new, renamed or
-reworded option is a deliberate change (CONTRACT.md: flags are added, never renamed or dropped).
+reworded option is a deliberate change (docs/contract.md: flags are added, never renamed or dropped).
 
 Regenerate the golden file after a deliberate change, then review its diff:
 

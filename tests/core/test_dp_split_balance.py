@@ -1,4 +1,4 @@
-"""LLM balance of the paper's DP split (DESIGN.md 2a) against an exhaustive oracle.
+"""LLM balance of the paper's DP split (docs/design.md §1.2) against an exhaustive oracle.
 
 ``split_dp`` sorts the global batch by encoder work and hands each sample to the open replica
 (fewer than ``B / dp`` samples) with the least LLM work. When LLM work grows with encoder work (the

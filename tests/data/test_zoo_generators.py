@@ -1,4 +1,5 @@
-"""The workload zoo (CONTRACT.md Additions): each generator's distribution as docs/workloads.md states it."""
+"""The workload zoo (names in docs/contract.md): each generator's distribution as docs/workloads.md
+states it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Forked gloo workers for runtime tests (cpu-feasibility.md section 6.7): the parent has imported
+"""Forked gloo workers for runtime tests (docs/design.md §6.6): the parent has imported
 torch and transformers already, workers fork from it (no re-import), rendezvous through a file store
 in the test's tmp folder, use one thread each, and report through files. A worker that raises writes
 its traceback, which the parent re-raises; a hung group fails after ``timeout_s``."""

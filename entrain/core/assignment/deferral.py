@@ -1,6 +1,6 @@
 """Pairwise deferral candidates (paper §5.2 steps 1-2, Algorithm 3 lines 7-12): subset-sum DP, ``V``, ``L``.
 
-Pinned (DESIGN.md §1):
+Pinned (docs/design.md §1.2):
 
 * Microbatches are ranked by LLM work (descending, ties to the lower index); the top
   ``floor(K/2)`` are overloaded (OL), the bottom ``floor(K/2)`` underloaded (UL); with odd ``K``

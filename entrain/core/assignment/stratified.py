@@ -1,6 +1,6 @@
 """Stratified sample assignment (paper §5.1, Algorithm 3 lines 3-6): encoder microbatches.
 
-Pinned (DESIGN.md §1):
+Pinned (docs/design.md §1.2):
 
 * ``K_eff = min(K, floor(sum(w_enc) / max(w_enc)))``, at least 1. The floor is taken with a
   relative tolerance of 1e-9 so that ``3 * (1/3) / (1/3)`` counts as 3. A replica whose encoder

@@ -1,4 +1,4 @@
-"""DIP-like batching (DESIGN.md §2): parent microbatches as ``1f1b`` (fixed size, data order), and
+"""DIP-like batching (docs/design.md §2): parent microbatches as ``1f1b`` (fixed size, data order), and
 the size-capped cut of a parent microbatch into modality sub-microbatches that DIP's schedule
 generators use (``cut_sub_microbatches``). ``dip`` and ``dip-greedy`` share this batching; they
 differ only in the schedule (``entrain.core.schedules``).

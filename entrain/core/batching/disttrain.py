@@ -1,4 +1,4 @@
-"""DistTrain-like batching (DESIGN.md §2), shared by ``disttrain`` and ``disttrain-paper``.
+"""DistTrain-like batching (docs/design.md §2), shared by ``disttrain`` and ``disttrain-paper``.
 
 1. Global microbatch ``m`` = samples ``[m*dp*U, (m+1)*dp*U)`` of the global batch (data order).
 2. Its samples go to replicas by LPT on encoder work: sorted (encoder desc, id asc), each to the

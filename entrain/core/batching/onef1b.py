@@ -1,4 +1,4 @@
-"""Fixed-size data-order microbatches, the ``1f1b`` baseline (DESIGN.md §2).
+"""Fixed-size data-order microbatches, the ``1f1b`` baseline (docs/design.md §2).
 
 Replica ``r`` gets the ``r``-th contiguous block of ``B / dp`` samples of the global batch (data
 order); its microbatches are consecutive runs of ``U = B / (dp * K)`` samples, executed in order.

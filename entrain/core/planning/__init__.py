@@ -1,4 +1,4 @@
-"""Macroscopic planning (paper Section 4, DESIGN.md section 1), one module per concern:
+"""Macroscopic planning (paper Section 4, docs/design.md §1.1), one module per concern:
 
 * ``profile``: samplers, seeded draws and their column statistics (``SampleStats``), the per-layer
   cost coefficients, the encoder share and ProportionalAllocation;

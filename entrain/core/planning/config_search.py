@@ -143,7 +143,7 @@ class StaticConfig:
         )
 
     def to_json(self) -> dict:
-        """The ``config`` object of ``entrain plan --json`` (CONTRACT.md) plus extra keys."""
+        """The ``config`` object of ``entrain plan --json`` (docs/contract.md) plus extra keys."""
         return {
             "dp": self.dp,
             "microbatch_size": self.microbatch_size,

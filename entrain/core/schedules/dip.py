@@ -1,4 +1,4 @@
-"""``dip``: DIP-like (DESIGN.md §2; baselines.md §2).
+"""``dip``: DIP-like (docs/design.md §2).
 
 * Placement: every rank r of a replica holds encoder chunk r and LLM chunk r (the layout from
   ``planning.baselines.dip_layout``; each modality split by the same min-max layer DP).

@@ -1,4 +1,4 @@
-"""``entrain``: Entrain's pipeline schedule (paper §5.3, DESIGN.md §1.3).
+"""``entrain``: Entrain's pipeline schedule (paper §5.3, docs/design.md §1.3).
 
 * Pairwise order: microbatches run in the assignment's ``execution_order`` (ol0, ul0, ol1, ...).
 * An encoder microbatch with deferrals runs two forwards back to back in its slot: sub 0 (its

@@ -38,7 +38,7 @@ def disttrain_microbatch_work(encoder_ms: np.ndarray, dp: int = 4, microbatch_si
 
     Global microbatch ``m`` = samples ``[m*dp*U, (m+1)*dp*U)`` in data order; its samples go to the
     replicas by LPT on encoder work (heaviest first, to the least-loaded replica that has fewer than
-    ``U`` samples, ties to the lowest replica), exactly ``U`` each (DESIGN.md §2).
+    ``U`` samples, ties to the lowest replica), exactly ``U`` each (docs/design.md §2).
     """
     per_global = dp * microbatch_size
     groups = np.asarray(encoder_ms, dtype=float)[: len(encoder_ms) // per_global * per_global].reshape(

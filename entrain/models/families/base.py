@@ -61,6 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from entrain.core.errors import ConfigError
 from entrain.core.shape import ModelShape
 
 if TYPE_CHECKING:  # annotations only: this module never imports torch
@@ -343,12 +344,6 @@ class FamilyBase:
         """Default: the ``LayerSpec.name`` of each of ``shape.layer_specs()[component]``."""
         return [s.name for s in shape.layer_specs()[component]]
 
-    def image_rule(self, shape: ModelShape, min_pixels: int | None, max_pixels: int | None) -> ImageTokenRule:
-        """Default: Qwen2-VL's ``smart_resize`` rule (``entrain.core.samples.pixel_limits``)."""
-        from entrain.core.samples import pixel_limits
-
-        return pixel_limits(min_pixels, max_pixels)
-
     def check_tp(self, shape: ModelShape, tp: int) -> None:
         from entrain.core.errors import ConfigError
 
@@ -371,17 +366,6 @@ class FamilyBase:
     def fuse_parts(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return dict(params)
 
-    def token_ids(self, cfg: Any) -> dict[str, int]:
-        """Default: the Qwen2 tokenizer's ``<|image_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``
-        mapped by ``map_token_id``."""
-        from entrain.data.tokenizer import QWEN2_SPECIAL_TOKENS
-
-        names = {"image": "<|image_pad|>", "image_start": "<|vision_start|>", "image_end": "<|vision_end|>"}
-        return {k: self.map_token_id(cfg, QWEN2_SPECIAL_TOKENS[v]) for k, v in names.items()}
-
-    def map_token_id(self, cfg: Any, qwen_id: int) -> int:
-        return qwen_id
-
     def image_extras(self, cfg: Any, meta: SampleMeta) -> tuple[tuple[int, ...], ...]:
         return ()
 
@@ -391,18 +375,14 @@ class FamilyBase:
     def format_chat(
         self, cfg: Any, turns: Sequence, image_tokens: Sequence[int], tokenizer: Any
     ) -> tuple[list[int], list[int]]:
-        """Default: the Qwen2 chat template (``entrain.data.processing.format_chat``)."""
-        from entrain.data.processing import format_chat
-
-        return format_chat(turns, image_tokens, tokenizer)
+        """Default: none. A family that trains on real conversations implements its chat template (the
+        Qwen families: ``entrain.models.families.qwen2_vl.processing.format_chat``)."""
+        raise ConfigError(_missing(self, "format_chat", "a chat template: it trains on synthetic data only"))
 
     def process_images(self, cfg: Any, images: Sequence, rule: ImageTokenRule) -> tuple[Any, Any]:
-        """Default: Qwen2-VL's image processor (``entrain.models.families.composition.processing``) with
-        the checkpoint's ``preprocessor_config.json`` settings (``cfg.folder``, else ``cfg.vision_dir``)."""
-        from entrain.models.families.composition.processing import folder_settings, process_images
-
-        folder = getattr(cfg, "folder", None) or getattr(cfg, "vision_dir", None)
-        return process_images(images, rule, folder_settings(folder, rule))
+        """Default: none. A family that trains on real images implements its image processor (the Qwen
+        families: ``entrain.models.families.qwen2_vl.processing``)."""
+        raise ConfigError(_missing(self, "process_images", "an image processor: it trains on synthetic data only"))
 
     def image_processing(
         self, rule: ImageTokenRule
@@ -411,15 +391,8 @@ class FamilyBase:
         ``(images, rule) -> (pixel_values, image_grid_thw)`` (``entrain.data.processing.ProcessImages``),
         built now, so a sharded check's forked workers share it; None when the family has none that
         runs without a checkpoint (token counts then come from ``rule``). Optional, not part of
-        ``ModelFamily``. Default: Qwen2-VL's image processor for a ``smart_resize`` rule
-        (``VisionTokenConfig``), None for any other rule."""
-        from entrain.core.samples import VisionTokenConfig
-        from entrain.models.families.composition.processing import image_processor, process_images
-
-        if not isinstance(rule, VisionTokenConfig):
-            return None
-        image_processor(rule)
-        return process_images
+        ``ModelFamily``. Default: None."""
+        return None
 
     def position_ids(self, cfg: Any, samples: Sequence[PackedSample]) -> torch.Tensor:
         """Default: 1-D ``0..L-1`` per sample, concatenated (``[T]``)."""
@@ -442,3 +415,8 @@ class FamilyBase:
         from entrain.core.errors import ConfigError
 
         raise ConfigError(f"model family {self.name!r} has no export")
+
+
+def _missing(family: Any, member: str, what: str) -> str:
+    """The error of a family without an optional member: the family, the member and what it lacks."""
+    return f"model family {family.name!r} ({type(family).__name__}) has no {member}: it has no {what}"

@@ -158,7 +158,7 @@ def _load_weights(model: VLM, weights_dir: str) -> None:
 
 
 def set_trainable(model: VLM, *, encoder: bool = True, merger: bool = True, llm: bool = True) -> None:
-    """Freeze or unfreeze components (DESIGN.md section 1: frozen encoder or LLM)."""
+    """Freeze or unfreeze components (docs/design.md §1.3: frozen encoder or LLM)."""
     for name, p in model.vision.named_parameters():
         p.requires_grad_(merger if name.startswith("merger.") else encoder)
     for p in model.llm.parameters():

@@ -1,13 +1,13 @@
 """Calibrated, seeded workload generators for the built-in datasets (pure numpy).
 
 Each generator draws a sample's image size ``(H, W)`` in pixels and its text token count (chat
-template included: ``11 + 2*n_images + sum_turns(10 + q + a)``, ``reference/datasets.md`` §1).
+template included: ``11 + 2*n_images + sum_turns(10 + q + a)``, docs/workloads.md).
 
 Calibration (bounds and sources in ``entrain/data/calibration/bounds.json``, checked by
 ``tests/data/test_generators.py``):
 
 - text: per-sample turns, question and answer tokens reproduce FineVision's per-subset totals
-  (``datasets.md`` §3); the shapes (lognormals, turn-count laws) are that note's fits.
+  (their published table); the shapes (lognormals, turn-count laws) are our fits to it.
 - images: ViT-patch CDFs of the paper's Fig. 3 (COCO-QA / LLaVA ~1-2K patches, ChartQA mostly ~2K
   with a tail past 4K, SynthChartNet broadest ~400-8K) and, for SynthChartNet, the per-microbatch
   vision-work variability of Table 3 / Fig. 15 (std/mean ~0.7 under DistTrain-like batching). The
@@ -128,7 +128,7 @@ def _text_total(turn_tokens: np.ndarray) -> np.ndarray:
     return (SYSTEM_TOKENS + VISION_MARKER_TOKENS + turn_tokens).astype(np.int64)
 
 
-# --- text generators (FineVision-calibrated, datasets.md §3) -------------------------------------
+# --- text generators (FineVision-calibrated) ------------------------------------------------------
 
 
 def _llava_text(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Streaming readers for LLaVA-format datasets and their per-sample metadata.
 
-Formats (``reference/datasets.md`` §5):
+Formats (``docs/datasets.md``):
 
 - LLaVA JSON: one array of records ``{"id", "image": path | [paths] (or "images": [paths]),
   "conversations": [{"from": "human"|"gpt"|"system", "value": "<image>\\n..."}, ...]}``; one

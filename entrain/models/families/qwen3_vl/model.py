@@ -61,15 +61,16 @@ def layer_counts(model: nn.Module) -> dict[str, int]:
 
 
 def build_model(folder: str, *, stages: Sequence[tuple[str, int, int]] | None = None, hf_config=None,
-                strict: bool = True) -> nn.Module:  # fmt: skip
+                strict: bool = True, cls: type | None = None, model_types=MODEL_TYPES) -> nn.Module:  # fmt: skip
     """The model of checkpoint ``folder`` on the meta device with the parameters of ``stages``
-    (``(component, first, end)``; None: all) loaded as float32 CPU tensors."""
+    (``(component, first, end)``; None: all) loaded as float32 CPU tensors. ``cls`` / ``model_types``:
+    a variant's transformers class and ``model_type`` (Qwen3-VL-MoE; default Qwen3-VL's)."""
     config = hf_config if hf_config is not None else read_hf_config(folder)
-    if config.model_type not in MODEL_TYPES:
+    if config.model_type not in model_types:
         raise ConfigError(f"{folder}/config.json: model_type {config.model_type!r} is not Qwen3-VL")
     tied = untie(config)
     with torch.device("meta"):
-        model = model_class()(config)
+        model = (cls or model_class())(config)
     model.entrain_tied_source = tied
     visual, lm = model.model.visual, model.model.language_model
     visual.rotary_pos_emb = type(visual.rotary_pos_emb)(visual.config)
@@ -210,8 +211,6 @@ class TextStage(LLMStage):
         return renamed
 
     def forward(self, parts, batch) -> dict[str, torch.Tensor]:
-        import torch.nn.functional as F
-
         out = _as_parts(parts)
         inner = self.llm.model
         x = out.pop(HIDDEN, None)
@@ -226,9 +225,7 @@ class TextStage(LLMStage):
             pos = batch.position_ids.unsqueeze(-2)
             emb = inner.rotary_emb(x, pos)
             for i in self.layer_ids:
-                x = inner.layers[i](
-                    x, position_ids=pos, position_embeddings=emb, entrain_seq_lens=batch.seq_lens
-                )
+                x = self.decoder_layer(i, x, pos, emb, batch, out)
                 feature = out.pop(deepstack_part(i), None)
                 if feature is not None and batch.image_positions.numel():
                     x = _add_at(x, batch.image_positions, feature)
@@ -237,12 +234,25 @@ class TextStage(LLMStage):
         if self.has_lm_head:
             x = self.llm.lm_head(x[0, batch.label_positions])
         if self.has_loss:
-            return F.cross_entropy(x.float(), batch.targets, reduction="sum") * batch.loss_scale
+            return self.loss(x, batch, out)
         for name in self.parts_out()[1:]:  # a text-only microbatch: no visual rows
             if name not in out:
                 out[name] = x.new_zeros((0, x.shape[-1]))
         out[HIDDEN] = x
         return out
+
+    def decoder_layer(self, i: int, x: torch.Tensor, pos, emb, batch, parts: dict) -> torch.Tensor:
+        """Decoder layer ``i`` on ``x [1, T, H]`` (``parts``: the message's other parts, which a variant
+        may read or add to)."""
+        return self.llm.model.layers[i](
+            x, position_ids=pos, position_embeddings=emb, entrain_seq_lens=batch.seq_lens
+        )
+
+    def loss(self, logits: torch.Tensor, batch, parts: dict) -> torch.Tensor:
+        """``sum(token CE) * loss_scale`` of the ``[n, V]`` label logits."""
+        import torch.nn.functional as F
+
+        return F.cross_entropy(logits.float(), batch.targets, reduction="sum") * batch.loss_scale
 
 
 def _add_at(x: torch.Tensor, positions: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,10 @@
 A stage's memory: weights + gradients + Adam states of trainable layers, bf16 weights of frozen ones,
 divided by TP (K/V projections replicated when TP exceeds the KV heads: ``LayerCost.rank_param_bytes``), plus the activations of its 1F1B in-flight microbatches; each stage takes the cheapest
 ``costmodel.RECOMPUTE_MODES`` entry that fits (``choose_recompute``).
+
+Point-to-point messages in flight (``in_flight_message_bytes``): what a rank holds of its messages
+besides its activations, from a Plan's action lists: a sent message until its send has completed, a
+received one until the compute action that takes it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
+from entrain.core.errors import ScheduleError
+from entrain.core.p2p import Comm, rank_program
+from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.planning.profile import SampleStats
+from entrain.core.schedules.graph import Message
 
 __all__ = [
     "ADAM_BYTES_PER_BF16_WEIGHT_BYTE",
@@ -23,6 +31,9 @@ __all__ = [
     "MEMORY_CHECK_REPLICA_ITERATIONS",
     "MEMORY_CHECK_REPLICA_MICROBATCHES",
     "memory_check_iterations",
+    "MessageBytes",
+    "in_flight_message_bytes",
+    "peak_in_flight_message_bytes",
 ]
 
 ADAM_BYTES_PER_BF16_WEIGHT_BYTE = 9.0
@@ -172,3 +183,104 @@ def memory_check_iterations(
     if num_microbatches:
         need = min(need, -(-int(replica_microbatches) // (dp * int(num_microbatches))))
     return max(1, min(int(iterations), need))
+
+
+MessageBytes = Callable[[int, Message], float]
+"""``(sender plan rank, message) -> bytes``: every part of a message (a gradient has its forward
+output's size; ``PlanCosts.message_bytes`` of the forward output's stage and samples)."""
+
+
+def _program_events(programs: dict[int, tuple]) -> tuple[dict, dict]:
+    """(sender, receiver, message) -> the sender's step that posts it, and the receiver's step that
+    receives it (a message received ahead of its own action, in its channel's order, at that step)."""
+    sent, received = {}, {}
+    for g, steps in programs.items():
+        for i, step in enumerate(steps):
+            if not isinstance(step, Comm):
+                continue
+            for batch in step.batches:
+                for op in batch.ops:
+                    key = (g, op.peer, op.message) if op.send else (op.peer, g, op.message)
+                    (sent if op.send else received).setdefault(key, i)
+    return sent, received
+
+
+def _vector_clocks(programs: dict[int, tuple], sent: dict, received: dict) -> dict[int, list[dict[int, int]]]:
+    """Per rank and step, per rank the last step that happens before it (program order and
+    messages: a receive after its send)."""
+    ranks = sorted(programs)
+    incoming: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for (src, dst, msg), i in received.items():
+        incoming.setdefault((dst, i), []).append((src, sent[(src, dst, msg)]))
+    clocks: dict[int, list[dict[int, int]]] = {g: [] for g in ranks}
+    moved = True
+    while moved:
+        moved = False
+        for g in ranks:
+            while len(clocks[g]) < len(programs[g]):
+                i = len(clocks[g])
+                deps = incoming.get((g, i), [])
+                if any(len(clocks[src]) <= j for src, j in deps):
+                    break
+                vc = dict(clocks[g][-1]) if i else {}
+                for src, j in deps:
+                    for r, k in clocks[src][j].items():
+                        vc[r] = max(vc.get(r, -1), k)
+                vc[g] = i
+                clocks[g].append(vc)
+                moved = True
+    stuck = [g for g in ranks if len(clocks[g]) < len(programs[g])]
+    if stuck:
+        raise ScheduleError(f"ranks {stuck} wait for messages that are never sent (a cycle)")
+    return clocks
+
+
+def _consumer(steps: tuple, start: int, msg: Message) -> int:
+    """The compute step of the receiver that takes ``msg`` (received at ``start``): its stage's
+    forward (a forward message) or backward of the same microbatch and sub, else the first of that
+    kind after it (an encoder message several LLM microbatches take); the end when none."""
+    kinds = {ActionKind.F} if msg.kind == "F" else {ActionKind.B, ActionKind.I}
+    candidates = [
+        i
+        for i in range(start + 1, len(steps))
+        if isinstance(steps[i], Action) and steps[i].stage == msg.dst and steps[i].kind in kinds
+    ]
+    same = [i for i in candidates if (steps[i].mb, steps[i].sub_index) == (msg.mb, msg.sub)]
+    return (same or candidates or [len(steps)])[0]
+
+
+def in_flight_message_bytes(
+    layout: Layout, it: IterationPlan, message_bytes: MessageBytes, *, forward_only: bool = False
+) -> dict[int, list[float]]:
+    """Per plan rank, after each step of its point-to-point program (``entrain.core.p2p.rank_program``,
+    one step per action), the bytes of the messages it holds in flight:
+
+    * a sent message from its send until the first step of the sender that the receiver's receive
+      happens before (NCCL: a send completes once its receive is posted; the runtime drops a sent
+      tensor once its send has completed, ``Transport.release_sent``), or the end of the step;
+    * a received message from its receive (ahead of its own action when its channel's order says so)
+      until the compute action that takes it (``_consumer``), where it becomes that stage's input.
+
+    A hand-over between stages of one rank holds nothing."""
+    ranks = [layout.global_rank(r, pp) for r in range(layout.dp) for pp in range(layout.ranks_per_replica)]
+    programs = {g: rank_program(layout, it, g, forward_only=forward_only) for g in ranks}
+    sent, received = _program_events(programs)
+    clocks = _vector_clocks(programs, sent, received)
+    held = {g: [0.0] * len(programs[g]) for g in ranks}
+    for (src, dst, msg), i in sent.items():
+        j = received[(src, dst, msg)]
+        size = message_bytes(src, msg)
+        after = [k for k in range(i, len(programs[src])) if clocks[src][k].get(dst, -1) >= j]
+        for k in range(i, after[0] if after else len(programs[src])):
+            held[src][k] += size
+        for k in range(j, _consumer(programs[dst], j, msg)):
+            held[dst][k] += size
+    return held
+
+
+def peak_in_flight_message_bytes(
+    layout: Layout, it: IterationPlan, message_bytes: MessageBytes, *, forward_only: bool = False
+) -> dict[int, float]:
+    """Per plan rank, the most bytes of messages it holds in flight at once (``in_flight_message_bytes``)."""
+    held = in_flight_message_bytes(layout, it, message_bytes, forward_only=forward_only)
+    return {g: max(v, default=0.0) for g, v in held.items()}

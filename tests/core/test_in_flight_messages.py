@@ -1,0 +1,76 @@
+"""The planner's count of point-to-point messages in flight (``entrain.core.planning.memory``): a sent
+message until its receive has provably been posted, a received one until the compute action that
+takes it, on a hand-built schedule whose every step is worked out below."""
+
+from __future__ import annotations
+
+from entrain.core.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
+from entrain.core.planning.memory import in_flight_message_bytes, peak_in_flight_message_bytes
+from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.graph import ReplicaGraph
+
+SIZES = {0: 100.0, 1: 10.0}  # bytes of microbatch m's activations (its gradient: the same)
+
+
+def _size(sender: int, msg) -> float:
+    return SIZES[msg.mb]
+
+
+def _layout(ranks: int) -> Layout:
+    stages = (StageSpec(0, "encoder", 0, 2, 0), StageSpec(1, "llm", 0, 2, ranks - 1))
+    return Layout(
+        1, 1, 2, {"encoder": ComponentLayout(pp=1), "llm": ComponentLayout(pp=ranks - 1 or 1)}, stages
+    )
+
+
+def _iteration(acts: dict[int, str]) -> IterationPlan:
+    mbs = tuple(MicrobatchSpec(m, m, ((f"s{m}",),), ((f"s{m}",),)) for m in range(2))
+    return IterationPlan(
+        None, (mbs,), {r: tuple(Action.parse(a) for a in t.split()) for r, t in acts.items()}
+    )
+
+
+def test_messages_in_flight_per_step_of_a_hand_built_schedule():
+    """Rank 0 sends mb 0 then mb 1; rank 1 takes mb 1 first, so it receives both at its first step
+    (FIFO channel order) and holds mb 0's activations until its forward at step 5. Rank 0's sends
+    complete when rank 1 receives them, which rank 0 learns at its step 4 (the gradient of mb 1,
+    sent after rank 1's receive); rank 1 never learns that its gradients arrived: held to the end."""
+    it = _iteration({
+        0: "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B1 0B1 0RECV_B0 0B0",
+        1: "1RECV_F1 1F1 1B1 1SEND_B1 1RECV_F0 1F0 1B0 1SEND_B0",
+    })  # fmt: skip
+    held = in_flight_message_bytes(_layout(2), it, _size)
+    assert held[0] == [0, 100, 100, 110, 10, 0, 100, 0]
+    assert held[1] == [110, 100, 100, 110, 110, 10, 10, 110]
+    assert peak_in_flight_message_bytes(_layout(2), it, _size) == {0: 110, 1: 110}
+
+
+def test_a_hand_over_on_one_rank_holds_nothing():
+    it = _iteration({0: "0F0 0SEND_F0 1RECV_F0 1F0 1B0 1SEND_B0 0RECV_B0 0B0"})
+    assert in_flight_message_bytes(_layout(1), it, _size) == {0: [0.0] * 8}
+
+
+def test_a_real_plans_messages_in_flight_stay_within_its_messages():
+    """A 1F1B 1+1 plan of the tiny model: each rank holds something at its peak, never more than all
+    the messages it sends and receives together, and the forward-only step holds no gradient."""
+    from entrain.core.presets import build_cost_model
+    from entrain.core.validate import message_of
+    from tests.runtime.cases import batch_metas, plan_for, works
+
+    cost = build_cost_model("tiny", "cpu-tiny")
+    plan = plan_for("1f1b", 1, 1, 1, 4, works(batch_metas(4), cost))
+    it = plan.iterations[0]
+    costs, graph = PlanCosts(plan.layout, cost, plan.samples), ReplicaGraph(plan.layout, it.microbatches[0])
+
+    def size(sender, msg):
+        out = msg.src if msg.kind == "F" else msg.dst
+        return costs.message_bytes(out, graph.ids(out, msg.mb, msg.sub))
+
+    peaks = peak_in_flight_message_bytes(plan.layout, it, size)
+    for rank, acts in it.actions.items():
+        total = sum(size(rank, message_of(a)) for a in acts if not a.kind.is_compute)
+        assert 0 < peaks[rank] <= total
+    forward = peak_in_flight_message_bytes(plan.layout, it, size, forward_only=True)
+    largest = max(size(0, message_of(a)) for a in it.actions[0] if a.kind.name == "SEND_F")
+    assert 0 < forward[1] <= sum(size(0, message_of(a)) for a in it.actions[0] if a.kind.name == "SEND_F")
+    assert forward[0] >= largest

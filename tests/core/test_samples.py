@@ -10,7 +10,7 @@ from entrain.core.samples import (
     smart_resize,
 )
 
-# (W, H) -> LLM image tokens, measured with the real Qwen2-VL processor rule (reference/datasets.md §1)
+# (W, H) -> LLM image tokens, measured with the real Qwen2-VL processor rule
 WORKED = [
     ((640, 480), 391),
     ((640, 427), 345),

@@ -21,7 +21,7 @@ from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset, screen_dataset
 from entrain.data.llava import read_metadata  # noqa: E402
 from entrain.data.processing import load_image  # noqa: E402
 from entrain.data.synth import synth_dataset  # noqa: E402
-from entrain.models.families.composition.processing import process_images  # noqa: E402
+from entrain.models.families.qwen2_vl.processing import process_images  # noqa: E402
 
 
 def _dataset(root: Path, names: list[str]) -> Path:

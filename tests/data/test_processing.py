@@ -16,7 +16,7 @@ from entrain.core.samples import image_llm_tokens  # noqa: E402
 from entrain.data import processing as pr  # noqa: E402
 from entrain.data.llava import Record  # noqa: E402
 from entrain.data.tokenizer import default_tokenizer  # noqa: E402
-from entrain.models.families.composition.processing import process_images  # noqa: E402
+from entrain.models.families.qwen2_vl.processing import process_images  # noqa: E402
 
 TOK = default_tokenizer()
 VS, VE, PAD = (TOK.token_id(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))

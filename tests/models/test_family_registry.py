@@ -48,7 +48,8 @@ def _abstract(name):
 
 
 for _m in ("shape", "runtime_config", "build_model", "build_stage", "set_trainable", "encoder_output_width",
-           "recompute_modules", "fsdp_units", "image_grids", "image_feature_rows", "encoder_input_width"):  # fmt: skip
+           "recompute_modules", "fsdp_units", "image_grids", "image_feature_rows", "encoder_input_width",
+           "image_rule", "token_ids", "map_token_id"):  # fmt: skip
     setattr(_Claims, _m, _abstract(_m))
 
 
@@ -102,7 +103,7 @@ def test_bad_lookups_and_registrations_are_clear_errors(claims):
     clash = type("Clash", (_Claims,), {"name": "clash"})
     with pytest.raises(ConfigError, match=r"preset\(s\) \['toy-whole-preset'\] belong to 'toy_whole'"):
         register_family(clash())
-    with pytest.raises(ConfigError, match="is not a ModelFamily \\(lacks .*build_model"):
+    with pytest.raises(ConfigError, match="is not a ModelFamily: it lacks .*build_model"):
         register_family(object())
 
 

@@ -1,6 +1,6 @@
 """Every class of record ``entrain data check`` accepts goes through the training data path: screened,
-rendered from the real images and text, and run through the tiny VLM's encoder and LLM (issue 12:
-anything ``data check`` passes also trains)."""
+rendered from the real images and text, and run through the tiny VLM's encoder and LLM:
+anything ``data check`` passes also trains."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from entrain.core.samples import VisionTokenConfig  # noqa: E402
 from entrain.data.check import check_dataset, screen_dataset  # noqa: E402
 from entrain.data.workload_io import sample_works  # noqa: E402
 from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config  # noqa: E402
-from entrain.models.families.composition.processing import process_images  # noqa: E402
 from entrain.models.families.composition.vlm import build_stage, build_vlm  # noqa: E402
+from entrain.models.families.qwen2_vl.processing import process_images  # noqa: E402
 from entrain.runtime.data import RecordSource, SampleRenderer  # noqa: E402
 
 VISION = VisionTokenConfig(max_pixels=224 * 224)

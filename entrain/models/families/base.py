@@ -266,9 +266,9 @@ class ModelFamily(Protocol):
         placeholder one image feature row replaces), ``image_start``, ``image_end`` (-1: none)."""
         ...
 
-    def map_token_id(self, cfg: Any, qwen_id: int) -> int:
-        """A Qwen2-tokenizer id (what the built-in tokenizer and synthetic text produce) in the model's
-        vocabulary."""
+    def map_token_id(self, cfg: Any, text_id: int) -> int:
+        """An id of Entrain's built-in text tokenizer (``entrain.data.tokenizer``: what it and synthetic
+        text produce, Qwen2's vocabulary) in the model's vocabulary."""
         ...
 
     def format_chat(
@@ -320,7 +320,13 @@ class ModelFamily(Protocol):
 
 class FamilyBase:
     """Defaults of ``ModelFamily``'s optional methods (torch imported lazily). A family subclasses this
-    and implements the rest; the registry checks the result against ``ModelFamily``."""
+    and implements the rest; ``register_family`` refuses one that lacks a member, naming it.
+
+    No default speaks for a model: what a sample becomes (``image_rule``, ``token_ids``,
+    ``map_token_id``) has none, and ``format_chat`` / ``process_images`` / ``export`` /
+    ``profile_input`` default to a ``ConfigError`` naming the family and the member (a family may train
+    on synthetic data only). The defaults that remain are model-neutral: no presets, no tensor
+    parallelism, 1-D positions, no extra grid columns, checkpoint names as they are."""
 
     name = ""
     description = ""
@@ -345,8 +351,6 @@ class FamilyBase:
         return [s.name for s in shape.layer_specs()[component]]
 
     def check_tp(self, shape: ModelShape, tp: int) -> None:
-        from entrain.core.errors import ConfigError
-
         if tp != 1:
             raise ConfigError(f"--tp {tp}: model family {self.name!r} has no tensor-parallel plan")
 
@@ -377,12 +381,14 @@ class FamilyBase:
     ) -> tuple[list[int], list[int]]:
         """Default: none. A family that trains on real conversations implements its chat template (the
         Qwen families: ``entrain.models.families.qwen2_vl.processing.format_chat``)."""
-        raise ConfigError(_missing(self, "format_chat", "a chat template: it trains on synthetic data only"))
+        raise ConfigError(_missing(self, "format_chat", "no chat template: it trains on synthetic data only"))
 
     def process_images(self, cfg: Any, images: Sequence, rule: ImageTokenRule) -> tuple[Any, Any]:
         """Default: none. A family that trains on real images implements its image processor (the Qwen
         families: ``entrain.models.families.qwen2_vl.processing``)."""
-        raise ConfigError(_missing(self, "process_images", "an image processor: it trains on synthetic data only"))
+        raise ConfigError(
+            _missing(self, "process_images", "no image processor: it trains on synthetic data only")
+        )
 
     def image_processing(
         self, rule: ImageTokenRule
@@ -407,16 +413,12 @@ class FamilyBase:
         return cfg, {c: {i: i for i in range(len(self.layer_names(cfg.shape, c)))} for c in COMPONENTS}
 
     def profile_input(self, cfg: Any, component: str, layer: int, tokens: int, device: Any, per_label: bool):
-        from entrain.core.errors import ConfigError
-
         raise ConfigError(f"model family {self.name!r} cannot be profiled (it has no profile_input)")
 
     def export(self, manifest: dict, params: dict[str, torch.Tensor], out_dir: str) -> dict:
-        from entrain.core.errors import ConfigError
-
         raise ConfigError(f"model family {self.name!r} has no export")
 
 
 def _missing(family: Any, member: str, what: str) -> str:
     """The error of a family without an optional member: the family, the member and what it lacks."""
-    return f"model family {family.name!r} ({type(family).__name__}) has no {member}: it has no {what}"
+    return f"model family {family.name!r} ({type(family).__name__}) implements no {member} ({what})"

@@ -58,10 +58,15 @@ def _load_builtin() -> None:
 
 def register_family(family: ModelFamily, *, replace: bool = False) -> ModelFamily:
     """Add ``family`` under ``family.name``; ConfigError for a name or preset already taken (unless
-    ``replace``) or an object that does not implement ``ModelFamily``."""
+    ``replace``) or an object that does not implement ``ModelFamily`` (naming the family and every
+    member it lacks, e.g. ``token_ids``, which ``FamilyBase`` leaves to each family)."""
     if not isinstance(family, ModelFamily):
         missing = [m for m in _protocol_members() if not hasattr(family, m)]
-        raise ConfigError(f"{type(family).__name__} is not a ModelFamily (lacks {', '.join(missing)})")
+        name = getattr(family, "name", "") or "?"
+        raise ConfigError(
+            f"model family {name!r} ({type(family).__name__}) is not a ModelFamily: it lacks "
+            f"{', '.join(missing)} (FamilyBase has no default for these: the family must say them)"
+        )
     if not family.name:
         raise ConfigError(f"{type(family).__name__}: a model family needs a name")
     if family.name in _FAMILIES and not replace:

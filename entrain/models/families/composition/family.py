@@ -16,6 +16,7 @@ from entrain.core.architectures import MODEL_PRESETS, ModelArch
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, ModelSource
 from entrain.models.families.composition.config import FAMILY
+from entrain.models.families.qwen2_vl import processing as qwen2_vl_processing
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["CompositionFamily", "COMPOSITION_FAMILY"]
 
 
-class CompositionFamily(FamilyBase):
+class CompositionFamily(qwen2_vl_processing.Qwen2VLProcessing, FamilyBase):
+    """The vision tower is Qwen2-VL's: its tokens, chat and image processor (``qwen2_vl.processing``)."""
+
     name = FAMILY
     description = "a Qwen2-VL / Qwen2.5-VL vision tower + a Llama / Qwen2 causal LM (--model presets, --vision-model + --llm-model)"
 
@@ -170,6 +173,15 @@ class CompositionFamily(FamilyBase):
 
     def map_token_id(self, cfg: VLMConfig, qwen_id: int) -> int:
         return cfg.token_id(qwen_id)
+
+    def token_ids(self, cfg: VLMConfig) -> dict[str, int]:
+        """The Qwen2 tokenizer's ``<|image_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``, mapped
+        onto the LLM's vocabulary (``map_token_id``)."""
+        return qwen2_vl_processing.token_ids(lambda qwen_id: self.map_token_id(cfg, qwen_id))
+
+    def processor_folder(self, cfg: VLMConfig) -> str | None:
+        """The vision folder (its ``preprocessor_config.json``; None: a preset)."""
+        return cfg.vision_dir
 
     # --- profiler, export --------------------------------------------------------------------------
     def representative_config(self, cfg: VLMConfig):

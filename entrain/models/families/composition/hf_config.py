@@ -17,7 +17,7 @@ from dataclasses import replace
 from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import ModelSource
-from entrain.models.families.composition.processing import processor_settings
+from entrain.models.families.qwen2_vl.processing import processor_settings
 from entrain.models.families.registry import read_config
 
 __all__ = ["composition_arch", "read_config", "vision_arch", "llm_arch", "arch_from_folders"]

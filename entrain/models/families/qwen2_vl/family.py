@@ -15,6 +15,7 @@ from entrain.core.architectures import ModelArch
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, ModelSource
 from entrain.models.families.qwen2_vl.presets import PRESETS
+from entrain.models.families.qwen2_vl.processing import Qwen2VLProcessing
 from entrain.models.families.qwen2_vl.spec import MODEL_TYPES, claims, shape_of_folder
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def _hf_config(folder: str, depths):
     return config
 
 
-class Qwen2VLFamily(FamilyBase):
+class Qwen2VLFamily(Qwen2VLProcessing, FamilyBase):
     name = FAMILY
     description = (
         "whole Qwen2-VL / Qwen2.5-VL checkpoints with M-RoPE (--model-path; qwen25vl-7b: cost model only)"

@@ -84,7 +84,7 @@ def _summary(x: np.ndarray) -> dict[str, float]:
 
 
 def compute_stats(samples: list[SampleMeta], cost) -> tuple[dict, dict[str, np.ndarray]]:
-    """The CONTRACT ``data stats`` object and the per-sample columns it summarises."""
+    """docs/contract.md's ``data stats`` object and the per-sample columns it summarises."""
     works = sample_works(samples, cost)
     cols = {
         "text_tokens": np.array([s.text_tokens for s in samples], dtype=float),

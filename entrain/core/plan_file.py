@@ -129,7 +129,7 @@ names checked), the checkpoint folders it was made with and their content finger
 (``entrain.core.safetensors_header.checkpoint_fingerprint``)."""
 
 RUN_FIELDS = ("model", "dataset", "min_pixels", "max_pixels", "global_batch", "microbatch_size")
-"""What a plan records about the run it was made for (CONTRACT third round)."""
+"""What a plan records about the run it was made for (docs/contract.md ``entrain plan``)."""
 
 _AT_LEAST_1 = {"dp", "microbatch_size", "num_microbatches", "tp", "cp", "pp", "global_batch", "min_pixels",
                "max_pixels"}  # fmt: skip

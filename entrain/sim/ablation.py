@@ -1,5 +1,5 @@
-"""Where a system's edge comes from, one mechanism at a time, on the same batches (issue 10: the
-reports attribute DIP-greedy's edge through ablation rows). Used by ``entrain bench paper`` and
+"""Where a system's edge comes from, one mechanism at a time, on the same batches (the reports
+attribute DIP-greedy's edge through ablation rows). Used by ``entrain bench paper`` and
 ``benchmarks/workload_zoo.py``.
 
 DIP-greedy, step by step (each row changes one thing from the row before):

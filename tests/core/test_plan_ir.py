@@ -86,8 +86,9 @@ def test_replica_assignment_checks_shape():
 
 
 def test_plan_json_keeps_the_pixel_limits_samples_were_counted_under():
-    """A plan of ``--max-pixels`` samples prices the same images after plan.json (issue 10 req. 7: the
-    simulator re-read them at the default limits and priced a 640 x 480 photo as 1.5K patches, not 256)."""
+    """A plan of ``--max-pixels`` samples prices the same images after plan.json (the
+    simulator once re-read them at the default limits and priced a 640 x 480 photo as 1.5K patches,
+    not 256)."""
     from entrain.core.samples import pixel_limits
 
     vision = pixel_limits(None, 224 * 224)

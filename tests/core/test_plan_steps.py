@@ -1,5 +1,5 @@
-"""Planning one global batch at a time gives the Plan of planning them all at once (issue 25 req. 2:
-what lets the runtime plan step N+1 while step N trains): every system, Entrain's automatic choices,
+"""Planning one global batch at a time gives the Plan of planning them all at once (what
+lets the runtime plan step N+1 while step N trains): every system, Entrain's automatic choices,
 DIP's caps from the first batch, and the memory split recorded on some iterations only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 26 requirement 2 and ``--deterministic``: the device rule when a node has fewer GPUs than
+"""The device choice and ``--deterministic``: the device rule when a node has fewer GPUs than
 processes (``choose_device``), as the CLI applies it before launching; CPU tests force gloo even where
 a GPU is visible; ``--deterministic`` reaches the worker. GPUs are simulated by monkeypatching
 ``torch.cuda.is_available`` / ``device_count``."""

@@ -1,6 +1,6 @@
-"""Requirement 4 (docs/design.md §3): the runtime's gradients equal a single-process full-batch
-unpacked reference, per parameter tensor, for every system on several layouts (DP 2 included):
-before clipping, after clipping (which every case exercises) and the reported grad norm, so a
+"""The loss is a mean over the global batch (docs/design.md §3): the runtime's gradients equal a
+single-process full-batch unpacked reference, per parameter tensor, for every system on several layouts (DP
+2 included): before clipping, after clipping (which every case exercises) and the reported grad norm, so a
 gradient scaled by any constant anywhere on the path fails.
 
 Every rank count is one forked group that runs all of its cases; each case also checks the

@@ -109,8 +109,8 @@ def test_assignment_reaches_entrains_plans_and_is_recorded(tmp_path):
 
 
 def test_train_plans_under_the_pixel_limits_as_simulate_does(tmp_path):
-    """``--max-pixels`` reaches train's planner draws (issue 10 req. 7: on text-heavy data with small
-    images train planned for full-size ones and left Entrain's boundary rank only the LLM embedding)."""
+    """``--max-pixels`` reaches train's planner draws (on text-heavy data with small images
+    train once planned for full-size ones and left Entrain's boundary rank only the LLM embedding)."""
     from entrain.cli.simulate import simulate_systems
 
     common = ["--model", "tiny", "--dataset", "text-heavy", "--max-pixels", str(224 * 224), "--global-batch", "24",

@@ -1,6 +1,6 @@
 """Every automatic choice of Entrain is decided by simulating its candidates on the planner's draws and
-departs from the paper's default only past the decision margin (issue 21 req. 2,
-``entrain.core.setups.DECISIONS``); ``plan --json`` / ``--out`` and ``simulate --json`` list them."""
+departs from the paper's default only past the decision margin
+(``entrain.core.setups.DECISIONS``); ``plan --json`` / ``--out`` and ``simulate --json`` list them."""
 
 from __future__ import annotations
 

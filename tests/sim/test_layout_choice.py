@@ -1,6 +1,6 @@
 """Entrain's automatic layout (shared boundary vs the paper's disjoint stages) is decided by simulating
-both on the planner's draws, and departs from the paper's layout only past ``LAYOUT_MARGIN`` (issue 21:
-Eq. 2 put the shared layout 0.2 % ahead on the headline case, the simulator 5 % behind)."""
+both on the planner's draws, and departs from the paper's layout only past ``LAYOUT_MARGIN`` (Eq. 2
+once put the shared layout 0.2 % ahead on the headline case, the simulator 5 % behind)."""
 
 from __future__ import annotations
 

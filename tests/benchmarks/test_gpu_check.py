@@ -195,11 +195,11 @@ def test_each_test_file_has_its_own_timeout_and_the_others_results_are_kept(gpu_
     for name, text in FAKE_TESTS.items():
         (tmp_path / name).write_text("import pytest\n\npytestmark = pytest.mark.gpu\n\n" + text)
     files = [str(tmp_path / n) for n in FAKE_TESTS]
-    ok, hang, bad = gpu_check.run_gpu_tests(600.0, file_timeout_s=30.0, files=files)
+    ok, hang, bad = gpu_check.run_gpu_tests(600.0, file_timeout_s=12.0, files=files)
     assert (ok["status"], ok["passed"], ok["failed"]) == ("passed", 2, 0)
     assert (hang["status"], hang["passed"]) == ("timed out", 1)
     assert hang["running"].endswith("test_hang.py::test_stuck")
-    assert hang["not_passed"] == [f"{hang['file']}: stopped after 30 s in {hang['running']}"]
+    assert hang["not_passed"] == [f"{hang['file']}: stopped after 12 s in {hang['running']}"]
     assert (bad["status"], bad["passed"], bad["failed"]) == ("failed", 1, 1)
     assert bad["not_passed"][0].endswith("test_wrong")
     assert gpu_check.verdict({"p2p": {"status": "passed"}, "tests": [ok], "profiles": {}}) == 0

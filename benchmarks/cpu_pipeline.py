@@ -97,7 +97,7 @@ LLM_CONFIG = {
     "global_batch": 24,
     "microbatch_size": 4,
 }
-"""Issue 10 requirement 7, the LLM-dominant set: the built-in ``text-heavy`` generator (half the samples
+"""The LLM-dominant set: the built-in ``text-heavy`` generator (half the samples
 text-only, long answers; docs/workloads.md) with every image capped at 224 x 224 pixels (at most 64
 image tokens), so the tiny LLM's work is about 5x the encoder's (``cpu-tiny``) and varies from sample to
 sample (coefficient of variation about 0.8). Microbatches of 4 leave the assignment something to

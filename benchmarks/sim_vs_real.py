@@ -1,5 +1,5 @@
-"""Issue 5 requirement 6 and issue 11 requirement 7: the simulator's predictions against measured
-training on this CPU, with the plans handed from ``entrain plan`` to ``entrain train``.
+"""The simulator's predictions against measured training on this CPU, with the plans handed from
+``entrain plan`` to ``entrain train``.
 
 1. ``entrain data synth``: a small LLaVA dataset with real chart pictures (``chartqa``).
 2. ``entrain profile --model tiny`` on this CPU, at sizes spanning the dataset's images and samples.

@@ -35,14 +35,15 @@ LLM_PREFIX = "model.language_model."
 HIDDEN = "hidden"
 
 
-def read_hf_config(folder: str):
-    """Transformers' config of the Qwen3-VL checkpoint in ``folder`` (ConfigError otherwise)."""
+def read_hf_config(folder: str, shape_of=shape_of_config):
+    """Transformers' config of the Qwen3-VL checkpoint in ``folder`` (ConfigError otherwise; ``shape_of``:
+    a variant's ``shape_of_config``, whose refusals apply)."""
     from transformers import AutoConfig
 
     from entrain.models.families.registry import read_config
 
     where = f"{folder}/config.json"
-    shape_of_config(read_config(folder), where, "check")  # the family's refusals, naming the field
+    shape_of(read_config(folder), where, "check")  # the family's refusals, naming the field
     try:
         return AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -50,6 +50,12 @@ def _qwen3_vl_checkpoint(folder: Path) -> list[str]:
     return ["--model-path", str(save_whole(folder, text_layers=3, vision_depth=4))]
 
 
+def _qwen2_5_omni_checkpoint(folder: Path) -> list[str]:
+    from tests.models.qwen2_5_omni_tiny import save_whole
+
+    return ["--model-path", str(save_whole(folder, text_layers=2, vision_depth=2, audio_layers=1))]
+
+
 MODELS = {  # case: (the registry family that runs it, its model flags given a folder to save into)
     "composition-preset": ("composition", lambda folder: ["--model", "tiny"]),
     "qwen2_vl-checkpoint": ("qwen2_vl", _qwen_checkpoint("qwen2_vl")),
@@ -58,6 +64,7 @@ MODELS = {  # case: (the registry family that runs it, its model flags given a f
     "llava_onevision-checkpoint": ("llava_onevision", _llava_checkpoint),
     "internvl-checkpoint": ("internvl", _internvl_checkpoint),
     "qwen3_vl-checkpoint": ("qwen3_vl", _qwen3_vl_checkpoint),
+    "qwen2_5_omni-checkpoint": ("qwen2_5_omni", _qwen2_5_omni_checkpoint),
 }
 
 

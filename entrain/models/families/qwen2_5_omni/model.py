@@ -1,0 +1,284 @@
+"""A Qwen2.5-Omni thinker checkpoint as Entrain pipeline stages.
+
+The model is transformers' own ``Qwen2_5OmniThinkerForConditionalGeneration`` (audio tower, vision
+tower, Qwen2.5 language model) built on the meta device; only the parameters of a rank's stages are
+read from the folder's safetensors (float32, CPU), so parameter names are transformers'
+(``model.audio_tower.*``, ``model.visual.*``, ``model.language_model.*``, ``lm_head.weight``);
+checkpoints with the older names (``audio_tower.*``, ``visual.*``, ``model.layers.*``) or a whole
+Qwen2.5-Omni folder's ``thinker.*`` names load too. A tied checkpoint's lm_head gets a copy of the
+embedding (they may sit on different stages, so they train untied).
+
+Stage layout. The encoder list is the vision tower's ``[patch_embed, blocks..., merger]``; the audio
+tower runs whole on the stage holding ``patch_embed`` (the first encoder stage), beside the vision
+tower: one encoder pipeline feeds the LLM. The LLM list is ``[embed_tokens, layers..., norm,
+lm_head, loss]``.
+
+Messages are named parts (``dict[str, Tensor]``):
+
+* first encoder stage input: ``hidden`` = ``[N, 1176]`` patches of the microbatch's images and videos
+  (visual items in the order their tokens appear), and, with audio, ``audio_mel`` = ``[F, mel]`` mel
+  frames of its audio clips concatenated in order with ``audio_lengths`` = ``[A]`` int64 frames per
+  clip (a plain tensor input means patches only);
+* ``audio`` = ``[audio tokens, H]``: the audio tower's output, made by the first encoder stage,
+  forwarded by every later encoder stage and added into the sequence by the first LLM stage at the
+  audio placeholder tokens (``audio_token_id``), as transformers' ``masked_scatter`` does;
+* ``hidden``: the vision tower's states, then ``[M, H]`` visual features (scattered at
+  ``batch.image_positions``: every image and video placeholder, in order), then LLM hidden states.
+
+A stage returns a plain tensor when no audio rides with it, so an image-only run's messages are the
+Qwen2.5-VL family's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from entrain.core.errors import ConfigError
+from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
+from entrain.models.families.composition.hf_checkpoint import (
+    SafetensorsFolder,
+    assign_tensor,
+    check_unexpected,
+)
+from entrain.models.families.composition.vlm import EncoderStage, LLMStage
+from entrain.models.families.qwen2_vl.model import untie
+
+__all__ = ["read_hf_config", "model_class", "build_model", "build_stage", "layer_counts", "load_parameters",
+           "set_trainable", "untie", "HIDDEN", "AUDIO", "AUDIO_MEL", "AUDIO_LENGTHS", "OmniEncoderStage",
+           "OmniLLMStage"]  # fmt: skip
+
+AUDIO_PREFIX = "model.audio_tower."
+VISION_PREFIX = "model.visual."
+LLM_PREFIX = "model.language_model."
+HIDDEN = "hidden"
+AUDIO = "audio"
+AUDIO_MEL = "audio_mel"
+AUDIO_LENGTHS = "audio_lengths"
+THINKER = "qwen2_5_omni_thinker"
+WHOLE = "qwen2_5_omni"
+
+
+def read_hf_config(folder: str):
+    """Transformers' thinker config of the checkpoint in ``folder`` (a thinker folder, or a whole
+    Qwen2.5-Omni folder's ``thinker_config``); ConfigError otherwise."""
+    from transformers import AutoConfig
+
+    from entrain.models.families.qwen2_5_omni.spec import check_supported
+    from entrain.models.families.registry import read_config
+
+    where = f"{folder}/config.json"
+    check_supported(read_config(folder), where)
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{where}: transformers cannot read it ({e})") from None
+    return config.thinker_config if config.model_type == WHOLE else config
+
+
+def model_class() -> type:
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+
+    return Qwen2_5OmniThinkerForConditionalGeneration
+
+
+def layer_counts(model: nn.Module) -> dict[str, int]:
+    """``encoder`` = patch_embed (with the audio tower) + blocks + merger, ``llm`` = embed + layers +
+    norm + lm_head + loss."""
+    return {"encoder": len(model.model.visual.blocks) + 2, "llm": len(model.model.language_model.layers) + 4}
+
+
+def build_model(folder: str, *, stages: Sequence[tuple[str, int, int]] | None = None, hf_config=None,
+                strict: bool = True) -> nn.Module:  # fmt: skip
+    """The thinker of checkpoint ``folder`` on the meta device with the parameters of ``stages``
+    (``(component, first, end)``; None: all) loaded as float32 CPU tensors."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import SinusoidsPositionEmbedding
+
+    config = hf_config if hf_config is not None else read_hf_config(folder)
+    tied = untie(config)
+    with torch.device("meta"):
+        model = model_class()(config)
+    model.entrain_tied_source = tied
+    inner = model.model
+    visual, lm, audio = inner.visual, inner.language_model, inner.audio_tower
+    visual.rotary_pos_emb = type(visual.rotary_pos_emb)(visual.config)
+    lm.rotary_emb = type(lm.rotary_emb)(config=lm.config)
+    audio.positional_embedding = SinusoidsPositionEmbedding(audio.max_source_positions, audio.config.d_model)
+    use_varlen_vision_attention(visual)
+    lm.config._attn_implementation = PACKED_ATTENTION
+    audio.config._attn_implementation = "sdpa"  # per audio chunk (transformers' non-flash path)
+    if stages is None:
+        stages = [(c, 0, n) for c, n in layer_counts(model).items()]
+    names = [n for c, a, b in stages for n, _ in build_stage(model, c, a, b).owned_parameters()]
+    load_parameters(model, folder, names, strict=strict)
+    return model
+
+
+def _candidates(name: str) -> list[str]:
+    """Where a thinker folder (transformers 5's names or the older ones) or a whole Qwen2.5-Omni
+    folder (``thinker.`` + the older names) keeps parameter ``name``."""
+    if name.startswith(LLM_PREFIX):
+        old = "model." + name[len(LLM_PREFIX) :]
+    elif name.startswith("model."):
+        old = name[len("model.") :]
+    else:
+        old = name
+    out = [name, old, "thinker." + old]
+    if name == "lm_head.weight":  # tied
+        out += [
+            LLM_PREFIX + "embed_tokens.weight",
+            "model.embed_tokens.weight",
+            "thinker.model.embed_tokens.weight",
+        ]
+    return out
+
+
+def _key(name: str, reader: SafetensorsFolder) -> str:
+    for key in _candidates(name):
+        if key in reader:
+            return key
+    raise ConfigError(
+        f"{reader.folder}: the checkpoint has no tensor for {name!r} (looked for {_candidates(name)[:3]})"
+    )
+
+
+def load_parameters(model: nn.Module, folder: str, names: Iterable[str], *, strict: bool = True) -> list[str]:
+    """Replace the meta parameters ``names`` by the folder's tensors; returns the files read.
+    ``strict``: every parameter of the thinker has a tensor, and every tensor of a thinker folder
+    (of a whole folder: under ``thinker.``) a parameter (ConfigError naming a few)."""
+    reader = SafetensorsFolder(folder)
+    names = list(names)
+    if strict and names:
+        every = {n: _key(n, reader) for n, _ in model.named_parameters()}
+        whole = any(k.startswith("thinker.") for k in every.values())
+        check_unexpected(reader, every.values(), ("thinker.",) if whole else ("",))
+    keys = {n: _key(n, reader) for n in names}
+    tensors = reader.read(set(keys.values()))
+    used: set[str] = set()
+    for n, key in keys.items():
+        t = tensors[key].clone() if key in used else tensors[key]
+        used.add(key)
+        assign_tensor(model, n, t, f"{folder}: {key}")
+    return sorted(reader.read_files)
+
+
+def _as_parts(x) -> dict:
+    if isinstance(x, dict):
+        return dict(x)
+    return {HIDDEN: x}
+
+
+def _out(parts: dict) -> torch.Tensor | dict:
+    """A plain tensor when only ``hidden`` is left (an image-only run's messages)."""
+    return parts[HIDDEN] if set(parts) == {HIDDEN} else parts
+
+
+class OmniEncoderStage(EncoderStage):
+    """Layers ``[first, end)`` of ``[patch_embed, blocks..., merger]`` of ``model.visual``; the stage
+    holding ``patch_embed`` runs the audio tower too (module docstring)."""
+
+    def __init__(self, model: nn.Module, first: int, end: int):
+        super().__init__(SimpleNamespace(vision=model.model.visual), first, end)
+        self.prefix = VISION_PREFIX
+        self.audio_tower = model.model.audio_tower if first == 0 else None
+        self.takes_parts = True
+
+    def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        own = super().owned_parameters()
+        if self.audio_tower is not None:
+            own = [(AUDIO_PREFIX + n, p) for n, p in self.audio_tower.named_parameters()] + own
+        return own
+
+    def move_to(self, device: torch.device) -> None:
+        super().move_to(device)
+        if self.audio_tower is not None:
+            self.audio_tower.positional_embedding.to(device)
+
+    def _audio(self, mel: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The audio tower on ``[F, mel]`` frames of clips of ``lengths`` frames: ``[tokens, H]``."""
+        lengths = lengths.to(torch.int64).cpu()
+        feats = mel.t().to(self.audio_tower.conv1.weight.dtype)
+        return self.audio_tower(feats, feature_lens=lengths).last_hidden_state
+
+    def forward(self, x, grid_thw: torch.Tensor):
+        parts = _as_parts(x)
+        mel, lengths = parts.pop(AUDIO_MEL, None), parts.pop(AUDIO_LENGTHS, None)
+        if mel is not None and lengths is not None and lengths.numel():
+            if self.audio_tower is None:
+                raise ValueError("audio inputs reach an encoder stage without the audio tower")
+            parts[AUDIO] = self._audio(mel, lengths)
+        h = parts[HIDDEN]
+        if grid_thw.shape[0]:
+            parts[HIDDEN] = super().forward(h, grid_thw[:, :3])
+        else:  # no image or video: an empty visual message of the stage's output width
+            vis = self.vis
+            width = vis.merger.mlp[-1].out_features if self.has_merger else vis.config.hidden_size
+            parts[HIDDEN] = h.new_zeros((0, width))
+        return _out(parts)
+
+
+class _LanguageModelView(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model.model.language_model
+        self.lm_head = model.lm_head
+
+
+class OmniLLMStage(LLMStage):
+    """Layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]``; the first one puts
+    the visual features at ``batch.image_positions`` and the ``audio`` part at the audio placeholders."""
+
+    def __init__(self, model: nn.Module, first: int, end: int):
+        super().__init__(SimpleNamespace(llm=_LanguageModelView(model)), first, end)
+        self.audio_token_id = int(model.config.audio_token_id)
+        self.takes_parts = True
+
+    def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        renamed = []
+        for name, p in super().owned_parameters():
+            rest = name[len("llm.") :]
+            renamed.append((LLM_PREFIX + rest[len("model.") :] if rest.startswith("model.") else rest, p))
+        return renamed
+
+    def forward(self, x, batch):
+        from dataclasses import replace
+
+        parts = _as_parts(x)
+        audio, x = parts.pop(AUDIO, None), parts.pop(HIDDEN, None)
+        if self.has_embed:  # the audio rows join the visual ones: one scatter into the embeddings
+            where = (batch.input_ids == self.audio_token_id).nonzero()[:, 0]
+            got = 0 if audio is None else audio.shape[0]
+            if got != where.numel():
+                raise ValueError(f"{where.numel()} audio tokens but {got} audio feature rows")
+            if got:
+                x = (
+                    audio
+                    if x is None or not batch.image_positions.numel()
+                    else torch.cat([x, audio.to(x.dtype)])
+                )
+                batch = replace(batch, image_positions=torch.cat([batch.image_positions, where]))
+        return super().forward(x, batch)
+
+
+def build_stage(model: nn.Module, component: str, first: int, end: int) -> nn.Module:
+    n = layer_counts(model).get(component)
+    if n is None:
+        raise ConfigError(f"unknown component {component!r} (expected encoder or llm)")
+    if not 0 <= first < end <= n:
+        raise ConfigError(f"{component} stage layers [{first}, {end}) outside 0..{n}")
+    return (OmniEncoderStage if component == "encoder" else OmniLLMStage)(model, first, end)
+
+
+def set_trainable(model: nn.Module, *, encoder: bool = True, merger: bool = True, llm: bool = True) -> None:
+    """``requires_grad`` per part (``--freeze``): the encoders' bodies (vision blocks and the audio
+    tower), the vision merger, the language model + lm_head."""
+    for name, p in model.named_parameters():
+        if name.startswith(VISION_PREFIX):
+            p.requires_grad_(merger if name.startswith(VISION_PREFIX + "merger.") else encoder)
+        elif name.startswith(AUDIO_PREFIX):
+            p.requires_grad_(encoder)
+        else:
+            p.requires_grad_(llm)

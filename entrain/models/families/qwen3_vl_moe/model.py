@@ -1,0 +1,149 @@
+"""A whole Qwen3-VL-MoE checkpoint as Entrain pipeline stages.
+
+The model is transformers' own ``Qwen3VLMoeForConditionalGeneration`` built on the meta device (only a
+rank's stages' parameters read, as ``qwen3_vl.model`` does); the vision stages and the DeepStack
+parts are Qwen3-VL's. Each decoder layer runs as transformers' ``Qwen3VLMoeTextDecoderLayer`` (router,
+top-k experts, or the dense MLP of ``mlp_only_layers``).
+
+The auxiliary load-balancing loss (``output_router_logits``), as transformers computes it for one
+sequence (``load_balancing_loss_func`` with no attention mask): over the sparse layers ``l`` and the
+sample's ``L`` tokens ``t``, with ``p = softmax(router_logits)`` and the top-k experts of ``p``,
+``f_e = sum_{l,t} [e in topk] / (n_sparse * L)``, ``P_e = sum_{l,t} p_e / (n_sparse * L)`` and
+``aux = num_experts * sum_e f_e * P_e``. It is a nonlinear function of sums over every sparse layer,
+which live on several pipeline stages, so each sample's two sums travel with the message: part
+``router_stats`` ``[samples, 2E]`` (float32, as transformers sums) is made by the LLM stage of the
+first sparse layer, added to by every stage with sparse layers, and consumed by the loss stage; the
+gradient of the probability sums flows back through the part to the routers that made them (the hit
+counts carry none, as in transformers: top-k has no gradient).
+
+A step's loss: each sample's transformers loss (token-mean CE + ``router_aux_loss_coef * aux``),
+weighted by its share of the batch's label tokens — the CE part is Entrain's ``sum(token CE) /
+label tokens of the batch`` as for every family, and sample ``s`` adds ``coef * aux_s * labels_s /
+labels of the batch``. So the loss does not depend on packing, microbatches, cuts or replicas.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from entrain.core.errors import ConfigError
+from entrain.models.families.qwen3_vl import model as dense
+from entrain.models.families.qwen3_vl_moe.spec import MODEL_TYPES, ROUTER_STATS, shape_of_config
+
+__all__ = ["read_hf_config", "build_model", "build_stage", "model_class", "MoeTextStage", "aux_loss"]
+
+
+def read_hf_config(folder: str):
+    """Transformers' config of the Qwen3-VL-MoE checkpoint in ``folder`` (ConfigError otherwise)."""
+    return dense.read_hf_config(folder, shape_of_config)
+
+
+def model_class() -> type:
+    from transformers import Qwen3VLMoeForConditionalGeneration
+
+    return Qwen3VLMoeForConditionalGeneration
+
+
+def build_model(folder: str, *, stages=None, hf_config=None, strict: bool = True) -> nn.Module:
+    """``qwen3_vl.model.build_model`` with transformers' MoE class, its experts run by transformers'
+    ``eager`` loop over the routed experts (exact in every dtype; the default ``grouped_mm`` kernel
+    refuses float64)."""
+    config = hf_config if hf_config is not None else read_hf_config(folder)
+    config._experts_implementation = "eager"
+    return dense.build_model(
+        folder, stages=stages, hf_config=config, strict=strict, cls=model_class(), model_types=MODEL_TYPES
+    )
+
+
+def routing_stats(logits: torch.Tensor, top_k: int, segments: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """``[samples, 2E]``: per sample, the top-k hits per expert and the router probability sum per
+    expert of one layer's ``[T, E]`` router logits (``segments [T]``: each token's sample), as
+    ``load_balancing_loss_func`` reduces them (softmax in the logits' dtype, sums in float32)."""
+    probs = torch.softmax(logits, dim=-1)
+    experts = logits.shape[-1]
+    _, chosen = torch.topk(probs, top_k, dim=-1)
+    hits = torch.zeros_like(probs, dtype=torch.float32).scatter_add_(
+        1, chosen, torch.ones(chosen.shape, dtype=torch.float32, device=chosen.device)
+    )
+    stats = torch.cat([hits, probs.float()], dim=1)
+    return stats.new_zeros((num_samples, 2 * experts)).index_add(0, segments, stats)
+
+
+def aux_loss(stats: torch.Tensor, tokens: torch.Tensor, num_sparse: int) -> torch.Tensor:
+    """``[samples]`` auxiliary losses from each sample's ``stats [samples, 2E]`` over ``num_sparse``
+    sparse layers and its ``tokens [samples]``."""
+    experts = stats.shape[1] // 2
+    rows = (tokens * num_sparse).to(stats.dtype).unsqueeze(1)
+    return experts * ((stats[:, :experts] / rows) * (stats[:, experts:] / rows)).sum(1)
+
+
+def _keep_logits(module: nn.Module, args, out) -> None:
+    """A router's forward hook: its ``[T, E]`` logits, for the stage that ran it (a recomputation's
+    call in backward leaves an entry the next forward overwrites)."""
+    module.entrain_logits = out[0]
+
+
+class MoeTextStage(dense.TextStage):
+    """Qwen3-VL's LLM stage; with the auxiliary loss on, each sparse layer's router logits (read by a
+    forward hook on its router) add to part ``router_stats``, and the loss stage adds each sample's
+    weighted auxiliary loss."""
+
+    def __init__(self, model: nn.Module, first: int, end: int):
+        super().__init__(model, first, end)
+        text = model.config.text_config
+        layers = model.model.language_model.layers
+        self.sparse = [i for i, layer in enumerate(layers) if hasattr(layer.mlp, "gate")]
+        self.aux = bool(text.output_router_logits) and bool(self.sparse)
+        self.top_k, self.num_experts, self.coef = (
+            text.num_experts_per_tok,
+            text.num_experts,
+            text.router_aux_loss_coef,
+        )
+        if self.aux:
+            for i in self.layer_ids:
+                gate = layers[i].mlp.gate if i in self.sparse else None
+                if gate is not None and not getattr(gate, "entrain_keeps_logits", False):
+                    gate.register_forward_hook(_keep_logits)
+                    gate.entrain_keeps_logits = True
+
+    def _carries(self, cut: int) -> bool:
+        """Whether the message across LLM cut ``cut`` (a stage ending there) carries ``router_stats``."""
+        return self.aux and cut >= self.sparse[0] + 2
+
+    def parts_in(self) -> tuple[str, ...]:
+        return super().parts_in() + ((ROUTER_STATS,) if self._carries(self.first) else ())
+
+    def parts_out(self) -> tuple[str, ...]:
+        return super().parts_out() + ((ROUTER_STATS,) if self._carries(self.end) else ())
+
+    def decoder_layer(self, i: int, x: torch.Tensor, pos, emb, batch, parts: dict) -> torch.Tensor:
+        x = super().decoder_layer(i, x, pos, emb, batch, parts)
+        if self.aux and i in self.sparse:
+            lens = torch.tensor(batch.seq_lens, device=x.device)
+            segments = torch.repeat_interleave(torch.arange(len(batch.seq_lens), device=x.device), lens)
+            logits = self.llm.model.layers[i].mlp.gate.__dict__.pop("entrain_logits")
+            stats = routing_stats(logits, self.top_k, segments, len(batch.seq_lens))
+            before = parts.get(ROUTER_STATS)
+            parts[ROUTER_STATS] = stats if before is None else before + stats
+        return x
+
+    def loss(self, logits: torch.Tensor, batch, parts: dict) -> torch.Tensor:
+        loss = super().loss(logits, batch, parts)
+        if not self.aux:
+            return loss
+        stats = parts.pop(ROUTER_STATS)
+        bounds = torch.tensor([0, *batch.seq_lens], device=logits.device).cumsum(0)
+        labels = torch.bucketize(batch.label_positions, bounds, right=True) - 1
+        weights = torch.bincount(labels, minlength=len(batch.seq_lens)).to(stats.dtype) * batch.loss_scale
+        per_sample = aux_loss(stats, bounds[1:] - bounds[:-1], len(self.sparse))
+        return loss + self.coef * (per_sample * weights).sum().to(loss.dtype)
+
+
+def build_stage(model: nn.Module, component: str, first: int, end: int) -> nn.Module:
+    if component != "llm":
+        return dense.build_stage(model, component, first, end)
+    n = dense.layer_counts(model)["llm"]
+    if not 0 <= first < end <= n:
+        raise ConfigError(f"llm stage layers [{first}, {end}) outside 0..{n}")
+    return MoeTextStage(model, first, end)

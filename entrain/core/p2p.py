@@ -17,7 +17,8 @@ sends at the end of the step. ``rank_program`` turns a rank's action list into t
   dtype, shape, sample-id checksum) and its data; a send posts every part's header, then every part's
   data, as one batch; a receive of known size (a gradient has its output's shape) posts them in that
   order as one batch, a forward message first every header (the host reads the sizes) and then every
-  part's data (a pair of ranks matches its operations in issue order, within a batch too);
+  part's data (a pair of ranks matches its operations in issue order, within a batch too), unless the
+  receiver sizes it from the plan (``rank_program``'s ``known_shape``: then one batch too);
 * receives follow the channel's send order: when an action needs a message that its sender sends
   after others not yet received, those are received first and kept for their own actions (FIFO
   matching cannot deliver a later message first);
@@ -35,7 +36,7 @@ means every timing finishes. ``single_group`` gives the programs as one communic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -68,6 +69,7 @@ __all__ = [
     "receive_needs_header",
     "layout_channels",
     "message_part_names",
+    "KnownShape",
 ]
 
 FORWARD_KINDS = frozenset({ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F})
@@ -196,9 +198,16 @@ def _send_batches(rank: int, peer: int, msg: Message, names: Sequence[str]) -> t
     return (Batch((rank, peer), ops),)
 
 
-def _recv_batches(rank: int, peer: int, msg: Message, names: Sequence[str]) -> tuple[Batch, ...]:
+KnownShape = Callable[[Message], bool]
+"""Whether the receiver knows a forward message's shape before it arrives (the plan's rows and the
+parts' widths and dtypes, ``entrain.runtime.executor``): it then posts every header and data at once."""
+
+
+def _recv_batches(rank: int, peer: int, msg: Message, names: Sequence[str], known: bool) -> tuple[Batch, ...]:
     heads = tuple(P2POp(False, peer, msg, "header", n) for n in names)
     data = tuple(P2POp(False, peer, msg, "data", n) for n in names)
+    if known:  # a forward message the receiver sizes from the plan: no header round trip
+        return (Batch((peer, rank), heads + data),)
     if not receive_needs_header(msg):
         return (Batch((peer, rank), heads + data),)
     return (Batch((peer, rank), heads), Batch((peer, rank), data))
@@ -207,8 +216,17 @@ def _recv_batches(rank: int, peer: int, msg: Message, names: Sequence[str]) -> t
 class _Builder:
     """One rank's action list -> its steps (see the module docstring)."""
 
-    def __init__(self, layout: Layout, it: IterationPlan, rank: int, forward_only: bool, iteration: int):
+    def __init__(
+        self,
+        layout: Layout,
+        it: IterationPlan,
+        rank: int,
+        forward_only: bool,
+        iteration: int,
+        known_shape: KnownShape | None = None,
+    ):
         self.layout, self.rank, self.iteration = layout, rank, iteration
+        self.known_shape = known_shape
         self.actions = _actions(it, rank, forward_only)
         self.orders = _channel_orders(layout, it, rank, forward_only)
         self.position = {(src, m): i for src, msgs in self.orders.items() for i, m in enumerate(msgs)}
@@ -235,8 +253,11 @@ class _Builder:
         return tuple(
             b
             for m in self.orders[peer][first : pos + 1]
-            for b in _recv_batches(self.rank, peer, m, message_part_names(self.layout, m))
+            for b in _recv_batches(self.rank, peer, m, message_part_names(self.layout, m), self._known(m))
         )
+
+    def _known(self, msg: Message) -> bool:
+        return msg.kind == "F" and self.known_shape is not None and self.known_shape(msg)
 
 
 def rank_program(
@@ -247,10 +268,14 @@ def rank_program(
     forward_only: bool = False,
     iteration: int = 0,
     warmup: bool = False,
+    known_shape: KnownShape | None = None,
 ) -> tuple[Step, ...]:
     """The steps ``rank`` runs for ``it``: its compute actions and its communication, in order; with
-    ``warmup``, opened by the connection warm-up (the runtime's first step after building its groups)."""
-    steps = _Builder(layout, it, rank, forward_only, iteration).build()
+    ``warmup``, opened by the connection warm-up (the runtime's first step after building its groups).
+    ``known_shape``: the forward messages the receiver sizes itself (one batch, like a gradient's);
+    every other forward message reads its headers first. Posting a receive's data with its headers
+    only posts earlier, so the replay of the header-first program covers both."""
+    steps = _Builder(layout, it, rank, forward_only, iteration, known_shape).build()
     head = warmup_batches(layout, rank) if warmup else ()
     return ((WarmUp(head),) if head else ()) + steps
 

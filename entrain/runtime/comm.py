@@ -10,8 +10,9 @@ A send posts every part's header and data in one ``batch_isend_irecv`` and does 
 while it is in flight and dropped once it has completed (``release_sent``, asked without waiting at
 every send and receive; ``wait_all`` waits for the rest at the end of the step). A receive of known shape (a gradient has the shape of the
 forward output it belongs to) posts every header and data together and checks the header at the end of the
-step (no host synchronisation per message); a forward message's headers come first and size the
-data (one host synchronisation on a GPU). Either way the key (stage / direction / microbatch / sub) and
+step (no host synchronisation per message), and so does a forward message whose shape the executor
+knows from the plan (``entrain.runtime.executor.MessageShapes``); any other forward message's headers
+come first and size the data (one host synchronisation on a GPU, counted in ``header_reads``). Either way the key (stage / direction / microbatch / sub) and
 the CRC of the sample ids are checked, so a schedule mismatch is a clear error instead of a backend
 abort or silent corruption. Receives follow the sender's order per channel (FIFO matching); a message
 received ahead of the action that consumes it waits in ``stash``.
@@ -109,6 +110,9 @@ class Transport:
     """Receives posted ahead so far (a count for tests and traces)."""
     warmed: bool = False
     """Whether every channel of this rank has been connected (``warm_up``)."""
+    header_reads: int = 0
+    """Receives whose headers were read on the host before their data could be posted (one host
+    synchronisation each on a GPU): forward messages not yet sized from the plan."""
 
     def __post_init__(self) -> None:
         if os.environ.get(RECEIVE_ORDER_ENV, "").strip().lower() == "nccl":
@@ -233,6 +237,7 @@ class Transport:
         group = self._group(peer, self.me)
         headers = [torch.empty(_HEADER_LEN, dtype=torch.int64, device=self.device) for _ in keys]
         self._wait(self._batch(dist.irecv, headers, peer, group))
+        self.header_reads += 1
         values = torch.stack(headers).tolist()  # sizes the buffers: the one host sync
         datas = [
             torch.empty(rest[:ndim], dtype=_DTYPES[dtype_idx], device=self.device)

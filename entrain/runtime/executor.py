@@ -30,7 +30,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ from entrain.models.families.registry import family_of
 from entrain.runtime.comm import MessageKey, Transport
 from entrain.runtime.data import SampleRenderer
 
-__all__ = ["Executor", "ExecutionError", "CollectiveError", "ComputeRecord", "StepOutput"]
+__all__ = ["Executor", "ExecutionError", "CollectiveError", "ComputeRecord", "StepOutput", "MessageShapes"]
 
 Key = tuple[int, int, int]  # (stage, mb, sub)
 Parts = dict[str, torch.Tensor]
@@ -119,6 +119,104 @@ class ComputeRecord:
 
 
 @dataclass
+class _Template:
+    """A part's shape as its first message had it, the axes that may hold the plan's rows (one once
+    trusted), its dtype, and how many messages agreed with it."""
+
+    shape: tuple[int, ...]
+    axes: frozenset[int]
+    dtype: torch.dtype
+    agreed: int = 1
+
+    def agrees(self, t: torch.Tensor, rows: int) -> frozenset[int]:
+        """The axes still possible after message part ``t`` of ``rows`` plan rows (empty: none)."""
+        if t.dtype != self.dtype or t.dim() != len(self.shape):
+            return frozenset()
+        same = [a == b for a, b in zip(t.shape, self.shape)]
+        return frozenset(
+            i for i in self.axes if t.shape[i] == rows and all(same[j] for j in range(len(same)) if j != i)
+        )
+
+
+class MessageShapes:
+    """The shapes of the forward messages a rank receives, known before they arrive where the plan
+    fixes them: a part's rows are the plan's (``rows``: the sending component's tokens, LLM tokens or
+    encoder patches, or the samples' image feature rows; a declared part's by its ``MessagePart.rows``
+    rule) on one axis, its other dimensions and dtype are the sending stage's constants, read from the
+    headers of its first messages. A stage's messages are sized once ``TRUST`` of them agreed with the
+    rule on every part, on one axis; a part whose message disagrees once (rows that depend on the data in another way, a
+    tiling encoder's ``[tiles, ...]``) keeps its header for the whole run. A sized receive still
+    carries its header, compared at the end of the step (``Transport.verify``)."""
+
+    TRUST = 2
+    """Agreeing messages a stage's parts need before its messages are sized from the plan."""
+
+    def __init__(self, layout: Layout, renderer: SampleRenderer):
+        self.layout, self.renderer = layout, renderer
+        self._templates: dict[tuple[int, str], _Template | None] = {}
+        """(sending stage, part name) -> its template; None: data-dependent, always read its header."""
+
+    def rows(self, stage: int, name: str, ids: Sequence[str]) -> int | None:
+        """Rows of part ``name`` of stage ``stage``'s forward message for ``ids`` by the plan (None:
+        not a whole number)."""
+        spec, samples = self.layout.stages[stage], [self.renderer.sample(i) for i in ids]
+        image_rows = sum(s.image_tokens for s in samples)
+        if spec.component == "llm":
+            tokens = sum(s.num_tokens for s in samples)
+        else:
+            tokens = sum(t * h * w for s in samples for t, h, w in s.grid_thw)
+        if name == HIDDEN:
+            last_encoder = spec.component == "encoder" and stage == self.layout.num_encoder_stages - 1
+            return image_rows if last_encoder else tokens
+        part = next(p for p in spec.parts if p.name == name)
+        if part.rows != "tokens":
+            return image_rows
+        rows = tokens * part.rows_per_token
+        return int(rows) if float(rows).is_integer() else None
+
+    def known_stages(self) -> frozenset[int]:
+        """The sending stages whose forward messages are sized from the plan."""
+        names = {st.stage: st.part_names for st in self.layout.stages}
+        return frozenset(
+            stage
+            for stage, parts in names.items()
+            if all(
+                (t := self._templates.get((stage, n))) is not None
+                and t.agreed >= self.TRUST
+                and len(t.axes) == 1
+                for n in parts
+            )
+        )
+
+    def observe(self, stage: int, ids: Sequence[str], parts: Parts) -> None:
+        """Learn from a forward message of ``stage`` received with its headers."""
+        for name, t in parts.items():
+            key, rows = (stage, name), self.rows(stage, name, ids)
+            known = self._templates.get(key, False)
+            if known is None:
+                continue
+            if rows is None:
+                self._templates[key] = None
+            elif known is False:
+                axes = frozenset(i for i, n in enumerate(t.shape) if n == rows)
+                self._templates[key] = _Template(tuple(t.shape), axes, t.dtype) if axes else None
+            else:
+                axes = known.agrees(t, rows)
+                self._templates[key] = replace(known, axes=axes, agreed=known.agreed + 1) if axes else None
+
+    def likes(self, stage: int, ids: Sequence[str]) -> list[torch.Tensor]:
+        """Meta tensors of the shapes and dtypes of ``stage``'s message parts for ``ids``."""
+        out = []
+        for name in self.layout.stages[stage].part_names:
+            t = self._templates[(stage, name)]
+            (axis,) = t.axes
+            shape = list(t.shape)
+            shape[axis] = self.rows(stage, name, ids)
+            out.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+        return out
+
+
+@dataclass
 class StepOutput:
     loss_sum: torch.Tensor | float = 0.0
     """Sum of this rank's last-stage loss contributions (already divided by the global label count),
@@ -155,6 +253,9 @@ class Executor:
         """Process rank of a plan rank (they differ under TP), for error messages."""
         self.first_llm = layout.num_encoder_stages
         self.last_stage = len(layout.stages) - 1
+        self.shapes = MessageShapes(layout, renderer)
+        """What this rank knows of the forward messages it receives: their shapes from the plan."""
+        self._sized: frozenset[int] = frozenset()
         self._handlers: dict[ActionKind, Callable[[Action], None]] = {
             ActionKind.F: self._forward,
             ActionKind.B: self._backward,
@@ -176,8 +277,14 @@ class Executor:
         if tuple(actions) != tuple(it.actions.get(self.rank, ())):
             raise RuntimeError(f"rank {self.rank}: the actions given are not the Plan's list for this rank")
         self._reset(it, loss_scale, forward_only)
+        self._sized = self.shapes.known_stages()  # fixed for the step: the program and receives agree
         program = rank_program(
-            self.layout, it, self.rank, forward_only=forward_only, warmup=not self.transport.warmed
+            self.layout,
+            it,
+            self.rank,
+            forward_only=forward_only,
+            warmup=not self.transport.warmed,
+            known_shape=lambda m: m.src in self._sized,
         )
         self._preposting = self.transport.prepost_gradients and not forward_only
         if self._preposting:
@@ -231,12 +338,13 @@ class Executor:
 
     def _receive(self, peer: int, msg: Message) -> None:
         key, names = _key(msg), message_part_names(self.layout, msg)
-        if msg.kind == "F":
-            ids, like = self._ids(msg.src, msg.mb, msg.sub), None
+        if msg.kind == "F":  # sized from the plan once its stage's parts are known (MessageShapes)
+            ids = self._ids(msg.src, msg.mb, msg.sub)
+            like = self.shapes.likes(msg.src, ids) if msg.src in self._sized else None
         else:  # the gradient has the shape and dtype of the output it belongs to
             out = self._outputs[(msg.dst, msg.mb, msg.sub)]
             ids, like = self._ids(msg.dst, msg.mb, msg.sub), [out[n] for n in names]
-        if receive_needs_header(msg) != (like is None):
+        if (receive_needs_header(msg) and msg.src not in self._sized) != (like is None):
             raise RuntimeError(f"rank {self.rank}: {key}: the program and the executor disagree on its size")
         queue = self._unposted[peer]
         if queue and queue[0] == msg:
@@ -510,6 +618,8 @@ class Executor:
         if self._is_local(s - 1):
             return
         parts = self._take(s - 1, False, mb, sub, self.layout.stages[s - 1].part_names)
+        if s - 1 not in self._sized:
+            self.shapes.observe(s - 1, self._ids(s - 1, mb, sub), parts)
         self._accept_input(s, mb, sub, parts)
 
     def _send_backward(self, a: Action) -> None:

@@ -207,3 +207,25 @@ def test_a_data_receive_posted_before_its_header_is_a_mismatch():
     programs[1] = tuple(swapped(s) for s in programs[1])
     with pytest.raises(ScheduleError, match=r"1RECV_F0\.0:data<-r0 would be matched with 0SEND_F0\.0:header"):
         check_program(programs)
+
+
+@pytest.mark.parametrize("system", ["1f1b", "dip", "entrain"])
+def test_forward_receives_sized_by_the_receiver_post_one_batch_and_stay_deadlock_free(system):
+    """A forward message whose shape the receiver knows (``known_shape``) posts its headers and data
+    as one batch, as a gradient does; every rank's program stays deadlock-free under lazy connection
+    and under one shared GPU queue."""
+    from entrain.core.p2p import NcclRules
+
+    plan = _real(system, 2, 2, 1, 0)
+    it = plan.iterations[0]
+    programs = {
+        g: rank_program(plan.layout, it, g, warmup=True, known_shape=lambda m: True) for g in range(4)
+    }
+    receives = [c for steps in programs.values() for c in steps if isinstance(c, Comm)
+                and c.action.kind.name == "RECV_F" and c.batches]  # fmt: skip
+    assert receives and all(
+        all({op.part for op in b.ops} == {"header", "data"} for b in c.batches) for c in receives
+    )
+    for rules in (NcclRules(lazy_connect=True), NcclRules(lazy_connect=True, shared_queue=True)):
+        if system == "1f1b" or not rules.shared_queue:
+            check_program(programs, rules=rules)

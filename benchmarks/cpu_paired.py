@@ -9,11 +9,14 @@ simulation, ``core/setups.py``). Recorded per workload: the real per-round paire
 round 0's 1F1B trace (``entrain profile --from-trace``, ``entrain.sim.trace_fit``): 1F1B's 1 encoder + 1
 LLM stage layout fits every layer, so (b) predicts Entrain's Plan out of sample. ``--profile FILE``
 plans both systems with ``FILE`` (the closed loop: the refitted profile of an earlier pass) and is
-recorded. Results are merged per workload into ``benchmarks/results/cpu_pipeline_paired.{md,json}``.
+recorded. Results are merged per workload into ``benchmarks/results/cpu_pipeline_paired.{md,json}``; a
+pass's refitted profiles (``*.refit.json``, ``*.joint.json``) go beside the rounds ``--keep-runs DIR``
+keeps (a closed-loop pass reads them from there), else to a temporary folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -268,7 +271,9 @@ def report(results: dict, idle: dict) -> str:
         "traces (`--from-trace 1F1B --also-trace ENTRAIN`: in sample for round 0's cuts, out of sample for the "
         "other rounds); error = sim / real - 1 (target |error| <= 5 %). Busiest "
         "rank CPU / wall: its process CPU time over the iteration's wall time (1.0 on an idle machine; below, the "
-        "rank waited or shared the 2 cores with other jobs).",
+        "rank waited or shared the 2 cores with other jobs). Planned with: the `cpu-tiny` preset, or the profile "
+        "the pass read with `--profile` (a closed loop: an earlier pass's refit, written beside the rounds it "
+        "kept); the profiles the passes below read are in the repository's history, not in `benchmarks/results/`.",
         "",
         "| workload (pass) | planned with | rounds x steps | Entrain ms | 1F1B ms | real ratio | <= 1.0 | sim ratio | "
         "error | refit sim ratio | error | joint refit sim ratio | error | busiest rank CPU / wall (E / 1F1B) | "
@@ -300,7 +305,7 @@ def rescore_joint(args) -> int:
     key = _key(args)
     recorded = _recorded(args.out)
     r = recorded["results"][key]
-    out = os.path.join(args.out, f"{STEM}_{_slug(args)}.joint.json")
+    out = os.path.join(args.rescore_joint, f"{STEM}_{_slug(args)}.joint.json")
     label = f"round 0 of `cpu_pipeline.py --paired --dataset {args.dataset}`"
     r.update(joint_prediction(os.path.join(args.rescore_joint, args.dataset, "round0"), out, label))
     r["joint_sim_rel_error"] = r["joint_sim_ratio"] / r["real_ratio"] - 1
@@ -320,13 +325,25 @@ def _key(args) -> str:
     return args.dataset + (f" ({args.pass_name})" if args.pass_name else "")
 
 
+@contextlib.contextmanager
+def _profiles_folder(keep: str | None):
+    """Where a pass writes its refitted profiles: ``keep`` (``--keep-runs``), else a temporary folder."""
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix="entrain-paired-profiles-") as tmp:
+        yield tmp
+
+
 def main_paired(args, idle: tuple[bool, float]) -> int:
     key = _key(args)
     os.makedirs(args.out, exist_ok=True)
-    refit_out = os.path.join(args.out, f"{STEM}_{_slug(args)}.refit.json")
-    result = run_workload(
-        args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out, args.keep_runs
-    )
+    with _profiles_folder(args.keep_runs) as profiles:
+        refit_out = os.path.join(profiles, f"{STEM}_{_slug(args)}.refit.json")
+        result = run_workload(
+            args.dataset, args.launches, args.steps, args.order_seed, args.profile, refit_out, args.keep_runs
+        )
     recorded = _recorded(args.out)
     recorded["results"][key] = result
     recorded["idle"][key] = list(idle)

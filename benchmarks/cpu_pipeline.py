@@ -463,7 +463,11 @@ def main() -> int:
     )
     ap.add_argument("--profile", default=None, help="--paired: plan both systems with this profile")
     ap.add_argument("--pass-name", default="", help="--paired: suffix of the workload's key in the results")
-    ap.add_argument("--keep-runs", default=None, help="--paired: copy each round's run folders (traces) here")
+    ap.add_argument(
+        "--keep-runs",
+        default=None,
+        help="--paired: copy each round's run folders (traces) and the pass's refitted profiles here",
+    )
     ap.add_argument(
         "--rescore-joint",
         default=None,

@@ -15,10 +15,9 @@
    microbatch, sub-microbatch) of every step) and per iteration time; median and p90 in %. The first
    ``WARMUP`` steps of each run are dropped.
 
-Results: ``benchmarks/results/sim_vs_real.{md,json}`` and the measured profile used,
-``sim_vs_real.profile.json``. Measured stage times are wall clock (the
-runtime's), the profile is thread-CPU time: the gap between them is one of the error sources
-documented in docs/profiling.md.
+Results: ``benchmarks/results/sim_vs_real.{md,json}``, the JSON holding the measured profile used
+(``profile``). Measured stage times are wall clock (the runtime's), the profile is thread-CPU time:
+the gap between them is one of the error sources documented in docs/profiling.md.
 
     python benchmarks/sim_vs_real.py [--launches 3] [--steps 6] [--max-idle-wait-s 300] [--max-repeats 3]
         [--dataset chartqa|text-heavy]
@@ -27,7 +26,7 @@ documented in docs/profiling.md.
 ``cpu_pipeline.py --dataset text-heavy`` (``LLM_CONFIG``: ``entrain data synth --dataset text-heavy``,
 144 samples, images capped at ``--max-pixels`` 224 x 224 on every step, global batch 24, microbatch
 size 4), with Entrain planned by ``--assignment two-resource``; same error targets. Results:
-``benchmarks/results/sim_vs_real_text_heavy.{md,json}`` and ``sim_vs_real_text_heavy.profile.json``.
+``benchmarks/results/sim_vs_real_text_heavy.{md,json}``.
 Full runs, the CPUs otherwise idle (about 3-4 min each on an idle 2-core machine, plus about 30 s per
 repeated launch; estimated from the smoke runs: 1 launch x 2 steps took 130 s wall, 70 s CPU, on the
 shared, loaded machine):
@@ -42,7 +41,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -487,8 +485,6 @@ def main() -> int:
                 discarded.append(launch)
                 continue
             launches.append(launch)
-        os.makedirs(args.out, exist_ok=True)
-        shutil.copyfile(prof_path, os.path.join(args.out, f"{case.results}.profile.json"))
     summary = summarize(launches)
     text = report(summary, launches, prof, args.steps, discarded, plans, case)
     os.makedirs(args.out, exist_ok=True)
@@ -506,6 +502,7 @@ def main() -> int:
                 "launches": launches,
                 "discarded_launches": discarded,
                 "profile_fits": prof["notes"]["fits"],
+                "profile": prof,
             },
             f,
             indent=1,

@@ -329,7 +329,7 @@ def ov_samples(cfg, seed: int) -> list[dict]:
         LlavaOnevisionImageProcessorPil,
     )
 
-    from entrain.models.families.llava_onevision import rules as R
+    from entrain.models.families.llava_onevision import processing as R
 
     rules = R.OneVisionRules.from_config(cfg.to_dict())
     tile = cfg.vision_config.image_size

@@ -21,7 +21,7 @@ def _llava(folder: Path, stock: dict) -> list[str]:
     """The ``llava-ov-tiny`` preset's model saved as a Hugging Face folder, with its image processor."""
     from entrain.models.families.base import ModelSource
     from entrain.models.families.llava_onevision.family import ONEVISION_FAMILY
-    from entrain.models.families.llava_onevision.model import image_processor
+    from entrain.models.families.llava_onevision.processing import image_processor
 
     cfg, _ = ONEVISION_FAMILY.runtime_config(ModelSource(preset="llava-ov-tiny"))
     ONEVISION_FAMILY.build_model(cfg, seed=0).hf.save_pretrained(folder)

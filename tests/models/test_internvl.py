@@ -18,7 +18,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.internvl.model import rows_to_tiles
-from entrain.models.families.internvl.rules import InternVLRules, image_tiles
+from entrain.models.families.internvl.processing import InternVLRules, image_tiles
 from entrain.models.families.registry import family_of_preset, family_of_source
 from tests.models.internvl_tiny import PATCH_PX, save_internvl
 

@@ -24,7 +24,7 @@ from transformers.models.llava_onevision.image_processing_pil_llava_onevision im
 from entrain.core.errors import ConfigError
 from entrain.models.batch import LLMBatch
 from entrain.models.families.llava_onevision import model as ov
-from entrain.models.families.llava_onevision import rules as R
+from entrain.models.families.llava_onevision import processing as R
 
 torch.set_num_threads(1)
 
@@ -280,7 +280,7 @@ def test_unsupported_configs_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         ov.read_config(str(tmp_path))
     # the planner reads the same rule from config.json: plan refuses what train would
-    from entrain.models.families.llava_onevision.shape import shape_from_config
+    from entrain.models.families.llava_onevision.spec import shape_from_config
 
     with pytest.raises(ConfigError, match="c.json: vision_feature_select_strategy 'default'"):
         shape_from_config(cfg.to_dict(), "ov", "c.json")

@@ -11,8 +11,7 @@ from transformers import AutoTokenizer, LlavaOnevisionProcessor
 from entrain.data.processing import DEFAULT_SYSTEM_PROMPT, IGNORE_INDEX
 from entrain.data.tokenizer import load_tokenizer
 from entrain.models.families.base import ModelSource
-from entrain.models.families.llava_onevision.model import shape_processor
-from entrain.models.families.llava_onevision.rules import sample_tokens
+from entrain.models.families.llava_onevision.processing import sample_tokens, shape_processor
 from entrain.models.families.registry import get_family
 from tests.models.stock import save_tokenizer
 

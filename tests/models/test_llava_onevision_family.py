@@ -16,7 +16,7 @@ from entrain.cli.main import main
 from entrain.core.presets import build_cost_model
 from entrain.data.generators import generate_samples
 from entrain.models.families.base import ModelSource
-from entrain.models.families.llava_onevision.rules import OneVisionImageRule, image_tiles, image_tokens
+from entrain.models.families.llava_onevision.processing import OneVisionImageRule, image_tiles, image_tokens
 from entrain.models.families.registry import family_of_folder, family_of_preset
 
 ALL = "entrain,entrain-1f1b,1f1b,disttrain,dip,dip-greedy"

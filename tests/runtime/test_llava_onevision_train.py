@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from entrain.core.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.llava_onevision.family import ONEVISION_FAMILY as FAM
-from entrain.models.families.llava_onevision.model import image_processor, rows_to_tiles
+from entrain.models.families.llava_onevision.model import rows_to_tiles
+from entrain.models.families.llava_onevision.processing import image_processor
 from entrain.runtime.data import SampleRenderer
 
 from .cli_ranks import run_ranks

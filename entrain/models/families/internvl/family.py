@@ -3,37 +3,39 @@
 
 Sources: one whole ``InternVLForConditionalGeneration`` checkpoint folder (``--model-path``; its
 ``config.json``, ``preprocessor_config.json`` and tokenizer files), or (``plan`` / ``simulate`` only) a
-cost-model preset of ``shape.PRESETS`` (``internvl35-8b``: a published shape, no weights). Torch-free
+cost-model preset of ``presets.PRESETS`` (``internvl35-8b``: a published shape, no weights). Torch-free
 at import: the torch parts (``model``, ``export``) are imported inside the methods.
 
-An image's grid is ``(tiles, side, side)`` (``rules``: dynamic tiling with the thumbnail); its LLM
+An image's grid is ``(tiles, side, side)`` (``processing``: dynamic tiling with the thumbnail); its LLM
 tokens ``tiles x image_seq_length``, between ``<img>`` and ``</img>``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, ModelSource
-from entrain.models.families.internvl.rules import InternVLImageRule, image_tiles
-from entrain.models.families.internvl.shape import PRESETS, InternVLShape, shape_from_config
+from entrain.models.families.internvl.presets import PRESETS
+from entrain.models.families.internvl.processing import (
+    InternVLImageRule,
+    folder_token_ids,
+    image_tiles,
+    read_processor_config,
+)
+from entrain.models.families.internvl.spec import InternVLShape, shape_from_config
 
 if TYPE_CHECKING:
     from torch import nn
 
     from entrain.core.samples import SampleMeta
 
-__all__ = ["InternVLFamily", "INTERNVL_FAMILY", "InternVLRunConfig", "FAMILY", "read_processor_config"]
+__all__ = ["InternVLFamily", "INTERNVL_FAMILY", "InternVLRunConfig", "FAMILY"]
 
 FAMILY = "internvl"
 MODEL_TYPE = "internvl"
-START, CONTEXT, END = "<img>", "<IMG_CONTEXT>", "</img>"
-"""``InternVLProcessor``'s image tokens: ``<img>``, n x ``<IMG_CONTEXT>``, ``</img>`` per image."""
 
 
 @dataclass(frozen=True)
@@ -52,46 +54,6 @@ class InternVLRunConfig:
 
     def layer_names(self, component: str) -> list[str]:
         return INTERNVL_FAMILY.layer_names(self.shape, component)
-
-
-def read_processor_config(folder: str) -> dict | None:
-    """The folder's ``preprocessor_config.json`` (None without one); ConfigError naming a bad file."""
-    path = os.path.join(folder, "preprocessor_config.json")
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            got = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(got, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return got
-
-
-def _added_tokens(folder: str) -> dict[str, int]:
-    """Special tokens of the folder's tokenizer files (``tokenizer.json``'s ``added_tokens``,
-    ``tokenizer_config.json``'s ``added_tokens_decoder``), plain JSON."""
-    found: dict[str, int] = {}
-    path = os.path.join(folder, "tokenizer.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            found.update({t["content"]: int(t["id"]) for t in json.load(f).get("added_tokens", [])})
-    path = os.path.join(folder, "tokenizer_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            decoder = json.load(f).get("added_tokens_decoder") or {}
-        found.update({t["content"]: int(i) for i, t in decoder.items()})
-    return found
-
-
-@cache
-def _token_ids(folder: str) -> tuple[tuple[str, int], ...]:
-    from entrain.models.families.registry import read_config
-
-    added = _added_tokens(folder)
-    image = int(read_config(folder).get("image_token_id", 151667))
-    return (("image", image), ("image_start", added.get(START, -1)), ("image_end", added.get(END, -1)))
 
 
 class InternVLFamily(FamilyBase):
@@ -226,7 +188,8 @@ class InternVLFamily(FamilyBase):
         per image."""
         import numpy as np
 
-        from entrain.models.families.internvl.model import image_processor, tiles_to_rows
+        from entrain.models.families.internvl.model import tiles_to_rows
+        from entrain.models.families.internvl.processing import image_processor
 
         rules = cfg.shape.rules
         got = image_processor(cfg)(list(images), crop_to_patches=rules.crop_to_patches, return_tensors="pt")
@@ -237,19 +200,16 @@ class InternVLFamily(FamilyBase):
     def format_chat(
         self, cfg: InternVLRunConfig, turns, image_tokens, tokenizer
     ) -> tuple[list[int], list[int]]:
-        """The tokenizer's chat template, each ``<image>`` expanded as ``InternVLProcessor`` does:
-        ``<img>`` + n x ``<IMG_CONTEXT>`` + ``</img>`` (Qwen2's vision markers for a tokenizer without
-        them, which ``map_token_id`` maps); labels on the assistant turns only."""
-        from entrain.data.processing import format_chat, vision_markers
+        """``processing.format_chat``: the tokenizer's chat template, images as ``InternVLProcessor``
+        expands them."""
+        from entrain.models.families.internvl.processing import format_chat
 
-        if CONTEXT in tokenizer.special_tokens:
-            return format_chat(turns, image_tokens, tokenizer, lambda n: START + CONTEXT * n + END)
-        return format_chat(turns, image_tokens, tokenizer, vision_markers)
+        return format_chat(turns, image_tokens, tokenizer)
 
     def token_ids(self, cfg: InternVLRunConfig) -> dict[str, int]:
         """``<IMG_CONTEXT>`` is the config's ``image_token_id``; ``<img>`` / ``</img>`` the tokenizer's
         (-1: a folder without tokenizer files has no markers)."""
-        return dict(_token_ids(cfg.folder))
+        return dict(folder_token_ids(cfg.folder))
 
     def map_token_id(self, cfg: InternVLRunConfig, qwen_id: int) -> int:
         """Qwen2's vision markers become ``<img>`` / ``<IMG_CONTEXT>`` / ``</img>``; text ids wrap below

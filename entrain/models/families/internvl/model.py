@@ -30,7 +30,7 @@ from torch import nn
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.attention import PACKED_ATTENTION
-from entrain.models.families.internvl.shape import check_supported
+from entrain.models.families.internvl.spec import check_supported
 from entrain.models.families.llava_onevision import model as ov
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "build_stage",
     "stage_layers",
     "set_trainable",
-    "image_processor",
     "tiles_to_rows",
     "rows_to_tiles",
     "FAMILY",
@@ -82,19 +81,6 @@ def hf_config_of(run_cfg):
         if getattr(text, "layer_types", None):
             text.layer_types = text.layer_types[:layers]
     return cfg
-
-
-def image_processor(run_cfg):
-    """transformers' ``GotOcr2ImageProcessorPil`` (InternVL's): the folder's ``preprocessor_config.json``
-    when it has one (its size, tile limits, mean and std), else the class defaults at the tile size."""
-    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
-
-    folder = run_cfg.folder
-    if folder is not None and os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
-        return GotOcr2ImageProcessorPil.from_pretrained(folder, local_files_only=True)
-    rules = run_cfg.shape.rules
-    size = {"height": rules.tile_px, "width": rules.tile_px}
-    return GotOcr2ImageProcessorPil(size=size, min_patches=rules.min_tiles, max_patches=rules.max_tiles)
 
 
 class InternVLModel(nn.Module):

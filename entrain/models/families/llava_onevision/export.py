@@ -81,7 +81,7 @@ def _unused(config, folder: str | None, trained: set[str]) -> dict[str, torch.Te
 def _config(manifest: dict, folder: str | None):
     """The run's ``LlavaOnevisionConfig``, untied and with standard attention."""
     from entrain.models.families.llava_onevision import model as ov
-    from entrain.models.families.llava_onevision.shape import PRESETS
+    from entrain.models.families.llava_onevision.presets import PRESETS
 
     if folder is not None:
         config = ov.read_config(folder)
@@ -98,8 +98,8 @@ def _config(manifest: dict, folder: str | None):
 
 def _preset_processor(manifest: dict, out: str) -> list[str]:
     """A preset's image processor (``preprocessor_config.json``: its tile size and grid pinpoints)."""
-    from entrain.models.families.llava_onevision.model import shape_processor
-    from entrain.models.families.llava_onevision.shape import PRESETS
+    from entrain.models.families.llava_onevision.presets import PRESETS
+    from entrain.models.families.llava_onevision.processing import shape_processor
 
     before = set(os.listdir(out))
     shape_processor(PRESETS[manifest["model"]], None).save_pretrained(out)

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, ModelSource
-from entrain.models.families.llava_onevision.rules import OneVisionImageRule, image_tiles, sample_tokens
-from entrain.models.families.llava_onevision.shape import (
-    PRESETS,
-    OneVisionShape,
-    check_processor,
-    shape_from_config,
+from entrain.models.families.llava_onevision.presets import PRESETS
+from entrain.models.families.llava_onevision.processing import (
+    OneVisionImageRule,
+    chat_ids,
+    image_tiles,
+    sample_tokens,
 )
+from entrain.models.families.llava_onevision.spec import OneVisionShape, check_processor, shape_from_config
 
 if TYPE_CHECKING:
     from torch import nn
@@ -190,7 +191,7 @@ class OneVisionFamily(FamilyBase):
         return tuple((int(h), int(w)) for h, w in meta.images)
 
     def sample_feature_rows(self, cfg: OneVisionConfig, meta: SampleMeta) -> tuple[int, ...]:
-        """``rules.sample_tokens``: AnyRes for a lone image, one tile + newline for each of several."""
+        """``processing.sample_tokens``: AnyRes for a lone image, one tile + newline for each of several."""
         return tuple(sample_tokens(meta.images, cfg.shape.rules))
 
     def encoder_input_width(self, cfg: OneVisionConfig) -> int:
@@ -203,7 +204,8 @@ class OneVisionFamily(FamilyBase):
         import numpy as np
         import torch
 
-        from entrain.models.families.llava_onevision.model import image_processor, tiles_to_rows
+        from entrain.models.families.llava_onevision.model import tiles_to_rows
+        from entrain.models.families.llava_onevision.processing import image_processor
 
         got = image_processor(cfg)([list(images)], return_tensors="pt")
         tiles = [
@@ -217,9 +219,8 @@ class OneVisionFamily(FamilyBase):
     def format_chat(
         self, cfg: OneVisionConfig, turns, image_tokens, tokenizer
     ) -> tuple[list[int], list[int]]:
-        """``LlavaOnevisionProcessor``'s prompt: n ``<image>`` tokens per image, no markers (``chat``)."""
-        from entrain.models.families.llava_onevision.chat import chat_ids
-
+        """``LlavaOnevisionProcessor``'s prompt: n ``<image>`` tokens per image, no markers
+        (``processing.chat_ids``)."""
         return chat_ids(turns, image_tokens, tokenizer)
 
     def token_ids(self, cfg: OneVisionConfig) -> dict[str, int]:

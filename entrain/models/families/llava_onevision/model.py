@@ -34,7 +34,7 @@ from torch import nn
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition import vlm
 from entrain.models.families.composition.attention import PACKED_ATTENTION
-from entrain.models.families.llava_onevision.shape import check_supported as check_supported_config
+from entrain.models.families.llava_onevision.spec import check_supported as check_supported_config
 
 __all__ = [
     "OneVisionModel",
@@ -48,7 +48,6 @@ __all__ = [
     "checkpoint_keys",
     "hf_config_of",
     "tiles_to_rows",
-    "image_processor",
     "rows_to_tiles",
     "FAMILY",
 ]
@@ -97,30 +96,8 @@ def hf_config_of(shape):
     )  # fmt: skip
 
 
-def image_processor(run_cfg):
-    """transformers' ``LlavaOnevisionImageProcessorPil`` of a run config (``shape_processor``)."""
-    return shape_processor(run_cfg.shape, run_cfg.folder)
-
-
-def shape_processor(shape, folder: str | None):
-    """transformers' ``LlavaOnevisionImageProcessorPil``: the checkpoint folder's
-    ``preprocessor_config.json`` when it has one, else the class defaults with the shape's tile size
-    and grid pinpoints."""
-    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
-        LlavaOnevisionImageProcessorPil,
-    )
-
-    if folder is not None and os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
-        return LlavaOnevisionImageProcessorPil.from_pretrained(folder, local_files_only=True)
-    rules = shape.rules
-    size = {"height": rules.tile_px, "width": rules.tile_px}
-    return LlavaOnevisionImageProcessorPil(
-        size=size, image_grid_pinpoints=[list(p) for p in rules.grid_pinpoints]
-    )
-
-
 def check_supported(cfg, where: str = "config") -> None:
-    """Refuse what the stages do not reproduce exactly (``shape.check_supported`` on the config's dict)."""
+    """Refuse what the stages do not reproduce exactly (``spec.check_supported`` on the config's dict)."""
     check_supported_config(cfg.to_dict(), where)
     if not isinstance(cfg.vision_feature_layer, int):
         raise ConfigError(f"{where}: vision_feature_layer must be one layer, not {cfg.vision_feature_layer}")

@@ -14,13 +14,24 @@ do to an image of ``h x w`` pixels, as arithmetic:
   ``image_newline`` token per feature row. A base-only image gets one ``image_newline`` after it.
 * **Video.** Each frame (one tile) is pooled 2x2 (``ceil(side / 2)**2`` tokens); one ``image_newline``
   closes the video.
+* **Chat.** As transformers' ``LlavaOnevisionProcessor`` builds a prompt: the conversation through the
+  tokenizer's chat template (Qwen2's chat markers when it has none:
+  ``entrain.data.processing.format_chat``), each ``<image>`` placeholder replaced by ``n`` ``<image>``
+  tokens, ``n`` the image's LLM tokens (``LlavaOnevisionProcessor.replace_image_token``; no start/end
+  markers). Labels copy each assistant turn's ids. A tokenizer without an ``<image>`` special token
+  (Entrain's built-in Qwen2 tokenizer) writes Qwen2's ``<|image_pad|>`` instead, which the family's
+  ``map_token_id`` maps onto the model's image id.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from entrain.data.processing import IMAGE_PAD, format_chat
+from entrain.data.tokenizer import TextTokenizer
 
 __all__ = [
     "DEFAULT_GRID_PINPOINTS",
@@ -32,6 +43,11 @@ __all__ = [
     "sample_tiles",
     "sample_tokens",
     "video_tokens",
+    "IMAGE_TOKEN",
+    "chat_ids",
+    "image_token_of",
+    "image_processor",
+    "shape_processor",
 ]
 
 DEFAULT_GRID_PINPOINTS: tuple[tuple[int, int], ...] = tuple(
@@ -190,3 +206,48 @@ class OneVisionImageRule:
     def sample_encoder_units(self, sizes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
         """One 729-token unit per tile of every image of the sample (``sample_tiles``)."""
         return tuple(u for n in sample_tiles(sizes, self.rules) for u in (self.rules.tokens_per_tile,) * n)
+
+
+# --- chat ------------------------------------------------------------------------------------------
+
+IMAGE_TOKEN = "<image>"
+"""``LlavaOnevisionProcessor.image_token``: one per LLM token of an image."""
+
+
+def image_token_of(tokenizer: TextTokenizer) -> str:
+    """The image token ``tokenizer`` has: ``<image>``, else Qwen2's ``<|image_pad|>``."""
+    return IMAGE_TOKEN if IMAGE_TOKEN in tokenizer.special_tokens else IMAGE_PAD
+
+
+def chat_ids(
+    turns: Sequence[tuple[str, str]], image_tokens: Sequence[int], tokenizer: TextTokenizer
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of a conversation whose i-th ``<image>`` has ``image_tokens[i]`` LLM
+    tokens. ValueError when the placeholder count differs from ``len(image_tokens)``."""
+    token = image_token_of(tokenizer)
+    return format_chat(turns, image_tokens, tokenizer, lambda n: token * n)
+
+
+# --- the image processor -------------------------------------------------------------------------
+
+
+def image_processor(run_cfg):
+    """transformers' ``LlavaOnevisionImageProcessorPil`` of a run config (``shape_processor``)."""
+    return shape_processor(run_cfg.shape, run_cfg.folder)
+
+
+def shape_processor(shape, folder: str | None):
+    """transformers' ``LlavaOnevisionImageProcessorPil``: the checkpoint folder's
+    ``preprocessor_config.json`` when it has one, else the class defaults with the shape's tile size
+    and grid pinpoints."""
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    if folder is not None and os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+        return LlavaOnevisionImageProcessorPil.from_pretrained(folder, local_files_only=True)
+    rules = shape.rules
+    size = {"height": rules.tile_px, "width": rules.tile_px}
+    return LlavaOnevisionImageProcessorPil(
+        size=size, image_grid_pinpoints=[list(p) for p in rules.grid_pinpoints]
+    )

@@ -1,5 +1,5 @@
-"""LLaVA-OneVision's shape as plain numbers (torch-free): presets, ``config.json`` reading, and the
-per-layer cost specs the planner prices (``entrain.core.presets.LayerSpec``).
+"""LLaVA-OneVision's shape as plain numbers (torch-free): ``config.json`` reading, and the
+per-layer cost specs the planner prices (``entrain.core.layer_specs.LayerSpec``).
 
 The encoder's sequence unit is one 384-px tile (729 SigLIP tokens at patch 14): every tile attends
 only within itself, so an image's encoder work is ``tiles x tokens per tile`` (linear terms) plus
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
 from entrain.core.layer_specs import LayerSpec, llm_specs
-from entrain.models.families.llava_onevision.rules import OneVisionRules
+from entrain.models.families.llava_onevision.processing import OneVisionRules
 
-__all__ = ["SiglipArch", "OneVisionShape", "PRESETS", "shape_from_config"]
+__all__ = ["SiglipArch", "OneVisionShape", "shape_from_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,55 +133,6 @@ def _encoder_specs(shape: OneVisionShape) -> list[LayerSpec]:
     return specs
 
 
-QWEN2_7B = LLMArch(
-    num_hidden_layers=28,
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    vocab_size=152_128,
-    tie_word_embeddings=False,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=32_768,
-    qkv_bias=True,
-)
-"""``llava-hf/llava-onevision-qwen2-7b-ov-hf``'s text_config (Qwen2-7B, vocabulary grown for the
-``<image>`` / ``<video>`` tokens)."""
-
-SIGLIP_SO400M = SiglipArch(num_layers=26, hidden_size=1152, intermediate_size=4304, num_heads=16)
-"""SigLIP-so400m-patch14-384 as LLaVA-OneVision uses it (its last layer dropped: 26 layers)."""
-
-PRESETS = {
-    "llava-ov-7b": OneVisionShape(
-        "llava-ov-7b",
-        SIGLIP_SO400M,
-        QWEN2_7B,
-        description="LLaVA-OneVision-7B: SigLIP-so400m tiles + Qwen2-7B",
-    ),
-    "llava-ov-tiny": OneVisionShape(
-        "llava-ov-tiny",
-        SiglipArch(
-            num_layers=2, hidden_size=32, intermediate_size=64, num_heads=4, image_size=28, patch_size=7
-        ),
-        LLMArch(
-            num_hidden_layers=2,
-            hidden_size=48,
-            intermediate_size=96,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=200,
-            tie_word_embeddings=False,
-            qkv_bias=True,
-        ),  # fmt: skip
-        OneVisionRules(
-            tile_px=28, patch_px=7, grid_pinpoints=((28, 28), (28, 56), (56, 28), (56, 56)), max_tiles=4
-        ),
-        description="a tiny LLaVA-OneVision for CPU tests and profiling",
-    ),
-}
-
-
 def _req(d: dict, key: str, where: str):
     if key not in d:
         raise ConfigError(f"{where}: missing field {key!r}")
@@ -256,7 +207,7 @@ def check_processor(folder: str, rules: OneVisionRules) -> None:
     """The folder's ``preprocessor_config.json`` (if any) tiles as ``config.json`` says: its ``size``
     is the tile's side and its ``image_grid_pinpoints`` the config's (the token counts, the plan and
     the pixels the model sees all follow the config), and it resizes; ConfigError naming the file and
-    field otherwise. Its normalisation is read by the processor itself (``model.shape_processor``)."""
+    field otherwise. Its normalisation is read by the processor itself (``processing.shape_processor``)."""
     import json
     import os
 

@@ -19,10 +19,28 @@ pixels, as arithmetic:
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from functools import cache
 
-__all__ = ["InternVLRules", "InternVLImageRule", "tile_grid", "image_tiles", "image_tokens"]
+from entrain.core.errors import ConfigError
+
+__all__ = [
+    "InternVLRules",
+    "InternVLImageRule",
+    "tile_grid",
+    "image_tiles",
+    "image_tokens",
+    "START",
+    "CONTEXT",
+    "END",
+    "read_processor_config",
+    "added_tokens",
+    "folder_token_ids",
+    "format_chat",
+    "image_processor",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,3 +144,76 @@ class InternVLImageRule:
 
     def encoder_units(self, height: int, width: int) -> tuple[int, ...]:
         return (self.rules.patches_per_tile,) * image_tiles(height, width, self.rules)
+
+
+# --- tokens, chat and the image processor -------------------------------------------------------
+
+START, CONTEXT, END = "<img>", "<IMG_CONTEXT>", "</img>"
+"""``InternVLProcessor``'s image tokens: ``<img>``, n x ``<IMG_CONTEXT>``, ``</img>`` per image."""
+
+
+def read_processor_config(folder: str) -> dict | None:
+    """The folder's ``preprocessor_config.json`` (None without one); ConfigError naming a bad file."""
+    path = os.path.join(folder, "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(got, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return got
+
+
+def added_tokens(folder: str) -> dict[str, int]:
+    """Special tokens of the folder's tokenizer files (``tokenizer.json``'s ``added_tokens``,
+    ``tokenizer_config.json``'s ``added_tokens_decoder``), plain JSON."""
+    found: dict[str, int] = {}
+    path = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            found.update({t["content"]: int(t["id"]) for t in json.load(f).get("added_tokens", [])})
+    path = os.path.join(folder, "tokenizer_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            decoder = json.load(f).get("added_tokens_decoder") or {}
+        found.update({t["content"]: int(i) for i, t in decoder.items()})
+    return found
+
+
+@cache
+def folder_token_ids(folder: str) -> tuple[tuple[str, int], ...]:
+    """``(key, id)`` of ``ModelFamily.token_ids``: ``<IMG_CONTEXT>`` is the config's ``image_token_id``;
+    ``<img>`` / ``</img>`` the tokenizer's (-1: a folder without tokenizer files has no markers)."""
+    from entrain.models.families.registry import read_config
+
+    added = added_tokens(folder)
+    image = int(read_config(folder).get("image_token_id", 151667))
+    return (("image", image), ("image_start", added.get(START, -1)), ("image_end", added.get(END, -1)))
+
+
+def format_chat(turns, image_tokens, tokenizer) -> tuple[list[int], list[int]]:
+    """The tokenizer's chat template, each ``<image>`` expanded as ``InternVLProcessor`` does: ``<img>``
+    + n x ``<IMG_CONTEXT>`` + ``</img>`` (Qwen2's vision markers for a tokenizer without them, which
+    the family's ``map_token_id`` maps); labels on the assistant turns only."""
+    from entrain.data.processing import format_chat as chat
+    from entrain.data.processing import vision_markers
+
+    if CONTEXT in tokenizer.special_tokens:
+        return chat(turns, image_tokens, tokenizer, lambda n: START + CONTEXT * n + END)
+    return chat(turns, image_tokens, tokenizer, vision_markers)
+
+
+def image_processor(run_cfg):
+    """transformers' ``GotOcr2ImageProcessorPil`` (InternVL's): the folder's ``preprocessor_config.json``
+    when it has one (its size, tile limits, mean and std), else the class defaults at the tile size."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    folder = run_cfg.folder
+    if folder is not None and os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+        return GotOcr2ImageProcessorPil.from_pretrained(folder, local_files_only=True)
+    rules = run_cfg.shape.rules
+    size = {"height": rules.tile_px, "width": rules.tile_px}
+    return GotOcr2ImageProcessorPil(size=size, min_patches=rules.min_tiles, max_patches=rules.max_tiles)

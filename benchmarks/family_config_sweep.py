@@ -9,8 +9,8 @@ vary; each is written with ``save_pretrained`` (random weights) and checked:
   refuses must be refused with a ConfigError naming ``config.json`` (a pass if transformers itself
   cannot run it either, or if the refusal is a documented limit).
 * **cli** (the first ``--cli`` configurations per family; slow): ``data check`` / ``data stats``
-  ``--model-path``, ``plan --model-path --out``, ``simulate``, ``train --plan`` for 2 steps on 2
-  forked gloo ranks, and ``export``, whose folder loads with ``from_pretrained`` and gives the logits
+  ``--model-path``, ``plan --model-path --out``, ``simulate``, ``train --plan --nproc 2`` for 2 steps,
+  and ``export``, whose folder loads with ``from_pretrained`` and gives the logits
   of Entrain's stages built from it.
 
 Prints a table config -> pass/fail (first error line) and writes
@@ -26,6 +26,7 @@ import contextlib
 import io
 import json
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,13 +39,10 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from entrain.core.errors import ConfigError
+from entrain.models.batch import LLMBatch
 
-from entrain.core.errors import ConfigError  # noqa: E402
-from entrain.models.batch import LLMBatch  # noqa: E402
-from tests.models.qwen_vl_tiny import Sample  # noqa: E402
-from tests.models.test_qwen2_vl_family import hf_logits  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RTOL = 1e-5
 QWEN = ("qwen2_vl", "qwen2_5_vl")
@@ -160,6 +158,29 @@ def qwen_case(rng: random.Random, family: str, index: int) -> Case:
 def _text_ids(cfg, vocab: int) -> list[int]:
     special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id}
     return [i for i in range(2, vocab) if i not in special]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One oracle sample: ``PackedSample``'s fields (``entrain.models.families.base``), its images'
+    patches in order, and every next token as a label."""
+
+    input_ids: torch.Tensor
+    image_positions: torch.Tensor
+    grids: tuple[tuple[int, int, int], ...]
+    patches: torch.Tensor
+    label_positions = property(lambda self: torch.arange(self.input_ids.numel() - 1))
+    targets = property(lambda self: self.input_ids[1:])
+
+
+def hf_logits(hf, s: Sample) -> torch.Tensor:
+    """Transformers' own forward of the sample alone, the oracle: ``[L, V]`` logits."""
+    hf.model.rope_deltas = None
+    image_tokens = torch.isin(torch.arange(s.input_ids.numel()), s.image_positions)
+    images = {"pixel_values": s.patches, "image_grid_thw": torch.tensor(s.grids)} if s.grids else {}
+    return hf(
+        input_ids=s.input_ids[None], mm_token_type_ids=image_tokens.to(torch.int32)[None], **images
+    ).logits[0]
 
 
 def qwen_samples(cfg, seed: int) -> list[Sample]:
@@ -522,8 +543,6 @@ def _main_quiet(argv: list[str]) -> tuple[int, str]:
 
 def run_cli(case: Case, folder: Path, work: Path) -> str:
     """data check/stats, plan, simulate, train on 2 ranks, export: '' or the first failing step."""
-    from runtime.cli_ranks import run_ranks
-
     m = ["--model-path", str(folder)]
     data = work / "ds"
     steps = [
@@ -541,10 +560,10 @@ def run_cli(case: Case, folder: Path, work: Path) -> str:
             return f"{' '.join(argv[:2])}: rc {rc}: {_first_error(out)}"
     train = ["train", *m, "--plan", str(work / "plan.json"), "--dataset", str(data / "data.json"),
              "--steps", "2", "--out", str(work / "run"), "--no-progress"]  # fmt: skip
-    ranks = run_ranks(train, 2, work / "ranks", timeout_s=300)
-    if any(r.exitcode != 0 for r in ranks):
-        bad = next(r for r in ranks if r.exitcode != 0)
-        return f"train: rc {bad.exitcode}: {_first_error(bad.stderr + bad.stdout)}"
+    done = subprocess.run([sys.executable, "-m", "entrain", *train, "--nproc", "2"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    if done.returncode != 0:
+        return f"train: rc {done.returncode}: {_first_error(done.stderr + done.stdout)}"
     rc, out = _main_quiet(["export", str(work / "run"), "--out", str(work / "hf")])
     if rc != 0:
         return f"export: rc {rc}: {_first_error(out)}"

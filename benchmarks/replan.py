@@ -72,7 +72,9 @@ ADAPTIVE, MIX, FIRST = "entrain (adaptive)", "entrain (static, whole mix)", "ent
 MIX_SIM = "entrain (static, whole mix, split by simulation)"
 
 
-def _args(model: str, samples: int):
+def simulate_args(model: str, samples: int):
+    """``entrain simulate``'s parsed flags for this setup: ``model`` on ``curriculum``, ``samples`` batches a
+    phase (the setup of the module's docstring)."""
     argv = ["simulate", "--dataset", "curriculum", "--model", model, "--gpus", "64", "--dp", "4", "--tp", "2",
             "--global-batch", "512", "--microbatch-size", "4", "--iterations", str(samples * len(CURRICULUM_PHASES)),
             "--entrain-layout", "disjoint"]  # fmt: skip
@@ -107,7 +109,8 @@ class Timer:
         return lambda setup, batches: self.run(system, setup, batches)
 
 
-def _split(setup) -> str:
+def split_label(setup) -> str:
+    """A setup's encoder/LLM split, as the tables print it."""
     comps = setup.layout.components
     return f"E.PP {comps['encoder'].pp} / L.PP {comps['llm'].pp} (dp {setup.layout.dp})"
 
@@ -115,7 +118,8 @@ def _split(setup) -> str:
 def _static_row(timer: Timer, system: str, setup, phases: list) -> dict:
     per = {name: timer.run(system, setup, b) for name, b in zip(CURRICULUM_PHASES, phases)}
     return {"per_phase_ms": per, "mean_ms": sum(per.values()) / len(per), "replan_pause_ms": 0.0,
-            "fits_memory": all(timer.fits(system, setup, b) for b in phases), "split": _split(setup), "replans": []}  # fmt: skip
+            "fits_memory": all(timer.fits(system, setup, b) for b in phases), "split": split_label(setup),
+            "replans": []}  # fmt: skip
 
 
 def adaptive_row(timer: Timer, start, reference, replan, phases: list, per_phase: int, cost) -> dict:
@@ -138,10 +142,10 @@ def adaptive_row(timer: Timer, start, reference, replan, phases: list, per_phase
             pause_ms += replan_cost_ms(before.layout, after.layout, cost)
         t_before, t_after = timer.of("entrain")(before, batches), timer.of("entrain")(after, batches)
         per[name] = (samples * t_before + (per_phase - samples) * t_after) / per_phase
-        splits.append(_split(after))
+        splits.append(split_label(after))
     mean_ms = (sum(per.values()) * per_phase + pause_ms) / (per_phase * len(phases))
     return {"per_phase_ms": per, "mean_ms": mean_ms, "replan_pause_ms": pause_ms, "fits_memory": None,
-            "split": " -> ".join(dict.fromkeys([_split(start), *splits])),
+            "split": " -> ".join(dict.fromkeys([split_label(start), *splits])),
             "replans": [r.to_json() for r in monitor.replans], "drift": [d.to_json() for d in monitor.history]}  # fmt: skip
 
 
@@ -159,7 +163,7 @@ def _memo_replanner(replan):
 
 def run_model(model: str, samples: int, per_phase_list: list[int]) -> dict:
     """Every row on the same sample batches (``samples`` a phase); see the md for the protocol."""
-    args = _args(model, samples)
+    args = simulate_args(model, samples)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
     phases = [batches[p * samples : (p + 1) * samples] for p in range(len(CURRICULUM_PHASES))]
@@ -196,12 +200,12 @@ def _ceiling(timer: Timer, phases: list, picks: dict, statics: list) -> dict:
         best = min([*found, *statics], key=lambda s: timer.of("entrain")(s, batches))
         out[name] = {
             "best_ms": timer.of("entrain")(best, batches),
-            "split": _split(best),
+            "split": split_label(best),
             "source": best.source,
         }
         if found:
             pick_ms = timer.of("entrain")(found[0], batches)
-            out[name] |= {"replanner_ms": pick_ms, "replanner_split": _split(found[0])}
+            out[name] |= {"replanner_ms": pick_ms, "replanner_split": split_label(found[0])}
     return out
 
 
@@ -391,6 +395,35 @@ def findings_md(cases: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STATICS = ("first phase", "whole mix", "re-planner")
+
+CEILING_INTRO = """## The ceiling: every split, as deployed (benchmarks/replan_ceiling.py)
+
+Per phase (its 2 batches above), the fastest plan of every (E.PP, L.PP) Algorithm 2 allows at this
+setup (E.PP + L.PP <= 8 pipeline ranks of TP 2: 28 splits, each with Algorithm 2's partition and
+recomputation on each phase's samples), every plan timed as deployed on the phase (the re-planner's
+judge), against the static Entrain plans (each deployed per phase, which favours them) and the
+re-planner's pick on the phase (ms per iteration):"""
+
+
+def table_md(cases: list[dict]) -> list[str]:
+    out = ["| model | phase | best of every split | its split | first phase | whole mix | re-planner's pick | "
+           "its split | better static / best |", "|---|---|---:|---|---:|---:|---:|---|---:|"]  # fmt: skip
+    for c in cases:
+        for p, r in c["phases"].items():
+            static = min(r["first phase"]["ms"], r["whole mix"]["ms"])
+            out.append(f"| {c['model']} | {p} | {r['best']['ms']:.0f} | {r['best']['split']} | "
+                       f"{r['first phase']['ms']:.0f} | {r['whole mix']['ms']:.0f} | {r['re-planner']['ms']:.0f} | "
+                       f"{r['re-planner']['split']} | {static / r['best']['ms']:.3f}x |")  # fmt: skip
+        mean = {
+            k: sum(r[k]["ms"] for r in c["phases"].values()) / len(c["phases"]) for k in (*STATICS, "best")
+        }
+        static = min(mean["first phase"], mean["whole mix"])
+        out.append(f"| {c['model']} | **mean** | {mean['best']:.0f} | | {mean['first phase']:.0f} | "
+                   f"{mean['whole mix']:.0f} | {mean['re-planner']:.0f} | | **{static / mean['best']:.3f}x** |")  # fmt: skip
+    return out
+
+
 def _source_line(source: dict) -> str:
     return f"Source: commit {source['commit']}, `{source['command']}`"
 
@@ -407,8 +440,6 @@ def render(data: dict) -> str:
     for case in cases:
         lines += _case_md(case)
     if ceiling:
-        from replan_ceiling import CEILING_INTRO, table_md
-
         lines += [CEILING_INTRO, "", _source_line(ceiling["source"]), ""]
         if ceiling["source"]["commit"] != data["source"]["commit"]:
             lines += ["Run on other code than the tables above (its Source line): its static plans' times are that "

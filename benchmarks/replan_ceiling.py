@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from replan import MODELS, _args, _split
+from replan import MODELS, simulate_args, split_label, table_md
 
 from entrain.cli.common import resolve_cost_model, workload_source
 from entrain.config import RunConfig
@@ -33,16 +33,6 @@ from entrain.core.setups import SystemSetup, system_setups
 from entrain.data.generators import CURRICULUM_PHASES
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.adaptive import WindowJudge, fastest, window_replanner
-
-STATICS = ("first phase", "whole mix", "re-planner")
-
-CEILING_INTRO = """## The ceiling: every split, as deployed (benchmarks/replan_ceiling.py)
-
-Per phase (its 2 batches above), the fastest plan of every (E.PP, L.PP) Algorithm 2 allows at this
-setup (E.PP + L.PP <= 8 pipeline ranks of TP 2: 28 splits, each with Algorithm 2's partition and
-recomputation on each phase's samples), every plan timed as deployed on the phase (the re-planner's
-judge), against the static Entrain plans (each deployed per phase, which favours them) and the
-re-planner's pick on the phase (ms per iteration):"""
 
 
 def split_plans(profiles: dict, cost, req, options: dict) -> list[SystemSetup]:
@@ -63,7 +53,7 @@ def split_plans(profiles: dict, cost, req, options: dict) -> list[SystemSetup]:
 
 
 def run_model(model: str) -> dict:
-    args = _args(model, 2)
+    args = simulate_args(model, 2)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
     phases = {p: batches[2 * i : 2 * i + 2] for i, p in enumerate(CURRICULUM_PHASES)}
@@ -82,30 +72,12 @@ def run_model(model: str) -> dict:
         statics = {"first phase": first["entrain"], "whole mix": mix, "re-planner": replan(bs)}
         row = {}
         for name, s in statics.items():
-            row[name] = {"ms": judge(s, bs), "split": _split(s), "planned_ms": judge.planned(s, bs)}
+            row[name] = {"ms": judge(s, bs), "split": split_label(s), "planned_ms": judge.planned(s, bs)}
         best = fastest(plans, bs, judge, judge.bound)
-        row["best"] = {"ms": judge(best, bs), "split": _split(best), "source": best.source}
+        row["best"] = {"ms": judge(best, bs), "split": split_label(best), "source": best.source}
         out["phases"][p] = row
         print(model, p, json.dumps(row), file=sys.stderr, flush=True)
     out["seconds"] = time.time() - t
-    return out
-
-
-def table_md(cases: list[dict]) -> list[str]:
-    out = ["| model | phase | best of every split | its split | first phase | whole mix | re-planner's pick | "
-           "its split | better static / best |", "|---|---|---:|---|---:|---:|---:|---|---:|"]  # fmt: skip
-    for c in cases:
-        for p, r in c["phases"].items():
-            static = min(r["first phase"]["ms"], r["whole mix"]["ms"])
-            out.append(f"| {c['model']} | {p} | {r['best']['ms']:.0f} | {r['best']['split']} | "
-                       f"{r['first phase']['ms']:.0f} | {r['whole mix']['ms']:.0f} | {r['re-planner']['ms']:.0f} | "
-                       f"{r['re-planner']['split']} | {static / r['best']['ms']:.3f}x |")  # fmt: skip
-        mean = {
-            k: sum(r[k]["ms"] for r in c["phases"].values()) / len(c["phases"]) for k in (*STATICS, "best")
-        }
-        static = min(mean["first phase"], mean["whole mix"])
-        out.append(f"| {c['model']} | **mean** | {mean['best']:.0f} | | {mean['first phase']:.0f} | "
-                   f"{mean['whole mix']:.0f} | {mean['re-planner']:.0f} | | **{static / mean['best']:.3f}x** |")  # fmt: skip
     return out
 
 

@@ -56,6 +56,12 @@ def _qwen2_5_omni_checkpoint(folder: Path) -> list[str]:
     return ["--model-path", str(save_whole(folder, text_layers=2, vision_depth=2, audio_layers=1))]
 
 
+def _qwen3_vl_moe_checkpoint(folder: Path) -> list[str]:
+    from tests.models.qwen3_vl_moe_tiny import save_whole
+
+    return ["--model-path", str(save_whole(folder, text_layers=2))]
+
+
 MODELS = {  # case: (the registry family that runs it, its model flags given a folder to save into)
     "composition-preset": ("composition", lambda folder: ["--model", "tiny"]),
     "qwen2_vl-checkpoint": ("qwen2_vl", _qwen_checkpoint("qwen2_vl")),
@@ -65,6 +71,7 @@ MODELS = {  # case: (the registry family that runs it, its model flags given a f
     "internvl-checkpoint": ("internvl", _internvl_checkpoint),
     "qwen3_vl-checkpoint": ("qwen3_vl", _qwen3_vl_checkpoint),
     "qwen2_5_omni-checkpoint": ("qwen2_5_omni", _qwen2_5_omni_checkpoint),
+    "qwen3_vl_moe-checkpoint": ("qwen3_vl_moe", _qwen3_vl_moe_checkpoint),
 }
 
 

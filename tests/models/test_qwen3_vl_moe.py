@@ -181,12 +181,12 @@ def test_parts_each_stage_declares_match_the_cost_model(model, folder):
     ``router_stats`` from the first sparse layer on."""
     shape = shape_of_folder(str(folder))
     specs = shape.layer_specs()
-    for first in range(LLM_LAYERS - 1):
-        for end in range(first + 1, LLM_LAYERS):
+    for first in range(LLM_LAYERS):
+        for end in range(first + 1, LLM_LAYERS + 1):
             stage = mm.build_stage(model, "llm", first, end)
             declared = tuple(p.name for p in specs["llm"][end - 1].message_parts)
             assert stage.parts_out()[1:] == declared, (first, end)
-            assert (ROUTER_STATS in declared) == (end >= 3), (first, end)
+            assert (ROUTER_STATS in declared) == (3 <= end < LLM_LAYERS), (first, end)
 
 
 def test_sparse_layers_and_experts_priced_as_transformers_builds_them(folder):

@@ -109,7 +109,7 @@ class MoeTextStage(dense.TextStage):
 
     def _carries(self, cut: int) -> bool:
         """Whether the message across LLM cut ``cut`` (a stage ending there) carries ``router_stats``."""
-        return self.aux and cut >= self.sparse[0] + 2
+        return self.aux and self.sparse[0] + 2 <= cut <= len(self.llm.model.layers) + 3
 
     def parts_in(self) -> tuple[str, ...]:
         return super().parts_in() + ((ROUTER_STATS,) if self._carries(self.first) else ())

@@ -89,12 +89,13 @@ class Qwen3VLMoeShape(Qwen3VLShape):
         return {**specs, "llm": llm_specs}
 
     def message_parts(self, component: str, layer: int) -> tuple:
-        """Qwen3-VL's DeepStack parts, and on the LLM ``router_stats`` after the first sparse layer
-        (list index ``sparse[0] + 1``) when the auxiliary loss is on."""
+        """Qwen3-VL's DeepStack parts, and on the LLM ``router_stats`` from the first sparse layer (list
+        index ``sparse[0] + 1``) to the lm_head (the loss consumes it) when the auxiliary loss is on."""
         from entrain.core.layer_specs import MessagePart
 
         parts = super().message_parts(component, layer)
-        if component == "llm" and self.aux_loss and self.sparse and layer >= self.sparse[0] + 1:
+        carried = self.sparse and self.sparse[0] + 1 <= layer <= self.llm.num_hidden_layers + 2
+        if component == "llm" and self.aux_loss and carried:
             parts += (MessagePart(ROUTER_STATS, 2 * self.num_experts, 4, rows="tokens", rows_per_token=0.0),)
         return parts
 

@@ -55,6 +55,12 @@ def _qwen3_vl(folder: Path, stock: dict) -> list[str]:
     return ["--model-path", str(save_whole(folder, text_layers=3, vision_depth=4))]
 
 
+def _qwen3_vl_moe(folder: Path, stock: dict) -> list[str]:
+    from tests.models.qwen3_vl_moe_tiny import save_whole
+
+    return ["--model-path", str(save_whole(folder, text_layers=2))]
+
+
 CHECKPOINTS: dict[tuple[str, str], Callable[[Path, dict], list[str]]] = {
     ("composition", "stock folders"): lambda folder, stock: [
         *("--vision-model", str(stock["qwen2_5_vl"]), "--llm-model", str(stock["llama"]))
@@ -64,6 +70,7 @@ CHECKPOINTS: dict[tuple[str, str], Callable[[Path, dict], list[str]]] = {
     ("qwen2_vl", "qwen2_vl"): _qwen("qwen2_vl"),
     ("qwen2_vl", "qwen2_5_vl"): _qwen("qwen2_5_vl"),
     ("qwen3_vl", "qwen3_vl"): _qwen3_vl,
+    ("qwen3_vl_moe", "qwen3_vl_moe"): _qwen3_vl_moe,
 }
 """(registry family, ``model_type`` of its checkpoint; the composition's is a stock vision folder
 and a stock LLM folder) -> the model flags of a tiny checkpoint saved under a folder."""

@@ -7,8 +7,9 @@ a backward split into ``I`` + ``W`` costs more than a whole one, and a compute a
 its layers. This script fits, in one non-negative least squares over every traced compute of the given
 runs (``entrain.sim.trace_fit.joint_refit``, layers grouped by kind), per layer kind the scale of the
 analytic curves' size-dependent part and of their per-call constant, per component the split
-backward's own cost, and the per-action overhead; then prints them relative to the analytic preset
-(``CPU_TINY_KIND_SCALES``, ``CPU_TINY_ACTION_OVERHEAD_MS`` in ``entrain/core/presets.py``).
+backward's own cost, and the per-action overhead, relative to the analytic preset; and writes them where
+the preset reads them (``entrain/core/fits/cpu_tiny.json``: ``CPU_TINY_KIND_SCALES``,
+``CPU_TINY_ACTION_OVERHEAD_MS`` in ``entrain/core/presets.py``).
 
 Input: run folders of ``benchmarks/cpu_pipeline.py --paired --keep-runs DIR`` (``DIR/WORKLOAD/roundK/
 {entrain,1f1b}``), every workload and round, planned with one cost model. ``--check DIR``: other
@@ -16,7 +17,9 @@ passes' run folders, whose Plans the fit then predicts out of sample (median pai
 1F1B per workload, simulated vs real), with a leave-one-workload-out check of the fit runs.
 
 Run: ``python benchmarks/fit_cpu_tiny.py --runs DIR [--check DIR2 ...]``; writes
-``benchmarks/results/cpu_tiny_fit.{md,json}``. Copy the printed scales into ``presets.py``.
+``benchmarks/results/cpu_tiny_fit.{md,json}`` and ``entrain/core/fits/cpu_tiny.json`` (``--no-preset``:
+the report only). ``tests/core/test_presets.py`` checks that the preset and the report hold the same
+numbers.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 
 from entrain.cli.plot_trace import run_model_config
 from entrain.core.costmodel import CostModel
@@ -34,6 +39,10 @@ from entrain.sim.executor import simulate_plan
 from entrain.sim.trace_fit import joint_refit, load_run
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+PRESET_FIT = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "entrain", "core", "fits", "cpu_tiny.json"
+)
+"""Where ``cpu-tiny`` reads its fitted corrections (``entrain.core.presets.CPU_TINY_FIT``)."""
 SYSTEMS = ("1f1b", "entrain")
 WARMUP = 1
 """Steps dropped from each run's metrics (as ``cpu_paired.py`` does)."""
@@ -105,6 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", required=True, help="kept run folders of one paired pass (every workload)")
     ap.add_argument("--check", action="append", default=[], help="other passes' kept run folders")
+    ap.add_argument("--no-preset", action="store_true", help=f"write the report only, not {PRESET_FIT}")
     args = ap.parse_args()
     rounds = _rounds(args.runs)
     fitted = _fit(rounds)
@@ -154,8 +164,22 @@ def main() -> None:
     with open(os.path.join(RESULTS, "cpu_tiny_fit.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print("\nCPU_TINY_KIND_SCALES =", json.dumps(scales, indent=1))
-    print(f"CPU_TINY_ACTION_OVERHEAD_MS = {overhead:.4f}")
+    if not args.no_preset:
+        write_preset_fit(doc, " ".join(["python", "benchmarks/fit_cpu_tiny.py", *sys.argv[1:]]))
+        print(f"\nwrote {os.path.normpath(PRESET_FIT)}: cpu-tiny now plans with this fit")
+
+
+def write_preset_fit(doc: dict, command: str) -> None:
+    """The fit's numbers where ``cpu-tiny`` reads them, with the commit and command they came from."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    with open(PRESET_FIT) as f:
+        about = json.load(f)["about"]
+    out = {"about": about, "source": {"commit": commit, "command": command}, "runs": doc["runs"],
+           "action_overhead_ms": doc["action_overhead_ms"], "kind_scales": doc["kind_scales"]}  # fmt: skip
+    with open(PRESET_FIT, "w") as f:
+        f.write(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ Modelling choices (see ``docs/cost_model.md``):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from importlib import resources
 
 from entrain.core.architectures import get_arch
 from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic, parallel_key
@@ -360,59 +362,13 @@ def fitted_kind(kind: str) -> str:
     return KIND_GROUPS.get(kind, kind)
 
 
-CPU_TINY_KIND_SCALES: dict[str, dict[str, float]] = {  # fmt: skip
-    "vit_block_window": {
-        "fwd": 1.0284,
-        "fwd_const": 0.0,
-        "bwd": 0.4838,
-        "bwd_const": 0.1009,
-        "split_extra_fraction": 0.0413,
-        "split_extra_ms": 0.0,
-    },
-    "vit_block_full": {
-        "fwd": 0.5066,
-        "fwd_const": 0.5332,
-        "bwd": 0.5258,
-        "bwd_const": 0.0,
-        "split_extra_fraction": 0.038,
-        "split_extra_ms": 0.0,
-    },
-    "merger": {
-        "fwd": 0.4622,
-        "fwd_const": 0.4051,
-        "bwd": 0.3765,
-        "bwd_const": 0.6842,
-        "split_extra_fraction": 0.0531,
-        "split_extra_ms": 0.0,
-    },
-    "embedding": {
-        "fwd": 16.5026,
-        "fwd_const": 0.3668,
-        "bwd": 10.1637,
-        "bwd_const": 0.4263,
-        "split_extra_fraction": 0.0052,
-        "split_extra_ms": 0.4646,
-    },
-    "decoder_layer": {
-        "fwd": 0.5994,
-        "fwd_const": 0.0,
-        "bwd": 0.6236,
-        "bwd_const": 0.0,
-        "split_extra_fraction": 0.0846,
-        "split_extra_ms": 0.4646,
-    },
-    "head": {
-        "fwd": 0.6697,
-        "fwd_const": 0.3884,
-        "bwd": 0.4839,
-        "bwd_const": 0.2787,
-        "split_extra_fraction": 0.1091,
-        "split_extra_ms": 0.4646,
-    },
-}
+CPU_TINY_FIT = json.loads(resources.files("entrain.core").joinpath("fits/cpu_tiny.json").read_text())
+"""``entrain/core/fits/cpu_tiny.json``, which ``benchmarks/fit_cpu_tiny.py`` writes (its report:
+``benchmarks/results/cpu_tiny_fit.md``)."""
+CPU_TINY_KIND_SCALES: dict[str, dict[str, float]] = CPU_TINY_FIT["kind_scales"]
 """Per fitted kind (``fitted_kind``), the analytic curves' corrections measured on traced runs
 (``benchmarks/fit_cpu_tiny.py``, ``benchmarks/results/cpu_tiny_fit.md``; ``DeviceModel.kind_scales``)."""
-CPU_TINY_ACTION_OVERHEAD_MS = 0.3294
+CPU_TINY_ACTION_OVERHEAD_MS: float = CPU_TINY_FIT["action_overhead_ms"]
 """Per compute action, outside its layers (``HardwareSpec.action_overhead_ms``), from the same fit."""
 CPU_SPEC = HardwareSpec(
     name="cpu-tiny",

@@ -19,8 +19,8 @@ over the built-in generators (10,000 samples per dataset, seed 0). The dataset i
 not touched: they are calibrated to Fig. 3 and FineVision (``entrain/data/calibration/bounds.json``).
 
 Run: ``python benchmarks/fit_a40_fig4.py`` (a few seconds); writes
-``benchmarks/results/a40_fig4_fit.md``. Copy the printed factors into
-``entrain/core/presets.py`` (``A40_FIG4_EFFICIENCY``).
+``benchmarks/results/a40_fig4_fit.md`` and the factors where the preset reads them,
+``entrain/core/fits/a40_fig4.json`` (``A40_FIG4_EFFICIENCY`` in ``entrain/core/presets.py``).
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ import pathlib
 from dataclasses import replace
 
 import numpy as np
+from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run from this folder)
 
 from entrain.core.architectures import get_arch
 from entrain.core.presets import (
     A40_FLOPS_EFFICIENCY,
     A40_MEMORY_BYTES_PER_MS,
-    _a40_device,
+    a40_device,
     cost_model_for,
     layer_specs,
 )
@@ -68,7 +69,7 @@ def _component_coefficients(llm_eff: float, score_eff: float) -> dict[str, tuple
     """Whole-component forward+backward ``(a, b)`` per component (no per-call constants)."""
     arch = get_arch(MODEL)
     counts = {c: len(v) for c, v in layer_specs(arch).items()}
-    dev = _a40_device("a40-fig4", MODEL, A40_FLOPS_EFFICIENCY, llm_eff, counts)
+    dev = a40_device("a40-fig4", MODEL, A40_FLOPS_EFFICIENCY, llm_eff, counts)
     rate = A40_MEMORY_BYTES_PER_MS * score_eff
     dev = replace(dev, score_bytes_per_ms={"encoder": rate, "llm": rate})
     cost = cost_model_for(arch, dev, hardware_name="a40-fig4", attention=ATTENTION)
@@ -143,9 +144,9 @@ def main() -> None:
         lines.append(f"| {d} | {cells} | {paper[d]} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    print(f'A40_FIG4_EFFICIENCY = {{"llm": {llm_eff}, "scores": {score_eff}}}')
     out = pathlib.Path(__file__).parent / "results" / "a40_fig4_fit.md"
     out.write_text(text, encoding="utf-8")
+    write_preset_fit("a40_fig4", {"llm": llm_eff, "scores": score_eff})
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ models) is then set so that paper Eq. 2 times of Table 1's Entrain configs match
 of Fig. 11 in the geometric mean.
 
 Run: ``python benchmarks/fit_a40_paper.py`` (about a minute); writes
-``benchmarks/results/a40_paper_fit.md``. Copy the printed factors into
-``entrain/core/presets.py`` (``A40_PAPER_EFFICIENCY``).
+``benchmarks/results/a40_paper_fit.md`` and the factors where the preset reads them,
+``entrain/core/fits/a40_paper.json`` (``A40_PAPER_EFFICIENCY`` in ``entrain/core/presets.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import math
 import pathlib
 
 import numpy as np
+from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run from this folder)
 
 from entrain.cli.bench_report import SHORT, paper_figures
 from entrain.core.architectures import get_arch
@@ -33,7 +34,7 @@ from entrain.core.planning.profile import (
     pool_sampler,
     proportional_allocation,
 )
-from entrain.core.presets import A40_FLOPS_EFFICIENCY, _a40_device, cost_model_for, layer_specs
+from entrain.core.presets import A40_FLOPS_EFFICIENCY, a40_device, cost_model_for, layer_specs
 from entrain.data.generators import generate_samples
 
 GPUS_PER_REPLICA = 16
@@ -60,7 +61,7 @@ def cost(model: str, enc_eff: float, llm_eff: float):
     arch = get_arch(model)
     counts = {c: len(v) for c, v in layer_specs(arch).items()}
     return cost_model_for(
-        arch, _a40_device("a40-paper", model, enc_eff, llm_eff, counts), hardware_name="a40-paper"
+        arch, a40_device("a40-paper", model, enc_eff, llm_eff, counts), hardware_name="a40-paper"
     )
 
 
@@ -213,6 +214,8 @@ def main() -> None:
     out = pathlib.Path(__file__).parent / "results" / "a40_paper_fit.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    llm = {m: round(float(v), 4) for m, v in llm_eff_fit.items()}
+    write_preset_fit("a40_paper", {"encoder": round(float(enc_eff_fit), 4), "llm": llm})
 
 
 if __name__ == "__main__":

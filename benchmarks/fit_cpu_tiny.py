@@ -28,8 +28,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
+
+from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run from this folder)
 
 from entrain.cli.plot_trace import run_model_config
 from entrain.core.costmodel import CostModel
@@ -39,10 +39,6 @@ from entrain.sim.executor import simulate_plan
 from entrain.sim.trace_fit import joint_refit, load_run
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-PRESET_FIT = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "entrain", "core", "fits", "cpu_tiny.json"
-)
-"""Where ``cpu-tiny`` reads its fitted corrections (``entrain.core.presets.CPU_TINY_FIT``)."""
 SYSTEMS = ("1f1b", "entrain")
 WARMUP = 1
 """Steps dropped from each run's metrics (as ``cpu_paired.py`` does)."""
@@ -114,7 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", required=True, help="kept run folders of one paired pass (every workload)")
     ap.add_argument("--check", action="append", default=[], help="other passes' kept run folders")
-    ap.add_argument("--no-preset", action="store_true", help=f"write the report only, not {PRESET_FIT}")
+    ap.add_argument("--no-preset", action="store_true", help="write the report only, not entrain/core/fits")
     args = ap.parse_args()
     rounds = _rounds(args.runs)
     fitted = _fit(rounds)
@@ -165,21 +161,7 @@ def main() -> None:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     if not args.no_preset:
-        write_preset_fit(doc, " ".join(["python", "benchmarks/fit_cpu_tiny.py", *sys.argv[1:]]))
-        print(f"\nwrote {os.path.normpath(PRESET_FIT)}: cpu-tiny now plans with this fit")
-
-
-def write_preset_fit(doc: dict, command: str) -> None:
-    """The fit's numbers where ``cpu-tiny`` reads them, with the commit and command they came from."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    with open(PRESET_FIT) as f:
-        about = json.load(f)["about"]
-    out = {"about": about, "source": {"commit": commit, "command": command}, "runs": doc["runs"],
-           "action_overhead_ms": doc["action_overhead_ms"], "kind_scales": doc["kind_scales"]}  # fmt: skip
-    with open(PRESET_FIT, "w") as f:
-        f.write(json.dumps(out, indent=1) + "\n")
+        write_preset_fit("cpu_tiny", {k: doc[k] for k in ("runs", "action_overhead_ms", "kind_scales")})
 
 
 if __name__ == "__main__":

@@ -290,15 +290,21 @@ A40_SPEC = HardwareSpec(
 128x128 output tile of a layer's widest GEMM: ViT MLP (3,420 columns = 27 tiles, 4 row tiles = 512
 patches), Llama 3.2 MLP (8,192 columns = 64 tiles, 2 row tiles = 256 tokens)."""
 
+
+def fitted(name: str) -> dict:
+    """The numbers a fit of ``benchmarks/`` wrote for a preset: ``entrain/core/fits/NAME.json``."""
+    return json.loads(resources.files("entrain.core").joinpath(f"fits/{name}.json").read_text())
+
+
 # Fitted by benchmarks/fit_a40_paper.py (see benchmarks/results/a40_paper_fit.md and docs/cost_model.md):
 # per-component efficiency factors (fraction of the bf16 peak) of the a40-paper preset.
+_A40_PAPER_FIT = fitted("a40_paper")
 A40_PAPER_EFFICIENCY = {
-    "encoder": 0.0855,
+    "encoder": _A40_PAPER_FIT["encoder"],
     "llm": {
-        "qwen25vl-llama3-1b": 0.0736,
-        "qwen25vl-llama3-3b": 0.1203,
-        "qwen25vl-fullatt-llama3-1b": 0.0736,
-        "tiny": 0.0736,
+        **_A40_PAPER_FIT["llm"],
+        "qwen25vl-fullatt-llama3-1b": _A40_PAPER_FIT["llm"]["qwen25vl-llama3-1b"],
+        "tiny": _A40_PAPER_FIT["llm"]["qwen25vl-llama3-1b"],
     },
 }
 """Only ``encoder / llm`` matters for the GPU splits (all 8 b=256 splits of Tables 2, 5-11 reproduced);
@@ -307,14 +313,14 @@ mean. ``tiny`` and ``qwen25vl-fullatt-llama3-1b`` borrow the 1B factor."""
 
 
 # Fitted by benchmarks/fit_a40_fig4.py (see benchmarks/results/a40_fig4_fit.md and docs/cost_model.md).
-A40_FIG4_EFFICIENCY = {"llm": 0.075, "scores": 0.097}
+A40_FIG4_EFFICIENCY = {k: fitted("a40_fig4")[k] for k in ("llm", "scores")}
 """``a40-fig4``: the setup of paper Fig. 4 (per-sample encoder:LLM ratios of a full-attention
 "Qwen2Vision" tower with eager attention next to Llama3-1B). Encoder GEMMs at ``a40-flops``' 0.45;
 fitted: the LLM's efficiency (one ~400-token sample per call) and the memory rate of the eager
 score traffic, both as fractions of the A40's peak."""
 
 
-def _a40_device(name: str, model: str, encoder_eff: float, llm_eff: float, layer_counts: dict) -> DeviceModel:
+def a40_device(name: str, model: str, encoder_eff: float, llm_eff: float, layer_counts: dict) -> DeviceModel:
     eff = {"encoder": encoder_eff, "llm": llm_eff}
     return DeviceModel(
         spec=replace(A40_SPEC, name=name),
@@ -362,7 +368,7 @@ def fitted_kind(kind: str) -> str:
     return KIND_GROUPS.get(kind, kind)
 
 
-CPU_TINY_FIT = json.loads(resources.files("entrain.core").joinpath("fits/cpu_tiny.json").read_text())
+CPU_TINY_FIT = fitted("cpu_tiny")
 """``entrain/core/fits/cpu_tiny.json``, which ``benchmarks/fit_cpu_tiny.py`` writes (its report:
 ``benchmarks/results/cpu_tiny_fit.md``)."""
 CPU_TINY_KIND_SCALES: dict[str, dict[str, float]] = CPU_TINY_FIT["kind_scales"]
@@ -498,13 +504,13 @@ def build_cost_model(
     model = arch.name
     counts = {c: len(v) for c, v in layer_specs(arch, label_fraction).items()}
     if hardware == "a40-flops":
-        dev = _a40_device(hardware, model, A40_FLOPS_EFFICIENCY, A40_FLOPS_EFFICIENCY, counts)
+        dev = a40_device(hardware, model, A40_FLOPS_EFFICIENCY, A40_FLOPS_EFFICIENCY, counts)
     elif hardware == "a40-paper":
         llm_eff = A40_PAPER_EFFICIENCY["llm"].get(model, A40_FLOPS_EFFICIENCY)
-        dev = _a40_device(hardware, model, A40_PAPER_EFFICIENCY["encoder"], llm_eff, counts)
+        dev = a40_device(hardware, model, A40_PAPER_EFFICIENCY["encoder"], llm_eff, counts)
         dev.notes["fit"] = "benchmarks/fit_a40_paper.py"
     elif hardware == "a40-fig4":
-        dev = _a40_device(hardware, model, A40_FLOPS_EFFICIENCY, A40_FIG4_EFFICIENCY["llm"], counts)
+        dev = a40_device(hardware, model, A40_FLOPS_EFFICIENCY, A40_FIG4_EFFICIENCY["llm"], counts)
         score_rate = A40_MEMORY_BYTES_PER_MS * A40_FIG4_EFFICIENCY["scores"]
         dev = replace(dev, score_bytes_per_ms={"encoder": score_rate, "llm": score_rate})
         dev.notes.update(

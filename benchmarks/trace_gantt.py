@@ -3,8 +3,8 @@
 Runs the CPU benchmark's configuration (``cpu_pipeline.CONFIG``: the tiny VLM on ``skewed``, 1
 encoder + 1 LLM stage on 2 processes) with ``entrain train --trace`` for Entrain and for 1F1B, then
 ``entrain plot-trace`` on each run's last step. Writes ``docs/trace_gantt_<system>.png`` and
-``benchmarks/results/trace_gantt.json`` (real and simulated iteration times, CPU idle fraction
-measured before the runs).
+``benchmarks/results/trace_gantt.json`` (the commit and command, real and simulated iteration times,
+CPU idle fraction measured before the runs).
 
     flock /tmp/entrain-bench.lock python benchmarks/trace_gantt.py [--steps 4]
 """
@@ -36,7 +36,12 @@ def main() -> int:
     for key, value in CONFIG.items():
         cmd += ["--" + key.replace("_", "-"), str(value)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     results = {
+        "source": {
+            "commit": head.stdout.strip(),
+            "command": f"python benchmarks/trace_gantt.py --steps {args.steps}",
+        },
         "cpu_idle_before": round(fraction, 3),
         "idle_check_passed": idle,
         "steps": args.steps,

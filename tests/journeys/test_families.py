@@ -55,6 +55,18 @@ def _qwen3_vl(folder: Path, stock: dict) -> list[str]:
     return ["--model-path", str(save_whole(folder, text_layers=3, vision_depth=4))]
 
 
+def _qwen2_5_omni(whole: bool) -> Callable[[Path, dict], list[str]]:
+    def save(folder: Path, stock: dict) -> list[str]:
+        from tests.models.qwen2_5_omni_tiny import save_whole, save_whole_omni
+
+        saved = (save_whole_omni if whole else save_whole)(
+            folder, text_layers=2, vision_depth=2, audio_layers=1
+        )
+        return ["--model-path", str(saved)]
+
+    return save
+
+
 def _qwen3_vl_moe(folder: Path, stock: dict) -> list[str]:
     from tests.models.qwen3_vl_moe_tiny import save_whole
 
@@ -71,6 +83,8 @@ CHECKPOINTS: dict[tuple[str, str], Callable[[Path, dict], list[str]]] = {
     ("qwen2_vl", "qwen2_5_vl"): _qwen("qwen2_5_vl"),
     ("qwen3_vl", "qwen3_vl"): _qwen3_vl,
     ("qwen3_vl_moe", "qwen3_vl_moe"): _qwen3_vl_moe,
+    ("qwen2_5_omni", "qwen2_5_omni_thinker"): _qwen2_5_omni(whole=False),
+    ("qwen2_5_omni", "qwen2_5_omni"): _qwen2_5_omni(whole=True),
 }
 """(registry family, ``model_type`` of its checkpoint; the composition's is a stock vision folder
 and a stock LLM folder) -> the model flags of a tiny checkpoint saved under a folder."""

@@ -173,3 +173,40 @@ def mixed_samples() -> list[Sample]:
         make_sample(5, [("video+audio", (4, 4, 4), 1.0, 200)]),
         make_sample(6, [("audio", 20), ("image", (1, 8, 4)), ("video", (2, 4, 4), 2.0), ("audio", 9)]),
     ]
+
+
+def whole_omni(*, seed: int = 0, **kwargs):
+    """A random whole ``Qwen2_5OmniForConditionalGeneration``: the thinker of ``config(**kwargs)``, a
+    one-layer talker and token2wav."""
+    from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
+
+    torch.manual_seed(seed)
+    ids = dict(tts_text_start_token_id=240, tts_text_end_token_id=241, tts_text_pad_token_id=242,
+               tts_codec_start_token_id=60, tts_codec_end_token_id=61, tts_codec_pad_token_id=62,
+               tts_codec_mask_token_id=63, vision_start_token_id=VSTART, vision_end_token_id=VEND,
+               audio_start_token_id=ASTART, audio_end_token_id=AEND, image_token_index=IMAGE,
+               video_token_index=VIDEO, audio_token_index=AUDIO)  # fmt: skip
+    talker = dict(vocab_size=VOCAB, embedding_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}, **ids)  # fmt: skip
+    dit = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, emb_dim=16, head_dim=16, num_embeds=64,
+               mel_dim=8, enc_emb_dim=16, enc_dim=16, enc_channels=[16, 16, 16, 16, 48], enc_attention_channels=8,
+               enc_se_channels=8, look_ahead_layers=[0], look_backward_layers=[0])  # fmt: skip
+    bigvgan = dict(
+        mel_dim=8, upsample_initial_channel=16, upsample_rates=[2, 2], upsample_kernel_sizes=[4, 4]
+    )
+    cfg = Qwen2_5OmniConfig(thinker_config=config(**kwargs).to_dict(), talker_config=talker,
+                            token2wav_config={"dit_config": dit, "bigvgan_config": bigvgan})  # fmt: skip
+    model = Qwen2_5OmniForConditionalGeneration(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def save_whole_omni(folder: Path, **kwargs) -> Path:
+    """``whole_omni(**kwargs)`` saved to ``folder``: the layout of a published Qwen2.5-Omni checkpoint
+    (``thinker.*``, ``talker.*``, ``token2wav.*`` tensors, a ``spk_dict.pt``; no speakers in it)."""
+    whole_omni(**kwargs).save_pretrained(folder, max_shard_size="200KB")
+    torch.save({}, folder / "spk_dict.pt")  # the speakers file transformers' from_pretrained reads
+    return folder

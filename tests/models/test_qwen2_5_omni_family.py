@@ -176,3 +176,20 @@ def test_export_loads_in_transformers_with_every_tensor(model, folder, tmp_path)
     back = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(tmp_path / "out")
     for n, p in back.named_parameters():
         assert torch.equal(p, params[n]), n
+
+
+def test_a_whole_qwen2_5_omni_folder_trains_its_thinker(tmp_path):
+    """A published-layout folder (``qwen2_5_omni``: thinker, talker, token2wav) builds its thinker with
+    every tensor read from ``thinker.*``; the family claims it."""
+    from entrain.models.families.base import ModelSource
+    from entrain.models.families.registry import family_of_source
+    from tests.models.qwen2_5_omni_tiny import save_whole_omni, whole_omni
+
+    sizes = dict(text_layers=1, vision_depth=1, audio_layers=1)
+    folder = save_whole_omni(tmp_path / "whole", **sizes)
+    assert family_of_source(ModelSource(model_path=str(folder))).name == "qwen2_5_omni"
+    thinker = om.build_model(str(folder))
+    want = dict(whole_omni(**sizes).thinker.named_parameters())
+    got = dict(thinker.named_parameters())
+    assert set(got) == set(want)
+    assert all(torch.equal(got[n], want[n]) for n in want)

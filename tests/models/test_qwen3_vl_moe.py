@@ -22,7 +22,6 @@ from tests.models.qwen3_vl_tiny import IMAGE, make_sample
 REL = 1e-5
 ENCODER_LAYERS, LLM_LAYERS = 4, 8  # patch_embed + 2 blocks + merger; embed + 4 layers + norm + lm_head + loss
 CUTS = {  # decoder layer k is LLM list index k + 1; layer 0 dense, 1-3 sparse
-    "whole": ([], []),
     "sparse_apart": ([2], [2, 3, 4]),  # router_stats made on one stage, added to on two, consumed last
     "dense_alone": ([1, 3], [1, 2, 6]),  # embed | dense layer 0 (no stats yet) | sparse 1-3 + norm | head
 }
@@ -226,3 +225,36 @@ def test_export_loads_in_transformers_with_every_tensor(model, folder, tmp_path)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     for n, p in loaded.named_parameters():
         assert torch.equal(p, params[n]), n
+
+
+def test_recomputed_layers_keep_the_auxiliary_gradient(folder, reference):
+    """Under full activation recomputation the router logits kept for the statistics come from inside
+    a recomputed layer; the gradient still reaches every router (selective recomputation wraps only
+    the attention)."""
+    from entrain.runtime.recompute import apply_recompute
+
+    model = mm.build_model(str(folder)).double()
+    cuts = CUTS["sparse_apart"]
+    for stage in [mm.build_stage(model, "llm", a, b) for a, b in zip([0, *cuts[1]], [*cuts[1], LLM_LAYERS])]:
+        stage.entrain_family = "qwen3_vl_moe"
+        assert apply_recompute(stage, "full")
+    s = samples()
+    assert_equal_steps(staged_step(model, cuts, [s[:1], s[1:]]), reference)
+
+
+def test_without_output_router_logits_the_loss_has_no_auxiliary_term(model, transformers_run):
+    """A checkpoint whose ``output_router_logits`` is off: no ``router_stats`` part, and the loss and
+    every gradient are transformers' without the auxiliary term."""
+    hf, outs = transformers_run
+    text = hf.config.text_config
+    ce = sum((o.loss - text.router_aux_loss_coef * o.aux_loss) * w for o, w in zip(outs, weights(samples())))
+    named = [(n, p) for n, p in hf.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(ce, [p for _, p in named], retain_graph=True, allow_unused=True)
+    want = ce.detach(), {n: g for (n, _), g in zip(named, grads) if g is not None}
+    model.config.text_config.output_router_logits = False
+    try:
+        assert ROUTER_STATS not in mm.build_stage(model, "llm", 0, 4).parts_out()
+        s = samples()
+        assert_equal_steps(staged_step(model, CUTS["sparse_apart"], [s[:1], s[1:]]), want)
+    finally:
+        model.config.text_config.output_router_logits = True

@@ -13,11 +13,11 @@ tokens ``tiles x image_seq_length``, between ``<img>`` and ``</img>``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.base import ModelSource
 from entrain.models.families.internvl.presets import PRESETS
 from entrain.models.families.internvl.processing import (
     InternVLImageRule,
@@ -26,6 +26,7 @@ from entrain.models.families.internvl.processing import (
     read_processor_config,
 )
 from entrain.models.families.internvl.spec import InternVLShape, shape_from_config
+from entrain.models.families.tiled_family import TiledFamily
 
 if TYPE_CHECKING:
     from torch import nn
@@ -56,7 +57,7 @@ class InternVLRunConfig:
         return INTERNVL_FAMILY.layer_names(self.shape, component)
 
 
-class InternVLFamily(FamilyBase):
+class InternVLFamily(TiledFamily):
     name = FAMILY
     description = "InternVL: InternViT 448-px dynamic tiles + pixel shuffle + projector + Qwen2/Qwen3/Llama (--model-path; internvl35-8b: cost model only)"
 
@@ -87,26 +88,13 @@ class InternVLFamily(FamilyBase):
         where = os.path.join(folder, "config.json")
         return shape_from_config(read_config(folder), f"hf:{folder}", where, read_processor_config(folder))
 
-    def layer_names(self, shape: InternVLShape, component: str) -> list[str]:
-        if component == "encoder":
-            return ["embeddings", *(f"layers.{i}" for i in range(shape.vision.num_layers)), "merger"]
-        if component == "llm":
-            layers = [f"layers.{i}" for i in range(shape.llm.num_hidden_layers)]
-            return ["embed_tokens", *layers, "norm", "lm_head", "loss"]
-        raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
-
     def image_rule(
         self, shape: InternVLShape, min_pixels: int | None, max_pixels: int | None
     ) -> InternVLImageRule:
         """Dynamic tiles (``--min-pixels`` / ``--max-pixels`` do not apply: ConfigError if given, unless
         they are the rule's own placeholders, which a plan file records and ``train --plan`` replays)."""
-        rule = InternVLImageRule(shape.rules)
-        if min_pixels not in (None, rule.min_pixels) or max_pixels not in (None, rule.max_pixels):
-            raise ConfigError(
-                f"--min-pixels / --max-pixels: {FAMILY} tiles every image (min_patches..max_patches tiles of "
-                "preprocessor_config.json), no pixel limits"
-            )
-        return rule
+        how = "min_patches..max_patches tiles of preprocessor_config.json"
+        return self.no_pixel_limits(InternVLImageRule(shape.rules), min_pixels, max_pixels, how)
 
     # --- runtime ---------------------------------------------------------------------------------
     def runtime_config(
@@ -152,22 +140,6 @@ class InternVLFamily(FamilyBase):
         from entrain.models.families.internvl.model import set_trainable
 
         set_trainable(model, encoder=encoder, merger=merger, llm=llm)
-
-    def encoder_output_width(self, stage: nn.Module) -> int:
-        return stage.projector.linear_2.out_features if stage.has_merger else stage.tower.config.hidden_size
-
-    def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
-        from entrain.models.families.internvl.model import stage_layers
-
-        layers, attention = stage_layers(stage)
-        if mode == "none":
-            return []
-        return [getattr(layer, attention) for layer in layers] if mode == "selective" else layers
-
-    def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
-        from entrain.models.families.internvl.model import stage_layers
-
-        return stage_layers(stage)[0]
 
     # --- processing rules --------------------------------------------------------------------------
     def image_grids(self, cfg: InternVLRunConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
@@ -231,14 +203,8 @@ class InternVLFamily(FamilyBase):
         return export(manifest, params, out_dir)
 
     # --- profiler ----------------------------------------------------------------------------------
-    def representative_config(self, cfg: InternVLRunConfig):
-        """One InternViT layer and one decoder layer (every layer of a kind costs the same)."""
-        s = cfg.shape
-        small = replace(s, vision=replace(s.vision, num_layers=1), llm=replace(s.llm, num_hidden_layers=1))
-        d, n = s.vision.num_layers, s.llm.num_hidden_layers
-        enc = {0: 0, d + 1: 2, **{i + 1: 1 for i in range(d)}}
-        llm = {0: 0, n + 1: 2, n + 2: 3, n + 3: 4, **{i + 1: 1 for i in range(n)}}
-        return InternVLRunConfig(small, cfg.folder, (1, 1)), {"encoder": enc, "llm": llm}
+    def reduced_config(self, cfg: InternVLRunConfig, small: InternVLShape) -> InternVLRunConfig:
+        return InternVLRunConfig(small, cfg.folder, (1, 1))
 
     def profile_input(
         self, cfg: InternVLRunConfig, component: str, layer: int, tokens: int, device, per_label: bool

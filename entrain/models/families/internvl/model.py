@@ -10,8 +10,9 @@ patch 14), ``D`` InternViT width, ``M`` LLM image tokens (``n x image_seq_length
   ``[M, H]`` in tile order (each image's grid tiles, then its thumbnail), the order in which
   ``InternVLModel`` scatters them into the ``<IMG_CONTEXT>`` positions.
 * **LLM** layers: ``[embed_tokens, decoder layers..., norm, lm_head, loss]`` of the language model
-  (Qwen2, Qwen3 or Llama), packed samples with 1-D positions restarting per sample (LLaVA-OneVision's
-  ``LLMStage``: the same ``model.language_model`` / ``lm_head`` layout).
+  (Qwen2, Qwen3 or Llama), packed samples with 1-D positions restarting per sample
+  (``entrain.models.families.tiled_model``: the layout, loading and LLM stages it shares with
+  LLaVA-OneVision).
 
 Parameters keep transformers' names (``model.vision_tower...``, ``model.multi_modal_projector...``,
 ``model.language_model...``, ``lm_head.weight``), so gradients compare with transformers' model tensor
@@ -23,15 +24,14 @@ checkpoint's lm_head is its embedding, trained untied).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from entrain.core.errors import ConfigError
-from entrain.models.families.composition.attention import PACKED_ATTENTION
+from entrain.models.families import tiled_model as tiled
 from entrain.models.families.internvl.spec import check_supported
-from entrain.models.families.llava_onevision import model as ov
+from entrain.models.families.tiled_model import PROJECTOR, VISION, rows_to_tiles, tiles_to_rows
 
 __all__ = [
     "InternVLModel",
@@ -41,7 +41,6 @@ __all__ = [
     "hf_config_of",
     "build_model",
     "build_stage",
-    "stage_layers",
     "set_trainable",
     "tiles_to_rows",
     "rows_to_tiles",
@@ -49,25 +48,12 @@ __all__ = [
 ]
 
 FAMILY = "internvl"
-VISION = "model.vision_tower."
-PROJECTOR = "model.multi_modal_projector."
-tiles_to_rows, rows_to_tiles = ov.tiles_to_rows, ov.rows_to_tiles
 
 
 def read_config(folder: str):
     """The folder's ``InternVLConfig`` (ConfigError naming the file if it is not one we train)."""
-    from transformers import AutoConfig
-
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: no config.json")
-    try:
-        cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: transformers cannot read it ({e})") from None
-    if cfg.model_type != FAMILY:
-        raise ConfigError(f"{path}: model_type {cfg.model_type!r} is not {FAMILY}")
-    check_supported(cfg.to_dict(), path)
+    cfg = tiled.read_hf_config(folder, FAMILY)
+    check_supported(cfg.to_dict(), os.path.join(folder, "config.json"))
     return cfg
 
 
@@ -83,38 +69,19 @@ def hf_config_of(run_cfg):
     return cfg
 
 
-class InternVLModel(nn.Module):
-    """Holds transformers' model (``.hf``); trained with an untied lm_head."""
+class InternVLModel(tiled.TiledModel):
+    """Holds transformers' ``InternVLForConditionalGeneration`` (``.hf``); trained with an untied lm_head."""
 
     entrain_family = FAMILY
 
     def __init__(self, cfg, *, meta: bool, run_cfg=None):
-        super().__init__()
-        self.cfg = run_cfg
-        """The family's run config (``family.InternVLRunConfig``; None for a bare model)."""
         from transformers import InternVLForConditionalGeneration
 
         check_supported(cfg.to_dict())
-        cfg.tie_word_embeddings = False
-        cfg.text_config.tie_word_embeddings = False
-        cfg.text_config._attn_implementation = PACKED_ATTENTION
-        self.config = cfg
-        if not meta:
-            self.hf = InternVLForConditionalGeneration(cfg)
-            return
-        with torch.device("meta"):
-            self.hf = InternVLForConditionalGeneration(cfg)
-        lm = self.hf.model.language_model
-        lm.rotary_emb = type(lm.rotary_emb)(config=cfg.text_config)
-
-    def layer_names(self, component: str) -> list[str]:
-        if component == "encoder":
-            n = self.config.vision_config.num_hidden_layers
-            return ["embeddings", *(f"layers.{i}" for i in range(n)), "merger"]
-        if component == "llm":
-            layers = [f"layers.{i}" for i in range(self.config.text_config.num_hidden_layers)]
-            return ["embed_tokens", *layers, "norm", "lm_head", "loss"]
-        raise ConfigError(f"unknown component {component!r} (encoder or llm)")
+        layers = cfg.vision_config.num_hidden_layers
+        super().__init__(
+            cfg, InternVLForConditionalGeneration, meta=meta, run_cfg=run_cfg, feature_layers=layers
+        )
 
 
 def build_model(
@@ -124,10 +91,7 @@ def build_model(
     device with only the parameters of ``stages`` ((component, first, end); None: all) read as float32
     CPU tensors."""
     model = InternVLModel(config if config is not None else read_config(folder), meta=True, run_cfg=run_cfg)
-    if stages is None:
-        stages = [(c, 0, len(model.layer_names(c))) for c in ("encoder", "llm")]
-    names = [n for c, a, b in stages for n, _ in build_stage(model, c, a, b).owned_parameters()]
-    ov.materialize(model, names, folder)
+    tiled.load_stages(model, folder, stages, build_stage)
     return model
 
 
@@ -145,10 +109,6 @@ def set_trainable(
             p.requires_grad_(llm)
 
 
-def _owned(prefix: str, parts: Iterable[tuple[str, nn.Module]]) -> list[tuple[str, nn.Parameter]]:
-    return [(f"{prefix}{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
-
-
 def tiles_of(grid: torch.Tensor) -> int:
     """Tiles of the seam's ``[images, 3]`` grid rows ``(tiles, side, side)``."""
     if grid.dim() != 2 or grid.shape[1] != 3:
@@ -158,24 +118,13 @@ def tiles_of(grid: torch.Tensor) -> int:
     return int(grid[:, 0].sum())
 
 
-class EncoderStage(nn.Module):
+class EncoderStage(tiled.TowerStage):
     """Encoder layers ``[first, end)`` of ``[embeddings, layers..., merger]``.
 
     Input: ``[n * P, C * patch**2]`` patch rows (first stage) or ``[n * (P + 1), D]`` states. Output:
     ``[n * (P + 1), D]`` or, after the merger, ``[M, H]`` LLM image tokens in tile order."""
 
     entrain_family = FAMILY
-
-    def __init__(self, model: InternVLModel, first: int, end: int):
-        super().__init__()
-        self.tower = model.hf.model.vision_tower
-        self.projector = model.hf.model.multi_modal_projector
-        object.__setattr__(self, "outer", model.hf.model)  # pixel_shuffle; no submodule
-        k = model.config.vision_config.num_hidden_layers
-        self.first, self.end = first, end
-        self.has_embeddings = first == 0
-        self.layer_ids = list(range(max(first, 1) - 1, min(end, k + 1) - 1))
-        self.has_merger = end == k + 2
 
     def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
         tower = self.tower
@@ -185,14 +134,14 @@ class EncoderStage(nn.Module):
         parts += [(f"encoder.layer.{i}", tower.encoder.layer[i]) for i in self.layer_ids]
         if self.has_merger:
             parts.append(("layernorm", tower.layernorm))
-        owned = _owned(VISION, parts)
+        params = tiled.owned(VISION, parts)
         if self.has_merger:
-            owned += [(f"{PROJECTOR}{n}", p) for n, p in self.projector.named_parameters()]
-        return owned
+            params += [(f"{PROJECTOR}{n}", p) for n, p in self.projector.named_parameters()]
+        return params
 
-    def move_to(self, device: torch.device) -> None:
-        for _, p in self.owned_parameters():
-            p.data = p.data.to(device)
+    def transformer_layers(self) -> tuple[list[nn.Module], str]:
+        """The InternViT layers the stage runs, and the name of their attention sub-module."""
+        return [self.tower.encoder.layer[i] for i in self.layer_ids], "attention"
 
     def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         n = tiles_of(grid)
@@ -219,25 +168,14 @@ class EncoderStage(nn.Module):
         return x.reshape(-1, x.shape[-1])
 
 
-class LLMStage(ov.LLMStage):
-    """LLM layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]`` (LLaVA-OneVision's
-    stage: the same ``model.language_model`` / ``lm_head`` modules and names)."""
+class LLMStage(tiled.LLMStage):
+    """LLM layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]``
+    (``tiled_model.LLMStage``)."""
 
     entrain_family = FAMILY
-
-
-def stage_layers(stage: EncoderStage | LLMStage) -> tuple[list[nn.Module], str]:
-    """The transformer layers a stage runs, and the name of their attention sub-module."""
-    if isinstance(stage, EncoderStage):
-        return [stage.tower.encoder.layer[i] for i in stage.layer_ids], "attention"
-    return [stage.llm.model.layers[i] for i in stage.layer_ids], "self_attn"
+    """Not the base class's: the runtime asks this family (recompute, FSDP units) for the stage."""
 
 
 def build_stage(model: InternVLModel, component: str, first: int, end: int) -> EncoderStage | LLMStage:
     """The stage module of layers ``[first, end)`` of ``component`` (``encoder`` or ``llm``)."""
-    n = len(model.layer_names(component))
-    if not 0 <= first < end <= n:
-        raise ConfigError(f"{component} stage layers [{first}, {end}) outside 0..{n}")
-    if component == "encoder":
-        return EncoderStage(model, first, end)
-    return LLMStage(model, first, end)
+    return tiled.build_stage(model, component, first, end, EncoderStage, LLMStage)

@@ -2,16 +2,14 @@
 
 The encoder's unit is a tile: an input of ``tokens`` tokens is ``max(1, round(tokens / P))`` tiles of
 ``P`` patches (each its own InternViT sequence with its CLS token), reported as ``tiles x P`` units.
-The LLM's inputs are the composition's (one packed sample).
+The LLM's inputs are the composition's (one packed sample: ``tiled_model.llm_profile_input``).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
-from entrain.models.families.composition.profiling import llm_input
+from entrain.models.families.tiled_model import llm_profile_input
 
 __all__ = ["profile_input"]
 
@@ -31,5 +29,4 @@ def profile_input(cfg, component: str, layer: int, tokens: int, device: torch.de
     """``ModelFamily.profile_input``: the one-layer stage's forward args and units."""
     if component == "encoder":
         return _encoder_input(cfg, layer, tokens, device)
-    view = SimpleNamespace(llm=cfg.shape.llm, llm_layer_names=cfg.layer_names("llm"))
-    return llm_input(view, layer, tokens, device, per_label)
+    return llm_profile_input(cfg, layer, tokens, device, per_label)

@@ -17,6 +17,7 @@ from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
 from entrain.core.layer_specs import LayerSpec, llm_specs
 from entrain.models.families.internvl.processing import InternVLRules
+from entrain.models.families.tiled_family import required
 
 __all__ = ["InternViTArch", "InternVLShape", "shape_from_config", "TEXT_MODEL_TYPES"]
 
@@ -157,12 +158,6 @@ def _llm_specs(shape: InternVLShape, label_fraction: float | None) -> list[Layer
     ]
 
 
-def _req(d: dict, key: str, where: str):
-    if key not in d:
-        raise ConfigError(f"{where}: missing field {key!r}")
-    return d[key]
-
-
 def _side(value, where: str, key: str) -> int:
     """A square ``image_size`` / ``patch_size`` (an int or ``[h, w]`` with h == w)."""
     if isinstance(value, (list, tuple)):
@@ -252,16 +247,16 @@ def shape_from_config(config: dict, name: str, where: str = "config.json", proce
         final_norm=not vision.get("use_mean_pooling", True),
     )
     w = f"{where}: text_config"
-    heads = int(_req(text, "num_attention_heads", w))
+    heads = int(required(text, "num_attention_heads", w))
     kind = text.get("model_type", "qwen2")
     llm = LLMArch(
-        num_hidden_layers=int(_req(text, "num_hidden_layers", w)),
-        hidden_size=int(_req(text, "hidden_size", w)),
-        intermediate_size=int(_req(text, "intermediate_size", w)),
+        num_hidden_layers=int(required(text, "num_hidden_layers", w)),
+        hidden_size=int(required(text, "hidden_size", w)),
+        intermediate_size=int(required(text, "intermediate_size", w)),
         num_attention_heads=heads,
         num_key_value_heads=int(text.get("num_key_value_heads") or heads),
         head_dim=int(text["head_dim"]) if text.get("head_dim") else None,
-        vocab_size=int(_req(text, "vocab_size", w)),
+        vocab_size=int(required(text, "vocab_size", w)),
         tie_word_embeddings=False,  # trained untied: the embedding and lm_head may sit on different stages
         qkv_bias=kind == "qwen2",
         attention_bias=kind != "qwen2" and bool(text.get("attention_bias", False)),

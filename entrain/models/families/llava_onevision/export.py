@@ -11,18 +11,14 @@ A preset's config is ``model.hf_config_of`` of its shape; a checkpoint run's is 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.hf_export import load_exactly
+from entrain.models.families.hf_export import copy_source_files, save_whole
 
 __all__ = ["export"]
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
-"""Files of the source folder that are weights (never copied: the export writes its own)."""
 
 
 def export(manifest: dict, params: dict[str, torch.Tensor], out: str) -> dict:
@@ -32,15 +28,13 @@ def export(manifest: dict, params: dict[str, torch.Tensor], out: str) -> dict:
 
     folder = (manifest.get("model_source") or {}).get("model_path")
     config = _config(manifest, folder)
-    with torch.device("meta"):
-        model = LlavaOnevisionForConditionalGeneration(config)
     params = {**_unused(config, folder, set(params)), **params}
-    load_exactly(model, {n: t.float() for n, t in params.items()}, folder or manifest["model"])
-    Path(out).mkdir(parents=True, exist_ok=True)
-    copied = _copy_processor_files(folder, out) if folder is not None else _preset_processor(manifest, out)
-    model.save_pretrained(out, safe_serialization=True)
-    written = [str(Path(out) / f) for f in os.listdir(out)]
-    files = sorted(set(written + copied))
+
+    def extra_files(out: str) -> list[str]:
+        return copy_source_files(folder, out) if folder is not None else _preset_processor(manifest, out)
+
+    model_class = LlavaOnevisionForConditionalGeneration
+    files = save_whole(model_class, config, params, folder or manifest["model"], out, extra_files)
     return {
         "vision": str(out),
         "llm": str(out),
@@ -104,16 +98,3 @@ def _preset_processor(manifest: dict, out: str) -> list[str]:
     before = set(os.listdir(out))
     shape_processor(PRESETS[manifest["model"]], None).save_pretrained(out)
     return [str(Path(out) / f) for f in sorted(set(os.listdir(out)) - before)]
-
-
-def _copy_processor_files(folder: str, out: str) -> list[str]:
-    """Every plain file of ``folder`` but config.json and the weights (tokenizer, processor, chat
-    template, generation config)."""
-    copied = []
-    for name in sorted(os.listdir(folder)):
-        src = os.path.join(folder, name)
-        if name == "config.json" or name.endswith(WEIGHT_SUFFIXES) or not os.path.isfile(src):
-            continue
-        shutil.copy2(src, os.path.join(out, name))
-        copied.append(str(Path(out) / name))
-    return copied

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.base import ModelSource
 from entrain.models.families.llava_onevision.presets import PRESETS
 from entrain.models.families.llava_onevision.processing import (
     OneVisionImageRule,
@@ -24,6 +24,7 @@ from entrain.models.families.llava_onevision.processing import (
     sample_tokens,
 )
 from entrain.models.families.llava_onevision.spec import OneVisionShape, check_processor, shape_from_config
+from entrain.models.families.tiled_family import TiledFamily
 
 if TYPE_CHECKING:
     from torch import nn
@@ -52,7 +53,7 @@ class OneVisionConfig:
         return ONEVISION_FAMILY.layer_names(self.shape, component)
 
 
-class OneVisionFamily(FamilyBase):
+class OneVisionFamily(TiledFamily):
     name = FAMILY
     description = (
         "LLaVA-OneVision: SigLIP 384-px tiles (AnyRes) + 2-layer projector + Qwen2 (--model-path, llava-ov-*)"
@@ -88,25 +89,12 @@ class OneVisionFamily(FamilyBase):
         check_processor(source.model_path, shape.rules)
         return shape
 
-    def layer_names(self, shape: OneVisionShape, component: str) -> list[str]:
-        if component == "encoder":
-            return ["embeddings", *(f"layers.{i}" for i in range(shape.vision.num_layers)), "merger"]
-        if component == "llm":
-            layers = [f"layers.{i}" for i in range(shape.llm.num_hidden_layers)]
-            return ["embed_tokens", *layers, "norm", "lm_head", "loss"]
-        raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
-
     def image_rule(
         self, shape: OneVisionShape, min_pixels: int | None, max_pixels: int | None
     ) -> OneVisionImageRule:
         """AnyRes tiles (``--min-pixels`` / ``--max-pixels`` do not apply: ConfigError if given, unless
         they are the rule's own placeholders, which a plan file records and ``train --plan`` replays)."""
-        rule = OneVisionImageRule(shape.rules)
-        if min_pixels not in (None, rule.min_pixels) or max_pixels not in (None, rule.max_pixels):
-            raise ConfigError(
-                f"--min-pixels / --max-pixels: {FAMILY} tiles every image (AnyRes), no pixel limits"
-            )
-        return rule
+        return self.no_pixel_limits(OneVisionImageRule(shape.rules), min_pixels, max_pixels, "AnyRes")
 
     def check_tp(self, shape: OneVisionShape, tp: int) -> None:
         from entrain.models.families.llava_onevision.tp import check_tp
@@ -145,32 +133,10 @@ class OneVisionFamily(FamilyBase):
 
         set_trainable(model, encoder=encoder, merger=merger, llm=llm)
 
-    def encoder_output_width(self, stage: nn.Module) -> int:
-        return stage.projector.linear_2.out_features if stage.has_merger else stage.tower.config.hidden_size
-
-    def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
-        from entrain.models.families.llava_onevision.model import EncoderStage
-
-        if mode == "none":
-            return []
-        if isinstance(stage, EncoderStage):
-            layers = [stage.tower.encoder.layers[i] for i in stage.layer_ids]
-            return [layer.self_attn for layer in layers] if mode == "selective" else layers
-        inner = stage.llm.model
-        layers = [inner.layers[i] for i in stage.layer_ids]
-        return [layer.self_attn for layer in layers] if mode == "selective" else layers
-
     def apply_tp(self, stage: nn.Module, mesh: Any) -> None:
         from entrain.models.families.llava_onevision.tp import apply_tp
 
         apply_tp(stage, mesh)
-
-    def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
-        from entrain.models.families.llava_onevision.model import EncoderStage
-
-        if isinstance(stage, EncoderStage):
-            return [stage.tower.encoder.layers[i] for i in stage.layer_ids]
-        return [stage.llm.model.layers[i] for i in stage.layer_ids]
 
     # --- processing rules --------------------------------------------------------------------------
     def image_grids(self, cfg: OneVisionConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
@@ -246,16 +212,8 @@ class OneVisionFamily(FamilyBase):
         return export(manifest, params, out_dir)
 
     # --- profiler ----------------------------------------------------------------------------------
-    def representative_config(self, cfg: OneVisionConfig):
-        """One SigLIP layer and one decoder layer (every layer of a kind costs the same)."""
-        from dataclasses import replace
-
-        s = cfg.shape
-        small = replace(s, vision=replace(s.vision, num_layers=1), llm=replace(s.llm, num_hidden_layers=1))
-        d, n = s.vision.num_layers, s.llm.num_hidden_layers
-        enc = {0: 0, d + 1: 2, **{i + 1: 1 for i in range(d)}}
-        llm = {0: 0, n + 1: 2, n + 2: 3, n + 3: 4, **{i + 1: 1 for i in range(n)}}
-        return OneVisionConfig(small, None), {"encoder": enc, "llm": llm}
+    def reduced_config(self, cfg: OneVisionConfig, small: OneVisionShape) -> OneVisionConfig:
+        return OneVisionConfig(small, None)
 
     def profile_input(
         self, cfg: OneVisionConfig, component: str, layer: int, tokens: int, device, per_label: bool

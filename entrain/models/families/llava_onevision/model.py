@@ -12,7 +12,7 @@ unpadded grid, newlines), ``T`` packed LLM tokens, ``H`` LLM width.
   in image order.
 * **LLM** layers: ``[embed_tokens, decoder layers..., norm, lm_head, loss]`` of the Qwen2 language
   model, packed samples with 1-D positions restarting per sample and the packed varlen attention
-  (``entrain.models.vlm.LLMStage`` over this model's modules).
+  (``entrain.models.families.tiled_model``: the layout, loading and LLM stages it shares with InternVL).
 
 Parameters keep transformers' names (``model.vision_tower...``, ``model.language_model...``,
 ``lm_head.weight``), so gradients compare with transformers' model tensor by tensor. The model is
@@ -24,17 +24,22 @@ built on the meta device and a rank reads only its stages' tensors from the fold
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition import vlm
-from entrain.models.families.composition.attention import PACKED_ATTENTION
+from entrain.models.families import tiled_model as tiled
 from entrain.models.families.llava_onevision.spec import check_supported as check_supported_config
+from entrain.models.families.tiled_model import (
+    PROJECTOR,
+    VISION,
+    checkpoint_keys,
+    rows_to_tiles,
+    tiles_to_rows,
+)
 
 __all__ = [
     "OneVisionModel",
@@ -54,26 +59,13 @@ __all__ = [
 
 FAMILY = "llava_onevision"
 
-VISION = "model.vision_tower."
-PROJECTOR = "model.multi_modal_projector."
 NEWLINE = "model.image_newline"
-LANGUAGE = "model.language_model."
 
 
 def read_config(folder: str):
     """The folder's ``LlavaOnevisionConfig`` (ConfigError naming the file if it is not one we train)."""
-    from transformers import AutoConfig
-
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: no config.json")
-    try:
-        cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: transformers cannot read it ({e})") from None
-    if cfg.model_type != "llava_onevision":
-        raise ConfigError(f"{path}: model_type {cfg.model_type!r} is not llava_onevision")
-    check_supported(cfg, path)
+    cfg = tiled.read_hf_config(folder, FAMILY)
+    check_supported(cfg, os.path.join(folder, "config.json"))
     return cfg
 
 
@@ -113,41 +105,22 @@ def feature_layers(cfg) -> int:
     return k
 
 
-class OneVisionModel(nn.Module):
-    """Holds transformers' model (``.hf``); trained with an untied lm_head (embedding and lm_head may
-    sit on different stages)."""
+class OneVisionModel(tiled.TiledModel):
+    """Holds transformers' ``LlavaOnevisionForConditionalGeneration`` (``.hf``); trained with an untied
+    lm_head (embedding and lm_head may sit on different stages)."""
 
     entrain_family = FAMILY
 
     def __init__(self, cfg, *, meta: bool, run_cfg=None):
-        super().__init__()
-        self.cfg = run_cfg
-        """The family's run config (``family.OneVisionConfig``; None for a bare model)."""
         from transformers import LlavaOnevisionForConditionalGeneration
 
         check_supported(cfg)
-        cfg.tie_word_embeddings = False
-        cfg.text_config.tie_word_embeddings = False
-        cfg.text_config._attn_implementation = PACKED_ATTENTION
-        self.config = cfg
-        self.num_feature_layers = feature_layers(cfg)
-        if not meta:
-            self.hf = LlavaOnevisionForConditionalGeneration(cfg)
-            return
-        with torch.device("meta"):
-            self.hf = LlavaOnevisionForConditionalGeneration(cfg)
+        hf_class = LlavaOnevisionForConditionalGeneration
+        super().__init__(cfg, hf_class, meta=meta, run_cfg=run_cfg, feature_layers=feature_layers(cfg))
+
+    def on_meta(self) -> None:
         emb = self.hf.model.vision_tower.embeddings
         emb.position_ids = torch.arange(emb.num_positions).expand((1, -1))
-        lm = self.hf.model.language_model
-        lm.rotary_emb = type(lm.rotary_emb)(config=cfg.text_config)
-
-    def layer_names(self, component: str) -> list[str]:
-        if component == "encoder":
-            return ["embeddings", *(f"layers.{i}" for i in range(self.num_feature_layers)), "merger"]
-        if component == "llm":
-            layers = [f"layers.{i}" for i in range(self.config.text_config.num_hidden_layers)]
-            return ["embed_tokens", *layers, "norm", "lm_head", "loss"]
-        raise ConfigError(f"unknown component {component!r} (encoder or llm)")
 
 
 def build_model(
@@ -169,56 +142,8 @@ def build_model(
         model.hf.lm_head.weight.data.copy_(model.hf.model.language_model.embed_tokens.weight.data)
         return model
     model = OneVisionModel(read_config(folder), meta=True, run_cfg=run_cfg)
-    if stages is None:
-        stages = [(c, 0, len(model.layer_names(c))) for c in ("encoder", "llm")]
-    names = [n for c, a, b in stages for n, _ in build_stage(model, c, a, b).owned_parameters()]
-    materialize(model, names, folder)
+    tiled.load_stages(model, folder, stages, build_stage)
     return model
-
-
-def checkpoint_keys(name: str) -> list[str]:
-    """The tensor names parameter ``name`` may have in a checkpoint (transformers 5's and legacy)."""
-    if name.startswith(VISION):
-        rest = name[len(VISION) :]
-        return [name, f"vision_tower.{rest}", f"vision_tower.vision_model.{rest}"]
-    if name.startswith(LANGUAGE):
-        rest = name[len(LANGUAGE) :]
-        return [name, f"language_model.model.{rest}", f"language_model.{rest}"]
-    if name == "lm_head.weight":
-        return [name, "language_model.lm_head.weight", *checkpoint_keys(f"{LANGUAGE}embed_tokens.weight")]
-    return [name, name.removeprefix("model.")]
-
-
-def materialize(model: OneVisionModel, names: Iterable[str], folder: str) -> None:
-    """Replace the meta parameters ``names`` by the folder's tensors (float32, CPU)."""
-    from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, check_unexpected
-
-    reader = SafetensorsFolder(folder)
-    names = list(names)
-    if names:  # the whole config.json's model: every tensor of the folder has a parameter
-        every = [
-            next((k for k in checkpoint_keys(n) if k in reader), None) for n, _ in model.hf.named_parameters()
-        ]
-        check_unexpected(reader, [k for k in every if k is not None])
-    keys = {}
-    for name in names:
-        found = [k for k in checkpoint_keys(name) if k in reader]
-        if not found:
-            raise ConfigError(
-                f"{folder}: the checkpoint has no tensor for {name} ({checkpoint_keys(name)[1]})"
-            )
-        keys[name] = found[0]
-    tensors = reader.read(set(keys.values()))
-    for name, key in keys.items():
-        path, _, leaf = name.rpartition(".")
-        owner = model.hf.get_submodule(path)
-        old = getattr(owner, leaf)
-        t = tensors[key]
-        if tuple(t.shape) != tuple(old.shape):
-            raise ConfigError(
-                f"{folder}: {key} has shape {tuple(t.shape)}, config.json implies {tuple(old.shape)}"
-            )
-        setattr(owner, leaf, nn.Parameter(t.to(torch.float32), requires_grad=old.requires_grad))
 
 
 def set_trainable(
@@ -249,28 +174,6 @@ class TileBatch:
     tiles_per_image: tuple[int, ...]
 
 
-def tiles_to_rows(pixel_values: torch.Tensor, patch_px: int) -> torch.Tensor:
-    """``[n, C, S, S]`` tiles -> ``[n * side**2, C * patch_px**2]`` patch rows (tile, row, column order;
-    each row ``(channel, dy, dx)``), what ``ModelFamily.encoder_input_width`` counts; the pixels past
-    the last whole patch (384 = 27 x 14 + 6) are dropped, as SigLIP's patch convolution drops them."""
-    n, c, size, _ = pixel_values.shape
-    side = size // patch_px
-    x = pixel_values[:, :, : side * patch_px, : side * patch_px]
-    x = x.reshape(n, c, side, patch_px, side, patch_px).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(n * side * side, c * patch_px * patch_px)
-
-
-def rows_to_tiles(rows: torch.Tensor, num_tiles: int, channels: int, patch_px: int) -> torch.Tensor:
-    """Inverse of ``tiles_to_rows``: ``[n, C, side * patch_px, side * patch_px]`` tiles."""
-    side = int(round((rows.shape[0] // num_tiles) ** 0.5))
-    x = rows.reshape(num_tiles, side, side, channels, patch_px, patch_px).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(num_tiles, channels, side * patch_px, side * patch_px)
-
-
-def _owned(prefix: str, parts: Iterable[tuple[str, nn.Module]]) -> list[tuple[str, nn.Parameter]]:
-    return [(f"{prefix}{n}.{pn}", p) for n, m in parts for pn, p in m.named_parameters()]
-
-
 def tile_batch_of(grid: torch.Tensor) -> TileBatch:
     """The ``TileBatch`` (without pixels) of the seam's ``[images, 5]`` grid rows."""
     if grid.dim() != 2 or grid.shape[1] != 5:
@@ -280,7 +183,7 @@ def tile_batch_of(grid: torch.Tensor) -> TileBatch:
     return TileBatch(None, grid[:, 3:5].cpu(), tuple(int(t) for t in grid[:, 0].tolist()))
 
 
-class EncoderStage(nn.Module):
+class EncoderStage(tiled.TowerStage):
     """Encoder layers ``[first, end)`` of ``[embeddings, layers..., merger]``.
 
     Input: ``TileBatch.pixel_values`` or its ``tiles_to_rows`` ``[n * P, C * patch**2]`` (first stage),
@@ -291,15 +194,7 @@ class EncoderStage(nn.Module):
     entrain_family = FAMILY
 
     def __init__(self, model: OneVisionModel, first: int, end: int):
-        super().__init__()
-        self.tower = model.hf.model.vision_tower
-        self.projector = model.hf.model.multi_modal_projector
-        object.__setattr__(self, "outer", model.hf.model)  # pack_image_features; no submodule
-        k = model.num_feature_layers
-        self.first, self.end = first, end
-        self.has_embeddings = first == 0
-        self.layer_ids = list(range(max(first, 1) - 1, min(end, k + 1) - 1))
-        self.has_merger = end == k + 2
+        super().__init__(model, first, end)
         if self.has_merger:  # the stage's own submodule: FSDP shards and reduces the stage's module tree
             self.newline = nn.Module()
             self.newline.image_newline = model.hf.model.image_newline
@@ -310,15 +205,18 @@ class EncoderStage(nn.Module):
         if self.has_embeddings:
             parts.append(("embeddings", tower.embeddings))
         parts += [(f"encoder.layers.{i}", tower.encoder.layers[i]) for i in self.layer_ids]
-        owned = _owned(VISION, parts)
+        params = tiled.owned(VISION, parts)
         if self.has_merger:
-            owned += [(f"{PROJECTOR}{n}", p) for n, p in self.projector.named_parameters()]
-            owned.append((NEWLINE, self.newline.image_newline))
-        return owned
+            params += [(f"{PROJECTOR}{n}", p) for n, p in self.projector.named_parameters()]
+            params.append((NEWLINE, self.newline.image_newline))
+        return params
+
+    def transformer_layers(self) -> tuple[list[nn.Module], str]:
+        """The SigLIP layers the stage runs, and the name of their attention sub-module."""
+        return [self.tower.encoder.layers[i] for i in self.layer_ids], "self_attn"
 
     def move_to(self, device: torch.device) -> None:
-        for _, p in self.owned_parameters():
-            p.data = p.data.to(device)
+        super().move_to(device)
         emb = self.tower.embeddings
         emb.position_ids = emb.position_ids.to(device)
 
@@ -353,37 +251,14 @@ class EncoderStage(nn.Module):
 # LLM stages
 
 
-class LLMStage(vlm.LLMStage):
+class LLMStage(tiled.LLMStage):
     """LLM layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]`` of the Qwen2
-    language model (``entrain.models.vlm.LLMStage``'s packed forward over this model's modules)."""
+    language model (``tiled_model.LLMStage``)."""
 
     entrain_family = FAMILY
     """Not the base class's: the runtime asks this family (recompute, FSDP units) for the stage."""
 
-    def __init__(self, model: OneVisionModel, first: int, end: int):
-        parts = nn.Module()  # the shape vlm.LLMStage reads: .model (embed_tokens, layers, norm), .lm_head
-        parts.model, parts.lm_head = model.hf.model.language_model, model.hf.lm_head
-        super().__init__(SimpleNamespace(llm=parts), first, end)
-
-    def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        inner = self.llm.model
-        parts: list[tuple[str, nn.Module]] = []
-        if self.has_embed:
-            parts.append(("embed_tokens", inner.embed_tokens))
-        parts += [(f"layers.{i}", inner.layers[i]) for i in self.layer_ids]
-        if self.has_norm:
-            parts.append(("norm", inner.norm))
-        owned = _owned(LANGUAGE, parts)
-        if self.has_lm_head:
-            owned.append(("lm_head.weight", self.llm.lm_head.weight))
-        return owned
-
 
 def build_stage(model: OneVisionModel, component: str, first: int, end: int) -> EncoderStage | LLMStage:
     """The stage module of layers ``[first, end)`` of ``component`` (``encoder`` or ``llm``)."""
-    n = len(model.layer_names(component))
-    if not 0 <= first < end <= n:
-        raise ConfigError(f"{component} stage layers [{first}, {end}) outside 0..{n}")
-    if component == "encoder":
-        return EncoderStage(model, first, end)
-    return LLMStage(model, first, end)
+    return tiled.build_stage(model, component, first, end, EncoderStage, LLMStage)

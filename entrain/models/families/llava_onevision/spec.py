@@ -15,6 +15,7 @@ from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
 from entrain.core.layer_specs import LayerSpec, llm_specs
 from entrain.models.families.llava_onevision.processing import OneVisionRules
+from entrain.models.families.tiled_family import required
 
 __all__ = ["SiglipArch", "OneVisionShape", "shape_from_config"]
 
@@ -133,12 +134,6 @@ def _encoder_specs(shape: OneVisionShape) -> list[LayerSpec]:
     return specs
 
 
-def _req(d: dict, key: str, where: str):
-    if key not in d:
-        raise ConfigError(f"{where}: missing field {key!r}")
-    return d[key]
-
-
 def check_supported(config: dict, where: str = "config.json") -> None:
     """Refuse what the stages do not reproduce exactly (``plan`` and ``train`` alike)."""
     strategy = config.get("vision_feature_select_strategy", "full")
@@ -188,15 +183,15 @@ def shape_from_config(config: dict, name: str, where: str = "config.json") -> On
         patch_size=rules.patch_px,
     )
     w = f"{where}: text_config"
-    heads = int(_req(text, "num_attention_heads", w))
+    heads = int(required(text, "num_attention_heads", w))
     llm = LLMArch(
-        num_hidden_layers=int(_req(text, "num_hidden_layers", w)),
-        hidden_size=int(_req(text, "hidden_size", w)),
-        intermediate_size=int(_req(text, "intermediate_size", w)),
+        num_hidden_layers=int(required(text, "num_hidden_layers", w)),
+        hidden_size=int(required(text, "hidden_size", w)),
+        intermediate_size=int(required(text, "intermediate_size", w)),
         num_attention_heads=heads,
         num_key_value_heads=int(text.get("num_key_value_heads") or heads),
         head_dim=int(text["head_dim"]) if text.get("head_dim") else None,  # Qwen2 takes it as given
-        vocab_size=int(_req(text, "vocab_size", w)),
+        vocab_size=int(required(text, "vocab_size", w)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
         qkv_bias=True,
     )

@@ -24,6 +24,8 @@ labels of the batch``. So the loss does not depend on packing, microbatches, cut
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -78,6 +80,13 @@ def aux_loss(stats: torch.Tensor, tokens: torch.Tensor, num_sparse: int) -> torc
     return experts * ((stats[:, :experts] / rows) * (stats[:, experts:] / rows)).sum(1)
 
 
+@functools.lru_cache(maxsize=8)
+def _segments(seq_lens: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``[T]``: each packed token's sample index (made on the host: no device synchronisation)."""
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    return torch.repeat_interleave(torch.arange(len(seq_lens)), lens).to(device, non_blocking=True)
+
+
 def _keep_logits(module: nn.Module, args, out) -> None:
     """A router's forward hook: its ``[T, E]`` logits, for the stage that ran it (a recomputation's
     call in backward leaves an entry the next forward overwrites)."""
@@ -120,10 +129,10 @@ class MoeTextStage(dense.TextStage):
     def decoder_layer(self, i: int, x: torch.Tensor, pos, emb, batch, parts: dict) -> torch.Tensor:
         x = super().decoder_layer(i, x, pos, emb, batch, parts)
         if self.aux and i in self.sparse:
-            lens = torch.tensor(batch.seq_lens, device=x.device)
-            segments = torch.repeat_interleave(torch.arange(len(batch.seq_lens), device=x.device), lens)
             logits = self.llm.model.layers[i].mlp.gate.__dict__.pop("entrain_logits")
-            stats = routing_stats(logits, self.top_k, segments, len(batch.seq_lens))
+            stats = routing_stats(
+                logits, self.top_k, _segments(batch.seq_lens, x.device), len(batch.seq_lens)
+            )
             before = parts.get(ROUTER_STATS)
             parts[ROUTER_STATS] = stats if before is None else before + stats
         return x
@@ -133,10 +142,13 @@ class MoeTextStage(dense.TextStage):
         if not self.aux:
             return loss
         stats = parts.pop(ROUTER_STATS)
-        bounds = torch.tensor([0, *batch.seq_lens], device=logits.device).cumsum(0)
-        labels = torch.bucketize(batch.label_positions, bounds, right=True) - 1
-        weights = torch.bincount(labels, minlength=len(batch.seq_lens)).to(stats.dtype) * batch.loss_scale
-        per_sample = aux_loss(stats, bounds[1:] - bounds[:-1], len(self.sparse))
+        segments = _segments(batch.seq_lens, logits.device)
+        labels = stats.new_zeros(len(batch.seq_lens)).index_add(  # each sample's label tokens
+            0, segments[batch.label_positions], stats.new_ones(batch.label_positions.shape)
+        )
+        tokens = torch.tensor(batch.seq_lens, dtype=stats.dtype).to(stats.device, non_blocking=True)
+        per_sample = aux_loss(stats, tokens, len(self.sparse))
+        weights = labels * batch.loss_scale
         return loss + self.coef * (per_sample * weights).sum().to(loss.dtype)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from entrain.core.errors import ConfigError
 
-__all__ = ["mrope_position_ids", "sample_position_ids"]
+__all__ = ["mrope_position_ids", "sample_position_ids", "split_videos"]
 
 
 def _owner(hf_config: Any) -> SimpleNamespace:
@@ -61,15 +61,23 @@ def sample_position_ids(hf_config: Any, input_ids, image_positions, grids: Seque
     types = torch.zeros(input_ids.numel(), dtype=torch.int32)
     for a, b in runs:
         types[a:b] = 1
+    video_starts = []
     if video_positions is not None and len(video_grids):
-        types[torch.as_tensor(video_positions, dtype=torch.int64)] = 2
+        video_positions = torch.as_tensor(video_positions, dtype=torch.int64).cpu()
+        types[video_positions] = 2
+        sizes = [t * h * w // merge**2 for t, h, w in video_grids]
+        if sum(sizes) != video_positions.numel():
+            raise ConfigError(
+                f"{where}: {video_positions.numel()} video tokens but its grids {list(video_grids)} need {sum(sizes)}"
+            )
+        video_starts = [int(video_positions[sum(sizes[:i])]) for i in range(len(sizes))]
     # two images with no token between (transformers would take them for one): split there, the part
     # from the second on continuing after the first part's largest id, as the text after an image does
     cuts = [0, *(runs[i][0] for i in range(1, len(runs)) if runs[i][0] == runs[i - 1][1]), input_ids.numel()]
     parts, offset = [], 0
     for a, b in zip(cuts, cuts[1:]):
         inside = [g for (s, _), g in zip(runs, grids) if a <= s < b]
-        videos = video_grids if a == 0 else ()  # a video's frames are apart: never split
+        videos = [g for s, g in zip(video_starts, video_grids) if a <= s < b]  # frames apart: never split
         part = _rope_index(hf_config, input_ids[a:b], types[a:b], inside, videos) + offset
         offset = int(part.max()) + 1 if part.numel() else offset
         parts.append(part)
@@ -95,10 +103,40 @@ def _rope_index(
     return ids[:, 0]
 
 
+def split_videos(hf_config: Any, input_ids, positions, grids) -> tuple:
+    """``(image positions, image grids, video positions, video grids)`` of a sample whose visual items
+    (``positions`` of all their tokens, items in order, with their ``grids``) are images or videos: an
+    item whose first token is the config's ``video_token_id`` is a video."""
+    input_ids = torch.as_tensor(input_ids, dtype=torch.int64).cpu()
+    positions = torch.as_tensor(positions, dtype=torch.int64).cpu()
+    merge = hf_config.vision_config.spatial_merge_size
+    video_id = getattr(hf_config, "video_token_id", None)
+    images, image_grids, videos, video_grids, start = [], [], [], [], 0
+    for g in grids:
+        n = int(g[0]) * int(g[1]) * int(g[2]) // merge**2
+        rows = positions[start : start + n]
+        start += n
+        is_video = video_id is not None and rows.numel() and int(input_ids[rows[0]]) == int(video_id)
+        (videos if is_video else images).append(rows)
+        (video_grids if is_video else image_grids).append(tuple(int(x) for x in g))
+    if start != positions.numel():
+        raise ConfigError(f"{positions.numel()} visual tokens but the grids {list(grids)} need {start}")
+
+    def cat(xs):
+        return torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)
+
+    return cat(images), image_grids, cat(videos) if videos else None, video_grids
+
+
 def mrope_position_ids(hf_config: Any, samples: Sequence[Any]) -> torch.Tensor:
-    """``[3, T]`` ids of a packed batch: each sample's ``sample_position_ids``, concatenated."""
-    parts = [
-        sample_position_ids(hf_config, s.input_ids, s.image_positions, s.grids, f"packed sample {i}")
-        for i, s in enumerate(samples)
-    ]
+    """``[3, T]`` ids of a packed batch: each sample's ``sample_position_ids`` (its videos told from its
+    images by ``split_videos``), concatenated."""
+    parts = []
+    for i, s in enumerate(samples):
+        images, grids, videos, video_grids = split_videos(hf_config, s.input_ids, s.image_positions, s.grids)
+        parts.append(
+            sample_position_ids(
+                hf_config, s.input_ids, images, grids, f"packed sample {i}", videos, video_grids
+            )
+        )
     return torch.cat(parts, dim=1) if parts else torch.zeros((3, 0), dtype=torch.int64)

@@ -1,0 +1,108 @@
+"""A Qwen2.5-Omni thinker through the runtime, against transformers' own
+``Qwen2_5OmniThinkerForConditionalGeneration``: forked gloo ranks train one step of the skewed image
+batch (two samples packed per microbatch, a text-only sample among them) on two pipeline layouts
+(``entrain`` 2 + 2, ``1f1b --freeze vit`` 1 + 3; the audio tower in the first encoder stage beside
+the vision tower); the loss, the gradient norm and every gradient before and after
+clipping equal the single-process fp64 oracle (transformers' class, every sample alone, positions by
+its own ``get_rope_index``) at rel 1e-5. Audio and video reach the stages in the in-process oracle
+(tests/models/test_qwen2_5_omni_family.py): sample metadata carries images only."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from entrain.core.presets import build_cost_model
+from entrain.models.families.base import ModelSource
+from entrain.models.families.registry import family_of_source
+from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+from tests.models.qwen2_5_omni_tiny import save_whole
+
+from .cases import MAX_GRAD_NORM, text_only_metas
+from .families import FamilyModel, without_zero_gradients
+from .harness import ReferenceStep, assert_matches_reference, run_workers, train_step_before_clip
+from .test_qwen3_vl_train import with_cuts
+
+# (name, system, (encoder cuts), (llm cuts), encoder frozen): [patch_embed (+ audio), blocks.0-2, merger];
+# [embed, layers.0-2, norm, lm_head, loss]
+CASES = [
+    ("entrain-2+2", "entrain", (1,), (2,), False),
+    (
+        "1f1b-1+3-frozen-vit",
+        "1f1b",
+        (),
+        (2, 4),
+        True,
+    ),  # a frozen first encoder stage without the merger trains nothing
+]
+NUM_MICROBATCHES = 4
+
+
+@pytest.fixture(scope="module")
+def fm(tmp_path_factory) -> FamilyModel:
+    folder = save_whole(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
+    source = ModelSource(model_path=str(folder))
+    family = family_of_source(source)
+    cfg, _ = family.runtime_config(source)
+    rule = family.image_rule(cfg.shape, None, None)
+    metas = {m.id: replace(m, vision=rule) for m in text_only_metas()}
+    return FamilyModel("qwen2_5_omni", family, cfg, build_cost_model(cfg.shape, "cpu-tiny"), metas)
+
+
+def oracle(fm: FamilyModel, frozen: bool) -> ReferenceStep:
+    """Transformers' thinker in fp64, every sample alone: ``loss = sum(token CE) / label tokens``."""
+    model = fm.build(torch.float64, frozen_encoder=frozen).to(torch.float64)
+    renderer = fm.renderer(torch.float64)
+    ids = sorted(fm.metas)
+    labels = renderer.num_labels(ids)
+    total = 0.0
+    for sid in ids:
+        s = renderer.sample(sid)
+        kw = {"attention_mask": torch.ones((1, s.num_tokens), dtype=torch.int64)}
+        if s.grid_thw:
+            kw.update(pixel_values=renderer.patches(sid), image_grid_thw=torch.tensor(s.grid_thw))
+        model.model.rope_deltas = None
+        logits = model(input_ids=s.input_ids[None], **kw).logits[0]
+        loss = F.cross_entropy(logits[s.label_positions], s.targets, reduction="sum") / labels
+        loss.backward()
+        total += float(loss.detach())
+    named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
+    grads = {n: p.grad.detach().clone() for n, p in named}
+    norm = float(torch.sqrt(sum(p.grad.pow(2).sum() for _, p in named)))
+    torch.nn.utils.clip_grad_norm_([p for _, p in named], MAX_GRAD_NORM)
+    return ReferenceStep(grads, {n: p.grad.detach().clone() for n, p in named}, norm, total)
+
+
+def _train(env, fm: FamilyModel, cases):
+    out = {}
+    for name, plan, frozen in cases:
+        trainer = PipelineTrainer(layout=plan.layout, model=fm.build(frozen_encoder=frozen), env=env,
+                                  renderer=fm.renderer(), optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM))  # fmt: skip
+        result, before = train_step_before_clip(trainer, plan.iterations[0])
+        out[name] = (before, trainer.named_grads(), result.loss, result.grad_norm)
+    return out
+
+
+def test_pipeline_gradients_match_transformers(fm, tmp_path):
+    cases = []
+    for name, system, enc_cuts, llm_cuts, frozen in CASES:
+        plan = fm.plan(system, len(enc_cuts) + 1, len(llm_cuts) + 1, 1, NUM_MICROBATCHES)
+        plan = with_cuts(plan, fm.cost, {"encoder": enc_cuts, "llm": llm_cuts})
+        assert plan.layout.world_size == 4, name
+        cases.append((name, plan, frozen))
+    results = run_workers(_train, 4, tmp_path, fm, cases)
+    for name, *_, frozen in CASES:
+        ref = oracle(fm, frozen)
+        assert ref.grad_norm > MAX_GRAD_NORM, f"{name}: clipping would not be exercised"
+        before = {k: v for r in results for k, v in r[name][0].items()}
+        after = {k: v for r in results for k, v in r[name][1].items()}
+        _, _, loss, grad_norm = results[0][name]
+        rest, before, after = without_zero_gradients(ref, before, after)
+        assert_matches_reference(
+            name, before=before, after=after, loss=loss, grad_norm=grad_norm, ref=rest, tol=1e-5
+        )
+        frozen_away = {n for n, _ in fm.build().named_parameters()} - set(ref.grads)
+        assert any(".visual.blocks." in n for n in frozen_away) == frozen, name

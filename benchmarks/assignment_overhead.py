@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from provenance import source, stamped  # benchmarks/provenance.py (scripts run from this folder)
 
 from entrain.core.assignment.deferral import deferral_candidates
 from entrain.core.assignment.dp_split import split_dp
@@ -383,10 +384,11 @@ def main() -> None:
     if args.runtime_only:
         res = json.loads(out.with_suffix(".json").read_text())
     else:
-        res = run(args.quick)
+        res = {**run(args.quick), "source": source()}
     if args.runtime or args.runtime_only:
-        res["runtime"] = run_runtime()
-    md = to_markdown(res)
+        res["runtime"] = {**run_runtime(), "source": source()}
+    sources = [s for s in (res.get("source"), res.get("runtime", {}).get("source")) if s]
+    md = stamped(to_markdown(res), *[s for i, s in enumerate(sources) if s not in sources[:i]])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from cpu_paired import PAIRED_CONFIGS, main_paired, rescore_joint  # benchmarks/cpu_paired.py
 from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
+from provenance import source, stamped  # benchmarks/provenance.py
 
 SYSTEMS = ("entrain", "1f1b", "disttrain")
 SHARED = "entrain-shared"
@@ -498,13 +499,15 @@ def main() -> int:
             launches.append(measured(run_dir, case.rows))
             if i == 0:
                 sims = simulated(run_dir, case.rows)
-    text = report(launches, sims, idle, args.steps, orders, case)
+    src = source()
+    text = stamped(report(launches, sims, idle, args.steps, orders, case), src)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{case.results}.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, f"{case.results}.json"), "w") as f:
         json.dump(
             {
+                "source": src,
                 "config": case.config,
                 "entrain_flags": case.entrain_flags,
                 "extension_rows": case.extension_rows,
@@ -535,13 +538,21 @@ def main_in_stage(args, idle) -> int:
             launches.append(measured(run_dir, rows))
             if i == 0:
                 sims = simulated(run_dir, rows)
-    text = report_in_stage(launches, sims, idle, args.steps)
+    src = source()
+    text = stamped(report_in_stage(launches, sims, idle, args.steps), src)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cpu_pipeline_in_stage.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "cpu_pipeline_in_stage.json"), "w") as f:
         json.dump(
-            {"config": CONFIG, "rows": IN_STAGE_ROWS, "launches": launches, "simulated": sims, "idle": idle},
+            {
+                "source": src,
+                "config": CONFIG,
+                "rows": IN_STAGE_ROWS,
+                "launches": launches,
+                "simulated": sims,
+                "idle": idle,
+            },  # fmt: skip
             f,
             indent=1,
         )

@@ -32,6 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run from this folder)
+from provenance import source, stamped  # benchmarks/provenance.py
 
 from entrain.core.architectures import get_arch
 from entrain.core.presets import (
@@ -142,7 +143,7 @@ def main() -> None:
     for d, x in r.items():
         cells = " | ".join(f"{np.percentile(x, q):.2f}" for q in REPORTED)
         lines.append(f"| {d} | {cells} | {paper[d]} |")
-    text = "\n".join(lines) + "\n"
+    text = stamped("\n".join(lines) + "\n", source())
     print(text)
     out = pathlib.Path(__file__).parent / "results" / "a40_fig4_fit.md"
     out.write_text(text, encoding="utf-8")

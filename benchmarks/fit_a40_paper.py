@@ -22,6 +22,7 @@ import pathlib
 
 import numpy as np
 from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run from this folder)
+from provenance import source, stamped  # benchmarks/provenance.py
 
 from entrain.cli.bench_report import SHORT, paper_figures
 from entrain.core.architectures import get_arch
@@ -212,7 +213,7 @@ def main() -> None:
             cells.append(f"{seen} {'ok' if t.stable else 'x'} [{PAPER_TRIALS[(d, m)][SIZES.index(b)]}]")
         lines.append(f"| {m} | {d} | " + " | ".join(cells) + " |")
     out = pathlib.Path(__file__).parent / "results" / "a40_paper_fit.md"
-    out.write_text("\n".join(lines) + "\n")
+    out.write_text(stamped("\n".join(lines) + "\n", source()))
     print("\n".join(lines))
     llm = {m: round(float(v), 4) for m, v in llm_eff_fit.items()}
     write_preset_fit("a40_paper", {"encoder": round(float(enc_eff_fit), 4), "llm": llm})

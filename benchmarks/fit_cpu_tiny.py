@@ -30,6 +30,7 @@ import os
 import statistics
 
 from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run from this folder)
+from provenance import source, stamped  # benchmarks/provenance.py
 
 from entrain.cli.plot_trace import run_model_config
 from entrain.core.costmodel import CostModel
@@ -129,6 +130,7 @@ def main() -> None:
             sim, real = _ratios(rs, fitted)
             rows.append((f"other pass: {os.path.basename(os.path.normpath(check))}", workload, sim, real))
     doc = {
+        "source": source(),
         "runs": os.path.basename(os.path.normpath(args.runs)),
         "action_overhead_ms": round(overhead, 4),
         "kind_scales": scales,
@@ -158,7 +160,7 @@ def main() -> None:
     for s, w, sim, real in rows:
         lines.append(f"| {s} | {w} | {sim:.3f} | {real:.3f} | {sim / real - 1:+.1%} |")
     with open(os.path.join(RESULTS, "cpu_tiny_fit.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(stamped("\n".join(lines) + "\n", doc["source"]))
     print("\n".join(lines))
     if not args.no_preset:
         write_preset_fit("cpu_tiny", {k: doc[k] for k in ("runs", "action_overhead_ms", "kind_scales")})

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from provenance import source, stamped  # benchmarks/provenance.py (scripts run from this folder)
 
 MODEL, GLOBAL_BATCH, MICROBATCH, TP, GPUS_PER_REPLICA = "qwen25vl-llama3-1b", 8192, 4, 2, 16
 TARGET_WALL_S, TARGET_RSS_GB = 60.0, 1.5
@@ -186,7 +187,7 @@ def _row(size: int, r: dict) -> str:
     )
 
 
-def write_report(out: Path, results: dict, profiles: list[dict], notes: list[str]) -> None:
+def write_report(out: Path, results: dict, profiles: list[dict], notes: list[str], src: dict) -> None:
     lines = [
         "# Planning at scale (`entrain plan` on large workload files)",
         "",
@@ -205,7 +206,7 @@ def write_report(out: Path, results: dict, profiles: list[dict], notes: list[str
         lines += ["", f"## Where the time goes ({profile['what']})", ""]
         for key, title in (("tottime", "own time"), ("cumulative", "cumulative time")):
             lines += [f"Top functions by {title}:", "", "```", profile[key], "```", ""]
-    out.write_text("\n".join(lines) + "\n")
+    out.write_text(stamped("\n".join(lines) + "\n", src))
 
 
 def main() -> None:
@@ -240,9 +241,10 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",") if x]
     gpus_list = [int(x) for x in args.gpus.split(",") if x]
     results: dict[int, list[dict]] = {}
-    profile = None
+    profile, recorded = None, None
     if args.from_json:  # render earlier runs (plus --profile-file) without running them again
-        results = {int(k): v for k, v in json.loads(Path(args.from_json).read_text())["results"].items()}
+        recorded = json.loads(Path(args.from_json).read_text())
+        results = {int(k): v for k, v in recorded["results"].items()}
         sizes = []
     with tempfile.TemporaryDirectory(prefix="planning_scale_") as tmp:
         for size in sizes:
@@ -261,10 +263,10 @@ def main() -> None:
     if args.profile_file:
         what, file = args.profile_file.split("=", 1)
         profiles.append({"what": what, **profile_tables(file)})
-    out = Path(args.out)
-    write_report(out, results, profiles, args.note)
+    out, src = Path(args.out), source(recorded)
+    write_report(out, results, profiles, args.note, src)
     out.with_suffix(".json").write_text(
-        json.dumps({"results": results, "profiles": profiles}, indent=1) + "\n"
+        json.dumps({"source": src, "results": results, "profiles": profiles}, indent=1) + "\n"
     )
     print(f"wrote {out}")
 

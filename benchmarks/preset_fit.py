@@ -6,9 +6,9 @@ the presets against the fits' reports."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from provenance import source  # benchmarks/provenance.py
 
 FITS = Path(__file__).resolve().parents[1] / "entrain" / "core" / "fits"
 
@@ -16,13 +16,7 @@ FITS = Path(__file__).resolve().parents[1] / "entrain" / "core" / "fits"
 def write_preset_fit(name: str, numbers: dict) -> Path:
     """Replace ``NAME.json``'s numbers with ``numbers`` (its ``about`` line kept); the file's path."""
     path = FITS / f"{name}.json"
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=FITS)
-    command = " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
-    doc = {
-        "about": json.loads(path.read_text())["about"],
-        "source": {"commit": head.stdout.strip(), "command": command},
-        **numbers,
-    }
+    doc = {"about": json.loads(path.read_text())["about"], "source": source(), **numbers}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}: the preset now uses these numbers")
     return path

@@ -29,6 +29,7 @@ import tarfile
 from pathlib import Path
 
 from PIL import Image
+from provenance import source, stamped  # benchmarks/provenance.py (scripts run from this folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "sharded_datasets.md"
@@ -163,7 +164,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.from_json is not None:
         done = json.loads(args.from_json.read_text())
-        args.out.write_text(report(done["rows"], done["baseline"]) + _notes())
+        args.out.write_text(stamped(report(done["rows"], done["baseline"]) + _notes(), source(done)))
         return
     shutil.rmtree(args.work, ignore_errors=True)
     jsonl = {n: write_jsonl(args.work / f"jsonl_{n}", n) for n in sorted({args.small, args.records})}
@@ -175,9 +176,10 @@ def main() -> None:
         row = {"case": case, "records": n, "data_mib": _size_mib(path), **measure(argv)}
         print(f"{case:26s} {n:>9,} {row['wall_s']:7.0f} s {row['peak_rss_mib']:7.0f} MiB", flush=True)
         rows.append(row)
-    args.out.write_text(report(rows, baseline) + _notes())
+    src = source()
+    args.out.write_text(stamped(report(rows, baseline) + _notes(), src))
     args.out.with_suffix(".json").write_text(
-        json.dumps({"baseline": baseline, "rows": rows}, indent=1) + "\n"
+        json.dumps({"source": src, "baseline": baseline, "rows": rows}, indent=1) + "\n"
     )
 
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from idle import cpu_idle_fraction  # benchmarks/idle.py (scripts run from this folder)
+from provenance import source, stamped  # benchmarks/provenance.py
 
 SYSTEMS = ("entrain", "1f1b")
 WARMUP = 1
@@ -486,13 +487,15 @@ def main() -> int:
                 continue
             launches.append(launch)
     summary = summarize(launches)
-    text = report(summary, launches, prof, args.steps, discarded, plans, case)
+    src = source()
+    text = stamped(report(summary, launches, prof, args.steps, discarded, plans, case), src)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{case.results}.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, f"{case.results}.json"), "w") as f:
         json.dump(
             {
+                "source": src,
                 "config": case.config,
                 "entrain_plan_flags": case.entrain_flags,
                 "plans": plans,

@@ -23,6 +23,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from provenance import source, stamped  # benchmarks/provenance.py (scripts run from this folder)
+
 from entrain.cli.bench import DATASETS, GLOBAL_BATCH, GPUS, HARDWARE, MICROBATCH, MODELS, TP
 from entrain.cli.bench import DP as BENCH_DP
 from entrain.cli.main import main as cli
@@ -154,8 +156,9 @@ def _write(res: dict, args, out: Path) -> None:
         lines += _md_paper(res["paper"])
     if "zoo" in res:
         lines += _md_zoo(res["zoo"])
+    res["source"] = source(res)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
+    out.write_text(stamped("\n".join(lines), res["source"]))
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
 
 

@@ -86,7 +86,7 @@ def test_text_token_count_is_ids_minus_image_pads():
 
 
 def test_template_overhead_matches_reference_formula():
-    # datasets.md §1: text = 11 + 2*n_images + sum_turns(10 + q + a), q/a counted alone
+    # docs/workloads.md: text = 11 + 2*n_images + sum_turns(10 + q + a), q/a counted alone
     q1, a1, q2, a2 = "What is shown?", "A bus on a street.", "What color is it?", "Yellow."
     turns = [("user", "<image>" + q1), ("assistant", a1), ("user", q2), ("assistant", a2)]
     body = sum(TOK.count(t) for t in (q1, a1, q2, a2))

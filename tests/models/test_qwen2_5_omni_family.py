@@ -193,3 +193,14 @@ def test_a_whole_qwen2_5_omni_folder_trains_its_thinker(tmp_path):
     got = dict(thinker.named_parameters())
     assert set(got) == set(want)
     assert all(torch.equal(got[n], want[n]) for n in want)
+
+
+def test_the_shape_counts_every_parameter_of_the_thinker(model, folder):
+    """The cost model's parameters (the audio tower's on the first encoder layer) are the thinker's."""
+    from entrain.models.families.qwen2_5_omni.spec import shape_of_folder
+
+    shape = shape_of_folder(str(folder))
+    assert shape.num_params() == sum(p.numel() for p in model.parameters())
+    audio = sum(p.numel() for n, p in model.named_parameters() if n.startswith(om.AUDIO_PREFIX))
+    assert shape.audio.num_params() == audio
+    assert shape.layer_specs()["encoder"][0].param_count > audio

@@ -70,6 +70,9 @@ __all__ = [
     "layout_channels",
     "message_part_names",
     "KnownShape",
+    "Pieces",
+    "encoder_pieces",
+    "check_pieces",
 ]
 
 FORWARD_KINDS = frozenset({ActionKind.F, ActionKind.SEND_F, ActionKind.RECV_F})
@@ -140,11 +143,11 @@ _WARMUP_MESSAGE = Message("W", -1, -1, 0, 0)
 """The placeholder message of a warm-up operation (its part is ``"warmup"``)."""
 
 
-def warmup_batches(layout: Layout, rank: int) -> tuple[Batch, ...]:
-    """``rank``'s warm-up: for each channel it is on, in the global channel order, a send (its sender)
-    or a receive (its receiver) of one small tensor. Deadlock-free under any setup order: the smallest
-    channel not yet warmed has both its ranks at it."""
-    return channel_warmup(layout_channels(layout), rank)
+def warmup_batches(layout: Layout, rank: int, cross_replica: bool = False) -> tuple[Batch, ...]:
+    """``rank``'s warm-up: for each channel it is on (``layout_channels``), in the global channel
+    order, a send (its sender) or a receive (its receiver) of one small tensor. Deadlock-free under
+    any setup order: the smallest channel not yet warmed has both its ranks at it."""
+    return channel_warmup(layout_channels(layout, cross_replica), rank)
 
 
 def channel_warmup(channels: Sequence[tuple[int, int]], rank: int) -> tuple[Batch, ...]:
@@ -171,19 +174,82 @@ def _peer(layout: Layout, rank: int, a: Action) -> int:
     return _owner(layout, rank, msg.dst if a.kind in _SENDS else msg.src)
 
 
-def _channel_orders(
-    layout: Layout, it: IterationPlan, rank: int, forward_only: bool
-) -> dict[int, list[Message]]:
-    """Sender (plan rank) -> the messages it sends to ``rank``, in its send order."""
+Pieces = dict[tuple[int, int, int], dict[int, tuple[str, ...]]]
+"""(replica, mb, sub) of a last encoder stage's message -> per replica owning some of its samples (its
+own replica first, maybe with none), their ids in the sub's order."""
+
+
+def encoder_pieces(layout: Layout, it: IterationPlan) -> Pieces:
+    """The boundary messages whose samples cross data-parallel replicas (encoder work moved off the
+    replica that owns the sample, ``batching.rebalance``): each is cut into one piece per owning
+    replica, sent to that replica's first LLM stage, whose gradient comes back the same way. A moved
+    sample's owner takes it at the same position (its LLM microbatch ``mb``). Empty: nothing moves."""
+    e = layout.num_encoder_stages - 1
+    if layout.dp < 2 or e < 0 or e + 1 >= len(layout.stages):
+        return {}
+    owner = {sid: (r, p) for r, specs in enumerate(it.microbatches) for p, spec in enumerate(specs)
+             for sid in spec.llm_ids}  # fmt: skip
+    out: Pieces = {}
+    for r, specs in enumerate(it.microbatches):
+        for p, spec in enumerate(specs):
+            for u, ids in enumerate(spec.encoder_subs):
+                where = [owner.get(sid, (r, p)) for sid in ids]
+                if all(o == r for o, _ in where):
+                    continue
+                pieces: dict[int, tuple[str, ...]] = {r: ()}
+                for sid, (o, q) in zip(ids, where):
+                    if o != r and q != p:
+                        raise ScheduleError(
+                            f"sample {sid} is encoded by replica {r} at microbatch {p} but its owner, replica "
+                            f"{o}, takes it at microbatch {q}: a moved sample crosses at its own position"
+                        )
+                    pieces[o] = pieces.get(o, ()) + (sid,)
+                out[(r, p, u)] = pieces
+    if out and layout.stages[e].pp_rank == layout.stages[e + 1].pp_rank:
+        raise ScheduleError(
+            "encoder work moves across replicas on a layout whose encoder and LLM share a rank"
+        )
+    return out
+
+
+def _targets(layout: Layout, pieces: Pieces, rank: int, a: Action) -> list[tuple[int, Message]]:
+    """(peer, message) of each message communication action ``a`` of ``rank`` sends or receives: its
+    own replica's, then the pieces that cross replicas (``encoder_pieces``), by replica."""
+    msg = message_of(a)
+    own = [(_peer(layout, rank, a), msg)]
+    if not pieces:
+        return own
+    e = layout.num_encoder_stages - 1
     replica, _ = layout.replica_of(rank)
+    key = (replica, a.mb, a.sub_index)
+    if a.stage == e and a.kind in (ActionKind.SEND_F, ActionKind.RECV_B):
+        others = sorted(o for o in pieces.get(key, {}) if o != replica)
+        return own + [(layout.global_rank(o, layout.stages[e + 1].pp_rank), msg) for o in others]
+    if a.stage == e + 1 and a.kind in (ActionKind.RECV_F, ActionKind.SEND_B):
+        others = sorted(r for (r, mb, sub), per in pieces.items() if (mb, sub) == key[1:] and r != replica
+                        and replica in per)  # fmt: skip
+        return own + [(layout.global_rank(r, layout.stages[e].pp_rank), msg) for r in others]
+    return own
+
+
+def _channel_orders(
+    layout: Layout, it: IterationPlan, rank: int, forward_only: bool, pieces: Pieces
+) -> dict[int, list[Message]]:
+    """Sender (plan rank) -> the messages it sends to ``rank``, in its send order (from every replica
+    where pieces cross replicas)."""
+    replica, _ = layout.replica_of(rank)
+    replicas = range(layout.dp) if pieces else (replica,)
     orders: dict[int, list[Message]] = {}
-    for pp in range(layout.ranks_per_replica):
-        sender = layout.global_rank(replica, pp)
-        if sender == rank:
-            continue
-        for a in _actions(it, sender, forward_only):
-            if a.kind in _SENDS and _peer(layout, sender, a) == rank:
-                orders.setdefault(sender, []).append(message_of(a))
+    for r in replicas:
+        for pp in range(layout.ranks_per_replica):
+            sender = layout.global_rank(r, pp)
+            if sender == rank:
+                continue
+            for a in _actions(it, sender, forward_only):
+                if a.kind in _SENDS:
+                    for peer, msg in _targets(layout, pieces, sender, a):
+                        if peer == rank:
+                            orders.setdefault(sender, []).append(msg)
     return orders
 
 
@@ -228,7 +294,8 @@ class _Builder:
         self.layout, self.rank, self.iteration = layout, rank, iteration
         self.known_shape = known_shape
         self.actions = _actions(it, rank, forward_only)
-        self.orders = _channel_orders(layout, it, rank, forward_only)
+        self.pieces = encoder_pieces(layout, it)
+        self.orders = _channel_orders(layout, it, rank, forward_only, self.pieces)
         self.position = {(src, m): i for src, msgs in self.orders.items() for i, m in enumerate(msgs)}
         self.received = dict.fromkeys(self.orders, 0)
 
@@ -238,11 +305,17 @@ class _Builder:
         )
 
     def _batches(self, step: int, a: Action) -> tuple[Batch, ...]:
-        peer, msg = _peer(self.layout, self.rank, a), message_of(a)
-        if peer == self.rank:
-            return ()  # a hand-over between stages of this rank
-        if a.kind in _SENDS:
-            return _send_batches(self.rank, peer, msg, message_part_names(self.layout, msg))
+        out: list[Batch] = []
+        for peer, msg in _targets(self.layout, self.pieces, self.rank, a):
+            if peer == self.rank:
+                continue  # a hand-over between stages of this rank
+            if a.kind in _SENDS:
+                out.extend(_send_batches(self.rank, peer, msg, message_part_names(self.layout, msg)))
+            else:
+                out.extend(self._receive(step, a, peer, msg))
+        return tuple(out)
+
+    def _receive(self, step: int, a: Action, peer: int, msg: Message) -> tuple[Batch, ...]:
         pos = self.position.get((peer, msg))
         if pos is None:
             raise ScheduleError(
@@ -269,14 +342,17 @@ def rank_program(
     iteration: int = 0,
     warmup: bool = False,
     known_shape: KnownShape | None = None,
+    cross_replica: bool = False,
 ) -> tuple[Step, ...]:
     """The steps ``rank`` runs for ``it``: its compute actions and its communication, in order; with
     ``warmup``, opened by the connection warm-up (the runtime's first step after building its groups).
     ``known_shape``: the forward messages the receiver sizes itself (one batch, like a gradient's);
     every other forward message reads its headers first. Posting a receive's data with its headers
-    only posts earlier, so the replay of the header-first program covers both."""
+    only posts earlier, so the replay of the header-first program covers both. ``cross_replica``: the
+    run has the channels between replicas that moved encoder work needs (``layout_channels``), which
+    the warm-up connects too."""
     steps = _Builder(layout, it, rank, forward_only, iteration, known_shape).build()
-    head = warmup_batches(layout, rank) if warmup else ()
+    head = warmup_batches(layout, rank, cross_replica) if warmup else ()
     return ((WarmUp(head),) if head else ()) + steps
 
 
@@ -570,9 +646,32 @@ def check_iteration(
     iteration: int = 0,
     forward_only: bool = False,
     rules: NcclRules = REAL_NCCL,
+    cross_replica: bool = False,
 ) -> None:
     """Every replica's programs of ``it`` under ``rules``, each opened by the warm-up (as if it were
-    the run's first step: nothing connected yet)."""
+    the run's first step: nothing connected yet). With ``cross_replica`` (the run has the channels
+    between replicas, ``layout_channels``) every rank's program in one replay, the pieces that cross
+    replicas taken where their samples are computed (``check_pieces``); without, an iteration that
+    moves encoder work across replicas is an error."""
+    pieces = encoder_pieces(layout, it)
+    if pieces and not cross_replica:
+        moved = sum(len(ids) for (r, _, _), per in pieces.items() for o, ids in per.items() if o != r)
+        raise ScheduleError(
+            f"iteration {iteration}: {moved} sample(s) cross data-parallel replicas at the encoder -> LLM "
+            "boundary, but the run has no channels between replicas (a system whose plans move encoder "
+            "work across replicas: SystemSpec.cross_replica_moves)"
+        )
+    if cross_replica:
+        check_pieces(layout, it, pieces, forward_only)
+        ranks = range(layout.world_size)
+        programs = {
+            g: rank_program(
+                layout, it, g, forward_only=forward_only, iteration=iteration, warmup=True, cross_replica=True
+            )
+            for g in ranks
+        }
+        check_program(programs, iteration, rules)
+        return
     for replica in range(layout.dp):
         programs = replica_programs(
             layout, it, replica, forward_only=forward_only, iteration=iteration, warmup=True
@@ -580,12 +679,51 @@ def check_iteration(
         check_program(programs, iteration, rules)
 
 
-def check_plan(plan: Plan, rules: NcclRules = REAL_NCCL) -> None:
+def check_plan(plan: Plan, rules: NcclRules = REAL_NCCL, cross_replica: bool = False) -> None:
     """Every iteration of ``plan``, training and forward-only steps, is deadlock-free under NCCL with
-    ``rules`` (default: lazy connection setup, one queue per communicator)."""
+    ``rules`` (default: lazy connection setup, one queue per communicator); ``cross_replica``: the
+    run has the channels between replicas (``check_iteration``)."""
     for i, it in enumerate(plan.iterations):
         for forward_only in (False, True):
-            check_iteration(plan.layout, it, i, forward_only, rules)
+            check_iteration(plan.layout, it, i, forward_only, rules, cross_replica)
+
+
+def _index(acts: Sequence[Action], stage: int, kinds, mb: int, sub: int) -> int | None:
+    return next(
+        (
+            i
+            for i, a in enumerate(acts)
+            if a.stage == stage and a.kind in kinds and (a.mb, a.sub_index) == (mb, sub)
+        ),
+        None,
+    )
+
+
+def check_pieces(layout: Layout, it: IterationPlan, pieces: Pieces, forward_only: bool = False) -> None:
+    """A piece that crosses replicas arrives with its owner's message of the same (mb, sub), before
+    the LLM forward of each sample in it, and its gradient leaves with that message's, after their
+    backwards (the gradient of each row complete); ScheduleError otherwise."""
+    e = layout.num_encoder_stages - 1
+    kinds_b = (ActionKind.B, ActionKind.I)
+    for (r, p, u), per in pieces.items():
+        for o, ids in per.items():
+            if o == r:
+                continue
+            acts = _actions(it, layout.global_rank(o, layout.stages[e + 1].pp_rank), forward_only)
+            recv = _index(acts, e + 1, (ActionKind.RECV_F,), p, u)
+            send = None if forward_only else _index(acts, e + 1, (ActionKind.SEND_B,), p, u)
+            where = f"replica {r}'s encoder message ({p}, {u}) to replica {o}"
+            if recv is None or (send is None and not forward_only):
+                raise ScheduleError(f"{where}: replica {o} has no message ({p}, {u}) to carry it")
+            subs = it.microbatches[o][p].llm_subs
+            for v in sorted({v for v, sub_ids in enumerate(subs) for sid in ids if sid in sub_ids}):
+                fwd = _index(acts, e + 1, (ActionKind.F,), p, v)
+                bwd = None if forward_only else _index(acts, e + 1, kinds_b, p, v)
+                if fwd is None or fwd < recv or (not forward_only and (bwd is None or bwd > send)):
+                    raise ScheduleError(
+                        f"{where}: the LLM (sub-)microbatch ({p}, {v}) that takes it runs before it arrives "
+                        "or its backward after the gradient is sent back"
+                    )
 
 
 def receive_needs_header(msg: Message) -> bool:
@@ -595,10 +733,19 @@ def receive_needs_header(msg: Message) -> bool:
     return msg.kind == "F"
 
 
-def layout_channels(layout: Layout) -> list[tuple[int, int]]:
+def layout_channels(layout: Layout, cross_replica: bool = False) -> list[tuple[int, int]]:
     """Every ordered pair (sender, receiver) of plan ranks that messages travel between: one group
-    each in the runtime."""
+    each in the runtime. ``cross_replica``: also from each replica's last encoder rank to every other
+    replica's first LLM rank and back (encoder work moved across replicas, ``encoder_pieces``)."""
     out: set[tuple[int, int]] = set()
+    e = layout.num_encoder_stages - 1
+    if cross_replica and 0 <= e < len(layout.stages) - 1:
+        for r in range(layout.dp):
+            for o in range(layout.dp):
+                a = layout.global_rank(r, layout.stages[e].pp_rank)
+                b = layout.global_rank(o, layout.stages[e + 1].pp_rank)
+                if r != o and a != b:
+                    out.update({(a, b), (b, a)})
     for replica in range(layout.dp):
         for s in range(len(layout.stages) - 1):
             a = layout.global_rank(replica, layout.stages[s].pp_rank)

@@ -51,6 +51,7 @@ __all__ = [
     "EXTENSIONS",
     "get_system",
     "systems_where",
+    "moves_across_replicas",
     "default_systems",
     "parse_systems",
     "generate_plan",
@@ -123,6 +124,9 @@ class SystemSpec:
     """``--replan auto`` re-plans it (its configuration is Algorithms 1-2 + extensions)."""
     default_in: tuple[str, ...] = ()
     """The commands (``simulate``, ``assign``) whose default ``--systems`` list includes it."""
+    cross_replica_moves: bool = False
+    """Its plans move encoder work across data-parallel replicas (a sample encoded off the replica that
+    owns it): the runtime builds channels between replicas for them (``moves_across_replicas``)."""
 
     @property
     def colocated(self) -> bool:
@@ -171,7 +175,8 @@ SYSTEMS: dict[str, SystemSpec] = {
         SystemSpec(DIP_GREEDY, assign_dip, dip_greedy.generate, "colocated", CONFIG_DIP, default_in=("simulate",)),
         SystemSpec(DIP_GREEDY_MEM, assign_dip, dip_greedy.generate, "colocated", CONFIG_DIP),
         SystemSpec(
-            ENCODER_REBALANCE, assign_encoder_rebalance, one_f_one_b.generate, "disjoint", CONFIG_DISTTRAIN
+            ENCODER_REBALANCE, assign_encoder_rebalance, one_f_one_b.generate, "disjoint", CONFIG_DISTTRAIN,
+            cross_replica_moves=True,
         ),
         SystemSpec(DFLOP, assign_dflop, one_f_one_b.generate, "disjoint", CONFIG_DFLOP),
     )
@@ -188,6 +193,15 @@ def get_system(name: str) -> SystemSpec:
 def systems_where(prop: str) -> tuple[str, ...]:
     """The registry's systems (in its order) whose ``SystemSpec`` field or property ``prop`` is true."""
     return tuple(n for n, spec in SYSTEMS.items() if getattr(spec, prop))
+
+
+def moves_across_replicas(system: str, options: ScheduleOptions | dict | None = None) -> bool:
+    """Whether ``system``'s plans under ``options`` may move encoder work across data-parallel replicas:
+    its ``cross_replica_moves``, or Entrain's ``encoder_rebalance`` option. The one place the runtime
+    and the tests ask (the runtime then builds and checks the channels between replicas)."""
+    spec = get_system(system)
+    option = ScheduleOptions.from_any(options).encoder_rebalance  # True, or "auto" / "on" before deciding
+    return spec.cross_replica_moves or (spec.ours and bool(option) and option != "off")
 
 
 def default_systems(command: str) -> str:

@@ -56,20 +56,22 @@ def build_channel_groups(
     *,
     new_group: Callable[..., object],
     split: Callable[..., object] | None = None,
+    cross_replica: bool = False,
     **kwargs,
 ) -> dict[Channel, object]:
     """This process's group of each channel it is on (its TP rank's copy). With ``split``
     (``torch.distributed.split_group``): one split of the world per round of ``channel_rounds``;
     without: one world-wide ``new_group`` per channel and TP rank. Every process makes the same calls
-    in the same order; ``kwargs``: the groups' timeout."""
+    in the same order; ``cross_replica``: with the channels between replicas
+    (``entrain.core.p2p.layout_channels``); ``kwargs``: the groups' timeout."""
     out: dict[Channel, object] = {}
     if split is not None:
-        for rnd in channel_rounds(layout_channels(layout)):
+        for rnd in channel_rounds(layout_channels(layout, cross_replica)):
             subgroups = [_processes(ch, tp, t) for ch in rnd for t in range(tp)]
             group = split(split_ranks=subgroups, **kwargs)
             out.update((ch, group) for ch in rnd if plan_rank in ch)
         return out
-    for channel in layout_channels(layout):
+    for channel in layout_channels(layout, cross_replica):
         for t in range(tp):
             group = new_group(_processes(channel, tp, t), **kwargs)
             if t == tp_rank and plan_rank in channel:

@@ -38,7 +38,16 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 
 from entrain.core.errors import EntrainError
 from entrain.core.layer_specs import HIDDEN
-from entrain.core.p2p import Comm, Step, WarmUp, message_part_names, rank_program, receive_needs_header
+from entrain.core.p2p import (
+    Comm,
+    Pieces,
+    Step,
+    WarmUp,
+    encoder_pieces,
+    message_part_names,
+    rank_program,
+    receive_needs_header,
+)
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.schedules.graph import Message
 from entrain.models.families.registry import family_of
@@ -238,6 +247,7 @@ class Executor:
         input_grad: dict[int, bool],
         autocast: Callable[[], AbstractContextManager] | None = None,
         process_rank: Callable[[int], int] | None = None,
+        cross_replica: bool = False,
     ):
         self.layout, self.rank, self.modules = layout, rank, modules
         self._is_encoder = {st.stage: st.component == "encoder" for st in layout.stages}
@@ -256,6 +266,9 @@ class Executor:
         self.shapes = MessageShapes(layout, renderer)
         """What this rank knows of the forward messages it receives: their shapes from the plan."""
         self._sized: frozenset[int] = frozenset()
+        self.cross_replica = cross_replica
+        """The run has channels between replicas (encoder work moved across them: the boundary
+        message's pieces, ``entrain.core.p2p.encoder_pieces``)."""
         self._handlers: dict[ActionKind, Callable[[Action], None]] = {
             ActionKind.F: self._forward,
             ActionKind.B: self._backward,
@@ -285,6 +298,7 @@ class Executor:
             forward_only=forward_only,
             warmup=not self.transport.warmed,
             known_shape=lambda m: m.src in self._sized,
+            cross_replica=self.cross_replica,
         )
         self._preposting = self.transport.prepost_gradients and not forward_only
         if self._preposting:
@@ -338,12 +352,11 @@ class Executor:
 
     def _receive(self, peer: int, msg: Message) -> None:
         key, names = _key(msg), message_part_names(self.layout, msg)
+        ids = self._message_ids(peer, msg)
         if msg.kind == "F":  # sized from the plan once its stage's parts are known (MessageShapes)
-            ids = self._ids(msg.src, msg.mb, msg.sub)
             like = self.shapes.likes(msg.src, ids) if msg.src in self._sized else None
-        else:  # the gradient has the shape and dtype of the output it belongs to
-            out = self._outputs[(msg.dst, msg.mb, msg.sub)]
-            ids, like = self._ids(msg.dst, msg.mb, msg.sub), [out[n] for n in names]
+        else:  # the gradient has the shape and dtype of the output (piece) it belongs to
+            like = self._gradient_likes(peer, msg)
         if (receive_needs_header(msg) and msg.src not in self._sized) != (like is None):
             raise RuntimeError(f"rank {self.rank}: {key}: the program and the executor disagree on its size")
         queue = self._unposted[peer]
@@ -360,14 +373,65 @@ class Executor:
         queue = self._unposted[peer]
         while queue and queue[0].kind == "B" and (queue[0].dst, queue[0].mb, queue[0].sub) in self._outputs:
             msg = queue.popleft()
-            out = self._outputs[(msg.dst, msg.mb, msg.sub)]
-            self.transport.prepost_parts(
-                peer, _key(msg), [out[n] for n in message_part_names(self.layout, msg)]
-            )
+            self.transport.prepost_parts(peer, _key(msg), self._gradient_likes(peer, msg))
+
+    # --- pieces of boundary messages that cross replicas ----------------------------------------------
+    def _message_ids(self, peer: int, msg: Message) -> tuple[str, ...]:
+        """The samples a message between this rank and ``peer`` carries: its forward output's ids, or
+        at the encoder -> LLM boundary where samples cross replicas, the piece for the LLM's replica."""
+        out = msg.src if msg.kind == "F" else msg.dst
+        if out != self.first_llm - 1 or not self._pieces:
+            return self._ids(out, msg.mb, msg.sub)
+        other = self.layout.replica_of(peer)[0]
+        enc, llm = (self.replica, other) if out in self.modules else (other, self.replica)
+        return self._piece_ids(enc, llm, msg.mb, msg.sub)
+
+    def _piece_ids(self, enc: int, llm: int, mb: int, sub: int) -> tuple[str, ...]:
+        """Ids of replica ``enc``'s encoder message (mb, sub) that replica ``llm`` owns, in order."""
+        per = self._pieces.get((enc, mb, sub))
+        if per is None:
+            return self._it.microbatches[enc][mb].encoder_subs[sub] if enc == llm else ()
+        return per.get(llm, ())
+
+    def _piece_peers(self, stage: int, mb: int, sub: int) -> list[tuple[int, int]]:
+        """(replica, plan rank) of the other replicas this rank exchanges pieces of message (mb, sub)
+        with: at the last encoder stage the owners of its samples, at the first LLM stage the
+        replicas that encoded some of its own (the program's order, ``entrain.core.p2p``)."""
+        if not self._pieces:
+            return []
+        e = self.first_llm - 1
+        if stage == e:
+            others = sorted(o for o in self._pieces.get((self.replica, mb, sub), {}) if o != self.replica)
+            pp = self.layout.stages[e + 1].pp_rank
+        else:
+            others = sorted(r for (r, m, u), per in self._pieces.items()
+                            if (m, u) == (mb, sub) and r != self.replica and self.replica in per)  # fmt: skip
+            pp = self.layout.stages[e].pp_rank
+        return [(r, self.layout.global_rank(r, pp)) for r in others]
+
+    def _row_index(self, ids: Sequence[str], subset: Sequence[str]) -> torch.Tensor:
+        """Rows of the samples ``subset`` in an encoder output of samples ``ids`` (image rows each)."""
+        spans, start = {}, 0
+        for sid in ids:
+            rows = self.renderer.sample(sid).image_tokens
+            spans[sid], start = (start, start + rows), start + rows
+        rows = [i for sid in subset for i in range(*spans[sid])]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def _gradient_likes(self, peer: int, msg: Message) -> list[torch.Tensor]:
+        """Tensors of the shapes and dtypes of gradient message ``msg``'s parts: its output's, or the
+        rows of its piece where samples cross replicas."""
+        out = self._outputs[(msg.dst, msg.mb, msg.sub)]
+        names = message_part_names(self.layout, msg)
+        if msg.dst != self.first_llm - 1 or (self.replica, msg.mb, msg.sub) not in self._pieces:
+            return [out[n] for n in names]
+        rows = sum(self.renderer.sample(sid).image_tokens for sid in self._message_ids(peer, msg))
+        return [torch.empty((rows, *out[n].shape[1:]), dtype=out[n].dtype, device="meta") for n in names]
 
     # --- state --------------------------------------------------------------------------------------
     def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
         self._it, self._loss_scale, self._forward_only = it, loss_scale, forward_only
+        self._pieces: Pieces = encoder_pieces(self.layout, it)
         self._inputs: dict[Key, Parts] = {}
         self._messages: dict[tuple[int, int], Parts] = {}
         self._features: dict[str, tuple[tuple[int, int], Parts]] = {}
@@ -417,14 +481,33 @@ class Executor:
             self._inputs[(stage, mb, sub)] = leaves
             return
         self._messages[(mb, sub)] = leaves
+        own = set(self._piece_ids(self.replica, self.replica, mb, sub))  # what stayed on this replica
         start = 0
         for sid in self._ids(stage - 1, mb, sub):
+            if sid not in own:
+                continue
             rows = self.renderer.sample(sid).image_tokens
             self._features[sid] = ((mb, sub), {n: t[start : start + rows] for n, t in leaves.items()})
             start += rows
         for name, t in leaves.items():
             assert start == t.shape[0], (
                 f"encoder message {mb}.{sub} part {name}: {t.shape[0]} rows, plan says {start}"
+            )
+
+    def _accept_piece(self, mb: int, sub: int, replica: int, parts: Parts) -> None:
+        """Store the piece of ``replica``'s encoder message (mb, sub) this replica owns, its rows routed
+        by sample id as the first LLM stage's own messages are."""
+        leaves = {name: self._leaf(t, self.first_llm) for name, t in parts.items()}
+        key = (mb, sub, replica)
+        self._messages[key] = leaves
+        start = 0
+        for sid in self._piece_ids(replica, self.replica, mb, sub):
+            rows = self.renderer.sample(sid).image_tokens
+            self._features[sid] = (key, {n: t[start : start + rows] for n, t in leaves.items()})
+            start += rows
+        for name, t in leaves.items():
+            assert start == t.shape[0], (
+                f"piece {mb}.{sub} of replica {replica} part {name}: {t.shape[0]} rows"
             )
 
     def _input_leaf(self, stage: int, mb: int, sub: int) -> Parts:
@@ -603,10 +686,17 @@ class Executor:
             return
         out = self._outputs[(s, mb, sub)]
         tensors = [t.detach() for t in out.values()]
-        self.transport.send_parts(
-            tensors, self._peer(s + 1), MessageKey(s, False, mb, sub), self._ids(s, mb, sub)
-        )
-        self._prepost(self._peer(s + 1))
+        key, peers = MessageKey(s, False, mb, sub), self._piece_peers(s, mb, sub)
+        if not peers:
+            self.transport.send_parts(tensors, self._peer(s + 1), key, self._ids(s, mb, sub))
+            self._prepost(self._peer(s + 1))
+            return
+        ids = self._ids(s, mb, sub)
+        for replica, peer in [(self.replica, self._peer(s + 1)), *peers]:
+            piece = self._piece_ids(self.replica, replica, mb, sub)
+            rows = self._row_index(ids, piece)
+            self.transport.send_parts([t.index_select(0, rows) for t in tensors], peer, key, piece)
+            self._prepost(peer)
 
     def _take(self, stage: int, backward: bool, mb: int, sub: int, names: Sequence[str]) -> Parts:
         """The parts ``names`` of message (``stage``: its sender) from the stash."""
@@ -617,10 +707,19 @@ class Executor:
         s, mb, sub = a.stage, a.mb, a.sub_index
         if self._is_local(s - 1):
             return
-        parts = self._take(s - 1, False, mb, sub, self.layout.stages[s - 1].part_names)
+        names = self.layout.stages[s - 1].part_names
+        parts = self._take(s - 1, False, mb, sub, names)
         if s - 1 not in self._sized:
-            self.shapes.observe(s - 1, self._ids(s - 1, mb, sub), parts)
+            self.shapes.observe(
+                s - 1, self._message_ids(self._peer(s - 1), Message("F", s - 1, s, mb, sub)), parts
+            )
         self._accept_input(s, mb, sub, parts)
+        key = MessageKey(s - 1, False, mb, sub)
+        for replica, peer in self._piece_peers(s, mb, sub):
+            piece = {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)}
+            if s - 1 not in self._sized:
+                self.shapes.observe(s - 1, self._piece_ids(replica, self.replica, mb, sub), piece)
+            self._accept_piece(mb, sub, replica, piece)
 
     def _send_backward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
@@ -628,14 +727,45 @@ class Executor:
             return
         leaves = self._input_leaf(s, mb, sub)
         grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves.values()]
-        ids = self._ids(s - 1, mb, sub) if s == self.first_llm else self._ids(s, mb, sub)
-        self.transport.send_parts(grads, self._peer(s - 1), MessageKey(s, True, mb, sub), ids)
+        if s == self.first_llm:  # the rows of its encoder message that stayed on this replica
+            ids = self._piece_ids(self.replica, self.replica, mb, sub)
+        else:
+            ids = self._ids(s, mb, sub)
+        key, peers = (
+            MessageKey(s, True, mb, sub),
+            self._piece_peers(s, mb, sub) if s == self.first_llm else [],
+        )
+        self.transport.send_parts(grads, self._peer(s - 1), key, ids)
+        for replica, peer in peers:
+            leaves = self._messages[(mb, sub, replica)]
+            grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves.values()]
+            self.transport.send_parts(grads, peer, key, self._piece_ids(replica, self.replica, mb, sub))
 
     def _recv_backward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
         if self._is_local(s + 1):
             return
-        self._out_grads[(s, mb, sub)] = self._take(s + 1, True, mb, sub, self.layout.stages[s].part_names)
+        names = self.layout.stages[s].part_names
+        grads = self._take(s + 1, True, mb, sub, names)
+        peers = self._piece_peers(s, mb, sub)
+        if peers:  # the pieces' gradients back in the rows of the whole output
+            out, ids, key = (
+                self._outputs[(s, mb, sub)],
+                self._ids(s, mb, sub),
+                MessageKey(s + 1, True, mb, sub),
+            )
+            pieces = [(self.replica, grads)]
+            for replica, peer in peers:
+                pieces.append(
+                    (replica, {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)})
+                )
+            full = {n: torch.zeros_like(out[n]) for n in names}
+            for replica, part in pieces:
+                rows = self._row_index(ids, self._piece_ids(self.replica, replica, mb, sub))
+                for n in names:
+                    full[n].index_copy_(0, rows, part[n])
+            grads = full
+        self._out_grads[(s, mb, sub)] = grads
 
 
 def _key(msg: Message) -> MessageKey:

@@ -93,8 +93,11 @@ class Groups:
     TP rank's copy): one communicator per direction, ``entrain.core.p2p``."""
 
 
-def build_groups(layout: Layout, tp: int, rank: int, timeout_s: float | None = None) -> Groups:
-    """Every process calls this (``new_group`` is collective), creating every group in one order."""
+def build_groups(
+    layout: Layout, tp: int, rank: int, timeout_s: float | None = None, cross_replica: bool = False
+) -> Groups:
+    """Every process calls this (``new_group`` is collective), creating every group in one order;
+    ``cross_replica``: with the point-to-point channels between replicas (``channel_groups``)."""
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
     me = placement(rank, tp)
     _, my_pp = layout.replica_of(me.plan_rank)
@@ -111,17 +114,25 @@ def build_groups(layout: Layout, tp: int, rank: int, timeout_s: float | None = N
             group = dist.new_group(ranks, **kwargs)
             if plan_rank == me.plan_rank:
                 tp_group, tp_ranks = group, ranks
-    return Groups(dp_group, dp_ranks, tp_group, tp_ranks, _channel_groups(layout, tp, me, kwargs))
+    channels = _channel_groups(layout, tp, me, kwargs, cross_replica)
+    return Groups(dp_group, dp_ranks, tp_group, tp_ranks, channels)
 
 
 def _channel_groups(
-    layout: Layout, tp: int, me: Placement, kwargs: dict
+    layout: Layout, tp: int, me: Placement, kwargs: dict, cross_replica: bool = False
 ) -> dict[tuple[int, int], dist.ProcessGroup]:
     """This process's group of each channel it is on: NCCL splits the world once per round of disjoint
     channels, gloo makes one group per channel and TP rank (``channel_groups``)."""
     split = dist.split_group if dist.get_backend() == "nccl" else None
     return build_channel_groups(
-        layout, tp, me.plan_rank, me.tp_rank, new_group=dist.new_group, split=split, **kwargs
+        layout,
+        tp,
+        me.plan_rank,
+        me.tp_rank,
+        new_group=dist.new_group,
+        split=split,
+        cross_replica=cross_replica,
+        **kwargs,
     )
 
 

@@ -38,6 +38,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.p2p import check_plan, rules_from_env
 from entrain.core.plan import IterationPlan, Layout, Plan
 from entrain.core.plan_steps import join_plans, pinned_options, plan_step
+from entrain.core.systems import moves_across_replicas
 from entrain.core.work import SampleWork
 
 __all__ = ["MODES", "StepPlanner", "StepPlans", "prefetch_mode"]
@@ -78,7 +79,8 @@ class StepPlanner:
             out = first
         else:
             out = plan_step(self.system, self.layout, batch, self.cost, self.options, self.pinned)
-        check_plan(out, rules_from_env(os.environ))  # lazy connection; one GPU queue where set
+        cross = moves_across_replicas(self.system, self.options)  # channels between replicas
+        check_plan(out, rules_from_env(os.environ), cross)  # lazy connection; one GPU queue where set
         return out
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from entrain.config import RunConfig
-from entrain.core.batching.rebalance import moved_samples
 from entrain.core.costmodel import CostModel
-from entrain.core.errors import ConfigError
 from entrain.core.p2p import check_plan
 from entrain.core.plan import Layout, Plan
 from entrain.core.planning.profile import Sampler, pool_sampler
@@ -27,7 +25,7 @@ from entrain.core.setups import (
     read_plan_file,
     system_setups,
 )
-from entrain.core.systems import SYSTEMS, plan_system
+from entrain.core.systems import SYSTEMS, moves_across_replicas, plan_system
 from entrain.core.work import SampleWork
 
 __all__ = [
@@ -134,14 +132,9 @@ def make_plan(
 ) -> Plan:
     """One iteration per global batch in ``batches``, by ``system``'s batcher and generator: the same
     Plans the simulator runs (``entrain.core.systems.plan_system``), each iteration's point-to-point
-    programs checked deadlock-free under NCCL's semantics (``entrain.core.p2p``) before any runs."""
+    programs checked deadlock-free under NCCL's semantics (``entrain.core.p2p``) before any runs, with
+    the channels between replicas where the system moves encoder work across them
+    (``entrain.core.systems.moves_across_replicas``; a plan that moves it without them is refused)."""
     plan = plan_system(system, layout, batches, cost, options)
-    crossing = [moved_samples(it.assignment) for it in plan.iterations]
-    if any(crossing):
-        raise ConfigError(
-            f"{system}: the plan moves encoder work across data-parallel replicas "
-            f"({sum(map(len, crossing))} sample(s)), which the runtime does not execute yet (no cross-replica "
-            "messages in the point-to-point program); simulate it, or train it with --dp 1"
-        )
-    check_plan(plan)
+    check_plan(plan, cross_replica=moves_across_replicas(system, options))
     return plan

@@ -198,6 +198,7 @@ def _build_run(
 ) -> SystemRun:
     """The model, its sample renderer and the pipeline trainer of this rank, with the run's Plans,
     checkpoints and records."""
+    from entrain.core.systems import moves_across_replicas
     from entrain.runtime.data import SampleRenderer
     from entrain.runtime.parallelize import StageParallelism
     from entrain.runtime.trainer import PipelineTrainer
@@ -220,6 +221,7 @@ def _build_run(
         timeout_s=spec.run.timeout_s,
         watch=inputs.watch,
         parallel=StageParallelism(tp=spec.parallel.tp, fsdp=spec.parallel.fsdp),
+        cross_replica=moves_across_replicas(system, setup.options),
     )
     metrics = RunMetrics(spec, system, env, checkpointer.out, data, setup)
     return SystemRun(

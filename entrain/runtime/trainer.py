@@ -99,6 +99,7 @@ class PipelineTrainer:
         timeout_s: float | None = None,
         watch: PeerWatch | None = None,
         parallel: StageParallelism | None = None,
+        cross_replica: bool = False,
     ):
         self.parallel = parallel = parallel or StageParallelism()
         self.place = placement(env.rank, parallel.tp)
@@ -117,7 +118,7 @@ class PipelineTrainer:
             any(p.requires_grad for _, p in all_stages[s].owned_parameters()) for s in sorted(all_stages)
         ]
         input_grad = {s: any(trains[:s]) for s in all_stages}
-        self.groups = build_groups(layout, parallel.tp, env.rank, timeout_s)
+        self.groups = build_groups(layout, parallel.tp, env.rank, timeout_s, cross_replica)
         self.fsdp_roots = self._parallelize(
             parallel, {s.stage: s.recompute for s in layout.stages_of(self.pp_rank)}
         )
@@ -151,6 +152,7 @@ class PipelineTrainer:
             renderer=renderer,
             input_grad=input_grad,
             autocast=autocast,
+            cross_replica=cross_replica,
         )
         foreach = None if parallel.tp == 1 and not parallel.fsdp else False  # plain and DTensor params mixed
         self.optimizer = (

@@ -85,17 +85,17 @@ def test_entrain_option_moves_encoder_work_and_keeps_every_action():
     assert rebalance_plan(rebalance_plan(plain)).iterations == got.iterations  # a fixed point
 
 
-def test_a_real_run_refuses_a_plan_that_moves_encoder_work_across_replicas():
-    """The runtime's point-to-point program has no cross-replica messages yet: ``make_plan`` says so
-    (one line naming the system) rather than train wrong; one replica moves nothing and plans."""
-    import pytest
-
-    from entrain.core.errors import ConfigError
+def test_a_real_run_plans_encoder_work_moved_across_replicas():
+    """``make_plan`` checks the point-to-point programs with the channels between replicas (the
+    registry's ``cross_replica_moves``); one replica moves nothing."""
+    from entrain.core.p2p import encoder_pieces
     from entrain.runtime.planning import make_plan
 
     batch = _skewed()
-    with pytest.raises(ConfigError, match=f"{ENCODER_REBALANCE}: the plan moves encoder work across"):
-        make_plan(ENCODER_REBALANCE, disjoint_layout(2, 2, dp=2, k=2, microbatch_size=4), [batch], toy_cost())
+    two = make_plan(
+        ENCODER_REBALANCE, disjoint_layout(2, 2, dp=2, k=2, microbatch_size=4), [batch], toy_cost()
+    )
+    assert moved_samples(two.iterations[0].assignment) and encoder_pieces(two.layout, two.iterations[0])
     one = make_plan(
         ENCODER_REBALANCE, disjoint_layout(2, 2, dp=1, k=4, microbatch_size=4), [batch], toy_cost()
     )

@@ -27,7 +27,7 @@ from entrain.core.p2p import (
 )
 from entrain.core.plan import Action
 from entrain.core.schedules.graph import Message
-from entrain.core.systems import ENCODER_REBALANCE, SYSTEMS
+from entrain.core.systems import SYSTEMS, moves_across_replicas
 from entrain.runtime.preflight import SHARED_QUEUE_SAFE, refuse_shared_gpu_queue
 from tests.runtime.cases import batch_metas, plan_for, works
 
@@ -40,10 +40,7 @@ COLOCATED = [(1, 1, 2), (2, 2, 1), (2, 2, 2), (3, 3, 1), (3, 3, 2), (4, 4, 1), (
 
 
 def _layouts(system: str) -> list[tuple[int, int, int]]:
-    layouts = COLOCATED if SYSTEMS[system].colocated else DISJOINT
-    if system == ENCODER_REBALANCE:  # the runtime refuses its cross-replica moves: real plans have dp 1
-        layouts = [x for x in layouts if x[2] == 1]
-    return layouts
+    return COLOCATED if SYSTEMS[system].colocated else DISJOINT
 
 
 @cache
@@ -63,7 +60,8 @@ def _check_without_warmup(plan, rules: NcclRules) -> None:
 @pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_every_systems_real_plans_pass_under_lazy_connection(system):
     for enc, llm, dp in _layouts(system):
-        check_plan(_plan(system, enc, llm, dp))  # the default rules: lazy connection, warm-up first
+        plan = _plan(system, enc, llm, dp)  # the default rules: lazy connection, warm-up first
+        check_plan(plan, cross_replica=moves_across_replicas(system, plan.options))
 
 
 @pytest.mark.parametrize("enc", [3, 4])
@@ -144,7 +142,7 @@ def _passes_shared(system: str) -> list[bool]:
     out = []
     for enc, llm, dp in _layouts(system):
         try:
-            check_plan(_plan(system, enc, llm, dp), SHARED)
+            check_plan(_plan(system, enc, llm, dp), SHARED, moves_across_replicas(system))
             out.append(True)
         except ScheduleError:
             out.append(False)

@@ -184,7 +184,7 @@ def add_common_args(p: argparse.ArgumentParser, command: str, *, systems_default
 
 def add_model_source_args(p: argparse.ArgumentParser) -> None:
     """``--vision-model DIR`` / ``--llm-model DIR``: stock Hugging Face folders replacing ``--model``
-    (shapes from their config.json; ``entrain.models.families.composition.hf_config``);
+    (shapes from their config.json; ``entrain.models.families.composition.spec``);
     ``--model-path DIR``: one whole checkpoint of a registered family (``family_of_folder``)."""
     p.add_argument(
         "--model-path",

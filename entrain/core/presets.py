@@ -493,7 +493,7 @@ def build_cost_model(
     attention: str | None = None,
 ) -> CostModel:
     """The analytic cost model of a model preset (or any ``ModelArch``, e.g. one read from Hugging Face
-    ``config.json`` files by ``entrain.models.families.composition.hf_config``) on a hardware preset.
+    ``config.json`` files by ``entrain.models.families.composition.spec``) on a hardware preset.
 
     ``freeze``: any of ``FREEZE_OPTIONS``; ``attention``: see ``attention_by_component`` (``None``: the
     hardware preset's ``DEFAULT_ATTENTION``, else flash). ConfigError names the valid choices.

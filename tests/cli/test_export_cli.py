@@ -13,7 +13,7 @@ import torch
 from entrain.cli.main import main
 from entrain.core.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.checkpoint import load_model_state, step_dir
 from entrain.runtime.data import SampleRenderer
 

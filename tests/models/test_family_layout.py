@@ -27,8 +27,6 @@ REQUIRED = ("__init__", "family")
 
 EXCEPTIONS = {
     ("composition", "config"): "the run config and preset lookup the runtime tests build on",
-    ("composition", "hf_config"): "the spec role under its first name (other families import it)",
-    ("composition", "vlm"): "the model role under its first name (other families' stages build on it)",
     ("composition", "attention"): "the packed attention every family's stages use",
     ("composition", "hf_checkpoint"): "the safetensors reader every family's loading uses",
 }

@@ -14,7 +14,7 @@ from runtime.gpu_harness import each_scenario, run_spawned, scenario
 
 from entrain.core.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_stage
+from entrain.models.families.composition.model import build_stage
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.profiler import representative_config, timing_model
 

@@ -14,7 +14,7 @@ from entrain.models.families.composition.config import (
     get_model_config,
     tiny_token_id,
 )
-from entrain.models.families.composition.vlm import build_stage, build_vlm, set_trainable
+from entrain.models.families.composition.model import build_stage, build_vlm, set_trainable
 from entrain.runtime.data import SampleRenderer
 
 torch.set_num_threads(1)
@@ -70,7 +70,7 @@ def test_stages_compose_to_the_full_model(tiny):
 def test_stages_reuse_geometry_across_microbatches(tiny, cut, monkeypatch):
     """Each encoder stage keeps the index tensors of the image grids it saw: a microbatch of other
     grids computes its own, a repeated one reuses them, and every output equals the whole tower's."""
-    from entrain.models.families.composition.vlm import EncoderStage
+    from entrain.models.families.composition.model import EncoderStage
 
     _, model, r = tiny
     calls = []

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from entrain.core.plan import IterationPlan
 from entrain.core.samples import SampleMeta
 from entrain.models.families.composition.config import VLMConfig
-from entrain.models.families.composition.vlm import VLM
+from entrain.models.families.composition.model import VLM
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import PipelineTrainer, StepResult
 

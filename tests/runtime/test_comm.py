@@ -13,7 +13,7 @@ import torch.distributed as dist
 from entrain.core.errors import ConfigError
 from entrain.core.plan import ComponentLayout, Layout, StageSpec
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.comm import MessageKey, Transport
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import check_runtime_layout

@@ -21,7 +21,7 @@ import torch
 from entrain.core.p2p import Comm, rank_program
 from entrain.core.plan import ActionKind, Plan
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm, set_trainable
+from entrain.models.families.composition.model import build_vlm, set_trainable
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 

@@ -18,7 +18,7 @@ from entrain.core.plan import ComponentLayout, Layout, Plan, StageSpec
 from entrain.core.presets import build_cost_model
 from entrain.core.validate import validate_plan
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.planning import make_plan
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer

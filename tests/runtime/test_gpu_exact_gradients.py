@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm, set_trainable
+from entrain.models.families.composition.model import build_vlm, set_trainable
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 

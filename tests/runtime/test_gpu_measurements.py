@@ -10,7 +10,7 @@ import torch
 
 from entrain.core.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 

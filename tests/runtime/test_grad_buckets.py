@@ -13,7 +13,7 @@ import torch
 
 from entrain.core.plan import ActionKind
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime import grad_buckets
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime import h2d
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer

@@ -8,7 +8,7 @@ import pytest
 
 from entrain.core.systems import SYSTEMS
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.comm import RECEIVE_ORDER_ENV
 
 from . import test_exact_gradients as exact

@@ -17,7 +17,7 @@ import torch
 
 from entrain.core.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.recompute import recomputed_modules
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer

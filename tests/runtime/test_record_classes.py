@@ -22,7 +22,7 @@ from entrain.core.samples import VisionTokenConfig  # noqa: E402
 from entrain.data.check import check_dataset, screen_dataset  # noqa: E402
 from entrain.data.workload_io import sample_works  # noqa: E402
 from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config  # noqa: E402
-from entrain.models.families.composition.vlm import build_stage, build_vlm  # noqa: E402
+from entrain.models.families.composition.model import build_stage, build_vlm  # noqa: E402
 from entrain.models.families.qwen2_vl.processing import process_images  # noqa: E402
 from entrain.runtime.data import RecordSource, SampleRenderer  # noqa: E402
 

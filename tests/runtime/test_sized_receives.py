@@ -8,7 +8,7 @@ import torch
 
 from entrain.core.p2p import Comm, rank_program
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm
+from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from entrain.models.families.composition.config import get_model_config
-from entrain.models.families.composition.vlm import build_vlm, fuse_parts
+from entrain.models.families.composition.model import build_vlm, fuse_parts
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.parallelize import StageParallelism
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer

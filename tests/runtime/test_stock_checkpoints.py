@@ -13,8 +13,8 @@ import torch
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.config import VLMConfig
 from entrain.models.families.composition.hf_checkpoint import SafetensorsFolder, materialize
-from entrain.models.families.composition.hf_config import arch_from_folders
-from entrain.models.families.composition.vlm import VLM, build_stage, build_vlm
+from entrain.models.families.composition.model import VLM, build_stage, build_vlm
+from entrain.models.families.composition.spec import arch_from_folders
 from tests.models.stock import save_llm, save_tokenizer, save_vision
 
 

@@ -26,8 +26,8 @@ from torch import nn
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import COMPONENTS
-from entrain.models.families.composition import vlm
 from entrain.models.families.composition.attention import PACKED_ATTENTION
+from entrain.models.families.composition.model import LLMStage as CompositionLLMStage
 
 __all__ = [
     "VISION",
@@ -213,12 +213,14 @@ class TowerStage(nn.Module):
             p.data = p.data.to(device)
 
 
-class LLMStage(vlm.LLMStage):
+class LLMStage(CompositionLLMStage):
     """LLM layers ``[first, end)`` of ``[embed_tokens, layers..., norm, lm_head, loss]`` of
     ``model.language_model`` (the composition's packed forward over this model's modules)."""
 
     def __init__(self, model: TiledModel, first: int, end: int):
-        parts = nn.Module()  # the shape vlm.LLMStage reads: .model (embed_tokens, layers, norm), .lm_head
+        parts = (
+            nn.Module()
+        )  # the shape the composition's LLMStage reads: .model (embed_tokens, layers, norm), .lm_head
         parts.model, parts.lm_head = model.hf.model.language_model, model.hf.lm_head
         super().__init__(SimpleNamespace(llm=parts), first, end)
 

@@ -33,7 +33,7 @@ def _export_preset(out: str, manifest: dict, params: dict) -> dict:
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
     from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config
-    from entrain.models.families.composition.vlm import llm_hf_config, vision_hf_config
+    from entrain.models.families.composition.model import llm_hf_config, vision_hf_config
 
     cfg = get_model_config(manifest["model"])
     llm_config = llm_hf_config(cfg)

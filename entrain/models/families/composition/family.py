@@ -2,8 +2,8 @@
 causal LM with 1-D positions restarting per packed sample.
 
 Sources: a preset (``entrain.core.architectures.MODEL_PRESETS``: ``tiny``, ``qwen25vl-llama3-1b``,
-...) or two stock folders (``--vision-model`` + ``--llm-model``, read by ``hf_config``). This module is
-torch-free at import time: the torch parts (``vlm``, ``hf_checkpoint``, ``tp``, ``profiling``,
+...) or two stock folders (``--vision-model`` + ``--llm-model``, read by ``spec``). This module is
+torch-free at import time: the torch parts (``model``, ``hf_checkpoint``, ``tp``, ``profiling``,
 ``export``) are imported inside the methods.
 """
 
@@ -42,7 +42,7 @@ class CompositionFamily(qwen2_vl_processing.Qwen2VLProcessing, FamilyBase):
         return (self.name, "qwen2_5_vl", "qwen2_vl", "Qwen2_5", "Qwen2VL", "Qwen2_VL", "Llama")
 
     def shape(self, source: ModelSource) -> ModelArch:
-        from entrain.models.families.composition.hf_config import composition_arch
+        from entrain.models.families.composition.spec import composition_arch
 
         return composition_arch(source)
 
@@ -88,23 +88,23 @@ class CompositionFamily(qwen2_vl_processing.Qwen2VLProcessing, FamilyBase):
     def build_model(self, cfg: VLMConfig, *, seed=0, weights_dir=None, dtype=None, stages=None) -> nn.Module:
         import torch
 
-        from entrain.models.families.composition.vlm import build_vlm
+        from entrain.models.families.composition.model import build_vlm
 
         dtype = torch.float32 if dtype is None else dtype
         return build_vlm(cfg, seed=seed, weights_dir=weights_dir, dtype=dtype, stages=stages)
 
     def empty_model(self, cfg: VLMConfig) -> nn.Module:
-        from entrain.models.families.composition.vlm import VLM
+        from entrain.models.families.composition.model import VLM
 
         return VLM(cfg)
 
     def build_stage(self, model: nn.Module, component: str, first: int, end: int) -> nn.Module:
-        from entrain.models.families.composition.vlm import build_stage
+        from entrain.models.families.composition.model import build_stage
 
         return build_stage(model, component, first, end)
 
     def set_trainable(self, model: nn.Module, *, encoder=True, merger=True, llm=True) -> None:
-        from entrain.models.families.composition.vlm import set_trainable
+        from entrain.models.families.composition.model import set_trainable
 
         set_trainable(model, encoder=encoder, merger=merger, llm=llm)
 
@@ -113,7 +113,7 @@ class CompositionFamily(qwen2_vl_processing.Qwen2VLProcessing, FamilyBase):
         return vis.merger.mlp[-1].out_features if stage.has_merger else vis.config.hidden_size
 
     def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
-        from entrain.models.families.composition.vlm import EncoderStage
+        from entrain.models.families.composition.model import EncoderStage
 
         if mode == "none":  # the runtime checked ``mode`` (``entrain.runtime.recompute``)
             return []
@@ -145,12 +145,12 @@ class CompositionFamily(qwen2_vl_processing.Qwen2VLProcessing, FamilyBase):
         return fsdp_units(stage)
 
     def checkpoint_parts(self, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        from entrain.models.families.composition.vlm import checkpoint_parts
+        from entrain.models.families.composition.model import checkpoint_parts
 
         return checkpoint_parts(name, t)
 
     def fuse_parts(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from entrain.models.families.composition.vlm import fuse_parts
+        from entrain.models.families.composition.model import fuse_parts
 
         return fuse_parts(params)
 

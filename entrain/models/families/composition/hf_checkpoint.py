@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition.hf_config import read_config, vision_config_of
+from entrain.models.families.composition.spec import read_config, vision_config_of
 
 __all__ = [
     "SafetensorsFolder",
@@ -180,7 +180,7 @@ def materialize(
     strict: bool = False,
 ) -> dict[str, list[str]]:
     """Replace the meta parameters ``names`` (``vision.*`` / ``llm.*`` names of
-    ``entrain.models.families.composition.vlm.VLM``) by the stock folders' tensors, as float32 CPU parameters (keeping
+    ``entrain.models.families.composition.model.VLM``) by the stock folders' tensors, as float32 CPU parameters (keeping
     ``requires_grad``). Returns the files read per folder. ``strict``: ``model`` is the folders' whole
     config.json, so a tensor of the vision tower or the LLM it has no parameter for is refused
     (``check_unexpected``)."""

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition.vlm import EncoderStage
+from entrain.models.families.composition.model import EncoderStage
 
 __all__ = [
     "SplitQKV",
@@ -202,7 +202,7 @@ def apply_tp(stage, mesh) -> None:
 
 
 def tp_llm_stage(stage, mesh) -> None:
-    """Tensor-parallelise an LLM stage (``vlm.LLMStage`` or a family's subclass): embedding, decoder
+    """Tensor-parallelise an LLM stage (``model.LLMStage`` or a family's subclass): embedding, decoder
     layers, lm_head."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -44,7 +44,7 @@ from entrain.models.families.composition.hf_checkpoint import (
     assign_tensor,
     check_unexpected,
 )
-from entrain.models.families.composition.vlm import EncoderStage, LLMStage
+from entrain.models.families.composition.model import EncoderStage, LLMStage
 from entrain.models.families.qwen2_vl.model import untie
 
 __all__ = ["read_hf_config", "model_class", "build_model", "build_stage", "layer_counts", "load_parameters",

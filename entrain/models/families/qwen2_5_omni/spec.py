@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition.hf_config import _vision_arch, processor_limits
+from entrain.models.families.composition.spec import _vision_arch, processor_limits
 from entrain.models.families.qwen2_vl.spec import text_arch
 from entrain.models.families.registry import read_config
 

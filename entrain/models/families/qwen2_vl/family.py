@@ -205,12 +205,12 @@ class Qwen2VLFamily(Qwen2VLProcessing, FamilyBase):
         apply_tp(stage, mesh)
 
     def checkpoint_parts(self, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        from entrain.models.families.composition.vlm import checkpoint_parts
+        from entrain.models.families.composition.model import checkpoint_parts
 
         return checkpoint_parts(name, t)
 
     def fuse_parts(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from entrain.models.families.composition.vlm import fuse_parts
+        from entrain.models.families.composition.model import fuse_parts
 
         return fuse_parts(params)
 

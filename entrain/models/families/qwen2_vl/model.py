@@ -30,7 +30,7 @@ from entrain.models.families.composition.hf_checkpoint import (
     assign_tensor,
     check_unexpected,
 )
-from entrain.models.families.composition.vlm import EncoderStage, LLMStage
+from entrain.models.families.composition.model import EncoderStage, LLMStage
 from entrain.models.families.qwen2_vl.spec import check_supported
 
 __all__ = [

@@ -12,7 +12,7 @@ import os
 
 from entrain.core.architectures import LLMArch, ModelArch
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition.hf_config import vision_arch
+from entrain.models.families.composition.spec import vision_arch
 from entrain.models.families.registry import read_config
 
 __all__ = ["MODEL_TYPES", "claims", "text_config_of", "text_arch", "shape_of_folder", "check_supported"]

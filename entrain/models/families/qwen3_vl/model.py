@@ -23,7 +23,7 @@ from torch import nn
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
-from entrain.models.families.composition.vlm import LLMStage
+from entrain.models.families.composition.model import LLMStage
 from entrain.models.families.qwen2_vl.model import load_parameters, untie
 from entrain.models.families.qwen3_vl.spec import MODEL_TYPES, deepstack_part, shape_of_config
 

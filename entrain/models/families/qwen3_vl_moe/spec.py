@@ -158,7 +158,7 @@ def shape_of_config(config: dict, where: str, name: str, limits: dict | None = N
 
 
 def shape_of_folder(folder: str) -> Qwen3VLMoeShape:
-    from entrain.models.families.composition.hf_config import processor_limits
+    from entrain.models.families.composition.spec import processor_limits
 
     where = os.path.join(folder, "config.json")
     name = f"hf:{os.path.basename(os.path.normpath(folder))}"

@@ -117,7 +117,7 @@ def build_vlm(
 
 def _whole(cfg: VLMConfig) -> bool:
     """The stock folders' own depths (not the profiler's reduced model): their every tensor is used."""
-    from entrain.models.families.composition.hf_config import llm_arch, vision_arch
+    from entrain.models.families.composition.spec import llm_arch, vision_arch
 
     full = vision_arch(cfg.vision_dir).depth, llm_arch(cfg.llm_dir).num_hidden_layers
     return (cfg.vision.depth, cfg.llm.num_hidden_layers) == full

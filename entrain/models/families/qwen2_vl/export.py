@@ -10,29 +10,14 @@ are copied as they are.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from entrain.models.families.hf_export import load_exactly
+from entrain.models.families.hf_export import copy_source_files, load_exactly
 from entrain.models.families.qwen2_vl.model import conditional_generation_class, read_hf_config, untie
 
-__all__ = ["export_folder", "copied_files"]
-
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
-_NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
-
-
-def copied_files(source_dir: str) -> list[str]:
-    """The source folder's files an export carries over: all but the weights and ``config.json``."""
-    return sorted(
-        f
-        for f in os.listdir(source_dir)
-        if os.path.isfile(os.path.join(source_dir, f))
-        and f not in _NOT_COPIED
-        and not f.endswith(_WEIGHT_SUFFIXES)
-    )
+__all__ = ["export_folder"]
 
 
 def export_folder(source_dir: str, params: dict[str, torch.Tensor], out_dir: str) -> list[str]:
@@ -44,6 +29,5 @@ def export_folder(source_dir: str, params: dict[str, torch.Tensor], out_dir: str
         model = conditional_generation_class(config.model_type)(config)
     load_exactly(model, {n: t.detach().cpu() for n, t in params.items()}, f"{source_dir}/config.json")
     model.save_pretrained(out_dir, safe_serialization=True)
-    for f in copied_files(source_dir):  # after: the source's generation config wins over the default one
-        shutil.copy2(os.path.join(source_dir, f), os.path.join(out_dir, f))
+    copy_source_files(source_dir, out_dir)  # after: the source's generation config wins over the default one
     return sorted(str(Path(out_dir) / f) for f in os.listdir(out_dir))

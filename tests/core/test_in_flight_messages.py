@@ -5,14 +5,18 @@ takes it, on a hand-built schedule whose every step is worked out below."""
 from __future__ import annotations
 
 from entrain.core.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
-from entrain.core.planning.memory import in_flight_message_bytes, peak_in_flight_message_bytes
+from entrain.core.planning.memory import (
+    in_flight_message_bytes,
+    peak_in_flight_message_bytes,
+    plan_message_bytes,
+)
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.graph import ReplicaGraph
 
 SIZES = {0: 100.0, 1: 10.0}  # bytes of microbatch m's activations (its gradient: the same)
 
 
-def _size(sender: int, msg) -> float:
+def _size(sender: int, receiver: int, msg) -> float:
     return SIZES[msg.mb]
 
 
@@ -61,16 +65,39 @@ def test_a_real_plans_messages_in_flight_stay_within_its_messages():
     plan = plan_for("1f1b", 1, 1, 1, 4, works(batch_metas(4), cost))
     it = plan.iterations[0]
     costs, graph = PlanCosts(plan.layout, cost, plan.samples), ReplicaGraph(plan.layout, it.microbatches[0])
-
-    def size(sender, msg):
-        out = msg.src if msg.kind == "F" else msg.dst
-        return costs.message_bytes(out, graph.ids(out, msg.mb, msg.sub))
+    size = plan_message_bytes(costs, it)
+    fwd = next(a for a in it.actions[0] if a.kind.name == "SEND_F")
+    assert size(0, 1, message_of(fwd)) == costs.message_bytes(0, graph.ids(0, fwd.mb, fwd.sub_index)) > 0
 
     peaks = peak_in_flight_message_bytes(plan.layout, it, size)
     for rank, acts in it.actions.items():
-        total = sum(size(rank, message_of(a)) for a in acts if not a.kind.is_compute)
+        total = sum(size(rank, 1 - rank, message_of(a)) for a in acts if not a.kind.is_compute)
         assert 0 < peaks[rank] <= total
     forward = peak_in_flight_message_bytes(plan.layout, it, size, forward_only=True)
-    largest = max(size(0, message_of(a)) for a in it.actions[0] if a.kind.name == "SEND_F")
-    assert 0 < forward[1] <= sum(size(0, message_of(a)) for a in it.actions[0] if a.kind.name == "SEND_F")
+    sends = [size(0, 1, message_of(a)) for a in it.actions[0] if a.kind.name == "SEND_F"]
+    largest = max(sends)
+    assert 0 < forward[1] <= sum(sends)
     assert forward[0] >= largest
+
+
+def test_a_piece_that_crosses_replicas_counts_its_own_samples():
+    """encoder-rebalance at DP 2: the last encoder rank's message to another replica is the piece of
+    the samples that replica owns, and its own replica's message the rest."""
+    from entrain.core.p2p import encoder_pieces
+    from entrain.core.presets import build_cost_model
+    from entrain.core.schedules.graph import Message
+    from tests.runtime.cases import batch_metas, plan_for, works
+
+    cost = build_cost_model("tiny", "cpu-tiny")
+    plan = plan_for("encoder-rebalance", 1, 1, 2, 2, works(batch_metas(), cost))
+    it = plan.iterations[0]
+    costs = PlanCosts(plan.layout, cost, plan.samples)
+    size = plan_message_bytes(costs, it)
+    (r, mb, sub), per = next(iter(encoder_pieces(plan.layout, it).items()))
+    msg = Message("F", 0, 1, mb, sub)
+    whole = costs.message_bytes(0, it.microbatches[r][mb].encoder_subs[sub])
+    parts = [size(2 * r, 2 * o + 1, msg) for o in per]
+    assert abs(sum(parts) - whole) < 1e-6 * whole and all(0 <= p < whole for p in parts)
+    grads = [size(2 * o + 1, 2 * r, Message("B", 1, 0, mb, sub)) for o in per]
+    assert grads == parts
+    assert all(v >= 0 for v in peak_in_flight_message_bytes(plan.layout, it, size).values())

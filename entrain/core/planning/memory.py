@@ -32,6 +32,7 @@ __all__ = [
     "MEMORY_CHECK_REPLICA_MICROBATCHES",
     "memory_check_iterations",
     "MessageBytes",
+    "plan_message_bytes",
     "in_flight_message_bytes",
     "peak_in_flight_message_bytes",
 ]
@@ -185,9 +186,37 @@ def memory_check_iterations(
     return max(1, min(int(iterations), need))
 
 
-MessageBytes = Callable[[int, Message], float]
-"""``(sender plan rank, message) -> bytes``: every part of a message (a gradient has its forward
-output's size; ``PlanCosts.message_bytes`` of the forward output's stage and samples)."""
+MessageBytes = Callable[[int, int, Message], float]
+"""``(sender plan rank, receiver plan rank, message) -> bytes``: every part of a message (a gradient
+has its forward output's size; ``plan_message_bytes``)."""
+
+
+def plan_message_bytes(costs, it: IterationPlan) -> MessageBytes:
+    """``MessageBytes`` of ``it`` under ``costs`` (a ``schedules.costs.PlanCosts``): the forward
+    output's ``message_bytes`` for the samples it carries, a piece's where encoder work crosses
+    replicas (``entrain.core.p2p.encoder_pieces``)."""
+    from entrain.core.p2p import encoder_pieces
+    from entrain.core.schedules.graph import ReplicaGraph
+
+    layout = costs.layout
+    pieces = encoder_pieces(layout, it)
+    graphs: dict[int, ReplicaGraph] = {}
+
+    def size(sender: int, receiver: int, msg: Message) -> float:
+        out = msg.src if msg.kind == "F" else msg.dst
+        enc_side = sender if msg.kind == "F" else receiver
+        replica = layout.replica_of(enc_side)[0]
+        per = pieces.get((replica, msg.mb, msg.sub)) if out == layout.num_encoder_stages - 1 else None
+        if per is not None:
+            ids = per.get(layout.replica_of(receiver if msg.kind == "F" else sender)[0], ())
+        else:
+            graph = graphs.get(replica) or graphs.setdefault(
+                replica, ReplicaGraph(layout, it.microbatches[replica])
+            )
+            ids = graph.ids(out, msg.mb, msg.sub)
+        return costs.message_bytes(out, ids)
+
+    return size
 
 
 def _program_events(programs: dict[int, tuple]) -> tuple[dict, dict]:
@@ -269,7 +298,7 @@ def in_flight_message_bytes(
     held = {g: [0.0] * len(programs[g]) for g in ranks}
     for (src, dst, msg), i in sent.items():
         j = received[(src, dst, msg)]
-        size = message_bytes(src, msg)
+        size = message_bytes(src, dst, msg)
         after = [k for k in range(i, len(programs[src])) if clocks[src][k].get(dst, -1) >= j]
         for k in range(i, after[0] if after else len(programs[src])):
             held[src][k] += size

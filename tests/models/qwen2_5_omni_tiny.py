@@ -170,7 +170,7 @@ def mixed_samples() -> list[Sample]:
         make_sample(2, [("image", (1, 4, 8))]),
         make_sample(3, [("audio", 37)]),
         make_sample(4, [("video", (2, 4, 4), 0.5)]),
-        make_sample(5, [("video+audio", (4, 4, 4), 1.0, 200)]),
+        make_sample(5, [("video+audio", (4, 4, 4), 1.0, 240)]),  # video and audio interleaved over 2 chunks
         make_sample(6, [("audio", 20), ("image", (1, 8, 4)), ("video", (2, 4, 4), 2.0), ("audio", 9)]),
     ]
 

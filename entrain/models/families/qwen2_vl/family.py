@@ -112,12 +112,8 @@ class Qwen2VLFamily(Qwen2VLProcessing, FamilyBase):
         return shape_of_folder(source.model_path)
 
     def layer_names(self, shape: ModelArch, component: str) -> list[str]:
-        if component == "encoder":
-            return ["patch_embed", *(f"blocks.{i}" for i in range(shape.vision.depth)), "merger"]
-        if component == "llm":
-            n = shape.llm.num_hidden_layers
-            return ["embed_tokens", *(f"layers.{i}" for i in range(n)), "norm", "lm_head", "loss"]
-        raise ConfigError(f"unknown component {component!r}; expected 'encoder' or 'llm'")
+        """The composition's (the same vision tower and decoder layer lists)."""
+        return _composition().layer_names(shape, component)
 
     def image_rule(self, shape: ModelArch, min_pixels: int | None, max_pixels: int | None):
         """The composition's rule: ``smart_resize`` at the checkpoint's patch / merge / temporal sizes."""

@@ -3,6 +3,10 @@ import os
 # CPU tests run on CPU + gloo even where a GPU is visible (entrain.runtime.distributed.choose_device);
 # a GPU test asks for CUDA itself (monkeypatch.setenv("ENTRAIN_DEVICE", "cuda"), or run with it set)
 os.environ.setdefault("ENTRAIN_DEVICE", "cpu")
+# one intra-op thread per test process (and the processes it starts), as a training worker has
+# (entrain.cli.launch): the tests' tensors are tiny, and a second thread only contends with the forked
+# ranks and the other process on a 2-core machine. Read by torch when it is first imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hypothesis import HealthCheck, settings
 

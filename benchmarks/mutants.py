@@ -194,7 +194,7 @@ MUTANTS = (
     Mutant(
         "no-quadratic-term",
         "the cost model drops the a*x^2 (attention) term of a layer's time",
-        "entrain/core/costmodel.py",
+        "entrain/core/layer_costs.py",
         "return self.a * x * x + self.b * x",
         "return self.b * x",
         (COSTMODEL,),

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from entrain.core.samples import SampleMeta
-from entrain.models.families.composition import attention
-from entrain.models.families.composition.attention import PER_SEQUENCE_SDPA, VARLEN, choose_attention_path
+from entrain.models.families import packed_attention as attention
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_stage, build_vlm
+from entrain.models.families.packed_attention import PER_SEQUENCE_SDPA, VARLEN, choose_attention_path
 from entrain.runtime.data import SampleRenderer
 
 torch.set_num_threads(1)

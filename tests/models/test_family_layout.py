@@ -27,8 +27,7 @@ REQUIRED = ("__init__", "family")
 
 EXCEPTIONS = {
     ("composition", "config"): "the run config and preset lookup the runtime tests build on",
-    ("composition", "attention"): "the packed attention every family's stages use",
-    ("composition", "hf_checkpoint"): "the safetensors reader every family's loading uses",
+    ("composition", "hf_checkpoint"): "stock folders' loading; its safetensors reader serves every family",
 }
 """(folder, module) outside ``ROLES``, and why."""
 

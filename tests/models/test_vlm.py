@@ -167,7 +167,7 @@ def test_paper_scale_preset_builds_on_meta_device():
 def test_weights_from_hugging_face_folders_keep_the_varlen_vision_attention(tiny, tmp_path):
     """``--weights`` with ``vision/`` and ``llm/`` folders loads through transformers' from_pretrained,
     which must not look for a flash kernel package behind the tower's ``entrain_flash_windows``."""
-    from entrain.models.families.composition.attention import VISION_ATTENTION
+    from entrain.models.families.packed_attention import VISION_ATTENTION
 
     cfg, model, _ = tiny
     model.vision.save_pretrained(tmp_path / "vision")

@@ -26,8 +26,8 @@ from torch import nn
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import COMPONENTS
-from entrain.models.families.composition.attention import PACKED_ATTENTION
 from entrain.models.families.composition.model import LLMStage as CompositionLLMStage
+from entrain.models.families.packed_attention import PACKED_ATTENTION
 
 __all__ = [
     "VISION",

@@ -29,8 +29,8 @@ from transformers.vision_utils import (
 
 from entrain.core.errors import ConfigError
 from entrain.models.batch import LLMBatch
-from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
 from entrain.models.families.composition.config import FAMILY, VLMConfig
+from entrain.models.families.packed_attention import PACKED_ATTENTION, use_varlen_vision_attention
 
 __all__ = [
     "VLM",

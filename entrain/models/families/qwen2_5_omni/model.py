@@ -38,13 +38,13 @@ import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
 from entrain.models.families.composition.hf_checkpoint import (
     SafetensorsFolder,
     assign_tensor,
     check_unexpected,
 )
 from entrain.models.families.composition.model import EncoderStage, LLMStage
+from entrain.models.families.packed_attention import PACKED_ATTENTION, use_varlen_vision_attention
 from entrain.models.families.qwen2_vl.model import untie
 
 __all__ = ["read_hf_config", "model_class", "build_model", "build_stage", "layer_counts", "load_parameters",

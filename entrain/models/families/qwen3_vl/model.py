@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition.attention import PACKED_ATTENTION, use_varlen_vision_attention
 from entrain.models.families.composition.model import LLMStage
+from entrain.models.families.packed_attention import PACKED_ATTENTION, use_varlen_vision_attention
 from entrain.models.families.qwen2_vl.model import load_parameters, untie
 from entrain.models.families.qwen3_vl.spec import MODEL_TYPES, deepstack_part, shape_of_config
 

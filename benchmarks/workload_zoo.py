@@ -10,8 +10,9 @@
 
 Setup: the paper's (64 GPUs, DP 4, TP 2, global batch 512, microbatch size 4, a40-paper), every model. The
 whole-model family presets (``qwen25vl-7b``: Qwen2.5-VL-7B-Instruct's shape; ``llava-ov-7b``:
-LLaVA-OneVision-7B's) run the workloads of ``FAMILY_DATASETS``; a40-paper has no fitted LLM factor for
-their 7B Qwen2 LLMs, so they price it at a40-flops' efficiency (``entrain.core.presets``).
+LLaVA-OneVision-7B's; ``qwen3vl-8b``: Qwen3-VL-8B-Instruct's, DeepStack's extra message bytes priced;
+``internvl35-8b``: InternVL3.5-8B's) run the workloads of ``FAMILY_DATASETS``; a40-paper has no fitted
+LLM factor for their 7-8B LLMs, so they price it at a40-flops' efficiency (``entrain.core.presets``).
 Each case runs ``entrain simulate``'s path (``cli.simulate.simulate_systems``): every system with the
 configuration its own method picks; the Algorithm 2 systems get recomputation where a rank overflows
 (``sim.memory_fit.fit_memory``); ``dip-greedy-mem`` is DIP's greedy interleaver under an in-flight window
@@ -47,15 +48,20 @@ MODELS = {
     "qwen25vl-llama3-3b": "3B",
     "qwen25vl-7b": "QwenVL-7B",
     "llava-ov-7b": "OV-7B",
+    "qwen3vl-8b": "Qwen3VL-8B",
+    "internvl35-8b": "InternVL3.5-8B",
 }
 PAPER_MODELS = ("qwen25vl-llama3-1b", "qwen25vl-llama3-3b")
 """The paper's two compositions: the zoo's 20 cases of the regression guard (benchmarks/regression.py)."""
 FAMILY_DATASETS = {
     "qwen25vl-7b": ("docvqa", "mixture", "multi-image"),
     "llava-ov-7b": ("anyres", "docvqa", "mixture"),
+    "qwen3vl-8b": ("docvqa", "mixture", "video"),
+    "internvl35-8b": ("docvqa", "mixture", "multi-image"),
 }
 """The whole-model family presets run fewer workloads (each case is minutes on the shared machine): the
-zoo's document, multi-image and mixed ones (and, for LLaVA-OneVision, its own AnyRes workload)."""
+zoo's document, multi-image and mixed ones (for LLaVA-OneVision its own AnyRes workload, for Qwen3-VL
+the video one)."""
 SYSTEMS = (
     "entrain", "entrain-1f1b", "1f1b", "disttrain", "dip", "dip-greedy", "dip-greedy-mem", "encoder-rebalance", "dflop",
 )  # fmt: skip
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--models",
         default="1B,3B",
-        help="comma list of 1B, 3B, QwenVL-7B, OV-7B (run them in parallel processes)",
+        help="comma list of 1B, 3B, QwenVL-7B, OV-7B, Qwen3VL-8B, InternVL3.5-8B (run them in parallel processes)",
     )
     p.add_argument("--datasets", default=None, help="comma list of workloads (default: the model's own set)")
     p.add_argument(

@@ -1,20 +1,22 @@
 """What the tiled whole-checkpoint families share behind ``ModelFamily`` (torch-free at import):
 ``TiledFamily``, the members alike for a model whose ViT runs each image tile as its own sequence and
-whose stages are ``entrain.models.families.tiled_model``'s (InternVL, LLaVA-OneVision), and
-``required``, the ``config.json`` field reader of their ``spec`` modules."""
+whose stages are ``entrain.models.families.tiled_model``'s (InternVL, LLaVA-OneVision), and what
+their ``spec`` modules share: ``required`` (a ``config.json`` field or a ConfigError naming it) and
+``llm_arch_of`` (the language model of a ``text_config``)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["TiledFamily", "required"]
+__all__ = ["TiledFamily", "required", "llm_arch_of"]
 
 
 def required(d: dict, key: str, where: str):
@@ -22,6 +24,24 @@ def required(d: dict, key: str, where: str):
     if key not in d:
         raise ConfigError(f"{where}: missing field {key!r}")
     return d[key]
+
+
+def llm_arch_of(text: dict, where: str, **flags) -> LLMArch:
+    """The ``LLMArch`` of a ``config.json``'s ``text_config`` dict ``text`` (its sizes, heads and
+    vocabulary; ConfigError naming a missing field); ``flags``: the ties and biases the family reads
+    its own way."""
+    w = f"{where}: text_config"
+    heads = int(required(text, "num_attention_heads", w))
+    return LLMArch(
+        num_hidden_layers=int(required(text, "num_hidden_layers", w)),
+        hidden_size=int(required(text, "hidden_size", w)),
+        intermediate_size=int(required(text, "intermediate_size", w)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text["head_dim"]) if text.get("head_dim") else None,
+        vocab_size=int(required(text, "vocab_size", w)),
+        **flags,
+    )
 
 
 class TiledFamily(FamilyBase):

@@ -17,7 +17,7 @@ from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
 from entrain.core.layer_specs import LayerSpec, llm_specs
 from entrain.models.families.internvl.processing import InternVLRules
-from entrain.models.families.tiled_family import required
+from entrain.models.families.tiled_family import llm_arch_of
 
 __all__ = ["InternViTArch", "InternVLShape", "shape_from_config", "TEXT_MODEL_TYPES"]
 
@@ -246,17 +246,10 @@ def shape_from_config(config: dict, name: str, where: str = "config.json", proce
         layer_norm=vision.get("norm_type", "layer_norm") == "layer_norm",
         final_norm=not vision.get("use_mean_pooling", True),
     )
-    w = f"{where}: text_config"
-    heads = int(required(text, "num_attention_heads", w))
     kind = text.get("model_type", "qwen2")
-    llm = LLMArch(
-        num_hidden_layers=int(required(text, "num_hidden_layers", w)),
-        hidden_size=int(required(text, "hidden_size", w)),
-        intermediate_size=int(required(text, "intermediate_size", w)),
-        num_attention_heads=heads,
-        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-        head_dim=int(text["head_dim"]) if text.get("head_dim") else None,
-        vocab_size=int(required(text, "vocab_size", w)),
+    llm = llm_arch_of(
+        text,
+        where,
         tie_word_embeddings=False,  # trained untied: the embedding and lm_head may sit on different stages
         qkv_bias=kind == "qwen2",
         attention_bias=kind != "qwen2" and bool(text.get("attention_bias", False)),

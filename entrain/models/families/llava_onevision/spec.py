@@ -15,7 +15,7 @@ from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
 from entrain.core.layer_specs import LayerSpec, llm_specs
 from entrain.models.families.llava_onevision.processing import OneVisionRules
-from entrain.models.families.tiled_family import required
+from entrain.models.families.tiled_family import llm_arch_of
 
 __all__ = ["SiglipArch", "OneVisionShape", "shape_from_config"]
 
@@ -182,19 +182,8 @@ def shape_from_config(config: dict, name: str, where: str = "config.json") -> On
         image_size=rules.tile_px,
         patch_size=rules.patch_px,
     )
-    w = f"{where}: text_config"
-    heads = int(required(text, "num_attention_heads", w))
-    llm = LLMArch(
-        num_hidden_layers=int(required(text, "num_hidden_layers", w)),
-        hidden_size=int(required(text, "hidden_size", w)),
-        intermediate_size=int(required(text, "intermediate_size", w)),
-        num_attention_heads=heads,
-        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-        head_dim=int(text["head_dim"]) if text.get("head_dim") else None,  # Qwen2 takes it as given
-        vocab_size=int(required(text, "vocab_size", w)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
-        qkv_bias=True,
-    )
+    tie = bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+    llm = llm_arch_of(text, where, tie_word_embeddings=tie, qkv_bias=True)  # Qwen2 takes head_dim as given
     return OneVisionShape(name, siglip, llm, rules, bool(config.get("multimodal_projector_bias", True)))
 
 

@@ -14,6 +14,7 @@ FAMILIES = pathlib.Path(__file__).resolve().parents[2] / "entrain" / "models" / 
 ROLES = {
     "__init__": "registers the family: one register_family line (torch-free)",
     "family": "the ModelFamily subclass and its run config (torch-free at import)",
+    "config": "the run config, when model.py needs it (in family.py, which imports model.py, a circle)",
     "spec": "config.json -> the family's shape and its per-layer cost specs (torch-free)",
     "presets": "published and tiny shapes --model serves (torch-free)",
     "processing": "image rule, special tokens, chat template, image processor (torch-free at import)",
@@ -26,7 +27,6 @@ ROLES = {
 REQUIRED = ("__init__", "family")
 
 EXCEPTIONS = {
-    ("composition", "config"): "the run config and preset lookup the runtime tests build on",
     ("composition", "hf_checkpoint"): "stock folders' loading; its safetensors reader serves every family",
 }
 """(folder, module) outside ``ROLES``, and why."""

@@ -290,11 +290,12 @@ class _Builder:
         forward_only: bool,
         iteration: int,
         known_shape: KnownShape | None = None,
+        pieces: Pieces | None = None,
     ):
         self.layout, self.rank, self.iteration = layout, rank, iteration
         self.known_shape = known_shape
         self.actions = _actions(it, rank, forward_only)
-        self.pieces = encoder_pieces(layout, it)
+        self.pieces = encoder_pieces(layout, it) if pieces is None else pieces
         self.orders = _channel_orders(layout, it, rank, forward_only, self.pieces)
         self.position = {(src, m): i for src, msgs in self.orders.items() for i, m in enumerate(msgs)}
         self.received = dict.fromkeys(self.orders, 0)
@@ -343,6 +344,7 @@ def rank_program(
     warmup: bool = False,
     known_shape: KnownShape | None = None,
     cross_replica: bool = False,
+    pieces: Pieces | None = None,
 ) -> tuple[Step, ...]:
     """The steps ``rank`` runs for ``it``: its compute actions and its communication, in order; with
     ``warmup``, opened by the connection warm-up (the runtime's first step after building its groups).
@@ -350,8 +352,9 @@ def rank_program(
     every other forward message reads its headers first. Posting a receive's data with its headers
     only posts earlier, so the replay of the header-first program covers both. ``cross_replica``: the
     run has the channels between replicas that moved encoder work needs (``layout_channels``), which
-    the warm-up connects too."""
-    steps = _Builder(layout, it, rank, forward_only, iteration, known_shape).build()
+    the warm-up connects too. ``pieces``: ``encoder_pieces(layout, it)`` when the caller has it already
+    (every rank's program at once)."""
+    steps = _Builder(layout, it, rank, forward_only, iteration, known_shape, pieces).build()
     head = warmup_batches(layout, rank, cross_replica) if warmup else ()
     return ((WarmUp(head),) if head else ()) + steps
 

@@ -271,7 +271,7 @@ MUTANTS = (
     Mutant(
         "tiling-patch-rows-transposed",
         "LLaVA-OneVision tiles are cut into patch rows column by column (a transposed tile)",
-        "entrain/models/families/llava_onevision/model.py",
+        "entrain/models/families/tiled_model.py",
         "x = x.reshape(n, c, side, patch_px, side, patch_px).permute(0, 2, 4, 1, 3, 5)",
         "x = x.reshape(n, c, side, patch_px, side, patch_px).permute(0, 4, 2, 1, 3, 5)",
         (f"{ONEVISION}::test_patch_rows_drop_only_what_the_patch_conv_drops",),
@@ -279,7 +279,7 @@ MUTANTS = (
     Mutant(
         "tiling-best-resolution-last-tie",
         "AnyRes takes the last grid that keeps as many pixels, not the one that wastes the fewest",
-        "entrain/models/families/llava_onevision/rules.py",
+        "entrain/models/families/llava_onevision/processing.py",
         "if kept > best_kept or (kept == best_kept and wasted < best_wasted):",
         "if kept >= best_kept:",
         (f"{ONEVISION_RULES}::test_7b_geometry_matches_transformers",),
@@ -287,7 +287,7 @@ MUTANTS = (
     Mutant(
         "internvl-tile-tie-first",
         "InternVL keeps the first grid of an equally close aspect ratio even for an image large enough for more",
-        "entrain/models/families/internvl/rules.py",
+        "entrain/models/families/internvl/processing.py",
         "elif diff == best_diff and area > 0.5 * rules.tile_px * rules.tile_px * cols * rows:",
         "elif False:",
         (INTERNVL_TILES,),
@@ -295,7 +295,7 @@ MUTANTS = (
     Mutant(
         "internvl-thumbnail-always",
         "InternVL adds the thumbnail tile to a one-tile image too",
-        "entrain/models/families/internvl/rules.py",
+        "entrain/models/families/internvl/processing.py",
         "return cols * rows + 1 if cols * rows > 1 else 1",
         "return cols * rows + 1",
         (INTERNVL_TILES,),

@@ -11,7 +11,7 @@ from functools import cache
 import pytest
 
 from entrain.cli.main import main
-from entrain.core import setups
+from entrain.core import extensions, setups
 from entrain.core.parallel import ParallelConfig
 from entrain.core.presets import resolve_cost_model
 from entrain.core.setups import (
@@ -199,9 +199,9 @@ def test_a_tied_configuration_is_taken_only_past_the_margin(monkeypatch):
     replaces Algorithm 2's choice only when it wins by more than the margin."""
     cost, base = _base()
     searched = ParallelConfig(gpus=64, dp=4, tp=None, global_batch=512, microbatch_size=4)
-    other = setups.search_candidates(base.profile, cost, searched)
+    other = extensions.search_candidates(base.profile, cost, searched)
     other = next(c for c in other if c.memory_ok and c.llm.pp != base.config.llm.pp)
-    monkeypatch.setattr(setups, "tied_configs", lambda s, r, c: [s.config, other])
+    monkeypatch.setattr(extensions, "tied_configs", lambda s, r, c: [s.config, other])
     tag = f"pp{other.llm.pp}"
     for factor, takes in ((0.98, True), (0.998, False)):
         judge, _ = fake_judge({("config", tag): factor})

@@ -79,12 +79,12 @@ def processor_limits(folder: str) -> dict[str, int]:
 def vision_arch(folder: str) -> VisionArch:
     where = os.path.join(folder, "config.json")
     v, family = vision_config_of(read_config(folder), where)
-    arch = replace(_vision_arch(v, family, where), **processor_limits(folder))
+    arch = replace(vision_arch_of_config(v, family, where), **processor_limits(folder))
     processor_settings(folder, (arch.patch_size, arch.spatial_merge_size, arch.temporal_patch_size))
     return arch
 
 
-def _vision_arch(v: dict, family: str, where: str) -> VisionArch:
+def vision_arch_of_config(v: dict, family: str, where: str) -> VisionArch:
     try:
         if family == "qwen2_vl":  # hidden_size is the merger output; embed_dim the ViT width
             width = int(v["embed_dim"])

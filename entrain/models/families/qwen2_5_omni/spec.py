@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
-from entrain.models.families.composition.spec import _vision_arch, processor_limits
+from entrain.models.families.composition.spec import processor_limits, vision_arch_of_config
 from entrain.models.families.qwen2_vl.spec import text_arch
 from entrain.models.families.registry import read_config
 
@@ -148,7 +148,9 @@ def _audio(thinker: dict, where: str) -> AudioArch:
 def shape_of_config(config: dict, where: str, name: str, limits: dict | None = None) -> OmniShape:
     check_supported(config, where)
     thinker = thinker_config_of(config, where)
-    vision = _vision_arch(thinker.get("vision_config") or {}, "qwen2_5_vl", f"{where}: vision_config")
+    vision = vision_arch_of_config(
+        thinker.get("vision_config") or {}, "qwen2_5_vl", f"{where}: vision_config"
+    )
     if limits:
         vision = replace(vision, **limits)
     tied = bool(thinker.get("tie_word_embeddings", False))  # the thinker's flag, not its text_config's

@@ -37,15 +37,6 @@ def _dataset(folder: Path) -> Path:
     return folder / "data.json"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one intra-op thread (as each rank has) is faster on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_plan_train_export_at_lr_0_gives_back_the_input_checkpoint(tmp_path, capsys):
     from transformers import Qwen3VLForConditionalGeneration
 

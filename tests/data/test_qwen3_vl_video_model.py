@@ -48,15 +48,6 @@ def _samples() -> list[Sample]:
     ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny float64 matrices: one intra-op thread is several times faster on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return save_whole(tmp_path_factory.mktemp("qwen3_vl_video"), text_layers=4, vision_depth=5)

@@ -43,11 +43,13 @@ def spec_of(args: argparse.Namespace) -> RunConfig:
     if args.plan:
         worker = os.environ.get("RANK", "0") != "0" or launched_worker()
         apply_plan(args, DEFAULTS, ACTIONS, quiet=worker)
-    if args.fsdp and args.split_weight_grads != "off":  # the runtime does not split FSDP backwards
+    whole = "--fsdp" if args.fsdp else "--ep" if (getattr(args, "ep", None) or 1) > 1 else None
+    if whole and args.split_weight_grads != "off":  # the runtime does not split FSDP / EP backwards
         explicit = args.split_weight_grads == "on"
         if explicit and os.environ.get("RANK", "0") == "0" and not launched_worker():  # once, by the launcher
             print(
-                "entrain train: note: --fsdp runs whole backwards (--split-weight-grads off)", file=sys.stderr
+                f"entrain train: note: {whole} runs whole backwards (--split-weight-grads off)",
+                file=sys.stderr,
             )
         args.split_weight_grads = "off"
     flags = run_flags(args)

@@ -79,6 +79,9 @@ class ParallelConfig:
     cp: int | None = field(default=1, metadata=FP)
     fsdp: bool = field(default=False, metadata=FP)
     """FSDP2 over each stage's data-parallel group instead of the flat gradient all-reduce."""
+    ep: int | None = field(default=None, metadata={"fingerprint": "when-set"})
+    """Expert parallelism: each MoE layer's experts sharded over this many ranks of a stage's
+    data-parallel group (None: 1, no sharding; a checkpoint resumes at another degree)."""
     encoder_stages: int | None = field(default=None, metadata=FP)
     llm_stages: int | None = field(default=None, metadata=FP)
     global_batch: int = field(metadata=FP)
@@ -86,7 +89,7 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpus", self.gpus), ("--dp", self.dp), ("--encoder-stages", self.encoder_stages),
-                            ("--llm-stages", self.llm_stages)):  # fmt: skip
+                            ("--llm-stages", self.llm_stages), ("--ep", self.ep)):  # fmt: skip
             check_degree(flag, value)
         if self.microbatch_size < 1 or self.global_batch < 1:
             raise ConfigError(
@@ -98,6 +101,10 @@ class ParallelConfig:
     @property
     def dp_or_1(self) -> int:
         return self.dp or 1
+
+    @property
+    def ep_or_1(self) -> int:
+        return self.ep or 1
 
     @property
     def num_microbatches(self) -> int:

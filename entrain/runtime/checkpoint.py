@@ -407,7 +407,7 @@ def fingerprint_mismatch(saved: dict, current: dict) -> list[str]:
     return [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
-RESHARDABLE = ("dp", "tp", "fsdp", "encoder_stages", "llm_stages")
+RESHARDABLE = ("dp", "tp", "fsdp", "ep", "encoder_stages", "llm_stages")
 """Fingerprint keys a resumed run may change: the checkpoint is resharded to the new layout."""
 
 

@@ -44,6 +44,9 @@ _BACKWARD = (ActionKind.B, ActionKind.W)
 @dataclass
 class _Bucket:
     params: list[torch.Tensor]
+    group: object = None
+    reduce: bool = True
+    """False: no other process holds these parameters (an expert shard without replicas)."""
     pending: int = 0
     """Parameters whose gradient is not final yet this step."""
     flat: torch.Tensor | None = None
@@ -61,14 +64,17 @@ class Launch:
     flushed: bool
 
 
-def _cut(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[_Bucket]:
+def _cut(params: Sequence[torch.Tensor], bucket_bytes: int, group_of: Callable) -> list[_Bucket]:
+    """Buckets of about ``bucket_bytes``, each of parameters reduced over one group (``group_of``)."""
     buckets, size_bytes = [_Bucket([])], 0
     for p in params:
         nbytes = local(p).numel() * p.element_size()
-        if buckets[-1].params and size_bytes + nbytes > bucket_bytes:
+        group = group_of(p)
+        if buckets[-1].params and (size_bytes + nbytes > bucket_bytes or buckets[-1].group is not group):
             buckets.append(_Bucket([]))
             size_bytes = 0
         buckets[-1].params.append(p)
+        buckets[-1].group = group
         size_bytes += nbytes
     return [b for b in buckets if b.params]
 
@@ -99,11 +105,14 @@ class GradBuckets:
         bucket_bytes: int = BUCKET_BYTES,
         hooks: bool = True,
         run: Callable[[str, Callable[[], object]], object] | None = None,
+        group_of: Callable[[torch.Tensor], object] | None = None,
     ):
         ordered = [p for s in sorted(stage_params, reverse=True) for p in reversed(stage_params[s])]
         self.stage_params = stage_params
         self.stage_of = {id(p): s for s, ps in stage_params.items() for p in ps}
-        self.buckets = _cut(ordered, bucket_bytes)
+        self.buckets = _cut(ordered, bucket_bytes, group_of or (lambda p: group))
+        for b in self.buckets:  # group None: held by this process alone (``group_of``), nothing to sum
+            b.reduce = b.group is not None
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
         self.group = group
         self.run = run or (lambda what, fn: fn())
@@ -150,6 +159,8 @@ class GradBuckets:
         self.flush()
         self._step.armed = False
         for b in self.buckets:
+            if not b.reduce:
+                continue
             self.run(what, b.work.wait)
             offset = 0
             for p in b.params:
@@ -190,7 +201,8 @@ class GradBuckets:
         for p in b.params:
             if p.grad is None:  # no backward reached it this step: it adds zeros
                 p.grad = torch.zeros_like(p)
-        b.flat = torch.cat([local(p.grad).reshape(-1) for p in b.params])
-        b.work = dist.all_reduce(b.flat, group=self.group, async_op=True)
+        if b.reduce:
+            b.flat = torch.cat([local(p.grad).reshape(-1) for p in b.params])
+            b.work = dist.all_reduce(b.flat, group=b.group, async_op=True)
         self._step.next_bucket = index + 1
         self.launches.append(Launch(index, self._step.actions_done, in_hook, flushed))

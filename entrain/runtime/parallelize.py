@@ -56,10 +56,12 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class StageParallelism:
-    """Parallelism inside each pipeline stage (``train --tp``, ``--fsdp``)."""
+    """Parallelism inside each pipeline stage (``train --tp``, ``--fsdp``, ``--ep``)."""
 
     tp: int = 1
     fsdp: bool = False
+    ep: int = 1
+    """Expert parallelism over the stage's DP group (``expert_parallel``)."""
 
 
 @dataclass(frozen=True, slots=True)

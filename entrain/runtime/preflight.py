@@ -197,6 +197,13 @@ def check_spec(spec: RunConfig, world_size: int | None = None) -> None:
     family = model_family(spec)
     shape = family.shape(model_source(spec))
     check_tp(shape, par.tp, family)
+    if par.ep_or_1 > 1:
+        from entrain.runtime.expert_parallel import check_ep
+
+        experts = getattr(shape, "num_experts", None)
+        check_ep(par.ep_or_1, par.dp or par.ep_or_1, num_experts=experts, tp=par.tp or 1, fsdp=par.fsdp)
+        if spec.schedule.split_weight_grads is True:
+            raise ConfigError("--ep with --split-weight-grads on is not supported by the runtime; pick one")
     if spec.model.precision is not None and spec.model.precision not in PRECISIONS:
         raise ConfigError(f"--precision {spec.model.precision!r}: choose from {', '.join(PRECISIONS)}")
     _check_something_trains(spec.model.freeze)

@@ -220,7 +220,7 @@ def _build_run(
         autocast_dtype=autocast,
         timeout_s=spec.run.timeout_s,
         watch=inputs.watch,
-        parallel=StageParallelism(tp=spec.parallel.tp, fsdp=spec.parallel.fsdp),
+        parallel=StageParallelism(tp=spec.parallel.tp, fsdp=spec.parallel.fsdp, ep=spec.parallel.ep_or_1),
         cross_replica=moves_across_replicas(system, setup.options),
     )
     metrics = RunMetrics(spec, system, env, checkpointer.out, data, setup)

@@ -24,6 +24,13 @@ from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import DistEnv, check_runtime_layout
 from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
+from entrain.runtime.expert_parallel import (
+    apply_ep,
+    build_ep_groups,
+    check_ep,
+    check_same_actions,
+    is_expert_param,
+)
 from entrain.runtime.grad_buckets import GradBuckets
 from entrain.runtime.health import PeerWatch
 from entrain.runtime.parallelize import (
@@ -119,6 +126,7 @@ class PipelineTrainer:
         ]
         input_grad = {s: any(trains[:s]) for s in all_stages}
         self.groups = build_groups(layout, parallel.tp, env.rank, timeout_s, cross_replica)
+        self.ep_groups = self._ep_groups(parallel, model, timeout_s)
         self.fsdp_roots = self._parallelize(
             parallel, {s.stage: s.recompute for s in layout.stages_of(self.pp_rank)}
         )
@@ -154,7 +162,8 @@ class PipelineTrainer:
             autocast=autocast,
             cross_replica=cross_replica,
         )
-        foreach = None if parallel.tp == 1 and not parallel.fsdp else False  # plain and DTensor params mixed
+        dtensors = parallel.tp > 1 or parallel.fsdp or parallel.ep > 1
+        foreach = False if dtensors else None  # plain and DTensor params mixed
         self.optimizer = (
             torch.optim.AdamW(
                 self.params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, foreach=foreach
@@ -167,6 +176,22 @@ class PipelineTrainer:
         self.last_stage_rank = layout.stages[-1].pp_rank
         self.fault_hook: Callable[[int, int], None] | None = None
         """Called as ``hook(rank, step)`` mid-step, before the pipeline actions (fault injection)."""
+
+    def _ep_groups(self, parallel: StageParallelism, model: torch.nn.Module, timeout_s: float | None):
+        """Expert parallelism's groups (``expert_parallel``), or None at ``--ep 1``."""
+        if parallel.ep == 1:
+            return None
+        text = getattr(model.config, "text_config", model.config)
+        check_ep(
+            parallel.ep, self.layout.dp, num_experts=getattr(text, "num_experts", None), tp=parallel.tp,
+            fsdp=parallel.fsdp,
+        )  # fmt: skip
+        stage_ranks = [
+            [process_rank(self.layout.global_rank(r, pp), t, parallel.tp) for r in range(self.layout.dp)]
+            for pp in range(self.layout.ranks_per_replica)
+            for t in range(parallel.tp)
+        ]
+        return build_ep_groups(stage_ranks, self.env.rank, parallel.ep, timeout_s)
 
     def _parallelize(self, parallel: StageParallelism, recompute: dict[int, str]) -> list:
         """Pipeline stages are cut (the Plan); then, in order: TP, recomputation (the Plan's per
@@ -195,6 +220,9 @@ class PipelineTrainer:
         if tp_mesh is not None:
             for m in self.modules.values():
                 apply_tp(m, tp_mesh)
+        if self.ep_groups is not None:
+            for m in self.modules.values():
+                apply_ep(m, self.ep_groups, kind)
         for stage, mode in recompute.items():
             apply_recompute(self.modules[stage], mode)
         if dp_mesh is None:
@@ -209,9 +237,13 @@ class PipelineTrainer:
         stage_params = {
             s: [p for _, p in m.owned_parameters() if p.requires_grad] for s, m in self.modules.items()
         }
+        replicas = self.ep_groups.replicas if self.ep_groups is not None else None
         buckets = GradBuckets(
             stage_params,
             self.dp_group,
+            group_of=None
+            if self.ep_groups is None
+            else lambda p: replicas if is_expert_param(p) else self.dp_group,
             bucket_bytes=grad_buckets.BUCKET_BYTES,
             hooks=parallel.tp == 1,
             run=self._collective,
@@ -399,6 +431,8 @@ class PipelineTrainer:
         if self.fault_hook is not None:
             self.fault_hook(self.env.rank, self.step_index)
         actions = it.actions.get(self.place.plan_rank, ())
+        if self.ep_groups is not None:  # each sparse layer's all-to-alls pair up across the EP group
+            check_same_actions(actions, self.ep_groups, self.env.device)
         if self.grad_buckets is not None:  # DP buckets start as their stages' last backwards end
             self.grad_buckets.start(actions)
         if self.env.device.type == "cuda":  # the next forward's inputs are copied while one computes

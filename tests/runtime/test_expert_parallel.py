@@ -13,7 +13,11 @@ from entrain.core.errors import ConfigError
 from entrain.runtime import expert_parallel as ep_mod
 from entrain.runtime.expert_parallel import apply_ep, build_ep_groups, check_ep
 
+from . import test_qwen3_vl_moe_train as moe_train
 from .harness import run_workers
+
+fm, oracle = moe_train.fm, moe_train.oracle
+"""The tiny Qwen3-VL-MoE checkpoint and transformers' fp64 step of its batch (module fixtures)."""
 
 TOKENS = (5, 3, 0, 7)
 """Tokens of each rank (one rank routes none: its all-to-alls send nothing)."""
@@ -140,3 +144,35 @@ def test_refusals():
             check_ep(4, 4, **kwargs)
     with pytest.raises(ConfigError, match="divide"):
         check_ep(2, 3, num_experts=8)
+
+
+def _train_ep(env, fm, plan, ep: int):
+    from entrain.runtime.parallelize import StageParallelism
+    from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+
+    from .cases import MAX_GRAD_NORM
+    from .harness import train_step_before_clip
+
+    trainer = PipelineTrainer(layout=plan.layout, model=fm.build(), env=env, renderer=fm.renderer(),
+                              optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM), parallel=StageParallelism(ep=ep))  # fmt: skip
+    experts = [p for _, p in trainer.named_params if ep_mod.is_expert_param(p)]
+    assert len(experts) == (2 * 3 if ep > 1 and trainer.pp_rank == 1 else 0), len(experts)
+    result, before = train_step_before_clip(trainer, plan.iterations[0])
+    return before, trainer.named_grads(), result.loss, result.grad_norm
+
+
+def test_trainer_ep2_matches_transformers(fm, oracle, tmp_path):
+    """1F1B over an encoder stage and an LLM stage, 2 replicas, ``--ep 2``: each LLM rank holds 2 of the
+    4 experts of its 3 sparse layers; loss (auxiliary term included), gradient norm and every gradient
+    before and after clipping equal transformers' single-process fp64 step."""
+    from .harness import assert_matches_reference
+
+    plan = fm.plan("1f1b", 1, 1, 2, 2)
+    assert plan.layout.world_size == 4
+    results = run_workers(_train_ep, 4, tmp_path, fm, plan, 2)
+    before = {k: v for r in results for k, v in r[0].items()}
+    after = {k: v for r in results for k, v in r[1].items()}
+    rest, before, after = moe_train.without_zero_gradients(oracle, before, after)
+    assert_matches_reference(
+        "ep2", before=before, after=after, loss=results[0][2], grad_norm=results[0][3], ref=rest, tol=1e-5
+    )

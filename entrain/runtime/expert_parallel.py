@@ -200,15 +200,25 @@ def is_expert_param(p: torch.Tensor) -> bool:
     return bool(getattr(p, "entrain_expert", False))
 
 
-def check_same_actions(actions, groups: EpGroups, device: torch.device) -> None:
-    """ConfigError unless every rank of the EP group runs the same actions this step (kind, stage,
-    microbatch, sub-microbatch): each sparse layer's all-to-alls then pair up across the group."""
-    key = repr([(a.kind.name, a.stage, a.mb, getattr(a, "sub_index", 0)) for a in actions])
-    mine = torch.tensor([zlib.crc32(key.encode()), len(actions)], dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in groups.ranks]
-    dist.all_gather(every, mine, group=groups.group)
-    if any(not torch.equal(t, mine) for t in every):
-        raise ConfigError(
-            f"--ep {groups.ep}: the data-parallel replicas {groups.ranks} run different action lists this "
-            "step (microbatch splits differ), so their all-to-alls would not pair up; use --ep 1"
-        )
+def check_same_actions(actions, groups: EpGroups, device: torch.device, *, has_experts: bool = True) -> None:
+    """ConfigError on every process unless each EP group's ranks run the same actions this step (kind,
+    stage, microbatch, sub-microbatch): each sparse layer's all-to-alls then pair up across the group.
+    One all-gather over the world, so that every process (not only the group's) stops together;
+    ``has_experts`` False (a stage without sparse layers): this process makes no all-to-all."""
+    key = repr([(a.kind.name, a.stage, a.mb, a.sub_index) for a in actions])
+    mine = torch.tensor(
+        [min(groups.ranks) if has_experts else -1, zlib.crc32(key.encode()), len(actions)],
+        dtype=torch.int64,
+        device=device,
+    )
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    seen: dict[int, tuple[int, int]] = {}
+    for t in every:
+        group, crc, n = (int(v) for v in t)
+        if group >= 0 and seen.setdefault(group, (crc, n)) != (crc, n):
+            raise ConfigError(
+                f"--ep {groups.ep}: data-parallel replicas of one expert-parallel group run different action "
+                "lists this step (their microbatches are split differently), so their all-to-alls would not "
+                "pair up; use --ep 1 or a schedule whose replicas run the same microbatches (e.g. --system 1f1b)"
+            )

@@ -176,3 +176,31 @@ def test_trainer_ep2_matches_transformers(fm, oracle, tmp_path):
     assert_matches_reference(
         "ep2", before=before, after=after, loss=results[0][2], grad_norm=results[0][3], ref=rest, tol=1e-5
     )
+
+
+def _check_actions(env, lists):
+    import torch.distributed as dist
+
+    from entrain.core.plan import Action, ActionKind
+
+    groups = build_ep_groups([list(range(dist.get_world_size()))], env.rank, 2)
+    out = []
+    for per_rank in lists:
+        actions = [Action(stage=1, kind=ActionKind.F, mb=mb, sub=sub) for mb, sub in per_rank[env.rank]]
+        try:
+            ep_mod.check_same_actions(actions, groups, torch.device("cpu"))
+            out.append("ok")
+        except ConfigError as e:
+            out.append(str(e))
+    return out
+
+
+def test_replicas_with_other_microbatch_splits_are_refused_on_every_rank(tmp_path):
+    same = [[(0, 0), (0, 1)], [(0, 0), (0, 1)]]
+    fewer = [[(0, 0), (0, 1)], [(0, None)]]
+    as_many_other_subs = [[(0, 0), (0, 1)], [(0, 0), (1, 0)]]
+    results = run_workers(_check_actions, 2, tmp_path, [same, fewer, as_many_other_subs])
+    for r in results:
+        assert r[0] == "ok"
+        for refused in r[1:]:
+            assert "all-to-alls would not pair up" in refused and "\n" not in refused

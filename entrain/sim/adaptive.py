@@ -262,6 +262,9 @@ def join_metrics(parts: list[SystemMetrics]) -> SystemMetrics:
     if states is not None and peaks is not None:  # activations such that activations + state = the peak
         peaks = [p - s for p, s in zip(peaks, states)]
     peaks = peaks or []
+    held = None  # with messages in flight counted: activations + messages such that + state = the peak
+    if all(m.peak_held_bytes_per_rank is not None for m in parts):
+        held, peaks = peaks, _elementwise_max([m.peak_activation_bytes_per_rank for m in parts])
     return SystemMetrics(
         iteration_time_ms=float(np.mean(per_iter)),
         iteration_time_ms_per_iter=per_iter,
@@ -275,4 +278,8 @@ def join_metrics(parts: list[SystemMetrics]) -> SystemMetrics:
         lower_bound_ms=_weighted(parts, "lower_bound_ms"),
         model_state_bytes_per_rank=states,
         device_memory_bytes=parts[0].device_memory_bytes,
+        in_flight_message_bytes_per_rank=_elementwise_max(
+            [m.in_flight_message_bytes_per_rank for m in parts]
+        ),
+        peak_held_bytes_per_rank=held,
     )

@@ -13,7 +13,8 @@ Model (documented assumptions):
   same transfer delays implicitly.
 * Memory: a forward allocates its activation bytes on its rank at its start; the backward (``B``,
   or ``W`` when split) frees them at its end. Only activations are counted (no weights, optimizer
-  state or received-message buffers).
+  state or received-message buffers); ``ReplicaRun.step_bytes`` keeps, per action, the most a rank
+  holds while it runs, for ``entrain.sim.metrics`` to add the messages in flight at that step.
 * Replicas run independently; the iteration ends when every pipeline rank of every replica has
   finished and then all-reduced its gradients over DP (``PlanCosts.allreduce_ms``): iteration time
   = max over pipeline ranks r of (latest end of rank r over replicas + all-reduce of rank r).
@@ -61,6 +62,9 @@ class ReplicaRun:
     spans: list[Span] = field(default_factory=list)
     memory: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     """Per global rank, (time, bytes after the change) steps; only when traced."""
+    step_bytes: dict[int, list[float]] = field(default_factory=dict)
+    """Per global rank, per action of its list: the most activation bytes it holds while that action
+    runs (a forward's own, a backward's recomputation transient included)."""
 
     @property
     def makespan_ms(self) -> float:
@@ -76,11 +80,17 @@ class IterationRun:
 
 
 def simulate_plan(
-    plan: Plan, cost: CostModel, *, comm: bool = True, trace_iterations: int = 1
+    plan: Plan,
+    cost: CostModel,
+    *,
+    comm: bool = True,
+    trace_iterations: int = 1,
+    costs: PlanCosts | None = None,
 ) -> list[IterationRun]:
     """Run every iteration of ``plan``; spans and memory traces are kept for the first
-    ``trace_iterations`` iterations. ``comm=False`` makes every transfer free."""
-    costs = PlanCosts(plan.layout, cost, plan.samples)
+    ``trace_iterations`` iterations. ``comm=False`` makes every transfer free. ``costs``: the plan's
+    ``PlanCosts`` when the caller has them (their caches then serve its metrics too)."""
+    costs = PlanCosts(plan.layout, cost, plan.samples) if costs is None else costs
     return [
         run_iteration(plan.layout, it, costs, comm=comm, trace=i < trace_iterations)
         for i, it in enumerate(plan.iterations)
@@ -124,6 +134,8 @@ class _Replica:
         self.bwd_ms: dict[tuple[int, int, int], float] = {}
         self.spans: list[Span] = []
         self.held: dict[tuple[int, int, int], float] = {}
+        self.step_bytes: dict[int, list[float]] = {g: [] for g in actions}
+        self._step_high = 0.0
         self._pending_wake: list[int] = []
         self.received: dict[Message, float] = {}
 
@@ -189,6 +201,7 @@ class _Replica:
         woken: list[int] = []
         while self.ptr[g] < len(acts):
             a = acts[self.ptr[g]]
+            self._step_high = self.mem[g]
             if a.kind.is_compute:
                 ready, key = self._ready_time(a)
                 if ready is None:
@@ -207,6 +220,7 @@ class _Replica:
                 msg = message_of(a)
                 self.arrival[msg] = self.clock[g] + self._transfer_ms(msg)
                 woken += self._wake(msg)
+            self.step_bytes[g].append(self._step_high)
             self.ptr[g] += 1
         self._requeue(woken)
         return None
@@ -270,6 +284,7 @@ class _Replica:
     def _mem(self, g: int, t: float, delta: float) -> None:
         self.mem[g] += delta
         self.peak[g] = max(self.peak[g], self.mem[g])
+        self._step_high = max(self._step_high, self.mem[g])
         if self.trace:
             self.memory[g].append((t, self.mem[g]))
 
@@ -331,4 +346,5 @@ def run_replica(
         bwd_ms=rep.bwd_ms,
         spans=rep.spans,
         memory=rep.memory,
+        step_bytes=rep.step_bytes,
     )

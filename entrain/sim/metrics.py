@@ -17,18 +17,25 @@ Per iteration (then averaged over iterations):
   peak over replicas and iterations; ``peak_activation_bytes`` = its max.
 * Memory realism (additive keys): ``model_state_bytes_per_rank`` = weights + gradients + AdamW state
   of the rank's layers (``PlanCosts.model_state_bytes``: 18 bytes per trainable parameter, / TP);
-  ``peak_memory_bytes_per_rank`` = that + the rank's peak activation bytes; ``fits_memory`` = every
-  rank's total <= ``HardwareSpec.device_memory_bytes``. Timings are not changed by a misfit: a
+  ``in_flight_message_bytes_per_rank`` = the most bytes of point-to-point messages the rank holds at
+  one step of its program (``entrain.core.planning.memory.in_flight_message_bytes``: a send until its
+  receive is provably posted, a receive until the compute that takes it); ``peak_memory_bytes_per_rank``
+  = model state + the most the rank holds at one step of its program, activations and messages in
+  flight together (``peak_with_messages``; the peak activation bytes where the plan is not given);
+  ``fits_memory`` = every rank's total <= ``HardwareSpec.device_memory_bytes``. Timings are not changed by a misfit: a
   system that does not fit is reported as such (an OOM configuration could not run as simulated).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from entrain.core.plan import Layout
+from entrain.core.errors import ScheduleError
+from entrain.core.plan import IterationPlan, Layout
+from entrain.core.planning.memory import in_flight_message_bytes, peak_with_messages, plan_message_bytes
 from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.one_f_one_b import one_f_one_b_makespan
 from entrain.sim.executor import IterationRun, ReplicaRun
@@ -51,12 +58,16 @@ class SystemMetrics:
     entrain_speedup: float | None = None
     model_state_bytes_per_rank: list[float] | None = None
     device_memory_bytes: float | None = None
+    in_flight_message_bytes_per_rank: list[float] | None = None
+    peak_held_bytes_per_rank: list[float] | None = None
+    """Per pipeline rank: the most activation and in-flight message bytes held at one step."""
 
     @property
     def peak_memory_bytes_per_rank(self) -> list[float] | None:
         if self.model_state_bytes_per_rank is None:
             return None
-        return [a + m for a, m in zip(self.peak_activation_bytes_per_rank, self.model_state_bytes_per_rank)]
+        held = self.peak_held_bytes_per_rank or self.peak_activation_bytes_per_rank
+        return [a + m for a, m in zip(held, self.model_state_bytes_per_rank)]
 
     @property
     def fits_memory(self) -> bool | None:
@@ -71,6 +82,11 @@ class SystemMetrics:
         peaks = self.peak_memory_bytes_per_rank
         return {
             "model_state_bytes_per_rank": list(self.model_state_bytes_per_rank),
+            **(
+                {}
+                if self.in_flight_message_bytes_per_rank is None
+                else {"in_flight_message_bytes_per_rank": list(self.in_flight_message_bytes_per_rank)}
+            ),
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_bytes": max(peaks, default=0.0),
             "device_memory_bytes": self.device_memory_bytes,
@@ -139,10 +155,36 @@ def _iteration_metrics(layout: Layout, it: IterationRun) -> dict:
     }
 
 
+def _held_peaks(
+    layout: Layout, iterations: list[IterationRun], plans: Sequence[IterationPlan], costs: PlanCosts
+) -> tuple[list[float], list[float]]:
+    """Per pipeline rank, over replicas and iterations: (the most message bytes in flight at one step,
+    the most activation + message bytes at one step). An iteration that has no point-to-point program
+    (``rank_program`` refuses it: encoder work moved across replicas onto a rank that also holds the
+    LLM, which the runtime refuses too) counts its activations alone."""
+    p = layout.ranks_per_replica
+    msgs, held = [0.0] * p, [0.0] * p
+    for run_it, it in zip(iterations, plans):
+        try:
+            in_flight = in_flight_message_bytes(layout, it, plan_message_bytes(costs, it))
+        except ScheduleError:
+            in_flight = {}
+        for run in run_it.replicas:
+            for g, peak in peak_with_messages(run.step_bytes, in_flight).items():
+                r = layout.replica_of(g)[1]
+                held[r] = max(held[r], peak)
+                msgs[r] = max([msgs[r], *in_flight.get(g, ())])
+    return msgs, held
+
+
 def compute_metrics(
-    layout: Layout, iterations: list[IterationRun], costs: PlanCosts | None = None
+    layout: Layout,
+    iterations: list[IterationRun],
+    costs: PlanCosts | None = None,
+    plans: Sequence[IterationPlan] | None = None,
 ) -> SystemMetrics:
-    """Metrics of ``iterations``; with ``costs``, also the memory-realism keys."""
+    """Metrics of ``iterations``; with ``costs``, also the memory-realism keys, and with ``plans`` (the
+    iterations' plans) the messages in flight in them."""
     rows = [_iteration_metrics(layout, it) for it in iterations]
     p = layout.ranks_per_replica
     peaks = [0.0] * p
@@ -151,6 +193,9 @@ def compute_metrics(
             for g, peak in run.peak_bytes.items():
                 r = layout.replica_of(g)[1]
                 peaks[r] = max(peaks[r], peak)
+    msgs, held = (
+        _held_peaks(layout, iterations, plans, costs) if costs and plans is not None else (None, None)
+    )
 
     def mean(key: str) -> float:
         return float(np.mean([r[key] for r in rows])) if rows else 0.0
@@ -168,4 +213,6 @@ def compute_metrics(
         lower_bound_ms=mean("lower_bound"),
         model_state_bytes_per_rank=None if costs is None else [costs.model_state_bytes(r) for r in range(p)],
         device_memory_bytes=None if costs is None else costs.cost.hardware.device_memory_bytes,
+        in_flight_message_bytes_per_rank=msgs,
+        peak_held_bytes_per_rank=held,
     )

@@ -53,6 +53,8 @@ def run_system(
     else:
         samples = {s.id: s for batch in batches for s in batch}
         plan = generate_plan(system, layout, assignments, samples, cost, options)
-    iterations = simulate_plan(plan, cost, trace_iterations=trace_iterations)
     costs = PlanCosts(layout, cost, plan.samples)
-    return SystemRun(system, layout, plan, iterations, compute_metrics(layout, iterations, costs))
+    iterations = simulate_plan(plan, cost, trace_iterations=trace_iterations, costs=costs)
+    return SystemRun(
+        system, layout, plan, iterations, compute_metrics(layout, iterations, costs, plan.iterations)
+    )

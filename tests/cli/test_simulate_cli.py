@@ -103,8 +103,12 @@ def test_paper_entrain_flag_and_memory_keys(capsys, schema):
     }
     assert "boundary sharing" in shared["systems"]["entrain"]["config"]["source"]
     for s in shared["systems"].values():
-        peaks = [a + m for a, m in zip(s["peak_activation_bytes_per_rank"], s["model_state_bytes_per_rank"])]
-        assert s["peak_memory_bytes_per_rank"] == pytest.approx(peaks)
+        # activations and messages in flight at one step: at least the activations' peak, at most the
+        # two peaks together
+        acts = [a + m for a, m in zip(s["peak_activation_bytes_per_rank"], s["model_state_bytes_per_rank"])]
+        peaks = s["peak_memory_bytes_per_rank"]
+        for a, p, x in zip(acts, peaks, s["in_flight_message_bytes_per_rank"]):
+            assert a <= p <= a + x
         assert s["fits_memory"] == (max(peaks) <= s["device_memory_bytes"])
     assert main([*base, "--ramp-microbatches", "often"]) == 2
     assert "count >= 0 or 'auto'" in capsys.readouterr().err

@@ -101,3 +101,19 @@ def test_a_piece_that_crosses_replicas_counts_its_own_samples():
     grads = [size(2 * o + 1, 2 * r, Message("B", 1, 0, mb, sub)) for o in per]
     assert grads == parts
     assert all(v >= 0 for v in peak_in_flight_message_bytes(plan.layout, it, size).values())
+
+
+def test_replicas_of_one_shape_hold_the_same_on_their_own_ranks():
+    """Replicas whose action lists are the same share one computed shape (cached), each on its own
+    ranks and with its own message sizes; a rank of another replica holds nothing of them."""
+    from entrain.core.presets import build_cost_model
+    from tests.runtime.cases import batch_metas, plan_for, works
+
+    cost = build_cost_model("tiny", "cpu-tiny")
+    plan = plan_for("1f1b", 1, 1, 2, 2, works(batch_metas(4), cost))
+    it = plan.iterations[0]
+    assert it.actions[0] == it.actions[2] and it.actions[1] == it.actions[3]
+    held = in_flight_message_bytes(plan.layout, it, _size)
+    assert held[0] == held[2] and held[1] == held[3] and max(held[2]) > 0
+    only = in_flight_message_bytes(plan.layout, it, lambda s, r, m: 7.0 if s >= 2 else 0.0)  # replica 1's
+    assert max(only[0]) == max(only[1]) == 0 and max(only[2]) > 0 and max(only[3]) > 0

@@ -6,17 +6,21 @@ divided by TP (K/V projections replicated when TP exceeds the KV heads: ``LayerC
 
 Point-to-point messages in flight (``in_flight_message_bytes``): what a rank holds of its messages
 besides its activations, from a Plan's action lists: a sent message until its send has completed, a
-received one until the compute action that takes it.
+received one until the compute action that takes it. A rank's peak memory is the most, over the steps
+of its program, of what it holds at that step: activations and messages together
+(``peak_with_messages``), the one count the simulated memory check and the planner's fit both use
+(``entrain.sim.metrics.SystemMetrics.fits_memory``).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ScheduleError
-from entrain.core.p2p import Comm, rank_program
+from entrain.core.p2p import Comm, _actions, encoder_pieces, rank_program
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.planning.profile import SampleStats
 from entrain.core.schedules.graph import Message
@@ -35,6 +39,7 @@ __all__ = [
     "plan_message_bytes",
     "in_flight_message_bytes",
     "peak_in_flight_message_bytes",
+    "peak_with_messages",
 ]
 
 ADAM_BYTES_PER_BF16_WEIGHT_BYTE = 9.0
@@ -195,7 +200,6 @@ def plan_message_bytes(costs, it: IterationPlan) -> MessageBytes:
     """``MessageBytes`` of ``it`` under ``costs`` (a ``schedules.costs.PlanCosts``): the forward
     output's ``message_bytes`` for the samples it carries, a piece's where encoder work crosses
     replicas (``entrain.core.p2p.encoder_pieces``)."""
-    from entrain.core.p2p import encoder_pieces
     from entrain.core.schedules.graph import ReplicaGraph
 
     layout = costs.layout
@@ -264,18 +268,30 @@ def _vector_clocks(programs: dict[int, tuple], sent: dict, received: dict) -> di
     return clocks
 
 
-def _consumer(steps: tuple, start: int, msg: Message) -> int:
+def _compute_index(steps: tuple) -> tuple[dict, dict]:
+    """A program's compute steps by (stage, forward?) and by (stage, forward?, mb, sub), in order."""
+    by_stage: dict[tuple, list[int]] = {}
+    by_task: dict[tuple, list[int]] = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, Action) and step.kind in (ActionKind.F, ActionKind.B, ActionKind.I):
+            key = (step.stage, step.kind is ActionKind.F)
+            by_stage.setdefault(key, []).append(i)
+            by_task.setdefault((*key, step.mb, step.sub_index), []).append(i)
+    return by_stage, by_task
+
+
+def _consumer(steps: tuple, start: int, msg: Message, index: tuple[dict, dict] | None = None) -> int:
     """The compute step of the receiver that takes ``msg`` (received at ``start``): its stage's
     forward (a forward message) or backward of the same microbatch and sub, else the first of that
-    kind after it (an encoder message several LLM microbatches take); the end when none."""
-    kinds = {ActionKind.F} if msg.kind == "F" else {ActionKind.B, ActionKind.I}
-    candidates = [
-        i
-        for i in range(start + 1, len(steps))
-        if isinstance(steps[i], Action) and steps[i].stage == msg.dst and steps[i].kind in kinds
-    ]
-    same = [i for i in candidates if (steps[i].mb, steps[i].sub_index) == (msg.mb, msg.sub)]
-    return (same or candidates or [len(steps)])[0]
+    kind after it (an encoder message several LLM microbatches take); the end when none. ``index``:
+    ``_compute_index(steps)``, when the caller has it."""
+    by_stage, by_task = index or _compute_index(steps)
+    key = (msg.dst, msg.kind == "F")
+    for found in (by_task.get((*key, msg.mb, msg.sub), ()), by_stage.get(key, ())):
+        k = bisect_right(found, start)
+        if k < len(found):
+            return found[k]
+    return len(steps)
 
 
 def in_flight_message_bytes(
@@ -291,20 +307,62 @@ def in_flight_message_bytes(
       until the compute action that takes it (``_consumer``), where it becomes that stage's input.
 
     A hand-over between stages of one rank holds nothing."""
-    ranks = [layout.global_rank(r, pp) for r in range(layout.dp) for pp in range(layout.ranks_per_replica)]
-    programs = {g: rank_program(layout, it, g, forward_only=forward_only) for g in ranks}
+    pieces = encoder_pieces(layout, it)
+    p = layout.ranks_per_replica
+    groups = (
+        [list(range(layout.world_size))]
+        if pieces
+        else [[r * p + pp for pp in range(p)] for r in range(layout.dp)]
+    )
+    held: dict[int, list[float]] = {}
+    for ranks in groups:
+        base = ranks[0]
+        for (src, dst, msg), (i, end), (j, took) in _holds(layout, it, ranks, pieces, forward_only):
+            src, dst = src + base, dst + base
+            size = message_bytes(src, dst, msg)
+            for g, lo, hi in ((src, i, end), (dst, j, took)):
+                steps = held.get(g) or held.setdefault(g, [0.0] * len(_actions(it, g, forward_only)))
+                for k in range(lo, hi):
+                    steps[k] += size
+    for g in range(layout.world_size):
+        held.setdefault(g, [0.0] * len(_actions(it, g, forward_only)))
+    return held
+
+
+_HOLDS: dict[tuple, tuple] = {}
+_HOLDS_MAX_ENTRIES = 256
+
+
+def _holds(layout: Layout, it: IterationPlan, ranks: list[int], pieces, forward_only: bool) -> tuple:
+    """Per message among ``ranks`` (relative to ``ranks[0]``): ``((src, dst, message), (the sender's
+    first and end step holding it), (the receiver's))``. A replica's holds depend only on its ranks'
+    action lists where no encoder piece crosses replicas: cached per layout shape and action lists
+    (every replica of a 1F1B plan has the same)."""
+    key = None
+    if not pieces:
+        shape = tuple((st.component, st.pp_rank) for st in layout.stages)
+        key = (shape, forward_only, tuple(tuple(_actions(it, g, forward_only)) for g in ranks))
+        hit = _HOLDS.get(key)
+        if hit is not None:
+            return hit
+    programs = {g: rank_program(layout, it, g, forward_only=forward_only, pieces=pieces) for g in ranks}
     sent, received = _program_events(programs)
     clocks = _vector_clocks(programs, sent, received)
-    held = {g: [0.0] * len(programs[g]) for g in ranks}
+    index = {g: _compute_index(programs[g]) for g in ranks}
+    base = ranks[0]
+    out = []
     for (src, dst, msg), i in sent.items():
         j = received[(src, dst, msg)]
-        size = message_bytes(src, dst, msg)
-        after = [k for k in range(i, len(programs[src])) if clocks[src][k].get(dst, -1) >= j]
-        for k in range(i, after[0] if after else len(programs[src])):
-            held[src][k] += size
-        for k in range(j, _consumer(programs[dst], j, msg)):
-            held[dst][k] += size
-    return held
+        mine = clocks[src]
+        end = next((k for k in range(i, len(mine)) if mine[k].get(dst, -1) >= j), len(mine))
+        took = _consumer(programs[dst], j, msg, index[dst])
+        out.append(((src - base, dst - base, msg), (i, end), (j, took)))
+    holds = tuple(out)
+    if key is not None:
+        if len(_HOLDS) >= _HOLDS_MAX_ENTRIES:
+            _HOLDS.clear()
+        _HOLDS[key] = holds
+    return holds
 
 
 def peak_in_flight_message_bytes(
@@ -313,3 +371,14 @@ def peak_in_flight_message_bytes(
     """Per plan rank, the most bytes of messages it holds in flight at once (``in_flight_message_bytes``)."""
     held = in_flight_message_bytes(layout, it, message_bytes, forward_only=forward_only)
     return {g: max(v, default=0.0) for g, v in held.items()}
+
+
+def peak_with_messages(step_bytes: dict[int, list[float]], held: dict[int, list[float]]) -> dict[int, float]:
+    """Per rank of ``step_bytes`` (per step of its program, the other bytes it holds while that step
+    runs: activations), the most it holds at one step with the messages in flight at that step
+    (``in_flight_message_bytes``) added; a rank or step ``held`` lacks holds no message."""
+    out = {}
+    for g, levels in step_bytes.items():
+        msgs = held.get(g, ())
+        out[g] = max((b + (msgs[k] if k < len(msgs) else 0.0) for k, b in enumerate(levels)), default=0.0)
+    return out

@@ -204,3 +204,45 @@ def test_replicas_with_other_microbatch_splits_are_refused_on_every_rank(tmp_pat
         assert r[0] == "ok"
         for refused in r[1:]:
             assert "all-to-alls would not pair up" in refused and "\n" not in refused
+
+
+def _full(state: dict) -> dict:
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()
+    }
+
+
+def _save_at_one_ep_load_at_another(env, fm, plan, folder):
+    from entrain.runtime import checkpoint as ck
+    from entrain.runtime.parallelize import StageParallelism
+    from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+
+    def trainer(ep):
+        return PipelineTrainer(layout=plan.layout, model=fm.build(), env=env, renderer=fm.renderer(),
+                               optim=OptimConfig(), parallel=StageParallelism(ep=ep))  # fmt: skip
+
+    saving = trainer(2)
+    saving.train_step(plan.iterations[0])
+    saved = _full(saving.checkpoint_state())
+    ck.save_state(folder, saving.checkpoint_state())
+    out = {}
+    for ep in (1, 2):
+        loading = trainer(ep)
+        loading.load_checkpoint(folder, 1, load=ck.load_state)
+        got = _full(loading.checkpoint_state())
+        out[ep] = sorted(k for k in saved if not torch.equal(got[k], saved[k])) + sorted(
+            set(saved) ^ set(got)
+        )
+    experts = sum(1 for k in saved if ".experts." in k)
+    return out, experts
+
+
+def test_checkpoint_saved_at_ep2_resumes_bitwise_at_ep1_and_ep2(fm, tmp_path):
+    """A checkpoint written at ``--ep 2`` (each rank its half of the experts' weights and AdamW state)
+    holds the global tensors: runs at ``--ep 1`` and ``--ep 2`` load every parameter and AdamW tensor
+    bitwise."""
+    plan = fm.plan("1f1b", 1, 1, 2, 2)
+    results = run_workers(_save_at_one_ep_load_at_another, 4, tmp_path, fm, plan, str(tmp_path / "ckpt"))
+    assert sum(r[1] for r in results) > 0, "no expert tensors were saved"
+    for r, (differ, _) in enumerate(results):
+        assert differ == {1: [], 2: []}, (r, differ)

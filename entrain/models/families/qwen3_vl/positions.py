@@ -103,7 +103,7 @@ def _rope_index(
     return ids[:, 0]
 
 
-def split_videos(hf_config: Any, input_ids, positions, grids) -> tuple:
+def split_videos(hf_config: Any, input_ids, positions, grids, where: str = "sample") -> tuple:
     """``(image positions, image grids, video positions, video grids)`` of a sample whose visual items
     (``positions`` of all their tokens, items in order, with their ``grids``) are images or videos: an
     item whose first token is the config's ``video_token_id`` is a video."""
@@ -120,7 +120,9 @@ def split_videos(hf_config: Any, input_ids, positions, grids) -> tuple:
         (videos if is_video else images).append(rows)
         (video_grids if is_video else image_grids).append(tuple(int(x) for x in g))
     if start != positions.numel():
-        raise ConfigError(f"{positions.numel()} visual tokens but the grids {list(grids)} need {start}")
+        raise ConfigError(
+            f"{where}: {positions.numel()} visual tokens but its grids {list(grids)} need {start}"
+        )
 
     def cat(xs):
         return torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)
@@ -133,10 +135,9 @@ def mrope_position_ids(hf_config: Any, samples: Sequence[Any]) -> torch.Tensor:
     images by ``split_videos``), concatenated."""
     parts = []
     for i, s in enumerate(samples):
-        images, grids, videos, video_grids = split_videos(hf_config, s.input_ids, s.image_positions, s.grids)
-        parts.append(
-            sample_position_ids(
-                hf_config, s.input_ids, images, grids, f"packed sample {i}", videos, video_grids
-            )
+        where = f"packed sample {i}"
+        images, grids, videos, video_grids = split_videos(
+            hf_config, s.input_ids, s.image_positions, s.grids, where
         )
+        parts.append(sample_position_ids(hf_config, s.input_ids, images, grids, where, videos, video_grids))
     return torch.cat(parts, dim=1) if parts else torch.zeros((3, 0), dtype=torch.int64)

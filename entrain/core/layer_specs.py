@@ -15,7 +15,7 @@ __all__ = ["HIDDEN", "MessagePart", "LayerSpec", "llm_specs", "vit_decoder_layer
 
 HIDDEN = "hidden"
 """The name of a stage message's main part (the hidden states every family sends)."""
-PART_ROWS = ("tokens", "image_tokens")
+PART_ROWS = ("tokens", "image_tokens", "audio_tokens")
 _PART_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -24,7 +24,8 @@ class MessagePart:
     """A named tensor ``[rows, width]`` that crosses a stage boundary besides ``HIDDEN`` (e.g. the
     DeepStack features a vision encoder hands to the first LLM layers). ``rows``: ``tokens`` counts
     the sending component's token unit (encoder input patches, LLM tokens) times ``rows_per_token``;
-    ``image_tokens`` one row per image feature row of the samples. Bytes = rows * width * dtype_bytes."""
+    ``image_tokens`` one row per image feature row of the samples, ``audio_tokens`` one per audio
+    token of the samples (``SampleMeta.audio_tokens``). Bytes = rows * width * dtype_bytes."""
 
     name: str
     width: int
@@ -40,10 +41,14 @@ class MessagePart:
         if self.width < 0 or self.dtype_bytes <= 0 or self.rows_per_token < 0:
             raise ValueError(f"message part {self.name!r}: negative width, rows or dtype size")
 
-    def bytes_for(self, tokens: float, image_tokens: float) -> float:
-        """Bytes of this part in a message of ``tokens`` component tokens and ``image_tokens`` image
-        feature rows."""
-        rows = tokens * self.rows_per_token if self.rows == "tokens" else image_tokens
+    def bytes_for(self, tokens: float, image_tokens: float, audio_tokens: float = 0.0) -> float:
+        """Bytes of this part in a message of ``tokens`` component tokens, ``image_tokens`` image
+        feature rows and ``audio_tokens`` audio tokens (callers that do not count audio price an
+        ``audio_tokens`` part at nothing)."""
+        if self.rows == "tokens":
+            rows = tokens * self.rows_per_token
+        else:
+            rows = audio_tokens if self.rows == "audio_tokens" else image_tokens
         return rows * self.width * self.dtype_bytes
 
     def to_json(self) -> dict:

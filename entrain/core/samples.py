@@ -21,6 +21,7 @@ __all__ = [
     "image_vit_patches",
     "sample_image_tokens",
     "sample_encoder_units",
+    "audio_llm_tokens",
     "LABEL_FRACTION",
 ]
 
@@ -166,6 +167,12 @@ def image_vit_patches(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_
     return cfg.merge_size**2 * image_llm_tokens(height, width, cfg)
 
 
+def audio_llm_tokens(frames: int) -> int:
+    """LLM tokens of an audio clip of ``frames`` mel frames (10 ms each): a Whisper-style tower's
+    stride-2 convolution, then Qwen2.5-Omni's stride-2 pooling."""
+    return ((int(frames) - 1) // 2 + 1 - 2) // 2 + 1
+
+
 @dataclass(frozen=True, slots=True)
 class SampleMeta:
     """One training sample's metadata: what the planner and the assignment need to know about it.
@@ -182,12 +189,16 @@ class SampleMeta:
     vision: ImageTokenRule = field(default=DEFAULT_VISION, compare=False, repr=False)
     """The model family's image rule (``VisionTokenConfig``: Qwen's ``smart_resize``)."""
     answer_tokens: int | None = None
+    audio: tuple[int, ...] = ()
+    """Mel frames per audio clip, in order (none: no audio; an audio-capable family's samples)."""
 
     def __post_init__(self) -> None:
         if self.answer_tokens is not None and not 0 <= self.answer_tokens <= self.text_tokens:
             raise ValueError(
                 f"sample {self.id!r}: answer_tokens {self.answer_tokens} outside 0..text_tokens {self.text_tokens}"
             )
+        if any(f <= 0 for f in self.audio):
+            raise ValueError(f"sample {self.id!r}: audio clips of {list(self.audio)} mel frames (need > 0)")
 
     @property
     def vit_patches_per_image(self) -> tuple[int, ...]:
@@ -207,9 +218,14 @@ class SampleMeta:
         return sum(self.image_tokens_per_image)
 
     @property
+    def audio_tokens(self) -> int:
+        """LLM tokens of the sample's audio clips (``audio_llm_tokens`` of each)."""
+        return sum(audio_llm_tokens(f) for f in self.audio)
+
+    @property
     def llm_tokens(self) -> int:
-        """Sequence length on the LLM: text tokens plus merged image tokens."""
-        return self.text_tokens + self.image_tokens
+        """Sequence length on the LLM: text tokens plus merged image tokens plus audio tokens."""
+        return self.text_tokens + self.image_tokens + self.audio_tokens
 
     @property
     def label_tokens(self) -> float:
@@ -223,6 +239,8 @@ class SampleMeta:
         out = {"id": self.id, "images": [[h, w] for h, w in self.images], "text_tokens": self.text_tokens}
         if self.answer_tokens is not None:
             out["answer_tokens"] = self.answer_tokens
+        if self.audio:
+            out["audio"] = list(self.audio)
         return out
 
     @classmethod
@@ -230,6 +248,12 @@ class SampleMeta:
         """Inverse of ``to_json`` (the vision limits are not part of it)."""
         answer = d.get("answer_tokens")
         images = tuple((int(h), int(w)) for h, w in d["images"])
+        audio = tuple(int(f) for f in d.get("audio") or ())
         return cls(
-            str(d["id"]), images, int(d["text_tokens"]), vision, None if answer is None else int(answer)
+            str(d["id"]),
+            images,
+            int(d["text_tokens"]),
+            vision,
+            None if answer is None else int(answer),
+            audio,
         )

@@ -5,14 +5,18 @@ for a sample without communication. What depends on the model is its family's
 (``ModelFamily.image_grids``, ``image_feature_rows``, ``token_ids``, ``map_token_id``,
 ``encoder_input_width``, ``position_ids``). Layout of one sample's LLM sequence::
 
-    [<image_start> <image> * m_i <image_end>] per image, prompt text, answer text
+    [<image_start> <image> * m_i <image_end>] per image,
+    [<audio_start> <audio> * a_j <audio_end>] per audio clip, prompt text, answer text
 
 ``text_tokens`` counts every non-image token (markers included); text ids follow a Zipf law over the
 first 4,000 regular ids. The answer is the last ``answer_tokens`` tokens where the metadata says,
 else ``max(1, round(0.2 * text_tokens))`` (``LABEL_FRACTION``), at most what the text holds; the loss
 is taken at the positions that predict them (labels on the answer part only). Pixel values are seeded
 N(0, 1) rows (windows of a seeded bank): ``t * h * w`` rows of ``encoder_input_width`` per image of
-grid ``(t, h, w)``.
+grid ``(t, h, w)``. An audio clip of ``f`` mel frames (``SampleMeta.audio``; a family whose
+``accepts_audio``) is ``f`` seeded N(0, 1) rows of ``audio_input_width`` (its mel bins): the first
+encoder stage's ``audio_mel`` part (every clip's frames in order) with ``audio_lengths`` (frames per
+clip).
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from entrain.core.errors import DataError
-from entrain.core.samples import LABEL_FRACTION, ImageTokenRule, SampleMeta
+from entrain.core.samples import LABEL_FRACTION, ImageTokenRule, SampleMeta, audio_llm_tokens
 from entrain.models.batch import LLMBatch
 from entrain.models.families.base import PackedSample
 from entrain.models.families.registry import DEFAULT_FAMILY, family_of, get_family
@@ -54,6 +58,15 @@ class RenderedSample:
     """Merged image tokens (rows of this sample's encoder output)."""
     extras: tuple[tuple[int, ...], ...] = ()
     """Per image, the family's ``image_extras`` columns (``()``: none)."""
+    audio_frames: tuple[int, ...] = ()
+    """Mel frames per audio clip, in order."""
+    audio_tokens: int = 0
+    """Audio placeholder tokens (rows of this sample's audio features)."""
+
+    @property
+    def encoded_rows(self) -> int:
+        """Rows the encoder stages make for this sample: image feature rows plus audio tokens."""
+        return self.image_tokens + self.audio_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +85,9 @@ class EncoderInput:
     """``[images, 3 + k]`` int64: the grids, then the family's ``image_extras`` columns."""
     rows_per_sample: tuple[int, ...]
     """Merged output rows each sample contributes, in order."""
+    audio: dict[str, torch.Tensor] = field(default_factory=dict)
+    """With audio clips: ``audio_mel`` ``[frames, mel]`` (every clip's frames in order) and
+    ``audio_lengths`` ``[clips]`` int64 (frames per clip); empty without."""
 
 
 def _background_priority() -> None:
@@ -88,7 +104,7 @@ def _background_priority() -> None:
 
 def _packed(s: RenderedSample) -> PackedSample:
     """What ``ModelFamily.position_ids`` sees of a rendered sample."""
-    return PackedSample(s.input_ids, s.image_positions, s.grid_thw)
+    return PackedSample(s.input_ids, s.image_positions, s.grid_thw, s.audio_frames)
 
 
 def _grid_rows(samples: Sequence[RenderedSample]) -> torch.Tensor:
@@ -258,11 +274,13 @@ class SampleRenderer:
         start, pad, end = self._ids["image_start"], self._ids["image"], self._ids["image_end"]
         use_markers = text >= 2 * len(grid) + 2 and start >= 0 and end >= 0
         num_markers = 2 * len(grid) if use_markers else 0
+        clips = self._audio_clips(meta)
+        num_markers += 2 * len(clips)
         wanted = (
             meta.answer_tokens if meta.answer_tokens is not None else max(1, round(LABEL_FRACTION * text))
         )
         num_answer = max(0, min(wanted, text - num_markers - 1))
-        words = self._words(text - num_markers, gen)
+        words = self._words(max(0, text - num_markers), gen)
         ids: list[int] = []
         image_pos: list[int] = []
         for m in img_tokens:
@@ -272,6 +290,8 @@ class SampleRenderer:
             ids.extend([pad] * m)
             if use_markers:
                 ids.append(end)
+        for m in clips:
+            ids.extend([self._ids["audio_start"], *[self._ids["audio"]] * m, self._ids["audio_end"]])
         ids.extend(self.family.map_token_id(self.cfg, w) for w in words)
         ids_t = torch.tensor(ids, dtype=torch.int64)
         n = len(ids)
@@ -285,7 +305,27 @@ class SampleRenderer:
             grid_thw=grid,
             image_tokens=sum(img_tokens),
             extras=self.family.image_extras(self.cfg, meta),
+            audio_frames=tuple(meta.audio),
+            audio_tokens=sum(clips),
         )
+
+    def _audio_clips(self, meta: SampleMeta) -> list[int]:
+        """LLM tokens per audio clip of ``meta``; DataError for audio a family does not read."""
+        if not meta.audio:
+            return []
+        if not getattr(self.family, "accepts_audio", False):
+            raise DataError(
+                f"sample {meta.id}", None, "audio", f"model family {self.family.name!r} reads no audio"
+            )
+        return [audio_llm_tokens(f) for f in meta.audio]
+
+    def audio_features(self, sample_id: str) -> torch.Tensor:
+        """``[frames, mel]`` seeded N(0, 1) mel features of every audio clip of a sample, in order."""
+        s = self.sample(sample_id)
+        width = self.family.audio_input_width(self.cfg)
+        gen = torch.Generator().manual_seed(_seed_of(self.seed, sample_id, "audio"))
+        mel = torch.randn((sum(s.audio_frames), width), generator=gen)
+        return host_to_device(mel, self.device, self.dtype)
 
     def _from_record(self, meta: SampleMeta) -> RenderedSample:
         grid = self.grid(meta)
@@ -400,6 +440,14 @@ class SampleRenderer:
         samples = [self.sample(i) for i in ids]
         with_images = [s for s in samples if s.grid_thw]
         patches = [self.patches(s.id) for s in with_images]
+        with_audio = [s for s in samples if s.audio_frames]
+        audio = {}
+        if with_audio:
+            lengths = [f for s in with_audio for f in s.audio_frames]
+            audio = {
+                "audio_mel": torch.cat([self.audio_features(s.id) for s in with_audio]),
+                "audio_lengths": torch.tensor(lengths, dtype=torch.int64),  # host, as the grids
+            }
         return EncoderInput(
             patches=torch.cat(patches)
             if patches
@@ -408,6 +456,7 @@ class SampleRenderer:
             ),
             grid_thw=_grid_rows(with_images),  # host: see grid_thw()
             rows_per_sample=tuple(s.image_tokens for s in samples),
+            audio=audio,
         )
 
     def grid_thw(self, ids: Sequence[str]) -> torch.Tensor:

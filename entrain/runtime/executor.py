@@ -11,7 +11,8 @@ a dispatch table with one small handler per ``ActionKind``. Conventions (``entra
   stage's message declares that the module did not return but received rides along: the stage sends
   it on as it came, and its gradient goes back the same way (added to its input leaf's gradient);
 * on the first LLM stage the leaves are *encoder messages* ``(mb, sub)`` of the last encoder stage,
-  every part cut into per-sample rows (each part has one row per image feature row) and routed by
+  every part cut into per-sample rows (one row per image feature row, or per audio token for a part
+  whose ``MessagePart.rows`` is ``audio_tokens``) and routed by
   sample id to whichever LLM (sub-)microbatch consumes them (deferred samples simply wait there); the
   gradient of a message goes back once the Plan says so;
 * neighbouring stages on the same rank hand tensors over locally (with or without comm actions);
@@ -170,6 +171,7 @@ class MessageShapes:
         not a whole number)."""
         spec, samples = self.layout.stages[stage], [self.renderer.sample(i) for i in ids]
         image_rows = sum(s.image_tokens for s in samples)
+        audio_rows = sum(s.audio_tokens for s in samples)
         if spec.component == "llm":
             tokens = sum(s.num_tokens for s in samples)
         else:
@@ -179,7 +181,7 @@ class MessageShapes:
             return image_rows if last_encoder else tokens
         part = next(p for p in spec.parts if p.name == name)
         if part.rows != "tokens":
-            return image_rows
+            return audio_rows if part.rows == "audio_tokens" else image_rows
         rows = tokens * part.rows_per_token
         return int(rows) if float(rows).is_integer() else None
 
@@ -263,6 +265,10 @@ class Executor:
         """Process rank of a plan rank (they differ under TP), for error messages."""
         self.first_llm = layout.num_encoder_stages
         self.last_stage = len(layout.stages) - 1
+        self._audio_parts = frozenset(
+            p.name for st in layout.stages for p in st.parts if p.rows == "audio_tokens"
+        )
+        """The parts cut per sample by its audio tokens at the encoder -> LLM boundary (others: image rows)."""
         self.shapes = MessageShapes(layout, renderer)
         """What this rank knows of the forward messages it receives: their shapes from the plan."""
         self._sized: frozenset[int] = frozenset()
@@ -409,11 +415,17 @@ class Executor:
             pp = self.layout.stages[e].pp_rank
         return [(r, self.layout.global_rank(r, pp)) for r in others]
 
-    def _row_index(self, ids: Sequence[str], subset: Sequence[str]) -> torch.Tensor:
-        """Rows of the samples ``subset`` in an encoder output of samples ``ids`` (image rows each)."""
+    def _sample_rows(self, sid: str, name: str) -> int:
+        """Rows of sample ``sid`` in part ``name`` of an encoder message (its audio tokens for an audio
+        part, else its image feature rows)."""
+        s = self.renderer.sample(sid)
+        return s.audio_tokens if name in self._audio_parts else s.image_tokens
+
+    def _row_index(self, ids: Sequence[str], subset: Sequence[str], name: str = HIDDEN) -> torch.Tensor:
+        """Rows of the samples ``subset`` in part ``name`` of an encoder output of samples ``ids``."""
         spans, start = {}, 0
         for sid in ids:
-            rows = self.renderer.sample(sid).image_tokens
+            rows = self._sample_rows(sid, name)
             spans[sid], start = (start, start + rows), start + rows
         rows = [i for sid in subset for i in range(*spans[sid])]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -425,8 +437,9 @@ class Executor:
         names = message_part_names(self.layout, msg)
         if msg.dst != self.first_llm - 1 or (self.replica, msg.mb, msg.sub) not in self._pieces:
             return [out[n] for n in names]
-        rows = sum(self.renderer.sample(sid).image_tokens for sid in self._message_ids(peer, msg))
-        return [torch.empty((rows, *out[n].shape[1:]), dtype=out[n].dtype, device="meta") for n in names]
+        ids = self._message_ids(peer, msg)
+        rows = {n: sum(self._sample_rows(sid, n) for sid in ids) for n in names}
+        return [torch.empty((rows[n], *out[n].shape[1:]), dtype=out[n].dtype, device="meta") for n in names]
 
     # --- state --------------------------------------------------------------------------------------
     def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
@@ -482,16 +495,19 @@ class Executor:
             return
         self._messages[(mb, sub)] = leaves
         own = set(self._piece_ids(self.replica, self.replica, mb, sub))  # what stayed on this replica
-        start = 0
-        for sid in self._ids(stage - 1, mb, sub):
-            if sid not in own:
-                continue
-            rows = self.renderer.sample(sid).image_tokens
-            self._features[sid] = ((mb, sub), {n: t[start : start + rows] for n, t in leaves.items()})
-            start += rows
+        ids = [sid for sid in self._ids(stage - 1, mb, sub) if sid in own]
+        self._route((mb, sub), ids, leaves, f"encoder message {mb}.{sub}")
+
+    def _route(self, key: tuple, ids: Sequence[str], leaves: Parts, what: str) -> None:
+        """Cut every part of encoder message ``key`` into the rows of samples ``ids`` (in order)."""
+        starts = dict.fromkeys(leaves, 0)
+        for sid in ids:
+            rows = {n: self._sample_rows(sid, n) for n in leaves}
+            self._features[sid] = (key, {n: t[starts[n] : starts[n] + rows[n]] for n, t in leaves.items()})
+            starts = {n: starts[n] + rows[n] for n in leaves}
         for name, t in leaves.items():
-            assert start == t.shape[0], (
-                f"encoder message {mb}.{sub} part {name}: {t.shape[0]} rows, plan says {start}"
+            assert starts[name] == t.shape[0], (
+                f"{what} part {name}: {t.shape[0]} rows, plan says {starts[name]}"
             )
 
     def _accept_piece(self, mb: int, sub: int, replica: int, parts: Parts) -> None:
@@ -500,15 +516,8 @@ class Executor:
         leaves = {name: self._leaf(t, self.first_llm) for name, t in parts.items()}
         key = (mb, sub, replica)
         self._messages[key] = leaves
-        start = 0
-        for sid in self._piece_ids(replica, self.replica, mb, sub):
-            rows = self.renderer.sample(sid).image_tokens
-            self._features[sid] = (key, {n: t[start : start + rows] for n, t in leaves.items()})
-            start += rows
-        for name, t in leaves.items():
-            assert start == t.shape[0], (
-                f"piece {mb}.{sub} of replica {replica} part {name}: {t.shape[0]} rows"
-            )
+        ids = self._piece_ids(replica, self.replica, mb, sub)
+        self._route(key, ids, leaves, f"piece {mb}.{sub} of replica {replica}")
 
     def _input_leaf(self, stage: int, mb: int, sub: int) -> Parts:
         return self._messages[(mb, sub)] if stage == self.first_llm else self._inputs[(stage, mb, sub)]
@@ -592,10 +601,14 @@ class Executor:
             given = self._inputs[(s, mb, sub)]
             self._used[(s, mb, sub)] = list(given.values())
             x, grid = given[HIDDEN], inputs
-        if grid.shape[0] == 0:  # text-only samples: nothing to encode
-            dim = self._out_dim(module)
-            empty = {p.name: x.new_zeros((0, p.width)) for p in self.layout.stages[s].parts}
-            return {HIDDEN: x.new_zeros((0, dim)), **empty}, {}
+        if grid.shape[0] == 0 and not (s == 0 and inputs.audio):  # no image: nothing to encode
+            dim = self._out_dim(module)  # received audio features ride on
+            empty = {
+                p.name: given.get(p.name, x.new_zeros((0, p.width))) for p in self.layout.stages[s].parts
+            }
+            return {HIDDEN: x.new_zeros((0, dim)), **empty}, given
+        if s == 0 and inputs.audio:  # audio clips: the first stage's module takes every input part
+            return module({HIDDEN: x, **inputs.audio}, grid), given
         return (module(x, grid) if s == 0 else self._call(module, given, grid)), given
 
     @staticmethod
@@ -605,7 +618,7 @@ class Executor:
 
     def _llm_forward(self, module: nn.Module, s: int, mb: int, sub: int, ids, batch) -> tuple:
         if s == self.first_llm:
-            with_images = [sid for sid in ids if self.renderer.sample(sid).image_tokens]
+            with_images = [sid for sid in ids if self.renderer.sample(sid).encoded_rows]
             missing = [sid for sid in with_images if sid not in self._features]
             if missing:
                 raise RuntimeError(
@@ -694,8 +707,8 @@ class Executor:
         ids = self._ids(s, mb, sub)
         for replica, peer in [(self.replica, self._peer(s + 1)), *peers]:
             piece = self._piece_ids(self.replica, replica, mb, sub)
-            rows = self._row_index(ids, piece)
-            self.transport.send_parts([t.index_select(0, rows) for t in tensors], peer, key, piece)
+            cut = [t.index_select(0, self._row_index(ids, piece, n)) for n, t in zip(out, tensors)]
+            self.transport.send_parts(cut, peer, key, piece)
             self._prepost(peer)
 
     def _take(self, stage: int, backward: bool, mb: int, sub: int, names: Sequence[str]) -> Parts:
@@ -761,9 +774,9 @@ class Executor:
                 )
             full = {n: torch.zeros_like(out[n]) for n in names}
             for replica, part in pieces:
-                rows = self._row_index(ids, self._piece_ids(self.replica, replica, mb, sub))
+                piece = self._piece_ids(self.replica, replica, mb, sub)
                 for n in names:
-                    full[n].index_copy_(0, rows, part[n])
+                    full[n].index_copy_(0, self._row_index(ids, piece, n), part[n])
             grads = full
         self._out_grads[(s, mb, sub)] = grads
 

@@ -35,6 +35,9 @@ def _tensors(value) -> Iterator[torch.Tensor]:
     elif is_dataclass(value):
         for f in fields(value):
             yield from _tensors(getattr(value, f.name))
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
 
 
 class InputPrefetcher:

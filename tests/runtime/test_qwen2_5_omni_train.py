@@ -1,11 +1,13 @@
 """A Qwen2.5-Omni thinker through the runtime, against transformers' own
 ``Qwen2_5OmniThinkerForConditionalGeneration``: forked gloo ranks train one step of the skewed image
-batch (two samples packed per microbatch, a text-only sample among them) on two pipeline layouts
-(``entrain`` 2 + 2, ``1f1b --freeze vit`` 1 + 3; the audio tower in the first encoder stage beside
-the vision tower); the loss, the gradient norm and every gradient before and after
-clipping equal the single-process fp64 oracle (transformers' class, every sample alone, positions by
-its own ``get_rope_index``) at rel 1e-5. Audio and video reach the stages in the in-process oracle
-(tests/models/test_qwen2_5_omni_family.py): sample metadata carries images only."""
+batch (two samples packed per microbatch) with audio clips: samples with an image and a clip, with an
+image and two clips, audio only, and images only, on two pipeline layouts (``entrain`` 2 + 2,
+``1f1b --freeze vit`` 1 + 3; the audio tower in the first encoder stage beside the vision tower, its
+features the ``audio`` message part cut per sample by its audio tokens at the encoder -> LLM
+boundary); the loss, the gradient norm and every gradient before and after clipping equal the
+single-process fp64 oracle (transformers' class, every sample alone, its audio clips padded with a
+feature mask, positions by its own ``get_rope_index``) at rel 1e-5. Video reaches the stages in the
+in-process oracle only (tests/models/test_qwen2_5_omni_family.py): sample metadata carries no video."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ from .cases import MAX_GRAD_NORM, text_only_metas
 from .families import FamilyModel, without_zero_gradients
 from .harness import ReferenceStep, assert_matches_reference, run_workers, train_step_before_clip
 from .test_qwen3_vl_train import with_cuts
+
+AUDIO = {"s0": (50,), "s3": (37, 20), "s5": (64, 18)}
+"""Mel frames per clip of the samples with audio (s3 is otherwise text-only: audio alone)."""
 
 # (name, system, (encoder cuts), (llm cuts), encoder frozen): [patch_embed (+ audio), blocks.0-2, merger];
 # [embed, layers.0-2, norm, lm_head, loss]
@@ -48,7 +53,7 @@ def fm(tmp_path_factory) -> FamilyModel:
     family = family_of_source(source)
     cfg, _ = family.runtime_config(source)
     rule = family.image_rule(cfg.shape, None, None)
-    metas = {m.id: replace(m, vision=rule) for m in text_only_metas()}
+    metas = {m.id: replace(m, vision=rule, audio=AUDIO.get(m.id, ())) for m in text_only_metas()}
     return FamilyModel("qwen2_5_omni", family, cfg, build_cost_model(cfg.shape, "cpu-tiny"), metas)
 
 
@@ -64,6 +69,8 @@ def oracle(fm: FamilyModel, frozen: bool) -> ReferenceStep:
         kw = {"attention_mask": torch.ones((1, s.num_tokens), dtype=torch.int64)}
         if s.grid_thw:
             kw.update(pixel_values=renderer.patches(sid), image_grid_thw=torch.tensor(s.grid_thw))
+        if s.audio_frames:
+            kw.update(_audio_inputs(renderer.audio_features(sid), s.audio_frames))
         model.model.rope_deltas = None
         logits = model(input_ids=s.input_ids[None], **kw).logits[0]
         loss = F.cross_entropy(logits[s.label_positions], s.targets, reduction="sum") / labels
@@ -74,6 +81,18 @@ def oracle(fm: FamilyModel, frozen: bool) -> ReferenceStep:
     norm = float(torch.sqrt(sum(p.grad.pow(2).sum() for _, p in named)))
     torch.nn.utils.clip_grad_norm_([p for _, p in named], MAX_GRAD_NORM)
     return ReferenceStep(grads, {n: p.grad.detach().clone() for n, p in named}, norm, total)
+
+
+def _audio_inputs(mel: torch.Tensor, frames) -> dict:
+    """transformers' audio arguments: the clips' ``[frames, mel]`` rows as ``[clips, mel, longest]``
+    features with their frame mask."""
+    feats = torch.zeros((len(frames), mel.shape[1], max(frames)), dtype=mel.dtype)
+    mask = torch.zeros((len(frames), max(frames)), dtype=torch.int64)
+    start = 0
+    for i, n in enumerate(frames):
+        feats[i, :, :n], mask[i, :n] = mel[start : start + n].t(), 1
+        start += n
+    return {"input_features": feats, "feature_attention_mask": mask}
 
 
 def _train(env, fm: FamilyModel, cases):
@@ -106,3 +125,7 @@ def test_pipeline_gradients_match_transformers(fm, tmp_path):
         )
         frozen_away = {n for n, _ in fm.build().named_parameters()} - set(ref.grads)
         assert any(".visual.blocks." in n for n in frozen_away) == frozen, name
+        assert any(".audio_tower.layers." in n for n in ref.grads) != frozen, name
+    # the audio clips of two samples share an encoder message (rows cut per sample at the boundary)
+    mbs = [sub for mb in cases[0][1].iterations[0].microbatches[0] for sub in mb.encoder_subs]
+    assert any(sum(sid in AUDIO for sid in sub) >= 2 for sub in mbs), mbs

@@ -104,11 +104,12 @@ class PackedSample:
     """What ``position_ids`` sees of one sample of a packed LLM batch (a view of the renderer's
     ``RenderedSample``): ``input_ids [L]`` int64 in the model's vocabulary, ``image_positions [m]``
     (positions of its image placeholder tokens, images in order) and ``grids`` (its images' ``(t, h,
-    w)`` encoder grids, as ``image_grids`` gave them)."""
+    w)`` encoder grids, as ``image_grids`` gave them) and ``audio_lengths`` (mel frames per audio clip)."""
 
     input_ids: Any
     image_positions: Any
     grids: tuple[tuple[int, int, int], ...]
+    audio_lengths: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -330,6 +331,9 @@ class FamilyBase:
 
     name = ""
     description = ""
+    accepts_audio = False
+    """Whether the family reads audio clips (``SampleMeta.audio``; its ``audio_input_width`` and the
+    ``audio`` / ``audio_start`` / ``audio_end`` ``token_ids``); records with audio are refused for others."""
 
     def preset_names(self) -> tuple[str, ...]:
         return ()

@@ -175,13 +175,22 @@ class Qwen25OmniFamily(Qwen2VLFamily):
         return [stage.llm.model.layers[i] for i in stage.layer_ids]
 
     # --- processing rules --------------------------------------------------------------------------
+    accepts_audio = True
+
     def token_ids(self, cfg: OmniConfig) -> dict[str, int]:
         hf = cfg.hf
         return {
             "image": int(hf.image_token_id),
             "image_start": int(hf.vision_start_token_id),
             "image_end": int(hf.vision_end_token_id),
+            "audio": int(hf.audio_token_id),
+            "audio_start": int(hf.audio_start_token_id),
+            "audio_end": int(hf.audio_end_token_id),
         }
+
+    def audio_input_width(self, cfg: OmniConfig) -> int:
+        """Mel bins of one audio feature frame (the audio tower's ``num_mel_bins``)."""
+        return cfg.shape.audio.num_mel_bins
 
     def map_token_id(self, cfg: OmniConfig, qwen_id: int) -> int:
         """The thinker's vocabulary is Qwen2's: ids stay, but for the multimodal tokens, which take the

@@ -25,8 +25,9 @@ Messages are named parts (``dict[str, Tensor]``):
 * ``hidden``: the vision tower's states, then ``[M, H]`` visual features (scattered at
   ``batch.image_positions``: every image and video placeholder, in order), then LLM hidden states.
 
-A stage returns a plain tensor when no audio rides with it, so an image-only run's messages are the
-Qwen2.5-VL family's.
+Every encoder stage's message carries the ``audio`` part (``spec.AUDIO_PART``, declared on every encoder
+layer; ``[0, H]`` when no clip is in the microbatch); the runtime cuts it per sample by its audio
+tokens at the encoder -> LLM boundary.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ AUDIO_PREFIX = "model.audio_tower."
 VISION_PREFIX = "model.visual."
 LLM_PREFIX = "model.language_model."
 HIDDEN = "hidden"
-AUDIO = "audio"
+AUDIO = "audio"  # spec.AUDIO_PART
 AUDIO_MEL = "audio_mel"
 AUDIO_LENGTHS = "audio_lengths"
 THINKER = "qwen2_5_omni_thinker"
@@ -206,11 +207,13 @@ class OmniEncoderStage(EncoderStage):
     def forward(self, x, grid_thw: torch.Tensor):
         parts = _as_parts(x)
         mel, lengths = parts.pop(AUDIO_MEL, None), parts.pop(AUDIO_LENGTHS, None)
+        h = parts[HIDDEN]
         if mel is not None and lengths is not None and lengths.numel():
             if self.audio_tower is None:
                 raise ValueError("audio inputs reach an encoder stage without the audio tower")
             parts[AUDIO] = self._audio(mel, lengths)
-        h = parts[HIDDEN]
+        elif self.audio_tower is not None:  # the declared part, empty: no clip in the microbatch
+            parts[AUDIO] = h.new_zeros((0, self.audio_tower.proj.out_features))
         if grid_thw.shape[0]:
             parts[HIDDEN] = super().forward(h, grid_thw[:, :3])
         else:  # no image or video: an empty visual message of the stage's output width

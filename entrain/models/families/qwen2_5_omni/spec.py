@@ -8,8 +8,9 @@ width). A thinker folder (``model_type`` ``qwen2_5_omni_thinker``) or a whole Qw
 
 ``OmniShape`` is the ``ModelShape``: the ``ModelArch`` of vision tower and LLM, and the audio tower,
 whose parameters the cost model places on the layer holding the vision ``patch_embed`` (the audio
-tower runs on the first encoder stage). Its work per clip is not priced: sample metadata carries no
-audio yet, so a plan's times count the vision tower and the LLM only.
+tower runs on the first encoder stage). A clip's audio tokens add LLM work (``SampleMeta.llm_tokens``);
+the audio tower's own work per clip is not priced, so a plan's encoder times count the vision tower
+only.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ __all__ = ["MODEL_TYPES", "AudioArch", "OmniShape", "claims", "thinker_config_of
            "shape_of_config", "shape_of_folder"]  # fmt: skip
 
 MODEL_TYPES = ("qwen2_5_omni_thinker", "qwen2_5_omni")
+AUDIO_PART = "audio"
+"""The message part of the audio tower's features (``model.AUDIO``)."""
 _AUDIO_FIELDS = ("num_mel_bins", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "d_model")
 
 
@@ -91,10 +94,15 @@ class OmniShape:
         return self.arch.llm
 
     def layer_specs(self, label_fraction: float | None = None) -> dict:
-        """The vision tower + decoder specs; the audio tower's parameters on ``patch_embed``."""
+        """The vision tower + decoder specs; the audio tower's parameters on ``patch_embed``; every
+        encoder cut carries the ``audio`` part (one row per audio token) to the first LLM stage."""
+        from entrain.core.layer_specs import MessagePart
+
         specs = self.arch.layer_specs(label_fraction)
         enc = list(specs["encoder"])
         enc[0] = replace(enc[0], param_count=enc[0].param_count + self.audio.num_params())
+        audio = (MessagePart(AUDIO_PART, self.audio.output_dim, rows="audio_tokens"),)
+        enc = [replace(s, message_parts=s.message_parts + audio) for s in enc]
         return {"encoder": enc, "llm": list(specs["llm"])}
 
     def num_params(self) -> int:

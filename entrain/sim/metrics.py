@@ -161,14 +161,16 @@ def _held_peaks(
     """Per pipeline rank, over replicas and iterations: (the most message bytes in flight at one step,
     the most activation + message bytes at one step). An iteration that has no point-to-point program
     (``rank_program`` refuses it: encoder work moved across replicas onto a rank that also holds the
-    LLM, which the runtime refuses too) counts its activations alone."""
+    LLM, which the runtime refuses too) counts each replica's own messages, without the moved
+    samples' pieces."""
     p = layout.ranks_per_replica
     msgs, held = [0.0] * p, [0.0] * p
     for run_it, it in zip(iterations, plans):
         try:
             in_flight = in_flight_message_bytes(layout, it, plan_message_bytes(costs, it))
-        except ScheduleError:
-            in_flight = {}
+        except ScheduleError:  # each replica's own messages (a moved sample's piece: not counted)
+            local = plan_message_bytes(costs, it, pieces={})
+            in_flight = in_flight_message_bytes(layout, it, local, pieces={})
         for run in run_it.replicas:
             for g, peak in peak_with_messages(run.step_bytes, in_flight).items():
                 r = layout.replica_of(g)[1]

@@ -117,3 +117,21 @@ def test_replicas_of_one_shape_hold_the_same_on_their_own_ranks():
     assert held[0] == held[2] and held[1] == held[3] and max(held[2]) > 0
     only = in_flight_message_bytes(plan.layout, it, lambda s, r, m: 7.0 if s >= 2 else 0.0)  # replica 1's
     assert max(only[0]) == max(only[1]) == 0 and max(only[2]) > 0 and max(only[3]) > 0
+
+
+def test_without_pieces_each_replica_counts_its_own_messages_alone():
+    """``pieces={}`` (the memory check's count where pieces cannot be sent): no message crosses
+    replicas; with the iteration's pieces the moved samples' pieces do."""
+    from entrain.core.presets import build_cost_model
+    from tests.runtime.cases import batch_metas, plan_for, works
+
+    cost = build_cost_model("tiny", "cpu-tiny")
+    plan = plan_for("encoder-rebalance", 1, 1, 2, 2, works(batch_metas(), cost))
+    it = plan.iterations[0]
+
+    def crossing(src: int, dst: int, msg) -> float:
+        return 1.0 if src // 2 != dst // 2 else 0.0
+
+    local = in_flight_message_bytes(plan.layout, it, crossing, pieces={})
+    assert set(local) == {0, 1, 2, 3} and max(map(max, local.values())) == 0
+    assert max(map(max, in_flight_message_bytes(plan.layout, it, crossing).values())) > 0

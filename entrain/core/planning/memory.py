@@ -196,14 +196,14 @@ MessageBytes = Callable[[int, int, Message], float]
 has its forward output's size; ``plan_message_bytes``)."""
 
 
-def plan_message_bytes(costs, it: IterationPlan) -> MessageBytes:
+def plan_message_bytes(costs, it: IterationPlan, pieces=None) -> MessageBytes:
     """``MessageBytes`` of ``it`` under ``costs`` (a ``schedules.costs.PlanCosts``): the forward
     output's ``message_bytes`` for the samples it carries, a piece's where encoder work crosses
-    replicas (``entrain.core.p2p.encoder_pieces``)."""
+    replicas (``entrain.core.p2p.encoder_pieces``; ``pieces``: those, or ``{}`` for none)."""
     from entrain.core.schedules.graph import ReplicaGraph
 
     layout = costs.layout
-    pieces = encoder_pieces(layout, it)
+    pieces = encoder_pieces(layout, it) if pieces is None else pieces
     graphs: dict[int, ReplicaGraph] = {}
 
     def size(sender: int, receiver: int, msg: Message) -> float:
@@ -295,7 +295,7 @@ def _consumer(steps: tuple, start: int, msg: Message, index: tuple[dict, dict] |
 
 
 def in_flight_message_bytes(
-    layout: Layout, it: IterationPlan, message_bytes: MessageBytes, *, forward_only: bool = False
+    layout: Layout, it: IterationPlan, message_bytes: MessageBytes, *, forward_only: bool = False, pieces=None
 ) -> dict[int, list[float]]:
     """Per plan rank, after each step of its point-to-point program (``entrain.core.p2p.rank_program``,
     one step per action), the bytes of the messages it holds in flight:
@@ -306,8 +306,9 @@ def in_flight_message_bytes(
     * a received message from its receive (ahead of its own action when its channel's order says so)
       until the compute action that takes it (``_consumer``), where it becomes that stage's input.
 
-    A hand-over between stages of one rank holds nothing."""
-    pieces = encoder_pieces(layout, it)
+    A hand-over between stages of one rank holds nothing. ``pieces``: ``encoder_pieces(layout, it)``,
+    or ``{}`` to count every replica's own messages alone (where pieces cannot be sent: see there)."""
+    pieces = encoder_pieces(layout, it) if pieces is None else pieces
     p = layout.ranks_per_replica
     groups = (
         [list(range(layout.world_size))]

@@ -205,7 +205,7 @@ def check_same_actions(actions, groups: EpGroups, device: torch.device, *, has_e
     stage, microbatch, sub-microbatch): each sparse layer's all-to-alls then pair up across the group.
     One all-gather over the world, so that every process (not only the group's) stops together;
     ``has_experts`` False (a stage without sparse layers): this process makes no all-to-all."""
-    key = repr([(a.kind.name, a.stage, a.mb, a.sub_index) for a in actions])
+    key = repr([(a.kind.name, a.stage, a.mb, a.sub) for a in actions])
     mine = torch.tensor(
         [min(groups.ranks) if has_experts else -1, zlib.crc32(key.encode()), len(actions)],
         dtype=torch.int64,

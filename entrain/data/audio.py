@@ -160,15 +160,17 @@ def clip_features(clips: Sequence[np.ndarray], extractor: Any) -> list[np.ndarra
 
 
 def audio_paths(record: dict) -> list[str]:
-    """The record's ``audio`` field as a list of paths (a string, a list of strings, or absent)."""
-    value = record.get("audio")
+    """The record's ``audio`` (or ``audios``) field as a list of paths (a string, a list of strings, or
+    absent)."""
+    key = "audio" if "audio" in record else "audios"
+    value = record.get(key)
     if value is None:
         return []
     if isinstance(value, str):
         return [value]
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise ValueError(f"'audio' must be a path or a list of paths, not {type(value).__name__}")
+    raise ValueError(f"{key!r} must be a path or a list of paths, not {type(value).__name__}")
 
 
 def _placeholders(record: dict) -> int:
@@ -177,23 +179,31 @@ def _placeholders(record: dict) -> int:
     return sum(s.count(AUDIO_PLACEHOLDER) for s in text if isinstance(s, str))
 
 
-def check_record_audio(record: dict, root: str | os.PathLike) -> list[tuple[str, str]]:
-    """``(what, problem)`` of every bad audio file of ``record`` (paths relative to ``root``), and of
-    an ``<audio>`` placeholder count differing from its clips; empty when all is well."""
+def check_record_audio(
+    record: dict, root: str | os.PathLike, *, placeholders: bool = True
+) -> list[tuple[str, str]]:
+    """``(field, problem)`` of every bad audio file of ``record`` (paths relative to ``root``; the field
+    ``audio[i]`` of a list, ``audio`` of one path; the problem names the file and what is wrong with
+    it), and with ``placeholders`` of an ``<audio>`` placeholder count differing from its clips;
+    empty when all is well."""
+    key = "audio" if "audio" in record else "audios"
     try:
         paths = audio_paths(record)
     except ValueError as e:
-        return [("audio", str(e))]
+        return [(key, str(e))]
     problems = []
-    for p in paths:
-        full = Path(root) / p
+    listed = not isinstance(record.get(key), str)
+    for i, p in enumerate(paths):
         try:
-            read_audio(full)
+            read_audio(Path(root) / p)
         except AudioFileError as e:
-            problems.append((p, e.reason + (f": {e.detail}" if e.detail else "")))
+            problems.append(
+                (
+                    f"{key}[{i}]" if listed else key,
+                    f"{p}: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
+                )
+            )
     found = _placeholders(record)
-    if paths and found != len(paths):
-        problems.append(
-            ("audio", f"{len(paths)} audio file(s) but {found} {AUDIO_PLACEHOLDER} placeholder(s)")
-        )
+    if placeholders and paths and found != len(paths):
+        problems.append((key, f"{len(paths)} audio file(s) but {found} {AUDIO_PLACEHOLDER} placeholder(s)"))
     return problems

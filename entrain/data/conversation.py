@@ -153,11 +153,15 @@ def _media_path(value: Any) -> tuple[str, str] | None:
     return None
 
 
-def media_problems(obj: dict, turns: list[tuple[str, str]], turns_field: str) -> list[tuple[str, str]]:
+def media_problems(
+    obj: dict, turns: list[tuple[str, str]], turns_field: str, base: Path | None = None
+) -> list[tuple[str, str]]:
     """The problems of a record's inputs other than images: every input kind entrain does not train
     (video, audio) is a bad record, never trained with the input dropped; a placeholder of such a kind
     without its field, or the field without its placeholder, too; and a field no reader reads holding a
-    media file's path (a misspelt or unknown key would otherwise train the record without it)."""
+    media file's path (a misspelt or unknown key would otherwise train the record without it). With
+    ``base`` (the folder relative audio paths resolve against), every bad audio file is named too
+    (``entrain.data.audio.check_record_audio``: missing, empty, truncated, unreadable)."""
     problems: list[tuple[str, str]] = []
     for kind, keys in MEDIA_FIELDS.items():
         if kind in TRAINED_MEDIA:
@@ -168,9 +172,15 @@ def media_problems(obj: dict, turns: list[tuple[str, str]], turns_field: str) ->
                 (
                     key,
                     f"{kind} inputs are not supported: no model family entrain trains reads {kind} "
-                    f"(it trains the {'/'.join(MEDIA_FIELDS['image'])} fields only)",
+                    + ("from a record " if kind == "audio" else "")
+                    + f"(it trains the {'/'.join(MEDIA_FIELDS['image'])} fields only"
+                    + ("; qwen2_5_omni trains audio of workload metadata)" if kind == "audio" else ")"),
                 )  # fmt: skip
             )
+        if kind == "audio" and held and base is not None:
+            from entrain.data.audio import check_record_audio
+
+            problems += check_record_audio(obj, base, placeholders=False)
         placeholders = sum(text.count(PLACEHOLDERS[kind]) for _, text in turns)
         if placeholders != sum(held.values()):
             problems.append(
@@ -209,6 +219,6 @@ def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Pat
             ("conversations", f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s)")
         )
     turns_field = "messages" if "conversations" not in obj and "messages" in obj else "conversations"
-    problems += media_problems(obj, turns, turns_field)
+    problems += media_problems(obj, turns, turns_field, base)
     record = None if problems else Record(rid or "", tuple(images), tuple(turns), file, index, line)
     return Parsed(file, index, line, rid, record, problems)

@@ -4,7 +4,8 @@ Formats (docs/contract.md, "Names"), one JSON object per line, detected per file
 record's keys:
 
 - workload JSONL: ``{"id": str, "images": [[H, W], ...], "text_tokens": int}`` (pixels, tokens), optionally
-  ``"answer_tokens": int`` (the supervised tokens, what ``lm_head`` and the loss run on);
+  ``"answer_tokens": int`` (the supervised tokens, what ``lm_head`` and the loss run on) and ``"audio":
+  [frames, ...]`` (mel frames per audio clip, for a family that reads audio);
 - raw-work JSONL: ``{"id": str, "encoder": ms, "llm": ms}``: per-sample forward+backward ms of the
   whole component on one replica, used as given (the cost model is not consulted);
 - LLaVA JSON/JSONL (records with ``conversations``), Parquet, and sharded dataset folders (Parquet or
@@ -161,7 +162,12 @@ def parse_workload(path: str, line_no: int, record: dict, vision: VisionTokenCon
             "answer_tokens",
             f"expected an integer in 0..text_tokens ({text}), got {_json(answer)}",
         )
-    return SampleMeta(sample_id, images, text, vision, answer)
+    audio = record.get("audio", [])
+    if not (isinstance(audio, list) and all(_is_int(f) and f > 0 for f in audio)):
+        raise DataError(
+            path, line_no, "audio", f"expected a list of mel frame counts > 0, got {_json(audio)}"
+        )
+    return SampleMeta(sample_id, images, text, vision, answer, tuple(audio))
 
 
 def _parse_raw_work(path: str, line_no: int, record: dict) -> SampleWork:

@@ -87,8 +87,9 @@ def test_every_bad_audio_file_is_named_with_its_problem(tmp_path):
         ],
     }
     problems = dict(check_record_audio(record, tmp_path))
-    assert set(problems) == {"truncated.wav", "missing.wav", "audio"}
-    assert problems["truncated.wav"].startswith("truncated") and problems["missing.wav"] == "missing"
+    assert set(problems) == {"audio[1]", "audio[2]", "audio"}
+    assert problems["audio[1]"].startswith("truncated.wav: truncated")
+    assert problems["audio[2]"] == "missing.wav: missing"
     assert "3 audio file(s) but 2 <audio> placeholder(s)" in problems["audio"]
     fine = {"audio": "good.wav", "conversations": [{"from": "human", "value": "<audio> hi"}]}
     assert check_record_audio(fine, tmp_path) == []

@@ -1,0 +1,70 @@
+"""Audio in datasets: ``data check`` names every bad audio file of a record (missing, empty,
+truncated) besides refusing the record (no record reader feeds audio to a model); a workload's
+``"audio"`` mel frames per clip become ``SampleMeta.audio``, whose audio tokens count in the sample's
+LLM tokens and in ``data stats``; metadata without audio is written and priced as before."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.io import wavfile
+
+from entrain.cli.data import compute_stats, format_stats
+from entrain.core.errors import DataError
+from entrain.core.presets import build_cost_model
+from entrain.core.samples import SampleMeta, audio_llm_tokens
+from entrain.data.audio import audio_tokens
+from entrain.data.check import check_dataset
+from entrain.data.workload_io import read_samples
+
+
+def _record(rid: str, audio) -> dict:
+    n = 1 if isinstance(audio, str) else len(audio)
+    return {"id": rid, "audio": audio, "conversations": [
+        {"from": "human", "value": "<audio>" * n + " what is said?"}, {"from": "gpt", "value": "hello"}]}  # fmt: skip
+
+
+def test_data_check_names_every_bad_audio_file(tmp_path):
+    wavfile.write(tmp_path / "good.wav", 16000, np.zeros(1600, dtype=np.int16))
+    data = (tmp_path / "good.wav").read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2])
+    (tmp_path / "empty.wav").write_bytes(b"")
+    records = [_record("a", ["good.wav", "cut.wav", "gone.wav"]), _record("b", "empty.wav"),
+               _record("c", "good.wav")]  # fmt: skip
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(records))
+    report = check_dataset(path)
+    found = {(f.id, f.field): f.reason for f in report.findings}
+    assert found[("a", "audio[1]")].startswith("cut.wav: truncated")
+    assert found[("a", "audio[2]")] == "gone.wav: missing"
+    assert found[("b", "audio")].startswith("empty.wav: empty")
+    assert not any(f.field.startswith("audio[0]") for f in report.findings)  # the good file is fine
+    refused = {f.id for f in report.findings if "audio inputs are not supported" in f.reason}
+    assert refused == {"a", "b", "c"} and report.bad == 3
+
+
+def test_workload_audio_counts_in_llm_tokens_and_data_stats(tmp_path):
+    rows = [{"id": "a", "images": [[56, 56]], "text_tokens": 20, "audio": [50, 300]},
+            {"id": "b", "images": [], "text_tokens": 30}]  # fmt: skip
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = read_samples(str(path))
+    assert a.audio == (50, 300) and b.audio == ()
+    assert (
+        a.audio_tokens == audio_tokens(50) + audio_tokens(300) == audio_llm_tokens(50) + audio_llm_tokens(300)
+    )
+    assert a.llm_tokens == 20 + a.image_tokens + a.audio_tokens
+    assert SampleMeta.from_json(a.to_json()) == a and "audio" not in b.to_json()
+    cost = build_cost_model("tiny", "cpu-tiny")
+    stats, _ = compute_stats([a, b], cost)
+    assert stats["audio_tokens"]["mean"] == a.audio_tokens / 2
+    assert "audio_tokens" in format_stats(stats, "t")
+    assert cost.sample_work(a).llm > cost.sample_work(SampleMeta("a", a.images, 20)).llm
+    plain, _ = compute_stats([b], cost)
+    assert "audio_tokens" not in format_stats(plain, "t")  # the table of a dataset without audio as before
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "c", "images": [], "text_tokens": 3, "audio": [0]}) + "\n")
+    with pytest.raises(DataError, match="audio"):
+        read_samples(str(bad))

@@ -20,7 +20,7 @@ import numpy as np
 
 from entrain.core.errors import DataError
 from entrain.core.sample_table import NO_ANSWER, SampleTable
-from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
+from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 from entrain.core.workers import ordered_map, worker_jobs
 from entrain.data.workload_io import parse_line, parse_workload
 
@@ -51,6 +51,8 @@ class _Columns:
         try:
             for n, line in numbered:
                 metas.append((n, parse_workload(path, n, parse_line(path, n, line), vision)))
+                if metas[-1][1].audio:
+                    raise _HasAudio
         finally:
             if metas:
                 self.append(_columns_of(path, metas), len(metas))
@@ -122,8 +124,8 @@ def _chunk_columns(numbered: list[tuple[int, str]], max_ratio: float) -> dict[st
     images = [r.get("images") for r in records]
     if not (all(type(x) is str and x for x in ids) and all(type(t) is int for t in texts)):
         return None
-    if not all(type(x) is list for x in images):
-        return None
+    if not all(type(x) is list for x in images) or any(r.get("audio") for r in records):
+        return None  # audio clips: the records are read as SampleMeta (``_HasAudio``)
     flat = [size for sizes in images for size in sizes]
     if not all(type(s) is list and len(s) == 2 and type(s[0]) is int and type(s[1]) is int for s in flat):
         return None
@@ -176,14 +178,27 @@ def _chunks(f, size: int):
         yield chunk
 
 
+class _HasAudio(Exception):
+    """A record holds audio clips, which the table's columns do not carry."""
+
+
 def read_workload_table(
     path: str, vision: VisionTokenConfig = DEFAULT_VISION, chunk_lines: int = CHUNK_LINES
-) -> SampleTable:
+) -> SampleTable | list[SampleMeta]:
     """The samples of a workload JSONL in file order, as a ``SampleTable``; DataError naming
     ``file:line`` and the field for a bad record, as ``workload_io.read_workload_jsonl``. Under
     ``entrain.core.workers.worker_processes`` (``plan --jobs``) ``PARALLEL_CHUNKS`` chunks at a time
-    are decoded in the workers (the same columns; a chunk that fails is read again here)."""
-    path = str(path)
+    are decoded in the workers (the same columns; a chunk that fails is read again here). A file
+    whose records hold audio clips is read as a list of ``SampleMeta`` instead (nothing dropped)."""
+    try:
+        return _read_table(str(path), vision, chunk_lines)
+    except _HasAudio:
+        from entrain.data.workload_io import read_workload_jsonl
+
+        return read_workload_jsonl(str(path), vision)
+
+
+def _read_table(path: str, vision: VisionTokenConfig, chunk_lines: int) -> SampleTable:
     cols = _Columns()
     group = PARALLEL_CHUNKS if worker_jobs() > 1 else 1
     decode = partial(_chunk_columns, max_ratio=vision.max_aspect_ratio)

@@ -68,3 +68,15 @@ def test_workload_audio_counts_in_llm_tokens_and_data_stats(tmp_path):
     bad.write_text(json.dumps({"id": "c", "images": [], "text_tokens": 3, "audio": [0]}) + "\n")
     with pytest.raises(DataError, match="audio"):
         read_samples(str(bad))
+
+
+def test_a_workload_with_audio_is_drawn_with_its_audio(tmp_path):
+    """The planner's streamed workload table has no audio column: such a file is read as SampleMeta."""
+    from entrain.data.sampling import dataset_sampler
+
+    rows = [{"id": f"s{i}", "images": [[56, 56]], "text_tokens": 10, **({"audio": [40]} if i == 1 else {})}
+            for i in range(3)]  # fmt: skip
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = dataset_sampler(str(path), 0)(20, 0)
+    assert {m.id: m.audio for m in drawn}["s1"] == (40,)

@@ -22,7 +22,8 @@ another ``--ep`` reads resharded. The gradient all-reduce of an expert parameter
 
 The collectives' order: every rank of an EP group runs the same pipeline rank's action list, and each
 forward / backward of a sparse layer makes the same collectives; ``check_same_actions`` refuses a step
-whose action lists differ inside an EP group (its microbatches would make different all-to-alls).
+whose action lists differ between the replicas of an EP group (their microbatches would make different
+all-to-alls, or meet them in another order).
 """
 
 from __future__ import annotations
@@ -200,14 +201,17 @@ def is_expert_param(p: torch.Tensor) -> bool:
     return bool(getattr(p, "entrain_expert", False))
 
 
-def check_same_actions(actions, groups: EpGroups, device: torch.device, *, has_experts: bool = True) -> None:
-    """ConfigError on every process unless each EP group's ranks run the same actions this step (kind,
-    stage, microbatch, sub-microbatch): each sparse layer's all-to-alls then pair up across the group.
-    One all-gather over the world, so that every process (not only the group's) stops together;
-    ``has_experts`` False (a stage without sparse layers): this process makes no all-to-all."""
+def check_same_actions(actions, groups: EpGroups, device: torch.device) -> None:
+    """ConfigError on every process unless the replicas of each EP group run the same actions this
+    step (kind, stage, microbatch, sub-microbatch) on every pipeline rank, those without experts too.
+    Then the replicas' point-to-point programs are the same program (``entrain.core.p2p``, which
+    ``check_program`` replays for one replica) and each sparse layer's all-to-alls are at the same
+    place in each of them: run in step, the replicas meet at every all-to-all, so expert parallelism
+    adds no deadlock to a plan the checker passed. One all-gather over the world, so that every process
+    stops together."""
     key = repr([(a.kind.name, a.stage, a.mb, a.sub) for a in actions])
     mine = torch.tensor(
-        [min(groups.ranks) if has_experts else -1, zlib.crc32(key.encode()), len(actions)],
+        [min(groups.ranks), zlib.crc32(key.encode()), len(actions)],
         dtype=torch.int64,
         device=device,
     )
@@ -216,7 +220,7 @@ def check_same_actions(actions, groups: EpGroups, device: torch.device, *, has_e
     seen: dict[int, tuple[int, int]] = {}
     for t in every:
         group, crc, n = (int(v) for v in t)
-        if group >= 0 and seen.setdefault(group, (crc, n)) != (crc, n):
+        if seen.setdefault(group, (crc, n)) != (crc, n):
             raise ConfigError(
                 f"--ep {groups.ep}: data-parallel replicas of one expert-parallel group run different action "
                 "lists this step (their microbatches are split differently), so their all-to-alls would not "

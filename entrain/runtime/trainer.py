@@ -432,8 +432,7 @@ class PipelineTrainer:
             self.fault_hook(self.env.rank, self.step_index)
         actions = it.actions.get(self.place.plan_rank, ())
         if self.ep_groups is not None:  # each sparse layer's all-to-alls pair up across the EP group
-            experts = any(is_expert_param(p) for _, p in self.named_params)
-            check_same_actions(actions, self.ep_groups, self.env.device, has_experts=experts)
+            check_same_actions(actions, self.ep_groups, self.env.device)
         if self.grad_buckets is not None:  # DP buckets start as their stages' last backwards end
             self.grad_buckets.start(actions)
         if self.env.device.type == "cuda":  # the next forward's inputs are copied while one computes

@@ -5,7 +5,7 @@
   expert weights, the router, the input) of the whole block on one process at rel 1e-5; each rank
   routes its own tokens (one routes none), which reach the experts of every rank through the
   all-to-alls. Planted: no combine all-to-all, expert gradients all-reduced over the EP group.
-* The trainer at ``--ep 2`` (1F1B, 2 replicas; ``dip``, 4 replicas so each expert has 2 holders)
+* The trainer at ``--ep 2`` (1F1B, 2 replicas, full recomputation; ``dip``, 4 replicas so each expert has 2 holders)
   equals transformers' single-process step of the tiny checkpoint: loss with its auxiliary term,
   gradient norm and every gradient before and after clipping.
 * A step whose replicas split microbatches differently is refused on every rank in one line.
@@ -156,6 +156,7 @@ def test_refusals():
 
 def _train_ep(env, fm, plan, ep: int):
     from entrain.runtime.parallelize import StageParallelism
+    from entrain.runtime.recompute import recomputed_modules
     from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
     from .cases import MAX_GRAD_NORM
@@ -166,6 +167,9 @@ def _train_ep(env, fm, plan, ep: int):
     experts = [p for _, p in trainer.named_params if ep_mod.is_expert_param(p)]
     llm = any(s.component == "llm" for s in plan.layout.stages_of(trainer.pp_rank))
     assert len(experts) == (2 * 3 if ep > 1 and llm else 0), len(experts)
+    stages = {s.stage: s for s in plan.layout.stages}
+    recomputed = sum(len(recomputed_modules(m, stages[i].recompute)) for i, m in trainer.modules.items())
+    assert (recomputed > 0) == any(s.recompute == "full" for s in stages.values()), recomputed
     result, before = train_step_before_clip(trainer, plan.iterations[0])
     return before, trainer.named_grads(), result.loss, result.grad_norm
 
@@ -182,10 +186,15 @@ def _assert_oracle(results, oracle, name: str) -> None:
 
 
 def test_trainer_ep2_matches_transformers(fm, oracle, tmp_path):
-    """1F1B over an encoder stage and an LLM stage, 2 replicas, ``--ep 2``: each LLM rank holds 2 of the
-    4 experts of its 3 sparse layers; loss (auxiliary term included), gradient norm and every gradient
-    before and after clipping equal transformers' single-process fp64 step."""
+    """1F1B over an encoder stage and an LLM stage, 2 replicas, ``--ep 2``, full recomputation (the
+    backward runs each sparse layer's all-to-alls again): each LLM rank holds 2 of the 4 experts of its
+    3 sparse layers; loss (auxiliary term included), gradient norm and every gradient before and after
+    clipping equal transformers' single-process fp64 step."""
+    from dataclasses import replace
+
     plan = fm.plan("1f1b", 1, 1, 2, 2)
+    stages = tuple(replace(s, recompute="full") for s in plan.layout.stages)
+    plan = replace(plan, layout=replace(plan.layout, stages=stages))
     assert plan.layout.world_size == 4
     results = run_workers(_train_ep, 4, tmp_path, fm, plan, 2)
     _assert_oracle(results, oracle, "ep2")

@@ -160,9 +160,12 @@ def build_ep_groups(
     return mine
 
 
-def check_ep(ep: int, dp: int, *, num_experts: int | None, tp: int = 1, fsdp: bool = False) -> None:
+def check_ep(
+    ep: int, dp: int, *, num_experts: int | None, tp: int = 1, fsdp: bool = False, cross_replica: bool = False
+) -> None:
     """ConfigError unless ``--ep`` can run: it divides ``dp`` and the experts, on an MoE model, without
-    TP or FSDP."""
+    TP or FSDP, in a run whose replicas exchange no encoder work (``cross_replica``: their programs then
+    differ, ``check_same_actions``)."""
     if ep < 1:
         raise ConfigError(f"--ep must be at least 1, got {ep}")
     if ep == 1:
@@ -172,6 +175,11 @@ def check_ep(ep: int, dp: int, *, num_experts: int | None, tp: int = 1, fsdp: bo
     if tp > 1 or fsdp:
         raise ConfigError(
             f"--ep {ep} does not compose with {'--tp' if tp > 1 else '--fsdp'} yet; use one of them"
+        )
+    if cross_replica:
+        raise ConfigError(
+            f"--ep {ep} needs replicas that run the same programs; this system moves encoder work across "
+            "replicas: use --ep 1, or --encoder-rebalance off / another --system"
         )
     if dp % ep or num_experts % ep:
         raise ConfigError(

@@ -126,7 +126,7 @@ class PipelineTrainer:
         ]
         input_grad = {s: any(trains[:s]) for s in all_stages}
         self.groups = build_groups(layout, parallel.tp, env.rank, timeout_s, cross_replica)
-        self.ep_groups = self._ep_groups(parallel, model, timeout_s)
+        self.ep_groups = self._ep_groups(parallel, model, timeout_s, cross_replica)
         self.fsdp_roots = self._parallelize(
             parallel, {s.stage: s.recompute for s in layout.stages_of(self.pp_rank)}
         )
@@ -177,14 +177,16 @@ class PipelineTrainer:
         self.fault_hook: Callable[[int, int], None] | None = None
         """Called as ``hook(rank, step)`` mid-step, before the pipeline actions (fault injection)."""
 
-    def _ep_groups(self, parallel: StageParallelism, model: torch.nn.Module, timeout_s: float | None):
+    def _ep_groups(
+        self, parallel: StageParallelism, model: torch.nn.Module, timeout_s: float | None, cross_replica: bool
+    ):
         """Expert parallelism's groups (``expert_parallel``), or None at ``--ep 1``."""
         if parallel.ep == 1:
             return None
         text = getattr(model.config, "text_config", model.config)
         check_ep(
             parallel.ep, self.layout.dp, num_experts=getattr(text, "num_experts", None), tp=parallel.tp,
-            fsdp=parallel.fsdp,
+            fsdp=parallel.fsdp, cross_replica=cross_replica,
         )  # fmt: skip
         stage_ranks = [
             [process_rank(self.layout.global_rank(r, pp), t, parallel.tp) for r in range(self.layout.dp)]

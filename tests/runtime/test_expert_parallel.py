@@ -147,6 +147,7 @@ def test_refusals():
         (dict(num_experts=8, tp=2), "--tp"),
         (dict(num_experts=8, fsdp=True), "--fsdp"),
         (dict(num_experts=6), "divide"),
+        (dict(num_experts=8, cross_replica=True), "moves encoder work across replicas"),
     ]:
         with pytest.raises(ConfigError, match=words):
             check_ep(4, 4, **kwargs)

@@ -112,9 +112,10 @@ class CostModel:
     # --- sequence units -------------------------------------------------------------------------
     @staticmethod
     def units(component: Component, sample: SampleMeta) -> tuple[int, ...]:
-        """The sequence units a sample contributes: per-image ViT patches, or one LLM sequence."""
+        """The sequence units a sample contributes: per-image ViT patches (and audio chunks,
+        ``SampleMeta.encoder_units``), or one LLM sequence."""
         if component == "encoder":
-            return sample.vit_patches_per_image
+            return sample.encoder_units
         return (sample.llm_tokens,)
 
     @staticmethod

@@ -22,6 +22,7 @@ __all__ = [
     "sample_image_tokens",
     "sample_encoder_units",
     "audio_llm_tokens",
+    "audio_encoder_units",
     "LABEL_FRACTION",
 ]
 
@@ -167,6 +168,18 @@ def image_vit_patches(height: int, width: int, cfg: VisionTokenConfig = DEFAULT_
     return cfg.merge_size**2 * image_llm_tokens(height, width, cfg)
 
 
+AUDIO_CHUNK_FRAMES = 200
+"""Mel frames per attention chunk of a Whisper-style audio tower (Qwen2.5-Omni's ``2 * n_window``);
+its stride-2 convolution leaves half as many rows."""
+
+
+def audio_encoder_units(frames: int) -> tuple[int, ...]:
+    """Encoder rows per attention chunk of an audio clip of ``frames`` mel frames: chunks of
+    ``AUDIO_CHUNK_FRAMES`` frames, each ``ceil(frames / 2)`` rows after the stride-2 convolution."""
+    full, rest = divmod(int(frames), AUDIO_CHUNK_FRAMES)
+    return (AUDIO_CHUNK_FRAMES // 2,) * full + (((rest + 1) // 2,) if rest else ())
+
+
 def audio_llm_tokens(frames: int) -> int:
     """LLM tokens of an audio clip of ``frames`` mel frames (10 ms each): a Whisper-style tower's
     stride-2 convolution, then Qwen2.5-Omni's stride-2 pooling."""
@@ -204,6 +217,16 @@ class SampleMeta:
     def vit_patches_per_image(self) -> tuple[int, ...]:
         """Encoder input rows per attention unit (per image; per tile for a tiling family)."""
         return sample_encoder_units(self.vision, self.images)
+
+    @property
+    def encoder_units(self) -> tuple[int, ...]:
+        """Every encoder sequence unit of the sample: its images' (``vit_patches_per_image``), then its
+        audio clips' attention chunks (``audio_encoder_units``). The audio tower's work is priced as
+        that many rows of the vision tower's layers: an approximation (Qwen2.5-Omni-7B's audio and
+        vision layers cost about the same per row; the plan spreads it over the encoder stages, though
+        it runs on the first)."""
+        audio = tuple(u for f in self.audio for u in audio_encoder_units(f))
+        return self.vit_patches_per_image + audio if audio else self.vit_patches_per_image
 
     @property
     def image_tokens_per_image(self) -> tuple[int, ...]:

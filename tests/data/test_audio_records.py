@@ -1,7 +1,8 @@
 """Audio in datasets: ``data check`` names every bad audio file of a record (missing, empty,
 truncated) besides refusing the record (no record reader feeds audio to a model); a workload's
 ``"audio"`` mel frames per clip become ``SampleMeta.audio``, whose audio tokens count in the sample's
-LLM tokens and in ``data stats``; metadata without audio is written and priced as before."""
+LLM tokens and in ``data stats`` and whose attention chunks are priced as encoder rows; metadata
+without audio is written and priced as before."""
 
 from __future__ import annotations
 
@@ -61,7 +62,12 @@ def test_workload_audio_counts_in_llm_tokens_and_data_stats(tmp_path):
     stats, _ = compute_stats([a, b], cost)
     assert stats["audio_tokens"]["mean"] == a.audio_tokens / 2
     assert "audio_tokens" in format_stats(stats, "t")
-    assert cost.sample_work(a).llm > cost.sample_work(SampleMeta("a", a.images, 20)).llm
+    plain_a = SampleMeta("a", a.images, 20)
+    assert cost.sample_work(a).llm > cost.sample_work(plain_a).llm
+    # the audio tower priced as vision-layer rows: one unit per 200-frame chunk, half its frames each
+    assert cost.units("encoder", a) == a.vit_patches_per_image + (25, 100, 50)
+    assert cost.sample_work(a).encoder > cost.sample_work(plain_a).encoder
+    assert cost.units("encoder", b) == b.vit_patches_per_image  # no audio: priced as before
     plain, _ = compute_stats([b], cost)
     assert "audio_tokens" not in format_stats(plain, "t")  # the table of a dataset without audio as before
     bad = tmp_path / "bad.jsonl"

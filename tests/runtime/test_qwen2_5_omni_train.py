@@ -28,7 +28,7 @@ from .families import FamilyModel, without_zero_gradients
 from .harness import ReferenceStep, assert_matches_reference, run_workers, train_step_before_clip
 from .test_qwen3_vl_train import with_cuts
 
-AUDIO = {"s0": (50,), "s3": (37, 20), "s5": (64, 18)}
+AUDIO = {"s0": (50,), "s3": (37, 20), "s5": (64, 18), "s7": (30,)}
 """Mel frames per clip of the samples with audio (s3 is otherwise text-only: audio alone)."""
 
 # (name, system, (encoder cuts), (llm cuts), encoder frozen): [patch_embed (+ audio), blocks.0-2, merger];

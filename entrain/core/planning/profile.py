@@ -76,7 +76,7 @@ class SampleStats:
             meta = item if isinstance(item, SampleMeta) else item.meta
             ids.append(item.id)
             if meta is not None:
-                patches = meta.vit_patches_per_image
+                patches = meta.encoder_units
                 x = meta.llm_tokens
                 cols[0, j] = sum(patches)
                 cols[1, j] = sum(p * p for p in patches)

@@ -9,8 +9,8 @@ width). A thinker folder (``model_type`` ``qwen2_5_omni_thinker``) or a whole Qw
 ``OmniShape`` is the ``ModelShape``: the ``ModelArch`` of vision tower and LLM, and the audio tower,
 whose parameters the cost model places on the layer holding the vision ``patch_embed`` (the audio
 tower runs on the first encoder stage). A clip's audio tokens add LLM work (``SampleMeta.llm_tokens``);
-the audio tower's own work per clip is not priced, so a plan's encoder times count the vision tower
-only.
+the audio tower's work is priced approximately, as rows of the vision tower's layers (one unit per
+attention chunk, ``SampleMeta.encoder_units``), spread over the encoder stages like the vision work.
 """
 
 from __future__ import annotations

@@ -129,3 +129,21 @@ def test_pipeline_gradients_match_transformers(fm, tmp_path):
     # the audio clips of two samples share an encoder message (rows cut per sample at the boundary)
     mbs = [sub for mb in cases[0][1].iterations[0].microbatches[0] for sub in mb.encoder_subs]
     assert any(sum(sid in AUDIO for sid in sub) >= 2 for sub in mbs), mbs
+
+
+def test_the_planned_boundary_message_carries_the_audio_rows(fm):
+    """The cost model's ``audio`` part: one row of the LLM width per audio token of the message's samples."""
+    from entrain.core.schedules.costs import PlanCosts
+
+    from .cases import works
+
+    plan = with_cuts(fm.plan("entrain", 2, 2, 1, NUM_MICROBATCHES), fm.cost, {"encoder": (1,), "llm": (2,)})
+    samples = {w.id: w for w in works(list(fm.metas.values()), fm.cost)}
+    costs = PlanCosts(plan.layout, fm.cost, samples)
+    ids = tuple(sorted(fm.metas))
+    width = fm.cfg.shape.audio.output_dim
+    for stage in (0, 1):  # every encoder stage's message carries it
+        assert plan.layout.stages[stage].part_names == ("hidden", "audio")
+        audio = sum(fm.metas[i].audio_tokens for i in ids)
+        assert costs.part_bytes(stage, ids) == {"audio": audio * width * 2}
+    assert audio > 0 and plan.layout.stages[2].part_names == ("hidden",)

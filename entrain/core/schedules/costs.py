@@ -336,11 +336,16 @@ class PlanCosts:
             return {}
         tp, cp = self._parallel(spec.component)
         tokens, images = self.tokens(src_stage, ids), sum(map(self._image_rows, ids))
-        return {p.name: p.bytes_for(tokens, images) / (tp * cp) for p in spec.parts}
+        audio = sum(map(self._audio_rows, ids))
+        return {p.name: p.bytes_for(tokens, images, audio) / (tp * cp) for p in spec.parts}
 
     def _image_rows(self, sid: str) -> float:
         meta = self.samples[sid].meta
         return float(sum(meta.image_tokens_per_image)) if meta is not None else 0.0
+
+    def _audio_rows(self, sid: str) -> float:
+        meta = self.samples[sid].meta
+        return float(meta.audio_tokens) if meta is not None else 0.0
 
     def message_ms(self, src_stage: int, ids: tuple[str, ...]) -> float:
         """p2p time of the message ``src_stage`` sends for ``ids`` (memoised)."""

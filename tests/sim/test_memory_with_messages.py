@@ -50,3 +50,25 @@ def test_a_configuration_that_fits_without_its_messages_does_not_fit_with_them()
     got, run = fit_memory("1f1b", SystemSetup(LAYOUT, {}, ""), BATCHES, cost)
     assert {s.recompute for s in got.layout.stages} != {"none"}
     assert run.metrics.fits_memory is True
+
+
+def test_memory_bounded_dip_greedy_keeps_room_for_its_messages():
+    """``dip-greedy-mem`` fills device memory with activations up to its budget: the budget leaves room
+    for the messages each rank holds in flight, so its plan fits with them counted."""
+    from entrain.core.presets import build_cost_model
+    from entrain.core.schedules.costs import PlanCosts
+    from entrain.sim.executor import simulate_plan
+    from entrain.sim.metrics import compute_metrics
+    from tests.runtime.cases import batch_metas, plan_for, works
+
+    def metrics(system, cost):
+        plan = plan_for(system, 2, 2, 1, 8, works(batch_metas(8), cost), cost=cost)
+        costs = PlanCosts(plan.layout, cost, plan.samples)
+        return compute_metrics(plan.layout, simulate_plan(plan, cost, costs=costs), costs, plan.iterations)
+
+    cost = build_cost_model("tiny", "cpu-tiny")
+    unbounded = max(metrics("dip-greedy", cost).peak_memory_bytes_per_rank)
+    tight = replace(cost, hardware=replace(cost.hardware, device_memory_bytes=0.9 * unbounded))
+    m = metrics("dip-greedy-mem", tight)
+    assert min(m.in_flight_message_bytes_per_rank) > 0
+    assert m.fits_memory is True

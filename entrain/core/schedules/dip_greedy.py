@@ -24,7 +24,7 @@ from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.predict import compute_deps
 from entrain.core.work import SampleWork
 
-__all__ = ["generate", "greedy_orders", "budget_bytes", "MEMORY_BOUNDED"]
+__all__ = ["generate", "greedy_orders", "budget_bytes", "message_reserve_bytes", "MEMORY_BOUNDED"]
 
 NAME = "dip-greedy"
 MEMORY_BOUNDED = "dip-greedy-mem"
@@ -200,8 +200,34 @@ def generate(
     opts = ScheduleOptions.from_any(options)
     bounded = system == MEMORY_BOUNDED
 
-    def order(costs: PlanCosts):
-        budget = budget_bytes(costs, opts) if bounded else None
-        return lambda graph: greedy_orders(graph, costs, budget)
+    def order_within(reserve: dict[int, float]):
+        def order(costs: PlanCosts):
+            budget = budget_bytes(costs, opts) if bounded else None
+            if budget is not None:
+                budget = {r: b - reserve.get(r, 0.0) for r, b in budget.items()}
+            return lambda graph: greedy_orders(graph, costs, budget)
 
-    return dip.generate(layout, assignments, samples, cost, opts, system=system, order=order)
+        return order
+
+    plan = dip.generate(layout, assignments, samples, cost, opts, system=system, order=order_within({}))
+    if not bounded or cost is None:
+        return plan
+    # the memory it fits counts point-to-point messages in flight too: plan again, the budget less the
+    # most message bytes each rank holds in flight in the first plan
+    reserve = message_reserve_bytes(plan, cost)
+    return dip.generate(layout, assignments, samples, cost, opts, system=system, order=order_within(reserve))
+
+
+def message_reserve_bytes(plan: Plan, cost: CostModel) -> dict[int, float]:
+    """Per pipeline rank: the most bytes of messages it holds in flight at one step of ``plan``, over
+    replicas and iterations (``entrain.core.planning.memory.in_flight_message_bytes``)."""
+    from entrain.core.planning.memory import peak_in_flight_message_bytes, plan_message_bytes
+
+    costs = PlanCosts(plan.layout, cost, plan.samples)
+    out: dict[int, float] = {}
+    for it in plan.iterations:
+        peaks = peak_in_flight_message_bytes(plan.layout, it, plan_message_bytes(costs, it))
+        for g, peak in peaks.items():
+            r = plan.layout.replica_of(g)[1]
+            out[r] = max(out.get(r, 0.0), peak)
+    return out

@@ -160,7 +160,8 @@ def channel_warmup(channels: Sequence[tuple[int, int]], rank: int) -> tuple[Batc
     return tuple(out)
 
 
-def _actions(it: IterationPlan, rank: int, forward_only: bool) -> list[Action]:
+def rank_actions(it: IterationPlan, rank: int, forward_only: bool) -> list[Action]:
+    """The actions of ``rank`` in ``it`` (only the forward ones where ``forward_only``), in order."""
     return [a for a in it.actions.get(rank, ()) if not forward_only or a.kind in FORWARD_KINDS]
 
 
@@ -245,7 +246,7 @@ def _channel_orders(
             sender = layout.global_rank(r, pp)
             if sender == rank:
                 continue
-            for a in _actions(it, sender, forward_only):
+            for a in rank_actions(it, sender, forward_only):
                 if a.kind in _SENDS:
                     for peer, msg in _targets(layout, pieces, sender, a):
                         if peer == rank:
@@ -294,7 +295,7 @@ class _Builder:
     ):
         self.layout, self.rank, self.iteration = layout, rank, iteration
         self.known_shape = known_shape
-        self.actions = _actions(it, rank, forward_only)
+        self.actions = rank_actions(it, rank, forward_only)
         self.pieces = encoder_pieces(layout, it) if pieces is None else pieces
         self.orders = _channel_orders(layout, it, rank, forward_only, self.pieces)
         self.position = {(src, m): i for src, msgs in self.orders.items() for i, m in enumerate(msgs)}
@@ -712,7 +713,7 @@ def check_pieces(layout: Layout, it: IterationPlan, pieces: Pieces, forward_only
         for o, ids in per.items():
             if o == r:
                 continue
-            acts = _actions(it, layout.global_rank(o, layout.stages[e + 1].pp_rank), forward_only)
+            acts = rank_actions(it, layout.global_rank(o, layout.stages[e + 1].pp_rank), forward_only)
             recv = _index(acts, e + 1, (ActionKind.RECV_F,), p, u)
             send = None if forward_only else _index(acts, e + 1, (ActionKind.SEND_B,), p, u)
             where = f"replica {r}'s encoder message ({p}, {u}) to replica {o}"

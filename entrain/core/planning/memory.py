@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ScheduleError
-from entrain.core.p2p import Comm, _actions, encoder_pieces, rank_program
+from entrain.core.p2p import Comm, encoder_pieces, rank_actions, rank_program
 from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.planning.profile import SampleStats
 from entrain.core.schedules.graph import Message
@@ -322,11 +322,11 @@ def in_flight_message_bytes(
             src, dst = src + base, dst + base
             size = message_bytes(src, dst, msg)
             for g, lo, hi in ((src, i, end), (dst, j, took)):
-                steps = held.get(g) or held.setdefault(g, [0.0] * len(_actions(it, g, forward_only)))
+                steps = held.get(g) or held.setdefault(g, [0.0] * len(rank_actions(it, g, forward_only)))
                 for k in range(lo, hi):
                     steps[k] += size
     for g in range(layout.world_size):
-        held.setdefault(g, [0.0] * len(_actions(it, g, forward_only)))
+        held.setdefault(g, [0.0] * len(rank_actions(it, g, forward_only)))
     return held
 
 
@@ -342,7 +342,7 @@ def _holds(layout: Layout, it: IterationPlan, ranks: list[int], pieces, forward_
     key = None
     if not pieces:
         shape = tuple((st.component, st.pp_rank) for st in layout.stages)
-        key = (shape, forward_only, tuple(tuple(_actions(it, g, forward_only)) for g in ranks))
+        key = (shape, forward_only, tuple(tuple(rank_actions(it, g, forward_only)) for g in ranks))
         hit = _HOLDS.get(key)
         if hit is not None:
             return hit

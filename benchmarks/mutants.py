@@ -123,8 +123,8 @@ MUTANTS = (
         "sub-microbatch-routing-off-by-one",
         "the first LLM stage routes an encoder message's rows by the ids of the previous sub",
         "entrain/runtime/executor.py",
-        "for sid in self._ids(stage - 1, mb, sub):",
-        "for sid in self._ids(stage - 1, mb, sub - 1):",
+        "ids = [sid for sid in self._ids(stage - 1, mb, sub) if sid in own]",
+        "ids = [sid for sid in self._ids(stage - 1, mb, sub - 1) if sid in own]",
         (EXACT_2,),
     ),
     Mutant(

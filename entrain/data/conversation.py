@@ -174,7 +174,7 @@ def media_problems(
                     f"{kind} inputs are not supported: no model family entrain trains reads {kind} "
                     + ("from a record " if kind == "audio" else "")
                     + f"(it trains the {'/'.join(MEDIA_FIELDS['image'])} fields only"
-                    + ("; qwen2_5_omni trains audio of workload metadata)" if kind == "audio" else ")"),
+                    + ("; an audio family trains workload audio)" if kind == "audio" else ")"),
                 )  # fmt: skip
             )
         if kind == "audio" and held and base is not None:

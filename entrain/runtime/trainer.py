@@ -162,20 +162,23 @@ class PipelineTrainer:
             autocast=autocast,
             cross_replica=cross_replica,
         )
-        dtensors = parallel.tp > 1 or parallel.fsdp or parallel.ep > 1
-        foreach = False if dtensors else None  # plain and DTensor params mixed
-        self.optimizer = (
-            torch.optim.AdamW(
-                self.params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, foreach=foreach
-            )
-            if self.params
-            else None
-        )
+        self.optimizer = self._optimizer(parallel, optim)
         self.grad_buckets = self._grad_buckets(parallel)
         self.step_index = 0
         self.last_stage_rank = layout.stages[-1].pp_rank
         self.fault_hook: Callable[[int, int], None] | None = None
         """Called as ``hook(rank, step)`` mid-step, before the pipeline actions (fault injection)."""
+
+    def _optimizer(self, parallel: StageParallelism, optim: OptimConfig) -> torch.optim.AdamW | None:
+        """AdamW over the trainable parameters (None without any); the per-tensor loop where DTensor
+        and plain parameters mix (TP, FSDP, expert parallelism)."""
+        if not self.params:
+            return None
+        dtensors = parallel.tp > 1 or parallel.fsdp or parallel.ep > 1
+        foreach = False if dtensors else None
+        return torch.optim.AdamW(
+            self.params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, foreach=foreach
+        )
 
     def _ep_groups(
         self, parallel: StageParallelism, model: torch.nn.Module, timeout_s: float | None, cross_replica: bool

@@ -21,6 +21,10 @@ def _save(kind: str, folder: Path) -> Path:
         from tests.models.stock import save_llm, save_tokenizer
 
         return save_tokenizer(save_llm(folder, vocab=290))
+    if kind == "qwen3_vl":
+        from tests.models.qwen3_vl_tiny import save_whole
+
+        return save_whole(folder, text_layers=3, vision_depth=4)
     from tests.models.qwen_vl_tiny import save_with_tokenizer
 
     return save_with_tokenizer(folder, kind, text_layers=2, vision_depth=2, tied=True)

@@ -1,7 +1,8 @@
 """How big the journeys run: ``ENTRAIN_JOURNEY_SCALE=tiny`` (the default) rewrites the documented
 sizes by ``TINY`` and puts tiny stock checkpoints at the documented model folders; ``=full`` runs
 every command at its documented size, with the model folders taken from ``$ENTRAIN_JOURNEY_MODELS``
-(the folder holding ``ckpt/qwen25vl-3b``, ``ckpt/llama32-1b``, ``Qwen2.5-VL-3B-Instruct/``).
+(the folder holding ``ckpt/qwen25vl-3b``, ``ckpt/llama32-1b``, ``Qwen2.5-VL-3B-Instruct/``,
+``ckpt/qwen3vl-8b``).
 docs/journeys.md describes both."""
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ STOCK_FOLDERS = {
     "ckpt/qwen25vl-3b": "qwen2_5_vl",
     "ckpt/llama32-1b": "llama",
     "Qwen2.5-VL-3B-Instruct": "qwen2_5_vl",
+    "ckpt/qwen3vl-8b": "qwen3_vl",
 }
 """The documented model folders (downloaded outside) -> the tiny checkpoint put there at ``tiny``
 scale (tests/journeys/conftest.py ``stock_folders``): a whole Qwen2.5-VL with its tokenizer serves

@@ -315,6 +315,8 @@ class SystemRun:
             "stage_times": res.records,
             "memory_per_rank": res.memory,
         }
+        if res.expert_tokens:  # a model with experts (entrain.runtime.expert_tokens)
+            row["expert_tokens"] = res.expert_tokens
         if peak:
             flops = model_flops(self.model, it, self.renderer)
             row["mfu"] = flops / (res.iteration_time_ms / 1e3) / (peak * self.env.world_size)

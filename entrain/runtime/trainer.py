@@ -31,6 +31,7 @@ from entrain.runtime.expert_parallel import (
     check_same_actions,
     is_expert_param,
 )
+from entrain.runtime.expert_tokens import drop_routing, step_expert_tokens
 from entrain.runtime.grad_buckets import GradBuckets
 from entrain.runtime.health import PeerWatch
 from entrain.runtime.parallelize import (
@@ -87,6 +88,9 @@ class StepResult:
     """Rank 0 only: per rank, ``memory_of`` (model-state bytes held, peak memory)."""
     records: list[dict] = field(default_factory=list)
     """Rank 0 only: per (rank, stage, mb, sub) forward / backward ms measured on the ranks."""
+    expert_tokens: list[dict] = field(default_factory=list)
+    """Rank 0 only: per sparse layer of every rank's stages, the tokens routed to each expert this step
+    (``entrain.runtime.expert_tokens``; empty for a model without experts)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -395,7 +399,7 @@ class PipelineTrainer:
             out["peak_device_bytes"] = torch.cuda.max_memory_allocated(self.env.device)
         return out
 
-    def _gather_records(self, records: list[ComputeRecord]) -> tuple[list[dict], list[dict]]:
+    def _gather_records(self, records: list[ComputeRecord]) -> tuple[list[dict], list[dict], list[dict]]:
         merged: dict[tuple[int, int, int], dict] = {}
         for r in records:
             row = merged.setdefault(
@@ -414,11 +418,16 @@ class PipelineTrainer:
             row["fwd_ms" if r.kind == "F" else "bwd_ms"] += r.ms
             row["fwd_cpu_ms" if r.kind == "F" else "bwd_cpu_ms"] += r.cpu_ms
         out: list | None = [None] * self.env.world_size if self.env.rank == 0 else None
-        mine = (list(merged.values()), self.memory_of())
+        routed = step_expert_tokens(self.modules, self.env.rank, self.place.tp_rank, self.ep_groups)
+        mine = (list(merged.values()), self.memory_of(), routed)
         self._collective("gather of the stage times", lambda: dist.gather_object(mine, out, dst=0))
         if out is None:
-            return [], []
-        return [row for rows, _ in out for row in rows], [mem for _, mem in out]
+            return [], [], []
+        return (
+            [row for rows, _, _ in out for row in rows],
+            [m for _, m, _ in out],
+            [e for *_, es in out for e in es],
+        )
 
     def _llm_tokens(self, it: IterationPlan) -> int:
         ids = [s for rep in it.microbatches for mb in rep for s in mb.llm_ids]
@@ -436,6 +445,7 @@ class PipelineTrainer:
         if self.fault_hook is not None:
             self.fault_hook(self.env.rank, self.step_index)
         actions = it.actions.get(self.place.plan_rank, ())
+        drop_routing(self.modules)  # the step's expert_tokens count its own forwards only
         if self.ep_groups is not None:  # each sparse layer's all-to-alls pair up across the EP group
             check_same_actions(actions, self.ep_groups, self.env.device)
         if self.grad_buckets is not None:  # DP buckets start as their stages' last backwards end
@@ -481,7 +491,7 @@ class PipelineTrainer:
             lambda: (dist.all_reduce(elapsed, op=dist.ReduceOp.MAX), dist.all_reduce(cpu)),
         )
         self.step_index += 1
-        records, memory = self._gather_records(self._last_records) if gather_records else ([], [])
+        records, memory, routed = self._gather_records(self._last_records) if gather_records else ([], [], [])
         return StepResult(
             loss,
             float(elapsed.item()),
@@ -491,6 +501,7 @@ class PipelineTrainer:
             cpu.tolist(),
             records=records,
             memory=memory,
+            expert_tokens=routed,
         )
 
     def evaluate(self, it: IterationPlan) -> float:

@@ -33,7 +33,15 @@ from entrain.core.errors import ConfigError
 from entrain.models.families.qwen3_vl import model as dense
 from entrain.models.families.qwen3_vl_moe.spec import MODEL_TYPES, ROUTER_STATS, shape_of_config
 
-__all__ = ["read_hf_config", "build_model", "build_stage", "model_class", "MoeTextStage", "aux_loss"]
+__all__ = [
+    "read_hf_config",
+    "build_model",
+    "build_stage",
+    "model_class",
+    "MoeTextStage",
+    "aux_loss",
+    "expert_counts",
+]
 
 
 def read_hf_config(folder: str):
@@ -88,15 +96,25 @@ def _segments(seq_lens: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 
 def _keep_logits(module: nn.Module, args, out) -> None:
-    """A router's forward hook: its ``[T, E]`` logits, for the stage that ran it (a recomputation's
-    call in backward leaves an entry the next forward overwrites)."""
-    module.entrain_logits = out[0]
+    """A router's forward hook: its ``[T, E]`` logits and ``[T, k]`` chosen experts, for the stage that
+    ran it (a recomputation's call in backward leaves an entry the next forward overwrites)."""
+    module.entrain_logits, module.entrain_experts = out[0], out[2]
+
+
+def expert_counts(chosen: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``[E]`` int64: how many of the ``[T, k]`` routed (token, expert) slots chose each expert (made on
+    the slots' device, no host synchronisation)."""
+    flat = chosen.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.int64, device=flat.device).index_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int64)
+    )
 
 
 class MoeTextStage(dense.TextStage):
-    """Qwen3-VL's LLM stage; with the auxiliary loss on, each sparse layer's router logits (read by a
-    forward hook on its router) add to part ``router_stats``, and the loss stage adds each sample's
-    weighted auxiliary loss."""
+    """Qwen3-VL's LLM stage; each sparse layer's router logits and chosen experts are read by a forward
+    hook on its router. With the auxiliary loss on, the logits add to part ``router_stats``, and the
+    loss stage adds each sample's weighted auxiliary loss. Every forward adds the chosen experts to
+    ``expert_tokens`` (per sparse layer of the stage: tokens routed to each expert, ``take_routing``)."""
 
     def __init__(self, model: nn.Module, first: int, end: int):
         super().__init__(model, first, end)
@@ -109,12 +127,31 @@ class MoeTextStage(dense.TextStage):
             text.num_experts,
             text.router_aux_loss_coef,
         )
-        if self.aux:
-            for i in self.layer_ids:
-                gate = layers[i].mlp.gate if i in self.sparse else None
-                if gate is not None and not getattr(gate, "entrain_keeps_logits", False):
-                    gate.register_forward_hook(_keep_logits)
-                    gate.entrain_keeps_logits = True
+        self.expert_tokens: dict[int, tuple[torch.Tensor, int]] = {}
+        """Per sparse layer of the stage run since the last ``take_routing``: the ``[E]`` tokens routed
+        to each expert and the tokens routed."""
+        for i in self.layer_ids:
+            gate = layers[i].mlp.gate if i in self.sparse else None
+            if gate is not None and not getattr(gate, "entrain_keeps_logits", False):
+                gate.register_forward_hook(_keep_logits)
+                gate.entrain_keeps_logits = True
+
+    def sparse_layers(self) -> list[int]:
+        """The stage's sparse layers (LLM decoder layer indices)."""
+        return [i for i in self.layer_ids if i in self.sparse]
+
+    def take_routing(self) -> dict[int, tuple[torch.Tensor, int]]:
+        """Per sparse layer of the stage (``sparse_layers``; zeros for one that ran no token): the ``[E]``
+        int64 tokens routed to each expert and the tokens routed, summed over the forwards since the
+        last call, which starts the next sum."""
+        taken, self.expert_tokens = self.expert_tokens, {}
+        layers = self.llm.model.layers
+
+        def zero(i: int) -> tuple[torch.Tensor, int]:
+            device = layers[i].mlp.gate.weight.device
+            return torch.zeros(self.num_experts, dtype=torch.int64, device=device), 0
+
+        return {i: taken[i] if i in taken else zero(i) for i in self.sparse_layers()}
 
     def _carries(self, cut: int) -> bool:
         """Whether the message across LLM cut ``cut`` (a stage ending there) carries ``router_stats``."""
@@ -128,8 +165,13 @@ class MoeTextStage(dense.TextStage):
 
     def decoder_layer(self, i: int, x: torch.Tensor, pos, emb, batch, parts: dict) -> torch.Tensor:
         x = super().decoder_layer(i, x, pos, emb, batch, parts)
-        if self.aux and i in self.sparse:
-            logits = self.llm.model.layers[i].mlp.gate.__dict__.pop("entrain_logits")
+        if i not in self.sparse:
+            return x
+        gate = self.llm.model.layers[i].mlp.gate
+        logits, chosen = gate.__dict__.pop("entrain_logits"), gate.__dict__.pop("entrain_experts")
+        counts, tokens = self.expert_tokens.get(i, (0, 0))
+        self.expert_tokens[i] = (counts + expert_counts(chosen, self.num_experts), tokens + chosen.shape[0])
+        if self.aux:
             stats = routing_stats(
                 logits, self.top_k, _segments(batch.seq_lens, x.device), len(batch.seq_lens)
             )

@@ -1,0 +1,60 @@
+"""Routing statistics in ``metrics.jsonl`` (``expert_tokens``), from a real ``entrain train`` of the tiny
+Qwen3-VL-MoE checkpoint on two forked ranks (encoder stage | LLM stage, several microbatches a step):
+each step's row holds, per sparse layer, the tokens routed to each expert summed over the step's
+microbatches, so each layer's counts sum to the step's LLM tokens times ``top_k``; the summary
+(``max`` / ``mean`` / ``imbalance``) is the counts'. ``entrain profile --from-trace`` reports the
+measured per-layer imbalance.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.models.qwen3_vl_moe_tiny import save_whole
+
+from .cases import SEED
+from .cli_ranks import run_ranks
+
+STEPS = 2
+TOP_K = 2
+SPARSE = [1, 2, 3]
+"""The tiny checkpoint's sparse layers (layer 0 is dense, ``mlp_only_layers``)."""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Two ranks, ``1f1b`` encoder | LLM, 4 samples a step in microbatches of 1, ``--trace``."""
+    tmp = tmp_path_factory.mktemp("moe_routing")
+    folder = save_whole(tmp / "tiny")
+    out = tmp / "run"
+    argv = ["train", "--model-path", str(folder), "--dataset", "skewed", "--hardware", "cpu-tiny",
+            "--system", "1f1b", "--global-batch", "4", "--microbatch-size", "1", "--steps", str(STEPS),
+            "--out", str(out), "--no-progress", "--trace", "--seed", str(SEED)]  # fmt: skip
+    results = run_ranks(argv, 2, tmp / "ranks", timeout_s=60)
+    assert [r.exitcode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    return out
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_each_layers_counts_sum_to_the_steps_tokens_times_top_k(run):
+    rows = _rows(run)
+    assert len(rows) == STEPS
+    for row in rows:
+        tokens = round(row["tokens_per_s"] * row["iteration_time_ms"] / 1e3)  # the step's LLM tokens
+        microbatches = {(r["stage"], r["mb"]) for r in row["stage_times"]}
+        assert len(microbatches) > 2, "the step must run several microbatches"
+        entries = row["expert_tokens"]
+        assert sorted(e["layer"] for e in entries) == SPARSE, entries
+        for e in entries:
+            counts = e["tokens_per_expert"]
+            assert len(counts) == 4 and all(isinstance(c, int) and c >= 0 for c in counts)
+            assert e["top_k"] == TOP_K and e["tokens"] == tokens, (e, tokens)
+            assert sum(counts) == tokens * TOP_K, (e["layer"], sum(counts), tokens)
+            assert e["ranks"] == [e["rank"]] == [1]  # the LLM stage's rank, no expert parallelism
+            assert e["max"] == max(counts) and e["mean"] == pytest.approx(sum(counts) / 4)
+            assert e["imbalance"] == pytest.approx(max(counts) / (sum(counts) / 4))

@@ -154,10 +154,16 @@ def _media_path(value: Any) -> tuple[str, str] | None:
 
 
 def media_problems(
-    obj: dict, turns: list[tuple[str, str]], turns_field: str, base: Path | None = None
+    obj: dict,
+    turns: list[tuple[str, str]],
+    turns_field: str,
+    base: Path | None = None,
+    audio_files: bool = False,
 ) -> list[tuple[str, str]]:
     """The problems of a record's inputs other than images: every input kind entrain does not train
-    (video, audio) is a bad record, never trained with the input dropped; a placeholder of such a kind
+    (video, audio in a shard) is a bad record, never trained with the input dropped (with
+    ``audio_files``, a LLaVA JSON/JSONL record's audio file paths are kept: ``Record.audio``, refused
+    at training by a model family that reads no audio); a placeholder of such a kind
     without its field, or the field without its placeholder, too; and a field no reader reads holding a
     media file's path (a misspelt or unknown key would otherwise train the record without it). With
     ``base`` (the folder relative audio paths resolve against), every bad audio file is named too
@@ -167,14 +173,18 @@ def media_problems(
         if kind in TRAINED_MEDIA:
             continue  # images: parse_record's own checks
         held = {k: _items(obj.get(k)) for k in keys if _items(obj.get(k))}
-        for key in held:
+        for key in held if kind != "audio" or not audio_files else ():  # audio files: Record.audio
             problems.append(
                 (
                     key,
                     f"{kind} inputs are not supported: no model family entrain trains reads {kind} "
-                    + ("from a record " if kind == "audio" else "")
-                    + f"(it trains the {'/'.join(MEDIA_FIELDS['image'])} fields only"
-                    + ("; an audio family trains workload audio)" if kind == "audio" else ")"),
+                    + ("from a shard " if kind == "audio" else "")
+                    + f"(it trains the {'/'.join(MEDIA_FIELDS['image'])} fields"
+                    + (
+                        " only; audio as file paths in a LLaVA JSON/JSONL record)"
+                        if kind == "audio"
+                        else " only)"
+                    ),
                 )  # fmt: skip
             )
         if kind == "audio" and held and base is not None:
@@ -203,8 +213,20 @@ def media_problems(
     return problems
 
 
-def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Path) -> Parsed:
-    """Normalise one LLaVA record; relative image paths resolve against ``base``."""
+def _audio_list(obj: dict, base: Path) -> tuple[tuple[str, ...], str]:
+    """The record's audio clip paths, resolved against ``base``, and the field holding them (its shape
+    is checked by ``media_problems``)."""
+    key = "audio" if "audio" in obj else "audios"
+    value = obj.get(key)
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return tuple(_resolve(p, base) for p in items if isinstance(p, str) and p.strip()), key
+
+
+def parse_record(
+    obj: Any, *, file: str, index: int, line: int | None, base: Path, audio_files: bool = False
+) -> Parsed:
+    """Normalise one LLaVA record; relative image (and, with ``audio_files``, audio) paths resolve
+    against ``base``."""
     if not isinstance(obj, dict):
         return Parsed(
             file, index, line, None, None, [("record", f"must be an object, got {type(obj).__name__}")]
@@ -219,6 +241,11 @@ def parse_record(obj: Any, *, file: str, index: int, line: int | None, base: Pat
             ("conversations", f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s)")
         )
     turns_field = "messages" if "conversations" not in obj and "messages" in obj else "conversations"
-    problems += media_problems(obj, turns, turns_field, base)
-    record = None if problems else Record(rid or "", tuple(images), tuple(turns), file, index, line)
+    problems += media_problems(obj, turns, turns_field, base, audio_files)
+    audio, audio_field = _audio_list(obj, base) if audio_files else ((), "audio")
+    record = (
+        None
+        if problems
+        else Record(rid or "", tuple(images), tuple(turns), file, index, line, audio, audio_field)
+    )
     return Parsed(file, index, line, rid, record, problems)

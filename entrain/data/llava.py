@@ -275,7 +275,9 @@ def iter_parsed(path: str | Path, image_root: str | Path | None = None) -> Itera
             error = f"{raw.error}; {unread(raw.index)}" if raw.fatal else raw.error
             yield Parsed(str(p), raw.index, raw.line, None, None, [("json", error)], raw.fatal)
         else:
-            yield parse_record(raw.obj, file=str(p), index=raw.index, line=raw.line, base=base)
+            yield parse_record(
+                raw.obj, file=str(p), index=raw.index, line=raw.line, base=base, audio_files=True
+            )
 
 
 def _raise(item: Parsed) -> None:
@@ -338,7 +340,28 @@ def record_meta(
         _check_resizable(record, i, src, hw, vision)
         dims.append(hw)
     text, answer = count_tokens(record.turns, tokenizer)
-    return SampleMeta(record.id, tuple(dims), text, vision, answer)
+    return SampleMeta(record.id, tuple(dims), text, vision, answer, audio=record_audio_frames(record, stamps))
+
+
+def record_audio_frames(record: Record, stamps=None) -> tuple[int, ...]:
+    """Mel frames of each audio clip of ``record``, in order (``entrain.data.audio``: read, resampled
+    to 16 kHz, at most 30 s); ``stamps`` receives each file's stamp as ``record_meta``'s. Raises
+    DataError naming the record, field and file of a bad clip."""
+    from entrain.data.audio import AudioFileError, load_clip, mel_frames
+    from entrain.data.metadata_cache import file_stamp
+
+    frames = []
+    for i, path in enumerate(record.audio):
+        if stamps is not None:
+            stamps[path] = file_stamp(path)
+        try:
+            frames.append(mel_frames(len(load_clip(path))))
+        except AudioFileError as e:
+            fld = f"{record.audio_field}[{i}]"
+            raise DataError(
+                record.file, record.line or f"#{record.index}", fld, f"{path}: {e.reason}"
+            ) from None
+    return tuple(frames)
 
 
 def _check_resizable(record: Record, i: int, src: str | bytes, hw: tuple[int, int], vision) -> None:

@@ -14,6 +14,7 @@ conversation through the Qwen2 chat template.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ import numpy as np
 from entrain.core.errors import DataError
 from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, VisionTokenConfig
 from entrain.data.problems import image_error
-from entrain.data.records import IMAGE_PLACEHOLDER, Record
+from entrain.data.records import IMAGE_PLACEHOLDER, PLACEHOLDERS, Record
 from entrain.data.tokenizer import TextTokenizer
 
 __all__ = [
@@ -54,6 +55,9 @@ VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|i
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
+AUDIO_PLACEHOLDER = PLACEHOLDERS["audio"]
+
+
 def _messages(turns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     if turns and turns[0][0] == "system":
         return list(turns)
@@ -69,17 +73,52 @@ def vision_markers(n: int) -> str:
     return VISION_START + IMAGE_PAD * n + VISION_END
 
 
+AUDIO_MARKERS = {
+    "omni": ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"),
+    "qwen2": ("<|object_ref_end|>", "<|object_ref_start|>", "<|box_start|>"),
+}
+"""An audio clip's start, placeholder and end tokens: Qwen2.5-Omni's tokenizer's names, or, in a Qwen2
+tokenizer without them, the names of the same ids (151647, 151646, 151648), which an audio family maps
+to its audio tokens (``ModelFamily.map_token_id``)."""
+
+
+def audio_markers(tokenizer: TextTokenizer) -> Callable[[int], str]:
+    """The text an audio clip of ``n`` LLM tokens becomes, as Qwen2.5-Omni's processor expands it:
+    ``<|audio_bos|>`` + n x ``<|AUDIO|>`` + ``<|audio_eos|>`` (``AUDIO_MARKERS``)."""
+    names = AUDIO_MARKERS["omni" if "<|AUDIO|>" in tokenizer.special_tokens else "qwen2"]
+    return lambda n: names[0] + names[1] * n + names[2]
+
+
 def _expand(
-    text: str, counts: Sequence[int], first: int, image_text: ImageText = vision_markers
-) -> tuple[str, int]:
-    """``text`` with its placeholders expanded using ``counts[first:]``; returns (text, next index)."""
-    parts = text.split(IMAGE_PLACEHOLDER)
-    out = [parts[0]]
-    k = first
-    for part in parts[1:]:
-        out.append(image_text(counts[k]) + part)
-        k += 1
-    return "".join(out), k
+    text: str,
+    counts: Sequence[int],
+    first: int,
+    image_text: ImageText = vision_markers,
+    audio: tuple[Sequence[int], int, ImageText] | None = None,
+) -> tuple[str, int] | tuple[str, int, int]:
+    """``text`` with its placeholders expanded using ``counts[first:]``; returns (text, next index).
+    With ``audio`` ``(audio counts, first clip, audio text)``, ``<audio>`` placeholders too, each kind
+    in its own order; returns (text, next image, next clip)."""
+    if audio is None:
+        parts = text.split(IMAGE_PLACEHOLDER)
+        out = [parts[0]]
+        k = first
+        for part in parts[1:]:
+            out.append(image_text(counts[k]) + part)
+            k += 1
+        return "".join(out), k
+    clips, c, audio_text = audio
+    out, k = [], first
+    for piece in re.split(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(AUDIO_PLACEHOLDER)})", text):
+        if piece == IMAGE_PLACEHOLDER:
+            out.append(image_text(counts[k]))
+            k += 1
+        elif piece == AUDIO_PLACEHOLDER:
+            out.append(audio_text(clips[c]))
+            c += 1
+        else:
+            out.append(piece)
+    return "".join(out), k, c
 
 
 def format_chat(
@@ -87,26 +126,34 @@ def format_chat(
     image_tokens: Sequence[int],
     tokenizer: TextTokenizer,
     image_text: ImageText = vision_markers,
+    audio_tokens: Sequence[int] = (),
 ) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)`` of a conversation whose i-th ``<image>`` has ``image_tokens[i]`` tokens
-    (its text: ``image_text(n)``), through the tokenizer's chat template when it has one, Qwen2's chat
-    markers otherwise.
+    (its text: ``image_text(n)``) and whose j-th ``<audio>`` has ``audio_tokens[j]`` (its text:
+    ``audio_markers``), through the tokenizer's chat template when it has one, Qwen2's chat markers
+    otherwise.
 
-    Raises ValueError if the placeholder count differs from ``len(image_tokens)``.
+    Raises ValueError if a placeholder count differs from its inputs'.
     """
     placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
     if placeholders != len(image_tokens):
         raise ValueError(
             f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(image_tokens)} image(s)"
         )
+    clips = sum(text.count(AUDIO_PLACEHOLDER) for _, text in turns)
+    if clips != len(audio_tokens):
+        raise ValueError(f"{clips} {AUDIO_PLACEHOLDER} placeholder(s) but {len(audio_tokens)} audio clip(s)")
+    audio = (audio_tokens, 0, audio_markers(tokenizer)) if clips else None
     if tokenizer.chat is not None:
-        return _format_with_template(turns, image_tokens, tokenizer, image_text)
+        return _format_with_template(turns, image_tokens, tokenizer, image_text, audio)
     ids: list[int] = []
     labels: list[int] = []
     k = 0
     header_len = {}
     for role, text in _messages(turns):
-        body, k = _expand(text, image_tokens, k, image_text)
+        body, k, *rest = _expand(text, image_tokens, k, image_text, audio)
+        if audio is not None:
+            audio = (audio[0], rest[0], audio[2])
         msg = tokenizer.encode(f"{IM_START}{role}\n{body}{IM_END}\n")
         ids.extend(msg)
         if role == "assistant":
@@ -124,6 +171,7 @@ def _format_with_template(
     image_tokens: Sequence[int],
     tokenizer: TextTokenizer,
     image_text: ImageText = vision_markers,
+    audio: tuple[Sequence[int], int, ImageText] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A Hugging Face tokenizer's own chat template: ids of the whole conversation; labels copy the
     ids of each assistant message after its generation prompt (the ids that
@@ -131,7 +179,9 @@ def _format_with_template(
     ``apply_chat_template(messages[:i + 1])``, and are -100 elsewhere."""
     messages, k = [], 0
     for role, text in turns:
-        body, k = _expand(text, image_tokens, k, image_text)
+        body, k, *rest = _expand(text, image_tokens, k, image_text, audio)
+        if audio is not None:
+            audio = (audio[0], rest[0], audio[2])
         messages.append({"role": role, "content": body})
     ids = tokenizer.chat(messages)
     labels = [IGNORE_INDEX] * len(ids)
@@ -149,11 +199,10 @@ def _format_with_template(
 
 
 def count_text_tokens(turns: Sequence[tuple[str, str]], tokenizer: TextTokenizer) -> int:
-    """Tokens of the chat-formatted conversation other than ``<|image_pad|>`` (template and vision
-    start/end markers included): ``len(input_ids) - sum(image tokens)``."""
-    if tokenizer.chat is not None:
-        counts = [0] * sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
-        return len(_format_with_template(turns, counts, tokenizer)[0])
+    """Tokens of the chat-formatted conversation other than ``<|image_pad|>`` and audio placeholder
+    tokens (template, vision and audio start/end markers included): ``len(input_ids) - sum(image tokens)``."""
+    if tokenizer.chat is not None or any(AUDIO_PLACEHOLDER in text for _, text in turns):
+        return count_tokens(turns, tokenizer)[0]
     n = 0
     for role, text in _messages(turns):
         body = text.replace(IMAGE_PLACEHOLDER, VISION_START + VISION_END)
@@ -166,7 +215,8 @@ def count_tokens(turns: Sequence[tuple[str, str]], tokenizer: TextTokenizer) -> 
     the positions the loss is taken at (a supervised next token: ``labels[1:]`` not ignored), which
     image tokens never are (``<image>`` in an assistant turn is a data error)."""
     counts = [0] * sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
-    ids, labels = format_chat(turns, counts, tokenizer)
+    clips = [0] * sum(text.count(AUDIO_PLACEHOLDER) for _, text in turns)
+    ids, labels = format_chat(turns, counts, tokenizer, audio_tokens=clips)
     return len(ids), sum(1 for x in labels[1:] if x != IGNORE_INDEX)
 
 

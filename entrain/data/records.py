@@ -32,8 +32,9 @@ and the fields that hold it."""
 PLACEHOLDERS: dict[str, str] = {kind: f"<{kind}>" for kind in MEDIA_FIELDS}
 """The placeholder each input kind has in a conversation's text (one per item)."""
 TRAINED_MEDIA = ("image",)
-"""The input kinds entrain trains (no model family reads video or audio frames yet): a record carrying
-another kind is a bad record, never trained with it dropped."""
+"""The input kinds every model family trains: a record carrying another kind is a bad record, never
+trained with it dropped; audio (``Record.audio``) trains where the model family reads audio
+(``ModelFamily.accepts_audio``) and is refused, naming the record, otherwise."""
 MEDIA_EXTENSIONS: dict[str, frozenset[str]] = {
     "image": frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"}),
     "video": frozenset({"mp4", "webm", "avi", "mov", "mkv", "m4v", "flv", "wmv", "mpg", "mpeg"}),
@@ -142,7 +143,8 @@ class Record:
     ``ImageRef`` (an image inside a shard, read when needed);
     ``turns`` holds ``(role, text)`` with role in ``system``/``user``/``assistant`` and ``<image>``
     placeholders left in the text. ``index`` is the record's 0-based position in ``file``;
-    ``line`` its 1-based line where known.
+    ``line`` its 1-based line where known. ``audio`` holds the resolved paths of its audio clips, in
+    the order of its ``<audio>`` placeholders (``audio_field``: the field that held them).
     """
 
     id: str
@@ -151,6 +153,8 @@ class Record:
     file: str = ""
     index: int = 0
     line: int | None = None
+    audio: tuple[str, ...] = ()
+    audio_field: str = "audio"
 
     @property
     def image_paths(self) -> tuple[str, ...]:

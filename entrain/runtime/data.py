@@ -14,9 +14,9 @@ else ``max(1, round(0.2 * text_tokens))`` (``LABEL_FRACTION``), at most what the
 is taken at the positions that predict them (labels on the answer part only). Pixel values are seeded
 N(0, 1) rows (windows of a seeded bank): ``t * h * w`` rows of ``encoder_input_width`` per image of
 grid ``(t, h, w)``. An audio clip of ``f`` mel frames (``SampleMeta.audio``; a family whose
-``accepts_audio``) is ``f`` seeded N(0, 1) rows of ``audio_input_width`` (its mel bins): the first
-encoder stage's ``audio_mel`` part (every clip's frames in order) with ``audio_lengths`` (frames per
-clip).
+``accepts_audio``) is ``f`` seeded N(0, 1) rows of ``audio_input_width`` (its mel bins), or a record's
+real log-mel features (``RecordSource.audio_features``): the first encoder stage's ``audio_mel`` part
+(every clip's frames in order) with ``audio_lengths`` (frames per clip).
 """
 
 from __future__ import annotations
@@ -151,19 +151,63 @@ class RecordSource:
         r = self.records[sample_id]
         return r.file, r.line or f"#{r.index}"
 
-    def text(self, sample_id: str, image_tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+    def text(
+        self, sample_id: str, image_tokens: Sequence[int], audio_tokens: Sequence[int] = ()
+    ) -> tuple[list[int], list[int]]:
         """``(input_ids, labels)`` of the conversation whose i-th image has ``image_tokens[i]`` merged
         tokens (``entrain.core.samples.image_llm_tokens`` of its header size, equal to the image
-        processor's count). Raises DataError if the record's image count differs."""
+        processor's count) and whose j-th audio clip ``audio_tokens[j]``. Raises DataError if the
+        record's image or clip count differs."""
         from entrain.data.processing import format_chat
 
         turns = self.records[sample_id].turns
+        extra = {"audio_tokens": tuple(audio_tokens)} if audio_tokens else {}
         try:
             if self.family is not None:
-                return self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer)
-            return format_chat(turns, image_tokens, self.tokenizer)
+                return self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer, **extra)
+            return format_chat(turns, image_tokens, self.tokenizer, **extra)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "conversations", str(e)) from None
+
+    def check_audio(self, sample_id: str) -> None:
+        """DataError naming the record's file, line, id and audio field when it has audio clips and the
+        bound model family reads no audio (``ModelFamily.accepts_audio``)."""
+        record = self.records[sample_id]
+        if record.audio and not getattr(self.family, "accepts_audio", False):
+            name = getattr(self.family, "name", None)
+            raise DataError(
+                *self._where(sample_id),
+                record.audio_field,
+                f"record id {record.id!r} has {len(record.audio)} audio clip(s) but model family "
+                f"{name!r} reads no audio (train it with an audio family, e.g. a Qwen2.5-Omni thinker "
+                "through --model-path, or drop the record)",
+            )
+
+    def audio_features(self, sample_id: str, mel_bins: int) -> np.ndarray:
+        """``[frames, mel_bins]`` float32 log-mel features of the record's audio clips, clip after clip in
+        the order of its ``<audio>`` placeholders (``entrain.data.audio.clip_features``: Qwen2.5-Omni's
+        processor, the checkpoint's feature extractor where its folder has one). Raises DataError
+        naming an unreadable clip."""
+        from entrain.data.audio import AudioFileError, clip_features, load_clip
+
+        record = self.records[sample_id]
+        clips = []
+        for i, path in enumerate(record.audio):
+            try:
+                clips.append(load_clip(path))
+            except AudioFileError as e:
+                raise DataError(
+                    *self._where(sample_id), f"{record.audio_field}[{i}]", f"{path}: {e.reason}"
+                ) from None
+        feats = clip_features(clips, self._extractor(mel_bins))
+        return np.concatenate([f.T for f in feats]) if feats else np.zeros((0, mel_bins), np.float32)
+
+    def _extractor(self, mel_bins: int):
+        if getattr(self, "_feature_extractor", None) is None:
+            from entrain.data.audio import feature_extractor
+
+            self._feature_extractor = feature_extractor(getattr(self.cfg, "folder", None), mel_bins)
+        return self._feature_extractor
 
     def check_image_slots(self, sample_id: str, slots: int, image_tokens: Sequence[int]) -> None:
         """DataError unless the formatted conversation holds ``slots`` image tokens (the model's image
@@ -320,17 +364,30 @@ class SampleRenderer:
         return [audio_llm_tokens(f) for f in meta.audio]
 
     def audio_features(self, sample_id: str) -> torch.Tensor:
-        """``[frames, mel]`` seeded N(0, 1) mel features of every audio clip of a sample, in order."""
+        """``[frames, mel]`` mel features of every audio clip of a sample, in order: a record's real
+        log-mel features (``RecordSource.audio_features``), else seeded N(0, 1) rows."""
         s = self.sample(sample_id)
         width = self.family.audio_input_width(self.cfg)
+        if self.source is not None:
+            mel = torch.as_tensor(self.source.audio_features(sample_id, width))
+            if tuple(mel.shape) != (sum(s.audio_frames), width):
+                raise DataError(
+                    *self.source._where(sample_id),
+                    "audio",
+                    f"{mel.shape[0]} mel frames where its metadata says {sum(s.audio_frames)} (a clip changed "
+                    "since the metadata pass)",
+                )
+            return host_to_device(mel, self.device, self.dtype)
         gen = torch.Generator().manual_seed(_seed_of(self.seed, sample_id, "audio"))
         mel = torch.randn((sum(s.audio_frames), width), generator=gen)
         return host_to_device(mel, self.device, self.dtype)
 
     def _from_record(self, meta: SampleMeta) -> RenderedSample:
+        self.source.check_audio(meta.id)
         grid = self.grid(meta)
         counts = list(self.family.sample_feature_rows(self.cfg, meta))
-        raw_ids, raw_labels = self.source.text(meta.id, counts)
+        clips = self._audio_clips(meta)
+        raw_ids, raw_labels = self.source.text(meta.id, counts, clips)
         if self.source.model_ids:
             ids = torch.as_tensor(raw_ids, dtype=torch.int64)
         else:
@@ -339,6 +396,12 @@ class SampleRenderer:
             )
         image_pos = torch.nonzero(ids == self._ids["image"]).flatten()
         self.source.check_image_slots(meta.id, len(image_pos), counts)
+        if clips and int((ids == self._ids["audio"]).sum()) != sum(clips):
+            raise DataError(
+                *self.source._where(meta.id),
+                "conversations",
+                f"{int((ids == self._ids['audio']).sum())} audio tokens where its clips need {sum(clips)}",
+            )
         labels = torch.as_tensor(raw_labels, dtype=torch.int64)
         label_pos = torch.nonzero(labels[1:] != -100).flatten()
         return RenderedSample(
@@ -350,6 +413,8 @@ class SampleRenderer:
             grid_thw=tuple(grid),
             image_tokens=sum(counts),
             extras=self.family.image_extras(self.cfg, meta),
+            audio_frames=tuple(meta.audio),
+            audio_tokens=sum(clips),
         )
 
     def _words(self, n: int, gen: torch.Generator) -> list[int]:

@@ -1,6 +1,6 @@
 """Every input kind a record can carry is trained or named as a bad record, never dropped: entrain trains
-images only, so a video or audio input (LLaVA ``video``/``videos``/``audio``/``audios`` fields,
-chat-template ``{"type": "video"}`` parts, Parquet / Arrow columns, WebDataset ``.mp4``/``.wav``
+images (and a LLaVA JSON/JSONL record's audio files, for a family that reads audio), so a video
+input or audio in a shard (LLaVA ``video``/``videos`` fields, chat-template ``{"type": "video"}`` parts, Parquet / Arrow columns, WebDataset ``.mp4``/``.wav``
 members), a ``<video>``/``<audio>`` placeholder without its field, and a field no reader reads that
 holds a media file's path are bad records for every reader, for ``entrain data check``
 (``check_dataset``), for ``entrain train``'s screening (``screen_dataset``) and for ``data stats``
@@ -39,12 +39,9 @@ BAD_RECORDS = {
         "videos",
         f"video {UNSUPPORTED} video",
     ),
-    "audio field": (_record("a", "<audio>\nWho?", audio="talk.wav"), "audio", f"audio {UNSUPPORTED} audio"),
-    "audios list": (
-        _record("as", "<audio>\nWho?", audios=["talk.wav"]),
-        "audios",
-        f"audio {UNSUPPORTED} audio",
-    ),
+    # a record's audio files are read (an audio family trains them): a missing one is named
+    "audio field": (_record("a", "<audio>\nWho?", audio="talk.wav"), "audio", "talk.wav: missing"),
+    "audios list": (_record("as", "<audio>\nWho?", audios=["talk.wav"]), "audios[0]", "talk.wav: missing"),
     "video placeholder without a field": (
         _record("p", "<video>\nWhat?"),
         "conversations",

@@ -188,6 +188,24 @@ class Qwen25OmniFamily(Qwen2VLFamily):
             "audio_end": int(hf.audio_end_token_id),
         }
 
+    def format_chat(
+        self, cfg: OmniConfig, turns, image_tokens, tokenizer, audio_tokens=()
+    ) -> tuple[list[int], list[int]]:
+        """Qwen2.5-Omni's processor's expansion: each ``<image>`` as ``<|vision_bos|>`` + n x ``<|IMAGE|>``
+        + ``<|vision_eos|>`` and each ``<audio>`` as ``<|audio_bos|>`` + n x ``<|AUDIO|>`` +
+        ``<|audio_eos|>`` (a Qwen2 tokenizer writes the same ids under its own names: vision start / end
+        and image pad; the audio ids through ``map_token_id``), in the tokenizer's chat template when it
+        has one, Qwen2's otherwise."""
+        from entrain.data.processing import format_chat, vision_markers
+
+        special = getattr(tokenizer, "special_tokens", {})
+        image_text = (
+            (lambda n: "<|vision_bos|>" + "<|IMAGE|>" * n + "<|vision_eos|>")
+            if "<|IMAGE|>" in special
+            else vision_markers
+        )
+        return format_chat(turns, image_tokens, tokenizer, image_text, audio_tokens=audio_tokens)
+
     def audio_input_width(self, cfg: OmniConfig) -> int:
         """Mel bins of one audio feature frame (the audio tower's ``num_mel_bins``)."""
         return cfg.shape.audio.num_mel_bins

@@ -47,6 +47,21 @@ def _also_json(run, cost) -> dict:
     }
 
 
+def expert_imbalance(metrics: list[dict]) -> list[dict]:
+    """Per sparse layer of a MoE run, the measured expert imbalance (busiest expert's tokens / the mean
+    over its experts) of the ``expert_tokens`` entries of ``metrics.jsonl``'s rows (one per step and
+    rank or EP group reporting the layer): their mean and max, and how many there were; empty for a run
+    without experts. What a cost model's busiest-expert time can be refitted with."""
+    by_layer: dict[int, list[float]] = {}
+    for row in metrics:
+        for e in row.get("expert_tokens", ()):
+            by_layer.setdefault(e["layer"], []).append(e["imbalance"])
+    return [
+        {"layer": layer, "imbalance": sum(v) / len(v), "max_imbalance": max(v), "entries": len(v)}
+        for layer, v in sorted(by_layer.items())
+    ]
+
+
 def run_from_trace(args: argparse.Namespace) -> int:
     from entrain.sim.trace_fit import fit_stages, joint_refit, load_run, rank_overheads, refit, stage_errors
 
@@ -83,6 +98,7 @@ def run_from_trace(args: argparse.Namespace) -> int:
                     "errors": errors,
                     "overhead_ms_per_action": {str(p): v for p, v in sorted(overheads.items())},
                     **({"also": [_also_json(r, cost) for r in also]} if also else {}),
+                    **({"expert_imbalance": moe} if (moe := expert_imbalance(run.metrics)) else {}),
                 },
             }
         )

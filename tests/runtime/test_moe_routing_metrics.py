@@ -8,8 +8,12 @@ measured per-layer imbalance.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+from importlib import resources
 
+import jsonschema
 import pytest
 
 from tests.models.qwen3_vl_moe_tiny import save_whole
@@ -58,3 +62,31 @@ def test_each_layers_counts_sum_to_the_steps_tokens_times_top_k(run):
             assert e["ranks"] == [e["rank"]] == [1]  # the LLM stage's rank, no expert parallelism
             assert e["max"] == max(counts) and e["mean"] == pytest.approx(sum(counts) / 4)
             assert e["imbalance"] == pytest.approx(max(counts) / (sum(counts) / 4))
+
+
+def test_profile_from_trace_reports_each_layers_measured_imbalance(run, tmp_path):
+    from entrain.cli.main import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert (
+            main(["profile", "--from-trace", str(run), "--out", str(tmp_path / "refit.json"), "--json"]) == 0
+        )
+    doc = json.loads(buf.getvalue())
+    jsonschema.validate(
+        doc, json.loads(resources.files("entrain").joinpath("schemas/profile.json").read_text())
+    )
+    want: dict[int, list[float]] = {}
+    for row in _rows(run):  # busiest expert's tokens / mean tokens per expert, from the counts
+        for e in row["expert_tokens"]:
+            counts = e["tokens_per_expert"]
+            want.setdefault(e["layer"], []).append(max(counts) * len(counts) / sum(counts))
+    got = doc["from_trace"]["expert_imbalance"]
+    assert [g["layer"] for g in got] == SPARSE
+    for g in got:
+        v = want[g["layer"]]
+        assert g["entries"] == len(v) == STEPS
+        assert g["imbalance"] == pytest.approx(sum(v) / len(v)) and g["max_imbalance"] == pytest.approx(
+            max(v)
+        )
+        assert g["imbalance"] > 1.0  # 4 experts never get exactly equal shares here

@@ -284,6 +284,9 @@ class SampleRenderer:
         """The model family's processing rules (``ModelFamily``)."""
         if source is not None:
             source.bind(self.family, cfg)
+            if not getattr(self.family, "accepts_audio", False):  # refused before the first step
+                for rid in (rid for rid, rec in source.records.items() if rec.audio):
+                    source.check_audio(rid)
         self._ids = self.family.token_ids(cfg)
         self.device, self.dtype = torch.device(device), dtype
         self._cache: dict[str, RenderedSample] = {}

@@ -2,8 +2,9 @@
 Qwen3-VL-MoE checkpoint on two forked ranks (encoder stage | LLM stage, several microbatches a step):
 each step's row holds, per sparse layer, the tokens routed to each expert summed over the step's
 microbatches, so each layer's counts sum to the step's LLM tokens times ``top_k``; the summary
-(``max`` / ``mean`` / ``imbalance``) is the counts'. ``entrain profile --from-trace`` reports the
-measured per-layer imbalance.
+(``max`` / ``mean`` / ``imbalance``) is the counts'. With ``--ep 2`` (``dip``, two replicas sharing
+the experts) each layer is reported once, for both replicas' tokens. ``entrain profile --from-trace``
+reports the measured per-layer imbalance.
 """
 
 from __future__ import annotations
@@ -28,17 +29,29 @@ SPARSE = [1, 2, 3]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Two ranks, ``1f1b`` encoder | LLM, 4 samples a step in microbatches of 1, ``--trace``."""
-    tmp = tmp_path_factory.mktemp("moe_routing")
-    folder = save_whole(tmp / "tiny")
+def folder(tmp_path_factory):
+    return save_whole(tmp_path_factory.mktemp("moe_routing") / "tiny")
+
+
+def _train(folder, tmp, steps: int, *flags: str):
     out = tmp / "run"
     argv = ["train", "--model-path", str(folder), "--dataset", "skewed", "--hardware", "cpu-tiny",
-            "--system", "1f1b", "--global-batch", "4", "--microbatch-size", "1", "--steps", str(STEPS),
-            "--out", str(out), "--no-progress", "--trace", "--seed", str(SEED)]  # fmt: skip
+            "--global-batch", "4", "--microbatch-size", "1", "--steps", str(steps), "--out", str(out),
+            "--no-progress", "--seed", str(SEED), *flags]  # fmt: skip
     results = run_ranks(argv, 2, tmp / "ranks", timeout_s=60)
     assert [r.exitcode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def run(folder, tmp_path_factory):
+    """Two ranks, ``1f1b`` encoder | LLM, 4 samples a step in microbatches of 1, ``--trace``."""
+    return _train(folder, tmp_path_factory.mktemp("pp"), STEPS, "--system", "1f1b", "--trace")
+
+
+def _step_tokens(row: dict) -> int:
+    """The step's LLM tokens (every replica's)."""
+    return round(row["tokens_per_s"] * row["iteration_time_ms"] / 1e3)
 
 
 def _rows(out) -> list[dict]:
@@ -49,7 +62,7 @@ def test_each_layers_counts_sum_to_the_steps_tokens_times_top_k(run):
     rows = _rows(run)
     assert len(rows) == STEPS
     for row in rows:
-        tokens = round(row["tokens_per_s"] * row["iteration_time_ms"] / 1e3)  # the step's LLM tokens
+        tokens = _step_tokens(row)
         microbatches = {(r["stage"], r["mb"]) for r in row["stage_times"]}
         assert len(microbatches) > 2, "the step must run several microbatches"
         entries = row["expert_tokens"]
@@ -62,6 +75,18 @@ def test_each_layers_counts_sum_to_the_steps_tokens_times_top_k(run):
             assert e["ranks"] == [e["rank"]] == [1]  # the LLM stage's rank, no expert parallelism
             assert e["max"] == max(counts) and e["mean"] == pytest.approx(sum(counts) / 4)
             assert e["imbalance"] == pytest.approx(max(counts) / (sum(counts) / 4))
+
+
+def test_ep2_reports_each_layer_once_with_both_replicas_tokens(folder, tmp_path):
+    """``dip`` on 2 ranks: two replicas, each an encoder and an LLM stage on one rank, ``--ep 2``: each
+    expert computes the tokens of both, so each layer's counts are the EP group's, reported by rank 0."""
+    (row,) = _rows(_train(folder, tmp_path, 1, "--system", "dip", "--dp", "2", "--ep", "2"))
+    tokens = _step_tokens(row)
+    entries = row["expert_tokens"]
+    assert sorted(e["layer"] for e in entries) == SPARSE, entries
+    for e in entries:
+        assert e["rank"] == 0 and e["ranks"] == [0, 1] and e["tokens"] == tokens, (e, tokens)
+        assert sum(e["tokens_per_expert"]) == tokens * TOP_K
 
 
 def test_profile_from_trace_reports_each_layers_measured_imbalance(run, tmp_path):

@@ -1,7 +1,8 @@
 """Routing statistics in ``metrics.jsonl`` (``expert_tokens``), from a real ``entrain train`` of the tiny
 Qwen3-VL-MoE checkpoint on two forked ranks (encoder stage | LLM stage, several microbatches a step):
 each step's row holds, per sparse layer, the tokens routed to each expert summed over the step's
-microbatches, so each layer's counts sum to the step's LLM tokens times ``top_k``; the summary
+microbatches, so each layer's counts sum to the step's LLM tokens times ``top_k``, and the first
+step's are transformers' own routing of the step's samples at the checkpoint's weights; the summary
 (``max`` / ``mean`` / ``imbalance``) is the counts'. With ``--ep 2`` (``dip``, two replicas sharing
 the experts) each layer is reported once, for both replicas' tokens. ``entrain profile --from-trace``
 reports the measured per-layer imbalance.
@@ -16,11 +17,13 @@ from importlib import resources
 
 import jsonschema
 import pytest
+import torch
 
 from tests.models.qwen3_vl_moe_tiny import save_whole
 
 from .cases import SEED
 from .cli_ranks import run_ranks
+from .families import FamilyModel
 
 STEPS = 2
 TOP_K = 2
@@ -75,6 +78,41 @@ def test_each_layers_counts_sum_to_the_steps_tokens_times_top_k(run):
             assert e["ranks"] == [e["rank"]] == [1]  # the LLM stage's rank, no expert parallelism
             assert e["max"] == max(counts) and e["mean"] == pytest.approx(sum(counts) / 4)
             assert e["imbalance"] == pytest.approx(max(counts) / (sum(counts) / 4))
+
+
+def test_first_steps_counts_are_transformers_routing(run, folder):
+    """Each sample of step 0 alone through transformers' ``Qwen3VLMoeForConditionalGeneration``: the
+    experts its routers choose (``gate``'s top-k indices), counted per sparse layer, equal the row's."""
+    from entrain.core.samples import SampleMeta
+    from entrain.models.families.base import ModelSource
+    from entrain.models.families.registry import family_of_source
+
+    from .families import _image_inputs
+
+    family = family_of_source(ModelSource(model_path=str(folder)))
+    cfg, _ = family.runtime_config(ModelSource(model_path=str(folder)))
+    rule = family.image_rule(cfg.shape, None, None)
+    plan = json.loads((run / "plan.json").read_text())
+    row = _rows(run)[0]
+    metas = {s["id"]: SampleMeta.from_json(s["meta"], rule) for s in plan["samples"]}
+    fm = FamilyModel("qwen3_vl_moe", family, cfg, None, {i: metas[i] for i in row["sample_ids"]})
+    hf, renderer = fm.build(), fm.renderer()
+    want = {i: torch.zeros(4, dtype=torch.int64) for i in SPARSE}
+    layers = hf.model.language_model.layers
+
+    def count(i: int):
+        def hook(module, args, out) -> None:  # out: logits, top-k weights, top-k experts
+            want[i].add_(torch.bincount(out[2].reshape(-1), minlength=4))
+
+        return hook
+
+    for i in SPARSE:
+        layers[i].mlp.gate.register_forward_hook(count(i))
+    with torch.no_grad():
+        for sid in row["sample_ids"]:
+            hf(input_ids=renderer.sample(sid).input_ids[None], **_image_inputs(fm, renderer, sid, hf))
+    got = {e["layer"]: e["tokens_per_expert"] for e in row["expert_tokens"]}
+    assert got == {i: w.tolist() for i, w in want.items()}
 
 
 def test_ep2_reports_each_layer_once_with_both_replicas_tokens(folder, tmp_path):

@@ -42,8 +42,14 @@ from typing import Literal
 
 from entrain.core.errors import DataError
 from entrain.core.files import file_problem, printable
-from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, SampleMeta, VisionTokenConfig
-from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed
+from entrain.core.samples import (
+    DEFAULT_VISION,
+    ImageTokenRule,
+    SampleMeta,
+    VisionTokenConfig,
+    audio_llm_tokens,
+)
+from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed, record_audio_frames
 from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
 from entrain.data.processing import ProcessImages, conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
@@ -327,22 +333,40 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
             image_tokens += res.tokens or 0
     if any(sev == ERROR for _, _, sev in problems):
         return problems, None
+    audio, audio_tokens = _record_audio(rec, problems)
+    if audio is None:
+        return problems, None
     text, answer = count_tokens(rec.turns, tokenizer)
     if answer == 0:
         problems.append(
             ("conversations", f"{NO_LABEL} under the tokenizer {tokenizer.name} ({NO_LABEL_WHY})", ERROR)
         )
         return problems, None
-    if text + image_tokens > max_tokens:
+    if text + image_tokens + audio_tokens > max_tokens:
+        with_audio = f" + audio {audio_tokens}" if audio_tokens else ""
         problems.append(
             (
                 "conversations",
-                f"{text + image_tokens} tokens (text {text} + image {image_tokens}) > max {max_tokens}",
+                f"{text + image_tokens + audio_tokens} tokens (text {text} + image {image_tokens}{with_audio}) "
+                f"> max {max_tokens}",
                 ERROR,
             )
         )
         return problems, None
-    return problems, SampleMeta(rec.id, tuple(sizes), text, vision, answer)
+    return problems, SampleMeta(rec.id, tuple(sizes), text, vision, answer, audio=audio)
+
+
+def _record_audio(rec: Record, problems: list) -> tuple[tuple[int, ...] | None, int]:
+    """``(mel frames per clip, their LLM tokens)`` of a record's audio clips; ``(None, 0)`` with an
+    error appended for a clip that cannot be read (``entrain.data.llava.record_audio_frames``)."""
+    if not rec.audio:
+        return (), 0
+    try:
+        frames = record_audio_frames(rec)
+    except DataError as e:
+        problems.append((e.field or rec.audio_field, e.reason, ERROR))
+        return None, 0
+    return frames, sum(audio_llm_tokens(f) for f in frames)
 
 
 @dataclass

@@ -48,8 +48,11 @@ def run_synth(args: argparse.Namespace) -> int:
     result = synth_dataset(args.dataset, args.num_samples, args.out, args.seed)
     diffs = result.text_token_diffs
     exact = sum(d == 0 for d in diffs)
+    images = sum(len(t.images) for t in result.targets)
+    clips = sum(len(t.audio) for t in result.targets)
+    audio = f" and {clips} audio clips in {result.path.parent / 'audio'}" if clips else ""
     print(
-        f"wrote {result.path} ({len(diffs)} records) and {len(diffs)} images in {result.path.parent / 'images'}"
+        f"wrote {result.path} ({len(diffs)} records) and {images} images in {result.path.parent / 'images'}{audio}"
     )
     print(
         f"text tokens vs the {args.dataset} generator: {exact}/{len(diffs)} exact, "

@@ -55,6 +55,7 @@ __all__ = [
 DATASETS: tuple[str, ...] = (
     "synthchartnet", "chartqa", "cocoqa", "llava150k", "synthchartnet-fv", "skewed",
     "docvqa", "multi-image", "video", "text-heavy", "long-context", "mixture", "curriculum", "anyres",
+    "omni",
 )  # fmt: skip
 ALIASES = DATASET_ALIASES
 """Other names of the built-in datasets (``entrain.core.dataset_aliases``, the one copy)."""
@@ -82,6 +83,9 @@ class SampleArrays:
     widths: np.ndarray
     text_tokens: np.ndarray
     image_counts: np.ndarray
+    audio: tuple[tuple[int, ...], ...] = ()
+    """Per sample, the mel frames of its audio clips (``SampleMeta.audio``); () for a dataset without
+    audio."""
 
     def __len__(self) -> int:
         return int(self.text_tokens.shape[0])
@@ -96,8 +100,9 @@ class SampleArrays:
         return [tuple(sizes[e - c : e]) for c, e in zip(self.image_counts.tolist(), ends)]
 
     def to_samples(self, vision: VisionTokenConfig = DEFAULT_VISION) -> list[SampleMeta]:
-        rows = zip(self.ids(), self.images(), self.text_tokens.tolist())
-        return [SampleMeta(i, imgs, t, vision) for i, imgs, t in rows]
+        audio = self.audio or ((),) * len(self)
+        rows = zip(self.ids(), self.images(), self.text_tokens.tolist(), audio)
+        return [SampleMeta(i, imgs, t, vision, audio=a) for i, imgs, t, a in rows]
 
 
 # --- random helpers -------------------------------------------------------------------------------
@@ -468,6 +473,47 @@ def _anyres(rng: np.random.Generator, n: int) -> Rows:
     return _one_image(text, (heights, widths))
 
 
+OMNI_SOURCE_WEIGHTS = {"speech-qa": 0.40, "audio-caption": 0.30, "image-audio": 0.30}
+"""Per-sample source of ``omni`` (i.i.d.) [assumed]: a spoken passage with questions about it, a sound
+to caption, a photo with a spoken question about it."""
+SPEECH_MEAN_SECONDS = 12.0
+"""Mean speech-QA clip (docs/workloads.md: LibriSpeech's utterances average about 12 s)."""
+AUDIOCAPS_SHARE = 0.7
+"""Captioning clips of AudioCaps' fixed 10 s (AudioSet segments); the rest Clotho's 15-30 s [assumed share]."""
+CLOTHO_SECONDS = (15.0, 30.0)
+SPOKEN_QUESTION_MEAN_SECONDS = 4.0
+"""Mean spoken question about an image [assumed]."""
+MEL_FRAMES_PER_SECOND = 100
+"""Whisper's 10-ms hop (160 samples at 16 kHz); a clip is cut at 30 s (3,000 frames) as the processor does."""
+
+
+def _omni_with_audio(rng: np.random.Generator, n: int) -> tuple[Rows, list[tuple[int, ...]]]:
+    """Rows of ``omni`` and each sample's one audio clip (mel frames); audio markers count as a
+    visual item's (``<|audio_bos|>`` / ``<|audio_eos|>``)."""
+    source = _choice(rng, list(OMNI_SOURCE_WEIGHTS.values()), n)
+    speech = np.clip(_ln(rng, SPEECH_MEAN_SECONDS, 0.5, n), 1.0, 30.0)
+    caption = np.where(rng.random(n) < AUDIOCAPS_SHARE, 10.0, rng.uniform(*CLOTHO_SECONDS, n))
+    question = np.clip(_ln(rng, SPOKEN_QUESTION_MEAN_SECONDS, 0.5, n), 1.0, 15.0)
+    seconds = np.choose(source, [speech, caption, question])
+    frames = np.clip(np.rint(seconds * MEL_FRAMES_PER_SECOND), 1, 30 * MEL_FRAMES_PER_SECOND).astype(np.int64)
+    counts = (source == 2).astype(np.int64)
+    heights, widths = _web_photos(rng, (n, 1))
+    turns = 1 + (rng.random(n) < 0.3)
+    speech_qa = _qa_text(rng, n, turns, q_mean=12, a_mean=30, a_sigma=0.6)
+    captions = _qa_text(rng, n, np.ones(n, dtype=np.int64), q_mean=8, a_mean=18, a_sigma=0.4)
+    image_qa = _qa_text(rng, n, turns, q_mean=10, a_mean=45, a_sigma=0.6)
+    text = _with_template(np.choose(source, [speech_qa, captions, image_qa]), counts + 1)
+    return _rows(counts, heights, widths, text), [(int(f),) for f in frames.tolist()]
+
+
+def _omni(rng: np.random.Generator, n: int) -> Rows:
+    return _omni_with_audio(rng, n)[0]
+
+
+_WITH_AUDIO = {"omni": _omni_with_audio}
+"""The generators whose samples carry audio clips: ``(rng, n) -> (rows, audio per sample)``."""
+
+
 Gen = Callable[[np.random.Generator, int], Rows]
 _ZOO: dict[str, Gen] = {
     "docvqa": _docvqa,
@@ -477,6 +523,7 @@ _ZOO: dict[str, Gen] = {
     "long-context": _long_context,
     "mixture": _mixture,
     "anyres": _anyres,
+    "omni": _omni,
 }
 ZOO: tuple[str, ...] = tuple(_ZOO)
 """The workload zoo (beyond the paper's four datasets)."""
@@ -526,9 +573,16 @@ def batch_source(name: str, iteration: int, iterations: int) -> str:
 
 
 def _block(name: str, seed: int, block: int) -> Rows:
+    return _block_with_audio(name, seed, block)[0]
+
+
+def _block_with_audio(name: str, seed: int, block: int) -> tuple[Rows, list[tuple[int, ...]]]:
+    """A block's rows and each sample's audio clips (none for a dataset without audio)."""
     key = zlib.crc32(name.encode())
     rng = np.random.default_rng(np.random.SeedSequence([seed, key, block]))
-    return _GENERATORS[name](rng, BLOCK_SIZE)
+    if name in _WITH_AUDIO:
+        return _WITH_AUDIO[name](rng, BLOCK_SIZE)
+    return _GENERATORS[name](rng, BLOCK_SIZE), []
 
 
 def _slice(rows: Rows, lo: int, hi: int) -> Rows:
@@ -553,11 +607,12 @@ def generate_arrays(name: str, num_samples: int, seed: int, start: int = 0) -> S
         empty = np.zeros(0, dtype=np.int64)
         return SampleArrays(name, seed, start, empty, empty, empty, empty)
     first, last = start // BLOCK_SIZE, (start + num_samples - 1) // BLOCK_SIZE
-    blocks = [_block(name, seed, b) for b in range(first, last + 1)]
+    drawn = [_block_with_audio(name, seed, b) for b in range(first, last + 1)]
     offset = start - first * BLOCK_SIZE
-    whole = tuple(np.concatenate(col) for col in zip(*blocks))
+    whole = tuple(np.concatenate(col) for col in zip(*(rows for rows, _ in drawn)))
     counts, heights, widths, text = _slice(whole, offset, offset + num_samples)
-    return SampleArrays(name, seed, start, heights, widths, text, counts)
+    audio = tuple(a for _, clips in drawn for a in clips)[offset : offset + num_samples]
+    return SampleArrays(name, seed, start, heights, widths, text, counts, audio)
 
 
 def generate_samples(
@@ -588,13 +643,15 @@ def random_samples(
         population, num_samples, replace=False
     )
     name = canonical_name(name)
-    blocks: dict[int, Rows] = {}
+    blocks: dict[int, tuple[Rows, list[tuple[int, ...]]]] = {}
     out: list[SampleMeta] = []
     for idx in sorted(pick.tolist()):
         if idx // BLOCK_SIZE not in blocks:
-            blocks[idx // BLOCK_SIZE] = _block(name, seed, idx // BLOCK_SIZE)
+            blocks[idx // BLOCK_SIZE] = _block_with_audio(name, seed, idx // BLOCK_SIZE)
         j = idx % BLOCK_SIZE
-        counts, heights, widths, text = _slice(blocks[idx // BLOCK_SIZE], j, j + 1)
+        rows, clips = blocks[idx // BLOCK_SIZE]
+        counts, heights, widths, text = _slice(rows, j, j + 1)
         images = tuple(zip(heights.tolist(), widths.tolist()))
-        out.append(SampleMeta(f"{name}-{seed}-{idx}", images, int(text[0]), vision))
+        audio = clips[j] if clips else ()
+        out.append(SampleMeta(f"{name}-{seed}-{idx}", images, int(text[0]), vision, audio=audio))
     return out

@@ -12,7 +12,12 @@ come out longer):
   scikit-learn (CC0 / CC-BY, see their READMEs), cropped and resized, with questions and answers
   written from the photo's caption and facts.
 
-Output: ``DIR/data.json`` (an array, one record per line) and ``DIR/images/<id>.png|.jpg``.
+- ``omni``: a synthesised sound (``entrain.data.synth_audio``: speech-like syllables, birdsong, rain,
+  a bell, an engine) with questions and a caption written from its description, or a photo with a
+  spoken (speech-like) question clip; each clip a 16-kHz WAV of exactly the drawn mel frames.
+
+Output: ``DIR/data.json`` (an array, one record per line), ``DIR/images/<id>.png|.jpg`` and, for
+audio, ``DIR/audio/<id>.wav``.
 Deterministic in ``(name, n, seed)``.
 """
 
@@ -376,6 +381,7 @@ _STYLES = {
     "text-heavy": _Style(45.0, 340.0, 3),
     "long-context": _Style(6000.0, 400.0, 1),
     "mixture": _Style(60.0, 150.0, 3),
+    "omni": _Style(10.0, 32.0, 2),
 }
 _SYSTEM = 11
 _PER_IMAGE = 2 + 1
@@ -483,12 +489,28 @@ def _chart_turns(name: str, chart: Chart, budgets, rng, tok) -> list[tuple[str, 
     return _qa_turns(budgets, next_pair, _CHARTQA_SUFFIX, _CHARTQA_CLOSERS, tok)
 
 
-def _conversation(pairs: list[tuple[str, str]], num_images: int = 1) -> list[tuple[str, str]]:
+def _conversation(
+    pairs: list[tuple[str, str]], num_images: int = 1, num_clips: int = 0
+) -> list[tuple[str, str]]:
     turns = []
     for i, (q, a) in enumerate(pairs):
-        turns.append(("user", "<image>\n" * num_images + q if i == 0 else q))
+        turns.append(("user", "<image>\n" * num_images + "<audio>\n" * num_clips + q if i == 0 else q))
         turns.append(("assistant", a))
     return turns
+
+
+def _write_clips(target: SampleMeta, audio_dir: Path, sound, rng: np.random.Generator) -> list[str] | str:
+    """``target``'s audio clips as WAV files of exactly its mel frames (``entrain.data.synth_audio``):
+    ``sound`` for a sound alone, else a spoken question (speech); their record paths."""
+    from entrain.data.synth_audio import SOUNDS, write_sound
+
+    speech = next(s for s in SOUNDS if s.kind == "speech")
+    paths = []
+    for k, frames in enumerate(target.audio):
+        name = f"{target.id}.wav" if len(target.audio) == 1 else f"{target.id}-{k}.wav"
+        write_sound(sound or speech, frames, rng, audio_dir / name)
+        paths.append(f"audio/{name}")
+    return paths[0] if len(paths) == 1 else paths
 
 
 # --- public API -----------------------------------------------------------------------------------
@@ -536,8 +558,14 @@ def _sample(
     name: str, target: SampleMeta, index: int, seed: int, images_dir: Path, tok: TextTokenizer
 ) -> tuple[dict, int]:
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5717, index]))
-    budgets = _turn_budgets(name, target.text_tokens, rng, len(target.images))
-    if name in CHART_DATASETS:
+    budgets = _turn_budgets(name, target.text_tokens, rng, len(target.images) + len(target.audio))
+    if target.audio and not target.images:  # a sound alone: questions about the sound
+        from entrain.data.synth_audio import SOUNDS
+
+        sound = SOUNDS[int(rng.integers(len(SOUNDS)))]
+        images = []
+        pairs = _photo_turns(sound, budgets, rng, tok, with_image=False)
+    elif name in CHART_DATASETS:
         ((height, width),) = target.images
         rows = _otsl_rows_for(budgets[0][1]) if name.startswith("synthchartnet") else int(rng.integers(4, 13))
         chart = _chart(rng, min(rows, 400))
@@ -554,12 +582,16 @@ def _sample(
         for (height, width), image in zip(target.images, images):
             _write_photo(photo, height, width, image)
         pairs = _photo_turns(photo, budgets, rng, tok, with_image=bool(images))
-    turns = _conversation(pairs, len(images))
+    turns = _conversation(pairs, len(images), len(target.audio))
     diff = count_text_tokens(turns, tok) - target.text_tokens
     record: dict = {"id": target.id}
     if images:
         paths = [f"images/{image.name}" for image in images]
         record["image"] = paths[0] if len(paths) == 1 else paths
+    if target.audio:
+        record["audio"] = _write_clips(
+            target, images_dir.parent / "audio", sound if not images else None, rng
+        )
     record["conversations"] = [{"from": "human" if r == "user" else "gpt", "value": t} for r, t in turns]
     return record, diff
 

@@ -1,8 +1,9 @@
 """LLaVA records with audio files: ``"audio": [...]`` and ``<audio>`` placeholders reach a family that
 reads audio (a tiny Qwen2.5-Omni thinker) as its processor makes them: the metadata pass counts each
 clip's mel frames (read, resampled to 16 kHz), the chat expands each ``<audio>`` to
-``<|audio_bos|>`` + n x ``<|AUDIO|>`` + ``<|audio_eos|>`` in placeholder order (images between them where their placeholders are), and the encoder input holds
-transformers' ``WhisperFeatureExtractor`` log-mel features of the clips in that order. A family that reads no audio refuses the record, naming file, record and field."""
+``<|audio_bos|>`` + n x ``<|AUDIO|>`` + ``<|audio_eos|>`` in placeholder order with n what ``Qwen2_5OmniProcessor`` replaces each clip's ``<|AUDIO|>`` with
+(images between them where their placeholders are), and the encoder input holds the processor's
+log-mel features of the clips in that order. A family that reads no audio refuses the record, naming file, record and field."""
 
 from __future__ import annotations
 
@@ -63,8 +64,6 @@ def _clips(root):
 
 
 def test_record_audio_renders_as_the_processor(dataset):
-    from transformers import WhisperFeatureExtractor
-
     root, path, cfg, metas = dataset
     clips = _clips(root)
     frames = tuple(-(-len(c) // 160) for c in clips)
@@ -79,14 +78,25 @@ def test_record_audio_renders_as_the_processor(dataset):
     assert all(set(ids[b + 1 : e]) == {AUDIO} for b, e in zip(starts, ends))
     assert starts[0] < s.image_positions.min() < starts[1]  # <audio> ... <image> ... <audio>
     enc = r.encoder_input(["r0"])
-    ext = WhisperFeatureExtractor(feature_size=MEL)
-    out = ext(
-        clips, sampling_rate=16_000, return_attention_mask=True, padding="max_length", return_tensors="pt"
-    )
-    feats, mask = out["input_features"], out["attention_mask"]
+    feats, mask, replacements = _processor_audio(clips)
+    assert runs == [x.count("<|AUDIO|>") for x in replacements]  # the processor's expansion of each clip
     want = torch.cat([f[:, : int(m.sum())].T for f, m in zip(feats, mask)])
-    assert enc.audio["audio_lengths"].tolist() == list(frames)
+    assert enc.audio["audio_lengths"].tolist() == list(frames) == mask.sum(1).tolist()
     torch.testing.assert_close(enc.audio["audio_mel"], want, rtol=1e-5, atol=1e-5)
+
+
+def _processor_audio(clips):
+    """``Qwen2_5OmniProcessor``'s own audio path (its feature extractor, feature mask and each clip's
+    ``<|AUDIO|>`` replacement), on an instance holding only what that path reads (a whole processor
+    also wants a video processor, which needs torchvision)."""
+    from transformers import Qwen2_5OmniProcessor, WhisperFeatureExtractor
+
+    proc = object.__new__(Qwen2_5OmniProcessor)
+    proc.feature_extractor, proc.audio_token = WhisperFeatureExtractor(feature_size=MEL), "<|AUDIO|>"
+    out, replacements = proc._process_audio(
+        clips, sampling_rate=16_000, return_attention_mask=True, return_tensors="pt"
+    )
+    return out["input_features"], out["feature_attention_mask"], replacements
 
 
 def test_a_family_without_audio_refuses_the_record(dataset):

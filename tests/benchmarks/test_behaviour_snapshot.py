@@ -49,7 +49,10 @@ def test_a_changed_number_a_missing_key_and_a_changed_help_are_each_reported(sna
     after = _capture({"plan": {"a": {"b": [1, 3]}, "new": True}}, {"entrain plan": "x\nz\n"})
     diffs = snap.differences(before, after)
     assert "json plan: json.a.b[1]: 2 -> 3" in diffs
-    assert 'json plan: json.gone: 1 -> "<absent>"' in diffs and 'json plan: json.new: "<absent>" -> true' in diffs
+    assert (
+        'json plan: json.gone: 1 -> "<absent>"' in diffs
+        and 'json plan: json.new: "<absent>" -> true' in diffs
+    )
     (help_diff,) = [d for d in diffs if d.startswith("help entrain plan:")]
     assert "-y" in help_diff.splitlines() and "+z" in help_diff.splitlines()
     assert len(diffs) == 4

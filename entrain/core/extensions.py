@@ -127,8 +127,9 @@ def _decide_rebalance(setup: SystemSetup, judge: CandidateJudge, margin: float) 
     """The ``encoder_rebalance`` decision: each position's encoder work balanced across the DP
     replicas by all-to-all (``schedules.rebalance``, what the ``encoder-rebalance`` baseline does for
     DistTrain) or not; with one replica there is nothing to move and ``off`` alone is listed (the
-    judge has simulated that plan already)."""
-    names = ("off", "on") if setup.layout.dp > 1 else ("off",)
+    judge has simulated that plan already), nor where the encoder and the LLM meet on one rank, whose
+    point-to-point program cannot carry moved work (``Layout.can_move_encoder_work``)."""
+    names = ("off", "on") if setup.layout.can_move_encoder_work else ("off",)
     cands = {n: _with_options(setup, encoder_rebalance=n == "on") for n in names}
     return decide("encoder_rebalance", "off", cands, judge, margin)[0]
 

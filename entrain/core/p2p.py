@@ -206,7 +206,7 @@ def encoder_pieces(layout: Layout, it: IterationPlan) -> Pieces:
                         )
                     pieces[o] = pieces.get(o, ()) + (sid,)
                 out[(r, p, u)] = pieces
-    if out and layout.stages[e].pp_rank == layout.stages[e + 1].pp_rank:
+    if out and not layout.can_move_encoder_work:
         raise ScheduleError(
             "encoder work moves across replicas on a layout whose encoder and LLM share a rank"
         )

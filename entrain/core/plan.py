@@ -209,6 +209,19 @@ class Layout:
     def stages_of(self, pp_rank: int) -> tuple[StageSpec, ...]:
         return tuple(s for s in self.stages if s.pp_rank == pp_rank)
 
+    @property
+    def can_move_encoder_work(self) -> bool:
+        """Whether encoder work may move across data-parallel replicas on this layout: several
+        replicas, both components, and the last encoder stage and the first LLM stage on different
+        pipeline ranks (the point-to-point program sends moved features between those ranks; a rank
+        holding both takes its replica's features locally)."""
+        e = self.num_encoder_stages - 1
+        return (
+            self.dp > 1
+            and 0 <= e < len(self.stages) - 1
+            and self.stages[e].pp_rank != self.stages[e + 1].pp_rank
+        )
+
     def global_rank(self, replica: int, pp_rank: int) -> int:
         return replica * self.ranks_per_replica + pp_rank
 

@@ -159,6 +159,11 @@ def test_the_backward_order_is_simulated_where_a_rank_holds_two_stages(factor, c
     assert features(got)["layout"] == "shared" and set(d.candidates) == {"slot", "per-b"}
     assert d.chosen == chosen and got.options.get("backward_order", "slot") == chosen
     assert d.candidates["per-b"] == pytest.approx(1000.0 * 0.9 * 0.9 * factor)
+    # the fused rank takes its replica's features locally: no encoder work to move, only off listed
+    assert (
+        set(_decisions(got)["encoder_rebalance"].candidates) == {"off"}
+        and not got.layout.can_move_encoder_work
+    )
     judge, _ = fake_judge({("split", "on"): 0.9, ("backward_order", "per-b"): 0.5})  # disjoint: one plan
     kept = _decisions(entrain_variant(base, REQ, cost, judge))["backward_order"]
     assert set(kept.candidates) == {"slot"} and kept.chosen == "slot"

@@ -13,7 +13,7 @@ run (top functions by own time and by cumulative time) so the table says where t
 Just the target cell (1M samples x 1024 GPUs; an idle machine for the wall time), without cProfile,
 into a scratch report:
 
-    python benchmarks/planning_scale.py --sizes 1000000 --gpus 1024 --profile '' --out /tmp/cell.md
+    python benchmarks/planning_scale.py --sizes 1000000 --gpus 1024 --profile '' --out cell.md
 
 ``--phases SIZE:GPUS`` prints the CPU seconds per phase (reading, Algorithms 1 + 2, the judge and its
 DP split, the memory check) of one in-process run (``--jobs`` workers' CPU included).

@@ -2,7 +2,7 @@
 stage, the tokens routed to each expert that step, summed over the step's microbatches.
 
 A stage with experts says so with ``take_routing()`` (``{layer: ([E] int64 tokens per expert, tokens
-routed)}`` since its last call; ``qwen3_vl_moe.model.MoeTextStage``); other families' stages have none
+routed)}`` since its last call: the LLM stages of a family with experts); other families' stages have none
 and their runs' rows carry no ``expert_tokens``. Under ``--ep N`` each expert computes the tokens of its
 whole EP group, so the counts are summed over the group (one all-reduce) and reported once, by the
 group's first rank, with ``ranks`` the group's ranks; without it each rank reports its own replica's

@@ -1,5 +1,5 @@
 """``encoder-rebalance``: DistTrain's encoder/LLM split with the encoder inputs rebalanced across the
-data-parallel replicas every iteration (VeOmni's ``Qwen3VLEncoderDataBalance``, MegaScale-Omni's
+data-parallel replicas every iteration (VeOmni's encoder data balance, MegaScale-Omni's
 adaptive encoder resharding, LoongForge's DP balancing, OrchMLLM): an all-to-all moves encoder inputs
 between replicas so every replica's vision work is equal, and a second one returns the features to
 the replica that owns each sample before its LLM runs (their gradients go back the same way).

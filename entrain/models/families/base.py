@@ -70,7 +70,15 @@ if TYPE_CHECKING:  # annotations only: this module never imports torch
 
     from entrain.core.samples import ImageTokenRule, SampleMeta
 
-__all__ = ["ModelSource", "ModelShape", "ModelFamily", "FamilyBase", "PackedSample", "COMPONENTS"]
+__all__ = [
+    "ModelSource",
+    "ModelShape",
+    "ModelFamily",
+    "FamilyBase",
+    "FolderConfig",
+    "PackedSample",
+    "COMPONENTS",
+]
 
 COMPONENTS = ("encoder", "llm")
 
@@ -97,6 +105,28 @@ class ModelSource:
     def is_stock(self) -> bool:
         """True when the model comes from checkpoint folders rather than a preset."""
         return self.vision_model is not None or self.llm_model is not None or self.model_path is not None
+
+
+@dataclass(frozen=True)
+class FolderConfig:
+    """A run's model read from a checkpoint: the ``folder`` and its ``shape`` (a ``ModelShape``: name,
+    vision and LLM architectures). A family's subclass adds its ``family`` field, ``layer_names`` and
+    ``hf`` (transformers' config of the folder)."""
+
+    folder: str
+    shape: Any
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+    @property
+    def vision(self):
+        return self.shape.vision
+
+    @property
+    def llm(self):
+        return self.shape.llm
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.base import FamilyBase, FolderConfig, ModelSource
 from entrain.models.families.qwen2_5_omni.spec import MODEL_TYPES, OmniShape, claims, shape_of_folder
 from entrain.models.families.qwen2_vl.family import QWEN2_SPECIAL_BASE, Qwen2VLFamily
 
@@ -33,24 +33,11 @@ _PINNED = {151_646: "audio_token_id", 151_647: "audio_start_token_id", 151_648: 
 
 
 @dataclass(frozen=True)
-class OmniConfig:
+class OmniConfig(FolderConfig):
     """A run's model: the checkpoint ``folder`` and its ``shape``."""
 
-    folder: str
     shape: OmniShape
     family: str = field(default=FAMILY, init=False)
-
-    @property
-    def name(self) -> str:
-        return self.shape.name
-
-    @property
-    def vision(self):
-        return self.shape.vision
-
-    @property
-    def llm(self):
-        return self.shape.llm
 
     def layer_names(self, component: str) -> list[str]:
         return QWEN2_5_OMNI_FAMILY.layer_names(self.shape, component)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from entrain.core.architectures import ModelArch
 from entrain.core.errors import ConfigError
-from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.base import FamilyBase, FolderConfig, ModelSource
 from entrain.models.families.qwen2_vl.presets import PRESETS
 from entrain.models.families.qwen2_vl.processing import Qwen2VLProcessing
 from entrain.models.families.qwen2_vl.spec import MODEL_TYPES, claims, shape_of_folder
@@ -35,27 +35,14 @@ _PINNED = {151_652: "vision_start_token_id", 151_653: "vision_end_token_id",
 
 
 @dataclass(frozen=True)
-class QwenVLConfig:
+class QwenVLConfig(FolderConfig):
     """A run's model: the checkpoint ``folder`` and its ``shape``. ``depths``: ``(vision blocks,
     full-attention block indexes, decoder layers)`` replacing the checkpoint's (the profiler's reduced
     model, built empty)."""
 
-    folder: str
     shape: ModelArch
     depths: tuple[int, tuple[int, ...], int] | None = None
     family: str = field(default=FAMILY, init=False)
-
-    @property
-    def name(self) -> str:
-        return self.shape.name
-
-    @property
-    def vision(self):
-        return self.shape.vision
-
-    @property
-    def llm(self):
-        return self.shape.llm
 
     def layer_names(self, component: str) -> list[str]:
         return QWEN2_VL_FAMILY.layer_names(self.shape, component)

@@ -13,7 +13,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
-from entrain.models.families.base import FamilyBase, ModelSource
+from entrain.models.families.base import FamilyBase, FolderConfig, ModelSource
 from entrain.models.families.qwen2_vl.family import Qwen2VLFamily
 from entrain.models.families.qwen3_vl.presets import PRESETS
 from entrain.models.families.qwen3_vl.spec import MODEL_TYPES, Qwen3VLShape, claims, shape_of_folder
@@ -30,24 +30,11 @@ FAMILY = "qwen3_vl"
 
 
 @dataclass(frozen=True)
-class Qwen3VLConfig:
+class Qwen3VLConfig(FolderConfig):
     """A run's model: the checkpoint ``folder`` and its ``shape``."""
 
-    folder: str
     shape: Qwen3VLShape
     family: str = field(default=FAMILY, init=False)
-
-    @property
-    def name(self) -> str:
-        return self.shape.name
-
-    @property
-    def vision(self):
-        return self.shape.vision
-
-    @property
-    def llm(self):
-        return self.shape.llm
 
     def layer_names(self, component: str) -> list[str]:
         return QWEN3_VL_FAMILY.layer_names(self.shape, component)

@@ -41,7 +41,7 @@ from entrain.core.assignment.dp_split import split_dp
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.assignment.matching import bottleneck_match
 from entrain.core.assignment.stratified import stratified_assign
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.systems import SYSTEMS
 from entrain.data.workload_io import load_workload
 
@@ -85,7 +85,7 @@ def _step_breakdown(batch, k: int) -> dict[str, float]:
 
 def _b_min_timing(cost) -> dict:
     try:
-        from entrain.core.parallel import ParallelConfig
+        from entrain.core.ir.parallel import ParallelConfig
         from entrain.core.planning.bmin import BMinConfig, find_b_min
     except ImportError as e:
         return {"available": False, "note": f"entrain.core.planning.bmin.find_b_min not available ({e})"}

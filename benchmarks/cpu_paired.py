@@ -3,7 +3,7 @@
 ``python benchmarks/cpu_pipeline.py --paired --dataset WORKLOAD [--launches 3] [--steps 4]
 [--profile FILE]``: per round one ``torchrun`` launch trains ``entrain`` and ``1f1b`` in turn (order
 drawn per round) with ``--trace``; Entrain runs with every decision at ``train``'s default (decided by
-simulation, ``core/setups.py``). Recorded per workload: the real per-round paired ratio Entrain / 1F1B
+simulation, ``core/planning/setups.py``). Recorded per workload: the real per-round paired ratio Entrain / 1F1B
 (median iteration time over the kept steps), and the simulator's ratio for the Plans that ran (round
 0's ``plan.json``) under (a) the cost model the run planned with and (b) the cost model refitted from
 round 0's 1F1B trace (``entrain profile --from-trace``, ``entrain.sim.trace_fit``): 1F1B's 1 encoder + 1
@@ -76,7 +76,7 @@ def _cpu_over_wall(run: str) -> float:
 
 def _load_cost(run: str, profile: str | None = None):
     from entrain.cli.plot_trace import run_model_config
-    from entrain.core.costmodel import CostModel
+    from entrain.core.costs.costmodel import CostModel
 
     if profile:
         return CostModel.load(profile)
@@ -86,7 +86,7 @@ def _load_cost(run: str, profile: str | None = None):
 
 def simulated_ms(run: str, cost) -> float:
     """Median simulated iteration ms of the run's Plans (kept steps) under ``cost``."""
-    from entrain.core.plan import Plan
+    from entrain.core.ir.plan import Plan
     from entrain.sim.executor import simulate_plan
 
     with open(os.path.join(run, "plan.json")) as f:

@@ -291,8 +291,8 @@ def measured(out: str, rows_measured=ROWS) -> dict:
 
 
 def simulated(out: str, rows_simulated=ROWS) -> dict:
-    from entrain.core.plan import Plan
-    from entrain.core.presets import build_cost_model
+    from entrain.core.costs.presets import build_cost_model
+    from entrain.core.ir.plan import Plan
     from entrain.sim.executor import simulate_plan
     from entrain.sim.metrics import compute_metrics
 

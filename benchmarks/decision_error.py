@@ -1,5 +1,5 @@
 """The simulator's error on Entrain's automatic decisions (docs/planner.md, "Decisions by simulation";
-``entrain.core.setups.DECISION_MARGIN``): for each regression case given, every decision's
+``entrain.core.planning.setups.DECISION_MARGIN``): for each regression case given, every decision's
 candidate/default ratio simulated on the judge's draws (the planner's profiler, trials 0 and 1) and on
 two other draws of the same profiler (trials 2 and 3). The difference of two independent estimates
 has twice the variance of one, so one estimate's error is about |difference| / sqrt(2).
@@ -23,9 +23,9 @@ from regression import load_baseline  # noqa: E402
 from entrain.cli.common import resolve_cost_model, vision_limits  # noqa: E402
 from entrain.cli.main import build_parser  # noqa: E402
 from entrain.config import RunConfig  # noqa: E402
-from entrain.core.planning.profile import MacroscopicProfiler  # noqa: E402
-from entrain.core.setups import system_setups  # noqa: E402
-from entrain.core.work import SampleWork  # noqa: E402
+from entrain.core.costs.sampler import MacroscopicProfiler  # noqa: E402
+from entrain.core.planning.setups import system_setups  # noqa: E402
+from entrain.core.workload.work import SampleWork  # noqa: E402
 from entrain.data.sampling import dataset_sampler  # noqa: E402
 from entrain.sim import choose  # noqa: E402
 

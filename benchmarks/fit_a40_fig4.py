@@ -7,7 +7,7 @@ show that (its per-sample ratio is bounded near 4x the per-patch / per-token cos
 so the figure's encoder cost must be dominated by a term quadratic in each image's patches: the
 full attention of Qwen2-VL's tower in every block with materialised (eager) scores. We price that
 with ``qwen25vl-fullatt-llama3-1b`` (full attention in all 32 blocks) and eager attention in the
-encoder (``entrain.core.presets.EAGER_*`` bytes per score), flash attention in the LLM, encoder
+encoder (``entrain.core.costs.presets.EAGER_*`` bytes per score), flash attention in the LLM, encoder
 GEMMs at ``a40-flops``' 0.45 of the bf16 peak, and fit two factors (fractions of the A40's peak):
 
 * ``llm``: the LLM's efficiency (one sample of a few hundred tokens per call),
@@ -20,7 +20,7 @@ not touched: they are calibrated to Fig. 3 and FineVision (``entrain/data/calibr
 
 Run: ``python benchmarks/fit_a40_fig4.py`` (a few seconds); writes
 ``benchmarks/results/a40_fig4_fit.md`` and the factors where the preset reads them,
-``entrain/core/fits/a40_fig4.json`` (``A40_FIG4_EFFICIENCY`` in ``entrain/core/presets.py``).
+``entrain/core/costs/fits/a40_fig4.json`` (``A40_FIG4_EFFICIENCY`` in ``entrain/core/costs/presets.py``).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ import numpy as np
 from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run from this folder)
 from provenance import source, stamped  # benchmarks/provenance.py
 
-from entrain.core.architectures import get_arch
-from entrain.core.presets import (
+from entrain.core.costs.presets import (
     A40_FLOPS_EFFICIENCY,
     A40_MEMORY_BYTES_PER_MS,
     a40_device,
     cost_model_for,
     layer_specs,
 )
+from entrain.core.model.architectures import get_arch
 from entrain.data.generators import generate_samples
 
 MODEL = "qwen25vl-fullatt-llama3-1b"

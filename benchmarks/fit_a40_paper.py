@@ -12,7 +12,7 @@ of Fig. 11 in the geometric mean.
 
 Run: ``python benchmarks/fit_a40_paper.py`` (about a minute); writes
 ``benchmarks/results/a40_paper_fit.md`` and the factors where the preset reads them,
-``entrain/core/fits/a40_paper.json`` (``A40_PAPER_EFFICIENCY`` in ``entrain/core/presets.py``).
+``entrain/core/costs/fits/a40_paper.json`` (``A40_PAPER_EFFICIENCY`` in ``entrain/core/costs/presets.py``).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run
 from provenance import source, stamped  # benchmarks/provenance.py
 
 from entrain.cli.bench_report import SHORT, paper_figures
-from entrain.core.architectures import get_arch
-from entrain.core.parallel import ParallelConfig
-from entrain.core.planning.baselines import PAPER_TABLE1
-from entrain.core.planning.config_search import evaluate_config
-from entrain.core.planning.profile import (
+from entrain.core.costs.presets import A40_FLOPS_EFFICIENCY, a40_device, cost_model_for, layer_specs
+from entrain.core.costs.sampler import (
     MacroscopicProfiler,
     SampleStats,
     pool_sampler,
     proportional_allocation,
 )
-from entrain.core.presets import A40_FLOPS_EFFICIENCY, a40_device, cost_model_for, layer_specs
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.model.architectures import get_arch
+from entrain.core.planning.baselines import PAPER_TABLE1
+from entrain.core.planning.config_search import evaluate_config
 from entrain.data.generators import generate_samples
 
 GPUS_PER_REPLICA = 16

@@ -8,8 +8,8 @@ its layers. This script fits, in one non-negative least squares over every trace
 runs (``entrain.sim.trace_fit.joint_refit``, layers grouped by kind), per layer kind the scale of the
 analytic curves' size-dependent part and of their per-call constant, per component the split
 backward's own cost, and the per-action overhead, relative to the analytic preset; and writes them where
-the preset reads them (``entrain/core/fits/cpu_tiny.json``: ``CPU_TINY_KIND_SCALES``,
-``CPU_TINY_ACTION_OVERHEAD_MS`` in ``entrain/core/presets.py``).
+the preset reads them (``entrain/core/costs/fits/cpu_tiny.json``: ``CPU_TINY_KIND_SCALES``,
+``CPU_TINY_ACTION_OVERHEAD_MS`` in ``entrain/core/costs/presets.py``).
 
 Input: run folders of ``benchmarks/cpu_pipeline.py --paired --keep-runs DIR`` (``DIR/WORKLOAD/roundK/
 {entrain,1f1b}``), every workload and round, planned with one cost model. ``--check DIR``: other
@@ -17,7 +17,7 @@ passes' run folders, whose Plans the fit then predicts out of sample (median pai
 1F1B per workload, simulated vs real), with a leave-one-workload-out check of the fit runs.
 
 Run: ``python benchmarks/fit_cpu_tiny.py --runs DIR [--check DIR2 ...]``; writes
-``benchmarks/results/cpu_tiny_fit.{md,json}`` and ``entrain/core/fits/cpu_tiny.json`` (``--no-preset``:
+``benchmarks/results/cpu_tiny_fit.{md,json}`` and ``entrain/core/costs/fits/cpu_tiny.json`` (``--no-preset``:
 the report only). ``tests/core/test_presets.py`` checks that the preset and the report hold the same
 numbers.
 """
@@ -33,9 +33,9 @@ from preset_fit import write_preset_fit  # benchmarks/preset_fit.py (scripts run
 from provenance import source, stamped  # benchmarks/provenance.py
 
 from entrain.cli.plot_trace import run_model_config
-from entrain.core.costmodel import CostModel
-from entrain.core.plan import Plan
-from entrain.core.presets import analytic_cpu_tiny, fitted_kind
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.presets import analytic_cpu_tiny, fitted_kind
+from entrain.core.ir.plan import Plan
 from entrain.sim.executor import simulate_plan
 from entrain.sim.trace_fit import joint_refit, load_run
 
@@ -111,7 +111,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", required=True, help="kept run folders of one paired pass (every workload)")
     ap.add_argument("--check", action="append", default=[], help="other passes' kept run folders")
-    ap.add_argument("--no-preset", action="store_true", help="write the report only, not entrain/core/fits")
+    ap.add_argument(
+        "--no-preset", action="store_true", help="write the report only, not entrain/core/costs/fits"
+    )
     args = ap.parse_args()
     rounds = _rounds(args.runs)
     fitted = _fit(rounds)

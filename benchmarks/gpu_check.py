@@ -219,7 +219,7 @@ def p2p_worker(rank: int, store: str, backend: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from entrain.core.p2p import channel_warmup
+    from entrain.core.ir.p2p import channel_warmup
     from entrain.runtime.comm import MessageKey, Transport
 
     device = (

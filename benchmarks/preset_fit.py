@@ -1,5 +1,5 @@
-"""Where the fits in this folder write their numbers: ``entrain/core/fits/NAME.json``, read by the
-presets (``entrain.core.presets.fitted``), with the commit and command the numbers came from. Shared by
+"""Where the fits in this folder write their numbers: ``entrain/core/costs/fits/NAME.json``, read by the
+presets (``entrain.core.costs.presets.fitted``), with the commit and command the numbers came from. Shared by
 ``fit_a40_paper.py``, ``fit_a40_fig4.py`` and ``fit_cpu_tiny.py``; ``tests/core/test_presets.py`` checks
 the presets against the fits' reports."""
 

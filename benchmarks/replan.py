@@ -56,7 +56,7 @@ from entrain.cli.common import resolve_cost_model, workload_source
 from entrain.cli.main import build_parser
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
-from entrain.core.setups import system_setups
+from entrain.core.planning.setups import system_setups
 from entrain.data.generators import CURRICULUM_PHASES
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.adaptive import WindowJudge, window_replanner

@@ -29,7 +29,7 @@ from replan import MODELS, simulate_args, split_label, table_md
 from entrain.cli.common import resolve_cost_model, workload_source
 from entrain.config import RunConfig
 from entrain.core.planning.config_search import evaluate_config
-from entrain.core.setups import SystemSetup, system_setups
+from entrain.core.planning.setups import SystemSetup, system_setups
 from entrain.data.generators import CURRICULUM_PHASES
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.adaptive import WindowJudge, fastest, window_replanner

@@ -155,7 +155,7 @@ apart between two profiles of one idle CPU on single layers (docs/profiling.md).
 
 
 def profile(path: str, case: Case = CASES["chartqa"]) -> dict:
-    from entrain.core.costmodel import CostModel
+    from entrain.core.costs.costmodel import CostModel
     from entrain.runtime.profiler import median_profile
 
     cfg = case.config
@@ -204,8 +204,8 @@ def stages_run(run_dir: str) -> list[dict]:
 # --- comparison ------------------------------------------------------------------------------------
 def compare(run_dir: str, prof: str) -> dict:
     """Per-stage and per-iteration (real, sim) pairs of one system's run folder."""
-    from entrain.core.costmodel import CostModel
-    from entrain.core.plan import Plan
+    from entrain.core.costs.costmodel import CostModel
+    from entrain.core.ir.plan import Plan
     from entrain.sim.executor import simulate_plan
 
     cost = CostModel.load(prof)

@@ -28,9 +28,9 @@ from provenance import source, stamped  # benchmarks/provenance.py (scripts run 
 from entrain.cli.bench import DATASETS, GLOBAL_BATCH, GPUS, HARDWARE, MICROBATCH, MODELS, TP
 from entrain.cli.bench import DP as BENCH_DP
 from entrain.cli.main import main as cli
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import ConfigError
-from entrain.core.presets import build_cost_model
-from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
+from entrain.core.planning.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.data.generators import ZOO
 from entrain.data.sampling import dataset_sampler
 from entrain.data.workload_io import load_workload

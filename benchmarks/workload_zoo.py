@@ -12,7 +12,7 @@ Setup: the paper's (64 GPUs, DP 4, TP 2, global batch 512, microbatch size 4, a4
 whole-model family presets (``qwen25vl-7b``: Qwen2.5-VL-7B-Instruct's shape; ``llava-ov-7b``:
 LLaVA-OneVision-7B's; ``qwen3vl-8b``: Qwen3-VL-8B-Instruct's, DeepStack's extra message bytes priced;
 ``internvl35-8b``: InternVL3.5-8B's) run the workloads of ``FAMILY_DATASETS``; a40-paper has no fitted
-LLM factor for their 7-8B LLMs, so they price it at a40-flops' efficiency (``entrain.core.presets``).
+LLM factor for their 7-8B LLMs, so they price it at a40-flops' efficiency (``entrain.core.costs.presets``).
 Each case runs ``entrain simulate``'s path (``cli.simulate.simulate_systems``): every system with the
 configuration its own method picks; the Algorithm 2 systems get recomputation where a rank overflows
 (``sim.memory_fit.fit_memory``); ``dip-greedy-mem`` is DIP's greedy interleaver under an in-flight window

@@ -3,7 +3,7 @@ every part that needs it. Each part is small, typed and owned by the component t
 
 * ``DataConfig``: what samples a run sees (dataset, seed, order, bad records, validation);
 * ``ModelConfig``: the model and what its costs come from (``cost_model()`` is the one resolver);
-* ``ParallelConfig`` (``entrain.core.parallel``): degrees, stages, batch sizes and their rules;
+* ``ParallelConfig`` (``entrain.core.ir.parallel``): degrees, stages, batch sizes and their rules;
 * ``ScheduleConfig``: the systems and Entrain's extensions, or the plan file to run;
 * ``OptimConfig``: AdamW and the learning-rate schedule;
 * ``RunDirConfig``: the run folder, its length, checkpoints and waits.
@@ -20,17 +20,17 @@ from __future__ import annotations
 import argparse
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import FP, ParallelConfig
-from entrain.core.replan_settings import (
+from entrain.core.ir.parallel import FP, ParallelConfig
+from entrain.core.planning.replan_settings import (
     DEFAULT_THRESHOLD,
     DEFAULT_WINDOW,
     REPLAN_MODES,
     RESTART_MS,
     ReplanSettings,
 )
-from entrain.core.setups import ENTRAIN_LAYOUTS, ConfigRequest
+from entrain.core.planning.setups import ENTRAIN_LAYOUTS, ConfigRequest
 from entrain.core.systems import SYSTEMS, parse_systems
 
 __all__ = [
@@ -127,10 +127,10 @@ class DataConfig:
 
     def vision(self, model: ModelConfig | None = None):
         """The image rule of ``model``'s family within the image processor's limits
-        (``ModelConfig.image_rule``); without a model, Qwen's (``entrain.core.samples.pixel_limits``)."""
+        (``ModelConfig.image_rule``); without a model, Qwen's (``entrain.core.workload.samples.pixel_limits``)."""
         if model is not None:
             return model.image_rule(self.min_pixels, self.max_pixels)
-        from entrain.core.samples import pixel_limits
+        from entrain.core.workload.samples import pixel_limits
 
         return pixel_limits(self.min_pixels, self.max_pixels)
 
@@ -140,7 +140,7 @@ class ModelConfig:
     name: str = field(metadata={**FP, "flag": "model"})
     """``--model``: a model preset."""
     hardware: str | None = _fp(None)
-    """Cost-model preset to plan with (default: ``entrain.core.presets.default_hardware``)."""
+    """Cost-model preset to plan with (default: ``entrain.core.costs.presets.default_hardware``)."""
     profile: str | None = _fp(None)
     """A measured profile (``entrain profile``) replacing the preset."""
     attention: str | None = _fp(None)
@@ -200,11 +200,11 @@ class ModelConfig:
         return _pick(cls, args, name=args.model, freeze=_comma_list(getattr(args, "freeze", ())))
 
     def cost_model(self, freeze: tuple[str, ...] | None = None) -> CostModel:
-        """The cost model of every command (``entrain.core.presets.resolve_cost_model``, the one
+        """The cost model of every command (``entrain.core.costs.presets.resolve_cost_model``, the one
         resolver; this is its one adapter). ``freeze``: the parts priced frozen; None: the run's own,
         none with a measured profile, which timed the run's own trainable parts (``entrain plan`` passes
         its ``--freeze``, which a profile refuses)."""
-        from entrain.core.presets import resolve_cost_model
+        from entrain.core.costs.presets import resolve_cost_model
 
         return resolve_cost_model(
             self.arch(),
@@ -217,7 +217,7 @@ class ModelConfig:
     def hardware_label(self) -> str:
         """What the costs come from, for reports: the hardware preset (``default_hardware`` of the
         model when none is given), or ``profile:FILE``."""
-        from entrain.core.presets import default_hardware
+        from entrain.core.costs.presets import default_hardware
 
         return (
             f"profile:{self.profile}" if self.profile else self.hardware or default_hardware(self.arch().name)
@@ -397,7 +397,7 @@ class RunConfig:
         return DataConfig, ModelConfig, ParallelConfig, ScheduleConfig, OptimConfig, RunDirConfig
 
     def config_request(self, gpus: int | None = None) -> ConfigRequest:
-        """What ``entrain.core.setups`` needs to choose each system's configuration on ``gpus`` GPUs
+        """What ``entrain.core.planning.setups`` needs to choose each system's configuration on ``gpus`` GPUs
         (default ``parallel.gpus``)."""
         par, sched = self.parallel, self.schedule
         return ConfigRequest(

@@ -146,8 +146,8 @@ def test_core_and_sim_import_no_heavy_library():
 
 @pytest.mark.parametrize("lib", ["PIL.Image", "safetensors.torch", "pyarrow.parquet", "matplotlib.pyplot"])
 def test_a_heavy_library_in_core_or_sim_is_caught(lib):
-    graph = import_graph() | {("entrain.core.plan", lib), ("entrain.sim.run", lib)}
-    assert heavy_imports(graph) == [f"entrain.core.plan imports {lib}", f"entrain.sim.run imports {lib}"]
+    graph = import_graph() | {("entrain.core.ir.plan", lib), ("entrain.sim.run", lib)}
+    assert heavy_imports(graph) == [f"entrain.core.ir.plan imports {lib}", f"entrain.sim.run imports {lib}"]
 
 
 def test_no_private_name_is_imported_across_modules():
@@ -168,9 +168,9 @@ def test_no_import_cycles():
 @pytest.mark.parametrize(
     ("edge", "expect"),
     [
-        (("entrain.core.plan", "entrain.data.generators"), "layer"),
+        (("entrain.core.ir.plan", "entrain.data.generators"), "layer"),
         (("entrain.sim.run", "entrain.data.workload_io"), "layer"),
-        (("entrain.core.plan", "torch"), "layer"),
+        (("entrain.core.ir.plan", "torch"), "layer"),
         (("entrain.config", "entrain.data.sampling"), "layer"),
         (("entrain.runtime.session", "entrain.cli.common"), "layer"),
         (("entrain.data.check", "entrain.runtime.data"), "layer"),
@@ -179,7 +179,7 @@ def test_no_import_cycles():
         (("entrain.models.families.base", "entrain.config"), "layer"),
         (("entrain.models.families.base", "entrain.runtime.data"), "layer"),
         (("entrain.models.families.base", "entrain.sim.run"), "layer"),
-        (("entrain.core.plan", "entrain.core.planning.entry"), "cycle"),
+        (("entrain.core.ir.plan", "entrain.core.planning.entry"), "cycle"),
     ],
 )
 def test_a_planted_violation_is_caught(edge, expect):
@@ -190,3 +190,50 @@ def test_a_planted_violation_is_caught(edge, expect):
     else:
         graph.add(edge)
         assert f"{edge[0]} imports {edge[1]}" in layer_violations(graph)
+
+
+CORE_FLOORS = ("workload", "model", "ir", "costs", "assignment", "schedules", "systems", "planning")
+"""``core``'s subpackages from the lowest floor up (``entrain/core/__init__.py``): a module imports
+only from its own floor or a lower one. The helpers (``errors``, ``files``, ``workers``,
+``safetensors_header``) sit below every floor."""
+CORE_HELPERS = ("errors", "files", "workers", "safetensors_header")
+
+
+def core_floor(module: str) -> int | None:
+    """The floor of an ``entrain.core`` module (-1 for a helper), None outside ``core`` or for ``core`` itself."""
+    parts = module.split(".")
+    if parts[:2] != ["entrain", "core"] or len(parts) < 3:
+        return None
+    if parts[2] in CORE_HELPERS:
+        return -1
+    return CORE_FLOORS.index(parts[2])
+
+
+def core_arrows_up(graph: Graph) -> list[str]:
+    bad = []
+    for src, dst in graph:
+        src_floor, dst_floor = core_floor(src), core_floor(dst)
+        if src_floor is not None and dst_floor is not None and dst_floor > src_floor:
+            bad.append(f"{src} ({CORE_FLOORS[src_floor] if src_floor >= 0 else 'helper'}) imports {dst}")
+    return sorted(bad)
+
+
+def test_every_core_module_is_on_a_floor():
+    names = [m for m in modules() if m.startswith("entrain.core.")]
+    assert [m for m in names if m.split(".")[2] not in CORE_FLOORS + CORE_HELPERS] == []
+
+
+def test_core_imports_point_down_its_floors():
+    assert core_arrows_up(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    "edge",
+    [
+        ("entrain.core.schedules.action_costs", "entrain.core.planning.entry"),
+        ("entrain.core.ir.plan", "entrain.core.costs.costmodel"),
+        ("entrain.core.errors", "entrain.core.workload.samples"),
+    ],
+)
+def test_a_planted_arrow_up_in_core_is_caught(edge):
+    assert core_arrows_up(import_graph() | {edge}) != []

@@ -99,7 +99,7 @@ def systems_list(text: str) -> str:
 
 def profile_file(text: str) -> str:
     """A readable profile / cost-model JSON (``entrain profile``'s output)."""
-    from entrain.core.costmodel import CostModel
+    from entrain.core.costs.costmodel import CostModel
 
     try:
         CostModel.load(text)

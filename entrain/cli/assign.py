@@ -23,12 +23,12 @@ import numpy as np
 
 from entrain.cli.common import add_common_args, config_workload, emit_json
 from entrain.config import RunConfig
-from entrain.core.assignment.types import IterationAssignment
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig, num_microbatches
+from entrain.core.ir.microbatches import IterationAssignment
+from entrain.core.ir.parallel import ParallelConfig, num_microbatches
 from entrain.core.systems import ENTRAIN, default_systems, get_system
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 DEFAULT_SYSTEMS = default_systems("assign")
 

@@ -26,9 +26,9 @@ from dataclasses import replace
 from entrain.cli.bench_report import PAPER, SHORT, render, targets
 from entrain.cli.common import add_shared_flags, emit_json
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig
+from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.planning.config_search import evaluate_config
-from entrain.core.setups import ConfigRequest, entrain_variant, system_setups
+from entrain.core.planning.setups import ConfigRequest, entrain_variant, system_setups
 from entrain.core.systems import ENTRAIN
 from entrain.core.systems import SYSTEMS as REGISTRY
 from entrain.data.sampling import dataset_sampler
@@ -113,7 +113,7 @@ def _system_json(run, setup) -> dict:
 
 def run_case(dataset: str, model: str, hardware: str, *, iterations: int, seed: int, sweep_iterations: int,
              sweep: bool, systems=SYSTEMS) -> dict:  # fmt: skip
-    from entrain.core.presets import resolve_cost_model
+    from entrain.core.costs.presets import resolve_cost_model
     from entrain.data.workload_io import load_workload
 
     t0 = time.perf_counter()

@@ -11,16 +11,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from entrain.config import ModelConfig, RunConfig, parse_ramp
-from entrain.core.architectures import PRECISIONS
-from entrain.core.costmodel import CostModel, precision_mismatch
+from entrain.core.costs.costmodel import CostModel, precision_mismatch
+from entrain.core.costs.presets import HARDWARE_PRESETS
 from entrain.core.errors import ConfigError
-from entrain.core.presets import HARDWARE_PRESETS
-from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, pixel_limits
+from entrain.core.model.architectures import PRECISIONS
+from entrain.core.model.shape import ModelShape
+from entrain.core.planning.setups import DECISION_MARGIN, ENTRAIN_LAYOUTS, LAYOUT_MARGIN
 from entrain.core.schedules.common import ASSIGNMENTS
-from entrain.core.setups import DECISION_MARGIN, ENTRAIN_LAYOUTS, LAYOUT_MARGIN
-from entrain.core.shape import ModelShape
-from entrain.core.work import SampleWork
 from entrain.core.workers import default_jobs
+from entrain.core.workload.samples import DEFAULT_VISION, ImageTokenRule, pixel_limits
+from entrain.core.workload.work import SampleWork
 from entrain.models.families.base import ModelSource
 from entrain.models.families.registry import family_of_source, preset_names
 
@@ -359,7 +359,7 @@ def hardware_label(args: argparse.Namespace) -> str:
 
 def resolve_cost_model(args: argparse.Namespace) -> CostModel:
     """The cost model of a data command's flags (no RunConfig to build): ``ModelConfig.cost_model``,
-    the one adapter over the one resolver ``entrain.core.presets.resolve_cost_model``."""
+    the one adapter over the one resolver ``entrain.core.costs.presets.resolve_cost_model``."""
     return ModelConfig.from_args(args).cost_model()
 
 

@@ -22,7 +22,7 @@ from entrain.cli.common import (
     vision_limits,
 )
 from entrain.core.errors import ConfigError
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.data.generators import canonical_name, generate_samples, is_builtin
 from entrain.data.workload_io import read_samples, resolve_dataset_file, sample_works
 

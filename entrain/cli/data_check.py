@@ -14,7 +14,7 @@ from entrain.cli.common import (
     names_a_model,
     vision_limits,
 )
-from entrain.core.samples import ImageTokenRule
+from entrain.core.workload.samples import ImageTokenRule
 from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset
 from entrain.data.processing import ProcessImages
 from entrain.data.tokenizer import load_tokenizer

@@ -174,7 +174,7 @@ def _export_into(run_dir: str, out: str, step: int | None = None) -> dict:
 def check_base_unchanged(run_dir: str, manifest: dict) -> None:
     """ConfigError when a base checkpoint folder the run was trained from (its ``--model-path``, read
     again by the export) now holds other content than the checkpoint's fingerprint recorded."""
-    from entrain.core.plan_file import checkpoint_fingerprints
+    from entrain.core.planning.plan_file import checkpoint_fingerprints
     from entrain.runtime.checkpoint import check_base_content
 
     saved = manifest.get("fingerprint") or {}

@@ -32,16 +32,16 @@ from entrain.cli.common import (
 )
 from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
-from entrain.core.architectures import default_precision
+from entrain.core.costs.memory import memory_check_iterations
+from entrain.core.costs.sampler import Sampler
+from entrain.core.costs.table_work import draw_works
 from entrain.core.errors import ConfigError
-from entrain.core.plan_file import CHECKPOINT_FLAGS, checkpoint_fingerprints
+from entrain.core.model.architectures import default_precision
 from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinConfig
 from entrain.core.planning.entry import PlanResult, plan
-from entrain.core.planning.memory import memory_check_iterations
-from entrain.core.planning.profile import Sampler
-from entrain.core.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
+from entrain.core.planning.plan_file import CHECKPOINT_FLAGS, checkpoint_fingerprints
+from entrain.core.planning.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
-from entrain.core.table_work import draw_works
 from entrain.core.workers import worker_processes
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
@@ -172,7 +172,7 @@ def plan_command(req: PlanRequest) -> int:
 
 
 def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> dict:
-    """The plan-file keys of ``--system``'s setup (``entrain.core.setups.setup_to_json``): Entrain's
+    """The plan-file keys of ``--system``'s setup (``entrain.core.planning.setups.setup_to_json``): Entrain's
     from this result with the extensions asked for, a baseline's chosen its own way; then, like
     ``simulate``, the simulated memory check (recomputation where a rank overflows; Entrain's one-line
     error when nothing fits); ``decisions``: every automatic choice with its candidates' times."""
@@ -204,7 +204,7 @@ def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) ->
 def _check_batches(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> list[list]:
     """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
     file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
-    its batches: the first ``planning.memory.memory_check_iterations`` of ``--iterations`` (all of them up
+    its batches: the first ``costs.memory.memory_check_iterations`` of ``--iterations`` (all of them up
     to DP 4 at 32 microbatches a replica; at DP 64, 2 global batches still hold 128 replica iterations).
     Where a replica iteration holds so many microbatches that fewer batches hold as many replica
     microbatches (DP 4 with 512 a replica: 2), those fewer are the heaviest of the batches drawn

@@ -1,6 +1,6 @@
 """``entrain train --plan FILE``: the plan file decides the run's model (a preset, or the checkpoint
 folders it records in ``model_source``), dataset, pixel limits, batch
-sizes, system and layout (``entrain.core.plan_file.RUN_FIELDS``). A flag left at its default takes the
+sizes, system and layout (``entrain.core.planning.plan_file.RUN_FIELDS``). A flag left at its default takes the
 plan's value; a flag given with another value is a one-line error before any process starts (a
 different dataset only with ``--allow-other-dataset``)."""
 
@@ -12,7 +12,7 @@ import sys
 
 from entrain.cli.common import vision_limits
 from entrain.core.errors import ConfigError
-from entrain.core.plan_file import checkpoint_fingerprints, load_plan_dict
+from entrain.core.planning.plan_file import checkpoint_fingerprints, load_plan_dict
 from entrain.models.families.registry import preset_names
 
 __all__ = ["apply_plan", "given_dests", "same_dataset"]

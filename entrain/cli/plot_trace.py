@@ -62,8 +62,8 @@ def real_bars(events: list[dict], layout, step: int) -> tuple[list, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entrain.core.plan import Plan
-    from entrain.core.schedules.costs import PlanCosts
+    from entrain.core.ir.plan import Plan
+    from entrain.core.schedules.action_costs import PlanCosts
     from entrain.sim.executor import run_iteration
     from entrain.sim.plots import gantt_bars, pyplot, span_bars
 

@@ -148,7 +148,7 @@ def _measure(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup must be at least 0, got {args.warmup}")
     import torch
 
-    from entrain.core.architectures import default_precision
+    from entrain.core.model.architectures import default_precision
     from entrain.runtime.profiler import profile_model
 
     arch, model_cfg = _target(args)

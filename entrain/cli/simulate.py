@@ -21,7 +21,7 @@ from entrain.cli.config_file import add_config_arg
 from entrain.cli.replan_flags import add_replan_args
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
-from entrain.core.setups import system_setups
+from entrain.core.planning.setups import system_setups
 from entrain.core.systems import ENTRAIN, default_systems, systems_where
 from entrain.sim.adaptive import REPLAN_SYSTEMS, adaptive_deploy, monitor_for
 from entrain.sim.choose import candidate_judge

@@ -64,7 +64,7 @@ def _memory_check(system: str, setup, batches, cost, margin: float | None = None
 def _warn_profile_precision(spec, device) -> str | None:
     """The one-line warning of a ``--profile`` timed in another precision than this run's effective
     ``--precision`` (``preflight.resolve_precision`` on the device the process group runs on)."""
-    from entrain.core.costmodel import CostModel
+    from entrain.core.costs.costmodel import CostModel
     from entrain.runtime.preflight import resolve_precision
 
     path = spec.model.profile

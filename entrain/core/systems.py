@@ -13,22 +13,22 @@ from functools import partial
 
 import numpy as np
 
+from entrain.core.assignment.batchers.common import Batcher
+from entrain.core.assignment.batchers.dflop import assign_dflop
+from entrain.core.assignment.batchers.dip import assign_dip
+from entrain.core.assignment.batchers.disttrain import assign_disttrain
+from entrain.core.assignment.batchers.onef1b import assign_1f1b
+from entrain.core.assignment.batchers.rebalance import assign_encoder_rebalance
 from entrain.core.assignment.hierarchical import assign_entrain
-from entrain.core.assignment.types import IterationAssignment
-from entrain.core.batching.common import Batcher
-from entrain.core.batching.dflop import assign_dflop
-from entrain.core.batching.dip import assign_dip
-from entrain.core.batching.disttrain import assign_disttrain
-from entrain.core.batching.onef1b import assign_1f1b
-from entrain.core.batching.rebalance import assign_encoder_rebalance
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import ActionKind, Layout, Plan
+from entrain.core.ir.microbatches import IterationAssignment
+from entrain.core.ir.plan import ActionKind, Layout, Plan
 from entrain.core.schedules import dip, dip_greedy, entrain, one_f_one_b
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.common import PlanGenerator, ScheduleOptions
-from entrain.core.schedules.costs import PlanCosts
 from entrain.core.schedules.rebalance import rebalance_plan
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "ENTRAIN",
@@ -81,14 +81,14 @@ DIP_GREEDY_MEM = dip_greedy.MEMORY_BOUNDED
 ENCODER_REBALANCE = "encoder-rebalance"
 """DistTrain's configuration and 1F1B on disjoint encoder and LLM ranks, with the encoder inputs
 rebalanced across the DP replicas each iteration by all-to-all and the features returned to their
-owners before the LLM (``batching.rebalance``: VeOmni, MegaScale-Omni, LoongForge, OrchMLLM)."""
+owners before the LLM (``assignment.batchers.rebalance``: VeOmni, MegaScale-Omni, LoongForge, OrchMLLM)."""
 DFLOP = "dflop"
 """DFLOP (SIGMOD'26, arXiv 2603.25120): each module's layout from a profile of the input
 distribution, the global batch split into ``dp * K`` variable-size microbatches by its min-max ILP
-over both modules' predicted times (``batching.dflop``: what we follow and every difference), 1F1B."""
+over both modules' predicted times (``assignment.batchers.dflop``: what we follow and every difference), 1F1B."""
 
 CONFIG_ENTRAIN = ENTRAIN
-"""``SystemSpec.config`` kinds (``entrain.core.setups``), each named after the system that introduced
+"""``SystemSpec.config`` kinds (``entrain.core.planning.setups``), each named after the system that introduced
 it: Algorithms 1 + 2; Algorithm 2 on one sample; paper Table 1; DIP's fixed DP/TP/PP."""
 CONFIG_DISTTRAIN = DISTTRAIN
 CONFIG_DISTTRAIN_PAPER = DISTTRAIN_PAPER
@@ -112,7 +112,7 @@ class SystemSpec:
     """``"disjoint"``: encoder stages then LLM stages on their own ranks; ``"colocated"``: rank r holds
     encoder chunk r and LLM chunk r (equal stage counts)."""
     config: str
-    """How its configuration is chosen (``entrain.core.setups``): ``"entrain"`` (Algorithm 1 + 2),
+    """How its configuration is chosen (``entrain.core.planning.setups``): ``"entrain"`` (Algorithm 1 + 2),
     ``"disttrain"`` (Algorithm 2 on one sample), ``"disttrain-paper"`` (paper Table 1), ``"dip"``,
     ``"dflop"`` (Algorithm 2 on a draw of a global batch: DFLOP's optimizer on its input distribution)."""
     extensions: tuple[str, ...] = ()

@@ -42,7 +42,7 @@ from typing import Literal
 
 from entrain.core.errors import DataError
 from entrain.core.files import file_problem, printable
-from entrain.core.samples import (
+from entrain.core.workload.samples import (
     DEFAULT_VISION,
     ImageTokenRule,
     SampleMeta,

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from entrain.core.dataset_aliases import DATASET_ALIASES, canonical_dataset
 from entrain.core.errors import ConfigError
-from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+from entrain.core.workload.aliases import DATASET_ALIASES, canonical_dataset
+from entrain.core.workload.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 
 __all__ = [
     "DATASETS",
@@ -58,7 +58,7 @@ DATASETS: tuple[str, ...] = (
     "omni",
 )  # fmt: skip
 ALIASES = DATASET_ALIASES
-"""Other names of the built-in datasets (``entrain.core.dataset_aliases``, the one copy)."""
+"""Other names of the built-in datasets (``entrain.core.workload.aliases``, the one copy)."""
 BLOCK_SIZE = 256
 """Samples per independently seeded block (also the longest possible SynthChartNet regime run)."""
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from entrain.core.errors import DataError
 from entrain.core.files import file_problem
-from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+from entrain.core.workload.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 from entrain.data.conversation import parse_record
 from entrain.data.problems import image_error, open_image, oriented_size, unread
 from entrain.data.records import IMAGE_PLACEHOLDER, ROLES, Parsed, Record

@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from entrain.core.samples import SampleMeta, VisionTokenConfig
+from entrain.core.workload.samples import SampleMeta, VisionTokenConfig
 
 __all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "file_stamp", "load", "store"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from entrain.core.errors import DataError
-from entrain.core.samples import DEFAULT_VISION, ImageTokenRule, VisionTokenConfig
+from entrain.core.workload.samples import DEFAULT_VISION, ImageTokenRule, VisionTokenConfig
 from entrain.data.problems import image_error
 from entrain.data.records import IMAGE_PLACEHOLDER, PLACEHOLDERS, Record
 from entrain.data.tokenizer import TextTokenizer

@@ -1,7 +1,7 @@
 """The one profiling sampler: Algorithm 1's draws for ``plan``, ``simulate`` and ``bench``.
 
 ``dataset_sampler(dataset, seed)`` returns ``sampler(n, draw_seed) -> samples``: ``n`` i.i.d. draws
-with replacement (``planning.profile.pool_sampler``) from the dataset's population. A built-in generator's
+with replacement (``costs.sampler.pool_sampler``) from the dataset's population. A built-in generator's
 population is its first ``POOL_SIZE`` samples of ``seed``; a file's is every sample in it. These
 commands build their sampler here, so the same ``--dataset`` and ``--seed`` give the same draws and
 the same ``b_min`` in each (``train``'s b_min warning still draws from its own smaller pool).
@@ -9,9 +9,9 @@ the same ``b_min`` in each (``train``'s b_min warning still draws from its own s
 
 from __future__ import annotations
 
+from entrain.core.costs.sampler import Sampler, pool_sampler
 from entrain.core.errors import ConfigError
-from entrain.core.planning.profile import Sampler, pool_sampler
-from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
+from entrain.core.workload.samples import DEFAULT_VISION, VisionTokenConfig
 from entrain.data.generators import generate_samples, is_builtin
 from entrain.data.workload_io import detect_format, read_raw_work_jsonl, read_samples, resolve_dataset_file
 from entrain.data.workload_table import read_workload_table

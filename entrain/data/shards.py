@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 
 from entrain.core.errors import ConfigError, DataError
-from entrain.core.samples import SampleMeta, VisionTokenConfig
+from entrain.core.workload.samples import SampleMeta, VisionTokenConfig
 from entrain.data.problems import unread
 from entrain.data.records import ImageRef, Parsed
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from entrain.core.errors import ConfigError
-from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
+from entrain.core.workload.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 from entrain.data.check import DEFAULT_MAX_TOKENS
 from entrain.data.generators import canonical_name, generate_samples
 from entrain.data.processing import count_text_tokens

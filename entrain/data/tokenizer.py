@@ -235,7 +235,7 @@ def model_tokenizer(tokenizer_dir: str | None, llm_dir: str, vocab_size: int) ->
     folder without tokenizer files gets the built-in Qwen2 tokenizer only when its ``vocab_size``
     holds exactly Qwen2's ids (151,665, or the released checkpoints' padded 151,936); ConfigError
     otherwise."""
-    from entrain.core.architectures import QWEN2_VOCAB_SIZE
+    from entrain.core.model.architectures import QWEN2_VOCAB_SIZE
 
     path = tokenizer_dir or (llm_dir if has_tokenizer_files(llm_dir) else None)
     if path is None:

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError, DataError
 from entrain.core.files import file_problem
-from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, smart_resize
-from entrain.core.work import SampleWork
+from entrain.core.workload.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig, smart_resize
+from entrain.core.workload.work import SampleWork
 from entrain.data.generators import DATASETS, batch_source, canonical_name, generate_samples, is_builtin
 
 __all__ = [

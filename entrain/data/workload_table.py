@@ -19,9 +19,9 @@ from itertools import islice
 import numpy as np
 
 from entrain.core.errors import DataError
-from entrain.core.sample_table import NO_ANSWER, SampleTable
-from entrain.core.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 from entrain.core.workers import ordered_map, worker_jobs
+from entrain.core.workload.sample_table import NO_ANSWER, SampleTable
+from entrain.core.workload.samples import DEFAULT_VISION, SampleMeta, VisionTokenConfig
 from entrain.data.workload_io import parse_line, parse_workload
 
 __all__ = ["CHUNK_LINES", "read_workload_table"]

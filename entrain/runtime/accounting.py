@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from entrain.core.errors import ConfigError
-from entrain.core.plan import IterationPlan
-from entrain.core.work import SampleWork
+from entrain.core.ir.plan import IterationPlan
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["DataPosition", "EpochStream", "plan_hash"]
 

@@ -1,4 +1,4 @@
-"""The point-to-point groups of a process: one per channel (``entrain.core.p2p``) and TP rank, built
+"""The point-to-point groups of a process: one per channel (``entrain.core.ir.p2p``) and TP rank, built
 in a number of world-wide calls that does not grow with the world.
 
 ``torch.distributed.new_group`` is a collective of the whole world: every process calls it for every
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from entrain.core.p2p import layout_channels
-from entrain.core.plan import Layout
+from entrain.core.ir.p2p import layout_channels
+from entrain.core.ir.plan import Layout
 
 __all__ = ["channel_rounds", "build_channel_groups", "group_calls"]
 
@@ -63,7 +63,7 @@ def build_channel_groups(
     (``torch.distributed.split_group``): one split of the world per round of ``channel_rounds``;
     without: one world-wide ``new_group`` per channel and TP rank. Every process makes the same calls
     in the same order; ``cross_replica``: with the channels between replicas
-    (``entrain.core.p2p.layout_channels``); ``kwargs``: the groups' timeout."""
+    (``entrain.core.ir.p2p.layout_channels``); ``kwargs``: the groups' timeout."""
     out: dict[Channel, object] = {}
     if split is not None:
         for rnd in channel_rounds(layout_channels(layout, cross_replica)):

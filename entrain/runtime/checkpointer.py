@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from entrain.config import RunConfig, fingerprint_keys
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Layout
+from entrain.core.ir.plan import Layout
 from entrain.runtime.model_source import checkpoint_content
 from entrain.runtime.run_data import RunData
 from entrain.runtime.run_folder import METRICS

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from entrain.core.errors import DataError
-from entrain.core.samples import LABEL_FRACTION, ImageTokenRule, SampleMeta, audio_llm_tokens
+from entrain.core.workload.samples import LABEL_FRACTION, ImageTokenRule, SampleMeta, audio_llm_tokens
 from entrain.models.batch import LLMBatch
 from entrain.models.families.base import PackedSample
 from entrain.models.families.registry import DEFAULT_FAMILY, family_of, get_family
@@ -155,7 +155,7 @@ class RecordSource:
         self, sample_id: str, image_tokens: Sequence[int], audio_tokens: Sequence[int] = ()
     ) -> tuple[list[int], list[int]]:
         """``(input_ids, labels)`` of the conversation whose i-th image has ``image_tokens[i]`` merged
-        tokens (``entrain.core.samples.image_llm_tokens`` of its header size, equal to the image
+        tokens (``entrain.core.workload.samples.image_llm_tokens`` of its header size, equal to the image
         processor's count) and whose j-th audio clip ``audio_tokens[j]``. Raises DataError if the
         record's image or clip count differs."""
         from entrain.data.processing import format_chat

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Layout
+from entrain.core.ir.plan import Layout
 
 __all__ = [
     "DistEnv",

@@ -1,7 +1,7 @@
 """Interpret one rank's action list of an ``IterationPlan`` (docs/design.md §3).
 
 The executor knows nothing about the system that made the Plan: it runs the actions in order through
-a dispatch table with one small handler per ``ActionKind``. Conventions (``entrain.core.plan``):
+a dispatch table with one small handler per ``ActionKind``. Conventions (``entrain.core.ir.plan``):
 
 * a message is a set of named parts (``StageSpec.part_names``: ``"hidden"`` and what the family
   declares); a stage's input for ``(mb, sub)`` is one leaf tensor (``detach().requires_grad_()``) per
@@ -38,8 +38,8 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from entrain.core.errors import EntrainError
-from entrain.core.layer_specs import HIDDEN
-from entrain.core.p2p import (
+from entrain.core.ir.graph import Message
+from entrain.core.ir.p2p import (
     Comm,
     Pieces,
     Step,
@@ -49,8 +49,8 @@ from entrain.core.p2p import (
     rank_program,
     receive_needs_header,
 )
-from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
-from entrain.core.schedules.graph import Message
+from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
+from entrain.core.model.layer_specs import HIDDEN
 from entrain.models.families.registry import family_of
 from entrain.runtime.comm import MessageKey, Transport
 from entrain.runtime.data import SampleRenderer
@@ -274,7 +274,7 @@ class Executor:
         self._sized: frozenset[int] = frozenset()
         self.cross_replica = cross_replica
         """The run has channels between replicas (encoder work moved across them: the boundary
-        message's pieces, ``entrain.core.p2p.encoder_pieces``)."""
+        message's pieces, ``entrain.core.ir.p2p.encoder_pieces``)."""
         self._handlers: dict[ActionKind, Callable[[Action], None]] = {
             ActionKind.F: self._forward,
             ActionKind.B: self._backward,
@@ -291,7 +291,7 @@ class Executor:
         self, it: IterationPlan, actions: tuple[Action, ...], *, loss_scale: float, forward_only: bool = False
     ) -> StepOutput:
         """Execute this rank's actions of iteration ``it`` in the order of its point-to-point program
-        (``entrain.core.p2p.rank_program``, the order the NCCL replay checks); gradients accumulate
+        (``entrain.core.ir.p2p.rank_program``, the order the NCCL replay checks); gradients accumulate
         into the stage parameters. ``actions`` must be the Plan's list for this rank."""
         if tuple(actions) != tuple(it.actions.get(self.rank, ())):
             raise RuntimeError(f"rank {self.rank}: the actions given are not the Plan's list for this rank")
@@ -402,7 +402,7 @@ class Executor:
     def _piece_peers(self, stage: int, mb: int, sub: int) -> list[tuple[int, int]]:
         """(replica, plan rank) of the other replicas this rank exchanges pieces of message (mb, sub)
         with: at the last encoder stage the owners of its samples, at the first LLM stage the
-        replicas that encoded some of its own (the program's order, ``entrain.core.p2p``)."""
+        replicas that encoded some of its own (the program's order, ``entrain.core.ir.p2p``)."""
         if not self._pieces:
             return []
         e = self.first_llm - 1

@@ -212,7 +212,7 @@ def is_expert_param(p: torch.Tensor) -> bool:
 def check_same_actions(actions, groups: EpGroups, device: torch.device) -> None:
     """ConfigError on every process unless the replicas of each EP group run the same actions this
     step (kind, stage, microbatch, sub-microbatch) on every pipeline rank, those without experts too.
-    Then the replicas' point-to-point programs are the same program (``entrain.core.p2p``, which
+    Then the replicas' point-to-point programs are the same program (``entrain.core.ir.p2p``, which
     ``check_program`` replays for one replica) and each sparse layer's all-to-alls are at the same
     place in each of them: run in step, the replicas meet at every all-to-all, so expert parallelism
     adds no deadlock to a plan the checker passed. One all-gather over the world, so that every process

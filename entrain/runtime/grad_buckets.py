@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from entrain.core.plan import Action, ActionKind
+from entrain.core.ir.plan import Action, ActionKind
 from entrain.runtime.parallelize import local
 
 __all__ = ["BUCKET_BYTES", "GradBuckets", "Launch"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
-from entrain.core.plan_file import checkpoint_fingerprints
+from entrain.core.planning.plan_file import checkpoint_fingerprints
 from entrain.models.families.base import ModelFamily, ModelShape, ModelSource
 from entrain.models.families.registry import family_of_source
 

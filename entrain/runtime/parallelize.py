@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Layout
+from entrain.core.ir.plan import Layout
 from entrain.runtime.channel_groups import build_channel_groups
 
 __all__ = [
@@ -92,7 +92,7 @@ class Groups:
     tp_ranks: list[int]
     channels: dict[tuple[int, int], dist.ProcessGroup] = field(default_factory=dict)
     """Point-to-point group of each channel (sender, receiver plan ranks) this process talks on (its
-    TP rank's copy): one communicator per direction, ``entrain.core.p2p``."""
+    TP rank's copy): one communicator per direction, ``entrain.core.ir.p2p``."""
 
 
 def build_groups(

@@ -4,7 +4,7 @@ worker while earlier steps train; the step only waits for what is not ready yet.
 ``StepPlans.get(step)`` returns iteration ``step``'s Plan and first queues the Plans of the next
 ``lookahead`` steps on the worker (the loop asks for step N+1's Plan at the start of step N, to
 prefetch its pixels, so a lookahead of 2 has N+1 ready from step N-1 on). Plans come from
-``entrain.core.plan_steps`` (one global batch at a time, the first batch's run-wide options pinned),
+``entrain.core.planning.steps`` (one global batch at a time, the first batch's run-wide options pinned),
 so they equal the Plans computed in line.
 
 The worker is a single background process by default (spawned: the training process holds torch
@@ -33,13 +33,13 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.p2p import check_plan, rules_from_env
-from entrain.core.plan import IterationPlan, Layout, Plan
-from entrain.core.plan_steps import join_plans, pinned_options, plan_step
+from entrain.core.ir.p2p import check_plan, rules_from_env
+from entrain.core.ir.plan import IterationPlan, Layout, Plan
+from entrain.core.planning.steps import join_plans, pinned_options, plan_step
 from entrain.core.systems import moves_across_replicas
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["MODES", "StepPlanner", "StepPlans", "prefetch_mode"]
 
@@ -60,7 +60,7 @@ def prefetch_mode() -> str:
 @dataclass
 class StepPlanner:
     """``(step, batch) -> one-iteration Plan`` of one global batch, checked deadlock-free
-    (``entrain.core.p2p``); the first batch's run-wide options are pinned on first use. Picklable:
+    (``entrain.core.ir.p2p``); the first batch's run-wide options are pinned on first use. Picklable:
     the background process gets one at its start and each step's batch with each task."""
 
     system: str

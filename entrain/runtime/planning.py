@@ -2,8 +2,8 @@
 
 * ``--plan FILE`` (``entrain plan --out``): exactly that system, layout and schedule options;
 * stage counts fixed by ``--encoder-stages`` / ``--llm-stages``: Algorithm 2's partitioner splits the
-  layers (``entrain.core.setups.fixed_stage_setup``);
-* otherwise the planner, as ``entrain simulate`` chooses it (``entrain.core.setups.system_setups``),
+  layers (``entrain.core.planning.setups.fixed_stage_setup``);
+* otherwise the planner, as ``entrain simulate`` chooses it (``entrain.core.planning.setups.system_setups``),
   for the processes started (GPUs = ``--nproc`` x nodes).
 
 Then each iteration's Plan comes from the system's batcher and generator, as in the simulator."""
@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from entrain.config import RunConfig
-from entrain.core.costmodel import CostModel
-from entrain.core.p2p import check_plan
-from entrain.core.plan import Layout, Plan
-from entrain.core.planning.profile import Sampler, pool_sampler
-from entrain.core.setups import (
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.sampler import Sampler, pool_sampler
+from entrain.core.ir.p2p import check_plan
+from entrain.core.ir.plan import Layout, Plan
+from entrain.core.planning.setups import (
     CandidateJudge,
     ConfigRequest,
     SystemSetup,
@@ -26,7 +26,7 @@ from entrain.core.setups import (
     system_setups,
 )
 from entrain.core.systems import SYSTEMS, moves_across_replicas, plan_system
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "MemoryCheck",
@@ -68,7 +68,7 @@ the runtime does not import the simulator)."""
 
 JudgeFactory = Callable[[Sampler, CostModel, ConfigRequest], CandidateJudge]
 """``(sampler, cost, request) -> judge``: what decides Entrain's automatic choices by simulation on the
-planner's draws (``entrain.sim.choose.candidate_judge``, ``entrain.core.setups.DECISIONS``; the CLI
+planner's draws (``entrain.sim.choose.candidate_judge``, ``entrain.core.planning.setups.DECISIONS``; the CLI
 passes it in; without it Entrain keeps the paper's disjoint layout and its ``auto`` options as given)."""
 
 MEMORY_CHECK_ITERATIONS = 20
@@ -132,7 +132,7 @@ def make_plan(
 ) -> Plan:
     """One iteration per global batch in ``batches``, by ``system``'s batcher and generator: the same
     Plans the simulator runs (``entrain.core.systems.plan_system``), each iteration's point-to-point
-    programs checked deadlock-free under NCCL's semantics (``entrain.core.p2p``) before any runs, with
+    programs checked deadlock-free under NCCL's semantics (``entrain.core.ir.p2p``) before any runs, with
     the channels between replicas where the system moves encoder work across them
     (``entrain.core.systems.moves_across_replicas``; a plan that moves it without them is refused)."""
     plan = plan_system(system, layout, batches, cost, options)

@@ -13,11 +13,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from entrain.config import RunConfig
-from entrain.core.architectures import PRECISIONS
+from entrain.core.costs.presets import trainable_parts
 from entrain.core.errors import ConfigError
-from entrain.core.p2p import SHARED_QUEUE_ENV, rules_from_env
-from entrain.core.parallel import check_stage_count
-from entrain.core.presets import trainable_parts
+from entrain.core.ir.p2p import SHARED_QUEUE_ENV, rules_from_env
+from entrain.core.ir.parallel import check_stage_count
+from entrain.core.model.architectures import PRECISIONS
 from entrain.core.systems import (
     DFLOP,
     DISTTRAIN,
@@ -50,7 +50,7 @@ def check_before_launch(spec: RunConfig, overwrite: bool, fixed: bool) -> None:
 
 SHARED_QUEUE_SAFE = (ONE_F_ONE_B, DISTTRAIN, DISTTRAIN_PAPER, ENCODER_REBALANCE, DFLOP)
 """The systems whose every Plan is deadlock-free when all communicators of a GPU share one hardware
-queue (``entrain.core.p2p.NcclRules.shared_queue``; tests/core/test_p2p_nccl_rules.py replays each
+queue (``entrain.core.ir.p2p.NcclRules.shared_queue``; tests/core/test_p2p_nccl_rules.py replays each
 system's Plans under it: the others deadlock in some layout)."""
 
 
@@ -139,8 +139,8 @@ def warn_below_b_min(spec: RunConfig) -> int | None:
     """Warn on stderr when the per-replica batch is below ``b_min`` (Algorithm 1 under the run's cost
     model, on a pool of ``B_MIN_POOL`` samples of the dataset); returns b_min (None: not checked --
     colocated systems only, or a LLaVA/Parquet file, whose metadata pass would be a second screening)."""
+    from entrain.core.costs.sampler import pool_sampler
     from entrain.core.planning.bmin import BMinConfig, below_b_min_warning, find_b_min
-    from entrain.core.planning.profile import pool_sampler
     from entrain.data.generators import generate_samples, is_builtin
     from entrain.data.workload_io import read_samples, resolve_dataset_file
 

@@ -37,14 +37,14 @@ import torch
 from scipy.optimize import isotonic_regression, nnls
 from torch import nn
 
-from entrain.core.architectures import PRECISIONS
-from entrain.core.costmodel import (
+from entrain.core.costs.costmodel import (
     PROFILE_SOURCE,
     ComponentCost,
     CostModel,
     Quadratic,
     parallel_key,
 )
+from entrain.core.model.architectures import PRECISIONS
 from entrain.models.families.registry import build_stage, family_of
 
 __all__ = [

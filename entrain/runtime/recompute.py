@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from entrain.core.costmodel import RECOMPUTE_MODES
+from entrain.core.costs.costmodel import RECOMPUTE_MODES
 from entrain.core.errors import ConfigError
 
 __all__ = ["apply_recompute", "recomputed_modules"]

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from entrain.config import RunConfig
-from entrain.core.costmodel import CostModel
-from entrain.core.setups import SystemSetup, setup_to_json
-from entrain.core.work import SampleWork
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.planning.setups import SystemSetup, setup_to_json
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "REPLAN_EXIT",

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from entrain.config import RunConfig
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.runtime.accounting import DataPosition, EpochStream, endless_position, split_validation
 
 __all__ = ["RunData", "load_data", "record_source", "screen", "skipped_line"]

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING
 import torch
 
 from entrain.config import RunConfig
-from entrain.core.setups import SystemSetup
+from entrain.core.planning.setups import SystemSetup
 from entrain.runtime.checkpointer import fingerprint
 from entrain.runtime.preflight import resolve_precision
 from entrain.runtime.run_data import RunData

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from entrain.config import RunConfig
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.presets import trainable_parts
 from entrain.core.errors import ConfigError
-from entrain.core.plan import IterationPlan, Layout, Plan
+from entrain.core.ir.plan import IterationPlan, Layout, Plan
 from entrain.core.planning.bmin import below_b_min_warning
-from entrain.core.presets import trainable_parts
-from entrain.core.setups import SystemSetup
+from entrain.core.planning.setups import SystemSetup
 from entrain.runtime.accounting import plan_hash
 from entrain.runtime.checkpointer import Checkpointer, agree
 from entrain.runtime.planning import JudgeFactory, MemoryCheck, make_plan, run_setups

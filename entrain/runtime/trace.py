@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from entrain.core.plan import Action, ActionKind
+from entrain.core.ir.plan import Action, ActionKind
 
 __all__ = ["ActionTracer", "DeviceClock", "write_trace", "read_trace"]
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from entrain.config import OptimConfig
-from entrain.core.plan import Action, ActionKind, IterationPlan, Layout
+from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.models.families.registry import build_stage, family_of
 from entrain.runtime import grad_buckets
 from entrain.runtime.comm import Transport

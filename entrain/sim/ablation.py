@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.systems import DIP_GREEDY, DIP_GREEDY_MEM, ONE_F_ONE_B
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.sim.run import SystemRun, run_system
 
 __all__ = [

@@ -11,12 +11,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.sampler import SampleStats, pool_sampler
 from entrain.core.planning.config_search import search_candidates
-from entrain.core.planning.profile import SampleStats, pool_sampler
-from entrain.core.setups import ConfigRequest, SystemSetup, system_setups
+from entrain.core.planning.setups import ConfigRequest, SystemSetup, system_setups
 from entrain.core.systems import systems_where
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.sim.choose import candidate_judge, judged_ms, planner_draws
 from entrain.sim.drift import DriftMonitor, Replanner, ReplanSettings, WindowTime
 from entrain.sim.memory_fit import deploy, from_peaks

@@ -1,5 +1,5 @@
 """Choices decided by simulating the candidates on the planner's draws: ``core`` cannot simulate, so
-the commands that may import the simulator hand ``candidate_judge`` to ``entrain.core.setups``
+the commands that may import the simulator hand ``candidate_judge`` to ``entrain.core.planning.setups``
 (every automatic choice of Entrain, ``setups.DECISIONS``, each departing from the paper's default
 only past ``setups.DECISION_MARGIN``). A candidate simulated once is not simulated again: the
 decisions are made one after the other, and each one's incumbent is a candidate of the next."""
@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from entrain.core.costmodel import CostModel
-from entrain.core.planning.profile import MacroscopicProfiler, Sampler
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.sampler import MacroscopicProfiler, Sampler
+from entrain.core.costs.table_work import draw_works
+from entrain.core.planning.setups import CandidateJudge, ConfigRequest, SystemSetup
 from entrain.core.schedules.common import ScheduleOptions
-from entrain.core.setups import CandidateJudge, ConfigRequest, SystemSetup
 from entrain.core.systems import ENTRAIN
-from entrain.core.table_work import draw_works
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.sim.memory_fit import fit_memory
 from entrain.sim.replica_sample import JUDGE_REPLICAS, estimated_iteration_ms, heaviest_replicas, sub_layout
 

@@ -36,9 +36,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from entrain.core.costmodel import CostModel
-from entrain.core.plan import Layout
-from entrain.core.replan_settings import (
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.ir.plan import Layout
+from entrain.core.planning.replan_settings import (
     DEFAULT_THRESHOLD,
     DEFAULT_WINDOW,
     DRIFT_TRIGGER,
@@ -46,9 +46,9 @@ from entrain.core.replan_settings import (
     RESTART_MS,
     ReplanSettings,
 )
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.setups import SystemSetup
-from entrain.core.work import SampleWork
+from entrain.core.planning.setups import SystemSetup
+from entrain.core.schedules.action_costs import PlanCosts
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "DRIFT_TRIGGER",

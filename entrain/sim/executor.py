@@ -3,9 +3,9 @@
 Model (documented assumptions):
 
 * Each rank runs its action list in order, one action at a time. A compute action starts when the
-  rank is free and its inputs exist (``entrain.core.schedules.graph``); it lasts
+  rank is free and its inputs exist (``entrain.core.ir.graph``); it lasts
   ``PlanCosts.compute_ms`` (per-call constant per (sub-)microbatch; raw-work samples split over
-  stages by the stages' share of the per-layer linear costs — see ``entrain.core.schedules.costs``).
+  stages by the stages' share of the per-layer linear costs — see ``entrain.core.schedules.action_costs``).
 * ``SEND`` is asynchronous: it costs the sender nothing; the message arrives
   ``latency + bytes / bandwidth`` later. Links are not contended. ``RECV`` blocks the receiver until
   the message has arrived, and a consumer may use a remote input only after its rank ran the
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ScheduleError
-from entrain.core.plan import Action, ActionKind, IterationPlan, Layout, Plan
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import Message, ReplicaGraph
-from entrain.core.validate import format_grid, message_of
+from entrain.core.ir.graph import Message, ReplicaGraph
+from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout, Plan
+from entrain.core.ir.validate import format_grid, message_of
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.workers import ordered_map
 
 __all__ = ["Span", "ReplicaRun", "IterationRun", "simulate_plan", "run_iteration", "run_replica"]

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from entrain.core.costmodel import RECOMPUTE_MODES, CostModel
+from entrain.core.costs.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Layout, StageSpec
-from entrain.core.setups import DECISION_MARGIN, SystemSetup, pick
+from entrain.core.ir.plan import Layout, StageSpec
+from entrain.core.planning.setups import DECISION_MARGIN, SystemSetup, pick
 from entrain.core.systems import ENTRAIN, get_system, systems_where
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.sim.run import run_system
 
 __all__ = [

@@ -18,7 +18,7 @@ Per iteration (then averaged over iterations):
 * Memory realism (additive keys): ``model_state_bytes_per_rank`` = weights + gradients + AdamW state
   of the rank's layers (``PlanCosts.model_state_bytes``: 18 bytes per trainable parameter, / TP);
   ``in_flight_message_bytes_per_rank`` = the most bytes of point-to-point messages the rank holds at
-  one step of its program (``entrain.core.planning.memory.in_flight_message_bytes``: a send until its
+  one step of its program (``entrain.core.costs.memory.in_flight_message_bytes``: a send until its
   receive is provably posted, a receive until the compute that takes it); ``peak_memory_bytes_per_rank``
   = model state + the most the rank holds at one step of its program, activations and messages in
   flight together (``peak_with_messages``; the peak activation bytes where the plan is not given);
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from entrain.core.costs.memory import in_flight_message_bytes, peak_with_messages, plan_message_bytes
 from entrain.core.errors import ScheduleError
-from entrain.core.plan import IterationPlan, Layout
-from entrain.core.planning.memory import in_flight_message_bytes, peak_with_messages, plan_message_bytes
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.ir.plan import IterationPlan, Layout
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.one_f_one_b import one_f_one_b_makespan
 from entrain.sim.executor import IterationRun, ReplicaRun
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from entrain.core.plan import ActionKind
+from entrain.core.ir.plan import ActionKind
 from entrain.sim.metrics import per_microbatch_fwd_ms
 from entrain.sim.run import SystemRun
 

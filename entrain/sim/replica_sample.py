@@ -29,13 +29,13 @@ from dataclasses import replace
 import numpy as np
 
 from entrain.core.assignment.two_resource import replica_loads
-from entrain.core.assignment.types import IterationAssignment
-from entrain.core.costmodel import CostModel
-from entrain.core.plan import Layout
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.ir.microbatches import IterationAssignment
+from entrain.core.ir.plan import Layout
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.entrain import rank_shares
 from entrain.core.systems import ENTRAIN, get_system, stage_times_fn
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["JUDGE_REPLICAS", "sub_layout", "heaviest_replicas", "estimated_iteration_ms", "heaviest_batches"]
 

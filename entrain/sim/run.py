@@ -1,7 +1,7 @@
 """One system end to end in simulation: batcher -> schedule generator -> executor -> metrics.
 
 ``run_system`` is what ``entrain simulate`` and ``entrain bench paper`` call per system; the layout
-(each system's own configuration) is chosen by the caller (``entrain.core.setups``). Plans come
+(each system's own configuration) is chosen by the caller (``entrain.core.planning.setups``). Plans come
 from ``entrain.core.systems.plan_system`` (re-exported here for compatibility).
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from entrain.core.assignment.types import IterationAssignment
-from entrain.core.costmodel import CostModel
-from entrain.core.plan import Layout, Plan
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.ir.microbatches import IterationAssignment
+from entrain.core.ir.plan import Layout, Plan
 from entrain.core.schedules import ScheduleOptions
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.systems import generate_plan, plan_system, stage_times_fn
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import IterationRun, simulate_plan
 from entrain.sim.metrics import SystemMetrics, compute_metrics
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from entrain.core.costmodel import PROFILE_SOURCE, CostModel, LayerCost, Quadratic
+from entrain.core.costs.costmodel import PROFILE_SOURCE, CostModel, LayerCost, Quadratic
+from entrain.core.costs.presets import fitted_kind
 from entrain.core.errors import ConfigError
-from entrain.core.plan import ActionKind, Plan
-from entrain.core.presets import fitted_kind
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.ir.plan import ActionKind, Plan
+from entrain.core.schedules.action_costs import PlanCosts
 
 __all__ = [
     "TracedRun",

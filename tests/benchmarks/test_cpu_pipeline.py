@@ -72,8 +72,8 @@ def test_llm_dominant_data_is_llm_bound_and_varies(cpu_pipeline):
     """The text-heavy case's data (as train draws it) puts most work on the LLM, varying per sample."""
     import numpy as np
 
-    from entrain.core.presets import build_cost_model
-    from entrain.core.samples import pixel_limits
+    from entrain.core.costs.presets import build_cost_model
+    from entrain.core.workload.samples import pixel_limits
     from entrain.data.workload_io import load_workload
 
     cfg = cpu_pipeline.LLM_CONFIG

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 
 
 @pytest.fixture(scope="module")

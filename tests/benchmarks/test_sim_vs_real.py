@@ -53,8 +53,8 @@ def test_text_only_encoder_phases_are_counted_not_pooled(sim_vs_real, monkeypatc
     pooled as a 100 % error; every other phase is paired."""
     from types import SimpleNamespace
 
-    import entrain.core.costmodel
-    import entrain.core.plan
+    import entrain.core.costs.costmodel
+    import entrain.core.ir.plan
     import entrain.sim.executor
 
     def rec(stage, mb, fwd, bwd):
@@ -69,8 +69,8 @@ def test_text_only_encoder_phases_are_counted_not_pooled(sim_vs_real, monkeypatc
     bwd = {(0, 0, 0): 22.0, (0, 1, 0): 0.0, (1, 0, 0): 66.0, (1, 1, 0): 6.0}
     rep = SimpleNamespace(fwd_ms=fwd, bwd_ms=bwd, busy_ms={0: 33.0, 1: 108.0})
     sim = SimpleNamespace(replicas=[rep], iteration_time_ms=110.0)
-    monkeypatch.setattr(entrain.core.costmodel.CostModel, "load", staticmethod(lambda path: None))
-    monkeypatch.setattr(entrain.core.plan.Plan, "from_json", staticmethod(lambda d: None))
+    monkeypatch.setattr(entrain.core.costs.costmodel.CostModel, "load", staticmethod(lambda path: None))
+    monkeypatch.setattr(entrain.core.ir.plan.Plan, "from_json", staticmethod(lambda d: None))
     monkeypatch.setattr(entrain.sim.executor, "simulate_plan", lambda plan, cost, **_: [sim, sim])
     got = sim_vs_real.compare(str(tmp_path), "profile.json")
     assert got["no_call_real_ms"] == [0.1, 0.05]

@@ -28,7 +28,7 @@ def _commit(repo: Path, path: str, text: str) -> str:
 
 def test_a_results_file_older_than_the_simulated_code_is_listed(regression, tmp_path):
     _git(tmp_path, "init", "-q")
-    measured = _commit(tmp_path, "entrain/core/plan.py", "X = 1\n")
+    measured = _commit(tmp_path, "entrain/core/ir/plan.py", "X = 1\n")
     results = tmp_path / "results"
     results.mkdir()
     (results / "a.md").write_text(f"# A\n\nSource: commit {measured}, `python benchmarks/a.py`\n")

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from entrain.cli.main import main
-from entrain.core.architectures import MODEL_PRESETS
+from entrain.core.model.architectures import MODEL_PRESETS
 from entrain.models.families.base import ModelSource
 from entrain.models.families.composition.family import CompositionFamily
 from entrain.models.families.registry import families, family_of_preset, register_family, unregister_family

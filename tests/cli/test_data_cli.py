@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from entrain.cli.main import main
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.data.generators import generate_samples
 from entrain.data.workload_io import write_workload_jsonl
 

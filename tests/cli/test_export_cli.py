@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from entrain.cli.main import main
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.checkpoint import load_model_state, step_dir

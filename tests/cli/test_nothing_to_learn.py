@@ -12,8 +12,8 @@ import pytest
 
 from entrain.cli import train as train_cli
 from entrain.cli.main import main
+from entrain.core.costs.presets import trainable_parts
 from entrain.core.errors import DataError
-from entrain.core.presets import trainable_parts
 from entrain.data.check import NO_LABEL, check_dataset, screen_dataset
 from entrain.data.tokenizer import default_tokenizer
 

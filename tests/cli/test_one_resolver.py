@@ -1,4 +1,4 @@
-"""One cost-model resolver (``entrain.core.presets.resolve_cost_model``) and one
+"""One cost-model resolver (``entrain.core.costs.presets.resolve_cost_model``) and one
 adapter from flags to it (``entrain.config.ModelConfig.cost_model``): no other code in ``entrain/`` hands
 the resolver a ``--profile`` / ``--attention`` / ``--freeze`` of its own, and the data commands' helper
 (``entrain.cli.common.resolve_cost_model``) goes through the adapter."""
@@ -29,7 +29,7 @@ def adapters(root: pathlib.Path = ENTRAIN) -> list[str]:
         names = {"resolve_cost_model"} | {  # and what the resolver is imported as
             a.asname
             for n in ast.walk(tree)
-            if isinstance(n, ast.ImportFrom) and n.module == "entrain.core.presets"
+            if isinstance(n, ast.ImportFrom) and n.module == "entrain.core.costs.presets"
             for a in n.names
             if a.name == "resolve_cost_model" and a.asname
         }
@@ -49,7 +49,7 @@ def test_one_adapter_hands_the_flags_to_the_one_resolver():
 
 def test_a_second_adapter_is_caught(tmp_path):
     (tmp_path / "cli.py").write_text(
-        "from entrain.core.presets import resolve_cost_model as resolve\n\n"
+        "from entrain.core.costs.presets import resolve_cost_model as resolve\n\n"
         "def cost_of(args):\n    return resolve(args.model, profile=args.profile)\n"
     )
     assert adapters(tmp_path) == [f"{tmp_path.name}/cli:cost_of"]

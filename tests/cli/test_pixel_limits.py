@@ -10,7 +10,7 @@ import pytest
 
 from entrain.cli.main import build_parser, main
 from entrain.cli.train import _spec
-from entrain.core.samples import smart_resize
+from entrain.core.workload.samples import smart_resize
 from entrain.runtime.run_data import load_data
 
 SMALL = 128 * 28 * 28  # at most 128 merged tokens an image

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from entrain.cli.main import main
-from entrain.core.costmodel import CostModel
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.presets import build_cost_model
 
 TOKENS = "8,16,32"
 

@@ -16,8 +16,8 @@ import pytest
 from entrain.cli.main import build_parser, main
 from entrain.cli.plot_trace import run_model_config
 from entrain.cli.train import _spec
-from entrain.core.costmodel import CostModel
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.presets import build_cost_model
 from entrain.runtime.session import run_systems
 from entrain.sim.trace_fit import load_run, stage_errors
 from tests.runtime.harness import run_workers

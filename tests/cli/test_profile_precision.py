@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from entrain.cli.main import build_parser, main
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 
 PROFILE = [
     "profile",

@@ -12,7 +12,7 @@ import pytest
 from entrain.cli import train as train_cli
 from entrain.cli.main import main
 from entrain.core.errors import ConfigError
-from entrain.core.setups import read_plan_file
+from entrain.core.planning.setups import read_plan_file
 
 TINY_COUNTS = {"encoder": 4, "llm": 6}  # patch_embed, 2 blocks, merger; embed, 2 layers, norm, head, loss
 
@@ -252,7 +252,7 @@ def test_every_field_of_the_plan_schema_is_known_to_the_plan_file_check():
     """The strict check (unknown fields refused) knows every field ``entrain plan --json`` documents."""
     from pathlib import Path
 
-    from entrain.core.plan_file import PLAN_FIELDS, REPORT_FIELDS
+    from entrain.core.planning.plan_file import PLAN_FIELDS, REPORT_FIELDS
 
     schema = json.loads((Path(__file__).parents[2] / "entrain" / "schemas" / "plan.json").read_text())
     assert set(schema["properties"]) <= set(PLAN_FIELDS) | set(REPORT_FIELDS)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from entrain.core.assignment.hierarchical import assign_entrain
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "batches",

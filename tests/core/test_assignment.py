@@ -11,7 +11,7 @@ from entrain.core.assignment.hierarchical import assign_entrain, plan_deferral, 
 from entrain.core.assignment.matching import bottleneck_match, complete_pairing
 from entrain.core.assignment.stratified import coarse_fine_split, effective_num_microbatches, lpt_assign
 from entrain.core.errors import ConfigError
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 FIG8_LLM_UNITS = [2, 3, 9, 7, 5, 10]  # MB1..MB6
 FIG8_ENC_UNITS = [4, 3, 3, 3, 3, 2]
@@ -150,7 +150,7 @@ def test_assign_entrain_rejects_bad_batches():
 
 
 def test_assign_entrain_single_microbatch_and_json_roundtrip():
-    from entrain.core.assignment.types import IterationAssignment
+    from entrain.core.ir.microbatches import IterationAssignment
 
     batch = [SampleWork(f"s{i}", 1.0 + i, 2.0 * i) for i in range(8)]
     it = assign_entrain(batch, 2, 1)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from entrain.core.assignment.deferral import split_overloaded
 from entrain.core.assignment.hierarchical import assign_entrain, plan_deferral, replica_assignment
 from entrain.core.assignment.stratified import effective_num_microbatches
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 from .assignment_strategies import batches, encoder_microbatches, hardness
 

@@ -10,13 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entrain.core.batching.dip import cut_sub_microbatches
-from entrain.core.batching.disttrain import assign_disttrain, lpt_global_microbatch, reorder_microbatches
-from entrain.core.batching.makespan import onef1b_makespan
-from entrain.core.batching.onef1b import assign_1f1b
+from entrain.core.assignment.batchers.dip import cut_sub_microbatches
+from entrain.core.assignment.batchers.disttrain import (
+    assign_disttrain,
+    lpt_global_microbatch,
+    reorder_microbatches,
+)
+from entrain.core.assignment.batchers.makespan import onef1b_makespan
+from entrain.core.assignment.batchers.onef1b import assign_1f1b
 from entrain.core.errors import ConfigError
 from entrain.core.systems import SYSTEMS, get_system, parse_systems
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 
 def make_batch(n: int, seed: int = 0) -> list[SampleWork]:

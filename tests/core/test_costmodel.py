@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
-from entrain.core.samples import SampleMeta
+from entrain.core.costs.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
+from entrain.core.workload.samples import SampleMeta
 
 
 def _layer(name, a=0.0, b=1.0, c=2.0, trainable=True):
@@ -91,8 +91,8 @@ def test_a_table_follows_the_power_law_between_its_points():
 def test_kv_projections_fewer_than_tp_ranks_are_counted_whole_on_every_rank():
     """The tiny model's decoder layers have 2 KV heads: TP 2 shards them, TP 4 replicates them (the
     runtime's ``replicate_kv_heads``), so a rank's weights and the planner's model state grow."""
-    from entrain.core.planning.memory import MicrobatchLoad, stage_memory_bytes
-    from entrain.core.presets import build_cost_model as build
+    from entrain.core.costs.memory import MicrobatchLoad, stage_memory_bytes
+    from entrain.core.costs.presets import build_cost_model as build
 
     cost = build("tiny", "cpu-tiny")
     layer = cost.component("llm").layers[1]

@@ -1,4 +1,4 @@
-"""The ``dflop`` baseline's online microbatch scheduler (``batching.dflop``): DFLOP's min-max ILP over
+"""The ``dflop`` baseline's online microbatch scheduler (``assignment.batchers.dflop``): DFLOP's min-max ILP over
 both modules' predicted times, its LPT incumbent and the mapping of groups to replicas."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from entrain.core.batching.dflop import _objective, assign_dflop, ilp_groups, minmax_lpt
-from entrain.core.work import SampleWork
+from entrain.core.assignment.batchers.dflop import _objective, assign_dflop, ilp_groups, minmax_lpt
+from entrain.core.workload.work import SampleWork
 
 
 def _brute_force(costs: np.ndarray, groups: int) -> float:

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.assignment.dp_split import split_dp
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 # few distinct values, heavy and light: ties and near-equal heavy samples are where a replica
 # that stops being balanced shows

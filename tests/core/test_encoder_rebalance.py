@@ -1,16 +1,20 @@
-"""The ``encoder-rebalance`` baseline's batcher (``batching.rebalance``) and Entrain's
+"""The ``encoder-rebalance`` baseline's batcher (``assignment.batchers.rebalance``) and Entrain's
 ``encoder_rebalance`` option on a generated Plan (``schedules.rebalance``)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from entrain.core.batching.disttrain import assign_disttrain
-from entrain.core.batching.rebalance import assign_encoder_rebalance, moved_samples, rebalance_encoder
+from entrain.core.assignment.batchers.disttrain import assign_disttrain
+from entrain.core.assignment.batchers.rebalance import (
+    assign_encoder_rebalance,
+    moved_samples,
+    rebalance_encoder,
+)
+from entrain.core.ir.validate import validate_plan
 from entrain.core.schedules.rebalance import rebalance_plan
 from entrain.core.systems import ENCODER_REBALANCE, ENTRAIN, generate_plan, plan_system
-from entrain.core.validate import validate_plan
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from tests.sim.fixtures import deferral_assignment, disjoint_layout, one_iteration, raw_samples, toy_cost
 
 
@@ -88,7 +92,7 @@ def test_entrain_option_moves_encoder_work_and_keeps_every_action():
 def test_a_real_run_plans_encoder_work_moved_across_replicas():
     """``make_plan`` checks the point-to-point programs with the channels between replicas (the
     registry's ``cross_replica_moves``); one replica moves nothing."""
-    from entrain.core.p2p import encoder_pieces
+    from entrain.core.ir.p2p import encoder_pieces
     from entrain.runtime.planning import make_plan
 
     batch = _skewed()

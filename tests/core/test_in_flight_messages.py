@@ -1,17 +1,17 @@
-"""The planner's count of point-to-point messages in flight (``entrain.core.planning.memory``): a sent
+"""The planner's count of point-to-point messages in flight (``entrain.core.costs.memory``): a sent
 message until its receive has provably been posted, a received one until the compute action that
 takes it, on a hand-built schedule whose every step is worked out below."""
 
 from __future__ import annotations
 
-from entrain.core.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
-from entrain.core.planning.memory import (
+from entrain.core.costs.memory import (
     in_flight_message_bytes,
     peak_in_flight_message_bytes,
     plan_message_bytes,
 )
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
+from entrain.core.schedules.action_costs import PlanCosts
 
 SIZES = {0: 100.0, 1: 10.0}  # bytes of microbatch m's activations (its gradient: the same)
 
@@ -57,8 +57,8 @@ def test_a_hand_over_on_one_rank_holds_nothing():
 def test_a_real_plans_messages_in_flight_stay_within_its_messages():
     """A 1F1B 1+1 plan of the tiny model: each rank holds something at its peak, never more than all
     the messages it sends and receives together, and the forward-only step holds no gradient."""
-    from entrain.core.presets import build_cost_model
-    from entrain.core.validate import message_of
+    from entrain.core.costs.presets import build_cost_model
+    from entrain.core.ir.validate import message_of
     from tests.runtime.cases import batch_metas, plan_for, works
 
     cost = build_cost_model("tiny", "cpu-tiny")
@@ -83,9 +83,9 @@ def test_a_real_plans_messages_in_flight_stay_within_its_messages():
 def test_a_piece_that_crosses_replicas_counts_its_own_samples():
     """encoder-rebalance at DP 2: the last encoder rank's message to another replica is the piece of
     the samples that replica owns, and its own replica's message the rest."""
-    from entrain.core.p2p import encoder_pieces
-    from entrain.core.presets import build_cost_model
-    from entrain.core.schedules.graph import Message
+    from entrain.core.costs.presets import build_cost_model
+    from entrain.core.ir.graph import Message
+    from entrain.core.ir.p2p import encoder_pieces
     from tests.runtime.cases import batch_metas, plan_for, works
 
     cost = build_cost_model("tiny", "cpu-tiny")
@@ -106,7 +106,7 @@ def test_a_piece_that_crosses_replicas_counts_its_own_samples():
 def test_replicas_of_one_shape_hold_the_same_on_their_own_ranks():
     """Replicas whose action lists are the same share one computed shape (cached), each on its own
     ranks and with its own message sizes; a rank of another replica holds nothing of them."""
-    from entrain.core.presets import build_cost_model
+    from entrain.core.costs.presets import build_cost_model
     from tests.runtime.cases import batch_metas, plan_for, works
 
     cost = build_cost_model("tiny", "cpu-tiny")
@@ -122,7 +122,7 @@ def test_replicas_of_one_shape_hold_the_same_on_their_own_ranks():
 def test_without_pieces_each_replica_counts_its_own_messages_alone():
     """``pieces={}`` (the memory check's count where pieces cannot be sent): no message crosses
     replicas; with the iteration's pieces the moved samples' pieces do."""
-    from entrain.core.presets import build_cost_model
+    from entrain.core.costs.presets import build_cost_model
     from tests.runtime.cases import batch_metas, plan_for, works
 
     cost = build_cost_model("tiny", "cpu-tiny")

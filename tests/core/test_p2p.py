@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrain.core.errors import ScheduleError
-from entrain.core.p2p import (
+from entrain.core.ir.graph import Message
+from entrain.core.ir.p2p import (
     Batch,
     Comm,
     P2POp,
@@ -22,10 +23,9 @@ from entrain.core.p2p import (
     replica_programs,
     single_group,
 )
-from entrain.core.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
-from entrain.core.schedules.graph import Message
+from entrain.core.ir.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
+from entrain.core.ir.validate import validate_plan
 from entrain.core.systems import SYSTEMS, generate_plan
-from entrain.core.validate import validate_plan
 from tests.runtime.cases import batch_metas, plan_for, works
 from tests.sim.fixtures import (
     colocated_layout,
@@ -214,7 +214,7 @@ def test_forward_receives_sized_by_the_receiver_post_one_batch_and_stay_deadlock
     """A forward message whose shape the receiver knows (``known_shape``) posts its headers and data
     as one batch, as a gradient does; every rank's program stays deadlock-free under lazy connection
     and under one shared GPU queue."""
-    from entrain.core.p2p import NcclRules
+    from entrain.core.ir.p2p import NcclRules
 
     plan = _real(system, 2, 2, 1, 0)
     it = plan.iterations[0]

@@ -11,7 +11,7 @@ from functools import cache
 import pytest
 
 from entrain.core.errors import ScheduleError
-from entrain.core.p2p import (
+from entrain.core.ir.p2p import (
     Comm,
     check_iteration,
     check_plan,
@@ -20,7 +20,7 @@ from entrain.core.p2p import (
     layout_channels,
     rank_program,
 )
-from entrain.core.plan import ActionKind
+from entrain.core.ir.plan import ActionKind
 from entrain.core.systems import SYSTEMS, moves_across_replicas
 from tests.runtime.cases import batch_metas, plan_for, works
 

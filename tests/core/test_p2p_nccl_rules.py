@@ -11,7 +11,8 @@ from functools import cache
 import pytest
 
 from entrain.core.errors import ConfigError, ScheduleError
-from entrain.core.p2p import (
+from entrain.core.ir.graph import Message
+from entrain.core.ir.p2p import (
     REAL_NCCL,
     Batch,
     Comm,
@@ -25,8 +26,7 @@ from entrain.core.p2p import (
     rules_from_env,
     warmup_batches,
 )
-from entrain.core.plan import Action
-from entrain.core.schedules.graph import Message
+from entrain.core.ir.plan import Action
 from entrain.core.systems import SYSTEMS, moves_across_replicas
 from entrain.runtime.preflight import SHARED_QUEUE_SAFE, refuse_shared_gpu_queue
 from tests.runtime.cases import batch_metas, plan_for, works

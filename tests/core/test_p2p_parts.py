@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from entrain.core.errors import ScheduleError
-from entrain.core.layer_specs import MessagePart
-from entrain.core.p2p import (
+from entrain.core.ir.graph import Message
+from entrain.core.ir.p2p import (
     Comm,
     check_iteration,
     check_program,
@@ -18,8 +18,8 @@ from entrain.core.p2p import (
     rank_program,
     replica_programs,
 )
-from entrain.core.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
-from entrain.core.schedules.graph import Message
+from entrain.core.ir.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
+from entrain.core.model.layer_specs import MessagePart
 
 DEEP = (MessagePart("deep_0", 8), MessagePart("deep_1", 8))
 

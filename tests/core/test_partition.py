@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.errors import ConfigError
-from entrain.core.partition import min_max_partition, stage_times
+from entrain.core.planning.partition import min_max_partition, stage_times
 
 
 def brute_force(layers, p):

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entrain.core.assignment.types import Deferral, IterationAssignment, ReplicaAssignment
-from entrain.core.plan import (
+from entrain.core.ir.microbatches import Deferral, IterationAssignment, ReplicaAssignment
+from entrain.core.ir.plan import (
     Action,
     ActionKind,
     ComponentLayout,
@@ -13,8 +13,8 @@ from entrain.core.plan import (
     Plan,
     StageSpec,
 )
-from entrain.core.samples import SampleMeta
-from entrain.core.work import SampleWork
+from entrain.core.workload.samples import SampleMeta
+from entrain.core.workload.work import SampleWork
 
 
 @given(
@@ -89,7 +89,7 @@ def test_plan_json_keeps_the_pixel_limits_samples_were_counted_under():
     """A plan of ``--max-pixels`` samples prices the same images after plan.json (the
     simulator once re-read them at the default limits and priced a 640 x 480 photo as 1.5K patches,
     not 256)."""
-    from entrain.core.samples import pixel_limits
+    from entrain.core.workload.samples import pixel_limits
 
     vision = pixel_limits(None, 224 * 224)
     plan = _tiny_plan()
@@ -111,7 +111,7 @@ def test_plan_json_round_trips_the_message_parts_of_a_stage():
     stage without any writes no ``parts`` key (every existing plan file is unchanged)."""
     from dataclasses import replace
 
-    from entrain.core.layer_specs import MessagePart
+    from entrain.core.model.layer_specs import MessagePart
 
     plan = _tiny_plan()
     parts = (MessagePart("deep_0", 16, 2, "tokens", 0.25), MessagePart("deep_1", 16, 4, "image_tokens"))
@@ -129,14 +129,14 @@ def test_plan_json_round_trips_the_message_parts_of_a_stage():
     [("hidden", "tokens", "not 'hidden'"), ("Deep", "tokens", "a-z"), ("deep", "pixels", "rows")],
 )
 def test_a_bad_message_part_is_refused(name, rows, error):
-    from entrain.core.layer_specs import MessagePart
+    from entrain.core.model.layer_specs import MessagePart
 
     with pytest.raises(ValueError, match=error):
         MessagePart(name, 8, rows=rows)
 
 
 def test_a_stage_whose_parts_repeat_a_name_is_refused():
-    from entrain.core.layer_specs import MessagePart
+    from entrain.core.model.layer_specs import MessagePart
 
     with pytest.raises(ValueError, match="repeat a name"):
         StageSpec(0, "encoder", 0, 3, 0, parts=(MessagePart("deep", 8), MessagePart("deep", 8)))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from entrain.core.plan_steps import join_plans, pinned_options, plan_step
-from entrain.core.presets import build_cost_model
-from entrain.core.setups import ConfigRequest, fixed_stage_setup
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.planning.setups import ConfigRequest, fixed_stage_setup
+from entrain.core.planning.steps import join_plans, pinned_options, plan_step
 from entrain.core.systems import SYSTEMS, plan_system
 from entrain.data.workload_io import load_workload
 from tests.sim.fixtures import raw_samples

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.costs.sampler import SampleStats, pool_sampler, proportional_allocation
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig
+from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.planning.baselines import (
     PAPER_TABLE1,
     dip_layout,
@@ -20,10 +22,8 @@ from entrain.core.planning.baselines import (
 from entrain.core.planning.bmin import BMinConfig, find_b_min, num_validation_trials
 from entrain.core.planning.config_search import evaluate_config, search_candidates, search_config
 from entrain.core.planning.entry import plan
-from entrain.core.planning.profile import SampleStats, pool_sampler, proportional_allocation
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta
-from entrain.core.work import SampleWork
+from entrain.core.workload.samples import SampleMeta
+from entrain.core.workload.work import SampleWork
 
 COST_1B = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
 
@@ -178,7 +178,7 @@ def test_disttrain_profile_sample_is_median_ratio():
     pool = meta_pool(300)
     s = disttrain_profile_sample(pool_sampler(pool), COST_1B, seed=1, num_draw=101)
     items = pool_sampler(pool)  # same draw again
-    from entrain.core.planning.profile import draw_seed
+    from entrain.core.costs.sampler import draw_seed
 
     drawn = items(101, draw_seed(1, 101, 0x0D15))
     ratios = sorted((COST_1B.sample_work(x).encoder / COST_1B.sample_work(x).llm, x.id) for x in drawn)
@@ -266,7 +266,7 @@ def test_eager_attention_adds_the_saved_scores_to_stage_memory():
     """Eager attention keeps 6 bytes per score per head: the first (one-stage) encoder of a
     full-attention tower holds ``num_stages`` microbatches of ``U * mean(sum of patches^2)`` scores
     more than with flash attention; the planner's and the simulator's accounting agree."""
-    from entrain.core.schedules.costs import PlanCosts
+    from entrain.core.schedules.action_costs import PlanCosts
 
     prof = meta_pool(64)
     kw = dict(encoder=(1, 1, 1), llm=(1, 1, 1))
@@ -298,7 +298,7 @@ def test_samples_without_size_dependent_work_still_get_candidates():
     """A measured profile of tiny sizes can fit per-call constants only: every sample's work is 0,
     and ProportionalAllocation splits the GPUs evenly instead of dividing by zero."""
     from entrain.core.planning.config_search import search_candidates
-    from entrain.core.work import SampleWork
+    from entrain.core.workload.work import SampleWork
 
     cost = build_cost_model("tiny", "cpu-tiny")
     zero = [SampleWork(f"s{i}", 0.0, 0.0) for i in range(8)]

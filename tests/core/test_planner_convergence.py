@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrain.core.parallel import ParallelConfig
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.costs.sampler import pool_sampler
+from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.planning.bmin import BMinConfig, DeployCheck, find_b_min
 from entrain.core.planning.entry import plan
-from entrain.core.planning.profile import pool_sampler
-from entrain.core.presets import build_cost_model
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 COST = build_cost_model("qwen25vl-llama3-3b", "a40-flops")
 BREAKPOINT = 5.5 / 16

@@ -7,17 +7,18 @@ from itertools import accumulate
 import numpy as np
 import pytest
 
-from entrain.core.parallel import ParallelConfig
-from entrain.core.partition import Partition
-from entrain.core.planning import config_search, memory
+from entrain.core.costs import memory
+from entrain.core.costs.memory import memory_check_iterations
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.costs.sampler import SampleStats, pool_sampler
+from entrain.core.costs.table_work import draw_works
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.planning import config_search
 from entrain.core.planning.config_search import search_candidates
 from entrain.core.planning.entry import plan
-from entrain.core.planning.memory import memory_check_iterations
-from entrain.core.planning.profile import SampleStats, pool_sampler
-from entrain.core.presets import build_cost_model
-from entrain.core.sample_table import SampleTable
-from entrain.core.samples import SampleMeta, VisionTokenConfig
-from entrain.core.table_work import draw_works
+from entrain.core.planning.partition import Partition
+from entrain.core.workload.sample_table import SampleTable
+from entrain.core.workload.samples import SampleMeta, VisionTokenConfig
 
 
 def random_samples(seed: int, n: int) -> list[SampleMeta]:

@@ -1,4 +1,4 @@
-"""The fitted presets read the numbers their fits wrote (``entrain/core/fits/*.json``, written by
+"""The fitted presets read the numbers their fits wrote (``entrain/core/costs/fits/*.json``, written by
 ``benchmarks/fit_*.py``), and those are the numbers the fits' reports state: renewing a fit is running
 its script, which writes both (``cpu-tiny``'s: ``tests/core/test_presets.py``)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from entrain.core import presets as P
+from entrain.core.costs import presets as P
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"

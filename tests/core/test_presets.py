@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from entrain.core.architectures import MODEL_PRESETS, QWEN2_VOCAB_SIZE, get_arch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import MODEL_PRESETS, QWEN2_VOCAB_SIZE, get_arch
 
 # sum(p.numel()) of the transformers 5.24.0 modules built from these configs (measured once, meta device).
 HF_PARAM_COUNTS = {
@@ -66,9 +66,9 @@ def test_unknown_arch():
 
 
 # --- cost presets ---------------------------------------------------------------------------------
-from entrain.core.costmodel import CostModel, parallel_key  # noqa: E402
-from entrain.core.presets import HARDWARE_PRESETS, build_cost_model  # noqa: E402
-from entrain.core.samples import SampleMeta  # noqa: E402
+from entrain.core.costs.costmodel import CostModel, parallel_key  # noqa: E402
+from entrain.core.costs.presets import HARDWARE_PRESETS, build_cost_model  # noqa: E402
+from entrain.core.workload.samples import SampleMeta  # noqa: E402
 
 SAMPLE = SampleMeta("s", ((576, 768),), 162)
 
@@ -191,8 +191,8 @@ def test_unknown_hardware():
 
 
 # --- eager attention ---------------------------------------------------------------------------------
-from entrain.core import presets as P  # noqa: E402
-from entrain.core.presets import attention_by_component  # noqa: E402
+from entrain.core.costs import presets as P  # noqa: E402
+from entrain.core.costs.presets import attention_by_component  # noqa: E402
 
 
 def _layer(cost, comp, name):

@@ -7,15 +7,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from entrain.core.costmodel import RECOMPUTE_MODES
-from entrain.core.parallel import ParallelConfig
-from entrain.core.plan import ActionKind
+from entrain.core.costs.costmodel import RECOMPUTE_MODES
+from entrain.core.costs.memory import choose_recompute
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.costs.sampler import SampleStats
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.ir.plan import ActionKind
 from entrain.core.planning.config_search import evaluate_config
-from entrain.core.planning.memory import choose_recompute
-from entrain.core.planning.profile import SampleStats
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.action_costs import PlanCosts
+from entrain.core.workload.samples import SampleMeta
 
 COST = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
 EAGER = build_cost_model("qwen25vl-llama3-1b", "a40-paper", attention="encoder=eager")
@@ -105,7 +105,7 @@ def test_search_picks_the_cheapest_recomputation_that_fits():
             assert got[0] == mode and got[1] == comp.stage_memory_bytes[j] <= limit
             cheaper = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(mode)]
             for m in cheaper:
-                from entrain.core.planning.memory import microbatch_load, stage_memory_bytes
+                from entrain.core.costs.memory import microbatch_load, stage_memory_bytes
 
                 load = microbatch_load(stats, comp.name, 4)
                 assert stage_memory_bytes(COST, comp.name, f, e, comp.tp, comp.cp, load, in_flight, m) > limit

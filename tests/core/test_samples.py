@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entrain.core.samples import (
+from entrain.core.workload.samples import (
     SampleMeta,
     VisionTokenConfig,
     image_llm_tokens,

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from entrain.core.errors import ScheduleError
-from entrain.core.plan import Action, Plan
+from entrain.core.ir.plan import Action, Plan
+from entrain.core.ir.validate import validate_plan
 from entrain.core.systems import generate_plan
-from entrain.core.validate import validate_plan
 from tests.sim.fixtures import deferral_assignment, disjoint_layout, one_iteration, raw_samples, toy_cost
 
 

@@ -25,7 +25,7 @@ from entrain.core.assignment.two_resource import (
     two_resource_k,
     vector_lpt,
 )
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 from .assignment_strategies import batches
 

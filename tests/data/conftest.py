@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
+from entrain.core.costs.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
 
 
 def stand_in_cost_model() -> CostModel:

@@ -13,9 +13,9 @@ import pytest
 from scipy.io import wavfile
 
 from entrain.cli.data import compute_stats, format_stats
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import DataError
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta, audio_llm_tokens
+from entrain.core.workload.samples import SampleMeta, audio_llm_tokens
 from entrain.data.audio import audio_tokens
 from entrain.data.check import check_dataset
 from entrain.data.workload_io import read_samples

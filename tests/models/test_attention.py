@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families import packed_attention as attention
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_stage, build_vlm

@@ -15,7 +15,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from entrain.cli.main import main
 from entrain.core.errors import ConfigError
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.registry import family_of_folder
 

@@ -123,7 +123,7 @@ def test_the_plain_number_half_runs_with_torch_blocked():
         "sys.modules['transformers'] = None\n"
         "from entrain.models.families.base import ModelSource\n"
         "from entrain.models.families.registry import family_of_source\n"
-        "from entrain.core.presets import build_cost_model\n"
+        "from entrain.core.costs.presets import build_cost_model\n"
         "src = ModelSource(preset='tiny')\n"
         "fam = family_of_source(src)\n"
         "shape = fam.shape(src)\n"

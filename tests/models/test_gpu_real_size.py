@@ -12,7 +12,7 @@ import pytest
 import torch
 from runtime.gpu_harness import each_scenario, run_spawned, scenario
 
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_stage
 from entrain.runtime.data import SampleRenderer

@@ -15,7 +15,7 @@ import torch
 from transformers import InternVLProcessor
 
 from entrain.core.errors import ConfigError
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.internvl.model import rows_to_tiles
 from entrain.models.families.internvl.processing import InternVLRules, image_tiles

@@ -13,7 +13,7 @@ import torch
 from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
 
 from entrain.cli.main import main
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.data.generators import generate_samples
 from entrain.models.families.base import ModelSource
 from entrain.models.families.llava_onevision.processing import OneVisionImageRule, image_tiles, image_tokens

@@ -113,7 +113,7 @@ def test_processing_module_imports_without_torch_or_transformers():
 def test_sample_meta_counts_a_multi_image_sample_with_the_whole_sample_rule():
     """SampleMeta asks the rule's sample_image_tokens / sample_encoder_units: one tile (+ newline) per
     image of several, AnyRes for a lone image (the per-image rule alone over-counts the former)."""
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
 
     rules = R.OneVisionRules()
     rule = R.OneVisionImageRule(rules)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import entrain.models.families.qwen2_vl  # noqa: F401  (registers the family)
+from entrain.core.costs.presets import layer_specs
 from entrain.core.errors import ConfigError
-from entrain.core.presets import layer_specs
 from entrain.models.families.base import ModelSource, PackedSample
 from entrain.models.families.qwen2_vl import model as qm
 from entrain.models.families.qwen2_vl.positions import mrope_position_ids

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.models.families.qwen3_vl_moe.presets import QWEN3_VL_30B_A3B, QWEN3_VL_30B_A3B_CONFIG
 from entrain.models.families.qwen3_vl_moe.spec import ROUTER_STATS, shape_of_config
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.models.families.qwen3_vl.presets import QWEN3_VL_8B
 
 H, MERGE = 4096, 4  # LLM width = merger output; patches per merged token

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import ConfigError
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.composition.config import (
     IMAGE_PAD_ID,
     TINY_VOCAB_SIZE,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 
-from entrain.core.plan import Plan
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.plan import Plan
+from entrain.core.planning.setups import ConfigRequest, fixed_stage_setup
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.memory_split import backward_rooms
-from entrain.core.setups import ConfigRequest, fixed_stage_setup
-from entrain.core.work import SampleWork
+from entrain.core.workload.samples import SampleMeta
+from entrain.core.workload.work import SampleWork
 from entrain.runtime.planning import make_plan
 
 SEED = 0

@@ -74,7 +74,7 @@ def family_model(
     """``label``: ``composition`` or one of ``WHOLE_FAMILIES``; a checkpoint is saved under ``folder``.
     ``kv_heads``: the LLM's KV heads instead of the tiny model's (a preset's shape is changed);
     ``num_samples``: the batch's first samples."""
-    from entrain.core.presets import build_cost_model
+    from entrain.core.costs.presets import build_cost_model
     from entrain.models.families.base import ModelSource
     from entrain.models.families.registry import family_of_source
 

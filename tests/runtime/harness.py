@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from entrain.core.plan import IterationPlan
-from entrain.core.samples import SampleMeta
+from entrain.core.ir.plan import IterationPlan
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.composition.config import VLMConfig
 from entrain.models.families.composition.model import VLM
 from entrain.runtime.data import SampleRenderer

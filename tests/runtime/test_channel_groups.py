@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from entrain.core.p2p import layout_channels
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.ir.p2p import layout_channels
+from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
 from entrain.runtime.channel_groups import build_channel_groups, channel_rounds, group_calls
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from entrain.core.errors import ConfigError
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.comm import MessageKey, Transport
@@ -184,7 +184,7 @@ def test_weights_folder_round_trip(tmp_path):
 def test_an_action_error_names_the_error_a_torch_message_wraps():
     """torch's split backward raises a message that starts with a blank line, from the real error:
     the one line names both (it named neither: 'failed: RuntimeError: ')."""
-    from entrain.core.plan import Action, ActionKind
+    from entrain.core.ir.plan import Action, ActionKind
     from entrain.runtime.executor import ExecutionError
 
     try:
@@ -206,7 +206,7 @@ def _stalled_peer(env, plan, folder, warm_up=True):
     """Rank 1 stalls (after connecting its channels when ``warm_up``) while rank 0 runs its step."""
     import time
 
-    from entrain.core.p2p import warmup_batches
+    from entrain.core.ir.p2p import warmup_batches
     from entrain.runtime.executor import ExecutionError, WarmUpError
 
     cfg = get_model_config("tiny")
@@ -255,7 +255,7 @@ def test_a_stalled_peer_fails_with_rank_action_and_peer(tmp_path):
 
 
 def test_a_peer_that_never_connects_fails_the_warm_up_naming_the_channel(tmp_path):
-    """The first step opens with the channel warm-up (``entrain.core.p2p.WarmUp``); a peer that never
+    """The first step opens with the channel warm-up (``entrain.core.ir.p2p.WarmUp``); a peer that never
     gets there is named by its channel, not mistaken for a mid-step stall."""
     plan = plan_for("1f1b", 1, 1, 1, 4, works(batch_metas()))
     (message, _, waited_s), _ = run_workers(

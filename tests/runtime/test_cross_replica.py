@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from entrain.core.batching.rebalance import moved_samples
-from entrain.core.p2p import encoder_pieces
+from entrain.core.assignment.batchers.rebalance import moved_samples
+from entrain.core.ir.p2p import encoder_pieces
 from entrain.core.systems import moves_across_replicas
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from entrain.cli.main import main
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.data.workload_io import load_workload
 from entrain.models.families.composition.config import get_model_config
 from entrain.runtime.data import RecordSource, SampleRenderer
@@ -96,7 +96,7 @@ def test_a_rendered_answer_has_the_metadatas_length():
     """Generated samples whose metadata counts answer tokens are rendered with exactly that many label
     positions (what the cost model prices ``lm_head`` and the loss on); without the count, 20 % of the
     text."""
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
 
     cfg = get_model_config("tiny")
     metas = {

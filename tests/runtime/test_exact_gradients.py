@@ -18,8 +18,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from entrain.core.p2p import Comm, rank_program
-from entrain.core.plan import ActionKind, Plan
+from entrain.core.ir.p2p import Comm, rank_program
+from entrain.core.ir.plan import ActionKind, Plan
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm, set_trainable
 from entrain.runtime.data import SampleRenderer

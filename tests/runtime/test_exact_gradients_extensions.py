@@ -14,9 +14,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from entrain.core.plan import ComponentLayout, Layout, Plan, StageSpec
-from entrain.core.presets import build_cost_model
-from entrain.core.validate import validate_plan
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.ir.plan import ComponentLayout, Layout, Plan, StageSpec
+from entrain.core.ir.validate import validate_plan
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer

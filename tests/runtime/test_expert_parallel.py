@@ -204,7 +204,7 @@ def test_trainer_ep2_matches_transformers(fm, oracle, tmp_path):
 def _check_actions(env, lists):
     import torch.distributed as dist
 
-    from entrain.core.plan import Action, ActionKind
+    from entrain.core.ir.plan import Action, ActionKind
 
     groups = build_ep_groups([list(range(dist.get_world_size()))], env.rank, 2)
     out = []

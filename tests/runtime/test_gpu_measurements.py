@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer

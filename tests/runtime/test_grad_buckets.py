@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrain.core.plan import ActionKind
+from entrain.core.ir.plan import ActionKind
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm
 from entrain.runtime import grad_buckets

@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.internvl.model import rows_to_tiles
 from entrain.models.families.registry import family_of_source

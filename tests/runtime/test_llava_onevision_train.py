@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.llava_onevision.family import ONEVISION_FAMILY as FAM
 from entrain.models.families.llava_onevision.model import rows_to_tiles

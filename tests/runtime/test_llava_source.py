@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from entrain.cli.main import main
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.data.workload_io import load_workload
 from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config
 from entrain.runtime.data import RecordSource, SampleRenderer

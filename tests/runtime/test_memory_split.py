@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.runtime.planning import make_plan
 from entrain.sim.executor import simulate_plan
 

@@ -1,4 +1,4 @@
-"""A stage message of several named parts (``entrain.core.layer_specs.MessagePart``) trains exactly.
+"""A stage message of several named parts (``entrain.core.model.layer_specs.MessagePart``) trains exactly.
 
 The toy family of ``test_toy_family`` with a DeepStack-like second encoder output: the encoder emits
 ``hidden`` and ``deep`` (one row per image token each); ``deep`` is consumed only by the LLM's second
@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from entrain.core.layer_specs import MessagePart
-from entrain.core.plan import ActionKind, ComponentLayout, Layout, Plan, StageSpec
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.ir.plan import ActionKind, ComponentLayout, Layout, Plan, StageSpec
+from entrain.core.model.layer_specs import MessagePart
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.registry import register_family, unregister_family
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.planning import make_plan

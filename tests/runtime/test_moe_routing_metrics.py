@@ -83,7 +83,7 @@ def test_each_layers_counts_sum_to_the_steps_tokens_times_top_k(run):
 def test_first_steps_counts_are_transformers_routing(run, folder):
     """Each sample of step 0 alone through transformers' ``Qwen3VLMoeForConditionalGeneration``: the
     experts its routers choose (``gate``'s top-k indices), counted per sparse layer, equal the row's."""
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
     from entrain.models.families.base import ModelSource
     from entrain.models.families.registry import family_of_source
 

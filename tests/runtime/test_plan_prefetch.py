@@ -12,9 +12,9 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import ConfigError
-from entrain.core.presets import build_cost_model
-from entrain.core.setups import ConfigRequest, fixed_stage_setup
+from entrain.core.planning.setups import ConfigRequest, fixed_stage_setup
 from entrain.core.systems import plan_system
 from entrain.data.workload_io import load_workload
 from entrain.runtime.plan_prefetch import StepPlanner, StepPlans

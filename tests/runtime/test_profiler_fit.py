@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
+from entrain.core.costs.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
 from entrain.core.errors import ConfigError
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.profiling import image_grid
@@ -180,7 +180,7 @@ def test_the_median_of_profiles_takes_per_size_medians_and_refits():
     measurements, fitted again, on every layer the representative stands for."""
     from dataclasses import replace as dc_replace
 
-    from entrain.core.presets import build_cost_model
+    from entrain.core.costs.presets import build_cost_model
     from entrain.runtime.profiler import median_profile
 
     fits = []

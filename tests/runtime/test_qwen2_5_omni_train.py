@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.models.families.base import ModelSource
 from entrain.models.families.registry import family_of_source
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
@@ -133,7 +133,7 @@ def test_pipeline_gradients_match_transformers(fm, tmp_path):
 
 def test_the_planned_boundary_message_carries_the_audio_rows(fm):
     """The cost model's ``audio`` part: one row of the LLM width per audio token of the message's samples."""
-    from entrain.core.schedules.costs import PlanCosts
+    from entrain.core.schedules.action_costs import PlanCosts
 
     from .cases import works
 

@@ -88,7 +88,7 @@ def _check_export(source, exported, checkpoint) -> None:
 def test_the_renderer_packs_the_family_mrope_ids(tmp_path):
     """The runtime's packed LLM batch carries the family's ``[3, T]`` ids (short texts included, whose
     images touch)."""
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
     from entrain.models.families.base import ModelSource, PackedSample
     from entrain.models.families.registry import get_family
     from entrain.runtime.data import SampleRenderer

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.models.families.base import ModelSource
 from entrain.models.families.qwen3_vl_moe.spec import ROUTER_STATS
 from entrain.models.families.registry import family_of_source

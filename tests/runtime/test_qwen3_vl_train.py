@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from entrain.core.presets import build_cost_model
+from entrain.core.costs.presets import build_cost_model
 from entrain.models.families.base import ModelSource
 from entrain.models.families.registry import family_of_source
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer

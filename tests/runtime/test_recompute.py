@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from entrain.core.samples import SampleMeta
+from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer

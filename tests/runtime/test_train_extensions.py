@@ -8,7 +8,7 @@ import pytest
 from entrain.cli import train_worker
 from entrain.cli.main import build_parser
 from entrain.cli.train import _spec
-from entrain.core.plan import ActionKind
+from entrain.core.ir.plan import ActionKind
 from entrain.runtime.planning import make_plan, run_setups
 from entrain.runtime.run_data import load_data
 

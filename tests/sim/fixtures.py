@@ -3,10 +3,10 @@ or batcher needed)."""
 
 from __future__ import annotations
 
-from entrain.core.assignment.types import Deferral, IterationAssignment, ReplicaAssignment
-from entrain.core.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
-from entrain.core.work import SampleWork
+from entrain.core.costs.costmodel import ComponentCost, CostModel, HardwareSpec, LayerCost, Quadratic
+from entrain.core.ir.microbatches import Deferral, IterationAssignment, ReplicaAssignment
+from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.workload.work import SampleWork
 
 KEY = "tp1cp1"
 

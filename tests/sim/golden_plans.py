@@ -13,7 +13,7 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from entrain.core.plan import Plan
+from entrain.core.ir.plan import Plan
 from entrain.core.systems import generate_plan, plan_system
 from tests.sim.fixtures import (
     colocated_layout,

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from entrain.core.assignment.hierarchical import assign_entrain
 from entrain.core.assignment.two_resource import replica_loads
 from entrain.core.errors import ConfigError
+from entrain.core.ir.validate import validate_plan
 from entrain.core.schedules import entrain as entrain_schedule
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.entrain import balanced_dp_split, rank_shares
 from entrain.core.systems import generate_plan
-from entrain.core.validate import validate_plan
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import simulate_plan
 from tests.sim.fixtures import disjoint_layout, toy_cost
 

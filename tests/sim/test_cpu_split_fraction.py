@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from entrain.core.plan import ActionKind, Layout
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import SampleMeta
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.work import SampleWork
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.ir.plan import ActionKind, Layout
+from entrain.core.schedules.action_costs import PlanCosts
+from entrain.core.workload.samples import SampleMeta
+from entrain.core.workload.work import SampleWork
 
 
 def _llm_costs(cost) -> PlanCosts:

@@ -1,6 +1,6 @@
 """Every automatic choice of Entrain is decided by simulating its candidates on the planner's draws and
 departs from the paper's default only past the decision margin
-(``entrain.core.setups.DECISIONS``); ``plan --json`` / ``--out`` and ``simulate --json`` list them."""
+(``entrain.core.planning.setups.DECISIONS``); ``plan --json`` / ``--out`` and ``simulate --json`` list them."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from functools import cache
 import pytest
 
 from entrain.cli.main import main
-from entrain.core import extensions, setups
-from entrain.core.parallel import ParallelConfig
-from entrain.core.presets import resolve_cost_model
-from entrain.core.setups import (
+from entrain.core.costs.presets import resolve_cost_model
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.planning import extensions, setups
+from entrain.core.planning.setups import (
     DECISION_MARGIN,
     ConfigRequest,
     SystemSetup,
@@ -22,7 +22,7 @@ from entrain.core.setups import (
     pick,
     system_setups,
 )
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.memory_fit import fit_memory_best
 from entrain.sim.run import run_system
@@ -281,7 +281,7 @@ def test_simulate_lists_each_systems_decisions_and_the_flag_sets_the_margin():
 
 
 def test_plan_json_and_out_carry_the_decisions_and_train_reads_such_a_file(tmp_path, capsys):
-    from entrain.core.setups import read_plan_file
+    from entrain.core.planning.setups import read_plan_file
 
     out = tmp_path / "plan.json"
     assert main(["plan", *SMALL, "--json", "--out", str(out)]) == 0

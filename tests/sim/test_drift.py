@@ -11,9 +11,9 @@ import pytest
 from entrain.cli.common import config_workload
 from entrain.cli.main import build_parser
 from entrain.config import RunConfig
-from entrain.core.plan import ComponentLayout, StageSpec
-from entrain.core.setups import system_setups
-from entrain.core.work import SampleWork
+from entrain.core.ir.plan import ComponentLayout, StageSpec
+from entrain.core.planning.setups import system_setups
+from entrain.core.workload.work import SampleWork
 from entrain.data import sampling
 from entrain.sim.adaptive import join_metrics, monitor_for
 from entrain.sim.drift import DriftMonitor, ReplanSettings, WorkProfile, allocation, replan_cost_ms
@@ -253,7 +253,7 @@ def test_a_split_that_fits_nothing_is_replaced_and_never_chosen(tiny):
 def heavy_window():
     """3B on 8 GPUs (dp 1, tp 2, B 16, mb 4): Entrain planned on chartqa, and a window of 2 docvqa
     batches (seeded) on which that plan overflows device memory as planned."""
-    from entrain.core.table_work import draw_works
+    from entrain.core.costs.table_work import draw_works
     from entrain.data.generators import generate_samples
 
     args = build_parser().parse_args(
@@ -296,7 +296,7 @@ def test_a_plan_for_the_window_is_as_fast_there_as_one_for_other_data(heavy_wind
     (the check adds only what the window's microbatches need to the chartqa plan). The re-planner also
     judges each candidate without the planner's recomputation (``from_peaks``): its pick is as fast on
     the window as the chartqa plan by the monitor's judge (up to the decision margin)."""
-    from entrain.core.setups import DECISION_MARGIN
+    from entrain.core.planning.setups import DECISION_MARGIN
     from entrain.sim.adaptive import window_replanner, window_time
 
     cost, req, light, window = heavy_window

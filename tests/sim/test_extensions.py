@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from entrain.core.errors import ConfigError
-from entrain.core.plan import ActionKind, ComponentLayout, Layout, StageSpec
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.plan import ActionKind, ComponentLayout, Layout, StageSpec
+from entrain.core.ir.validate import validate_plan
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.entrain import split_weight_grads
-from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.lowering import strip_comms
 from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.systems import generate_plan
-from entrain.core.validate import validate_plan
 from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics
 from tests.sim.fixtures import (
@@ -161,7 +161,7 @@ def test_split_weight_grads_sends_a_slots_gradients_before_its_weight_gradients(
     """A fused rank's backward slot (LLM stage 2, then encoder stage 1, with a deferred sub) runs its
     input gradients first (the encoder's gradient leaves before the LLM's ``W``); a rank's drain of
     one stage keeps ``I`` then ``W`` per microbatch; ``per-b`` keeps each ``B``'s place."""
-    from entrain.core.plan import Action
+    from entrain.core.ir.plan import Action
 
     def acts(spec: str) -> list[Action]:
         return [Action(int(t[1]), ActionKind(t[0]), int(t[2]), int(t[3:] or 0)) for t in spec.split()]

@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from entrain.core.plan import Action
-from entrain.core.validate import validate_plan
+from entrain.core.ir.plan import Action
+from entrain.core.ir.validate import validate_plan
 from tests.sim.golden_plans import (
     GOLDEN,
     HAND_BUILT,

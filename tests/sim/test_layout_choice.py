@@ -9,10 +9,10 @@ from functools import cache
 
 import pytest
 
+from entrain.core.costs.presets import resolve_cost_model
+from entrain.core.costs.sampler import MacroscopicProfiler
 from entrain.core.planning.boundary import boundary_sharing_config
-from entrain.core.planning.profile import MacroscopicProfiler
-from entrain.core.presets import resolve_cost_model
-from entrain.core.setups import LAYOUT_MARGIN, ConfigRequest, departs, entrain_variant, system_setups
+from entrain.core.planning.setups import LAYOUT_MARGIN, ConfigRequest, departs, entrain_variant, system_setups
 from entrain.data.sampling import dataset_sampler
 from entrain.data.workload_io import load_workload
 from entrain.sim.choose import candidate_judge, planner_draws

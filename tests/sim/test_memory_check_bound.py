@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from entrain.core.planning.memory import memory_check_iterations
-from entrain.core.setups import SystemSetup
-from entrain.core.work import SampleWork
+from entrain.core.costs.memory import memory_check_iterations
+from entrain.core.planning.setups import SystemSetup
+from entrain.core.workload.work import SampleWork
 from entrain.sim.memory_fit import fit_memory_best
 from entrain.sim.replica_sample import heaviest_batches
 from entrain.sim.run import run_system

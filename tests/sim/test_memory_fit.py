@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from entrain.cli.main import main
-from entrain.core.setups import SystemSetup
-from entrain.core.work import SampleWork
+from entrain.core.planning.setups import SystemSetup
+from entrain.core.workload.work import SampleWork
 from entrain.sim.memory_fit import fit_memory, fit_memory_best
 from entrain.sim.run import run_system
 from tests.sim.fixtures import disjoint_layout, toy_cost
@@ -66,8 +66,8 @@ def test_simulate_returns_fitting_plans_on_heavy_vision(heavy, microbatch, capsy
 def test_plan_hands_train_a_layout_that_fits(heavy, tmp_path, capsys):
     """``plan --out`` runs simulate's memory check: here Algorithm 2's own plan overflows (simulate
     needs eager forwards within the 1F1B peak), and the file's plan fits on simulate's batches."""
-    from entrain.core.presets import resolve_cost_model
-    from entrain.core.setups import read_plan_file
+    from entrain.core.costs.presets import resolve_cost_model
+    from entrain.core.planning.setups import read_plan_file
     from entrain.data.workload_io import load_workload
     from entrain.sim.run import run_system
 

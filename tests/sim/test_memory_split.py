@@ -10,13 +10,13 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entrain.core.plan import Action, ActionKind
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.plan import Action, ActionKind
+from entrain.core.ir.validate import validate_plan
+from entrain.core.planning.setups import SystemSetup
 from entrain.core.schedules import entrain
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.memory_split import backward_rooms, rank_rooms
-from entrain.core.setups import SystemSetup
-from entrain.core.validate import validate_plan
 from entrain.sim.executor import simulate_plan
 from entrain.sim.memory_fit import fit_memory, no_fit_message
 

@@ -1,5 +1,5 @@
 """A rank's simulated peak memory counts the point-to-point messages it holds in flight at each step of
-its program (``entrain.core.planning.memory.in_flight_message_bytes``) on top of the activations it
+its program (``entrain.core.costs.memory.in_flight_message_bytes``) on top of the activations it
 holds at that step; the fit check (``SystemMetrics.fits_memory``) and the planner's memory check
 (``fit_memory``) decide on that one count."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from entrain.core.setups import SystemSetup
-from entrain.core.work import SampleWork
+from entrain.core.planning.setups import SystemSetup
+from entrain.core.workload.work import SampleWork
 from entrain.sim.memory_fit import fit_memory
 from entrain.sim.run import run_system
 from tests.sim.fixtures import disjoint_layout, toy_cost
@@ -55,8 +55,8 @@ def test_a_configuration_that_fits_without_its_messages_does_not_fit_with_them()
 def test_memory_bounded_dip_greedy_keeps_room_for_its_messages():
     """``dip-greedy-mem`` fills device memory with activations up to its budget: the budget leaves room
     for the messages each rank holds in flight, so its plan fits with them counted."""
-    from entrain.core.presets import build_cost_model
-    from entrain.core.schedules.costs import PlanCosts
+    from entrain.core.costs.presets import build_cost_model
+    from entrain.core.schedules.action_costs import PlanCosts
     from entrain.sim.executor import simulate_plan
     from entrain.sim.metrics import compute_metrics
     from tests.runtime.cases import batch_metas, plan_for, works

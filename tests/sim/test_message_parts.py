@@ -9,16 +9,16 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.presets import build_cost_model, get_arch
 from entrain.core.errors import ConfigError
-from entrain.core.layer_specs import MessagePart
-from entrain.core.parallel import ParallelConfig
-from entrain.core.partition import min_max_partition
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.model.layer_specs import MessagePart
 from entrain.core.planning.config_search import evaluate_config
-from entrain.core.presets import build_cost_model, get_arch
-from entrain.core.samples import SampleMeta
+from entrain.core.planning.partition import min_max_partition
 from entrain.core.systems import plan_system
+from entrain.core.workload.samples import SampleMeta
 from entrain.sim.executor import simulate_plan
 
 ENC_PART = MessagePart("deep", 64, 2, rows_per_token=0.25)

@@ -12,11 +12,11 @@ from importlib import resources
 import jsonschema
 
 from entrain.cli.main import main
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.validate import validate_plan
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.systems import DFLOP, DISTTRAIN, ENCODER_REBALANCE, plan_system
-from entrain.core.validate import validate_plan
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import simulate_plan
 from tests.sim.fixtures import disjoint_layout, toy_cost
 

@@ -10,8 +10,8 @@ from functools import cache
 
 import pytest
 
-from entrain.core.presets import resolve_cost_model
-from entrain.core.setups import DECISION_MARGIN, ConfigRequest, pick, system_setups
+from entrain.core.costs.presets import resolve_cost_model
+from entrain.core.planning.setups import DECISION_MARGIN, ConfigRequest, pick, system_setups
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import judged_ms, planner_draws
 

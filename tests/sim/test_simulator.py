@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from entrain.core.plan import ActionKind
-from entrain.core.schedules.costs import PlanCosts
+from entrain.core.ir.plan import ActionKind
+from entrain.core.ir.validate import validate_plan
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.one_f_one_b import one_f_one_b_makespan
 from entrain.core.systems import SYSTEMS, generate_plan
-from entrain.core.validate import validate_plan
 from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics
 from tests.sim.fixtures import (
@@ -206,7 +206,7 @@ def test_simulator_reports_a_deadlocked_plan_with_the_grid():
     from dataclasses import replace
 
     from entrain.core.errors import ScheduleError
-    from entrain.core.plan import Action
+    from entrain.core.ir.plan import Action
 
     cost = toy_cost(enc_layers=2, llm_layers=2)
     plan = _uniform_plan(3, 1, 1, cost)
@@ -223,8 +223,8 @@ def test_simulator_reports_a_deadlocked_plan_with_the_grid():
 def test_split_backward_input_weight_actions_validate_and_simulate():
     """I (backward for inputs) then W (weights) instead of B: lowering sends gradients after I,
     the validator accepts it and the simulator charges half a backward to each."""
-    from entrain.core.plan import Action, IterationPlan
-    from entrain.core.schedules.graph import ReplicaGraph
+    from entrain.core.ir.graph import ReplicaGraph
+    from entrain.core.ir.plan import Action, IterationPlan
     from entrain.core.schedules.lowering import add_comms, strip_comms
 
     cost = toy_cost(enc_layers=2, llm_layers=2)

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from entrain.core.costmodel import Quadratic
-from entrain.core.plan import ActionKind
-from entrain.core.samples import SampleMeta
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.work import SampleWork
+from entrain.core.costs.costmodel import Quadratic
+from entrain.core.ir.plan import ActionKind
+from entrain.core.schedules.action_costs import PlanCosts
+from entrain.core.workload.samples import SampleMeta
+from entrain.core.workload.work import SampleWork
 from tests.sim.fixtures import KEY, disjoint_layout, toy_cost
 
 # flat (per-call overhead) up to 64 tokens, then steep: the first segment's slope is 0.001 ms/token

@@ -24,10 +24,10 @@ import jsonschema
 import pytest
 
 from entrain.cli.main import main
-from entrain.core.costmodel import CostModel
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import VisionTokenConfig
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.systems import plan_system
+from entrain.core.workload.samples import VisionTokenConfig
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import planner_draws
 from entrain.sim.executor import simulate_plan

@@ -17,12 +17,12 @@ import json
 import pytest
 
 from entrain.cli.main import main
-from entrain.core.costmodel import CostModel
-from entrain.core.presets import build_cost_model
-from entrain.core.samples import VisionTokenConfig
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.setups import ConfigRequest, system_setups
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.planning.setups import ConfigRequest, system_setups
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.systems import plan_system
+from entrain.core.workload.samples import VisionTokenConfig
 from entrain.data.sampling import dataset_sampler
 from entrain.sim.choose import candidate_judge, planner_draws
 

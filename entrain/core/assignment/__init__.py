@@ -2,9 +2,11 @@
 module per step: ``dp_split`` (replicas), ``stratified`` (K_eff + coarse/fine LPT encoder
 microbatches), ``deferral`` (subset-sum DP, ``V``/``L``), ``matching`` (BottleneckMatch),
 ``hierarchical`` (the whole pipeline, ``assign_entrain``); ``two_resource`` (our extension: encoder
-and LLM balanced together, ``assign_replica_two_resource``). Data types live in ``types``.
+and LLM balanced together, ``assign_replica_two_resource``). Each system's batcher (one global batch
+-> ``IterationAssignment``) is in ``batchers``; the data types are the Plan IR's
+(``entrain.core.ir.microbatches``).
 
-Attributes are imported lazily so that ``entrain.core.assignment.types`` stays cheap to import.
+Attributes are imported lazily so that importing ``batchers`` stays cheap.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from entrain.core.errors import ConfigError
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["sort_desc", "check_batch", "split_dp"]
 

@@ -21,8 +21,8 @@ from entrain.core.assignment.deferral import NUM_BUCKETS, deferral_candidates
 from entrain.core.assignment.dp_split import check_batch, split_dp
 from entrain.core.assignment.matching import bottleneck_match, complete_pairing
 from entrain.core.assignment.stratified import stratified_assign
-from entrain.core.assignment.types import Deferral, IterationAssignment, ReplicaAssignment
-from entrain.core.work import SampleWork
+from entrain.core.ir.microbatches import Deferral, IterationAssignment, ReplicaAssignment
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["DeferralPlan", "plan_deferral", "replica_assignment", "assign_replica", "assign_entrain"]
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from entrain.core.assignment.dp_split import sort_desc
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["effective_num_microbatches", "coarse_fine_split", "lpt_assign", "stratified_assign"]
 

@@ -46,8 +46,8 @@ from entrain.core.assignment.deferral import NUM_BUCKETS
 from entrain.core.assignment.dp_split import check_batch
 from entrain.core.assignment.hierarchical import assign_replica, replica_assignment
 from entrain.core.assignment.stratified import effective_num_microbatches
-from entrain.core.assignment.types import ReplicaAssignment
-from entrain.core.work import SampleWork
+from entrain.core.ir.microbatches import ReplicaAssignment
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "RankShares",

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from entrain.core.costmodel import CostModel
-from entrain.core.dataset_aliases import canonical_dataset
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.sampler import Item, Sampler, SampleStats, draw_seed
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.planning.config_search import StaticConfig, evaluate_config
-from entrain.core.planning.profile import Item, Sampler, SampleStats, draw_seed
 from entrain.core.systems import DIP, DISTTRAIN, ENTRAIN
+from entrain.core.workload.aliases import canonical_dataset
 
 __all__ = [
     "disttrain_profile_sample",

@@ -18,17 +18,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from entrain.core.costmodel import CostModel
-from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig
-from entrain.core.planning.config_search import StaticConfig, search_candidates
-from entrain.core.planning.profile import (
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.sampler import (
     MacroscopicProfiler,
     Sampler,
     SampleStats,
     mean_layer_ms,
     proportional_allocation,
 )
+from entrain.core.errors import ConfigError
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.planning.config_search import StaticConfig, search_candidates
 
 __all__ = [
     "EQ2_TOLERANCE",

@@ -4,7 +4,7 @@
 pipeline ranks in one min-max pass, so the rank where the modalities meet may hold the last encoder
 stage and the first LLM stage (same TP x CP on both). Its Eq. 2 time is never above the disjoint
 split's on the same ranks (the disjoint split is one of its candidate partitions);
-``entrain.core.setups`` uses it for Entrain where Eq. 2 is lower.
+``entrain.core.planning.setups`` uses it for Entrain where Eq. 2 is lower.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from entrain.core.costmodel import COMPONENTS, RECOMPUTE_MODES, CostModel
+from entrain.core.costs.costmodel import COMPONENTS, RECOMPUTE_MODES, CostModel
+from entrain.core.costs.memory import microbatch_load, recompute_ms, stage_memory_bytes
+from entrain.core.costs.sampler import Item, SampleStats, has_costs, mean_layer_ms
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig
-from entrain.core.partition import min_max_partition
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
-from entrain.core.planning.memory import microbatch_load, recompute_ms, stage_memory_bytes
-from entrain.core.planning.profile import Item, SampleStats, has_costs, mean_layer_ms
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.planning.partition import min_max_partition
 
 __all__ = ["SharedBoundaryConfig", "boundary_sharing_config"]
 

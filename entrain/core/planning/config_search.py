@@ -18,13 +18,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from entrain.core.costmodel import COMPONENTS, CostModel
-from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig, num_microbatches
-from entrain.core.partition import min_max_partition
-from entrain.core.plan import ComponentLayout, Layout, StageSpec
-from entrain.core.planning.memory import choose_recompute
-from entrain.core.planning.profile import (
+from entrain.core.costs.costmodel import COMPONENTS, CostModel
+from entrain.core.costs.memory import choose_recompute
+from entrain.core.costs.sampler import (
     Item,
     SampleStats,
     encoder_share,
@@ -32,6 +28,10 @@ from entrain.core.planning.profile import (
     mean_layer_ms,
     proportional_allocation,
 )
+from entrain.core.errors import ConfigError
+from entrain.core.ir.parallel import ParallelConfig, num_microbatches
+from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
+from entrain.core.planning.partition import min_max_partition
 
 __all__ = [
     "ComponentConfig",

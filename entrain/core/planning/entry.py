@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.sampler import MacroscopicProfiler, Sampler
 from entrain.core.errors import ConfigError
-from entrain.core.parallel import ParallelConfig
+from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.planning.bmin import (
     EQ2_TOLERANCE,
     PAPER_BMIN_CONFIG,
@@ -17,7 +18,6 @@ from entrain.core.planning.bmin import (
     find_b_min,
 )
 from entrain.core.planning.config_search import StaticConfig, dp_options, gpus_of, search_config
-from entrain.core.planning.profile import MacroscopicProfiler, Sampler
 
 __all__ = ["PlanResult", "plan"]
 

@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Action, ActionKind, IterationPlan, Layout, MicrobatchSpec, Plan
-from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.microbatches import IterationAssignment, ReplicaAssignment
+from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout, MicrobatchSpec, Plan
 from entrain.core.schedules.lowering import add_comms
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "PlanGenerator",
@@ -106,7 +106,7 @@ class ScheduleOptions:
     backwards it completes; ``BACKWARD_ORDERS``): ``"slot"`` runs the slot's ``I``s, then its ``W``s
     (the encoder's gradient leaves before the LLM's ``W``), ``"per-b"`` each ``B`` as ``I, W`` in place
     (the LLM's activations are freed before the encoder's backward). Identical on every other rank.
-    ``entrain.core.setups`` decides it by simulation (the ``backward_order`` decision): the cost
+    ``entrain.core.planning.setups`` decides it by simulation (the ``backward_order`` decision): the cost
     model's prediction cannot, it never ranks ``"per-b"`` ahead (per-b can only win through memory)."""
 
     assignment: str = "paper"
@@ -122,7 +122,7 @@ class ScheduleOptions:
     dp_resplit: bool = True
     """Under ``assignment`` ``"two-resource"`` or ``"auto"``: whether the DP split may be re-chosen per
     iteration (the paper's or the two-resource one, ``entrain.balanced_dp_split``); False keeps the
-    paper's DP split (``entrain.core.setups`` decides it by simulation, the ``dp_split`` decision)."""
+    paper's DP split (``entrain.core.planning.setups`` decides it by simulation, the ``dp_split`` decision)."""
 
     memory_split: bool = True
     """Entrain (ours, not the paper's): cut an encoder (sub-)microbatch whose recomputing backward
@@ -134,7 +134,7 @@ class ScheduleOptions:
     encoder_rebalance: bool = False
     """Entrain (after the 2026 systems): rebalance each position's encoder work across the DP
     replicas by all-to-all, the features returned to their owners (``schedules.rebalance``; the
-    ``encoder_rebalance`` decision, ``entrain.core.setups``)."""
+    ``encoder_rebalance`` decision, ``entrain.core.planning.setups``)."""
 
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:

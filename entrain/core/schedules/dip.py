@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Action, ActionKind, Layout, MicrobatchSpec, Plan
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.microbatches import IterationAssignment, ReplicaAssignment
+from entrain.core.ir.plan import Action, ActionKind, Layout, MicrobatchSpec, Plan
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.common import ScheduleOptions, build_plan, one_f_one_b_order
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["generate", "cut_by_cap", "dip_caps", "dip_specs", "phase_orders"]
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from entrain.core.assignment.types import IterationAssignment
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Action, ActionKind, Layout, Plan
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.microbatches import IterationAssignment
+from entrain.core.ir.plan import Action, ActionKind, Layout, Plan
 from entrain.core.schedules import dip
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.common import ScheduleOptions
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.predict import compute_deps
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["generate", "greedy_orders", "budget_bytes", "message_reserve_bytes", "MEMORY_BOUNDED"]
 
@@ -220,8 +220,8 @@ def generate(
 
 def message_reserve_bytes(plan: Plan, cost: CostModel) -> dict[int, float]:
     """Per pipeline rank: the most bytes of messages it holds in flight at one step of ``plan``, over
-    replicas and iterations (``entrain.core.planning.memory.in_flight_message_bytes``)."""
-    from entrain.core.planning.memory import peak_in_flight_message_bytes, plan_message_bytes
+    replicas and iterations (``entrain.core.costs.memory.in_flight_message_bytes``)."""
+    from entrain.core.costs.memory import peak_in_flight_message_bytes, plan_message_bytes
 
     costs = PlanCosts(plan.layout, cost, plan.samples)
     out: dict[int, float] = {}

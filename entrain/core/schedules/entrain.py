@@ -32,7 +32,7 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   the order ``ScheduleOptions.backward_order`` says (``split_weight_grads``): ``"slot"``, the slot's
   ``I``s then its ``W``s (the encoder's gradient does not wait for the LLM's ``W``), or ``"per-b"``,
   each ``B`` as ``I, W`` in place; identical on every other rank. It is decided per plan by
-  simulation (``entrain.core.setups``, the ``backward_order`` decision), not per iteration by
+  simulation (``entrain.core.planning.setups``, the ``backward_order`` decision), not per iteration by
   ``predicted_makespan_ms``: the slot order only moves ``I``s earlier and ``W``s later, so its
   prediction is never above per-b's; per-b can only win through the fused rank's memory (``W``
   frees the activations), which only the simulated memory check prices. Recorded in
@@ -63,10 +63,12 @@ from entrain.core.assignment.two_resource import (
     replica_loads,
     split_dp_two_resource,
 )
-from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.plan import Action, ActionKind, Layout, Plan
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.microbatches import IterationAssignment, ReplicaAssignment
+from entrain.core.ir.plan import Action, ActionKind, Layout, Plan
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.common import (
     ScheduleOptions,
     build_plan_per_replica,
@@ -77,13 +79,11 @@ from entrain.core.schedules.common import (
     rank_units,
     require_stage_chain,
 )
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
 from entrain.core.schedules.lowering import add_comms
 from entrain.core.schedules.memory_split import rank_rooms, split_to_fit
 from entrain.core.schedules.predict import predicted_makespan_ms
-from entrain.core.work import SampleWork
 from entrain.core.workers import ordered_map
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["generate", "eager_warmups", "peak_bytes", "rank_shares", "split_weight_grads"]
 

@@ -17,8 +17,8 @@ consumption, which can differ from the sender's send order when a rank holds sev
 
 from __future__ import annotations
 
-from entrain.core.plan import Action, ActionKind
-from entrain.core.schedules.graph import Message, ReplicaGraph
+from entrain.core.ir.graph import Message, ReplicaGraph
+from entrain.core.ir.plan import Action, ActionKind
 
 __all__ = ["add_comms", "strip_comms"]
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from entrain.core.plan import Action, ActionKind, MicrobatchSpec
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.plan import Action, ActionKind, MicrobatchSpec
+from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.common import balanced_pieces
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
 
 __all__ = ["rank_rooms", "backward_rooms", "split_to_fit"]
 

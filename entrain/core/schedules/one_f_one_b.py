@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from entrain.core.assignment.types import IterationAssignment
-from entrain.core.costmodel import CostModel
-from entrain.core.plan import Action, Layout, Plan
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.microbatches import IterationAssignment
+from entrain.core.ir.plan import Action, Layout, Plan
 from entrain.core.schedules.common import (
     ScheduleOptions,
     build_plan,
@@ -21,8 +22,7 @@ from entrain.core.schedules.common import (
     require_one_stage_per_rank,
     stage_units,
 )
-from entrain.core.schedules.graph import ReplicaGraph
-from entrain.core.work import SampleWork
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["generate", "one_f_one_b_compute", "one_f_one_b_makespan"]
 

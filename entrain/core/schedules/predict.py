@@ -10,9 +10,9 @@ all-reduce (the same for every order of one layout).
 
 from __future__ import annotations
 
-from entrain.core.plan import Action, ActionKind
-from entrain.core.schedules.costs import PlanCosts
-from entrain.core.schedules.graph import ReplicaGraph
+from entrain.core.ir.graph import ReplicaGraph
+from entrain.core.ir.plan import Action, ActionKind
+from entrain.core.schedules.action_costs import PlanCosts
 
 __all__ = ["compute_deps", "predicted_makespan_ms"]
 

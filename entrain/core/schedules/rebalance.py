@@ -1,26 +1,26 @@
 """Cross-replica encoder rebalancing of a generated Plan (Entrain's ``encoder_rebalance`` option,
 ``ScheduleOptions.encoder_rebalance``; the ``encoder-rebalance`` system does it in its batcher,
-``batching.rebalance``).
+``assignment.batchers.rebalance``).
 
 At every execution position ``p`` that all replicas have, the encoder's first sub-microbatch
 ``(p, 0)`` of each replica, when every sample of it feeds that replica's LLM microbatch ``p`` (not a
-deferred sub), is rebalanced across the replicas (``batching.rebalance.rebalance_encoder``: single
+deferred sub), is rebalanced across the replicas (``assignment.batchers.rebalance.rebalance_encoder``: single
 samples moved from the most to the least loaded replica while that lowers the pair's larger load,
 each replica keeping one of its own samples). The tasks, their messages and so every rank's action
 list stay as generated: only which samples an encoder sub holds changes, the LLM microbatches keep
 their owners. A moved sample crosses replicas twice (its input out, its features back; gradients
 in reverse): an all-to-all at each position, priced as the boundary message of the replica that
-computed it (``batching.rebalance``'s docstring: what the per-replica simulation does not see)."""
+computed it (``assignment.batchers.rebalance``'s docstring: what the per-replica simulation does not see)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
-from entrain.core.assignment.types import IterationAssignment, ReplicaAssignment
-from entrain.core.batching.rebalance import rebalance_encoder
-from entrain.core.plan import IterationPlan, MicrobatchSpec, Plan
-from entrain.core.work import SampleWork
+from entrain.core.assignment.batchers.rebalance import rebalance_encoder
+from entrain.core.ir.microbatches import IterationAssignment, ReplicaAssignment
+from entrain.core.ir.plan import IterationPlan, MicrobatchSpec, Plan
+from entrain.core.workload.work import SampleWork
 
 __all__ = ["rebalance_plan", "rebalance_iteration"]
 

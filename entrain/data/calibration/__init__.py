@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from entrain.core.costmodel import CostModel
+from entrain.core.costs.costmodel import CostModel
 from entrain.data.generators import generate_samples
 from entrain.data.workload_io import sample_works
 
@@ -118,7 +118,7 @@ def measure(dataset: str, num_samples: int, seed: int, cost: CostModel | None) -
 @cache
 def _cost(model: str, hardware: str, attention: str | None = None) -> CostModel:
     """``presets.resolve_cost_model``'s preset, once per setup (the bounds share a few)."""
-    from entrain.core.presets import resolve_cost_model
+    from entrain.core.costs.presets import resolve_cost_model
 
     return resolve_cost_model(model, hardware=hardware, attention=attention)
 

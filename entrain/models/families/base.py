@@ -8,8 +8,8 @@ Two halves, so the planner stays torch-free:
 
 * **Plain numbers** (no torch import, at module level or inside): reading ``config.json`` into the
   family's own *shape* object (``ModelShape``: a name, the per-layer cost specs
-  ``entrain.core.layer_specs.LayerSpec`` the cost model prices, the parameter count), the image token rule
-  the sample metadata uses (``entrain.core.samples.ImageTokenRule``), and the TP check. ``plan`` and
+  ``entrain.core.model.layer_specs.LayerSpec`` the cost model prices, the parameter count), the image token rule
+  the sample metadata uses (``entrain.core.workload.samples.ImageTokenRule``), and the TP check. ``plan`` and
   ``simulate`` use only these.
 * **Runtime** (torch; import it inside the methods, lazily): the run's model config, the model built on
   the meta device (or from a seed) with only a rank's tensors loaded, its pipeline stage modules, the
@@ -18,7 +18,7 @@ Two halves, so the planner stays torch-free:
 
 Vocabulary used in the docstrings. Components are ``"encoder"`` and ``"llm"``; each has an ordered
 layer list (``layer_names``) and a stage owns a half-open range ``[first, end)`` of one list
-(``entrain.core.plan.StageSpec``). Shapes: ``N`` encoder input rows of a packed set of images
+(``entrain.core.ir.plan.StageSpec``). Shapes: ``N`` encoder input rows of a packed set of images
 (patches, or tiles x patches), ``M`` image feature rows the LLM receives (merged tokens), ``T`` packed
 LLM tokens, ``H`` LLM hidden size, ``V`` vocabulary. Units: tokens, pixels, bytes, milliseconds.
 
@@ -43,7 +43,7 @@ parallelize code relies on exactly this):
 Message parts (several tensors between stages, e.g. DeepStack features a vision tower hands to the
 first LLM layers). A message between stages is a set of named tensors: ``"hidden"`` (what the contract
 above calls the output) and the parts a family declares, plain numbers, on its ``LayerSpec``s
-(``entrain.core.layer_specs``): ``LayerSpec.message_parts`` = the ``MessagePart``s (name, width, dtype
+(``entrain.core.model.layer_specs``): ``LayerSpec.message_parts`` = the ``MessagePart``s (name, width, dtype
 size, rows) a stage boundary right after that layer carries besides ``"hidden"`` (every part a later
 stage needs, on each boundary it crosses); ``LayerSpec.no_cut_after`` = no stage may end after that
 layer (the planner's partition honours it). The cost model prices each part, the Plan's stages carry
@@ -62,13 +62,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from entrain.core.errors import ConfigError
-from entrain.core.shape import ModelShape
+from entrain.core.model.shape import ModelShape
 
 if TYPE_CHECKING:  # annotations only: this module never imports torch
     import torch
     from torch import nn
 
-    from entrain.core.samples import ImageTokenRule, SampleMeta
+    from entrain.core.workload.samples import ImageTokenRule, SampleMeta
 
 __all__ = [
     "ModelSource",

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import LLMArch
 from entrain.models.families.base import FamilyBase
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """Model presets: Hugging Face configs of the vision tower and the LLM, and their layer lists.
 
-Layer lists are the cost model's (``entrain.core.costmodel``): the encoder is
+Layer lists are the cost model's (``entrain.core.costs.costmodel``): the encoder is
 ``[patch_embed, blocks.0 .. blocks.{depth-1}, merger]`` and the LLM is
 ``[embed_tokens, layers.0 .. layers.{L-1}, norm, lm_head, loss]``. A stage owns a half-open range
-``[first, end)`` of one list (``entrain.core.plan.StageSpec``).
+``[first, end)`` of one list (``entrain.core.ir.plan.StageSpec``).
 
 Vocabulary: the paper-scale presets use the Qwen2 tokenizer's 151,936 ids. ``tiny`` keeps at most
 4,096 ids through ``tiny_token_id`` (documented there).
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from entrain.core.architectures import MODEL_PRESETS, LLMArch, ModelArch, VisionArch, get_arch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import MODEL_PRESETS, LLMArch, ModelArch, VisionArch, get_arch
 
 __all__ = [
     "FAMILY",
@@ -62,7 +62,7 @@ def tiny_token_id(qwen_id: int) -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VLMConfig:
-    """One model preset: its architecture (``entrain.core.architectures``, the single source of the
+    """One model preset: its architecture (``entrain.core.model.architectures``, the single source of the
     dimensions the cost model also uses) plus how token ids are mapped.
 
     Tied embeddings (Llama-3.2) are built untied, initialised equal: the token embedding and the

@@ -1,7 +1,7 @@
 """The composition family: a Qwen2-VL / Qwen2.5-VL vision tower feeding a Llama- or Qwen2-structured
 causal LM with 1-D positions restarting per packed sample.
 
-Sources: a preset (``entrain.core.architectures.MODEL_PRESETS``: ``tiny``, ``qwen25vl-llama3-1b``,
+Sources: a preset (``entrain.core.model.architectures.MODEL_PRESETS``: ``tiny``, ``qwen25vl-llama3-1b``,
 ...) or two stock folders (``--vision-model`` + ``--llm-model``, read by ``spec``). This module is
 torch-free at import time: the torch parts (``model``, ``hf_checkpoint``, ``tp``, ``profiling``,
 ``export``) are imported inside the methods.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from entrain.core.architectures import MODEL_PRESETS, ModelArch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import MODEL_PRESETS, ModelArch
 from entrain.models.families.base import FamilyBase, ModelSource
 from entrain.models.families.composition.config import FAMILY
 from entrain.models.families.qwen2_vl import processing as qwen2_vl_processing
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
     from entrain.models.families.composition.config import VLMConfig
 
 __all__ = ["CompositionFamily", "COMPOSITION_FAMILY"]
@@ -58,7 +58,7 @@ class CompositionFamily(qwen2_vl_processing.Qwen2VLProcessing, FamilyBase):
         """Qwen2-VL's ``smart_resize`` rule at the vision tower's own patch geometry (``patch_size`` x
         ``spatial_merge_size`` pixels per LLM token, ``temporal_patch_size`` frames per patch) within
         ``--min-pixels`` / ``--max-pixels``, else the checkpoint's processor limits, else Qwen's."""
-        from entrain.core.samples import pixel_limits
+        from entrain.core.workload.samples import pixel_limits
 
         v = shape.vision
         lo = v.min_pixels if min_pixels is None else min_pixels
@@ -157,7 +157,7 @@ class CompositionFamily(qwen2_vl_processing.Qwen2VLProcessing, FamilyBase):
     # --- processing rules --------------------------------------------------------------------------
     def image_grids(self, cfg: VLMConfig, meta: SampleMeta) -> tuple[tuple[int, int, int], ...]:
         """``(1, H'/14, W'/14)`` per image of the ``smart_resize``-d size (a still image)."""
-        from entrain.core.samples import smart_resize
+        from entrain.core.workload.samples import smart_resize
 
         p = cfg.vision.patch_size
         return tuple(

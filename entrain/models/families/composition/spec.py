@@ -14,8 +14,8 @@ import json
 import os
 from dataclasses import replace
 
-from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import LLMArch, ModelArch, VisionArch
 from entrain.models.families.base import ModelSource
 from entrain.models.families.qwen2_vl.processing import processor_settings
 from entrain.models.families.registry import read_config
@@ -30,7 +30,7 @@ _LLM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_att
 def composition_arch(source: ModelSource) -> ModelArch:
     """The ``ModelArch`` of a ``ModelSource``: its preset, or its two stock folders (both needed)."""
     if not source.is_stock:
-        from entrain.core.architectures import get_arch
+        from entrain.core.model.architectures import get_arch
 
         return get_arch(source.preset)
     if source.vision_model is None or source.llm_model is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from entrain.core.architectures import LLMArch
+from entrain.core.model.architectures import LLMArch
 from entrain.models.families.internvl.processing import InternVLRules
 from entrain.models.families.internvl.spec import InternViTArch, InternVLShape
 

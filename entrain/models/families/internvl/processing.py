@@ -131,7 +131,7 @@ def image_tokens(height: int, width: int, rules: InternVLRules) -> int:
 
 @dataclass(frozen=True, slots=True)
 class InternVLImageRule:
-    """The family's ``entrain.core.samples.ImageTokenRule``: LLM tokens and encoder units (one unit of
+    """The family's ``entrain.core.workload.samples.ImageTokenRule``: LLM tokens and encoder units (one unit of
     ``side**2`` patch rows per tile) of an image; every image of a sample is tiled on its own."""
 
     rules: InternVLRules = InternVLRules()

@@ -1,5 +1,5 @@
 """InternVL's shape as plain numbers (torch-free): ``config.json`` (+ ``preprocessor_config.json``)
-reading, and the per-layer cost specs the planner prices (``entrain.core.layer_specs.LayerSpec``).
+reading, and the per-layer cost specs the planner prices (``entrain.core.model.layer_specs.LayerSpec``).
 
 The encoder's sequence unit is one tile: ``side**2`` patches plus the CLS token attend within the
 tile, so an image's encoder work is ``tiles x tokens per tile`` (linear terms) plus ``tiles x
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
-from entrain.core.layer_specs import LayerSpec, llm_specs
+from entrain.core.model.architectures import LLMArch
+from entrain.core.model.layer_specs import LayerSpec, llm_specs
 from entrain.models.families.internvl.processing import InternVLRules
 from entrain.models.families.tiled_family import llm_arch_of
 

@@ -29,7 +29,7 @@ from entrain.models.families.tiled_family import TiledFamily
 if TYPE_CHECKING:
     from torch import nn
 
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
 
 __all__ = ["OneVisionFamily", "ONEVISION_FAMILY", "OneVisionConfig", "FAMILY"]
 

@@ -3,7 +3,7 @@ for CPU tests and profiling (``--model llava-ov-*``; the tiny one trains from a 
 
 from __future__ import annotations
 
-from entrain.core.architectures import LLMArch
+from entrain.core.model.architectures import LLMArch
 from entrain.models.families.llava_onevision.processing import OneVisionRules
 from entrain.models.families.llava_onevision.spec import OneVisionShape, SiglipArch
 

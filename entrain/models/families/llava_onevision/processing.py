@@ -183,7 +183,7 @@ def video_tokens(num_frames: int, rules: OneVisionRules) -> int:
 
 @dataclass(frozen=True, slots=True)
 class OneVisionImageRule:
-    """The family's ``entrain.core.samples.ImageTokenRule``: an image's LLM tokens and its encoder
+    """The family's ``entrain.core.workload.samples.ImageTokenRule``: an image's LLM tokens and its encoder
     units (one 729-token unit per tile), for an image alone in its sample; ``sample_image_tokens`` /
     ``sample_encoder_units`` see all of a sample's images (an image among several gets one tile and
     ``tokens_per_tile + 1`` tokens), and ``SampleMeta`` asks those."""
@@ -200,7 +200,7 @@ class OneVisionImageRule:
         return (self.rules.tokens_per_tile,) * image_tiles(height, width, self.rules)
 
     def sample_image_tokens(self, sizes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
-        """The multi-image rule (``entrain.core.samples.sample_image_tokens``): ``sample_tokens``."""
+        """The multi-image rule (``entrain.core.workload.samples.sample_image_tokens``): ``sample_tokens``."""
         return tuple(sample_tokens(sizes, self.rules))
 
     def sample_encoder_units(self, sizes: Sequence[tuple[int, int]]) -> tuple[int, ...]:

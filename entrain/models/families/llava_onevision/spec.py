@@ -1,5 +1,5 @@
 """LLaVA-OneVision's shape as plain numbers (torch-free): ``config.json`` reading, and the
-per-layer cost specs the planner prices (``entrain.core.layer_specs.LayerSpec``).
+per-layer cost specs the planner prices (``entrain.core.model.layer_specs.LayerSpec``).
 
 The encoder's sequence unit is one 384-px tile (729 SigLIP tokens at patch 14): every tile attends
 only within itself, so an image's encoder work is ``tiles x tokens per tile`` (linear terms) plus
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from entrain.core.architectures import LLMArch
 from entrain.core.errors import ConfigError
-from entrain.core.layer_specs import LayerSpec, llm_specs
+from entrain.core.model.architectures import LLMArch
+from entrain.core.model.layer_specs import LayerSpec, llm_specs
 from entrain.models.families.llava_onevision.processing import OneVisionRules
 from entrain.models.families.tiled_family import llm_arch_of
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import LLMArch, ModelArch, VisionArch
 from entrain.models.families.composition.spec import processor_limits, vision_arch_of_config
 from entrain.models.families.qwen2_vl.spec import text_arch
 from entrain.models.families.registry import read_config
@@ -96,7 +96,7 @@ class OmniShape:
     def layer_specs(self, label_fraction: float | None = None) -> dict:
         """The vision tower + decoder specs; the audio tower's parameters on ``patch_embed``; every
         encoder cut carries the ``audio`` part (one row per audio token) to the first LLM stage."""
-        from entrain.core.layer_specs import MessagePart
+        from entrain.core.model.layer_specs import MessagePart
 
         specs = self.arch.layer_specs(label_fraction)
         enc = list(specs["encoder"])

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from entrain.core.architectures import ModelArch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import ModelArch
 from entrain.models.families.base import FamilyBase, FolderConfig, ModelSource
 from entrain.models.families.qwen2_vl.presets import PRESETS
 from entrain.models.families.qwen2_vl.processing import Qwen2VLProcessing
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from entrain.core.samples import SampleMeta
+    from entrain.core.workload.samples import SampleMeta
     from entrain.models.families.base import PackedSample
 
 __all__ = ["FAMILY", "QwenVLConfig", "Qwen2VLFamily", "QWEN2_VL_FAMILY"]

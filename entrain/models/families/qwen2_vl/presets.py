@@ -7,7 +7,7 @@ model from the folder's ``config.json`` and tensors.
 
 from __future__ import annotations
 
-from entrain.core.architectures import LLMArch, ModelArch, VisionArch
+from entrain.core.model.architectures import LLMArch, ModelArch, VisionArch
 
 __all__ = ["PRESETS", "QWEN25_VL_7B"]
 

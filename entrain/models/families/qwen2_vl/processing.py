@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from entrain.core.errors import ConfigError
-from entrain.core.samples import DEFAULT_VISION, VisionTokenConfig
+from entrain.core.workload.samples import DEFAULT_VISION, VisionTokenConfig
 
 __all__ = [
     "VISION_TOKENS",

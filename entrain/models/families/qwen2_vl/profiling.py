@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from entrain.core.samples import LABEL_FRACTION
+from entrain.core.workload.samples import LABEL_FRACTION
 from entrain.models.batch import LLMBatch
 
 __all__ = ["representative_config", "profile_input"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from entrain.core.architectures import LLMArch, ModelArch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import LLMArch, ModelArch
 from entrain.models.families.composition.spec import vision_arch
 from entrain.models.families.registry import read_config
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from entrain.core.architectures import LLMArch, ModelArch, VisionArch
 from entrain.core.errors import ConfigError
+from entrain.core.model.architectures import LLMArch, ModelArch, VisionArch
 from entrain.models.families.registry import read_config
 
 __all__ = ["MODEL_TYPES", "Qwen3VLShape", "claims", "shape_of_config", "shape_of_folder", "deepstack_part"]
@@ -94,7 +94,7 @@ class Qwen3VLShape:
         encoder: the features of the taps at or before it (made by the stage holding the tapped block,
         ``[patches / merge^2, H]``); LLM: those its decoder layers up to ``layer`` have not added yet
         (decoder layer ``k`` is list index ``k + 1`` and adds feature ``k``)."""
-        from entrain.core.layer_specs import MessagePart
+        from entrain.core.model.layer_specs import MessagePart
 
         width = self.vision.out_hidden_size
         if component == "encoder":

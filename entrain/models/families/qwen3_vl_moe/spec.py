@@ -91,7 +91,7 @@ class Qwen3VLMoeShape(Qwen3VLShape):
     def message_parts(self, component: str, layer: int) -> tuple:
         """Qwen3-VL's DeepStack parts, and on the LLM ``router_stats`` from the first sparse layer (list
         index ``sparse[0] + 1``) to the lm_head (the loss consumes it) when the auxiliary loss is on."""
-        from entrain.core.layer_specs import MessagePart
+        from entrain.core.model.layer_specs import MessagePart
 
         parts = super().message_parts(component, layer)
         carried = self.sparse and self.sparse[0] + 1 <= layer <= self.llm.num_hidden_layers + 2

@@ -1,0 +1,181 @@
+"""Data dependencies of a Plan replica: which compute actions feed which, and the messages between them.
+
+This is the one place that turns the Plan IR's conventions (``entrain.core.ir.plan`` docstring) into
+dependencies; the lowering pass, the validator, the greedy interleaver and the simulator all use it.
+
+* A *task* is ``(stage, mb, sub)``: one (sub-)microbatch on one stage.
+* ``F(s, task)`` consumes the forward message(s) of stage ``s - 1``. Inside a component the message
+  has the same ``(mb, sub)``. At the encoder -> LLM boundary (stage ``E``) samples are routed by id:
+  LLM task ``(E, j, k)`` consumes every encoder message ``(E-1, m, u)`` sharing a sample with it, and
+  the message keeps the *encoder*'s label ``(m, u)``.
+* ``B`` (or ``I``) of a task consumes the gradient message of stage ``s + 1`` with the same label;
+  at the boundary, the gradient of encoder message ``(m, u)`` is sent by stage ``E`` once every LLM
+  task consuming it has run its backward.
+* ``B``/``I`` of a task needs its own ``F``; ``W`` needs its own ``I``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import NamedTuple
+
+from entrain.core.ir.plan import Action, ActionKind, Layout, MicrobatchSpec
+
+__all__ = ["Task", "Message", "ReplicaGraph"]
+
+Task = tuple[int, int, int]
+"""(stage, mb, sub)."""
+
+
+class Message(NamedTuple):
+    """A p2p message: ``kind`` ``"F"`` (activations, ``src = dst - 1``) or ``"B"`` (gradients,
+    ``src = dst + 1``), labelled ``(mb, sub)`` as the communication actions are."""
+
+    kind: str
+    src: int
+    dst: int
+    mb: int
+    sub: int
+
+    def send_action(self) -> Action:
+        kind = ActionKind.SEND_F if self.kind == "F" else ActionKind.SEND_B
+        return Action(self.src, kind, self.mb, self.sub)
+
+    def recv_action(self) -> Action:
+        kind = ActionKind.RECV_F if self.kind == "F" else ActionKind.RECV_B
+        return Action(self.dst, kind, self.mb, self.sub)
+
+
+class ReplicaGraph:
+    """Dependencies of one replica's microbatches under a layout (pure function of both)."""
+
+    def __init__(self, layout: Layout, microbatches: tuple[MicrobatchSpec, ...]):
+        self.layout = layout
+        self.microbatches = microbatches
+        self.num_stages = len(layout.stages)
+        self.num_encoder_stages = layout.num_encoder_stages
+        self._enc_of: dict[str, tuple[int, int]] = {}
+        self._llm_of: dict[str, tuple[int, int]] = {}
+        for spec in microbatches:
+            for sub, ids in enumerate(spec.encoder_subs):
+                for sid in ids:
+                    self._enc_of[sid] = (spec.mb, sub)
+            for sub, ids in enumerate(spec.llm_subs):
+                for sid in ids:
+                    self._llm_of[sid] = (spec.mb, sub)
+
+    # --- tasks --------------------------------------------------------------------------------------
+    def is_encoder(self, stage: int) -> bool:
+        return stage < self.num_encoder_stages
+
+    def ids(self, stage: int, mb: int, sub: int) -> tuple[str, ...]:
+        spec = self.microbatches[mb]
+        subs = spec.encoder_subs if self.is_encoder(stage) else spec.llm_subs
+        return subs[sub]
+
+    def num_subs(self, stage: int, mb: int) -> int:
+        spec = self.microbatches[mb]
+        return len(spec.encoder_subs if self.is_encoder(stage) else spec.llm_subs)
+
+    def tasks(self, stage: int) -> list[Task]:
+        """Every (stage, mb, sub) of a stage, in (mb, sub) order."""
+        return [(stage, m, u) for m in range(len(self.microbatches)) for u in range(self.num_subs(stage, m))]
+
+    def rank_of(self, stage: int) -> int:
+        """The pipeline rank (within the replica) holding ``stage``."""
+        return self.layout.stages[stage].pp_rank
+
+    # --- routing at the encoder -> LLM boundary -------------------------------------------------------
+    def _boundary(self, stage: int) -> bool:
+        return stage == self.num_encoder_stages and 0 < stage
+
+    @cached_property
+    def _llm_inputs(self) -> dict[tuple[int, int], list[tuple[int, int]]]:
+        """LLM (mb, sub) -> encoder (mb, sub) labels it consumes, sorted."""
+        out: dict[tuple[int, int], set[tuple[int, int]]] = {}
+        for sid, llm in self._llm_of.items():
+            enc = self._enc_of.get(sid)
+            if enc is not None:
+                out.setdefault(llm, set()).add(enc)
+        return {k: sorted(v) for k, v in out.items()}
+
+    @cached_property
+    def _enc_consumers(self) -> dict[tuple[int, int], list[tuple[int, int]]]:
+        """Encoder (mb, sub) -> LLM (mb, sub) tasks consuming it, sorted."""
+        out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for llm, encs in self._llm_inputs.items():
+            for enc in encs:
+                out.setdefault(enc, []).append(llm)
+        return {k: sorted(v) for k, v in out.items()}
+
+    def grad_slot(self, mb: int, sub: int) -> int:
+        """LLM microbatch position whose backward supplies the gradients of encoder (mb, sub):
+        the last one consuming any of its samples (``mb`` when nothing consumes it)."""
+        consumers = self._enc_consumers.get((mb, sub))
+        return max(m for m, _ in consumers) if consumers else mb
+
+    # --- dependencies ---------------------------------------------------------------------------------
+    def fwd_inputs(self, stage: int, mb: int, sub: int) -> list[Message]:
+        """Forward messages consumed by ``F(stage, mb, sub)``."""
+        if stage == 0:
+            return []
+        if self._boundary(stage):
+            return [Message("F", stage - 1, stage, m, u) for m, u in self._llm_inputs.get((mb, sub), [])]
+        return [Message("F", stage - 1, stage, mb, sub)]
+
+    def fwd_outputs(self, stage: int, mb: int, sub: int) -> list[Message]:
+        """Forward messages produced by ``F(stage, mb, sub)``."""
+        if stage == self.num_stages - 1:
+            return []
+        if self._boundary(stage + 1) and (mb, sub) not in self._enc_consumers:
+            return []
+        return [Message("F", stage, stage + 1, mb, sub)]
+
+    def bwd_inputs(self, stage: int, mb: int, sub: int) -> list[Message]:
+        """Gradient messages consumed by ``B``/``I`` of (stage, mb, sub)."""
+        if stage == self.num_stages - 1:
+            return []
+        if self._boundary(stage + 1) and (mb, sub) not in self._enc_consumers:
+            return []
+        return [Message("B", stage + 1, stage, mb, sub)]
+
+    def bwd_producers(self, msg: Message) -> list[Task]:
+        """Tasks at ``msg.src`` whose backward must all finish before gradient ``msg`` is sent."""
+        if self._boundary(msg.src):
+            return [(msg.src, m, u) for m, u in self._enc_consumers.get((msg.mb, msg.sub), [])]
+        return [(msg.src, msg.mb, msg.sub)]
+
+    def bwd_outputs(self, stage: int, mb: int, sub: int) -> list[Message]:
+        """Gradient messages that the backward of (stage, mb, sub) contributes to."""
+        if stage == 0:
+            return []
+        if self._boundary(stage):
+            return [Message("B", stage, stage - 1, m, u) for m, u in self._llm_inputs.get((mb, sub), [])]
+        return [Message("B", stage, stage - 1, mb, sub)]
+
+    def fwd_producer(self, msg: Message) -> Task:
+        return (msg.src, msg.mb, msg.sub)
+
+    def all_messages(self) -> list[Message]:
+        out: list[Message] = []
+        for stage in range(self.num_stages):
+            for _, m, u in self.tasks(stage):
+                out += self.fwd_outputs(stage, m, u)
+                out += self.bwd_outputs(stage, m, u)
+        return sorted(set(out))
+
+    def send_action(self, msg: Message) -> Action:
+        """``msg``'s SEND action; the sub is omitted (``None``) for a one-sub microbatch."""
+        a = msg.send_action()
+        return a if self._label_has_subs(msg) else Action(a.stage, a.kind, a.mb, None)
+
+    def recv_action(self, msg: Message) -> Action:
+        a = msg.recv_action()
+        return a if self._label_has_subs(msg) else Action(a.stage, a.kind, a.mb, None)
+
+    def _label_has_subs(self, msg: Message) -> bool:
+        owner = msg.src if msg.kind == "F" else msg.dst
+        return self.num_subs(owner, msg.mb) > 1
+
+    def is_remote(self, msg: Message) -> bool:
+        return self.rank_of(msg.src) != self.rank_of(msg.dst)

@@ -31,9 +31,9 @@ from entrain.cli.main import main as cli
 from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import ConfigError
 from entrain.core.planning.setups import ConfigRequest, entrain_variant, system_setups
-from entrain.data.generators import ZOO
 from entrain.data.sampling import dataset_sampler
 from entrain.data.workload_io import load_workload
+from entrain.data.zoo_generators import ZOO
 from entrain.sim.choose import candidate_judge
 from entrain.sim.run import run_system
 

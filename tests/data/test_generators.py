@@ -18,12 +18,12 @@ from entrain.data.calibration import (
 from entrain.data.generators import (
     BLOCK_SIZE,
     DATASETS,
-    ZOO,
     canonical_name,
     generate_arrays,
     generate_samples,
     random_samples,
 )
+from entrain.data.zoo_generators import ZOO
 
 BOUNDS = load_bounds()
 

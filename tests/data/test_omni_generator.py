@@ -8,12 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from entrain.data.generators import (
-    AUDIOCAPS_SHARE,
-    OMNI_SOURCE_WEIGHTS,
-    SPEECH_MEAN_SECONDS,
-    generate_samples,
-)
+from entrain.data.generators import generate_samples
+from entrain.data.zoo_generators import AUDIOCAPS_SHARE, OMNI_SOURCE_WEIGHTS, SPEECH_MEAN_SECONDS
 
 
 def test_omni_sources_and_clip_lengths():

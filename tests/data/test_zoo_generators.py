@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from entrain.data.generators import (
+from entrain.data.generators import generate_arrays, generate_samples
+from entrain.data.zoo_generators import (
     LONG_CONTEXT_IMAGE_SHARE,
     LONG_CONTEXT_TOKENS,
     MIXTURE_WEIGHTS,
@@ -16,8 +17,6 @@ from entrain.data.generators import (
     TEXT_ONLY_SHARE,
     VIDEO_FRAME_MAX_PIXELS,
     ZOO,
-    generate_arrays,
-    generate_samples,
 )
 
 N = 4000

@@ -1,7 +1,7 @@
 """Variable-shape point-to-point transport: one group per channel, a header before the data.
 
 The runtime issues the operations of ``entrain.core.ir.p2p.rank_program`` (checked deadlock-free under
-NCCL's semantics by ``entrain.core.ir.p2p.check_program``). A message is one or more named parts
+NCCL's semantics by ``entrain.core.ir.p2p_check.check_program``). A message is one or more named parts
 (``entrain.core.ir.plan.StageSpec.part_names``), each two transfers: a fixed ``int64[8]`` header
 ``[key, dtype, ndim, d0, d1, d2, d3, ids_crc]`` (the key names the part too) and then the contiguous
 data; every part of a message travels on the group of its *channel* (the ordered pair sender -> receiver): a send holds only its channel's
@@ -27,7 +27,7 @@ scheduler to run that thread (rank 0's gradient receives 22-33 ms per step on ch
 pre-posted; docs/profiling.md). The executor therefore posts a gradient's receive as soon as it may: once
 the forward output it belongs to exists and every earlier message of the channel has been posted (the
 channel's FIFO order, the program's receive order), and the receive action only waits for it. NCCL keeps
-receiving at the action, the order its replay checks (``entrain.core.ir.p2p.check_program``).
+receiving at the action, the order its replay checks (``entrain.core.ir.p2p_check.check_program``).
 ``ENTRAIN_RECEIVE_ORDER=nccl`` makes gloo receive at the action too (``RECEIVE_ORDER_ENV``): tests
 run the order a GPU run uses on the CPU (tests/runtime/test_nccl_receive_order.py).
 """

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
-from entrain.core.ir.p2p import check_plan, rules_from_env
+from entrain.core.ir.p2p_check import check_plan, rules_from_env
 from entrain.core.ir.plan import IterationPlan, Layout, Plan
 from entrain.core.planning.steps import join_plans, pinned_options, plan_step
 from entrain.core.systems import moves_across_replicas

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from entrain.config import RunConfig
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.sampler import Sampler, pool_sampler
-from entrain.core.ir.p2p import check_plan
+from entrain.core.ir.p2p_check import check_plan
 from entrain.core.ir.plan import Layout, Plan
 from entrain.core.planning.setups import (
     CandidateJudge,

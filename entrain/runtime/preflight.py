@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from entrain.config import RunConfig
 from entrain.core.costs.presets import trainable_parts
 from entrain.core.errors import ConfigError
-from entrain.core.ir.p2p import SHARED_QUEUE_ENV, rules_from_env
+from entrain.core.ir.p2p_check import SHARED_QUEUE_ENV, rules_from_env
 from entrain.core.ir.parallel import check_stage_count
 from entrain.core.model.architectures import PRECISIONS
 from entrain.core.systems import (
@@ -50,7 +50,7 @@ def check_before_launch(spec: RunConfig, overwrite: bool, fixed: bool) -> None:
 
 SHARED_QUEUE_SAFE = (ONE_F_ONE_B, DISTTRAIN, DISTTRAIN_PAPER, ENCODER_REBALANCE, DFLOP)
 """The systems whose every Plan is deadlock-free when all communicators of a GPU share one hardware
-queue (``entrain.core.ir.p2p.NcclRules.shared_queue``; tests/core/test_p2p_nccl_rules.py replays each
+queue (``entrain.core.ir.p2p_check.NcclRules.shared_queue``; tests/core/test_p2p_nccl_rules.py replays each
 system's Plans under it: the others deadlock in some layout)."""
 
 

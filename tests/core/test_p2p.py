@@ -16,13 +16,12 @@ from entrain.core.ir.p2p import (
     Batch,
     Comm,
     P2POp,
-    check_plan,
-    check_program,
     layout_channels,
     rank_program,
     replica_programs,
     single_group,
 )
+from entrain.core.ir.p2p_check import check_plan, check_program
 from entrain.core.ir.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
 from entrain.core.ir.validate import validate_plan
 from entrain.core.systems import SYSTEMS, generate_plan
@@ -214,7 +213,7 @@ def test_forward_receives_sized_by_the_receiver_post_one_batch_and_stay_deadlock
     """A forward message whose shape the receiver knows (``known_shape``) posts its headers and data
     as one batch, as a gradient does; every rank's program stays deadlock-free under lazy connection
     and under one shared GPU queue."""
-    from entrain.core.ir.p2p import NcclRules
+    from entrain.core.ir.p2p_check import NcclRules
 
     plan = _real(system, 2, 2, 1, 0)
     it = plan.iterations[0]

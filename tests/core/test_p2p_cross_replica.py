@@ -11,15 +11,8 @@ from functools import cache
 import pytest
 
 from entrain.core.errors import ScheduleError
-from entrain.core.ir.p2p import (
-    Comm,
-    check_iteration,
-    check_plan,
-    check_program,
-    encoder_pieces,
-    layout_channels,
-    rank_program,
-)
+from entrain.core.ir.p2p import Comm, encoder_pieces, layout_channels, rank_program
+from entrain.core.ir.p2p_check import check_iteration, check_plan, check_program
 from entrain.core.ir.plan import ActionKind
 from entrain.core.systems import SYSTEMS, moves_across_replicas
 from tests.runtime.cases import batch_metas, plan_for, works

@@ -12,20 +12,8 @@ import pytest
 
 from entrain.core.errors import ConfigError, ScheduleError
 from entrain.core.ir.graph import Message
-from entrain.core.ir.p2p import (
-    REAL_NCCL,
-    Batch,
-    Comm,
-    NcclRules,
-    P2POp,
-    WarmUp,
-    check_plan,
-    check_program,
-    rank_program,
-    replica_programs,
-    rules_from_env,
-    warmup_batches,
-)
+from entrain.core.ir.p2p import Batch, Comm, P2POp, WarmUp, rank_program, replica_programs, warmup_batches
+from entrain.core.ir.p2p_check import REAL_NCCL, NcclRules, check_plan, check_program, rules_from_env
 from entrain.core.ir.plan import Action
 from entrain.core.systems import SYSTEMS, moves_across_replicas
 from entrain.runtime.preflight import SHARED_QUEUE_SAFE, refuse_shared_gpu_queue

@@ -10,14 +10,8 @@ import pytest
 
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message
-from entrain.core.ir.p2p import (
-    Comm,
-    check_iteration,
-    check_program,
-    message_part_names,
-    rank_program,
-    replica_programs,
-)
+from entrain.core.ir.p2p import Comm, message_part_names, rank_program, replica_programs
+from entrain.core.ir.p2p_check import check_iteration, check_program
 from entrain.core.ir.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
 from entrain.core.model.layer_specs import MessagePart
 

@@ -16,6 +16,9 @@ come out longer):
   a bell, an engine) with questions and a caption written from its description, or a photo with a
   spoken (speech-like) question clip; each clip a 16-kHz WAV of exactly the drawn mel frames.
 
+The photos are in ``entrain.data.synth_photos``, the charts in ``entrain.data.synth_charts``; this
+module fits the text to the drawn token counts and writes the dataset.
+
 Output: ``DIR/data.json`` (an array, one record per line), ``DIR/images/<id>.png|.jpg`` and, for
 audio, ``DIR/audio/<id>.wav``.
 Deterministic in ``(name, n, seed)``.
@@ -38,258 +41,22 @@ from entrain.core.workload.samples import DEFAULT_VISION, SampleMeta, VisionToke
 from entrain.data.check import DEFAULT_MAX_TOKENS
 from entrain.data.generators import canonical_name, generate_samples
 from entrain.data.processing import count_text_tokens
+from entrain.data.synth_charts import (
+    CHARTQA_CLOSERS,
+    CHARTQA_SUFFIX,
+    Chart,
+    chart_qa,
+    draw_chart,
+    otsl_rows_for,
+    otsl_table,
+    render_chart,
+)
+from entrain.data.synth_photos import PHOTOS, Photo, write_photo
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
 
-__all__ = ["CHART_DATASETS", "PHOTOS", "SynthResult", "synth_dataset"]
+__all__ = ["CHART_DATASETS", "SynthResult", "synth_dataset"]
 
 CHART_DATASETS = frozenset({"synthchartnet", "synthchartnet-fv", "chartqa"})
-
-
-# --- photos shipped in wheels ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Photo:
-    package: str  # "skimage" or "sklearn"
-    file: str
-    caption: str
-    subject: str
-    qa: tuple[tuple[str, str], ...]
-    facts: tuple[str, ...]
-
-
-PHOTOS: tuple[Photo, ...] = (
-    Photo("skimage", "astronaut.png", "Color image of the astronaut Eileen Collins.", "the astronaut",
-          (("what is the color of the spacesuit", "orange"), ("what is the astronaut resting her arm on", "helmet"),
-           ("what flag hangs behind the astronaut", "american flag"), ("what model stands behind her", "space shuttle")),
-          ("The astronaut Eileen Collins wears an orange spacesuit.", "An American flag hangs on the left.",
-           "A model of the space shuttle stands behind her on the right.", "She rests her arm on a white helmet.",
-           "She smiles at the camera.", "Mission patches are sewn onto the suit.")),
-    Photo("skimage", "coffee.png", "Coffee cup.", "the coffee cup",
-          (("what is on the saucer", "cup"), ("what color is the saucer", "red"), ("what lies next to the cup", "spoon"),
-           ("what is the cup standing on", "wooden table")),
-          ("A red cup of coffee sits on a matching red saucer.", "A small silver spoon lies on the saucer.",
-           "The saucer stands on a wooden table.", "The coffee has a light brown crema on top.",
-           "The photo is taken from above at an angle.")),
-    Photo("skimage", "chelsea.png", "Chelsea the cat.", "the cat",
-          (("what animal is shown", "cat"), ("what color are the eyes of the cat", "green"),
-           ("what is the name of the cat", "chelsea"), ("what pattern does the fur have", "stripes")),
-          ("Chelsea is a tabby cat with striped fur.", "The cat looks straight at the camera.",
-           "Her eyes are green and wide open.", "Long white whiskers spread from her nose.",
-           "The background is out of focus.")),
-    Photo("skimage", "rocket.jpg", "Launch photo of DSCOVR on Falcon 9 by SpaceX.", "the rocket",
-          (("what stands on the launch pad", "rocket"), ("what time of day is it", "night"),
-           ("what surrounds the launch pad", "towers"), ("which company built the rocket", "spacex")),
-          ("A Falcon 9 rocket stands on the launch pad at dusk.", "The rocket carries the DSCOVR satellite.",
-           "Tall lightning towers surround the pad.", "Bright lights shine along the ground.",
-           "The sky is deep blue.")),
-    Photo("skimage", "motorcycle_left.png", "A red motorcycle parked in a workshop.", "the motorcycle",
-          (("what vehicle is shown", "motorcycle"), ("what color is the motorcycle", "red"),
-           ("where is the motorcycle parked", "workshop"), ("what stands behind the motorcycle", "shelves")),
-          ("A red motorcycle is parked inside a workshop.", "Shelves with cardboard boxes stand behind it.",
-           "The motorcycle has chrome exhaust pipes.", "The floor is grey concrete.",
-           "A wooden bench is visible on the left.")),
-    Photo("skimage", "hubble_deep_field.jpg", "Hubble eXtreme Deep Field.", "the deep field",
-          (("what does the image show", "galaxies"), ("what color is the background", "black"),
-           ("which telescope took the image", "hubble")),
-          ("Thousands of distant galaxies glow against the black sky.", "The image was taken by the Hubble Space Telescope.",
-           "Some galaxies look red and others blue.", "It is one of the deepest views of the universe.")),
-    Photo("skimage", "retina.jpg", "Human retina.", "the retina",
-          (("what part of the body is shown", "eye"), ("what color is the retina", "orange"),
-           ("what branches across the retina", "blood vessels")),
-          ("The photo shows the back of a human eye.", "Blood vessels branch out from the optic disc.",
-           "The optic disc is the bright spot on the left.", "The fovea is the darker spot in the middle.",
-           "A black border surrounds the round field of view.")),
-    Photo("skimage", "ihc.png", "Immunohistochemical (IHC) staining with hematoxylin counterstaining.", "the tissue",
-          (("what kind of image is this", "microscopy"), ("what color is the stain", "brown"),
-           ("what colors the nuclei blue", "hematoxylin")),
-          ("The tissue is stained brown by immunohistochemistry.", "Hematoxylin counterstaining colors the nuclei blue.",
-           "Several gland-like structures fill the view.", "The image was taken through a microscope.")),
-    Photo("sklearn", "china.jpg", "A Chinese pagoda on a hill above a lake.", "the pagoda",
-          (("what building is shown", "pagoda"), ("what lies behind the pagoda", "lake"),
-           ("what grows around the building", "trees")),
-          ("A tall Chinese pagoda with red pillars stands on a hill.", "Trees grow around the building.",
-           "A lake stretches out in the background.", "The sky is pale and hazy.")),
-    Photo("sklearn", "flower.jpg", "An orange dahlia flower.", "the flower",
-          (("what is shown in the picture", "flower"), ("what color is the flower", "orange"),
-           ("what color are the leaves", "green")),
-          ("An orange dahlia blooms in front of dark green leaves.", "Its petals are arranged in tight rings.",
-           "A second flower is visible at the bottom.", "The background is blurred.")),
-)  # fmt: skip
-
-
-def _photo_path(photo: Photo) -> Path:
-    try:
-        if photo.package == "skimage":
-            import skimage
-
-            return Path(skimage.__file__).parent / "data" / photo.file
-        import sklearn
-
-        return Path(sklearn.__file__).parent / "datasets" / "images" / photo.file
-    except ModuleNotFoundError:
-        raise ConfigError(
-            "synthesising photo datasets needs the packages 'scikit-image' and 'scikit-learn' "
-            "(they ship the photos): pip install scikit-image scikit-learn"
-        ) from None
-
-
-def _cover(im, width: int, height: int):
-    """``im`` scaled to cover ``width x height`` and centre-cropped to exactly that size."""
-    from PIL import Image
-
-    scale = max(width / im.width, height / im.height)
-    w, h = max(width, round(im.width * scale)), max(height, round(im.height * scale))
-    im = im.resize((w, h), Image.Resampling.BICUBIC)
-    left, top = (w - width) // 2, (h - height) // 2
-    return im.crop((left, top, left + width, top + height))
-
-
-def _write_photo(photo: Photo, height: int, width: int, path: Path) -> None:
-    from PIL import Image
-
-    with Image.open(_photo_path(photo)) as src:
-        _cover(src.convert("RGB"), width, height).save(path, quality=90)
-
-
-# --- charts ---------------------------------------------------------------------------------------
-
-_TOPICS = (
-    ("Annual revenue", "billion U.S. dollars"),
-    ("Share of respondents", "percent"),
-    ("Number of visitors", "millions"),
-    ("Average temperature", "degrees Celsius"),
-    ("Unemployment rate", "percent"),
-    ("Smartphone shipments", "million units"),
-    ("Household savings", "thousand euros"),
-)
-_COUNTRIES = (
-    "United States", "China", "Germany", "Japan", "India", "Brazil", "France", "Canada", "Italy",
-    "Mexico", "Spain", "Kenya", "Chile", "Norway", "Poland", "Egypt", "Vietnam", "Peru",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Chart:
-    title: str
-    unit: str
-    kind: str  # "bar", "line" or "pie"
-    labels: tuple[str, ...]
-    values: tuple[float, ...]
-
-
-def _chart(rng: np.random.Generator, num_rows: int) -> Chart:
-    title, unit = _TOPICS[int(rng.integers(len(_TOPICS)))]
-    if num_rows <= len(_COUNTRIES) and rng.random() < 0.4:
-        labels = tuple(str(c) for c in rng.choice(_COUNTRIES, num_rows, replace=False))
-        kind = "pie" if num_rows <= 6 and rng.random() < 0.4 else "bar"
-    else:
-        start = int(rng.integers(1950, 2024 - min(num_rows, 70)))
-        labels = tuple(str(start + i) for i in range(num_rows))
-        kind = "line" if num_rows > 12 or rng.random() < 0.5 else "bar"
-    level = float(rng.uniform(5, 90))
-    steps = rng.normal(0, level * 0.08, num_rows)
-    values = tuple(round(max(0.1, level + float(s)), 1) for s in np.cumsum(steps))
-    return Chart(title, unit, kind, labels, values)
-
-
-def _render_chart(chart: Chart, height: int, width: int, path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    dpi = 100
-    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
-    ax = fig.add_subplot()
-    small = 7 if min(width, height) < 400 else 9
-    x = np.arange(len(chart.values))
-    if chart.kind == "pie":
-        ax.pie(chart.values, labels=chart.labels, autopct="%1.1f%%", textprops={"fontsize": small})
-    elif chart.kind == "line":
-        ax.plot(x, chart.values, marker="o" if len(x) <= 30 else None, color="#1f77b4")
-    else:
-        bars = ax.bar(x, chart.values, color="#2f6db5")
-        if len(x) <= 12:
-            ax.bar_label(bars, fmt="%.1f", fontsize=small)
-    if chart.kind != "pie":
-        step = max(1, math.ceil(len(x) / 10))
-        ax.set_xticks(x[::step], chart.labels[::step], rotation=45 if len(x) > 6 else 0, fontsize=small)
-        ax.set_ylabel(chart.unit, fontsize=small)
-        ax.tick_params(axis="y", labelsize=small)
-    ax.set_title(chart.title, fontsize=small + 1)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    _exact_size(path, width, height)
-
-
-def _exact_size(path: Path, width: int, height: int) -> None:
-    from PIL import Image
-
-    with Image.open(path) as im:
-        if im.size == (width, height) and im.mode == "RGB":
-            return
-        fixed = im.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
-    fixed.save(path)
-
-
-def _chart_qa(chart: Chart, rng: np.random.Generator) -> Iterator[tuple[str, str]]:
-    """Endless questions about ``chart`` with answers computed from its numbers."""
-    topic = chart.title.lower()
-    vals = np.array(chart.values)
-    while True:
-        i, j = (int(k) for k in rng.choice(len(vals), 2, replace=len(vals) < 2))
-        yield from (
-            (f"What is the {topic} in {chart.labels[i]}?", f"{vals[i]:g}"),
-            (f"Which label has the highest {topic}?", chart.labels[int(vals.argmax())]),
-            (
-                "What is the difference between the highest and the lowest value?",
-                f"{vals.max() - vals.min():.1f}",
-            ),
-            ("How many labels are shown in the chart?", str(len(vals))),
-            (
-                f"Is the value in {chart.labels[i]} greater than in {chart.labels[j]}?",
-                "Yes" if vals[i] > vals[j] else "No",
-            ),
-            (f"What is the average {topic} across all labels?", f"{vals.mean():.2f}"),
-        )
-
-
-_CHARTQA_SUFFIX = (
-    "Answer the question using a single word or phrase.",
-    "Read the values from the chart.",
-    "Give only the final answer.",
-)
-_CHARTQA_CLOSERS = (
-    "Be precise.",
-    "Thanks.",
-    "Please.",
-    "Use the chart.",
-    "Answer briefly.",
-    "Answer with a number or a label.",
-)
-
-
-def _otsl(chart: Chart, budget: int, rng: np.random.Generator, tok: TextTokenizer) -> str:
-    """The chart's table in OTSL (SynthChartNet's target format), as many rows as fit ``budget``
-    tokens; the last value gets extra decimal digits (one token each) to reach ``budget`` exactly."""
-    header = f"<fcel>Label<fcel>{chart.title} ({chart.unit})<nl>"
-    rows = [f"<fcel>{lab}<fcel>{v:g}<nl>" for lab, v in zip(chart.labels, chart.values)]
-    text, used = header, tok.count(header)
-    for row in rows:
-        n = tok.count(row)
-        if used + n > budget:
-            break
-        text, used = text + row, used + n
-    slack = budget - tok.count(text)
-    if slack > 0 and text.endswith("<nl>"):
-        last = text[: -len("<nl>")]
-        digits = "".join(str(int(d)) for d in rng.integers(0, 10, slack))
-        extra = digits if "." in last.rsplit("<fcel>", 1)[-1] else "." + digits[:-1]
-        text = last + extra + "<nl>"
-    return text
-
-
-def _otsl_rows_for(budget: int) -> int:
-    """More rows than a two-column OTSL table of ``budget`` tokens can hold (rows cost >= 9 tokens)."""
-    return max(2, math.ceil(budget / 9) + 2)
 
 
 # --- text fitting ---------------------------------------------------------------------------------
@@ -479,14 +246,14 @@ def _chart_turns(name: str, chart: Chart, budgets, rng, tok) -> list[tuple[str, 
             q_budget,
             tok,
         )
-        return [(question, _otsl(chart, a_budget + q_budget - tok.count(question), rng, tok))]
-    qa = _chart_qa(chart, rng)
+        return [(question, otsl_table(chart, a_budget + q_budget - tok.count(question), rng, tok))]
+    qa = chart_qa(chart, rng)
 
     def next_pair(a_budget: int) -> tuple[str, str]:
         question, answer = next(qa)
         return question, _phrase(_short_answers(answer), a_budget, tok)
 
-    return _qa_turns(budgets, next_pair, _CHARTQA_SUFFIX, _CHARTQA_CLOSERS, tok)
+    return _qa_turns(budgets, next_pair, CHARTQA_SUFFIX, CHARTQA_CLOSERS, tok)
 
 
 def _conversation(
@@ -567,20 +334,20 @@ def _sample(
         pairs = _photo_turns(sound, budgets, rng, tok, with_image=False)
     elif name in CHART_DATASETS:
         ((height, width),) = target.images
-        rows = _otsl_rows_for(budgets[0][1]) if name.startswith("synthchartnet") else int(rng.integers(4, 13))
-        chart = _chart(rng, min(rows, 400))
+        rows = otsl_rows_for(budgets[0][1]) if name.startswith("synthchartnet") else int(rng.integers(4, 13))
+        chart = draw_chart(rng, min(rows, 400))
         pairs = _chart_turns(name, chart, budgets, rng, tok)
         if name.startswith("synthchartnet"):  # draw exactly the rows the table holds
             kept = max(1, pairs[0][1].count("<nl>") - 1)
             chart = dataclasses.replace(chart, labels=chart.labels[:kept], values=chart.values[:kept])
         images = [images_dir / f"{target.id}.png"]
-        _render_chart(chart, height, width, images[0])
+        render_chart(chart, height, width, images[0])
     else:
         photo = PHOTOS[int(rng.integers(len(PHOTOS)))]
         suffixes = [""] if len(target.images) == 1 else [f"-{k}" for k in range(len(target.images))]
         images = [images_dir / f"{target.id}{suffix}.jpg" for suffix in suffixes[: len(target.images)]]
         for (height, width), image in zip(target.images, images):
-            _write_photo(photo, height, width, image)
+            write_photo(photo, height, width, image)
         pairs = _photo_turns(photo, budgets, rng, tok, with_image=bool(images))
     turns = _conversation(pairs, len(images), len(target.audio))
     diff = count_text_tokens(turns, tok) - target.text_tokens

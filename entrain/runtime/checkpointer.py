@@ -62,7 +62,7 @@ def agree(env, watch, what: str):
 
 def guarded(watch, step: int, what: str, fn):
     """Run collective ``fn`` at point ``what``; a failure names the peers that never got there."""
-    from entrain.runtime.executor import CollectiveError
+    from entrain.runtime.step_errors import CollectiveError
 
     watch.mark(what)
     try:

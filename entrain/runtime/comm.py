@@ -11,7 +11,7 @@ while it is in flight and dropped once it has completed (``release_sent``, asked
 every send and receive; ``wait_all`` waits for the rest at the end of the step). A receive of known shape (a gradient has the shape of the
 forward output it belongs to) posts every header and data together and checks the header at the end of the
 step (no host synchronisation per message), and so does a forward message whose shape the executor
-knows from the plan (``entrain.runtime.executor.MessageShapes``); any other forward message's headers
+knows from the plan (``entrain.runtime.message_shapes.MessageShapes``); any other forward message's headers
 come first and size the data (one host synchronisation on a GPU, counted in ``header_reads``). Either way the key (stage / direction / microbatch / sub) and
 the CRC of the sample ids are checked, so a schedule mismatch is a clear error instead of a backend
 abort or silent corruption. Receives follow the sender's order per channel (FIFO matching); a message

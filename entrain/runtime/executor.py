@@ -23,6 +23,10 @@ a dispatch table with one small handler per ``ActionKind``. Conventions (``entra
 
 Loss: the last stage's output is ``sum(token CE) / label tokens of the global batch``; backward of
 that scalar makes gradients independent of grouping, deferral and splitting.
+
+Beside this module: the communication actions and the pieces of boundary messages in
+``entrain.runtime.executor_comm``, the forward messages' shapes from the plan in
+``entrain.runtime.message_shapes``, the errors a failed step raises in ``entrain.runtime.step_errors``.
 """
 
 from __future__ import annotations
@@ -31,13 +35,12 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from entrain.core.errors import EntrainError
 from entrain.core.ir.graph import Message
 from entrain.core.ir.p2p import (
     Comm,
@@ -45,76 +48,24 @@ from entrain.core.ir.p2p import (
     Step,
     WarmUp,
     encoder_pieces,
-    message_part_names,
     rank_program,
-    receive_needs_header,
 )
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.model.layer_specs import HIDDEN
 from entrain.models.families.registry import family_of
-from entrain.runtime.comm import MessageKey, Transport
+from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
+from entrain.runtime.executor_comm import MessagePassing, receive_queues
+from entrain.runtime.message_shapes import MessageShapes, Parts
+from entrain.runtime.step_errors import ExecutionError, WarmUpError
 
-__all__ = ["Executor", "ExecutionError", "CollectiveError", "ComputeRecord", "StepOutput", "MessageShapes"]
+__all__ = ["Executor", "ComputeRecord", "StepOutput"]
 
 Key = tuple[int, int, int]  # (stage, mb, sub)
-Parts = dict[str, torch.Tensor]
-"""A message's tensors by part name (``HIDDEN`` first)."""
 
 
 def _no_weight_grads() -> None:
     """``W`` of a stage whose ``I`` left no weight gradients (frozen, or no graph)."""
-
-
-def cause_line(cause: BaseException) -> str:
-    """``Type: first non-empty line`` of an error, then its own cause's when it wraps one (torch's
-    pipelining wraps the real error in a message that starts with a blank line)."""
-    lines = [x.strip() for x in str(cause).splitlines() if x.strip()]
-    text = f"{type(cause).__name__}: {lines[0] if lines else ''}"
-    return text if cause.__cause__ is None else f"{text} <- {cause_line(cause.__cause__)}"
-
-
-class ExecutionError(EntrainError, RuntimeError):
-    """An action failed (a peer died or stalled past the process-group timeout, a schedule mismatch):
-    names the rank, the action (stage, microbatch, sub) and the peer rank."""
-
-    def __init__(self, rank: int, action: Action, peer: int | None, cause: BaseException):
-        self.rank, self.action, self.peer = rank, action, peer
-        with_peer = f" with rank {peer}" if peer is not None else ""
-        super().__init__(
-            f"rank {rank}: action {action} (stage {action.stage}, microbatch {action.mb}, sub "
-            f"{action.sub_index}){with_peer} failed: {cause_line(cause)}"
-        )
-
-
-class WarmUpError(EntrainError, RuntimeError):
-    """Connecting a rank's point-to-point channels before its first step failed (a peer died or
-    stalled past the process-group timeout before it got there)."""
-
-    def __init__(self, rank: int, cause: BaseException):
-        self.rank = rank
-        super().__init__(
-            f"rank {rank}: connecting its point-to-point channels before its first step failed (a peer rank "
-            f"died or stalled past --timeout-s): {cause_line(cause)}"
-        )
-
-
-class CollectiveError(EntrainError, RuntimeError):
-    """A collective outside the pipeline actions failed (a peer died or stalled past the timeout):
-    names the rank, the step, what the collective was for and, when known, the peers that never
-    reached it (``entrain.runtime.health.PeerWatch``)."""
-
-    def __init__(
-        self, rank: int, step: int, what: str, cause: BaseException, behind: dict[int, str] | None = None
-    ):
-        self.rank, self.step, self.what, self.behind = rank, step, what, behind or {}
-        who = "a peer rank died or stalled past --timeout-s"
-        if self.behind:  # from the PeerWatch board: the ranks that never reached this collective
-            who = "; ".join(
-                f"rank {r} did not get there, it last reached {w!r}" for r, w in sorted(self.behind.items())
-            )
-            who += " (died, or stalled past --timeout-s)"
-        super().__init__(f"rank {rank}: step {step}: {what} failed: {who}: {cause_line(cause)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,105 +80,6 @@ class ComputeRecord:
 
 
 @dataclass
-class _Template:
-    """A part's shape as its first message had it, the axes that may hold the plan's rows (one once
-    trusted), its dtype, and how many messages agreed with it."""
-
-    shape: tuple[int, ...]
-    axes: frozenset[int]
-    dtype: torch.dtype
-    agreed: int = 1
-
-    def agrees(self, t: torch.Tensor, rows: int) -> frozenset[int]:
-        """The axes still possible after message part ``t`` of ``rows`` plan rows (empty: none)."""
-        if t.dtype != self.dtype or t.dim() != len(self.shape):
-            return frozenset()
-        same = [a == b for a, b in zip(t.shape, self.shape)]
-        return frozenset(
-            i for i in self.axes if t.shape[i] == rows and all(same[j] for j in range(len(same)) if j != i)
-        )
-
-
-class MessageShapes:
-    """The shapes of the forward messages a rank receives, known before they arrive where the plan
-    fixes them: a part's rows are the plan's (``rows``: the sending component's tokens, LLM tokens or
-    encoder patches, or the samples' image feature rows; a declared part's by its ``MessagePart.rows``
-    rule) on one axis, its other dimensions and dtype are the sending stage's constants, read from the
-    headers of its first messages. A stage's messages are sized once ``TRUST`` of them agreed with the
-    rule on every part, on one axis; a part whose message disagrees once (rows that depend on the data in another way, a
-    tiling encoder's ``[tiles, ...]``) keeps its header for the whole run. A sized receive still
-    carries its header, compared at the end of the step (``Transport.verify``)."""
-
-    TRUST = 2
-    """Agreeing messages a stage's parts need before its messages are sized from the plan."""
-
-    def __init__(self, layout: Layout, renderer: SampleRenderer):
-        self.layout, self.renderer = layout, renderer
-        self._templates: dict[tuple[int, str], _Template | None] = {}
-        """(sending stage, part name) -> its template; None: data-dependent, always read its header."""
-
-    def rows(self, stage: int, name: str, ids: Sequence[str]) -> int | None:
-        """Rows of part ``name`` of stage ``stage``'s forward message for ``ids`` by the plan (None:
-        not a whole number)."""
-        spec, samples = self.layout.stages[stage], [self.renderer.sample(i) for i in ids]
-        image_rows = sum(s.image_tokens for s in samples)
-        audio_rows = sum(s.audio_tokens for s in samples)
-        if spec.component == "llm":
-            tokens = sum(s.num_tokens for s in samples)
-        else:
-            tokens = sum(t * h * w for s in samples for t, h, w in s.grid_thw)
-        if name == HIDDEN:
-            last_encoder = spec.component == "encoder" and stage == self.layout.num_encoder_stages - 1
-            return image_rows if last_encoder else tokens
-        part = next(p for p in spec.parts if p.name == name)
-        if part.rows != "tokens":
-            return audio_rows if part.rows == "audio_tokens" else image_rows
-        rows = tokens * part.rows_per_token
-        return int(rows) if float(rows).is_integer() else None
-
-    def known_stages(self) -> frozenset[int]:
-        """The sending stages whose forward messages are sized from the plan."""
-        names = {st.stage: st.part_names for st in self.layout.stages}
-        return frozenset(
-            stage
-            for stage, parts in names.items()
-            if all(
-                (t := self._templates.get((stage, n))) is not None
-                and t.agreed >= self.TRUST
-                and len(t.axes) == 1
-                for n in parts
-            )
-        )
-
-    def observe(self, stage: int, ids: Sequence[str], parts: Parts) -> None:
-        """Learn from a forward message of ``stage`` received with its headers."""
-        for name, t in parts.items():
-            key, rows = (stage, name), self.rows(stage, name, ids)
-            known = self._templates.get(key, False)
-            if known is None:
-                continue
-            if rows is None:
-                self._templates[key] = None
-            elif known is False:
-                axes = frozenset(i for i, n in enumerate(t.shape) if n == rows)
-                self._templates[key] = _Template(tuple(t.shape), axes, t.dtype) if axes else None
-            else:
-                axes = known.agrees(t, rows)
-                self._templates[key] = replace(known, axes=axes, agreed=known.agreed + 1) if axes else None
-
-    def likes(self, stage: int, ids: Sequence[str]) -> list[torch.Tensor]:
-        """Meta tensors of the shapes and dtypes of ``stage``'s message parts for ``ids``."""
-        out = []
-        for name in self.layout.stages[stage].part_names:
-            t = self._templates[(stage, name)]
-            (axis,) = t.axes
-            shape = list(t.shape)
-            shape[axis] = self.rows(stage, name, ids)
-            out.append(torch.empty(shape, dtype=t.dtype, device="meta"))
-        return out
-
-
-@dataclass
 class StepOutput:
     loss_sum: torch.Tensor | float = 0.0
     """Sum of this rank's last-stage loss contributions (already divided by the global label count),
@@ -235,7 +87,7 @@ class StepOutput:
     records: list[ComputeRecord] = field(default_factory=list)
 
 
-class Executor:
+class Executor(MessagePassing):
     """Runs action lists for the stages one rank holds (several stage chunks are fine)."""
 
     def __init__(
@@ -308,7 +160,7 @@ class Executor:
         )
         self._preposting = self.transport.prepost_gradients and not forward_only
         if self._preposting:
-            self._unposted = _receive_queues(program)
+            self._unposted = receive_queues(program)
         grad_mode = torch.no_grad() if forward_only else nullcontext()
         if self.tracer is not None:
             self.tracer.start_step(self.device)
@@ -344,102 +196,6 @@ class Executor:
             peer = self._peer_of(a)
             peer = None if peer is None else self.process_rank(peer)
             raise ExecutionError(self.process_rank(self.rank), a, peer, e) from e
-
-    def _comm(self, c: Comm) -> None:
-        """Receive what ``c``'s batches receive (its own message, and any sent before it on the same
-        channel), then run the action (a send posts its message; a receive takes its from the stash)."""
-        seen: set[tuple[int, Message]] = set()
-        for batch in c.batches:
-            for op in batch.ops:
-                if not op.send and (op.peer, op.message) not in seen:
-                    seen.add((op.peer, op.message))
-                    self._receive(op.peer, op.message)
-        self._handlers[c.action.kind](c.action)
-
-    def _receive(self, peer: int, msg: Message) -> None:
-        key, names = _key(msg), message_part_names(self.layout, msg)
-        ids = self._message_ids(peer, msg)
-        if msg.kind == "F":  # sized from the plan once its stage's parts are known (MessageShapes)
-            like = self.shapes.likes(msg.src, ids) if msg.src in self._sized else None
-        else:  # the gradient has the shape and dtype of the output (piece) it belongs to
-            like = self._gradient_likes(peer, msg)
-        if (receive_needs_header(msg) and msg.src not in self._sized) != (like is None):
-            raise RuntimeError(f"rank {self.rank}: {key}: the program and the executor disagree on its size")
-        queue = self._unposted[peer]
-        if queue and queue[0] == msg:
-            queue.popleft()
-        elif self._preposting and (peer, key.code) not in self.transport.preposted:
-            raise RuntimeError(f"rank {self.rank}: {key} received out of its channel's order")
-        self.transport.receive_parts(peer, key, ids, len(names), like)
-        self._prepost(peer)
-
-    def _prepost(self, peer: int) -> None:
-        """Post, in the channel's order, the gradient receives from ``peer`` whose forward output exists
-        (``Transport.prepost_gradients``; a no-op otherwise)."""
-        queue = self._unposted[peer]
-        while queue and queue[0].kind == "B" and (queue[0].dst, queue[0].mb, queue[0].sub) in self._outputs:
-            msg = queue.popleft()
-            self.transport.prepost_parts(peer, _key(msg), self._gradient_likes(peer, msg))
-
-    # --- pieces of boundary messages that cross replicas ----------------------------------------------
-    def _message_ids(self, peer: int, msg: Message) -> tuple[str, ...]:
-        """The samples a message between this rank and ``peer`` carries: its forward output's ids, or
-        at the encoder -> LLM boundary where samples cross replicas, the piece for the LLM's replica."""
-        out = msg.src if msg.kind == "F" else msg.dst
-        if out != self.first_llm - 1 or not self._pieces:
-            return self._ids(out, msg.mb, msg.sub)
-        other = self.layout.replica_of(peer)[0]
-        enc, llm = (self.replica, other) if out in self.modules else (other, self.replica)
-        return self._piece_ids(enc, llm, msg.mb, msg.sub)
-
-    def _piece_ids(self, enc: int, llm: int, mb: int, sub: int) -> tuple[str, ...]:
-        """Ids of replica ``enc``'s encoder message (mb, sub) that replica ``llm`` owns, in order."""
-        per = self._pieces.get((enc, mb, sub))
-        if per is None:
-            return self._it.microbatches[enc][mb].encoder_subs[sub] if enc == llm else ()
-        return per.get(llm, ())
-
-    def _piece_peers(self, stage: int, mb: int, sub: int) -> list[tuple[int, int]]:
-        """(replica, plan rank) of the other replicas this rank exchanges pieces of message (mb, sub)
-        with: at the last encoder stage the owners of its samples, at the first LLM stage the
-        replicas that encoded some of its own (the program's order, ``entrain.core.ir.p2p``)."""
-        if not self._pieces:
-            return []
-        e = self.first_llm - 1
-        if stage == e:
-            others = sorted(o for o in self._pieces.get((self.replica, mb, sub), {}) if o != self.replica)
-            pp = self.layout.stages[e + 1].pp_rank
-        else:
-            others = sorted(r for (r, m, u), per in self._pieces.items()
-                            if (m, u) == (mb, sub) and r != self.replica and self.replica in per)  # fmt: skip
-            pp = self.layout.stages[e].pp_rank
-        return [(r, self.layout.global_rank(r, pp)) for r in others]
-
-    def _sample_rows(self, sid: str, name: str) -> int:
-        """Rows of sample ``sid`` in part ``name`` of an encoder message (its audio tokens for an audio
-        part, else its image feature rows)."""
-        s = self.renderer.sample(sid)
-        return s.audio_tokens if name in self._audio_parts else s.image_tokens
-
-    def _row_index(self, ids: Sequence[str], subset: Sequence[str], name: str = HIDDEN) -> torch.Tensor:
-        """Rows of the samples ``subset`` in part ``name`` of an encoder output of samples ``ids``."""
-        spans, start = {}, 0
-        for sid in ids:
-            rows = self._sample_rows(sid, name)
-            spans[sid], start = (start, start + rows), start + rows
-        rows = [i for sid in subset for i in range(*spans[sid])]
-        return torch.tensor(rows, dtype=torch.long, device=self.device)
-
-    def _gradient_likes(self, peer: int, msg: Message) -> list[torch.Tensor]:
-        """Tensors of the shapes and dtypes of gradient message ``msg``'s parts: its output's, or the
-        rows of its piece where samples cross replicas."""
-        out = self._outputs[(msg.dst, msg.mb, msg.sub)]
-        names = message_part_names(self.layout, msg)
-        if msg.dst != self.first_llm - 1 or (self.replica, msg.mb, msg.sub) not in self._pieces:
-            return [out[n] for n in names]
-        ids = self._message_ids(peer, msg)
-        rows = {n: sum(self._sample_rows(sid, n) for sid in ids) for n in names}
-        return [torch.empty((rows[n], *out[n].shape[1:]), dtype=out[n].dtype, device="meta") for n in names]
 
     # --- state --------------------------------------------------------------------------------------
     def _reset(self, it: IterationPlan, loss_scale: float, forward_only: bool) -> None:
@@ -691,110 +447,3 @@ class Executor:
 
     def _backward_weight(self, a: Action) -> None:
         self._timed(a, "W", self._pending_w.pop((a.stage, a.mb, a.sub_index)))
-
-    # --- communication ------------------------------------------------------------------------------
-    def _send_forward(self, a: Action) -> None:
-        s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s + 1):
-            return
-        out = self._outputs[(s, mb, sub)]
-        tensors = [t.detach() for t in out.values()]
-        key, peers = MessageKey(s, False, mb, sub), self._piece_peers(s, mb, sub)
-        if not peers:
-            self.transport.send_parts(tensors, self._peer(s + 1), key, self._ids(s, mb, sub))
-            self._prepost(self._peer(s + 1))
-            return
-        ids = self._ids(s, mb, sub)
-        for replica, peer in [(self.replica, self._peer(s + 1)), *peers]:
-            piece = self._piece_ids(self.replica, replica, mb, sub)
-            cut = [t.index_select(0, self._row_index(ids, piece, n)) for n, t in zip(out, tensors)]
-            self.transport.send_parts(cut, peer, key, piece)
-            self._prepost(peer)
-
-    def _take(self, stage: int, backward: bool, mb: int, sub: int, names: Sequence[str]) -> Parts:
-        """The parts ``names`` of message (``stage``: its sender) from the stash."""
-        key, peer = MessageKey(stage, backward, mb, sub), self._peer(stage)
-        return {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)}
-
-    def _recv_forward(self, a: Action) -> None:
-        s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s - 1):
-            return
-        names = self.layout.stages[s - 1].part_names
-        parts = self._take(s - 1, False, mb, sub, names)
-        if s - 1 not in self._sized:
-            self.shapes.observe(
-                s - 1, self._message_ids(self._peer(s - 1), Message("F", s - 1, s, mb, sub)), parts
-            )
-        self._accept_input(s, mb, sub, parts)
-        key = MessageKey(s - 1, False, mb, sub)
-        for replica, peer in self._piece_peers(s, mb, sub):
-            piece = {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)}
-            if s - 1 not in self._sized:
-                self.shapes.observe(s - 1, self._piece_ids(replica, self.replica, mb, sub), piece)
-            self._accept_piece(mb, sub, replica, piece)
-
-    def _send_backward(self, a: Action) -> None:
-        s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s - 1):
-            return
-        leaves = self._input_leaf(s, mb, sub)
-        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves.values()]
-        if s == self.first_llm:  # the rows of its encoder message that stayed on this replica
-            ids = self._piece_ids(self.replica, self.replica, mb, sub)
-        else:
-            ids = self._ids(s, mb, sub)
-        key, peers = (
-            MessageKey(s, True, mb, sub),
-            self._piece_peers(s, mb, sub) if s == self.first_llm else [],
-        )
-        self.transport.send_parts(grads, self._peer(s - 1), key, ids)
-        for replica, peer in peers:
-            leaves = self._messages[(mb, sub, replica)]
-            grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves.values()]
-            self.transport.send_parts(grads, peer, key, self._piece_ids(replica, self.replica, mb, sub))
-
-    def _recv_backward(self, a: Action) -> None:
-        s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s + 1):
-            return
-        names = self.layout.stages[s].part_names
-        grads = self._take(s + 1, True, mb, sub, names)
-        peers = self._piece_peers(s, mb, sub)
-        if peers:  # the pieces' gradients back in the rows of the whole output
-            out, ids, key = (
-                self._outputs[(s, mb, sub)],
-                self._ids(s, mb, sub),
-                MessageKey(s + 1, True, mb, sub),
-            )
-            pieces = [(self.replica, grads)]
-            for replica, peer in peers:
-                pieces.append(
-                    (replica, {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)})
-                )
-            full = {n: torch.zeros_like(out[n]) for n in names}
-            for replica, part in pieces:
-                piece = self._piece_ids(self.replica, replica, mb, sub)
-                for n in names:
-                    full[n].index_copy_(0, self._row_index(ids, piece, n), part[n])
-            grads = full
-        self._out_grads[(s, mb, sub)] = grads
-
-
-def _key(msg: Message) -> MessageKey:
-    return MessageKey(msg.src, msg.kind == "B", msg.mb, msg.sub)
-
-
-def _receive_queues(program: Sequence[Step]) -> dict[int, deque[Message]]:
-    """Per peer, the messages a rank's program receives from it, in order (as ``Executor._comm`` takes
-    them): the order of the peer's sends on that channel."""
-    queues: dict[int, deque[Message]] = defaultdict(deque)
-    seen: set[tuple[int, Message]] = set()
-    for step in program:
-        if not isinstance(step, Comm):
-            continue
-        for op in (op for batch in step.batches for op in batch.ops if not op.send):
-            if (op.peer, op.message) not in seen:
-                seen.add((op.peer, op.message))
-                queues[op.peer].append(op.message)
-    return queues

@@ -23,7 +23,7 @@ from entrain.runtime import grad_buckets
 from entrain.runtime.comm import Transport
 from entrain.runtime.data import SampleRenderer
 from entrain.runtime.distributed import DistEnv, check_runtime_layout
-from entrain.runtime.executor import CollectiveError, ComputeRecord, Executor
+from entrain.runtime.executor import ComputeRecord, Executor
 from entrain.runtime.expert_parallel import (
     apply_ep,
     build_ep_groups,
@@ -46,6 +46,7 @@ from entrain.runtime.parallelize import (
     process_rank,
 )
 from entrain.runtime.recompute import apply_recompute
+from entrain.runtime.step_errors import CollectiveError
 
 __all__ = ["OptimConfig", "StepResult", "PipelineTrainer", "lr_factor", "reset_peak_memory"]
 

@@ -185,7 +185,7 @@ def test_an_action_error_names_the_error_a_torch_message_wraps():
     """torch's split backward raises a message that starts with a blank line, from the real error:
     the one line names both (it named neither: 'failed: RuntimeError: ')."""
     from entrain.core.ir.plan import Action, ActionKind
-    from entrain.runtime.executor import ExecutionError
+    from entrain.runtime.step_errors import ExecutionError
 
     try:
         try:
@@ -207,7 +207,7 @@ def _stalled_peer(env, plan, folder, warm_up=True):
     import time
 
     from entrain.core.ir.p2p import warmup_batches
-    from entrain.runtime.executor import ExecutionError, WarmUpError
+    from entrain.runtime.step_errors import ExecutionError, WarmUpError
 
     cfg = get_model_config("tiny")
     metas = {m.id: m for m in batch_metas()}

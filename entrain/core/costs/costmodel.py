@@ -26,6 +26,7 @@ from entrain.core.costs.layer_costs import (
     RECOMPUTE_MODES,
     Component,
     ComponentCost,
+    ExpertCost,
     HardwareSpec,
     LayerCost,
     Phase,
@@ -45,6 +46,7 @@ __all__ = [
     "Quadratic",
     "LayerCost",
     "ComponentCost",
+    "ExpertCost",
     "HardwareSpec",
     "CostModel",
     "parallel_key",
@@ -146,20 +148,88 @@ class CostModel:
         comp = self.component(component)
         layer = comp.layers[layer_idx]
         units = self._layer_units(layer, units, labels)
-        key = parallel_key(tp, cp)
-        if key not in layer.fwd:
-            raise KeyError(f"{self.model}/{component}/{layer.name}: no cost for {key}; have {layer.keys()}")
-        if phase == "fwd":
-            q = layer.fwd[key]
-        else:
-            q = self._bwd_quadratic(comp, layer_idx, key)
-            if q is not None and phase != "bwd" and layer.trainable:
-                q = _split(q, layer)
-                if phase == "bwd_input":
-                    q = q.scaled(layer.bwd_input_fraction)  # a frozen layer's backward is input-only already
+        q = self._phase_quadratic(comp, layer_idx, parallel_key(tp, cp), phase)
         if q is None:
             return 0.0
         return sum(q.variable_ms(x) for x in units) + q.constant_ms * num_calls
+
+    def _phase_quadratic(
+        self, comp: ComponentCost, layer_idx: int, key: str, phase: Phase
+    ) -> Quadratic | None:
+        """The curve ``layer_ms`` prices ``phase`` of a layer with (None: the layer runs no backward)."""
+        layer = comp.layers[layer_idx]
+        if key not in layer.fwd:
+            raise KeyError(f"{self.model}/{comp.name}/{layer.name}: no cost for {key}; have {layer.keys()}")
+        if phase == "fwd":
+            return layer.fwd[key]
+        q = self._bwd_quadratic(comp, layer_idx, key)
+        if q is not None and phase != "bwd" and layer.trainable:
+            q = _split(q, layer)
+            if phase == "bwd_input":
+                q = q.scaled(layer.bwd_input_fraction)  # a frozen layer's backward is input-only already
+        return q
+
+    # --- mixture-of-experts layers (docs/design.md, "Mixture-of-experts costs") ---------------------
+    def has_experts(self, component: Component) -> bool:
+        """Whether a layer of ``component`` is a mixture of experts."""
+        return any(layer.experts is not None for layer in self.component(component).layers)
+
+    def num_experts(self, component: Component) -> int | None:
+        """The experts of ``component``'s sparse layers (the most of any; None: a dense component)."""
+        counts = [x.experts.num_experts for x in self.component(component).layers if x.experts is not None]
+        return max(counts) if counts else None
+
+    def expert_ms(
+        self,
+        component: Component,
+        layer_idx: int,
+        tokens: float,
+        phase: Phase,
+        tp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        recompute: Recompute = "none",
+    ) -> float:
+        """What one call of ``tokens`` tokens on a rank of an ``ep``-rank expert-parallel group costs a
+        mixture-of-experts layer beyond ``layer_ms`` (which prices a balanced router on one rank holding
+        every expert): the busiest rank's extra expert tokens (``ExpertCost.rank_load_factor``) at the
+        experts' share of the phase's linear time, and with ``ep`` > 1 the all-to-all (dispatch and
+        combine: ``tokens * a2a_bytes_per_token * (ep - 1) / ep`` bytes on the data-parallel link, once
+        forward and once in the input-gradient backward; a weight-gradient ``W`` moves nothing). A
+        backward under ``full`` recomputation re-runs the forward's. 0 for a dense layer."""
+        comp = self.component(component)
+        x = comp.layers[layer_idx].experts
+        if x is None or tokens <= 0:
+            return 0.0
+        q = self._phase_quadratic(comp, layer_idx, parallel_key(tp, cp), phase)
+        if q is None:
+            return 0.0
+        total = x.fraction * q.b * tokens * (x.rank_load_factor(tokens, ep) - 1.0)
+        if ep > 1:
+            hw = self.hardware
+            total += hw.allreduce_latency_ms + x.a2a_bytes_per_token * tokens * (ep - 1) / ep / (
+                hw.allreduce_bandwidth_bytes_per_ms
+            )
+        if phase != "fwd" and recompute == "full" and layer_idx > 0:
+            total += self.expert_ms(component, layer_idx, tokens, "fwd", tp, cp, ep)
+        return total
+
+    def stage_expert_ms(
+        self,
+        component: Component,
+        first: int,
+        end: int,
+        tokens: float,
+        phase: Phase,
+        tp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        recompute: Recompute = "none",
+    ) -> float:
+        """``expert_ms`` summed over layers ``[first, end)``."""
+        return sum(
+            self.expert_ms(component, i, tokens, phase, tp, cp, ep, recompute) for i in range(first, end)
+        )
 
     def _bwd_quadratic(self, comp: ComponentCost, layer_idx: int, key: str) -> Quadratic | None:
         layer = comp.layers[layer_idx]

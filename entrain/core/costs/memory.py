@@ -68,13 +68,13 @@ def microbatch_load(stats: SampleStats, comp: str, microbatch_size: int) -> Micr
     return MicrobatchLoad(u * mean_x1, u * mean_x2, u * peak_x1, u * peak_x2)
 
 
-def _params_bytes(cost: CostModel, comp: str, first: int, end: int, tp: int) -> float:
+def _params_bytes(cost: CostModel, comp: str, first: int, end: int, tp: int, ep: int = 1) -> float:
     def compute() -> float:
         layers = cost.component(comp).layers[first:end]
         factor = ADAM_BYTES_PER_BF16_WEIGHT_BYTE
-        return sum(layer.rank_param_bytes(tp) * (factor if layer.trainable else 1.0) for layer in layers)
+        return sum(layer.rank_param_bytes(tp, ep) * (factor if layer.trainable else 1.0) for layer in layers)
 
-    return _cost_memo(cost, ("params", comp, first, end, tp), compute)
+    return _cost_memo(cost, ("params", comp, first, end, tp, ep), compute)
 
 
 _COST_MEMO: dict[tuple, tuple[CostModel, object]] = {}
@@ -97,10 +97,11 @@ def _cost_memo(cost: CostModel, key: tuple, compute: Callable[[], object]):
 
 def stage_memory_bytes(
     cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, load: MicrobatchLoad, in_flight: int,
-    recompute: str = "none",
+    recompute: str = "none", ep: int = 1,
 ) -> float:  # fmt: skip
     """One GPU of a stage: model state (weights + gradients + Adam states of trainable layers, bf16
-    weights of frozen ones, / TP) + ``in_flight`` mean microbatches' kept activations + the largest
+    weights of frozen ones, / TP; a mixture-of-experts layer's experts also / ``ep``) + ``in_flight``
+    mean microbatches' kept activations (a sparse layer's: its ``top_k`` active experts') + the largest
     microbatch's recomputation transient (``CostModel.recompute_transient_bytes``), / (TP x CP)."""
     lin, sq = _cost_memo(cost, ("kept", comp, first, end, recompute),
                          lambda: cost.kept_bytes_per_token(comp, first, end, recompute))  # fmt: skip
@@ -109,7 +110,7 @@ def stage_memory_bytes(
                          lambda: cost.recompute_dropped_bytes_per_token(comp, first, end, recompute))  # fmt: skip
     # CostModel.recompute_transient_bytes on the cached per-layer coefficients
     transient = max([0.0, *(lin * load.peak_tokens + sq * load.peak_tokens_sq for lin, sq in dropped)])
-    return _params_bytes(cost, comp, first, end, tp) + (held + transient) / (tp * cp)
+    return _params_bytes(cost, comp, first, end, tp, ep) + (held + transient) / (tp * cp)
 
 
 def recompute_ms(
@@ -143,13 +144,13 @@ def _recompute_coefficients(cost: CostModel, comp: str, first: int, end: int, tp
 
 def choose_recompute(
     stats: SampleStats, cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, u: int,
-    in_flight: int, limit_bytes: float,
+    in_flight: int, limit_bytes: float, ep: int = 1,
 ) -> tuple[str, float, float]:  # fmt: skip
     """(mode, memory bytes, recomputation ms) of the cheapest ``RECOMPUTE_MODES`` entry whose stage
     memory fits ``limit_bytes``; ``full`` (not fitting) when none does."""
     load = microbatch_load(stats, comp, u)
     for mode in RECOMPUTE_MODES:
-        mem = stage_memory_bytes(cost, comp, first, end, tp, cp, load, in_flight, mode)
+        mem = stage_memory_bytes(cost, comp, first, end, tp, cp, load, in_flight, mode, ep)
         if mem <= limit_bytes or mode == RECOMPUTE_MODES[-1]:
             return mode, mem, recompute_ms(stats, cost, comp, first, end, tp, cp, u, mode)
     raise AssertionError("unreachable")

@@ -54,6 +54,7 @@ from entrain.core.costs.costmodel import (
     Quadratic,
     parallel_key,
 )
+from entrain.core.costs.layer_costs import ExpertCost
 from entrain.core.errors import ConfigError
 from entrain.core.model.architectures import get_arch
 from entrain.core.model.layer_specs import LayerSpec
@@ -271,6 +272,22 @@ def _layer_cost(
         per_label=s.per_label,
         message_parts=s.message_parts,
         no_cut_after=s.no_cut_after,
+        experts=_expert_cost(s, dev),
+    )
+
+
+def _expert_cost(s: LayerSpec, dev: DeviceModel) -> ExpertCost | None:
+    """A sparse layer's ``ExpertCost``: the experts' share of its linear time (at TP = CP = 1), the
+    all-to-all bytes of one token (dispatch and combine of its ``top_k`` bf16 hidden rows), the experts'
+    bf16 parameter bytes."""
+    x = s.experts
+    if x is None:
+        return None
+    comp = s.component
+    lin_ms = s.lin_flops / dev.lin_flops_per_ms[comp] + s.mem_bytes / dev.bytes_per_ms[comp]
+    fraction = x.lin_flops / dev.lin_flops_per_ms[comp] / lin_ms if lin_ms > 0 else 0.0
+    return ExpertCost(
+        x.num_experts, x.top_k, fraction, 2.0 * x.top_k * s.hidden * 2.0, 2.0 * x.param_count, x.skew
     )
 
 

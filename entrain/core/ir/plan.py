@@ -166,13 +166,16 @@ class ComponentLayout:
     tp: int = 1
     cp: int = 1
     pp: int = 1
+    ep: int = 1
+    """Expert parallelism of a component with experts: each stage's mixture-of-experts layers sharded
+    over ``ep`` of its ``dp`` replicas (``--ep``; written only when > 1)."""
 
     def to_json(self) -> dict:
-        return {"tp": self.tp, "cp": self.cp, "pp": self.pp}
+        return {"tp": self.tp, "cp": self.cp, "pp": self.pp, **({"ep": self.ep} if self.ep > 1 else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> ComponentLayout:
-        return cls(int(d["tp"]), int(d["cp"]), int(d["pp"]))
+        return cls(int(d["tp"]), int(d["cp"]), int(d["pp"]), int(d.get("ep", 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +192,11 @@ class Layout:
     def __post_init__(self) -> None:
         if [s.stage for s in self.stages] != list(range(len(self.stages))):
             raise ValueError("stages must be numbered 0..n-1 in order")
+        for name, par in self.components.items():
+            if par.ep < 1 or self.dp % par.ep:
+                raise ValueError(
+                    f"{name}: ep {par.ep} must divide dp {self.dp} (experts shard over replicas)"
+                )
 
     @property
     def global_batch(self) -> int:

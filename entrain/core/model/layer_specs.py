@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from entrain.core.workload.samples import LABEL_FRACTION
 
-__all__ = ["HIDDEN", "MessagePart", "LayerSpec", "llm_specs", "vit_decoder_layer_specs"]
+__all__ = ["HIDDEN", "MessagePart", "ExpertSpec", "LayerSpec", "llm_specs", "vit_decoder_layer_specs"]
 
 HIDDEN = "hidden"
 """The name of a stage message's main part (the hidden states every family sends)."""
@@ -69,6 +69,33 @@ class MessagePart:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertSpec:
+    """The mixture of experts of a sparse layer (its ``LayerSpec`` counts the router and the ``top_k``
+    active experts at a balanced load in ``lin_flops``, every expert in ``param_count``): ``num_experts``
+    experts, ``top_k`` per token; ``lin_flops`` / ``param_count`` of those are the experts' (what a
+    busier expert multiplies, what expert parallelism shards); ``skew``: the routing model's skew
+    (1 = a uniform router; docs/design.md, "Mixture-of-experts costs")."""
+
+    num_experts: int
+    top_k: int
+    lin_flops: float
+    param_count: int
+    skew: float = 1.0
+
+    def __post_init__(self) -> None:
+        if (
+            not 0 < self.top_k <= self.num_experts
+            or self.lin_flops < 0
+            or self.param_count < 0
+            or self.skew < 1
+        ):
+            raise ValueError(
+                f"experts: {self.num_experts} experts, top-k {self.top_k}, skew {self.skew}: expected "
+                "0 < top-k <= experts, non-negative sizes and skew >= 1"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class LayerSpec:
     """Forward work of one layer for one sequence unit of ``x`` tokens:
     ``quad_flops * x^2 + lin_flops * x`` FLOPs and ``mem_bytes * x`` memory traffic (memory-bound
@@ -110,6 +137,8 @@ class LayerSpec:
     later stage needs, on every boundary it crosses)."""
     no_cut_after: bool = False
     """The partitioner must not end a stage after this layer."""
+    experts: ExpertSpec | None = None
+    """A sparse (mixture-of-experts) layer's experts; None: a dense layer."""
 
 
 def _vision_specs(v) -> list[LayerSpec]:

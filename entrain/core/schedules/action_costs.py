@@ -79,6 +79,9 @@ class StageQuad:
     bwd_split_b: float = 0.0
     bwd_split_c: float = 0.0
     """The backward split into ``I`` + ``W`` (``bwd`` plus the split's own cost)."""
+    expert_grad_bytes: float = 0.0
+    """Of ``grad_bytes``: the mixture-of-experts layers' expert shards (all-reduced over the ``dp / ep``
+    replicas holding the same experts)."""
 
 
 def _fit_quadratic(f1: float, f2: float) -> tuple[float, float]:
@@ -97,6 +100,8 @@ class PlanCosts:
         self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
         self.tabled = tuple(self._has_table(i) for i in range(len(layout.stages)))
         """Per stage: whether a layer has a cost table (priced exactly per sample, not by its quad)."""
+        self.expert_stages = tuple(self._has_experts(i) for i in range(len(layout.stages)))
+        """Per stage: whether a layer is a mixture of experts (its calls add ``CostModel.expert_ms``)."""
         self.label_stages = tuple(self._has_label_layer(i) for i in range(len(layout.stages)))
         """Per stage: whether a layer runs on label tokens (priced per sample over samples whose
         answer counts are known)."""
@@ -148,12 +153,34 @@ class PlanCosts:
         kept, kept_sq = self.cost.kept_bytes_per_token(comp, first, end, spec.recompute)
         act, act_sq = kept / (tp * cp), kept_sq / (tp * cp)
         out = layers[-1].output_bytes_per_token / (tp * cp) if layers else 0.0
-        grad = sum(layer.rank_param_bytes(tp) for layer in layers if layer.trainable)
+        ep = self._ep(comp)
+        grad = sum(layer.rank_param_bytes(tp, ep) for layer in layers if layer.trainable)
         state = sum(
-            layer.rank_param_bytes(tp) * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
+            layer.rank_param_bytes(tp, ep) * (ADAM_BYTES_PER_BF16_WEIGHT_BYTE if layer.trainable else 1.0)
             for layer in layers
         )
-        return StageQuad(*coef[:6], act, out, grad, state, act_sq, *coef[6:])
+        experts = sum(
+            x.experts.param_bytes / (tp * ep)
+            for x in layers
+            if x.trainable and x.experts is not None and ep > 1
+        )
+        return StageQuad(*coef[:6], act, out, grad, state, act_sq, *coef[6:], expert_grad_bytes=experts)
+
+    def _ep(self, comp: str) -> int:
+        par = self.layout.components.get(comp)
+        return par.ep if par else 1
+
+    def _has_experts(self, stage: int) -> bool:
+        return any(layer.experts is not None for layer in self._layers(stage))
+
+    def _expert_ms(self, stage: int, phase: str, tokens: float) -> float:
+        """A call's mixture-of-experts time beyond the stage's balanced curves (``CostModel.expert_ms``)."""
+        spec = self.layout.stages[stage]
+        tp, cp = self._parallel(spec.component)
+        return self.cost.stage_expert_ms(
+            spec.component, spec.first_layer, spec.end_layer, tokens, phase, tp, cp, self._ep(spec.component),
+            spec.recompute,
+        )  # fmt: skip
 
     def _dropped_bytes(self, stage: int) -> tuple[tuple[float, float], ...]:
         spec = self.layout.stages[stage]
@@ -301,8 +328,12 @@ class PlanCosts:
             return 0.0
         factor = self.cost.small_call_factor(comp, lin)
         if self.tabled[stage] or (self.label_stages[stage] and self._answers_known(ids)):
-            return factor * sum(self._variable_ms(stage, phase, s) for s in ids) + c
-        return factor * (a * sq + b * lin) + c
+            ms = factor * sum(self._variable_ms(stage, phase, s) for s in ids) + c
+        else:
+            ms = factor * (a * sq + b * lin) + c
+        if self.expert_stages[stage]:
+            ms += self._expert_ms(stage, phase, lin)
+        return ms
 
     def tokens(self, stage: int, ids: Iterable[str]) -> float:
         return self._sums(stage, ids)[1]
@@ -371,10 +402,22 @@ class PlanCosts:
         dp = self.layout.dp
         if dp <= 1:
             return 0.0
-        num_bytes = sum(
-            q.grad_bytes for s, q in zip(self.layout.stages, self.stage_quads) if s.pp_rank == pp_rank
-        )
+        mine = [(s, q) for s, q in zip(self.layout.stages, self.stage_quads) if s.pp_rank == pp_rank]
+        num_bytes = sum(q.grad_bytes for _, q in mine)
         if num_bytes <= 0:
             return 0.0
         hw = self.cost.hardware
-        return hw.allreduce_latency_ms + 2.0 * (dp - 1) / dp * num_bytes / hw.allreduce_bandwidth_bytes_per_ms
+        if not any(q.expert_grad_bytes for _, q in mine):
+            return (
+                hw.allreduce_latency_ms
+                + 2.0 * (dp - 1) / dp * num_bytes / hw.allreduce_bandwidth_bytes_per_ms
+            )
+        # a stage's expert shards are reduced over the dp / ep replicas holding the same experts
+        moved = 0.0
+        for s, q in mine:
+            r = dp // self._ep(s.component)
+            moved += (
+                2.0 * (dp - 1) / dp * (q.grad_bytes - q.expert_grad_bytes)
+                + 2.0 * (r - 1) / r * q.expert_grad_bytes
+            )
+        return hw.allreduce_latency_ms + moved / hw.allreduce_bandwidth_bytes_per_ms

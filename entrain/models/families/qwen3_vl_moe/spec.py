@@ -8,8 +8,9 @@ the sparse layers, a mixture of experts: a router (``num_experts x hidden``, sof
 ``Qwen3VLMoeTextDecoderLayer`` decides.
 
 Cost model: a sparse layer's FLOPs are the router's and the ``top_k`` active experts' per token (the
-expected load of a balanced router; the busiest expert's extra time is not priced); its parameters
-(memory) are every expert's. With ``output_router_logits`` the auxiliary load-balancing loss needs
+expected load of a balanced router), its parameters (memory) every expert's; its ``ExpertSpec`` says
+which of those are the experts', so the cost model prices the busiest rank's expert tokens and the
+all-to-all under ``--ep`` and shards the experts' memory (docs/design.md, "Mixture-of-experts costs"). With ``output_router_logits`` the auxiliary load-balancing loss needs
 each sample's routing statistics at the loss: every LLM cut after the first sparse layer carries the
 ``router_stats`` part (``[samples, 2 * num_experts]`` float32), one row per sample, which is a few
 KB against the hidden states' MB; a part's rows count tokens or image rows, so it is priced as zero.
@@ -67,6 +68,8 @@ class Qwen3VLMoeShape(Qwen3VLShape):
     def layer_specs(self, label_fraction: float | None = None) -> dict:
         """Qwen3-VL's specs with each sparse decoder layer's dense MLP replaced by the router and the
         ``top_k`` active experts (FLOPs, activations) and every expert (parameters)."""
+        from entrain.core.model.layer_specs import ExpertSpec
+
         specs = super().layer_specs(label_fraction)
         llm = self.llm
         h, i, mi, k, e = (
@@ -85,6 +88,7 @@ class Qwen3VLMoeShape(Qwen3VLShape):
                 # dense MLP's 6i bytes -> per active expert its gathered input and SwiGLU, + fp32 probs
                 activation_bytes_per_token=s.activation_bytes_per_token - 6.0 * i + k * (6.0 * mi + 2.0 * h) + 8.0 * e,
                 param_count=s.param_count - 3 * h * i + self.moe_layer_params(),
+                experts=ExpertSpec(e, k, k * 2.0 * 3 * h * mi, e * 3 * h * mi),
             )  # fmt: skip
         return {**specs, "llm": llm_specs}
 

@@ -319,7 +319,7 @@ MUTANTS = (
     Mutant(
         "p2p-checker-ignores-part",
         "the NCCL replay pairs operations by message only (a data receive matched with a header send)",
-        "entrain/core/ir/p2p.py",
+        "entrain/core/ir/p2p_check.py",
         "return (op.message, op.part, op.tensor)",
         "return op.message",
         (f"{P2P}::test_a_data_receive_posted_before_its_header_is_a_mismatch",),
@@ -335,7 +335,7 @@ MUTANTS = (
     Mutant(
         "p2p-deadlock-unreported",
         "the NCCL replay stops quietly where no rank can move (a deadlock passes the check)",
-        "entrain/core/ir/p2p.py",
+        "entrain/core/ir/p2p_check.py",
         "                self._deadlock()",
         "                return",
         (f"{P2P}::test_one_communicator_deadlocks_1f1b_with_the_error_grid",),
@@ -343,7 +343,7 @@ MUTANTS = (
     Mutant(
         "p2p-lazy-connect-ignored",
         "the NCCL replay lets a host post past a first operation whose peer has not connected",
-        "entrain/core/ir/p2p.py",
+        "entrain/core/ir/p2p_check.py",
         "if self.rules.lazy_connect and self._unconnected(g, first):",
         "if False:",
         (f"{P2P_RULES}::test_a_first_send_blocks_the_host_until_the_peer_posts_on_the_pair",),
@@ -351,7 +351,7 @@ MUTANTS = (
     Mutant(
         "p2p-shared-queue-ignored",
         "under CUDA_DEVICE_MAX_CONNECTIONS=1 the replay still runs each communicator's queue on its own",
-        "entrain/core/ir/p2p.py",
+        "entrain/core/ir/p2p_check.py",
         "if i is None or (self.rules.shared_queue and i != r.queue[0]):",
         "if i is None:",
         (f"{P2P_RULES}::test_one_gpu_queue_holds_a_rank_behind_its_waiting_send",),

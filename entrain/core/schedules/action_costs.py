@@ -372,7 +372,7 @@ class PlanCosts:
 
     def _image_rows(self, sid: str) -> float:
         meta = self.samples[sid].meta
-        return float(sum(meta.image_tokens_per_image)) if meta is not None else 0.0
+        return float(sum(meta.image_tokens_per_image) + meta.video_tokens) if meta is not None else 0.0
 
     def _audio_rows(self, sid: str) -> float:
         meta = self.samples[sid].meta

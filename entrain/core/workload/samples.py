@@ -23,6 +23,7 @@ __all__ = [
     "sample_encoder_units",
     "audio_llm_tokens",
     "audio_encoder_units",
+    "video_encoder_units",
     "LABEL_FRACTION",
 ]
 
@@ -186,6 +187,13 @@ def audio_llm_tokens(frames: int) -> int:
     return ((int(frames) - 1) // 2 + 1 - 2) // 2 + 1
 
 
+def video_encoder_units(grid: tuple[int, int, int]) -> tuple[int, ...]:
+    """Encoder rows per attention unit of a video of patch grid ``(t, h, w)``: one unit of ``h * w``
+    patches per temporal patch (Qwen's vision towers attend within a frame)."""
+    t, h, w = grid
+    return (h * w,) * t
+
+
 @dataclass(frozen=True, slots=True)
 class SampleMeta:
     """One training sample's metadata: what the planner and the assignment need to know about it.
@@ -204,6 +212,9 @@ class SampleMeta:
     answer_tokens: int | None = None
     audio: tuple[int, ...] = ()
     """Mel frames per audio clip, in order (none: no audio; an audio-capable family's samples)."""
+    video: tuple[tuple[int, int, int], ...] = ()
+    """Encoder patch grid ``(t, h, w)`` per video, in order (the family's video processor's; none: no
+    video); a video's audio track, where used, is one of ``audio``'s clips."""
 
     def __post_init__(self) -> None:
         if self.answer_tokens is not None and not 0 <= self.answer_tokens <= self.text_tokens:
@@ -212,6 +223,10 @@ class SampleMeta:
             )
         if any(f <= 0 for f in self.audio):
             raise ValueError(f"sample {self.id!r}: audio clips of {list(self.audio)} mel frames (need > 0)")
+        if any(len(g) != 3 or min(g) <= 0 for g in self.video):
+            raise ValueError(
+                f"sample {self.id!r}: video grids {list(self.video)} (need three positive sides)"
+            )
 
     @property
     def vit_patches_per_image(self) -> tuple[int, ...]:
@@ -226,7 +241,9 @@ class SampleMeta:
         vision layers cost about the same per row; the plan spreads it over the encoder stages, though
         it runs on the first)."""
         audio = tuple(u for f in self.audio for u in audio_encoder_units(f))
-        return self.vit_patches_per_image + audio if audio else self.vit_patches_per_image
+        video = tuple(u for g in self.video for u in video_encoder_units(g))
+        units = self.vit_patches_per_image + video if video else self.vit_patches_per_image
+        return units + audio if audio else units
 
     @property
     def image_tokens_per_image(self) -> tuple[int, ...]:
@@ -246,9 +263,17 @@ class SampleMeta:
         return sum(audio_llm_tokens(f) for f in self.audio)
 
     @property
+    def video_tokens(self) -> int:
+        """LLM tokens of the sample's videos: ``t * h * w / merge**2`` per grid (the image rule's
+        ``merge_size``, 2 where it has none)."""
+        merge = getattr(self.vision, "merge_size", 2)
+        return sum(t * h * w // merge**2 for t, h, w in self.video)
+
+    @property
     def llm_tokens(self) -> int:
-        """Sequence length on the LLM: text tokens plus merged image tokens plus audio tokens."""
-        return self.text_tokens + self.image_tokens + self.audio_tokens
+        """Sequence length on the LLM: text tokens plus merged image tokens plus audio tokens plus
+        video tokens."""
+        return self.text_tokens + self.image_tokens + self.audio_tokens + self.video_tokens
 
     @property
     def label_tokens(self) -> float:
@@ -264,6 +289,8 @@ class SampleMeta:
             out["answer_tokens"] = self.answer_tokens
         if self.audio:
             out["audio"] = list(self.audio)
+        if self.video:
+            out["video"] = [list(g) for g in self.video]
         return out
 
     @classmethod
@@ -272,6 +299,7 @@ class SampleMeta:
         answer = d.get("answer_tokens")
         images = tuple((int(h), int(w)) for h, w in d["images"])
         audio = tuple(int(f) for f in d.get("audio") or ())
+        video = tuple((int(t), int(h), int(w)) for t, h, w in d.get("video") or ())
         return cls(
             str(d["id"]),
             images,
@@ -279,4 +307,5 @@ class SampleMeta:
             vision,
             None if answer is None else int(answer),
             audio,
+            video,
         )

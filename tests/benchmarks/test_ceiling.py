@@ -1,0 +1,36 @@
+"""benchmarks/ceiling.py: the bound is a true lower bound. On two tiny cases every system's simulated
+iteration time is at least the case's bound (and the any-degree bound is at most the setup's), and
+Entrain's gap splits into parts that add up to its time."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+def _argv(dataset: str, tp: int) -> list[str]:
+    return ["simulate", "--dataset", dataset, "--model", "qwen25vl-llama3-1b", "--hardware", "a40-paper",
+            "--gpus", "8", "--dp", "2", "--tp", str(tp), "--global-batch", "16", "--microbatch-size", "2",
+            "--iterations", "1"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dataset", "tp"), [("synthchartnet", 1), ("text-heavy", 2)])
+def test_no_system_is_faster_than_the_bound(benchmarks_on_path, dataset, tp):
+    ceiling = importlib.import_module("ceiling")
+    zoo = importlib.import_module("workload_zoo")
+    row = ceiling.run_case(
+        "tiny", {"argv": _argv(dataset, tp), "systems": list(zoo.SYSTEMS), "lists": ["zoo"]}
+    )
+    assert "error" not in row, row.get("error")
+    times = {n: v["iteration_time_ms"] for n, v in row["systems"].items()}
+    assert set(times) == set(zoo.SYSTEMS)
+    assert all(t >= row["bound_ms"] for t in times.values()), (row["bound_ms"], times)
+    assert row["below_bound"] == []
+    assert row["bound_ms"] > 0.5 * min(times.values())  # a bound, and not a trivial one
+    assert row["bound_any_ms"] <= row["bound_ms"]
+    assert row["degrees"]["llm"][0] == tp  # the setup's TP
+    g = row["entrain_gap"]
+    parts = row["compute_ms"] + g["recompute_ms"] + g["overheads_ms"] + g["imbalance_ms"] + g["idle_ms"]
+    assert parts == pytest.approx(times["entrain"], rel=1e-9)
+    assert min(g["recompute_ms"], g["overheads_ms"], g["imbalance_ms"], g["idle_ms"]) >= -1e-6

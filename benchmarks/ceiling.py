@@ -251,22 +251,31 @@ def gap(run, cost: CostModel, gpus: int, bounds: dict) -> dict:
     }
     bare = replace(layout, stages=tuple(replace(st, recompute="none") for st in layout.stages))
     plain = _busy_by_rank(run.plan, PlanCosts(bare, cost, run.plan.samples))
-    rows = []
+    rows, p = [], layout.ranks_per_replica
+    rank_busy = [0.0] * p
     for it, no_rc in zip(run.iterations, plain):
         busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
         mean_busy = sum(weight[g] * b for g, b in busy.items()) / gpus
         recompute = sum(weight[g] * (busy[g] - no_rc[g]) for g in busy) / gpus
-        top = max(busy.values())
-        rows.append(
-            {"time": it.iteration_time_ms, "mean_busy": mean_busy, "recompute": recompute, "max_busy": top}
-        )
+        per_rank = [
+            sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp for r in range(p)
+        ]
+        rank_busy = [a + b / len(plain) for a, b in zip(rank_busy, per_rank)]
+        rows.append({"time": it.iteration_time_ms, "mean_busy": mean_busy, "recompute": recompute,
+                     "max_busy": max(busy.values()), "max_rank": max(per_rank)})  # fmt: skip
     m = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
     return {
         "recompute_ms": m["recompute"],
         "overheads_ms": m["mean_busy"] - m["recompute"] - bounds["compute_ms"],
         "imbalance_ms": m["max_busy"] - m["mean_busy"],
+        "imbalance_ranks_ms": m["max_rank"] - m["mean_busy"],
+        "imbalance_replicas_ms": m["max_busy"] - m["max_rank"],
         "idle_ms": m["time"] - m["max_busy"],
         "mean_busy_ms": m["mean_busy"],
+        "rank_busy_ms": rank_busy,
+        "rank_components": [
+            "+".join(dict.fromkeys(st.component for st in layout.stages_of(r))) for r in range(p)
+        ],
         "bubble_ratio": run.metrics.bubble_ratio,
         "recompute": sorted({st.recompute for st in layout.stages}),
         "gpus_used": sum(per_rank) * layout.dp,
@@ -395,12 +404,13 @@ def render(res: dict) -> str:
         "all-reduce share; chain = the longest sample's chain (the bound is the larger of compute + AR and "
         "chain). Entrain's time = compute + recompute + overheads + imbalance + idle: recompute = its "
         "backward's re-run forward; overheads = per-call constants, small calls, split backward; imbalance = "
-        "busiest GPU's busy - mean busy; idle = time - busiest GPU's busy (bubbles, message waits, "
-        "all-reduce). Forced = memory forces recomputation on every plan (one sample's activations of one "
+        "busiest GPU's busy - mean busy (ranks: the pipeline rank busiest on average over replicas - the mean, "
+        "the split of work over ranks; replicas: the rest, one replica's rank busier than the average); idle = "
+        "time - busiest GPU's busy (bubbles, message waits, all-reduce). Forced = memory forces recomputation on every plan (one sample's activations of one "
         "layer at the widest degree overflow a GPU); no: the bound needs none.", "",
-        "| case | compute | AR | chain | degrees | recompute | overheads | imbalance | idle | bubble ratio | "
-        "Entrain recomputes | forced |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|",
+        "| case | compute | AR | chain | degrees | recompute | overheads | imbalance (ranks + replicas) | idle | "
+        "busiest pipeline rank | bubble ratio | Entrain recomputes | forced |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|---|",
     ]  # fmt: skip
     for c in res["cases"]:
         if "error" in c:
@@ -409,10 +419,19 @@ def render(res: dict) -> str:
         deg = ", ".join(f"{t}x{p}" for t, p in c["degrees"].values())
         lines.append(
             f"| {c['case']} | {c['compute_ms']:.1f} | {c['allreduce_share_ms']:.1f} | {c['chain_ms']:.1f} | {deg} | "
-            f"{g['recompute_ms']:.1f} | {g['overheads_ms']:.1f} | {g['imbalance_ms']:.1f} | {g['idle_ms']:.1f} | "
+            f"{g['recompute_ms']:.1f} | {g['overheads_ms']:.1f} | {g['imbalance_ms']:.1f} "
+            f"({g['imbalance_ranks_ms']:.1f} + {g['imbalance_replicas_ms']:.1f}) | {g['idle_ms']:.1f} | {_busiest(g)} | "
             f"{g['bubble_ratio']:.3f} | {'/'.join(g['recompute'])} | {'yes' if c['recompute_forced'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _busiest(g: dict) -> str:
+    """The pipeline rank busiest on average over replicas: its index, what it holds, its busy against the
+    least busy rank's."""
+    busy = g["rank_busy_ms"]
+    r = max(range(len(busy)), key=busy.__getitem__)
+    return f"{r} of {len(busy)} ({g['rank_components'][r]}): {busy[r]:.0f} vs {min(busy):.0f} least"
 
 
 def write(res: dict, out: Path) -> None:

@@ -414,6 +414,7 @@ class RunConfig:
             entrain_split=sched.split_weight_grads,
             entrain_assignment=sched.assignment,
             decision_margin=None if sched.decision_margin_pct is None else sched.decision_margin_pct / 100.0,
+            ep=par.ep,
         )
 
     def to_json(self) -> dict:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from entrain.cli.argtypes import POSITIVE
 from entrain.config import ModelConfig, RunConfig, parse_ramp
 from entrain.core.costs.costmodel import CostModel, precision_mismatch
 from entrain.core.costs.presets import HARDWARE_PRESETS
@@ -86,6 +87,11 @@ SHARED_FLAGS: dict[str, FlagSpec] = {
         _flag("--tp", type=int, default=1,
               help="tensor-parallel degree of both components (entrain train: inside every stage, each "
                    "pipeline rank becomes --tp processes)"),
+        _flag("--ep", type=POSITIVE, default=None, metavar="N",
+              help="expert parallelism: shard each mixture-of-experts layer's experts over N ranks of each "
+                   "stage's data-parallel group, tokens dispatched and combined by all-to-all (N divides --dp and "
+                   "the experts; entrain train: default 1; entrain plan / simulate: default searched with the "
+                   "other degrees on a model with experts, 1 otherwise)"),
         _flag("--cp", type=int, default=1,
               help="context parallel degree (entrain plan: 0 = search {1, 2}; the training runtime supports 1)"),
         _flag("--global-batch", type=int, default=512,

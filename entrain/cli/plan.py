@@ -55,6 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     add_common_args(p, "plan")
+    add_shared_flags(p, "plan", "ep")
     add_config_arg(p)
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of the stability test")
     p.add_argument("--p-error", type=float, default=0.05, help="tolerated probability of a different split")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from entrain.cli.common import (
     add_common_args,
     add_entrain_extension_args,
+    add_shared_flags,
     apply_paper_entrain,
     config_sampler,
     config_workload,
@@ -37,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "simulate", help="simulate each system's pipeline schedule", description=__doc__
     )
     add_common_args(p, "simulate", systems_default=DEFAULT_SYSTEMS)
+    add_shared_flags(p, "simulate", "ep")
     add_config_arg(p)
     p.add_argument("--plot-dir", default=None, help="write gantt_<system>.png, fwd_time.png, memory.png here")
     p.add_argument(

@@ -15,7 +15,6 @@ import argparse
 import os
 import sys
 
-from entrain.cli.argtypes import POSITIVE
 from entrain.cli.common import (
     add_attention_arg,
     add_entrain_extension_args,
@@ -91,16 +90,7 @@ def _add_degree_args(p: argparse.ArgumentParser) -> None:
         help="shard each stage's parameters, gradients and AdamW state over its data-parallel group "
         "(FSDP2; needs --dp 2 or more) instead of all-reducing whole gradients",
     )
-    p.add_argument(
-        "--ep",
-        type=POSITIVE,
-        default=None,
-        metavar="N",
-        help="expert parallelism: shard each mixture-of-experts layer's experts over N ranks of each "
-        "stage's data-parallel group, tokens dispatched and combined by all-to-all (N divides --dp and "
-        "the experts; default 1)",
-    )
-    add_shared_flags(p, "train", "cp")
+    add_shared_flags(p, "train", "ep", "cp")
 
 
 def _add_batch_and_optimiser_args(p: argparse.ArgumentParser) -> None:

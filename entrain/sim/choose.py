@@ -128,7 +128,7 @@ def judged_ms(
         splits = {} if splits is None else splits
         key = repr((full, replicas))
         if key not in splits:
-            splits[key] = tuple(zip(*(heaviest_replicas(d, full, cost, replicas) for d in draws)))
+            splits[key] = tuple(zip(*(heaviest_replicas(d, full, cost, layout.dp) for d in draws)))
         batches, split = splits[key]
     sub = replace(setup, layout=layout)
     got, run = fit_memory(system, sub, batches, cost, setup.options, trace_iterations=0, assignments=split)

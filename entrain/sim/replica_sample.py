@@ -45,8 +45,10 @@ the regression guard's cases run at DP 4, unchanged)."""
 
 
 def sub_layout(layout: Layout, replicas: int = JUDGE_REPLICAS) -> Layout:
-    """``layout`` on ``min(dp, replicas)`` replicas, each with the same microbatches."""
-    return replace(layout, dp=min(layout.dp, replicas))
+    """``layout`` on ``min(dp, replicas)`` replicas, each with the same microbatches (rounded up to whole
+    expert-parallel groups: a multiple of the layout's ``ep``, which divides ``dp``)."""
+    ep = max(c.ep for c in layout.components.values())
+    return replace(layout, dp=-(-min(layout.dp, replicas) // ep) * ep)
 
 
 def heaviest_replicas(

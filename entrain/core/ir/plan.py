@@ -222,12 +222,14 @@ class Layout:
         """Whether encoder work may move across data-parallel replicas on this layout: several
         replicas, both components, and the last encoder stage and the first LLM stage on different
         pipeline ranks (the point-to-point program sends moved features between those ranks; a rank
-        holding both takes its replica's features locally)."""
+        holding both takes its replica's features locally). Not with expert parallelism: its replicas
+        must run the same programs (their all-to-alls pair up)."""
         e = self.num_encoder_stages - 1
         return (
             self.dp > 1
             and 0 <= e < len(self.stages) - 1
             and self.stages[e].pp_rank != self.stages[e + 1].pp_rank
+            and all(c.ep == 1 for c in self.components.values())
         )
 
     def global_rank(self, replica: int, pp_rank: int) -> int:

@@ -64,6 +64,13 @@ def boundary_sharing_config(
             raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
     enc_ms = mean_layer_ms(stats, cost, "encoder", tp, cp, u)
     llm_ms = mean_layer_ms(stats, cost, "llm", tp, cp, u)
+    ep = parallel.ep_or_1 if cost.has_experts("llm") else 1
+    if cost.has_experts("llm"):  # the mean microbatch's busiest-rank expert tokens and all-to-all
+        tokens = u * stats.column_summary("llm")[0] if stats.has_tokens else 0.0
+        llm_ms = llm_ms + [
+            sum(cost.expert_ms("llm", i, tokens, p, tp, cp, ep) for p in ("fwd", "bwd"))
+            for i in range(len(llm_ms))
+        ]
     n_enc = len(enc_ms)
     no_cut = cost.forbidden_cuts("encoder") | {n_enc + j for j in cost.forbidden_cuts("llm")}
     part = min_max_partition([*enc_ms.tolist(), *llm_ms.tolist()], ranks, no_cut)
@@ -82,7 +89,7 @@ def boundary_sharing_config(
         num_microbatches=k,
         components={
             "encoder": ComponentLayout(tp, cp, num_enc),
-            "llm": ComponentLayout(tp, cp, len(pieces) - num_enc),
+            "llm": ComponentLayout(tp, cp, len(pieces) - num_enc, ep),
         },
         stages=stages,
     )
@@ -93,7 +100,18 @@ def boundary_sharing_config(
         mine = [p for p in pieces if p[3] == r]
         for mode in RECOMPUTE_MODES:
             mem = sum(
-                stage_memory_bytes(cost, c, f, e, tp, cp, microbatch_load(stats, c, u), ranks - r, mode)
+                stage_memory_bytes(
+                    cost,
+                    c,
+                    f,
+                    e,
+                    tp,
+                    cp,
+                    microbatch_load(stats, c, u),
+                    ranks - r,
+                    mode,
+                    ep if c == "llm" else 1,
+                )
                 for c, f, e, _ in mine
             )
             if mem <= limit or mode == RECOMPUTE_MODES[-1]:

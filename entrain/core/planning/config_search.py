@@ -37,7 +37,9 @@ __all__ = [
     "ComponentConfig",
     "StaticConfig",
     "evaluate_config",
+    "check_ep",
     "dp_options",
+    "ep_options",
     "gpus_of",
     "search_candidates",
     "search_config",
@@ -59,6 +61,9 @@ class ComponentConfig:
     recompute: tuple[str, ...] = ()
     """Per stage: the cheapest ``costmodel.RECOMPUTE_MODES`` entry that fits (empty: all ``none``);
     ``stage_ms`` includes its recomputation time."""
+    ep: int | None = None
+    """Expert parallelism of a component with mixture-of-experts layers (None: a dense component);
+    ``stage_ms`` and ``stage_memory_bytes`` price it (``CostModel.expert_ms``, experts sharded)."""
 
     @property
     def gpus(self) -> int:
@@ -77,6 +82,7 @@ class ComponentConfig:
             "stage_time_ms": list(self.stage_ms),
             "stage_memory_bytes": list(self.stage_memory_bytes),
             "recompute": [self.stage_recompute(j) for j in range(len(self.layer_ranges))],
+            **({"ep": self.ep} if self.ep is not None else {}),
         }
 
 
@@ -125,6 +131,7 @@ class StaticConfig:
             m.tp,
             m.cp,
             m.pp,
+            m.ep or 1,
         )
 
     def to_layout(self) -> Layout:
@@ -138,7 +145,9 @@ class StaticConfig:
             dp=self.dp,
             microbatch_size=self.microbatch_size,
             num_microbatches=self.num_microbatches,
-            components={c.name: ComponentLayout(c.tp, c.cp, c.pp) for c in (self.encoder, self.llm)},
+            components={
+                c.name: ComponentLayout(c.tp, c.cp, c.pp, c.ep or 1) for c in (self.encoder, self.llm)
+            },
             stages=tuple(stages),
         )
 
@@ -165,13 +174,15 @@ def evaluate_config(
     gpus_per_replica: int | None = None,
     allocation: tuple[int, int] | None = None,
 ) -> StaticConfig:
-    """Evaluate one configuration: ``parallel``'s DP (None: 1) and batch sizes, ``encoder`` / ``llm``
-    = (tp, cp, pp); min-max partition per component, Eq. 2 time and the memory check. ConfigError if
-    a component has fewer layers than stages (``ParallelConfig`` checked the batch's divisibility)."""
+    """Evaluate one configuration: ``parallel``'s DP (None: 1), expert parallelism (``ep``, None: 1) and
+    batch sizes, ``encoder`` / ``llm`` = (tp, cp, pp); min-max partition per component, Eq. 2 time and
+    the memory check. ConfigError if a component has fewer layers than stages (``ParallelConfig``
+    checked the batch's divisibility), or ``ep`` cannot shard this model (``check_ep``)."""
     stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
     if len(stats) == 0:
         raise ConfigError("the profile has no samples")
     dp, u, k = parallel.dp_or_1, parallel.microbatch_size, parallel.num_microbatches
+    check_ep(cost, parallel.ep_or_1, dp, llm[0])
     limit = cost.hardware.device_memory_bytes
     degrees = {"encoder": encoder, "llm": llm}
     num_stages = encoder[2] + llm[2]
@@ -181,15 +192,32 @@ def evaluate_config(
         if not has_costs(cost, comp, tp, cp):
             raise ConfigError(f"the cost model has no {comp} costs for tp={tp} cp={cp}")
         layer_ms = mean_layer_ms(stats, cost, comp, tp, cp, u)
+        experts = cost.has_experts(comp)
+        ep = parallel.ep_or_1 if experts else 1
+        tokens = u * stats.column_summary(comp)[0] if experts and stats.has_tokens else 0.0
+        if experts:  # the mean microbatch's busiest-rank expert tokens and all-to-all, per layer
+            layer_ms = layer_ms + np.array(
+                [
+                    sum(cost.expert_ms(comp, i, tokens, p, tp, cp, ep) for p in ("fwd", "bwd"))
+                    for i in range(len(layer_ms))
+                ]
+            )
         part = min_max_partition(layer_ms.tolist(), pp, cost.forbidden_cuts(comp))
         chosen = [
-            choose_recompute(stats, cost, comp, f, e, tp, cp, u, num_stages - (first + j), limit)
+            choose_recompute(stats, cost, comp, f, e, tp, cp, u, num_stages - (first + j), limit, ep)
             for j, (f, e) in enumerate(part.ranges)
         ]
+        stage_ms = tuple(t + c[2] for t, c in zip(part.stage_ms, chosen))
+        if experts:  # a fully recomputed backward re-runs the experts' forward extra too
+            stage_ms = tuple(
+                t
+                + cost.stage_expert_ms(comp, f, e, tokens, "bwd", tp, cp, ep, c[0])
+                - cost.stage_expert_ms(comp, f, e, tokens, "bwd", tp, cp, ep)
+                for t, (f, e), c in zip(stage_ms, part.ranges, chosen)
+            )
         comps[comp] = ComponentConfig(
             comp, tp, cp, pp, tuple(cost.component(comp).layer_names), part.ranges,
-            tuple(t + c[2] for t, c in zip(part.stage_ms, chosen)), tuple(c[1] for c in chosen),
-            tuple(c[0] for c in chosen),
+            stage_ms, tuple(c[1] for c in chosen), tuple(c[0] for c in chosen), ep if experts else None,
         )  # fmt: skip
         first += pp
     stage_ms = comps["encoder"].stage_ms + comps["llm"].stage_ms
@@ -198,6 +226,36 @@ def evaluate_config(
     g = gpus_per_replica if gpus_per_replica is not None else comps["encoder"].gpus + comps["llm"].gpus
     alloc = allocation if allocation is not None else (comps["encoder"].gpus, comps["llm"].gpus)
     return StaticConfig(dp, u, k, g, alloc, comps["encoder"], comps["llm"], t_iter, mem_ok, limit)
+
+
+def check_ep(cost: CostModel, ep: int, dp: int, llm_tp: int) -> None:
+    """ConfigError unless ``ep`` (expert parallelism) can shard ``cost``'s model at DP ``dp``: 1 always;
+    more only on a model with experts, dividing ``dp`` and the experts, without tensor parallelism on
+    the LLM (what the runtime's own check refuses too)."""
+    if ep == 1:
+        return
+    experts = cost.num_experts("llm")
+    if experts is None:
+        raise ConfigError(f"--ep {ep} shards mixture-of-experts layers; {cost.model} has none: use --ep 1")
+    if dp % ep or experts % ep:
+        raise ConfigError(
+            f"--ep {ep} must divide the data-parallel degree ({dp}) and the number of experts ({experts}): "
+            "each expert lives on one rank of every group of ep replicas"
+        )
+    if llm_tp > 1:
+        raise ConfigError(f"--ep {ep} does not compose with tensor parallelism (tp {llm_tp}) yet")
+
+
+def ep_options(cost: CostModel, dp: int, ep: int | None) -> list[int]:
+    """The expert-parallel degrees a search tries at DP ``dp``: ``ep`` when given (none where it does not
+    divide ``dp``); on a model with experts every degree dividing both ``dp`` and the experts; 1 on a
+    dense model."""
+    experts = cost.num_experts("llm")
+    if ep is not None:
+        return [ep] if ep == 1 or (dp % ep == 0 and experts is not None and experts % ep == 0) else []
+    if experts is None:
+        return [1]
+    return [e for e in range(1, dp + 1) if dp % e == 0 and experts % e == 0]
 
 
 def _component_options(cost: CostModel, comp: str, budget: int, tp: int | None, cp: int | None):
@@ -247,6 +305,8 @@ def search_candidates(
     stats = profile if isinstance(profile, SampleStats) else SampleStats.of(profile)
     share = encoder_share(stats, cost)
     gpus, tp, cp = gpus_of(parallel), parallel.tp, parallel.cp
+    if parallel.ep_or_1 > 1:  # a dense model, tensor parallelism, a given DP it does not divide
+        check_ep(cost, parallel.ep, parallel.dp or parallel.ep, tp or 1)
     out = []
     for d in dp_options(gpus, parallel.dp, parallel.global_batch, parallel.microbatch_size):
         g, at_d = gpus // d, replace(parallel, dp=d)
@@ -255,11 +315,15 @@ def search_candidates(
             for m in _component_options(cost, "llm", m_llm, tp, cp):
                 if e[0] * e[1] * e[2] + m[0] * m[1] * m[2] > g:
                     continue
-                out.append(
-                    evaluate_config(
-                        stats, cost, at_d, encoder=e, llm=m, gpus_per_replica=g, allocation=(m_enc, m_llm)
-                    )
-                )
+                for ep in ep_options(cost, d, parallel.ep):
+                    if ep > 1 and m[0] > 1:
+                        continue  # expert parallelism does not compose with tensor parallelism
+                    out.append(
+                        evaluate_config(
+                            stats, cost, replace(at_d, ep=None if ep == 1 and parallel.ep is None else ep),
+                            encoder=e, llm=m, gpus_per_replica=g, allocation=(m_enc, m_llm),
+                        )
+                    )  # fmt: skip
     out.sort(key=lambda c: (not c.memory_ok, c.sort_key()))
     return out
 

@@ -188,7 +188,8 @@ next-best by Eq. 2; each costs one simulation on the planner's draws)."""
 
 def _config_name(cfg) -> str:
     e, m = cfg.encoder, cfg.llm
-    return f"dp{cfg.dp} encoder tp{e.tp} cp{e.cp} pp{e.pp} / llm tp{m.tp} cp{m.cp} pp{m.pp}"
+    ep = f" ep{m.ep}" if m.ep is not None else ""
+    return f"dp{cfg.dp} encoder tp{e.tp} cp{e.cp} pp{e.pp} / llm tp{m.tp} cp{m.cp} pp{m.pp}{ep}"
 
 
 def tied_configs(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> list:
@@ -212,7 +213,7 @@ def tied_configs(setup: SystemSetup, req: ConfigRequest, cost: CostModel) -> lis
 
 
 def _stages(cfg) -> tuple:
-    return tuple((c.tp, c.cp, tuple(c.layer_ranges)) for c in (cfg.encoder, cfg.llm))
+    return tuple((c.tp, c.cp, c.ep, tuple(c.layer_ranges)) for c in (cfg.encoder, cfg.llm))
 
 
 def _decide_config(
@@ -241,7 +242,7 @@ def _entrain_layout(
         raise ConfigError("boundary sharing needs the same TP and CP for the encoder and the LLM")
     if req.entrain_layout == "disjoint" or not possible or judge is None and req.entrain_layout == "auto":
         return setup
-    parallel = replace(req.parallel, dp=layout.dp, tp=enc.tp, cp=enc.cp)
+    parallel = replace(req.parallel, dp=layout.dp, tp=enc.tp, cp=enc.cp, ep=llm.ep)
     shared = boundary_sharing_config(setup.profile, cost, parallel, ranks=layout.ranks_per_replica)
     cfg = setup.config
     eq2 = (

@@ -41,6 +41,9 @@ class ConfigRequest:
     decision_margin: float | None = None
     """Fraction by which a candidate must simulate faster than the paper's default for an automatic
     choice to depart from it (None: ``DECISION_MARGIN``; ``--decision-margin PCT``)."""
+    ep: int | None = None
+    """Expert parallelism of the LLM's mixture-of-experts layers (``--ep``; None: searched on a model
+    with experts, 1 on a dense one)."""
 
     @property
     def margin(self) -> float:
@@ -55,6 +58,7 @@ class ConfigRequest:
             tp=self.tp,
             global_batch=self.global_batch,
             microbatch_size=self.microbatch_size,
+            ep=self.ep,
         )
 
 

@@ -47,29 +47,40 @@ def _also_json(run, cost) -> dict:
     }
 
 
-def expert_imbalance(metrics: list[dict]) -> list[dict]:
+def expert_imbalance(metrics: list[dict], skews: dict[int, float] | None = None) -> list[dict]:
     """Per sparse layer of a MoE run, the measured expert imbalance (busiest expert's tokens / the mean
     over its experts) of the ``expert_tokens`` entries of ``metrics.jsonl``'s rows (one per step and
     rank or EP group reporting the layer): their mean and max, and how many there were; empty for a run
-    without experts. What a cost model's busiest-expert time can be refitted with."""
+    without experts. With ``skews`` (``trace_fit.expert_skews``), each layer's routing skew the
+    refitted cost model prices its busiest expert with."""
     by_layer: dict[int, list[float]] = {}
     for row in metrics:
         for e in row.get("expert_tokens", ()):
             by_layer.setdefault(e["layer"], []).append(e["imbalance"])
     return [
-        {"layer": layer, "imbalance": sum(v) / len(v), "max_imbalance": max(v), "entries": len(v)}
+        {"layer": layer, "imbalance": sum(v) / len(v), "max_imbalance": max(v), "entries": len(v),
+         **({"skew": skews[layer]} if skews and layer in skews else {})}
         for layer, v in sorted(by_layer.items())
-    ]
+    ]  # fmt: skip
 
 
 def run_from_trace(args: argparse.Namespace) -> int:
-    from entrain.sim.trace_fit import fit_stages, joint_refit, load_run, rank_overheads, refit, stage_errors
+    from entrain.sim.trace_fit import (
+        fit_stages,
+        joint_refit,
+        load_run,
+        rank_overheads,
+        refit,
+        refit_experts,
+        stage_errors,
+    )
 
     run = load_run(args.from_trace, _cost_of)
     also = [load_run(folder, _cost_of) for folder in args.also_trace]
     fits = fit_stages(run)
     overheads = rank_overheads(run)
     cost = joint_refit([run, *also], args.fit_groups) if also else refit(run, fits, overheads)
+    cost, skews = refit_experts(cost, run.metrics)  # the busiest expert's routing skew, per sparse layer
     cost.save(args.out)
     errors = {"base": stage_errors(run, run.base), "refit": stage_errors(run, cost)}
     how = f"one fit over {1 + len(also)} runs' layer {args.fit_groups}" if also else f"{len(fits)} stage fits"
@@ -98,7 +109,7 @@ def run_from_trace(args: argparse.Namespace) -> int:
                     "errors": errors,
                     "overhead_ms_per_action": {str(p): v for p, v in sorted(overheads.items())},
                     **({"also": [_also_json(r, cost) for r in also]} if also else {}),
-                    **({"expert_imbalance": moe} if (moe := expert_imbalance(run.metrics)) else {}),
+                    **({"expert_imbalance": moe} if (moe := expert_imbalance(run.metrics, skews)) else {}),
                 },
             }
         )

@@ -1,0 +1,84 @@
+"""``entrain profile --from-trace`` refits a mixture-of-experts layer's routing skew from the run's
+``expert_tokens``: the measured busiest-expert imbalance over what a uniform router gives on the same
+tokens (hand-computed here), so the refitted cost model prices the busiest expert the run saw; a run
+without experts leaves the cost model as it was, and a malformed entry is named by row and field."""
+
+from __future__ import annotations
+
+import pytest
+
+from entrain.core.costs.costmodel import (
+    ComponentCost,
+    CostModel,
+    ExpertCost,
+    HardwareSpec,
+    LayerCost,
+    Quadratic,
+)
+from entrain.core.errors import ConfigError
+from entrain.sim.trace_fit import expert_skews, refit_experts
+
+KEY = "tp1cp1"
+Z8 = 1.434203  # Blom's expected largest of 8 standard normals
+
+
+def _cost() -> CostModel:
+    def layer(name, experts=None):
+        q = Quadratic(0.0, 0.01, 0.1)
+        return LayerCost(
+            name, "decoder_layer", {KEY: q}, {KEY: q.scaled(2.0)}, param_bytes=1000.0, experts=experts
+        )
+
+    x = ExpertCost(num_experts=8, top_k=2, fraction=0.5, a2a_bytes_per_token=512.0, param_bytes=800.0)
+    return CostModel(
+        "hand",
+        HardwareSpec("hand"),
+        ComponentCost("encoder", (layer("blocks.0"),)),
+        ComponentCost("llm", (layer("embed_tokens"), layer("layers.0", x), layer("layers.1"))),
+    )
+
+
+def _entry(layer: int, tokens: int, counts: list[int]) -> dict:
+    mean = sum(counts) / len(counts)
+    return {"rank": 0, "ranks": [0], "stage": 1, "layer": layer, "tokens": tokens, "top_k": 2,
+            "tokens_per_expert": counts, "max": max(counts), "mean": mean, "imbalance": max(counts) / mean}  # fmt: skip
+
+
+def test_skew_is_the_measured_imbalance_over_a_uniform_routers():
+    # 64 tokens x top-2 over 8 experts: mean 16; uniform router: 1 + z_8 * sqrt(3/4 * 8 / 128)
+    uniform = 1 + Z8 * 0.2165064
+    rows = [
+        {"step": 1, "expert_tokens": [_entry(0, 64, [32, 16, 16, 16, 16, 16, 8, 8])]},  # imbalance 2
+        {"step": 2, "expert_tokens": [_entry(0, 64, [24, 16, 16, 16, 16, 16, 16, 8])]},  # imbalance 1.5
+        {"step": 3},  # a row without routing statistics
+    ]
+    want = (2.0 / uniform + 1.5 / uniform) / 2
+    assert expert_skews(rows, _cost()) == {0: pytest.approx(want, rel=1e-5)}
+    refit, skews = refit_experts(_cost(), rows)
+    assert skews[0] == pytest.approx(want, rel=1e-5)
+    assert refit.llm.layers[1].experts.skew == pytest.approx(want, rel=1e-5)
+    assert refit.notes["expert_skew"] == {"0": skews[0]}
+    # the refitted busiest expert costs more at ep 8 (one expert a rank) than the uniform router's
+    assert refit.expert_ms("llm", 1, 64, "fwd", ep=8) > _cost().expert_ms("llm", 1, 64, "fwd", ep=8)
+
+
+def test_a_balanced_run_keeps_skew_one():
+    rows = [{"step": 1, "expert_tokens": [_entry(0, 64, [16] * 8)]}]
+    assert expert_skews(rows, _cost()) == {0: 1.0}
+
+
+def test_a_run_without_experts_leaves_the_cost_model():
+    cost = _cost()
+    assert refit_experts(cost, [{"step": 1, "loss": 1.0}]) == (cost, {})
+
+
+@pytest.mark.parametrize(
+    "entry,match",
+    [
+        ({"layer": 0, "tokens": 64, "top_k": 2}, r"row 1: expert_tokens entry .*'tokens_per_expert'"),
+        (_entry(1, 64, [16] * 8), r"row 1: expert_tokens layer 1: the cost model's layers.1 has no experts"),
+    ],
+)
+def test_a_bad_entry_is_named(entry, match):
+    with pytest.raises(ConfigError, match=match):
+        expert_skews([{"step": 1, "expert_tokens": [entry]}], _cost())

@@ -257,12 +257,12 @@ def gap(run, cost: CostModel, gpus: int, bounds: dict) -> dict:
         busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
         mean_busy = sum(weight[g] * b for g, b in busy.items()) / gpus
         recompute = sum(weight[g] * (busy[g] - no_rc[g]) for g in busy) / gpus
-        per_rank = [
+        by_rank = [
             sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp for r in range(p)
         ]
-        rank_busy = [a + b / len(plain) for a, b in zip(rank_busy, per_rank)]
+        rank_busy = [a + b / len(plain) for a, b in zip(rank_busy, by_rank)]
         rows.append({"time": it.iteration_time_ms, "mean_busy": mean_busy, "recompute": recompute,
-                     "max_busy": max(busy.values()), "max_rank": max(per_rank)})  # fmt: skip
+                     "max_busy": max(busy.values()), "max_rank": max(by_rank)})  # fmt: skip
     m = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
     return {
         "recompute_ms": m["recompute"],

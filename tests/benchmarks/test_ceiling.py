@@ -34,3 +34,4 @@ def test_no_system_is_faster_than_the_bound(benchmarks_on_path, dataset, tp):
     parts = row["compute_ms"] + g["recompute_ms"] + g["overheads_ms"] + g["imbalance_ms"] + g["idle_ms"]
     assert parts == pytest.approx(times["entrain"], rel=1e-9)
     assert min(g["recompute_ms"], g["overheads_ms"], g["imbalance_ms"], g["idle_ms"]) >= -1e-6
+    assert g["gpus_used"] == 8

@@ -87,15 +87,18 @@ def _plan_flags(spec: RunConfig) -> dict:
     config.json and the workers' argv show the run that trains, not the defaults it replaced."""
     p = spec.parallel
     return {"system": spec.schedule.systems[0], "dp": p.dp, "tp": p.tp, "cp": p.cp,
-            "global_batch": p.global_batch, "microbatch_size": p.microbatch_size}  # fmt: skip
+            "global_batch": p.global_batch, "microbatch_size": p.microbatch_size,
+            **({"ep": p.ep} if p.ep_or_1 > 1 else {})}  # fmt: skip
 
 
 def _with_plan_layout(spec: RunConfig) -> RunConfig:
-    """``--plan``: the plan file's system, degrees and batch sizes (its stages are the layout's)."""
+    """``--plan``: the plan file's system, degrees (the LLM's expert parallelism included) and batch
+    sizes (its stages are the layout's)."""
     from entrain.runtime.planning import plan_file
 
     system, setup = plan_file(spec)
     layout = setup.layout
+    ep = layout.components["llm"].ep
     return replace(
         spec,
         parallel=replace(
@@ -103,6 +106,7 @@ def _with_plan_layout(spec: RunConfig) -> RunConfig:
             dp=layout.dp,
             tp=layout.components["encoder"].tp,
             cp=layout.components["encoder"].cp,
+            ep=ep if ep > 1 else spec.parallel.ep,
             encoder_stages=None,
             llm_stages=None,
             global_batch=layout.global_batch,

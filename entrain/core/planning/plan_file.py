@@ -51,7 +51,7 @@ def _report(*names: str) -> dict:
     return {name: Maybe(ANY) for name in names}
 
 
-_COMPONENT = {"tp": int, "cp": int, "pp": int}
+_COMPONENT = {"tp": int, "cp": int, "pp": int, "ep": Maybe(int)}
 _PART = {"name": str, "width": int, "dtype_bytes": int, "rows": str, "rows_per_token": Maybe(float)}
 _STAGE = {"stage": int, "component": str, "layers": (int, int), "pp_rank": int, "recompute": Maybe(str),
           "parts": Maybe(Items(_PART))}  # fmt: skip
@@ -86,7 +86,7 @@ def checkpoint_fingerprints(folders: Mapping[str, str]) -> dict[str, str]:
 
 
 _CONFIG_COMPONENT = _report("tp", "cp", "pp", "layer_names", "layers_per_stage", "stage_time_ms",
-                            "stage_memory_bytes", "recompute")  # fmt: skip
+                            "stage_memory_bytes", "recompute", "ep")  # fmt: skip
 REPORT_FIELDS: dict = {
     "b_min": Maybe(int),
     "k_trials": Maybe(int),
@@ -131,7 +131,7 @@ names checked), the checkpoint folders it was made with and their content finger
 RUN_FIELDS = ("model", "dataset", "min_pixels", "max_pixels", "global_batch", "microbatch_size")
 """What a plan records about the run it was made for (docs/contract.md ``entrain plan``)."""
 
-_AT_LEAST_1 = {"dp", "microbatch_size", "num_microbatches", "tp", "cp", "pp", "global_batch", "min_pixels",
+_AT_LEAST_1 = {"dp", "microbatch_size", "num_microbatches", "tp", "cp", "pp", "ep", "global_batch", "min_pixels",
                "max_pixels"}  # fmt: skip
 _JSON_NAMES = {dict: "object", list: "list", type(None): "null", bool: "bool"}
 

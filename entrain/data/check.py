@@ -53,6 +53,7 @@ from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed, r
 from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
 from entrain.data.processing import ProcessImages, conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
+from entrain.data.video import counted_turns, record_videos
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -336,7 +337,11 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
     audio, audio_tokens = _record_audio(rec, problems)
     if audio is None:
         return problems, None
-    text, answer = count_tokens(rec.turns, tokenizer)
+    videos, audio, audio_tokens = _record_video(rec, audio, audio_tokens, problems)
+    if videos is None:
+        return problems, None
+    image_tokens += SampleMeta("", (), 0, vision, video=videos).video_tokens
+    text, answer = count_tokens(counted_turns(rec, tokenizer), tokenizer)
     if answer == 0:
         problems.append(
             ("conversations", f"{NO_LABEL} under the tokenizer {tokenizer.name} ({NO_LABEL_WHY})", ERROR)
@@ -353,7 +358,21 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
             )
         )
         return problems, None
-    return problems, SampleMeta(rec.id, tuple(sizes), text, vision, answer, audio=audio)
+    return problems, SampleMeta(rec.id, tuple(sizes), text, vision, answer, audio=audio, video=videos)
+
+
+def _record_video(rec: Record, audio: tuple[int, ...], audio_tokens: int, problems: list):
+    """``(video grids, audio frames, audio tokens)`` of a record with its videos (their grids; with
+    ``use_audio_in_video`` their tracks among the clips, ``entrain.data.video.record_videos``);
+    ``(None, ...)`` with an error appended for a video that cannot be read."""
+    if not rec.video:
+        return (), audio, audio_tokens
+    try:
+        videos, frames = record_videos(rec, audio)
+    except DataError as e:
+        problems.append((e.field or rec.video_field, e.reason, ERROR))
+        return None, audio, audio_tokens
+    return videos, frames, sum(audio_llm_tokens(f) for f in frames)
 
 
 def _record_audio(rec: Record, problems: list) -> tuple[tuple[int, ...] | None, int]:

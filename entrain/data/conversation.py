@@ -173,7 +173,8 @@ def media_problems(
         if kind in TRAINED_MEDIA:
             continue  # images: parse_record's own checks
         held = {k: _items(obj.get(k)) for k in keys if _items(obj.get(k))}
-        for key in held if kind != "audio" or not audio_files else ():  # audio files: Record.audio
+        kept = kind in ("audio", "video") and audio_files  # media files: Record.audio / Record.video
+        for key in held if not kept else ():
             problems.append(
                 (
                     key,
@@ -191,6 +192,10 @@ def media_problems(
             from entrain.data.audio import check_record_audio
 
             problems += check_record_audio(obj, base, placeholders=False)
+        if kind == "video" and held and base is not None and audio_files:
+            from entrain.data.video import check_record_video
+
+            problems += check_record_video(obj, base)
         placeholders = sum(text.count(PLACEHOLDERS[kind]) for _, text in turns)
         if placeholders != sum(held.values()):
             problems.append(
@@ -222,11 +227,23 @@ def _audio_list(obj: dict, base: Path) -> tuple[tuple[str, ...], str]:
     return tuple(_resolve(p, base) for p in items if isinstance(p, str) and p.strip()), key
 
 
+def _video_list(obj: dict, base: Path) -> tuple[tuple[str, ...], str, bool]:
+    """The record's video paths, resolved against ``base``, the field holding them and its
+    ``use_audio_in_video`` flag (shapes checked by ``media_problems``)."""
+    from entrain.data.video import AUDIO_IN_VIDEO_FIELD
+
+    key = "video" if "video" in obj else "videos"
+    value = obj.get(key)
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    paths = tuple(_resolve(p, base) for p in items if isinstance(p, str) and p.strip())
+    return paths, key, obj.get(AUDIO_IN_VIDEO_FIELD) is True
+
+
 def parse_record(
     obj: Any, *, file: str, index: int, line: int | None, base: Path, audio_files: bool = False
 ) -> Parsed:
-    """Normalise one LLaVA record; relative image (and, with ``audio_files``, audio) paths resolve
-    against ``base``."""
+    """Normalise one LLaVA record; relative image (and, with ``audio_files``, audio and video) paths
+    resolve against ``base``."""
     if not isinstance(obj, dict):
         return Parsed(
             file, index, line, None, None, [("record", f"must be an object, got {type(obj).__name__}")]
@@ -243,9 +260,22 @@ def parse_record(
     turns_field = "messages" if "conversations" not in obj and "messages" in obj else "conversations"
     problems += media_problems(obj, turns, turns_field, base, audio_files)
     audio, audio_field = _audio_list(obj, base) if audio_files else ((), "audio")
+    video, video_field, in_video = _video_list(obj, base) if audio_files else ((), "video", False)
     record = (
         None
         if problems
-        else Record(rid or "", tuple(images), tuple(turns), file, index, line, audio, audio_field)
+        else Record(
+            rid or "",
+            tuple(images),
+            tuple(turns),
+            file,
+            index,
+            line,
+            audio,
+            audio_field,
+            video,
+            video_field,
+            in_video and bool(video),
+        )  # fmt: skip
     )
     return Parsed(file, index, line, rid, record, problems)

@@ -339,8 +339,15 @@ def record_meta(
                 sizes[key] = hw
         _check_resizable(record, i, src, hw, vision)
         dims.append(hw)
-    text, answer = count_tokens(record.turns, tokenizer)
-    return SampleMeta(record.id, tuple(dims), text, vision, answer, audio=record_audio_frames(record, stamps))
+    clips = record_audio_frames(record, stamps)
+    if not record.video:
+        text, answer = count_tokens(record.turns, tokenizer)
+        return SampleMeta(record.id, tuple(dims), text, vision, answer, audio=clips)
+    from entrain.data.video import counted_turns, record_videos
+
+    videos, audio = record_videos(record, clips, stamps)
+    text, answer = count_tokens(counted_turns(record, tokenizer), tokenizer)
+    return SampleMeta(record.id, tuple(dims), text, vision, answer, audio=audio, video=videos)
 
 
 def record_audio_frames(record: Record, stamps=None) -> tuple[int, ...]:

@@ -34,7 +34,8 @@ PLACEHOLDERS: dict[str, str] = {kind: f"<{kind}>" for kind in MEDIA_FIELDS}
 TRAINED_MEDIA = ("image",)
 """The input kinds every model family trains: a record carrying another kind is a bad record, never
 trained with it dropped; audio (``Record.audio``) trains where the model family reads audio
-(``ModelFamily.accepts_audio``) and is refused, naming the record, otherwise."""
+(``ModelFamily.accepts_audio``), video (``Record.video``) where it reads video
+(``ModelFamily.accepts_video``), and each is refused, naming the record, otherwise."""
 MEDIA_EXTENSIONS: dict[str, frozenset[str]] = {
     "image": frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"}),
     "video": frozenset({"mp4", "webm", "avi", "mov", "mkv", "m4v", "flv", "wmv", "mpg", "mpeg"}),
@@ -144,7 +145,9 @@ class Record:
     ``turns`` holds ``(role, text)`` with role in ``system``/``user``/``assistant`` and ``<image>``
     placeholders left in the text. ``index`` is the record's 0-based position in ``file``;
     ``line`` its 1-based line where known. ``audio`` holds the resolved paths of its audio clips, in
-    the order of its ``<audio>`` placeholders (``audio_field``: the field that held them).
+    the order of its ``<audio>`` placeholders (``audio_field``: the field that held them); ``video``
+    its video files' paths in the order of its ``<video>`` placeholders (``video_field``), whose audio
+    tracks it feeds too where ``audio_in_video`` (its ``use_audio_in_video``).
     """
 
     id: str
@@ -155,6 +158,9 @@ class Record:
     line: int | None = None
     audio: tuple[str, ...] = ()
     audio_field: str = "audio"
+    video: tuple[str, ...] = ()
+    video_field: str = "video"
+    audio_in_video: bool = False
 
     @property
     def image_paths(self) -> tuple[str, ...]:

@@ -16,7 +16,12 @@ N(0, 1) rows (windows of a seeded bank): ``t * h * w`` rows of ``encoder_input_w
 grid ``(t, h, w)``. An audio clip of ``f`` mel frames (``SampleMeta.audio``; a family whose
 ``accepts_audio``) is ``f`` seeded N(0, 1) rows of ``audio_input_width`` (its mel bins), or a record's
 real log-mel features (``RecordSource.audio_features``): the first encoder stage's ``audio_mel`` part
-(every clip's frames in order) with ``audio_lengths`` (frames per clip).
+(every clip's frames in order) with ``audio_lengths`` (frames per clip). A video of grid ``(t, h, w)``
+(``SampleMeta.video``; a family that ``accepts_video``) is a visual item like an image: its
+``t * h / m * w / m`` video tokens (``<image_start> <video>* <image_end>``, after the images) and its
+``t * h * w`` patch rows ride with the images' in the order their tokens come, or a record's decoded
+frames (``RecordSource.pixels``; ``entrain.data.video``), its audio track among the clips where the
+record asks for it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ class RenderedSample:
     """Mel frames per audio clip, in order."""
     audio_tokens: int = 0
     """Audio placeholder tokens (rows of this sample's audio features)."""
+    video_items: tuple[int, ...] = ()
+    """Which of ``grid_thw`` are videos (their indices; ``image_tokens`` counts their tokens too)."""
+    second_per_grids: tuple[float, ...] = ()
+    """Seconds per temporal patch of each video, in order."""
 
     @property
     def encoded_rows(self) -> int:
@@ -103,8 +112,13 @@ def _background_priority() -> None:
 
 
 def _packed(s: RenderedSample) -> PackedSample:
-    """What ``ModelFamily.position_ids`` sees of a rendered sample."""
-    return PackedSample(s.input_ids, s.image_positions, s.grid_thw, s.audio_frames)
+    """What ``ModelFamily.position_ids`` sees of a rendered sample (with videos: the images' grids in
+    ``grids``, the videos' in ``video_grids``; ``image_positions`` every visual token)."""
+    if not s.video_items:
+        return PackedSample(s.input_ids, s.image_positions, s.grid_thw, s.audio_frames)
+    images = tuple(g for i, g in enumerate(s.grid_thw) if i not in s.video_items)
+    videos = tuple(s.grid_thw[i] for i in s.video_items)
+    return PackedSample(s.input_ids, s.image_positions, images, s.audio_frames, videos, s.second_per_grids)
 
 
 def _grid_rows(samples: Sequence[RenderedSample]) -> torch.Tensor:
@@ -152,7 +166,11 @@ class RecordSource:
         return r.file, r.line or f"#{r.index}"
 
     def text(
-        self, sample_id: str, image_tokens: Sequence[int], audio_tokens: Sequence[int] = ()
+        self,
+        sample_id: str,
+        image_tokens: Sequence[int],
+        audio_tokens: Sequence[int] = (),
+        video_texts: Sequence[str] = (),
     ) -> tuple[list[int], list[int]]:
         """``(input_ids, labels)`` of the conversation whose i-th image has ``image_tokens[i]`` merged
         tokens (``entrain.core.workload.samples.image_llm_tokens`` of its header size, equal to the image
@@ -163,6 +181,10 @@ class RecordSource:
         turns = self.records[sample_id].turns
         extra = {"audio_tokens": tuple(audio_tokens)} if audio_tokens else {}
         try:
+            if video_texts or self.records[sample_id].video:
+                from entrain.data.video import expand_videos
+
+                turns = expand_videos(turns, video_texts)
             if self.family is not None:
                 return self.family.format_chat(self.cfg, turns, image_tokens, self.tokenizer, **extra)
             return format_chat(turns, image_tokens, self.tokenizer, **extra)
@@ -183,21 +205,51 @@ class RecordSource:
                 "through --model-path, or drop the record)",
             )
 
+    def check_video(self, sample_id: str) -> None:
+        """DataError naming the record's file, line, id and video field when it has videos and the
+        bound model family reads no video (``ModelFamily.accepts_video``)."""
+        record = self.records[sample_id]
+        if record.video and not getattr(self.family, "accepts_video", False):
+            name = getattr(self.family, "name", None)
+            raise DataError(
+                *self._where(sample_id),
+                record.video_field,
+                f"record id {record.id!r} has {len(record.video)} video(s) but model family {name!r} "
+                "reads no video (train it with a video family, e.g. a Qwen2.5-Omni thinker through "
+                "--model-path, or drop the record)",
+            )
+
+    def video_settings(self):
+        """The bound family's video processor numbers (``entrain.data.video.VideoSettings``)."""
+        from entrain.data.video import VideoSettings
+
+        hook = getattr(self.family, "video_settings", None)
+        return hook(self.cfg) if hook is not None else VideoSettings()
+
     def audio_features(self, sample_id: str, mel_bins: int) -> np.ndarray:
         """``[frames, mel_bins]`` float32 log-mel features of the record's audio clips, clip after clip in
         the order of its ``<audio>`` placeholders (``entrain.data.audio.clip_features``: Qwen2.5-Omni's
         processor, the checkpoint's feature extractor where its folder has one). Raises DataError
         naming an unreadable clip."""
         from entrain.data.audio import AudioFileError, clip_features, load_clip
+        from entrain.data.video import VideoFileError, audio_slots, audio_track
 
         record = self.records[sample_id]
         clips = []
-        for i, path in enumerate(record.audio):
+        slots = (
+            audio_slots(record) if record.audio_in_video else [("audio", i) for i in range(len(record.audio))]
+        )
+        for kind, i in slots:
+            path = record.audio[i] if kind == "audio" else record.video[i]
             try:
-                clips.append(load_clip(path))
+                clips.append(load_clip(path) if kind == "audio" else audio_track(path))
             except AudioFileError as e:
                 raise DataError(
                     *self._where(sample_id), f"{record.audio_field}[{i}]", f"{path}: {e.reason}"
+                ) from None
+            except VideoFileError as e:
+                raise DataError(
+                    *self._where(sample_id), f"{record.video_field}[{i}]", f"{path}: {e.problem}"
                 ) from None
         feats = clip_features(clips, self._extractor(mel_bins))
         return np.concatenate([f.T for f in feats]) if feats else np.zeros((0, mel_bins), np.float32)
@@ -239,12 +291,45 @@ class RecordSource:
                 images.append(load_image(src))
             except (OSError, ValueError, SyntaxError) as e:
                 raise DataError(*self._where(sample_id), f"images[{i}]", image_error(e)) from None
+        if record.video:
+            return self._with_videos(sample_id, images, vision)
         if not images:
             return no_pixels(vision)
         try:
             return self._process_images(images, vision)
         except ValueError as e:
             raise DataError(*self._where(sample_id), "images", f"processor: {e}") from None
+
+    def _with_videos(self, sample_id: str, images: list, vision) -> tuple[np.ndarray, np.ndarray]:
+        """``pixels`` of a record with videos: its images' and videos' rows and grids in the order
+        their placeholders come (``entrain.data.video.load_video`` per video)."""
+        from entrain.data.video import VideoFileError, load_video, placeholder_kinds
+
+        record = self.records[sample_id]
+        try:
+            pix, grids = self._process_images(images, vision) if images else (None, None)
+        except ValueError as e:
+            raise DataError(*self._where(sample_id), "images", f"processor: {e}") from None
+        rows = [] if pix is None else np.split(pix, np.cumsum([int(np.prod(g)) for g in grids])[:-1])
+        settings = self.video_settings()
+        parts, out_grids, image, video = [], [], 0, 0
+        for kind in placeholder_kinds(record.turns):
+            if kind == "image":
+                parts.append(rows[image])
+                out_grids.append(tuple(int(v) for v in grids[image]))
+                image += 1
+            elif kind == "video":
+                path = record.video[video]
+                try:
+                    pixels, grid = load_video(path, settings)
+                except VideoFileError as e:
+                    raise DataError(
+                        *self._where(sample_id), f"{record.video_field}[{video}]", f"{path}: {e.problem}"
+                    ) from None
+                parts.append(pixels)
+                out_grids.append(grid)
+                video += 1
+        return np.concatenate(parts).astype(np.float32), np.asarray(out_grids, dtype=np.int64).reshape(-1, 3)
 
     def encode(self, sample_id: str, vision):
         """The whole ``EncodedSample`` (images and text) of one record."""
@@ -287,6 +372,9 @@ class SampleRenderer:
             if not getattr(self.family, "accepts_audio", False):  # refused before the first step
                 for rid in (rid for rid, rec in source.records.items() if rec.audio):
                     source.check_audio(rid)
+            if not getattr(self.family, "accepts_video", False):
+                for rid in (rid for rid, rec in source.records.items() if rec.video):
+                    source.check_video(rid)
         self._ids = self.family.token_ids(cfg)
         self.device, self.dtype = torch.device(device), dtype
         self._cache: dict[str, RenderedSample] = {}
@@ -317,10 +405,12 @@ class SampleRenderer:
         gen = torch.Generator().manual_seed(_seed_of(self.seed, meta.id, "text"))
         grid = self.grid(meta)
         img_tokens = self.family.sample_feature_rows(self.cfg, meta)
+        videos = self._video_tokens(meta)
         text = meta.text_tokens
         start, pad, end = self._ids["image_start"], self._ids["image"], self._ids["image_end"]
-        use_markers = text >= 2 * len(grid) + 2 and start >= 0 and end >= 0
-        num_markers = 2 * len(grid) if use_markers else 0
+        visual = len(grid) + len(videos)
+        use_markers = text >= 2 * visual + 2 and start >= 0 and end >= 0
+        num_markers = 2 * visual if use_markers else 0
         clips = self._audio_clips(meta)
         num_markers += 2 * len(clips)
         wanted = (
@@ -337,6 +427,11 @@ class SampleRenderer:
             ids.extend([pad] * m)
             if use_markers:
                 ids.append(end)
+        for m in videos:
+            ids.extend([start] if use_markers else [])
+            image_pos.extend(range(len(ids), len(ids) + m))
+            ids.extend([self._ids["video"]] * m)
+            ids.extend([end] if use_markers else [])
         for m in clips:
             ids.extend([self._ids["audio_start"], *[self._ids["audio"]] * m, self._ids["audio_end"]])
         ids.extend(self.family.map_token_id(self.cfg, w) for w in words)
@@ -349,12 +444,50 @@ class SampleRenderer:
             image_positions=torch.tensor(image_pos, dtype=torch.int64),
             label_positions=label_pos,
             targets=ids_t[label_pos + 1],
-            grid_thw=grid,
-            image_tokens=sum(img_tokens),
+            grid_thw=tuple(grid) + tuple(meta.video) if videos else grid,
+            image_tokens=sum(img_tokens) + sum(videos),
             extras=self.family.image_extras(self.cfg, meta),
             audio_frames=tuple(meta.audio),
             audio_tokens=sum(clips),
+            **self._video_fields(meta, range(len(grid), visual)),
         )
+
+    def _video_tokens(self, meta: SampleMeta) -> list[int]:
+        """LLM tokens per video of ``meta``; DataError for videos a family does not read."""
+        if not meta.video:
+            return []
+        if not getattr(self.family, "accepts_video", False):
+            raise DataError(
+                f"sample {meta.id}", None, "video", f"model family {self.family.name!r} reads no video"
+            )
+        merge = getattr(meta.vision, "merge_size", 2)
+        return [t * h * w // merge**2 for t, h, w in meta.video]
+
+    def _video_fields(self, meta: SampleMeta, items: Iterable[int]) -> dict:
+        """``RenderedSample``'s video fields: which grids are videos, their seconds per temporal patch."""
+        if not meta.video:
+            return {}
+        return {
+            "video_items": tuple(items),
+            "second_per_grids": (float(self.family.second_per_grid(self.cfg)),) * len(meta.video),
+        }
+
+    def _video_texts(self, meta: SampleMeta, clips: list[int]) -> tuple[list[str], list[int]]:
+        """What each ``<video>`` of a record becomes (``ModelFamily.video_text``: with its audio track
+        where the record asks for it) and the LLM tokens of its ``<audio>`` clips; ``clips``: the
+        tokens of every audio input in token order (``entrain.data.video.audio_slots``)."""
+        from entrain.data.video import audio_slots
+
+        record = self.source.records[meta.id]
+        tracks: dict[int, int] = {}
+        standalone = clips
+        if record.audio_in_video:
+            slots = audio_slots(record)
+            standalone = [n for (kind, _), n in zip(slots, clips) if kind == "audio"]
+            tracks = {i: n for (kind, i), n in zip(slots, clips) if kind == "video"}
+        tok = self.source.tokenizer
+        texts = [self.family.video_text(self.cfg, tok, g, tracks.get(i)) for i, g in enumerate(meta.video)]
+        return texts, standalone
 
     def _audio_clips(self, meta: SampleMeta) -> list[int]:
         """LLM tokens per audio clip of ``meta``; DataError for audio a family does not read."""
@@ -387,10 +520,13 @@ class SampleRenderer:
 
     def _from_record(self, meta: SampleMeta) -> RenderedSample:
         self.source.check_audio(meta.id)
+        self.source.check_video(meta.id)
         grid = self.grid(meta)
         counts = list(self.family.sample_feature_rows(self.cfg, meta))
         clips = self._audio_clips(meta)
-        raw_ids, raw_labels = self.source.text(meta.id, counts, clips)
+        videos = self._video_tokens(meta)
+        texts, standalone = self._video_texts(meta, clips) if videos else ([], clips)
+        raw_ids, raw_labels = self.source.text(meta.id, counts, standalone, texts)
         if self.source.model_ids:
             ids = torch.as_tensor(raw_ids, dtype=torch.int64)
         else:
@@ -399,6 +535,8 @@ class SampleRenderer:
             )
         image_pos = torch.nonzero(ids == self._ids["image"]).flatten()
         self.source.check_image_slots(meta.id, len(image_pos), counts)
+        if videos:
+            image_pos, grid, items = self._visual_items(meta, ids, grid, videos)
         if clips and int((ids == self._ids["audio"]).sum()) != sum(clips):
             raise DataError(
                 *self.source._where(meta.id),
@@ -414,11 +552,29 @@ class SampleRenderer:
             label_positions=label_pos,
             targets=ids[label_pos + 1],
             grid_thw=tuple(grid),
-            image_tokens=sum(counts),
+            image_tokens=sum(counts) + sum(videos),
             extras=self.family.image_extras(self.cfg, meta),
             audio_frames=tuple(meta.audio),
             audio_tokens=sum(clips),
+            **(self._video_fields(meta, items) if videos else {}),
         )
+
+    def _visual_items(self, meta: SampleMeta, ids: torch.Tensor, grid, videos: list[int]):
+        """``(visual token positions, every visual item's grid, the videos' indices among them)`` of a
+        record with videos, items in the order their placeholders come; DataError unless the text
+        holds each video's tokens."""
+        from entrain.data.video import placeholder_kinds
+
+        got = int((ids == self._ids["video"]).sum())
+        if got != sum(videos):
+            raise DataError(*self.source._where(meta.id), "conversations",
+                            f"{got} video tokens where its videos need {sum(videos)}")  # fmt: skip
+        kinds = [k for k in placeholder_kinds(self.source.records[meta.id].turns) if k != "audio"]
+        images, vids = iter(grid), iter(meta.video)
+        grids = [next(images) if k == "image" else next(vids) for k in kinds]
+        items = tuple(i for i, k in enumerate(kinds) if k == "video")
+        visual = (ids == self._ids["image"]) | (ids == self._ids["video"])
+        return torch.nonzero(visual).flatten(), grids, items
 
     def _words(self, n: int, gen: torch.Generator) -> list[int]:
         """``n`` text token ids drawn from a Zipf(1.1) law over the regular ids (learnable statistics,
@@ -449,6 +605,14 @@ class SampleRenderer:
         pixels, grid = pending.result() if pending is not None else self.source.pixels(sample_id, vision)
         expected = self.sample(sample_id).grid_thw
         got = tuple(tuple(int(v) for v in g) for g in grid)
+        if got != expected and self.sample(sample_id).video_items:
+            raise DataError(
+                *self.source._where(sample_id),
+                "video",
+                f"decoded visual grids {list(got)} differ from the metadata pass's {list(expected)} (a video "
+                "changed since, or the checkpoint's video_preprocessor_config.json differs from the "
+                "defaults the metadata pass used)",
+            )
         if got != expected:
             raise DataError(
                 *self.source._where(sample_id),
@@ -464,7 +628,7 @@ class SampleRenderer:
         slice). Prefetched pixels not asked for by the time of the next-but-one call are dropped."""
         if self.source is None:
             return
-        ids = [i for i in dict.fromkeys(ids) if self.metas[i].images]
+        ids = [i for i in dict.fromkeys(ids) if self.metas[i].images or self.metas[i].video]
         keep = self._wanted | set(ids)
         for sid in [k for k in self._pending if k not in keep]:
             self._pending.pop(sid).cancel()

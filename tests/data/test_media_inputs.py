@@ -1,6 +1,6 @@
 """Every input kind a record can carry is trained or named as a bad record, never dropped: entrain trains
-images (and a LLaVA JSON/JSONL record's audio files, for a family that reads audio), so a video
-input or audio in a shard (LLaVA ``video``/``videos`` fields, chat-template ``{"type": "video"}`` parts, Parquet / Arrow columns, WebDataset ``.mp4``/``.wav``
+images (and a LLaVA JSON/JSONL record's audio and video files, for a family that reads them), so a
+video or audio input in a shard (LLaVA ``video``/``videos`` fields, chat-template ``{"type": "video"}`` parts, Parquet / Arrow columns, WebDataset ``.mp4``/``.wav``
 members), a ``<video>``/``<audio>`` placeholder without its field, and a field no reader reads that
 holds a media file's path are bad records for every reader, for ``entrain data check``
 (``check_dataset``), for ``entrain train``'s screening (``screen_dataset``) and for ``data stats``
@@ -33,11 +33,12 @@ def _record(rid: str, question: str = "What happens?", **fields) -> dict:
 UNSUPPORTED = "inputs are not supported: no model family entrain trains reads"
 
 BAD_RECORDS = {
-    "video field": (_record("v", "<video>\nWhat?", video="clip.mp4"), "video", f"video {UNSUPPORTED} video"),
+    # a record's video files are read too (a video family trains them): a missing one is named
+    "video field": (_record("v", "<video>\nWhat?", video="clip.mp4"), "video", "clip.mp4: missing"),
     "videos list": (
         _record("vs", "<video><video>\nWhat?", videos=["a.mp4", "b.mp4"]),
-        "videos",
-        f"video {UNSUPPORTED} video",
+        "videos[1]",
+        "b.mp4: missing",
     ),
     # a record's audio files are read (an audio family trains them): a missing one is named
     "audio field": (_record("a", "<audio>\nWho?", audio="talk.wav"), "audio", "talk.wav: missing"),
@@ -77,9 +78,10 @@ BAD_RECORDS = {
             ],
         },
         "video",
-        f"video {UNSUPPORTED} video",
+        "clip.mp4: missing",
     ),
 }
+MISSING_VIDEO = "clip.mp4: missing"
 
 
 def _problems(item) -> list[tuple[str, str]]:
@@ -186,7 +188,7 @@ def test_data_check_counts_the_video_record_bad(video_dataset):
     report = check_dataset(video_dataset)
     assert (report.records, report.bad) == (3, 1)
     (finding,) = report.errors
-    assert (finding.index, finding.field) == (1, "video") and UNSUPPORTED in finding.reason
+    assert (finding.index, finding.field) == (1, "video") and MISSING_VIDEO in finding.reason
 
 
 def test_train_screening_stops_at_the_video_record_or_skips_it(video_dataset, tmp_path):
@@ -195,11 +197,11 @@ def test_train_screening_stops_at_the_video_record_or_skips_it(video_dataset, tm
     screened = screen_dataset(video_dataset, on_bad="skip", out_dir=tmp_path / "run")
     assert [r.id for r in screened.records] == ["ok", "ok2"]
     (skipped,) = [json.loads(line) for line in (tmp_path / "run" / "skipped.jsonl").read_text().splitlines()]
-    assert skipped["id"] == "v" and UNSUPPORTED in json.dumps(skipped)
+    assert skipped["id"] == "v" and MISSING_VIDEO in json.dumps(skipped)
 
 
 def test_data_stats_reading_stops_at_the_video_record(video_dataset):
-    with pytest.raises(DataError, match=r"d\.json:1 \(id v\).*'video': video inputs are not supported"):
+    with pytest.raises(DataError, match=r"d\.json:1 \(id v\).*'video': clip\.mp4: missing"):
         read_samples(str(video_dataset))
 
 
@@ -211,7 +213,8 @@ def test_a_metadata_cache_from_before_the_media_check_is_not_reused(video_datase
     with monkeypatch.context() as old:
         old.setattr(metadata_cache, "_VERSION", 4)
         old.setattr(conversation, "media_problems", lambda *args: [])
+        old.setattr(conversation, "_video_list", lambda *args: ((), "video", False))  # kept no video then
         assert [s.id for s in read_samples(str(video_dataset))] == ["ok", "v", "ok2"]
     assert list((video_dataset.parent / metadata_cache.CACHE_DIRNAME).iterdir())
-    with pytest.raises(DataError, match="video inputs are not supported"):
+    with pytest.raises(DataError, match=MISSING_VIDEO):
         read_samples(str(video_dataset))

@@ -134,12 +134,16 @@ class PackedSample:
     """What ``position_ids`` sees of one sample of a packed LLM batch (a view of the renderer's
     ``RenderedSample``): ``input_ids [L]`` int64 in the model's vocabulary, ``image_positions [m]``
     (positions of its image placeholder tokens, images in order) and ``grids`` (its images' ``(t, h,
-    w)`` encoder grids, as ``image_grids`` gave them) and ``audio_lengths`` (mel frames per audio clip)."""
+    w)`` encoder grids, as ``image_grids`` gave them) and ``audio_lengths`` (mel frames per audio clip);
+    with videos (a family that ``accepts_video``), ``video_grids`` (each video's grid, in order) and
+    ``second_per_grids`` (each video's seconds per temporal patch)."""
 
     input_ids: Any
     image_positions: Any
     grids: tuple[tuple[int, int, int], ...]
     audio_lengths: tuple[int, ...] = ()
+    video_grids: tuple[tuple[int, int, int], ...] = ()
+    second_per_grids: tuple[float, ...] = ()
 
 
 @runtime_checkable
@@ -364,6 +368,9 @@ class FamilyBase:
     accepts_audio = False
     """Whether the family reads audio clips (``SampleMeta.audio``; its ``audio_input_width`` and the
     ``audio`` / ``audio_start`` / ``audio_end`` ``token_ids``); records with audio are refused for others."""
+    accepts_video = False
+    """Whether the family reads videos (``SampleMeta.video``; its ``video_settings``, ``video_text``,
+    ``second_per_grid`` and the ``video`` ``token_ids``); records with videos are refused for others."""
 
     def preset_names(self) -> tuple[str, ...]:
         return ()

@@ -163,6 +163,31 @@ class Qwen25OmniFamily(Qwen2VLFamily):
 
     # --- processing rules --------------------------------------------------------------------------
     accepts_audio = True
+    accepts_video = True
+
+    def video_settings(self, cfg: OmniConfig):
+        """The checkpoint's video processor numbers (``entrain.data.video.VideoSettings``: its
+        ``video_preprocessor_config.json``, transformers' defaults without one)."""
+        from entrain.data.video import VideoSettings
+
+        return VideoSettings.from_folder(cfg.folder)
+
+    def video_text(self, cfg: OmniConfig, tokenizer, grid, audio_tokens: int | None = None) -> str:
+        """What a ``<video>`` of patch grid ``grid`` becomes, as Qwen2.5-Omni's processor expands it
+        (with its audio track of ``audio_tokens`` tokens: video and audio interleaved per
+        ``seconds_per_chunk`` of the thinker config, ``entrain.data.video.video_text``)."""
+        from entrain.data.video import video_text
+
+        hf = cfg.hf
+        return video_text(
+            tokenizer, grid, merge=hf.vision_config.spatial_merge_size, audio_tokens=audio_tokens,
+            second_per_grid=self.second_per_grid(cfg),
+            position_id_per_seconds=hf.position_id_per_seconds, seconds_per_chunk=hf.seconds_per_chunk,
+        )  # fmt: skip
+
+    def second_per_grid(self, cfg: OmniConfig) -> float:
+        """Seconds of a video's temporal patch (the processor's ``temporal_patch_size / fps``)."""
+        return self.video_settings(cfg).second_per_grid
 
     def token_ids(self, cfg: OmniConfig) -> dict[str, int]:
         hf = cfg.hf
@@ -173,6 +198,7 @@ class Qwen25OmniFamily(Qwen2VLFamily):
             "audio": int(hf.audio_token_id),
             "audio_start": int(hf.audio_start_token_id),
             "audio_end": int(hf.audio_end_token_id),
+            "video": int(hf.video_token_id),
         }
 
     def format_chat(

@@ -1,0 +1,505 @@
+"""Videos of LLaVA-format records: ``"video": "clip.mp4"`` (or a list of paths) and one ``<video>``
+placeholder in the conversation per video, in order; ``"use_audio_in_video": true`` also feeds each
+video's audio track (Qwen2.5-Omni's ``use_audio_in_video`` / ``load_audio_from_video``).
+
+Decoded with PyAV (FFmpeg), as transformers' ``pyav`` video backend reads a file: frames as
+``rgb24`` arrays, the stream's ``average_rate`` as its fps. What a video becomes follows
+transformers' Qwen2-VL video processor (``Qwen2VLVideoProcessor``, which Qwen2.5-VL and the
+Qwen2.5-Omni processor use):
+
+* ``sample_indices``: its ``sample_frames`` with ``fps`` (2 frames a second, Qwen's default; the
+  Qwen2.5-Omni processor assumes that rate when it sets a video's seconds per temporal patch):
+  ``total / video_fps * fps`` frames, at least ``min_frames`` (4), at most ``max_frames`` (768) and the
+  video's own frames, rounded down to a multiple of ``temporal_patch_size`` (2), spread uniformly;
+* ``video_grid``: the frames resized by ``smart_resize`` with the video pixel limits (128 to 768
+  merged 28 x 28 tokens a frame, the processor's defaults; a checkpoint's
+  ``video_preprocessor_config.json`` overrides them) and cut into ``(t, h, w)`` patches;
+* ``process_frames``: the resize (torchvision's tensor bicubic with antialiasing: torch's own
+  ``interpolate``, rounded back to uint8), the fused rescale and CLIP normalisation, and the
+  processor's ``patchify`` row order (``[t * h * w, 3 * temporal * patch**2]``, the last frame
+  repeated to fill a temporal patch);
+* ``audio_track``: the video's first audio stream, mono float32 at 16 kHz (FFmpeg's resampler).
+
+An unusable file raises ``VideoFileError`` whose ``reason`` names what is wrong: ``missing``,
+``empty`` (0 bytes), ``undecodable`` (no container or video stream FFmpeg can read), ``truncated``
+(decoding stops before the frames the stream declares), ``no frames``, ``too few frames`` (fewer
+than a temporal patch), ``no audio track`` (asked for). ``check_record_video`` lists every bad video
+of one record (what ``data check`` reports).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["VIDEO_PLACEHOLDER", "AUDIO_IN_VIDEO_FIELD", "VideoFileError", "VideoSettings", "VideoInfo",
+           "probe_video", "sample_indices", "video_grid", "read_frames", "process_frames", "load_video",
+           "file_grid", "audio_track", "video_paths", "check_record_video"]  # fmt: skip
+
+VIDEO_PLACEHOLDER = "<video>"
+AUDIO_IN_VIDEO_FIELD = "use_audio_in_video"
+"""A record's flag (``true``): each of its videos brings its audio track (Qwen2.5-Omni)."""
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class VideoFileError(ValueError):
+    """A video file that cannot be used; ``reason`` says why, ``path`` names it."""
+
+    def __init__(self, path: str, reason: str, detail: str = ""):
+        self.path, self.reason, self.detail = str(path), reason, detail
+        super().__init__(f"{path}: {reason}" + (f" ({detail})" if detail else ""))
+
+    @property
+    def problem(self) -> str:
+        """The reason with its detail (what a report prints after the path)."""
+        return self.reason + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """The video processor's numbers (defaults: transformers' ``Qwen2VLVideoProcessor`` as the
+    Qwen2.5-Omni processor calls it, sampling at 2 fps)."""
+
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    temporal_patch_size: int = 2
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    image_mean: tuple[float, float, float] = CLIP_MEAN
+    image_std: tuple[float, float, float] = CLIP_STD
+    rescale_factor: float = 1 / 255
+
+    @property
+    def second_per_grid(self) -> float:
+        """Seconds of one temporal patch (``temporal_patch_size / fps``, the Omni processor's
+        ``video_second_per_grid``)."""
+        return self.temporal_patch_size / self.fps
+
+    @classmethod
+    def from_config(cls, config: dict) -> VideoSettings:
+        """From a ``video_preprocessor_config.json`` dict (absent fields: the defaults)."""
+        size = config.get("size") or {}
+        out = {
+            "min_pixels": size.get("shortest_edge", config.get("min_pixels")),
+            "max_pixels": size.get("longest_edge", config.get("max_pixels")),
+            "image_mean": tuple(config["image_mean"]) if "image_mean" in config else None,
+            "image_std": tuple(config["image_std"]) if "image_std" in config else None,
+        }
+        for key in ("fps", "min_frames", "max_frames", "temporal_patch_size", "patch_size", "merge_size",
+                    "rescale_factor"):  # fmt: skip
+            out[key] = config.get(key)
+        return replace(cls(), **{k: v for k, v in out.items() if v is not None})
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike | None) -> VideoSettings:
+        """A checkpoint folder's ``video_preprocessor_config.json``; the defaults without one."""
+        path = Path(folder) / "video_preprocessor_config.json" if folder else None
+        if path is None or not path.is_file():
+            return cls()
+        return cls.from_config(json.loads(path.read_text()))
+
+
+DEFAULT_SETTINGS = VideoSettings()
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What decoding a video file shows: its frame count, frame rate and frame size, and whether it
+    holds an audio stream."""
+
+    frames: int
+    fps: float
+    height: int
+    width: int
+    has_audio: bool
+
+
+def _open(path: str):
+    import av
+
+    if not os.path.isfile(path):
+        raise VideoFileError(path, "missing")
+    if os.path.getsize(path) == 0:
+        raise VideoFileError(path, "empty", "0 bytes")
+    try:
+        container = av.open(path)
+    except (av.FFmpegError, UnicodeDecodeError, ValueError) as e:
+        raise VideoFileError(path, "undecodable", _short(e)) from None
+    if not container.streams.video:
+        container.close()
+        raise VideoFileError(path, "undecodable", "no video stream")
+    return container
+
+
+def _short(e: Exception) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
+def probe_video(path: str | os.PathLike) -> VideoInfo:
+    """Decode every frame of a video file (so a truncated one shows); VideoFileError otherwise."""
+    import av
+
+    path = str(path)
+    with _open(path) as container:
+        stream = container.streams.video[0]
+        declared = int(stream.frames or 0)
+        fps = float(stream.average_rate or stream.guessed_rate or 0)
+        count, size = 0, (0, 0)
+        try:
+            for frame in container.decode(stream):
+                count += 1
+                size = (frame.height, frame.width)
+        except av.FFmpegError as e:
+            raise VideoFileError(
+                path, "truncated", f"decoding stopped after {count} frame(s): {_short(e)}"
+            ) from None
+        has_audio = bool(container.streams.audio)
+    if count == 0:
+        raise VideoFileError(path, "no frames", f"its stream declares {declared}")
+    if declared and count < declared:
+        raise VideoFileError(path, "truncated", f"{count} of the {declared} frames its stream declares")
+    if fps <= 0:
+        raise VideoFileError(path, "undecodable", "no frame rate")
+    return VideoInfo(count, fps, size[0], size[1], has_audio)
+
+
+def sample_indices(total: int, video_fps: float, s: VideoSettings = DEFAULT_SETTINGS) -> list[int]:
+    """Indices of the frames the processor keeps of a ``total``-frame ``video_fps`` video
+    (``Qwen2VLVideoProcessor.sample_frames`` with ``fps``). ValueError when none would be kept."""
+    tps = s.temporal_patch_size
+    max_frames = math.floor(min(s.max_frames, total) / tps) * tps
+    n = total / video_fps * s.fps
+    n = min(max(n, s.min_frames), max_frames, total)
+    n = math.floor(n / tps) * tps
+    if n <= 0:
+        raise ValueError(f"{total} frame(s): fewer than a temporal patch of {tps}")
+    import torch
+
+    return torch.arange(0, total, total / n).int().tolist()
+
+
+def _smart_resize(height: int, width: int, s: VideoSettings) -> tuple[int, int]:
+    """``smart_resize`` of the Qwen2-VL video processor (factor ``patch * merge``)."""
+    factor = s.patch_size * s.merge_size
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio of a {width}x{height} video above 200")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > s.max_pixels:
+        beta = math.sqrt((height * width) / s.max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < s.min_pixels:
+        beta = math.sqrt(s.min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def video_grid(
+    frames: int, height: int, width: int, s: VideoSettings = DEFAULT_SETTINGS
+) -> tuple[int, int, int]:
+    """``(t, h, w)`` patch grid of ``frames`` sampled frames of ``height x width``."""
+    rh, rw = _smart_resize(height, width, s)
+    return -(-frames // s.temporal_patch_size), rh // s.patch_size, rw // s.patch_size
+
+
+def read_frames(path: str | os.PathLike, indices: Sequence[int]) -> np.ndarray:
+    """``[n, H, W, 3]`` uint8 RGB frames at ``indices`` (ascending), decoded in order as transformers'
+    ``pyav`` backend reads them."""
+    path = str(path)
+    wanted, frames = set(int(i) for i in indices), {}
+    last = max(wanted)
+    with _open(path) as container:
+        for i, frame in enumerate(container.decode(video=0)):
+            if i > last:
+                break
+            if i in wanted:
+                frames[i] = frame.to_ndarray(format="rgb24")
+    missing = [i for i in indices if i not in frames]
+    if missing:
+        raise VideoFileError(path, "truncated", f"frame {missing[0]} could not be decoded")
+    return np.stack([frames[int(i)] for i in indices])
+
+
+def process_frames(
+    frames: np.ndarray, s: VideoSettings = DEFAULT_SETTINGS
+) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """``(pixel_values [t*h*w, 3*temporal*patch**2] float32, (t, h, w))`` of ``[n, H, W, 3]`` uint8 frames."""
+    import torch
+    import torch.nn.functional as F
+
+    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # [n, 3, H, W] uint8
+    n, c, height, width = video.shape
+    t, gh, gw = video_grid(n, height, width, s)
+    rh, rw = gh * s.patch_size, gw * s.patch_size
+    if (rh, rw) != (height, width):
+        video = F.interpolate(
+            video.float(), size=(rh, rw), mode="bicubic", align_corners=False, antialias=True
+        )
+        video = video.clamp_(0, 255).round_().to(torch.uint8)
+    mean = torch.tensor(s.image_mean) * (1.0 / s.rescale_factor)
+    std = torch.tensor(s.image_std) * (1.0 / s.rescale_factor)
+    video = (video.to(torch.float32) - mean[:, None, None]) / std[:, None, None]
+    if pad := -n % s.temporal_patch_size:
+        video = torch.cat([video, video[-1:].expand(pad, -1, -1, -1)])
+    m, p, tp = s.merge_size, s.patch_size, s.temporal_patch_size
+    patches = video.reshape(t, tp, c, gh // m, m, p, gw // m, m, p)
+    patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return patches.reshape(t * gh * gw, c * tp * p * p).numpy(), (t, gh, gw)
+
+
+def _sampled(path: str, s: VideoSettings) -> tuple[VideoInfo, list[int]]:
+    info = probe_video(path)
+    try:
+        return info, sample_indices(info.frames, info.fps, s)
+    except ValueError as e:
+        raise VideoFileError(path, "too few frames", str(e)) from None
+
+
+def file_grid(
+    path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS
+) -> tuple[tuple[int, int, int], bool]:
+    """``((t, h, w), has_audio)`` of a video file: its sampled frames' patch grid (the metadata pass)."""
+    info, indices = _sampled(str(path), s)
+    try:
+        return video_grid(len(indices), info.height, info.width, s), info.has_audio
+    except ValueError as e:
+        raise VideoFileError(str(path), "undecodable", str(e)) from None
+
+
+def load_video(
+    path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS
+) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """``(pixel_values, (t, h, w))`` of a video file: sampled, decoded and processed."""
+    _, indices = _sampled(str(path), s)
+    return process_frames(read_frames(path, indices), s)
+
+
+def audio_track(path: str | os.PathLike, rate: int = 16_000) -> np.ndarray:
+    """The video's first audio stream as mono float32 samples at ``rate`` Hz (FFmpeg's resampler)."""
+    import av
+
+    path = str(path)
+    with _open(path) as container:
+        if not container.streams.audio:
+            raise VideoFileError(path, "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})")
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        parts = []
+        try:
+            for frame in container.decode(container.streams.audio[0]):
+                parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+        except av.FFmpegError as e:
+            raise VideoFileError(path, "truncated", f"audio track: {_short(e)}") from None
+    samples = np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+    if samples.size == 0:
+        raise VideoFileError(path, "no audio track", "its audio stream holds no samples")
+    return samples
+
+
+def video_paths(record: dict) -> list[str]:
+    """The record's ``video`` (or ``videos``) field as a list of paths."""
+    key = "video" if "video" in record else "videos"
+    value = record.get(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ValueError(f"{key!r} must be a path or a list of paths, not {type(value).__name__}")
+
+
+def check_record_video(
+    record: dict, root: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS
+) -> list[tuple[str, str]]:
+    """``(field, problem)`` of every bad video file of ``record`` (paths relative to ``root``; the field
+    ``video[i]`` of a list, ``video`` of one path; the problem names the file and what is wrong with
+    it), a video without an audio track when the record asks for its audio, and a
+    ``use_audio_in_video`` that is not a boolean; empty when all is well."""
+    key = "video" if "video" in record else "videos"
+    try:
+        paths = video_paths(record)
+    except ValueError as e:
+        return [(key, str(e))]
+    flag = record.get(AUDIO_IN_VIDEO_FIELD, False)
+    problems = []
+    if not isinstance(flag, bool):
+        problems.append((AUDIO_IN_VIDEO_FIELD, f"must be true or false, not {flag!r}"))
+    listed = not isinstance(record.get(key), str)
+    for i, p in enumerate(paths):
+        try:
+            _, has_audio = file_grid(Path(root) / p, s)
+            if flag is True and not has_audio:
+                raise VideoFileError(
+                    str(p), "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})"
+                )
+        except VideoFileError as e:
+            problems.append((f"{key}[{i}]" if listed else key, f"{p}: {e.problem}"))
+    return problems
+
+
+# --- records: placeholders, the text a video becomes, its metadata -----------------------------------
+
+VIDEO_MARKERS = {
+    "omni": ("<|vision_bos|>", "<|VIDEO|>", "<|vision_eos|>"),
+    "qwen2": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
+}
+"""A video's start, placeholder and end tokens: Qwen2.5-Omni's tokenizer's names, or Qwen2's names of
+the same ids (151652, 151656, 151653)."""
+
+
+def video_markers(tokenizer) -> tuple[str, str, str]:
+    """``VIDEO_MARKERS`` of the tokenizer's names."""
+    return VIDEO_MARKERS["omni" if "<|VIDEO|>" in getattr(tokenizer, "special_tokens", {}) else "qwen2"]
+
+
+def chunk_runs(
+    grid: Sequence[int], audio_tokens: int, *, merge: int, second_per_grid: float,
+    position_id_per_seconds: float = 25, seconds_per_chunk: float = 2.0,
+) -> list[tuple[int, int]]:  # fmt: skip
+    """``(video tokens, audio tokens)`` per time chunk of a video with its audio track, as the
+    Qwen2.5-Omni processor interleaves them (``replace_video_with_audio_token``: a video token's time
+    is its temporal patch x ``second_per_grid`` x ``position_id_per_seconds``, an audio token's its
+    index; chunks of ``position_id_per_seconds * seconds_per_chunk``)."""
+    t, h, w = grid
+    per_frame = (h // merge) * (w // merge)
+    video = np.repeat(np.arange(t), per_frame) * second_per_grid * position_id_per_seconds
+    size = int(position_id_per_seconds * seconds_per_chunk)
+
+    def chunks(indices) -> list[int]:
+        out, start, current = [], 0, 1
+        for i, value in enumerate(indices):
+            if value >= current * size:
+                out.append(i - start)
+                start, current = i, current + 1
+        return out + [len(indices) - start]
+
+    v, a = chunks(video), chunks(np.arange(audio_tokens))
+    return [(v[j] if j < len(v) else 0, a[j] if j < len(a) else 0) for j in range(max(len(v), len(a)))]
+
+
+def video_text(tokenizer, grid: Sequence[int] | None, *, merge: int = 2, audio_tokens: int | None = None,
+               second_per_grid: float = 1.0, position_id_per_seconds: float = 25,
+               seconds_per_chunk: float = 2.0) -> str:  # fmt: skip
+    """What a conversation's ``<video>`` becomes: ``<|vision_bos|>`` + the video's ``t*h*w/merge**2``
+    ``<|VIDEO|>`` + ``<|vision_eos|>``; with its audio track (``audio_tokens``) the video and audio
+    tokens interleaved per chunk between ``<|audio_bos|>`` and ``<|audio_eos|>`` inside them
+    (``chunk_runs``). ``grid`` None: the markers alone (the metadata pass's text count)."""
+    from entrain.data.processing import AUDIO_MARKERS
+
+    start, pad, end = video_markers(tokenizer)
+    if audio_tokens is None:
+        n = 0 if grid is None else grid[0] * grid[1] * grid[2] // merge**2
+        return start + pad * n + end
+    bos, apad, eos = AUDIO_MARKERS[
+        "omni" if "<|AUDIO|>" in getattr(tokenizer, "special_tokens", {}) else "qwen2"
+    ]
+    runs = [] if grid is None else chunk_runs(grid, audio_tokens, merge=merge, second_per_grid=second_per_grid,
+                                              position_id_per_seconds=position_id_per_seconds,
+                                              seconds_per_chunk=seconds_per_chunk)  # fmt: skip
+    return start + bos + "".join(pad * v + apad * a for v, a in runs) + eos + end
+
+
+def placeholder_kinds(turns: Sequence[tuple[str, str]]) -> list[str]:
+    """The kinds (``image``, ``audio``, ``video``) of a conversation's placeholders, in order."""
+    import re
+
+    return [m.group(1) for _, text in turns for m in re.finditer(r"<(image|audio|video)>", text)]
+
+
+def expand_videos(turns: Sequence[tuple[str, str]], texts: Sequence[str]) -> list[tuple[str, str]]:
+    """``turns`` with their ``<video>`` placeholders replaced, in order, by ``texts``."""
+    out, k = [], 0
+    for role, text in turns:
+        parts = text.split(VIDEO_PLACEHOLDER)
+        body = parts[0]
+        for part in parts[1:]:
+            body += texts[k] + part
+            k += 1
+        out.append((role, body))
+    if k != len(texts):
+        raise ValueError(f"{k} {VIDEO_PLACEHOLDER} placeholder(s) but {len(texts)} video(s)")
+    return out
+
+
+def audio_slots(record) -> list[tuple[str, int]]:
+    """The record's audio inputs in the order their tokens come: ``("audio", j)`` for its j-th clip,
+    ``("video", i)`` for the audio track of its i-th video (with ``audio_in_video``)."""
+    out, clip, video = [], 0, 0
+    for kind in placeholder_kinds(record.turns):
+        if kind == "audio":
+            out.append(("audio", clip))
+            clip += 1
+        elif kind == "video":
+            if record.audio_in_video:
+                out.append(("video", video))
+            video += 1
+    return out
+
+
+def track_frames(path: str) -> int:
+    """Mel frames of a video's audio track (``entrain.data.audio.mel_frames``)."""
+    from entrain.data.audio import mel_frames
+
+    return mel_frames(len(audio_track(path)))
+
+
+def record_videos(record, clip_frames: Sequence[int], stamps=None, s: VideoSettings = DEFAULT_SETTINGS):
+    """``(video grids, audio frames)`` of ``record``: each video's patch grid, and the mel frames of its
+    audio inputs in token order (``audio_slots``: its clips' ``clip_frames`` and, with
+    ``audio_in_video``, its videos' tracks); ``stamps`` receives each video file's stamp. Raises
+    DataError naming the record, field and file of a bad video."""
+    from entrain.core.errors import DataError
+    from entrain.data.metadata_cache import file_stamp
+
+    grids = []
+    where = record.line or f"#{record.index}"
+    for i, path in enumerate(record.video):
+        if stamps is not None:
+            stamps[path] = file_stamp(path)
+        try:
+            grid, has_audio = file_grid(path, s)
+            if record.audio_in_video and not has_audio:
+                raise VideoFileError(
+                    path, "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})"
+                )
+        except VideoFileError as e:
+            raise DataError(
+                record.file, where, f"{record.video_field}[{i}]", f"{path}: {e.problem}"
+            ) from None
+        grids.append(grid)
+    if not record.audio_in_video:
+        return tuple(grids), tuple(clip_frames)
+    frames = []
+    for kind, k in audio_slots(record):
+        if kind == "audio":
+            frames.append(clip_frames[k])
+            continue
+        try:
+            frames.append(track_frames(record.video[k]))
+        except VideoFileError as e:
+            raise DataError(
+                record.file, where, f"{record.video_field}[{k}]", f"{record.video[k]}: {e.problem}"
+            ) from None
+    return tuple(grids), tuple(frames)
+
+
+def counted_turns(record, tokenizer) -> list[tuple[str, str]]:
+    """The record's turns with each ``<video>`` as its markers alone (``video_text`` of no grid), so the
+    text count holds every token but the video (and track) placeholders."""
+    if not record.video:
+        return list(record.turns)
+    text = video_text(tokenizer, None, audio_tokens=0 if record.audio_in_video else None)
+    return expand_videos(record.turns, [text] * len(record.video))

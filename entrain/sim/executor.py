@@ -18,6 +18,11 @@ Model (documented assumptions):
 * Replicas run independently; the iteration ends when every pipeline rank of every replica has
   finished and then all-reduced its gradients over DP (``PlanCosts.allreduce_ms``): iteration time
   = max over pipeline ranks r of (latest end of rank r over replicas + all-reduce of rank r).
+* Expert parallelism (a layout component with ``ep`` > 1): the replicas of an EP group (``ep``
+  consecutive replicas, as the runtime groups them) meet at every sparse layer's all-to-all, so a
+  compute action of a stage with mixture-of-experts layers lasts as long as the longest of that
+  action over the group's replicas (each priced on its own samples: a heavier microbatch at the same
+  position keeps the others waiting). Start-time skew between replicas is not propagated.
 """
 
 from __future__ import annotations
@@ -101,10 +106,21 @@ def run_iteration(
     layout: Layout, it: IterationPlan, costs: PlanCosts, *, comm: bool = True, trace: bool = False
 ) -> IterationRun:
 
+    ep = max(c.ep for c in layout.components.values())
+    coupled = ep > 1 and any(costs.expert_stages)
+
     def run(replica: int) -> ReplicaRun:
         ranks = [layout.global_rank(replica, r) for r in range(layout.ranks_per_replica)]
         graph = ReplicaGraph(layout, it.microbatches[replica])
-        return run_replica(graph, {g: it.actions[g] for g in ranks}, costs, replica, comm=comm, trace=trace)
+        first = replica // ep * ep
+        peers = tuple(
+            ReplicaGraph(layout, it.microbatches[p])
+            for p in range(first, min(first + ep, len(it.microbatches)))
+            if coupled and p != replica
+        )
+        return run_replica(
+            graph, {g: it.actions[g] for g in ranks}, costs, replica, comm=comm, trace=trace, peers=peers
+        )
 
     runs = ordered_map(run, range(layout.dp))  # replicas run independently
     allreduce = {r: costs.allreduce_ms(r) for r in range(layout.ranks_per_replica)}
@@ -118,8 +134,12 @@ def run_iteration(
 class _Replica:
     """Event-driven in-order execution of one replica's ranks."""
 
-    def __init__(self, graph: ReplicaGraph, actions: dict, costs: PlanCosts, comm: bool, trace: bool):
+    def __init__(
+        self, graph: ReplicaGraph, actions: dict, costs: PlanCosts, comm: bool, trace: bool, peers: tuple = ()
+    ):
         self.graph, self.actions, self.costs, self.comm, self.trace = graph, actions, costs, comm, trace
+        self.peers = peers
+        """The other replicas of this one's expert-parallel group (their graphs; empty: none)."""
         self.has_comm_actions = any(a.kind.is_comm for acts in actions.values() for a in acts)
         self.ends: dict[tuple, float] = {}
         self.arrival: dict[Message, float] = {}
@@ -233,6 +253,8 @@ class _Replica:
         task = (a.stage, a.mb, u)
         ids = self.graph.ids(*task)
         dur = self.costs.compute_ms(a.stage, a.kind, ids)
+        if self.peers and self.costs.expert_stages[a.stage]:
+            dur = max(dur, *(self._peer_ms(p, a, task) for p in self.peers))
         end = start + dur
         self.clock[g] = end
         self.busy[g] += dur
@@ -269,6 +291,13 @@ class _Replica:
             if not self.has_comm_actions and a.kind in (_B, _I):
                 woken += self._implicit_grad_sends(task)
         return woken
+
+    def _peer_ms(self, peer: ReplicaGraph, a: Action, task: tuple[int, int, int]) -> float:
+        """``a``'s duration on an EP peer replica's samples of the same (stage, mb, sub); 0 where it has none."""
+        stage, mb, sub = task
+        if mb >= len(peer.microbatches) or sub >= peer.num_subs(stage, mb):
+            return 0.0
+        return self.costs.compute_ms(stage, a.kind, peer.ids(*task))
 
     def _implicit_grad_sends(self, task: tuple[int, int, int]) -> list[int]:
         woken: list[int] = []
@@ -333,8 +362,9 @@ def run_replica(
     *,
     comm: bool = True,
     trace: bool = False,
+    peers: tuple = (),
 ) -> ReplicaRun:
-    rep = _Replica(graph, actions, costs, comm, trace)
+    rep = _Replica(graph, actions, costs, comm, trace, peers)
     _run(rep)
     return ReplicaRun(
         replica=replica,

@@ -6,8 +6,10 @@
   ``b_min`` reference batch (``planning.entry.plan``).
 * ``disttrain``: Algorithm 2 on one profiled sample (``planning.baselines.disttrain_profile_sample``).
 * ``encoder-rebalance``: DistTrain's (above).
-* ``dflop``: Algorithm 2 on a draw of a global batch (DFLOP's data-aware parallelism optimizer picks
-  each module's layout from the input distribution; ``assignment.batchers.dflop`` lists the differences).
+* ``dflop``: Algorithm 2 on one draw of a global batch, our stand-in for DFLOP's Data-aware 3D
+  Parallelism Optimizer, which picks each module's layout from the profiled input-shape distribution
+  (docs/baselines.md, "DFLOP": the paper's parts we follow and every difference). Each module's TP
+  and CP are searched on their own (they can differ where ``--tp`` is open), under one DP.
 * ``disttrain-paper``: the paper's Table 1 DistTrain config (``planning.baselines.paper_table1_config``).
 * ``dip``, ``dip-greedy``: the colocated layout over all ``gpus / (dp * tp)`` ranks of a replica
   (dp: ``--dp``, else Entrain's planner's choice when it ran, else 4)

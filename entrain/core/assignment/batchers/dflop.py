@@ -1,31 +1,39 @@
-"""``dflop``: DFLOP's online microbatch scheduler (An et al., "DFLOP: A Data-driven Framework for
-Multimodal LLM Training Pipeline Optimization", SIGMOD'26, arXiv 2603.25120; code
-github.com/BDAI-Research/DFLOP, ``dflop/scheduler/data_scheduling.py``), on our engine.
+"""``dflop``: DFLOP's Online Microbatch Scheduler (An et al., "DFLOP: A Data-driven Framework for
+Multimodal LLM Training Pipeline Optimization", SIGMOD'26, arXiv 2603.25120; the authors' code,
+github.com/BDAI-Research/DFLOP, ``scheduler.py``), on our engine. docs/baselines.md, "DFLOP", says
+what each of the paper's parts does, what we follow and every difference. The paper's section
+numbers are not given because we could not check them against its full text; its parts are named as
+the authors name them.
 
-What we follow (the paper's online microbatch scheduler, as its public code states it): each global
-batch of ``N`` samples is partitioned into ``m = dp * K`` groups (``K`` microbatches per replica) by
-an integer linear program: every sample in exactly one group, every group non-empty, minimise
-``C_max`` with, for every group and every module (vision encoder, LLM), the group's summed predicted
-duration of that module ``<= C_max``. A sample's predicted duration of a module is its forward +
-backward time over the module's stages divided by the module's stage count (DFLOP: the module's
-FLOPs over its profiled throughput times its GPU count; here the cost model's per-stage times, the
-same profile every system of the engine is priced with). Group ``j`` is microbatch ``j // dp`` of
-replica ``j % dp`` (DFLOP's mapping), executed in that order.
+What we follow (the Online Microbatch Scheduler, as the authors' code states it): each global batch
+of ``N`` samples is split into ``m = dp * K`` groups (``K`` microbatches per replica) by an integer
+linear program. Every sample is in exactly one group, no group is empty, and for every group and
+every module (vision encoder, LLM) the group's summed predicted duration of that module is at most
+``C_max``, which is minimised. Each module bounds ``C_max`` on its own; the two are never added. A
+sample's predicted duration of a module is its forward + backward time over the module's stages,
+divided by the module's stage count (``module_costs``). DFLOP uses the module's FLOPs over its
+profiled throughput times its GPU count; we use the cost model's per-stage times, the same pricing
+every system of the engine gets. Group ``j`` is microbatch ``j // dp`` of replica ``j % dp``
+(DFLOP's mapping), run in that order.
 
-Differences (all forced by running on this engine, or by time):
+Differences (docs/baselines.md lists them all):
 
-* Solver: HiGHS through ``scipy.optimize.milp`` with a node limit (deterministic), not OR-tools CP-SAT
-  with a 10 s limit; and only where the program is small (``ILP_MAX_BINARIES``): larger batches (the
-  paper's setup: 512 samples x 128 groups = 65,536 binaries) get the min-max vector LPT
-  (``minmax_lpt``), which is also the ILP's incumbent to beat (the better of the two is kept).
-* Microbatches: DFLOP's vision module processes a global microbatch's groups together over its own
-  data-parallel degree; our layouts have one DP degree, so each group's encoder work runs on its own
-  replica (the ILP already balances the encoder per group).
-* Configuration: DFLOP's data-aware 3D parallelism optimizer picks each module's TP/PP/DP from the
-  profiled input-shape distribution; here Algorithm 2's search (``planning.config_search``, each
-  module's TP x CP x PP under one DP and the memory model) on a draw of a global batch
-  (``entrain.core.planning.setups``), the engine's stand-in for a profile of the distribution.
-* Schedule: plain 1F1B on the disjoint encoder and LLM ranks (``one_f_one_b.generate``).
+* Solver: HiGHS through ``scipy.optimize.milp`` with a node limit (``ILP_NODE_LIMIT``) and a 30 s
+  cap, not OR-tools CP-SAT with a 10 s limit. The ILP is built only where ``N * m`` binaries are at
+  most ``ILP_MAX_BINARIES``. Larger batches (the paper's setting: 512 samples x 128 groups = 65,536
+  binaries) get the min-max vector LPT (``minmax_lpt``). The LPT's groups are also the ILP's
+  incumbent: the ILP's are kept only where they are strictly better.
+* Microbatches: DFLOP's encoder runs ``dp`` consecutive groups as one microbatch at its own
+  data-parallel degree. Our layouts have one DP degree, so each group's encoder work runs on its own
+  replica, in the same microbatch as its LLM work.
+* Configuration: DFLOP's Data-aware 3D Parallelism Optimizer picks each module's TP/PP/DP, and the
+  GPU split between the modules, from the profiled input-shape distribution. Here Algorithm 2
+  (``planning.config_search``) runs on one draw of a global batch (``entrain.core.planning.setups``).
+  It searches each module's TP and CP on its own (they can differ where ``--tp`` is open), under one
+  DP, with the GPU split proportional to the encoder's share of the work.
+* Schedule: plain 1F1B on the disjoint encoder and LLM ranks (``one_f_one_b.generate``), as DFLOP
+  runs.
+* The scheduler runs inline when the plan is made; its CPU time is not simulated.
 """
 
 from __future__ import annotations

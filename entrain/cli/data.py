@@ -30,6 +30,8 @@ DEFAULT_NUM_SAMPLES = 10_000
 QUANTITIES = ("text_tokens", "image_tokens", "vit_patches", "encoder_llm_ratio")
 AUDIO_QUANTITY = "audio_tokens"
 """LLM tokens of the samples' audio clips: in ``--json`` always, a row of the table when any sample has audio."""
+VIDEO_QUANTITY = "video_tokens"
+"""LLM tokens of the samples' videos: in ``--json`` always, a row of the table when any sample has video."""
 
 
 # Sub-subcommands living in their own modules: module -> its registration function.
@@ -94,8 +96,9 @@ def compute_stats(samples: list[SampleMeta], cost) -> tuple[dict, dict[str, np.n
         "vit_patches": np.array([s.vit_patches for s in samples], dtype=float),
         "encoder_llm_ratio": np.array([w.encoder / w.llm for w in works], dtype=float),
         AUDIO_QUANTITY: np.array([s.audio_tokens for s in samples], dtype=float),
+        VIDEO_QUANTITY: np.array([s.video_tokens for s in samples], dtype=float),
     }
-    quantities = (*QUANTITIES, AUDIO_QUANTITY)
+    quantities = (*QUANTITIES, AUDIO_QUANTITY, VIDEO_QUANTITY)
     return {"num_samples": len(samples), **{q: _summary(cols[q]) for q in quantities}}, cols
 
 
@@ -129,8 +132,8 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def format_stats(stats: dict, title: str) -> str:
     lines = [title, f"{'quantity':<20}{'mean':>10}{'p5':>10}{'p50':>10}{'p95':>10}"]
-    audio = AUDIO_QUANTITY in stats and stats[AUDIO_QUANTITY]["mean"] > 0
-    for q in (*QUANTITIES, AUDIO_QUANTITY) if audio else QUANTITIES:
+    extra = [q for q in (AUDIO_QUANTITY, VIDEO_QUANTITY) if q in stats and stats[q]["mean"] > 0]
+    for q in (*QUANTITIES, *extra):
         s = stats[q]
         fmt = "{:>10.2f}" if q == "encoder_llm_ratio" else "{:>10.0f}"
         lines.append(f"{q:<20}" + "".join(fmt.format(s[k]) for k in ("mean", "p5", "p50", "p95")))

@@ -40,7 +40,7 @@ import numpy as np
 
 __all__ = ["VIDEO_PLACEHOLDER", "AUDIO_IN_VIDEO_FIELD", "VideoFileError", "VideoSettings", "VideoInfo",
            "probe_video", "sample_indices", "video_grid", "read_frames", "process_frames", "load_video",
-           "file_grid", "audio_track", "video_paths", "check_record_video"]  # fmt: skip
+           "file_grid", "sampled_fps", "audio_track", "video_paths", "check_record_video"]  # fmt: skip
 
 VIDEO_PLACEHOLDER = "<video>"
 AUDIO_IN_VIDEO_FIELD = "use_audio_in_video"
@@ -276,6 +276,13 @@ def file_grid(
         return video_grid(len(indices), info.height, info.width, s), info.has_audio
     except ValueError as e:
         raise VideoFileError(str(path), "undecodable", str(e)) from None
+
+
+def sampled_fps(path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS) -> float:
+    """Frames kept per second of the video (transformers' ``VideoMetadata.sampled_fps``: kept / total
+    x its frame rate), what Qwen2.5-VL's processor divides the temporal patch by."""
+    info, indices = _sampled(str(path), s)
+    return len(indices) / info.frames * info.fps
 
 
 def load_video(

@@ -467,9 +467,21 @@ class SampleRenderer:
         """``RenderedSample``'s video fields: which grids are videos, their seconds per temporal patch."""
         if not meta.video:
             return {}
+        fps = [None] * len(meta.video)
+        if self.source is not None:  # a record's videos: the frames kept per second of each
+            from entrain.data.video import VideoFileError, sampled_fps
+
+            record = self.source.records[meta.id]
+            settings = self.source.video_settings()
+            for i, path in enumerate(record.video):
+                try:
+                    fps[i] = sampled_fps(path, settings)
+                except VideoFileError as e:
+                    raise DataError(*self.source._where(meta.id), f"{record.video_field}[{i}]",
+                                    f"{path}: {e.problem}") from None  # fmt: skip
         return {
             "video_items": tuple(items),
-            "second_per_grids": (float(self.family.second_per_grid(self.cfg)),) * len(meta.video),
+            "second_per_grids": tuple(float(self.family.second_per_grid(self.cfg, f)) for f in fps),
         }
 
     def _video_texts(self, meta: SampleMeta, clips: list[int]) -> tuple[list[str], list[int]]:

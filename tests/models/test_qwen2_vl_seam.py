@@ -15,7 +15,7 @@ from entrain.models.families.base import ModelSource, PackedSample
 from entrain.models.families.qwen2_vl import model as qm
 from entrain.models.families.qwen2_vl.positions import mrope_position_ids
 from entrain.models.families.registry import family_of_folder, get_family
-from tests.models.qwen_vl_tiny import FAMILIES, IMAGE, VEND, VSTART, mixed_samples, save_whole
+from tests.models.qwen_vl_tiny import FAMILIES, IMAGE, VEND, VIDEO, VSTART, mixed_samples, save_whole
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -70,7 +70,7 @@ def test_position_ids_through_the_family(folder):
     packed = [PackedSample(s.input_ids, s.image_positions, s.grids) for s in samples]
     ids = family.position_ids(cfg, packed)
     assert torch.equal(ids, mrope_position_ids(cfg.hf, samples))
-    assert family.token_ids(cfg) == {"image": IMAGE, "image_start": VSTART, "image_end": VEND}
+    assert family.token_ids(cfg) == {"image": IMAGE, "image_start": VSTART, "image_end": VEND, "video": VIDEO}
     assert family.map_token_id(cfg, 151_655) == IMAGE and family.map_token_id(cfg, 151_644) < VSTART
 
 

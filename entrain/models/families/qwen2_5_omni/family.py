@@ -185,8 +185,9 @@ class Qwen25OmniFamily(Qwen2VLFamily):
             position_id_per_seconds=hf.position_id_per_seconds, seconds_per_chunk=hf.seconds_per_chunk,
         )  # fmt: skip
 
-    def second_per_grid(self, cfg: OmniConfig) -> float:
-        """Seconds of a video's temporal patch (the processor's ``temporal_patch_size / fps``)."""
+    def second_per_grid(self, cfg: OmniConfig, sampled_fps: float | None = None) -> float:
+        """Seconds of a video's temporal patch: the Omni processor's ``temporal_patch_size / fps`` with
+        its sampling ``fps`` (2), whatever the video's own rate."""
         return self.video_settings(cfg).second_per_grid
 
     def token_ids(self, cfg: OmniConfig) -> dict[str, int]:

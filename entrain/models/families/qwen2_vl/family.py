@@ -216,11 +216,36 @@ class Qwen2VLFamily(Qwen2VLProcessing, FamilyBase):
 
     def token_ids(self, cfg: QwenVLConfig) -> dict[str, int]:
         hf = cfg.hf
-        return {
+        ids = {
             "image": hf.image_token_id,
             "image_start": hf.vision_start_token_id,
             "image_end": hf.vision_end_token_id,
         }
+        return {**ids, "video": hf.video_token_id} if self.accepts_video else ids
+
+    accepts_video = True
+
+    def video_settings(self, cfg: QwenVLConfig):
+        """The checkpoint's video processor numbers (``entrain.data.video.VideoSettings``: its
+        ``video_preprocessor_config.json``, transformers' Qwen2-VL defaults without one)."""
+        from entrain.data.video import VideoSettings
+
+        return VideoSettings.from_folder(getattr(cfg, "folder", None))
+
+    def video_text(self, cfg: QwenVLConfig, tokenizer, grid, audio_tokens: int | None = None) -> str:
+        """What a ``<video>`` of patch grid ``grid`` becomes: ``<|vision_start|>`` + its
+        ``t*h*w/merge**2`` ``<|video_pad|>`` + ``<|vision_end|>`` (the processor's expansion)."""
+        from entrain.data.video import video_text
+
+        if audio_tokens is not None:
+            raise ValueError(f"model family {self.name!r} reads no audio track of a video")
+        return video_text(tokenizer, grid, merge=cfg.hf.vision_config.spatial_merge_size)
+
+    def second_per_grid(self, cfg: QwenVLConfig, sampled_fps: float | None = None) -> float:
+        """Seconds of a video's temporal patch: Qwen2.5-VL's processor's ``temporal_patch_size /
+        sampled fps`` (the frames kept per second of the video; Qwen2-VL's positions ignore it)."""
+        s = self.video_settings(cfg)
+        return s.temporal_patch_size / (sampled_fps or s.fps)
 
     def map_token_id(self, cfg: QwenVLConfig, qwen_id: int) -> int:
         """Qwen2-VL's vocabulary is Qwen2's: ids stay, but for the vision tokens, which take the

@@ -59,16 +59,26 @@ def _image_runs(image_positions: torch.Tensor, grids, merge: int, where: str) ->
     return runs
 
 
-def _rope_index(hf_config: Any, input_ids: torch.Tensor, runs: list[tuple[int, int]], grids) -> torch.Tensor:
-    """Transformers' ``get_rope_index`` of one token sequence whose images (``runs``) are apart."""
+def _rope_index(
+    hf_config: Any, input_ids: torch.Tensor, runs: list[tuple[int, int]], grids, videos=()
+) -> torch.Tensor:
+    """Transformers' ``get_rope_index`` of one token sequence whose images (``runs``) are apart;
+    ``videos``: ``(first, end, grid, seconds per temporal patch)`` of its videos' runs."""
     types = torch.zeros((1, input_ids.numel()), dtype=torch.int32)
     for a, b in runs:
         types[0, a:b] = 1
+    for a, b, _, _ in videos:
+        types[0, a:b] = 2
     grid_thw = torch.tensor([list(g) for g in grids], dtype=torch.int64).reshape(-1, 3) if grids else None
     cls = model_class(hf_config.model_type)
     owner = _rope_owner(hf_config)
+    extra = {}
+    if videos:
+        extra["video_grid_thw"] = torch.tensor([list(v[2]) for v in videos], dtype=torch.int64)
+        if hf_config.model_type != "qwen2_vl":
+            extra["second_per_grid_ts"] = torch.tensor([v[3] for v in videos], dtype=torch.float64)
     ids, _ = cls.get_rope_index(
-        owner, input_ids.unsqueeze(0), mm_token_type_ids=types, image_grid_thw=grid_thw
+        owner, input_ids.unsqueeze(0), mm_token_type_ids=types, image_grid_thw=grid_thw, **extra
     )
     return ids[:, 0]
 
@@ -79,6 +89,8 @@ def sample_position_ids(
     image_positions: torch.Tensor,
     grids: Sequence[Sequence[int]],
     where: str = "sample",
+    video_grids: Sequence[Sequence[int]] = (),
+    second_per_grids: Sequence[float] = (),
 ) -> torch.Tensor:
     """``[3, L]`` int64 M-RoPE ids of one sample (``input_ids [L]``, placeholder ``image_positions``,
     its images' ``(t, h, w)`` patch grids) as transformers' ``get_rope_index`` gives them.
@@ -88,13 +100,26 @@ def sample_position_ids(
     the second image on continues after the first part's largest id, as the text after an image does."""
     input_ids = torch.as_tensor(input_ids, dtype=torch.int64).cpu()
     image_positions = torch.as_tensor(image_positions, dtype=torch.int64).cpu()
-    runs = _image_runs(image_positions, grids, hf_config.vision_config.spatial_merge_size, where)
-    cuts = [0, *(runs[i][0] for i in range(1, len(runs)) if runs[i][0] == runs[i - 1][1]), input_ids.numel()]
+    merge = hf_config.vision_config.spatial_merge_size
+    videos: list[tuple[int, int, Any, float]] = []
+    if len(video_grids):  # image_positions holds the videos' tokens too: told apart by the video id
+        is_video = input_ids[image_positions] == int(hf_config.video_token_id)
+        spans = _image_runs(image_positions[is_video], video_grids, merge, where)
+        videos = [(a, b, g, t) for (a, b), g, t in zip(spans, video_grids, second_per_grids)]
+        image_positions = image_positions[~is_video]
+    runs = _image_runs(image_positions, grids, merge, where)
+    every = sorted([*runs, *((a, b) for a, b, _, _ in videos)])
+    cuts = [
+        0,
+        *(every[i][0] for i in range(1, len(every)) if every[i][0] == every[i - 1][1]),
+        input_ids.numel(),
+    ]
     parts, offset = [], 0
     for a, b in zip(cuts, cuts[1:]):
         inside = [i for i, (s, _) in enumerate(runs) if a <= s < b]
         local = [(runs[i][0] - a, runs[i][1] - a) for i in inside]
-        part = _rope_index(hf_config, input_ids[a:b], local, [grids[i] for i in inside]) + offset
+        vids = [(s - a, e - a, g, t) for s, e, g, t in videos if a <= s < b]
+        part = _rope_index(hf_config, input_ids[a:b], local, [grids[i] for i in inside], vids) + offset
         offset = int(part.max()) + 1 if part.numel() else offset
         parts.append(part)
     return torch.cat(parts, dim=1)
@@ -105,7 +130,15 @@ def mrope_position_ids(hf_config: Any, samples: Sequence[Any]) -> torch.Tensor:
     concatenated in order. ``samples``: objects with ``input_ids``, ``image_positions`` and ``grids``
     (``entrain.models.families.base.PackedSample``)."""
     parts = [
-        sample_position_ids(hf_config, s.input_ids, s.image_positions, s.grids, f"packed sample {i}")
+        sample_position_ids(
+            hf_config,
+            s.input_ids,
+            s.image_positions,
+            s.grids,
+            f"packed sample {i}",
+            getattr(s, "video_grids", ()),
+            getattr(s, "second_per_grids", ()),
+        )  # fmt: skip
         for i, s in enumerate(samples)
     ]
     return torch.cat(parts, dim=1) if parts else torch.zeros((3, 0), dtype=torch.int64)

@@ -57,6 +57,8 @@ class Qwen3VLFamily(Qwen2VLFamily):
     (``token_ids``, ``map_token_id``) hold as they are; the model, stages, shapes, positions and export
     are Qwen3-VL's own."""
 
+    accepts_video = False
+    """Qwen3-VL's video rules (timestamps per frame, ``processing``) do not reach its records yet."""
     name = FAMILY
     config_class: type = Qwen3VLConfig
     """The run's model config (a variant family's own, whose ``hf`` reads its checkpoint)."""

@@ -1,0 +1,158 @@
+"""LLaVA records with video files on whole Qwen2-VL and Qwen2.5-VL checkpoints (the ``qwen2_vl`` family):
+each ``<video>`` becomes ``<|vision_start|>`` + its ``t*h*w/4`` ``<|video_pad|>`` + ``<|vision_end|>``
+(the processor's expansion), the video's patch rows ride among the image's in placeholder order, and
+its seconds per temporal patch are Qwen2.5-VL's processor's ``temporal_patch_size / sampled fps`` (a
+25-fps video whose 4 of 10 frames are kept: 0.2 s). A 2-rank 1F1B step equals transformers' own
+``...ForConditionalGeneration`` in fp64 fed ``pixel_values_videos``, ``video_grid_thw``,
+``second_per_grid_ts`` and ``mm_token_type_ids`` (2 for video tokens), which computes the M-RoPE ids
+itself: loss, gradient norm and every gradient before and after clipping."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from entrain.core.costs.presets import build_cost_model
+from entrain.data.llava import read_metadata
+from entrain.models.families.base import ModelSource
+from entrain.models.families.registry import family_of_source
+from entrain.runtime.data import RecordSource, SampleRenderer
+from tests.data.video_files import write_video
+from tests.models.qwen_vl_tiny import save_whole
+
+from .families import SEED, FamilyModel
+
+MAX_GRAD_NORM = 1.0
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    root = tmp_path_factory.mktemp("video_qwen_vl")
+    write_video(root / "a.mp4", frames=8, fps=4, size=(308, 336))
+    write_video(root / "b.mp4", frames=10, fps=25, size=(280, 364), seed=1)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (56, 84, 3), dtype=np.uint8)).save(
+        root / "p.png"
+    )
+    data = [
+        {"id": "r0", "image": "p.png", "video": "a.mp4", "conversations": [
+            {"from": "human", "value": "<image> and <video>\nWhat moves?"}, {"from": "gpt", "value": "A bar."}]},
+        {"id": "r1", "video": ["b.mp4"], "conversations": [
+            {"from": "human", "value": "<video>\nHow fast?"}, {"from": "gpt", "value": "Quick, a short clip."}]},
+    ]  # fmt: skip
+    path = root / "d.json"
+    path.write_text(json.dumps(data))
+    return root, path
+
+
+class _RecordModel(FamilyModel):
+    path: str = ""
+
+    def renderer(self, dtype: torch.dtype | None = None):
+        kw = {"dtype": dtype} if dtype else {}
+        return SampleRenderer(self.cfg, dict(self.metas), seed=SEED, source=RecordSource(self.path), **kw)
+
+
+def _model(records, family_name: str) -> _RecordModel:
+    root, path = records
+    folder = save_whole(root / family_name, family_name, text_layers=2, vision_depth=2)
+    source = ModelSource(model_path=str(folder))
+    family = family_of_source(source)
+    cfg, _ = family.runtime_config(source)
+    metas = read_metadata(path, vision=family.image_rule(cfg.shape, None, None), use_cache=False)
+    fm = _RecordModel(
+        family_name, family, cfg, build_cost_model(cfg.shape, "cpu-tiny"), {m.id: m for m in metas}
+    )
+    fm.path = str(path)
+    return fm
+
+
+def oracle(fm: _RecordModel):
+    import torch.nn.functional as F
+
+    from .harness import ReferenceStep
+
+    hf = fm.build(torch.float64).to(torch.float64)
+    hf = getattr(hf, "hf", hf)
+    renderer = fm.renderer(torch.float64)
+    ids = sorted(fm.metas)
+    labels = renderer.num_labels(ids)
+    total = 0.0
+    for sid in ids:
+        s = renderer.sample(sid)
+        parts = torch.split(renderer.patches(sid), [t * h * w for t, h, w in s.grid_thw])
+        images = [i for i in range(len(s.grid_thw)) if i not in s.video_items]
+        types = torch.zeros(1, s.num_tokens, dtype=torch.int32)
+        types[0, s.image_positions] = 1
+        types[0, s.input_ids == fm.cfg.hf.video_token_id] = 2
+        kw = {"mm_token_type_ids": types}
+        if images:
+            kw.update(pixel_values=torch.cat([parts[i] for i in images]),
+                      image_grid_thw=torch.tensor([s.grid_thw[i] for i in images]))  # fmt: skip
+        kw.update(pixel_values_videos=torch.cat([parts[i] for i in s.video_items]),
+                  video_grid_thw=torch.tensor([s.grid_thw[i] for i in s.video_items]))  # fmt: skip
+        if fm.cfg.hf.model_type != "qwen2_vl":
+            kw["second_per_grid_ts"] = torch.tensor(s.second_per_grids)
+        hf.model.rope_deltas = None
+        logits = hf(input_ids=s.input_ids[None], **kw).logits[0]
+        loss = F.cross_entropy(logits[s.label_positions], s.targets, reduction="sum") / labels
+        loss.backward()
+        total += float(loss.detach())
+    named = [(n, p) for n, p in hf.named_parameters() if p.grad is not None]
+    grads = {n: p.grad.detach().clone() for n, p in named}
+    norm = float(torch.sqrt(sum(p.grad.pow(2).sum() for _, p in named)))
+    torch.nn.utils.clip_grad_norm_([p for _, p in named], MAX_GRAD_NORM)
+    return ReferenceStep(grads, {n: p.grad.detach().clone() for n, p in named}, norm, total)
+
+
+def _train(env, fm, plan):
+    from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+
+    from .harness import train_step_before_clip
+
+    trainer = PipelineTrainer(layout=plan.layout, model=fm.build(), env=env, renderer=fm.renderer(),
+                              optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM))  # fmt: skip
+    result, before = train_step_before_clip(trainer, plan.iterations[0])
+    return before, trainer.named_grads(), result.loss, result.grad_norm
+
+
+@pytest.mark.parametrize("family_name", ["qwen2_vl", "qwen2_5_vl"])
+def test_video_records_train_as_transformers(records, tmp_path, family_name):
+    from .families import without_zero_gradients
+    from .harness import assert_matches_reference, run_workers
+
+    fm = _model(records, family_name)
+    renderer = fm.renderer()
+    r0, r1 = renderer.sample("r0"), renderer.sample("r1")
+    assert r0.video_items == (1,) and r1.video_items == (0,)  # the image's placeholder comes first in r0
+    assert r1.second_per_grids == pytest.approx((0.2,)) and r0.second_per_grids == pytest.approx((1.0,))
+    video = fm.cfg.hf.video_token_id
+    assert int((r1.input_ids == video).sum()) == fm.metas["r1"].video_tokens == 2 * 20 * 26 // 4
+    plan = fm.plan("1f1b", 1, 1, 1, 2)
+    results = run_workers(_train, 2, tmp_path, fm, plan)
+    ref = oracle(fm)
+    before = {k: v for r in results for k, v in r[0].items()}
+    after = {k: v for r in results for k, v in r[1].items()}
+    _, _, loss, grad_norm = results[0]
+    rest, before, after = without_zero_gradients(ref, before, after)
+    assert any(".blocks." in n for n in rest.grads), sorted(rest.grads)[:5]
+    assert_matches_reference(family_name, before=before, after=after, loss=loss, grad_norm=grad_norm, ref=rest,
+                             tol=1e-5)  # fmt: skip
+
+
+def test_seeded_samples_with_video_render(records):
+    """A workload's sample with a video grid (no record) renders its video tokens after its images,
+    their rows among the seeded patches, its text filling the rest: the planner's LLM tokens."""
+    from entrain.core.workload.samples import SampleMeta
+
+    fm = _model(records, "qwen2_5_vl")
+    meta = SampleMeta("s", ((56, 84),), 40, fm.metas["r0"].vision, video=((2, 20, 26),))
+    renderer = SampleRenderer(fm.cfg, {"s": meta}, seed=SEED)
+    s = renderer.sample("s")
+    assert s.num_tokens == meta.llm_tokens and s.video_items == (1,) and s.grid_thw[1] == (2, 20, 26)
+    assert int((s.input_ids == fm.cfg.hf.video_token_id).sum()) == meta.video_tokens == 260
+    assert renderer.patches("s").shape[0] == sum(t * h * w for t, h, w in s.grid_thw)
+    assert renderer.llm_batch(["s"], 1.0).position_ids.shape == (3, s.num_tokens)

@@ -12,13 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from entrain.core.assignment.dp_split import split_dp
 from entrain.core.assignment.multi_encoder import (
     EncoderWork,
+    assign_multi_encoder,
     assign_replica_multi_encoder,
     microbatch_loads,
     multi_encoder_assign,
     multi_encoder_k,
     multi_encoder_lpt,
+    split_dp_multi_encoder,
 )
 from entrain.core.assignment.stratified import stratified_assign
 from entrain.core.errors import ConfigError
@@ -85,6 +88,36 @@ def test_deferral_moves_llm_work_only(case):
     assert sorted(s for mb in rep.llm_microbatches for s in mb) == sorted(s.id for s in samples)
     llm = {s.id: s.llm for s in samples}
     assert math.isclose(sum(rep.llm_work), math.fsum(llm.values()), rel_tol=1e-9, abs_tol=1e-9)
+
+
+@st.composite
+def global_batches(draw, n_encoders=None):
+    """(batch, dp, K, weights): ``dp`` replicas' worth of samples."""
+    dp = draw(st.integers(1, 4))
+    samples, k, weights = draw(replicas(n_encoders))
+    keep = len(samples) - len(samples) % dp
+    if keep == 0:
+        samples, keep = samples * dp, dp
+        samples = [EncoderWork(f"{s.id}-{i}", s.encoders, s.llm) for i, s in enumerate(samples)]
+    return samples[:keep], dp, k, weights
+
+
+@FEW
+@given(global_batches())
+def test_global_batch_every_sample_once_b_over_dp_each(case):
+    batch, dp, k, weights = case
+    got = assign_multi_encoder(batch, dp, k, weights)
+    assert len(got) == dp and all(len(a.replica.sample_ids) == len(batch) // dp for a in got)
+    assert sorted(i for a in got for i in a.replica.sample_ids) == sorted(s.id for s in batch)
+
+
+@FEW
+@given(global_batches(n_encoders=1))
+def test_one_encoder_dp_split_is_the_papers(case):
+    batch, dp, _, _ = case
+    ours = split_dp_multi_encoder(batch, dp)
+    paper = split_dp([SampleWork(s.id, s.encoders[0], s.llm) for s in batch], dp)
+    assert [[s.id for s in r] for r in ours] == [[s.id for s in r] for r in paper]
 
 
 def _audio_or_image(n: int = 48) -> list[EncoderWork]:

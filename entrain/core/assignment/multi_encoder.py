@@ -22,6 +22,9 @@ Pinned:
   ``S / K_eff + s_max``, ``S`` the replica's summed weighted work over all encoders and ``s_max``
   the largest sample size: when a sample is placed, the microbatch with the least summed load has
   every encoder load at most ``S / K_eff``, and the chosen one ends no higher than that one would.
+* DP split: the paper's (``dp_split``) with the size for the encoder work: samples by (size
+  descending, id ascending), each to the replica with the least LLM work among those with room
+  (exactly ``B / dp`` each; ties: the lowest index). With one encoder it is ``dp_split.split_dp``.
 * Deferral: LLM work only (``hierarchical.replica_assignment``), so every encoder's microbatches stay
   as assigned; ``ReplicaAssignment.encoder_work`` holds each microbatch's summed (unweighted) work
   over the encoders and ``MultiEncoderAssignment.encoder_loads`` the per-encoder loads.
@@ -29,6 +32,7 @@ Pinned:
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from entrain.core.assignment.deferral import NUM_BUCKETS
+from entrain.core.assignment.dp_split import check_batch
 from entrain.core.assignment.hierarchical import replica_assignment
 from entrain.core.assignment.stratified import effective_num_microbatches
 from entrain.core.errors import ConfigError
@@ -51,6 +56,8 @@ __all__ = [
     "multi_encoder_assign",
     "assign_replica_multi_encoder",
     "microbatch_loads",
+    "split_dp_multi_encoder",
+    "assign_multi_encoder",
 ]
 
 
@@ -173,3 +180,37 @@ def assign_replica_multi_encoder(
     replica = replica_assignment([[s.as_sample_work() for s in mb] for mb in bins], num_buckets)
     loads = microbatch_loads(bins)
     return MultiEncoderAssignment(replica, tuple(tuple(float(x) for x in row) for row in loads))
+
+
+def split_dp_multi_encoder(
+    batch: Sequence[EncoderWork], dp: int, weights: Sequence[float] | None = None
+) -> list[list[EncoderWork]]:
+    """``dp`` minibatches of exactly ``B / dp`` samples (module docstring), each in assignment order."""
+    per_replica = check_batch([s.as_sample_work() for s in batch], dp)
+    w = _weights(batch, weights)
+    size = _weighted(batch, w).max(axis=1, initial=0.0)
+    order = sorted(range(len(batch)), key=lambda i: (-size[i], batch[i].id))
+    replicas: list[list[EncoderWork]] = [[] for _ in range(dp)]
+    heap = [(0.0, r) for r in range(dp)]  # open replicas: (LLM load, index)
+    for i in order:
+        load, r = heapq.heappop(heap)
+        replicas[r].append(batch[i])
+        if len(replicas[r]) < per_replica:
+            heapq.heappush(heap, (load + batch[i].llm, r))
+    return replicas
+
+
+def assign_multi_encoder(
+    batch: Sequence[EncoderWork],
+    dp: int,
+    num_microbatches: int,
+    weights: Sequence[float] | None = None,
+    num_buckets: int = NUM_BUCKETS,
+) -> tuple[MultiEncoderAssignment, ...]:
+    """One global batch: the DP split, then each replica's microbatches and deferral."""
+    if num_microbatches < 1:
+        raise ConfigError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    return tuple(
+        assign_replica_multi_encoder(r, num_microbatches, weights, num_buckets)
+        for r in split_dp_multi_encoder(batch, dp, weights)
+    )

@@ -17,10 +17,17 @@ from hypothesis import strategies as st
 
 from entrain.core.costs.costmodel import parallel_key
 from entrain.core.costs.presets import build_cost_model, layer_specs
-from entrain.core.costs.sampler import SampleStats, encoder_share, proportional_allocation
+from entrain.core.costs.sampler import (
+    SampleStats,
+    draw_seed,
+    encoder_share,
+    pool_sampler,
+    proportional_allocation,
+)
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.model.architectures import get_arch
+from entrain.core.planning.bmin import BMinConfig
 from entrain.core.planning.config_search import search_candidates
 from entrain.core.planning.encoders import (
     QWEN25_OMNI_7B_AUDIO,
@@ -31,6 +38,7 @@ from entrain.core.planning.encoders import (
     component_totals,
     encoder_works,
     eq2_ms,
+    find_b_min_encoders,
     max_work_per_gpu,
     price_encoder,
     search_encoders,
@@ -179,3 +187,21 @@ def test_one_encoder_search_is_algorithm_2():
         assert (a.tp, a.cp, a.pp, a.layer_ranges, a.stage_ms, a.recompute) == (
             b.tp, b.cp, b.pp, b.layer_ranges, b.stage_ms, b.recompute,
         )  # fmt: skip
+
+
+def test_algorithm_1_waits_for_the_audio_split_to_settle():
+    """Small images and short texts, one clip in four 30 s long and the rest 1 s: the audio encoder
+    earns a second GPU, and the three-way split settles only at larger draws than the vision/LLM split
+    (which sees the clips only as LLM tokens)."""
+    pool = [
+        SampleMeta(f"p{i}", ((224, 224),), 200, audio=(3000,) if i % 4 == 0 else (100,)) for i in range(100)
+    ]
+    config = BMinConfig(max_batch_size=512)
+    both = find_b_min_encoders(pool_sampler(pool), _encoders(), 8, config)
+    vision_only = find_b_min_encoders(pool_sampler(pool), _encoders()[:1], 8, config)
+    assert both.converged and vision_only.converged
+    assert both.b_min > vision_only.b_min
+    assert [t.stable for t in both.trials] == [False] * (len(both.trials) - 1) + [True]
+    draw = pool_sampler(pool)(both.b_min, draw_seed(config.seed, both.b_min, 0))
+    assert both.allocation == allocate_gpus(8, component_totals(encoder_works(draw, _encoders())))
+    assert both.allocation[1] == 2 and sum(both.allocation) == 8

@@ -14,6 +14,7 @@ are split among all of them.
   the allocation and of ``assignment.multi_encoder``.
 * ``allocate_gpus``: Algorithm 1's proportional allocation for N + 1 components: every component at
   least one GPU, the rest handed out so that the largest work per GPU is least.
+* ``find_b_min_encoders``: Algorithm 1's doubling with the paper's test on allocation vectors.
 * ``search_encoders``: Algorithm 2 for N encoders: per component every (TP, CP, PP) within its
   budget, each evaluated by ``config_search.evaluate_config`` (unchanged), combined by the N-encoder
   Eq. 2 (``eq2_ms``), best first.
@@ -34,10 +35,11 @@ import numpy as np
 from entrain.core.assignment.multi_encoder import EncoderWork
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.presets import build_cost_model
-from entrain.core.costs.sampler import SampleStats, has_costs
+from entrain.core.costs.sampler import Sampler, SampleStats, draw_seed, has_costs
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.model.layer_specs import LayerSpec
+from entrain.core.planning.bmin import PAPER_BMIN_CONFIG, BMinConfig, num_validation_trials
 from entrain.core.planning.config_search import ComponentConfig, dp_options, evaluate_config, gpus_of
 from entrain.core.workload.samples import SampleMeta, audio_encoder_units, video_encoder_units
 
@@ -57,6 +59,9 @@ __all__ = [
     "eq2_ms",
     "MultiEncoderConfig",
     "search_encoders",
+    "EncodersTrial",
+    "EncodersBMin",
+    "find_b_min_encoders",
 ]
 
 
@@ -378,3 +383,62 @@ def search_encoders(
                 )
     out.sort(key=MultiEncoderConfig.sort_key)
     return out
+
+
+# --- Algorithm 1, N encoders ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class EncodersTrial:
+    """One batch size of Algorithm 1 with N encoders: the reference draw's allocation vector, every
+    vector the reference and the ``k`` validation draws gave, and whether they all agree."""
+
+    batch_size: int
+    reference: tuple[int, ...]
+    allocations_seen: tuple[tuple[int, ...], ...]
+
+    @property
+    def stable(self) -> bool:
+        return len(self.allocations_seen) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class EncodersBMin:
+    b_min: int
+    """The smallest stable size on the doubling path (the largest size tried when not converged)."""
+    converged: bool
+    allocation: tuple[int, ...]
+    """The reference allocation at ``b_min``: each encoder's GPUs, then the LLM's."""
+    k_trials: int
+    trials: tuple[EncodersTrial, ...]
+
+
+def find_b_min_encoders(
+    sampler: Sampler,
+    encoders: Sequence[Encoder],
+    gpus_per_replica: int,
+    config: BMinConfig = PAPER_BMIN_CONFIG,
+) -> EncodersBMin:
+    """Algorithm 1 with N encoders and the paper's test: ``n`` from ``config.n0``, multiplied by
+    ``config.growth`` up to ``config.max_batch_size``, until the reference draw and ``k`` validation
+    draws (seeded as ``bmin``'s: ``draw_seed(seed, n, t)``) give the same ``allocate_gpus`` vector."""
+    _check_encoders(encoders)
+    if config.n0 < 1 or config.growth < 2 or config.n0 > config.max_batch_size:
+        raise ConfigError(
+            f"n0 {config.n0}, growth {config.growth}, largest size {config.max_batch_size}: need "
+            "1 <= n0 <= largest size and growth >= 2"
+        )
+    k = num_validation_trials(config.alpha, config.p_error)
+    trials, n = [], config.n0
+    while True:
+        allocs = []
+        for t in range(k + 1):
+            items = sampler(n, draw_seed(config.seed, n, t))
+            if len(items) != n:
+                raise ConfigError(f"sampler returned {len(items)} samples, expected {n}")
+            allocs.append(allocate_gpus(gpus_per_replica, component_totals(encoder_works(items, encoders))))
+        seen = tuple(sorted(set(allocs)))
+        trials.append(EncodersTrial(n, allocs[0], seen))
+        if trials[-1].stable or n >= config.max_batch_size:
+            break
+        n = min(n * config.growth, config.max_batch_size)
+    last = trials[-1]
+    return EncodersBMin(last.batch_size, last.stable, last.reference, k, tuple(trials))

@@ -48,9 +48,13 @@ def run_synth(args: argparse.Namespace) -> int:
     result = synth_dataset(args.dataset, args.num_samples, args.out, args.seed)
     diffs = result.text_token_diffs
     exact = sum(d == 0 for d in diffs)
-    images = sum(len(t.images) for t in result.targets)
+    from entrain.data.synth_video import is_video_sample
+
+    videos = sum(is_video_sample(result.name, t) for t in result.targets)
+    images = sum(len(t.images) for t in result.targets if not is_video_sample(result.name, t))
     clips = sum(len(t.audio) for t in result.targets)
     audio = f" and {clips} audio clips in {result.path.parent / 'audio'}" if clips else ""
+    audio += f" and {videos} videos in {result.path.parent / 'videos'}" if videos else ""
     print(
         f"wrote {result.path} ({len(diffs)} records) and {images} images in {result.path.parent / 'images'}{audio}"
     )

@@ -19,8 +19,11 @@ come out longer):
 The photos are in ``entrain.data.synth_photos``, the charts in ``entrain.data.synth_charts``; this
 module fits the text to the drawn token counts and writes the dataset.
 
-Output: ``DIR/data.json`` (an array, one record per line), ``DIR/images/<id>.png|.jpg`` and, for
-audio, ``DIR/audio/<id>.wav``.
+- ``video``: each video sample (T/2 temporal patches drawn as stills of one size) a real clip of T
+  frames panning across a photo (``entrain.data.synth_video``), one ``<video>`` in its question.
+
+Output: ``DIR/data.json`` (an array, one record per line), ``DIR/images/<id>.png|.jpg``, for audio
+``DIR/audio/<id>.wav`` and for video ``DIR/videos/<id>.mp4``.
 Deterministic in ``(name, n, seed)``.
 """
 
@@ -52,6 +55,7 @@ from entrain.data.synth_charts import (
     render_chart,
 )
 from entrain.data.synth_photos import PHOTOS, Photo, write_photo
+from entrain.data.synth_video import is_video_sample
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
 
 __all__ = ["CHART_DATASETS", "SynthResult", "synth_dataset"]
@@ -257,11 +261,12 @@ def _chart_turns(name: str, chart: Chart, budgets, rng, tok) -> list[tuple[str, 
 
 
 def _conversation(
-    pairs: list[tuple[str, str]], num_images: int = 1, num_clips: int = 0
+    pairs: list[tuple[str, str]], num_images: int = 1, num_clips: int = 0, num_videos: int = 0
 ) -> list[tuple[str, str]]:
     turns = []
+    lead = "<image>\n" * num_images + "<video>\n" * num_videos + "<audio>\n" * num_clips
     for i, (q, a) in enumerate(pairs):
-        turns.append(("user", "<image>\n" * num_images + "<audio>\n" * num_clips + q if i == 0 else q))
+        turns.append(("user", lead + q if i == 0 else q))
         turns.append(("assistant", a))
     return turns
 
@@ -292,6 +297,8 @@ class SynthResult:
     text_token_diffs: list[int]
     capped: list[str] = dataclasses.field(default_factory=list)
     """Ids of the generator's samples cut to ``max_tokens`` (text shortened or images scaled down)."""
+    name: str = ""
+    """The generator (its canonical name)."""
 
 
 MAX_SHRINKS = 32
@@ -325,6 +332,8 @@ def _sample(
     name: str, target: SampleMeta, index: int, seed: int, images_dir: Path, tok: TextTokenizer
 ) -> tuple[dict, int]:
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5717, index]))
+    if is_video_sample(name, target):
+        return _video_sample(name, target, rng, images_dir, tok)
     budgets = _turn_budgets(name, target.text_tokens, rng, len(target.images) + len(target.audio))
     if target.audio and not target.images:  # a sound alone: questions about the sound
         from entrain.data.synth_audio import SOUNDS
@@ -363,6 +372,27 @@ def _sample(
     return record, diff
 
 
+def _video_sample(
+    name: str, target: SampleMeta, rng: np.random.Generator, images_dir: Path, tok: TextTokenizer
+) -> tuple[dict, int]:
+    """A video sample (``entrain.data.synth_video``): its T/2 drawn frames of one size as a clip of T
+    frames in ``DIR/videos/``, one ``<video>`` (one visual item, as the generator counts its text)."""
+    from entrain.data.synth_video import write_clip
+    from entrain.data.video import expand_videos, video_text
+
+    budgets = _turn_budgets(name, target.text_tokens, rng, 1)
+    photo = PHOTOS[int(rng.integers(len(PHOTOS)))]
+    (height, width), patches = target.images[0], len(target.images)
+    path = images_dir.parent / "videos" / f"{target.id}.mp4"
+    write_clip(photo, 2 * patches, height, width, path, rng)
+    turns = _conversation(_photo_turns(photo, budgets, rng, tok), 0, num_videos=1)
+    counted = expand_videos(turns, [video_text(tok, None)])
+    diff = count_text_tokens(counted, tok) - target.text_tokens
+    record = {"id": target.id, "video": f"videos/{path.name}"}
+    record["conversations"] = [{"from": "human" if r == "user" else "gpt", "value": t} for r, t in turns]
+    return record, diff
+
+
 def synth_dataset(
     name: str,
     num_samples: int,
@@ -393,4 +423,4 @@ def synth_dataset(
     path = out / "data.json"
     with open(path, "w", encoding="utf-8") as f:
         f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n]\n")
-    return SynthResult(path, targets, diffs, capped)
+    return SynthResult(path, targets, diffs, capped, name)

@@ -29,6 +29,7 @@ of one record (what ``data check`` reports).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -146,10 +147,21 @@ def _short(e: Exception) -> str:
 
 
 def probe_video(path: str | os.PathLike) -> VideoInfo:
-    """Decode every frame of a video file (so a truncated one shows); VideoFileError otherwise."""
+    """Decode every frame of a video file (so a truncated one shows); VideoFileError otherwise. The
+    answer is remembered per file state (path, size, modification time): the metadata pass, data check
+    and the renderer each ask it."""
+    path = str(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise VideoFileError(path, "missing") from None
+    return _probe(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _probe(path: str, size: int, mtime_ns: int) -> VideoInfo:
     import av
 
-    path = str(path)
     with _open(path) as container:
         stream = container.streams.video[0]
         declared = int(stream.frames or 0)

@@ -51,7 +51,7 @@ def expert_imbalance(metrics: list[dict], skews: dict[int, float] | None = None)
     """Per sparse layer of a MoE run, the measured expert imbalance (busiest expert's tokens / the mean
     over its experts) of the ``expert_tokens`` entries of ``metrics.jsonl``'s rows (one per step and
     rank or EP group reporting the layer): their mean and max, and how many there were; empty for a run
-    without experts. With ``skews`` (``trace_fit.expert_skews``), each layer's routing skew the
+    without experts. With ``skews`` (``expert_refit.expert_skews``), each layer's routing skew the
     refitted cost model prices its busiest expert with."""
     by_layer: dict[int, list[float]] = {}
     for row in metrics:
@@ -65,13 +65,13 @@ def expert_imbalance(metrics: list[dict], skews: dict[int, float] | None = None)
 
 
 def run_from_trace(args: argparse.Namespace) -> int:
+    from entrain.sim.expert_refit import refit_experts
     from entrain.sim.trace_fit import (
         fit_stages,
         joint_refit,
         load_run,
         rank_overheads,
         refit,
-        refit_experts,
         stage_errors,
     )
 

@@ -16,7 +16,7 @@ from entrain.core.costs.costmodel import (
     Quadratic,
 )
 from entrain.core.errors import ConfigError
-from entrain.sim.trace_fit import expert_skews, refit_experts
+from entrain.sim.expert_refit import expert_skews, refit_experts
 
 KEY = "tp1cp1"
 Z8 = 1.434203  # Blom's expected largest of 8 standard normals

@@ -53,7 +53,7 @@ from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed, r
 from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
 from entrain.data.processing import ProcessImages, conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
-from entrain.data.video import counted_turns, record_videos
+from entrain.data.video import VideoSettings, counted_turns, record_videos
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -281,6 +281,8 @@ class _Rules:
     root: Path | None = None
     """The dataset root images should stay under (None: not checked)."""
     confine_images: bool = False
+    video: VideoSettings | None = None
+    """The model family's video processor numbers (None: ``entrain.data.video``'s defaults)."""
     checked: dict = field(default_factory=dict, compare=False)
     """``(path, [size_bytes, mtime_ns]) -> _ImageResult`` of image files already checked in this scan
     (datasets reuse images), at most ``CHECKED_IMAGES`` at a time."""
@@ -337,7 +339,7 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
     audio, audio_tokens = _record_audio(rec, problems)
     if audio is None:
         return problems, None
-    videos, audio, audio_tokens = _record_video(rec, audio, audio_tokens, problems)
+    videos, audio, audio_tokens = _record_video(rec, audio, audio_tokens, problems, rules.video)
     if videos is None:
         return problems, None
     image_tokens += SampleMeta("", (), 0, vision, video=videos).video_tokens
@@ -361,14 +363,14 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
     return problems, SampleMeta(rec.id, tuple(sizes), text, vision, answer, audio=audio, video=videos)
 
 
-def _record_video(rec: Record, audio: tuple[int, ...], audio_tokens: int, problems: list):
+def _record_video(rec: Record, audio: tuple[int, ...], audio_tokens: int, problems: list, settings=None):
     """``(video grids, audio frames, audio tokens)`` of a record with its videos (their grids; with
     ``use_audio_in_video`` their tracks among the clips, ``entrain.data.video.record_videos``);
     ``(None, ...)`` with an error appended for a video that cannot be read."""
     if not rec.video:
         return (), audio, audio_tokens
     try:
-        videos, frames = record_videos(rec, audio)
+        videos, frames = record_videos(rec, audio, s=settings or VideoSettings())
     except DataError as e:
         problems.append((e.field or rec.video_field, e.reason, ERROR))
         return None, audio, audio_tokens
@@ -490,21 +492,23 @@ def check_dataset(
     processor: ProcessImages | None = None,
     confine_images: bool = False,
     workers: int | None = None,
+    video: VideoSettings | None = None,
 ) -> CheckReport:
     """Check every record of ``path`` (a file or a sharded dataset folder, whose shards are checked
     in up to ``workers`` processes). ``processor``: the model family's image processor, built before
     the call (``ModelFamily.image_processing``), run on every image; None skips it (images are still
     fully decoded; token counts then come from ``vision``).
-    ``confine_images``: an image outside the dataset root is an error (else a warning)."""
-    rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
+    ``confine_images``: an image outside the dataset root is an error (else a warning). ``video``: the
+    model family's video processor numbers (``ModelFamily.video_settings_for``; None: the defaults)."""
+    rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images, video)
     return _scan(_examined(path, image_root, rules, workers, keep=False), keep=False).report
 
 
-def _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images) -> _Rules:
+def _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images, video=None) -> _Rules:
     tok = tokenizer if tokenizer is not None else default_tokenizer()
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     root = Path(image_root if image_root is not None else folder).resolve()
-    return _Rules(tok, max_tokens, vision, processor, root, confine_images)
+    return _Rules(tok, max_tokens, vision, processor, root, confine_images, video)
 
 
 def unreadable_to_end(report: CheckReport) -> Finding | None:
@@ -547,6 +551,7 @@ def screen_dataset(
     processor: ProcessImages | None = None,
     confine_images: bool = False,
     workers: int | None = None,
+    video: VideoSettings | None = None,
 ) -> Screened:
     """Check ``path`` before training and return its usable records with their ``SampleMeta``.
 
@@ -558,7 +563,7 @@ def screen_dataset(
         raise ValueError(f"on_bad must be 'error' or 'skip', got {on_bad!r}")
     if on_bad == "skip" and out_dir is None:
         raise ValueError("on_bad='skip' needs out_dir for skipped.jsonl")
-    rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images)
+    rules = _rules(path, image_root, tokenizer, max_tokens, vision, processor, confine_images, video)
     screened = _scan(_examined(path, image_root, rules, workers, keep=True), keep=True)
     report = screened.report
     stop = unreadable_to_end(report)

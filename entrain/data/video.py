@@ -88,11 +88,12 @@ class VideoSettings:
 
     @classmethod
     def from_config(cls, config: dict) -> VideoSettings:
-        """From a ``video_preprocessor_config.json`` dict (absent fields: the defaults)."""
+        """From a video processor config dict (absent fields: the defaults; ``min_pixels`` /
+        ``max_pixels`` before ``size``, as the processor takes them)."""
         size = config.get("size") or {}
         out = {
-            "min_pixels": size.get("shortest_edge", config.get("min_pixels")),
-            "max_pixels": size.get("longest_edge", config.get("max_pixels")),
+            "min_pixels": config.get("min_pixels", size.get("shortest_edge")),
+            "max_pixels": config.get("max_pixels", size.get("longest_edge")),
             "image_mean": tuple(config["image_mean"]) if "image_mean" in config else None,
             "image_std": tuple(config["image_std"]) if "image_std" in config else None,
         }
@@ -102,12 +103,25 @@ class VideoSettings:
         return replace(cls(), **{k: v for k, v in out.items() if v is not None})
 
     @classmethod
-    def from_folder(cls, folder: str | os.PathLike | None) -> VideoSettings:
-        """A checkpoint folder's ``video_preprocessor_config.json``; the defaults without one."""
-        path = Path(folder) / "video_preprocessor_config.json" if folder else None
-        if path is None or not path.is_file():
+    def from_folder(cls, folder: str | os.PathLike | None, *, image_config: bool = False) -> VideoSettings:
+        """A checkpoint folder's video processor config, found as transformers' ``AutoVideoProcessor``
+        finds it: ``processor_config.json``'s ``video_processor``, ``video_preprocessor_config.json``,
+        then (with ``image_config``) ``preprocessor_config.json``; the defaults without one."""
+        if not folder:
             return cls()
-        return cls.from_config(json.loads(path.read_text()))
+        root = Path(folder)
+        nested = root / "processor_config.json"
+        if nested.is_file():
+            config = json.loads(nested.read_text()).get("video_processor")
+            if isinstance(config, dict):
+                return cls.from_config(config)
+        for name in (
+            "video_preprocessor_config.json",
+            *(("preprocessor_config.json",) if image_config else ()),
+        ):
+            if (root / name).is_file():
+                return cls.from_config(json.loads((root / name).read_text()))
+        return cls()
 
 
 DEFAULT_SETTINGS = VideoSettings()

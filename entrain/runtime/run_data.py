@@ -79,10 +79,21 @@ def screen(spec: RunConfig, out_dir: str | None, tokenizer=None):
             confine_images=spec.data.confine_images,
             tokenizer=tokenizer,
             vision=spec.data.vision(spec.model),
+            video=_video_settings(spec),
         )
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _video_settings(spec: RunConfig):
+    """The model family's video processor numbers for the metadata of records with videos
+    (``ModelFamily.video_settings_for`` of ``--model-path``; None for a family that reads no video)."""
+    family = spec.model.family()
+    hook = getattr(family, "video_settings_for", None)
+    return (
+        hook(spec.model.model_path) if hook is not None and getattr(family, "accepts_video", False) else None
+    )
 
 
 def load_data(spec: RunConfig, cost: CostModel, *, owner: bool = True, tokenizer=None) -> RunData:

@@ -156,3 +156,37 @@ def test_seeded_samples_with_video_render(records):
     assert int((s.input_ids == fm.cfg.hf.video_token_id).sum()) == meta.video_tokens == 260
     assert renderer.patches("s").shape[0] == sum(t * h * w for t, h, w in s.grid_thw)
     assert renderer.llm_batch(["s"], 1.0).position_ids.shape == (3, s.num_tokens)
+
+
+def test_entrain_train_takes_the_checkpoints_video_processor(records, tmp_path):
+    """A Qwen2.5-VL folder whose ``preprocessor_config.json`` bounds frames to fewer pixels (transformers'
+    video processor reads that file where the folder has no video processor config): ``entrain train``'s
+    screening counts the videos' grids under it, the renderer processes them under it, and the
+    2-rank run's step-0 loss is transformers' on those inputs."""
+    from entrain.data.check import screen_dataset
+    from entrain.data.video import VideoSettings, file_grid
+
+    from .cli_ranks import run_ranks
+
+    root, path = records
+    folder = save_whole(tmp_path / "ckpt", "qwen2_5_vl", text_layers=2, vision_depth=2)
+    config = {"min_pixels": 3136, "max_pixels": 64 * 28 * 28, "patch_size": 14, "temporal_patch_size": 2,
+              "merge_size": 2}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(config))
+    family = family_of_source(ModelSource(model_path=str(folder)))
+    settings = family.video_settings_for(str(folder))
+    assert (settings.min_pixels, settings.max_pixels) == (3136, 64 * 28 * 28)
+    small = file_grid(root / "a.mp4", settings)[0]
+    assert small != file_grid(root / "a.mp4", VideoSettings())[0] and small[1] * small[2] // 4 <= 64
+    out = tmp_path / "run"
+    argv = ["train", "--model-path", str(folder), "--dataset", str(path), "--hardware", "cpu-tiny",
+            "--global-batch", "2", "--microbatch-size", "1", "--steps", "1", "--out", str(out), "--no-progress"]  # fmt: skip
+    results = run_ranks(argv, 2, tmp_path / "ranks", timeout_s=120)
+    assert [r.exitcode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    cfg, _ = family.runtime_config(ModelSource(model_path=str(folder)))
+    metas = screen_dataset(path, vision=family.image_rule(cfg.shape, None, None), video=settings).samples
+    assert metas[0].video == (small,)
+    fm = _RecordModel("qwen2_5_vl", family, cfg, None, {m.id: m for m in metas})
+    fm.path = str(path)
+    assert rows[0]["loss"] == pytest.approx(oracle(fm).loss, rel=1e-5)

@@ -166,11 +166,16 @@ class Qwen25OmniFamily(Qwen2VLFamily):
     accepts_video = True
 
     def video_settings(self, cfg: OmniConfig):
-        """The checkpoint's video processor numbers (``entrain.data.video.VideoSettings``: its
-        ``video_preprocessor_config.json``, transformers' defaults without one)."""
+        """The checkpoint's video processor numbers (``video_settings_for`` its folder)."""
+        return self.video_settings_for(cfg.folder)
+
+    def video_settings_for(self, folder: str | None):
+        """``entrain.data.video.VideoSettings``: the folder's own video processor config where it has
+        one, else the Qwen2.5-Omni processor's video defaults (128 to 768 merged tokens a frame, 2 fps;
+        its ``preprocessor_config.json`` is the image processor's and feature extractor's)."""
         from entrain.data.video import VideoSettings
 
-        return VideoSettings.from_folder(cfg.folder)
+        return VideoSettings.from_folder(folder)
 
     def video_text(self, cfg: OmniConfig, tokenizer, grid, audio_tokens: int | None = None) -> str:
         """What a ``<video>`` of patch grid ``grid`` becomes, as Qwen2.5-Omni's processor expands it

@@ -226,11 +226,16 @@ class Qwen2VLFamily(Qwen2VLProcessing, FamilyBase):
     accepts_video = True
 
     def video_settings(self, cfg: QwenVLConfig):
-        """The checkpoint's video processor numbers (``entrain.data.video.VideoSettings``: its
-        ``video_preprocessor_config.json``, transformers' Qwen2-VL defaults without one)."""
+        """The checkpoint's video processor numbers (``video_settings_for`` its folder)."""
+        return self.video_settings_for(getattr(cfg, "folder", None))
+
+    def video_settings_for(self, folder: str | None):
+        """``entrain.data.video.VideoSettings`` of a checkpoint folder as transformers' video processor
+        loads them (its video processor config, else its ``preprocessor_config.json``); transformers'
+        Qwen2-VL defaults without a folder or config."""
         from entrain.data.video import VideoSettings
 
-        return VideoSettings.from_folder(getattr(cfg, "folder", None))
+        return VideoSettings.from_folder(folder, image_config=True)
 
     def video_text(self, cfg: QwenVLConfig, tokenizer, grid, audio_tokens: int | None = None) -> str:
         """What a ``<video>`` of patch grid ``grid`` becomes: ``<|vision_start|>`` + its

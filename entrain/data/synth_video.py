@@ -40,14 +40,17 @@ def write_clip(photo, frames: int, height: int, width: int, path: Path, rng: np.
     import av
     from PIL import Image
 
-    from entrain.data.synth_photos import _cover, _photo_path
+    from entrain.data.synth_photos import write_photo
 
     big_w, big_h = max(width + 2, round(width * PAN)), max(height + 2, round(height * PAN))
-    with Image.open(_photo_path(photo)) as src:
-        canvas = np.asarray(_cover(src.convert("RGB"), big_w, big_h))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    still = path.with_suffix(".canvas.png")  # the photo covering the panned window, read back
+    write_photo(photo, big_h, big_w, still)
+    with Image.open(still) as im:
+        canvas = np.asarray(im.convert("RGB"))
+    still.unlink()
     start, end = rng.random(2), rng.random(2)
     span = np.array([big_h - height, big_w - width])
-    path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as out:
         stream = out.add_stream("libx264", rate=SYNTH_FPS, options={"preset": "veryfast", "crf": "26"})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv444p"

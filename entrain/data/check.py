@@ -343,7 +343,7 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
     if videos is None:
         return problems, None
     image_tokens += SampleMeta("", (), 0, vision, video=videos).video_tokens
-    text, answer = count_tokens(counted_turns(rec, tokenizer), tokenizer)
+    text, answer = count_tokens(counted_turns(rec, tokenizer, rules.video or VideoSettings()), tokenizer)
     if answer == 0:
         problems.append(
             ("conversations", f"{NO_LABEL} under the tokenizer {tokenizer.name} ({NO_LABEL_WHY})", ERROR)

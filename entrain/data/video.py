@@ -79,6 +79,10 @@ class VideoSettings:
     image_mean: tuple[float, float, float] = CLIP_MEAN
     image_std: tuple[float, float, float] = CLIP_STD
     rescale_factor: float = 1 / 255
+    sampler: str = "qwen2"
+    """``qwen2``: ``Qwen2VLVideoProcessor``'s frame sampling and per-frame ``smart_resize``;
+    ``qwen3``: ``Qwen3VLVideoProcessor``'s (``QWEN3_SETTINGS``: frames spread by ``linspace``, no
+    temporal rounding; the pixel limits bound ``frames x height x width``)."""
 
     @property
     def second_per_grid(self) -> float:
@@ -87,7 +91,7 @@ class VideoSettings:
         return self.temporal_patch_size / self.fps
 
     @classmethod
-    def from_config(cls, config: dict) -> VideoSettings:
+    def from_config(cls, config: dict, base: VideoSettings | None = None) -> VideoSettings:
         """From a video processor config dict (absent fields: the defaults; ``min_pixels`` /
         ``max_pixels`` before ``size``, as the processor takes them)."""
         size = config.get("size") or {}
@@ -100,31 +104,42 @@ class VideoSettings:
         for key in ("fps", "min_frames", "max_frames", "temporal_patch_size", "patch_size", "merge_size",
                     "rescale_factor"):  # fmt: skip
             out[key] = config.get(key)
-        return replace(cls(), **{k: v for k, v in out.items() if v is not None})
+        return replace(base or cls(), **{k: v for k, v in out.items() if v is not None})
 
     @classmethod
-    def from_folder(cls, folder: str | os.PathLike | None, *, image_config: bool = False) -> VideoSettings:
+    def from_folder(
+        cls,
+        folder: str | os.PathLike | None,
+        *,
+        image_config: bool = False,
+        base: VideoSettings | None = None,
+    ) -> VideoSettings:
         """A checkpoint folder's video processor config, found as transformers' ``AutoVideoProcessor``
         finds it: ``processor_config.json``'s ``video_processor``, ``video_preprocessor_config.json``,
-        then (with ``image_config``) ``preprocessor_config.json``; the defaults without one."""
+        then (with ``image_config``) ``preprocessor_config.json``; ``base`` (the defaults) without one,
+        and for the fields a config leaves out."""
+        base = base or cls()
         if not folder:
-            return cls()
+            return base
         root = Path(folder)
         nested = root / "processor_config.json"
         if nested.is_file():
             config = json.loads(nested.read_text()).get("video_processor")
             if isinstance(config, dict):
-                return cls.from_config(config)
+                return cls.from_config(config, base)
         for name in (
             "video_preprocessor_config.json",
             *(("preprocessor_config.json",) if image_config else ()),
         ):
             if (root / name).is_file():
-                return cls.from_config(json.loads((root / name).read_text()))
-        return cls()
+                return cls.from_config(json.loads((root / name).read_text()), base)
+        return base
 
 
 DEFAULT_SETTINGS = VideoSettings()
+QWEN3_SETTINGS = VideoSettings(patch_size=16, min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32,
+                               image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5), sampler="qwen3")  # fmt: skip
+"""``Qwen3VLVideoProcessor``'s defaults."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +216,13 @@ def _probe(path: str, size: int, mtime_ns: int) -> VideoInfo:
 
 def sample_indices(total: int, video_fps: float, s: VideoSettings = DEFAULT_SETTINGS) -> list[int]:
     """Indices of the frames the processor keeps of a ``total``-frame ``video_fps`` video
-    (``Qwen2VLVideoProcessor.sample_frames`` with ``fps``). ValueError when none would be kept."""
+    (``Qwen2VLVideoProcessor.sample_frames`` with ``fps``; ``Qwen3VLVideoProcessor``'s for the
+    ``qwen3`` sampler). ValueError when none would be kept."""
+    if s.sampler == "qwen3":
+        n = min(max(int(total / video_fps * s.fps), s.min_frames), s.max_frames, total)
+        if n < s.temporal_patch_size:
+            raise ValueError(f"{total} frame(s): fewer than a temporal patch of {s.temporal_patch_size}")
+        return np.linspace(0, total - 1, n).round().astype(int).tolist()
     tps = s.temporal_patch_size
     max_frames = math.floor(min(s.max_frames, total) / tps) * tps
     n = total / video_fps * s.fps
@@ -232,11 +253,35 @@ def _smart_resize(height: int, width: int, s: VideoSettings) -> tuple[int, int]:
     return h_bar, w_bar
 
 
+def _smart_resize_qwen3(frames: int, height: int, width: int, s: VideoSettings) -> tuple[int, int]:
+    """``Qwen3VLVideoProcessor``'s ``smart_resize``: ``frames x height x width`` within the limits."""
+    factor, temporal = s.patch_size * s.merge_size, s.temporal_patch_size
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio of a {width}x{height} video above 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > s.max_pixels:
+        beta = math.sqrt((frames * height * width) / s.max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < s.min_pixels:
+        beta = math.sqrt(s.min_pixels / (frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 def video_grid(
     frames: int, height: int, width: int, s: VideoSettings = DEFAULT_SETTINGS
 ) -> tuple[int, int, int]:
     """``(t, h, w)`` patch grid of ``frames`` sampled frames of ``height x width``."""
-    rh, rw = _smart_resize(height, width, s)
+    if s.sampler == "qwen3":
+        rh, rw = _smart_resize_qwen3(frames, height, width, s)
+    else:
+        rh, rw = _smart_resize(height, width, s)
     return -(-frames // s.temporal_patch_size), rh // s.patch_size, rw // s.patch_size
 
 
@@ -529,10 +574,37 @@ def record_videos(record, clip_frames: Sequence[int], stamps=None, s: VideoSetti
     return tuple(grids), tuple(frames)
 
 
-def counted_turns(record, tokenizer) -> list[tuple[str, str]]:
-    """The record's turns with each ``<video>`` as its markers alone (``video_text`` of no grid), so the
-    text count holds every token but the video (and track) placeholders."""
+def frame_seconds(indices: Sequence[int], fps: float, temporal_patch_size: int = 2) -> list[float]:
+    """Seconds of each temporal patch of a video's kept frames ``indices`` (Qwen3-VL's timestamps: the
+    mean of a patch's first and last frame times; the last frame repeated to fill the last patch)."""
+    idx = list(indices)
+    while idx and len(idx) % temporal_patch_size:
+        idx.append(idx[-1])
+    times = [i / fps for i in idx]
+    return [
+        (times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)
+    ]
+
+
+def frames_of(path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS) -> tuple[list[int], float]:
+    """``(kept frame indices, the video's frame rate)`` of a video file."""
+    info, indices = _sampled(str(path), s)
+    return indices, info.fps
+
+
+def counted_turns(record, tokenizer, s: VideoSettings = DEFAULT_SETTINGS) -> list[tuple[str, str]]:
+    """The record's turns with each ``<video>`` as its markers alone (``video_text`` of no grid; for the
+    ``qwen3`` sampler the timestamp and markers of each temporal patch too), so the text count holds
+    every token but the video (and track) placeholders."""
     if not record.video:
         return list(record.turns)
+    if s.sampler == "qwen3":
+        start, _, end = video_markers(tokenizer)
+        texts = []
+        for path in record.video:
+            indices, fps = frames_of(path, s)
+            stamps = frame_seconds(indices, fps, s.temporal_patch_size)
+            texts.append(start + "".join(f"<{t:.1f} seconds>{start}{end}" for t in stamps) + end)
+        return expand_videos(record.turns, texts)
     text = video_text(tokenizer, None, audio_tokens=0 if record.audio_in_video else None)
     return expand_videos(record.turns, [text] * len(record.video))

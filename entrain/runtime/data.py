@@ -111,10 +111,11 @@ def _background_priority() -> None:
         pass
 
 
-def _packed(s: RenderedSample) -> PackedSample:
+def _packed(s: RenderedSample, videos_among_images: bool = False) -> PackedSample:
     """What ``ModelFamily.position_ids`` sees of a rendered sample (with videos: the images' grids in
-    ``grids``, the videos' in ``video_grids``; ``image_positions`` every visual token)."""
-    if not s.video_items:
+    ``grids``, the videos' in ``video_grids``, or every visual item's in ``grids`` for a family whose
+    ``videos_among_images``; ``image_positions`` every visual token)."""
+    if not s.video_items or videos_among_images:
         return PackedSample(s.input_ids, s.image_positions, s.grid_thw, s.audio_frames)
     images = tuple(g for i, g in enumerate(s.grid_thw) if i not in s.video_items)
     videos = tuple(s.grid_thw[i] for i in s.video_items)
@@ -460,6 +461,10 @@ class SampleRenderer:
             raise DataError(
                 f"sample {meta.id}", None, "video", f"model family {self.family.name!r} reads no video"
             )
+        if self.source is None and getattr(self.family, "videos_among_images", False):
+            raise DataError(f"sample {meta.id}", None, "video",
+                            f"model family {self.family.name!r} reads videos of records only (their "
+                            "frames' timestamps are text)")  # fmt: skip
         merge = getattr(meta.vision, "merge_size", 2)
         return [t * h * w // merge**2 for t, h, w in meta.video]
 
@@ -497,8 +502,17 @@ class SampleRenderer:
             slots = audio_slots(record)
             standalone = [n for (kind, _), n in zip(slots, clips) if kind == "audio"]
             tracks = {i: n for (kind, i), n in zip(slots, clips) if kind == "video"}
-        tok = self.source.tokenizer
-        texts = [self.family.video_text(self.cfg, tok, g, tracks.get(i)) for i, g in enumerate(meta.video)]
+        from entrain.data.video import VideoFileError, frames_of
+
+        tok, settings = self.source.tokenizer, self.source.video_settings()
+        texts = []
+        for i, g in enumerate(meta.video):
+            try:
+                frames = frames_of(record.video[i], settings)
+            except VideoFileError as e:
+                raise DataError(*self.source._where(meta.id), f"{record.video_field}[{i}]",
+                                f"{record.video[i]}: {e.problem}") from None  # fmt: skip
+            texts.append(self.family.video_text(self.cfg, tok, g, tracks.get(i), frames=frames))
         return texts, standalone
 
     def _audio_clips(self, meta: SampleMeta) -> list[int]:
@@ -726,7 +740,11 @@ class SampleRenderer:
         return LLMBatch(
             input_ids=packed([s.input_ids for s in samples]),
             position_ids=host_to_device(
-                self.family.position_ids(self.cfg, [_packed(s) for s in samples]), dev
+                self.family.position_ids(
+                    self.cfg,
+                    [_packed(s, getattr(self.family, "videos_among_images", False)) for s in samples],
+                ),
+                dev,
             ),
             seq_lens=tuple(s.num_tokens for s in samples),
             image_positions=packed([s.image_positions + o for s, o in zip(samples, offsets)]),

@@ -1,6 +1,7 @@
 """Transformers' own Qwen2-VL video processor (``Qwen2VLVideoProcessor``, the one Qwen2.5-VL and the
 Qwen2.5-Omni processor use) on video files, run in a child process by the tests:
-``python tests/data/hf_video_processor.py OUT.npz VIDEO...`` writes each video's
+``python tests/data/hf_video_processor.py OUT.npz [--qwen3] VIDEO...`` (``--qwen3``: Qwen3-VL's
+``Qwen3VLVideoProcessor``) writes each video's
 ``pixel_values_videos`` and ``video_grid_thw`` and the frame indices its ``sample_frames`` kept (2 fps),
 the frames read by transformers' ``load_video`` with its PyAV backend.
 
@@ -79,35 +80,43 @@ def _stand_in() -> None:
     }
 
 
-def processor_class():
-    """``Qwen2VLVideoProcessor`` (the stand-in's module where torchvision is missing)."""
+PROCESSORS = {"qwen2": ("qwen2_vl", "Qwen2VLVideoProcessor"), "qwen3": ("qwen3_vl", "Qwen3VLVideoProcessor")}
+
+
+def processor_class(kind: str = "qwen2"):
+    """``Qwen2VLVideoProcessor`` or ``Qwen3VLVideoProcessor`` (the stand-in's module where torchvision
+    is missing)."""
+    folder, name = PROCESSORS[kind]
     try:
         import torchvision  # noqa: F401
-        from transformers import Qwen2VLVideoProcessor
+        import transformers
 
-        return Qwen2VLVideoProcessor
+        return getattr(transformers, name)
     except ImportError:
         pass
     import transformers
 
     _stand_in()
     path = os.path.join(
-        os.path.dirname(transformers.__file__), "models/qwen2_vl/video_processing_qwen2_vl.py"
+        os.path.dirname(transformers.__file__), f"models/{folder}/video_processing_{folder}.py"
     )
     spec = importlib.util.spec_from_file_location(
-        "transformers.models.qwen2_vl.video_processing_qwen2_vl", path
+        f"transformers.models.{folder}.video_processing_{folder}", path
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.Qwen2VLVideoProcessor
+    return getattr(module, name)
 
 
 def main(out: str, paths: list[str]) -> None:
     import numpy as np
     from transformers.video_utils import load_video
 
-    proc = processor_class()(cap_pixels_per_frame=False)
+    kind = "qwen2"
+    if paths and paths[0] in ("--qwen2", "--qwen3"):
+        kind, paths = paths[0][2:], paths[1:]
+    proc = processor_class(kind)(cap_pixels_per_frame=False)
     arrays = {}
     for i, path in enumerate(paths):
         frames, meta = load_video(

@@ -260,7 +260,8 @@ def test_chat_template_and_vision_tokens_come_from_the_checkpoint_folder(tmp_pat
     assert tok is not None and tok.chat is not None
     hf_tok = __import__("transformers").AutoTokenizer.from_pretrained(folder)
     assert ids == {k: hf_tok.convert_tokens_to_ids(t) for k, t in
-                   (("image", "<|image_pad|>"), ("image_start", "<|vision_start|>"), ("image_end", "<|vision_end|>"))}  # fmt: skip
+                   (("image", "<|image_pad|>"), ("image_start", "<|vision_start|>"), ("image_end", "<|vision_end|>"),
+                    ("video", "<|video_pad|>"))}  # fmt: skip
     turns = [("user", "<image>\nWhat is shown in the chart?"), ("assistant", "The bars rise.")]
     input_ids, labels = family.format_chat(cfg, turns, [6], tok)
     at = input_ids.index(ids["image"])

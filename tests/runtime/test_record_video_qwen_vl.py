@@ -94,7 +94,7 @@ def oracle(fm: _RecordModel):
                       image_grid_thw=torch.tensor([s.grid_thw[i] for i in images]))  # fmt: skip
         kw.update(pixel_values_videos=torch.cat([parts[i] for i in s.video_items]),
                   video_grid_thw=torch.tensor([s.grid_thw[i] for i in s.video_items]))  # fmt: skip
-        if fm.cfg.hf.model_type != "qwen2_vl":
+        if fm.cfg.hf.model_type == "qwen2_5_vl":
             kw["second_per_grid_ts"] = torch.tensor(s.second_per_grids)
         hf.model.rope_deltas = None
         logits = hf(input_ids=s.input_ids[None], **kw).logits[0]
@@ -190,3 +190,88 @@ def test_entrain_train_takes_the_checkpoints_video_processor(records, tmp_path):
     fm = _RecordModel("qwen2_5_vl", family, cfg, None, {m.id: m for m in metas})
     fm.path = str(path)
     assert rows[0]["loss"] == pytest.approx(oracle(fm).loss, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def qwen3_records(tmp_path_factory):
+    """Videos at sizes Qwen3-VL's processor keeps (multiples of 32, frames x H x W within its limits):
+    8 frames at 4 fps (4 kept: 0, 2, 5, 7) and 7 at 2 fps (all 7 kept: 4 temporal patches, the last
+    frame repeated)."""
+    root = tmp_path_factory.mktemp("video_qwen3_vl")
+    write_video(root / "a.mp4", frames=8, fps=4, size=(224, 192))
+    write_video(root / "b.mp4", frames=7, fps=2, size=(256, 160), seed=1)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 96, 3), dtype=np.uint8)).save(
+        root / "p.png"
+    )
+    data = [
+        {"id": "r0", "image": "p.png", "video": "a.mp4", "conversations": [
+            {"from": "human", "value": "<video> then <image>\nWhat moves?"}, {"from": "gpt", "value": "A bar."}]},
+        {"id": "r1", "video": "b.mp4", "conversations": [
+            {"from": "human", "value": "<video>\nHow long?"}, {"from": "gpt", "value": "About three seconds."}]},
+    ]  # fmt: skip
+    path = root / "d.json"
+    path.write_text(json.dumps(data))
+    return root, path
+
+
+def test_qwen3_vl_video_records_train_as_transformers(qwen3_records, tmp_path):
+    """A Qwen3-VL checkpoint: the metadata (train's screening, under the checkpoint's video processor)
+    counts every token the rendered text holds; each video's frames, grid and pixel rows are
+    transformers' ``Qwen3VLVideoProcessor``'s (tests/data/hf_video_processor.py); its text is a
+    timestamp and ``<|vision_start|>`` + video tokens + ``<|vision_end|>`` per temporal patch
+    (``qwen3_vl.processing.video_text``, checked against ``Qwen3VLProcessor`` in
+    tests/data/test_qwen3_vl_video.py) at the processor's kept frames; a 2-rank step equals
+    transformers' fp64 ``Qwen3VLForConditionalGeneration`` (its own M-RoPE ids)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from entrain.data.check import screen_dataset
+    from entrain.models.families.qwen3_vl.processing import frame_timestamps
+    from tests.models.qwen3_vl_tiny import save_whole as save_qwen3
+
+    from .families import without_zero_gradients
+    from .harness import assert_matches_reference, run_workers
+
+    root, path = qwen3_records
+    folder = save_qwen3(tmp_path / "ckpt", text_layers=3, vision_depth=4)
+    source = ModelSource(model_path=str(folder))
+    family = family_of_source(source)
+    cfg, _ = family.runtime_config(source)
+    settings = family.video_settings_for(str(folder))
+    metas = screen_dataset(path, vision=family.image_rule(cfg.shape, None, None), video=settings).samples
+    fm = _RecordModel(
+        "qwen3_vl", family, cfg, build_cost_model(cfg.shape, "cpu-tiny"), {m.id: m for m in metas}
+    )
+    fm.path = str(path)
+    out = tmp_path / "hf.npz"
+    script = Path(__file__).parents[1] / "data" / "hf_video_processor.py"
+    done = subprocess.run([sys.executable, str(script), str(out), "--qwen3", str(root / "a.mp4"), str(root / "b.mp4")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    hf = np.load(out)
+    renderer = fm.renderer()
+    video = cfg.hf.video_token_id
+    for i, sid in enumerate(("r0", "r1")):
+        s = renderer.sample(sid)
+        assert s.num_tokens == fm.metas[sid].llm_tokens, sid  # the metadata counted the timestamps
+        (v,) = s.video_items
+        grid = tuple(int(x) for x in hf[f"grid{i}"][0])
+        assert s.grid_thw[v] == grid == fm.metas[sid].video[0]
+        parts = torch.split(renderer.patches(sid), [t * h * w for t, h, w in s.grid_thw])
+        np.testing.assert_array_equal(parts[v].numpy(), hf[f"pixels{i}"])
+        fps = (4.0, 2.0)[i]
+        stamps = frame_timestamps(hf[f"indices{i}"].tolist(), fps)
+        runs = (s.input_ids == video).int().diff().eq(1).sum()
+        assert len(stamps) == grid[0] == int(runs)  # one run of video tokens per temporal patch
+    assert renderer.sample("r0").video_items == (0,) and renderer.sample("r1").grid_thw[0][0] == 4
+    plan = fm.plan("1f1b", 1, 1, 1, 2)
+    results = run_workers(_train, 2, tmp_path, fm, plan)
+    ref = oracle(fm)
+    before = {k: v for r in results for k, v in r[0].items()}
+    after = {k: v for r in results for k, v in r[1].items()}
+    _, _, loss, grad_norm = results[0]
+    rest, before, after = without_zero_gradients(ref, before, after)
+    assert any(".blocks." in n for n in rest.grads)
+    assert_matches_reference("qwen3_vl", before=before, after=after, loss=loss, grad_norm=grad_norm, ref=rest,
+                             tol=1e-5)  # fmt: skip

@@ -177,7 +177,9 @@ class Qwen25OmniFamily(Qwen2VLFamily):
 
         return VideoSettings.from_folder(folder)
 
-    def video_text(self, cfg: OmniConfig, tokenizer, grid, audio_tokens: int | None = None) -> str:
+    def video_text(
+        self, cfg: OmniConfig, tokenizer, grid, audio_tokens: int | None = None, frames=None
+    ) -> str:
         """What a ``<video>`` of patch grid ``grid`` becomes, as Qwen2.5-Omni's processor expands it
         (with its audio track of ``audio_tokens`` tokens: video and audio interleaved per
         ``seconds_per_chunk`` of the thinker config, ``entrain.data.video.video_text``)."""

@@ -237,9 +237,12 @@ class Qwen2VLFamily(Qwen2VLProcessing, FamilyBase):
 
         return VideoSettings.from_folder(folder, image_config=True)
 
-    def video_text(self, cfg: QwenVLConfig, tokenizer, grid, audio_tokens: int | None = None) -> str:
+    def video_text(
+        self, cfg: QwenVLConfig, tokenizer, grid, audio_tokens: int | None = None, frames=None
+    ) -> str:
         """What a ``<video>`` of patch grid ``grid`` becomes: ``<|vision_start|>`` + its
-        ``t*h*w/merge**2`` ``<|video_pad|>`` + ``<|vision_end|>`` (the processor's expansion)."""
+        ``t*h*w/merge**2`` ``<|video_pad|>`` + ``<|vision_end|>`` (the processor's expansion; ``frames``,
+        the kept frame indices and the video's frame rate, are not needed)."""
         from entrain.data.video import video_text
 
         if audio_tokens is not None:

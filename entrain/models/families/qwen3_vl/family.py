@@ -57,8 +57,36 @@ class Qwen3VLFamily(Qwen2VLFamily):
     (``token_ids``, ``map_token_id``) hold as they are; the model, stages, shapes, positions and export
     are Qwen3-VL's own."""
 
-    accepts_video = False
-    """Qwen3-VL's video rules (timestamps per frame, ``processing``) do not reach its records yet."""
+    videos_among_images = True
+    """``position_ids`` takes a sample's videos among its images (``PackedSample.grids``: every visual
+    item in order; ``positions.split_videos`` tells them apart by the video token id)."""
+
+    def video_settings_for(self, folder: str | None):
+        """``entrain.data.video.VideoSettings`` of the folder as transformers' video processor loads them,
+        ``Qwen3VLVideoProcessor``'s defaults (``QWEN3_SETTINGS``) for what it leaves out."""
+        from entrain.data.video import QWEN3_SETTINGS, VideoSettings
+
+        return VideoSettings.from_folder(folder, image_config=True, base=QWEN3_SETTINGS)
+
+    def video_text(
+        self, cfg: Qwen3VLConfig, tokenizer, grid, audio_tokens: int | None = None, frames=None
+    ) -> str:
+        """What a ``<video>`` becomes, as ``Qwen3VLProcessor`` expands it: per temporal patch its
+        timestamp (``<t seconds>``, from ``frames``: the kept frame indices and the video's frame rate)
+        and ``<|vision_start|>`` + ``h*w/merge**2`` ``<|video_pad|>`` + ``<|vision_end|>``, inside the
+        chat template's ``<|vision_start|>`` ... ``<|vision_end|>`` (``processing.video_text``)."""
+        from entrain.data.video import video_markers
+        from entrain.models.families.qwen3_vl.processing import video_text
+
+        if audio_tokens is not None:
+            raise ValueError(f"model family {self.name!r} reads no audio track of a video")
+        if frames is None:
+            raise ValueError("a Qwen3-VL video's text needs its kept frames and frame rate (timestamps)")
+        start, pad, end = video_markers(tokenizer)
+        s = self.video_settings(cfg)
+        return video_text(grid, frames[0], frames[1], merge_size=s.merge_size, temporal_patch_size=s.temporal_patch_size,
+                          tokens={"start": start, "video": pad, "end": end})  # fmt: skip
+
     name = FAMILY
     config_class: type = Qwen3VLConfig
     """The run's model config (a variant family's own, whose ``hf`` reads its checkpoint)."""

@@ -5,7 +5,8 @@ record's keys:
 
 - workload JSONL: ``{"id": str, "images": [[H, W], ...], "text_tokens": int}`` (pixels, tokens), optionally
   ``"answer_tokens": int`` (the supervised tokens, what ``lm_head`` and the loss run on) and ``"audio":
-  [frames, ...]`` (mel frames per audio clip, for a family that reads audio);
+  [frames, ...]`` (mel frames per audio clip, for a family that reads audio) and ``"video": [[t, h, w],
+  ...]`` (each video's encoder patch grid, for a family that reads video);
 - raw-work JSONL: ``{"id": str, "encoder": ms, "llm": ms}``: per-sample forward+backward ms of the
   whole component on one replica, used as given (the cost model is not consulted);
 - LLaVA JSON/JSONL (records with ``conversations``), Parquet, and sharded dataset folders (Parquet or
@@ -167,7 +168,13 @@ def parse_workload(path: str, line_no: int, record: dict, vision: VisionTokenCon
         raise DataError(
             path, line_no, "audio", f"expected a list of mel frame counts > 0, got {_json(audio)}"
         )
-    return SampleMeta(sample_id, images, text, vision, answer, tuple(audio))
+    video = record.get("video", [])
+    if not (isinstance(video, list) and all(isinstance(g, list) and len(g) == 3 and all(_is_int(x) and x > 0 for x in g)
+                                            for g in video)):  # fmt: skip
+        raise DataError(
+            path, line_no, "video", f"expected a list of [t, h, w] patch grids (positive), got {_json(video)}"
+        )
+    return SampleMeta(sample_id, images, text, vision, answer, tuple(audio), tuple(tuple(g) for g in video))
 
 
 def _parse_raw_work(path: str, line_no: int, record: dict) -> SampleWork:

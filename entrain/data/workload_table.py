@@ -51,7 +51,7 @@ class _Columns:
         try:
             for n, line in numbered:
                 metas.append((n, parse_workload(path, n, parse_line(path, n, line), vision)))
-                if metas[-1][1].audio:
+                if metas[-1][1].audio or metas[-1][1].video:
                     raise _HasAudio
         finally:
             if metas:
@@ -124,8 +124,8 @@ def _chunk_columns(numbered: list[tuple[int, str]], max_ratio: float) -> dict[st
     images = [r.get("images") for r in records]
     if not (all(type(x) is str and x for x in ids) and all(type(t) is int for t in texts)):
         return None
-    if not all(type(x) is list for x in images) or any(r.get("audio") for r in records):
-        return None  # audio clips: the records are read as SampleMeta (``_HasAudio``)
+    if not all(type(x) is list for x in images) or any(r.get("audio") or r.get("video") for r in records):
+        return None  # audio clips or videos: the records are read as SampleMeta (``_HasAudio``)
     flat = [size for sizes in images for size in sizes]
     if not all(type(s) is list and len(s) == 2 and type(s[0]) is int and type(s[1]) is int for s in flat):
         return None
@@ -179,7 +179,7 @@ def _chunks(f, size: int):
 
 
 class _HasAudio(Exception):
-    """A record holds audio clips, which the table's columns do not carry."""
+    """A record holds audio clips or videos, which the table's columns do not carry."""
 
 
 def read_workload_table(
@@ -189,7 +189,7 @@ def read_workload_table(
     ``file:line`` and the field for a bad record, as ``workload_io.read_workload_jsonl``. Under
     ``entrain.core.workers.worker_processes`` (``plan --jobs``) ``PARALLEL_CHUNKS`` chunks at a time
     are decoded in the workers (the same columns; a chunk that fails is read again here). A file
-    whose records hold audio clips is read as a list of ``SampleMeta`` instead (nothing dropped)."""
+    whose records hold audio clips or videos is read as a list of ``SampleMeta`` instead (nothing dropped)."""
     try:
         return _read_table(str(path), vision, chunk_lines)
     except _HasAudio:

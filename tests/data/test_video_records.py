@@ -156,3 +156,30 @@ def test_metadata_and_stats_count_the_videos(videos, capsys):
     assert "video_tokens" in format_stats(stats, "t")
     plain = {**stats, "video_tokens": {"mean": 0.0, "p5": 0.0, "p50": 0.0, "p95": 0.0}}
     assert "video_tokens" not in format_stats(plain, "t")
+
+
+def test_a_workload_video_reaches_the_planner(tmp_path, capsys):
+    """A workload JSONL's ``"video"`` (patch grids) is read as ``SampleMeta.video`` (never the streamed
+    table, which has no video column), priced by the cost model as its rows and tokens, and reported by
+    ``data stats``; a malformed grid is named with file, line and field."""
+    from entrain.core.costs.presets import build_cost_model
+    from entrain.core.errors import DataError
+    from entrain.data.workload_io import read_samples
+    from entrain.data.workload_table import read_workload_table
+
+    path = tmp_path / "w.jsonl"
+    rows = [{"id": "v", "images": [], "text_tokens": 30, "video": [[4, 16, 20]]},
+            {"id": "i", "images": [[224, 280]], "text_tokens": 30}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metas = read_workload_table(str(path))
+    assert isinstance(metas, list) and metas[0].video == ((4, 16, 20),) and metas[1].video == ()
+    assert [m.video for m in read_samples(str(path))] == [((4, 16, 20),), ()]
+    cost = build_cost_model("tiny", "cpu-tiny")
+    video, image = (cost.sample_work(m) for m in metas)
+    assert video.llm > image.llm and video.encoder > 3 * image.encoder  # 4 frames of the image's rows
+    assert main(["data", "stats", "--dataset", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["video_tokens"]["mean"] == 4 * 16 * 20 / 4 / 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "b", "images": [], "text_tokens": 3, "video": [[4, 16]]}) + "\n")
+    with pytest.raises(DataError, match=r"bad\.jsonl:1.*'video'"):
+        read_samples(str(bad))

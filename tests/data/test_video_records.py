@@ -183,3 +183,23 @@ def test_a_workload_video_reaches_the_planner(tmp_path, capsys):
     bad.write_text(json.dumps({"id": "b", "images": [], "text_tokens": 3, "video": [[4, 16]]}) + "\n")
     with pytest.raises(DataError, match=r"bad\.jsonl:1.*'video'"):
         read_samples(str(bad))
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_resized_frames_match_the_processor_with_torchvision(tmp_path, kind):
+    """Frames the processor resizes (48 x 64, far below the pixel limits): the rows equal transformers'
+    processor with the real torchvision, which this environment lacks (skipped here; the other tests
+    use frames the processor keeps as they are)."""
+    pytest.importorskip("torchvision")
+    from entrain.data.video import QWEN3_SETTINGS, VideoSettings
+
+    write_video(tmp_path / "small.mp4", frames=9, fps=3, size=(48, 64))
+    out = tmp_path / "hf.npz"
+    script = Path(__file__).parent / "hf_video_processor.py"
+    done = subprocess.run([sys.executable, str(script), str(out), f"--{kind}", str(tmp_path / "small.mp4")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    hf = np.load(out)
+    pixels, grid = load_video(tmp_path / "small.mp4", QWEN3_SETTINGS if kind == "qwen3" else VideoSettings())
+    assert grid == tuple(hf["grid0"][0])
+    np.testing.assert_allclose(pixels, hf["pixels0"], rtol=0, atol=1e-5)

@@ -20,10 +20,12 @@ every token of the group, the global-norm clip counts each shard once (``paralle
 another ``--ep`` reads resharded. The gradient all-reduce of an expert parameter runs over the
 *expert replicas* only: the ``dp / N`` ranks of the stage holding the same experts (``grad_buckets``).
 
-The collectives' order: every rank of an EP group runs the same pipeline rank's action list, and each
-forward / backward of a sparse layer makes the same collectives; ``check_same_actions`` refuses a step
-whose action lists differ between the replicas of an EP group (their microbatches would make different
-all-to-alls, or meet them in another order).
+The collectives' order: every rank of an EP group runs the same pipeline rank's LLM computations (kind,
+microbatch, sub-microbatch, in one order; the token counts may differ), and each forward / backward of
+a sparse layer makes the same collectives; ``check_same_actions`` refuses a step whose LLM computations
+differ between the replicas of an EP group (their all-to-alls would not pair up, or meet in another
+order). Entrain's plans give a group one LLM program (``schedules.entrain``) and each replica its own
+encoder microbatches.
 """
 
 from __future__ import annotations
@@ -209,17 +211,25 @@ def is_expert_param(p: torch.Tensor) -> bool:
     return bool(getattr(p, "entrain_expert", False))
 
 
-def check_same_actions(actions, groups: EpGroups, device: torch.device) -> None:
-    """ConfigError on every process unless the replicas of each EP group run the same actions this
-    step (kind, stage, microbatch, sub-microbatch) on every pipeline rank, those without experts too.
-    Then the replicas' point-to-point programs are the same program (``entrain.core.ir.p2p``, which
-    ``check_program`` replays for one replica) and each sparse layer's all-to-alls are at the same
-    place in each of them: run in step, the replicas meet at every all-to-all, so expert parallelism
-    adds no deadlock to a plan the checker passed. One all-gather over the world, so that every process
-    stops together."""
-    key = repr([(a.kind.name, a.stage, a.mb, a.sub) for a in actions])
+def check_same_actions(actions, groups: EpGroups, device: torch.device, stages=None) -> None:
+    """ConfigError on every process unless the replicas of each EP group run the same computations
+    this step (kind, stage, microbatch, sub-microbatch) on ``stages`` (the LLM's; None: every action,
+    sends and receives too). Each sparse layer's all-to-alls are then at the same place in the
+    replicas' programs (their token counts may differ: the splits are exchanged first). Expert
+    parallelism then adds no deadlock to a plan whose every replica the checker passed
+    (``entrain.core.ir.p2p``): the LLM ranks run one program, its p2p edges between LLM stages the same
+    in each replica, and a replica's encoder ranks exchange messages only with its first LLM rank,
+    which runs them in its own order whatever the other replicas' pace (Entrain's plans give each
+    replica its own encoder microbatches and deferrals, ``schedules.entrain``). One all-gather over the
+    world, so that every process stops together."""
+    kept = [
+        (a.kind.name, a.stage, a.mb, a.sub)
+        for a in actions
+        if stages is None or (a.stage in stages and a.kind.is_compute)
+    ]
+    key = repr(kept)
     mine = torch.tensor(
-        [min(groups.ranks), zlib.crc32(key.encode()), len(actions)],
+        [min(groups.ranks), zlib.crc32(key.encode()), len(kept)],
         dtype=torch.int64,
         device=device,
     )
@@ -230,7 +240,7 @@ def check_same_actions(actions, groups: EpGroups, device: torch.device) -> None:
         group, crc, n = (int(v) for v in t)
         if seen.setdefault(group, (crc, n)) != (crc, n):
             raise ConfigError(
-                f"--ep {groups.ep}: data-parallel replicas of one expert-parallel group run different action "
-                "lists this step (their microbatches are split differently), so their all-to-alls would not "
-                "pair up; use --ep 1 or a schedule whose replicas run the same microbatches (e.g. --system 1f1b)"
+                f"--ep {groups.ep}: data-parallel replicas of one expert-parallel group run different LLM "
+                "computations this step (their microbatches are split differently), so their all-to-alls "
+                "would not pair up; use --ep 1 or a plan whose replicas run the same LLM microbatches"
             )

@@ -448,7 +448,8 @@ class PipelineTrainer:
         actions = it.actions.get(self.place.plan_rank, ())
         drop_routing(self.modules)  # the step's expert_tokens count its own forwards only
         if self.ep_groups is not None:  # each sparse layer's all-to-alls pair up across the EP group
-            check_same_actions(actions, self.ep_groups, self.env.device)
+            llm = {s.stage for s in self.layout.stages if s.component == "llm"}
+            check_same_actions(actions, self.ep_groups, self.env.device, llm)
         if self.grad_buckets is not None:  # DP buckets start as their stages' last backwards end
             self.grad_buckets.start(actions)
         if self.env.device.type == "cuda":  # the next forward's inputs are copied while one computes

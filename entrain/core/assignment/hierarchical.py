@@ -14,17 +14,24 @@ deferred *to* ``i`` (ascending id). Reported works are exact sums (``math.fsum``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from entrain.core.assignment.deferral import NUM_BUCKETS, deferral_candidates
 from entrain.core.assignment.dp_split import check_batch, split_dp
 from entrain.core.assignment.matching import bottleneck_match, complete_pairing
-from entrain.core.assignment.stratified import stratified_assign
+from entrain.core.assignment.stratified import effective_num_microbatches, stratified_assign
 from entrain.core.ir.microbatches import Deferral, IterationAssignment, ReplicaAssignment
 from entrain.core.workload.work import SampleWork
 
-__all__ = ["DeferralPlan", "plan_deferral", "replica_assignment", "assign_replica", "assign_entrain"]
+__all__ = [
+    "DeferralPlan",
+    "plan_deferral",
+    "replica_assignment",
+    "assign_replica",
+    "assign_entrain",
+    "same_count_per_ep_group",
+]
 
 
 @dataclass(frozen=True)
@@ -107,3 +114,27 @@ def assign_entrain(
     return IterationAssignment(
         tuple(assign_replica(r, num_microbatches, num_buckets) for r in split_dp(batch, dp))
     )
+
+
+def same_count_per_ep_group(
+    ia: IterationAssignment, samples: Mapping[str, SampleWork], ep: int, num_buckets: int = NUM_BUCKETS
+) -> IterationAssignment:
+    """``ia`` with every replica of each expert-parallel group (``ep`` consecutive replicas) on the
+    group's least ``K_eff`` (the paper's rule on each replica's samples, capped at its count): a
+    replica with another count is assigned again (stratified + deferral) with exactly that many
+    microbatches (its own rule allows at least as many). The group's replicas then
+    run as many LLM microbatches, which expert parallelism needs (their all-to-alls pair up).
+    ``ep`` 1: ``ia`` itself."""
+    if ep <= 1:
+        return ia
+    reps = list(ia.replicas)
+    for first in range(0, len(reps), ep):
+        group = reps[first : first + ep]
+        # at most each replica's count and what the paper's rule allows it (another batcher's may exceed)
+        k = min(
+            effective_num_microbatches([samples[s].encoder for s in r.sample_ids], r.k_eff) for r in group
+        )
+        for i, rep in enumerate(group, start=first):
+            if rep.k_eff != k:
+                reps[i] = assign_replica([samples[s] for s in sorted(rep.sample_ids)], k, num_buckets)
+    return IterationAssignment(tuple(reps))

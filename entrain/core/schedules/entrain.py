@@ -43,6 +43,11 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   microbatch k, then the LLM forward of k (fed locally, deferred samples included); backward slot k
   = the LLM backward of k, then the encoder backwards whose gradients it completes. Warm-up and
   eager forward are per rank; deferral is unchanged.
+* Expert parallelism (``ep > 1`` on the LLM): the replicas of an EP group run one LLM program (their
+  sparse layers' all-to-alls pair up by position): the group's least ``K_eff``
+  (``assignment.hierarchical.same_count_per_ep_group``), one ramp, and on LLM ranks the least eager
+  warm-up (``best_of_group``); encoder microbatches, deferrals and memory-split cuts stay per replica.
+  ``ep`` 1: unchanged.
 * Memory split (``ScheduleOptions.memory_split``, ``memory_split.split_to_fit``): an encoder sub
   whose recomputing backward would take its rank over the memory budget (device memory by default)
   is cut into sub-microbatches that fit, run back to back in its place (a deferred sub's pieces stay
@@ -55,7 +60,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from entrain.core.assignment.hierarchical import assign_replica
+from entrain.core.assignment.hierarchical import assign_replica, same_count_per_ep_group
 from entrain.core.assignment.two_resource import (
     EQUAL_SHARES,
     RankShares,
@@ -177,13 +182,22 @@ def split_weight_grads(actions: Sequence[Action], per_slot: bool = True) -> list
     return out
 
 
-def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: str | None = None):
-    """Per-rank compute orders of a graph; ``split``: the ``backward_order`` of split backwards."""
+def _warmups(
+    graph: ReplicaGraph, costs: PlanCosts | None, factor: float, eager: bool, units=None
+) -> list[int]:
+    """Warm-up forwards per pipeline rank: eager forward's, or the plain ``p - r - 1``."""
+    p = graph.layout.ranks_per_replica
+    return eager_warmups(graph, costs, factor, units)[0] if eager else [p - r - 1 for r in range(p)]
 
-    def order(graph: ReplicaGraph) -> dict[int, list[Action]]:
+
+def _compute_order(costs: PlanCosts | None, factor: float, eager: bool, split: str | None = None):
+    """Per-rank compute orders of a graph; ``split``: the ``backward_order`` of split backwards;
+    ``warm``: the warm-up forwards per rank where given (else ``_warmups``)."""
+
+    def order(graph: ReplicaGraph, warm: list[int] | None = None) -> dict[int, list[Action]]:
         p = graph.layout.ranks_per_replica
         units = [rank_units(graph, r) for r in range(p)]
-        warm = eager_warmups(graph, costs, factor, units)[0] if eager else [p - r - 1 for r in range(p)]
+        warm = _warmups(graph, costs, factor, eager, units) if warm is None else warm
         out = {}
         for rank in range(p):
             fwd, bwd = units[rank]
@@ -317,6 +331,9 @@ def generate(
         k = layout.num_microbatches
         picked = [balanced_dp_split(ia, samples, costs, k, predict) for ia in assignments]
         splits, assignments = [p[0] for p in picked], [p[1] for p in picked]
+    ep = max(c.ep for c in layout.components.values())
+    if ep > 1:  # one LLM microbatch count per expert-parallel group
+        assignments = [same_count_per_ep_group(ia, samples, ep) for ia in assignments]
 
     def best_of(rep: ReplicaAssignment) -> tuple:
         """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts) of the best."""
@@ -328,8 +345,60 @@ def generate(
                     best = (t, [ramp, pieces], graph, compute, name, assigned, cut)
         return best[1], best[2].microbatches, add_comms(best[2], best[3]), *best[4:]
 
+    def best_of_group(reps: list[ReplicaAssignment]) -> list[tuple]:
+        """``best_of`` for the replicas of one expert-parallel group, which must run one LLM program
+        (their sparse layers' all-to-alls pair up, ``docs/design.md``): one ``K_eff`` (already, from
+        ``same_count_per_ep_group``; assignment candidates with another are dropped, the paper's
+        assignment where none is left), one ramp for the group (the lowest predicted makespan of its
+        slowest replica among those that cut every replica's LLM microbatches into as many pieces; no
+        ramp always does), and on every rank with LLM stages the group's least warm-up. Each replica keeps its own encoder microbatches,
+        deferrals and memory-split cuts: encoder stages make no collectives."""
+        k = reps[0].k_eff
+        options = [
+            [
+                (n, a)
+                for n, a in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches)
+                if a.k_eff == k
+            ]
+            or [("paper", rep)]  # the two-resource one alone, with another count: the paper's
+            for rep in reps
+        ]
+        largest = max(reps, key=lambda r: max((len(m) for m in r.llm_microbatches), default=1))
+        ramps = _ramp_candidates(opts, layout, largest)
+        ramps += [] if (0, opts.ramp_pieces) in ramps else [(0, opts.ramp_pieces)]
+        best = None
+        for ramp, pieces in ramps:
+            picks = []
+            for cands in options:
+                pick = None
+                for name, assigned in cands:
+                    t, graph, _, cut = candidate(assigned, ramp, pieces)
+                    if pick is None or t < pick[0]:
+                        pick = (t, graph, name, assigned, cut)
+                picks.append(pick)
+            if len({tuple(len(m.llm_subs) for m in p[1].microbatches) for p in picks}) > 1:
+                continue  # the LLM pieces differ: the replicas' LLM programs would too
+            t = max(p[0] for p in picks)
+            if best is None or t < best[0]:
+                best = (t, [ramp, pieces], picks)
+        _, chosen, picks = best
+        warms = [_warmups(p[1], costs, opts.eager_budget_factor, eager) for p in picks]
+        for r in {s.pp_rank for s in layout.stages if s.component == "llm"}:
+            least = min(w[r] for w in warms)  # each replica's warm-ups stay non-increasing along the pipeline
+            for w in warms:
+                w[r] = least
+        return [
+            (chosen, p[1].microbatches, add_comms(p[1], order(p[1], w)), p[2], p[3], p[4])
+            for p, w in zip(picks, warms)
+        ]
+
     check_replicas(layout, assignments)
-    picked_per_replica = ordered_map(best_of, [rep for ia in assignments for rep in ia.replicas])
+    flat = [rep for ia in assignments for rep in ia.replicas]
+    if ep > 1:  # each group of ep replicas (never across iterations: ep divides dp)
+        per_group = ordered_map(best_of_group, [flat[i : i + ep] for i in range(0, len(flat), ep)])
+        picked_per_replica = [p for group in per_group for p in group]
+    else:
+        picked_per_replica = ordered_map(best_of, flat)
     chosen = [p[0] for p in picked_per_replica]
     chosen_assignment, cuts = [p[3] for p in picked_per_replica], [p[5] for p in picked_per_replica]
     replica_results = iter(picked_per_replica)

@@ -53,7 +53,8 @@ from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed, r
 from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
 from entrain.data.processing import ProcessImages, conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
-from entrain.data.video import VideoSettings, counted_turns, record_videos
+from entrain.data.video import VideoSettings
+from entrain.data.video_records import counted_turns, record_videos
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -365,7 +366,7 @@ def _record_findings(rec: Record, rules: _Rules) -> tuple[list[tuple[str, str, s
 
 def _record_video(rec: Record, audio: tuple[int, ...], audio_tokens: int, problems: list, settings=None):
     """``(video grids, audio frames, audio tokens)`` of a record with its videos (their grids; with
-    ``use_audio_in_video`` their tracks among the clips, ``entrain.data.video.record_videos``);
+    ``use_audio_in_video`` their tracks among the clips, ``entrain.data.video_records.record_videos``);
     ``(None, ...)`` with an error appended for a video that cannot be read."""
     if not rec.video:
         return (), audio, audio_tokens

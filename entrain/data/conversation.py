@@ -193,7 +193,7 @@ def media_problems(
 
             problems += check_record_audio(obj, base, placeholders=False)
         if kind == "video" and held and base is not None and audio_files:
-            from entrain.data.video import check_record_video
+            from entrain.data.video_records import check_record_video
 
             problems += check_record_video(obj, base)
         placeholders = sum(text.count(PLACEHOLDERS[kind]) for _, text in turns)

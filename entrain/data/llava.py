@@ -343,7 +343,7 @@ def record_meta(
     if not record.video:
         text, answer = count_tokens(record.turns, tokenizer)
         return SampleMeta(record.id, tuple(dims), text, vision, answer, audio=clips)
-    from entrain.data.video import counted_turns, record_videos
+    from entrain.data.video_records import counted_turns, record_videos
 
     videos, audio = record_videos(record, clips, stamps)
     text, answer = count_tokens(counted_turns(record, tokenizer), tokenizer)

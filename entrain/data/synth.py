@@ -378,7 +378,7 @@ def _video_sample(
     """A video sample (``entrain.data.synth_video``): its T/2 drawn frames of one size as a clip of T
     frames in ``DIR/videos/``, one ``<video>`` (one visual item, as the generator counts its text)."""
     from entrain.data.synth_video import write_clip
-    from entrain.data.video import expand_videos, video_text
+    from entrain.data.video_records import expand_videos, video_text
 
     budgets = _turn_budgets(name, target.text_tokens, rng, 1)
     photo = PHOTOS[int(rng.integers(len(PHOTOS)))]

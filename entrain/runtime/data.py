@@ -183,7 +183,7 @@ class RecordSource:
         extra = {"audio_tokens": tuple(audio_tokens)} if audio_tokens else {}
         try:
             if video_texts or self.records[sample_id].video:
-                from entrain.data.video import expand_videos
+                from entrain.data.video_records import expand_videos
 
                 turns = expand_videos(turns, video_texts)
             if self.family is not None:
@@ -233,7 +233,8 @@ class RecordSource:
         processor, the checkpoint's feature extractor where its folder has one). Raises DataError
         naming an unreadable clip."""
         from entrain.data.audio import AudioFileError, clip_features, load_clip
-        from entrain.data.video import VideoFileError, audio_slots, audio_track
+        from entrain.data.video import VideoFileError, audio_track
+        from entrain.data.video_records import audio_slots
 
         record = self.records[sample_id]
         clips = []
@@ -304,7 +305,8 @@ class RecordSource:
     def _with_videos(self, sample_id: str, images: list, vision) -> tuple[np.ndarray, np.ndarray]:
         """``pixels`` of a record with videos: its images' and videos' rows and grids in the order
         their placeholders come (``entrain.data.video.load_video`` per video)."""
-        from entrain.data.video import VideoFileError, load_video, placeholder_kinds
+        from entrain.data.video import VideoFileError, load_video
+        from entrain.data.video_records import placeholder_kinds
 
         record = self.records[sample_id]
         try:
@@ -492,8 +494,8 @@ class SampleRenderer:
     def _video_texts(self, meta: SampleMeta, clips: list[int]) -> tuple[list[str], list[int]]:
         """What each ``<video>`` of a record becomes (``ModelFamily.video_text``: with its audio track
         where the record asks for it) and the LLM tokens of its ``<audio>`` clips; ``clips``: the
-        tokens of every audio input in token order (``entrain.data.video.audio_slots``)."""
-        from entrain.data.video import audio_slots
+        tokens of every audio input in token order (``entrain.data.video_records.audio_slots``)."""
+        from entrain.data.video_records import audio_slots
 
         record = self.source.records[meta.id]
         tracks: dict[int, int] = {}
@@ -589,7 +591,7 @@ class SampleRenderer:
         """``(visual token positions, every visual item's grid, the videos' indices among them)`` of a
         record with videos, items in the order their placeholders come; DataError unless the text
         holds each video's tokens."""
-        from entrain.data.video import placeholder_kinds
+        from entrain.data.video_records import placeholder_kinds
 
         got = int((ids == self._ids["video"]).sum())
         if got != sum(videos):

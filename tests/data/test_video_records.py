@@ -28,7 +28,8 @@ from entrain.cli.data import format_stats
 from entrain.cli.main import main
 from entrain.data.check import check_dataset
 from entrain.data.llava import read_metadata
-from entrain.data.video import file_grid, load_video, probe_video, sample_indices, video_text
+from entrain.data.video import file_grid, load_video, probe_video, sample_indices
+from entrain.data.video_records import video_text
 
 from .video_files import write_frameless, write_truncated, write_video
 

@@ -182,8 +182,8 @@ class Qwen25OmniFamily(Qwen2VLFamily):
     ) -> str:
         """What a ``<video>`` of patch grid ``grid`` becomes, as Qwen2.5-Omni's processor expands it
         (with its audio track of ``audio_tokens`` tokens: video and audio interleaved per
-        ``seconds_per_chunk`` of the thinker config, ``entrain.data.video.video_text``)."""
-        from entrain.data.video import video_text
+        ``seconds_per_chunk`` of the thinker config, ``entrain.data.video_records.video_text``)."""
+        from entrain.data.video_records import video_text
 
         hf = cfg.hf
         return video_text(

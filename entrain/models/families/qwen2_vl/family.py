@@ -243,7 +243,7 @@ class Qwen2VLFamily(Qwen2VLProcessing, FamilyBase):
         """What a ``<video>`` of patch grid ``grid`` becomes: ``<|vision_start|>`` + its
         ``t*h*w/merge**2`` ``<|video_pad|>`` + ``<|vision_end|>`` (the processor's expansion; ``frames``,
         the kept frame indices and the video's frame rate, are not needed)."""
-        from entrain.data.video import video_text
+        from entrain.data.video_records import video_text
 
         if audio_tokens is not None:
             raise ValueError(f"model family {self.name!r} reads no audio track of a video")

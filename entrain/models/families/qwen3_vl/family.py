@@ -75,7 +75,7 @@ class Qwen3VLFamily(Qwen2VLFamily):
         timestamp (``<t seconds>``, from ``frames``: the kept frame indices and the video's frame rate)
         and ``<|vision_start|>`` + ``h*w/merge**2`` ``<|video_pad|>`` + ``<|vision_end|>``, inside the
         chat template's ``<|vision_start|>`` ... ``<|vision_end|>`` (``processing.video_text``)."""
-        from entrain.data.video import video_markers
+        from entrain.data.video_records import video_markers
         from entrain.models.families.qwen3_vl.processing import video_text
 
         if audio_tokens is not None:

@@ -89,6 +89,7 @@ OPTIONS = [
     {"ramp_microbatches": "auto", "split_weight_grads": True},
     {"assignment": "auto", "ramp_microbatches": "auto"},
     {"assignment": "two-resource"},
+    {"expert_balance": True, "ramp_microbatches": "auto"},
     {"ramp_microbatches": 2, "ramp_pieces": 3},
     {"eager_budget_factor": 2.0, "split_weight_grads": True},
 ]
@@ -161,3 +162,50 @@ def test_a_group_runs_its_least_warm_up_on_llm_ranks():
     assert any(own[g][1:] != own[g + 1][1:] for g in (0, 2)), own  # they would differ
     for g in (0, 2):
         assert llm_programs(plan, g) == llm_programs(plan, g + 1)
+
+
+def _position_ms(plan, cost) -> list[list[float]]:
+    """Per replica, per executed position: the predicted LLM forward + backward ms of its LLM microbatch."""
+    from entrain.core.ir.plan import ActionKind
+    from entrain.core.schedules.action_costs import PlanCosts
+
+    costs = PlanCosts(plan.layout, cost, plan.samples)
+    llm = [s.stage for s in plan.layout.stages if s.component == "llm"]
+    return [
+        [
+            sum(costs.compute_ms(st, k, mb.llm_ids) for st in llm for k in (ActionKind.F, ActionKind.B))
+            for mb in mbs
+        ]
+        for mbs in plan.iterations[0].microbatches
+    ]
+
+
+@settings(deadline=None, max_examples=25)
+@given(
+    images=st.lists(st.lists(st.just(0), max_size=1), min_size=32, max_size=32),  # small: K_eff up to 8
+    text=st.lists(st.integers(4, 600), min_size=32, max_size=32),
+)
+def test_expert_balance_runs_heavy_pairs_together(images, text):
+    """``expert_balance``: every replica runs its deferral pairs heaviest first (predicted LLM time,
+    experts included), so a position's heavy microbatches meet across the EP group, whose sparse
+    layers wait for its slowest; the same microbatches, the group's LLM programs still agree; at ``ep``
+    1 the plan is unchanged."""
+    cost = _cost()
+    batch = _batch(images, text, 32, cost)
+    samples = {s.id: s for s in batch}
+    ia = assign_entrain(batch, 4, 8)
+    plain = generate_plan("entrain", _layout(2, 4, 8, 1), [ia], samples, cost, {})
+    bal = generate_plan("entrain", _layout(2, 4, 8, 1), [ia], samples, cost, {"expert_balance": True})
+    assert bal.options.get("expert_balance") is True and "expert_balance" not in plain.options
+    for first in (0, 2):
+        assert llm_programs(bal, first) == llm_programs(bal, first + 1)
+    before, after = _position_ms(plain, cost), _position_ms(bal, cost)
+    for ms in after:
+        pairs = [ms[i] + ms[i + 1] for i in range(0, len(ms) - 1, 2)]
+        assert all(a >= b - 1e-9 for a, b in zip(pairs, pairs[1:])), pairs
+    assert sorted(map(sorted, before)) == sorted(map(sorted, after))  # the same microbatches, reordered
+    simulate_plan(bal, cost)
+    dense = {"expert_balance": True}
+    assert generate_plan("entrain", _layout(1, 4, 8, 1), [ia], samples, cost, dense).iterations == (
+        generate_plan("entrain", _layout(1, 4, 8, 1), [ia], samples, cost, {}).iterations
+    )

@@ -97,7 +97,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split backward
     (off / on, where ``entrain_split`` is ``"auto"``), its order (slot / per-b where a rank holds several
     stages; elsewhere both are one plan, simulated once), the memory split into sub-microbatches
-    (off: recomputation alone; on) and the encoder's cross-replica rebalancing (off / on)."""
+    (off: recomputation alone; on), with ``ep > 1`` the EP group's heavy pairs first (off / on) and the
+    encoder's cross-replica rebalancing (off / on)."""
     m = req.margin
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
@@ -127,7 +128,7 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     chosen, d = decide("sub_microbatches", "off", cuts, judge, m)
     if d.chosen == "off" and d.candidates["on"] == d.candidates["off"]:
         chosen = _inert_split(cuts["on"], d)
-    return _decide_rebalance(chosen, judge, m)
+    return _decide_rebalance(_decide_expert_balance(chosen, judge, m), judge, m)
 
 
 def _decide_rebalance(setup: SystemSetup, judge: CandidateJudge, margin: float) -> SystemSetup:
@@ -139,6 +140,22 @@ def _decide_rebalance(setup: SystemSetup, judge: CandidateJudge, margin: float) 
     names = ("off", "on") if setup.layout.can_move_encoder_work else ("off",)
     cands = {n: _with_options(setup, encoder_rebalance=n == "on") for n in names}
     return decide("encoder_rebalance", "off", cands, judge, margin)[0]
+
+
+EP_DECISIONS = ("expert_balance",)
+"""Decisions made only where the LLM's experts are sharded (``ep > 1``), after ``sub_microbatches``
+(so a dense plan's ``decisions`` are ``DECISIONS`` exactly)."""
+
+
+def _decide_expert_balance(setup: SystemSetup, judge: CandidateJudge, margin: float) -> SystemSetup:
+    """The ``expert_balance`` decision (``ep > 1`` only, ``ScheduleOptions.expert_balance``): each
+    replica of an EP group runs its deferral pairs heaviest first by predicted LLM time, experts
+    included, so the group's heavy microbatches meet at one position (its sparse layers wait for its
+    slowest), or in Algorithm 3's order (``off``, the default)."""
+    if setup.layout.components["llm"].ep <= 1:
+        return setup
+    cands = {n: _with_options(setup, expert_balance=n == "on") for n in ("off", "on")}
+    return decide("expert_balance", "off", cands, judge, margin)[0]
 
 
 def _inert_split(on: SystemSetup, d: Decision) -> SystemSetup:
@@ -178,6 +195,8 @@ def _notes(options: dict) -> str:
         notes += "; no memory split"
     if options.get("encoder_rebalance"):
         notes += "; encoder rebalanced across replicas"
+    if options.get("expert_balance"):
+        notes += "; heavy pairs first across each EP group"
     return notes
 
 

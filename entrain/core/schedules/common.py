@@ -135,6 +135,12 @@ class ScheduleOptions:
     """Entrain (after the 2026 systems): rebalance each position's encoder work across the DP
     replicas by all-to-all, the features returned to their owners (``schedules.rebalance``; the
     ``encoder_rebalance`` decision, ``entrain.core.planning.setups``)."""
+    expert_balance: bool = False
+    """Entrain with expert parallelism (``ep > 1``; ours): each replica of an EP group runs its
+    deferral pairs (OL then UL, back to back) by their predicted LLM time, expert work included,
+    heaviest first (an odd median still last), so a position's heavy microbatches meet across the
+    group, whose sparse layers wait for the group's slowest (``schedules.entrain``; the
+    ``expert_balance`` decision, ``entrain.core.planning.extensions``). No effect at ``ep`` 1."""
 
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:

@@ -57,6 +57,7 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -90,7 +91,14 @@ from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.workers import ordered_map
 from entrain.core.workload.work import SampleWork
 
-__all__ = ["generate", "eager_warmups", "peak_bytes", "rank_shares", "split_weight_grads"]
+__all__ = [
+    "generate",
+    "eager_warmups",
+    "peak_bytes",
+    "rank_shares",
+    "split_weight_grads",
+    "heaviest_pairs_first",
+]
 
 NAME = "entrain"
 
@@ -363,6 +371,8 @@ def generate(
             or [("paper", rep)]  # the two-resource one alone, with another count: the paper's
             for rep in reps
         ]
+        if opts.expert_balance:
+            options = [[(n, heaviest_pairs_first(a, llm_ms)) for n, a in cands] for cands in options]
         largest = max(reps, key=lambda r: max((len(m) for m in r.llm_microbatches), default=1))
         ramps = _ramp_candidates(opts, layout, largest)
         ramps += [] if (0, opts.ramp_pieces) in ramps else [(0, opts.ramp_pieces)]
@@ -392,6 +402,17 @@ def generate(
             for p, w in zip(picks, warms)
         ]
 
+    def llm_ms(ids: Sequence[str]) -> float:
+        """Predicted forward + backward ms of ``ids`` over the LLM stages (expert work included)."""
+        if costs is None:
+            return float(sum(samples[s].llm for s in ids))
+        return sum(
+            costs.compute_ms(spec.stage, kind, ids)
+            for spec in layout.stages
+            if spec.component == "llm"
+            for kind in (ActionKind.F, ActionKind.B)
+        )
+
     check_replicas(layout, assignments)
     flat = [rep for ia in assignments for rep in ia.replicas]
     if ep > 1:  # each group of ep replicas (never across iterations: ep divides dp)
@@ -419,6 +440,22 @@ def generate(
     return plan
 
 
+def heaviest_pairs_first(
+    rep: ReplicaAssignment, llm_ms: Callable[[Sequence[str]], float]
+) -> ReplicaAssignment:
+    """``rep`` running its deferral pairs (``execution_order``'s consecutive OL, UL) by the pair's
+    ``llm_ms`` of its two LLM microbatches descending (ties: the earlier pair), an odd ``K_eff``'s
+    median still last (``ScheduleOptions.expert_balance``)."""
+    order = rep.execution_order
+    pairs = [order[i : i + 2] for i in range(0, len(order) - len(order) % 2, 2)]
+    if any((d.from_mb, d.to_mb) not in pairs for d in rep.deferrals):
+        return rep  # not Algorithm 3's pairs: kept as they are
+    weight = [llm_ms(rep.llm_microbatches[ol]) + llm_ms(rep.llm_microbatches[ul]) for ol, ul in pairs]
+    ranked = sorted(range(len(pairs)), key=lambda i: (-weight[i], i))
+    new = tuple(m for i in ranked for m in pairs[i]) + order[len(pairs) * 2 :]
+    return replace(rep, execution_order=new)
+
+
 def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
     """The ``Plan.options`` the schedule options give (before the per-iteration choices)."""
     out: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
@@ -430,6 +467,8 @@ def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
             out["backward_order"] = opts.backward_order
     if opts.assignment != "paper":
         out["assignment"] = opts.assignment
+    if opts.expert_balance and max(c.ep for c in layout.components.values()) > 1:
+        out["expert_balance"] = True
     return out
 
 

@@ -1,0 +1,30 @@
+"""``entrain plan --json`` with expert parallelism lists the ``expert_balance`` decision (each EP
+group's heavy deferral pairs run at one position, or Algorithm 3's order) after ``sub_microbatches``,
+both candidates simulated (they differ: each replica runs 3 pairs), valid against entrain/schemas/plan.json; the plan it writes records the
+option when it is taken."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import jsonschema
+
+from entrain.cli.main import main
+from entrain.core.planning.extensions import DECISIONS
+
+
+def test_plan_lists_the_expert_balance_decision(capsys):
+    argv = ["plan", "--dataset", "chartqa", "--model", "qwen3vl-30b-a3b", "--gpus", "64", "--dp", "8",
+            "--global-batch", "48", "--microbatch-size", "1", "--iterations", "1", "--jobs", "1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, json.loads(resources.files("entrain").joinpath("schemas/plan.json").read_text()))
+    assert out["layout"]["components"]["llm"]["ep"] > 1
+    names = [d["name"] for d in out["decisions"]]
+    assert "expert_balance" in names
+    assert names.index("expert_balance") == names.index("sub_microbatches") + 1
+    assert [n for n in names if n != "expert_balance"] == [n for n in DECISIONS if n in names]
+    (d,) = [d for d in out["decisions"] if d["name"] == "expert_balance"]
+    assert set(d["candidates"]) == {"off", "on"} and d["chosen"] in ("off", "on")
+    assert d["candidates"]["on"] != d["candidates"]["off"]  # 6 microbatches a replica: the order moves

@@ -162,7 +162,7 @@ def skipped_line(screened) -> str | None:
 def record_source(spec: RunConfig, data: RunData, tokenizer=None):
     """The real samples (images and conversations) of a LLaVA / Parquet dataset; None for the built-in
     generators and workload files, whose samples are rendered from their metadata."""
-    from entrain.runtime.data import RecordSource
+    from entrain.runtime.record_source import RecordSource
 
     if data.records is None:
         return None

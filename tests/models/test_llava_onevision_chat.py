@@ -101,7 +101,8 @@ def test_a_record_renders_its_image_slots_with_the_builtin_tokenizer(tmp_path):
 
     from entrain.core.errors import DataError
     from entrain.data.llava import read_metadata
-    from entrain.runtime.data import RecordSource, SampleRenderer
+    from entrain.runtime.data import SampleRenderer
+    from entrain.runtime.record_source import RecordSource
 
     Image.new("RGB", (70, 40), "white").save(tmp_path / "a.png")
     talk = [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "White."}]

@@ -9,7 +9,8 @@ from entrain.cli.main import main
 from entrain.core.costs.presets import build_cost_model
 from entrain.data.workload_io import load_workload
 from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config
-from entrain.runtime.data import RecordSource, SampleRenderer
+from entrain.runtime.data import SampleRenderer
+from entrain.runtime.record_source import RecordSource
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from entrain.data.llava import read_metadata
 from entrain.models.families.base import ModelSource
 from entrain.models.families.composition.config import get_model_config
 from entrain.models.families.registry import family_of_source
-from entrain.runtime.data import RecordSource, SampleRenderer
+from entrain.runtime.data import SampleRenderer
+from entrain.runtime.record_source import RecordSource
 from tests.models.qwen2_5_omni_tiny import AEND, ASTART, AUDIO, MEL, save_whole
 
 from .families import SEED, FamilyModel

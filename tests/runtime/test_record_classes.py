@@ -24,7 +24,8 @@ from entrain.data.workload_io import sample_works  # noqa: E402
 from entrain.models.families.composition.config import IMAGE_PAD_ID, get_model_config  # noqa: E402
 from entrain.models.families.composition.model import build_stage, build_vlm  # noqa: E402
 from entrain.models.families.qwen2_vl.processing import process_images  # noqa: E402
-from entrain.runtime.data import RecordSource, SampleRenderer  # noqa: E402
+from entrain.runtime.data import SampleRenderer
+from entrain.runtime.record_source import RecordSource  # noqa: E402
 
 VISION = VisionTokenConfig(max_pixels=224 * 224)
 """Small pixel limits keep the tiny encoder's work small; the large image still gets scaled down."""

@@ -20,7 +20,8 @@ from entrain.core.costs.presets import build_cost_model
 from entrain.data.llava import read_metadata
 from entrain.models.families.base import ModelSource
 from entrain.models.families.registry import family_of_source
-from entrain.runtime.data import RecordSource, SampleRenderer
+from entrain.runtime.data import SampleRenderer
+from entrain.runtime.record_source import RecordSource
 from tests.data.video_files import write_video
 from tests.models.qwen_vl_tiny import save_whole
 

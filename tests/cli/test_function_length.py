@@ -1,6 +1,6 @@
 """No function in ``entrain/cli`` is longer than about 60 lines (the CLI stays a thin layer;
 long functions go to the component that owns the logic), and none in ``entrain`` longer than 80
-(long functions become named steps)."""
+(long functions become named steps), and no module longer than 600 lines."""
 
 from __future__ import annotations
 
@@ -40,3 +40,25 @@ def test_the_check_sees_a_long_function(tmp_path, limit):
     body = "\n".join(f"    x{i} = {i}" for i in range(limit))
     (tmp_path / "m.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n")
     assert long_functions(tmp_path, limit) == [f"{tmp_path.name}/m.py:5 long ({limit + 1} lines)"]
+
+
+MAX_MODULE_LINES = 600
+"""No module in ``entrain`` is longer: a longer one holds more than one concern and is split by them."""
+
+
+def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
+    return [
+        f"{path.relative_to(root.parent)} ({n} lines)"
+        for path in sorted(root.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > limit
+    ]
+
+
+def test_every_module_is_short():
+    assert long_modules(PACKAGE) == []
+
+
+def test_the_check_sees_a_long_module(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules(tmp_path) == [f"{tmp_path.name}/long.py ({MAX_MODULE_LINES + 1} lines)"]

@@ -16,7 +16,7 @@ from entrain.core.planning.setups import CandidateJudge, ConfigRequest, SystemSe
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.systems import ENTRAIN
 from entrain.core.workload.work import SampleWork
-from entrain.sim.memory_fit import fit_memory
+from entrain.sim.memory_fit import fit_memory, fit_memory_best
 from entrain.sim.replica_sample import JUDGE_REPLICAS, estimated_iteration_ms, heaviest_replicas, sub_layout
 
 __all__ = ["JUDGE_DRAWS", "TWINS", "planner_draws", "candidate_judge"]
@@ -76,9 +76,16 @@ def candidate_judge(
     (docvqa) neither raw candidate fits, and comparing them unfitted kept a layout 2.6 % slower. A
     plan that does not fit even so gets ``inf``. A candidate already simulated, or whose ``TWINS``
     twin ran its plan, is not simulated again. Above ``replicas`` replicas a candidate is simulated on
-    a sub-cluster of that many and its full iteration time estimated (``judged_ms``)."""
+    a sub-cluster of that many and its full iteration time estimated (``judged_ms``).
+
+    The judge carries ``deployed``: the same on the same draws, after the memory check a command
+    deploys with (``memory_fit.fit_memory_best``: every recomputation start, per rank and per layer,
+    with and without eager forwards, the fastest that fits). It costs several simulations a
+    candidate, so it is asked only where the plain check cannot tell candidates apart
+    (``planning.extensions``, ``CLOSE_CALLS``)."""
     draws: list[Sequence[SampleWork]] = []
     seen: dict[str, tuple[float, dict | None]] = {}
+    deployed_seen: dict[str, float] = {}
     splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
     def twin_ms(setup: SystemSetup) -> float | None:
@@ -105,6 +112,18 @@ def candidate_judge(
             draws.extend(planner_draws(sampler, cost, req, num_draws))
         return {name: simulate(setup) for name, setup in candidates.items()}
 
+    def deployed(candidates: dict[str, SystemSetup]) -> dict[str, float]:
+        if not draws:
+            draws.extend(planner_draws(sampler, cost, req, num_draws))
+        for setup in candidates.values():
+            key = _key(setup.layout, setup.options)
+            if key not in deployed_seen:
+                deployed_seen[key] = judged_ms(
+                    setup, draws, cost, replicas, splits=splits, deployed=True, margin=req.margin
+                )[0]
+        return {name: deployed_seen[_key(s.layout, s.options)] for name, s in candidates.items()}
+
+    judge.deployed = deployed  # type: ignore[attr-defined]
     return judge
 
 
@@ -115,12 +134,17 @@ def judged_ms(
     replicas: int,
     system: str = ENTRAIN,
     splits: dict[str, tuple] | None = None,
+    deployed: bool = False,
+    margin: float = 0.0,
 ) -> tuple[float, dict | None]:
     """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan's
     options, or None where the check changed the layout)`` of ``setup`` on ``draws``. Above
     ``replicas`` replicas: on a sub-cluster of the ``replicas`` heaviest replicas of each draw's DP
     split (``replica_sample``; it depends on the layout alone, not on the schedule options, and is
-    kept in ``splits`` for the next candidate on the same layout), with the full DP's all-reduce."""
+    kept in ``splits`` for the next candidate on the same layout), with the full DP's all-reduce.
+    ``deployed``: the memory check a command deploys with (``fit_memory_best``) instead of the
+    planner's recomputation escalated per rank (``fit_memory``), its ``recompute`` decision with
+    ``margin`` as deploying Entrain takes it."""
     full = setup.layout
     layout, batches, split = full, draws, None
     if full.dp > replicas:
@@ -131,7 +155,14 @@ def judged_ms(
             splits[key] = tuple(zip(*(heaviest_replicas(d, full, cost, layout.dp) for d in draws)))
         batches, split = splits[key]
     sub = replace(setup, layout=layout)
-    got, run = fit_memory(system, sub, batches, cost, setup.options, trace_iterations=0, assignments=split)
+    if deployed:
+        got, run = fit_memory_best(
+            system, sub, batches, cost, setup.options, trace_iterations=0, margin=margin, assignments=split
+        )
+    else:
+        got, run = fit_memory(
+            system, sub, batches, cost, setup.options, trace_iterations=0, assignments=split
+        )
     if run.metrics.fits_memory is False:
         ms = float("inf")
     elif layout is full:

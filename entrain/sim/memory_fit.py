@@ -158,6 +158,7 @@ def fit_memory_best(
     *,
     trace_iterations: int = 1,
     margin: float = 0.0,
+    assignments=None,
 ):
     """``fit_memory`` from each start below; the ``recompute`` decision (``setups.pick``) among them:
     the planner's start escalated per rank (the default, the paper's answer: recomputation) unless
@@ -174,9 +175,10 @@ def fit_memory_best(
       (``escalate``): per layer is not always faster (many small steps can end above a whole rank's
       single step, and a split rank runs one more call per microbatch).
 
-    The chosen setup carries the decision (``SystemSetup.decisions``)."""
+    The chosen setup carries the decision (``SystemSetup.decisions``). ``assignments``: the batches'
+    split into replicas given (``fit_memory``; the judge's sub-cluster)."""
     options = dict(setup.options if options is None else options)
-    found = _recompute_candidates(system, setup, batches, cost, options, trace_iterations)
+    found = _recompute_candidates(system, setup, batches, cost, options, trace_iterations, assignments)
     ms = {n: r.metrics.iteration_time_ms if r.metrics.fits_memory is not False else float("inf")
           for n, (_, r) in found.items()}  # fmt: skip
     d = pick("recompute", next(iter(found)), ms, margin)
@@ -193,6 +195,7 @@ def _recompute_candidates(
     cost: CostModel,
     options: dict,
     trace_iterations: int,
+    assignments=None,
 ) -> dict[str, tuple]:
     """``{name: (setup, run)}`` of ``fit_memory_best``'s starts, the planner's per rank first."""
     starts = {"planner": setup}
@@ -205,12 +208,16 @@ def _recompute_candidates(
 
     def chains(name: str, start: SystemSetup, opts: dict, note: str = "") -> SystemSetup:
         """The start escalated per rank, then (where that escalated) per layer; the per-rank result."""
-        whole = fit_memory(system, start, batches, cost, opts, trace_iterations=trace_iterations, split=False)
+        whole = fit_memory(
+            system, start, batches, cost, opts, trace_iterations=trace_iterations, split=False,
+            assignments=assignments,
+        )  # fmt: skip
         found[name + note] = _noted(whole, note)
         if system in SPLIT_STAGES and whole[0].layout != start.layout:
             split = fit_memory(
-                system, start, batches, cost, opts, trace_iterations=trace_iterations, split=True
-            )
+                system, start, batches, cost, opts, trace_iterations=trace_iterations, split=True,
+                assignments=assignments,
+            )  # fmt: skip
             found[f"{name} per layer{note}"] = _noted(split, note)
         return whole[0]
 

@@ -155,7 +155,9 @@ slower than with the shared one."""
 CandidateJudge = Callable[[dict[str, "SystemSetup"]], dict[str, float]]
 """``{name: Entrain's setup} -> {name: simulated iteration ms}`` on the planner's draws (``inf`` for a
 setup that does not fit device memory): the simulator, passed in by a layer that may import it
-(``entrain.sim.choose.candidate_judge``); core does not simulate."""
+(``entrain.sim.choose.candidate_judge``); core does not simulate. A judge may carry ``deployed``, the
+same on the memory check a command deploys with, which ``planning.extensions`` asks on close calls
+(``CLOSE_CALLS``)."""
 
 
 @dataclass(frozen=True)

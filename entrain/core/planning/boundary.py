@@ -94,9 +94,30 @@ def boundary_sharing_config(
         stages=stages,
     )
     limit = cost.hardware.device_memory_bytes
-    memory, rank_ms = [0.0] * ranks, list(part.stage_ms)
-    modes: dict[int, str] = {}
-    for r in range(ranks):  # one recomputation mode per rank: the cheapest that fits all its pieces
+    modes, memory, rank_ms = _rank_recompute(stats, cost, pieces, list(part.stage_ms), tp, cp, u, ep)
+    stages = tuple(replace(st, recompute=modes[st.pp_rank]) for st in stages)
+    layout = replace(layout, stages=stages)
+    t_iter = sum(rank_ms) + (k - 1) * max(rank_ms)
+    ok = all(m <= limit for m in memory)
+    return SharedBoundaryConfig(layout, tuple(rank_ms), tuple(memory), t_iter, ok)
+
+
+def _rank_recompute(
+    stats: SampleStats,
+    cost: CostModel,
+    pieces: list[tuple[str, int, int, int]],
+    rank_ms: list[float],
+    tp: int,
+    cp: int,
+    u: int,
+    ep: int,
+) -> tuple[dict[int, str], list[float], list[float]]:
+    """Per rank, the cheapest recomputation mode that fits all its pieces (``(component, first, end,
+    rank)``) in the device's memory (the last mode where none does), the memory it then holds and
+    its ms with that recomputation added to ``rank_ms``."""
+    ranks, limit = len(rank_ms), cost.hardware.device_memory_bytes
+    memory, modes = [0.0] * ranks, {}
+    for r in range(ranks):
         mine = [p for p in pieces if p[3] == r]
         for mode in RECOMPUTE_MODES:
             mem = sum(
@@ -118,8 +139,4 @@ def boundary_sharing_config(
                 break
         modes[r], memory[r] = mode, mem
         rank_ms[r] += sum(recompute_ms(stats, cost, c, f, e, tp, cp, u, mode) for c, f, e, _ in mine)
-    stages = tuple(replace(st, recompute=modes[st.pp_rank]) for st in stages)
-    layout = replace(layout, stages=stages)
-    t_iter = sum(rank_ms) + (k - 1) * max(rank_ms)
-    ok = all(m <= limit for m in memory)
-    return SharedBoundaryConfig(layout, tuple(rank_ms), tuple(memory), t_iter, ok)
+    return modes, memory, rank_ms

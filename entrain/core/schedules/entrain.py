@@ -295,6 +295,125 @@ def balanced_dp_split(
     return "two-resource", resplit
 
 
+class _ReplicaSearch:
+    """Entrain's per-replica choices of one plan: each candidate (assignment, ramp) of a replica is
+    lowered, split to fit memory and predicted; ``best_of`` keeps a replica's best, ``best_of_group``
+    the best of an expert-parallel group's replicas, which must run one LLM program."""
+
+    def __init__(
+        self, layout: Layout, samples: dict[str, SampleWork], costs: PlanCosts | None, opts, eager: bool
+    ):
+        self.layout, self.samples, self.costs, self.opts, self.eager = layout, samples, costs, opts, eager
+        self.auto = opts.ramp_microbatches == "auto" or opts.assignment == "auto"
+        split = opts.backward_order if opts.split_weight_grads else None
+        self.order = _compute_order(costs, opts.eager_budget_factor, eager, split)
+        self.rooms = _memory_rooms(opts, costs)
+
+    def candidate(self, assigned: ReplicaAssignment, ramp: int, pieces: int, predict: bool | None = None):
+        """(predicted ms or 0, graph, compute order, memory-split cuts) of one candidate."""
+        predict = self.auto if predict is None else predict
+        graph = ReplicaGraph(self.layout, entrain_specs(assigned, self.samples, ramp, pieces))
+        compute = self.order(graph)
+        cut: list[list[int]] = []
+        if self.rooms is not None:
+            mbs, cut = split_to_fit(graph, self.costs, compute, self.rooms)
+            if cut:
+                graph = ReplicaGraph(self.layout, mbs)
+                compute = self.order(graph)
+        return (predicted_makespan_ms(graph, self.costs, compute) if predict else 0.0), graph, compute, cut
+
+    def candidates(self, rep: ReplicaAssignment) -> list[tuple[str, ReplicaAssignment]]:
+        return _assignment_candidates(self.opts, self.costs, rep, self.samples, self.layout.num_microbatches)
+
+    def unramped(self, rep: ReplicaAssignment) -> float:
+        """A replica's predicted makespan: the assignment candidate best on its own objective (the
+        two-resource one where it differs from the paper's), no ramp."""
+        return self.candidate(self.candidates(rep)[-1][1], 0, self.opts.ramp_pieces, predict=True)[0]
+
+    def best_of(self, rep: ReplicaAssignment) -> tuple:
+        """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts) of the best."""
+        best = None
+        for name, assigned in self.candidates(rep):
+            for ramp, pieces in _ramp_candidates(self.opts, self.layout, assigned):
+                t, graph, compute, cut = self.candidate(assigned, ramp, pieces)
+                if best is None or t < best[0]:
+                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut)
+        return best[1], best[2].microbatches, add_comms(best[2], best[3]), *best[4:]
+
+    def best_of_group(self, reps: list[ReplicaAssignment]) -> list[tuple]:
+        """``best_of`` for the replicas of one expert-parallel group, which must run one LLM program
+        (their sparse layers' all-to-alls pair up, ``docs/design.md``): one ``K_eff`` (already, from
+        ``same_count_per_ep_group``; assignment candidates with another are dropped, the paper's
+        assignment where none is left), one ramp for the group (``_group_ramp``), and on every rank with
+        LLM stages the group's least warm-up. Each replica keeps its own encoder microbatches,
+        deferrals and memory-split cuts: encoder stages make no collectives."""
+        k = reps[0].k_eff
+        options = [
+            [(n, a) for n, a in self.candidates(rep) if a.k_eff == k]
+            or [("paper", rep)]  # the two-resource one alone, with another count: the paper's
+            for rep in reps
+        ]
+        if self.opts.expert_balance:
+            options = [[(n, heaviest_pairs_first(a, self.llm_ms)) for n, a in cands] for cands in options]
+        chosen, picks = self._group_ramp(reps, options)
+        warms = [_warmups(p[1], self.costs, self.opts.eager_budget_factor, self.eager) for p in picks]
+        for r in {s.pp_rank for s in self.layout.stages if s.component == "llm"}:
+            least = min(w[r] for w in warms)  # each replica's warm-ups stay non-increasing along the pipeline
+            for w in warms:
+                w[r] = least
+        return [
+            (chosen, p[1].microbatches, add_comms(p[1], self.order(p[1], w)), p[2], p[3], p[4])
+            for p, w in zip(picks, warms)
+        ]
+
+    def _group_ramp(
+        self, reps: list[ReplicaAssignment], options: list[list[tuple]]
+    ) -> tuple[list[int], list]:
+        """The group's ramp ([ramp, pieces]) and each replica's best candidate under it: the lowest
+        predicted makespan of the slowest replica among the ramps that cut every replica's LLM
+        microbatches into as many pieces (no ramp always does)."""
+        largest = max(reps, key=lambda r: max((len(m) for m in r.llm_microbatches), default=1))
+        ramps = _ramp_candidates(self.opts, self.layout, largest)
+        ramps += [] if (0, self.opts.ramp_pieces) in ramps else [(0, self.opts.ramp_pieces)]
+        best = None
+        for ramp, pieces in ramps:
+            picks = []
+            for cands in options:
+                pick = None
+                for name, assigned in cands:
+                    t, graph, _, cut = self.candidate(assigned, ramp, pieces)
+                    if pick is None or t < pick[0]:
+                        pick = (t, graph, name, assigned, cut)
+                picks.append(pick)
+            if len({tuple(len(m.llm_subs) for m in p[1].microbatches) for p in picks}) > 1:
+                continue  # the LLM pieces differ: the replicas' LLM programs would too
+            t = max(p[0] for p in picks)
+            if best is None or t < best[0]:
+                best = (t, [ramp, pieces], picks)
+        return best[1], best[2]
+
+    def llm_ms(self, ids: Sequence[str]) -> float:
+        """Predicted forward + backward ms of ``ids`` over the LLM stages (expert work included)."""
+        if self.costs is None:
+            return float(sum(self.samples[s].llm for s in ids))
+        return sum(
+            self.costs.compute_ms(spec.stage, kind, ids)
+            for spec in self.layout.stages
+            if spec.component == "llm"
+            for kind in (ActionKind.F, ActionKind.B)
+        )
+
+    def per_replica(self, assignments: Sequence[IterationAssignment]) -> list[tuple]:
+        """``best_of`` of every replica of every iteration (``best_of_group`` per expert-parallel group
+        of ep replicas, never across iterations: ep divides dp), in the replicas' order."""
+        flat = [rep for ia in assignments for rep in ia.replicas]
+        ep = max(c.ep for c in self.layout.components.values())
+        if ep > 1:
+            per_group = ordered_map(self.best_of_group, [flat[i : i + ep] for i in range(0, len(flat), ep)])
+            return [p for group in per_group for p in group]
+        return ordered_map(self.best_of, flat)
+
+
 def generate(
     layout: Layout,
     assignments: Sequence[IterationAssignment],
@@ -311,115 +430,18 @@ def generate(
         raise ConfigError("entrain's eager forward, ramp='auto' and assignment='auto' need a cost model")
     costs = PlanCosts(layout, cost, samples) if cost is not None else None
     plan_options = _plan_options(opts, layout, eager)
-    split = opts.backward_order if opts.split_weight_grads else None
-    order = _compute_order(costs, opts.eager_budget_factor, eager, split)
-    rooms = _memory_rooms(opts, costs)
-
-    def candidate(assigned: ReplicaAssignment, ramp: int, pieces: int, predict: bool = auto):
-        """(predicted ms or 0, graph, compute order, memory-split cuts) of one candidate."""
-        graph = ReplicaGraph(layout, entrain_specs(assigned, samples, ramp, pieces))
-        compute = order(graph)
-        cut: list[list[int]] = []
-        if rooms is not None:
-            mbs, cut = split_to_fit(graph, costs, compute, rooms)
-            if cut:
-                graph = ReplicaGraph(layout, mbs)
-                compute = order(graph)
-        return (predicted_makespan_ms(graph, costs, compute) if predict else 0.0), graph, compute, cut
-
-    def unramped(rep: ReplicaAssignment) -> float:
-        """A replica's predicted makespan: the assignment candidate best on its own objective (the
-        two-resource one where it differs from the paper's), no ramp."""
-        cands = _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches)
-        return candidate(cands[-1][1], 0, opts.ramp_pieces, predict=True)[0]
-
+    search = _ReplicaSearch(layout, samples, costs, opts, eager)
     splits: list[str] = []
     if opts.assignment != "paper" and opts.dp_resplit:  # the DP split too: the paper's or a two-resource one
-        predict = unramped if costs is not None else None
+        predict = search.unramped if costs is not None else None
         k = layout.num_microbatches
         picked = [balanced_dp_split(ia, samples, costs, k, predict) for ia in assignments]
         splits, assignments = [p[0] for p in picked], [p[1] for p in picked]
     ep = max(c.ep for c in layout.components.values())
     if ep > 1:  # one LLM microbatch count per expert-parallel group
         assignments = [same_count_per_ep_group(ia, samples, ep) for ia in assignments]
-
-    def best_of(rep: ReplicaAssignment) -> tuple:
-        """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts) of the best."""
-        best = None
-        for name, assigned in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches):
-            for ramp, pieces in _ramp_candidates(opts, layout, assigned):
-                t, graph, compute, cut = candidate(assigned, ramp, pieces)
-                if best is None or t < best[0]:
-                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut)
-        return best[1], best[2].microbatches, add_comms(best[2], best[3]), *best[4:]
-
-    def best_of_group(reps: list[ReplicaAssignment]) -> list[tuple]:
-        """``best_of`` for the replicas of one expert-parallel group, which must run one LLM program
-        (their sparse layers' all-to-alls pair up, ``docs/design.md``): one ``K_eff`` (already, from
-        ``same_count_per_ep_group``; assignment candidates with another are dropped, the paper's
-        assignment where none is left), one ramp for the group (the lowest predicted makespan of its
-        slowest replica among those that cut every replica's LLM microbatches into as many pieces; no
-        ramp always does), and on every rank with LLM stages the group's least warm-up. Each replica keeps its own encoder microbatches,
-        deferrals and memory-split cuts: encoder stages make no collectives."""
-        k = reps[0].k_eff
-        options = [
-            [
-                (n, a)
-                for n, a in _assignment_candidates(opts, costs, rep, samples, layout.num_microbatches)
-                if a.k_eff == k
-            ]
-            or [("paper", rep)]  # the two-resource one alone, with another count: the paper's
-            for rep in reps
-        ]
-        if opts.expert_balance:
-            options = [[(n, heaviest_pairs_first(a, llm_ms)) for n, a in cands] for cands in options]
-        largest = max(reps, key=lambda r: max((len(m) for m in r.llm_microbatches), default=1))
-        ramps = _ramp_candidates(opts, layout, largest)
-        ramps += [] if (0, opts.ramp_pieces) in ramps else [(0, opts.ramp_pieces)]
-        best = None
-        for ramp, pieces in ramps:
-            picks = []
-            for cands in options:
-                pick = None
-                for name, assigned in cands:
-                    t, graph, _, cut = candidate(assigned, ramp, pieces)
-                    if pick is None or t < pick[0]:
-                        pick = (t, graph, name, assigned, cut)
-                picks.append(pick)
-            if len({tuple(len(m.llm_subs) for m in p[1].microbatches) for p in picks}) > 1:
-                continue  # the LLM pieces differ: the replicas' LLM programs would too
-            t = max(p[0] for p in picks)
-            if best is None or t < best[0]:
-                best = (t, [ramp, pieces], picks)
-        _, chosen, picks = best
-        warms = [_warmups(p[1], costs, opts.eager_budget_factor, eager) for p in picks]
-        for r in {s.pp_rank for s in layout.stages if s.component == "llm"}:
-            least = min(w[r] for w in warms)  # each replica's warm-ups stay non-increasing along the pipeline
-            for w in warms:
-                w[r] = least
-        return [
-            (chosen, p[1].microbatches, add_comms(p[1], order(p[1], w)), p[2], p[3], p[4])
-            for p, w in zip(picks, warms)
-        ]
-
-    def llm_ms(ids: Sequence[str]) -> float:
-        """Predicted forward + backward ms of ``ids`` over the LLM stages (expert work included)."""
-        if costs is None:
-            return float(sum(samples[s].llm for s in ids))
-        return sum(
-            costs.compute_ms(spec.stage, kind, ids)
-            for spec in layout.stages
-            if spec.component == "llm"
-            for kind in (ActionKind.F, ActionKind.B)
-        )
-
     check_replicas(layout, assignments)
-    flat = [rep for ia in assignments for rep in ia.replicas]
-    if ep > 1:  # each group of ep replicas (never across iterations: ep divides dp)
-        per_group = ordered_map(best_of_group, [flat[i : i + ep] for i in range(0, len(flat), ep)])
-        picked_per_replica = [p for group in per_group for p in group]
-    else:
-        picked_per_replica = ordered_map(best_of, flat)
+    picked_per_replica = search.per_replica(assignments)
     chosen = [p[0] for p in picked_per_replica]
     chosen_assignment, cuts = [p[3] for p in picked_per_replica], [p[5] for p in picked_per_replica]
     replica_results = iter(picked_per_replica)
@@ -436,7 +458,7 @@ def generate(
         plan.options["assignment_chosen"] = [chosen_assignment[s] for s in per_iteration]
         plan.options["dp_split_chosen"] = splits or ["paper"] * len(assignments)
     if any(cuts):
-        plan.options["memory_split"] = {"room_bytes": rooms, "cuts": [cuts[s] for s in per_iteration]}
+        plan.options["memory_split"] = {"room_bytes": search.rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan
 
 

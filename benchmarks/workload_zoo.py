@@ -50,6 +50,7 @@ MODELS = {
     "llava-ov-7b": "OV-7B",
     "qwen3vl-8b": "Qwen3VL-8B",
     "internvl35-8b": "InternVL3.5-8B",
+    "qwen3vl-30b-a3b": "Qwen3VL-30B-A3B",
 }
 PAPER_MODELS = ("qwen25vl-llama3-1b", "qwen25vl-llama3-3b")
 """The paper's two compositions: the zoo's 20 cases of the regression guard (benchmarks/regression.py)."""
@@ -58,10 +59,16 @@ FAMILY_DATASETS = {
     "llava-ov-7b": ("anyres", "docvqa", "mixture"),
     "qwen3vl-8b": ("docvqa", "mixture", "video"),
     "internvl35-8b": ("docvqa", "mixture", "multi-image"),
+    "qwen3vl-30b-a3b": ("chartqa", "docvqa", "mixture", "text-heavy"),
 }
 """The whole-model family presets run fewer workloads (each case is minutes on the shared machine): the
 zoo's document, multi-image and mixed ones (for LLaVA-OneVision its own AnyRes workload, for Qwen3-VL
 the video one)."""
+SEARCHED_DEGREES = {"qwen3vl-30b-a3b"}
+"""Models planned at 64 GPUs with DP, TP and ``ep`` left to each system's search instead of the zoo's
+fixed DP 4, TP 2: a mixture-of-experts LLM never runs TP with expert parallelism (the runtime refuses
+it) and Qwen3-VL-30B-A3B's experts do not fit 48 GB at TP 2 without ``ep`` (143.5 GB on chartqa's first
+LLM stage at full recomputation), so ``ep`` is searched with the other degrees (Algorithm 2)."""
 SYSTEMS = (
     "entrain", "entrain-1f1b", "1f1b", "disttrain", "dip", "dip-greedy", "dip-greedy-mem", "encoder-rebalance", "dflop",
 )  # fmt: skip
@@ -74,6 +81,7 @@ def _row(run) -> dict:
     m = run.metrics
     return {
         "iteration_time_ms": m.iteration_time_ms,
+        "degrees": _degrees(run.layout),
         "fits_memory": m.fits_memory,
         "peak_memory_gb": max(m.peak_memory_bytes_per_rank or [0.0]) / 1e9,
         "partition_ideal_ms": m.partition_ideal_ms,
@@ -83,6 +91,12 @@ def _row(run) -> dict:
         "llm_fwd_std_ms": m.llm_fwd_std_ms,
         "recompute": [st.recompute for st in run.layout.stages],
     }
+
+
+def _degrees(layout) -> str:
+    """``DP d, LLM TP t PP p EP e``: the degrees the system's own search chose."""
+    llm = layout.components["llm"]
+    return f"DP {layout.dp}, LLM TP {llm.tp} PP {llm.pp} EP {llm.ep}"
 
 
 def _ablations(runs: dict, batches, cost) -> dict:
@@ -101,7 +115,8 @@ def _without_recompute(run, batches, cost) -> dict | None:
 
 
 def run_case(dataset: str, model: str, iterations: int) -> dict:
-    argv = ["simulate", "--dataset", dataset, "--model", model, "--gpus", "64", "--dp", "4", "--tp", "2",
+    degrees = [] if model in SEARCHED_DEGREES else ["--dp", "4", "--tp", "2"]
+    argv = ["simulate", "--dataset", dataset, "--model", model, "--gpus", "64", *degrees,
             "--global-batch", "512", "--microbatch-size", "4", "--iterations", str(iterations)]  # fmt: skip
     args = build_parser().parse_args(argv)
     case = {"dataset": dataset, "model": MODELS[model], "iterations": iterations}
@@ -270,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--models",
         default="1B,3B",
-        help="comma list of 1B, 3B, QwenVL-7B, OV-7B, Qwen3VL-8B, InternVL3.5-8B (run them in parallel processes)",
+        help="comma list of 1B, 3B, QwenVL-7B, OV-7B, Qwen3VL-8B, InternVL3.5-8B, Qwen3VL-30B-A3B (run them in "
+        "parallel processes)",
     )
     p.add_argument("--datasets", default=None, help="comma list of workloads (default: the model's own set)")
     p.add_argument(

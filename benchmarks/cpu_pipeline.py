@@ -30,7 +30,8 @@ min each on an idle 2-core machine, estimated from the smoke runs' CPU time: 1 r
     python benchmarks/cpu_pipeline.py --launches 5 --steps 7
     python benchmarks/cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
 
-``--paired``: `benchmarks/cpu_paired.py`.
+``--paired``: `benchmarks/cpu_paired.py`. ``--moe-ep``: `benchmarks/cpu_moe_ep.py` (a tiny Qwen3-VL-MoE
+checkpoint, Entrain / 1F1B at ``--ep 1`` and ``--ep 2`` on 4 processes, against the simulator).
 
 ``--in-stage`` instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
 ``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state
@@ -478,10 +479,22 @@ def main() -> int:
     ap.add_argument(
         "--in-stage", action="store_true", help="the TP 2 / FSDP rows next to 1F1B (IN_STAGE_ROWS)"
     )
+    ap.add_argument(
+        "--moe-ep",
+        action="store_true",
+        help="Entrain / 1F1B on a tiny Qwen3-VL-MoE checkpoint at --ep 1 and 2 against the simulator (cpu_moe_ep.py)",
+    )
+    ap.add_argument(
+        "--note", default=None, help="--moe-ep: a note recorded with the pass (e.g. the machine's load)"
+    )
     args = ap.parse_args()
     if args.paired and args.rescore_joint:
         return rescore_joint(args)
     idle = (True, 1.0) if args.skip_idle_check else wait_idle(args.max_idle_wait_s)
+    if args.moe_ep:
+        from cpu_moe_ep import main_moe_ep  # benchmarks/cpu_moe_ep.py
+
+        return main_moe_ep(args, idle)
     if args.in_stage:
         return main_in_stage(args, idle)
     if args.paired:

@@ -114,11 +114,15 @@ def _without_recompute(run, batches, cost) -> dict | None:
     return _row(run_system(run.system, bare, batches, cost, schedule_options(run), trace_iterations=0))
 
 
-def run_case(dataset: str, model: str, iterations: int) -> dict:
+def case_argv(dataset: str, model: str, iterations: int) -> list[str]:
+    """The case's ``entrain simulate`` command line: the zoo's DP 4, TP 2 unless ``SEARCHED_DEGREES``."""
     degrees = [] if model in SEARCHED_DEGREES else ["--dp", "4", "--tp", "2"]
-    argv = ["simulate", "--dataset", dataset, "--model", model, "--gpus", "64", *degrees,
+    return ["simulate", "--dataset", dataset, "--model", model, "--gpus", "64", *degrees,
             "--global-batch", "512", "--microbatch-size", "4", "--iterations", str(iterations)]  # fmt: skip
-    args = build_parser().parse_args(argv)
+
+
+def run_case(dataset: str, model: str, iterations: int) -> dict:
+    args = build_parser().parse_args(case_argv(dataset, model, iterations))
     case = {"dataset": dataset, "model": MODELS[model], "iterations": iterations}
     try:
         runs, configs = simulate_systems(args, list(SYSTEMS))

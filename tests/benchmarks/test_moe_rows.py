@@ -1,0 +1,40 @@
+"""The mixture-of-experts rows of the benchmarks: the workload zoo plans Qwen3-VL-30B-A3B with its degrees
+(``ep`` included) searched, every other model at the zoo's DP 4, TP 2; ``cpu_moe_ep.summarize`` decides the
+real ratio per ``ep`` on the paired per-round ratios (not a ratio of medians) and prices the simulator's
+error against it."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+def test_zoo_searches_the_moe_models_degrees(benchmarks_on_path):
+    zoo = importlib.import_module("workload_zoo")
+    moe = zoo.case_argv("chartqa", "qwen3vl-30b-a3b", 3)
+    dense = zoo.case_argv("chartqa", "qwen3vl-8b", 3)
+    assert "--dp" not in moe and "--tp" not in moe and "--ep" not in moe
+    assert dense[dense.index("--dp") + 1] == "4" and dense[dense.index("--tp") + 1] == "2"
+    assert "qwen3vl-30b-a3b" in zoo.MODELS and zoo.FAMILY_DATASETS["qwen3vl-30b-a3b"]
+
+
+def test_summarize_pairs_rounds_per_ep(benchmarks_on_path):
+    moe = importlib.import_module("cpu_moe_ep")
+    # ep 2: paired ratios 1.5, 1.0, 0.8 -> median 1.0; the ratio of medians would be 30 / 20 = 1.5
+    per_round = [
+        {"1": {"entrain": 50.0, "1f1b": 100.0}, "2": {"entrain": 30.0, "1f1b": 20.0}},
+        {"1": {"entrain": 99.0, "1f1b": 110.0}, "2": {"entrain": 20.0, "1f1b": 20.0}},
+        {"1": {"entrain": 200.0, "1f1b": 200.0}, "2": {"entrain": 40.0, "1f1b": 50.0}},
+    ]
+    sim = {"1": {"entrain": 94.0, "1f1b": 100.0}, "2": {"entrain": 10.0, "1f1b": 8.0}}
+    got = moe.summarize(per_round, sim)
+    assert got["1"]["ratios"] == pytest.approx([0.5, 0.9, 1.0])
+    assert got["1"]["real_ratio"] == pytest.approx(0.9)
+    assert got["1"]["spread"] == pytest.approx([0.5, 1.0])
+    assert got["1"]["sim_ratio"] == pytest.approx(0.94)
+    assert got["1"]["sim_rel_error"] == pytest.approx(0.94 / 0.9 - 1)
+    assert got["1"]["within_tolerance"]
+    assert got["2"]["ratios"] == pytest.approx([1.5, 1.0, 0.8])
+    assert got["2"]["real_ratio"] == pytest.approx(1.0)
+    assert got["2"]["sim_rel_error"] == pytest.approx(0.25) and not got["2"]["within_tolerance"]

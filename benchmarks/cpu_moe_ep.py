@@ -163,6 +163,13 @@ def report(res: dict) -> str:
               + "; ".join(f"ep {ep} {s}: {p}" for ep, per in res["plans"].items() for s, p in per.items()), ""]  # fmt: skip
     if res.get("note"):
         lines += [f"Note: {res['note']}", ""]
+    if res.get("analysis"):
+        lines += [f"Reading (added after the run): {res['analysis']}", ""]
+    for e in res.get("earlier_passes", []):
+        lines += [f"Earlier pass (commit {e['source']['commit']}, `{e['source']['command']}`, {e['rounds']} rounds x "
+                  f"{e['steps']} steps): " + "; ".join(
+                      f"ep {ep}: real {r['real_ratio']:.3f} ({r['spread'][0]:.3f}-{r['spread'][1]:.3f}), sim "
+                      f"{r['sim_ratio']:.3f}, error {r['sim_rel_error']:+.1%}" for ep, r in e["per_ep"].items()), ""]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

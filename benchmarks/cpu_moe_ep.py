@@ -12,7 +12,9 @@ first step of each run is dropped. Recorded per ``ep``: the per-round ratio Entr
 iteration times (same launch), its median, min and max over rounds; and the simulated ratio of round
 0's two ``plan.json`` under the cost model they were planned with (``cpu-tiny``: its MoE layers priced
 by the design's expert model, ``docs/design.md`` "Mixture-of-experts costs", on a fit made on a dense
-model). Error = simulated / real - 1, target within 5 %. Results: ``benchmarks/results/cpu_moe_ep.{md,json}``.
+model), and under the profile refitted from round 0's 1F1B trace at that ``ep`` (``entrain profile
+--from-trace``, as the paired passes do). Error = simulated / real - 1, target within 5 %. A recorded pass
+and its earlier passes are kept as earlier passes. Results: ``benchmarks/results/cpu_moe_ep.{md,json}``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cpu_paired import _cpu_over_wall, _iter_ms, _load_cost, simulated_ms  # benchmarks/cpu_paired.py
+from cpu_paired import (  # benchmarks/cpu_paired.py
+    _cpu_over_wall,
+    _iter_ms,
+    _load_cost,
+    refit_profile,
+    simulated_ms,
+)
 from provenance import source  # benchmarks/provenance.py
 
 SYSTEMS = ("entrain", "1f1b")
@@ -57,16 +65,17 @@ def build_checkpoint(folder: Path) -> Path:
 
 def _launch(ckpt: Path, out: str, ep: int, order: list[str], steps: int) -> None:
     cmd = [sys.executable, "-m", "entrain", "train", "--model-path", str(ckpt), "--system", ",".join(order),
-           "--ep", str(ep), "--steps", str(steps), "--out", out, "--no-progress", "--nproc", str(NPROC)]  # fmt: skip
+           "--ep", str(ep), "--steps", str(steps), "--out", out, "--no-progress", "--nproc", str(NPROC), "--trace"]  # fmt: skip
     for key, value in CONFIG.items():
         cmd += ["--" + key.replace("_", "-"), str(value)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def summarize(per_round: list[dict], sim_ms: dict) -> dict:
+def summarize(per_round: list[dict], sim_ms: dict, refit_ms: dict | None = None) -> dict:
     """Per ``ep``: the rounds' paired ratios Entrain / 1F1B, their median, min and max, the simulated
-    ratio and its error against the real median. ``per_round``: round -> ep (str) -> system -> ms;
-    ``sim_ms``: ep (str) -> system -> simulated ms."""
+    ratio and its error against the real median, and the same under the refit (``refit_ms``, like
+    ``sim_ms``). ``per_round``: round -> ep (str) -> system -> ms; ``sim_ms``: ep (str) -> system ->
+    simulated ms."""
     out = {}
     for ep in sim_ms:
         ratios = [r[ep]["entrain"] / r[ep]["1f1b"] for r in per_round]
@@ -82,6 +91,11 @@ def summarize(per_round: list[dict], sim_ms: dict) -> dict:
             "sim_rel_error": sim / real - 1,
             "within_tolerance": abs(sim / real - 1) <= SIM_TOLERANCE,
         }
+        if refit_ms:
+            refit = refit_ms[ep]["entrain"] / refit_ms[ep]["1f1b"]
+            out[ep].update(
+                refit_sim_ms=refit_ms[ep], refit_sim_ratio=refit, refit_sim_rel_error=refit / real - 1
+            )
     return out
 
 
@@ -114,11 +128,18 @@ def run(rounds: int, steps: int, seed: int) -> dict:
             cpu_wall.append(walls)
             orders.append(order_i)
         first = os.path.join(tmp, "round0")
-        sim, plans = {}, {}
+        sim, refit, plans, fits = {}, {}, {}, {}
         for ep in EPS:
             runs = {s: os.path.join(first, f"ep{ep}", s) for s in SYSTEMS}
             sim[str(ep)] = {s: simulated_ms(r, _load_cost(r)) for s, r in runs.items()}
             plans[str(ep)] = {s: _plan_summary(r) for s, r in runs.items()}
+            path = os.path.join(tmp, f"refit_ep{ep}.json")
+            got = refit_profile(
+                runs["1f1b"], path, f"round 0's 1f1b at ep {ep} of `cpu_pipeline.py --moe-ep`"
+            )
+            fits[str(ep)] = {"errors": got["from_trace"]["errors"],
+                             "expert_imbalance": got["from_trace"].get("expert_imbalance")}  # fmt: skip
+            refit[str(ep)] = {s: simulated_ms(r, _load_cost("", path)) for s, r in runs.items()}
     return {
         "config": {**CONFIG, "nproc": NPROC, "checkpoint": "tests/models/qwen3_vl_moe_tiny.py save_whole()"},
         "rounds": rounds,
@@ -127,7 +148,8 @@ def run(rounds: int, steps: int, seed: int) -> dict:
         "iter_ms": per_round,
         "busiest_cpu_over_wall": cpu_wall,
         "plans": plans,
-        "per_ep": summarize(per_round, sim),
+        "refit_fit": fits,
+        "per_ep": summarize(per_round, sim, refit),
     }
 
 
@@ -157,6 +179,13 @@ def report(res: dict) -> str:
             f"({r['spread'][0]:.3f}-{r['spread'][1]:.3f}) | {r['sim_ms']['entrain']:.0f} | {r['sim_ms']['1f1b']:.0f} | "
             f"{r['sim_ratio']:.3f} | {r['sim_rel_error']:+.1%}{'' if r['within_tolerance'] else ' **miss**'} | {cw} |"
         )
+    refits = [(ep, r) for ep, r in res["per_ep"].items() if "refit_sim_ratio" in r]
+    if refits:
+        lines += ["", "Refit (`entrain profile --from-trace` on round 0's 1F1B run at the same ep; in sample for "
+                  "1F1B's round 0, out of sample for Entrain's Plan and the other rounds): "
+                  + "; ".join(f"ep {ep}: Entrain {r['refit_sim_ms']['entrain']:.0f} ms, 1F1B "
+                              f"{r['refit_sim_ms']['1f1b']:.0f} ms, ratio {r['refit_sim_ratio']:.3f}, error "
+                              f"{r['refit_sim_rel_error']:+.1%}" for ep, r in refits)]  # fmt: skip
     lines += ["", "Per-round ratios (Entrain / 1F1B): "
               + "; ".join(f"ep {ep}: " + ", ".join(f"{x:.3f}" for x in r["ratios"]) for ep, r in res["per_ep"].items()),
               "", "Plans (round 0): "
@@ -179,6 +208,10 @@ def main_moe_ep(args, idle: tuple[bool, float]) -> int:
     res["idle"] = {"passed": idle[0], "idle_fraction": idle[1], "skipped": bool(args.skip_idle_check)}
     res["note"] = args.note
     out = Path(args.out)
+    if (out / f"{STEM}.json").exists():  # the recorded pass and its earlier ones become earlier passes
+        old = json.loads((out / f"{STEM}.json").read_text())
+        keep = ("source", "rounds", "steps", "per_ep", "iter_ms", "orders", "note", "analysis")
+        res["earlier_passes"] = [{k: old.get(k) for k in keep}, *old.get("earlier_passes", [])]
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{STEM}.json").write_text(json.dumps(res, indent=1) + "\n")
     text = report(res)

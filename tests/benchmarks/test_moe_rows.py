@@ -28,7 +28,9 @@ def test_summarize_pairs_rounds_per_ep(benchmarks_on_path):
         {"1": {"entrain": 200.0, "1f1b": 200.0}, "2": {"entrain": 40.0, "1f1b": 50.0}},
     ]
     sim = {"1": {"entrain": 94.0, "1f1b": 100.0}, "2": {"entrain": 10.0, "1f1b": 8.0}}
-    got = moe.summarize(per_round, sim)
+    got = moe.summarize(
+        per_round, sim, {"1": {"entrain": 81.0, "1f1b": 100.0}, "2": {"entrain": 9.0, "1f1b": 9.0}}
+    )
     assert got["1"]["ratios"] == pytest.approx([0.5, 0.9, 1.0])
     assert got["1"]["real_ratio"] == pytest.approx(0.9)
     assert got["1"]["spread"] == pytest.approx([0.5, 1.0])
@@ -38,3 +40,7 @@ def test_summarize_pairs_rounds_per_ep(benchmarks_on_path):
     assert got["2"]["ratios"] == pytest.approx([1.5, 1.0, 0.8])
     assert got["2"]["real_ratio"] == pytest.approx(1.0)
     assert got["2"]["sim_rel_error"] == pytest.approx(0.25) and not got["2"]["within_tolerance"]
+    assert got["1"]["refit_sim_rel_error"] == pytest.approx(0.81 / 0.9 - 1)
+    assert got["2"]["refit_sim_ratio"] == pytest.approx(1.0) and got["2"][
+        "refit_sim_rel_error"
+    ] == pytest.approx(0.0)

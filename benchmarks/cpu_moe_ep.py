@@ -1,9 +1,10 @@
 """Entrain / 1F1B really trained on a tiny Qwen3-VL-MoE checkpoint at ``--ep 1`` and ``--ep 2``, beside the
 simulator's ratio for the same Plans.
 
-    python benchmarks/cpu_pipeline.py --moe-ep [--launches 3] [--steps 5] [--order-seed 0]
+    python -m tests.models.qwen3_vl_moe_tiny DIR
+    python benchmarks/cpu_pipeline.py --moe-ep --model-path DIR [--launches 3] [--steps 5] [--order-seed 0]
 
-The checkpoint is ``tests/models/qwen3_vl_moe_tiny.py``'s (random weights, ``save_pretrained``: Qwen3-VL's
+The checkpoint is ``tests/models/qwen3_vl_moe_tiny.py``'s, written by its ``__main__`` (random weights, ``save_pretrained``: Qwen3-VL's
 2-block tower, a 4-layer decoder of 4 experts, top 2, layer 0 dense). Per round, one ``torchrun`` launch
 per ``ep`` (order drawn per round from ``--order-seed``) trains ``entrain`` and ``1f1b`` in turn (order
 drawn too) on 4 gloo processes, ``--dp 2`` (two replicas of each system's own 2-process layout), the
@@ -29,9 +30,9 @@ import tempfile
 from pathlib import Path
 
 from cpu_paired import (  # benchmarks/cpu_paired.py
-    _cpu_over_wall,
-    _iter_ms,
-    _load_cost,
+    cpu_over_wall,
+    iter_ms,
+    load_cost,
     refit_profile,
     simulated_ms,
 )
@@ -53,14 +54,16 @@ RESULTS = Path(__file__).parent / "results"
 STEM = "cpu_moe_ep"
 
 
-def build_checkpoint(folder: Path) -> Path:
-    """The tiny whole Qwen3-VL-MoE checkpoint of the runtime tests, written to ``folder``."""
-    root = str(Path(__file__).resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from tests.models.qwen3_vl_moe_tiny import save_whole
-
-    return save_whole(folder)
+def checkpoint_folder(path: str | None) -> Path:
+    """The tiny Qwen3-VL-MoE checkpoint the passes train (``--model-path``): any whole
+    ``Qwen3VLMoeForConditionalGeneration`` folder; the runtime tests' one is written by
+    ``python -m tests.models.qwen3_vl_moe_tiny DIR`` (the benchmark never imports the tests)."""
+    if not path or not (Path(path) / "config.json").is_file():
+        raise SystemExit(
+            "cpu_pipeline.py --moe-ep needs --model-path DIR of a tiny Qwen3-VL-MoE checkpoint "
+            "(write the tests' one with: python -m tests.models.qwen3_vl_moe_tiny DIR)"
+        )
+    return Path(path)
 
 
 def _launch(ckpt: Path, out: str, ep: int, order: list[str], steps: int) -> None:
@@ -108,11 +111,10 @@ def _plan_summary(run: str) -> str:
     return f"DP {layout['dp']}, ep {layout['components']['llm'].get('ep', 1)}: {stages}"
 
 
-def run(rounds: int, steps: int, seed: int) -> dict:
+def run(ckpt: Path, rounds: int, steps: int, seed: int) -> dict:
     rng = random.Random(seed)
     per_round, orders, cpu_wall = [], [], []
     with tempfile.TemporaryDirectory(prefix="entrain-moe-ep-") as tmp:
-        ckpt = build_checkpoint(Path(tmp) / "tiny-moe")
         for i in range(rounds):
             eps = rng.sample(EPS, len(EPS))
             got, walls, order_i = {}, {}, []
@@ -121,8 +123,8 @@ def run(rounds: int, steps: int, seed: int) -> dict:
                 order_i.append([ep, order])
                 out = os.path.join(tmp, f"round{i}", f"ep{ep}")
                 _launch(ckpt, out, ep, order, steps)
-                got[str(ep)] = {s: _iter_ms(os.path.join(out, s)) for s in SYSTEMS}
-                walls[str(ep)] = {s: _cpu_over_wall(os.path.join(out, s)) for s in SYSTEMS}
+                got[str(ep)] = {s: iter_ms(os.path.join(out, s)) for s in SYSTEMS}
+                walls[str(ep)] = {s: cpu_over_wall(os.path.join(out, s)) for s in SYSTEMS}
                 print(f"cpu_moe_ep: round {i} ep {ep}: {got[str(ep)]}", file=sys.stderr, flush=True)
             per_round.append(got)
             cpu_wall.append(walls)
@@ -131,7 +133,7 @@ def run(rounds: int, steps: int, seed: int) -> dict:
         sim, refit, plans, fits = {}, {}, {}, {}
         for ep in EPS:
             runs = {s: os.path.join(first, f"ep{ep}", s) for s in SYSTEMS}
-            sim[str(ep)] = {s: simulated_ms(r, _load_cost(r)) for s, r in runs.items()}
+            sim[str(ep)] = {s: simulated_ms(r, load_cost(r)) for s, r in runs.items()}
             plans[str(ep)] = {s: _plan_summary(r) for s, r in runs.items()}
             path = os.path.join(tmp, f"refit_ep{ep}.json")
             got = refit_profile(
@@ -139,14 +141,14 @@ def run(rounds: int, steps: int, seed: int) -> dict:
             )
             fits[str(ep)] = {"errors": got["from_trace"]["errors"],
                              "expert_imbalance": got["from_trace"].get("expert_imbalance")}  # fmt: skip
-            refit[str(ep)] = {s: simulated_ms(r, _load_cost("", path)) for s, r in runs.items()}
+            refit[str(ep)] = {s: simulated_ms(r, load_cost("", path)) for s, r in runs.items()}
     return {
         "config": {**CONFIG, "nproc": NPROC, "checkpoint": "tests/models/qwen3_vl_moe_tiny.py save_whole()"},
         "rounds": rounds,
         "steps": steps,
         "orders": orders,
         "iter_ms": per_round,
-        "busiest_cpu_over_wall": cpu_wall,
+        "busiestcpu_over_wall": cpu_wall,
         "plans": plans,
         "refit_fit": fits,
         "per_ep": summarize(per_round, sim, refit),
@@ -172,7 +174,7 @@ def report(res: dict) -> str:
     ]
     for ep, r in res["per_ep"].items():
         cw = " / ".join(
-            f"{statistics.median(w[ep][s] for w in res['busiest_cpu_over_wall']):.2f}" for s in SYSTEMS
+            f"{statistics.median(w[ep][s] for w in res['busiestcpu_over_wall']):.2f}" for s in SYSTEMS
         )
         lines.append(
             f"| {ep} | {r['median_ms']['entrain']:.0f} | {r['median_ms']['1f1b']:.0f} | {r['real_ratio']:.3f} "
@@ -203,7 +205,7 @@ def report(res: dict) -> str:
 
 
 def main_moe_ep(args, idle: tuple[bool, float]) -> int:
-    res = run(args.launches, args.steps, args.order_seed)
+    res = run(checkpoint_folder(args.model_path), args.launches, args.steps, args.order_seed)
     res["source"] = source()
     res["idle"] = {"passed": idle[0], "idle_fraction": idle[1], "skipped": bool(args.skip_idle_check)}
     res["note"] = args.note

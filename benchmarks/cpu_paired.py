@@ -60,13 +60,13 @@ def _launch(out: str, steps: int, order: list[str], config: dict, profile: str |
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def _iter_ms(run: str) -> float:
+def iter_ms(run: str) -> float:
     with open(os.path.join(run, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()][WARMUP:]
     return statistics.median(r["iteration_time_ms"] for r in rows)
 
 
-def _cpu_over_wall(run: str) -> float:
+def cpu_over_wall(run: str) -> float:
     """Busiest rank's CPU time over wall time per kept step (median): < 1 when the rank waited or
     the machine was shared."""
     with open(os.path.join(run, "metrics.jsonl")) as f:
@@ -74,7 +74,7 @@ def _cpu_over_wall(run: str) -> float:
     return statistics.median(max(r["cpu_ms"]) / r["iteration_time_ms"] for r in rows)
 
 
-def _load_cost(run: str, profile: str | None = None):
+def load_cost(run: str, profile: str | None = None):
     from entrain.cli.plot_trace import run_model_config
     from entrain.core.costs.costmodel import CostModel
 
@@ -123,7 +123,7 @@ def joint_prediction(first: str, out: str, label: str) -> dict:
     profile["notes"]["from_trace"] = [f"{label}, {s}" for s in ("1f1b", "entrain")]
     with open(out, "w") as f:
         json.dump(profile, f, indent=1)
-    ms = {s: simulated_ms(os.path.join(first, s), _load_cost("", out)) for s in PAIRED_SYSTEMS}
+    ms = {s: simulated_ms(os.path.join(first, s), load_cost("", out)) for s in PAIRED_SYSTEMS}
     return {"joint_sim_ms": ms, "joint_sim_ratio": ms["entrain"] / ms["1f1b"]}
 
 
@@ -162,11 +162,11 @@ def predictions(first: str, refit_path: str, profile: str | None, label: str) ->
     """Round 0's Plans simulated under the planning cost model, the 1F1B-trace refit and the joint refit
     (``label``: the round, named in the refitted profiles' notes)."""
     base = {
-        s: simulated_ms(os.path.join(first, s), _load_cost(os.path.join(first, s), profile))
+        s: simulated_ms(os.path.join(first, s), load_cost(os.path.join(first, s), profile))
         for s in PAIRED_SYSTEMS
     }
     fit = refit_profile(os.path.join(first, "1f1b"), refit_path, f"{label}, 1f1b")
-    refit = {s: simulated_ms(os.path.join(first, s), _load_cost("", refit_path)) for s in PAIRED_SYSTEMS}
+    refit = {s: simulated_ms(os.path.join(first, s), load_cost("", refit_path)) for s in PAIRED_SYSTEMS}
     joint = joint_prediction(first, refit_path.replace(".refit.json", ".joint.json"), label)
     return {
         **joint,
@@ -196,8 +196,8 @@ def run_workload(
             out = os.path.join(tmp, f"round{i}")
             orders.append(rng.sample(PAIRED_SYSTEMS, 2))
             _launch(out, steps, orders[-1], config, profile)
-            per_round.append({s: _iter_ms(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
-            cpu_wall.append({s: _cpu_over_wall(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
+            per_round.append({s: iter_ms(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
+            cpu_wall.append({s: cpu_over_wall(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
             if keep:
                 shutil.copytree(out, os.path.join(keep, name, f"round{i}"), dirs_exist_ok=True)
         first = os.path.join(tmp, "round0")
@@ -224,7 +224,7 @@ def run_workload(
         "decisions": decisions,
         "decisions_planned": decisions_under(config, profile),
         "decisions_refit": decisions_under(config, refit_out),
-        "refit_action_overhead_ms": _load_cost("", refit_out).hardware.action_overhead_ms,
+        "refit_action_overhead_ms": load_cost("", refit_out).hardware.action_overhead_ms,
     }
 
 

@@ -487,6 +487,11 @@ def main() -> int:
     ap.add_argument(
         "--note", default=None, help="--moe-ep: a note recorded with the pass (e.g. the machine's load)"
     )
+    ap.add_argument(
+        "--model-path",
+        default=None,
+        help="--moe-ep: the tiny Qwen3-VL-MoE checkpoint (python -m tests.models.qwen3_vl_moe_tiny DIR writes one)",
+    )
     args = ap.parse_args()
     if args.paired and args.rescore_joint:
         return rescore_joint(args)

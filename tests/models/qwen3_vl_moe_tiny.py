@@ -54,3 +54,9 @@ def save_whole(folder: Path, *, seed: int = 0, **kwargs) -> Path:
                  "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=1) + "\n")
     return folder
+
+
+if __name__ == "__main__":  # python -m tests.models.qwen3_vl_moe_tiny DIR: the checkpoint benchmarks train
+    import sys
+
+    print(save_whole(Path(sys.argv[1])))

@@ -256,8 +256,8 @@ MUTANTS = (
         "mrope-positions-off-by-one",
         "each packed sample's M-RoPE ids start at 1 instead of transformers' 0",
         "entrain/models/families/qwen2_vl/positions.py",
-        "[grids[i] for i in inside]) + offset",
-        "[grids[i] for i in inside]) + offset + 1",
+        "[grids[i] for i in inside], vids) + offset",
+        "[grids[i] for i in inside], vids) + offset + 1",
         (f"{MROPE}::test_packed_ids_are_transformers_per_sample",),
     ),
     Mutant(

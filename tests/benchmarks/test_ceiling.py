@@ -1,10 +1,13 @@
 """benchmarks/ceiling.py: the bound is a true lower bound. On two tiny cases every system's simulated
 iteration time is at least the case's bound (and the any-degree bound is at most the setup's), and
-Entrain's gap splits into parts that add up to its time."""
+Entrain's gap splits into parts that add up to its time. The committed report is its JSON rendered, and
+docs/design.md quotes that JSON."""
 
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +38,34 @@ def test_no_system_is_faster_than_the_bound(benchmarks_on_path, dataset, tp):
     assert parts == pytest.approx(times["entrain"], rel=1e-9)
     assert min(g["recompute_ms"], g["overheads_ms"], g["imbalance_ms"], g["idle_ms"]) >= -1e-6
     assert g["gpus_used"] == 8
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
+
+
+def test_ceiling_report_is_its_json_rendered(benchmarks_on_path):
+    ceiling = importlib.import_module("ceiling")
+    provenance = importlib.import_module("provenance")
+    res = json.loads((RESULTS / "ceiling.json").read_text(encoding="utf-8"))
+    assert res["summary"] == ceiling.summary(res)
+    want = provenance.stamped(ceiling.render(res), *res["sources"])
+    assert (RESULTS / "ceiling.md").read_text(encoding="utf-8") == want, (
+        "re-render: ceiling.py --merge ceiling.json"
+    )
+
+
+def test_design_doc_quotes_the_committed_ceiling():
+    """docs/design.md's paragraph on what bounds the targets quotes ceiling.json at its rounding."""
+    s = json.loads((RESULTS / "ceiling.json").read_text(encoding="utf-8"))["summary"]
+    h = s["headline"]
+    text = " ".join(DESIGN.read_text(encoding="utf-8").split())
+    want = [
+        f"DistTrain / bound is {h['disttrain_ceiling']:.3f}x",
+        f"Entrain is at {h['entrain_over_bound']:.3f}x",
+        f"geometric mean of best fitting baseline / bound is {s['zoo_geomean_ceiling']:.3f}x",
+        f"achieved {s['zoo_geomean_achieved']:.3f}x",
+        f"the zoo's {s['zoo_cases']} cases the geometric mean",
+    ]
+    missing = [w for w in want if w not in text]
+    assert not missing, f"docs/design.md does not quote ceiling.json: {missing}"

@@ -102,9 +102,10 @@ def test_check_runs_the_model_familys_image_processor(flags, runs):
         assert merged_tokens(grid) == [20]
 
 
-def test_a_video_record_is_bad_for_check_and_stats(capsys, schema, tmp_path):
-    """A ``video`` field with its ``<video>`` placeholder: entrain trains images only, so the record is
-    named bad (file, record, field), never counted or trained as text with the video dropped."""
+def test_a_record_whose_video_is_missing_is_bad_for_check_and_stats(capsys, schema, tmp_path):
+    """A ``video`` field with its ``<video>`` placeholder whose file does not exist: the record is named
+    bad (file, record, field, what is wrong with the file), never counted or trained as text with the
+    video dropped."""
     answer = {"from": "gpt", "value": "A cat jumps."}
     records = [
         {"id": "ok", "conversations": [{"from": "human", "value": "Hello?"}, answer]},
@@ -121,8 +122,8 @@ def test_a_video_record_is_bad_for_check_and_stats(capsys, schema, tmp_path):
     jsonschema.validate(out, schema)
     assert (out["records"], out["bad"]) == (2, 1)
     assert [(f["index"], f["field"], f["severity"]) for f in out["findings"]] == [(1, "video", "error")]
-    assert "video inputs are not supported" in out["findings"][0]["reason"]
+    assert out["findings"][0]["reason"] == "clip.mp4: missing"
     assert run_data(["stats", "--dataset", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert f"{path}:1 (id clip): field 'video': video inputs are not supported" in err
+    assert f"{path}:1 (id clip): field 'video': clip.mp4: missing" in err

@@ -53,6 +53,7 @@ __all__ = [
     "file_grid",
     "sampled_fps",
     "audio_track",
+    "qwen3_smart_resize",
 ]
 
 AUDIO_IN_VIDEO_FIELD = "use_audio_in_video"
@@ -264,9 +265,11 @@ def _smart_resize(height: int, width: int, s: VideoSettings) -> tuple[int, int]:
     return h_bar, w_bar
 
 
-def _smart_resize_qwen3(frames: int, height: int, width: int, s: VideoSettings) -> tuple[int, int]:
-    """``Qwen3VLVideoProcessor``'s ``smart_resize``: ``frames x height x width`` within the limits."""
-    factor, temporal = s.patch_size * s.merge_size, s.temporal_patch_size
+def qwen3_smart_resize(
+    frames: int, height: int, width: int, *, factor: int, temporal: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """``Qwen3VLVideoProcessor``'s ``smart_resize``: the frame size, multiples of ``factor`` (patch x
+    merge), whose ``frames x height x width`` lies within the pixel limits, aspect ratio kept."""
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
@@ -274,15 +277,22 @@ def _smart_resize_qwen3(frames: int, height: int, width: int, s: VideoSettings) 
         raise ValueError(f"aspect ratio of a {width}x{height} video above 200")
     h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
     t_bar = round(frames / temporal) * temporal
-    if t_bar * h_bar * w_bar > s.max_pixels:
-        beta = math.sqrt((frames * height * width) / s.max_pixels)
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < s.min_pixels:
-        beta = math.sqrt(s.min_pixels / (frames * height * width))
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def _smart_resize_qwen3(frames: int, height: int, width: int, s: VideoSettings) -> tuple[int, int]:
+    return qwen3_smart_resize(
+        frames, height, width, factor=s.patch_size * s.merge_size, temporal=s.temporal_patch_size,
+        min_pixels=s.min_pixels, max_pixels=s.max_pixels,
+    )  # fmt: skip
 
 
 def video_grid(

@@ -116,7 +116,8 @@ def test_the_conversation_ids_are_the_processors(folder, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("frames", "height", "width"), [(5, 64, 96), (4, 40, 300), (16, 720, 1280), (2, 20, 20)]
+    ("frames", "height", "width"),
+    [(5, 64, 96), (4, 40, 300), (16, 720, 1280), (2, 20, 20), (8, 333, 517), (30, 1000, 700)],
 )
 def test_the_grid_is_the_video_processors_smart_resize(frames, height, width):
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -138,29 +137,22 @@ class VideoSettings:
 
 
 def _smart_resize(frames: int, height: int, width: int, s: VideoSettings) -> tuple[int, int]:
-    """``Qwen3VLVideoProcessor``'s ``smart_resize``: the frame size, multiples of ``patch * merge``,
-    whose ``frames x height x width`` lies within the pixel limits, aspect ratio kept."""
-    factor, temporal = s.factor, s.temporal_patch_size
+    """``Qwen3VLVideoProcessor``'s ``smart_resize`` (``entrain.data.video.qwen3_smart_resize``) under
+    ``s``; a video needs at least one temporal patch of frames."""
+    from entrain.data.video import qwen3_smart_resize
+
+    temporal = s.temporal_patch_size
     if frames < temporal:
         raise ValueError(f"{frames} frame(s): a video needs at least temporal_patch_size {temporal}")
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(
-            f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}"
-        )
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    t_bar = round(frames / temporal) * temporal
-    if t_bar * h_bar * w_bar > s.max_pixels:
-        beta = math.sqrt((frames * height * width) / s.max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < s.min_pixels:
-        beta = math.sqrt(s.min_pixels / (frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return qwen3_smart_resize(
+        frames,
+        height,
+        width,
+        factor=s.factor,
+        temporal=temporal,
+        min_pixels=s.min_pixels,
+        max_pixels=s.max_pixels,
+    )
 
 
 def video_grid(

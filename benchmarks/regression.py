@@ -13,7 +13,7 @@ The cases are imported, never retyped: ``entrain bench paper``'s datasets x mode
 runs ``entrain simulate``'s path (``cli.simulate.simulate_systems``: each system with the
 configuration its own method picks, the simulated memory check included) with the settings the
 baseline records (``settings``: iterations, seed, the exact argv), so a run is comparable.
-``headline`` is the issue-21 command itself (seed 3, 5 iterations, simulate's default systems).
+``headline`` is the headline speed-up command itself (synthchartnet, 1B, a40-paper) (seed 3, 5 iterations, simulate's default systems).
 
 Verdict (exit status): 1 when Entrain (``entrain``) is more than ``TOLERANCE`` slower than its
 baseline on any case, or a case/system of the baseline is missing or fails; 2 when only other

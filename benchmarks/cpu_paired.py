@@ -1,13 +1,16 @@
-"""Real runs against the simulator, Entrain at ``train``'s defaults vs 1F1B, paired.
+"""Real runs against the simulator, Entrain at ``train``'s defaults vs 1F1B, encoder-rebalance and DFLOP, paired.
 
 ``python benchmarks/cpu_pipeline.py --paired --dataset WORKLOAD [--launches 3] [--steps 4]
-[--profile FILE]``: per round one ``torchrun`` launch trains ``entrain`` and ``1f1b`` in turn (order
-drawn per round) with ``--trace``; Entrain runs with every decision at ``train``'s default (decided by
+[--profile FILE]``: per round one ``torchrun`` launch trains ``entrain``, ``1f1b``, ``encoder-rebalance``
+and ``dflop`` in turn (order drawn per round) with ``--trace``; Entrain runs with every decision at ``train``'s default (decided by
 simulation, ``core/planning/setups.py``). Recorded per workload: the real per-round paired ratio Entrain / 1F1B
 (median iteration time over the kept steps), and the simulator's ratio for the Plans that ran (round
 0's ``plan.json``) under (a) the cost model the run planned with and (b) the cost model refitted from
 round 0's 1F1B trace (``entrain profile --from-trace``, ``entrain.sim.trace_fit``): 1F1B's 1 encoder + 1
-LLM stage layout fits every layer, so (b) predicts Entrain's Plan out of sample. ``--profile FILE``
+LLM stage layout fits every layer, so (b) predicts Entrain's Plan out of sample. Against each
+baseline (``BASELINES``) likewise: the per-round paired ratio Entrain / baseline and the ratio of the
+same Plans simulated under (a) and (b) (``pair``), in a second table with its targets (real ratio <= 1.0,
+|sim / real - 1| <= 5 %); passes recorded before the two newer baselines were added have only 1F1B. ``--profile FILE``
 plans both systems with ``FILE`` (the closed loop: the refitted profile of an earlier pass) and is
 recorded. Results are merged per workload into ``benchmarks/results/cpu_pipeline_paired.{md,json}``; a
 pass's refitted profiles (``*.refit.json``, ``*.joint.json``) go beside the rounds ``--keep-runs DIR``
@@ -30,6 +33,11 @@ import tempfile
 from provenance import source  # benchmarks/provenance.py (scripts run from this folder)
 
 PAIRED_SYSTEMS = ("entrain", "1f1b")
+"""The pair of the first table (and of the refits fitted on traces)."""
+BASELINES = ("1f1b", "encoder-rebalance", "dflop")
+"""Every system Entrain is paired against in a pass, each trained in the same launch."""
+PASS_SYSTEMS = ("entrain", *BASELINES)
+BASE_LABELS = {"1f1b": "1F1B", "encoder-rebalance": "encoder-rebalance", "dflop": "DFLOP"}
 CAPPED = 224 * 224
 """Images capped at 224 x 224 px on the image-heavy sets, so a tiny-model step takes about a second."""
 PAIRED_CONFIGS = {
@@ -46,6 +54,8 @@ system's planner places its own 2-process layout)."""
 WARMUP = 1
 SIM_TOLERANCE = 0.05
 """The simulator's ratio within 5 % of the real paired ratio."""
+REAL_TARGET = 1.0
+"""Entrain's real paired ratio to each baseline at most this."""
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 STEM = "cpu_pipeline_paired"
 
@@ -158,15 +168,15 @@ def _decisions(run: str) -> dict[str, str]:
     }
 
 
-def predictions(first: str, refit_path: str, profile: str | None, label: str) -> dict:
-    """Round 0's Plans simulated under the planning cost model, the 1F1B-trace refit and the joint refit
-    (``label``: the round, named in the refitted profiles' notes)."""
+def predictions(first: str, refit_path: str, profile: str | None, label: str, systems=PAIRED_SYSTEMS) -> dict:
+    """Round 0's Plans of ``systems`` simulated under the planning cost model and the 1F1B-trace refit,
+    and Entrain's and 1F1B's under the joint refit (``label``: the round, named in the refitted profiles'
+    notes)."""
     base = {
-        s: simulated_ms(os.path.join(first, s), load_cost(os.path.join(first, s), profile))
-        for s in PAIRED_SYSTEMS
+        s: simulated_ms(os.path.join(first, s), load_cost(os.path.join(first, s), profile)) for s in systems
     }
     fit = refit_profile(os.path.join(first, "1f1b"), refit_path, f"{label}, 1f1b")
-    refit = {s: simulated_ms(os.path.join(first, s), load_cost("", refit_path)) for s in PAIRED_SYSTEMS}
+    refit = {s: simulated_ms(os.path.join(first, s), load_cost("", refit_path)) for s in systems}
     joint = joint_prediction(first, refit_path.replace(".refit.json", ".joint.json"), label)
     return {
         **joint,
@@ -179,6 +189,27 @@ def predictions(first: str, refit_path: str, profile: str | None, label: str) ->
     }
 
 
+def pair(per_round: list[dict], sim_ms: dict, refit_ms: dict, base: str) -> dict:
+    """Entrain against ``base``: the paired per-round real ratios Entrain / ``base`` (each round's
+    iteration ms of the same launch) and their median, and the same Plans' simulated ratio under the
+    planning cost model (``sim_ms``) and the refit (``refit_ms``), each with its error sim / real - 1 and
+    whether the targets hold (real <= ``REAL_TARGET``, |error| <= ``SIM_TOLERANCE``)."""
+    ratios = [r["entrain"] / r[base] for r in per_round]
+    real = statistics.median(ratios)
+    sim = sim_ms["entrain"] / sim_ms[base]
+    refit = refit_ms["entrain"] / refit_ms[base]
+    return {
+        "ratios": ratios,
+        "real_ratio": real,
+        "sim_ratio": sim,
+        "sim_rel_error": sim / real - 1,
+        "refit_sim_ratio": refit,
+        "refit_sim_rel_error": refit / real - 1,
+        "real_met": real <= REAL_TARGET,
+        "sim_met": abs(sim / real - 1) <= SIM_TOLERANCE,
+    }
+
+
 def run_workload(
     name: str,
     rounds: int,
@@ -187,26 +218,30 @@ def run_workload(
     profile: str | None,
     refit_out: str,
     keep: str | None = None,
+    systems: tuple[str, ...] = PASS_SYSTEMS,
 ) -> dict:
+    """One pass: ``rounds`` launches each training ``systems`` (order drawn per round), Entrain paired
+    against each of the others (``pair``); the first table's 1F1B columns at the top level."""
     config = PAIRED_CONFIGS[name]
     rng = random.Random(seed)
     per_round, orders, cpu_wall = [], [], []
     with tempfile.TemporaryDirectory(prefix="entrain-paired-") as tmp:
         for i in range(rounds):
             out = os.path.join(tmp, f"round{i}")
-            orders.append(rng.sample(PAIRED_SYSTEMS, 2))
+            orders.append(rng.sample(systems, len(systems)))
             _launch(out, steps, orders[-1], config, profile)
-            per_round.append({s: iter_ms(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
-            cpu_wall.append({s: cpu_over_wall(os.path.join(out, s)) for s in PAIRED_SYSTEMS})
+            per_round.append({s: iter_ms(os.path.join(out, s)) for s in systems})
+            cpu_wall.append({s: cpu_over_wall(os.path.join(out, s)) for s in systems})
             if keep:
                 shutil.copytree(out, os.path.join(keep, name, f"round{i}"), dirs_exist_ok=True)
         first = os.path.join(tmp, "round0")
         pred = predictions(
-            first, refit_out, profile, f"round 0 of `cpu_pipeline.py --paired --dataset {name}`"
+            first, refit_out, profile, f"round 0 of `cpu_pipeline.py --paired --dataset {name}`", systems
         )
-        decisions = {s: _decisions(os.path.join(first, s)) for s in PAIRED_SYSTEMS}
-    ratios = [r["entrain"] / r["1f1b"] for r in per_round]
-    real = statistics.median(ratios)
+        decisions = {s: _decisions(os.path.join(first, s)) for s in systems}
+    pairs = {b: pair(per_round, pred["sim_ms"], pred["refit_sim_ms"], b) for b in systems if b != "entrain"}
+    ratios = pairs["1f1b"]["ratios"]
+    real = pairs["1f1b"]["real_ratio"]
     return {
         "config": config,
         "profile": os.path.basename(profile) if profile else None,
@@ -222,6 +257,7 @@ def run_workload(
         "refit_sim_rel_error": pred["refit_sim_ratio"] / real - 1,
         "joint_sim_rel_error": pred["joint_sim_ratio"] / real - 1,
         "decisions": decisions,
+        "pairs": pairs,
         "decisions_planned": decisions_under(config, profile),
         "decisions_refit": decisions_under(config, refit_out),
         "refit_action_overhead_ms": load_cost("", refit_out).hardware.action_overhead_ms,
@@ -254,6 +290,69 @@ def _row(key: str, r: dict) -> str:
         f"{r['decisions']['entrain']['stages']}; split {r['decisions']['entrain']['split_weight_grads']}; "
         f"{r['decisions']['entrain']['assignment']} |"
     )
+
+
+def _pair_row(key: str, r: dict, base: str) -> str:
+    """The second table's row of pass ``key`` for Entrain / ``base``."""
+    p = r["pairs"][base]
+    med = {s: statistics.median(x[s] for x in r["iter_ms"]) for s in ("entrain", base)}
+    cpu = " / ".join(
+        f"{statistics.median(x[s] for x in r['busiest_cpu_over_wall']):.2f}" for s in ("entrain", base)
+    )
+    real_ok = "yes" if p["real_met"] else "**no**"
+    sim_ok = "yes" if p["sim_met"] else "**no**"
+    return (
+        f"| {key} | {BASE_LABELS.get(base, base)} | {r['profile'] or 'cpu-tiny'} | {r['rounds']} x {r['steps']} | "
+        f"{med['entrain']:.0f} | {med[base]:.0f} | {p['real_ratio']:.3f} ({min(p['ratios']):.3f}-{max(p['ratios']):.3f}) | "
+        f"{real_ok} | {p['sim_ratio']:.3f} | {p['sim_rel_error']:+.1%} | {sim_ok} | {p['refit_sim_ratio']:.3f} | "
+        f"{p['refit_sim_rel_error']:+.1%} | {cpu} | {r['decisions'][base]['stages']} |"
+    )
+
+
+def _pair_targets(results: dict) -> list[str]:
+    """One target line per baseline and target over the passes of the second table: met on how many,
+    and the passes where not (with the ratio or the error)."""
+    lines = []
+    for base in BASELINES:
+        got = {k: r["pairs"][base] for k, r in results.items() if base in r.get("pairs", {})}
+        if not got:
+            continue
+        label = BASE_LABELS.get(base, base)
+        for what, flag, value in (
+            (f"Entrain / {label} real ratio <= {REAL_TARGET}", "real_met", lambda p: f"{p['real_ratio']:.3f}"),
+            (f"Entrain / {label} |sim / real - 1| <= {SIM_TOLERANCE:.0%}", "sim_met",
+             lambda p: f"{p['sim_rel_error']:+.1%}"),
+        ):  # fmt: skip
+            missed = [f"{k} {value(p)}" for k, p in got.items() if not p[flag]]
+            met = len(got) - len(missed)
+            tail = f"; NOT met on {', '.join(missed)}" if missed else ""
+            lines.append(f"Target: {what}: met on {met} of {len(got)}{tail}.")
+    return lines
+
+
+def _pair_table(results: dict) -> list[str]:
+    """The second table: Entrain paired against each baseline trained in the same launches (passes
+    that recorded ``pairs``), then its target lines."""
+    keys = [k for k, r in results.items() if r.get("pairs")]
+    if not keys:
+        return []
+    lines = [
+        "",
+        "Entrain paired against each baseline trained in the same launches (passes that trained "
+        "`entrain`, `1f1b`, `encoder-rebalance` and `dflop` in each launch, order drawn per round): real ratio = "
+        "median over rounds of Entrain's median iteration ms / the baseline's of the same launch (min-max in "
+        "brackets); sim ratio = round 0's two Plans simulated under the cost model they were planned with, "
+        "refit = under the profile refitted from round 0's 1F1B trace; error = sim / real - 1. On 2 processes "
+        "every baseline's planner places 1 encoder + 1 LLM stage on one replica, where encoder-rebalance has "
+        "no other replica to move encoder work to.",
+        "",
+        "| workload (pass) | Entrain / | planned with | rounds x steps | Entrain ms | baseline ms | real ratio | "
+        "<= 1.0 | sim ratio | error | within 5 % | refit sim ratio | error | busiest rank CPU / wall (E / baseline) | "
+        "baseline's plan (round 0) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_pair_row(k, results[k], b) for k in keys for b in BASELINES if b in results[k]["pairs"]]
+    return [*lines, "", *_pair_targets({k: results[k] for k in keys})]
 
 
 def _decision_text(decisions: dict[str, str]) -> str:
@@ -296,6 +395,7 @@ def report(results: dict, idle: dict, sources: list[dict] = ()) -> str:
         if r.get("note"):
             notes.setdefault(r["note"], []).append(k)
     lines += ["", *(f"Note on {', '.join(keys)}: {note}." for note, keys in notes.items())] if notes else []
+    lines += _pair_table(results)
     lines += ["", "Entrain's simulated decisions (`entrain simulate --json`, those with more than one candidate) "
               "under the cost model the pass planned with, and under the profile refitted from its 1F1B trace "
               "(measured per-action overhead in brackets):", "",

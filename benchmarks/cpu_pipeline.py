@@ -461,7 +461,9 @@ def main() -> int:
         "with --paired also chartqa, multi-image",
     )
     ap.add_argument(
-        "--paired", action="store_true", help="Entrain (defaults) / 1F1B with traces (cpu_paired.py)"
+        "--paired",
+        action="store_true",
+        help="Entrain (defaults) / 1F1B, encoder-rebalance and DFLOP with traces (cpu_paired.py)",
     )
     ap.add_argument("--profile", default=None, help="--paired: plan both systems with this profile")
     ap.add_argument("--pass-name", default="", help="--paired: suffix of the workload's key in the results")

@@ -159,3 +159,74 @@ def test_paired_report_flags_a_slower_entrain_and_the_sim_error(benchmarks_on_pa
     assert "| 1.050 | +0.0% | 1.029 | -2.0% | 0.90 / 0.80 |" in row  # the joint refit's ratio and error
     assert "| multi-image | layout shared | layout disjoint (3.00) |" in text
     assert "multi-image NOT passed (10%)" in text
+
+
+def test_paired_pass_ratios_entrain_to_each_baseline(benchmarks_on_path):
+    """A four-system pass pairs Entrain against each baseline per round (Entrain / baseline, the median
+    of the rounds' ratios, not a ratio of medians), the simulated ratio of the same Plans with its error
+    sim / real - 1, and marks each target (real <= 1.0, |error| <= 5 %) per baseline."""
+    cpu_paired = importlib.import_module("cpu_paired")
+    per_round = [
+        {"entrain": 90.0, "1f1b": 100.0, "dflop": 100.0},
+        {"entrain": 120.0, "1f1b": 100.0, "dflop": 80.0},
+        {"entrain": 95.0, "1f1b": 100.0, "dflop": 200.0},
+    ]
+    sim = {"entrain": 80.0, "1f1b": 100.0, "dflop": 100.0}
+    refit = {"entrain": 90.0, "1f1b": 100.0, "dflop": 90.0}
+    p = cpu_paired.pair(per_round, sim, refit, "1f1b")
+    assert p["ratios"] == pytest.approx([0.9, 1.2, 0.95])
+    assert p["real_ratio"] == pytest.approx(0.95)
+    assert p["sim_ratio"] == pytest.approx(0.8)
+    assert p["sim_rel_error"] == pytest.approx(0.8 / 0.95 - 1)  # -15.8 %: outside 5 %
+    assert p["refit_sim_ratio"] == pytest.approx(0.9)
+    assert (p["real_met"], p["sim_met"]) == (True, False)
+    d = cpu_paired.pair(per_round, sim, refit, "dflop")
+    # paired 0.9, 1.5, 0.475 -> median 0.9; the ratio of medians would be 95 / 100
+    assert d["ratios"] == pytest.approx([0.9, 1.5, 0.475])
+    assert d["real_ratio"] == pytest.approx(0.9)
+    assert d["refit_sim_ratio"] == pytest.approx(1.0)
+    slower = cpu_paired.pair([{"entrain": 105.0, "dflop": 100.0}], sim, refit, "dflop")
+    assert slower["real_ratio"] == pytest.approx(1.05)
+    assert (slower["real_met"], slower["sim_met"]) == (False, False)  # 0.8 / 1.05 - 1 = -23.8 %
+    near = cpu_paired.pair([{"entrain": 82.0, "dflop": 100.0}], sim, refit, "dflop")
+    assert (near["real_met"], near["sim_met"]) == (True, True)  # 0.8 / 0.82 - 1 = -2.4 %
+
+
+def test_paired_report_has_a_row_per_baseline_and_its_targets(benchmarks_on_path):
+    """The second table: one row per (pass, baseline) with the pair's numbers; one target line per
+    baseline and target naming the passes that miss it; a pass without ``pairs`` has no row there."""
+    cpu_paired = importlib.import_module("cpu_paired")
+    per_round = [{"entrain": 90.0, "1f1b": 100.0, "encoder-rebalance": 95.0, "dflop": 85.0}] * 3
+    sim = {"entrain": 90.0, "1f1b": 100.0, "encoder-rebalance": 100.0, "dflop": 100.0}
+    pairs = {b: cpu_paired.pair(per_round, sim, sim, b) for b in cpu_paired.BASELINES}
+    stages = {"stages": "encoder[0,4)@0 llm[0,6)@1", "split_weight_grads": "False", "assignment": "paper 1"}
+    result = {
+        "config": {}, "profile": None, "rounds": 3, "steps": 8, "orders": [], "iter_ms": per_round,
+        "busiest_cpu_over_wall": [dict.fromkeys(per_round[0], 0.5)] * 3,
+        **{k: pairs["1f1b"][k] for k in ("ratios", "real_ratio", "sim_ratio", "sim_rel_error",
+                                         "refit_sim_ratio", "refit_sim_rel_error")},
+        "decisions": dict.fromkeys(cpu_paired.PASS_SYSTEMS, stages), "pairs": pairs,
+    }  # fmt: skip
+    old = {k: v for k, v in result.items() if k != "pairs"}
+    text = cpu_paired.report({"skewed (four systems)": result, "skewed": old}, {})
+    labels = ("1F1B", "encoder-rebalance", "DFLOP")
+    rows = [
+        line for line in text.splitlines() if line.startswith("|") and line.split("|")[2].strip() in labels
+    ]
+    assert len(rows) == 3  # the pass without pairs has a row in the first table only
+    assert rows[0].startswith("| skewed (four systems) | 1F1B |")
+    assert "| 90 | 100 | 0.900 (0.900-0.900) | yes | 0.900 | +0.0% | yes |" in rows[0]
+    assert rows[1].startswith("| skewed (four systems) | encoder-rebalance |")
+    assert "| 90 | 95 | 0.947 (0.947-0.947) | yes | 0.900 | -5.0% | yes |" in rows[1]
+    assert rows[2].startswith("| skewed (four systems) | DFLOP |")
+    assert "| 90 | 85 | 1.059 (1.059-1.059) | **no** | 0.900 | -15.0% | **no** |" in rows[2]
+    assert "| 0.50 / 0.50 | encoder[0,4)@0 llm[0,6)@1 |" in rows[2]
+    assert (
+        "Target: Entrain / DFLOP real ratio <= 1.0: met on 0 of 1; NOT met on skewed (four systems) 1.059."
+        in text
+    )
+    assert "Target: Entrain / 1F1B real ratio <= 1.0: met on 1 of 1." in text
+    assert (
+        "Target: Entrain / DFLOP |sim / real - 1| <= 5%: met on 0 of 1; NOT met on skewed (four systems) -15.0%."
+        in text
+    )

@@ -15,6 +15,9 @@ Model (documented assumptions):
   or ``W`` when split) frees them at its end. Only activations are counted (no weights, optimizer
   state or received-message buffers); ``ReplicaRun.step_bytes`` keeps, per action, the most a rank
   holds while it runs, for ``entrain.sim.metrics`` to add the messages in flight at that step.
+* Several encoders (``Layout.multi_encoder``): each encoder pipeline runs on its own ranks; the first
+  LLM stage's ``RECV_F`` of an encoder message waits for every encoder's message of it (each priced
+  by its sending stage), and its ``SEND_B`` sends each encoder its gradient.
 * Replicas run independently; the iteration ends when every pipeline rank of every replica has
   finished and then all-reduced its gradients over DP (``PlanCosts.allreduce_ms``): iteration time
   = max over pipeline ranks r of (latest end of rank r over replicas + all-reduce of rank r).
@@ -33,7 +36,7 @@ from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message, ReplicaGraph
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout, Plan
-from entrain.core.ir.validate import format_grid, message_of
+from entrain.core.ir.validate import format_grid, messages_of
 from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.workers import ordered_map
 
@@ -94,7 +97,13 @@ def simulate_plan(
 ) -> list[IterationRun]:
     """Run every iteration of ``plan``; spans and memory traces are kept for the first
     ``trace_iterations`` iterations. ``comm=False`` makes every transfer free. ``costs``: the plan's
-    ``PlanCosts`` when the caller has them (their caches then serve its metrics too)."""
+    ``PlanCosts`` when the caller has them (their caches then serve its metrics too); a plan with
+    several encoders needs them (``EncodersPlanCosts``: each encoder priced by its own cost model)."""
+    if costs is None and plan.layout.multi_encoder:
+        raise ScheduleError(
+            f"plan {plan.system!r} has encoders {list(plan.layout.encoder_names)}: simulating it needs each "
+            "encoder's cost model (pass costs=EncodersPlanCosts(...))"
+        )
     costs = PlanCosts(plan.layout, cost, plan.samples) if costs is None else costs
     return [
         run_iteration(plan.layout, it, costs, comm=comm, trace=i < trace_iterations)
@@ -229,17 +238,18 @@ class _Replica:
                     return key
                 woken += self._compute(g, a, max(ready, self.clock[g]))
             elif a.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
-                msg = message_of(a)
-                arrived = self.arrival.get(msg)
-                if arrived is None:
+                msgs = messages_of(self.graph.layout, a)  # one per encoder at a multi-encoder boundary
+                missing = next((m for m in msgs if m not in self.arrival), None)
+                if missing is not None:
                     self._requeue(woken)
-                    return msg
-                self.clock[g] = max(self.clock[g], arrived)
-                self.received[msg] = self.clock[g]
+                    return missing
+                self.clock[g] = max([self.clock[g], *(self.arrival[m] for m in msgs)])
+                for msg in msgs:
+                    self.received[msg] = self.clock[g]
             else:
-                msg = message_of(a)
-                self.arrival[msg] = self.clock[g] + self._transfer_ms(msg)
-                woken += self._wake(msg)
+                for msg in messages_of(self.graph.layout, a):
+                    self.arrival[msg] = self.clock[g] + self._transfer_ms(msg)
+                    woken += self._wake(msg)
             self.step_bytes[g].append(self._step_high)
             self.ptr[g] += 1
         self._requeue(woken)

@@ -8,6 +8,10 @@ dependencies; the lowering pass, the validator, the greedy interleaver and the s
   has the same ``(mb, sub)``. At the encoder -> LLM boundary (stage ``E``) samples are routed by id:
   LLM task ``(E, j, k)`` consumes every encoder message ``(E-1, m, u)`` sharing a sample with it, and
   the message keeps the *encoder*'s label ``(m, u)``.
+* With several encoders (``Layout.multi_encoder``) "stage ``s - 1``" / "``s + 1``" are the stage's
+  neighbours in its pipeline (``Layout.prev_stages`` / ``next_stage``): the first LLM stage consumes
+  the messages of every encoder's last stage, one per encoder for each encoder label, and sends each
+  its gradient; an encoder pipeline's first stage has no input.
 * ``B`` (or ``I``) of a task consumes the gradient message of stage ``s + 1`` with the same label;
   at the boundary, the gradient of encoder message ``(m, u)`` is sent by stage ``E`` once every LLM
   task consuming it has run its backward.
@@ -28,8 +32,9 @@ Task = tuple[int, int, int]
 
 
 class Message(NamedTuple):
-    """A p2p message: ``kind`` ``"F"`` (activations, ``src = dst - 1``) or ``"B"`` (gradients,
-    ``src = dst + 1``), labelled ``(mb, sub)`` as the communication actions are."""
+    """A p2p message: ``kind`` ``"F"`` (activations, ``src`` the stage before ``dst``) or ``"B"``
+    (gradients, ``src`` the stage after ``dst``), labelled ``(mb, sub)`` as the communication actions
+    are."""
 
     kind: str
     src: int
@@ -54,6 +59,8 @@ class ReplicaGraph:
         self.microbatches = microbatches
         self.num_stages = len(layout.stages)
         self.num_encoder_stages = layout.num_encoder_stages
+        self._next = tuple(layout.next_stage(s) for s in range(self.num_stages))
+        self._prev = tuple(layout.prev_stages(s) for s in range(self.num_stages))
         self._enc_of: dict[str, tuple[int, int]] = {}
         self._llm_of: dict[str, tuple[int, int]] = {}
         for spec in microbatches:
@@ -117,27 +124,29 @@ class ReplicaGraph:
     # --- dependencies ---------------------------------------------------------------------------------
     def fwd_inputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Forward messages consumed by ``F(stage, mb, sub)``."""
-        if stage == 0:
-            return []
+        prev = self._prev[stage]
         if self._boundary(stage):
-            return [Message("F", stage - 1, stage, m, u) for m, u in self._llm_inputs.get((mb, sub), [])]
-        return [Message("F", stage - 1, stage, mb, sub)]
+            labels = self._llm_inputs.get((mb, sub), [])
+            return [Message("F", p, stage, m, u) for m, u in labels for p in prev]
+        return [Message("F", p, stage, mb, sub) for p in prev]
 
     def fwd_outputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Forward messages produced by ``F(stage, mb, sub)``."""
-        if stage == self.num_stages - 1:
+        nxt = self._next[stage]
+        if nxt is None:
             return []
-        if self._boundary(stage + 1) and (mb, sub) not in self._enc_consumers:
+        if self._boundary(nxt) and (mb, sub) not in self._enc_consumers:
             return []
-        return [Message("F", stage, stage + 1, mb, sub)]
+        return [Message("F", stage, nxt, mb, sub)]
 
     def bwd_inputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Gradient messages consumed by ``B``/``I`` of (stage, mb, sub)."""
-        if stage == self.num_stages - 1:
+        nxt = self._next[stage]
+        if nxt is None:
             return []
-        if self._boundary(stage + 1) and (mb, sub) not in self._enc_consumers:
+        if self._boundary(nxt) and (mb, sub) not in self._enc_consumers:
             return []
-        return [Message("B", stage + 1, stage, mb, sub)]
+        return [Message("B", nxt, stage, mb, sub)]
 
     def bwd_producers(self, msg: Message) -> list[Task]:
         """Tasks at ``msg.src`` whose backward must all finish before gradient ``msg`` is sent."""
@@ -147,11 +156,11 @@ class ReplicaGraph:
 
     def bwd_outputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Gradient messages that the backward of (stage, mb, sub) contributes to."""
-        if stage == 0:
-            return []
+        prev = self._prev[stage]
         if self._boundary(stage):
-            return [Message("B", stage, stage - 1, m, u) for m, u in self._llm_inputs.get((mb, sub), [])]
-        return [Message("B", stage, stage - 1, mb, sub)]
+            labels = self._llm_inputs.get((mb, sub), [])
+            return [Message("B", stage, p, m, u) for m, u in labels for p in prev]
+        return [Message("B", stage, p, mb, sub) for p in prev]
 
     def fwd_producer(self, msg: Message) -> Task:
         return (msg.src, msg.mb, msg.sub)

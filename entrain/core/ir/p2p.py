@@ -35,7 +35,7 @@ from typing import Literal
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
-from entrain.core.ir.validate import message_of
+from entrain.core.ir.validate import message_of, messages_of
 from entrain.core.model.layer_specs import HIDDEN
 
 __all__ = [
@@ -199,6 +199,10 @@ def encoder_pieces(layout: Layout, it: IterationPlan) -> Pieces:
 def _targets(layout: Layout, pieces: Pieces, rank: int, a: Action) -> list[tuple[int, Message]]:
     """(peer, message) of each message communication action ``a`` of ``rank`` sends or receives: its
     own replica's, then the pieces that cross replicas (``encoder_pieces``), by replica."""
+    if layout.multi_encoder:  # one message per encoder at the first LLM stage; no pieces
+        return [
+            (_owner(layout, rank, m.dst if a.kind in _SENDS else m.src), m) for m in messages_of(layout, a)
+        ]
     msg = message_of(a)
     own = [(_peer(layout, rank, a), msg)]
     if not pieces:
@@ -395,8 +399,11 @@ def layout_channels(layout: Layout, cross_replica: bool = False) -> list[tuple[i
                     out.update({(a, b), (b, a)})
     for replica in range(layout.dp):
         for s in range(len(layout.stages) - 1):
+            nxt = layout.next_stage(s)
+            if nxt is None:
+                continue
             a = layout.global_rank(replica, layout.stages[s].pp_rank)
-            b = layout.global_rank(replica, layout.stages[s + 1].pp_rank)
+            b = layout.global_rank(replica, layout.stages[nxt].pp_rank)
             if a != b:
                 out.update({(a, b), (b, a)})
     return sorted(out)

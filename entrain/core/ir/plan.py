@@ -6,7 +6,10 @@ one ``IterationPlan`` per iteration (the microbatch assignment, the sample ids o
 
 Indexing conventions (every generator and both executors follow them):
 
-* Stages are numbered per replica: encoder stages ``0..E-1`` then LLM stages ``E..E+L-1``.
+* Stages are numbered per replica: encoder stages ``0..E-1`` then LLM stages ``E..E+L-1``. With
+  several encoders (``StageSpec.encoder`` names each encoder stage's pipeline, ``Layout.components``
+  has one entry per encoder name and ``llm``) each encoder's stages are consecutive, encoders in
+  order, and each pipeline's last stage feeds stage ``E`` (``Layout.next_stage`` / ``prev_stages``).
   ``StageSpec.pp_rank`` says which pipeline rank of the replica holds a stage; a rank may hold
   several stages (DIP colocates encoder chunk r and LLM chunk r on rank r; Entrain's boundary-sharing
   layout, ``planning.boundary.boundary_sharing_config``, puts the last encoder stage and the first LLM stage on
@@ -25,7 +28,11 @@ Indexing conventions (every generator and both executors follow them):
   input; ``sSEND_Bm`` / ``sRECV_Bm`` likewise for gradients (to / from s-1 and s+1). At the
   encoder -> LLM boundary the (mb, sub) of a communication action is the *encoder* message's:
   LLM stage E runs ``E RECV_F j.0`` and ``E RECV_F (j-1).1`` before ``E F j`` when j-1 deferred
-  into j, and sends the gradients back per encoder message. Samples are routed by id.
+  into j, and sends the gradients back per encoder message. Samples are routed by id. With several
+  encoders encoder microbatch ``(mb, sub)`` is the same samples on every encoder pipeline, and one
+  boundary action stands for one message per encoder: ``E RECV_F j`` receives encoder message ``j``
+  from every encoder's last stage, ``E SEND_B j`` sends its gradient to each
+  (``validate.messages_of``).
 * A message is a set of named tensors: ``"hidden"`` and the parts ``StageSpec.parts`` of the stage
   whose forward output it is (or whose output's gradient it is) declares, in that order; a part a
   later stage needs crosses every boundary on its way (each stage sends it on).
@@ -122,10 +129,24 @@ class StageSpec:
     """What the stage's forward message carries besides ``HIDDEN`` (its gradient message the same
     parts' gradients), in wire order after it (``CostModel.layout_with_parts``; a family declares them
     on its ``LayerSpec.message_parts``)."""
+    encoder: str | None = None
+    """On an encoder stage of a plan with several encoders: the encoder (pipeline) it belongs to, a key
+    of ``Layout.components`` (``vision``, ``audio``); ``None`` in a one-encoder plan (not written)."""
 
     def __post_init__(self) -> None:
         if len(set(self.part_names)) != len(self.part_names):
             raise ValueError(f"stage {self.stage}: message parts {list(self.part_names)} repeat a name")
+        if self.encoder is not None and (self.component != "encoder" or self.encoder in ("", "llm")):
+            raise ValueError(
+                f"stage {self.stage}: encoder name {self.encoder!r} on a {self.component} stage: only encoder "
+                "stages name their encoder, with a name other than 'llm'"
+            )
+
+    @property
+    def component_key(self) -> str:
+        """The key of ``Layout.components`` holding this stage's degrees: its encoder's name, else its
+        component."""
+        return self.encoder if self.encoder is not None else self.component
 
     @property
     def part_names(self) -> tuple[str, ...]:
@@ -143,6 +164,8 @@ class StageSpec:
             out["recompute"] = self.recompute
         if self.parts:
             out["parts"] = [p.to_json() for p in self.parts]
+        if self.encoder is not None:
+            out["encoder"] = self.encoder
         return out
 
     @classmethod
@@ -156,6 +179,7 @@ class StageSpec:
             int(d["pp_rank"]),
             d.get("recompute", "none"),
             tuple(MessagePart.from_json(p) for p in d.get("parts", ())),
+            d.get("encoder"),
         )
 
 
@@ -197,6 +221,24 @@ class Layout:
                 raise ValueError(
                     f"{name}: ep {par.ep} must divide dp {self.dp} (experts shard over replicas)"
                 )
+        self._check_encoder_groups()
+
+    def _check_encoder_groups(self) -> None:
+        enc = [s for s in self.stages if s.component == "encoder"]
+        named = [s for s in enc if s.encoder is not None]
+        if not named:
+            return
+        if len(named) != len(enc):
+            raise ValueError("encoder stages: either every one names its encoder or none does")
+        if any(s.component == "encoder" for s in self.stages[len(enc) :]):
+            raise ValueError("stages with several encoders: every encoder stage comes before the LLM's")
+        names = [s.encoder for s in enc]
+        order = list(dict.fromkeys(names))
+        if names != [n for n in order for _ in range(names.count(n))]:
+            raise ValueError(f"encoder stages {names}: each encoder's stages must be consecutive")
+        missing = [n for n in order if n not in self.components]
+        if missing:
+            raise ValueError(f"encoders {missing} have stages but no entry in the layout's components")
 
     @property
     def global_batch(self) -> int:
@@ -214,6 +256,50 @@ class Layout:
     def num_encoder_stages(self) -> int:
         return sum(1 for s in self.stages if s.component == "encoder")
 
+    @property
+    def encoder_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The encoder pipelines, each its stages in order: one group of every encoder stage in a
+        one-encoder plan (none without encoder stages), one per named encoder otherwise."""
+        enc = [s for s in self.stages if s.component == "encoder"]
+        if not enc:
+            return ()
+        groups: dict[str | None, list[int]] = {}
+        for s in enc:
+            groups.setdefault(s.encoder, []).append(s.stage)
+        return tuple(tuple(g) for g in groups.values())
+
+    @property
+    def encoder_names(self) -> tuple[str, ...]:
+        """The named encoders in stage order; empty in a one-encoder plan."""
+        return tuple(dict.fromkeys(s.encoder for s in self.stages if s.encoder is not None))
+
+    @property
+    def multi_encoder(self) -> bool:
+        """Whether the plan has several encoder pipelines (named encoder stages)."""
+        return bool(self.encoder_names)
+
+    def next_stage(self, stage: int) -> int | None:
+        """The stage ``stage``'s forward output goes to: the next stage of its pipeline, the first LLM
+        stage after an encoder pipeline's last, ``None`` after the last stage."""
+        e = self.num_encoder_stages
+        if stage < e and self.multi_encoder:
+            group = next(g for g in self.encoder_groups if stage in g)
+            if stage != group[-1]:
+                return stage + 1
+            return e if e < len(self.stages) else None
+        return stage + 1 if stage + 1 < len(self.stages) else None
+
+    def prev_stages(self, stage: int) -> tuple[int, ...]:
+        """The stages whose forward outputs ``stage`` consumes: the previous stage of its pipeline; at
+        the first LLM stage, the last stage of every encoder pipeline; none at a pipeline's first."""
+        e = self.num_encoder_stages
+        if self.multi_encoder:
+            if stage == e:
+                return tuple(g[-1] for g in self.encoder_groups)
+            if stage < e and any(stage == g[0] for g in self.encoder_groups):
+                return ()
+        return (stage - 1,) if stage > 0 else ()
+
     def stages_of(self, pp_rank: int) -> tuple[StageSpec, ...]:
         return tuple(s for s in self.stages if s.pp_rank == pp_rank)
 
@@ -223,10 +309,11 @@ class Layout:
         replicas, both components, and the last encoder stage and the first LLM stage on different
         pipeline ranks (the point-to-point program sends moved features between those ranks; a rank
         holding both takes its replica's features locally). Not with expert parallelism: its replicas
-        must run the same programs (their all-to-alls pair up)."""
+        must run the same programs (their all-to-alls pair up). Not with several encoders."""
         e = self.num_encoder_stages - 1
         return (
-            self.dp > 1
+            not self.multi_encoder
+            and self.dp > 1
             and 0 <= e < len(self.stages) - 1
             and self.stages[e].pp_rank != self.stages[e + 1].pp_rank
             and all(c.ep == 1 for c in self.components.values())
@@ -370,6 +457,8 @@ def _sample_to_json(w: SampleWork) -> dict:
     from entrain.core.workload.samples import DEFAULT_VISION
 
     d = {"id": w.id, "encoder": w.encoder, "llm": w.llm}
+    if w.encoders:
+        d["encoders"] = list(w.encoders)
     if w.meta is not None:
         d["meta"] = w.meta.to_json()
         if w.meta.vision != DEFAULT_VISION:  # --min-pixels / --max-pixels: what its tokens are counted under
@@ -385,4 +474,5 @@ def _sample_from_json(d: dict) -> SampleWork:
         m = d["meta"]
         vision = VisionTokenConfig(**m["vision"]) if "vision" in m else DEFAULT_VISION
         meta = SampleMeta.from_json(m, vision)
-    return SampleWork(d["id"], float(d["encoder"]), float(d["llm"]), meta)
+    encoders = tuple(float(x) for x in d.get("encoders", ()))
+    return SampleWork(d["id"], float(d["encoder"]), float(d["llm"]), meta, encoders)

@@ -22,7 +22,14 @@ from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message, ReplicaGraph
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout, Plan
 
-__all__ = ["validate_plan", "validate_iteration", "validate_replica", "format_grid", "message_of"]
+__all__ = [
+    "validate_plan",
+    "validate_iteration",
+    "validate_replica",
+    "format_grid",
+    "message_of",
+    "messages_of",
+]
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -139,12 +146,16 @@ class _Validator:
                     is_send = a.kind in (ActionKind.SEND_F, ActionKind.SEND_B)
                     if is_send != want_send:
                         continue
-                    msg = message_of(a)
-                    if msg not in expected:
-                        self.fail(g, i, f"{a}: no such message between ranks ({_describe(msg)})")
-                    seen[msg] += 1
-                    if seen[msg] > 1:
-                        self.fail(g, i, f"{a}: {_describe(msg)} is {'sent' if is_send else 'received'} twice")
+                    msgs = messages_of(self.layout, a)
+                    if not msgs:
+                        self.fail(g, i, f"{a}: no such message between ranks (stage {a.stage} has no peer)")
+                    for msg in msgs:
+                        if msg not in expected:
+                            self.fail(g, i, f"{a}: no such message between ranks ({_describe(msg)})")
+                        seen[msg] += 1
+                        if seen[msg] > 1:
+                            verb = "sent" if is_send else "received"
+                            self.fail(g, i, f"{a}: {_describe(msg)} is {verb} twice")
             for msg in sorted(expected - set(seen)):
                 act = self.graph.send_action(msg) if want_send else self.graph.recv_action(msg)
                 g = self._global(self.graph.rank_of(msg.src if want_send else msg.dst))
@@ -186,8 +197,11 @@ class _Validator:
         graph, u = self.graph, a.sub_index
         out: list[str] = []
         if a.kind is ActionKind.RECV_F or a.kind is ActionKind.RECV_B:
-            msg = message_of(a)
-            return [] if msg in sent else [f"its SEND ({self.graph.send_action(msg)})"]
+            return [
+                f"its SEND ({self.graph.send_action(m)})"
+                for m in messages_of(self.layout, a)
+                if m not in sent
+            ]
         if a.kind.is_comm:
             return []
         if a.kind is _F:
@@ -223,19 +237,42 @@ class _Validator:
         elif a.kind is _W:
             done.add(("W", a.stage, a.mb, a.sub_index))
         elif a.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
-            msg = message_of(a)
-            if msg.kind == "F" and ("F", msg.src, msg.mb, msg.sub) not in done:
-                self.fail(g, self.actions[g].index(a), f"{a} before the forward producing it")
-            if msg.kind == "B":
-                pending = [t for t in self.graph.bwd_producers(msg) if ("B", *t) not in done]
-                if pending:
-                    self.fail(g, self.actions[g].index(a), f"{a} before the backward of {pending[0]}")
-            sent.add(msg)
+            for msg in messages_of(self.layout, a):
+                if msg.kind == "F" and ("F", msg.src, msg.mb, msg.sub) not in done:
+                    self.fail(g, self.actions[g].index(a), f"{a} before the forward producing it")
+                if msg.kind == "B":
+                    pending = [t for t in self.graph.bwd_producers(msg) if ("B", *t) not in done]
+                    if pending:
+                        self.fail(g, self.actions[g].index(a), f"{a} before the backward of {pending[0]}")
+                sent.add(msg)
         else:
-            received.add((g, message_of(a)))
+            received.update((g, m) for m in messages_of(self.layout, a))
+
+
+def messages_of(layout: Layout, a: Action) -> tuple[Message, ...]:
+    """The messages a communication action sends or receives: one (``message_of``), except at the
+    first LLM stage of a plan with several encoders, where ``RECV_F`` / ``SEND_B`` stand for one
+    message per encoder (from / to each encoder pipeline's last stage, in encoder order)."""
+    if not layout.multi_encoder:
+        return (message_of(a),)
+    u = a.sub_index
+    if a.kind is ActionKind.SEND_F or a.kind is ActionKind.RECV_B:
+        nxt = layout.next_stage(a.stage)
+        if nxt is None:
+            return ()
+        kind = "F" if a.kind is ActionKind.SEND_F else "B"
+        src, dst = (a.stage, nxt) if kind == "F" else (nxt, a.stage)
+        return (Message(kind, src, dst, a.mb, u),)
+    if a.kind is ActionKind.RECV_F:
+        return tuple(Message("F", p, a.stage, a.mb, u) for p in layout.prev_stages(a.stage))
+    if a.kind is ActionKind.SEND_B:
+        return tuple(Message("B", a.stage, p, a.mb, u) for p in layout.prev_stages(a.stage))
+    raise ValueError(f"{a} is not a communication action")
 
 
 def message_of(a: Action) -> Message:
+    """The message of a communication action in a one-encoder plan (stage ``s`` talks to ``s - 1`` and
+    ``s + 1``); ``messages_of`` covers every plan."""
     u = a.sub_index
     if a.kind is ActionKind.SEND_F:
         return Message("F", a.stage, a.stage + 1, a.mb, u)

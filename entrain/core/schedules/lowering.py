@@ -10,6 +10,10 @@ message between stages on *different* ranks (``ReplicaGraph``):
 * ``RECV`` goes right before the first action on the receiving rank that consumes the message;
   several receives before one action are ordered by message label ``(mb, sub)``.
 
+With several encoders one boundary action stands for one message per encoder
+(``validate.messages_of``): the receives and sends of the encoders' messages of one label lower to one
+action.
+
 Messages between stages on the same rank need no action. Executors must match a receive to its
 send by (kind, stage, mb, sub), not by arrival order: a rank's receives are ordered by its own
 consumption, which can differ from the sender's send order when a rank holds several stages.
@@ -39,9 +43,9 @@ def add_comms(graph: ReplicaGraph, compute: dict[int, list[Action]]) -> dict[int
             needed = _inputs(graph, a)
             recvs = sorted(m for m in needed if graph.is_remote(m) and m not in received)
             received.update(recvs)
-            lowered += [graph.recv_action(m) for m in recvs]
+            lowered += dict.fromkeys(graph.recv_action(m) for m in recvs)
             lowered.append(a)
-            lowered += [graph.send_action(m) for m in sends_after.get((rank, i), [])]
+            lowered += dict.fromkeys(graph.send_action(m) for m in sends_after.get((rank, i), []))
         out[rank] = lowered
     return out
 

@@ -21,6 +21,9 @@ class SampleWork:
     llm: float
     meta: SampleMeta | None = None
     """Token metadata when known (workload files and generators); ``None`` for raw-work files."""
+    encoders: tuple[float, ...] = ()
+    """With several encoders: the work on each (the layout's encoder order; ``encoder`` is their sum);
+    empty with one encoder."""
 
     @property
     def total(self) -> float:

@@ -20,10 +20,12 @@ The photos are in ``entrain.data.synth_photos``, the charts in ``entrain.data.sy
 module fits the text to the drawn token counts and writes the dataset.
 
 - ``video``: each video sample (T/2 temporal patches drawn as stills of one size) a real clip of T
-  frames panning across a photo (``entrain.data.synth_video``), one ``<video>`` in its question.
+  frames panning across a photo (``entrain.data.synth_video``), one ``<video>`` in its question;
+  ``omni``'s videos the same with their clip as the audio track (a synthesised sound, PCM in a MOV)
+  and ``"use_audio_in_video": true``.
 
 Output: ``DIR/data.json`` (an array, one record per line), ``DIR/images/<id>.png|.jpg``, for audio
-``DIR/audio/<id>.wav`` and for video ``DIR/videos/<id>.mp4``.
+``DIR/audio/<id>.wav`` and for video ``DIR/videos/<id>.mp4`` (``.mov`` with an audio track).
 Deterministic in ``(name, n, seed)``.
 """
 
@@ -376,19 +378,36 @@ def _video_sample(
     name: str, target: SampleMeta, rng: np.random.Generator, images_dir: Path, tok: TextTokenizer
 ) -> tuple[dict, int]:
     """A video sample (``entrain.data.synth_video``): its T/2 drawn frames of one size as a clip of T
-    frames in ``DIR/videos/``, one ``<video>`` (one visual item, as the generator counts its text)."""
+    frames in ``DIR/videos/``, one ``<video>`` (one visual item, as the generator counts its text);
+    with an audio clip (``omni``) the clip as its audio track (a MOV) and ``use_audio_in_video``."""
     from entrain.data.synth_video import write_clip
+    from entrain.data.video import AUDIO_IN_VIDEO_FIELD
     from entrain.data.video_records import expand_videos, video_text
 
-    budgets = _turn_budgets(name, target.text_tokens, rng, 1)
+    markers = 2 * len(target.audio)  # a track's <|audio_bos|> / <|audio_eos|> inside the video's markers
+    budgets = _turn_budgets(name, target.text_tokens - markers, rng, 1)
     photo = PHOTOS[int(rng.integers(len(PHOTOS)))]
     (height, width), patches = target.images[0], len(target.images)
-    path = images_dir.parent / "videos" / f"{target.id}.mp4"
-    write_clip(photo, 2 * patches, height, width, path, rng)
+    track = None
+    if target.audio:  # its audio track: a sound of the clip's mel frames, asked about beside the picture
+        from entrain.data.synth_audio import SOUNDS, sound_samples
+
+        sound = SOUNDS[int(rng.integers(len(SOUNDS)))]
+        track = sound_samples(sound, target.audio[0], rng)
+        photo = dataclasses.replace(
+            photo,
+            caption=f"{photo.caption} {sound.caption}",
+            qa=photo.qa + sound.qa,
+            facts=photo.facts + sound.facts,
+        )
+    path = images_dir.parent / "videos" / f"{target.id}.{'mp4' if track is None else 'mov'}"
+    write_clip(photo, 2 * patches, height, width, path, rng, track)
     turns = _conversation(_photo_turns(photo, budgets, rng, tok), 0, num_videos=1)
-    counted = expand_videos(turns, [video_text(tok, None)])
+    counted = expand_videos(turns, [video_text(tok, None, audio_tokens=None if track is None else 0)])
     diff = count_text_tokens(counted, tok) - target.text_tokens
     record = {"id": target.id, "video": f"videos/{path.name}"}
+    if track is not None:
+        record[AUDIO_IN_VIDEO_FIELD] = True
     record["conversations"] = [{"from": "human" if r == "user" else "gpt", "value": t} for r, t in turns]
     return record, diff
 

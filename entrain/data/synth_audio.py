@@ -22,7 +22,7 @@ import numpy as np
 
 from entrain.data.audio import HOP_LENGTH, SAMPLING_RATE
 
-__all__ = ["SOUNDS", "Sound", "write_sound"]
+__all__ = ["SOUNDS", "Sound", "sound_samples", "write_sound"]
 
 
 @dataclass(frozen=True)
@@ -125,12 +125,18 @@ def _engine(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
 _SYNTH = {"speech": _speech, "birdsong": _birdsong, "rain": _rain, "bell": _bell, "engine": _engine}
 
 
-def write_sound(sound: Sound, frames: int, rng: np.random.Generator, path: Path) -> None:
-    """A 16-bit mono WAV at 16 kHz of ``frames * HOP_LENGTH`` samples of ``sound``, peak -3 dBFS."""
-    from scipy.io import wavfile
-
+def sound_samples(sound: Sound, frames: int, rng: np.random.Generator) -> np.ndarray:
+    """``frames * HOP_LENGTH`` 16-bit mono samples at 16 kHz of ``sound``, peak -3 dBFS."""
     t = np.arange(int(frames) * HOP_LENGTH) / SAMPLING_RATE
     wave = _SYNTH[sound.kind](rng, t)
     wave = wave / max(1e-9, float(np.abs(wave).max())) * 0.7
+    return (wave * 32767).astype(np.int16)
+
+
+def write_sound(sound: Sound, frames: int, rng: np.random.Generator, path: Path) -> None:
+    """``sound_samples`` as a WAV file at ``path``."""
+    from scipy.io import wavfile
+
+    samples = sound_samples(sound, frames, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
-    wavfile.write(path, SAMPLING_RATE, (wave * 32767).astype(np.int16))
+    wavfile.write(path, SAMPLING_RATE, samples)

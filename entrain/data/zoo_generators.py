@@ -76,6 +76,18 @@ _VIDEO_SOURCES = [((640, 360), 0.30), ((854, 480), 0.35), ((1280, 720), 0.30), (
 """(W, H) of the source clips: 360p / 480p / 720p / 1080p [assumed weights]."""
 
 
+def _video_frames(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(heights, widths)`` of ``n`` videos' frames: ``_VIDEO_SOURCES`` (10% portrait), each frame
+    within ``VIDEO_FRAME_MAX_PIXELS``."""
+    src = choice(rng, [p for _, p in _VIDEO_SOURCES], n)
+    w = np.array([s[0] for s, _ in _VIDEO_SOURCES])[src].astype(float)
+    h = np.array([s[1] for s, _ in _VIDEO_SOURCES])[src].astype(float)
+    scale = np.minimum(1.0, np.sqrt(VIDEO_FRAME_MAX_PIXELS / (w * h)))
+    portrait = rng.random(n) < 0.1
+    fh, fw = np.where(portrait, w, h) * scale, np.where(portrait, h, w) * scale
+    return fh.astype(np.int64), fw.astype(np.int64)
+
+
 def _video(rng: np.random.Generator, n: int) -> Rows:
     """A video of T frames is T/2 temporal patches; each is priced as one image of the frame size
     (Qwen2.5-VL's ViT attends within each temporal patch, and the LLM sees T/2 x (H'/28)(W'/28) tokens)."""
@@ -83,16 +95,11 @@ def _video(rng: np.random.Generator, n: int) -> Rows:
     fps2 = 2 * np.rint(lognormal(rng, 8, 0.6, n)).astype(np.int64)  # 2 fps over a clip of ~8 s
     frames = np.clip(np.where(rng.random(n) < 0.6, fixed, fps2), *VIDEO_FRAMES)
     frames = frames - frames % 2
-    src = choice(rng, [p for _, p in _VIDEO_SOURCES], n)
-    w = np.array([s[0] for s, _ in _VIDEO_SOURCES])[src].astype(float)
-    h = np.array([s[1] for s, _ in _VIDEO_SOURCES])[src].astype(float)
-    scale = np.minimum(1.0, np.sqrt(VIDEO_FRAME_MAX_PIXELS / (w * h)))
-    portrait = rng.random(n) < 0.1
-    fh, fw = np.where(portrait, w, h) * scale, np.where(portrait, h, w) * scale
+    fh, fw = _video_frames(rng, n)
     width = VIDEO_FRAMES[1] // 2
     counts = frames // 2
-    heights = np.repeat(fh.astype(np.int64)[:, None], width, axis=1)
-    widths = np.repeat(fw.astype(np.int64)[:, None], width, axis=1)
+    heights = np.repeat(fh[:, None], width, axis=1)
+    widths = np.repeat(fw[:, None], width, axis=1)
     turns = 1 + (rng.random(n) < 0.3)
     text = with_template(
         qa_text(rng, n, turns, q_mean=15, a_mean=25, a_sigma=0.8), np.ones(n, dtype=np.int64)
@@ -175,9 +182,10 @@ def _anyres(rng: np.random.Generator, n: int) -> Rows:
     return one_image(text, (heights, widths))
 
 
-OMNI_SOURCE_WEIGHTS = {"speech-qa": 0.40, "audio-caption": 0.30, "image-audio": 0.30}
+OMNI_SOURCE_WEIGHTS = {"speech-qa": 0.35, "audio-caption": 0.25, "image-audio": 0.25, "video-audio": 0.15}
 """Per-sample source of ``omni`` (i.i.d.) [assumed]: a spoken passage with questions about it, a sound
-to caption, a photo with a spoken question about it."""
+to caption, a photo with a spoken question about it, a video with its audio track and questions about
+both."""
 SPEECH_MEAN_SECONDS = 12.0
 """Mean speech-QA clip (docs/workloads.md: LibriSpeech's utterances average about 12 s)."""
 AUDIOCAPS_SHARE = 0.7
@@ -187,24 +195,43 @@ SPOKEN_QUESTION_MEAN_SECONDS = 4.0
 """Mean spoken question about an image [assumed]."""
 MEL_FRAMES_PER_SECOND = 100
 """Whisper's 10-ms hop (160 samples at 16 kHz); a clip is cut at 30 s (3,000 frames) as the processor does."""
+AV_TEN_SECOND_SHARE = 0.7
+"""Videos with their audio track of VGGSound's fixed 10 s (the clips AVQA asks about) [assumed share]."""
+AV_SECONDS = (2, 30)
+"""The other videos' whole seconds, uniform: at least a temporal patch pair (4 frames, the video
+processor's minimum), at most the audio window (30 s) [assumed range]."""
+AV_FPS = 2
+"""Frames a second the video processor samples (Qwen2.5-Omni's 2 fps): a T-second clip is 2T frames, T
+temporal patches, and its track 100 T mel frames."""
 
 
 def _omni_with_audio(rng: np.random.Generator, n: int) -> tuple[Rows, list[tuple[int, ...]]]:
     """Rows of ``omni`` and each sample's one audio clip (mel frames); audio markers count as a
-    visual item's (``<|audio_bos|>`` / ``<|audio_eos|>``)."""
+    visual item's (``<|audio_bos|>`` / ``<|audio_eos|>``). A video with its audio track is its T/2
+    temporal patches as stills of one frame size (as ``video``'s) and the track as its clip."""
     source = choice(rng, list(OMNI_SOURCE_WEIGHTS.values()), n)
     speech = np.clip(lognormal(rng, SPEECH_MEAN_SECONDS, 0.5, n), 1.0, 30.0)
     caption = np.where(rng.random(n) < AUDIOCAPS_SHARE, 10.0, rng.uniform(*CLOTHO_SECONDS, n))
     question = np.clip(lognormal(rng, SPOKEN_QUESTION_MEAN_SECONDS, 0.5, n), 1.0, 15.0)
-    seconds = np.choose(source, [speech, caption, question])
+    av_seconds = np.where(
+        rng.random(n) < AV_TEN_SECOND_SHARE, 10, rng.integers(AV_SECONDS[0], AV_SECONDS[1] + 1, n)
+    )
+    seconds = np.choose(source, [speech, caption, question, av_seconds])
     frames = np.clip(np.rint(seconds * MEL_FRAMES_PER_SECOND), 1, 30 * MEL_FRAMES_PER_SECOND).astype(np.int64)
-    counts = (source == 2).astype(np.int64)
-    heights, widths = _web_photos(rng, (n, 1))
+    video = source == 3
+    counts = np.where(video, av_seconds * AV_FPS // 2, (source == 2)).astype(np.int64)
+    photo_h, photo_w = _web_photos(rng, (n, 1))
+    frame_h, frame_w = _video_frames(rng, n)
+    width = AV_SECONDS[1] * AV_FPS // 2
+    heights = np.repeat(np.where(video, frame_h, photo_h[:, 0])[:, None], width, axis=1)
+    widths = np.repeat(np.where(video, frame_w, photo_w[:, 0])[:, None], width, axis=1)
     turns = 1 + (rng.random(n) < 0.3)
     speech_qa = qa_text(rng, n, turns, q_mean=12, a_mean=30, a_sigma=0.6)
     captions = qa_text(rng, n, np.ones(n, dtype=np.int64), q_mean=8, a_mean=18, a_sigma=0.4)
     image_qa = qa_text(rng, n, turns, q_mean=10, a_mean=45, a_sigma=0.6)
-    text = with_template(np.choose(source, [speech_qa, captions, image_qa]), counts + 1)
+    video_qa = qa_text(rng, n, turns, q_mean=14, a_mean=12, a_sigma=0.8)
+    items = (source >= 2).astype(np.int64) + 1  # the image or video's markers, the clip's
+    text = with_template(np.choose(source, [speech_qa, captions, image_qa, video_qa]), items)
     return rows_from(counts, heights, widths, text), [(int(f),) for f in frames.tolist()]
 
 

@@ -45,3 +45,34 @@ def test_video_synth_writes_real_clips(tmp_path, capsys):
         assert meta.text_tokens == target.text_tokens
     assert main(["data", "check", str(out / "data.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bad"] == 0
+
+
+def test_omni_synth_writes_videos_with_their_audio_track(tmp_path, capsys):
+    """``data synth --dataset omni``: a video-with-audio sample (T stills of one size and its track's
+    clip) is a real MOV of 2T frames at 2 fps with a 16-kHz PCM track of exactly the drawn mel frames,
+    its record ``"use_audio_in_video": true``; ``data check`` passes it and the metadata pass reads its
+    grid, its track's mel frames (the drawn clip) and the drawn text tokens."""
+    from entrain.data.video import track_frames
+
+    out = tmp_path / "omni"
+    argv = ["data", "synth", "--dataset", "omni", "--num-samples", "4", "--out", str(out), "--seed", "24"]
+    assert main(argv) == 0
+    assert "1 videos in" in capsys.readouterr().out
+    drawn = generate_samples("omni", 4, 24)
+    records = json.loads((out / "data.json").read_text())
+    metas = read_metadata(out / "data.json", use_cache=False)
+    (k,) = [i for i, d in enumerate(drawn) if len(d.images) >= 2]
+    record, meta, target = records[k], metas[k], drawn[k]
+    assert record["video"].endswith(".mov") and record["use_audio_in_video"] is True
+    assert "audio" not in record and record["conversations"][0]["value"].startswith("<video>\n")
+    info = probe_video(out / record["video"])
+    assert (info.frames, info.fps, (info.height, info.width), info.has_audio) == (
+        2 * len(target.images), 2.0, target.images[0], True,
+    )  # fmt: skip
+    assert track_frames(str(out / record["video"])) == target.audio[0] == 100 * len(target.images)
+    ((t, _, _),) = meta.video
+    assert t == len(target.images) and meta.images == () and meta.audio == target.audio
+    assert meta.video_tokens == target.image_tokens and meta.text_tokens == target.text_tokens
+    assert [m.audio for m in metas] == [d.audio for d in drawn]
+    assert main(["data", "check", str(out / "data.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bad"] == 0

@@ -1,6 +1,6 @@
 """``data synth --dataset omni`` writes a LLaVA dataset with real WAV clips (each exactly the generator's
-mel frames) and images, ``data check`` passes it, and a 2-rank forked ``entrain train --model-path``
-of a tiny Qwen2.5-Omni thinker trains on it (the records' audio through the metadata pass, the chat's
+mel frames), images and a video with its audio track, ``data check`` passes it, and a 2-rank forked
+``entrain train --model-path`` of a tiny Qwen2.5-Omni thinker trains on it (the records' audio through the metadata pass, the chat's
 ``<audio>`` expansion and the clips' log-mel features)."""
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def test_omni_synth_checks_and_trains_on_two_ranks(tmp_path, capsys):
     metas = read_metadata(data / "data.json", use_cache=False)
     drawn = generate_samples("omni", SAMPLES, 0)
     assert [m.audio for m in metas] == [d.audio for d in drawn] and all(m.audio for m in metas)
-    assert [len(m.images) for m in metas] == [len(d.images) for d in drawn]
+    # a video with its audio track: its T stills drawn are the T temporal patches read from the file
+    assert [len(m.images) + sum(t for t, _, _ in m.video) for m in metas] == [len(d.images) for d in drawn]
+    assert any(m.video for m in metas)
     assert main(["data", "check", str(data / "data.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bad"] == 0
     folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)

@@ -42,6 +42,7 @@ CASES_BY_WORLD = {
         ("entrain-1+1-split-IW", "entrain", 1, 1, 1, 4, F32),
         ("1f1b-1+1-frozen-vit", "1f1b", 1, 1, 1, 4, F32),
         ("1f1b-1+1-text-only", "1f1b", 1, 1, 1, 8, F32),
+        ("dflop-1+1", "dflop", 1, 1, 1, 4, F32),
     ],
     3: [(f"{s}-1+2", s, 1, 2, 1, 4, F32) for s in SYSTEMS],
     4: [(f"{s}-2+2", s, 2, 2, 1, 4, F32) for s in SYSTEMS]

@@ -50,6 +50,7 @@ __all__ = [
     "SYSTEMS",
     "EXTENSIONS",
     "get_system",
+    "refuse_several_encoders",
     "systems_where",
     "moves_across_replicas",
     "default_systems",
@@ -229,12 +230,23 @@ def generate_plan(
     options: ScheduleOptions | dict | None = None,
 ) -> Plan:
     """The Plan of ``system`` for these per-iteration assignments (lowered, ready to execute)."""
+    refuse_several_encoders(system, layout)
     gen = get_system(system).generator
     if cost is not None:  # the message parts a family declares besides the hidden states
         layout = cost.layout_with_parts(layout)
     opts = ScheduleOptions.from_any(options)
     plan = gen(layout, list(assignments), samples, cost, opts, system=system)
     return rebalance_plan(plan) if opts.encoder_rebalance else plan
+
+
+def refuse_several_encoders(system: str, layout: Layout) -> None:
+    """The registered systems plan one encoder component: a layout with several encoder pipelines is
+    refused in one line (Entrain's plan for it: ``planning.encoders_plan.generate_encoders_plan``)."""
+    if layout.multi_encoder:
+        raise ConfigError(
+            f"{system}: encoders {list(layout.encoder_names)} in separate pipelines are not planned by this "
+            "system yet (one encoder component only; Entrain's is planning.encoders_plan)"
+        )
 
 
 def stage_times_fn(costs: PlanCosts):
@@ -264,6 +276,7 @@ def plan_system(
     """One iteration per global batch: ``system``'s assignment, then its generator's Plan. Both
     executors (``entrain.sim`` and ``entrain.runtime``) get their Plans from here."""
     spec = get_system(system)
+    refuse_several_encoders(system, layout)
     samples = {s.id: s for batch in batches for s in batch}
     costs = PlanCosts(layout, cost, samples)
     times = stage_times_fn(costs)

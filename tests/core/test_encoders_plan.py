@@ -104,3 +104,17 @@ def test_registered_systems_refuse_two_encoder_layouts_in_one_line(system):
     with pytest.raises(ConfigError, match=r"encoders \['vision', 'audio'\] in separate pipelines") as e:
         generate_plan(system, plan.layout, [], plan.samples)
     assert "\n" not in str(e.value)
+
+
+def test_search_with_dp_open_skips_replicas_too_small_for_every_component():
+    """8 GPUs, DP open: DP 4 and 8 leave a replica fewer GPUs than its three components; the search
+    tries DP 1 and 2 instead of failing on them."""
+    parallel = ParallelConfig(gpus=8, dp=None, tp=1, cp=1, global_batch=32, microbatch_size=4)
+    found = search_encoders(_omni(32), _encoders(), parallel)
+    assert {c.dp for c in found} == {1, 2}
+    with pytest.raises(ConfigError, match="at least 3 GPUs"):
+        search_encoders(
+            _omni(32),
+            _encoders(),
+            ParallelConfig(gpus=8, dp=4, tp=1, cp=1, global_batch=32, microbatch_size=4),
+        )

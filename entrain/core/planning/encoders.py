@@ -328,7 +328,8 @@ def search_encoders(
 ) -> list[MultiEncoderConfig]:
     """Every configuration Algorithm 2 visits for N encoders on ``parallel.gpus`` GPUs (``parallel.dp``
     None: every DP degree), best first (memory-feasible first, then the least ``eq2_ms``, fewer GPUs,
-    the smallest degrees). Per component every (TP, CP, PP) within its budget (``allocation``, else
+    the smallest degrees; with ``parallel.dp`` None, a degree leaving a replica fewer GPUs than
+    components is skipped). Per component every (TP, CP, PP) within its budget (``allocation``, else
     ``allocate_gpus`` of the samples' work); a combination is kept when its GPUs fit the replica. Each
     encoder's stages are evaluated by ``evaluate_config`` on its own cost model and units, with the
     LLM's stage count after it (its in-flight depth); the LLM's with the first encoder that trains
@@ -347,6 +348,8 @@ def search_encoders(
     out = []
     for d in dp_options(gpus, parallel.dp, parallel.global_batch, parallel.microbatch_size):
         g, at_d = gpus // d, replace(parallel, dp=d)
+        if g < len(encoders) + 1 and parallel.dp is None:  # too few GPUs per replica for a GPU each
+            continue
         alloc = tuple(allocation) if allocation is not None else allocate_gpus(g, totals)
         enc_opts = [_options(e.cost, "encoder", b, tp, cp) for e, b in zip(encoders, alloc)]
         for m in _options(encoders[0].cost, "llm", alloc[-1], tp, cp):

@@ -178,13 +178,13 @@ def _measure(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(threads)
     cost.save(args.out)
-    tables = sum(f.table for f in fits)
     print(
         f"wrote {args.out}: {len(cost.encoder.layers)} encoder + {len(cost.llm.layers)} LLM layers of "
-        f"{arch.name} from {len(fits) // 2} measured layers on {device} in {precision}; {tables} of {len(fits)} "
-        "fits use a table",
+        f"{arch.name} from {len(fits) // 2} measured layers on {device} in {precision}; "
+        f"{sum(f.table for f in fits)} of {len(fits)} fits use a table",
         file=sys.stderr,
     )
+    _print_experts(cost.notes.get("experts"))
     if args.json:
         emit_json(
             {
@@ -195,6 +195,19 @@ def _measure(args: argparse.Namespace) -> int:
                 "out": args.out,
                 "layers": cost.notes["layers"],
                 "fits": [f.to_json() for f in fits],
+                **({"experts": cost.notes["experts"]} if "experts" in cost.notes else {}),
             }
         )
     return 0
+
+
+def _print_experts(experts: dict | None) -> None:
+    """The mixture-of-experts block's fit on stderr (``entrain.runtime.profile_experts``)."""
+    if experts:
+        f, b = experts["fwd"], experts["bwd"]
+        print(
+            f"experts: {f['slot_ms'] * 1e3:.3f} / {b['slot_ms'] * 1e3:.3f} us per routed slot, "
+            f"{f['call_ms']:.3f} / {b['call_ms']:.3f} ms per expert called (fwd / bwd); "
+            "written to every sparse layer's experts.measured",
+            file=sys.stderr,
+        )

@@ -202,6 +202,13 @@ def precision_context(precision: str, device: torch.device) -> Callable[[], Abst
     return nullcontext
 
 
+def _backward(out) -> None:
+    """The backward of a stage's output: a tensor, or a stage's message parts (``dict``: every part
+    that needs a gradient gets ones, as the next stage's gradients would arrive)."""
+    outs = [t for t in out.values() if t is not None and t.requires_grad] if isinstance(out, dict) else [out]
+    torch.autograd.backward(outs, [torch.ones_like(t) if t.dim() else None for t in outs])
+
+
 def _time_once(run_fwd: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, float]:
     """(forward ms, backward ms) of one pass: thread-CPU time on the CPU, CUDA events on a GPU."""
     if device.type == "cuda":
@@ -209,14 +216,14 @@ def _time_once(run_fwd: Callable[[], torch.Tensor], device: torch.device) -> tup
         ev[0].record()
         out = run_fwd()
         ev[1].record()
-        torch.autograd.backward(out, torch.ones_like(out) if out.dim() else None)
+        _backward(out)
         ev[2].record()
         torch.cuda.synchronize()
         return ev[0].elapsed_time(ev[1]), ev[1].elapsed_time(ev[2])
     t0 = time.thread_time()
     out = run_fwd()
     t1 = time.thread_time()
-    torch.autograd.backward(out, torch.ones_like(out) if out.dim() else None)
+    _backward(out)
     t2 = time.thread_time()
     return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
@@ -322,6 +329,13 @@ def profile_model(
         comp: _fitted_component(comp, analytic, rep[comp], bases, timed, tokens, fits, progress)
         for comp in ("encoder", "llm")
     }
+    expert_fit = None
+    if analytic.has_experts("llm"):  # the experts' time per routed slot (ExpertCost.measured)
+        from entrain.runtime.profile_experts import measure_model_experts
+
+        comps["llm"], expert_fit = measure_model_experts(
+            model, comps["llm"], tokens, device, repeats, warmup, precision
+        )
     notes = {
         "source": PROFILE_SOURCE,
         "device": str(device),
@@ -338,6 +352,7 @@ def profile_model(
             for c in ("encoder", "llm")
         },
         "fits": [f.to_json() for f in fits],
+        **({"experts": expert_fit.to_json()} if expert_fit is not None else {}),
         "torch": torch.__version__,
     }
     cost = CostModel(

@@ -27,6 +27,7 @@ from entrain.core.costs.layer_costs import (
     Component,
     ComponentCost,
     ExpertCost,
+    ExpertTiming,
     HardwareSpec,
     LayerCost,
     Phase,
@@ -47,6 +48,7 @@ __all__ = [
     "LayerCost",
     "ComponentCost",
     "ExpertCost",
+    "ExpertTiming",
     "HardwareSpec",
     "CostModel",
     "parallel_key",
@@ -204,7 +206,8 @@ class CostModel:
         q = self._phase_quadratic(comp, layer_idx, parallel_key(tp, cp), phase)
         if q is None:
             return 0.0
-        total = x.fraction * q.b * tokens * (x.rank_load_factor(tokens, ep) - 1.0)
+        per_token = self._expert_token_ms(comp, layer_idx, parallel_key(tp, cp), q, phase)
+        total = per_token * tokens * (x.rank_load_factor(tokens, ep) - 1.0)
         if ep > 1:
             hw = self.hardware
             total += hw.allreduce_latency_ms + x.a2a_bytes_per_token * tokens * (ep - 1) / ep / (
@@ -213,6 +216,24 @@ class CostModel:
         if phase != "fwd" and recompute == "full" and layer_idx > 0:
             total += self.expert_ms(component, layer_idx, tokens, "fwd", tp, cp, ep)
         return total
+
+    def _expert_token_ms(
+        self, comp: ComponentCost, layer_idx: int, key: str, q: Quadratic, phase: Phase
+    ) -> float:
+        """The experts' ms per token (its ``top_k`` slots) of ``phase`` (curve ``q``) at a balanced load:
+        the measured slot time (``ExpertCost.measured``, ``entrain profile``) times ``top_k`` — a backward
+        phase's share of it as ``q``'s linear term is of the layer's full backward's — else ``fraction``
+        of ``q``'s linear term (the preset's FLOP share)."""
+        layer = comp.layers[layer_idx]
+        x = layer.experts
+        m = x.measured
+        if m is None:
+            return x.fraction * q.b
+        per_token = x.top_k * m.slot_ms(phase)
+        if phase == "fwd":
+            return per_token
+        full = layer.bwd[key].b
+        return per_token * (q.b / full if full > 0 else 1.0)
 
     def stage_expert_ms(
         self,

@@ -153,6 +153,46 @@ def uniform_router_imbalance(tokens: float, num_experts: int, top_k: int) -> flo
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertTiming:
+    """A mixture-of-experts block measured on a machine (``entrain profile``: transformers' router and
+    experts modules of the checkpoint's config, random weights, at several token counts and per-expert
+    loads; docs/profiling.md, "Mixture-of-experts layers"). Per phase (forward, full backward): the
+    experts' time ``call_ms * experts that get a token + slot_ms * routed (token, expert) slots`` (plus a
+    constant, not kept), and the router's time per token."""
+
+    fwd_slot_ms: float
+    bwd_slot_ms: float
+    fwd_call_ms: float = 0.0
+    bwd_call_ms: float = 0.0
+    router_fwd_ms_per_token: float = 0.0
+    router_bwd_ms_per_token: float = 0.0
+
+    def slot_ms(self, phase: str) -> float:
+        """ms per routed slot of ``fwd`` or of the full backward (any other phase)."""
+        return self.fwd_slot_ms if phase == "fwd" else self.bwd_slot_ms
+
+    def to_json(self) -> dict:
+        return {
+            "fwd": {"slot_ms": self.fwd_slot_ms, "call_ms": self.fwd_call_ms,
+                    "router_ms_per_token": self.router_fwd_ms_per_token},
+            "bwd": {"slot_ms": self.bwd_slot_ms, "call_ms": self.bwd_call_ms,
+                    "router_ms_per_token": self.router_bwd_ms_per_token},
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict) -> ExpertTiming:
+        f, b = d["fwd"], d["bwd"]
+        return cls(
+            float(f["slot_ms"]),
+            float(b["slot_ms"]),
+            float(f.get("call_ms", 0.0)),
+            float(b.get("call_ms", 0.0)),
+            float(f.get("router_ms_per_token", 0.0)),
+            float(b.get("router_ms_per_token", 0.0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ExpertCost:
     """The experts of a mixture-of-experts layer (``LayerCost.experts``; docs/design.md,
     "Mixture-of-experts costs"). The layer's curves price the router, attention and the ``top_k``
@@ -162,7 +202,9 @@ class ExpertCost:
     dispatch and combine move (``2 * top_k * hidden * 2`` bytes, bf16) before the ``(ep - 1) / ep``
     that leaves the rank; ``param_bytes``: the experts' share of the layer's ``param_bytes`` (sharded
     over ``ep``); ``skew``: the busiest expert's load over a uniform router's (1: uniform; refitted
-    from a run's ``expert_tokens`` by ``entrain profile --from-trace``)."""
+    from a run's ``expert_tokens`` by ``entrain profile --from-trace``); ``measured``: the experts timed
+    by ``entrain profile`` (``ExpertTiming``), which then price an expert token instead of ``fraction``
+    of the layer's linear term (``CostModel.expert_ms``)."""
 
     num_experts: int
     top_k: int
@@ -170,6 +212,7 @@ class ExpertCost:
     a2a_bytes_per_token: float
     param_bytes: float
     skew: float = 1.0
+    measured: ExpertTiming | None = None
 
     def busiest_expert_factor(self, group_tokens: float) -> float:
         """Busiest expert's tokens over the mean when the EP group routes ``group_tokens`` tokens."""
@@ -197,6 +240,7 @@ class ExpertCost:
             "a2a_bytes_per_token": self.a2a_bytes_per_token,
             "param_bytes": self.param_bytes,
             "skew": self.skew,
+            **({"measured": self.measured.to_json()} if self.measured is not None else {}),
         }
 
     @classmethod
@@ -208,6 +252,7 @@ class ExpertCost:
             float(d["a2a_bytes_per_token"]),
             float(d["param_bytes"]),
             float(d.get("skew", 1.0)),
+            ExpertTiming.from_json(d["measured"]) if d.get("measured") else None,
         )
 
 

@@ -31,18 +31,30 @@ FAMILY = "qwen3_vl"
 
 @dataclass(frozen=True)
 class Qwen3VLConfig(FolderConfig):
-    """A run's model: the checkpoint ``folder`` and its ``shape``."""
+    """A run's model: the checkpoint ``folder`` and its ``shape``. ``reduced``: ``entrain profile``'s
+    reduced model keeps only these vision blocks and decoder layers (``profiling.representative_config``;
+    None: the whole checkpoint)."""
 
     shape: Qwen3VLShape
     family: str = field(default=FAMILY, init=False)
+    reduced: tuple | None = None
 
     def layer_names(self, component: str) -> list[str]:
         return QWEN3_VL_FAMILY.layer_names(self.shape, component)
 
     @property
     def hf(self):
-        """Transformers' config of the checkpoint."""
-        return _hf_config(self.folder)
+        """Transformers' config of the checkpoint (``reduced`` applied)."""
+        return _reduced(_hf_config(self.folder), self)
+
+
+def _reduced(config, cfg: Qwen3VLConfig):
+    """``config`` with ``cfg.reduced`` applied (``profiling.reduce_hf``), or itself."""
+    if cfg.reduced is None:
+        return config
+    from entrain.models.families.qwen3_vl.profiling import reduce_hf
+
+    return reduce_hf(config, cfg.reduced, tuple(getattr(cfg.shape, "sparse", ())))
 
 
 @cache
@@ -213,14 +225,18 @@ class Qwen3VLFamily(Qwen2VLFamily):
 
         return mrope_position_ids(cfg.hf, samples)
 
-    # --- profiler (no reduced model yet: every layer timed as itself), export ------------------------
+    # --- profiler: a reduced model, one block / layer per kind (``profiling``) ----------------------
     def representative_config(self, cfg: Qwen3VLConfig):
-        return FamilyBase.representative_config(self, cfg)
+        from entrain.models.families.qwen3_vl.profiling import representative_config
+
+        return representative_config(cfg)
 
     def profile_input(
         self, cfg: Qwen3VLConfig, component: str, layer: int, tokens: int, device, per_label: bool
     ):
-        return FamilyBase.profile_input(self, cfg, component, layer, tokens, device, per_label)
+        from entrain.models.families.qwen3_vl.profiling import profile_input
+
+        return profile_input(cfg, component, layer, tokens, device, per_label)
 
     # --- export ------------------------------------------------------------------------------------
     def export(self, manifest: dict, params: dict, out_dir: str) -> dict:

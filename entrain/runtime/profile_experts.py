@@ -1,0 +1,173 @@
+"""``entrain profile`` of a mixture-of-experts model: time its sparse block's router and experts as a
+function of tokens and per-expert load, and fit the numbers ``ExpertCost.measured`` carries.
+
+The block is the reduced profiling model's own (transformers' ``Qwen3VLMoeTextSparseMoeBlock`` of the
+checkpoint's config, random weights: ``entrain.runtime.profiler.timing_model``); its experts run as
+the runtime runs them (the ``eager`` loop over the experts a token is routed to). Per size ``x`` of
+``--tokens``: the router alone on ``[x, H]``, and the experts on ``[x, H]`` with two routes of the same
+``x * top_k`` slots — ``balanced`` (round-robin over every expert) and ``concentrated`` (every token on
+experts ``0..top_k-1``, the most one expert can get) — each forward + backward, ``warmup`` untimed and
+the median of ``repeats`` timed passes (thread-CPU time on the CPU, CUDA events on a GPU). Per phase,
+non-negative least squares over the expert measurements:
+
+    ms = call_ms * (experts that get a token) + slot_ms * (routed slots) + c
+
+(the two routes separate the per-expert call from the per-slot work), and ``ms = r * tokens + c`` for
+the router. ``CostModel.expert_ms`` prices a rank's extra expert tokens at ``top_k * slot_ms``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from scipy.optimize import nnls
+from torch import nn
+
+from entrain.core.costs.costmodel import ComponentCost, ExpertTiming
+from entrain.runtime.profiler import _time_once, precision_context
+
+__all__ = ["ExpertFit", "sparse_block", "expert_routes", "measure_experts", "measure_model_experts"]
+
+ROUTES = ("balanced", "concentrated")
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertFit:
+    """The measurements and fit of ``measure_experts`` (``--json``'s and the profile notes' ``experts``)."""
+
+    timing: ExpertTiming
+    rows: tuple[dict, ...]
+    """Per measurement: ``part`` (router / experts), ``pattern`` (the route; None for the router),
+    ``tokens``, ``slots``, ``experts_hit``, ``fwd_ms``, ``bwd_ms``."""
+
+    def to_json(self) -> dict:
+        return {**self.timing.to_json(), "measurements": list(self.rows)}
+
+
+def sparse_block(model: nn.Module) -> nn.Module | None:
+    """The model's first mixture-of-experts block: a module with a ``gate`` router (``top_k``,
+    ``num_experts``, ``weight [E, H]``; called on ``[T, H]``, returning logits, weights and ``[T, k]``
+    experts) and ``experts`` (called on hidden ``[T, H]``, the ``[T, k]`` experts and their weights), as
+    transformers' Qwen3-VL-MoE ``...TextSparseMoeBlock``; None: a dense model."""
+    for module in model.modules():
+        gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
+        if isinstance(gate, nn.Module) and isinstance(experts, nn.Module) and hasattr(gate, "top_k"):
+            return module
+    return None
+
+
+def expert_routes(tokens: int, num_experts: int, top_k: int, pattern: str) -> torch.Tensor:
+    """``[tokens, top_k]`` experts: ``balanced`` spreads the slots round-robin over every expert,
+    ``concentrated`` sends every token to experts ``0..top_k-1``."""
+    slot = torch.arange(tokens * top_k).view(tokens, top_k)
+    if pattern == "balanced":
+        return slot % num_experts
+    if pattern == "concentrated":
+        return slot % top_k
+    raise ValueError(f"route {pattern!r}: choose from {', '.join(ROUTES)}")
+
+
+def _runs(block: nn.Module, tokens: Sequence[int], device: torch.device, precision: str) -> list:
+    """``(part, pattern, x, slots, experts hit, run)`` per measurement; ``run()`` is one forward."""
+    gate, experts = block.gate, block.experts
+    k, e, width = int(gate.top_k), int(gate.num_experts), int(gate.weight.shape[-1])
+    compute = precision_context(precision, device)
+    gen = torch.Generator().manual_seed(0)
+
+    def hidden(x: int) -> torch.Tensor:
+        return torch.randn((x, width), generator=gen).to(device).requires_grad_(True)
+
+    def router(h: torch.Tensor):
+        def run():
+            with compute():
+                logits, weights, _ = gate(h)
+            return {"logits": logits, "weights": weights}
+
+        return run
+
+    def routed(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor):
+        def run():
+            with compute():
+                return experts(h, idx, w)
+
+        return run
+
+    out = [("router", None, x, x * k, 0, router(hidden(x))) for x in tokens]
+    for pattern in ROUTES:
+        for x in tokens:
+            idx = expert_routes(x, e, k, pattern).to(device)
+            w = torch.full((x, k), 1.0 / k, device=device, requires_grad=True)
+            hit = int(idx.unique().numel())
+            out.append(("experts", pattern, x, x * k, hit, routed(hidden(x), idx, w)))
+    return out
+
+
+def measure_experts(
+    block: nn.Module,
+    tokens: Sequence[int],
+    device: torch.device,
+    repeats: int = 5,
+    warmup: int = 1,
+    precision: str = "fp32",
+) -> ExpertFit:
+    """Time ``block``'s router and experts at every size of ``tokens`` (the module docstring) and fit
+    ``ExpertTiming``."""
+    rows = []
+    for part, pattern, x, slots, hit, run in _runs(block, tokens, device, precision):
+        for _ in range(warmup):
+            _time_once(run, device)
+        times = [_time_once(run, device) for _ in range(repeats)]
+        block.zero_grad(set_to_none=True)
+        rows.append({"part": part, "pattern": pattern, "tokens": x, "slots": slots, "experts_hit": hit,
+                     "fwd_ms": statistics.median(t[0] for t in times),
+                     "bwd_ms": statistics.median(t[1] for t in times)})  # fmt: skip
+    return ExpertFit(fit_timing(rows), tuple(rows))
+
+
+def fit_timing(rows: Sequence[dict]) -> ExpertTiming:
+    """``ExpertTiming`` of ``measure_experts``' rows: per phase NNLS of the experts' ms on (experts hit,
+    slots, 1) and of the router's ms on (tokens, 1); columns scaled by their largest value."""
+    ex = [r for r in rows if r["part"] == "experts"]
+    ro = [r for r in rows if r["part"] == "router"]
+    hits = np.array([r["experts_hit"] for r in ex], dtype=float)
+    slots = np.array([r["slots"] for r in ex], dtype=float)
+    xs = np.array([r["tokens"] for r in ro], dtype=float)
+    h, s, x = max(hits.max(), 1.0), slots.max(), xs.max()
+    out = {}
+    for phase in ("fwd", "bwd"):
+        coef, _ = nnls(np.stack([hits / h, slots / s, np.ones_like(hits)], axis=1), _ms(ex, phase))
+        router, _ = nnls(np.stack([xs / x, np.ones_like(xs)], axis=1), _ms(ro, phase))
+        out[phase] = (float(coef[1] / s), float(coef[0] / h), float(router[0] / x))
+    (fs, fc, fr), (bs, bc, br) = out["fwd"], out["bwd"]
+    return ExpertTiming(fs, bs, fc, bc, fr, br)
+
+
+def _ms(rows: Sequence[dict], phase: str) -> np.ndarray:
+    return np.array([r[f"{phase}_ms"] for r in rows], dtype=float)
+
+
+def measure_model_experts(
+    model: nn.Module,
+    llm: ComponentCost,
+    tokens: Sequence[int],
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    precision: str,
+) -> tuple[ComponentCost, ExpertFit | None]:
+    """``llm`` with every mixture-of-experts layer's ``ExpertCost.measured`` set from the timing of
+    ``model``'s sparse block (all sparse layers of a checkpoint have one shape), and the fit; ``llm``
+    itself and None when the model has no sparse block."""
+    block = sparse_block(model)
+    if block is None:
+        return llm, None
+    fit = measure_experts(block, tokens, device, repeats, warmup, precision)
+    layers = tuple(
+        replace(x, experts=replace(x.experts, measured=fit.timing)) if x.experts is not None else x
+        for x in llm.layers
+    )
+    return ComponentCost(llm.name, layers), fit

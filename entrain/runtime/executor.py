@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from entrain.core.errors import ConfigError
 from entrain.core.ir.graph import Message
 from entrain.core.ir.p2p import (
     Comm,
@@ -103,6 +104,11 @@ class Executor(MessagePassing):
         process_rank: Callable[[int], int] | None = None,
         cross_replica: bool = False,
     ):
+        if layout.multi_encoder:
+            raise ConfigError(
+                f"the runtime runs one encoder component; this plan has encoders {list(layout.encoder_names)} in "
+                "separate pipelines (the simulator runs it: sim.executor with schedules.encoder_costs)"
+            )
         self.layout, self.rank, self.modules = layout, rank, modules
         self._is_encoder = {st.stage: st.component == "encoder" for st in layout.stages}
         self.replica, self.pp_rank = layout.replica_of(rank)

@@ -153,6 +153,54 @@ def _media_path(value: Any) -> tuple[str, str] | None:
     return None
 
 
+def _refused(kind: str) -> str:
+    """Why a shard's ``kind`` input (video, audio) makes its record bad."""
+    return (
+        f"{kind} inputs are not supported in a shard: entrain reads {kind} only as file paths in a LLaVA "
+        f"JSON/JSONL record (for a model family that reads {kind}); the record is refused, never trained "
+        f"without its {kind}"
+    )
+
+
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"fLaC", "audio"),
+    (b"OggS", "audio"),
+    (b"ID3", "audio"),
+    (b"\xff\xfb", "audio"),
+    (b"\x1a\x45\xdf\xa3", "video"),
+    (b"\xff\xd8\xff", "image"),
+    (b"\x89PNG", "image"),
+    (b"GIF8", "image"),
+)
+"""``(leading bytes, kind)`` of the media files a field's bytes are recognised as (FLAC, Ogg, MP3;
+WebM / Matroska; JPEG, PNG, GIF); RIFF (WAV / AVI / WebP) and ISO media (MP4 / MOV / M4A) by their
+type."""
+
+
+def _sniff(data: bytes) -> str | None:
+    """The input kind (``audio``, ``video``, ``image``) a file's leading bytes name, else None."""
+    head = bytes(data[:16])
+    if head[:4] == b"RIFF":
+        return {b"WAVE": "audio", b"AVI ": "video", b"WEBP": "image"}.get(head[8:12])
+    if head[4:8] == b"ftyp":
+        return "audio" if head[8:11] in (b"M4A", b"M4B") else "video"
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
+
+
+def _media_file(value: Any) -> tuple[str, str] | None:
+    """``(kind, "bytes" or "path")`` of the first media file ``value`` holds as bytes or as the
+    ``datasets`` Image / Audio / Video storage ``{bytes, path}`` (or a list of those): by the bytes, else
+    by the path's extension."""
+    for item in value if isinstance(value, list) else [value]:
+        data = item.get("bytes") if isinstance(item, dict) else item
+        path = item.get("path") if isinstance(item, dict) else None
+        if isinstance(data, (bytes, bytearray)) and data and (kind := _sniff(data)):
+            return kind, "bytes"
+        if isinstance(path, str) and "." in path and (kind := media_kind(path.strip())):
+            return kind, "path"
+    return None
+
+
 def media_problems(
     obj: dict,
     turns: list[tuple[str, str]],
@@ -160,39 +208,30 @@ def media_problems(
     base: Path | None = None,
     audio_files: bool = False,
 ) -> list[tuple[str, str]]:
-    """The problems of a record's inputs other than images: every input kind entrain does not train
-    (video, audio in a shard) is a bad record, never trained with the input dropped (with
-    ``audio_files``, a LLaVA JSON/JSONL record's audio file paths are kept: ``Record.audio``, refused
-    at training by a model family that reads no audio); a placeholder of such a kind
-    without its field, or the field without its placeholder, too; and a field no reader reads holding a
-    media file's path (a misspelt or unknown key would otherwise train the record without it). With
-    ``base`` (the folder relative audio paths resolve against), every bad audio file is named too
-    (``entrain.data.audio.check_record_audio``: missing, empty, truncated, unreadable)."""
+    """The problems of a record's inputs other than images: video or audio in a shard (without
+    ``audio_files``: Parquet / Arrow columns, WebDataset members) makes the record bad in one line per
+    field (``_refused``), never trained with the input dropped (with ``audio_files``, a LLaVA
+    JSON/JSONL record's audio and video file paths are kept: ``Record.audio`` / ``Record.video``,
+    refused at training by a model family that reads neither); a placeholder of a kind without its
+    field, or the field without its placeholder, too; and a field no reader reads holding a media
+    file's path or bytes (a misspelt or unknown key would otherwise train the record without it). With
+    ``base`` (the folder relative paths resolve against), every bad audio or video file is named too
+    (``entrain.data.audio.check_record_audio``: missing, empty, truncated, unreadable;
+    ``entrain.data.video_records.check_record_video``)."""
     problems: list[tuple[str, str]] = []
     for kind, keys in MEDIA_FIELDS.items():
         if kind in TRAINED_MEDIA:
             continue  # images: parse_record's own checks
         held = {k: _items(obj.get(k)) for k in keys if _items(obj.get(k))}
         kept = kind in ("audio", "video") and audio_files  # media files: Record.audio / Record.video
-        for key in held if not kept else ():
-            problems.append(
-                (
-                    key,
-                    f"{kind} inputs are not supported: no model family entrain trains reads {kind} "
-                    + ("from a shard " if kind == "audio" else "")
-                    + f"(it trains the {'/'.join(MEDIA_FIELDS['image'])} fields"
-                    + (
-                        " only; audio as file paths in a LLaVA JSON/JSONL record)"
-                        if kind == "audio"
-                        else " only)"
-                    ),
-                )  # fmt: skip
-            )
+        if held and not kept:  # in a shard: one line, the record refused (its files are not looked for)
+            problems += [(key, _refused(kind)) for key in held]
+            continue
         if kind == "audio" and held and base is not None:
             from entrain.data.audio import check_record_audio
 
             problems += check_record_audio(obj, base, placeholders=False)
-        if kind == "video" and held and base is not None and audio_files:
+        if kind == "video" and held and base is not None:
             from entrain.data.video_records import check_record_video
 
             problems += check_record_video(obj, base)
@@ -207,6 +246,16 @@ def media_problems(
             )
     for key, value in obj.items():
         found = None if key in READ_FIELDS else _media_path(value)
+        stored = None if key in READ_FIELDS or found is not None else _media_file(value)
+        if stored is not None:
+            problems.append(
+                (
+                    str(key),
+                    f"holds {'an' if stored[0][0] in 'aeiou' else 'a'} {stored[0]} file (its {stored[1]}) but "
+                    f"{key!r} is not a field entrain reads "
+                    f"(inputs go in {', '.join(k for keys in MEDIA_FIELDS.values() for k in keys)})",
+                )  # fmt: skip
+            )
         if found is not None:
             problems.append(
                 (

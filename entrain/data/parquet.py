@@ -135,9 +135,11 @@ def llava_row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: R
 
 
 def read_columns(schema, wanted: tuple[str, ...]) -> list[str]:
-    """The columns of a table (arrow ``schema``) a reader reads: the ``wanted`` ones it has, and every
-    other column of strings (cheap, unlike image bytes), so that one holding media paths under a name no
-    reader uses is named as a problem (``media_problems``) instead of ignored."""
+    """The columns of a table (arrow ``schema``) a reader reads: the ``wanted`` ones it has, every other
+    column of strings (cheap), and every other column that can hold a file's bytes (binary, or the
+    ``datasets`` Image / Audio / Video storage ``{bytes, path}``, or lists of those), so that one
+    holding media paths or media bytes under a name no reader uses is named as a problem
+    (``media_problems``) instead of ignored."""
     import pyarrow as pa
 
     def strings(t) -> bool:
@@ -147,9 +149,16 @@ def read_columns(schema, wanted: tuple[str, ...]) -> list[str]:
             or (pa.types.is_list(t) and strings(t.value_type))
         )
 
+    def files(t) -> bool:
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return True
+        if pa.types.is_struct(t):
+            return any(t.field(i).name in ("bytes", "path") for i in range(t.num_fields))
+        return (pa.types.is_list(t) or pa.types.is_large_list(t)) and files(t.value_type)
+
     names = set(schema.names)
     return [c for c in wanted if c in names] + [
-        f.name for f in schema if f.name not in wanted and strings(f.type)
+        f.name for f in schema if f.name not in wanted and (strings(f.type) or files(f.type))
     ]
 
 

@@ -30,7 +30,7 @@ def _record(rid: str, question: str = "What happens?", **fields) -> dict:
     return {"id": rid, **fields, "conversations": [{"from": "human", "value": question}, ANSWER]}
 
 
-UNSUPPORTED = "inputs are not supported: no model family entrain trains reads"
+UNSUPPORTED = "inputs are not supported in a shard: entrain reads"
 
 BAD_RECORDS = {
     # a record's video files are read too (a video family trains them): a missing one is named
@@ -123,7 +123,9 @@ def test_a_parquet_video_column_makes_its_rows_bad(tmp_path):
     _llava_parquet(tmp_path / "d.parquet", rows)
     ok, bad = llava.iter_parsed(tmp_path / "d.parquet")
     assert ok.record is not None
-    assert ("video", f"video {UNSUPPORTED} video (it trains the image/images fields only)") in _problems(bad)
+    assert _problems(bad) == [("video", f"video {UNSUPPORTED} video only as file paths in a LLaVA JSON/JSONL record "
+                                "(for a model family that reads video); the record is refused, never trained "
+                                "without its video")]  # fmt: skip
 
 
 def test_a_parquet_column_no_reader_reads_holding_media_paths_makes_its_rows_bad(tmp_path):
@@ -218,3 +220,58 @@ def test_a_metadata_cache_from_before_the_media_check_is_not_reused(video_datase
     assert list((video_dataset.parent / metadata_cache.CACHE_DIRNAME).iterdir())
     with pytest.raises(DataError, match=MISSING_VIDEO):
         read_samples(str(video_dataset))
+
+
+WAV = b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00"
+MP4 = b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00"
+FILE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+"""The ``datasets`` Image / Audio / Video features' storage."""
+
+
+def _shard(folder, fmt: str, column: str, value, kind=FILE):
+    """A one-shard dataset of two records, the second holding ``value`` in ``column``."""
+    folder.mkdir()
+    if fmt == "webdataset":
+        meta = json.dumps({"conversations": [ASK, ANSWER]}).encode()
+        _tar(folder / "shard-00000.tar", {"s0.json": meta, "s1.json": meta, f"s1.{column}": value})
+        return folder / "shard-00000.tar"
+    turn = pa.struct([("from", pa.string()), ("value", pa.string())])
+    schema = pa.schema([("id", pa.string()), ("conversations", pa.list_(turn)), (column, kind)])
+    rows = [{"id": "s0", "conversations": [ASK, ANSWER], column: None},
+            {"id": "s1", "conversations": [ASK, ANSWER], column: value}]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / "part-00000.parquet")
+    return folder / "part-00000.parquet"
+
+
+SHARD_MEDIA = {
+    # a field the reader reads: refused (entrain reads audio / video only as a JSON record's files)
+    "parquet audio feature": ("parquet", "audio", {"bytes": WAV, "path": None}, FILE, "audio", UNSUPPORTED),
+    "parquet videos list": ("parquet", "videos", [{"bytes": MP4, "path": "c.mp4"}], pa.list_(FILE), "videos",
+                            UNSUPPORTED),
+    "webdataset wav member": ("webdataset", "wav", WAV, None, "audios", UNSUPPORTED),
+    "webdataset mov member": ("webdataset", "mov", MP4, None, "videos", UNSUPPORTED),
+    # a column no reader reads holding a media file: named, not dropped
+    "parquet unknown audio column": ("parquet", "speech", {"bytes": WAV, "path": None}, FILE, "speech",
+                                     "holds an audio file (its bytes) but 'speech' is not a field entrain reads"),
+    "parquet unknown binary video column": ("parquet", "clip", MP4, pa.binary(), "clip",
+                                            "holds a video file (its bytes) but 'clip' is not a field"),
+    "parquet unknown audio path": ("parquet", "question_audio", {"bytes": None, "path": "q.flac"}, FILE,
+                                   "question_audio", "holds an audio file (its path) but 'question_audio'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SHARD_MEDIA))
+def test_a_shards_audio_or_video_is_refused_in_one_line(tmp_path, name):
+    """Audio or video stored in a shard (a read field, a WebDataset member, or a column no reader reads:
+    bytes, the ``datasets`` storage, a path) makes its record bad in exactly one line naming the shard,
+    the record and the field; the record beside it stays good. ``data check`` reports that line."""
+    fmt, column, value, kind, field, why = SHARD_MEDIA[name]
+    shard = _shard(tmp_path / "shards", fmt, column, value, kind)
+    ok, bad = iter_sharded(tmp_path / "shards")
+    assert ok.record is not None and bad.record is None
+    ((got_field, got_why),) = bad.problems
+    assert (bad.file, bad.id, got_field) == (str(shard), "s1", field) and why in got_why, bad.problems
+    report = check_dataset(tmp_path / "shards")
+    assert report.bad == 1
+    (line,) = report.errors
+    assert (line.file, line.id, line.field) == (str(shard), "s1", field)

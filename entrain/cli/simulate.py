@@ -84,9 +84,15 @@ def simulate(req: SimulateRequest, systems: list[str]) -> tuple[dict[str, System
     batches = list(config_workload(config, cost).batches(config.parallel.global_batch, req.iterations))
     req_setup = dataclasses.replace(config.config_request(), model=cost.model)  # a stock checkpoint's label
     sampler = config_sampler(config)
-    setups = system_setups(systems, req_setup, cost, sampler, candidate_judge(sampler, cost, req_setup))
+    unbuilt: dict[str, str] = {}
+    judge = candidate_judge(sampler, cost, req_setup)
+    setups = system_setups(systems, req_setup, cost, sampler, judge, unbuilt=unbuilt)
+    if not setups:
+        raise ConfigError(
+            "no system's configuration can be built: " + "; ".join(f"{n}: {w}" for n, w in unbuilt.items())
+        )
     runs = {}
-    for name in systems:
+    for name in setups:
         setup = setups[name]
         extra = {"eager_budget_factor": req.eager_budget_factor} if name == ENTRAIN else {}
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
@@ -101,9 +107,16 @@ def simulate(req: SimulateRequest, systems: list[str]) -> tuple[dict[str, System
         base = runs[ENTRAIN].metrics.iteration_time_ms
         for r in runs.values():
             r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
-    return runs, {
+    configs = {
         n: {**_describe(s.layout, s.source, s.b_min), "decisions": _decisions(s)} for n, s in setups.items()
     }
+    return runs, {**configs, **{n: {"source": why, "not_built": why} for n, why in unbuilt.items()}}
+
+
+def not_built(configs: dict) -> dict[str, str]:
+    """``{system: reason}`` of the systems whose configuration could not be built (no run: they do not
+    fit, as a plan over device memory does not)."""
+    return {n: c["not_built"] for n, c in configs.items() if "not_built" in c}
 
 
 def _decisions(setup) -> list[dict]:
@@ -182,6 +195,7 @@ def to_json(runs: dict[str, SystemRun], configs: dict, req: SimulateRequest) -> 
             }
             for n, r in runs.items()
         },  # fmt: skip
+        "not_built": not_built(configs),
         "best_fitting_baseline": best,
         "entrain_vs_best_fitting_baseline": ratio,
         "ideal_ms": top.metrics.ideal_ms,
@@ -214,6 +228,7 @@ def table(runs: dict[str, SystemRun], configs: dict) -> str:
             f"{m.llm_fwd_std_ms:>9.1f}{m.peak_activation_bytes / 1e9:>9.2f}{mem:>11}{m.ideal_ms:>9.1f}"
             f"{m.partition_ideal_ms:>11.1f}{m.lower_bound_ms:>10.1f}  {cfg}"
         )
+    lines += [f"{name:<16}does not fit: {why}" for name, why in not_built(configs).items()]
     best, ratio = best_fitting_baseline(runs)
     if ratio is not None:
         lines += [

@@ -28,3 +28,20 @@ def test_merge_replaces_a_row_in_place_and_names_its_iteration_count(benchmarks_
         ("docvqa", "OV-7B", "4.0"),
     ]  # fmt: skip
     assert "3 iteration(s) (1 for the OV-7B/docvqa QwenVL-7B rows)" in out.with_suffix(".md").read_text()
+
+
+def test_a_system_whose_setup_cannot_be_built_renders_as_no_plan(benchmarks_on_path):
+    """A row where DIP's configuration cannot be built: its cells say so, it is no baseline, no miss."""
+    zoo = importlib.import_module("workload_zoo")
+    row = {"iteration_time_ms": 2000.0, "fits_memory": True, "lower_bound_ms": 1000.0, "bubble_ratio": 0.1,
+           "encoder_fwd_std_ms": 1.0, "llm_fwd_std_ms": 1.0, "recompute": ["none"], "peak_memory_gb": 1.0,
+           "partition_ideal_ms": 1900.0, "degrees": "DP 1"}  # fmt: skip
+    gone = {"fits_memory": False, "not_built": "cannot be built: cannot split 29 layers into 64 stages"}
+    systems = {n: (dict(gone) if n.startswith("dip") else dict(row)) for n in zoo.SYSTEMS}
+    case = {"dataset": "mixture", "model": "Qwen3VL-30B-A3B", "iterations": 1, "systems": systems,
+            "best_fitting_baseline": "1f1b", "entrain_vs_best_fitting_baseline": 1.0,
+            "entrain_vs_partition_ideal": 1.05, "entrain_without_recompute": None, "ablations": {}}  # fmt: skip
+    assert zoo.misses(case) == []
+    md = zoo.render({"iterations": 1, "elapsed_s": 1.0, "cases": [case]})
+    line = next(x for x in md.splitlines() if x.startswith("| mixture"))
+    assert line.count("**no plan**") == 3 and "2.0" in line

@@ -112,3 +112,20 @@ def test_paper_entrain_flag_and_memory_keys(capsys, schema):
         assert s["fits_memory"] == (max(peaks) <= s["device_memory_bytes"])
     assert main([*base, "--ramp-microbatches", "often"]) == 2
     assert "count >= 0 or 'auto'" in capsys.readouterr().err
+
+
+def test_a_baseline_that_cannot_be_built_is_named_not_fatal(capsys, schema):
+    """16 GPUs at DP 2: DIP's 8 colocated ranks outnumber the tiny encoder's 4 layers; the run goes on,
+    ``not_built`` names DIP with the reason and it is no baseline (``best_fitting_baseline``)."""
+    argv = ["simulate", *SMALL, "--systems", "entrain,dip,1f1b", "--json"]
+    argv[argv.index("--gpus") + 1] = "16"
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, schema)
+    assert list(out["systems"]) == ["entrain", "1f1b"]
+    assert (
+        list(out["not_built"]) == ["dip"] and "cannot split 4 layers into 8 stages" in out["not_built"]["dip"]
+    )
+    assert out["best_fitting_baseline"] == "1f1b"
+    assert main(argv[:-1]) == 0
+    assert "dip             does not fit: cannot be built" in capsys.readouterr().out

@@ -189,19 +189,36 @@ def system_setups(
     cost: CostModel,
     sampler: Sampler,
     judge: CandidateJudge | None = None,
+    unbuilt: dict[str, str] | None = None,
 ) -> dict[str, SystemSetup]:
     """Each system's setup; ``sampler`` = the dataset's profiling sampler
     (``entrain.data.sampling.dataset_sampler``, the one ``plan`` uses); ``judge`` simulates Entrain's
-    layout candidates (``entrain_variant``)."""
+    layout candidates (``entrain_variant``).
+
+    ``unbuilt``: where given (a comparison of several systems, ``entrain simulate``), a baseline whose
+    configuration cannot be built (``ConfigError``: e.g. DIP's ``gpus / (dp * tp)`` colocated ranks
+    outnumbering a component's layers, a stage count no partition can reach) is left out of the result
+    and recorded here as ``{system: reason}``, reported as not fitting instead of ending the run.
+    Entrain's own configuration still raises (nothing to compare against), and so does every system
+    where ``unbuilt`` is None (``plan``, ``train``: the one system asked for)."""
     by_kind: dict[str, SystemSetup] = {}
+    failed: dict[str, str] = {}
     kinds = sorted({config_kind(n) for n in systems}, key=lambda k: k != CONFIG_ENTRAIN)
     for kind in kinds:
+        kind_req = req
         if kind == CONFIG_DIP and req.dp is None and CONFIG_ENTRAIN in by_kind:
             # DIP keeps the DP degree Entrain's planner chose (DIP fixes DP/TP/PP up front).
-            by_kind[kind] = _setup(kind, replace(req, dp=by_kind[CONFIG_ENTRAIN].layout.dp), cost, sampler)
-        else:
-            by_kind[kind] = _setup(kind, req, cost, sampler)
-    out = {name: by_kind[config_kind(name)] for name in systems}
+            kind_req = replace(req, dp=by_kind[CONFIG_ENTRAIN].layout.dp)
+        try:
+            by_kind[kind] = _setup(kind, kind_req, cost, sampler)
+        except ConfigError as err:
+            if unbuilt is None or kind == CONFIG_ENTRAIN:
+                raise
+            failed[kind] = f"cannot be built: {err}"
+    for name in systems:
+        if config_kind(name) in failed:
+            unbuilt[name] = failed[config_kind(name)]  # type: ignore[index]
+    out = {name: by_kind[config_kind(name)] for name in systems if config_kind(name) in by_kind}
     extensible = [n for n in out if get_system(n).extensions]
     if extensible and extended(req):
         variant = entrain_variant(by_kind[CONFIG_ENTRAIN], req, cost, judge)

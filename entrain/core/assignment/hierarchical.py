@@ -14,13 +14,18 @@ deferred *to* ``i`` (ascending id). Reported works are exact sums (``math.fsum``
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from entrain.core.assignment.deferral import NUM_BUCKETS, deferral_candidates
 from entrain.core.assignment.dp_split import check_batch, split_dp
 from entrain.core.assignment.matching import bottleneck_match, complete_pairing
-from entrain.core.assignment.stratified import effective_num_microbatches, stratified_assign
+from entrain.core.assignment.stratified import (
+    coarse_fine_split,
+    effective_num_microbatches,
+    lpt_assign,
+    stratified_assign,
+)
 from entrain.core.ir.microbatches import Deferral, IterationAssignment, ReplicaAssignment
 from entrain.core.workload.work import SampleWork
 
@@ -117,24 +122,50 @@ def assign_entrain(
 
 
 def same_count_per_ep_group(
-    ia: IterationAssignment, samples: Mapping[str, SampleWork], ep: int, num_buckets: int = NUM_BUCKETS
+    ia: IterationAssignment,
+    samples: Mapping[str, SampleWork],
+    ep: int,
+    num_buckets: int = NUM_BUCKETS,
+    predict: Callable[[ReplicaAssignment], float] | None = None,
 ) -> IterationAssignment:
-    """``ia`` with every replica of each expert-parallel group (``ep`` consecutive replicas) on the
-    group's least ``K_eff`` (the paper's rule on each replica's samples, capped at its count): a
-    replica with another count is assigned again (stratified + deferral) with exactly that many
-    microbatches (its own rule allows at least as many). The group's replicas then
-    run as many LLM microbatches, which expert parallelism needs (their all-to-alls pair up).
-    ``ep`` 1: ``ia`` itself."""
+    """``ia`` with every replica of each expert-parallel group (``ep`` consecutive replicas) on one
+    microbatch count, which expert parallelism needs (their all-to-alls pair up): a replica with another
+    count is assigned again (stratified + deferral) with exactly that many microbatches.
+
+    The count: without ``predict``, the group's least ``K_eff`` (the paper's rule on each replica's
+    samples, capped at its count). With ``predict`` (a replica's predicted makespan), every count from
+    that least to the largest a replica of the group allows, and the one whose slowest replica is
+    predicted fastest (ties: the smaller count). The group's replicas run in lockstep on the LLM, so one
+    replica whose largest encoder sample caps its own rule low (few, coarse microbatches: a long fill
+    and drain) would otherwise impose that count on all of them; a replica given more microbatches than
+    its rule allows keeps its largest sample alone in one. ``ep`` 1: ``ia`` itself."""
     if ep <= 1:
         return ia
     reps = list(ia.replicas)
     for first in range(0, len(reps), ep):
         group = reps[first : first + ep]
         # at most each replica's count and what the paper's rule allows it (another batcher's may exceed)
-        k = min(
+        allowed = [
             effective_num_microbatches([samples[s].encoder for s in r.sample_ids], r.k_eff) for r in group
-        )
-        for i, rep in enumerate(group, start=first):
-            if rep.k_eff != k:
-                reps[i] = assign_replica([samples[s] for s in sorted(rep.sample_ids)], k, num_buckets)
+        ]
+        counts = [min(allowed)] if predict is None else range(min(allowed), max(allowed) + 1)
+        best = None
+        for k in counts:
+            got = [
+                rep
+                if rep.k_eff == k
+                else _assign_exactly([samples[s] for s in sorted(rep.sample_ids)], k, num_buckets)
+                for rep in group
+            ]
+            t = max(map(predict, got)) if predict is not None and len(counts) > 1 else 0.0
+            if best is None or t < best[0]:
+                best = (t, got)
+        reps[first : first + ep] = best[1]
     return IterationAssignment(tuple(reps))
+
+
+def _assign_exactly(samples: Sequence[SampleWork], k: int, num_buckets: int) -> ReplicaAssignment:
+    """Stratified assignment + deferral into exactly ``min(k, len(samples))`` encoder microbatches (the
+    paper's rule not applied: ``assign_replica`` where the rule allows ``k``)."""
+    coarse, fine = coarse_fine_split(samples)
+    return replica_assignment(lpt_assign(coarse + fine, max(1, min(k, len(samples)))), num_buckets)

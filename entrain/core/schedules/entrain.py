@@ -44,8 +44,9 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   = the LLM backward of k, then the encoder backwards whose gradients it completes. Warm-up and
   eager forward are per rank; deferral is unchanged.
 * Expert parallelism (``ep > 1`` on the LLM): the replicas of an EP group run one LLM program (their
-  sparse layers' all-to-alls pair up by position): the group's least ``K_eff``
-  (``assignment.hierarchical.same_count_per_ep_group``), one ramp, and on LLM ranks the least eager
+  sparse layers' all-to-alls pair up by position): one microbatch count, the one whose slowest replica
+  is predicted fastest from the group's least ``K_eff`` to its largest (``as_assigned``,
+  ``assignment.hierarchical.same_count_per_ep_group``), one ramp, and on LLM ranks the least eager
   warm-up (``best_of_group``); encoder microbatches, deferrals and memory-split cuts stay per replica.
   ``ep`` 1: unchanged.
 * Memory split (``ScheduleOptions.memory_split``, ``memory_split.split_to_fit``): an encoder sub
@@ -330,6 +331,10 @@ class _ReplicaSearch:
         two-resource one where it differs from the paper's), no ramp."""
         return self.candidate(self.candidates(rep)[-1][1], 0, self.opts.ramp_pieces, predict=True)[0]
 
+    def as_assigned(self, rep: ReplicaAssignment) -> float:
+        """A replica's predicted makespan on ``rep`` itself, no ramp (``same_count_per_ep_group``'s count)."""
+        return self.candidate(rep, 0, self.opts.ramp_pieces, predict=True)[0]
+
     def best_of(self, rep: ReplicaAssignment) -> tuple:
         """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts) of the best."""
         best = None
@@ -439,7 +444,8 @@ def generate(
         splits, assignments = [p[0] for p in picked], [p[1] for p in picked]
     ep = max(c.ep for c in layout.components.values())
     if ep > 1:  # one LLM microbatch count per expert-parallel group
-        assignments = [same_count_per_ep_group(ia, samples, ep) for ia in assignments]
+        group_predict = search.as_assigned if costs is not None else None
+        assignments = [same_count_per_ep_group(ia, samples, ep, predict=group_predict) for ia in assignments]
     check_replicas(layout, assignments)
     picked_per_replica = search.per_replica(assignments)
     chosen = [p[0] for p in picked_per_replica]

@@ -312,19 +312,21 @@ def _scaled(images: tuple[tuple[int, int], ...], factor: float) -> tuple[tuple[i
 
 
 def cap_tokens(target: SampleMeta, max_tokens: int) -> SampleMeta:
-    """``target`` within ``max_tokens`` LLM tokens (``entrain data check``'s limit): text cut to what
-    the images leave when they take at most half, else text to half and the images scaled down (a
-    sample whose images at their smallest still exceed the room stays over, for data check to name)."""
+    """``target`` within ``max_tokens`` LLM tokens (``entrain data check``'s limit): the room its audio
+    clips (and videos) leave shared by text and images, text cut to what the images leave when they
+    take at most half of it, else text to half and the images scaled down (a sample whose images at
+    their smallest still exceed the room stays over, for data check to name)."""
     if target.llm_tokens <= max_tokens:
         return target
-    text = max_tokens - target.image_tokens if target.image_tokens <= max_tokens // 2 else None
+    room = max_tokens - target.audio_tokens - target.video_tokens  # what text and images share
+    text = room - target.image_tokens if target.image_tokens <= room // 2 else None
     capped = target
     if text is None:
-        text = min(target.text_tokens, max_tokens // 2)
+        text = min(target.text_tokens, room // 2)
         for _ in range(MAX_SHRINKS):
-            if capped.image_tokens <= max_tokens - text:
+            if capped.image_tokens <= room - text:
                 break
-            shrink = math.sqrt((max_tokens - text) / capped.image_tokens) * 0.98
+            shrink = math.sqrt(max(1, room - text) / capped.image_tokens) * 0.98
             capped = dataclasses.replace(capped, images=_scaled(capped.images, shrink))
     answer = target.answer_tokens if target.answer_tokens is None else min(target.answer_tokens, text)
     return dataclasses.replace(capped, text_tokens=text, answer_tokens=answer)

@@ -94,6 +94,11 @@ def test_cap_tokens_keeps_small_samples_and_caps_text_or_images():
     assert wordy.llm_tokens == 8192 and wordy.images == ((448, 448),)
     big = cap_tokens(SampleMeta("i", ((4000, 4000),), 100), 8192)
     assert big.llm_tokens <= 8192 and big.text_tokens == 100
+    # an audio clip's tokens (a 30-s clip: 750) are part of the limit: text and images share the rest
+    heard = cap_tokens(SampleMeta("a", ((2000, 2000),), 3000, audio=(3000,)), 8192)
+    assert heard.audio == (3000,) and heard.llm_tokens <= 8192 and heard.text_tokens == 3000
+    told = cap_tokens(SampleMeta("b", ((448, 448),), 20000, audio=(3000,)), 8192)
+    assert told.llm_tokens == 8192 and told.images == ((448, 448),)
 
 
 def test_synth_dataset_reports_what_it_capped(tmp_path):

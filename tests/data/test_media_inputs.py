@@ -235,11 +235,27 @@ def _shard(folder, fmt: str, column: str, value, kind=FILE):
         meta = json.dumps({"conversations": [ASK, ANSWER]}).encode()
         _tar(folder / "shard-00000.tar", {"s0.json": meta, "s1.json": meta, f"s1.{column}": value})
         return folder / "shard-00000.tar"
+    if fmt == "finevision":
+        text = pa.list_(pa.struct([("user", pa.string()), ("assistant", pa.string())]))
+        schema = pa.schema([("id", pa.string()), ("images", pa.list_(FILE)), ("texts", text), (column, kind)])
+        texts = [{"user": "What happens?", "assistant": "A cat jumps."}]
+        rows = [{"id": f"s{i}", "images": [], "texts": texts, column: v} for i, v in enumerate((None, value))]
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / "part-00000.parquet")
+        return folder / "part-00000.parquet"
     turn = pa.struct([("from", pa.string()), ("value", pa.string())])
     schema = pa.schema([("id", pa.string()), ("conversations", pa.list_(turn)), (column, kind)])
     rows = [{"id": "s0", "conversations": [ASK, ANSWER], column: None},
             {"id": "s1", "conversations": [ASK, ANSWER], column: value}]  # fmt: skip
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / "part-00000.parquet")
+    table = pa.Table.from_pylist(rows, schema=schema)
+    if fmt == "arrow":  # a datasets save_to_disk folder
+        with pa.ipc.new_stream(folder / "data-00000-of-00001.arrow", table.schema) as writer:
+            writer.write_table(table)
+        (folder / "state.json").write_text(
+            json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+        )
+        (folder / "dataset_info.json").write_text("{}")
+        return folder / "data-00000-of-00001.arrow"
+    pq.write_table(table, folder / "part-00000.parquet")
     return folder / "part-00000.parquet"
 
 
@@ -255,6 +271,12 @@ SHARD_MEDIA = {
                                      "holds an audio file (its bytes) but 'speech' is not a field entrain reads"),
     "parquet unknown binary video column": ("parquet", "clip", MP4, pa.binary(), "clip",
                                             "holds a video file (its bytes) but 'clip' is not a field"),
+    "arrow audio feature": ("arrow", "audios", [{"bytes": b"fLaC\x00\x00\x00\x22", "path": None}],
+                            pa.list_(FILE), "audios", UNSUPPORTED),
+    "arrow unknown video column": ("arrow", "clip", {"bytes": MP4, "path": None}, FILE, "clip",
+                                   "holds a video file (its bytes) but 'clip' is not a field"),
+    "finevision unknown audio column": ("finevision", "speech", WAV, pa.binary(), "speech",
+                                        "holds an audio file (its bytes) but 'speech' is not a field"),
     "parquet unknown audio path": ("parquet", "question_audio", {"bytes": None, "path": "q.flac"}, FILE,
                                    "question_audio", "holds an audio file (its path) but 'question_audio'"),
 }  # fmt: skip

@@ -8,10 +8,13 @@ Per iteration (then averaged over iterations):
   that modality's stages and sub-microbatches (Entrain: both encoder subs; DIP: the parent);
   population std across a replica's microbatches; mean over (iteration, replica).
 * ``ideal_ms`` = (K + p - 1) * t with p = pipeline ranks per replica, K the slowest replica's
-  microbatch count, t = that replica's total compute / (K * p) (compute only).
+  microbatch count, t = that replica's total compute / (K * p) (compute only); with several encoder
+  pipelines the ``p - 1`` of the fill is the longest way through the ranks less one
+  (``rank_chains``: each encoder pipeline's ranks then the LLM's).
 * ``partition_ideal_ms``: 1F1B makespan over the system's pipeline ranks (a rank's stages
   together; one stage per rank except DIP) with every microbatch equal to the replica's mean
-  per-rank forward and backward time; max over replicas (compute only).
+  per-rank forward and backward time; max over replicas (compute only); with several encoder
+  pipelines, the most over the ways through the ranks.
 * ``lower_bound_ms`` = max over ranks of busy time.
 * ``peak_activation_bytes_per_rank``: per pipeline rank (index = pp rank within a replica), the
   peak over replicas and iterations; ``peak_activation_bytes`` = its max.
@@ -40,7 +43,7 @@ from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.one_f_one_b import one_f_one_b_makespan
 from entrain.sim.executor import IterationRun, ReplicaRun
 
-__all__ = ["SystemMetrics", "compute_metrics", "per_microbatch_fwd_ms"]
+__all__ = ["SystemMetrics", "compute_metrics", "per_microbatch_fwd_ms", "rank_chains"]
 
 
 @dataclass
@@ -120,7 +123,21 @@ def per_microbatch_fwd_ms(layout: Layout, run: ReplicaRun) -> tuple[list[float],
     return enc, llm
 
 
+def rank_chains(layout: Layout) -> list[list[int]]:
+    """The ways through a replica's pipeline ranks, in order: every rank in a one-encoder plan; with
+    several encoder pipelines, each pipeline's ranks then the LLM's (they run side by side)."""
+    if not layout.multi_encoder:
+        return [list(range(layout.ranks_per_replica))]
+    llm = [s.pp_rank for s in layout.stages if s.component == "llm"]
+    chains = []
+    for group in layout.encoder_groups:
+        ranks = [layout.stages[s].pp_rank for s in group] + llm
+        chains.append(list(dict.fromkeys(ranks)))
+    return chains
+
+
 def _partition_ideal(layout: Layout, run: ReplicaRun) -> float:
+    """1F1B's makespan of the run's mean microbatch per rank along the longest way through the ranks."""
     k = run.num_microbatches
     p = layout.ranks_per_replica
     fwd, bwd = [0.0] * p, [0.0] * p
@@ -128,7 +145,9 @@ def _partition_ideal(layout: Layout, run: ReplicaRun) -> float:
         fwd[layout.stages[stage].pp_rank] += ms / k
     for (stage, _, _), ms in run.bwd_ms.items():
         bwd[layout.stages[stage].pp_rank] += ms / k
-    return one_f_one_b_makespan(fwd, bwd, k)
+    if not layout.multi_encoder:
+        return one_f_one_b_makespan(fwd, bwd, k)
+    return max(one_f_one_b_makespan([fwd[r] for r in c], [bwd[r] for r in c], k) for c in rank_chains(layout))
 
 
 def _iteration_metrics(layout: Layout, it: IterationRun) -> dict:
@@ -139,6 +158,7 @@ def _iteration_metrics(layout: Layout, it: IterationRun) -> dict:
     slow = max(it.replicas, key=lambda r: (sum(r.busy_ms.values()), -r.replica))
     k = slow.num_microbatches
     per_stage_mb = sum(slow.busy_ms.values()) / (k * p) if k else 0.0
+    depth = max(len(c) for c in rank_chains(layout))  # p in a one-encoder plan
     enc_std, llm_std = [], []
     for run in it.replicas:
         enc, llm = per_microbatch_fwd_ms(layout, run)
@@ -149,7 +169,7 @@ def _iteration_metrics(layout: Layout, it: IterationRun) -> dict:
         "bubble": 1.0 - sum(busy) / (world * t) if t > 0 else 0.0,
         "enc_std": float(np.mean(enc_std)),
         "llm_std": float(np.mean(llm_std)),
-        "ideal": (k + p - 1) * per_stage_mb,
+        "ideal": (k + depth - 1) * per_stage_mb,
         "partition_ideal": max(_partition_ideal(layout, run) for run in it.replicas),
         "lower_bound": max(busy),
     }

@@ -11,6 +11,7 @@ from entrain.core.schedules.encoder_costs import EncodersPlanCosts, encoder_view
 from entrain.core.workload.samples import SampleMeta
 from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import simulate_plan
+from entrain.sim.metrics import compute_metrics, rank_chains
 from tests.sim import two_encoder_fixtures as two
 from tests.sim.fixtures import toy_cost
 
@@ -80,3 +81,18 @@ def test_a_two_encoder_plan_needs_each_encoders_costs():
     raw = {"a": SampleWork("a", 1.0, 1.0)}
     with pytest.raises(ConfigError, match="sample 'a'"):
         EncodersPlanCosts(plan.layout, two.encoders(), raw)
+
+
+def test_metrics_read_the_encoder_pipelines_side_by_side():
+    """Per rank and mean microbatch: vision F 1.5 B 3, audio F 2 B 4, LLM F 1.5 B 3. 1F1B of two
+    microbatches over (audio, LLM) takes 15 ms, over (vision, LLM) 13.5: the partition ideal is 15,
+    not the three-rank chain's. The ideal fills a two-rank way: (2 + 2 - 1) * 30 / (2 * 3) = 15."""
+    plan = two.plan()
+    costs = two.costs(plan)
+    runs = simulate_plan(plan, None, costs=costs)
+    assert rank_chains(plan.layout) == [[0, 2], [1, 2]]
+    m = compute_metrics(plan.layout, runs, costs, plan.iterations)
+    assert m.partition_ideal_ms == pytest.approx(15.0)
+    assert m.ideal_ms == pytest.approx(15.0)
+    assert m.lower_bound_ms == pytest.approx(12.0)  # the audio rank's compute
+    assert m.iteration_time_ms == pytest.approx(two.EXPECTED_MS)

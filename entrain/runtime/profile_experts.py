@@ -19,7 +19,8 @@ the router. ``CostModel.expert_ms`` prices a rank's extra expert tokens at ``top
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -28,11 +29,14 @@ from scipy.optimize import nnls
 from torch import nn
 
 from entrain.core.costs.costmodel import ComponentCost, ExpertTiming
-from entrain.runtime.profiler import _time_once, precision_context
 
-__all__ = ["ExpertFit", "sparse_block", "expert_routes", "measure_experts", "measure_model_experts"]
+__all__ = ["ExpertFit", "Timer", "sparse_block", "expert_routes", "measure_experts", "measure_model_experts"]
 
 ROUTES = ("balanced", "concentrated")
+
+Timer = Callable[[Callable[[], object]], tuple[float, float]]
+"""``time(run)``: (forward ms, backward ms) of one pass of ``run`` (a forward; its output's backward is
+timed too) on the profile's device and clock (``entrain.runtime.profiler``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +75,11 @@ def expert_routes(tokens: int, num_experts: int, top_k: int, pattern: str) -> to
     raise ValueError(f"route {pattern!r}: choose from {', '.join(ROUTES)}")
 
 
-def _runs(block: nn.Module, tokens: Sequence[int], device: torch.device, precision: str) -> list:
-    """``(part, pattern, x, slots, experts hit, run)`` per measurement; ``run()`` is one forward."""
+def _runs(block: nn.Module, tokens: Sequence[int], device: torch.device, compute) -> list:
+    """``(part, pattern, x, slots, experts hit, run)`` per measurement; ``run()`` is one forward under
+    ``compute()`` (the precision's context)."""
     gate, experts = block.gate, block.experts
     k, e, width = int(gate.top_k), int(gate.num_experts), int(gate.weight.shape[-1])
-    compute = precision_context(precision, device)
     gen = torch.Generator().manual_seed(0)
 
     def hidden(x: int) -> torch.Tensor:
@@ -110,17 +114,18 @@ def measure_experts(
     block: nn.Module,
     tokens: Sequence[int],
     device: torch.device,
+    time: Timer,
+    compute: Callable[[], AbstractContextManager],
     repeats: int = 5,
     warmup: int = 1,
-    precision: str = "fp32",
 ) -> ExpertFit:
-    """Time ``block``'s router and experts at every size of ``tokens`` (the module docstring) and fit
-    ``ExpertTiming``."""
+    """Time ``block``'s router and experts at every size of ``tokens`` (the module docstring) with
+    ``time``, forwards under ``compute()``, and fit ``ExpertTiming``."""
     rows = []
-    for part, pattern, x, slots, hit, run in _runs(block, tokens, device, precision):
+    for part, pattern, x, slots, hit, run in _runs(block, tokens, device, compute):
         for _ in range(warmup):
-            _time_once(run, device)
-        times = [_time_once(run, device) for _ in range(repeats)]
+            time(run)
+        times = [time(run) for _ in range(repeats)]
         block.zero_grad(set_to_none=True)
         rows.append({"part": part, "pattern": pattern, "tokens": x, "slots": slots, "experts_hit": hit,
                      "fwd_ms": statistics.median(t[0] for t in times),
@@ -155,9 +160,10 @@ def measure_model_experts(
     llm: ComponentCost,
     tokens: Sequence[int],
     device: torch.device,
+    time: Timer,
+    compute: Callable[[], AbstractContextManager],
     repeats: int,
     warmup: int,
-    precision: str,
 ) -> tuple[ComponentCost, ExpertFit | None]:
     """``llm`` with every mixture-of-experts layer's ``ExpertCost.measured`` set from the timing of
     ``model``'s sparse block (all sparse layers of a checkpoint have one shape), and the fit; ``llm``
@@ -165,7 +171,7 @@ def measure_model_experts(
     block = sparse_block(model)
     if block is None:
         return llm, None
-    fit = measure_experts(block, tokens, device, repeats, warmup, precision)
+    fit = measure_experts(block, tokens, device, time, compute, repeats, warmup)
     layers = tuple(
         replace(x, experts=replace(x.experts, measured=fit.timing)) if x.experts is not None else x
         for x in llm.layers

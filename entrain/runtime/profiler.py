@@ -333,8 +333,18 @@ def profile_model(
     if analytic.has_experts("llm"):  # the experts' time per routed slot (ExpertCost.measured)
         from entrain.runtime.profile_experts import measure_model_experts
 
+        def time_pass(run):
+            return _time_once(run, device)
+
         comps["llm"], expert_fit = measure_model_experts(
-            model, comps["llm"], tokens, device, repeats, warmup, precision
+            model,
+            comps["llm"],
+            tokens,
+            device,
+            time_pass,
+            precision_context(precision, device),
+            repeats,
+            warmup,
         )
     notes = {
         "source": PROFILE_SOURCE,

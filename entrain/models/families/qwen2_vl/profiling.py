@@ -11,7 +11,7 @@ import torch
 from entrain.core.workload.samples import LABEL_FRACTION
 from entrain.models.batch import LLMBatch
 
-__all__ = ["representative_config", "profile_input"]
+__all__ = ["representative_config", "profile_input", "text_batch"]
 
 
 def _image_grid(num_patches: int, merge: int) -> tuple[int, int, int]:
@@ -38,7 +38,7 @@ def representative_config(cfg):
     return small, {"encoder": enc, "llm": llm}
 
 
-def _llm_batch(x: int, vocab: int, per_label: bool, device: torch.device) -> LLMBatch:
+def text_batch(x: int, vocab: int, per_label: bool, device: torch.device) -> LLMBatch:
     """A text-only sample of ``x`` tokens (its M-RoPE ids are ``0..x-1`` on all three rows)."""
     num_labels = x if per_label else max(1, round(LABEL_FRACTION * x))
     ids = torch.randint(0, vocab, (x,), device=device)
@@ -62,7 +62,7 @@ def profile_input(cfg, component: str, layer: int, tokens: int, device: torch.de
         width = cfg.vision.patch_dim if layer == 0 else cfg.vision.hidden_size
         x = torch.randn((n, width), device=device, requires_grad=layer > 0)
         return (x, torch.tensor([grid], dtype=torch.int64)), n
-    batch = _llm_batch(tokens, cfg.llm.vocab_size, per_label, device)
+    batch = text_batch(tokens, cfg.llm.vocab_size, per_label, device)
     n = cfg.llm.num_hidden_layers
     if layer == 0:
         x = None

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from entrain.models.families.base import PackedSample
 
-__all__ = ["FAMILY", "Qwen3VLConfig", "Qwen3VLFamily", "QWEN3_VL_FAMILY"]
+__all__ = ["FAMILY", "Qwen3VLConfig", "Qwen3VLFamily", "QWEN3_VL_FAMILY", "reduced_hf_config"]
 
 FAMILY = "qwen3_vl"
 
@@ -45,10 +45,10 @@ class Qwen3VLConfig(FolderConfig):
     @property
     def hf(self):
         """Transformers' config of the checkpoint (``reduced`` applied)."""
-        return _reduced(_hf_config(self.folder), self)
+        return reduced_hf_config(_hf_config(self.folder), self)
 
 
-def _reduced(config, cfg: Qwen3VLConfig):
+def reduced_hf_config(config, cfg: Qwen3VLConfig):
     """``config`` with ``cfg.reduced`` applied (``profiling.reduce_hf``), or itself."""
     if cfg.reduced is None:
         return config

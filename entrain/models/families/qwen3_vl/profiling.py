@@ -15,7 +15,8 @@ from dataclasses import replace
 
 import torch
 
-from entrain.models.families.qwen2_vl.profiling import _image_grid, _llm_batch
+from entrain.models.families.composition.profiling import image_grid
+from entrain.models.families.qwen2_vl.profiling import text_batch
 
 __all__ = ["Reduced", "representative_config", "reduce_hf", "profile_input"]
 
@@ -87,12 +88,12 @@ def profile_input(cfg, component: str, layer: int, tokens: int, device: torch.de
 
     if component == "encoder":
         vis = cfg.vision
-        grid = _image_grid(tokens, vis.spatial_merge_size)
+        grid = image_grid(tokens, vis.spatial_merge_size)
         n = grid[1] * grid[2]
         width = vis.patch_dim if layer == 0 else vis.hidden_size
         x = torch.randn((n, width), device=device, requires_grad=layer > 0)
         return ({HIDDEN: x}, torch.tensor([grid], dtype=torch.int64)), n
-    batch = _llm_batch(tokens, cfg.llm.vocab_size, per_label, device)
+    batch = text_batch(tokens, cfg.llm.vocab_size, per_label, device)
     n = cfg.llm.num_hidden_layers
     parts: dict[str, torch.Tensor | None] = {}
     if layer == 0:

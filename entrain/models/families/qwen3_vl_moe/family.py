@@ -14,7 +14,7 @@ from functools import cache
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import ModelSource
-from entrain.models.families.qwen3_vl.family import Qwen3VLConfig, Qwen3VLFamily, _reduced
+from entrain.models.families.qwen3_vl.family import Qwen3VLConfig, Qwen3VLFamily, reduced_hf_config
 from entrain.models.families.qwen3_vl_moe.presets import PRESETS
 from entrain.models.families.qwen3_vl_moe.spec import MODEL_TYPES, Qwen3VLMoeShape, claims, shape_of_folder
 
@@ -35,7 +35,7 @@ class Qwen3VLMoeConfig(Qwen3VLConfig):
     @property
     def hf(self):
         """Transformers' config of the checkpoint (``reduced`` applied: ``entrain profile``'s model)."""
-        return _reduced(_hf_config(self.folder), self)
+        return reduced_hf_config(_hf_config(self.folder), self)
 
 
 @cache

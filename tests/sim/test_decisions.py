@@ -227,9 +227,11 @@ def test_pick_keeps_the_default_within_the_margin_and_on_ties():
 
 def test_recompute_departs_from_the_planners_only_past_the_margin():
     """The memory check's candidates (the planner's recomputation per rank first, the default; per
-    layer; from the simulated peaks): per layer is faster here, taken at margin 0 and not past it."""
+    layer; from the simulated peaks): per layer is faster here, taken at margin 0 and not past it.
+    ``k`` 6 is these samples' ``K_eff``, so the requested-microbatch start does not apply
+    (``tests/sim/test_requested_microbatches.py``)."""
     cost = toy_cost(act_bytes_per_token=10.0, out_bytes_per_token=1.0)
-    layout = disjoint_layout(1, 1, k=8)
+    layout = disjoint_layout(1, 1, k=6)
     batches = [[SampleWork(f"s{i}", 100.0 + 10 * i, 80.0 + 5 * i) for i in range(8)]]
     peak = run_system("entrain-1f1b", layout, batches, cost, {}).metrics.peak_memory_bytes_per_rank[0]
     cost = replace(cost, hardware=replace(cost.hardware, device_memory_bytes=0.95 * peak))

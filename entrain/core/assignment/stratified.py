@@ -27,9 +27,19 @@ import numpy as np
 from entrain.core.assignment.dp_split import sort_desc
 from entrain.core.workload.work import SampleWork
 
-__all__ = ["effective_num_microbatches", "coarse_fine_split", "lpt_assign", "stratified_assign"]
+__all__ = [
+    "MICROBATCH_COUNTS",
+    "effective_num_microbatches",
+    "microbatch_count",
+    "coarse_fine_split",
+    "lpt_assign",
+    "stratified_assign",
+]
 
 _FLOOR_RTOL = 1e-9
+
+MICROBATCH_COUNTS = ("paper", "requested")
+"""How many encoder microbatches a replica gets (``microbatch_count``; ``ScheduleOptions.microbatch_count``)."""
 
 
 def effective_num_microbatches(encoder_work: Sequence[float], num_microbatches: int) -> int:
@@ -40,6 +50,20 @@ def effective_num_microbatches(encoder_work: Sequence[float], num_microbatches: 
         return max(1, min(num_microbatches, n))
     ratio = math.fsum(encoder_work) / w_max
     return max(1, min(num_microbatches, math.floor(ratio * (1.0 + _FLOOR_RTOL))))
+
+
+def microbatch_count(encoder_work: Sequence[float], num_microbatches: int, rule: str = "paper") -> int:
+    """A replica's encoder microbatch count: ``"paper"``: ``K_eff`` (``effective_num_microbatches``);
+    ``"requested"``: the run's ``K`` (global batch / (dp x microbatch size)), at most one per sample.
+    ``K_eff`` keeps the largest sample from bounding a microbatch, but where one sample dwarfs the rest
+    (a long video in a mixture) it leaves a few microbatches of many samples each, whose activations
+    can need recomputation on every rank; ``K`` microbatches of the requested size may then fit with
+    little or none (the memory check tries both for Entrain, ``sim.memory_fit``)."""
+    if rule not in MICROBATCH_COUNTS:
+        raise ValueError(f"microbatch count rule {rule!r}; choose from {', '.join(MICROBATCH_COUNTS)}")
+    if rule == "requested":
+        return max(1, min(num_microbatches, len(encoder_work)))
+    return effective_num_microbatches(encoder_work, num_microbatches)
 
 
 def coarse_fine_split(samples: Sequence[SampleWork]) -> tuple[list[SampleWork], list[SampleWork]]:
@@ -66,8 +90,11 @@ def lpt_assign(samples: Sequence[SampleWork], num_bins: int) -> list[list[Sample
     return bins
 
 
-def stratified_assign(samples: Sequence[SampleWork], num_microbatches: int) -> list[list[SampleWork]]:
-    """One replica's encoder microbatches: ``K_eff`` bins from coarse-then-fine LPT."""
-    k_eff = effective_num_microbatches([s.encoder for s in samples], num_microbatches)
+def stratified_assign(
+    samples: Sequence[SampleWork], num_microbatches: int, rule: str = "paper"
+) -> list[list[SampleWork]]:
+    """One replica's encoder microbatches: ``microbatch_count`` bins (``K_eff`` by default) from
+    coarse-then-fine LPT."""
+    k_eff = microbatch_count([s.encoder for s in samples], num_microbatches, rule)
     coarse, fine = coarse_fine_split(samples)
     return lpt_assign(coarse + fine, k_eff)

@@ -44,8 +44,8 @@ import numpy as np
 
 from entrain.core.assignment.deferral import NUM_BUCKETS
 from entrain.core.assignment.dp_split import check_batch
-from entrain.core.assignment.hierarchical import assign_replica, replica_assignment
-from entrain.core.assignment.stratified import effective_num_microbatches
+from entrain.core.assignment.hierarchical import replica_assignment
+from entrain.core.assignment.stratified import effective_num_microbatches, microbatch_count, stratified_assign
 from entrain.core.ir.microbatches import ReplicaAssignment
 from entrain.core.workload.work import SampleWork
 
@@ -87,9 +87,14 @@ def _rank_work(samples: Sequence[SampleWork], shares: RankShares) -> np.ndarray:
     return work @ shares.matrix().T
 
 
-def two_resource_k(samples: Sequence[SampleWork], num_microbatches: int, shares: RankShares) -> int:
+def two_resource_k(
+    samples: Sequence[SampleWork], num_microbatches: int, shares: RankShares, rule: str = "paper"
+) -> int:
     """Microbatches for one replica: the paper's ``K_eff`` rule on the bottleneck rank or on the
-    encoder, whichever is larger."""
+    encoder, whichever is larger; ``rule`` ``"requested"``: the requested count
+    (``stratified.microbatch_count``)."""
+    if rule != "paper":
+        return microbatch_count([s.encoder for s in samples], num_microbatches, rule)
     n = len(samples)
     per_rank = _rank_work(samples, shares)
     totals = per_rank.sum(axis=0)
@@ -133,12 +138,15 @@ def assign_replica_two_resource(
     shares: RankShares = EQUAL_SHARES,
     num_buckets: int = NUM_BUCKETS,
     paper: ReplicaAssignment | None = None,
+    rule: str = "paper",
 ) -> ReplicaAssignment:
     """Vector-LPT encoder microbatches + pairwise deferral for one replica's minibatch, or the
-    paper's assignment (``paper`` when already computed) where that is better (module docstring)."""
-    k = two_resource_k(samples, num_microbatches, shares)
+    paper's assignment (``paper`` when already computed) where that is better (module docstring);
+    ``rule``: the microbatch count's (``two_resource_k``)."""
+    k = two_resource_k(samples, num_microbatches, shares, rule)
     vector = replica_assignment(vector_lpt(samples, k, shares), num_buckets)
-    paper = paper if paper is not None else assign_replica(samples, num_microbatches, num_buckets)
+    if paper is None:
+        paper = replica_assignment(stratified_assign(samples, num_microbatches, rule), num_buckets)
 
     def objective(a: ReplicaAssignment) -> tuple[float, float]:
         sizes = microbatch_sizes(a, shares)

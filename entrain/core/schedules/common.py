@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from entrain.core.assignment.stratified import MICROBATCH_COUNTS
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.ir.graph import ReplicaGraph
@@ -119,6 +120,13 @@ class ScheduleOptions:
     (``assignment.two_resource.split_dp_two_resource``), whichever leaves the smaller largest per-rank
     replica load, recorded in ``Plan.options["dp_split_chosen"][iteration]``."""
 
+    microbatch_count: str = "paper"
+    """Entrain's encoder microbatches per replica (``assignment.stratified.MICROBATCH_COUNTS``):
+    ``"paper"``: ``K_eff`` (Algorithm 3's rule, at most the requested count); ``"requested"``: the
+    requested count (global batch / (dp x microbatch size)), for both assignments. Not decided by the
+    planner: the simulated memory check tries it where ``K_eff`` fell below it (smaller microbatches
+    hold fewer activations, so they may need less recomputation; ``sim.memory_fit``)."""
+
     dp_resplit: bool = True
     """Under ``assignment`` ``"two-resource"`` or ``"auto"``: whether the DP split may be re-chosen per
     iteration (the paper's or the two-resource one, ``entrain.balanced_dp_split``); False keeps the
@@ -145,6 +153,10 @@ class ScheduleOptions:
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:
             raise ConfigError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {self.assignment!r}")
+        if self.microbatch_count not in MICROBATCH_COUNTS:
+            raise ConfigError(
+                f"microbatch_count must be one of {', '.join(MICROBATCH_COUNTS)}, got {self.microbatch_count!r}"
+            )
         if self.backward_order not in BACKWARD_ORDERS:
             raise ConfigError(
                 f"backward_order must be one of {', '.join(BACKWARD_ORDERS)}, got {self.backward_order!r}"

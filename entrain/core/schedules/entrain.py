@@ -62,7 +62,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from entrain.core.assignment.hierarchical import assign_replica, same_count_per_ep_group
+from entrain.core.assignment.hierarchical import assign_replica, replica_assignment, same_count_per_ep_group
+from entrain.core.assignment.stratified import microbatch_count, stratified_assign
 from entrain.core.assignment.two_resource import (
     EQUAL_SHARES,
     RankShares,
@@ -240,13 +241,19 @@ def _assignment_candidates(
     num_microbatches: int,
 ) -> list[tuple[str, ReplicaAssignment]]:
     """(name, replica assignment) to try: the given one (the paper's, from ``assign_entrain``) and/or
-    the two-resource one (skipped under ``auto`` when it is the same)."""
+    the two-resource one (skipped under ``auto`` when it is the same). Under ``microbatch_count``
+    ``"requested"`` both with the requested count (the given one assigned again where its ``K_eff``
+    was below it)."""
+    rule = opts.microbatch_count
+    mine = [samples[s] for s in sorted(rep.sample_ids)]
+    if rule != "paper" and rep.k_eff != microbatch_count([w.encoder for w in mine], num_microbatches, rule):
+        rep = replica_assignment(stratified_assign(mine, num_microbatches, rule))
     out = [("paper", rep)] if opts.assignment in ("paper", "auto") else []
     if opts.assignment in ("two-resource", "auto"):
         ids = rep.sample_ids
         shares = rank_shares(costs, ids) if costs is not None else EQUAL_SHARES
         alt = assign_replica_two_resource(
-            [samples[s] for s in sorted(ids)], num_microbatches, shares, paper=rep
+            [samples[s] for s in sorted(ids)], num_microbatches, shares, paper=rep, rule=rule
         )
         if (
             not out

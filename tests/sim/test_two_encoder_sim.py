@@ -3,17 +3,23 @@ first LLM stage waits for every encoder's message of a microbatch, each transfer
 priced by its own cost model and units (docs/design.md, "N encoders")."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from entrain.core.errors import ConfigError, ScheduleError
-from entrain.core.ir.plan import ActionKind, Plan
+from entrain.core.ir.p2p_check import check_plan
+from entrain.core.ir.plan import ActionKind, ComponentLayout, Layout, Plan, StageSpec
+from entrain.core.ir.validate import validate_plan
 from entrain.core.planning.encoders import audio_units, vision_units
+from entrain.core.planning.encoders_plan import encoders_compute
+from entrain.core.schedules.common import build_plan, entrain_specs
 from entrain.core.schedules.encoder_costs import EncodersPlanCosts, encoder_view
 from entrain.core.workload.samples import SampleMeta
 from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics, rank_chains
 from tests.sim import two_encoder_fixtures as two
-from tests.sim.fixtures import toy_cost
+from tests.sim.fixtures import deferral_assignment, draw_grouped_work, one_iteration, split, toy_cost
 
 
 def test_time_is_the_hand_computed_critical_path():
@@ -96,3 +102,58 @@ def test_metrics_read_the_encoder_pipelines_side_by_side():
     assert m.ideal_ms == pytest.approx(15.0)
     assert m.lower_bound_ms == pytest.approx(12.0)  # the audio rank's compute
     assert m.iteration_time_ms == pytest.approx(two.EXPECTED_MS)
+
+
+@st.composite
+def _pipelines(draw):
+    groups, works, deferred = draw_grouped_work(draw, st, max_mbs=5, max_per_mb=3, min_mbs=1)
+    pps = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 2)))
+    dp = draw(st.integers(1, 2))
+    audio_share = draw(st.sampled_from([0.0, 0.3, 1.0]))  # 0: no audio at all (empty parts)
+    return groups, works, deferred, pps, dp, audio_share
+
+
+@settings(deadline=None, max_examples=40)
+@given(w=_pipelines())
+def test_depth_1f1b_with_deferral_is_valid_deadlock_free_and_accounted(w):
+    """Random vision / audio / LLM stage counts, replicas, deferrals and audio shares: Entrain's
+    two-encoder order validates, passes the NCCL checker, simulates, and each rank's busy time is the
+    sum of its actions' prices; the iteration is at least the busiest rank's compute."""
+    groups, works, deferred, (v_pp, a_pp, l_pp), dp, share = w
+    stages, comps = [], {}
+    for name, pp, kind in (("vision", v_pp, "encoder"), ("audio", a_pp, "encoder"), ("llm", l_pp, "llm")):
+        for first, end in split(4, pp):
+            s = len(stages)
+            stages.append(StageSpec(s, kind, first, end, s, encoder=None if kind == "llm" else name))
+        comps[name] = ComponentLayout(pp=pp)
+    layout = Layout(dp, 1, len(groups), comps, tuple(stages))
+    cost = toy_cost(enc_layers=4, llm_layers=4, call_ms=0.1, out_bytes_per_token=1e5, latency_ms=0.3)
+    encs = (two.ToyEncoder("vision", cost), two.ToyEncoder("audio", cost))
+    samples = {}
+    for r in range(dp):
+        for s, (enc, llm) in works.items():
+            parts = (enc * (1 - share), enc * share)
+            samples[f"{s}r{r}"] = SampleWork(f"{s}r{r}", enc, llm, None, parts)
+    reps = [
+        deferral_assignment(
+            [[f"{s}r{r}" for s in g] for g in groups], {f"{s}r{r}": v for s, v in deferred.items()}
+        )
+        for r in range(dp)
+    ]
+    plan = build_plan("entrain", layout, one_iteration(*reps), samples, entrain_specs, encoders_compute, {})
+    validate_plan(plan)
+    check_plan(plan)
+    costs = EncodersPlanCosts(layout, encs, samples)
+    run = simulate_plan(plan, None, costs=costs)[0]
+    it = plan.iterations[0]
+    for rep in run.replicas:
+        specs = it.microbatches[rep.replica]
+        for g, busy in rep.busy_ms.items():
+            expected = 0.0
+            for a in it.actions[g]:
+                if a.kind.is_compute:
+                    enc = layout.stages[a.stage].component == "encoder"
+                    ids = (specs[a.mb].encoder_subs if enc else specs[a.mb].llm_subs)[a.sub_index]
+                    expected += costs.compute_ms(a.stage, a.kind, ids)
+            assert busy == pytest.approx(expected)
+    assert run.iteration_time_ms >= max(b for rep in run.replicas for b in rep.busy_ms.values()) * (1 - 1e-12)

@@ -20,7 +20,7 @@ dependencies; the lowering pass, the validator, the greedy interleaver and the s
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cache, cached_property
 from typing import NamedTuple
 
 from entrain.core.ir.plan import Action, ActionKind, Layout, MicrobatchSpec
@@ -51,6 +51,14 @@ class Message(NamedTuple):
         return Action(self.dst, kind, self.mb, self.sub)
 
 
+@cache
+def _chain(n: int) -> tuple[tuple[int | None, ...], tuple[tuple[int, ...], ...]]:
+    """Next stage and previous stages of each of ``n`` stages in one chain."""
+    return tuple(s + 1 if s + 1 < n else None for s in range(n)), tuple(
+        (s - 1,) if s > 0 else () for s in range(n)
+    )
+
+
 class ReplicaGraph:
     """Dependencies of one replica's microbatches under a layout (pure function of both)."""
 
@@ -59,8 +67,12 @@ class ReplicaGraph:
         self.microbatches = microbatches
         self.num_stages = len(layout.stages)
         self.num_encoder_stages = layout.num_encoder_stages
-        self._next = tuple(layout.next_stage(s) for s in range(self.num_stages))
-        self._prev = tuple(layout.prev_stages(s) for s in range(self.num_stages))
+        n = self.num_stages
+        if layout.multi_encoder:
+            self._next = tuple(layout.next_stage(s) for s in range(n))
+            self._prev = tuple(layout.prev_stages(s) for s in range(n))
+        else:  # one chain: what Layout.next_stage / prev_stages say, without asking per stage
+            self._next, self._prev = _chain(n)
         self._enc_of: dict[str, tuple[int, int]] = {}
         self._llm_of: dict[str, tuple[int, int]] = {}
         for spec in microbatches:

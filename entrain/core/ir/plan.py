@@ -275,8 +275,9 @@ class Layout:
 
     @property
     def multi_encoder(self) -> bool:
-        """Whether the plan has several encoder pipelines (named encoder stages)."""
-        return bool(self.encoder_names)
+        """Whether the plan has several encoder pipelines (named encoder stages; the layout's checks put
+        a named encoder stage first)."""
+        return bool(self.stages) and self.stages[0].encoder is not None
 
     def next_stage(self, stage: int) -> int | None:
         """The stage ``stage``'s forward output goes to: the next stage of its pipeline, the first LLM

@@ -3,6 +3,7 @@ dependency graph, the validator, the lowering and the NCCL point-to-point checke
 "N encoders")."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from entrain.core.ir.plan import Action, ComponentLayout, Layout, Plan, StageSpe
 from entrain.core.ir.validate import messages_of, validate_plan
 from entrain.core.schedules.lowering import add_comms, strip_comms
 from entrain.core.workload.work import SampleWork
+from entrain.sim.executor import simulate_plan
 from tests.sim import two_encoder_fixtures as two
 
 
@@ -125,3 +127,33 @@ def test_layout_rejects_bad_encoder_groups(stages, comps, message):
 def test_only_encoder_stages_name_an_encoder():
     with pytest.raises(ValueError, match="only encoder stages"):
         StageSpec(0, "llm", 0, 1, 0, encoder="vision")
+
+
+def test_an_encoder_pipeline_sharing_the_first_llm_rank_hands_over_locally():
+    """Audio's stage on the LLM's rank: the boundary RECV / SEND carry the vision message only, the
+    audio output is taken on the rank; the plan validates, passes the NCCL checker and simulates to
+    by hand: rank 1 runs audio F0 [0, 3], LLM F0 [3, 5], B0 [5, 9], audio B0 [9, 15], F1 [15, 16], LLM
+    F1 [16, 17], B1 [17, 19], audio B1 [19, 21]; vision's B1 waits for the gradient sent at 19: [19.5,
+    23.5]."""
+    base = two.layout()
+    stages = (base.stages[0], replace(base.stages[1], pp_rank=1), replace(base.stages[2], pp_rank=1))
+    lay = Layout(1, 1, 2, base.components, stages)
+    compute = {
+        0: [Action.parse(t) for t in "0F0 0F1 0B0 0B1".split()],
+        1: [Action.parse(t) for t in "1F0 2F0 2B0 1B0 1F1 2F1 2B1 1B1".split()],
+    }
+    plan = two.plan()
+    graph = ReplicaGraph(lay, plan.iterations[0].microbatches[0])
+    lowered = add_comms(graph, compute)
+    assert (
+        " ".join(map(str, lowered[1]))
+        == "1F0 2RECV_F0 2F0 2B0 2SEND_B0 1B0 1F1 2RECV_F1 2F1 2B1 2SEND_B1 1B1"
+    )
+    assert messages_of(lay, Action.parse("2RECV_F0")) == (Message("F", 0, 2, 0, 0),)
+    it = replace(plan.iterations[0], actions={g: tuple(a) for g, a in lowered.items()})
+    local = Plan("hand", lay, (it,), plan.samples)
+    validate_plan(local)
+    check_plan(local)
+    run = simulate_plan(local, None, costs=two.costs(local))[0]
+    assert run.iteration_time_ms == pytest.approx(23.5)
+    assert run.replicas[0].end_ms == pytest.approx({0: 23.5, 1: 21.0})

@@ -252,7 +252,8 @@ class _Validator:
 def messages_of(layout: Layout, a: Action) -> tuple[Message, ...]:
     """The messages a communication action sends or receives: one (``message_of``), except at the
     first LLM stage of a plan with several encoders, where ``RECV_F`` / ``SEND_B`` stand for one
-    message per encoder (from / to each encoder pipeline's last stage, in encoder order)."""
+    message per encoder (from / to each encoder pipeline's last stage held by another rank, in encoder
+    order; one on the same rank hands over without a message)."""
     if not layout.multi_encoder:
         return (message_of(a),)
     u = a.sub_index
@@ -263,10 +264,12 @@ def messages_of(layout: Layout, a: Action) -> tuple[Message, ...]:
         kind = "F" if a.kind is ActionKind.SEND_F else "B"
         src, dst = (a.stage, nxt) if kind == "F" else (nxt, a.stage)
         return (Message(kind, src, dst, a.mb, u),)
+    rank = layout.stages[a.stage].pp_rank  # an encoder's last stage on this rank hands over locally
+    prev = [p for p in layout.prev_stages(a.stage) if layout.stages[p].pp_rank != rank]
     if a.kind is ActionKind.RECV_F:
-        return tuple(Message("F", p, a.stage, a.mb, u) for p in layout.prev_stages(a.stage))
+        return tuple(Message("F", p, a.stage, a.mb, u) for p in prev)
     if a.kind is ActionKind.SEND_B:
-        return tuple(Message("B", a.stage, p, a.mb, u) for p in layout.prev_stages(a.stage))
+        return tuple(Message("B", a.stage, p, a.mb, u) for p in prev)
     raise ValueError(f"{a} is not a communication action")
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from functools import cache
 
+import pytest
+
+from entrain.core.errors import ConfigError
 from entrain.core.ir.p2p_check import check_plan
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.ir.plan import Plan
@@ -17,7 +20,9 @@ from entrain.core.planning.encoders_baselines import (
     disttrain_encoders_config,
     disttrain_encoders_sample,
     generate_disttrain_encoders_plan,
+    plan_encoders_system,
 )
+from entrain.core.planning.encoders_plan import generate_encoders_plan
 from entrain.core.schedules.encoder_costs import EncodersPlanCosts
 from entrain.core.systems import DISTTRAIN
 from entrain.sim.executor import simulate_plan
@@ -70,3 +75,18 @@ def test_the_batchers_chain_is_the_bottleneck_encoder_pipeline():
     assert bottleneck_chain(costs, ["a"]) == (1, 2)  # audio 9 > vision 3
     assert bottleneck_chain(costs, ["b"]) == (0, 2)  # vision 6 > audio 3
     assert bottleneck_chain(costs, ["a", "b"]) == (1, 2)  # audio 12 > vision 9
+
+
+def test_plan_encoders_system_dispatches_and_refuses_in_one_line():
+    encoders, samples = _encoders(), _omni(64)
+    batches = [samples[:32]]
+    got = plan_encoders_system("entrain", samples[:32], batches, encoders, PARALLEL)
+    best = search_encoders(samples[:32], encoders, PARALLEL)[0]
+    assert got == generate_encoders_plan(batches, encoders, best)
+    cfg = disttrain_encoders_config(samples[:32], encoders, PARALLEL)
+    got = plan_encoders_system(DISTTRAIN, samples[:32], batches, encoders, PARALLEL)
+    assert got == generate_disttrain_encoders_plan(batches, encoders, cfg)
+    for system, message in (("1f1b", "one encoder component"), ("dip", "not planned by this system yet")):
+        with pytest.raises(ConfigError, match=message) as e:
+            plan_encoders_system(system, samples[:32], batches, encoders, PARALLEL)
+        assert "\n" not in str(e.value)

@@ -26,10 +26,10 @@ from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.ir.plan import ActionKind, Layout, Plan
 from entrain.core.planning.encoders import Encoder, MultiEncoderConfig, encoder_works, search_encoders
-from entrain.core.planning.encoders_plan import encoders_compute, encoders_layout
+from entrain.core.planning.encoders_plan import encoders_compute, encoders_layout, generate_encoders_plan
 from entrain.core.schedules.common import build_plan, plain_specs
 from entrain.core.schedules.encoder_costs import EncodersPlanCosts
-from entrain.core.systems import DISTTRAIN
+from entrain.core.systems import DISTTRAIN, ENTRAIN, ONE_F_ONE_B
 from entrain.core.workload.work import SampleWork
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "disttrain_encoders_config",
     "bottleneck_chain",
     "generate_disttrain_encoders_plan",
+    "plan_encoders_system",
 ]
 
 
@@ -103,3 +104,29 @@ def generate_disttrain_encoders_plan(
 
         assignments.append(assign_disttrain(works, cfg.dp, cfg.num_microbatches, stage_times=times))
     return build_plan(system, layout, assignments, samples, plain_specs, encoders_compute, {})
+
+
+def plan_encoders_system(
+    system: str,
+    profile: Sequence,
+    batches: Sequence[Sequence],
+    encoders: Sequence[Encoder],
+    parallel: ParallelConfig,
+) -> Plan:
+    """``system``'s Plan for a model with several encoders: Entrain's (``search_encoders`` on
+    ``profile``, ``encoders_plan``) or DistTrain-like's (module docstring); any other system refuses in
+    one line (1F1B plans both towers as one encoder component, the one-encoder path)."""
+    if system == ENTRAIN:
+        return generate_encoders_plan(batches, encoders, search_encoders(profile, encoders, parallel)[0])
+    if system == DISTTRAIN:
+        cfg = disttrain_encoders_config(profile, encoders, parallel)
+        return generate_disttrain_encoders_plan(batches, encoders, cfg)
+    if system == ONE_F_ONE_B:
+        raise ConfigError(
+            f"{system} with encoders {[e.name for e in encoders]}: it plans both towers as one encoder component "
+            "in the first stages (the one-encoder path), not one pipeline per encoder"
+        )
+    raise ConfigError(
+        f"{system}: encoders {[e.name for e in encoders]} in separate pipelines are not planned by this system "
+        f"yet (built: {ENTRAIN}, {DISTTRAIN})"
+    )

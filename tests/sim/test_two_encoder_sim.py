@@ -2,15 +2,26 @@
 first LLM stage waits for every encoder's message of a microbatch, each transfer priced, each encoder
 priced by its own cost model and units (docs/design.md, "N encoders")."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import ConfigError, ScheduleError
 from entrain.core.ir.p2p_check import check_plan
 from entrain.core.ir.plan import ActionKind, ComponentLayout, Layout, Plan, StageSpec
 from entrain.core.ir.validate import validate_plan
-from entrain.core.planning.encoders import audio_units, vision_units
+from entrain.core.model.architectures import get_arch
+from entrain.core.planning.encoders import (
+    QWEN25_OMNI_7B_AUDIO,
+    Encoder,
+    audio_tower_specs,
+    audio_units,
+    price_encoder,
+    vision_units,
+)
 from entrain.core.planning.encoders_plan import encoders_compute
 from entrain.core.schedules.common import build_plan, entrain_specs
 from entrain.core.schedules.encoder_costs import EncodersPlanCosts, encoder_view
@@ -18,6 +29,7 @@ from entrain.core.workload.samples import SampleMeta
 from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics, rank_chains
+from tests.core.test_encoder_allocation import HARDWARE, MODEL, _encoders
 from tests.sim import two_encoder_fixtures as two
 from tests.sim.fixtures import deferral_assignment, draw_grouped_work, one_iteration, split, toy_cost
 
@@ -157,3 +169,24 @@ def test_depth_1f1b_with_deferral_is_valid_deadlock_free_and_accounted(w):
                     expected += costs.compute_ms(a.stage, a.kind, ids)
             assert busy == pytest.approx(expected)
     assert run.iteration_time_ms >= max(b for rep in run.replicas for b in rep.busy_ms.values()) * (1 - 1e-12)
+
+
+def test_llm_sends_gradients_on_when_any_encoder_trains():
+    """The vision tower frozen, the audio tower training: the first LLM stage computes its input
+    gradient (its split backward's I costs time); with both frozen it does not."""
+    arch = get_arch(MODEL)
+    frozen = Encoder("vision", build_cost_model(arch, HARDWARE, freeze=("encoder",)), vision_units)
+    audio = _encoders()[1]
+    frozen_audio = Encoder(
+        "audio",
+        price_encoder(arch, audio_tower_specs(QWEN25_OMNI_7B_AUDIO), HARDWARE, freeze=("encoder",)),
+        audio_units,
+    )
+    meta = SampleMeta("m", ((224, 224),), 10, audio=(300,))
+    samples = {"m": SampleWork("m", 0.0, 0.0, meta)}
+    base = two.layout()
+    lay = Layout(1, 1, 2, base.components, (*base.stages[:2], replace(base.stages[2], end_layer=3)))
+    training = EncodersPlanCosts(lay, (frozen, audio), samples)
+    assert training.compute_ms(2, ActionKind.I, ("m",)) > 0
+    none = EncodersPlanCosts(lay, (frozen, frozen_audio), samples)
+    assert none.compute_ms(2, ActionKind.I, ("m",)) == 0

@@ -1,6 +1,7 @@
 """Action prices of a Plan with several encoders (``Layout.multi_encoder``): each encoder's stages by
-its own cost model and sequence units, the LLM's by the first encoder's cost model (whose ``llm`` is the
-shared LLM, as ``planning.encoders.encoder_works`` prices it).
+its own cost model and sequence units, the LLM's by the first trainable encoder's cost model (the first
+encoder's when none trains; its ``llm`` is the shared LLM, and it says whether the LLM's first stage
+computes input gradients, as ``planning.encoders.search_encoders`` prices it).
 
 ``EncodersPlanCosts`` answers what the simulator and the metrics ask ``PlanCosts`` (compute, message
 and activation prices per global stage, the model state and the all-reduce per pipeline rank) by
@@ -85,12 +86,14 @@ class EncodersPlanCosts:
         self.cost = encoders[0].cost
         self._subs: list[PlanCosts] = []
         self._of: dict[int, tuple[PlanCosts, int]] = {}
+        trains = [any(x.trainable for x in e.cost.encoder.layers) for e in encoders]
+        llm_from = trains.index(True) if any(trains) else 0  # the LLM sends gradients on if any trains
         for i, enc in enumerate(encoders):
             view, where = encoder_view(layout, enc.name)
             sub = PlanCosts(view, _EncoderUnits(enc.cost, enc.units), _samples_of(samples, i))  # type: ignore[arg-type]
             self._subs.append(sub)
             for g, local in where.items():
-                if layout.stages[g].component == "encoder" or i == 0:
+                if layout.stages[g].component == "encoder" or i == llm_from:
                     self._of[g] = (sub, local)
         n = len(layout.stages)
         self.stage_quads: tuple[StageQuad, ...] = tuple(

@@ -36,6 +36,7 @@ __all__ = [
     "assign_replica",
     "assign_entrain",
     "same_count_per_ep_group",
+    "refine_llm_balance",
 ]
 
 
@@ -138,7 +139,8 @@ def same_count_per_ep_group(
     predicted fastest (ties: the smaller count). The group's replicas run in lockstep on the LLM, so one
     replica whose largest encoder sample caps its own rule low (few, coarse microbatches: a long fill
     and drain) would otherwise impose that count on all of them; a replica given more microbatches than
-    its rule allows keeps its largest sample alone in one. ``ep`` 1: ``ia`` itself."""
+    its rule allows keeps its largest sample alone in one. Then each replica's microbatches are refined
+    on the LLM (``refine_llm_balance``). ``ep`` 1: ``ia`` itself."""
     if ep <= 1:
         return ia
     reps = list(ia.replicas)
@@ -160,8 +162,69 @@ def same_count_per_ep_group(
             t = max(map(predict, got)) if predict is not None and len(counts) > 1 else 0.0
             if best is None or t < best[0]:
                 best = (t, got)
-        reps[first : first + ep] = best[1]
+        # the group's LLM stages run in lockstep: each replica's heavy LLM microbatches cost them all
+        reps[first : first + ep] = [refine_llm_balance(r, samples, num_buckets) for r in best[1]]
     return IterationAssignment(tuple(reps))
+
+
+REFINE_MAX_SWAPS = 32
+"""At most this many accepted swaps per replica in ``refine_llm_balance`` (each lowers its LLM microbatches,
+largest first; the search usually stops earlier, when no swap does)."""
+
+
+def refine_llm_balance(
+    rep: ReplicaAssignment, samples: Mapping[str, SampleWork], num_buckets: int = NUM_BUCKETS
+) -> ReplicaAssignment:
+    """``rep`` with samples swapped between its encoder microbatches while that lowers its LLM microbatches
+    after deferral (largest first, compared lexicographically: the largest, then the next) and keeps every
+    encoder microbatch within the largest one's encoder work (the encoder stage's worst microbatch is no
+    worse; each replica keeps its samples and count).
+
+    For the replicas of an expert-parallel group, whose LLM stages run in lockstep: each LLM action
+    lasts the longest of the group's at that position, so the group pays every replica's heaviest LLM
+    microbatches, which Algorithm 3 (encoder-balanced bins, then deferral within OL/UL pairs) leaves
+    uneven. Swaps are tried between a sample of an encoder microbatch (the one holding the heaviest LLM
+    microbatch's own samples first) and a lighter-LLM sample of another (first improvement, in load, index
+    and id order: deterministic), at most ``REFINE_MAX_SWAPS`` taken."""
+    bins = [[samples[s] for s in mb] for mb in rep.encoder_microbatches]
+    if len(bins) < 2:
+        return rep
+    cap = max(math.fsum(s.encoder for s in b) for b in bins)
+    cur = replica_assignment(bins, num_buckets)
+    for _ in range(REFINE_MAX_SWAPS):
+        order = sorted(range(len(cur.llm_work)), key=lambda i: (-cur.llm_work[i], i))
+        found = next((f for i in order if (f := _better_swap(bins, i, cap, cur.llm_work, num_buckets))), None)
+        if found is None:
+            break
+        bins, cur = found
+    return cur if cur.llm_microbatches != rep.llm_microbatches else rep
+
+
+def _descending(work) -> list[float]:
+    return sorted(work, reverse=True)
+
+
+def _better_swap(bins, i: int, cap: float, work, num_buckets: int):
+    """The first swap between bin ``i`` and another bin within ``cap`` whose LLM microbatches after
+    deferral, largest first, are lexicographically below ``work``'s: (bins, assignment), or None."""
+    before = _descending(work)
+    load = [math.fsum(s.encoder for s in b) for b in bins]
+    for j in range(len(bins)):
+        if j == i:
+            continue
+        for a in sorted(bins[i], key=lambda s: s.id):
+            for b in sorted(bins[j], key=lambda s: s.id):
+                if b.llm >= a.llm:
+                    continue  # the heavy bin gives LLM work away
+                if load[i] - a.encoder + b.encoder > cap or load[j] - b.encoder + a.encoder > cap:
+                    continue
+                new = [list(x) for x in bins]
+                new[i] = [b if s is a else s for s in new[i]]
+                new[j] = [a if s is b else s for s in new[j]]
+                got = replica_assignment(new, num_buckets)
+                if _lower(_descending(got.llm_work), before):
+                    return new, got
+    return None
 
 
 def _assign_exactly(samples: Sequence[SampleWork], k: int, num_buckets: int) -> ReplicaAssignment:
@@ -169,3 +232,13 @@ def _assign_exactly(samples: Sequence[SampleWork], k: int, num_buckets: int) -> 
     paper's rule not applied: ``assign_replica`` where the rule allows ``k``)."""
     coarse, fine = coarse_fine_split(samples)
     return replica_assignment(lpt_assign(coarse + fine, max(1, min(k, len(samples)))), num_buckets)
+
+
+def _lower(a: list[float], b: list[float]) -> bool:
+    """``a`` lexicographically below ``b`` by more than rounding at the first place they differ."""
+    for x, y in zip(a, b):
+        if x < y * (1.0 - 1e-9):
+            return True
+        if x > y * (1.0 + 1e-9):
+            return False
+    return False

@@ -41,9 +41,18 @@ from entrain.models.families.registry import family_of
 from entrain.runtime.h2d import InputPrefetcher, host_to_device
 from entrain.runtime.record_source import RecordSource
 
-__all__ = ["RenderedSample", "SampleRenderer", "EncoderInput", "PATCH_BANK_ROWS"]
+__all__ = [
+    "RenderedSample",
+    "SampleRenderer",
+    "EncoderInput",
+    "PATCH_BANK_ROWS",
+    "AUDIO_MEL",
+    "AUDIO_LENGTHS",
+]
 
 PATCH_BANK_ROWS = 8192
+AUDIO_MEL, AUDIO_LENGTHS = "audio_mel", "audio_lengths"
+"""The first encoder stage's audio input parts (``EncoderInput.audio``)."""
 ZIPF_EXPONENT = 1.1
 TEXT_VOCAB = 4_000
 """Text ids are drawn from ``0..TEXT_VOCAB-1`` (regular ids in every vocabulary, tiny's included)."""
@@ -490,10 +499,9 @@ class SampleRenderer:
         with_audio = [s for s in samples if s.audio_frames]
         audio = {}
         if with_audio:
-            lengths = [f for s in with_audio for f in s.audio_frames]
             audio = {
-                "audio_mel": torch.cat([self.audio_features(s.id) for s in with_audio]),
-                "audio_lengths": torch.tensor(lengths, dtype=torch.int64),  # host, as the grids
+                AUDIO_MEL: torch.cat([self.audio_features(s.id) for s in with_audio]),
+                AUDIO_LENGTHS: self.audio_lengths(ids),
             }
         return EncoderInput(
             patches=torch.cat(patches)
@@ -511,6 +519,11 @@ class SampleRenderer:
         host: the encoder derives its index tensors from them with Python loops, which on a GPU would
         otherwise wait for the device in every forward."""
         return _grid_rows([self.sample(i) for i in ids])
+
+    def audio_lengths(self, ids: Sequence[str]) -> torch.Tensor:
+        """``[clips]`` int64 mel frames of every audio clip of the samples, in order; on the host, as
+        the grids."""
+        return torch.tensor([f for i in ids for f in self.sample(i).audio_frames], dtype=torch.int64)
 
     def llm_batch(self, ids: Sequence[str], loss_scale: float) -> LLMBatch:
         batch = self._inputs.take(("llm", tuple(ids)), lambda: self._llm_batch(ids))

@@ -15,6 +15,12 @@ a dispatch table with one small handler per ``ActionKind``. Conventions (``entra
   whose ``MessagePart.rows`` is ``audio_tokens``) and routed by
   sample id to whichever LLM (sub-)microbatch consumes them (deferred samples simply wait there); the
   gradient of a message goes back once the Plan says so;
+* with several encoder pipelines (``Layout.encoder_groups``) each pipeline's stages run its tower
+  (a pipeline whose output rows are audio tokens reads the samples' audio clips, the others their
+  images); the first LLM stage's ``RECV_F`` / ``SEND_B`` stand for one message per pipeline
+  (``validate.messages_of``): the messages of ``(mb, sub)`` are merged into one input, each
+  pipeline's ``hidden`` under the part name its family gives it (``ModelFamily.encoder_parts``), and
+  each gradient goes back to the pipeline it came from;
 * neighbouring stages on the same rank hand tensors over locally (with or without comm actions);
 * ``I`` computes input gradients only; ``W`` the weight gradients, from the gradients ``I`` saved at
   the nodes where weight paths leave the input paths (``torch.distributed.pipelining``'s
@@ -55,7 +61,7 @@ from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.model.layer_specs import HIDDEN
 from entrain.models.families.registry import family_of
 from entrain.runtime.comm import Transport
-from entrain.runtime.data import SampleRenderer
+from entrain.runtime.data import AUDIO_MEL, SampleRenderer
 from entrain.runtime.executor_comm import MessagePassing, receive_queues
 from entrain.runtime.message_shapes import MessageShapes, Parts
 from entrain.runtime.step_errors import ExecutionError, WarmUpError
@@ -104,13 +110,24 @@ class Executor(MessagePassing):
         process_rank: Callable[[int], int] | None = None,
         cross_replica: bool = False,
     ):
-        if layout.multi_encoder:
-            raise ConfigError(
-                f"the runtime runs one encoder component; this plan has encoders {list(layout.encoder_names)} in "
-                "separate pipelines (the simulator runs it: sim.executor with schedules.encoder_costs)"
-            )
         self.layout, self.rank, self.modules = layout, rank, modules
         self._is_encoder = {st.stage: st.component == "encoder" for st in layout.stages}
+        self._next = {st.stage: layout.next_stage(st.stage) for st in layout.stages}
+        self._prev = {st.stage: layout.prev_stages(st.stage) for st in layout.stages}
+        """Each stage's neighbours (``Layout.next_stage`` / ``prev_stages``): one chain, or each encoder
+        pipeline's into the first LLM stage."""
+        rows = _encoder_rows(layout, renderer)
+        self._renames = {
+            g[-1]: {HIDDEN: rows[layout.stages[g[-1]].encoder][0]} for g in layout.encoder_groups if rows
+        }
+        """With several encoder pipelines: per pipeline's last stage, the name its message's parts take in
+        the first LLM stage's input (``ModelFamily.encoder_parts``)."""
+        self._audio_stages = frozenset(
+            st.stage
+            for st in layout.stages
+            if st.encoder is not None and rows[st.encoder][1] == "audio_tokens"
+        )
+        """The stages of an encoder pipeline whose output rows are audio tokens: they read audio clips."""
         self.replica, self.pp_rank = layout.replica_of(rank)
         self.transport, self.renderer = transport, renderer
         self.input_grad = input_grad
@@ -125,9 +142,9 @@ class Executor(MessagePassing):
         self.last_stage = len(layout.stages) - 1
         self._audio_parts = frozenset(
             p.name for st in layout.stages for p in st.parts if p.rows == "audio_tokens"
-        )
+        ) | {part for part, rule in rows.values() if rule == "audio_tokens"}
         """The parts cut per sample by its audio tokens at the encoder -> LLM boundary (others: image rows)."""
-        self.shapes = MessageShapes(layout, renderer)
+        self.shapes = MessageShapes(layout, renderer, {name: rule for name, (_, rule) in rows.items()})
         """What this rank knows of the forward messages it receives: their shapes from the plan."""
         self._sized: frozenset[int] = frozenset()
         self.cross_replica = cross_replica
@@ -209,6 +226,9 @@ class Executor(MessagePassing):
         self._pieces: Pieces = encoder_pieces(self.layout, it)
         self._inputs: dict[Key, Parts] = {}
         self._messages: dict[tuple[int, int], Parts] = {}
+        self._arrived: dict[tuple[int, int], Parts] = {}
+        """Several encoder pipelines: the parts of (mb, sub) the first LLM stage has so far, renamed."""
+        self._arrived_from: dict[tuple[int, int], int] = {}
         self._features: dict[str, tuple[tuple[int, int], Parts]] = {}
         self._used: dict[Key, list[torch.Tensor]] = {}
         self._outputs: dict[Key, Parts] = {}
@@ -236,9 +256,9 @@ class Executor(MessagePassing):
     def _peer_of(self, a: Action) -> int | None:
         """The rank a communication action talks to (None for compute)."""
         if a.kind in (ActionKind.SEND_F, ActionKind.RECV_B):
-            return self._peer(a.stage + 1)
-        if a.kind in (ActionKind.RECV_F, ActionKind.SEND_B):
-            return self._peer(a.stage - 1)
+            return self._peer(self._next[a.stage])
+        if a.kind in (ActionKind.RECV_F, ActionKind.SEND_B):  # several encoders: the first pipeline's
+            return self._peer(self._prev[a.stage][0])
         return None
 
     def _is_local(self, stage: int) -> bool:
@@ -248,13 +268,20 @@ class Executor(MessagePassing):
         t = t.detach()
         return t.requires_grad_(self.input_grad[stage] and not self._forward_only and t.is_floating_point())
 
-    def _accept_input(self, stage: int, mb: int, sub: int, parts: Parts) -> None:
-        """Store stage ``stage``'s input parts (mb, sub); on the first LLM stage, route every part's rows
-        by sample id."""
+    def _accept_input(self, stage: int, mb: int, sub: int, parts: Parts, src: int) -> None:
+        """Store stage ``stage``'s input parts (mb, sub) from stage ``src``; on the first LLM stage,
+        once every encoder pipeline's message is in, route every part's rows by sample id."""
         leaves = {name: self._leaf(t, stage) for name, t in parts.items()}
         if stage != self.first_llm:
             self._inputs[(stage, mb, sub)] = leaves
             return
+        if self._renames:  # one message per encoder pipeline: merged under the LLM's part names
+            got = self._arrived.setdefault((mb, sub), {})
+            got.update({self._renames[src].get(n, n): t for n, t in leaves.items()})
+            self._arrived_from[(mb, sub)] = self._arrived_from.get((mb, sub), 0) + 1
+            if self._arrived_from[(mb, sub)] < len(self._prev[stage]):
+                return
+            leaves = self._arrived.pop((mb, sub))
         self._messages[(mb, sub)] = leaves
         own = set(self._piece_ids(self.replica, self.replica, mb, sub))  # what stayed on this replica
         ids = [sid for sid in self._ids(stage - 1, mb, sub) if sid in own]
@@ -283,6 +310,11 @@ class Executor(MessagePassing):
 
     def _input_leaf(self, stage: int, mb: int, sub: int) -> Parts:
         return self._messages[(mb, sub)] if stage == self.first_llm else self._inputs[(stage, mb, sub)]
+
+    def _leaves_from(self, src: int, stage: int, mb: int, sub: int) -> Parts:
+        """Stage ``stage``'s input leaves (mb, sub) that came from stage ``src``, by ``src``'s part names."""
+        leaves, names = self._input_leaf(stage, mb, sub), self._renames.get(src, {})
+        return {n: leaves[names.get(n, n)] for n in self.layout.stages[src].part_names}
 
     def _timed(self, a: Action, kind: str, fn: Callable[[], None]) -> None:
         """Run ``fn`` and record its time: on the CPU wall and thread-CPU ms at once; on a GPU a pair
@@ -317,7 +349,7 @@ class Executor(MessagePassing):
         module = self.modules[s]
         # data (rendered tensors) is prepared outside the timed compute, as a data loader would
         if self._is_encoder[s]:
-            inputs = self.renderer.encoder_input(ids) if s == 0 else self.renderer.grid_thw(ids)
+            inputs = self._encoder_inputs(s, ids)
         else:
             inputs = self.renderer.llm_batch(ids, self._loss_scale)
         self._timed(a, "F", lambda: self._forward_compute(a, ids, module, inputs))
@@ -333,8 +365,8 @@ class Executor(MessagePassing):
         self._riders[(s, mb, sub)] = {n: t for n, t in parts.items() if given.get(n) is t and t.is_leaf}
         if s == self.last_stage:
             self._loss_sum = self._loss_sum + parts[HIDDEN].detach().double()  # stays on the device: no sync
-        elif self._is_local(s + 1):
-            self._accept_input(s + 1, mb, sub, parts)
+        elif self._is_local(self._next[s]):
+            self._accept_input(self._next[s], mb, sub, parts, s)
 
     def _output_parts(self, s: int, out: torch.Tensor | Parts, given: Parts) -> Parts:
         """The parts stage ``s`` sends: what its module returned (a tensor is the ``HIDDEN`` part) and,
@@ -356,22 +388,48 @@ class Executor(MessagePassing):
             return module({} if x is None else x, other)
         return module(None if x is None else x.get(HIDDEN), other)
 
+    def _encoder_inputs(self, s: int, ids: Sequence[str]):
+        """What encoder stage ``s``'s forward reads besides its input message: a pipeline's first stage
+        its rendered input (an audio pipeline's: the clips' mel frames), every stage the samples' image
+        grids (an audio pipeline's: the clips' frame counts)."""
+        first = not self._prev[s]
+        if s in self._audio_stages:
+            mel = self.renderer.encoder_input(ids).audio.get(AUDIO_MEL) if first else None
+            return mel, self.renderer.audio_lengths(ids)
+        return self.renderer.encoder_input(ids) if first else self.renderer.grid_thw(ids)
+
+    def _audio_forward(self, module: nn.Module, s: int, mb: int, sub: int, inputs) -> tuple:
+        """An audio pipeline's stage on its clips: the first on their mel frames (an empty message
+        without any), a later one on the message it received."""
+        mel, lengths = inputs
+        if self._prev[s]:
+            given = self._inputs[(s, mb, sub)]
+            self._used[(s, mb, sub)] = list(given.values())
+            return module(given, lengths), given
+        if mel is None:
+            mel = torch.zeros((0, 0), dtype=self.renderer.dtype, device=self.device)
+        return module({AUDIO_MEL: mel}, lengths), {}
+
     def _encoder_forward(self, module: nn.Module, s: int, mb: int, sub: int, inputs) -> tuple:
-        if s == 0:
+        if s in self._audio_stages:
+            return self._audio_forward(module, s, mb, sub, inputs)
+        first = not self._prev[s]
+        if first:  # with several encoder pipelines, each tower reads its own inputs
             x, given, grid = inputs.patches, {}, inputs.grid_thw
+            audio = {} if self._renames else inputs.audio
         else:
             given = self._inputs[(s, mb, sub)]
             self._used[(s, mb, sub)] = list(given.values())
-            x, grid = given[HIDDEN], inputs
-        if grid.shape[0] == 0 and not (s == 0 and inputs.audio):  # no image: nothing to encode
+            x, grid, audio = given[HIDDEN], inputs, {}
+        if grid.shape[0] == 0 and not audio:  # no image: nothing to encode
             dim = self._out_dim(module)  # received audio features ride on
             empty = {
                 p.name: given.get(p.name, x.new_zeros((0, p.width))) for p in self.layout.stages[s].parts
             }
             return {HIDDEN: x.new_zeros((0, dim)), **empty}, given
-        if s == 0 and inputs.audio:  # audio clips: the first stage's module takes every input part
-            return module({HIDDEN: x, **inputs.audio}, grid), given
-        return (module(x, grid) if s == 0 else self._call(module, given, grid)), given
+        if audio:  # audio clips: the first stage's module takes every input part
+            return module({HIDDEN: x, **audio}, grid), given
+        return (module(x, grid) if first else self._call(module, given, grid)), given
 
     @staticmethod
     def _out_dim(module: nn.Module) -> int:
@@ -402,8 +460,8 @@ class Executor(MessagePassing):
         key = (s, mb, sub)
         if key in self._out_grads:
             return self._out_grads.pop(key)
-        assert self._is_local(s + 1), f"rank {self.rank}: no gradient received for {s}B{mb}.{sub}"
-        leaves = self._input_leaf(s + 1, mb, sub)
+        assert self._is_local(self._next[s]), f"rank {self.rank}: no gradient received for {s}B{mb}.{sub}"
+        leaves = self._leaves_from(s, self._next[s], mb, sub)
         out = self._outputs[key]
         return {n: torch.zeros_like(t) if leaves[n].grad is None else leaves[n].grad for n, t in out.items()}
 
@@ -453,3 +511,18 @@ class Executor(MessagePassing):
 
     def _backward_weight(self, a: Action) -> None:
         self._timed(a, "W", self._pending_w.pop((a.stage, a.mb, a.sub_index)))
+
+
+def _encoder_rows(layout: Layout, renderer: SampleRenderer) -> dict[str, tuple[str, str]]:
+    """With several encoder pipelines: per encoder name, the first LLM stage's part its output becomes
+    and that part's rows (``ModelFamily.encoder_parts``); empty with one encoder."""
+    if not layout.multi_encoder:
+        return {}
+    declared = getattr(renderer.family, "encoder_parts", {})
+    missing = [n for n in layout.encoder_names if n not in declared]
+    if missing:
+        raise ConfigError(
+            f"this plan has encoders {list(layout.encoder_names)} in separate pipelines; model family "
+            f"{renderer.family.name!r} declares encoder pipelines {sorted(declared)} (its encoder_parts), not {missing}"
+        )
+    return {n: declared[n] for n in layout.encoder_names}

@@ -23,8 +23,9 @@ __all__ = ["MessagePassing", "receive_queues"]
 class MessagePassing:
     """Receiving and sending a rank's messages: a half of ``Executor``, not used alone. It runs on the
     executor's state (``layout``, ``transport``, ``shapes``, the step's ``_it``, ``_pieces``,
-    ``_outputs``, ``_messages``, ``_unposted``) and routing (``_ids``, ``_peer``, ``_is_local``,
-    ``_accept_input``, ``_accept_piece``, ``_input_leaf``, ``_handlers``)."""
+    ``_outputs``, ``_messages``, ``_unposted``) and routing (``_next``, ``_prev``, ``_ids``, ``_peer``,
+    ``_is_local``, ``_accept_input``, ``_accept_piece``, ``_input_leaf``, ``_leaves_from``,
+    ``_handlers``)."""
 
     # --- receiving a comm step's messages -----------------------------------------------------------
     def _comm(self, c: Comm) -> None:
@@ -126,14 +127,14 @@ class MessagePassing:
     # --- communication ------------------------------------------------------------------------------
     def _send_forward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s + 1):
+        if self._is_local(self._next[s]):
             return
         out = self._outputs[(s, mb, sub)]
         tensors = [t.detach() for t in out.values()]
         key, peers = MessageKey(s, False, mb, sub), self._piece_peers(s, mb, sub)
         if not peers:
-            self.transport.send_parts(tensors, self._peer(s + 1), key, self._ids(s, mb, sub))
-            self._prepost(self._peer(s + 1))
+            self.transport.send_parts(tensors, self._peer(self._next[s]), key, self._ids(s, mb, sub))
+            self._prepost(self._peer(self._next[s]))
             return
         ids = self._ids(s, mb, sub)
         for replica, peer in [(self.replica, self._peer(s + 1)), *peers]:
@@ -148,28 +149,33 @@ class MessagePassing:
         return {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)}
 
     def _recv_forward(self, a: Action) -> None:
-        s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s - 1):
-            return
-        names = self.layout.stages[s - 1].part_names
-        parts = self._take(s - 1, False, mb, sub, names)
-        if s - 1 not in self._sized:
-            self.shapes.observe(
-                s - 1, self._message_ids(self._peer(s - 1), Message("F", s - 1, s, mb, sub)), parts
-            )
-        self._accept_input(s, mb, sub, parts)
-        key = MessageKey(s - 1, False, mb, sub)
+        """Stage ``a.stage``'s input messages: from the stage before it, or at the first LLM stage of a
+        plan with several encoders, from every encoder pipeline's last stage."""
+        for src in self._prev[a.stage]:
+            if not self._is_local(src):
+                self._recv_forward_from(src, a.stage, a.mb, a.sub_index)
+
+    def _recv_forward_from(self, src: int, s: int, mb: int, sub: int) -> None:
+        names = self.layout.stages[src].part_names
+        parts = self._take(src, False, mb, sub, names)
+        if src not in self._sized:
+            self.shapes.observe(src, self._message_ids(self._peer(src), Message("F", src, s, mb, sub)), parts)
+        self._accept_input(s, mb, sub, parts, src)
+        key = MessageKey(src, False, mb, sub)
         for replica, peer in self._piece_peers(s, mb, sub):
             piece = {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)}
-            if s - 1 not in self._sized:
-                self.shapes.observe(s - 1, self._piece_ids(replica, self.replica, mb, sub), piece)
+            if src not in self._sized:
+                self.shapes.observe(src, self._piece_ids(replica, self.replica, mb, sub), piece)
             self._accept_piece(mb, sub, replica, piece)
 
     def _send_backward(self, a: Action) -> None:
-        s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s - 1):
-            return
-        leaves = self._input_leaf(s, mb, sub)
+        """The gradients of stage ``a.stage``'s inputs, each back to the stage it came from."""
+        for src in self._prev[a.stage]:
+            if not self._is_local(src):
+                self._send_backward_to(src, a.stage, a.mb, a.sub_index)
+
+    def _send_backward_to(self, src: int, s: int, mb: int, sub: int) -> None:
+        leaves = self._leaves_from(src, s, mb, sub)
         grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves.values()]
         if s == self.first_llm:  # the rows of its encoder message that stayed on this replica
             ids = self._piece_ids(self.replica, self.replica, mb, sub)
@@ -179,7 +185,7 @@ class MessagePassing:
             MessageKey(s, True, mb, sub),
             self._piece_peers(s, mb, sub) if s == self.first_llm else [],
         )
-        self.transport.send_parts(grads, self._peer(s - 1), key, ids)
+        self.transport.send_parts(grads, self._peer(src), key, ids)
         for replica, peer in peers:
             leaves = self._messages[(mb, sub, replica)]
             grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves.values()]
@@ -187,10 +193,10 @@ class MessagePassing:
 
     def _recv_backward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
-        if self._is_local(s + 1):
+        if self._is_local(self._next[s]):
             return
         names = self.layout.stages[s].part_names
-        grads = self._take(s + 1, True, mb, sub, names)
+        grads = self._take(self._next[s], True, mb, sub, names)
         peers = self._piece_peers(s, mb, sub)
         if peers:  # the pieces' gradients back in the rows of the whole output
             out, ids, key = (

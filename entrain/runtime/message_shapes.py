@@ -52,8 +52,11 @@ class MessageShapes:
     TRUST = 2
     """Agreeing messages a stage's parts need before its messages are sized from the plan."""
 
-    def __init__(self, layout: Layout, renderer: SampleRenderer):
+    def __init__(self, layout: Layout, renderer: SampleRenderer, encoder_rows: dict[str, str] | None = None):
         self.layout, self.renderer = layout, renderer
+        self.encoder_rows = encoder_rows or {}
+        """With several encoder pipelines: per encoder name, its output's rows per sample
+        (``MessagePart.rows``; ``ModelFamily.encoder_parts``): ``image_tokens`` or ``audio_tokens``."""
         self._templates: dict[tuple[int, str], _Template | None] = {}
         """(sending stage, part name) -> its template; None: data-dependent, always read its header."""
 
@@ -68,13 +71,20 @@ class MessageShapes:
         else:
             tokens = sum(t * h * w for s in samples for t, h, w in s.grid_thw)
         if name == HIDDEN:
-            last_encoder = spec.component == "encoder" and stage == self.layout.num_encoder_stages - 1
-            return image_rows if last_encoder else tokens
+            rule = self.encoder_rows.get(spec.encoder, "image_tokens")
+            last_encoder = spec.component == "encoder" and self.layout.next_stage(stage) == self.first_llm
+            if last_encoder:
+                return audio_rows if rule == "audio_tokens" else image_rows
+            return None if rule == "audio_tokens" else tokens  # an audio tower's inner rows: per chunk
         part = next(p for p in spec.parts if p.name == name)
         if part.rows != "tokens":
             return audio_rows if part.rows == "audio_tokens" else image_rows
         rows = tokens * part.rows_per_token
         return int(rows) if float(rows).is_integer() else None
+
+    @property
+    def first_llm(self) -> int:
+        return self.layout.num_encoder_stages
 
     def known_stages(self) -> frozenset[int]:
         """The sending stages whose forward messages are sized from the plan."""

@@ -115,9 +115,9 @@ def _warn_below_b_min(spec: RunConfig, setup, env) -> None:
 
 def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
     """Samples whose pixels ``rank`` processes in ``it``: its replica's encoder samples, in order,
-    when it holds the first encoder stage; none otherwise (LLM-only ranks need ids only)."""
+    when it holds the first stage of an encoder pipeline; none otherwise (LLM-only ranks need ids only)."""
     replica, pp_rank = layout.replica_of(rank)
-    if not layout.stages or layout.stages[0].component != "encoder" or layout.stages[0].pp_rank != pp_rank:
+    if all(layout.stages[g[0]].pp_rank != pp_rank for g in layout.encoder_groups):
         return []
     return [s for mb in it.microbatches[replica] for s in mb.encoder_ids]
 
@@ -133,7 +133,7 @@ def _step_plans(spec: RunConfig, system: str, layout: Layout, batches, cost: Cos
 
 def _own_stages(layout: Layout, rank: int) -> list[tuple[str, int, int]]:
     _, pp_rank = layout.replica_of(rank)
-    return [(s.component, s.first_layer, s.end_layer) for s in layout.stages_of(pp_rank)]
+    return [(s.component_key, s.first_layer, s.end_layer) for s in layout.stages_of(pp_rank)]
 
 
 def _run_one(inputs: RunInputs, system: str, setup: SystemSetup) -> SystemSummary:

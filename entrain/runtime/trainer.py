@@ -98,6 +98,17 @@ class StepResult:
         return self.llm_tokens / max(self.iteration_time_ms, 1e-9) * 1e3
 
 
+def upstream(layout: Layout, stage: int) -> set[int]:
+    """The stages whose forward outputs reach ``stage``'s input (``Layout.prev_stages``, transitively)."""
+    out, todo = set(), list(layout.prev_stages(stage))
+    while todo:
+        s = todo.pop()
+        if s not in out:
+            out.add(s)
+            todo.extend(layout.prev_stages(s))
+    return out
+
+
 class PipelineTrainer:
     def __init__(
         self,
@@ -121,15 +132,13 @@ class PipelineTrainer:
         self.family = family_of(model)
         """The model's family (stage modules, TP plan, recompute blocks, checkpoint names)."""
         all_stages = {
-            s.stage: build_stage(model, s.component, s.first_layer, s.end_layer) for s in layout.stages
+            s.stage: build_stage(model, s.component_key, s.first_layer, s.end_layer) for s in layout.stages
         }
         self.modules = {s.stage: all_stages[s.stage] for s in layout.stages_of(self.pp_rank)}
         for m in self.modules.values():
             m.move_to(env.device)
-        trains = [
-            any(p.requires_grad for _, p in all_stages[s].owned_parameters()) for s in sorted(all_stages)
-        ]
-        input_grad = {s: any(trains[:s]) for s in all_stages}
+        trains = {s: any(p.requires_grad for _, p in m.owned_parameters()) for s, m in all_stages.items()}
+        input_grad = {s: any(trains[u] for u in upstream(layout, s)) for s in all_stages}
         self.groups = build_groups(layout, parallel.tp, env.rank, timeout_s, cross_replica)
         self.ep_groups = self._ep_groups(parallel, model, timeout_s, cross_replica)
         self.fsdp_roots = self._parallelize(
@@ -333,11 +342,11 @@ class PipelineTrainer:
 
     def _forward_inputs(self, it: IterationPlan, actions) -> list[tuple[str, tuple[str, ...]]]:
         """The packs this rank's forwards ask the renderer for, in order (as the executor asks:
-        the first encoder stage's patches, every LLM stage's batch)."""
+        each encoder pipeline's first stage's inputs, every LLM stage's batch)."""
         first_llm = self.layout.num_encoder_stages
         out = []
         for a in actions:
-            if a.kind is not ActionKind.F or 0 < a.stage < first_llm:
+            if a.kind is not ActionKind.F or (a.stage < first_llm and self.layout.prev_stages(a.stage)):
                 continue
             mb = it.microbatches[self.replica][a.mb]
             subs = mb.encoder_subs if a.stage < first_llm else mb.llm_subs

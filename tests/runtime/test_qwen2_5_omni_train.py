@@ -48,7 +48,12 @@ NUM_MICROBATCHES = 4
 
 @pytest.fixture(scope="module")
 def fm(tmp_path_factory) -> FamilyModel:
-    folder = save_whole(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
+    return omni_model(tmp_path_factory.mktemp("qwen2_5_omni"))
+
+
+def omni_model(where) -> FamilyModel:
+    """The tiny thinker saved under folder ``where`` and the batch with ``AUDIO``'s clips."""
+    folder = save_whole(where / "tiny")
     source = ModelSource(model_path=str(folder))
     family = family_of_source(source)
     cfg, _ = family.runtime_config(source)

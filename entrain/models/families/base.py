@@ -371,6 +371,11 @@ class FamilyBase:
     accepts_video = False
     """Whether the family reads videos (``SampleMeta.video``; its ``video_settings``, ``video_text``,
     ``second_per_grid`` and the ``video`` ``token_ids``); records with videos are refused for others."""
+    encoder_parts: dict[str, tuple[str, str]] = {}
+    """A plan with several encoder pipelines (``StageSpec.encoder``): per encoder name, the part of the
+    first LLM stage's input its output becomes and that part's rows per sample (``MessagePart.rows``:
+    ``image_tokens`` or ``audio_tokens``). Optional, not part of ``ModelFamily``. Default: none (the
+    family runs one encoder component)."""
 
     def preset_names(self) -> tuple[str, ...]:
         return ()

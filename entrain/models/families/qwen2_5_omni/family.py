@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, FolderConfig, ModelSource
-from entrain.models.families.qwen2_5_omni.spec import MODEL_TYPES, OmniShape, claims, shape_of_folder
+from entrain.models.families.qwen2_5_omni.spec import (
+    ENCODER_PARTS,
+    MODEL_TYPES,
+    OmniShape,
+    claims,
+    shape_of_folder,
+)
 from entrain.models.families.qwen2_vl.family import QWEN2_SPECIAL_BASE, Qwen2VLFamily
 
 if TYPE_CHECKING:
@@ -140,9 +146,13 @@ class Qwen25OmniFamily(Qwen2VLFamily):
 
     def recompute_modules(self, stage: nn.Module, mode: str) -> list[nn.Module]:
         """``selective``: each block's / layer's attention; ``full``: the stage's vision blocks, merger and
-        audio tower, or its decoder layers, norm and lm_head."""
+        audio tower, its audio encoder layers (an audio pipeline's stage), or its decoder layers, norm
+        and lm_head."""
         if mode == "none":
             return []
+        if hasattr(stage, "tower"):  # an audio pipeline's stage (audio_stage.OmniAudioStage)
+            layers = [stage.tower.layers[i] for i in stage.layer_ids]
+            return [layer.self_attn for layer in layers] if mode == "selective" else layers
         if hasattr(stage, "vis"):
             blocks = [stage.vis.blocks[i] for i in stage.block_ids]
             if mode == "selective":
@@ -157,6 +167,8 @@ class Qwen25OmniFamily(Qwen2VLFamily):
         return layers + extra
 
     def fsdp_units(self, stage: nn.Module) -> list[nn.Module]:
+        if hasattr(stage, "tower"):
+            return [stage.tower.layers[i] for i in stage.layer_ids]
         if hasattr(stage, "vis"):
             return [stage.vis.blocks[i] for i in stage.block_ids]
         return [stage.llm.model.layers[i] for i in stage.layer_ids]
@@ -164,6 +176,7 @@ class Qwen25OmniFamily(Qwen2VLFamily):
     # --- processing rules --------------------------------------------------------------------------
     accepts_audio = True
     accepts_video = True
+    encoder_parts = ENCODER_PARTS
 
     def video_settings(self, cfg: OmniConfig):
         """The checkpoint's video processor numbers (``video_settings_for`` its folder)."""

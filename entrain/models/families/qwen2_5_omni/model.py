@@ -11,7 +11,10 @@ embedding (they may sit on different stages, so they train untied).
 Stage layout. The encoder list is the vision tower's ``[patch_embed, blocks..., merger]``; the audio
 tower runs whole on the stage holding ``patch_embed`` (the first encoder stage), beside the vision
 tower: one encoder pipeline feeds the LLM. The LLM list is ``[embed_tokens, layers..., norm,
-lm_head, loss]``.
+lm_head, loss]``. A plan with an encoder pipeline per tower (``StageSpec.encoder``) builds
+``vision`` stages (the vision tower's layers, no audio tower) and ``audio`` stages
+(``audio_stage.OmniAudioStage``); the runtime hands the audio pipeline's output to the first LLM stage
+as its ``audio`` part (``spec.ENCODER_PARTS``).
 
 Messages are named parts (``dict[str, Tensor]``):
 
@@ -46,6 +49,7 @@ from entrain.models.families.composition.hf_checkpoint import (
 )
 from entrain.models.families.composition.model import EncoderStage, LLMStage
 from entrain.models.families.packed_attention import PACKED_ATTENTION, use_varlen_vision_attention
+from entrain.models.families.qwen2_5_omni.audio_stage import OmniAudioStage, audio_layer_count
 from entrain.models.families.qwen2_vl.model import untie
 
 __all__ = ["read_hf_config", "model_class", "build_model", "build_stage", "layer_counts", "load_parameters",
@@ -56,7 +60,8 @@ AUDIO_PREFIX = "model.audio_tower."
 VISION_PREFIX = "model.visual."
 LLM_PREFIX = "model.language_model."
 HIDDEN = "hidden"
-AUDIO = "audio"  # spec.AUDIO_PART
+AUDIO = "audio"  # spec.AUDIO_PART; also the audio encoder's pipeline name (spec.ENCODER_PARTS)
+VISION = "vision"
 AUDIO_MEL = "audio_mel"
 AUDIO_LENGTHS = "audio_lengths"
 THINKER = "qwen2_5_omni_thinker"
@@ -181,10 +186,10 @@ class OmniEncoderStage(EncoderStage):
     """Layers ``[first, end)`` of ``[patch_embed, blocks..., merger]`` of ``model.visual``; the stage
     holding ``patch_embed`` runs the audio tower too (module docstring)."""
 
-    def __init__(self, model: nn.Module, first: int, end: int):
+    def __init__(self, model: nn.Module, first: int, end: int, *, with_audio: bool = True):
         super().__init__(SimpleNamespace(vision=model.model.visual), first, end)
         self.prefix = VISION_PREFIX
-        self.audio_tower = model.model.audio_tower if first == 0 else None
+        self.audio_tower = model.model.audio_tower if first == 0 and with_audio else None
         self.takes_parts = True
 
     def owned_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -267,11 +272,20 @@ class OmniLLMStage(LLMStage):
 
 
 def build_stage(model: nn.Module, component: str, first: int, end: int) -> nn.Module:
-    n = layer_counts(model).get(component)
+    """A stage of ``component``: ``encoder`` (the vision tower with the audio tower on its first stage)
+    or ``llm``; in a plan with several encoders an encoder stage's pipeline, ``vision`` (the vision
+    tower alone, the encoder's layers) or ``audio`` (``audio_stage.OmniAudioStage``)."""
+    counts = {**layer_counts(model), VISION: layer_counts(model)["encoder"],
+              AUDIO: audio_layer_count(model.model.audio_tower)}  # fmt: skip
+    n = counts.get(component)
     if n is None:
-        raise ConfigError(f"unknown component {component!r} (expected encoder or llm)")
+        raise ConfigError(f"unknown component {component!r} (expected one of {', '.join(counts)})")
     if not 0 <= first < end <= n:
         raise ConfigError(f"{component} stage layers [{first}, {end}) outside 0..{n}")
+    if component == AUDIO:
+        return OmniAudioStage(model, first, end)
+    if component == VISION:
+        return OmniEncoderStage(model, first, end, with_audio=False)
     return (OmniEncoderStage if component == "encoder" else OmniLLMStage)(model, first, end)
 
 

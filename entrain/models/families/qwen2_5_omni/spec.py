@@ -24,12 +24,15 @@ from entrain.models.families.composition.spec import processor_limits, vision_ar
 from entrain.models.families.qwen2_vl.spec import text_arch
 from entrain.models.families.registry import read_config
 
-__all__ = ["MODEL_TYPES", "AudioArch", "OmniShape", "claims", "thinker_config_of", "check_supported",
+__all__ = ["MODEL_TYPES", "ENCODER_PARTS", "AudioArch", "OmniShape", "claims", "thinker_config_of", "check_supported",
            "shape_of_config", "shape_of_folder"]  # fmt: skip
 
 MODEL_TYPES = ("qwen2_5_omni_thinker", "qwen2_5_omni")
 AUDIO_PART = "audio"
 """The message part of the audio tower's features (``model.AUDIO``)."""
+ENCODER_PARTS = {"vision": ("hidden", "image_tokens"), AUDIO_PART: (AUDIO_PART, "audio_tokens")}
+"""With an encoder pipeline per tower (``StageSpec.encoder``): the part of the first LLM stage's input
+each tower's output becomes (the visual features are its ``hidden``) and its rows per sample."""
 _AUDIO_FIELDS = ("num_mel_bins", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "d_model")
 
 

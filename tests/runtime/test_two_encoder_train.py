@@ -1,0 +1,99 @@
+"""A Qwen2.5-Omni thinker trained on a plan with two encoder pipelines (docs/design.md, "N encoders"):
+Entrain's plan (``planning.encoders_plan``) puts the vision tower and the audio tower in pipelines of
+their own, side by side, feeding the first LLM stage, which receives one message per encoder per
+microbatch, merges them as the thinker does (visual features at the image placeholders, audio features
+at the audio ones) and sends each gradient back to its own pipeline. Forked gloo ranks train one step
+of the mixed batch (images with clips, clips alone, images alone, text alone) on two layouts of four
+ranks (vision 1 + audio 1 + LLM 2; vision 1 + audio 2 + LLM 1: the audio tower cut between stages);
+the loss, the gradient norm and every gradient before and after clipping equal transformers'
+``Qwen2_5OmniThinkerForConditionalGeneration`` in fp64, every sample alone (the oracle of
+tests/runtime/test_qwen2_5_omni_train.py), at rel 1e-5."""
+
+from __future__ import annotations
+
+import pytest
+
+from entrain.core.costs.presets import build_cost_model
+from entrain.core.ir.p2p_check import check_plan
+from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.ir.validate import validate_plan
+from entrain.core.planning.encoders import (
+    Encoder,
+    audio_tower_specs,
+    audio_units,
+    price_encoder,
+    search_encoders,
+    vision_units,
+)
+from entrain.core.planning.encoders_plan import generate_encoders_plan
+
+from .cases import MAX_GRAD_NORM
+from .families import FamilyModel, without_zero_gradients
+from .harness import assert_matches_reference, run_workers
+from .test_qwen2_5_omni_train import AUDIO, _train, omni_model, oracle
+
+MICROBATCH_SIZE = 2
+LAYOUTS = {"vision1+audio1+llm2": (1, 1, 2), "vision1+audio2+llm1": (1, 2, 1)}
+"""GPUs of the vision pipeline, the audio pipeline and the LLM (one stage each)."""
+
+
+def encoders(fm: FamilyModel) -> tuple[Encoder, Encoder]:
+    """The thinker's towers as the planner's encoders, priced on ``cpu-tiny``."""
+    audio = price_encoder(fm.cfg.shape, audio_tower_specs(fm.cfg.shape.audio), "cpu-tiny")
+    vision = build_cost_model(fm.cfg.shape, "cpu-tiny")
+    return Encoder("vision", vision, vision_units), Encoder("audio", audio, audio_units)
+
+
+def two_encoder_plan(fm: FamilyModel, allocation: tuple[int, int, int]):
+    """Entrain's two-encoder plan of the batch with one stage per GPU of ``allocation``."""
+    samples = [fm.metas[i] for i in sorted(fm.metas)]
+    parallel = ParallelConfig(gpus=sum(allocation), dp=1, tp=1, cp=1, global_batch=len(samples),
+                              microbatch_size=MICROBATCH_SIZE)  # fmt: skip
+    configs = search_encoders(samples, encoders(fm), parallel, allocation=allocation)
+    cfg = next(c for c in configs if (*(e.pp for e in c.encoders), c.llm.pp) == allocation)
+    return generate_encoders_plan([samples], encoders(fm), cfg)
+
+
+@pytest.fixture(scope="module")
+def fm(tmp_path_factory) -> FamilyModel:
+    return omni_model(tmp_path_factory.mktemp("qwen2_5_omni"))
+
+
+@pytest.fixture(scope="module")
+def plans(fm):
+    out = {}
+    for name, allocation in LAYOUTS.items():
+        plan = two_encoder_plan(fm, allocation)
+        validate_plan(plan)
+        check_plan(plan)
+        out[name] = plan
+    return out
+
+
+def test_two_encoder_pipelines_train_as_transformers(fm, plans, tmp_path):
+    cases = [(name, plan, False) for name, plan in plans.items()]
+    results = run_workers(_train, 4, tmp_path, fm, cases)
+    ref = oracle(fm, False)
+    assert ref.grad_norm > MAX_GRAD_NORM, "clipping would not be exercised"
+    for name in plans:
+        before = {k: v for r in results for k, v in r[name][0].items()}
+        after = {k: v for r in results for k, v in r[name][1].items()}
+        _, _, loss, grad_norm = results[0][name]
+        rest, before, after = without_zero_gradients(ref, before, after)
+        assert_matches_reference(
+            name, before=before, after=after, loss=loss, grad_norm=grad_norm, ref=rest, tol=1e-5
+        )
+        assert any(".audio_tower.layers." in n for n in before), name
+        assert any(".visual.blocks." in n for n in before), name
+
+
+def test_the_plans_mix_images_and_clips_in_a_microbatch(fm, plans):
+    """Each plan has two pipelines (the audio one cut where asked), and some encoder microbatch carries
+    both an image and an audio clip: both pipelines' messages meet at the first LLM stage."""
+    for name, plan in plans.items():
+        lay = plan.layout
+        assert lay.encoder_names == ("vision", "audio"), name
+        assert tuple(len(g) for g in lay.encoder_groups) == LAYOUTS[name][:2], name
+        subs = [sub for mb in plan.iterations[0].microbatches[0] for sub in mb.encoder_subs]
+        mixed = [sub for sub in subs if any(i in AUDIO for i in sub) and any(fm.metas[i].images for i in sub)]
+        assert mixed, (name, subs)

@@ -39,6 +39,7 @@ from entrain.core.costs.sampler import Sampler, SampleStats, draw_seed, has_cost
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.model.layer_specs import LayerSpec
+from entrain.core.model.omni import QWEN25_OMNI_7B_AUDIO, AudioTower
 from entrain.core.planning.bmin import PAPER_BMIN_CONFIG, BMinConfig, num_validation_trials
 from entrain.core.planning.config_search import ComponentConfig, dp_options, evaluate_config, gpus_of
 from entrain.core.workload.samples import SampleMeta, audio_encoder_units, video_encoder_units
@@ -47,6 +48,7 @@ __all__ = [
     "AudioTower",
     "QWEN25_OMNI_7B_AUDIO",
     "Encoder",
+    "shape_encoders",
     "vision_units",
     "audio_units",
     "audio_tower_specs",
@@ -79,24 +81,6 @@ def audio_units(sample: SampleMeta) -> tuple[int, ...]:
 
 
 # --- the audio tower's layer specs --------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class AudioTower:
-    """A Whisper-style audio tower as plain numbers (the fields of a Qwen2.5-Omni ``audio_config``;
-    a family's own audio architecture with these fields serves as well)."""
-
-    num_mel_bins: int
-    encoder_layers: int
-    encoder_attention_heads: int
-    encoder_ffn_dim: int
-    d_model: int
-    output_dim: int
-    n_window: int = 100
-
-
-QWEN25_OMNI_7B_AUDIO = AudioTower(128, 32, 20, 5120, 1280, 3584)
-"""Qwen2.5-Omni-7B's ``audio_config`` (a Whisper-large-v3 encoder projected to the LLM width)."""
-
-
 def audio_tower_specs(audio) -> list[LayerSpec]:
     """Forward work per audio row (a row = two mel frames, what the stride-2 convolution leaves; the
     unit ``audio_encoder_units`` counts): the two convolutions (kind ``patch_embed``), the encoder
@@ -167,6 +151,22 @@ class Encoder:
     name: str
     cost: CostModel
     units: Callable[[SampleMeta], tuple[int, ...]]
+
+
+def shape_encoders(
+    shape, hardware: str, *, freeze: Iterable[str] = (), attention: str | None = None
+) -> tuple[Encoder, ...] | None:
+    """The encoders of a model shape with an audio tower beside its vision tower (``shape.arch``: the
+    ``ModelArch`` of vision tower and LLM, ``shape.audio``: an ``AudioTower``'s fields, e.g. the
+    Omni family's ``OmniShape``): ``vision`` priced from ``shape.arch`` and ``audio`` by
+    ``price_encoder``, both on ``hardware``; None for a shape with one encoder."""
+    audio = getattr(shape, "audio", None)
+    if audio is None:
+        return None
+    freeze = tuple(freeze)
+    vision = build_cost_model(shape.arch, hardware, freeze=freeze, attention=attention)
+    heard = price_encoder(shape.arch, audio_tower_specs(audio), hardware, freeze=freeze, attention=attention)
+    return Encoder("vision", vision, vision_units), Encoder("audio", heard, audio_units)
 
 
 def _metas(samples: Sequence) -> list[SampleMeta]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from entrain.core.errors import ConfigError
 from entrain.models.families.base import FamilyBase, FolderConfig, ModelSource
+from entrain.models.families.qwen2_5_omni.presets import PRESETS
 from entrain.models.families.qwen2_5_omni.spec import (
     ENCODER_PARTS,
     MODEL_TYPES,
@@ -72,7 +73,7 @@ class Qwen25OmniFamily(Qwen2VLFamily):
 
     # --- plain numbers ----------------------------------------------------------------------------
     def preset_names(self) -> tuple[str, ...]:
-        return ()
+        return tuple(PRESETS)
 
     def code_names(self) -> tuple[str, ...]:
         return (self.name, *MODEL_TYPES, "Qwen2_5Omni", "Qwen25Omni")
@@ -85,9 +86,11 @@ class Qwen25OmniFamily(Qwen2VLFamily):
 
     def shape(self, source: ModelSource) -> OmniShape:
         if source.model_path is None:
+            if source.preset in PRESETS:
+                return PRESETS[source.preset]
             raise ConfigError(
-                f"model family {self.name!r} takes a checkpoint folder (--model-path DIR), not the preset "
-                f"{source.preset!r}"
+                f"model family {self.name!r} takes a checkpoint folder (--model-path DIR) or a cost-model "
+                f"preset ({', '.join(PRESETS)}), not {source.preset!r}"
             )
         return shape_of_folder(source.model_path)
 
@@ -98,6 +101,11 @@ class Qwen25OmniFamily(Qwen2VLFamily):
     def runtime_config(self, source: ModelSource, shape: OmniShape | None = None) -> tuple[OmniConfig, Any]:
         from entrain.data.tokenizer import has_tokenizer_files, load_tokenizer
 
+        if source.model_path is None:
+            raise ConfigError(
+                f"--model {source.preset}: a cost-model preset (plan / simulate); to run the model, pass "
+                "its checkpoint folder with --model-path DIR"
+            )
         full = self.shape(source)
         if shape is not None and shape != full:
             raise ConfigError(f"model family {self.name!r} has no reduced model (entrain profile)")

@@ -85,6 +85,9 @@ def simulate(req: SimulateRequest, systems: list[str]) -> tuple[dict[str, System
     req_setup = dataclasses.replace(config.config_request(), model=cost.model)  # a stock checkpoint's label
     sampler = config_sampler(config)
     unbuilt: dict[str, str] = {}
+    encoders = _encoders(config)
+    if encoders is not None:
+        return _simulate_encoders(req, systems, batches, encoders, sampler)
     judge = candidate_judge(sampler, cost, req_setup)
     setups = system_setups(systems, req_setup, cost, sampler, judge, unbuilt=unbuilt)
     if not setups:
@@ -110,6 +113,48 @@ def simulate(req: SimulateRequest, systems: list[str]) -> tuple[dict[str, System
     configs = {
         n: {**_describe(s.layout, s.source, s.b_min), "decisions": _decisions(s)} for n, s in setups.items()
     }
+    return runs, {**configs, **{n: {"source": why, "not_built": why} for n, why in unbuilt.items()}}
+
+
+def _encoders(config: RunConfig):
+    """The encoders of a model with several encoder towers (``planning.encoders.shape_encoders``: an
+    audio tower beside the vision tower) priced by the run's preset; None for a one-encoder model. A
+    measured profile does not time the audio tower: refused for such a model."""
+    from entrain.core.costs.presets import default_hardware
+    from entrain.core.planning.encoders import shape_encoders
+
+    model = config.model
+    arch = model.arch()
+    if getattr(arch, "audio", None) is None:
+        return None
+    if model.profile:
+        raise ConfigError(
+            f"--profile {model.profile}: {arch.name} has an audio tower beside the vision tower, which a "
+            "measured profile does not time; simulate it on a hardware preset (--hardware)"
+        )
+    hardware = model.hardware or default_hardware(arch.name)
+    return shape_encoders(arch, hardware, freeze=model.freeze, attention=model.attention)
+
+
+def _simulate_encoders(req: SimulateRequest, systems: list[str], batches, encoders, sampler):
+    """A model with several encoder towers: every system that plans one pipeline per encoder
+    (``entrain.sim.encoders_run``); the others named in ``not_built`` with their one-line reason."""
+    from entrain.sim.encoders_run import run_encoders_systems
+
+    for name in systems:
+        print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
+    unbuilt: dict[str, str] = {}
+    runs, b = run_encoders_systems(systems, sampler, batches, encoders, req.config.parallel, unbuilt)
+    if not runs:
+        raise ConfigError(
+            "no system's plan can be built: " + "; ".join(f"{n}: {w}" for n, w in unbuilt.items())
+        )
+    if ENTRAIN in runs:
+        base = runs[ENTRAIN].metrics.iteration_time_ms
+        for r in runs.values():
+            r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
+    source = f"N-encoder planner ({', '.join(e.name for e in encoders)}), b_min {b.b_min}"
+    configs = {n: {**_describe(r.layout, source, b.b_min), "decisions": []} for n, r in runs.items()}
     return runs, {**configs, **{n: {"source": why, "not_built": why} for n, why in unbuilt.items()}}
 
 
@@ -220,8 +265,10 @@ def table(runs: dict[str, SystemRun], configs: dict) -> str:
         speed = f"{m.entrain_speedup:.2f}x" if m.entrain_speedup else "-"
         peaks = m.peak_memory_bytes_per_rank
         mem = "-" if not peaks else f"{max(peaks) / 1e9:.1f}" + ("" if m.fits_memory else " OOM")
-        cfg = f"E.PP {c['encoder']['pp']} / L.PP {c['llm']['pp']} (tp {c['llm']['tp']}, dp {configs[name]['dp']})"
-        if name in OURS and c["encoder"]["pp"] + c["llm"]["pp"] > configs[name]["ranks_per_replica"]:
+        enc = "encoder" if "encoder" in c else None
+        pps = " / ".join(f"{'E' if k == 'encoder' else k[0].upper()}.PP {v['pp']}" for k, v in c.items())
+        cfg = f"{pps} (tp {c['llm']['tp']}, dp {configs[name]['dp']})"
+        if name in OURS and enc and c["encoder"]["pp"] + c["llm"]["pp"] > configs[name]["ranks_per_replica"]:
             cfg += f", {configs[name]['ranks_per_replica']} ranks: one shares the encoder/LLM boundary"
         lines.append(
             f"{name:<16}{m.iteration_time_ms:>10.1f}{speed:>11}{m.bubble_ratio:>8.3f}{m.encoder_fwd_std_ms:>9.1f}"

@@ -77,15 +77,20 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
     return simulate(SimulateRequest.from_args(args), systems)
 
 
-def simulate(req: SimulateRequest, systems: list[str]) -> tuple[dict[str, SystemRun], dict]:
-    """Run every system of ``systems`` on the request's workload; the runs and the setups' descriptions."""
+def simulate(
+    req: SimulateRequest, systems: list[str], *, one_encoder: bool = False
+) -> tuple[dict[str, SystemRun], dict]:
+    """Run every system of ``systems`` on the request's workload; the runs and the setups' descriptions.
+    A model with several encoder towers takes the N-encoder path (``_simulate_encoders``) unless
+    ``one_encoder`` (its towers planned as one encoder component, as a checkpoint folder's are priced:
+    a benchmark's comparison)."""
     config = req.config
     cost = config.model.cost_model()
     batches = list(config_workload(config, cost).batches(config.parallel.global_batch, req.iterations))
     req_setup = dataclasses.replace(config.config_request(), model=cost.model)  # a stock checkpoint's label
     sampler = config_sampler(config)
     unbuilt: dict[str, str] = {}
-    encoders = _encoders(config)
+    encoders = None if one_encoder else _encoders(config)
     if encoders is not None:
         return _simulate_encoders(req, systems, batches, encoders, sampler)
     judge = candidate_judge(sampler, cost, req_setup)

@@ -52,3 +52,15 @@ def test_each_system_runs_the_plan_its_n_encoder_planner_makes():
     for system, run in runs.items():
         assert run.plan == plan_encoders_system(system, profile, batches, encoders, config.parallel)
         assert run.plan.layout.encoder_names == ("vision", "audio") and run.plan.system == system
+
+
+def test_one_encoder_keeps_todays_path_for_every_system():
+    """``simulate(..., one_encoder=True)``: both towers as one encoder component, every system planned."""
+    from entrain.cli.main import build_parser
+
+    argv = ["simulate", *OMNI]
+    argv[argv.index("--gpus") + 1] = "8"  # at 4 no one-encoder plan of Entrain's fits device memory
+    req = SimulateRequest.from_args(build_parser().parse_args(argv))
+    runs, configs = simulate(req, ["entrain", "1f1b"], one_encoder=True)
+    assert list(runs) == ["entrain", "1f1b"]
+    assert all(list(configs[n]["components"]) == ["encoder", "llm"] for n in runs)

@@ -47,7 +47,9 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   sparse layers' all-to-alls pair up by position): one microbatch count, the one whose slowest replica
   is predicted fastest from the group's least ``K_eff`` to its largest (``as_assigned``,
   ``assignment.hierarchical.same_count_per_ep_group``), one ramp, and on LLM ranks the least eager
-  warm-up (``best_of_group``); encoder microbatches, deferrals and memory-split cuts stay per replica.
+  warm-up (``best_of_group``); each replica runs its deferral pairs in the slots of the group's
+  reference replica's pairs of the same LLM weight rank, so the heavy ones meet (``_aligned``);
+  encoder microbatches, deferrals and memory-split cuts stay per replica.
   ``ep`` 1: unchanged.
 * Memory split (``ScheduleOptions.memory_split``, ``memory_split.split_to_fit``): an encoder sub
   whose recomputing backward would take its rank over the memory budget (device memory by default)
@@ -367,6 +369,8 @@ class _ReplicaSearch:
         ]
         if self.opts.expert_balance:
             options = [[(n, heaviest_pairs_first(a, self.llm_ms)) for n, a in cands] for cands in options]
+        else:
+            options = self._aligned(options)
         chosen, picks = self._group_ramp(reps, options)
         warms = [_warmups(p[1], self.costs, self.opts.eager_budget_factor, self.eager) for p in picks]
         for r in {s.pp_rank for s in self.layout.stages if s.component == "llm"}:
@@ -377,6 +381,20 @@ class _ReplicaSearch:
             (chosen, p[1].microbatches, add_comms(p[1], self.order(p[1], w)), p[2], p[3], p[4])
             for p, w in zip(picks, warms)
         ]
+
+    def _aligned(self, options: list[list[tuple]]) -> list[list[tuple]]:
+        """Every candidate's deferral pairs moved to the slots of the group's reference replica's pairs
+        of the same rank (``aligned_pairs``): the reference is the replica whose first candidate holds the
+        group's heaviest LLM microbatch (ties: the lowest), and its own order is Algorithm 3's. The
+        group's LLM stages run in lockstep, so its heavy microbatches then meet at one position instead
+        of each holding the group at its own (``expert_balance`` moves them all to the front instead)."""
+        firsts = [cands[0][1] for cands in options]
+        heaviest = [max((self.llm_ms(m) for m in a.llm_microbatches), default=0.0) for a in firsts]
+        ref = max(range(len(firsts)), key=lambda r: (heaviest[r], -r))
+        slots = pair_ranks(firsts[ref], self.llm_ms)
+        if slots is None:
+            return options
+        return [[(n, aligned_pairs(a, slots, self.llm_ms)) for n, a in cands] for cands in options]
 
     def _group_ramp(
         self, reps: list[ReplicaAssignment], options: list[list[tuple]]
@@ -473,6 +491,42 @@ def generate(
     if any(cuts):
         plan.options["memory_split"] = {"room_bytes": search.rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan
+
+
+def _pairs(rep: ReplicaAssignment) -> list[tuple[int, ...]] | None:
+    """``rep``'s deferral pairs in execution order (consecutive OL, UL); None where its deferrals are not
+    Algorithm 3's pairs."""
+    order = rep.execution_order
+    pairs = [order[i : i + 2] for i in range(0, len(order) - len(order) % 2, 2)]
+    if any((d.from_mb, d.to_mb) not in pairs for d in rep.deferrals):
+        return None
+    return pairs
+
+
+def pair_ranks(rep: ReplicaAssignment, llm_ms: Callable[[Sequence[str]], float]) -> list[int] | None:
+    """The slots of ``rep``'s deferral pairs, heaviest pair first (``llm_ms`` of its two LLM microbatches;
+    ties: the earlier slot); None where ``_pairs`` is."""
+    pairs = _pairs(rep)
+    if pairs is None:
+        return None
+    weight = [llm_ms(rep.llm_microbatches[ol]) + llm_ms(rep.llm_microbatches[ul]) for ol, ul in pairs]
+    return sorted(range(len(pairs)), key=lambda i: (-weight[i], i))
+
+
+def aligned_pairs(
+    rep: ReplicaAssignment, slots: Sequence[int], llm_ms: Callable[[Sequence[str]], float]
+) -> ReplicaAssignment:
+    """``rep`` with its ``i``-th heaviest deferral pair run in slot ``slots[i]`` (a reference replica's
+    ``pair_ranks``), an odd ``K_eff``'s median still last; ``rep`` itself where its pairs are not
+    Algorithm 3's or their number differs."""
+    pairs, mine = _pairs(rep), pair_ranks(rep, llm_ms)
+    if pairs is None or mine is None or len(mine) != len(slots):
+        return rep
+    placed: list[tuple[int, ...]] = list(pairs)
+    for slot, j in zip(slots, mine):
+        placed[slot] = pairs[j]
+    new = tuple(m for pair in placed for m in pair) + rep.execution_order[len(pairs) * 2 :]
+    return rep if new == rep.execution_order else replace(rep, execution_order=new)
 
 
 def heaviest_pairs_first(

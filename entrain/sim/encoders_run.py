@@ -3,17 +3,23 @@ to end in simulation: the profile (Algorithm 1 with N encoders), each system's P
 (``planning.encoders_baselines.plan_encoders_system``), the simulator priced by ``EncodersPlanCosts``.
 
 What ``entrain simulate`` runs for such a model. A system that cannot plan one pipeline per encoder
-is not built (``plan_encoders_system``'s one-line reason); no memory fitting is done (the metrics say
-whether each plan fits device memory).
+is not built (``plan_encoders_system``'s one-line reason). Memory: a plan whose simulated peak on a
+pipeline rank is over device memory has that rank's stages recomputed one mode further (none ->
+selective -> full, ``RECOMPUTE_MODES``) and is simulated again, until it fits or every over-full rank is
+at full recomputation (``fit_recompute``; the actions stay as planned, every system alike); the metrics
+say whether the result fits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+from entrain.core.costs.costmodel import RECOMPUTE_MODES
 from entrain.core.costs.sampler import Sampler, draw_seed
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
+from entrain.core.ir.plan import Plan
 from entrain.core.planning.bmin import PAPER_BMIN_CONFIG
 from entrain.core.planning.encoders import Encoder, EncodersBMin, find_b_min_encoders
 from entrain.core.planning.encoders_baselines import plan_encoders_system
@@ -22,7 +28,7 @@ from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics
 from entrain.sim.run import SystemRun
 
-__all__ = ["encoders_profile", "run_encoders_systems"]
+__all__ = ["encoders_profile", "fit_recompute", "run_encoders_systems"]
 
 
 def encoders_profile(
@@ -53,8 +59,34 @@ def run_encoders_systems(
         except ConfigError as e:
             unbuilt[system] = str(e)
             continue
-        costs = EncodersPlanCosts(plan.layout, encoders, plan.samples)
-        iterations = simulate_plan(plan, None, costs=costs)
-        metrics = compute_metrics(plan.layout, iterations, costs, plan.iterations)
-        runs[system] = SystemRun(system, plan.layout, plan, iterations, metrics)
+        runs[system] = fit_recompute(plan, encoders)
     return runs, b
+
+
+def _run(plan: Plan, encoders: Sequence[Encoder]) -> SystemRun:
+    costs = EncodersPlanCosts(plan.layout, encoders, plan.samples)
+    iterations = simulate_plan(plan, None, costs=costs)
+    metrics = compute_metrics(plan.layout, iterations, costs, plan.iterations)
+    return SystemRun(plan.system, plan.layout, plan, iterations, metrics)
+
+
+def fit_recompute(plan: Plan, encoders: Sequence[Encoder]) -> SystemRun:
+    """``plan`` simulated; while a pipeline rank's peak is over device memory, that rank's stages one
+    recomputation mode further (module docstring), the last run returned (it may still not fit)."""
+    while True:
+        run = _run(plan, encoders)
+        m, layout = run.metrics, plan.layout
+        limit = m.device_memory_bytes
+        peaks = m.peak_memory_bytes_per_rank
+        if m.fits_memory is not False or not peaks or limit is None:
+            return run
+        over = {r for r, p in enumerate(peaks) if p > limit}
+        stages = tuple(
+            replace(st, recompute=RECOMPUTE_MODES[RECOMPUTE_MODES.index(st.recompute) + 1])
+            if st.pp_rank in over and st.recompute != RECOMPUTE_MODES[-1]
+            else st
+            for st in layout.stages
+        )
+        if stages == layout.stages:
+            return run
+        plan = replace(plan, layout=replace(layout, stages=stages))

@@ -34,12 +34,12 @@ def test_omni_preset_plans_one_pipeline_per_encoder_and_names_the_rest(capsys):
 
 def test_each_system_runs_the_plan_its_n_encoder_planner_makes():
     """The runs' plans are ``plan_encoders_system``'s on the profile (b_min's reference draw) and the
-    run's global batches."""
+    run's global batches, with recomputation fitted to device memory (``fit_recompute``)."""
     from entrain.cli.common import config_sampler, config_workload
     from entrain.cli.main import build_parser
     from entrain.cli.simulate import _encoders
     from entrain.core.planning.encoders_baselines import plan_encoders_system
-    from entrain.sim.encoders_run import encoders_profile
+    from entrain.sim.encoders_run import encoders_profile, fit_recompute
 
     req = SimulateRequest.from_args(build_parser().parse_args(["simulate", *OMNI]))
     runs, _ = simulate(req, ["entrain", "disttrain"])
@@ -50,7 +50,8 @@ def test_each_system_runs_the_plan_its_n_encoder_planner_makes():
         config_workload(config, config.model.cost_model()).batches(config.parallel.global_batch, 1)
     )
     for system, run in runs.items():
-        assert run.plan == plan_encoders_system(system, profile, batches, encoders, config.parallel)
+        want = plan_encoders_system(system, profile, batches, encoders, config.parallel)
+        assert run.plan == fit_recompute(want, encoders).plan  # its recomputation fitted to memory
         assert run.plan.layout.encoder_names == ("vision", "audio") and run.plan.system == system
 
 

@@ -57,7 +57,7 @@ def run_encoders_systems(
         try:
             plan = plan_encoders_system(system, profile, batches, encoders, parallel)
         except ConfigError as e:
-            unbuilt[system] = str(e)
+            unbuilt[system] = f"cannot be built: {e}"
             continue
         runs[system] = fit_recompute(plan, encoders)
     return runs, b

@@ -1,7 +1,8 @@
 """One ``entrain train`` process: join the process group, train every system, print the summaries,
 and leave (quietly under torchrun: see ``entrain.runtime.launcher``). The planner's memory check,
-the simulated choices and ``--replan auto``'s drift monitor come from ``sim``, which the runtime
-does not import: they are handed to ``entrain.runtime.session.run_systems`` from here."""
+the simulated choices, the N-encoder planner's profile and ``--replan auto``'s drift monitor come
+from ``sim``, which the runtime does not import: they are handed to
+``entrain.runtime.session.run_systems`` from here."""
 
 from __future__ import annotations
 
@@ -75,6 +76,13 @@ def _warn_profile_precision(spec, device) -> str | None:
     return warn_profile_precision("train", path, CostModel.load(path), precision, run)
 
 
+def _encoders_profile(sampler, encoders, parallel):
+    """The N-encoder planner's profile (Algorithm 1 with several encoders), as in ``simulate``."""
+    from entrain.sim.encoders_run import encoders_profile
+
+    return encoders_profile(sampler, encoders, parallel)
+
+
 def _judge_factory(sampler, cost, req):
     """Entrain's automatic choices decided by simulation, as in ``plan`` and ``simulate``."""
     from entrain.sim.choose import candidate_judge
@@ -128,7 +136,10 @@ def run_rank(spec, under_torchrun: bool) -> int:
         _warn_profile_precision(spec, env.device)
     try:
         replan = {"monitor_factory": _monitor_factory} if spec.schedule.replan == "auto" else {}
-        summaries = run_systems(spec, env, memory_check=_memory_check, judge_factory=_judge_factory, **replan)
+        summaries = run_systems(
+            spec, env, memory_check=_memory_check, judge_factory=_judge_factory,
+            encoders_profile=_encoders_profile, **replan,
+        )  # fmt: skip
     except ReplanRequested:
         leave_for_replan(under_torchrun)
     except BaseException as e:

@@ -4,19 +4,24 @@
 * stage counts fixed by ``--encoder-stages`` / ``--llm-stages``: Algorithm 2's partitioner splits the
   layers (``entrain.core.planning.setups.fixed_stage_setup``);
 * otherwise the planner, as ``entrain simulate`` chooses it (``entrain.core.planning.setups.system_setups``),
-  for the processes started (GPUs = ``--nproc`` x nodes).
+  for the processes started (GPUs = ``--nproc`` x nodes); Entrain on a model with several encoder
+  towers (an audio tower beside the vision tower) plans one pipeline per tower (``encoders_setup``,
+  docs/design.md "N encoders") where a replica has a GPU for each tower and the LLM.
 
 Then each iteration's Plan comes from the system's batcher and generator, as in the simulator."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from entrain.config import RunConfig
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.sampler import Sampler, pool_sampler
 from entrain.core.ir.p2p_check import check_plan
 from entrain.core.ir.plan import Layout, Plan
+from entrain.core.planning.encoders import Encoder, MultiEncoderConfig, search_encoders, shape_encoders
+from entrain.core.planning.encoders_plan import encoders_layout, generate_encoders_plan
 from entrain.core.planning.setups import (
     CandidateJudge,
     ConfigRequest,
@@ -25,7 +30,7 @@ from entrain.core.planning.setups import (
     read_plan_file,
     system_setups,
 )
-from entrain.core.systems import SYSTEMS, moves_across_replicas, plan_system
+from entrain.core.systems import ENTRAIN, SYSTEMS, moves_across_replicas, plan_system
 from entrain.core.workload.work import SampleWork
 
 __all__ = [
@@ -36,6 +41,10 @@ __all__ = [
     "plan_file",
     "run_setups",
     "make_plan",
+    "EncodersProfile",
+    "run_encoders",
+    "encoders_setup",
+    "EncodersStepPlanner",
 ]
 
 
@@ -71,6 +80,11 @@ JudgeFactory = Callable[[Sampler, CostModel, ConfigRequest], CandidateJudge]
 planner's draws (``entrain.sim.choose.candidate_judge``, ``entrain.core.planning.setups.DECISIONS``; the CLI
 passes it in; without it Entrain keeps the paper's disjoint layout and its ``auto`` options as given)."""
 
+EncodersProfile = Callable[[Sampler, Sequence[Encoder], object], tuple]
+"""``(sampler, encoders, parallel) -> (EncodersBMin, samples)``: Algorithm 1 with several encoders and
+its reference draw at ``b_min``, the N-encoder planner's profile (``entrain.sim.encoders_run.encoders_profile``;
+the CLI passes it in)."""
+
 MEMORY_CHECK_ITERATIONS = 20
 """Global batches the memory check simulates (``simulate``'s default ``--iterations``)."""
 
@@ -82,11 +96,13 @@ def run_setups(
     gpus: int,
     memory_check: MemoryCheck | None = None,
     judge_factory: JudgeFactory | None = None,
+    encoders_profile: EncodersProfile | None = None,
 ) -> dict[str, SystemSetup]:
     """Each system's setup for a run on ``gpus`` processes (see the module docstring); a planned one
     (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``;
     ``judge_factory`` decides Entrain's automatic choices (``JudgeFactory``); each setup carries its
-    ``decisions``."""
+    ``decisions``. ``encoders_profile``: the N-encoder planner's profile (``EncodersProfile``; without
+    it a model with several towers takes the one-encoder path)."""
     if spec.schedule.plan:
         system, setup = plan_file(spec)
         return {system: setup}
@@ -98,11 +114,64 @@ def run_setups(
         counts = _stage_counts(spec)
         setups = {s: fixed_stage_setup(s, req, cost, probe, *counts, judge) for s in spec.schedule.systems}
     else:
-        setups = system_setups(spec.schedule.systems, req, cost, sampler, judge)
+        towers = {s: encoders_setup(s, spec, sampler, gpus, encoders_profile) for s in spec.schedule.systems}
+        rest = [s for s, setup in towers.items() if setup is None]
+        chosen = system_setups(rest, req, cost, sampler, judge) if rest else {}
+        setups = {s: towers[s] or chosen[s] for s in spec.schedule.systems}
     if memory_check is None:
         return setups
     check = batches[:MEMORY_CHECK_ITERATIONS]
-    return {s: memory_check(s, setup, check, cost, margin=req.margin) for s, setup in setups.items()}
+    return {  # one pipeline per encoder tower: no memory fitting yet (as entrain simulate)
+        s: setup if setup.layout.multi_encoder else memory_check(s, setup, check, cost, margin=req.margin)
+        for s, setup in setups.items()
+    }
+
+
+def run_encoders(spec: RunConfig) -> tuple[Encoder, ...] | None:
+    """The N-encoder planner's encoders of the run's model (``planning.encoders.shape_encoders`` on its
+    hardware preset); None for a model with one encoder, or with a measured profile (it times the
+    towers as one encoder)."""
+    if spec.model.profile:
+        return None
+    m = spec.model
+    return shape_encoders(m.arch(), m.hardware_label(), freeze=m.freeze, attention=m.attention)
+
+
+def encoders_setup(
+    system: str, spec: RunConfig, sampler: Sampler, gpus: int, profile: EncodersProfile | None
+) -> SystemSetup | None:
+    """Entrain's setup with one pipeline per encoder tower (``search_encoders`` on Algorithm 1's
+    profile, ``profile``), when the run plans one: Entrain, a model with several towers
+    (``run_encoders``) and a GPU per tower and for the LLM in a replica; None otherwise (the
+    one-encoder path: both towers in the first stages)."""
+    encoders = run_encoders(spec) if profile is not None and system == ENTRAIN else None
+    if encoders is None or gpus // spec.parallel.dp_or_1 < len(encoders) + 1:
+        return None
+    parallel = replace(spec.parallel, gpus=gpus)
+    b, samples = profile(sampler, encoders, parallel)
+    cfg = search_encoders(samples, encoders, parallel)[0]
+    source = f"N-encoder planner ({', '.join(e.name for e in encoders)}), b_min {b.b_min}"
+    return SystemSetup(encoders_layout(cfg), {}, source, b_min=b.b_min, profile=samples, config=cfg)
+
+
+@dataclass
+class EncodersStepPlanner:
+    """``(step, batch) -> one-iteration Plan`` with one pipeline per encoder tower
+    (``planning.encoders_plan.generate_encoders_plan`` on the searched configuration); picklable, as
+    ``plan_prefetch.StepPlanner``."""
+
+    encoders: tuple[Encoder, ...]
+    config: MultiEncoderConfig
+    system: str = ENTRAIN
+
+    def __call__(self, step: int, batch: Sequence[SampleWork]) -> Plan:
+        return self.plan([batch])
+
+    def plan(self, batches: Sequence[Sequence[SampleWork]]) -> Plan:
+        """One iteration per global batch, checked deadlock-free (``entrain.core.ir.p2p``)."""
+        plan = generate_encoders_plan(batches, self.encoders, self.config, system=self.system)
+        check_plan(plan)
+        return plan
 
 
 def planner_sampler(spec: RunConfig, batches: Sequence[Sequence[SampleWork]]) -> Sampler:

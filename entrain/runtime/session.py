@@ -32,7 +32,15 @@ from entrain.core.planning.bmin import below_b_min_warning
 from entrain.core.planning.setups import SystemSetup
 from entrain.runtime.accounting import plan_hash
 from entrain.runtime.checkpointer import Checkpointer, agree
-from entrain.runtime.planning import JudgeFactory, MemoryCheck, make_plan, run_setups
+from entrain.runtime.planning import (
+    EncodersProfile,
+    EncodersStepPlanner,
+    JudgeFactory,
+    MemoryCheck,
+    make_plan,
+    run_encoders,
+    run_setups,
+)
 from entrain.runtime.preflight import check_spec, resolve_precision
 from entrain.runtime.replan import step_monitor
 from entrain.runtime.run_data import RunData, load_data, record_source
@@ -72,10 +80,11 @@ def run_systems(
     memory_check: MemoryCheck | None = None,
     judge_factory: JudgeFactory | None = None,
     monitor_factory=None,
+    encoders_profile: EncodersProfile | None = None,
 ) -> list[SystemSummary]:
     """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group;
-    ``memory_check``, ``judge_factory``: see ``entrain.runtime.planning.run_setups``; ``monitor_factory``:
-    ``--replan auto``'s drift monitor (``entrain.runtime.replan``)."""
+    ``memory_check``, ``judge_factory``, ``encoders_profile``: see ``entrain.runtime.planning.run_setups``;
+    ``monitor_factory``: ``--replan auto``'s drift monitor (``entrain.runtime.replan``)."""
     from entrain.runtime.health import PeerWatch
     from entrain.runtime.model_source import model_config
 
@@ -85,9 +94,8 @@ def run_systems(
         os.makedirs(spec.run.out, exist_ok=True)
     model_cfg, tokenizer = model_config(spec)
     data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
-    setups = run_setups(
-        spec, cost, data.train, env.world_size // spec.parallel.tp, memory_check, judge_factory
-    )
+    gpus = env.world_size // spec.parallel.tp
+    setups = run_setups(spec, cost, data.train, gpus, memory_check, judge_factory, encoders_profile)
     for system, setup in setups.items():
         if setup.layout.world_size * spec.parallel.tp != env.world_size:
             need = setup.layout.world_size * spec.parallel.tp
@@ -131,6 +139,16 @@ def _step_plans(spec: RunConfig, system: str, layout: Layout, batches, cost: Cos
     return StepPlans(planner, batches[: spec.run.steps], mode=prefetch_mode())
 
 
+def _encoders_plans(spec: RunConfig, system: str, setup: SystemSetup, data) -> tuple[StepPlans, Plan | None]:
+    """The step Plans and the validation Plan of a setup with one pipeline per encoder tower
+    (``entrain.runtime.planning.encoders_setup``): each batch assigned on its searched configuration."""
+    from entrain.runtime.plan_prefetch import StepPlans, prefetch_mode
+
+    planner = EncodersStepPlanner(run_encoders(spec), setup.config, system)
+    val = planner.plan(data.val) if data.val else None
+    return StepPlans(planner, data.train[: spec.run.steps], mode=prefetch_mode()), val
+
+
 def _own_stages(layout: Layout, rank: int) -> list[tuple[str, int, int]]:
     _, pp_rank = layout.replica_of(rank)
     return [(s.component_key, s.first_layer, s.end_layer) for s in layout.stages_of(pp_rank)]
@@ -141,10 +159,13 @@ def _run_one(inputs: RunInputs, system: str, setup: SystemSetup) -> SystemSummar
     when resuming), the step loop, then the summary."""
     spec, env, data, cost = inputs.spec, inputs.env, inputs.data, inputs.cost
     out = system_out(spec, system)
-    setup = replace(setup, layout=cost.layout_with_parts(setup.layout))  # the family's message parts
-    layout, options = setup.layout, setup.options
-    plans = _step_plans(spec, system, layout, data.train, cost, options)
-    val_plan = make_plan(system, layout, data.val, cost, options) if data.val else None
+    if setup.layout.multi_encoder:  # one pipeline per encoder tower
+        plans, val_plan = _encoders_plans(spec, system, setup, data)
+    else:
+        setup = replace(setup, layout=cost.layout_with_parts(setup.layout))  # the family's message parts
+        plans = _step_plans(spec, system, setup.layout, data.train, cost, setup.options)
+        val_plan = make_plan(system, setup.layout, data.val, cost, setup.options) if data.val else None
+    layout = setup.layout
     rank0 = env.rank == 0
     if rank0:
         os.makedirs(out, exist_ok=True)

@@ -117,7 +117,7 @@ def test_ctrl_c_in_process_is_one_line_and_exit_130(tmp_path, capsys, monkeypatc
 
     out = tmp_path / "run"
 
-    def interrupted(spec, env, memory_check=None, judge_factory=None):
+    def interrupted(spec, env, **_):
         out.mkdir(exist_ok=True)
         (out / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
         raise KeyboardInterrupt

@@ -97,3 +97,20 @@ def test_the_plans_mix_images_and_clips_in_a_microbatch(fm, plans):
         subs = [sub for mb in plan.iterations[0].microbatches[0] for sub in mb.encoder_subs]
         mixed = [sub for sub in subs if any(i in AUDIO for i in sub) and any(fm.metas[i].images for i in sub)]
         assert mixed, (name, subs)
+
+
+def test_each_pipeline_sizes_its_boundary_message_by_its_tower(fm, plans):
+    """The receiver's rows from the plan (``MessageShapes``): the vision pipeline's last message one row
+    per image feature row, the audio pipeline's one per audio token; an inner audio message (rows per
+    attention chunk) is read from its header."""
+    from entrain.runtime.message_shapes import MessageShapes
+
+    layout = plans["vision1+audio2+llm1"].layout
+    renderer = fm.renderer()
+    shapes = MessageShapes(layout, renderer, {n: rule for n, (_, rule) in fm.family.encoder_parts.items()})
+    ids = sorted(fm.metas)
+    (vision,), (inner, audio) = layout.encoder_groups
+    samples = [renderer.sample(i) for i in ids]
+    assert shapes.rows(vision, "hidden", ids) == sum(s.image_tokens for s in samples) > 0
+    assert shapes.rows(audio, "hidden", ids) == sum(s.audio_tokens for s in samples) > 0
+    assert shapes.rows(inner, "hidden", ids) is None

@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 
@@ -53,6 +54,10 @@ __all__ = [
 PATCH_BANK_ROWS = 8192
 AUDIO_MEL, AUDIO_LENGTHS = "audio_mel", "audio_lengths"
 """The first encoder stage's audio input parts (``EncoderInput.audio``)."""
+ENCODER_INPUTS = ("encoder", "images", "audio")
+"""What an encoder pipeline's first stage reads (``SampleRenderer.encoder_input``'s ``kind``): the
+samples' images and audio clips (one encoder component), or with a pipeline per tower their images
+only or their clips only."""
 ZIPF_EXPONENT = 1.1
 TEXT_VOCAB = 4_000
 """Text ids are drawn from ``0..TEXT_VOCAB-1`` (regular ids in every vocabulary, tiny's included)."""
@@ -481,22 +486,27 @@ class SampleRenderer:
 
     # --- packs --------------------------------------------------------------------------------------
     def expect_forwards(self, inputs: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """The packs a step's forwards will ask for, in order: ``("encoder", ids)`` for
-        ``encoder_input``, ``("llm", ids)`` for ``llm_batch``. On a GPU each is copied to the device
+        """The packs a step's forwards will ask for, in order: ``(kind, ids)`` for ``encoder_input``
+        (``ENCODER_INPUTS``), ``("llm", ids)`` for ``llm_batch``. On a GPU each is copied to the device
         on a side stream while the previous one computes; elsewhere a no-op."""
-        builders = {"encoder": self._encoder_input, "llm": self._llm_batch}
+        builders = {
+            **{k: partial(self._encoder_input, kind=k) for k in ENCODER_INPUTS},
+            "llm": self._llm_batch,
+        }
         self._inputs.expect(
             [((kind, tuple(ids)), lambda k=kind, i=ids: builders[k](i)) for kind, ids in inputs]
         )
 
-    def encoder_input(self, ids: Sequence[str]) -> EncoderInput:
-        return self._inputs.take(("encoder", tuple(ids)), lambda: self._encoder_input(ids))
+    def encoder_input(self, ids: Sequence[str], kind: str = "encoder") -> EncoderInput:
+        """The first encoder stage's input of ``ids``: their images and audio clips, or ``kind`` only
+        (``ENCODER_INPUTS``)."""
+        return self._inputs.take((kind, tuple(ids)), lambda: self._encoder_input(ids, kind))
 
-    def _encoder_input(self, ids: Sequence[str]) -> EncoderInput:
+    def _encoder_input(self, ids: Sequence[str], kind: str = "encoder") -> EncoderInput:
         samples = [self.sample(i) for i in ids]
-        with_images = [s for s in samples if s.grid_thw]
+        with_images = [s for s in samples if s.grid_thw and kind != "audio"]
         patches = [self.patches(s.id) for s in with_images]
-        with_audio = [s for s in samples if s.audio_frames]
+        with_audio = [s for s in samples if s.audio_frames and kind != "images"]
         audio = {}
         if with_audio:
             audio = {

@@ -394,9 +394,16 @@ class Executor(MessagePassing):
         grids (an audio pipeline's: the clips' frame counts)."""
         first = not self._prev[s]
         if s in self._audio_stages:
-            mel = self.renderer.encoder_input(ids).audio.get(AUDIO_MEL) if first else None
+            mel = self.renderer.encoder_input(ids, "audio").audio.get(AUDIO_MEL) if first else None
             return mel, self.renderer.audio_lengths(ids)
-        return self.renderer.encoder_input(ids) if first else self.renderer.grid_thw(ids)
+        return self.renderer.encoder_input(ids, self.input_kind(s)) if first else self.renderer.grid_thw(ids)
+
+    def input_kind(self, stage: int) -> str:
+        """What encoder stage ``stage``'s pipeline reads (``data.ENCODER_INPUTS``): images and audio
+        clips with one encoder component, else its tower's."""
+        if not self._renames:
+            return "encoder"
+        return "audio" if stage in self._audio_stages else "images"
 
     def _audio_forward(self, module: nn.Module, s: int, mb: int, sub: int, inputs) -> tuple:
         """An audio pipeline's stage on its clips: the first on their mel frames (an empty message
@@ -414,9 +421,8 @@ class Executor(MessagePassing):
         if s in self._audio_stages:
             return self._audio_forward(module, s, mb, sub, inputs)
         first = not self._prev[s]
-        if first:  # with several encoder pipelines, each tower reads its own inputs
-            x, given, grid = inputs.patches, {}, inputs.grid_thw
-            audio = {} if self._renames else inputs.audio
+        if first:
+            x, given, grid, audio = inputs.patches, {}, inputs.grid_thw, inputs.audio
         else:
             given = self._inputs[(s, mb, sub)]
             self._used[(s, mb, sub)] = list(given.values())

@@ -121,13 +121,14 @@ def _warn_below_b_min(spec: RunConfig, setup, env) -> None:
         print(warning, file=sys.stderr, flush=True)
 
 
-def _pixel_ids(layout, rank: int, it: IterationPlan) -> list[str]:
-    """Samples whose pixels ``rank`` processes in ``it``: its replica's encoder samples, in order,
-    when it holds the first stage of an encoder pipeline; none otherwise (LLM-only ranks need ids only)."""
-    replica, pp_rank = layout.replica_of(rank)
-    if all(layout.stages[g[0]].pp_rank != pp_rank for g in layout.encoder_groups):
+def _pixel_ids(executor, it: IterationPlan) -> list[str]:
+    """Samples whose pixels ``executor``'s rank processes in ``it``: its replica's encoder samples, in
+    order, when it holds the first stage of an encoder pipeline that reads images; none otherwise
+    (LLM-only ranks need ids only, an audio pipeline's clips)."""
+    firsts = [g[0] for g in executor.layout.encoder_groups]
+    if not any(s in executor.modules and executor.input_kind(s) != "audio" for s in firsts):
         return []
-    return [s for mb in it.microbatches[replica] for s in mb.encoder_ids]
+    return [s for mb in it.microbatches[executor.replica] for s in mb.encoder_ids]
 
 
 def _step_plans(spec: RunConfig, system: str, layout: Layout, batches, cost: CostModel, options):
@@ -290,14 +291,13 @@ class SystemRun:
         """Steps ``start`` to ``--steps``, each with the next step's pixels processed while it runs;
         returns the ``ReplanRequested`` to raise after a re-plan's checkpoint (None: all steps ran)."""
         spec, plans = self.spec, self.plans
-        plan_rank = self.trainer.place.plan_rank
         peak = peak_flops(self.env.device)
         if start < spec.run.steps:
-            self.renderer.prefetch(_pixel_ids(self.layout, plan_rank, plans.get(start)))
+            self.renderer.prefetch(_pixel_ids(self.trainer.executor, plans.get(start)))
         for step in range(start, spec.run.steps):
             it = plans.get(step)
             if step + 1 < spec.run.steps:  # the next step's pixels are processed while this one runs
-                self.renderer.prefetch(_pixel_ids(self.layout, plan_rank, plans.get(step + 1)))
+                self.renderer.prefetch(_pixel_ids(self.trainer.executor, plans.get(step + 1)))
             assignment_wait_ms = plans.take_wait_ms()
             self.metrics.set_step(step)
             res = self.trainer.train_step(it)

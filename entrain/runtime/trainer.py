@@ -350,7 +350,8 @@ class PipelineTrainer:
                 continue
             mb = it.microbatches[self.replica][a.mb]
             subs = mb.encoder_subs if a.stage < first_llm else mb.llm_subs
-            out.append(("encoder" if a.stage < first_llm else "llm", tuple(subs[a.sub_index])))
+            kind = self.executor.input_kind(a.stage) if a.stage < first_llm else "llm"
+            out.append((kind, tuple(subs[a.sub_index])))
         return out
 
     def _global_labels(self, it: IterationPlan) -> int:

@@ -114,3 +114,27 @@ def test_each_pipeline_sizes_its_boundary_message_by_its_tower(fm, plans):
     assert shapes.rows(vision, "hidden", ids) == sum(s.image_tokens for s in samples) > 0
     assert shapes.rows(audio, "hidden", ids) == sum(s.audio_tokens for s in samples) > 0
     assert shapes.rows(inner, "hidden", ids) is None
+
+
+def test_each_pipeline_renders_only_its_towers_inputs(fm, plans):
+    """A vision pipeline's first stage renders the samples' images only, an audio pipeline's their
+    clips only (``SampleRenderer.encoder_input``'s kind, ``Executor.input_kind``): no rank processes
+    the other tower's media."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from entrain.runtime.executor import Executor
+
+    layout = plans["vision1+audio1+llm2"].layout
+    renderer = fm.renderer()
+    transport = SimpleNamespace(device=torch.device("cpu"))
+    ex = Executor(layout=layout, rank=0, modules={}, transport=transport, renderer=renderer, input_grad={})
+    (vision,), (audio,) = layout.encoder_groups
+    assert (ex.input_kind(vision), ex.input_kind(audio)) == ("images", "audio")
+    ids = sorted(AUDIO)
+    images, clips = renderer.encoder_input(ids, "images"), renderer.encoder_input(ids, "audio")
+    assert images.patches.shape[0] > 0 and images.audio == {}
+    assert clips.patches.shape[0] == 0 and clips.audio["audio_lengths"].tolist() == [
+        f for i in ids for f in AUDIO[i]
+    ]

@@ -58,3 +58,17 @@ def test_a_vision_stage_leaves_the_audio_tower_out(model):
     stage = build_stage(model, "vision", 0, 1)
     assert stage.audio_tower is None
     assert not any(".audio_tower." in n for n, _ in stage.owned_parameters())
+
+
+def test_an_audio_stage_recomputes_its_encoder_layers(model):
+    """``recompute_modules`` of an audio pipeline's stage: its encoder layers (full), their attention
+    (selective); the convolutions and the projection keep their activations."""
+    from entrain.models.families.qwen2_5_omni.family import QWEN2_5_OMNI_FAMILY as family
+
+    layers = model.model.audio_tower.layers
+    assert family.recompute_modules(build_stage(model, "audio", 0, 2), "full") == [layers[0]]
+    assert family.recompute_modules(build_stage(model, "audio", 1, 4), "selective") == [
+        layers[0].self_attn,
+        layers[1].self_attn,
+    ]
+    assert family.fsdp_units(build_stage(model, "audio", 2, 4)) == [layers[1]]

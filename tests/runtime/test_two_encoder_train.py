@@ -11,6 +11,8 @@ tests/runtime/test_qwen2_5_omni_train.py), at rel 1e-5."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from entrain.core.costs.presets import build_cost_model
@@ -35,6 +37,7 @@ from .test_qwen2_5_omni_train import AUDIO, _train, omni_model, oracle
 MICROBATCH_SIZE = 2
 LAYOUTS = {"vision1+audio1+llm2": (1, 1, 2), "vision1+audio2+llm1": (1, 2, 1)}
 """GPUs of the vision pipeline, the audio pipeline and the LLM (one stage each)."""
+RECOMPUTED = "vision1+audio2+llm1-recomputed"
 
 
 def encoders(fm: FamilyModel) -> tuple[Encoder, Encoder]:
@@ -70,12 +73,23 @@ def plans(fm):
     return out
 
 
+def recomputed(plan, modes: dict[int, str]):
+    """``plan`` with the stages of ``modes`` recomputed (``StageSpec.recompute``)."""
+    stages = tuple(replace(st, recompute=modes.get(st.stage, st.recompute)) for st in plan.layout.stages)
+    return replace(plan, layout=replace(plan.layout, stages=stages))
+
+
 def test_two_encoder_pipelines_train_as_transformers(fm, plans, tmp_path):
+    """Both layouts, and the second with its vision stage and first audio stage recomputed in full, its
+    last audio stage's and its LLM stage's attention recomputed (the family's recompute modules of an
+    audio pipeline's stage)."""
     cases = [(name, plan, False) for name, plan in plans.items()]
+    modes = {0: "full", 1: "full", 2: "selective", 3: "selective"}
+    cases.append((RECOMPUTED, recomputed(plans["vision1+audio2+llm1"], modes), False))
     results = run_workers(_train, 4, tmp_path, fm, cases)
     ref = oracle(fm, False)
     assert ref.grad_norm > MAX_GRAD_NORM, "clipping would not be exercised"
-    for name in plans:
+    for name, *_ in cases:
         before = {k: v for r in results for k, v in r[name][0].items()}
         after = {k: v for r in results for k, v in r[name][1].items()}
         _, _, loss, grad_norm = results[0][name]

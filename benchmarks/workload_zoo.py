@@ -241,7 +241,10 @@ def render(res: dict) -> str:
             continue
         cells = []
         for n in SYSTEMS:
-            v = c["systems"][n]
+            v = c["systems"].get(n)
+            if v is None:  # a row recorded before the system existed
+                cells.append("-")
+                continue
             if "not_built" in v:  # its configuration cannot be built: it does not fit either
                 cells.append("**no plan**")
                 continue
@@ -347,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
 def _write(res: dict, out: Path) -> None:
     res["systems"] = list(SYSTEMS)
     res["misses"] = [m for c in res["cases"] for m in misses(c)]
+    md = render(res)  # before writing anything: a row it cannot render leaves both files as they were
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
-    out.with_suffix(".md").write_text(render(res))
+    out.with_suffix(".md").write_text(md)
     print(f"workload_zoo: wrote {out.with_suffix('.md')} and .json", file=sys.stderr)
 
 

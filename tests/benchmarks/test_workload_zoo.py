@@ -45,3 +45,22 @@ def test_a_system_whose_setup_cannot_be_built_renders_as_no_plan(benchmarks_on_p
     md = zoo.render({"iterations": 1, "elapsed_s": 1.0, "cases": [case]})
     line = next(x for x in md.splitlines() if x.startswith("| mixture"))
     assert line.count("**no plan**") == 3 and "2.0" in line
+
+
+def test_merge_renders_a_row_recorded_before_a_system_existed(benchmarks_on_path, tmp_path):
+    """An older row without some of ``SYSTEMS`` (recorded with seven) renders '-' there; the merge does
+    not stop half-written."""
+    zoo = importlib.import_module("workload_zoo")
+    row = {"iteration_time_ms": 2000.0, "fits_memory": True, "lower_bound_ms": 1000.0, "bubble_ratio": 0.1,
+           "encoder_fwd_std_ms": 1.0, "llm_fwd_std_ms": 1.0, "recompute": ["none"], "peak_memory_gb": 1.0,
+           "partition_ideal_ms": 1900.0, "degrees": "DP 1"}  # fmt: skip
+    old = [n for n in zoo.SYSTEMS if n not in ("encoder-rebalance", "dflop")]
+    case = {"dataset": "docvqa", "model": "1B", "iterations": 3, "systems": {n: dict(row) for n in old},
+            "best_fitting_baseline": "1f1b", "entrain_vs_best_fitting_baseline": 1.0,
+            "entrain_vs_partition_ideal": 1.05, "entrain_without_recompute": None, "ablations": {}}  # fmt: skip
+    part = tmp_path / "old.json"
+    part.write_text(json.dumps({"iterations": 3, "elapsed_s": 1.0, "cases": [case]}))
+    out = tmp_path / "zoo"
+    assert zoo.main(["--merge", str(part), "--out", str(out)]) == 0
+    line = next(x for x in out.with_suffix(".md").read_text().splitlines() if x.startswith("| docvqa"))
+    assert line.count(" - |") >= 2 and "2.0" in line

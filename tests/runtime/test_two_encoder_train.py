@@ -28,6 +28,7 @@ from entrain.core.planning.encoders import (
     vision_units,
 )
 from entrain.core.planning.encoders_plan import generate_encoders_plan
+from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
 from .cases import MAX_GRAD_NORM
 from .families import FamilyModel, without_zero_gradients
@@ -152,3 +153,18 @@ def test_each_pipeline_renders_only_its_towers_inputs(fm, plans):
     assert clips.patches.shape[0] == 0 and clips.audio["audio_lengths"].tolist() == [
         f for i in ids for f in AUDIO[i]
     ]
+
+
+def _evaluate(env, fm: FamilyModel, plan) -> float:
+    trainer = PipelineTrainer(layout=plan.layout, model=fm.build(), env=env, renderer=fm.renderer(),
+                              optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM))  # fmt: skip
+    return trainer.evaluate(plan.iterations[0])
+
+
+def test_a_forward_only_step_gives_the_loss(fm, plans, tmp_path):
+    """Validation (``PipelineTrainer.evaluate``): the forward-only program of the audio-cut layout
+    gives transformers' loss."""
+    losses = run_workers(_evaluate, 4, tmp_path, fm, plans["vision1+audio2+llm1"])
+    ref = oracle(fm, False)
+    assert losses == [losses[0]] * 4
+    assert abs(losses[0] - ref.loss) <= 1e-5 * abs(ref.loss)

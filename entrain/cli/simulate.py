@@ -137,6 +137,18 @@ def _encoders(config: RunConfig):
             f"--profile {model.profile}: {arch.name} has an audio tower beside the vision tower, which a "
             "measured profile does not time; simulate it on a hardware preset (--hardware)"
         )
+    asked = [
+        f
+        for f, on in (
+            ("--ep", (config.parallel.ep or 1) > 1),
+            ("--replan auto", config.schedule.replan == "auto"),
+        )
+        if on
+    ]
+    if asked:
+        raise ConfigError(
+            f"{arch.name} is simulated with one pipeline per encoder, which has no {' or '.join(asked)} yet"
+        )
     hardware = model.hardware or default_hardware(arch.name)
     return shape_encoders(arch, hardware, freeze=model.freeze, attention=model.attention)
 

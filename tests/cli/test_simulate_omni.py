@@ -65,3 +65,10 @@ def test_one_encoder_keeps_todays_path_for_every_system():
     runs, configs = simulate(req, ["entrain", "1f1b"], one_encoder=True)
     assert list(runs) == ["entrain", "1f1b"]
     assert all(list(configs[n]["components"]) == ["encoder", "llm"] for n in runs)
+
+
+def test_flags_the_n_encoder_path_does_not_take_are_refused_in_one_line(capsys):
+    for extra, name in ((["--ep", "2"], "--ep"), (["--replan", "auto"], "--replan auto")):
+        assert main(["simulate", *OMNI, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"no {name} yet" in err and "\n" not in err

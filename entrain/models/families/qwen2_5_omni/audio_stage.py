@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["OmniAudioStage", "audio_layer_count"]
+from entrain.core.model.layer_specs import HIDDEN
+
+__all__ = ["OmniAudioStage", "audio_layer_count", "AUDIO_PREFIX", "AUDIO_MEL"]
 
 AUDIO_PREFIX = "model.audio_tower."
-HIDDEN = "hidden"
 AUDIO_MEL = "audio_mel"
+"""The first audio stage's input part: ``[frames, mel]`` (``model``'s message parts)."""
 
 
 def audio_layer_count(tower: nn.Module) -> int:

@@ -49,20 +49,23 @@ from entrain.models.families.composition.hf_checkpoint import (
 )
 from entrain.models.families.composition.model import EncoderStage, LLMStage
 from entrain.models.families.packed_attention import PACKED_ATTENTION, use_varlen_vision_attention
-from entrain.models.families.qwen2_5_omni.audio_stage import OmniAudioStage, audio_layer_count
+from entrain.models.families.qwen2_5_omni.audio_stage import (
+    AUDIO_MEL,
+    AUDIO_PREFIX,
+    OmniAudioStage,
+    audio_layer_count,
+)
 from entrain.models.families.qwen2_vl.model import untie
 
 __all__ = ["read_hf_config", "model_class", "build_model", "build_stage", "layer_counts", "load_parameters",
            "set_trainable", "untie", "HIDDEN", "AUDIO", "AUDIO_MEL", "AUDIO_LENGTHS", "OmniEncoderStage",
            "OmniLLMStage"]  # fmt: skip
 
-AUDIO_PREFIX = "model.audio_tower."
 VISION_PREFIX = "model.visual."
 LLM_PREFIX = "model.language_model."
 HIDDEN = "hidden"
 AUDIO = "audio"  # spec.AUDIO_PART; also the audio encoder's pipeline name (spec.ENCODER_PARTS)
 VISION = "vision"
-AUDIO_MEL = "audio_mel"
 AUDIO_LENGTHS = "audio_lengths"
 THINKER = "qwen2_5_omni_thinker"
 WHOLE = "qwen2_5_omni"

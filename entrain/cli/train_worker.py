@@ -1,7 +1,7 @@
 """One ``entrain train`` process: join the process group, train every system, print the summaries,
 and leave (quietly under torchrun: see ``entrain.runtime.launcher``). The planner's memory check,
-the simulated choices, the N-encoder planner's profile and ``--replan auto``'s drift monitor come
-from ``sim``, which the runtime does not import: they are handed to
+the simulated choices, the N-encoder planner's profile and memory check and ``--replan auto``'s
+drift monitor come from ``sim``, which the runtime does not import: they are handed to
 ``entrain.runtime.session.run_systems`` from here."""
 
 from __future__ import annotations
@@ -83,6 +83,13 @@ def _encoders_profile(sampler, encoders, parallel):
     return encoders_profile(sampler, encoders, parallel)
 
 
+def _encoders_fit(plan, encoders):
+    """The layout of a plan with one pipeline per encoder tower after ``simulate``'s memory check."""
+    from entrain.sim.encoders_run import fit_recompute
+
+    return fit_recompute(plan, encoders).layout
+
+
 def _judge_factory(sampler, cost, req):
     """Entrain's automatic choices decided by simulation, as in ``plan`` and ``simulate``."""
     from entrain.sim.choose import candidate_judge
@@ -138,7 +145,7 @@ def run_rank(spec, under_torchrun: bool) -> int:
         replan = {"monitor_factory": _monitor_factory} if spec.schedule.replan == "auto" else {}
         summaries = run_systems(
             spec, env, memory_check=_memory_check, judge_factory=_judge_factory,
-            encoders_profile=_encoders_profile, **replan,
+            encoders_profile=_encoders_profile, encoders_fit=_encoders_fit, **replan,
         )  # fmt: skip
     except ReplanRequested:
         leave_for_replan(under_torchrun)

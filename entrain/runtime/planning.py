@@ -42,8 +42,10 @@ __all__ = [
     "run_setups",
     "make_plan",
     "EncodersProfile",
+    "EncodersMemoryFit",
     "run_encoders",
     "encoders_setup",
+    "fit_encoders_setup",
     "EncodersStepPlanner",
 ]
 
@@ -85,6 +87,11 @@ EncodersProfile = Callable[[Sampler, Sequence[Encoder], object], tuple]
 its reference draw at ``b_min``, the N-encoder planner's profile (``entrain.sim.encoders_run.encoders_profile``;
 the CLI passes it in)."""
 
+EncodersMemoryFit = Callable[[Plan, Sequence[Encoder]], Layout]
+"""``(plan, encoders) -> layout``: the plan's layout with each pipeline rank whose simulated peak is over
+device memory recomputed further (``entrain.sim.encoders_run.fit_recompute``, what ``simulate`` does on
+such a plan; the CLI passes it in)."""
+
 MEMORY_CHECK_ITERATIONS = 20
 """Global batches the memory check simulates (``simulate``'s default ``--iterations``)."""
 
@@ -97,12 +104,14 @@ def run_setups(
     memory_check: MemoryCheck | None = None,
     judge_factory: JudgeFactory | None = None,
     encoders_profile: EncodersProfile | None = None,
+    encoders_fit: EncodersMemoryFit | None = None,
 ) -> dict[str, SystemSetup]:
     """Each system's setup for a run on ``gpus`` processes (see the module docstring); a planned one
     (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``;
     ``judge_factory`` decides Entrain's automatic choices (``JudgeFactory``); each setup carries its
     ``decisions``. ``encoders_profile``: the N-encoder planner's profile (``EncodersProfile``; without
-    it a model with several towers takes the one-encoder path)."""
+    it a model with several towers takes the one-encoder path); ``encoders_fit``: the memory check of
+    a setup with one pipeline per tower (``EncodersMemoryFit``)."""
     if spec.schedule.plan:
         system, setup = plan_file(spec)
         return {system: setup}
@@ -118,13 +127,26 @@ def run_setups(
         rest = [s for s, setup in towers.items() if setup is None]
         chosen = system_setups(rest, req, cost, sampler, judge) if rest else {}
         setups = {s: towers[s] or chosen[s] for s in spec.schedule.systems}
-    if memory_check is None:
-        return setups
     check = batches[:MEMORY_CHECK_ITERATIONS]
-    return {  # one pipeline per encoder tower: no memory fitting yet (as entrain simulate)
-        s: setup if setup.layout.multi_encoder else memory_check(s, setup, check, cost, margin=req.margin)
-        for s, setup in setups.items()
-    }
+    out = {}
+    for s, setup in setups.items():
+        if setup.layout.multi_encoder:
+            out[s] = fit_encoders_setup(spec, s, setup, check, encoders_fit)
+        else:
+            out[s] = setup if memory_check is None else memory_check(s, setup, check, cost, margin=req.margin)
+    return out
+
+
+def fit_encoders_setup(
+    spec: RunConfig, system: str, setup: SystemSetup, batches: Sequence, fit: EncodersMemoryFit | None
+) -> SystemSetup:
+    """``setup`` (one pipeline per encoder tower) with the layout ``fit`` gives its Plan of ``batches``
+    (unchanged without ``fit``)."""
+    if fit is None:
+        return setup
+    encoders = run_encoders(spec)
+    plan = EncodersStepPlanner(encoders, setup.config, system).plan(batches)
+    return replace(setup, layout=fit(plan, encoders))
 
 
 def run_encoders(spec: RunConfig) -> tuple[Encoder, ...] | None:
@@ -163,6 +185,9 @@ class EncodersStepPlanner:
     encoders: tuple[Encoder, ...]
     config: MultiEncoderConfig
     system: str = ENTRAIN
+    layout: Layout | None = None
+    """The run's layout, when the memory check changed the configuration's recomputation
+    (``fit_encoders_setup``): the Plans carry it."""
 
     def __call__(self, step: int, batch: Sequence[SampleWork]) -> Plan:
         return self.plan([batch])
@@ -170,6 +195,8 @@ class EncodersStepPlanner:
     def plan(self, batches: Sequence[Sequence[SampleWork]]) -> Plan:
         """One iteration per global batch, checked deadlock-free (``entrain.core.ir.p2p``)."""
         plan = generate_encoders_plan(batches, self.encoders, self.config, system=self.system)
+        if self.layout is not None:
+            plan = replace(plan, layout=self.layout)
         check_plan(plan)
         return plan
 

@@ -33,6 +33,7 @@ from entrain.core.planning.setups import SystemSetup
 from entrain.runtime.accounting import plan_hash
 from entrain.runtime.checkpointer import Checkpointer, agree
 from entrain.runtime.planning import (
+    EncodersMemoryFit,
     EncodersProfile,
     EncodersStepPlanner,
     JudgeFactory,
@@ -81,9 +82,11 @@ def run_systems(
     judge_factory: JudgeFactory | None = None,
     monitor_factory=None,
     encoders_profile: EncodersProfile | None = None,
+    encoders_fit: EncodersMemoryFit | None = None,
 ) -> list[SystemSummary]:
     """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group;
-    ``memory_check``, ``judge_factory``, ``encoders_profile``: see ``entrain.runtime.planning.run_setups``;
+    ``memory_check``, ``judge_factory``, ``encoders_profile``, ``encoders_fit``: see
+    ``entrain.runtime.planning.run_setups``;
     ``monitor_factory``: ``--replan auto``'s drift monitor (``entrain.runtime.replan``)."""
     from entrain.runtime.health import PeerWatch
     from entrain.runtime.model_source import model_config
@@ -95,7 +98,9 @@ def run_systems(
     model_cfg, tokenizer = model_config(spec)
     data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
     gpus = env.world_size // spec.parallel.tp
-    setups = run_setups(spec, cost, data.train, gpus, memory_check, judge_factory, encoders_profile)
+    setups = run_setups(
+        spec, cost, data.train, gpus, memory_check, judge_factory, encoders_profile, encoders_fit
+    )
     for system, setup in setups.items():
         if setup.layout.world_size * spec.parallel.tp != env.world_size:
             need = setup.layout.world_size * spec.parallel.tp
@@ -145,7 +150,7 @@ def _encoders_plans(spec: RunConfig, system: str, setup: SystemSetup, data) -> t
     (``entrain.runtime.planning.encoders_setup``): each batch assigned on its searched configuration."""
     from entrain.runtime.plan_prefetch import StepPlans, prefetch_mode
 
-    planner = EncodersStepPlanner(run_encoders(spec), setup.config, system)
+    planner = EncodersStepPlanner(run_encoders(spec), setup.config, system, setup.layout)
     val = planner.plan(data.val) if data.val else None
     return StepPlans(planner, data.train[: spec.run.steps], mode=prefetch_mode()), val
 

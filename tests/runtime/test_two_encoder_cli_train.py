@@ -34,3 +34,36 @@ def test_train_plans_one_pipeline_per_tower(tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert all(math.isfinite(r["loss"]) and r["loss"] > 0 and r["grad_norm"] > 0 for r in rows)
+
+
+def test_the_memory_check_recomputes_as_simulate(tmp_path, monkeypatch):
+    """``run_setups`` hands the two-encoder setup's Plan of the check batches to the memory fit (``simulate``'s
+    ``fit_recompute`` in ``entrain train``; here a fit that recomputes every stage in full) and the run's
+    layout and every step's Plan carry what it returns."""
+    from dataclasses import replace
+
+    from entrain.cli import train as train_cli
+    from entrain.cli.main import main
+    from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
+    from entrain.runtime.run_data import load_data
+    from entrain.sim.encoders_run import encoders_profile
+
+    folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    argv = ["train", "--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch",
+            "4", "--microbatch-size", "1", "--steps", "2", "--out", str(tmp_path / "run"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    batches = load_data(spec, cost).train
+
+    def full(plan, encoders):
+        return replace(plan.layout, stages=tuple(replace(s, recompute="full") for s in plan.layout.stages))
+
+    setup = run_setups(spec, cost, batches, 3, encoders_profile=encoders_profile, encoders_fit=full)[
+        "entrain"
+    ]
+    assert setup.layout.multi_encoder and {s.recompute for s in setup.layout.stages} == {"full"}
+    planner = EncodersStepPlanner(run_encoders(spec), setup.config, "entrain", setup.layout)
+    assert planner(1, batches[1]).layout == setup.layout

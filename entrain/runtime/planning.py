@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from entrain.config import RunConfig
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.sampler import Sampler, pool_sampler
+from entrain.core.errors import ConfigError
 from entrain.core.ir.p2p_check import check_plan
 from entrain.core.ir.plan import Layout, Plan
 from entrain.core.planning.encoders import Encoder, MultiEncoderConfig, search_encoders, shape_encoders
@@ -169,6 +170,11 @@ def encoders_setup(
     encoders = run_encoders(spec) if profile is not None and system == ENTRAIN else None
     if encoders is None or gpus // spec.parallel.dp_or_1 < len(encoders) + 1:
         return None
+    if spec.schedule.replan == "auto":
+        raise ConfigError(
+            f"--replan auto: {system} plans one pipeline per encoder tower "
+            f"({', '.join(e.name for e in encoders)}) here, which the drift monitor does not re-plan; run without it"
+        )
     parallel = replace(spec.parallel, gpus=gpus)
     b, samples = profile(sampler, encoders, parallel)
     cfg = search_encoders(samples, encoders, parallel)[0]

@@ -67,3 +67,28 @@ def test_the_memory_check_recomputes_as_simulate(tmp_path, monkeypatch):
     assert setup.layout.multi_encoder and {s.recompute for s in setup.layout.stages} == {"full"}
     planner = EncodersStepPlanner(run_encoders(spec), setup.config, "entrain", setup.layout)
     assert planner(1, batches[1]).layout == setup.layout
+
+
+def test_replan_auto_is_refused_in_one_line(tmp_path, monkeypatch):
+    """The drift monitor re-plans one-encoder layouts only: ``--replan auto`` with one pipeline per tower
+    is refused before any rank trains."""
+    import pytest
+
+    from entrain.cli import train as train_cli
+    from entrain.cli.main import main
+    from entrain.core.errors import ConfigError
+    from entrain.runtime.planning import run_setups
+    from entrain.runtime.run_data import load_data
+    from entrain.sim.encoders_run import encoders_profile
+
+    folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    argv = ["train", "--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch",
+            "4", "--microbatch-size", "1", "--steps", "2", "--replan", "auto", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    with pytest.raises(ConfigError, match="--replan auto: entrain plans one pipeline per encoder tower") as e:
+        run_setups(spec, cost, load_data(spec, cost).train, 3, encoders_profile=encoders_profile)
+    assert "\n" not in str(e.value)

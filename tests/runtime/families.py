@@ -1,9 +1,13 @@
 """The model families the runtime tests parametrize over, beyond the composition's ``--model tiny``:
 the flags of a tiny model of each (a saved checkpoint folder, or a preset); and, for the in-process
-exactness tests, each family's model, batch, Plans and a transformers oracle (``FamilyModel``)."""
+exactness tests, each family's model, batch, Plans and a transformers oracle (``FamilyModel``), and
+what every transformers-oracle test shares: the fp64 step over the samples (``transformers_step``),
+the forked ranks' training step (``train_step``, ``train_cases``) and their comparison with the oracle
+(``assert_ranks_match``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -11,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .cases import SEED, batch_metas, plan_for, works
-from .harness import ReferenceStep, reference_step
+from .cases import MAX_GRAD_NORM, SEED, batch_metas, plan_for, works
+from .harness import ReferenceStep, assert_matches_reference, reference_step, train_step_before_clip
 
 FAMILY_MODELS = ("qwen2_vl", "llava_onevision")
 """``qwen2_vl``: a whole Qwen2-VL checkpoint (its own vision tower: LayerNorm, fc1/fc2 MLP; a
@@ -104,20 +108,43 @@ def oracle_step(
         return reference_step(model, fm.cfg, fm.metas, ids, seed=SEED, max_grad_norm=max_grad_norm)
     hf = getattr(model, "hf", model)  # LLaVA-OneVision's stage model wraps transformers' class
     renderer = fm.renderer(torch.float64)
+
+    def inputs(sid: str, _sample) -> dict:
+        return _image_inputs(fm, renderer, sid, hf)
+
+    return transformers_step(hf, renderer, ids, inputs, max_grad_norm=max_grad_norm)
+
+
+def transformers_step(
+    hf, renderer, ids: list[str], inputs: Callable, *, max_grad_norm: float | None, extra_loss=None
+) -> ReferenceStep:
+    """The single-process reference step of transformers' ``hf`` over ``ids``, every sample alone (fed
+    ``input_ids`` and ``inputs(sid, sample)``, its backward adding to the gradients): ``loss =
+    (sum(token CE) + extra_loss(output, sample)) / label tokens of the batch``, summed over the samples;
+    then ``step_of``."""
     num_labels = renderer.num_labels(ids)
     total = 0.0
     for sid in ids:
         s = renderer.sample(sid)
-        logits = hf(input_ids=s.input_ids[None], **_image_inputs(fm, renderer, sid, hf)).logits
-        loss = F.cross_entropy(logits[0, s.label_positions], s.targets, reduction="sum") / num_labels
+        out = hf(input_ids=s.input_ids[None], **inputs(sid, s))
+        loss = F.cross_entropy(out.logits[0, s.label_positions], s.targets, reduction="sum")
+        if extra_loss is not None:
+            loss = loss + extra_loss(out, s)
+        loss = loss / num_labels
         loss.backward()
         total += float(loss.detach())
-    named = [(n, p) for n, p in hf.named_parameters() if p.grad is not None]
+    return step_of(hf, total, max_grad_norm=max_grad_norm)
+
+
+def step_of(model, loss: float, *, max_grad_norm: float | None) -> ReferenceStep:
+    """``model``'s accumulated gradients as a ``ReferenceStep``: before clipping, their global norm, and
+    after torch's global-norm clipping at ``max_grad_norm`` (none: unclipped)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
     grads = {n: p.grad.detach().clone() for n, p in named}
     norm = float(torch.sqrt(sum(p.grad.pow(2).sum() for _, p in named)))
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_([p for _, p in named], max_grad_norm)
-    return ReferenceStep(grads, {n: p.grad.detach().clone() for n, p in named}, norm, total)
+    return ReferenceStep(grads, {n: p.grad.detach().clone() for n, p in named}, norm, loss)
 
 
 def _image_inputs(fm: FamilyModel, renderer, sid: str, hf) -> dict:
@@ -147,3 +174,49 @@ def without_zero_gradients(ref: ReferenceStep, *grads: dict) -> tuple[ReferenceS
     keep = [n for n in ref.grads if n not in zero]
     rest = replace(ref, grads={n: ref.grads[n] for n in keep}, clipped={n: ref.clipped[n] for n in keep})
     return rest, *({n: v for n, v in g.items() if n not in zero} for g in grads)
+
+
+def assert_ranks_match(name: str, ranks: list, ref: ReferenceStep, *, tol: float) -> tuple:
+    """``ranks``: each rank's ``train_step`` result of one step (its stages' gradients before and after
+    clipping, the loss, the gradient norm); all the ranks' gradients, the loss and the gradient norm
+    equal ``ref``'s (``harness.assert_matches_reference``) once the true-zero gradients are set aside
+    (``without_zero_gradients``). Returns ``ref`` and the gathered gradients before and after clipping
+    without them."""
+    before = {k: v for r in ranks for k, v in r[0].items()}
+    after = {k: v for r in ranks for k, v in r[1].items()}
+    loss, grad_norm = ranks[0][2], ranks[0][3]
+    rest, before, after = without_zero_gradients(ref, before, after)
+    assert_matches_reference(
+        name, before=before, after=after, loss=loss, grad_norm=grad_norm, ref=rest, tol=tol
+    )
+    return rest, before, after
+
+
+def train_step(env, fm: FamilyModel, plan, frozen: bool = False, max_grad_norm: float = MAX_GRAD_NORM):
+    """One training step of ``plan``'s first iteration on this rank (a forked worker): its gradients
+    before and after clipping, the step's loss and gradient norm."""
+    from entrain.runtime.trainer import OptimConfig, PipelineTrainer
+
+    trainer = PipelineTrainer(layout=plan.layout, model=fm.build(frozen_encoder=frozen), env=env,
+                              renderer=fm.renderer(), optim=OptimConfig(max_grad_norm=max_grad_norm))  # fmt: skip
+    result, before = train_step_before_clip(trainer, plan.iterations[0])
+    return before, trainer.named_grads(), result.loss, result.grad_norm
+
+
+def train_cases(env, fm: FamilyModel, cases) -> dict:
+    """``train_step`` of each ``(name, plan, encoder frozen)`` case, by name."""
+    return {name: train_step(env, fm, plan, frozen) for name, plan, frozen in cases}
+
+
+class RecordModel(FamilyModel):
+    """A ``FamilyModel`` whose samples are the records of the dataset file ``path`` (the renderer reads
+    them)."""
+
+    path: str = ""
+
+    def renderer(self, dtype: torch.dtype | None = None):
+        from entrain.runtime.data import SampleRenderer
+        from entrain.runtime.record_source import RecordSource
+
+        kw = {"dtype": dtype} if dtype else {}
+        return SampleRenderer(self.cfg, dict(self.metas), seed=SEED, source=RecordSource(self.path), **kw)

@@ -19,19 +19,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from entrain.core.costs.presets import build_cost_model
 from entrain.core.workload.samples import SampleMeta
 from entrain.models.families.base import ModelSource
 from entrain.models.families.internvl.model import rows_to_tiles
 from entrain.models.families.registry import family_of_source
-from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 from tests.models.internvl_tiny import PATCH_PX, save_internvl
 
 from .cases import MAX_GRAD_NORM, SEED, batch_metas
-from .families import FamilyModel, without_zero_gradients
-from .harness import ReferenceStep, assert_matches_reference, run_workers, train_step_before_clip
+from .families import FamilyModel, assert_ranks_match, train_cases, transformers_step
+from .harness import ReferenceStep, run_workers
 
 # (name, system, encoder stages, llm stages, encoder frozen)
 CASES_BY_WORLD = {
@@ -71,32 +69,11 @@ def oracle_step(fm: FamilyModel, *, frozen_encoder: bool, max_grad_norm: float |
     torch.set_num_threads(1)  # tiny tensors: more threads only contend on a loaded machine
     hf = fm.build(frozen_encoder=frozen_encoder).to(torch.float64).hf
     renderer = fm.renderer(torch.float64)
-    num_labels = renderer.num_labels(ids)
-    total = 0.0
-    for sid in ids:
-        s = renderer.sample(sid)
-        kw = {"pixel_values": pixel_values(renderer, sid)} if s.grid_thw else {}
-        logits = hf(input_ids=s.input_ids[None], **kw).logits[0, s.label_positions]
-        loss = F.cross_entropy(logits, s.targets, reduction="sum") / num_labels
-        loss.backward()
-        total += float(loss.detach())
-    named = [(n, p) for n, p in hf.named_parameters() if p.grad is not None]
-    grads = {n: p.grad.detach().clone() for n, p in named}
-    norm = float(torch.sqrt(sum(p.grad.pow(2).sum() for _, p in named)))
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_([p for _, p in named], max_grad_norm)
-    return ReferenceStep(grads, {n: p.grad.detach().clone() for n, p in named}, norm, total)
 
+    def inputs(sid: str, s) -> dict:
+        return {"pixel_values": pixel_values(renderer, sid)} if s.grid_thw else {}
 
-def _train(env, fm: FamilyModel, cases):
-    """Per case: the step's gradients before and after clipping, its loss and gradient norm."""
-    out = {}
-    for name, plan, frozen in cases:
-        trainer = PipelineTrainer(layout=plan.layout, model=fm.build(frozen_encoder=frozen), env=env,
-                                  renderer=fm.renderer(), optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM))  # fmt: skip
-        result, before = train_step_before_clip(trainer, plan.iterations[0])
-        out[name] = (before, trainer.named_grads(), result.loss, result.grad_norm)
-    return out
+    return transformers_step(hf, renderer, ids, inputs, max_grad_norm=max_grad_norm)
 
 
 @pytest.fixture(scope="module")
@@ -123,17 +100,11 @@ def test_pipeline_gradients_match_transformers(world, folder, oracles, tmp_path)
             f"{name}: no microbatch packs different tile counts {tiles}"
         )
         cases.append((name, plan, frozen))
-    results = run_workers(_train, world, tmp_path, fm, cases)
+    results = run_workers(train_cases, world, tmp_path, fm, cases)
     for name, _, _, _, frozen in CASES_BY_WORLD[world]:
         ref = oracles[frozen]
         assert ref.grad_norm > MAX_GRAD_NORM, f"{name}: clipping would not be exercised"
-        before = {k: v for r in results for k, v in r[name][0].items()}
-        after = {k: v for r in results for k, v in r[name][1].items()}
-        _, _, loss, grad_norm = results[0][name]
-        rest, before, after = without_zero_gradients(ref, before, after)
-        assert_matches_reference(
-            name, before=before, after=after, loss=loss, grad_norm=grad_norm, ref=rest, tol=1e-5
-        )
+        assert_ranks_match(name, [r[name] for r in results], ref, tol=1e-5)
     frozen = set(oracles[False].grads) - set(oracles[True].grads)
     assert any(n.startswith("model.vision_tower.") for n in frozen) and not any(
         "projector" in n for n in frozen

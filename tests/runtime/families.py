@@ -163,6 +163,23 @@ def _image_inputs(fm: FamilyModel, renderer, sid: str, hf) -> dict:
     return {"pixel_values": renderer.patches(sid), "image_grid_thw": grid, "mm_token_type_ids": types}
 
 
+def image_and_video_inputs(renderer, sid: str) -> dict:
+    """transformers' image and video arguments of one rendered sample: its patch rows split per
+    image/video (placeholder order) into ``pixel_values`` + ``image_grid_thw`` of the images and
+    ``pixel_values_videos`` + ``video_grid_thw`` of the videos (each only where the sample has one)."""
+    s = renderer.sample(sid)
+    parts = torch.split(renderer.patches(sid), [t * h * w for t, h, w in s.grid_thw])
+    images = [i for i in range(len(s.grid_thw)) if i not in s.video_items]
+    kw = {}
+    if images:
+        kw.update(pixel_values=torch.cat([parts[i] for i in images]),
+                  image_grid_thw=torch.tensor([s.grid_thw[i] for i in images]))  # fmt: skip
+    if s.video_items:
+        kw.update(pixel_values_videos=torch.cat([parts[i] for i in s.video_items]),
+                  video_grid_thw=torch.tensor([s.grid_thw[i] for i in s.video_items]))  # fmt: skip
+    return kw
+
+
 def without_zero_gradients(ref: ReferenceStep, *grads: dict) -> tuple[ReferenceStep, ...]:
     """``ref`` and ``grads`` without the tensors whose true gradient is zero (round-off in the oracle:
     SigLIP's key biases, without rotary positions, shift every score of a query alike), which no

@@ -41,7 +41,7 @@ from entrain.runtime.record_source import RecordSource
 from tests.data.video_files import write_video
 from tests.models.qwen2_5_omni_tiny import AUDIO, MEL, VEND, VIDEO, VSTART, save_whole
 
-from .families import SEED, FamilyModel
+from .families import RecordModel, assert_ranks_match, image_and_video_inputs, train_step, transformers_step
 
 FRAME = (308, 336)
 """Frames at a size the video processor keeps (multiples of 28 within its pixel limits), so its
@@ -184,89 +184,44 @@ def test_a_family_without_video_refuses_the_record(dataset):
     assert str(path) in msg and "'r0'" in msg and "video" in msg and "reads no video" in msg
 
 
-class _RecordModel(FamilyModel):
-    path: str = ""
-
-    def renderer(self, dtype: torch.dtype | None = None):
-        kw = {"dtype": dtype} if dtype else {}
-        return SampleRenderer(self.cfg, dict(self.metas), seed=SEED, source=RecordSource(self.path), **kw)
-
-
-def oracle(fm: FamilyModel):
+def oracle(fm: RecordModel):
     """transformers' thinker in fp64, every sample alone with its images, videos (``pixel_values_videos``,
     ``video_grid_thw``, ``video_second_per_grid``) and audio (``use_audio_in_video`` where a video
     carries its track): ``loss = sum(token CE) / label tokens``."""
-    import torch.nn.functional as F
-
-    from .harness import ReferenceStep
     from .test_qwen2_5_omni_train import MAX_GRAD_NORM, _audio_inputs
 
     model = fm.build(torch.float64).to(torch.float64)
     renderer = fm.renderer(torch.float64)
-    ids = sorted(fm.metas)
-    labels = renderer.num_labels(ids)
-    total = 0.0
-    for sid in ids:
-        s = renderer.sample(sid)
-        parts = torch.split(renderer.patches(sid), [t * h * w for t, h, w in s.grid_thw])
-        images = [i for i in range(len(s.grid_thw)) if i not in s.video_items]
+
+    def inputs(sid: str, s) -> dict:
         kw = {"attention_mask": torch.ones((1, s.num_tokens), dtype=torch.int64)}
-        if images:
-            kw.update(pixel_values=torch.cat([parts[i] for i in images]),
-                      image_grid_thw=torch.tensor([s.grid_thw[i] for i in images]))  # fmt: skip
+        kw.update(image_and_video_inputs(renderer, sid))
         if s.video_items:
-            kw.update(pixel_values_videos=torch.cat([parts[i] for i in s.video_items]),
-                      video_grid_thw=torch.tensor([s.grid_thw[i] for i in s.video_items]),
-                      video_second_per_grid=torch.tensor(s.second_per_grids))  # fmt: skip
+            kw["video_second_per_grid"] = torch.tensor(s.second_per_grids)
         if s.audio_frames:
             kw.update(_audio_inputs(renderer.audio_features(sid), s.audio_frames))
             kw["use_audio_in_video"] = bool(fm.path and renderer.source.records[sid].audio_in_video)
         model.model.rope_deltas = None
-        logits = model(input_ids=s.input_ids[None], **kw).logits[0]
-        loss = F.cross_entropy(logits[s.label_positions], s.targets, reduction="sum") / labels
-        loss.backward()
-        total += float(loss.detach())
-    named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
-    grads = {n: p.grad.detach().clone() for n, p in named}
-    norm = float(torch.sqrt(sum(p.grad.pow(2).sum() for _, p in named)))
-    torch.nn.utils.clip_grad_norm_([p for _, p in named], MAX_GRAD_NORM)
-    return ReferenceStep(grads, {n: p.grad.detach().clone() for n, p in named}, norm, total)
+        return kw
 
-
-def _train(env, fm, plan):
-    from entrain.runtime.trainer import OptimConfig, PipelineTrainer
-
-    from .harness import train_step_before_clip
-    from .test_qwen2_5_omni_train import MAX_GRAD_NORM
-
-    trainer = PipelineTrainer(layout=plan.layout, model=fm.build(), env=env, renderer=fm.renderer(),
-                              optim=OptimConfig(max_grad_norm=MAX_GRAD_NORM))  # fmt: skip
-    result, before = train_step_before_clip(trainer, plan.iterations[0])
-    return before, trainer.named_grads(), result.loss, result.grad_norm
+    return transformers_step(model, renderer, sorted(fm.metas), inputs, max_grad_norm=MAX_GRAD_NORM)
 
 
 def test_records_with_video_train_as_transformers(dataset, tmp_path):
     """A 2-rank 1F1B step on the records: loss, gradient norm and every gradient (the vision and audio
     towers' included) before and after clipping equal transformers' thinker (fp64)."""
-    from .families import without_zero_gradients
-    from .harness import assert_matches_reference, run_workers
+    from .harness import run_workers
 
     _, path, cfg, metas = dataset
-    fm = _RecordModel("qwen2_5_omni", family_of_source(ModelSource(model_path=cfg.folder)), cfg,
+    fm = RecordModel("qwen2_5_omni", family_of_source(ModelSource(model_path=cfg.folder)), cfg,
                       build_cost_model(cfg.shape, "cpu-tiny"), metas)  # fmt: skip
     fm.path = str(path)
     plan = fm.plan("1f1b", 1, 1, 1, 2)
-    results = run_workers(_train, 2, tmp_path, fm, plan)
-    ref = oracle(fm)
-    before = {k: v for r in results for k, v in r[0].items()}
-    after = {k: v for r in results for k, v in r[1].items()}
-    _, _, loss, grad_norm = results[0]
-    rest, before, after = without_zero_gradients(ref, before, after)
+    results = run_workers(train_step, 2, tmp_path, fm, plan)
+    rest, _, _ = assert_ranks_match("video records", results, oracle(fm), tol=1e-5)
     assert any(".visual.blocks." in n for n in rest.grads) and any(
         ".audio_tower.layers." in n for n in rest.grads
     )
-    assert_matches_reference("video records", before=before, after=after, loss=loss, grad_norm=grad_norm,
-                             ref=rest, tol=1e-5)  # fmt: skip
 
 
 def test_entrain_train_on_video_records(dataset, tmp_path):
@@ -282,6 +237,6 @@ def test_entrain_train_on_video_records(dataset, tmp_path):
     results = run_ranks(argv, 2, tmp_path / "ranks", timeout_s=120)
     assert [r.exitcode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    fm = _RecordModel("qwen2_5_omni", family_of_source(Source(model_path=cfg.folder)), cfg, None, metas)
+    fm = RecordModel("qwen2_5_omni", family_of_source(Source(model_path=cfg.folder)), cfg, None, metas)
     fm.path = str(path)
     assert rows[0]["loss"] == pytest.approx(oracle(fm).loss, rel=1e-5)

@@ -12,14 +12,11 @@ import torch.nn.functional as F
 from entrain.models.batch import LLMBatch
 from entrain.models.families.qwen2_vl import model as qm
 from entrain.models.families.qwen2_vl.positions import model_class, mrope_position_ids
+from tests.models.oracle import rel_err
 from tests.models.qwen_vl_tiny import FAMILIES, mixed_samples, save_whole
 
 RTOL = 1e-5
 ENCODER_DEPTH, TEXT_LAYERS = 4, 4
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

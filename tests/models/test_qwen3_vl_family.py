@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from entrain.models.batch import LLMBatch
 from entrain.models.families.qwen3_vl import model as qm
 from entrain.models.families.qwen3_vl.positions import mrope_position_ids
+from tests.models.oracle import assert_equal_steps, rel_err, staged_step
 from tests.models.qwen3_vl_tiny import IMAGE, VIDEO, VSTART, mixed_samples, save_whole
 
 REL = 1e-5
@@ -22,10 +23,6 @@ CUTS = {
     "every_layer": (list(range(1, ENCODER_LAYERS)), list(range(1, LLM_LAYERS))),
     "around_taps": ([1, 3, 5], [1, 4]),  # before tap 0, after tap 1, after tap 2; embed alone
 }
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +91,8 @@ def model(folder):
 
 @pytest.mark.parametrize("layout", sorted(CUTS))
 def test_loss_grad_norm_and_every_gradient_equal_transformers(model, reference, layout):
-    ref_loss, ref_grads = reference
-    model.zero_grad()
-    loss = run_staged(model, mixed_samples(), CUTS[layout])
-    loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert set(grads) == set(ref_grads)
-    assert rel_err(loss.detach(), ref_loss) < REL
-    norm = torch.stack([g.norm() for g in grads.values()]).norm()
-    ref_norm = torch.stack([g.norm() for g in ref_grads.values()]).norm()
-    assert rel_err(norm, ref_norm) < REL
-    bad = {n: rel_err(grads[n], g) for n, g in ref_grads.items() if rel_err(grads[n], g) > REL}
-    assert not bad, bad
+    got = staged_step(model, lambda: run_staged(model, mixed_samples(), CUTS[layout]))
+    assert_equal_steps(got, reference, rel=REL)
 
 
 def test_every_deepstack_merger_gets_a_gradient(reference):

@@ -1,5 +1,5 @@
 """The thinker's audio tower as the stages of an audio encoder pipeline
-(``qwen2_5_omni.audio_stage.OmniAudioStage``, layers ``[conv, layers..., proj]``): cut anywhere, the
+(``qwen2_5_omni.model.OmniAudioStage``, layers ``[conv, layers..., proj]``): cut anywhere, the
 stages in turn compute exactly what transformers' ``Qwen2_5OmniAudioEncoder`` does on clips spanning
 several attention chunks, own every tower parameter once, and give an empty message without a clip;
 a ``vision`` stage is the vision tower without the audio tower."""

@@ -158,7 +158,7 @@ class Qwen25OmniFamily(Qwen2VLFamily):
         and lm_head."""
         if mode == "none":
             return []
-        if hasattr(stage, "tower"):  # an audio pipeline's stage (audio_stage.OmniAudioStage)
+        if hasattr(stage, "tower"):  # an audio pipeline's stage (model.OmniAudioStage)
             layers = [stage.tower.layers[i] for i in stage.layer_ids]
             return [layer.self_attn for layer in layers] if mode == "selective" else layers
         if hasattr(stage, "vis"):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from entrain.core.errors import ConfigError
 from entrain.core.model.architectures import LLMArch, ModelArch, VisionArch
+from entrain.core.model.omni import AudioTower
 from entrain.models.families.composition.spec import processor_limits, vision_arch_of_config
 from entrain.models.families.qwen2_vl.spec import text_arch
 from entrain.models.families.registry import read_config
@@ -51,16 +52,9 @@ def thinker_config_of(config: dict, where: str) -> dict:
 
 
 @dataclass(frozen=True)
-class AudioArch:
-    """The audio tower as plain numbers (``audio_config``)."""
-
-    num_mel_bins: int
-    encoder_layers: int
-    encoder_attention_heads: int
-    encoder_ffn_dim: int
-    d_model: int
-    output_dim: int
-    n_window: int = 100
+class AudioArch(AudioTower):
+    """The audio tower as plain numbers (``audio_config``): the planner's ``AudioTower`` (its fields
+    written once, in ``entrain.core.model.omni``) with the checkpoint's parameter count."""
 
     def num_params(self) -> int:
         d, f = self.d_model, self.encoder_ffn_dim

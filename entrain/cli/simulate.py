@@ -122,11 +122,11 @@ def simulate(
 
 
 def _encoders(config: RunConfig):
-    """The encoders of a model with several encoder towers (``planning.encoders.shape_encoders``: an
-    audio tower beside the vision tower) priced by the run's preset; None for a one-encoder model. A
-    measured profile does not time the audio tower: refused for such a model."""
-    from entrain.core.costs.presets import default_hardware
-    from entrain.core.planning.encoders import shape_encoders
+    """The encoders of a model with several encoder towers (``runtime.planning.run_encoders``, as
+    ``entrain train`` plans them: an audio tower beside the vision tower, priced by the run's preset);
+    None for a one-encoder model. A measured profile does not time the audio tower: refused here for
+    such a model (train falls back to the one-encoder path)."""
+    from entrain.runtime.planning import run_encoders
 
     model = config.model
     arch = model.arch()
@@ -149,8 +149,7 @@ def _encoders(config: RunConfig):
         raise ConfigError(
             f"{arch.name} is simulated with one pipeline per encoder, which has no {' or '.join(asked)} yet"
         )
-    hardware = model.hardware or default_hardware(arch.name)
-    return shape_encoders(arch, hardware, freeze=model.freeze, attention=model.attention)
+    return run_encoders(config)
 
 
 def _simulate_encoders(req: SimulateRequest, systems: list[str], batches, encoders, sampler):

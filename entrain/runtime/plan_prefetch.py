@@ -14,7 +14,9 @@ and numpy on small arrays that holds the GIL nearly all the time: measured in
 ``benchmarks/results/assignment_overhead.md``, a planning thread delays a Python-bound main thread
 by about its own planning time, which is what the prefetch is there to hide. ``inline`` (or ``0``)
 plans each step on the main thread (``benchmarks/assignment_overhead.py --runtime`` compares the
-modes). A step's wait (``assignment_wait_ms`` in metrics.jsonl) is the time its ``get`` calls
+modes). ``ahead`` plans every step of the run in line at the first ``get``, so no planner shares the
+CPU with the steps after it: the real paired passes (``benchmarks/cpu_paired.py``) measure the Plans'
+execution that way, on a machine whose cores the training ranks already fill. A step's wait (``assignment_wait_ms`` in metrics.jsonl) is the time its ``get`` calls
 blocked; in line it is the planning itself.
 
 Failures: a worker error is raised by the ``get`` of its step, with its own type and message; a
@@ -44,12 +46,14 @@ from entrain.core.workload.work import SampleWork
 __all__ = ["MODES", "StepPlanner", "StepPlans", "prefetch_mode"]
 
 LOOKAHEAD = 2
-MODES = ("process", "thread", "inline")
-"""Where the Plans are made: a background process (default), a background thread, or in line."""
+MODES = ("process", "thread", "inline", "ahead")
+"""Where the Plans are made: a background process (default), a background thread, in line per step,
+or in line for every step at the first ``get`` (``ahead``)."""
 
 
 def prefetch_mode() -> str:
-    """``ENTRAIN_PLAN_PREFETCH``: ``process`` (default, also ``1``), ``thread``, or ``inline`` (also ``0``)."""
+    """``ENTRAIN_PLAN_PREFETCH``: ``process`` (default, also ``1``), ``thread``, ``inline`` (also ``0``) or
+    ``ahead``."""
     value = os.environ.get("ENTRAIN_PLAN_PREFETCH", "process").strip().lower()
     value = {"1": "process", "0": "inline"}.get(value, value)
     if value not in MODES:
@@ -179,7 +183,8 @@ class StepPlans:
     ):
         self._planner, self._batches = planner, batches
         self.num_steps, self.lookahead = len(batches), lookahead
-        self._pool = _executor(mode, planner) if mode != "inline" else None
+        self._pool = _executor(mode, planner) if mode in ("process", "thread") else None
+        self._ahead = mode == "ahead"
         self._futures: dict[int, Future] = {}
         self._done: dict[int, Plan] = {}
         self._backfill: list[int] = []
@@ -214,7 +219,12 @@ class StepPlans:
         if step in self._done:
             return self._done[step]
         t0 = time.perf_counter()
-        if self._pool is None:
+        if self._ahead:
+            for s in range(self.num_steps):  # in step order, as a background worker plans them
+                if s not in self._done:
+                    self._done[s] = self._planner(s, self._batches[s])
+            part = self._done[step]
+        elif self._pool is None:
             part = self._planner(step, self._batches[step])
         else:
             self._queue(step)

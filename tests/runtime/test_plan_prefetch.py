@@ -44,7 +44,9 @@ def _plans(run, mode: str, start: int = 0) -> tuple[list, dict]:
         plans.close()
 
 
-@pytest.mark.parametrize(("mode", "start"), [("process", 0), ("process", 3), ("thread", STEPS - 1)])
+@pytest.mark.parametrize(
+    ("mode", "start"), [("process", 0), ("process", 3), ("thread", STEPS - 1), ("ahead", 3)]
+)
 def test_prefetched_plans_are_the_in_line_plans(run, mode, start):
     layout, batches, cost, options = run
     whole = plan_system("entrain", layout, batches, cost, options)
@@ -70,6 +72,23 @@ def test_the_worker_plans_ahead_on_its_own_thread():
         assert not planned[3].is_set()
         assert {threads[s] for s in (0, 1, 2)} != {threading.current_thread().name}
         assert [plans.get(s).step for s in (1, 2, 3)] == [1, 2, 3]
+    finally:
+        plans.close()
+
+
+def test_ahead_plans_every_step_in_line_at_the_first_get():
+    asked = []
+
+    def plan(step, batch):
+        asked.append((step, threading.current_thread().name))
+        return _Fake(step)
+
+    plans = StepPlans(plan, [[]] * 4, mode="ahead")
+    try:
+        assert plans.get(0).step == 0
+        assert asked == [(s, threading.current_thread().name) for s in range(4)]  # all, in order, here
+        assert [plans.get(s).step for s in (1, 2, 3)] == [1, 2, 3]
+        assert len(asked) == 4  # never planned twice
     finally:
         plans.close()
 

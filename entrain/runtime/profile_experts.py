@@ -30,7 +30,16 @@ from torch import nn
 
 from entrain.core.costs.costmodel import ComponentCost, ExpertTiming
 
-__all__ = ["ExpertFit", "Timer", "sparse_block", "expert_routes", "measure_experts", "measure_model_experts"]
+__all__ = [
+    "ExpertFit",
+    "Timer",
+    "sparse_block",
+    "expert_routes",
+    "measure_experts",
+    "measure_model_experts",
+    "median_expert_fit",
+    "with_expert_timing",
+]
 
 ROUTES = ("balanced", "concentrated")
 
@@ -172,8 +181,44 @@ def measure_model_experts(
     if block is None:
         return llm, None
     fit = measure_experts(block, tokens, device, time, compute, repeats, warmup)
+    return with_expert_timing(llm, fit.timing), fit
+
+
+def with_expert_timing(llm: ComponentCost, timing: ExpertTiming) -> ComponentCost:
+    """``llm`` with every mixture-of-experts layer's ``ExpertCost.measured`` set to ``timing``."""
     layers = tuple(
-        replace(x, experts=replace(x.experts, measured=fit.timing)) if x.experts is not None else x
+        replace(x, experts=replace(x.experts, measured=timing)) if x.experts is not None else x
         for x in llm.layers
     )
-    return ComponentCost(llm.name, layers), fit
+    return ComponentCost(llm.name, layers)
+
+
+def _row_key(row: dict) -> tuple:
+    return (row["part"], row["pattern"], row["tokens"], row["slots"], row["experts_hit"])
+
+
+def median_expert_fit(fits: Sequence[dict]) -> ExpertFit:
+    """One ``ExpertFit`` from several profiles' ``experts`` notes (``ExpertFit.to_json``) of one block
+    and sizes: per measurement (part, route, tokens) the median of their forward and backward ms,
+    fitted again (``fit_timing``), as ``profiler.median_profile`` does for the layers. ValueError when
+    a profile's measurements are missing or were made at other sizes or routes."""
+    rows = []
+    for n, fit in enumerate(fits):
+        got = fit.get("measurements") if isinstance(fit, dict) else None
+        if not got:
+            raise ValueError(f"median_profile: profile {n + 1}'s experts has no measurements")
+        rows.append({_row_key(r): r for r in got})
+    keys = list(rows[0])
+    for n, r in enumerate(rows[1:], start=2):
+        if set(r) != set(keys):
+            raise ValueError(
+                f"median_profile: profile {n}'s experts were measured at other sizes or routes than profile 1's"
+            )
+    merged = tuple(
+        {
+            **rows[0][k],
+            **{f"{p}_ms": statistics.median(float(r[k][f"{p}_ms"]) for r in rows) for p in ("fwd", "bwd")},
+        }
+        for k in keys
+    )
+    return ExpertFit(fit_timing(merged), merged)

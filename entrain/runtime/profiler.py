@@ -430,7 +430,9 @@ def median_profile(profiles: Sequence[CostModel]) -> tuple[CostModel, list[Layer
     A profile process is one draw of per-layer speeds: two profiles of one idle CPU, a minute apart,
     differed by 20-30 % on single layers, uniformly over sizes (one layer slower, another faster), so
     a simulator fed one profile errs by that much on the stages those layers make up. The median of
-    a few processes (different ``seed``s) is the better estimate of what a training process sees."""
+    a few processes (different ``seed``s) is the better estimate of what a training process sees.
+    A mixture-of-experts model's sparse block timing (``notes["experts"]``, every sparse layer's
+    ``experts.measured``) is merged the same way (``profile_experts.median_expert_fit``)."""
     first = profiles[0]
     if any(p.model != first.model or "fits" not in p.notes for p in profiles):
         raise ValueError("median_profile needs `entrain profile` outputs of one model")
@@ -460,4 +462,13 @@ def median_profile(profiles: Sequence[CostModel]) -> tuple[CostModel, list[Layer
         )  # fmt: skip
         comps[comp] = ComponentCost(comp, layers)
     notes = {**first.notes, "fits": [f.to_json() for f in fits], "median_of": len(profiles)}
+    experts = [p.notes.get("experts") for p in profiles]
+    if any(experts):  # the sparse block's timing: the median of every profile's, not the first's
+        from entrain.runtime.profile_experts import median_expert_fit, with_expert_timing
+
+        if not all(experts):
+            raise ValueError("median_profile: some profiles timed the experts and others did not")
+        expert_fit = median_expert_fit(experts)
+        comps["llm"] = with_expert_timing(comps["llm"], expert_fit.timing)
+        notes["experts"] = expert_fit.to_json()
     return replace(first, encoder=comps["encoder"], llm=comps["llm"], notes=notes), fits

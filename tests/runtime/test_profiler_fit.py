@@ -208,3 +208,67 @@ def test_the_median_of_profiles_takes_per_size_medians_and_refits():
         bad = profile(1.0)
         bad.notes["fits"][0]["tokens"] = [1, 2, 3]
         median_profile([profile(1.0), bad])
+
+
+def _expert_rows(scale: float) -> list[dict]:
+    """``measure_experts``' rows of a 4-expert, top-2 block: ``scale`` times 0.2 ms per expert called
+    and 0.01 ms per routed slot (the backward twice that), the router 0.001 ms per token (0.002)."""
+    rows = []
+    for x in (16, 64):
+        rows.append({"part": "router", "pattern": None, "tokens": x, "slots": 2 * x, "experts_hit": 0,
+                     "fwd_ms": scale * 0.001 * x, "bwd_ms": scale * 0.002 * x})  # fmt: skip
+        for pattern, hit in (("balanced", 4), ("concentrated", 2)):
+            ms = scale * (0.2 * hit + 0.01 * 2 * x)
+            rows.append({"part": "experts", "pattern": pattern, "tokens": x, "slots": 2 * x,
+                         "experts_hit": hit, "fwd_ms": ms, "bwd_ms": 2 * ms})  # fmt: skip
+    return rows
+
+
+def test_the_median_of_moe_profiles_merges_their_expert_timings():
+    """``median_profile`` of mixture-of-experts profiles: the sparse block's measurements
+    (``notes["experts"]``) are merged as the layers' are (per measurement the median over the
+    profiles, fitted again), and every sparse layer prices its experts with that fit, not with the
+    first profile's; profiles of which only some timed the experts are refused."""
+    from dataclasses import replace as dc_replace
+
+    from entrain.core.costs.costmodel import PROFILE_SOURCE, ExpertCost
+    from entrain.runtime.profile_experts import fit_timing, with_expert_timing
+    from entrain.runtime.profiler import median_profile
+
+    q = Quadratic(0.0, 0.01, 0.1)
+    x = ExpertCost(4, 2, 0.5, 0.0, 800.0)
+
+    def layer(name, experts=None):
+        return LayerCost(name, "decoder_layer", {"tp1cp1": q}, {"tp1cp1": q.scaled(2.0)}, experts=experts)
+
+    names = {"encoder": ["blocks.0"], "llm": ["embed_tokens", "layers.0", "layers.1"]}
+    base = CostModel(
+        "hand",
+        HardwareSpec("hand"),
+        ComponentCost("encoder", (layer("blocks.0"),)),
+        ComponentCost("llm", (layer("embed_tokens"), layer("layers.0", x), layer("layers.1", x))),
+    )
+    fits = [{"component": c, "layer": n, "kind": "k", "phase": p, "tokens": [16, 64, 256], "ms": [1.0, 2.0, 5.0]}
+            for c, ns in names.items() for n in ns for p in ("fwd", "bwd")]  # fmt: skip
+    reps = {c: {n: n for n in ns} for c, ns in names.items()}
+
+    def profile(scale, timed=True):
+        timing = fit_timing(_expert_rows(scale))
+        notes = {"source": PROFILE_SOURCE, "fits": fits, "representatives": reps}
+        if timed:
+            notes["experts"] = {**timing.to_json(), "measurements": _expert_rows(scale)}
+        return dc_replace(base, llm=with_expert_timing(base.llm, timing), notes=notes)
+
+    merged, _ = median_profile([profile(1.0), profile(3.0), profile(2.0)])
+    want = fit_timing(_expert_rows(2.0))
+    assert want.fwd_slot_ms == pytest.approx(0.02, rel=1e-6) and want.bwd_call_ms == pytest.approx(
+        0.8, rel=1e-6
+    )
+    assert [layer.experts.measured for layer in merged.llm.layers if layer.experts is not None] == [
+        want,
+        want,
+    ]
+    assert merged.notes["experts"]["measurements"] == _expert_rows(2.0)
+    assert merged.notes["experts"]["fwd"]["slot_ms"] == want.fwd_slot_ms
+    with pytest.raises(ValueError, match="some profiles timed the experts"):
+        median_profile([profile(1.0), profile(2.0, timed=False)])

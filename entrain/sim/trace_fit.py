@@ -18,7 +18,8 @@ per action however many layers the stage holds, so a layout with more or fewer s
 pays it per stage (spread over the traced stage's layers, as it was before, a one-layer stage of
 another layout paid a fraction of it).
 The new profile has the base's schema and layers: each layer of a stage gets its curves scaled by
-``alpha`` and ``beta / layers`` as its constant; a split backward's input-gradient share is the
+``alpha`` and ``beta / layers`` as its constant (a mixture-of-experts layer's measured expert timing,
+``ExpertTiming``, that phase's by ``alpha`` too); a split backward's input-gradient share is the
 measured ``I / (I + W)``. Documented in docs/profiling.md (``Refit from a trace``)."""
 
 from __future__ import annotations
@@ -280,8 +281,24 @@ def _input_fractions(run: TracedRun) -> dict[int, float]:
 
 
 def _layer(layer: LayerCost, phase: str, alpha: float, constant_ms: float) -> LayerCost:
+    """``layer`` with ``phase``'s curves scaled by ``alpha`` (``_curve``), and a mixture-of-experts
+    layer's measured expert timing of that phase (``ExpertTiming``: slot, call and router ms, which
+    price its busiest rank's extra tokens beside the curves) by the same ``alpha``."""
     field = layer.fwd if phase == "fwd" else layer.bwd
-    return replace(layer, **{phase: {key: _curve(q, alpha, constant_ms) for key, q in field.items()}})
+    out = replace(layer, **{phase: {key: _curve(q, alpha, constant_ms) for key, q in field.items()}})
+    x = layer.experts
+    if x is None or x.measured is None:
+        return out
+    m, p = x.measured, phase
+    timing = replace(
+        m,
+        **{
+            f"{p}_slot_ms": getattr(m, f"{p}_slot_ms") * alpha,
+            f"{p}_call_ms": getattr(m, f"{p}_call_ms") * alpha,
+            f"router_{p}_ms_per_token": getattr(m, f"router_{p}_ms_per_token") * alpha,
+        },
+    )
+    return replace(out, experts=replace(x, measured=timing))
 
 
 def _curve(q: Quadratic, alpha: float, constant_ms: float) -> Quadratic:

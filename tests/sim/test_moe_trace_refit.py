@@ -5,18 +5,22 @@ without experts leaves the cost model as it was, and a malformed entry is named 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from entrain.core.costs.costmodel import (
     ComponentCost,
     CostModel,
     ExpertCost,
+    ExpertTiming,
     HardwareSpec,
     LayerCost,
     Quadratic,
 )
 from entrain.core.errors import ConfigError
 from entrain.sim.expert_refit import expert_skews, refit_experts
+from entrain.sim.trace_fit import _layer
 
 KEY = "tp1cp1"
 Z8 = 1.434203  # Blom's expected largest of 8 standard normals
@@ -82,3 +86,37 @@ def test_a_run_without_experts_leaves_the_cost_model():
 def test_a_bad_entry_is_named(entry, match):
     with pytest.raises(ConfigError, match=match):
         expert_skews([{"step": 1, "expert_tokens": [entry]}], _cost())
+
+
+def test_a_stage_refit_scales_a_sparse_layers_measured_expert_timing_with_its_curves():
+    """The trace refit scales a stage's layer curves by its ``alpha`` per phase; a sparse layer timed by
+    ``entrain profile`` (``ExpertCost.measured``) prices its busiest rank's extra expert tokens from
+    that timing beside the curves, so the refit scales the phase's slot, call and router ms by the same
+    ``alpha``: the refitted layer's extra expert ms is ``alpha`` times the base's in every phase (the
+    all-to-all left out: no bytes, no latency)."""
+    timing = ExpertTiming(0.002, 0.004, 0.01, 0.02, 0.0005, 0.001)
+    x = ExpertCost(8, 2, 0.5, a2a_bytes_per_token=0.0, param_bytes=800.0, skew=1.5, measured=timing)
+    hand = _cost()
+    llm = list(hand.llm.layers)
+    llm[1] = replace(llm[1], experts=x)
+    base = replace(
+        hand,
+        hardware=HardwareSpec("hand", allreduce_latency_ms=0.0),
+        llm=replace(hand.llm, layers=tuple(llm)),
+    )
+    llm[1] = _layer(_layer(llm[1], "fwd", 1.5, 0.2), "bwd", 0.5, 0.3)
+    refit = replace(base, llm=replace(base.llm, layers=tuple(llm)))
+    m = refit.llm.layers[1].experts.measured
+    got = (
+        m.fwd_slot_ms,
+        m.bwd_slot_ms,
+        m.fwd_call_ms,
+        m.bwd_call_ms,
+        m.router_fwd_ms_per_token,
+        m.router_bwd_ms_per_token,
+    )
+    assert got == pytest.approx((0.003, 0.002, 0.015, 0.01, 0.00075, 0.0005), rel=1e-12)
+    for phase, alpha in (("fwd", 1.5), ("bwd", 0.5), ("bwd_split", 0.5), ("bwd_input", 0.5)):
+        before = base.expert_ms("llm", 1, 64, phase, ep=8)
+        assert before > 0
+        assert refit.expert_ms("llm", 1, 64, phase, ep=8) == pytest.approx(alpha * before, rel=1e-9)

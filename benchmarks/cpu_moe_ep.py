@@ -17,8 +17,11 @@ simulated ratio of round 0's two ``plan.json`` under the cost model they were pl
 its MoE layers priced by the design's expert model, ``docs/design.md`` "Mixture-of-experts costs", on a
 fit made on a dense model; or the ``--profile``), under the profile refitted from round 0's 1F1B trace at
 that ``ep`` (``entrain profile --from-trace``, as the paired passes do), and under the joint refit of
-every round's two traces at that ``ep`` (``entrain profile --from-trace 1F1B --also-trace ...``: layer
-kinds' scales, the per-action overhead and the measured routing skew; in sample for this pass; written
+every round's two traces at that ``ep`` (``entrain profile --from-trace 1F1B --also-trace ...
+--fit-groups cuts``: a scale per phase for each layer range between the cuts the runs made, so the kinds
+inside a range keep the preset's proportions (a ``kinds`` fit cannot tell apart kinds that always share
+a stage: on these runs it put a whole LLM stage on the embedding and priced the decoder layers at 0),
+the per-action overhead and the measured routing skew; in sample for this pass; written
 to ``--keep-runs RUNS`` as ``cpu_moe_ep.ep{ep}.joint.json`` for a closed-loop pass). Error = simulated /
 real - 1, target within 5 %. The CPU the runs had is recorded: per system the 4 ranks' process CPU time
 over the step's wall time (cores they used of the machine's ``os.cpu_count()``), the busiest rank's, and
@@ -177,14 +180,16 @@ def _plan_summary(run: str) -> str:
 
 
 def joint_profile(runs: list[str], out: str, label: str) -> dict:
-    """``entrain profile --from-trace RUNS[0] --also-trace ...`` (layer kinds: one scale per kind and
-    phase over every traced compute of ``runs``; the routing skew of ``RUNS[0]``'s ``expert_tokens``)
+    """``entrain profile --from-trace RUNS[0] --also-trace ... --fit-groups cuts`` (one scale per phase
+    for each layer range between the runs' cuts, over every traced compute of ``runs``; the routing skew
+    of ``RUNS[0]``'s ``expert_tokens``)
     written to ``out`` (its ``notes.from_trace`` becomes ``label``); what the fit found: the kinds'
     scales, the per-action ms, the skews, and the primary run's simulated stage times' mean error."""
     cmd = [sys.executable, "-m", "entrain", "profile", "--from-trace", runs[0]]
     for run in runs[1:]:
         cmd += ["--also-trace", run]
-    done = subprocess.run([*cmd, "--out", out, "--json"], check=True, capture_output=True, text=True)
+    cmd += ["--fit-groups", "cuts", "--out", out, "--json"]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     with open(out) as f:
         profile = json.load(f)
     profile["notes"]["from_trace"] = label
@@ -334,8 +339,9 @@ def report(res: dict) -> str:
                   "1F1B's round 0, out of sample for Entrain's Plan and the other rounds): "
                   + "; ".join(f"ep {ep}: {_prediction_text('refit', r)}" for ep, r in per_ep if "refit_sim_ratio" in r)]  # fmt: skip
     if any("joint_sim_ratio" in r for _, r in per_ep):
-        lines += ["", "Joint refit (`entrain profile --from-trace 1F1B --also-trace ...` over every round's 1F1B and "
-                  "Entrain traces at the same ep: one scale per layer kind and phase, the per-action overhead, the "
+        lines += ["", "Joint refit (`entrain profile --from-trace 1F1B --also-trace ... --fit-groups cuts` over every "
+                  "round's 1F1B and Entrain traces at the same ep: one scale per phase for each layer range between "
+                  "the runs' cuts, the per-action overhead, the "
                   "routing skew of round 0's 1F1B run; in sample for every round): "
                   + "; ".join(f"ep {ep}: {_prediction_text('joint', r)}" for ep, r in per_ep if "joint_sim_ratio" in r)]  # fmt: skip
         skews = "; ".join(f"ep {ep}: " + ", ".join(f"layer {k} {v:.2f}" for k, v in f["expert_skew"].items())

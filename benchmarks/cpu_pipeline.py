@@ -31,7 +31,9 @@ min each on an idle 2-core machine, estimated from the smoke runs' CPU time: 1 r
     python benchmarks/cpu_pipeline.py --dataset text-heavy --launches 5 --steps 7
 
 ``--paired``: `benchmarks/cpu_paired.py`. ``--moe-ep``: `benchmarks/cpu_moe_ep.py` (a tiny Qwen3-VL-MoE
-checkpoint, Entrain / 1F1B at ``--ep 1`` and ``--ep 2`` on 4 processes, against the simulator).
+checkpoint, Entrain / 1F1B at ``--ep 1`` and ``--ep 2`` on 4 processes, against the simulator). ``--omni``:
+`benchmarks/cpu_omni.py` (a tiny Qwen2.5-Omni thinker, Entrain with one pipeline per encoder tower / 1F1B
+on 3 processes, against the simulator, losses compared).
 
 ``--in-stage`` instead measures parallelism inside the stages next to plain 1F1B: 1F1B with
 ``--dp 2``, with ``--dp 2 --fsdp`` and with ``--tp 2`` (4 processes each), iteration time and model-state
@@ -487,12 +489,20 @@ def main() -> int:
         help="Entrain / 1F1B on a tiny Qwen3-VL-MoE checkpoint at --ep 1 and 2 against the simulator (cpu_moe_ep.py)",
     )
     ap.add_argument(
-        "--note", default=None, help="--moe-ep: a note recorded with the pass (e.g. the machine's load)"
+        "--omni",
+        action="store_true",
+        help="Entrain (one pipeline per encoder tower) / 1F1B on a tiny Qwen2.5-Omni thinker, 3 processes (cpu_omni.py)",
+    )
+    ap.add_argument(
+        "--note",
+        default=None,
+        help="--moe-ep, --omni: a note recorded with the pass (e.g. the machine's load)",
     )
     ap.add_argument(
         "--model-path",
         default=None,
-        help="--moe-ep: the tiny Qwen3-VL-MoE checkpoint (python -m tests.models.qwen3_vl_moe_tiny DIR writes one)",
+        help="--moe-ep: the tiny Qwen3-VL-MoE checkpoint (python -m tests.models.qwen3_vl_moe_tiny DIR writes one); "
+        "--omni: a thinker folder (default: cpu_omni.py writes its own)",
     )
     args = ap.parse_args()
     if args.paired and args.rescore_joint:
@@ -502,6 +512,10 @@ def main() -> int:
         from cpu_moe_ep import main_moe_ep  # benchmarks/cpu_moe_ep.py
 
         return main_moe_ep(args, idle)
+    if args.omni:
+        from cpu_omni import main_omni  # benchmarks/cpu_omni.py
+
+        return main_omni(args, idle)
     if args.in_stage:
         return main_in_stage(args, idle)
     if args.paired:

@@ -63,3 +63,29 @@ def test_the_omni_family_serves_the_preset_from_those_numbers():
 
 def _plain(value):
     return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def test_both_paths_price_a_clip_with_the_audio_towers_own_layers():
+    """The one-encoder cost model of the preset (both towers in the first stages) prices a sample's audio
+    rows with the audio tower's layers on the first encoder layer, where the runtime runs it, exactly as
+    the N-encoder planner prices its audio pipeline (``planning.encoders.shape_encoders``), and its vision
+    rows with the vision tower's layers: not the audio rows as rows of the vision layers."""
+    from entrain.core.costs.presets import build_cost_model
+    from entrain.core.planning.encoders import encoder_works, shape_encoders
+    from entrain.core.workload.samples import SampleMeta
+
+    shape = family_of_preset(QWEN25_OMNI_7B).shape(ModelSource(preset=QWEN25_OMNI_7B))
+    one = build_cost_model(shape, "a40-flops")
+    encoders = shape_encoders(shape, "a40-flops")
+    heard = SampleMeta("heard", (), 20, audio=(1000,))
+    both = SampleMeta("both", ((448, 448),), 20, audio=(3000,))
+    for meta in (heard, both):
+        (w,) = encoder_works([meta], encoders)
+        assert one.sample_work(meta).encoder == pytest.approx(sum(w.encoders), rel=1e-9)
+    assert encoder_works([heard], encoders)[0].encoders[0] == 0.0  # no vision work in a clip alone
+    n = one.encoder.num_layers
+    units = one.units("encoder", heard)
+    assert units == heard.encoder_units  # sums and memory see every row, as before
+    assert one.stage_ms("encoder", 1, n, units, "fwd", num_calls=0) == 0.0  # the audio tower: the first layer
+    assert one.stage_ms("encoder", 0, 1, units, "fwd", num_calls=0) > 0.0
+    assert one.to_json() == type(one).from_json(one.to_json()).to_json()

@@ -37,7 +37,7 @@ from entrain.core.costs.layer_costs import (
 )
 from entrain.core.errors import ConfigError
 from entrain.core.model.layer_specs import MessagePart
-from entrain.core.workload.samples import LABEL_FRACTION, SampleMeta
+from entrain.core.workload.samples import LABEL_FRACTION, SampleMeta, audio_encoder_units
 from entrain.core.workload.work import SampleWork
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ __all__ = [
     "ExpertTiming",
     "HardwareSpec",
     "CostModel",
+    "EncoderUnits",
     "parallel_key",
     "COMPONENTS",
     "RECOMPUTE_MODES",
@@ -73,6 +74,44 @@ def _split(q: Quadratic, layer: LayerCost) -> Quadratic:
     extra = layer.split_extra_ms
     table = tuple((x, ms + extra) for x, ms in q.table)
     return Quadratic(q.a, q.b, q.c + extra, table)
+
+
+class EncoderUnits(tuple):
+    """A sample's encoder units (``SampleMeta.encoder_units``: its vision rows, then its audio chunks'
+    rows) where the encoder's first layer runs an audio tower (``LayerCost.audio``): ``vision`` and
+    ``audio`` split them, each priced by its own tower's layers (``CostModel.layer_ms``); sums and
+    activation memory see all of them, as before."""
+
+    vision: tuple[int, ...]
+    audio: tuple[int, ...]
+
+    @classmethod
+    def of(cls, units: Sequence[int], num_audio: int) -> EncoderUnits:
+        out = cls(units)
+        cut = len(units) - num_audio
+        out.vision, out.audio = tuple(units[:cut]), tuple(units[cut:])
+        return out
+
+
+def _audio_ms(layer: LayerCost, units: Iterable[int], phase: Phase, key: str) -> float:
+    """``phase`` of the audio tower ``layer`` runs (``LayerCost.audio``) over the audio rows of ``units``
+    (an ``EncoderUnits``; none in plain units), per-call constants excluded. The tower is the first
+    thing on its way, so a frozen layer of it runs no backward."""
+    rows = units.audio if isinstance(units, EncoderUnits) else ()
+    total = 0.0
+    for a in layer.audio if rows else ():
+        if key not in a.fwd:
+            raise KeyError(f"{layer.name}/{a.name}: no cost for {key}; have {a.keys()}")
+        if phase == "fwd":
+            q = a.fwd[key]
+        elif not a.trainable:
+            continue
+        else:
+            q = a.bwd[key] if phase == "bwd" else _split(a.bwd[key], a)
+            if phase == "bwd_input":
+                q = q.scaled(a.bwd_input_fraction)
+        total += sum(q.variable_ms(x) for x in rows)
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +153,17 @@ class CostModel:
         return (n / tokens) ** SMALL_CALL_EXPONENT
 
     # --- sequence units -------------------------------------------------------------------------
-    @staticmethod
-    def units(component: Component, sample: SampleMeta) -> tuple[int, ...]:
+    def units(self, component: Component, sample: SampleMeta) -> tuple[int, ...]:
         """The sequence units a sample contributes: per-image ViT patches (and audio chunks,
-        ``SampleMeta.encoder_units``), or one LLM sequence."""
+        ``SampleMeta.encoder_units``), or one LLM sequence. Where the encoder's first layer runs an
+        audio tower (``LayerCost.audio``) and the sample has audio, an ``EncoderUnits``: the same units,
+        knowing which are the audio tower's rows."""
         if component == "encoder":
-            return sample.encoder_units
+            units = sample.encoder_units
+            layers = self.encoder.layers
+            if sample.audio and layers and layers[0].audio:
+                return EncoderUnits.of(units, sum(len(audio_encoder_units(f)) for f in sample.audio))
+            return units
         return (sample.llm_tokens,)
 
     @staticmethod
@@ -130,7 +174,7 @@ class CostModel:
     @staticmethod
     def _layer_units(layer: LayerCost, units: Iterable[int], labels: Iterable[float] | None):
         if not layer.per_label:
-            return units
+            return units.vision if isinstance(units, EncoderUnits) else units
         return labels if labels is not None else [LABEL_FRACTION * x for x in units]
 
     # --- layer and stage times ------------------------------------------------------------------
@@ -149,11 +193,13 @@ class CostModel:
         a ``per_label`` layer runs on ``labels`` (per unit; None: ``LABEL_FRACTION`` of each unit)."""
         comp = self.component(component)
         layer = comp.layers[layer_idx]
+        heard = _audio_ms(layer, units, phase, parallel_key(tp, cp)) if layer.audio else None
         units = self._layer_units(layer, units, labels)
         q = self._phase_quadratic(comp, layer_idx, parallel_key(tp, cp), phase)
         if q is None:
-            return 0.0
-        return sum(q.variable_ms(x) for x in units) + q.constant_ms * num_calls
+            return 0.0 if heard is None else heard
+        ms = sum(q.variable_ms(x) for x in units) + q.constant_ms * num_calls
+        return ms if heard is None else ms + heard
 
     def _phase_quadratic(
         self, comp: ComponentCost, layer_idx: int, key: str, phase: Phase

@@ -306,6 +306,12 @@ class LayerCost:
     """No stage may end after this layer (``LayerSpec.no_cut_after``)."""
     experts: ExpertCost | None = None
     """A mixture-of-experts layer's experts (``ExpertCost``); None: a dense layer."""
+    audio: tuple[LayerCost, ...] = ()
+    """An audio tower run in this layer's call on the sample's audio rows (``CostModel.units``
+    ``EncoderUnits``): the Omni thinker's, on the first encoder layer, where the runtime runs it and its
+    parameters sit (``param_bytes`` already holds them). Its layers are priced over the audio rows only,
+    this layer over the vision rows; empty (every other layer and model): all of the sample's units.
+    Only the first layer of a component may carry one (``CostModel.units`` looks there)."""
 
     def keys(self) -> list[str]:
         return sorted(self.fwd)
@@ -345,6 +351,7 @@ class LayerCost:
             **({"message_parts": [p.to_json() for p in self.message_parts]} if self.message_parts else {}),
             **({"no_cut_after": True} if self.no_cut_after else {}),
             **({"experts": self.experts.to_json()} if self.experts is not None else {}),
+            **({"audio": [x.to_json() for x in self.audio]} if self.audio else {}),
         }
 
     @classmethod
@@ -370,6 +377,7 @@ class LayerCost:
             message_parts=tuple(MessagePart.from_json(p) for p in d.get("message_parts", ())),
             no_cut_after=bool(d.get("no_cut_after", False)),
             experts=ExpertCost.from_json(d["experts"]) if d.get("experts") else None,
+            audio=tuple(LayerCost.from_json(x) for x in d.get("audio", ())),
         )
 
 

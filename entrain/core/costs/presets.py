@@ -58,6 +58,7 @@ from entrain.core.costs.layer_costs import ExpertCost
 from entrain.core.errors import ConfigError
 from entrain.core.model.architectures import get_arch
 from entrain.core.model.layer_specs import LayerSpec
+from entrain.core.model.omni import EncoderSwapped, audio_tower_specs
 from entrain.core.model.shape import ModelShape
 from entrain.core.workload.samples import LABEL_FRACTION
 
@@ -524,6 +525,7 @@ def build_cost_model(
     """
     if attention is None:
         attention = DEFAULT_ATTENTION.get(hardware, "flash")
+    freeze = tuple(freeze)
     arch = get_arch(model) if isinstance(model, str) else model
     model = arch.name
     counts = {c: len(v) for c, v in layer_specs(arch, label_fraction).items()}
@@ -544,9 +546,28 @@ def build_cost_model(
         dev = _cpu_device(counts)
     else:
         raise ConfigError(f"unknown hardware preset {hardware!r}; choose from {', '.join(HARDWARE_PRESETS)}")
-    return cost_model_for(
+    cost = cost_model_for(
         arch, dev, hardware_name=hardware, freeze=freeze, label_fraction=label_fraction, attention=attention
     )
+    tower = getattr(arch, "audio", None)
+    if tower is None or getattr(arch, "arch", None) is None:
+        return cost
+    return _with_audio_tower(cost, arch.arch, tower, hardware, freeze, attention)
+
+
+def _with_audio_tower(
+    cost: CostModel, arch, tower, hardware: str, freeze: Iterable[str], attention: str
+) -> CostModel:
+    """``cost`` (an omni shape's: ``arch`` its vision tower and LLM, ``tower`` its audio tower's fields) with
+    the audio tower's layers on the first encoder layer (``LayerCost.audio``), where the runtime runs it:
+    priced from its own layer specs (``model.omni.audio_tower_specs``) on ``hardware``, as the N-encoder
+    planner prices its audio pipeline (``planning.encoders.price_encoder``), over the sample's audio rows
+    only (``CostModel.units``), instead of as rows of the vision tower's layers."""
+    heard = build_cost_model(
+        EncoderSwapped(arch, audio_tower_specs(tower)), hardware, freeze=freeze, attention=attention
+    )
+    first = replace(cost.encoder.layers[0], audio=heard.encoder.layers)
+    return replace(cost, encoder=replace(cost.encoder, layers=(first, *cost.encoder.layers[1:])))
 
 
 def default_hardware(model: str) -> str:

@@ -6,13 +6,18 @@ N-encoder planner prices the audio tower from ``QWEN25_OMNI_7B_AUDIO``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from entrain.core.model.layer_specs import LayerSpec
 
 __all__ = [
     "AudioTower",
     "QWEN25_OMNI_7B",
     "QWEN25_OMNI_7B_THINKER_CONFIG",
     "QWEN25_OMNI_7B_AUDIO",
+    "audio_tower_specs",
+    "EncoderSwapped",
 ]
 
 
@@ -66,3 +71,55 @@ def _audio_tower(config: dict) -> AudioTower:
 
 QWEN25_OMNI_7B_AUDIO = _audio_tower(QWEN25_OMNI_7B_THINKER_CONFIG)
 """Qwen2.5-Omni-7B's ``audio_config`` (a Whisper-large-v3 encoder projected to the LLM width)."""
+
+
+# --- the audio tower's layer specs (both paths price it from these) -----------------------------------
+def audio_tower_specs(audio: AudioTower) -> list[LayerSpec]:
+    """Forward work per audio row (a row = two mel frames, what the stride-2 convolution leaves; the
+    unit ``audio_encoder_units`` counts): the two convolutions (kind ``patch_embed``), the encoder
+    layers (full attention within a chunk, LayerNorm, a two-matrix GELU MLP: kind ``vit_block_full``),
+    and the stride-2 pooling + projection to the LLM width (kind ``merger``), so that a hardware preset
+    prices them as it prices the vision tower's layers of those kinds. The N-encoder planner prices its
+    audio pipeline from these (``planning.encoders.shape_encoders``) and the one-encoder cost model the
+    audio tower it runs in the first encoder layer (``costs.presets.build_cost_model``,
+    ``LayerCost.audio``)."""
+    d, f, heads, mel = audio.d_model, audio.encoder_ffn_dim, audio.encoder_attention_heads, audio.num_mel_bins
+    out = audio.output_dim
+    conv_params = mel * d * 3 + d + d * d * 3 + d
+    specs = [
+        LayerSpec(
+            "audio.conv", "patch_embed", "encoder", 0.0, 2.0 * (2 * 3 * mel * d) + 2.0 * 3 * d * d, 0.0,
+            d, 0, 0.0, heads, 2.0 * 2 * mel + 2.0 * 2 * d, 2.0 * d, conv_params,
+        )
+    ]  # fmt: skip
+    lin = 2.0 * (4 * d * d + 2 * d * f)
+    layer_params = 4 * d * d + 3 * d + 4 * d + d * f + f + f * d + d
+    for n in range(audio.encoder_layers):
+        specs.append(
+            LayerSpec(
+                f"audio.layers.{n}", "vit_block_full", "encoder", 4.0 * d, lin, 0.0, d, 2, 2.0 * 2 * d,
+                heads, 16.0 * d + 4.0 * f, 2.0 * d, layer_params, attention="full", heads=heads,
+                attn_lin_flops=2.0 * 4 * d * d, attn_saved_bytes=10.0 * d,
+            )
+        )  # fmt: skip
+    specs.append(
+        LayerSpec(
+            "audio.proj", "merger", "encoder", 0.0, 2.0 * d * out / 2, 0.0, d, 0, 0.0, heads, 4.0 * d,
+            2.0 * out / 2, 2 * d + d * out + out + 2 * out,
+        )
+    )  # fmt: skip
+    return specs
+
+
+class EncoderSwapped:
+    """``shape`` (a ``ModelShape``) with its encoder's layer specs replaced by ``specs``: what a hardware
+    preset prices an audio tower as (its layers, ``shape``'s name and LLM)."""
+
+    def __init__(self, shape, specs: Sequence[LayerSpec]):
+        self.name, self._shape, self._specs = shape.name, shape, list(specs)
+
+    def layer_specs(self, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
+        return {"encoder": list(self._specs), "llm": list(self._shape.layer_specs(label_fraction)["llm"])}
+
+    def num_params(self) -> int:
+        return sum(s.param_count for c in self.layer_specs().values() for s in c)

@@ -9,7 +9,7 @@ are split among all of them.
   images' patches and videos' frames; ``audio_units``: audio clips' attention chunks).
 * ``audio_tower_specs`` / ``price_encoder``: a Whisper-style audio tower priced from its layer specs
   by the same device model and hardware preset as the vision tower (the one-encoder cost model prices
-  audio as rows of the vision tower's layers, ``SampleMeta.encoder_units``).
+  it from the same specs, run in the first encoder layer: ``LayerCost.audio``).
 * ``encoder_works``: per-sample, per-encoder forward + backward work (``EncoderWork``), the input of
   the allocation and of ``assignment.multi_encoder``.
 * ``allocate_gpus``: Algorithm 1's proportional allocation for N + 1 components: every component at
@@ -39,7 +39,7 @@ from entrain.core.costs.sampler import Sampler, SampleStats, draw_seed, has_cost
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.model.layer_specs import LayerSpec
-from entrain.core.model.omni import QWEN25_OMNI_7B_AUDIO, AudioTower
+from entrain.core.model.omni import QWEN25_OMNI_7B_AUDIO, AudioTower, EncoderSwapped, audio_tower_specs
 from entrain.core.planning.bmin import PAPER_BMIN_CONFIG, BMinConfig, num_validation_trials
 from entrain.core.planning.config_search import ComponentConfig, dp_options, evaluate_config, gpus_of
 from entrain.core.workload.samples import SampleMeta, audio_encoder_units, video_encoder_units
@@ -80,52 +80,8 @@ def audio_units(sample: SampleMeta) -> tuple[int, ...]:
     return tuple(u for f in sample.audio for u in audio_encoder_units(f))
 
 
-# --- the audio tower's layer specs --------------------------------------------------------------------
-def audio_tower_specs(audio) -> list[LayerSpec]:
-    """Forward work per audio row (a row = two mel frames, what the stride-2 convolution leaves; the
-    unit ``audio_encoder_units`` counts): the two convolutions (kind ``patch_embed``), the encoder
-    layers (full attention within a chunk, LayerNorm, a two-matrix GELU MLP: kind ``vit_block_full``),
-    and the stride-2 pooling + projection to the LLM width (kind ``merger``), so that a hardware preset
-    prices them as it prices the vision tower's layers of those kinds."""
-    d, f, heads, mel = audio.d_model, audio.encoder_ffn_dim, audio.encoder_attention_heads, audio.num_mel_bins
-    out = audio.output_dim
-    conv_params = mel * d * 3 + d + d * d * 3 + d
-    specs = [
-        LayerSpec(
-            "audio.conv", "patch_embed", "encoder", 0.0, 2.0 * (2 * 3 * mel * d) + 2.0 * 3 * d * d, 0.0,
-            d, 0, 0.0, heads, 2.0 * 2 * mel + 2.0 * 2 * d, 2.0 * d, conv_params,
-        )
-    ]  # fmt: skip
-    lin = 2.0 * (4 * d * d + 2 * d * f)
-    layer_params = 4 * d * d + 3 * d + 4 * d + d * f + f + f * d + d
-    for n in range(audio.encoder_layers):
-        specs.append(
-            LayerSpec(
-                f"audio.layers.{n}", "vit_block_full", "encoder", 4.0 * d, lin, 0.0, d, 2, 2.0 * 2 * d,
-                heads, 16.0 * d + 4.0 * f, 2.0 * d, layer_params, attention="full", heads=heads,
-                attn_lin_flops=2.0 * 4 * d * d, attn_saved_bytes=10.0 * d,
-            )
-        )  # fmt: skip
-    specs.append(
-        LayerSpec(
-            "audio.proj", "merger", "encoder", 0.0, 2.0 * d * out / 2, 0.0, d, 0, 0.0, heads, 4.0 * d,
-            2.0 * out / 2, 2 * d + d * out + out + 2 * out,
-        )
-    )  # fmt: skip
-    return specs
-
-
-class _EncoderSwapped:
-    """``shape`` with its encoder's layer specs replaced by ``specs`` (a ``ModelShape``)."""
-
-    def __init__(self, shape, specs: Sequence[LayerSpec]):
-        self.name, self._shape, self._specs = shape.name, shape, list(specs)
-
-    def layer_specs(self, label_fraction: float | None = None) -> dict[str, list[LayerSpec]]:
-        return {"encoder": list(self._specs), "llm": list(self._shape.layer_specs(label_fraction)["llm"])}
-
-    def num_params(self) -> int:
-        return sum(s.param_count for c in self.layer_specs().values() for s in c)
+# the audio tower's layer specs: ``model.omni.audio_tower_specs`` (the one-encoder cost model prices the audio
+# tower from them too, ``costs.presets.build_cost_model``)
 
 
 def price_encoder(
@@ -139,7 +95,7 @@ def price_encoder(
     """The cost model of ``shape`` (a ``ModelShape``) with ``specs`` as its encoder, on the hardware
     preset ``hardware``: the encoder is priced by the device model that prices ``shape``'s own encoder
     (the same rates, per-call constants spread over its own layers), the LLM is ``shape``'s."""
-    return build_cost_model(_EncoderSwapped(shape, specs), hardware, freeze=freeze, attention=attention)
+    return build_cost_model(EncoderSwapped(shape, specs), hardware, freeze=freeze, attention=attention)
 
 
 # --- encoders and their work ------------------------------------------------------------------------
@@ -286,6 +242,11 @@ class MultiEncoderConfig:
     predicted_iteration_time_ms: float
     """``eq2_ms`` of the stage times."""
     memory_ok: bool
+    microbatch_count: str = "paper"
+    """Encoder microbatches per replica (``assignment.stratified.MICROBATCH_COUNTS``): ``"paper"``:
+    ``K_eff`` on the bottleneck encoder; ``"requested"``: the requested count. Not searched: Entrain's
+    simulated check tries it (``sim.encoders_run.fit_entrain``); the plans of this configuration
+    (``encoders_plan.generate_encoders_plan``, train's step planner) use it."""
 
     @property
     def gpus_used_per_replica(self) -> int:

@@ -236,10 +236,10 @@ class SampleMeta:
     @property
     def encoder_units(self) -> tuple[int, ...]:
         """Every encoder sequence unit of the sample: its images' (``vit_patches_per_image``), then its
-        audio clips' attention chunks (``audio_encoder_units``). The audio tower's work is priced as
-        that many rows of the vision tower's layers: an approximation (Qwen2.5-Omni-7B's audio and
-        vision layers cost about the same per row; the plan spreads it over the encoder stages, though
-        it runs on the first)."""
+        audio clips' attention chunks (``audio_encoder_units``). An analytic preset prices the audio rows
+        with the audio tower's own layers on the first encoder layer, where it runs
+        (``CostModel.units``, ``LayerCost.audio``); a measured profile and the planner's column statistics
+        (``sampler.SampleStats``) still price them as rows of the vision tower's layers."""
         audio = tuple(u for f in self.audio for u in audio_encoder_units(f))
         video = tuple(u for g in self.video for u in video_encoder_units(g))
         units = self.vit_patches_per_image + video if video else self.vit_patches_per_image

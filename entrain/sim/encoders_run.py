@@ -8,6 +8,11 @@ pipeline rank is over device memory has that rank's stages recomputed one mode f
 selective -> full, ``RECOMPUTE_MODES``) and is simulated again, until it fits or every over-full rank is
 at full recomputation (``fit_recompute``; the actions stay as planned, every system alike); the metrics
 say whether the result fits.
+
+Entrain's plan is also made with the requested microbatch count where ``K_eff`` on the bottleneck encoder
+left some replica fewer (``fit_entrain``: the faster fitting of the two, past the decision margin, as the
+``microbatch count`` decision): the 1F1B warm-up of an encoder pipeline feeding an LLM pipeline wants
+many microbatches, and a video that dwarfs the rest of the vision work caps ``K_eff`` at a few.
 """
 
 from __future__ import annotations
@@ -21,14 +26,26 @@ from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.ir.plan import Plan
 from entrain.core.planning.bmin import PAPER_BMIN_CONFIG
-from entrain.core.planning.encoders import Encoder, EncodersBMin, find_b_min_encoders
+from entrain.core.planning.encoders import (
+    Encoder,
+    EncodersBMin,
+    MultiEncoderConfig,
+    find_b_min_encoders,
+    search_encoders,
+)
 from entrain.core.planning.encoders_baselines import plan_encoders_system
+from entrain.core.planning.encoders_plan import below_requested, generate_encoders_plan
+from entrain.core.planning.system_setup import DECISION_MARGIN, Decision, pick
 from entrain.core.schedules.encoder_costs import EncodersPlanCosts
+from entrain.core.systems import ENTRAIN
 from entrain.sim.executor import simulate_plan
 from entrain.sim.metrics import compute_metrics
 from entrain.sim.run import SystemRun
 
-__all__ = ["encoders_profile", "fit_recompute", "run_encoders_systems"]
+__all__ = ["encoders_profile", "fit_recompute", "fit_entrain", "run_encoders_systems", "MICROBATCH_COUNT"]
+
+MICROBATCH_COUNT = "microbatch count"
+"""``fit_entrain``'s decision: ``paper`` (``K_eff``, the default) or ``requested``."""
 
 
 def encoders_profile(
@@ -48,19 +65,60 @@ def run_encoders_systems(
     encoders: Sequence[Encoder],
     parallel: ParallelConfig,
     unbuilt: dict[str, str],
+    decisions: dict[str, list[Decision]] | None = None,
+    margin: float = DECISION_MARGIN,
 ) -> tuple[dict[str, SystemRun], EncodersBMin]:
     """Each system's run over ``batches`` (one iteration each); a system whose Plan cannot be made is
-    named in ``unbuilt`` with its one-line reason instead."""
+    named in ``unbuilt`` with its one-line reason instead. Entrain's through ``fit_entrain`` (its
+    decision in ``decisions[ENTRAIN]``, where given)."""
     b, profile = encoders_profile(sampler, encoders, parallel)
     runs: dict[str, SystemRun] = {}
     for system in systems:
         try:
-            plan = plan_encoders_system(system, profile, batches, encoders, parallel)
+            if system == ENTRAIN:  # plan_encoders_system's Entrain plan, with the microbatch count tried
+                cfg = search_encoders(profile, encoders, parallel)[0]
+            else:
+                plan = plan_encoders_system(system, profile, batches, encoders, parallel)
         except ConfigError as e:
             unbuilt[system] = f"cannot be built: {e}"
             continue
-        runs[system] = fit_recompute(plan, encoders)
+        if system == ENTRAIN:
+            runs[system], _, made = fit_entrain(cfg, batches, encoders, margin=margin)
+            if decisions is not None:
+                decisions[system] = made
+        else:
+            runs[system] = fit_recompute(plan, encoders)
     return runs, b
+
+
+def _fitting_ms(run: SystemRun) -> float:
+    return run.metrics.iteration_time_ms if run.metrics.fits_memory is not False else float("inf")
+
+
+def fit_entrain(
+    cfg: MultiEncoderConfig,
+    batches: Sequence[Sequence],
+    encoders: Sequence[Encoder],
+    *,
+    margin: float = DECISION_MARGIN,
+    system: str = ENTRAIN,
+) -> tuple[SystemRun, MultiEncoderConfig, list[Decision]]:
+    """Entrain's plan of ``batches`` on ``cfg`` through ``fit_recompute``; where some replica got fewer
+    microbatches than requested (``encoders_plan.below_requested``), the plan with the requested count
+    too (``MultiEncoderConfig.microbatch_count``), and the faster one that fits taken past ``margin``
+    (``system_setup.pick``; the paper's count by default and on ties): the run, the configuration it
+    was planned on (its memory fit not included: the run's layout) and the decision ([] where there
+    was no choice)."""
+    plan = generate_encoders_plan(batches, encoders, cfg, system=system)
+    paper = fit_recompute(plan, encoders)
+    if not below_requested(plan):
+        return paper, cfg, []
+    more = replace(cfg, microbatch_count="requested")
+    requested = fit_recompute(generate_encoders_plan(batches, encoders, more, system=system), encoders)
+    found = {"paper": (paper, cfg), "requested": (requested, more)}
+    d = pick(MICROBATCH_COUNT, "paper", {n: _fitting_ms(r) for n, (r, _) in found.items()}, margin)
+    run, chosen = found[d.chosen]
+    return run, chosen, [d]
 
 
 def _run(plan: Plan, encoders: Sequence[Encoder]) -> SystemRun:

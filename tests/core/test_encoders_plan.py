@@ -118,3 +118,28 @@ def test_search_with_dp_open_skips_replicas_too_small_for_every_component():
             _encoders(),
             ParallelConfig(gpus=8, dp=4, tp=1, cp=1, global_batch=32, microbatch_size=4),
         )
+
+
+def test_the_requested_microbatch_count_is_planned_and_chosen_by_simulation():
+    """``K_eff`` on the bottleneck (vision) encoder leaves this draw's replica 2 microbatches of the 8
+    requested (one image holds a third of the vision work); with ``microbatch_count`` ``"requested"``
+    the plan has the 8 and carries the option; ``fit_entrain`` simulates both and takes it, faster and
+    fitting, as its ``microbatch count`` decision."""
+    from dataclasses import replace
+
+    from entrain.core.planning.encoders_plan import below_requested
+    from entrain.sim.encoders_run import MICROBATCH_COUNT, fit_entrain
+
+    best, batches, plan = _plan()
+    assert below_requested(plan) and plan.options == {}
+    more = generate_encoders_plan(batches, _encoders(), replace(best, microbatch_count="requested"))
+    k = best.num_microbatches
+    assert all(rep.k_eff == k for it in more.iterations for rep in it.assignment.replicas)
+    assert not below_requested(more) and more.options == {"microbatch_count": "requested"}
+    validate_plan(more)
+    check_plan(more)
+    run, cfg, (d,) = fit_entrain(best, batches[:1], _encoders())
+    assert (d.name, d.default, set(d.candidates)) == (MICROBATCH_COUNT, "paper", {"paper", "requested"})
+    assert d.chosen == "requested" and d.candidates["requested"] < d.candidates["paper"]
+    assert cfg.microbatch_count == "requested" and run.plan.options == {"microbatch_count": "requested"}
+    assert run.metrics.fits_memory is not False

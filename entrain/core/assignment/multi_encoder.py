@@ -42,7 +42,7 @@ import numpy as np
 from entrain.core.assignment.deferral import NUM_BUCKETS
 from entrain.core.assignment.dp_split import check_batch
 from entrain.core.assignment.hierarchical import replica_assignment
-from entrain.core.assignment.stratified import effective_num_microbatches
+from entrain.core.assignment.stratified import microbatch_count
 from entrain.core.errors import ConfigError
 from entrain.core.ir.microbatches import ReplicaAssignment
 from entrain.core.workload.samples import SampleMeta
@@ -106,13 +106,17 @@ def _weighted(samples: Sequence[EncoderWork], w: np.ndarray) -> np.ndarray:
 
 
 def multi_encoder_k(
-    samples: Sequence[EncoderWork], num_microbatches: int, weights: Sequence[float] | None = None
+    samples: Sequence[EncoderWork],
+    num_microbatches: int,
+    weights: Sequence[float] | None = None,
+    rule: str = "paper",
 ) -> int:
-    """``K_eff``: the paper's rule on the bottleneck encoder (module docstring)."""
+    """``K_eff``: the paper's rule on the bottleneck encoder (module docstring); ``rule`` ``"requested"``:
+    the requested count, at most one per sample (``stratified.microbatch_count``)."""
     w = _weights(samples, weights)
     work = _weighted(samples, w)
     e = int(np.argmax(work.sum(axis=0))) if len(samples) else 0
-    return effective_num_microbatches([s.encoders[e] for s in samples], num_microbatches)
+    return microbatch_count([s.encoders[e] for s in samples], num_microbatches, rule)
 
 
 def multi_encoder_lpt(
@@ -144,10 +148,14 @@ def multi_encoder_lpt(
 
 
 def multi_encoder_assign(
-    samples: Sequence[EncoderWork], num_microbatches: int, weights: Sequence[float] | None = None
+    samples: Sequence[EncoderWork],
+    num_microbatches: int,
+    weights: Sequence[float] | None = None,
+    rule: str = "paper",
 ) -> list[list[EncoderWork]]:
-    """One replica's encoder microbatches: ``K_eff`` bins balancing every encoder's load."""
-    return multi_encoder_lpt(samples, multi_encoder_k(samples, num_microbatches, weights), weights)
+    """One replica's encoder microbatches: ``multi_encoder_k`` bins (``K_eff`` by default) balancing
+    every encoder's load."""
+    return multi_encoder_lpt(samples, multi_encoder_k(samples, num_microbatches, weights, rule), weights)
 
 
 def microbatch_loads(bins: Sequence[Sequence[EncoderWork]]) -> np.ndarray:
@@ -173,10 +181,11 @@ def assign_replica_multi_encoder(
     num_microbatches: int,
     weights: Sequence[float] | None = None,
     num_buckets: int = NUM_BUCKETS,
+    rule: str = "paper",
 ) -> MultiEncoderAssignment:
-    """Encoder microbatches balancing every encoder (``multi_encoder_assign``), then the paper's
-    pairwise deferral of LLM work between them."""
-    bins = multi_encoder_assign(samples, num_microbatches, weights)
+    """Encoder microbatches balancing every encoder (``multi_encoder_assign``, ``rule`` its count's),
+    then the paper's pairwise deferral of LLM work between them."""
+    bins = multi_encoder_assign(samples, num_microbatches, weights, rule)
     replica = replica_assignment([[s.as_sample_work() for s in mb] for mb in bins], num_buckets)
     loads = microbatch_loads(bins)
     return MultiEncoderAssignment(replica, tuple(tuple(float(x) for x in row) for row in loads))
@@ -206,11 +215,13 @@ def assign_multi_encoder(
     num_microbatches: int,
     weights: Sequence[float] | None = None,
     num_buckets: int = NUM_BUCKETS,
+    rule: str = "paper",
 ) -> tuple[MultiEncoderAssignment, ...]:
-    """One global batch: the DP split, then each replica's microbatches and deferral."""
+    """One global batch: the DP split, then each replica's microbatches (``rule``: their count's,
+    ``multi_encoder_k``) and deferral."""
     if num_microbatches < 1:
         raise ConfigError(f"num_microbatches must be >= 1, got {num_microbatches}")
     return tuple(
-        assign_replica_multi_encoder(r, num_microbatches, weights, num_buckets)
+        assign_replica_multi_encoder(r, num_microbatches, weights, num_buckets, rule)
         for r in split_dp_multi_encoder(batch, dp, weights)
     )

@@ -6,7 +6,9 @@
   order), then the LLM's, one stage per pipeline rank; ``Layout.components`` holds each encoder's
   degrees under its name and the LLM's under ``llm``.
 * Assignment: ``assign_multi_encoder`` with encoder ``e``'s weight one over its group's GPUs (the time
-  its work takes there); encoder microbatch ``i`` is the same samples on every encoder pipeline, and
+  its work takes there), as many microbatches a replica as ``MultiEncoderConfig.microbatch_count`` says
+  (``K_eff`` on the bottleneck encoder, or the requested count: ``below_requested`` tells where they
+  differ, ``sim.encoders_run.fit_entrain`` picks by simulation); encoder microbatch ``i`` is the same samples on every encoder pipeline, and
   deferral moves LLM work only (its samples' outputs of every encoder wait on the first LLM stage).
 * Order (``encoders_compute``): per stage the 1F1B unit order of ``common.stage_units`` (a deferred
   encoder sub runs its backward in the slot of the LLM microbatch that consumed it) with the warm-up
@@ -33,7 +35,13 @@ from entrain.core.schedules import entrain
 from entrain.core.schedules.common import build_plan, entrain_specs, one_f_one_b_order, stage_units
 from entrain.core.workload.work import SampleWork
 
-__all__ = ["encoders_layout", "encoders_compute", "encoder_weights", "generate_encoders_plan"]
+__all__ = [
+    "encoders_layout",
+    "encoders_compute",
+    "encoder_weights",
+    "generate_encoders_plan",
+    "below_requested",
+]
 
 SYSTEM = entrain.NAME
 
@@ -94,6 +102,16 @@ def generate_encoders_plan(
         works: list[EncoderWork] = encoder_works(batch, encoders)
         for w in works:
             samples[w.id] = SampleWork(w.id, w.encoder, w.llm, w.meta, w.encoders)
-        reps = assign_multi_encoder(works, cfg.dp, cfg.num_microbatches, weights)
+        reps = assign_multi_encoder(works, cfg.dp, cfg.num_microbatches, weights, rule=cfg.microbatch_count)
         assignments.append(IterationAssignment(tuple(r.replica for r in reps)))
-    return build_plan(system, layout, assignments, samples, entrain_specs, encoders_compute, {})
+    options = {} if cfg.microbatch_count == "paper" else {"microbatch_count": cfg.microbatch_count}
+    return build_plan(system, layout, assignments, samples, entrain_specs, encoders_compute, options)
+
+
+def below_requested(plan: Plan) -> bool:
+    """Whether some replica of ``plan`` has fewer encoder microbatches than the requested count allows it
+    (``K_eff`` on the bottleneck encoder below ``min(K, its samples)``): where the requested count
+    (``MultiEncoderConfig.microbatch_count`` ``"requested"``) gives another plan."""
+    k = plan.layout.num_microbatches
+    reps = (rep for it in plan.iterations for rep in it.assignment.replicas)
+    return any(rep.k_eff < min(k, len(rep.sample_ids)) for rep in reps)

@@ -31,6 +31,7 @@ from entrain.cli.common import (
     warn_profile_precision,
 )
 from entrain.cli.config_file import add_config_arg
+from entrain.cli.simulate import PER_ENCODER, SHARED, TOWERS
 from entrain.config import RunConfig
 from entrain.core.costs.memory import memory_check_iterations
 from entrain.core.costs.sampler import Sampler
@@ -41,6 +42,7 @@ from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinConfig
 from entrain.core.planning.entry import PlanResult, plan
 from entrain.core.planning.plan_file import CHECKPOINT_FLAGS, checkpoint_fingerprints
 from entrain.core.planning.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
+from entrain.core.planning.system_setup import Decision, pick
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.workers import worker_processes
 from entrain.sim.choose import candidate_judge
@@ -159,7 +161,17 @@ def plan_command(req: PlanRequest) -> int:
             "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
-    obj = {**to_json(result, req, cost.model, cost.hardware.name), **_setup_json(req, result, sampler, cost)}
+    setup_json, run = _setup_json(req, result, sampler, cost)
+    obj = {**to_json(result, req, cost.model, cost.hardware.name), **setup_json}
+    towers = _towers(req, searched, result, sampler, cost, run)
+    if towers is not None:
+        obj["decisions"].append(towers.to_json())
+        if req.out and towers.chosen != SHARED:
+            raise ConfigError(
+                f"--out {req.out}: {cost.model}: {ENTRAIN} simulates faster with {towers.chosen} "
+                f"({_ms(towers, towers.chosen)} against {_ms(towers, SHARED)} with {SHARED}), which a plan file "
+                "does not hold yet; run entrain train without --plan (it plans that layout the same way)"
+            )
     if req.out:
         _write(req.out, obj)
     if req.json:
@@ -167,16 +179,22 @@ def plan_command(req: PlanRequest) -> int:
     else:
         print_human(result, cost.model, cost.hardware.name, config.data.dataset)
         print(f"{obj['system']}: {obj['source']}")
+        if towers is not None:
+            print(
+                f"{ENTRAIN}: {TOWERS}: {towers.chosen} ({', '.join(f'{n} {_ms(towers, n)}' for n in towers.candidates)}); "
+                f"this plan is the one with {SHARED}"
+            )
         if req.out:
             print(f"wrote {req.out} (entrain train --plan {req.out})")
     return 0
 
 
-def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> dict:
+def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> tuple[dict, object]:
     """The plan-file keys of ``--system``'s setup (``entrain.core.planning.setups.setup_to_json``): Entrain's
     from this result with the extensions asked for, a baseline's chosen its own way; then, like
     ``simulate``, the simulated memory check (recomputation where a rank overflows; Entrain's one-line
-    error when nothing fits); ``decisions``: every automatic choice with its candidates' times."""
+    error when nothing fits); ``decisions``: every automatic choice with its candidates' times. With the
+    check's run."""
     config = req.config
     system, seed = config.schedule.systems[0], config.data.seed
     spec = get_system(system)
@@ -199,7 +217,53 @@ def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) ->
         **setup_to_json(system, setup),
         "fits_memory": run.metrics.fits_memory,
         "decisions": decisions,
+    }, run
+
+
+def _ms(d: Decision, name: str) -> str:
+    ms = d.candidates[name]
+    return "does not fit" if ms == float("inf") else f"{ms:.1f} ms"
+
+
+def _towers(req: PlanRequest, parallel, result: PlanResult, sampler: Sampler, cost, run) -> Decision | None:
+    """Entrain on a model with several encoder towers (``runtime.planning.run_encoders``): its plan with one
+    pipeline per tower (``sim.encoders_run.run_encoders_systems``, as ``simulate`` and ``train`` plan it) on the
+    memory check's batches against this plan (both towers in the first stages, ``run``), simulated; the
+    ``encoder towers`` decision (``simulate.choose_entrain_towers``' rule). None for another system or model,
+    or where no such plan can be built."""
+    from entrain.runtime.planning import run_encoders
+    from entrain.sim.encoders_run import run_encoders_systems
+
+    config = req.config
+    encoders = run_encoders(config) if config.schedule.systems[0] == ENTRAIN else None
+    if encoders is None:
+        return None
+    checks = _check_batches(req, result, sampler, cost)
+    if any(w.meta is None for b in checks for w in b):  # raw work: one encoder's work only
+        return None
+    unbuilt: dict[str, str] = {}
+    margin = config.config_request().margin
+    try:
+        runs, _ = run_encoders_systems(
+            [ENTRAIN],
+            sampler,
+            [[dataclasses.replace(w.meta, id=w.id) for w in b] for b in checks],  # ids unique, as the check's
+            encoders,
+            parallel,
+            unbuilt,
+            margin=margin,
+        )
+    except ConfigError as e:
+        unbuilt[ENTRAIN] = str(e)
+        runs = {}
+    if ENTRAIN not in runs:
+        print(f"entrain plan: one pipeline per encoder: {unbuilt.get(ENTRAIN)}", file=sys.stderr)
+        return None
+    ms = {
+        n: r.metrics.iteration_time_ms if r.metrics.fits_memory is not False else float("inf")
+        for n, r in ((PER_ENCODER, runs[ENTRAIN]), (SHARED, run))
     }
+    return pick(TOWERS, PER_ENCODER, ms, margin)
 
 
 def _check_batches(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> list[list]:

@@ -23,6 +23,7 @@ from entrain.cli.replan_flags import add_replan_args
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.planning.setups import system_setups
+from entrain.core.planning.system_setup import Decision, pick
 from entrain.core.systems import ENTRAIN, default_systems, systems_where
 from entrain.sim.adaptive import REPLAN_SYSTEMS, adaptive_deploy, monitor_for
 from entrain.sim.choose import candidate_judge
@@ -78,12 +79,13 @@ def simulate_systems(args: argparse.Namespace, systems: list[str]) -> tuple[dict
 
 
 def simulate(
-    req: SimulateRequest, systems: list[str], *, one_encoder: bool = False
+    req: SimulateRequest, systems: list[str], *, one_encoder: bool = False, choose_towers: bool = True
 ) -> tuple[dict[str, SystemRun], dict]:
     """Run every system of ``systems`` on the request's workload; the runs and the setups' descriptions.
     A model with several encoder towers takes the N-encoder path (``_simulate_encoders``) unless
-    ``one_encoder`` (its towers planned as one encoder component, as a checkpoint folder's are priced:
-    a benchmark's comparison)."""
+    ``one_encoder`` (its towers planned as one encoder component in the first stages, 1F1B's way: a
+    benchmark's comparison); there Entrain also runs on the one-encoder path and keeps the faster
+    fitting layout (``choose_entrain_towers``; ``choose_towers`` False: the N-encoder plan as is)."""
     config = req.config
     cost = config.model.cost_model()
     batches = list(config_workload(config, cost).batches(config.parallel.global_batch, req.iterations))
@@ -92,7 +94,20 @@ def simulate(
     unbuilt: dict[str, str] = {}
     encoders = None if one_encoder else _encoders(config)
     if encoders is not None:
-        return _simulate_encoders(req, systems, batches, encoders, sampler)
+        runs, configs = _simulate_encoders(req, systems, batches, encoders, sampler)
+        if choose_towers and ENTRAIN in runs:
+            try:
+                one_runs, one_configs = simulate(req, [ENTRAIN], one_encoder=True)
+            except ConfigError as e:  # no one-encoder Entrain: the N-encoder plan stays, the reason noted
+                print(
+                    f"entrain simulate: {ENTRAIN} on the one-encoder path: {e}", file=sys.stderr, flush=True
+                )
+            else:
+                choose_entrain_towers(
+                    runs, configs, one_runs[ENTRAIN], one_configs[ENTRAIN], req_setup.margin
+                )
+                _speedups(runs)
+        return runs, configs
     judge = candidate_judge(sampler, cost, req_setup)
     setups = system_setups(systems, req_setup, cost, sampler, judge, unbuilt=unbuilt)
     if not setups:
@@ -160,18 +175,56 @@ def _simulate_encoders(req: SimulateRequest, systems: list[str], batches, encode
     for name in systems:
         print(f"entrain simulate: {name} ...", file=sys.stderr, flush=True)
     unbuilt: dict[str, str] = {}
-    runs, b = run_encoders_systems(systems, sampler, batches, encoders, req.config.parallel, unbuilt)
+    decisions: dict = {}
+    margin = req.config.config_request().margin
+    runs, b = run_encoders_systems(
+        systems, sampler, batches, encoders, req.config.parallel, unbuilt, decisions, margin=margin
+    )
     if not runs:
         raise ConfigError(
             "no system's plan can be built: " + "; ".join(f"{n}: {w}" for n, w in unbuilt.items())
         )
+    _speedups(runs)
+    source = f"N-encoder planner ({', '.join(e.name for e in encoders)}), b_min {b.b_min}"
+    configs = {
+        n: {**_describe(r.layout, source, b.b_min), "decisions": [d.to_json() for d in decisions.get(n, [])]}
+        for n, r in runs.items()
+    }
+    return runs, {**configs, **{n: {"source": why, "not_built": why} for n, why in unbuilt.items()}}
+
+
+TOWERS = "encoder towers"
+"""``choose_entrain_towers``' decision on a model with several encoder towers: ``PER_ENCODER`` (the default)
+or ``SHARED``."""
+PER_ENCODER = "one pipeline per encoder"
+SHARED = "both in the first stages"
+
+
+def choose_entrain_towers(
+    runs: dict[str, SystemRun], configs: dict, one_run: SystemRun, one_config: dict, margin: float
+) -> Decision:
+    """Entrain on a model with several encoder towers: its N-encoder run (``runs[ENTRAIN]``, described in
+    ``configs[ENTRAIN]``) or its one-encoder run (``one_run``, ``one_config``: both towers in the first
+    stages), whichever simulates faster and fits (the N-encoder one unless the other is faster past
+    ``margin``, ``system_setup.pick``); ``runs`` and ``configs`` then hold the chosen one, its
+    ``decisions`` ending with this one (``TOWERS``)."""
+    found = {PER_ENCODER: (runs[ENTRAIN], configs[ENTRAIN]), SHARED: (one_run, one_config)}
+    ms = {
+        n: r.metrics.iteration_time_ms if r.metrics.fits_memory is not False else float("inf")
+        for n, (r, _) in found.items()
+    }
+    d = pick(TOWERS, PER_ENCODER, ms, margin)
+    run, described = found[d.chosen]
+    runs[ENTRAIN] = run
+    configs[ENTRAIN] = {**described, "decisions": [*described.get("decisions", []), d.to_json()]}
+    return d
+
+
+def _speedups(runs: dict[str, SystemRun]) -> None:
     if ENTRAIN in runs:
         base = runs[ENTRAIN].metrics.iteration_time_ms
         for r in runs.values():
             r.metrics.entrain_speedup = r.metrics.iteration_time_ms / base if base > 0 else None
-    source = f"N-encoder planner ({', '.join(e.name for e in encoders)}), b_min {b.b_min}"
-    configs = {n: {**_describe(r.layout, source, b.b_min), "decisions": []} for n, r in runs.items()}
-    return runs, {**configs, **{n: {"source": why, "not_built": why} for n, why in unbuilt.items()}}
 
 
 def not_built(configs: dict) -> dict[str, str]:
@@ -319,4 +372,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"entrain simulate: dataset {req.config.data.dataset}, model {req.config.model.arch().name}, "
           f"{req.iterations} iterations, global batch {par.global_batch}, microbatch size {par.microbatch_size}")  # fmt: skip
     print(table(runs, configs))
+    for d in configs.get(ENTRAIN, {}).get("decisions", []):
+        if d["name"] in (TOWERS, "microbatch count"):
+            times = ", ".join(
+                f"{n} " + ("does not fit" if v is None else f"{v:.1f} ms") for n, v in d["candidates"].items()
+            )
+            print(f"{ENTRAIN}: {d['name']}: {d['chosen']} ({times})")
     return 0

@@ -1,5 +1,5 @@
 """``entrain simulate`` on the omni preset (``qwen25-omni-7b``: an audio tower beside the vision tower)
-takes the N-encoder path: Entrain and DistTrain-like get their Plan from ``plan_encoders_system`` (one
+takes the N-encoder path: Entrain, DistTrain-like and DIP-like get their Plan from ``plan_encoders_system`` (one
 pipeline per encoder), the other systems are named in ``not_built`` with their one-line reason."""
 
 from __future__ import annotations
@@ -19,30 +19,32 @@ OMNI = ["--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops
 
 def test_omni_preset_plans_one_pipeline_per_encoder_and_names_the_rest(capsys):
     schema = json.loads(resources.files("entrain").joinpath("schemas/simulate.json").read_text())
-    assert main(["simulate", *OMNI, "--systems", "entrain,1f1b,disttrain,dip", "--json"]) == 0
+    assert main(["simulate", *OMNI, "--systems", "entrain,1f1b,disttrain,dip,dflop", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     jsonschema.validate(out, schema)
-    assert list(out["systems"]) == ["entrain", "disttrain"]
+    assert list(out["systems"]) == ["entrain", "disttrain", "dip"]
     for s in out["systems"].values():
         assert list(s["config"]["components"]) == ["vision", "audio", "llm"]
         assert s["iteration_time_ms"] >= s["lower_bound_ms"] > 0
     assert "one encoder component" in out["not_built"]["1f1b"]
-    assert "not planned by this system yet" in out["not_built"]["dip"]
+    assert "not planned by this system yet" in out["not_built"]["dflop"]
     assert all(why.startswith("cannot be built: ") and "\n" not in why for why in out["not_built"].values())
     assert out["model"] == QWEN25_OMNI_7B
 
 
 def test_each_system_runs_the_plan_its_n_encoder_planner_makes():
     """The runs' plans are ``plan_encoders_system``'s on the profile (b_min's reference draw) and the
-    run's global batches, with recomputation fitted to device memory (``fit_recompute``)."""
+    run's global batches, with recomputation fitted to device memory (``fit_recompute``); Entrain's
+    through ``fit_entrain`` (its microbatch count chosen by simulation, the decision reported)."""
     from entrain.cli.common import config_sampler, config_workload
     from entrain.cli.main import build_parser
     from entrain.cli.simulate import _encoders
+    from entrain.core.planning.encoders import search_encoders
     from entrain.core.planning.encoders_baselines import plan_encoders_system
-    from entrain.sim.encoders_run import encoders_profile, fit_recompute
+    from entrain.sim.encoders_run import encoders_profile, fit_entrain, fit_recompute
 
     req = SimulateRequest.from_args(build_parser().parse_args(["simulate", *OMNI]))
-    runs, _ = simulate(req, ["entrain", "disttrain"])
+    runs, configs = simulate(req, ["entrain", "disttrain"], choose_towers=False)
     config = req.config
     encoders = _encoders(config)
     _, profile = encoders_profile(config_sampler(config), encoders, config.parallel)
@@ -50,6 +52,12 @@ def test_each_system_runs_the_plan_its_n_encoder_planner_makes():
         config_workload(config, config.model.cost_model()).batches(config.parallel.global_batch, 1)
     )
     for system, run in runs.items():
+        if system == "entrain":
+            cfg = search_encoders(profile, encoders, config.parallel)[0]
+            got, _, made = fit_entrain(cfg, batches, encoders, margin=config.config_request().margin)
+            assert run.plan == got.plan
+            assert configs[system]["decisions"] == [d.to_json() for d in made]
+            continue
         want = plan_encoders_system(system, profile, batches, encoders, config.parallel)
         assert run.plan == fit_recompute(want, encoders).plan  # its recomputation fitted to memory
         assert run.plan.layout.encoder_names == ("vision", "audio") and run.plan.system == system
@@ -67,8 +75,88 @@ def test_one_encoder_keeps_todays_path_for_every_system():
     assert all(list(configs[n]["components"]) == ["encoder", "llm"] for n in runs)
 
 
+def test_simulate_reports_entrains_faster_layout():
+    """By default Entrain also runs on the one-encoder path and its run is the faster fitting layout's,
+    the ``encoder towers`` decision last in its ``decisions`` (every other system keeps its own path)."""
+    from entrain.cli.main import build_parser
+    from entrain.cli.simulate import PER_ENCODER, SHARED, TOWERS
+
+    argv = ["simulate", *OMNI]
+    argv[argv.index("--gpus") + 1] = "8"
+    req = SimulateRequest.from_args(build_parser().parse_args(argv))
+    runs, configs = simulate(req, ["entrain", "disttrain"])
+    d = configs["entrain"]["decisions"][-1]
+    assert (d["name"], set(d["candidates"])) == (TOWERS, {PER_ENCODER, SHARED})
+    assert runs["entrain"].metrics.iteration_time_ms == d["candidates"][d["chosen"]]
+    comps = {PER_ENCODER: ["vision", "audio", "llm"], SHARED: ["encoder", "llm"]}[d["chosen"]]
+    assert list(configs["entrain"]["components"]) == comps
+    assert list(configs["disttrain"]["components"]) == ["vision", "audio", "llm"]
+
+
 def test_flags_the_n_encoder_path_does_not_take_are_refused_in_one_line(capsys):
     for extra, name in ((["--ep", "2"], "--ep"), (["--replan", "auto"], "--replan auto")):
         assert main(["simulate", *OMNI, *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert f"no {name} yet" in err and "\n" not in err
+
+
+def _run(ms: float, fits: bool | None = True):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(metrics=SimpleNamespace(iteration_time_ms=ms, fits_memory=fits))
+
+
+def test_entrain_keeps_the_faster_fitting_of_its_two_layouts():
+    """``choose_entrain_towers``: the one-encoder run replaces the N-encoder one only when it is faster
+    past the margin and fits; the decision ends the chosen one's ``decisions``."""
+    from entrain.cli.simulate import PER_ENCODER, SHARED, TOWERS, choose_entrain_towers
+
+    cases = (
+        ((100.0, True), (80.0, True), SHARED),
+        ((100.0, True), (99.9, True), PER_ENCODER),  # within the margin: the default
+        ((100.0, True), (50.0, False), PER_ENCODER),  # faster but over device memory
+        ((100.0, False), (120.0, True), SHARED),  # the N-encoder plan does not fit
+    )
+    for (n_ms, n_fits), (one_ms, one_fits), want in cases:
+        mine, one = _run(n_ms, n_fits), _run(one_ms, one_fits)
+        runs, configs = {"entrain": mine, "disttrain": _run(1.0)}, {"entrain": {"decisions": [{"name": "x"}]}}
+        d = choose_entrain_towers(runs, configs, one, {"decisions": []}, 0.0033)
+        assert (d.name, d.default, d.chosen) == (TOWERS, PER_ENCODER, want)
+        assert (
+            runs["entrain"] is (one if want == SHARED else mine)
+            and runs["disttrain"].metrics.iteration_time_ms == 1.0
+        )
+        assert configs["entrain"]["decisions"][-1] == d.to_json()
+        assert len(configs["entrain"]["decisions"]) == (1 if want == SHARED else 2)
+
+
+def test_plan_reports_entrains_layout_choice_and_writes_only_the_one_encoder_plan(
+    tmp_path, capsys, monkeypatch
+):
+    """``entrain plan`` on the preset simulates Entrain with one pipeline per tower too (the memory check's
+    batches) and lists the ``encoder towers`` decision (here both towers in the first stages, 3.8 against
+    5.3 s, written to the plan file); a plan file holds only the one-encoder layout, so ``--out`` is
+    refused in one line where one pipeline per encoder is chosen."""
+    from entrain.cli.simulate import PER_ENCODER, SHARED, TOWERS
+    from entrain.core.planning.system_setup import Decision
+
+    argv = ["plan", "--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops", "--gpus", "8",
+            "--global-batch", "8", "--microbatch-size", "2", "--iterations", "1"]  # fmt: skip
+    schema = json.loads(resources.files("entrain").joinpath("schemas/plan.json").read_text())
+    path = tmp_path / "plan.json"
+    assert main([*argv, "--json", "--out", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, schema)
+    d = out["decisions"][-1]
+    assert (d["name"], d["default"], set(d["candidates"])) == (TOWERS, PER_ENCODER, {PER_ENCODER, SHARED})
+    assert d["chosen"] == SHARED and d["candidates"][SHARED] < d["candidates"][PER_ENCODER]
+    assert json.loads(path.read_text())["decisions"][-1] == d
+
+    def per_encoder(name, default, ms, margin):
+        return Decision(name, PER_ENCODER, dict(ms), margin, default)
+
+    monkeypatch.setattr("entrain.cli.plan.pick", per_encoder)
+    other = tmp_path / "other.json"
+    assert main([*argv, "--out", str(other)]) == 2 and not other.exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("entrain plan: error: --out") and PER_ENCODER in last

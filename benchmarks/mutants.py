@@ -72,6 +72,7 @@ REGRESSION = "tests/benchmarks/test_regression.py"
 TRACE_LINE = "tests/sim/test_trace_fit_line.py"
 TRACE_SPLIT = "tests/sim/test_trace_fit_split_share.py"
 DRIFT = "tests/sim/test_drift.py"
+DEGREES = "tests/sim/test_replan_degrees.py"
 SHARDS = "tests/data/test_shards.py"
 ORDERED_MAP = "tests/core/test_ordered_map_processes.py"
 
@@ -419,6 +420,22 @@ MUTANTS = (
         "left = self.total_iterations - iteration - 1",
         "left = self.total_iterations - iteration",
         (f"{DRIFT}::test_a_drift_with_a_gain_re_plans_after_a_full_window",),
+    ),
+    Mutant(
+        "replan-choice-ignores-switch-cost",
+        "the monitor takes the re-planner's fastest finalist on the window, not the cheapest net of its switch",
+        "entrain/sim/drift.py",
+        "best = min(fits, key=lambda i: scored[i][0] * left + scored[i][1], default=None)",
+        "best = min(fits, key=lambda i: scored[i][0], default=None)",
+        (f"{DEGREES}::test_the_monitor_takes_the_finalist_cheapest_net_of_its_switch_and_records_it",),
+    ),
+    Mutant(
+        "degree-candidates-keep-the-runs-degrees",
+        "a re-plan's other-degree candidates include the run's own (DP, TP, microbatch size)",
+        "entrain/sim/adaptive.py",
+        "if c.memory_ok and key != current and key not in best:",
+        "if c.memory_ok and key not in best:",
+        (f"{DEGREES}::test_degree_candidates_are_other_dp_tp_microbatch_sizes_of_the_same_run",),
     ),
     Mutant(
         "webdataset-lexical-image-order",

@@ -13,7 +13,8 @@ import numpy as np
 
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.sampler import SampleStats, pool_sampler
-from entrain.core.planning.config_search import search_candidates
+from entrain.core.errors import ConfigError
+from entrain.core.planning.config_search import StaticConfig, search_candidates
 from entrain.core.planning.setups import ConfigRequest, SystemSetup, system_setups
 from entrain.core.systems import systems_where
 from entrain.core.workload.work import SampleWork
@@ -28,6 +29,8 @@ __all__ = [
     "REPLAN_SYSTEMS",
     "AdaptiveRun",
     "window_replanner",
+    "degrees_replanner",
+    "degree_candidates",
     "window_time",
     "WindowJudge",
     "fastest",
@@ -48,12 +51,16 @@ class AdaptiveRun:
     monitor: DriftMonitor
 
 
-def window_replanner(system: str, req: ConfigRequest, cost: CostModel, judge: WindowJudge) -> Replanner:
+def window_replanner(
+    system: str, req: ConfigRequest, cost: CostModel, judge: WindowJudge, *, degrees: bool = False
+) -> Replanner:
     """The best split for the window: Algorithms 1-2 (and Entrain's extensions, the layout judged by
     simulation) on the window's samples (the planner's population, ``pool_sampler``), against Algorithm
     2's best configuration for each other encoder/LLM GPU budget of a replica on the same samples
     (``split_candidates``); the one ``judge`` puts fastest on the window's batches (``fastest``), from
-    the start of its memory check that got there (``WindowJudge.start``)."""
+    the start of its memory check that got there (``WindowJudge.start``). ``degrees``
+    (``ReplanSettings.degrees``): also the best at other DP / TP / microbatch size (``degrees_replanner``).
+    """
 
     def replan(batches: list[Sequence[SampleWork]]) -> SystemSetup:
         items = [w.meta if w.meta is not None else w for b in batches for w in b]
@@ -62,7 +69,7 @@ def window_replanner(system: str, req: ConfigRequest, cost: CostModel, judge: Wi
         candidates = [planned, *split_candidates(planned, items, cost, req)]
         return judge.start(fastest(candidates, batches, judge, judge.bound), batches)
 
-    return replan
+    return degrees_replanner(replan, req, cost, judge) if degrees else replan
 
 
 def fastest(
@@ -108,6 +115,69 @@ def split_candidates(
             source = f"Algorithm 2 with {budget} of {per_replica} GPUs a replica for the encoder (window)"
             out.append(replace(setup, layout=fits[0].to_layout(), config=fits[0], source=source))
     return out
+
+
+DEGREE_TPS = (1, 2, 4, 8)
+"""The TP degrees a re-plan with ``ReplanSettings.degrees`` tries (one for both components: the runtime
+takes one ``--tp``), where the cost model prices them."""
+DEGREE_MICROBATCH_SIZES = (1, 2, 4, 8)
+"""The microbatch sizes it tries (dividing the global batch over DP)."""
+DEGREE_FINALISTS = 3
+"""Of the other (DP, TP, microbatch size) triples' Algorithm 2 configurations on the window, how many,
+the best by Eq. 2, the simulator judges (each judgement simulates the window's batches)."""
+
+
+def degree_candidates(
+    setup: SystemSetup, items: Sequence, cost: CostModel, req: ConfigRequest, top: int = DEGREE_FINALISTS
+) -> list[SystemSetup]:
+    """For each (DP, TP, microbatch size) other than ``setup``'s, on the run's GPUs and global batch (DP
+    any degree leaving at least 2 GPUs a replica, TP ``DEGREE_TPS`` for both components at ``setup``'s CP,
+    microbatch sizes ``DEGREE_MICROBATCH_SIZES``), Algorithm 2's best configuration that fits memory on
+    ``items`` (its own split of the replica's GPUs); the ``top`` of them with the lowest Eq. 2 time (ties:
+    ``StaticConfig.sort_key``), with ``setup``'s schedule options (disjoint stages)."""
+    layout = setup.layout
+    enc = layout.components["encoder"]
+    current = (layout.dp, enc.tp, layout.microbatch_size)
+    stats = SampleStats.of(items)
+    best: dict[tuple[int, int, int], StaticConfig] = {}
+    for u in DEGREE_MICROBATCH_SIZES:
+        for t in DEGREE_TPS:
+            if req.global_batch % u:
+                continue
+            parallel = replace(req.parallel, dp=None, tp=t, cp=enc.cp, microbatch_size=u)
+            try:
+                found = search_candidates(stats, cost, parallel)
+            except ConfigError:
+                continue
+            for c in found:
+                key = (c.dp, c.encoder.tp, c.microbatch_size)
+                if c.memory_ok and key != current and key not in best:
+                    best[key] = c
+    ranked = sorted(best.values(), key=lambda c: c.sort_key())[:top]
+    return [
+        replace(setup, layout=c.to_layout(), config=c,
+                source=f"Algorithm 2 at dp {c.dp}, tp {c.encoder.tp}, microbatch size {c.microbatch_size} (window)")
+        for c in ranked
+    ]  # fmt: skip
+
+
+def degrees_replanner(
+    split_replan: Replanner, req: ConfigRequest, cost: CostModel, judge: WindowJudge
+) -> Replanner:
+    """``ReplanSettings.degrees``: two finalists for the monitor (``DriftMonitor``, which takes the one with
+    the lower window time plus its own re-plan cost): ``split_replan``'s pick (the best split at the run's
+    degrees), and of ``degree_candidates`` on the window's samples the one ``judge`` puts fastest on the
+    window's batches (``fastest``), from the start of its memory check that got there."""
+
+    def replan(batches: list[Sequence[SampleWork]]) -> list[SystemSetup]:
+        pick = split_replan(batches)
+        items = [w.meta if w.meta is not None else w for b in batches for w in b]
+        others = degree_candidates(pick, items, cost, req)
+        if not others:
+            return [pick]
+        return [pick, judge.start(fastest(others, batches, judge, judge.bound), batches)]
+
+    return replan
 
 
 _JUDGE_MEMO_MAX = 4096
@@ -196,7 +266,7 @@ def monitor_for(
         setup,
         reference,
         cost,
-        replanner=window_replanner(system, req, cost, judge),
+        replanner=window_replanner(system, req, cost, judge, degrees=settings.degrees),
         window_time=judge,
         total_iterations=total_iterations,
         settings=settings,

@@ -7,7 +7,9 @@ LLM work (``SampleWork``, forward + backward ms) over the reference's, ``encoder
 ``llm_work_ratio``; ``drift`` = the larger ``|ln ratio|``.
 
 The decision is the predicted gain in time, every ``window`` iterations: Algorithms 1-2 re-run on
-the window's samples (the caller's ``Replanner``: the best split for the window), and the simulator's
+the window's samples (the caller's ``Replanner``: the best split for the window; with
+``ReplanSettings.degrees`` also the best at other DP / TP / microbatch size, the finalist with the lower
+window time plus its own re-plan cost taken, ``ReplanChoice``), and the simulator's
 time of the current split and of the new one on the window's batches as each would run there (the
 caller's ``WindowTime``: ``entrain.sim.adaptive.window_time``, after the memory check's
 recomputation; a split that fits the window in no way is ``inf``)::
@@ -61,6 +63,7 @@ __all__ = [
     "WorkProfile",
     "IterationDrift",
     "Replan",
+    "ReplanChoice",
     "DriftMonitor",
     "allocation",
     "replan_cost_ms",
@@ -136,6 +139,30 @@ class Replan:
         }
 
 
+@dataclass(frozen=True)
+class ReplanChoice:
+    """One evaluation's choice among the re-planner's finalists (several where ``ReplanSettings.degrees``:
+    the best split at the run's degrees, the best at other DP / TP / microbatch size): each finalist's
+    window time and switch cost (``replan_cost_ms`` from the split in use), and the one taken, the lowest
+    ``window_ms * left + switch_ms`` (None: none fits the window). Whether it fires is the gain's
+    (``Replan``)."""
+
+    iteration: int
+    current_ms: float
+    left: int
+    finalists: tuple[dict, ...]
+    """Each: ``allocation``, ``microbatch_size``, ``window_ms``, ``switch_ms``, ``source``."""
+    chosen: int | None
+
+    def to_json(self) -> dict:
+        def num(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        finalists = [{**f, "window_ms": num(f["window_ms"])} for f in self.finalists]
+        return {"iteration": self.iteration, "current_ms": num(self.current_ms), "left": self.left,
+                "finalists": finalists, "chosen": self.chosen}  # fmt: skip
+
+
 def allocation(layout: Layout) -> dict:
     """The GPU split of a layout: DP and each component's TP / CP / pipeline stages."""
     return {
@@ -156,8 +183,10 @@ def replan_cost_ms(old: Layout, new: Layout, cost: CostModel, restart_ms: float 
     return _shard_ms(old, cost) + restart_ms + _shard_ms(new, cost)
 
 
-Replanner = Callable[[list[Sequence[SampleWork]]], SystemSetup]
-"""Algorithms 1-2 (and Entrain's extensions) on the window's batches -> the new setup."""
+Replanner = Callable[[list[Sequence[SampleWork]]], "SystemSetup | Sequence[SystemSetup]"]
+"""Algorithms 1-2 (and Entrain's extensions) on the window's batches -> the new setup, or several
+finalists (``ReplanSettings.degrees``), of which the monitor takes the one with the lowest window time
+plus switch cost over the iterations left (``ReplanChoice``)."""
 WindowTime = Callable[[SystemSetup, list[Sequence[SampleWork]]], float]
 """The simulator's mean iteration ms of a setup on the window's batches (``inf``: it does not fit)."""
 
@@ -185,6 +214,8 @@ class DriftMonitor:
         self.next_evaluation = 0
         self.history: list[IterationDrift] = []
         self.replans: list[Replan] = []
+        self.choices: list[ReplanChoice] = []
+        """Every evaluation's choice among the re-planner's finalists (a fired re-plan or not)."""
 
     def observe(self, iteration: int, batch: Sequence[SampleWork]) -> SystemSetup | None:
         """Record iteration ``iteration``'s batch; the new setup when a re-plan fires after it."""
@@ -225,14 +256,42 @@ class DriftMonitor:
         if left <= 0:
             return -1.0, None
         batches = list(self.window)
-        new = self.replanner(batches)
+        got = self.replanner(batches)
+        finalists = [got] if isinstance(got, SystemSetup) else list(got)
         current_ms = self.window_time(self.setup, batches)
-        new_ms = self.window_time(new, batches)
-        cost_ms = replan_cost_ms(self.setup.layout, new.layout, self.cost, self.settings.restart_ms)
-        if not math.isfinite(new_ms):  # nothing the re-planner found fits the window
+        new, new_ms, cost_ms = self._choose(iteration, left, current_ms, finalists, batches)
+        if new is None:  # nothing the re-planner found fits the window
             return -1.0, None
         if not math.isfinite(current_ms):  # the split in use does not fit it even recomputing
             return 1.0, new
         if current_ms <= 0:
             return -1.0, None
         return ((current_ms - new_ms) * left - cost_ms) / (current_ms * left), new
+
+    def _choose(
+        self,
+        iteration: int,
+        left: int,
+        current_ms: float,
+        finalists: list[SystemSetup],
+        batches: list[Sequence[SampleWork]],
+    ) -> tuple[SystemSetup | None, float, float]:
+        """The finalist with the lowest window time x ``left`` + its own switch cost (ties: the earlier;
+        none where no finalist fits the window), its window time and switch cost; recorded
+        (``choices``)."""
+        scored = []
+        for new in finalists:
+            ms = self.window_time(new, batches)
+            switch = replan_cost_ms(self.setup.layout, new.layout, self.cost, self.settings.restart_ms)
+            scored.append((ms, switch))
+        fits = [i for i, (ms, _) in enumerate(scored) if math.isfinite(ms)]
+        best = min(fits, key=lambda i: scored[i][0] * left + scored[i][1], default=None)
+        records = tuple(
+            {"allocation": allocation(n.layout), "microbatch_size": n.layout.microbatch_size, "window_ms": ms,
+             "switch_ms": switch, "source": n.source}
+            for n, (ms, switch) in zip(finalists, scored)
+        )  # fmt: skip
+        self.choices.append(ReplanChoice(iteration, current_ms, left, records, best))
+        if best is None:
+            return None, math.inf, math.inf
+        return finalists[best], *scored[best]

@@ -42,6 +42,16 @@ class ReplanSettings:
     threshold: float = DEFAULT_THRESHOLD
     restart_ms: float = RESTART_MS
     trigger: float = DRIFT_TRIGGER
+    degrees: bool = False
+    """What a re-plan may change. False: the encoder/LLM split at the run's TP and microbatch size (and
+    DP where the run left it open). True: also DP, TP and the microbatch size (the global batch kept):
+    the best split at the run's degrees and the best at any other (``entrain.sim.adaptive.
+    degrees_replanner``), the one whose window time plus its own switch cost over the iterations left is
+    lower (``entrain.sim.drift.ReplanChoice``). The switch costs what any re-plan costs: the runtime
+    restarts the worker group from a checkpoint for every re-plan and reshards the checkpoint by name
+    onto the new layout (``entrain.sim.drift.replan_cost_ms``). No flag sets it yet: ``train`` cannot
+    apply a new TP or microbatch size (its restart keeps the ``--tp`` and ``--microbatch-size`` it was
+    given, and the microbatch size is in the resume fingerprint)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:

@@ -59,7 +59,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.planning.setups import system_setups
 from entrain.data.generators import CURRICULUM_PHASES
 from entrain.data.sampling import dataset_sampler
-from entrain.sim.adaptive import WindowJudge, window_replanner
+from entrain.sim.adaptive import WindowJudge, degrees_replanner, window_replanner
 from entrain.sim.choose import planner_draws
 from entrain.sim.drift import DriftMonitor, ReplanSettings, replan_cost_ms
 from entrain.sim.memory_fit import MEMORY_FITTED
@@ -122,7 +122,9 @@ def _static_row(timer: Timer, system: str, setup, phases: list) -> dict:
             "replans": []}  # fmt: skip
 
 
-def adaptive_row(timer: Timer, start, reference, replan, phases: list, per_phase: int, cost) -> dict:
+def adaptive_row(
+    timer: Timer, start, reference, replan, phases: list, per_phase: int, cost, label=split_label
+) -> dict:
     """Adaptive Entrain over ``per_phase`` iterations a phase: the monitor (``trigger`` 0: the predicted
     gain in time decides at every window; window = the phase's sample batches) sees each phase's first
     ``len(batches)`` iterations on the split in use; a re-plan after them runs the phase's other
@@ -142,11 +144,12 @@ def adaptive_row(timer: Timer, start, reference, replan, phases: list, per_phase
             pause_ms += replan_cost_ms(before.layout, after.layout, cost)
         t_before, t_after = timer.of("entrain")(before, batches), timer.of("entrain")(after, batches)
         per[name] = (samples * t_before + (per_phase - samples) * t_after) / per_phase
-        splits.append(split_label(after))
+        splits.append(label(after))
     mean_ms = (sum(per.values()) * per_phase + pause_ms) / (per_phase * len(phases))
     return {"per_phase_ms": per, "mean_ms": mean_ms, "replan_pause_ms": pause_ms, "fits_memory": None,
-            "split": " -> ".join(dict.fromkeys([split_label(start), *splits])),
-            "replans": [r.to_json() for r in monitor.replans], "drift": [d.to_json() for d in monitor.history]}  # fmt: skip
+            "split": " -> ".join(dict.fromkeys([label(start), *splits])),
+            "replans": [r.to_json() for r in monitor.replans], "drift": [d.to_json() for d in monitor.history],
+            "choices": [c.to_json() for c in monitor.choices]}  # fmt: skip
 
 
 def _memo_replanner(replan):
@@ -188,6 +191,53 @@ def run_model(model: str, samples: int, per_phase_list: list[int]) -> dict:
     return {"model": MODELS[model], "samples_per_phase": samples, "per_phase": per_phase_list, "rows": rows,
             "adaptive": {str(n): r for n, r in adaptive.items()}, "ceiling": ceiling,
             "seconds": time.time() - t}  # fmt: skip
+
+
+ADAPTIVE_DEGREES = "entrain (adaptive, dp / tp / mb free)"
+
+
+def degree_label(setup) -> str:
+    """A setup's split and degrees, as the degrees section prints it."""
+    lay = setup.layout
+    comps = lay.components
+    return (f"E.PP {comps['encoder'].pp} / L.PP {comps['llm'].pp} (dp {lay.dp}, tp {comps['encoder'].tp}, "
+            f"mb {lay.microbatch_size})")  # fmt: skip
+
+
+def run_degrees(model: str, samples: int, per_phase_list: list[int]) -> dict:
+    """Re-plans that may also change DP, TP and the microbatch size (``ReplanSettings.degrees``,
+    ``adaptive.degrees_replanner``) against the re-plan at the run's degrees and no re-plan, on the same
+    batches and judge as ``run_model`` (no baselines); the ceiling: per phase, the fastest plan found."""
+    args = simulate_args(model, samples)
+    cost = resolve_cost_model(args)
+    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
+    phases = [batches[p * samples : (p + 1) * samples] for p in range(len(CURRICULUM_PHASES))]
+    req = dataclasses.replace(RunConfig.from_args(args).config_request(), model=cost.model)
+    timer, t = Timer(cost, {"eager_budget_factor": args.eager_budget_factor}), time.time()
+    mix = dataset_sampler("curriculum", args.seed)
+    whole = system_setups(["entrain"], req, cost, mix)["entrain"]
+    first_req = dataclasses.replace(req, dataset=CURRICULUM_PHASES[0])
+    first = system_setups(["entrain"], first_req, cost, dataset_sampler(CURRICULUM_PHASES[0], args.seed))[
+        "entrain"
+    ]
+    judge = timer.judge("entrain")
+    split_replan, picks = _memo_replanner(window_replanner("entrain", req, cost, judge))
+    free_replan, finals = _memo_replanner(degrees_replanner(split_replan, req, cost, judge))
+    rows = {n: _static_row(timer, "entrain", s, phases) | {"split": degree_label(s)}
+            for n, s in ((MIX, whole), (FIRST, first))}  # fmt: skip
+    reference = [w for b in planner_draws(mix, cost, req) for w in b]
+    runs = {
+        key: {str(n): adaptive_row(timer, whole, reference, replan, phases, n, cost, degree_label)
+              for n in per_phase_list}
+        for key, replan in (("adaptive", split_replan), ("adaptive_degrees", free_replan))
+    }  # fmt: skip
+    ceiling = {}
+    for name, bs in zip(CURRICULUM_PHASES, phases):
+        found = [whole, first, *finals.get(tuple(id(b) for b in bs), [])]
+        best = min(found, key=lambda s: judge(s, bs))
+        ceiling[name] = {"best_ms": judge(best, bs), "split": degree_label(best), "source": best.source}
+    return {"model": MODELS[model], "samples_per_phase": samples, "per_phase": per_phase_list, "rows": rows,
+            **runs, "ceiling": ceiling, "seconds": time.time() - t}  # fmt: skip
 
 
 def _ceiling(timer: Timer, phases: list, picks: dict, statics: list) -> dict:
@@ -424,6 +474,84 @@ def table_md(cases: list[dict]) -> list[str]:
     return out
 
 
+DEGREES_INTRO = """## Re-plans that may also change DP, TP and the microbatch size
+
+The same batches, judge and monitor as above (window 2, `trigger` 0, threshold 5 %, the default re-plan
+cost), Entrain only. `adaptive` re-plans the split at the run's degrees (DP 4, TP 2, microbatch size 4;
+the tables above); `adaptive, dp / tp / mb free` (`ReplanSettings.degrees`,
+`entrain.sim.adaptive.degrees_replanner`) also gets, at each window, Algorithm 2's best configuration on
+the window's samples for every other (DP, TP, microbatch size) of the 64 GPUs and global batch 512 (DP
+dividing 64 with >= 2 GPUs a replica, one TP of 1 / 2 / 4 / 8 for both components, microbatch size
+1 / 2 / 4 / 8), simulates the 3 best by Eq. 2 on the window, and hands the monitor two finalists (the
+split at the run's degrees, the fastest at other degrees); the monitor takes the one with the lower
+window time x iterations left + its own switch cost (checkpoint on the old layout, 60 s restart, reshard
+onto the new: the runtime restarts from a checkpoint for every re-plan, so a change of degrees costs what
+a change of split costs, only the shards' sizes differ) and fires when the gain net of that cost passes
+the threshold. The static rows are the tables' plans (no re-plan). Layouts: `E.PP / L.PP (dp, tp, mb)`."""
+
+
+def degrees_md(section: dict) -> list[str]:
+    """The degrees section of replan.md from its JSON (``--merge-degrees``)."""
+    out = [DEGREES_INTRO, "", _source_line(section["source"]), ""]
+    for case in section["cases"]:
+        n = case["per_phase"][-1]
+        free, split = case["adaptive_degrees"][str(n)], case["adaptive"][str(n)]
+        rows = {ADAPTIVE_DEGREES: free, ADAPTIVE: split, **case["rows"]}
+        out += [f"### {case['model']} ({n} iterations a phase; {case['samples_per_phase']} simulated batches a phase)",
+                "", "| system | mean iter ms | chartqa-like | docvqa-like | video-like | / dp-tp-mb-free | layouts |",
+                "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+        for name, r in rows.items():
+            ph = " | ".join(f"{r['per_phase_ms'][p]:.0f}" for p in CURRICULUM_PHASES)
+            out.append(
+                f"| {name} | {r['mean_ms']:.0f} | {ph} | {r['mean_ms'] / free['mean_ms']:.3f}x | {r['split']} |"
+            )
+        static = min(case["rows"][MIX]["mean_ms"], case["rows"][FIRST]["mean_ms"])
+        ceil = sum(c["best_ms"] for c in case["ceiling"].values()) / len(case["ceiling"])
+        by_len = ", ".join(
+            f"{m} a phase: {case['adaptive'][str(m)]['mean_ms'] / case['adaptive_degrees'][str(m)]['mean_ms']:.3f}x / "
+            f"{static / case['adaptive_degrees'][str(m)]['mean_ms']:.3f}x" for m in case["per_phase"])  # fmt: skip
+        out += ["", f"dp / tp / mb free vs the re-plan at the run's degrees: **{split['mean_ms'] / free['mean_ms']:.3f}x**; "
+                f"vs no re-plan (the better static plan): **{static / free['mean_ms']:.3f}x** (the re-plan at the run's "
+                f"degrees: {static / split['mean_ms']:.3f}x). By run length (vs the re-plan at the run's degrees / vs "
+                f"no re-plan): {by_len}. Re-plan pauses {free['replan_pause_ms'] / 1000:.0f} s (dp / tp / mb free), "
+                f"{split['replan_pause_ms'] / 1000:.0f} s (at the run's degrees).", "",
+                "Each evaluation of `dp / tp / mb free` (its finalists' window ms, switch s; * the one taken):", ""]  # fmt: skip
+        for c in free.get("choices", []):
+            fins = "; ".join(
+                f"{'*' if i == c['chosen'] else ''}{_alloc_label(f)} {_ms(f['window_ms'])} ms, {f['switch_ms'] / 1000:.0f} s"
+                for i, f in enumerate(c["finalists"]))  # fmt: skip
+            fired = [r for r in free["replans"] if r["iteration"] == c["iteration"]]
+            gain = f"fired, predicted gain {fired[0]['predicted_gain']:.1%}" if fired else "kept"
+            out.append(
+                f"- after iteration {c['iteration']} (in use: {_ms(c['current_ms'])} ms): {fins}; {gain}"
+            )
+        out += ["", "Ceiling (per phase, the fastest plan found: the static plans and both finalists, no re-plan "
+                "cost; ms per iteration):", "", "| phase | best found | its layout |", "|---|---:|---|"]  # fmt: skip
+        out += [f"| {p} | {c['best_ms']:.0f} | {c['split']} |" for p, c in case["ceiling"].items()]
+        out += ["", f"Ceiling (the better static / the per-phase best found): **{static / ceil:.3f}x**.", "",
+                f"Simulation wall time: {case['seconds']:.0f} s.", ""]  # fmt: skip
+    if section.get("ceiling"):
+        out += [DEGREES_CEILING_INTRO, "", _source_line(section["ceiling"]["source"]), "",
+                *table_md(section["ceiling"]["cases"]), ""]  # fmt: skip
+    return out
+
+
+DEGREES_CEILING_INTRO = """The exhaustive ceiling with the degrees free (`benchmarks/replan_ceiling.py --degrees`): per
+phase, the fastest plan of every (E.PP, L.PP) at the run's degrees and of Algorithm 2's best at every other
+(DP, TP, microbatch size) above, each on each phase's samples, every plan timed as deployed; `re-planner's
+pick` is the re-plan at the run's degrees:"""
+
+
+def _ms(x) -> str:
+    return "inf" if x is None else f"{x:.0f}"
+
+
+def _alloc_label(f: dict) -> str:
+    a = f["allocation"]
+    return (f"E.PP {a['encoder']['pp']} / L.PP {a['llm']['pp']} (dp {a['dp']}, tp {a['encoder']['tp']}, "
+            f"mb {f['microbatch_size']})")  # fmt: skip
+
+
 def _source_line(source: dict) -> str:
     return f"Source: commit {source['commit']}, `{source['command']}`"
 
@@ -451,6 +579,8 @@ def render(data: dict) -> str:
         _source_line(dict(zip(("commit", "command"), ANALYSIS_SOURCE))),
         "",
     ]
+    if data.get("degrees"):
+        lines += degrees_md(data["degrees"])
     if real:
         lines += _real_md(real)
     return "\n".join(lines) + "\n"
@@ -557,6 +687,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--real-steps", type=int, default=10)
     p.add_argument("--ceiling", default=None, help="a benchmarks/replan_ceiling.py JSON to add to the md")
     p.add_argument("--ceiling-commit", default=None, help="the commit the --ceiling JSON was run at")
+    p.add_argument("--degrees", action="store_true",
+                   help="run the re-plan that may also change DP, TP and the microbatch size against the re-plan at the "
+                        "run's degrees and no re-plan (run_degrees), writing {'degrees': ...} to --out")  # fmt: skip
+    p.add_argument("--merge-degrees", default=None,
+                   help="a --degrees run's JSON to add to the committed replan.json as its degrees section (--out)")  # fmt: skip
+    p.add_argument("--degrees-ceiling", default=None,
+                   help="with --merge-degrees: a benchmarks/replan_ceiling.py --degrees JSON (with its source)")  # fmt: skip
     p.add_argument("--commit", default=None,
                    help="the commit the runs ran at (default: this checkout's HEAD; a run from an exported copy)")  # fmt: skip
     return p
@@ -579,9 +716,47 @@ def _ceiling_json(args) -> dict | None:
     return {"source": data["source"], "cases": data["cases"]}
 
 
+def _merge_degrees(args) -> int:
+    """The committed replan.json with the degrees section of a ``--degrees`` run (and its ceiling)."""
+    data = json.loads(OUT.with_suffix(".json").read_text())
+    section = json.loads(Path(args.merge_degrees).read_text())["degrees"]
+    if args.degrees_ceiling:
+        ceiling = json.loads(Path(args.degrees_ceiling).read_text())
+        if "source" not in ceiling:
+            raise SystemExit(
+                "replan: --degrees-ceiling without a source (replan_ceiling.py --commit writes it)"
+            )
+        section["ceiling"] = {"source": ceiling["source"], "cases": ceiling["cases"]}
+    data["degrees"] = section
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.with_suffix(".md").write_text(render(data))
+    print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
+    return 0
+
+
+def _run_degrees(args, commit: str) -> int:
+    per_phase = [int(x) for x in args.per_phase.split(",")]
+    models = args.model or ["qwen25vl-llama3-3b"]
+    cases = [run_degrees(m, args.samples, per_phase) for m in models]
+    names = " ".join(f"--model {m}" for m in models)
+    command = (
+        f"python benchmarks/replan.py --degrees {names} --per-phase {args.per_phase} --samples {args.samples}"
+    )
+    Path(args.out).with_suffix(".json").write_text(
+        json.dumps({"degrees": {"source": {"commit": commit, "command": command}, "cases": cases}}, indent=1)
+        + "\n"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.merge_degrees:
+        return _merge_degrees(args)
     commit = None if args.merge is not None else _head(args.commit)  # before a run of minutes, not after
+    if args.degrees:
+        return _run_degrees(args, commit)
     if args.real_run:
         got = real_run(Path(args.real_run), args.real_steps, 4)
         got |= {"commit": commit, "bench_command": f"python benchmarks/replan.py --real-run DIR "

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from replan import MODELS, simulate_args, split_label, table_md
+from replan import MODELS, degree_label, simulate_args, split_label, table_md
 
 from entrain.cli.common import resolve_cost_model, workload_source
 from entrain.config import RunConfig
@@ -32,7 +32,7 @@ from entrain.core.planning.config_search import evaluate_config
 from entrain.core.planning.setups import SystemSetup, system_setups
 from entrain.data.generators import CURRICULUM_PHASES
 from entrain.data.sampling import dataset_sampler
-from entrain.sim.adaptive import WindowJudge, fastest, window_replanner
+from entrain.sim.adaptive import WindowJudge, degree_candidates, fastest, window_replanner
 
 
 def split_plans(profiles: dict, cost, req, options: dict) -> list[SystemSetup]:
@@ -52,7 +52,7 @@ def split_plans(profiles: dict, cost, req, options: dict) -> list[SystemSetup]:
     return out
 
 
-def run_model(model: str) -> dict:
+def run_model(model: str, degrees: bool = False) -> dict:
     args = simulate_args(model, 2)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
@@ -67,14 +67,22 @@ def run_model(model: str) -> dict:
     replan = window_replanner("entrain", req, cost, judge)
     profiles = {p: [w.meta for b in bs for w in b] for p, bs in phases.items()}
     plans = split_plans(profiles, cost, req, first["entrain"].options)
+    if degrees:  # Algorithm 2's best at every other (DP, TP, microbatch size) on each phase's samples
+        seen = {repr(s.layout) for s in plans}
+        for name, items in profiles.items():
+            for s in degree_candidates(first["entrain"], items, cost, req, top=10**6):
+                if repr(s.layout) not in seen:
+                    seen.add(repr(s.layout))
+                    plans.append(dataclasses.replace(s, source=f"{s.source} on {name}"))
+    label = degree_label if degrees else split_label
     out = {"model": MODELS[model], "candidates": len(plans), "phases": {}}
     for p, bs in phases.items():
         statics = {"first phase": first["entrain"], "whole mix": mix, "re-planner": replan(bs)}
         row = {}
         for name, s in statics.items():
-            row[name] = {"ms": judge(s, bs), "split": split_label(s), "planned_ms": judge.planned(s, bs)}
+            row[name] = {"ms": judge(s, bs), "split": label(s), "planned_ms": judge.planned(s, bs)}
         best = fastest(plans, bs, judge, judge.bound)
-        row["best"] = {"ms": judge(best, bs), "split": split_label(best), "source": best.source}
+        row["best"] = {"ms": judge(best, bs), "split": label(best), "source": best.source}
         out["phases"][p] = row
         print(model, p, json.dumps(row), file=sys.stderr, flush=True)
     out["seconds"] = time.time() - t
@@ -86,13 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=MODELS, action="append")
     p.add_argument("--out", default="/dev/null")
     p.add_argument("--merge", nargs="*")
+    p.add_argument("--degrees", action="store_true",
+                   help="also Algorithm 2's best at every other DP / TP / microbatch size (replan.py's degrees section)")  # fmt: skip
+    p.add_argument("--commit", default=None, help="the commit the run is at: recorded as its source")
     args = p.parse_args(argv)
     if args.merge is not None:
         cases = [c for f in args.merge for c in json.loads(Path(f).read_text())["cases"]]
         print("\n".join(table_md(cases)))
         return 0
-    cases = [run_model(m) for m in args.model or list(MODELS)]
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")
+    models = args.model or list(MODELS)
+    cases = [run_model(m, args.degrees) for m in models]
+    data: dict = {"cases": cases}
+    if args.commit:
+        flags = " ".join(f"--model {m}" for m in models) + (" --degrees" if args.degrees else "")
+        data["source"] = {"commit": args.commit, "command": f"python benchmarks/replan_ceiling.py {flags}"}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     print("\n".join(table_md(cases)))
     return 0
 

@@ -482,7 +482,7 @@ the tables above); `adaptive, dp / tp / mb free` (`ReplanSettings.degrees`,
 `entrain.sim.adaptive.degrees_replanner`) also gets, at each window, Algorithm 2's best configuration on
 the window's samples for every other (DP, TP, microbatch size) of the 64 GPUs and global batch 512 (DP
 dividing 64 with >= 2 GPUs a replica, one TP of 1 / 2 / 4 / 8 for both components, microbatch size
-1 / 2 / 4 / 8), simulates the 3 best by Eq. 2 on the window, and hands the monitor two finalists (the
+1 / 2 / 4 / 8), simulates the 8 best by Eq. 2 on the window, and hands the monitor two finalists (the
 split at the run's degrees, the fastest at other degrees); the monitor takes the one with the lower
 window time x iterations left + its own switch cost (checkpoint on the old layout, 60 s restart, reshard
 onto the new: the runtime restarts from a checkpoint for every re-plan, so a change of degrees costs what

@@ -67,21 +67,19 @@ def run_model(model: str, degrees: bool = False) -> dict:
     replan = window_replanner("entrain", req, cost, judge)
     profiles = {p: [w.meta for b in bs for w in b] for p, bs in phases.items()}
     plans = split_plans(profiles, cost, req, first["entrain"].options)
-    if degrees:  # Algorithm 2's best at every other (DP, TP, microbatch size) on each phase's samples
-        seen = {repr(s.layout) for s in plans}
-        for name, items in profiles.items():
-            for s in degree_candidates(first["entrain"], items, cost, req, top=10**6):
-                if repr(s.layout) not in seen:
-                    seen.add(repr(s.layout))
-                    plans.append(dataclasses.replace(s, source=f"{s.source} on {name}"))
+    # --degrees: Algorithm 2's best at every other (DP, TP, microbatch size) on the phase's own samples
+    others = {p: degree_candidates(first["entrain"], items, cost, req, top=10**6) if degrees else []
+             for p, items in profiles.items()}  # fmt: skip
     label = degree_label if degrees else split_label
     out = {"model": MODELS[model], "candidates": len(plans), "phases": {}}
+    if degrees:
+        out["degree_candidates"] = {p: len(e) for p, e in others.items()}
     for p, bs in phases.items():
         statics = {"first phase": first["entrain"], "whole mix": mix, "re-planner": replan(bs)}
         row = {}
         for name, s in statics.items():
             row[name] = {"ms": judge(s, bs), "split": label(s), "planned_ms": judge.planned(s, bs)}
-        best = fastest(plans, bs, judge, judge.bound)
+        best = fastest([*plans, *others[p]], bs, judge, judge.bound)
         row["best"] = {"ms": judge(best, bs), "split": label(best), "source": best.source}
         out["phases"][p] = row
         print(model, p, json.dumps(row), file=sys.stderr, flush=True)

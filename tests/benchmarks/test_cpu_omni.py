@@ -44,6 +44,7 @@ def test_a_run_folder_is_read_per_rank_and_stage(omni, tmp_path):
     got = omni.measured(str(run))
     assert got["iter_ms"] == pytest.approx(100.0)  # the warm-up step dropped
     assert got["cpu_over_wall_per_rank"] == pytest.approx([0.9, 0.45, 0.3])  # medians of cpu / wall
+    assert got["cpu_ms_per_rank"] == [90.0, 45.0, 30.0]
     assert got["busiest_cpu_over_wall"] == pytest.approx(0.9)
     # stage 0: fwd + bwd of both microbatches, median over the kept steps (27, 37, 47); stage 1: 7
     assert got["stage_ms"] == pytest.approx([37.0, 7.0])
@@ -69,8 +70,11 @@ def test_losses_are_equal_only_on_the_same_samples_within_the_tolerance(omni):
     assert not got["same_samples"] and not got["exact"]
 
 
-def _round(e: float, b: float) -> dict:
-    return {"entrain": {"iter_ms": e}, "1f1b": {"iter_ms": b}}
+def _round(e: float, b: float, cpu_e=(1.0, 2.0), cpu_b=(2.0, 2.0)) -> dict:
+    return {
+        "entrain": {"iter_ms": e, "cpu_ms_per_rank": list(cpu_e)},
+        "1f1b": {"iter_ms": b, "cpu_ms_per_rank": list(cpu_b)},
+    }
 
 
 def test_the_real_ratio_is_the_median_of_the_paired_rounds(omni):
@@ -81,6 +85,11 @@ def test_the_real_ratio_is_the_median_of_the_paired_rounds(omni):
     assert s["spread"] == pytest.approx([0.9, 1.5]) and s["real_met"]
     assert s["sim_ratio"] == pytest.approx(0.9) and s["sim_rel_error"] == pytest.approx(0.9 / 0.95 - 1)
     assert not s["sim_met"]  # -5.3 %
+    assert s["busiest_cpu_ratios"] == [1.0] * 3
+    # the busiest rank's CPU ms per round: 3 / 4, 6 / 2, 1 / 4 -> median 0.75
+    cpu = [_round(1, 1, (3, 1), (4, 4)), _round(1, 1, (1, 6), (2, 1)), _round(1, 1, (1, 1), (1, 4))]
+    got = omni.summarize(cpu, {"entrain": 1.0, "1f1b": 1.0})
+    assert got["busiest_cpu_ratios"] == [0.75, 3.0, 0.25] and got["busiest_cpu_ratio"] == 0.75
     # paired 0.5, 1.1, 2.73 -> median 1.1; the ratio of medians would be 110 / 110
     skew = [_round(100.0, 200.0), _round(110.0, 100.0), _round(300.0, 110.0)]
     assert omni.summarize(skew, {"entrain": 1.0, "1f1b": 1.0})["real_ratio"] == pytest.approx(1.1)
@@ -99,6 +108,7 @@ def _pass(omni, tmp_path, loss_rel: float) -> dict:
         "config": {**omni.CONFIG, "nproc": 3, "cores": 2}, "load_before_round": [3.5, 1.25], "rounds": 2, "steps": 2, "orders": [["entrain", "1f1b"], ["1f1b", "entrain"]],
         "per_round": per_round, "loss_checks": [omni.loss_check(r) for r in per_round],
         "plans": {s: omni.plan_summary(str(tmp_path / "r0" / s)) for s in omni.SYSTEMS},
+        "sim_busy_ms_per_rank": {"entrain": [20.0, 10.0, 50.0], "1f1b": [40.0, 20.0, 20.0]},
         "summary": omni.summarize(per_round, {"entrain": 95.0, "1f1b": 100.0}),
         "source": {"commit": "abc1234", "command": "python benchmarks/cpu_pipeline.py --omni"},
         "idle": {"passed": False, "idle_fraction": 0.4, "skipped": True}, "note": "loaded",
@@ -118,11 +128,11 @@ def test_the_pass_is_a_section_of_the_paired_results_a_paired_pass_keeps(omni, t
     section = text[text.index("## Qwen2.5-Omni thinker") :]
     assert "Source: commit abc1234, `python benchmarks/cpu_pipeline.py --omni`" in section
     assert (
-        "| 100 | 100 | 1.000 (0.950-1.050) | yes | 95 | 100 | 0.950 | -5.0% | yes (0.0e+00, 1e-05) |"
+        "| 100 | 100 | 1.000 (0.950-1.050) | yes | 95 | 100 | 0.950 | -5.0% | 1.000 (1.000-1.000) | yes (0.0e+00, 1e-05) |"
         in section
     )
     assert "0.950 (entrain then 1f1b), 1.050 (1f1b then entrain)" in section
-    assert "| entrain | vision[0,2)@0 llm[0,4)@1 full; K 4; N-encoder planner (vision, audio), b_min 2 | 0.90 / 0.45 / 0.30 |" in section  # fmt: skip
+    assert "| entrain | vision[0,2)@0 llm[0,4)@1 full; K 4; N-encoder planner (vision, audio), b_min 2 | 0.90 / 0.45 / 0.30 | 90 / 45 / 30 | 20 / 10 / 50 | 27 / 7 |" in section  # fmt: skip
     assert (
         "Idle check skipped; the CPUs were 40% idle at the end of the pass; 1-minute load average before each round: 3.5, 1.2 (2 cores)."
         in section

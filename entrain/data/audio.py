@@ -1,5 +1,6 @@
 """Audio clips of LLaVA-format records: ``"audio": "clip.wav"`` (or a list of paths) and one
-``<audio>`` placeholder in the conversation per clip, in order.
+``<audio>`` placeholder in the conversation per clip, in order; in a shard the clip may be stored inside
+it (``entrain.data.records.ImageRef``: a WebDataset member, Parquet / Arrow bytes), read alike.
 
 * ``read_audio``: one file as float32 mono samples and its sampling rate, read with SciPy's WAV reader
   (``scipy.io.wavfile``; PCM 8/16/24/32-bit and float WAV); another format is read with
@@ -21,6 +22,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import warnings
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from entrain.data.records import ImageRef, media_file
 
 __all__ = ["AUDIO_PLACEHOLDER", "SAMPLING_RATE", "HOP_LENGTH", "MAX_FRAMES", "AudioFileError", "read_audio",
            "resample", "load_clip", "mel_frames", "audio_tokens", "feature_extractor", "clip_features",
@@ -60,39 +64,54 @@ def _as_float(data: np.ndarray) -> np.ndarray:
     return data.astype(np.float32)
 
 
-def _read_other(path: str) -> tuple[np.ndarray, int]:
+def _read_other(source, name: str) -> tuple[np.ndarray, int]:
     try:
         import soundfile
     except ImportError:
         raise AudioFileError(
-            path, "unsupported format", "not a WAV file; install soundfile to read FLAC, OGG or MP3"
+            name, "unsupported format", "not a WAV file; install soundfile to read FLAC, OGG or MP3"
         ) from None
     try:
-        data, rate = soundfile.read(path, dtype="float32", always_2d=False)
+        data, rate = soundfile.read(source, dtype="float32", always_2d=False)
     except (RuntimeError, soundfile.LibsndfileError) as e:
-        raise AudioFileError(path, "unreadable", str(e)) from None
+        raise AudioFileError(name, "unreadable", str(e)) from None
     return np.asarray(data), int(rate)
 
 
-def read_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
-    """``(samples [n] float32 mono, rate)`` of an audio file (channels averaged); AudioFileError
-    otherwise (module docstring)."""
+def _opened(src) -> tuple[str | io.BytesIO, str, bytes]:
+    """``(what the readers open, the file's name for messages, its first 12 bytes)`` of a path or a
+    file inside a shard (``ImageRef``); AudioFileError for a missing or empty one."""
+    name = str(src)
+    if isinstance(src, ImageRef):
+        try:
+            source = media_file(src)
+        except OSError as e:
+            raise AudioFileError(name, "unreadable", " ".join(str(e).split())) from None
+        head = source.getvalue()[:12]
+    else:
+        if not os.path.isfile(name):
+            raise AudioFileError(name, "missing")
+        source = name
+        with open(name, "rb") as f:
+            head = f.read(12)
+    if not head:
+        raise AudioFileError(name, "empty", "0 bytes")
+    return source, name, head
+
+
+def read_audio(path: str | os.PathLike | ImageRef) -> tuple[np.ndarray, int]:
+    """``(samples [n] float32 mono, rate)`` of an audio file, or of one inside a shard (``ImageRef``),
+    channels averaged; AudioFileError otherwise (module docstring)."""
     from scipy.io import wavfile
 
-    path = str(path)
-    if not os.path.isfile(path):
-        raise AudioFileError(path, "missing")
-    with open(path, "rb") as f:
-        head = f.read(12)
-    if not head:
-        raise AudioFileError(path, "empty", "0 bytes")
+    source, path, head = _opened(path)
     if not (head[:4] in (b"RIFF", b"RIFX", b"RF64") and head[8:12] == b"WAVE"):
-        data, rate = _read_other(path)
+        data, rate = _read_other(source, path)
     else:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                rate, data = wavfile.read(path)
+                rate, data = wavfile.read(source)
             except Exception as e:  # noqa: BLE001 - scipy raises several kinds for a bad header
                 raise AudioFileError(path, "unreadable", str(e) or type(e).__name__) from None
         early = [str(w.message) for w in caught if "prematurely" in str(w.message)]
@@ -118,8 +137,8 @@ def resample(samples: np.ndarray, rate: int, target: int = SAMPLING_RATE) -> np.
     return resample_poly(samples, target // g, int(rate) // g).astype(np.float32)
 
 
-def load_clip(path: str | os.PathLike) -> np.ndarray:
-    """A file's samples at ``SAMPLING_RATE`` (float32 mono)."""
+def load_clip(path: str | os.PathLike | ImageRef) -> np.ndarray:
+    """A file's (or a clip inside a shard's) samples at ``SAMPLING_RATE`` (float32 mono)."""
     samples, rate = read_audio(path)
     return resample(samples, rate)
 
@@ -159,16 +178,16 @@ def clip_features(clips: Sequence[np.ndarray], extractor: Any) -> list[np.ndarra
     return [np.asarray(f[:, : int(m.sum())], dtype=np.float32) for f, m in zip(feats, mask)]
 
 
-def audio_paths(record: dict) -> list[str]:
+def audio_paths(record: dict) -> list[str | ImageRef]:
     """The record's ``audio`` (or ``audios``) field as a list of paths (a string, a list of strings, or
-    absent)."""
+    absent), a shard's reader's clips (``ImageRef``) among them."""
     key = "audio" if "audio" in record else "audios"
     value = record.get(key)
     if value is None:
         return []
-    if isinstance(value, str):
+    if isinstance(value, (str, ImageRef)):
         return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, ImageRef)) for v in value):
         return list(value)
     raise ValueError(f"{key!r} must be a path or a list of paths, not {type(value).__name__}")
 
@@ -192,10 +211,10 @@ def check_record_audio(
     except ValueError as e:
         return [(key, str(e))]
     problems = []
-    listed = not isinstance(record.get(key), str)
+    listed = isinstance(record.get(key), (list, tuple))
     for i, p in enumerate(paths):
         try:
-            read_audio(Path(root) / p)
+            read_audio(p if isinstance(p, ImageRef) else Path(root) / p)
         except AudioFileError as e:
             problems.append(
                 (

@@ -8,7 +8,10 @@ chat-formatted length measured. Findings:
 - severity ``error`` (the record is bad): invalid JSON (with line), a missing or empty field, an
   unknown role, ``<image>`` placeholder count != image count, an image missing / unreadable /
   truncated / rejected by the processor, aspect ratio > 200, more than ``max_tokens`` LLM tokens
-  (text + merged image tokens), and every occurrence of an id after its first.
+  (text + merged image tokens), and every occurrence of an id after its first; an audio clip or a
+  video (a file or one inside a shard) missing, empty, truncated or undecodable, and a video's audio
+  track that is missing, truncated or stops decoding where the record uses it (``use_audio_in_video``:
+  ``entrain.data.video.probe_video`` decodes the track in the pass that decodes the frames).
 - severity ``error`` too: a record with no supervised (label) token under the tokenizer (no assistant
   text in its chat-formatted conversation, e.g. a chat template that drops it): it has nothing to
   teach; a dataset where no record has one is a one-line error in ``screen_dataset``.
@@ -16,7 +19,7 @@ chat-formatted length measured. Findings:
   converted to RGB8 before processing.
 - severity ``warning`` (not bad): an animated image (only its first frame is used); an image path
   that resolves outside the dataset root (``--image-root`` or the data file's folder; an ``error``
-  with ``confine_images``).
+  with ``confine_images``); a video's truncated or corrupt audio track that its record does not use.
 
 Errors beyond the record's fields: a chat-template special token (any token the tokenizer treats
 as special, e.g. ``<|image_pad|>``, ``<|im_start|>``) typed in a turn's text, and an ``<image>``
@@ -53,7 +56,7 @@ from entrain.data.llava import IMAGE_PLACEHOLDER, Parsed, Record, iter_parsed, r
 from entrain.data.problems import exif_orientation, image_error, open_image, orientation_note, oriented_size
 from entrain.data.processing import ProcessImages, conversion_reason, count_tokens
 from entrain.data.tokenizer import TextTokenizer, default_tokenizer
-from entrain.data.video import VideoSettings
+from entrain.data.video import AUDIO_IN_VIDEO_FIELD, VideoSettings, probe_video
 from entrain.data.video_records import counted_turns, record_videos
 
 __all__ = [
@@ -70,6 +73,7 @@ DEFAULT_MAX_TOKENS = 8192
 NO_LABEL = "no supervised (label) token"
 NO_LABEL_WHY = "the chat-formatted conversation has no assistant text to take the loss on: nothing to learn"
 ERROR, CONVERTED, WARNING = "error", "converted", "warning"
+UNUSED_TRACK = f"the record does not use its audio track (no {AUDIO_IN_VIDEO_FIELD}), so it trains without it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +379,13 @@ def _record_video(rec: Record, audio: tuple[int, ...], audio_tokens: int, proble
     except DataError as e:
         problems.append((e.field or rec.video_field, e.reason, ERROR))
         return None, audio, audio_tokens
+    if not rec.audio_in_video:  # a bad track the record does not use: named, not fatal
+        for i, path in enumerate(rec.video):
+            error = probe_video(path).track_error(path)
+            if error is not None:
+                problems.append(
+                    (f"{rec.video_field}[{i}]", f"{path}: {error.problem}; {UNUSED_TRACK}", WARNING)
+                )
     return videos, frames, sum(audio_llm_tokens(f) for f in frames)
 
 

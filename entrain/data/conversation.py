@@ -154,10 +154,11 @@ def _media_path(value: Any) -> tuple[str, str] | None:
 
 
 def _refused(kind: str) -> str:
-    """Why a shard's ``kind`` input (video, audio) makes its record bad."""
+    """Why a FineVision-style row's ``kind`` input (video, audio) makes its record bad."""
     return (
-        f"{kind} inputs are not supported in a shard: entrain reads {kind} only as file paths in a LLaVA "
-        f"JSON/JSONL record (for a model family that reads {kind}); the record is refused, never trained "
+        f"{kind} inputs are not supported in a FineVision-style table (images / texts columns, no "
+        f"placeholders): entrain reads {kind} in LLaVA fields (a JSON/JSONL record, or a shard with a "
+        f"conversations or messages column, or WebDataset members); the record is refused, never trained "
         f"without its {kind}"
     )
 
@@ -208,11 +209,11 @@ def media_problems(
     base: Path | None = None,
     audio_files: bool = False,
 ) -> list[tuple[str, str]]:
-    """The problems of a record's inputs other than images: video or audio in a shard (without
-    ``audio_files``: Parquet / Arrow columns, WebDataset members) makes the record bad in one line per
-    field (``_refused``), never trained with the input dropped (with ``audio_files``, a LLaVA
-    JSON/JSONL record's audio and video file paths are kept: ``Record.audio`` / ``Record.video``,
-    refused at training by a model family that reads neither); a placeholder of a kind without its
+    """The problems of a record's inputs other than images: video or audio without ``audio_files`` (a
+    FineVision-style row) makes the record bad in one line per field (``_refused``), never trained with
+    the input dropped (with ``audio_files``, a LLaVA record's audio and video files are kept, paths or
+    ``ImageRef`` to files inside a shard: ``Record.audio`` / ``Record.video``, refused at training by a
+    model family that reads neither); a placeholder of a kind without its
     field, or the field without its placeholder, too; and a field no reader reads holding a media
     file's path or bytes (a misspelt or unknown key would otherwise train the record without it). With
     ``base`` (the folder relative paths resolve against), every bad audio or video file is named too
@@ -224,7 +225,7 @@ def media_problems(
             continue  # images: parse_record's own checks
         held = {k: _items(obj.get(k)) for k in keys if _items(obj.get(k))}
         kept = kind in ("audio", "video") and audio_files  # media files: Record.audio / Record.video
-        if held and not kept:  # in a shard: one line, the record refused (its files are not looked for)
+        if held and not kept:  # a FineVision row: one line, the record refused (its files not looked for)
             problems += [(key, _refused(kind)) for key in held]
             continue
         if kind == "audio" and held and base is not None:
@@ -267,25 +268,31 @@ def media_problems(
     return problems
 
 
-def _audio_list(obj: dict, base: Path) -> tuple[tuple[str, ...], str]:
-    """The record's audio clip paths, resolved against ``base``, and the field holding them (its shape
+def _files(value: Any, base: Path) -> tuple[str | ImageRef, ...]:
+    """A media field's files: its paths resolved against ``base``, a shard's files (``ImageRef``) as they
+    are."""
+    items = [value] if isinstance(value, (str, ImageRef)) else value if isinstance(value, list) else []
+    return tuple(
+        p if isinstance(p, ImageRef) else _resolve(p, base)
+        for p in items
+        if isinstance(p, ImageRef) or (isinstance(p, str) and p.strip())
+    )
+
+
+def _audio_list(obj: dict, base: Path) -> tuple[tuple[str | ImageRef, ...], str]:
+    """The record's audio clips (``_files``), and the field holding them (its shape
     is checked by ``media_problems``)."""
     key = "audio" if "audio" in obj else "audios"
-    value = obj.get(key)
-    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    return tuple(_resolve(p, base) for p in items if isinstance(p, str) and p.strip()), key
+    return _files(obj.get(key), base), key
 
 
-def _video_list(obj: dict, base: Path) -> tuple[tuple[str, ...], str, bool]:
-    """The record's video paths, resolved against ``base``, the field holding them and its
+def _video_list(obj: dict, base: Path) -> tuple[tuple[str | ImageRef, ...], str, bool]:
+    """The record's videos (``_files``), the field holding them and its
     ``use_audio_in_video`` flag (shapes checked by ``media_problems``)."""
     from entrain.data.video import AUDIO_IN_VIDEO_FIELD
 
     key = "video" if "video" in obj else "videos"
-    value = obj.get(key)
-    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    paths = tuple(_resolve(p, base) for p in items if isinstance(p, str) and p.strip())
-    return paths, key, obj.get(AUDIO_IN_VIDEO_FIELD) is True
+    return _files(obj.get(key), base), key, obj.get(AUDIO_IN_VIDEO_FIELD) is True
 
 
 def parse_record(

@@ -359,7 +359,7 @@ def record_audio_frames(record: Record, stamps=None) -> tuple[int, ...]:
 
     frames = []
     for i, path in enumerate(record.audio):
-        if stamps is not None:
+        if stamps is not None and isinstance(path, str):  # a clip inside a shard: the shard's stamp
             stamps[path] = file_stamp(path)
         try:
             frames.append(mel_frames(len(load_clip(path))))

@@ -22,10 +22,11 @@ from entrain.core.workload.samples import SampleMeta, VisionTokenConfig
 __all__ = ["CACHE_DIRNAME", "cache_key", "cache_path", "file_stamp", "load", "store"]
 
 CACHE_DIRNAME = ".entrain_cache"
-_VERSION = 6
+_VERSION = 7
 """4: image sizes after the EXIF orientation, and no image over the aspect-ratio limit; 5: no record
 with a video / audio input or a media path in a field no reader reads (those are bad records now); 6:
-records with audio clips (their mel frames, each file stamped beside the images)."""
+records with audio clips (their mel frames, each file stamped beside the images); 7: a video's audio
+track decoded with its frames (a record feeding a cut or corrupt one is bad)."""
 
 
 def file_stamp(path: str | Path) -> list[int] | None:

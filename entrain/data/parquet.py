@@ -6,18 +6,22 @@
   per image at the start of its first user turn.
 - LLaVA fields (a ``conversations`` or ``messages`` column, as Hugging Face exports LLaVA data):
   ``conversations`` as in LLaVA JSON, ``image`` (one) or ``images`` (a list), each a path, encoded
-  bytes or ``{bytes, path}`` (the ``datasets`` Image feature); an optional ``id`` column.
+  bytes or ``{bytes, path}`` (the ``datasets`` Image feature); ``audio`` / ``audios`` and ``video`` /
+  ``videos`` alike (the ``datasets`` Audio / Video storage, bytes or paths), one ``<audio>`` /
+  ``<video>`` placeholder each, read and trained as a JSON record's files are; an optional ``id``
+  column.
   ``llava_row`` parses such a row; the ``save_to_disk`` arrow reader (``entrain.data.shards``)
   shares it.
 
-Records without ``id`` get ``"<file stem>:<row>"``. Relative image paths resolve against
-``image_root`` or the file's folder. Image bytes become ``ImageRef`` (row group, row, image), read
-again by location when training needs the pixels.
+Records without ``id`` get ``"<file stem>:<row>"``. Relative image, audio and video paths resolve against
+``image_root`` or the file's folder. File bytes become ``ImageRef`` (row group, row, item), read again
+by location when training needs them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +32,26 @@ from entrain.data.records import IMAGE_PLACEHOLDER, MEDIA_FIELDS, ImageRef, Pars
 
 __all__ = ["LLAVA_COLUMNS", "iter_parquet", "llava_row"]
 
-LLAVA_COLUMNS = ("id", "conversations", "messages", *(k for keys in MEDIA_FIELDS.values() for k in keys))
-"""The columns of a LLaVA-fields table that the reader uses (a video or audio column too: its rows are
-bad records, entrain trains images only)."""
+LLAVA_COLUMNS = (
+    "id",
+    "conversations",
+    "messages",
+    *(k for keys in MEDIA_FIELDS.values() for k in keys),
+    "use_audio_in_video",
+)
+"""The columns of a LLaVA-fields table that the reader uses (its images, audio clips and videos, and
+whether its videos' audio tracks are fed too: ``entrain.data.video.AUDIO_IN_VIDEO_FIELD``)."""
 FINEVISION_COLUMNS = (
     "id",
     "images",
     "texts",
     *(k for kind, keys in MEDIA_FIELDS.items() if kind != "image" for k in keys),
 )
-"""The columns of a FineVision-style table that the reader uses."""
+"""The columns of a FineVision-style table that the reader uses (a video or audio column too: its rows are
+bad records, that schema has no placeholders to place them)."""
 
 RefOf = Callable[[str, int, bytes], ImageRef]
-"""``(column, image index, bytes) -> ImageRef`` of one row's image."""
+"""``(column, item index, bytes) -> ImageRef`` of one row's image, audio clip or video."""
 
 
 def _pyarrow_parquet():
@@ -117,18 +128,41 @@ def _row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: RefOf)
     return Parsed(file, index, None, rid, record, problems)
 
 
+def _media(value: Any, problems: list[tuple[str, str]], ref_of: RefOf, column: str) -> Any:
+    """An audio or video column's value as ``parse_record`` reads it: each file's bytes (or the
+    ``datasets`` storage ``{bytes, path}`` with bytes) as ``ref_of(column, i, bytes)``, named by its
+    path, a path as itself; a list stays a list, one value stays one (its field is then ``column``)."""
+    listed = isinstance(value, list)
+    out: list = []
+    for i, item in enumerate(value if listed else [value]):
+        data = item.get("bytes") if isinstance(item, dict) else item if isinstance(item, bytes) else None
+        path = item.get("path") if isinstance(item, dict) else item if isinstance(item, str) else None
+        if data:
+            ref = ref_of(column, i, bytes(data))
+            out.append(replace(ref, name=path) if isinstance(path, str) and path else ref)
+        elif isinstance(path, str) and path.strip():
+            out.append(path)
+        else:
+            problems.append((f"{column}[{i}]" if listed else column, "neither file bytes nor a path"))
+    return out if listed else out[0] if out else None
+
+
 def llava_row(row: dict, file: str, index: int, stem: str, base: Path, ref_of: RefOf) -> Parsed:
     """One row with LLaVA fields (``conversations``/``messages``, ``image``/``images``, ``id``):
-    image bytes become ``ref_of(column, i, bytes)``, paths resolve against ``base``."""
+    image, audio and video bytes become ``ref_of(column, i, bytes)``, paths resolve against ``base``."""
     from entrain.data.conversation import parse_record
 
     problems: list[tuple[str, str]] = []
     obj = {k: v for k, v in row.items() if v is not None and k not in ("image", "images")}
     column = "images" if row.get("images") is not None else "image"
     obj["images"] = _images(row.get(column), base, problems, ref_of, column)
+    for kind in ("audio", "video"):
+        for key in MEDIA_FIELDS[kind]:
+            if row.get(key) is not None:
+                obj[key] = _media(row[key], problems, ref_of, key)
     if row.get("id") is None or row.get("id") == "":
         obj["id"] = f"{stem}:{index}"
-    parsed = parse_record(obj, file=file, index=index, line=None, base=base)
+    parsed = parse_record(obj, file=file, index=index, line=None, base=base, audio_files=True)
     if not problems:
         return parsed
     return Parsed(file, index, None, parsed.id, None, problems + parsed.problems)

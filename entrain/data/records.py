@@ -1,11 +1,14 @@
 """The normalised conversation record every reader yields (LLaVA JSON/JSONL, Parquet, shards) and
 the types the image and text processing read; no reader code, so the readers and the processing
-import it without importing each other. ``ImageRef`` names an image stored inside a shard and reads
-its bytes by location only when they are needed (``read_bytes``)."""
+import it without importing each other. ``ImageRef`` names a file (an image, an audio clip, a video)
+stored inside a shard and reads its bytes by location only when they are needed (``read_bytes``);
+``media_file`` gives a decoder what it opens of either a path or such a file."""
 
 from __future__ import annotations
 
 import functools
+import io
+import os
 from dataclasses import dataclass, field, replace
 
 __all__ = [
@@ -18,6 +21,7 @@ __all__ = [
     "ImageRef",
     "Parsed",
     "Record",
+    "media_file",
     "media_kind",
 ]
 
@@ -63,25 +67,29 @@ ROLES: dict[str, str] = {
 
 @dataclass(frozen=True, slots=True)
 class ImageRef:
-    """An image inside a dataset shard, read by location (never the whole shard).
+    """A file inside a dataset shard (an image, or an audio clip or video of a record), read by
+    location (never the whole shard).
 
     ``kind``: ``"tar"`` (``loc`` = (data offset, size) in bytes of the tar member), ``"parquet"``
-    (``loc`` = (row group, row in the group, image)) or ``"arrow"`` (``loc`` = (row, image) of a
-    Hugging Face ``save_to_disk`` arrow file); ``column`` names the image column (Parquet/arrow).
+    (``loc`` = (row group, row in the group, item)) or ``"arrow"`` (``loc`` = (row, item) of a
+    Hugging Face ``save_to_disk`` arrow file); ``column`` names the column (Parquet/arrow).
     ``data`` holds the bytes while the reader that found them still has them (not compared, and
-    dropped by ``light`` before a record is kept)."""
+    dropped by ``light`` before a record is kept). ``name``: the file's own name where the shard
+    gives one (a tar member's, the ``path`` beside the bytes of the ``datasets`` storage), for
+    messages."""
 
     kind: str
     shard: str
     loc: tuple[int, ...]
     column: str = ""
     data: bytes | None = field(default=None, compare=False, repr=False)
+    name: str = ""
 
     def light(self) -> ImageRef:
         return self if self.data is None else replace(self, data=None)
 
     def read_bytes(self) -> bytes:
-        """The encoded image; OSError when the shard cannot give it."""
+        """The encoded file; OSError when the shard cannot give it."""
         if self.data is not None:
             return self.data
         if self.kind == "tar":
@@ -90,7 +98,7 @@ class ImageRef:
                 f.seek(offset_bytes)
                 data = f.read(size_bytes)
             if len(data) != size_bytes:
-                raise OSError(f"{self}: the tar shard ends inside the image")
+                raise OSError(f"{self}: the tar shard ends inside the file")
             return data
         try:
             value = _table_cell(self)
@@ -98,15 +106,22 @@ class ImageRef:
             raise OSError(f"{self}: {' '.join(str(e).split())}") from None
         data = value.get("bytes") if isinstance(value, dict) else value
         if not isinstance(data, bytes):
-            raise OSError(f"{self}: no image bytes at this location")
+            raise OSError(f"{self}: no file bytes at this location")
         return data
 
     def __str__(self) -> str:
+        name = f"{self.name}, " if self.name else ""
         if self.kind == "tar":
-            return f"{self.shard} (bytes {self.loc[0]}..{self.loc[0] + self.loc[1]})"
+            return f"{self.shard} ({name}bytes {self.loc[0]}..{self.loc[0] + self.loc[1]})"
         *rows, item = self.loc
         where = f"row group {rows[0]}, row {rows[1]}" if self.kind == "parquet" else f"row {rows[0]}"
-        return f"{self.shard} ({where}, {self.column}[{item}])"
+        return f"{self.shard} ({name}{where}, {self.column}[{item}])"
+
+
+def media_file(src: str | os.PathLike | ImageRef) -> str | io.BytesIO:
+    """What a decoder opens for ``src``: a file's path as a string, or the bytes of a file inside a
+    shard as a file object (OSError when the shard cannot give them)."""
+    return io.BytesIO(src.read_bytes()) if isinstance(src, ImageRef) else os.fspath(src)
 
 
 @functools.lru_cache(maxsize=4)
@@ -144,10 +159,11 @@ class Record:
     ``ImageRef`` (an image inside a shard, read when needed);
     ``turns`` holds ``(role, text)`` with role in ``system``/``user``/``assistant`` and ``<image>``
     placeholders left in the text. ``index`` is the record's 0-based position in ``file``;
-    ``line`` its 1-based line where known. ``audio`` holds the resolved paths of its audio clips, in
-    the order of its ``<audio>`` placeholders (``audio_field``: the field that held them); ``video``
-    its video files' paths in the order of its ``<video>`` placeholders (``video_field``), whose audio
-    tracks it feeds too where ``audio_in_video`` (its ``use_audio_in_video``).
+    ``line`` its 1-based line where known. ``audio`` holds its audio clips (resolved paths, or
+    ``ImageRef`` to a clip inside a shard), in the order of its ``<audio>`` placeholders
+    (``audio_field``: the field that held them); ``video`` its videos (paths or ``ImageRef``) in the
+    order of its ``<video>`` placeholders (``video_field``), whose audio tracks it feeds too where
+    ``audio_in_video`` (its ``use_audio_in_video``).
     """
 
     id: str
@@ -156,9 +172,9 @@ class Record:
     file: str = ""
     index: int = 0
     line: int | None = None
-    audio: tuple[str, ...] = ()
+    audio: tuple[str | ImageRef, ...] = ()
     audio_field: str = "audio"
-    video: tuple[str, ...] = ()
+    video: tuple[str | ImageRef, ...] = ()
     video_field: str = "video"
     audio_in_video: bool = False
 
@@ -167,11 +183,16 @@ class Record:
         return tuple(i for i in self.images if isinstance(i, str))
 
     def light(self) -> Record:
-        """This record without the image bytes its shard reader held (``ImageRef.light``): what is
-        kept for training, which reads each image again by location."""
-        if not any(isinstance(i, ImageRef) and i.data is not None for i in self.images):
+        """This record without the image, audio and video bytes its shard reader held
+        (``ImageRef.light``): what is kept for training, which reads each file again by location."""
+        held = (self.images, self.audio, self.video)
+        if not any(isinstance(i, ImageRef) and i.data is not None for items in held for i in items):
             return self
-        return replace(self, images=tuple(i.light() if isinstance(i, ImageRef) else i for i in self.images))
+
+        def light(items: tuple) -> tuple:
+            return tuple(i.light() if isinstance(i, ImageRef) else i for i in items)
+
+        return replace(self, images=light(self.images), audio=light(self.audio), video=light(self.video))
 
     @property
     def where(self) -> str:

@@ -23,7 +23,12 @@ Qwen2.5-Omni processor use):
 An unusable file raises ``VideoFileError`` whose ``reason`` names what is wrong: ``missing``,
 ``empty`` (0 bytes), ``undecodable`` (no container or video stream FFmpeg can read), ``truncated``
 (decoding stops before the frames the stream declares), ``no frames``, ``too few frames`` (fewer
-than a temporal patch), ``no audio track`` (asked for). ``entrain.data.video_records`` reads the
+than a temporal patch), ``no audio track`` (asked for). ``probe_video`` decodes the audio track in the
+same pass as the frames (its packets come interleaved with theirs), so a track that stops decoding
+(``bad audio track``) or holds fewer packets than its stream declares (``truncated audio track``) is
+known without another read (``VideoInfo.track_problem``). A video inside a shard
+(``entrain.data.records.ImageRef``: a WebDataset member, Parquet / Arrow bytes) is decoded from its
+bytes alike. ``entrain.data.video_records`` reads the
 videos of a record (``check_record_video``: every bad video of one record, what ``data check`` reports).
 """
 
@@ -38,6 +43,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from entrain.data.records import ImageRef, media_file
 
 __all__ = [
     "AUDIO_IN_VIDEO_FIELD",
@@ -156,30 +163,54 @@ QWEN3_SETTINGS = VideoSettings(patch_size=16, min_pixels=128 * 32 * 32, max_pixe
 
 @dataclass(frozen=True)
 class VideoInfo:
-    """What decoding a video file shows: its frame count, frame rate and frame size, and whether it
-    holds an audio stream."""
+    """What decoding a video file shows: its frame count, frame rate and frame size, whether it holds
+    an audio stream, and what is wrong with that audio track (``track_problem``: ``(reason, detail)``,
+    None when it decodes whole)."""
 
     frames: int
     fps: float
     height: int
     width: int
     has_audio: bool
+    track_problem: tuple[str, str] | None = None
+
+    def track_error(self, path) -> VideoFileError | None:
+        """The ``VideoFileError`` naming ``path`` for a bad audio track, None for a good one or none."""
+        return None if self.track_problem is None else VideoFileError(str(path), *self.track_problem)
 
 
-def _open(path: str):
+Source = str | ImageRef
+"""A video file's path, or a video stored inside a shard (``entrain.data.records.ImageRef``)."""
+
+
+def _source(path: str | os.PathLike | ImageRef) -> Source:
+    return path if isinstance(path, ImageRef) else str(path)
+
+
+def _open(src: Source):
     import av
 
-    if not os.path.isfile(path):
-        raise VideoFileError(path, "missing")
-    if os.path.getsize(path) == 0:
-        raise VideoFileError(path, "empty", "0 bytes")
+    name = str(src)
+    if isinstance(src, ImageRef):
+        try:
+            file = media_file(src)
+        except OSError as e:
+            raise VideoFileError(name, "undecodable", _short(e)) from None
+        if not file.getbuffer().nbytes:
+            raise VideoFileError(name, "empty", "0 bytes")
+    else:
+        if not os.path.isfile(src):
+            raise VideoFileError(name, "missing")
+        if os.path.getsize(src) == 0:
+            raise VideoFileError(name, "empty", "0 bytes")
+        file = src
     try:
-        container = av.open(path)
+        container = av.open(file)
     except (av.FFmpegError, UnicodeDecodeError, ValueError) as e:
-        raise VideoFileError(path, "undecodable", _short(e)) from None
+        raise VideoFileError(name, "undecodable", _short(e)) from None
     if not container.streams.video:
         container.close()
-        raise VideoFileError(path, "undecodable", "no video stream")
+        raise VideoFileError(name, "undecodable", "no video stream")
     return container
 
 
@@ -187,43 +218,103 @@ def _short(e: Exception) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
-def probe_video(path: str | os.PathLike) -> VideoInfo:
-    """Decode every frame of a video file (so a truncated one shows); VideoFileError otherwise. The
-    answer is remembered per file state (path, size, modification time): the metadata pass, data check
-    and the renderer each ask it."""
-    path = str(path)
+PROBED_IN_SHARDS = 1024
+_probed: dict[tuple, VideoInfo] = {}
+"""``probe_video`` of videos inside shards, by location and the shard's state (at most
+``PROBED_IN_SHARDS``; the bytes are not kept)."""
+
+
+def probe_video(path: str | os.PathLike | ImageRef) -> VideoInfo:
+    """Decode every frame of a video file (so a truncated one shows), and its audio track's (so a
+    truncated or corrupt track shows: ``VideoInfo.track_problem``); VideoFileError otherwise. The
+    answer is remembered per file state (path, size, modification time; a video inside a shard: its
+    location and the shard's state): the metadata pass, data check and the renderer each ask it."""
+    src = _source(path)
     try:
-        st = os.stat(path)
+        st = os.stat(src.shard if isinstance(src, ImageRef) else src)
     except OSError:
-        raise VideoFileError(path, "missing") from None
-    return _probe(path, st.st_size, st.st_mtime_ns)
+        raise VideoFileError(str(src), "missing") from None
+    if not isinstance(src, ImageRef):
+        return _probe(src, st.st_size, st.st_mtime_ns)
+    key = (src.light(), st.st_size, st.st_mtime_ns)
+    info = _probed.get(key)
+    if info is None:
+        info = _decode(src)
+        if len(_probed) >= PROBED_IN_SHARDS:  # bounded: start again rather than grow
+            _probed.clear()
+        _probed[key] = info
+    return info
 
 
 @functools.lru_cache(maxsize=1024)
 def _probe(path: str, size: int, mtime_ns: int) -> VideoInfo:
+    return _decode(path)
+
+
+class _Track:
+    """The audio track's samples as ``_decode`` demuxes its packets beside the video's, and the first
+    decoding error."""
+
+    def __init__(self, stream):
+        self.stream, self.samples, self.largest, self.error = stream, 0, 0, None
+
+    def add(self, packet) -> None:
+        import av
+
+        if self.error is not None:
+            return
+        try:
+            for frame in packet.decode():
+                self.samples += frame.samples
+                self.largest = max(self.largest, frame.samples)
+        except av.FFmpegError as e:
+            self.error = f"decoding stopped after {self.samples} sample(s): {_short(e)}"
+
+    def problem(self) -> tuple[str, str] | None:
+        """``(reason, detail)`` of a track that stops decoding, or whose samples fall short of its
+        stream's duration by more than a frame (the stream ends early: a cut file), else None."""
+        if self.error is not None:
+            return "bad audio track", self.error
+        if self.samples == 0:
+            return "no audio track", "its audio stream holds no samples"
+        rate = self.stream.codec_context.sample_rate or self.stream.rate or 0
+        declared = float(self.stream.duration * self.stream.time_base) if self.stream.duration else 0.0
+        if rate and (self.samples + self.largest) / rate < declared:
+            return (
+                "truncated audio track",
+                f"{self.samples / rate:.2f} s of the {declared:.2f} s its stream declares",
+            )
+        return None
+
+
+def _decode(src: Source) -> VideoInfo:
     import av
 
-    with _open(path) as container:
+    with _open(src) as container:
         stream = container.streams.video[0]
+        track = _Track(container.streams.audio[0]) if container.streams.audio else None
         declared = int(stream.frames or 0)
         fps = float(stream.average_rate or stream.guessed_rate or 0)
         count, size = 0, (0, 0)
         try:
-            for frame in container.decode(stream):
-                count += 1
-                size = (frame.height, frame.width)
+            for packet in container.demux(stream, *([track.stream] if track else [])):
+                if track is not None and packet.stream.index == track.stream.index:
+                    track.add(packet)
+                    continue
+                for frame in packet.decode():
+                    count += 1
+                    size = (frame.height, frame.width)
         except av.FFmpegError as e:
             raise VideoFileError(
-                path, "truncated", f"decoding stopped after {count} frame(s): {_short(e)}"
+                str(src), "truncated", f"decoding stopped after {count} frame(s): {_short(e)}"
             ) from None
-        has_audio = bool(container.streams.audio)
     if count == 0:
-        raise VideoFileError(path, "no frames", f"its stream declares {declared}")
+        raise VideoFileError(str(src), "no frames", f"its stream declares {declared}")
     if declared and count < declared:
-        raise VideoFileError(path, "truncated", f"{count} of the {declared} frames its stream declares")
+        raise VideoFileError(str(src), "truncated", f"{count} of the {declared} frames its stream declares")
     if fps <= 0:
-        raise VideoFileError(path, "undecodable", "no frame rate")
-    return VideoInfo(count, fps, size[0], size[1], has_audio)
+        raise VideoFileError(str(src), "undecodable", "no frame rate")
+    return VideoInfo(count, fps, size[0], size[1], track is not None, track and track.problem())
 
 
 def sample_indices(total: int, video_fps: float, s: VideoSettings = DEFAULT_SETTINGS) -> list[int]:
@@ -306,10 +397,10 @@ def video_grid(
     return -(-frames // s.temporal_patch_size), rh // s.patch_size, rw // s.patch_size
 
 
-def read_frames(path: str | os.PathLike, indices: Sequence[int]) -> np.ndarray:
+def read_frames(path: str | os.PathLike | ImageRef, indices: Sequence[int]) -> np.ndarray:
     """``[n, H, W, 3]`` uint8 RGB frames at ``indices`` (ascending), decoded in order as transformers'
     ``pyav`` backend reads them."""
-    path = str(path)
+    path = _source(path)
     wanted, frames = set(int(i) for i in indices), {}
     last = max(wanted)
     with _open(path) as container:
@@ -351,7 +442,7 @@ def process_frames(
     return patches.reshape(t * gh * gw, c * tp * p * p).numpy(), (t, gh, gw)
 
 
-def _sampled(path: str, s: VideoSettings) -> tuple[VideoInfo, list[int]]:
+def _sampled(path: Source, s: VideoSettings) -> tuple[VideoInfo, list[int]]:
     info = probe_video(path)
     try:
         return info, sample_indices(info.frames, info.fps, s)
@@ -360,36 +451,36 @@ def _sampled(path: str, s: VideoSettings) -> tuple[VideoInfo, list[int]]:
 
 
 def file_grid(
-    path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS
+    path: str | os.PathLike | ImageRef, s: VideoSettings = DEFAULT_SETTINGS
 ) -> tuple[tuple[int, int, int], bool]:
     """``((t, h, w), has_audio)`` of a video file: its sampled frames' patch grid (the metadata pass)."""
-    info, indices = _sampled(str(path), s)
+    info, indices = _sampled(_source(path), s)
     try:
         return video_grid(len(indices), info.height, info.width, s), info.has_audio
     except ValueError as e:
-        raise VideoFileError(str(path), "undecodable", str(e)) from None
+        raise VideoFileError(path, "undecodable", str(e)) from None
 
 
-def sampled_fps(path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS) -> float:
+def sampled_fps(path: str | os.PathLike | ImageRef, s: VideoSettings = DEFAULT_SETTINGS) -> float:
     """Frames kept per second of the video (transformers' ``VideoMetadata.sampled_fps``: kept / total
     x its frame rate), what Qwen2.5-VL's processor divides the temporal patch by."""
-    info, indices = _sampled(str(path), s)
+    info, indices = _sampled(_source(path), s)
     return len(indices) / info.frames * info.fps
 
 
 def load_video(
-    path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS
+    path: str | os.PathLike | ImageRef, s: VideoSettings = DEFAULT_SETTINGS
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """``(pixel_values, (t, h, w))`` of a video file: sampled, decoded and processed."""
-    _, indices = _sampled(str(path), s)
+    _, indices = _sampled(_source(path), s)
     return process_frames(read_frames(path, indices), s)
 
 
-def audio_track(path: str | os.PathLike, rate: int = 16_000) -> np.ndarray:
+def audio_track(path: str | os.PathLike | ImageRef, rate: int = 16_000) -> np.ndarray:
     """The video's first audio stream as mono float32 samples at ``rate`` Hz (FFmpeg's resampler)."""
     import av
 
-    path = str(path)
+    path = _source(path)
     with _open(path) as container:
         if not container.streams.audio:
             raise VideoFileError(path, "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})")
@@ -410,7 +501,7 @@ def audio_track(path: str | os.PathLike, rate: int = 16_000) -> np.ndarray:
 # --- records: placeholders, the text a video becomes, its metadata -----------------------------------
 
 
-def track_frames(path: str) -> int:
+def track_frames(path: Source) -> int:
     """Mel frames of a video's audio track (``entrain.data.audio.mel_frames``)."""
     from entrain.data.audio import mel_frames
 
@@ -429,7 +520,9 @@ def frame_seconds(indices: Sequence[int], fps: float, temporal_patch_size: int =
     ]
 
 
-def frames_of(path: str | os.PathLike, s: VideoSettings = DEFAULT_SETTINGS) -> tuple[list[int], float]:
+def frames_of(
+    path: str | os.PathLike | ImageRef, s: VideoSettings = DEFAULT_SETTINGS
+) -> tuple[list[int], float]:
     """``(kept frame indices, the video's frame rate)`` of a video file."""
-    info, indices = _sampled(str(path), s)
+    info, indices = _sampled(_source(path), s)
     return indices, info.fps

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from entrain.data.records import ImageRef
 from entrain.data.video import (
     AUDIO_IN_VIDEO_FIELD,
     DEFAULT_SETTINGS,
@@ -16,6 +17,7 @@ from entrain.data.video import (
     file_grid,
     frame_seconds,
     frames_of,
+    probe_video,
     track_frames,
 )
 
@@ -23,6 +25,7 @@ __all__ = [
     "VIDEO_PLACEHOLDER",
     "video_paths",
     "check_record_video",
+    "used_track",
     "VIDEO_MARKERS",
     "video_markers",
     "chunk_runs",
@@ -41,15 +44,16 @@ VIDEO_PLACEHOLDER = "<video>"
 """A record's flag (``true``): each of its videos brings its audio track (Qwen2.5-Omni)."""
 
 
-def video_paths(record: dict) -> list[str]:
-    """The record's ``video`` (or ``videos``) field as a list of paths."""
+def video_paths(record: dict) -> list[str | ImageRef]:
+    """The record's ``video`` (or ``videos``) field as a list of paths, a shard's reader's videos
+    (``ImageRef``) among them."""
     key = "video" if "video" in record else "videos"
     value = record.get(key)
     if value is None:
         return []
-    if isinstance(value, str):
+    if isinstance(value, (str, ImageRef)):
         return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, ImageRef)) for v in value):
         return list(value)
     raise ValueError(f"{key!r} must be a path or a list of paths, not {type(value).__name__}")
 
@@ -59,8 +63,9 @@ def check_record_video(
 ) -> list[tuple[str, str]]:
     """``(field, problem)`` of every bad video file of ``record`` (paths relative to ``root``; the field
     ``video[i]`` of a list, ``video`` of one path; the problem names the file and what is wrong with
-    it), a video without an audio track when the record asks for its audio, and a
-    ``use_audio_in_video`` that is not a boolean; empty when all is well."""
+    it), a video without an audio track, or with a truncated or corrupt one, when the record asks for
+    its audio (``used_track``), and a ``use_audio_in_video`` that is not a boolean; empty when all is
+    well."""
     key = "video" if "video" in record else "videos"
     try:
         paths = video_paths(record)
@@ -70,17 +75,28 @@ def check_record_video(
     problems = []
     if not isinstance(flag, bool):
         problems.append((AUDIO_IN_VIDEO_FIELD, f"must be true or false, not {flag!r}"))
-    listed = not isinstance(record.get(key), str)
+    listed = isinstance(record.get(key), (list, tuple))
     for i, p in enumerate(paths):
         try:
-            _, has_audio = file_grid(Path(root) / p, s)
-            if flag is True and not has_audio:
-                raise VideoFileError(
-                    str(p), "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})"
-                )
+            src = p if isinstance(p, ImageRef) else Path(root) / p
+            file_grid(src, s)
+            if flag is True:
+                used_track(src, p)
         except VideoFileError as e:
             problems.append((f"{key}[{i}]" if listed else key, f"{p}: {e.problem}"))
     return problems
+
+
+def used_track(src, name=None) -> None:
+    """VideoFileError (naming ``name``, default ``src``) unless the video ``src`` holds an audio track
+    that decodes whole (``VideoInfo.track_problem``), for a record that asks for it."""
+    info = probe_video(src)
+    name = src if name is None else name
+    if not info.has_audio:
+        raise VideoFileError(str(name), "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})")
+    error = info.track_error(name)
+    if error is not None:
+        raise error
 
 
 VIDEO_MARKERS = {
@@ -184,21 +200,20 @@ def record_videos(record, clip_frames: Sequence[int], stamps=None, s: VideoSetti
     """``(video grids, audio frames)`` of ``record``: each video's patch grid, and the mel frames of its
     audio inputs in token order (``audio_slots``: its clips' ``clip_frames`` and, with
     ``audio_in_video``, its videos' tracks); ``stamps`` receives each video file's stamp. Raises
-    DataError naming the record, field and file of a bad video."""
+    DataError naming the record, field and file of a bad video (with ``audio_in_video``: of a bad
+    audio track too, ``used_track``)."""
     from entrain.core.errors import DataError
     from entrain.data.metadata_cache import file_stamp
 
     grids = []
     where = record.line or f"#{record.index}"
     for i, path in enumerate(record.video):
-        if stamps is not None:
+        if stamps is not None and isinstance(path, str):  # a video inside a shard: the shard's stamp
             stamps[path] = file_stamp(path)
         try:
-            grid, has_audio = file_grid(path, s)
-            if record.audio_in_video and not has_audio:
-                raise VideoFileError(
-                    path, "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})"
-                )
+            grid, _ = file_grid(path, s)
+            if record.audio_in_video:
+                used_track(path)
         except VideoFileError as e:
             raise DataError(
                 record.file, where, f"{record.video_field}[{i}]", f"{path}: {e.problem}"

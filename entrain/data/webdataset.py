@@ -4,12 +4,16 @@ A sample is the run of consecutive members that share a key: the member name up 
 of its base name (``dir/000042.json`` and ``dir/000042.jpg`` are sample ``dir/000042``). Its
 ``.json`` member holds the LLaVA record (``conversations`` or ``messages``, ``id``; the key when
 ``id`` is absent); its image members (``.jpg``, ``.png``, ...; several as ``.0.jpg``, ``.1.png``,
-in that order) are its images, in place of any ``image``/``images`` paths in the JSON. Without
-image members the JSON's own paths are used (relative to ``image_root`` or the shard's folder).
+in that order) are its images, in place of any ``image``/``images`` paths in the JSON; its audio members
+(``.wav``, ``.flac``, ...; ``.0.wav``, ``.1.wav``) and video members (``.mp4``, ``.mov``, ...) likewise
+are its ``audios`` and ``videos``, in place of the JSON's ``audio``/``audios`` and ``video``/``videos``,
+one ``<audio>`` / ``<video>`` placeholder each, read and trained as a JSON record's files are. Without
+members of a kind the JSON's own paths of that kind are used (relative to ``image_root`` or the shard's
+folder).
 
-The shard is read once, front to back (``r|``: no index of members is kept), and each image
-becomes an ``ImageRef`` to its bytes' offset in the tar, read again by location when training needs
-the pixels. A record is named by the shard and its 0-based sample index in it.
+The shard is read once, front to back (``r|``: no index of members is kept), and each image, clip
+or video becomes an ``ImageRef`` to its bytes' offset in the tar, read again by location when training
+needs it. A record is named by the shard and its 0-based sample index in it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class _Sample:
     key: str
     json_text: bytes | None = None
     images: list[tuple[str, ImageRef]] = field(default_factory=list)
+    media: dict[str, list[tuple[str, ImageRef]]] = field(default_factory=dict)
+    """``kind`` (``audio``, ``video``) -> its members ``(extension, ImageRef)``."""
     others: list[str] = field(default_factory=list)
 
 
@@ -81,6 +87,10 @@ def _add(sample: _Sample, tf: tarfile.TarFile, member: tarfile.TarInfo, ext: str
         data = tf.extractfile(member).read()
         ref = ImageRef("tar", str(shard), (member.offset_data, member.size), "", data)
         sample.images.append((ext, ref))
+    elif (kind := media_kind(last)) is not None:
+        data = tf.extractfile(member).read()
+        ref = ImageRef("tar", str(shard), (member.offset_data, member.size), "", data, member.name)
+        sample.media.setdefault(kind, []).append((ext, ref))
     else:
         sample.others.append(ext)
 
@@ -90,7 +100,8 @@ def _parse(sample: _Sample, shard: Path, index: int, base: Path) -> Parsed:
 
     file = str(shard)
     if sample.json_text is None:
-        members = ", ".join(f".{e}" for e in [e for e, _ in sample.images] + sample.others) or "none"
+        held = [e for e, _ in sample.images] + [e for refs in sample.media.values() for e, _ in refs]
+        members = ", ".join(f".{e}" for e in held + sample.others) or "none"
         reason = f"sample {sample.key!r} has no .json member (its members: {members})"
         return Parsed(file, index, None, sample.key, None, [("json", reason)])
     try:
@@ -101,24 +112,12 @@ def _parse(sample: _Sample, shard: Path, index: int, base: Path) -> Parsed:
         )
     if isinstance(obj, dict):
         obj.setdefault("id", sample.key)
-        _add_media_members(obj, sample)
-        if sample.images:
-            obj.pop("image", None)
-            obj["images"] = [ref for _, ref in sorted(sample.images, key=lambda x: _ext_order(x[0]))]
-    return parse_record(obj, file=file, index=index, line=None, base=base)
-
-
-def _add_media_members(obj: dict, sample: _Sample) -> None:
-    """A sample's video / audio members (``.mp4``, ``.wav`` ...) as its ``videos`` / ``audios`` field, so
-    that the record is named bad for them (entrain trains images only), never trained without them."""
-    for ext in sample.others:
-        kind = media_kind(ext)
-        if kind is not None:
-            key, held = MEDIA_FIELDS[kind][-1], obj.get(MEDIA_FIELDS[kind][-1])
-            obj[key] = [
-                *(held if isinstance(held, list) else [] if held is None else [held]),
-                f"{sample.key}.{ext}",
-            ]
+        for kind, members in (("image", sample.images), *sample.media.items()):
+            if members:  # in place of the JSON's own paths of this kind
+                single, listed = MEDIA_FIELDS[kind]
+                obj.pop(single, None)
+                obj[listed] = [ref for _, ref in sorted(members, key=lambda x: _ext_order(x[0]))]
+    return parse_record(obj, file=file, index=index, line=None, base=base, audio_files=True)
 
 
 def iter_tar(path: str | Path, image_root: str | Path | None = None) -> Iterator[Parsed]:

@@ -1,10 +1,10 @@
 """Every input kind a record can carry is trained or named as a bad record, never dropped: entrain trains
-images (and a LLaVA JSON/JSONL record's audio and video files, for a family that reads them), so a
-video or audio input in a shard (LLaVA ``video``/``videos`` fields, chat-template ``{"type": "video"}`` parts, Parquet / Arrow columns, WebDataset ``.mp4``/``.wav``
-members), a ``<video>``/``<audio>`` placeholder without its field, and a field no reader reads that
-holds a media file's path are bad records for every reader, for ``entrain data check``
-(``check_dataset``), for ``entrain train``'s screening (``screen_dataset``) and for ``data stats``
-(``read_samples``)."""
+images, and a LLaVA record's audio and video files (a JSON/JSONL record's paths; a shard's fields,
+members, bytes or paths: tests/data/test_shard_media.py) for a family that reads them, so a missing or
+undecodable one, a video or audio column of a FineVision-style table (no placeholders to place it), a
+``<video>``/``<audio>`` placeholder without its field, and a field no reader reads that holds a media
+file's path or bytes are bad records for every reader, for ``entrain data check`` (``check_dataset``),
+for ``entrain train``'s screening (``screen_dataset``) and for ``data stats`` (``read_samples``)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _record(rid: str, question: str = "What happens?", **fields) -> dict:
     return {"id": rid, **fields, "conversations": [{"from": "human", "value": question}, ANSWER]}
 
 
-UNSUPPORTED = "inputs are not supported in a shard: entrain reads"
+UNSUPPORTED = "inputs are not supported in a FineVision-style table"
 
 BAD_RECORDS = {
     # a record's video files are read too (a video family trains them): a missing one is named
@@ -111,7 +111,7 @@ def _llava_parquet(path, rows: list[dict]) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def test_a_parquet_video_column_makes_its_rows_bad(tmp_path):
+def test_a_parquet_video_column_is_read_so_a_missing_file_is_named(tmp_path):
     rows = [
         {"id": "a", "conversations": [ASK, ANSWER], "video": None},
         {
@@ -123,9 +123,7 @@ def test_a_parquet_video_column_makes_its_rows_bad(tmp_path):
     _llava_parquet(tmp_path / "d.parquet", rows)
     ok, bad = llava.iter_parsed(tmp_path / "d.parquet")
     assert ok.record is not None
-    assert _problems(bad) == [("video", f"video {UNSUPPORTED} video only as file paths in a LLaVA JSON/JSONL record "
-                                "(for a model family that reads video); the record is refused, never trained "
-                                "without its video")]  # fmt: skip
+    assert _problems(bad) == [("video", "c.mp4: missing")]
 
 
 def test_a_parquet_column_no_reader_reads_holding_media_paths_makes_its_rows_bad(tmp_path):
@@ -139,7 +137,7 @@ def test_a_parquet_column_no_reader_reads_holding_media_paths_makes_its_rows_bad
     assert any(f == "frames" and "'clips/b.mp4' looks like a video file" in why for f, why in _problems(bad))
 
 
-def test_an_arrow_video_column_makes_its_rows_bad(tmp_path):
+def test_an_arrow_video_column_is_read_so_a_missing_file_is_named(tmp_path):
     table = pa.Table.from_pylist([{"id": "v", "conversations": [ASK, ANSWER], "video": "c.mp4"}])
     folder = tmp_path / "hf"
     folder.mkdir()
@@ -150,7 +148,7 @@ def test_an_arrow_video_column_makes_its_rows_bad(tmp_path):
     )
     (folder / "dataset_info.json").write_text("{}")
     (bad,) = iter_sharded(folder)
-    assert any(f == "video" and UNSUPPORTED in why for f, why in _problems(bad)), bad.problems
+    assert ("video", "c.mp4: missing") in _problems(bad)
 
 
 def test_a_finevision_audio_column_makes_its_rows_bad(tmp_path):
@@ -169,14 +167,14 @@ def _tar(path, members: dict[str, bytes]) -> None:
 
 
 @pytest.mark.parametrize(("ext", "field"), [("mp4", "videos"), ("0.wav", "audios")])
-def test_a_webdataset_video_or_audio_member_makes_its_sample_bad(tmp_path, ext, field):
+def test_a_webdataset_video_or_audio_member_is_read_so_garbage_is_named(tmp_path, ext, field):
     meta = json.dumps({"conversations": [ASK, ANSWER]}).encode()
     folder = tmp_path / "wds"
     folder.mkdir()
     _tar(folder / "shard-00000.tar", {"s0.json": meta, "s1.json": meta, f"s1.{ext}": b"\x00" * 16})
     ok, bad = iter_sharded(folder)
     assert ok.record is not None
-    assert any(f == field and UNSUPPORTED in why for f, why in _problems(bad)), bad.problems
+    assert any(f == f"{field}[0]" and f"(s1.{ext}, bytes " in why for f, why in _problems(bad)), bad.problems
 
 
 @pytest.fixture
@@ -260,19 +258,16 @@ def _shard(folder, fmt: str, column: str, value, kind=FILE):
 
 
 SHARD_MEDIA = {
-    # a field the reader reads: refused (entrain reads audio / video only as a JSON record's files)
-    "parquet audio feature": ("parquet", "audio", {"bytes": WAV, "path": None}, FILE, "audio", UNSUPPORTED),
-    "parquet videos list": ("parquet", "videos", [{"bytes": MP4, "path": "c.mp4"}], pa.list_(FILE), "videos",
-                            UNSUPPORTED),
-    "webdataset wav member": ("webdataset", "wav", WAV, None, "audios", UNSUPPORTED),
-    "webdataset mov member": ("webdataset", "mov", MP4, None, "videos", UNSUPPORTED),
-    # a column no reader reads holding a media file: named, not dropped
+    # a FineVision-style table's audio or video: refused (that schema has no placeholders to place it)
+    "finevision audio column": ("finevision", "audio", WAV, pa.binary(), "audio", UNSUPPORTED),
+    "finevision videos column": ("finevision", "videos", [{"bytes": MP4, "path": None}], pa.list_(FILE), "videos",
+                                 UNSUPPORTED),
+    # a column no reader reads holding a media file: named, not dropped (a LLaVA-fields shard's audio and
+    # video fields are read: tests/data/test_shard_media.py)
     "parquet unknown audio column": ("parquet", "speech", {"bytes": WAV, "path": None}, FILE, "speech",
                                      "holds an audio file (its bytes) but 'speech' is not a field entrain reads"),
     "parquet unknown binary video column": ("parquet", "clip", MP4, pa.binary(), "clip",
                                             "holds a video file (its bytes) but 'clip' is not a field"),
-    "arrow audio feature": ("arrow", "audios", [{"bytes": b"fLaC\x00\x00\x00\x22", "path": None}],
-                            pa.list_(FILE), "audios", UNSUPPORTED),
     "arrow unknown video column": ("arrow", "clip", {"bytes": MP4, "path": None}, FILE, "clip",
                                    "holds a video file (its bytes) but 'clip' is not a field"),
     "finevision unknown audio column": ("finevision", "speech", WAV, pa.binary(), "speech",
@@ -283,9 +278,9 @@ SHARD_MEDIA = {
 
 
 @pytest.mark.parametrize("name", list(SHARD_MEDIA))
-def test_a_shards_audio_or_video_is_refused_in_one_line(tmp_path, name):
-    """Audio or video stored in a shard (a read field, a WebDataset member, or a column no reader reads:
-    bytes, the ``datasets`` storage, a path) makes its record bad in exactly one line naming the shard,
+def test_a_shards_unplaceable_or_unread_media_is_named_in_one_line(tmp_path, name):
+    """Audio or video in a FineVision-style shard, or in a column no reader reads (bytes, the ``datasets``
+    storage, a path), makes its record bad in exactly one line naming the shard,
     the record and the field; the record beside it stays good. ``data check`` reports that line."""
     fmt, column, value, kind, field, why = SHARD_MEDIA[name]
     shard = _shard(tmp_path / "shards", fmt, column, value, kind)

@@ -6,7 +6,8 @@
 * a video with its audio track becomes the tokens ``Qwen2_5OmniProcessor.replace_video_with_audio_token``
   writes (video and audio interleaved per chunk), for any grid, track length and seconds per patch;
 * ``data check`` names every bad video of a record (missing, truncated, no frames, undecodable, a
-  track asked of a silent video) with file, record and field, and passes good ones;
+  track asked of a silent video, a track cut short or corrupt: an error where the record feeds it, a
+  warning where not) with file, record and field, and passes good ones;
 * the metadata pass gives each video's grid and ``data stats`` reports ``video_tokens`` (JSON, checked
   against its schema, and a table row), which a dataset without video lacks in its table."""
 
@@ -31,7 +32,7 @@ from entrain.data.llava import read_metadata
 from entrain.data.video import file_grid, load_video, probe_video, sample_indices
 from entrain.data.video_records import video_text
 
-from .video_files import write_frameless, write_truncated, write_video
+from .video_files import write_bad_track, write_frameless, write_truncated, write_video
 
 VIDEOS = {  # name: (frames, fps, (H, W)): sizes the processor keeps (multiples of 28 within its limits)
     "a.mp4": (8, 4, (308, 336)),  # 4 frames kept
@@ -137,6 +138,37 @@ def test_data_check_names_every_bad_video(videos, tmp_path, capsys):
     for i, name in enumerate(["gone.mp4", "cut.mp4", "empty.avi", "noise.mp4"], start=1):
         line = next(x for x in out.splitlines() if f"video[{i}]" in x)
         assert str(path) in line and "id 'bad'" in line and name in line
+
+
+def test_data_check_names_a_videos_cut_or_corrupt_audio_track(tmp_path, capsys):
+    """``data check`` decodes each video's audio track in the pass that decodes its frames: a track cut
+    short (FFmpeg decodes what is left without an error) or corrupt is an error naming the file, the
+    record and the field where the record feeds it (``use_audio_in_video``), a warning where it does
+    not; a record whose video and track are whole passes."""
+    write_bad_track(tmp_path / "cut.mp4", "cut")
+    write_bad_track(tmp_path / "corrupt.mp4", "corrupt")
+    write_video(tmp_path / "good.mp4", audio_seconds=1.0)
+    records = [_record("cut", "cut.mp4", use_audio_in_video=True),
+               _record("corrupt", ["good.mp4", "corrupt.mp4"], use_audio_in_video=True),
+               _record("unused", "cut.mp4"), _record("good", "good.mp4", use_audio_in_video=True)]  # fmt: skip
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["data", "check", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    found = [x for x in out if x.endswith(("[error]", "[warning]"))]
+    assert len(found) == 3, out
+    cut, corrupt, unused = found
+    assert cut.startswith(f"{path}:1: record 0 id 'cut': video: cut.mp4: truncated audio track (")
+    assert cut.endswith(" s its stream declares) [error]")
+    assert corrupt.startswith(f"{path}:2: record 1 id 'corrupt': video[1]: corrupt.mp4: bad audio track (")
+    assert corrupt.endswith("[error]")
+    assert unused.startswith(
+        f"{path}:3: record 2 id 'unused': video[0]: {tmp_path / 'cut.mp4'}: truncated audio track"
+    )
+    assert unused.endswith(
+        "the record does not use its audio track (no use_audio_in_video), so it trains without it [warning]"
+    )
+    assert out[-2].startswith("4 record(s): 2 bad")
 
 
 def test_metadata_and_stats_count_the_videos(videos, capsys):

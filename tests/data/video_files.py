@@ -75,3 +75,38 @@ def write_frameless(path: Path) -> Path:
     out.start_encoding()
     out.close()
     return Path(path)
+
+
+def write_bad_track(path: Path, fault: str) -> Path:
+    """An MP4 (index first) of 8 whole frames at 4 fps whose 4-s AAC track, the file's tail, is cut at a
+    packet's start so that its last 8 packets are gone (``fault="cut"``: FFmpeg decodes what is left
+    without an error), or has every packet overwritten with 0xff bytes (``"corrupt"``)."""
+    import av
+
+    full = Path(str(path) + ".full.mp4")
+    with av.open(str(full), "w", options={"movflags": "faststart"}) as out:
+        video = out.add_stream("mpeg4", rate=4)
+        video.width, video.height, video.pix_fmt = 64, 48, "yuv420p"
+        audio = out.add_stream("aac", rate=16_000, layout="mono")
+        for i in range(8):
+            img = np.full((48, 64, 3), 20 * i, np.uint8)
+            for packet in video.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        tone = (0.3 * np.sin(np.arange(64_000) * 0.05)).astype(np.float32)
+        frame = av.AudioFrame.from_ndarray(tone[None], format="flt", layout="mono")
+        frame.sample_rate = 16_000
+        for packet in [*audio.encode(frame), *audio.encode()]:
+            out.mux(packet)
+    with av.open(str(full)) as container:
+        packets = [(p.pos, p.size) for p in container.demux(audio=0) if p.size]
+    data = bytearray(full.read_bytes())
+    full.unlink()
+    if fault == "cut":
+        data = data[: packets[-8][0]]
+    else:
+        for pos, size in packets:
+            data[pos : pos + size] = b"\xff" * size
+    Path(path).write_bytes(bytes(data))
+    return Path(path)

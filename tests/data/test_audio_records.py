@@ -13,6 +13,7 @@ import pytest
 from scipy.io import wavfile
 
 from entrain.cli.data import compute_stats, format_stats
+from entrain.cli.main import main
 from entrain.core.costs.presets import build_cost_model
 from entrain.core.errors import DataError
 from entrain.core.workload.samples import SampleMeta, audio_llm_tokens
@@ -86,3 +87,51 @@ def test_a_workload_with_audio_is_drawn_with_its_audio(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     drawn = dataset_sampler(str(path), 0)(20, 0)
     assert {m.id: m.audio for m in drawn}["s1"] == (40,)
+
+
+def test_entrain_data_check_names_file_record_and_field_and_resamples_a_44khz_clip(tmp_path, capsys):
+    """``entrain data check`` prints one line per bad clip naming the data file, the record's index and
+    id, the field and the clip (missing, truncated, empty); a 44.1-kHz clip is no error: it is resampled
+    to the 16 kHz transformers' ``WhisperFeatureExtractor`` requires (it refuses any other rate), and
+    ``data stats`` counts the tokens of the resampled clip's frames, those the extractor's mask counts."""
+    from transformers import WhisperFeatureExtractor
+
+    from entrain.data.audio import load_clip, mel_frames
+    from entrain.data.llava import read_metadata
+
+    rng = np.random.default_rng(0)
+    wavfile.write(tmp_path / "good.wav", 16000, (3000 * rng.normal(size=4000)).astype(np.int16))
+    wavfile.write(tmp_path / "cd.wav", 44100, (3000 * rng.normal(size=(44100, 2))).astype(np.int16))
+    data = (tmp_path / "good.wav").read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2])
+    (tmp_path / "empty.wav").write_bytes(b"")
+    records = [
+        _record("a", ["good.wav", "cut.wav"]),
+        _record("b", "cd.wav"),
+        _record("c", ["gone.wav", "empty.wav"]),
+    ]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["data", "check", str(path)]) == 1
+    bad = [x for x in capsys.readouterr().out.splitlines() if x.endswith("[error]")]
+    assert len(bad) == 3
+    for line_no, index, rid, field, reason in [(1, 0, "a", "audio[1]", "cut.wav: truncated ("),
+                                               (3, 2, "c", "audio[0]", "gone.wav: missing [error]"),
+                                               (3, 2, "c", "audio[1]", "empty.wav: empty (0 bytes) [error]")]:  # fmt: skip
+        assert any(
+            x.startswith(f"{path}:{line_no}: record {index} id '{rid}': {field}: {reason}") for x in bad
+        ), bad
+    clip = load_clip(tmp_path / "cd.wav")
+    assert len(clip) == 16000  # 1 s at 44.1 kHz, stereo averaged, resampled to 16 kHz
+    extractor = WhisperFeatureExtractor(feature_size=128)
+    with pytest.raises(ValueError, match="sampling rate"):
+        extractor([np.zeros(44100, np.float32)], sampling_rate=44100)
+    mask = extractor([clip], sampling_rate=16000, return_attention_mask=True, padding="max_length")[
+        "attention_mask"
+    ]
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(records[1]) + "\n")
+    ((frames,),) = [m.audio for m in read_metadata(good, use_cache=False)]
+    assert frames == int(mask[0].sum()) == mel_frames(16000) == 100
+    assert main(["data", "stats", "--dataset", str(good), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["audio_tokens"]["mean"] == audio_tokens(frames)

@@ -1,6 +1,7 @@
 """``entrain plan --json`` with expert parallelism lists the ``expert_balance`` decision (each EP
 group's heavy deferral pairs run at one position, or Algorithm 3's order) after ``sub_microbatches``,
-both candidates simulated (they differ: each replica runs 3 pairs), valid against entrain/schemas/plan.json; the plan it writes records the
+both candidates simulated (they differ: each replica runs 3 pairs), then ``expert_assignment`` (the
+assignment weighing each sample's predicted busiest-expert time, or not: taken only past the margin), valid against entrain/schemas/plan.json; the plan it writes records the
 option when it is taken."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from importlib import resources
 import jsonschema
 
 from entrain.cli.main import main
-from entrain.core.planning.extensions import DECISIONS
+from entrain.core.planning.extensions import DECISIONS, EP_DECISIONS
 
 
 def test_plan_lists_the_expert_balance_decision(capsys):
@@ -24,7 +25,13 @@ def test_plan_lists_the_expert_balance_decision(capsys):
     names = [d["name"] for d in out["decisions"]]
     assert "expert_balance" in names
     assert names.index("expert_balance") == names.index("sub_microbatches") + 1
-    assert [n for n in names if n != "expert_balance"] == [n for n in DECISIONS if n in names]
+    assert names.index("expert_assignment") == names.index("expert_balance") + 1
+    assert [n for n in names if n not in EP_DECISIONS] == [n for n in DECISIONS if n in names]
     (d,) = [d for d in out["decisions"] if d["name"] == "expert_balance"]
     assert set(d["candidates"]) == {"off", "on"} and d["chosen"] in ("off", "on")
     assert d["candidates"]["on"] != d["candidates"]["off"]  # 6 microbatches a replica: the order moves
+    (x,) = [d for d in out["decisions"] if d["name"] == "expert_assignment"]  # busiest-expert time weighed
+    assert set(x["candidates"]) == {"off", "on"} and x["default"] == "off"
+    on = x["chosen"] == "on"
+    assert on == (x["candidates"]["on"] < x["candidates"]["off"] * (1 - x["margin"]))
+    assert out["schedule_options"].get("expert_assignment", False) is on

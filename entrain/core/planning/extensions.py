@@ -98,7 +98,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     (off / on, where ``entrain_split`` is ``"auto"``), its order (slot / per-b where a rank holds several
     stages; elsewhere both are one plan, simulated once), the memory split into sub-microbatches
     (off: recomputation alone; on), with ``ep > 1`` the EP group's heavy pairs first (off / on) and the
-    encoder's cross-replica rebalancing (off / on)."""
+    busiest-expert time in the assignment (off / on), and the encoder's cross-replica rebalancing (off /
+    on)."""
     m = req.margin
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
@@ -128,7 +129,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     chosen, d = decide("sub_microbatches", "off", cuts, judge, m)
     if d.chosen == "off" and d.candidates["on"] == d.candidates["off"]:
         chosen = _inert_split(cuts["on"], d)
-    return _decide_rebalance(_decide_expert_balance(chosen, judge, m), judge, m)
+    chosen = _decide_expert_assignment(_decide_expert_balance(chosen, judge, m), judge, m)
+    return _decide_rebalance(chosen, judge, m)
 
 
 CLOSE_CALLS = ("ramp", "backward_order")
@@ -172,9 +174,9 @@ def _decide_rebalance(setup: SystemSetup, judge: CandidateJudge, margin: float) 
     return decide("encoder_rebalance", "off", cands, judge, margin)[0]
 
 
-EP_DECISIONS = ("expert_balance",)
-"""Decisions made only where the LLM's experts are sharded (``ep > 1``), after ``sub_microbatches``
-(so a dense plan's ``decisions`` are ``DECISIONS`` exactly)."""
+EP_DECISIONS = ("expert_balance", "expert_assignment")
+"""Decisions made only where the LLM's experts are sharded (``ep > 1``), in this order after
+``sub_microbatches`` (so a dense plan's ``decisions`` are ``DECISIONS`` exactly)."""
 
 
 def _decide_expert_balance(setup: SystemSetup, judge: CandidateJudge, margin: float) -> SystemSetup:
@@ -186,6 +188,18 @@ def _decide_expert_balance(setup: SystemSetup, judge: CandidateJudge, margin: fl
         return setup
     cands = {n: _with_options(setup, expert_balance=n == "on") for n in ("off", "on")}
     return decide("expert_balance", "off", cands, judge, margin)[0]
+
+
+def _decide_expert_assignment(setup: SystemSetup, judge: CandidateJudge, margin: float) -> SystemSetup:
+    """The ``expert_assignment`` decision (``ep > 1`` only, ``ScheduleOptions.expert_assignment``): the
+    assignment weighs each sample's LLM work plus its predicted busiest-expert time (a third resource
+    beside encoder and LLM work: the router-skew model's busiest rank and the all-to-all, per LLM token
+    at the mean microbatch, ``schedules.entrain.expert_works``), or its LLM work alone (``off``, the
+    default); ``on`` only where it simulates more than the margin faster."""
+    if setup.layout.components["llm"].ep <= 1:
+        return setup
+    cands = {n: _with_options(setup, expert_assignment=n == "on") for n in ("off", "on")}
+    return decide("expert_assignment", "off", cands, judge, margin)[0]
 
 
 def _inert_split(on: SystemSetup, d: Decision) -> SystemSetup:
@@ -227,6 +241,8 @@ def _notes(options: dict) -> str:
         notes += "; encoder rebalanced across replicas"
     if options.get("expert_balance"):
         notes += "; heavy pairs first across each EP group"
+    if options.get("expert_assignment"):
+        notes += "; busiest-expert time in the assignment"
     return notes
 
 

@@ -173,6 +173,11 @@ class PlanCosts:
     def _has_experts(self, stage: int) -> bool:
         return any(layer.experts is not None for layer in self._layers(stage))
 
+    def expert_ms(self, stage: int, phase: str, tokens: float) -> float:
+        """One call's mixture-of-experts time beyond the balanced curves of ``stage`` over ``tokens`` LLM
+        tokens (0 on a stage without experts; ``CostModel.expert_ms``)."""
+        return self._expert_ms(stage, phase, tokens) if self.expert_stages[stage] else 0.0
+
     def _expert_ms(self, stage: int, phase: str, tokens: float) -> float:
         """A call's mixture-of-experts time beyond the stage's balanced curves (``CostModel.expert_ms``)."""
         spec = self.layout.stages[stage]

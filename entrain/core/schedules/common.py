@@ -149,6 +149,18 @@ class ScheduleOptions:
     heaviest first (an odd median still last), so a position's heavy microbatches meet across the
     group, whose sparse layers wait for the group's slowest (``schedules.entrain``; the
     ``expert_balance`` decision, ``entrain.core.planning.extensions``). No effect at ``ep`` 1."""
+    expert_assignment: bool = False
+    """Entrain with expert parallelism (``ep > 1``; ours): the assignment balances each microbatch's
+    predicted busiest-expert time as a third resource beside encoder and LLM work. Wherever Entrain's
+    assignment weighs a sample's LLM work (Algorithm 3's bins and deferral, the two-resource assignment,
+    the DP re-split, the EP group's shared count and LLM refinement) it weighs that work plus the
+    sample's LLM tokens times the marginal ms per token of the LLM stages' busiest-rank expert tokens
+    and all-to-all (``CostModel.expert_ms``: the router-skew model) at the mean microbatch
+    (``schedules.entrain.expert_works``), and each EP group's samples are binned together, the group's
+    ``ep * k`` microbatches balanced against each other by the two-resource vector LPT on those works
+    (``schedules.entrain.ep_group_bins``: the group's LLM stages run in lockstep); the plan records
+    the samples' own works. The ``expert_assignment`` decision (``entrain.core.planning.extensions``).
+    No effect at ``ep`` 1."""
 
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:

@@ -59,6 +59,7 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -72,6 +73,7 @@ from entrain.core.assignment.two_resource import (
     assign_replica_two_resource,
     replica_loads,
     split_dp_two_resource,
+    vector_lpt,
 )
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
@@ -102,6 +104,8 @@ __all__ = [
     "rank_shares",
     "split_weight_grads",
     "heaviest_pairs_first",
+    "expert_works",
+    "ep_group_bins",
 ]
 
 NAME = "entrain"
@@ -311,9 +315,17 @@ class _ReplicaSearch:
     the best of an expert-parallel group's replicas, which must run one LLM program."""
 
     def __init__(
-        self, layout: Layout, samples: dict[str, SampleWork], costs: PlanCosts | None, opts, eager: bool
+        self,
+        layout: Layout,
+        samples: dict[str, SampleWork],
+        costs: PlanCosts | None,
+        opts,
+        eager: bool,
+        balance: dict[str, SampleWork] | None = None,
     ):
         self.layout, self.samples, self.costs, self.opts, self.eager = layout, samples, costs, opts, eager
+        self.balance = samples if balance is None else balance
+        """The works the assignment weighs (``expert_works`` under ``expert_assignment``; else ``samples``)."""
         self.auto = opts.ramp_microbatches == "auto" or opts.assignment == "auto"
         split = opts.backward_order if opts.split_weight_grads else None
         self.order = _compute_order(costs, opts.eager_budget_factor, eager, split)
@@ -333,7 +345,7 @@ class _ReplicaSearch:
         return (predicted_makespan_ms(graph, self.costs, compute) if predict else 0.0), graph, compute, cut
 
     def candidates(self, rep: ReplicaAssignment) -> list[tuple[str, ReplicaAssignment]]:
-        return _assignment_candidates(self.opts, self.costs, rep, self.samples, self.layout.num_microbatches)
+        return _assignment_candidates(self.opts, self.costs, rep, self.balance, self.layout.num_microbatches)
 
     def unramped(self, rep: ReplicaAssignment) -> float:
         """A replica's predicted makespan: the assignment candidate best on its own objective (the
@@ -460,17 +472,25 @@ def generate(
         raise ConfigError("entrain's eager forward, ramp='auto' and assignment='auto' need a cost model")
     costs = PlanCosts(layout, cost, samples) if cost is not None else None
     plan_options = _plan_options(opts, layout, eager)
-    search = _ReplicaSearch(layout, samples, costs, opts, eager)
+    ep = max(c.ep for c in layout.components.values())
+    balance = samples  # the works the assignment weighs
+    if opts.expert_assignment and ep > 1 and costs is not None:  # the busiest expert's time too
+        balance = expert_works(costs, samples, assignments)
+        assignments = [
+            _weighed(ia, balance, layout.num_microbatches, opts.microbatch_count) for ia in assignments
+        ]
+    search = _ReplicaSearch(layout, samples, costs, opts, eager, balance)
     splits: list[str] = []
     if opts.assignment != "paper" and opts.dp_resplit:  # the DP split too: the paper's or a two-resource one
         predict = search.unramped if costs is not None else None
         k = layout.num_microbatches
-        picked = [balanced_dp_split(ia, samples, costs, k, predict) for ia in assignments]
+        picked = [balanced_dp_split(ia, balance, costs, k, predict) for ia in assignments]
         splits, assignments = [p[0] for p in picked], [p[1] for p in picked]
-    ep = max(c.ep for c in layout.components.values())
     if ep > 1:  # one LLM microbatch count per expert-parallel group
         group_predict = search.as_assigned if costs is not None else None
-        assignments = [same_count_per_ep_group(ia, samples, ep, predict=group_predict) for ia in assignments]
+        assignments = [same_count_per_ep_group(ia, balance, ep, predict=group_predict) for ia in assignments]
+        if balance is not samples:  # the group's samples binned together on the weighed works
+            assignments = [ep_group_bins(ia, balance, ep, costs) for ia in assignments]
     check_replicas(layout, assignments)
     picked_per_replica = search.per_replica(assignments)
     chosen = [p[0] for p in picked_per_replica]
@@ -479,7 +499,7 @@ def generate(
 
     def replica(rep):
         _, mbs, compute, _, assigned, _ = next(replica_results)
-        return mbs, compute, assigned
+        return mbs, compute, assigned if balance is samples else _priced(assigned, samples)
 
     plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options, lowered=True)
     per_iteration = [slice(i * layout.dp, (i + 1) * layout.dp) for i in range(len(assignments))]
@@ -545,6 +565,99 @@ def heaviest_pairs_first(
     return replace(rep, execution_order=new)
 
 
+EXPERT_SLOPE_STEP = 0.05
+"""``expert_works``' per-token rate: the busiest-expert ms' central difference over this fraction
+either side of the mean microbatch's LLM tokens."""
+
+
+def expert_works(
+    costs: PlanCosts, samples: dict[str, SampleWork], assignments: Sequence[IterationAssignment]
+) -> dict[str, SampleWork]:
+    """``samples`` with each sample's LLM work raised by its predicted busiest-expert time
+    (``ScheduleOptions.expert_assignment``): its LLM tokens times the marginal ms per token of the
+    expert time the LLM stages add beyond their balanced curves (the busiest rank's extra expert tokens
+    under the router-skew model, and the all-to-all: ``PlanCosts.expert_ms``, forward and backward) at
+    the mean LLM microbatch of ``assignments``. That time is a concave function of a microbatch's
+    tokens (the busiest expert's excess shrinks as more tokens route), so its slope at the mean prices
+    a sample moved between microbatches near it. ``samples`` itself where no stage has experts or the
+    rate is 0 (``ep`` 1: one rank runs every expert)."""
+    layout = costs.layout
+    stages = [s.stage for s in layout.stages if s.component == "llm" and costs.expert_stages[s.stage]]
+    reps = [rep for ia in assignments for rep in ia.replicas]
+    ids = sorted({s for rep in reps for s in rep.sample_ids})
+    count = sum(rep.k_eff for rep in reps)
+    if not stages or not ids or count == 0:
+        return samples
+    tokens = {s: costs.unit_sums("llm", s)[1] for s in ids}
+    mean = math.fsum(tokens.values()) / count
+    if mean <= 0:
+        return samples
+
+    def expert(t: float) -> float:
+        return sum(costs.expert_ms(st, phase, t) for st in stages for phase in ("fwd", "bwd"))
+
+    h = EXPERT_SLOPE_STEP
+    rate = (expert(mean * (1 + h)) - expert(mean * (1 - h))) / (2 * h * mean)
+    if rate <= 0:
+        return samples
+    out = dict(samples)
+    for s in ids:
+        w = samples[s]
+        out[s] = replace(w, llm=w.llm + rate * tokens[s])
+    return out
+
+
+def ep_group_bins(
+    ia: IterationAssignment, works: dict[str, SampleWork], ep: int, costs: PlanCosts
+) -> IterationAssignment:
+    """``ia`` with each expert-parallel group's samples (``ep`` consecutive replicas, one microbatch count
+    ``k``) binned together (``ScheduleOptions.expert_assignment``): the vector LPT of the two-resource
+    assignment (``assignment.two_resource.vector_lpt``: every pipeline rank's load, ``rank_shares``) on
+    ``works`` (``expert_works``: LLM work plus the busiest-expert time) into ``ep * k`` microbatches, the
+    ``j``-th to replica ``j % ep`` (DFLOP's mapping), then pairwise deferral per replica. The group's
+    LLM stages run in lockstep, each action as long as its slowest replica's, so the group's
+    microbatches are balanced against each other, not only within each replica (a replica's sample
+    count may then differ from the others'). A group where some microbatch would be empty keeps its
+    replicas."""
+    out = list(ia.replicas)
+    for first in range(0, len(out), ep):
+        group = out[first : first + ep]
+        k = group[0].k_eff
+        pool = [works[s] for s in sorted(s for rep in group for s in rep.sample_ids)]
+        shares = rank_shares(costs, [w.id for w in pool])
+        bins = vector_lpt(pool, len(group) * k, shares)
+        if any(not b for b in bins) or any(rep.k_eff != k for rep in group):
+            continue
+        out[first : first + ep] = [
+            replica_assignment([bins[j] for j in range(r, len(bins), len(group))]) for r in range(len(group))
+        ]
+    return IterationAssignment(tuple(out))
+
+
+def _weighed(
+    ia: IterationAssignment, works: dict[str, SampleWork], num_microbatches: int, rule: str
+) -> IterationAssignment:
+    """``ia`` with every replica's samples assigned again (stratified + deferral, ``rule``'s count) on
+    ``works`` (``expert_works``); the DP split kept."""
+    return IterationAssignment(
+        tuple(
+            replica_assignment(
+                stratified_assign([works[s] for s in sorted(rep.sample_ids)], num_microbatches, rule)
+            )
+            for rep in ia.replicas
+        )
+    )
+
+
+def _priced(rep: ReplicaAssignment, samples: dict[str, SampleWork]) -> ReplicaAssignment:
+    """``rep`` with its microbatches' works summed from ``samples`` (the plan records the samples' own)."""
+    return replace(
+        rep,
+        encoder_work=tuple(math.fsum(samples[s].encoder for s in mb) for mb in rep.encoder_microbatches),
+        llm_work=tuple(math.fsum(samples[s].llm for s in mb) for mb in rep.llm_microbatches),
+    )
+
+
 def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
     """The ``Plan.options`` the schedule options give (before the per-iteration choices)."""
     out: dict = {"eager_budget_factor": opts.eager_budget_factor} if eager else {}
@@ -558,6 +671,8 @@ def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
         out["assignment"] = opts.assignment
     if opts.expert_balance and max(c.ep for c in layout.components.values()) > 1:
         out["expert_balance"] = True
+    if opts.expert_assignment and max(c.ep for c in layout.components.values()) > 1:
+        out["expert_assignment"] = True
     return out
 
 

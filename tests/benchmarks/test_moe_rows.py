@@ -44,3 +44,19 @@ def test_summarize_pairs_rounds_per_ep(benchmarks_on_path):
     assert got["2"]["refit_sim_ratio"] == pytest.approx(1.0) and got["2"][
         "refit_sim_rel_error"
     ] == pytest.approx(0.0)
+
+
+def test_the_zoo_header_names_the_rows_whose_degrees_were_searched(benchmarks_on_path):
+    """The generic header's DP 4, TP 2 is not what the searched rows (``SEARCHED_DEGREES``) ran."""
+    zoo = importlib.import_module("workload_zoo")
+
+    def header(*models: str) -> str:
+        cases = [{"dataset": "chartqa", "model": m, "iterations": 1, "error": "x"} for m in models]
+        return zoo.render({"iterations": 1, "elapsed_s": 1.0, "cases": cases}).splitlines()[2]
+
+    moe = zoo.MODELS["qwen3vl-30b-a3b"]
+    assert "64 GPUs (DP 4, TP 2)" in header("1B", "3B")
+    alone = header(moe)
+    assert "DP 4, TP 2" not in alone and f"searched by each system's own method for the {moe} rows" in alone
+    mixed = header("1B", moe)
+    assert "DP 4, TP 2; DP, TP and `ep` searched" in mixed and moe in mixed

@@ -12,7 +12,7 @@ from importlib import resources
 import jsonschema
 
 from entrain.cli.main import main
-from entrain.core.planning.extensions import DECISIONS, EP_DECISIONS
+from entrain.core.planning.extensions import DECISIONS, EP_DECISIONS, EP_GROUP
 
 
 def test_plan_lists_the_expert_balance_decision(capsys):
@@ -31,7 +31,9 @@ def test_plan_lists_the_expert_balance_decision(capsys):
     assert set(d["candidates"]) == {"off", "on"} and d["chosen"] in ("off", "on")
     assert d["candidates"]["on"] != d["candidates"]["off"]  # 6 microbatches a replica: the order moves
     (x,) = [d for d in out["decisions"] if d["name"] == "expert_assignment"]  # busiest-expert time weighed
-    assert set(x["candidates"]) == {"off", "on"} and x["default"] == "off"
-    on = x["chosen"] == "on"
-    assert on == (x["candidates"]["on"] < x["candidates"]["off"] * (1 - x["margin"]))
+    assert set(x["candidates"]) == {"off", "on", EP_GROUP} and x["default"] == "off"
+    ms = x["candidates"]
+    on = x["chosen"] != "off"
+    assert on == (min(ms["on"], ms[EP_GROUP]) < ms["off"] * (1 - x["margin"]))
     assert out["schedule_options"].get("expert_assignment", False) is on
+    assert out["schedule_options"].get("expert_group_bins", False) is (x["chosen"] == EP_GROUP)

@@ -23,7 +23,7 @@ from entrain.core.costs.costmodel import (
     Quadratic,
 )
 from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
-from entrain.core.planning.extensions import EP_DECISIONS, _decide_expert_assignment
+from entrain.core.planning.extensions import EP_DECISIONS, EP_GROUP, _decide_expert_assignment
 from entrain.core.planning.system_setup import SystemSetup
 from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.schedules.entrain import ep_group_bins, expert_works, rank_shares
@@ -82,6 +82,7 @@ def _llm_programs(plan, replica: int) -> list[tuple]:
 
 
 OPTIONS = [{}, {"assignment": "auto", "ramp_microbatches": "auto"}, {"expert_balance": True}]
+GROUP = {"expert_group_bins": True}
 
 
 @settings(deadline=None, max_examples=8)
@@ -89,16 +90,19 @@ OPTIONS = [{}, {"assignment": "auto", "ramp_microbatches": "auto"}, {"expert_bal
     images=st.lists(st.lists(st.integers(0, len(IMAGES) - 1), max_size=2), min_size=32, max_size=32),
     text=st.lists(st.integers(4, 1200), min_size=32, max_size=32),
     options=st.sampled_from(OPTIONS),
+    group=st.sampled_from([{}, GROUP]),
     k=st.sampled_from([2, 4]),
 )
-def test_every_sample_once_with_its_own_work_and_one_program_per_group(images, text, options, k):
+def test_every_sample_once_with_its_own_work_and_one_program_per_group(images, text, options, group, k):
     cost = _cost()
     batch = _batch(images, text, cost)
     samples = {s.id: s for s in batch}
     ia = assign_entrain(batch, 4, k)
     plan = generate_plan("entrain", _layout(2, 4, k, 32 // (4 * k)), [ia], samples, cost,
-                         {**options, "expert_assignment": True})  # fmt: skip
-    assert plan.options["expert_assignment"] is True
+                         {**options, **group, "expert_assignment": True})  # fmt: skip
+    assert plan.options["expert_assignment"] is True and plan.options.get("expert_group_bins", False) == bool(
+        group
+    )
     reps = plan.iterations[0].assignment.replicas
     resplit = plan.options.get("dp_split_chosen", ["paper"]) != ["paper"]  # across every replica
     for first in (0, 2) if not resplit else ():  # each EP group keeps its samples (its replicas may trade)
@@ -121,7 +125,7 @@ def test_every_sample_once_with_its_own_work_and_one_program_per_group(images, t
     # ep 1: the option changes nothing (one rank runs every expert: no busiest-expert excess)
     dense = _layout(1, 4, k, 32 // (4 * k))
     off = generate_plan("entrain", dense, [ia], samples, cost, options)
-    on = generate_plan("entrain", dense, [ia], samples, cost, {**options, "expert_assignment": True})
+    on = generate_plan("entrain", dense, [ia], samples, cost, {**options, **group, "expert_assignment": True})
     assert on.iterations == off.iterations
 
 
@@ -152,16 +156,18 @@ def test_the_weighed_assignment_moves_samples_where_work_and_tokens_disagree():
     """Long texts cost more LLM work per token (attention) than short ones; weighing the experts' time per
     token moves the LLM microbatches (the option is not inert)."""
     cost = _cost(8.0)
-    rows = [(0, 1200), (0, 1100), (0, 300), (0, 250), (0, 200), (0, 180), (0, 150), (0, 120),
-            (1, 40), (1, 30), (1, 60), (1, 90), (2, 20), (2, 10), (2, 30), (2, 50)]  # fmt: skip
+    rows = [(0, 197), (0, 749), (0, 641), (1, 444), (2, 83), (2, 334), (1, 815), (2, 1052), (1, 1124),
+            (1, 1038), (1, 83), (0, 755), (1, 662), (1, 877), (2, 346), (2, 373)]  # fmt: skip
     batch = _batch([[i] for i, _ in rows], [t for _, t in rows], cost)
     samples = {s.id: s for s in batch}
     ia = assign_entrain(batch, 2, 4)
     off = generate_plan("entrain", _layout(2, 2, 4, 2), [ia], samples, cost, {})
-    on = generate_plan("entrain", _layout(2, 2, 4, 2), [ia], samples, cost, {"expert_assignment": True})
-    assert [r.llm_microbatches for r in on.iterations[0].assignment.replicas] != [
-        r.llm_microbatches for r in off.iterations[0].assignment.replicas
-    ]
+    llm = [r.llm_microbatches for r in off.iterations[0].assignment.replicas]
+    for extra in ({}, GROUP):
+        on = generate_plan(
+            "entrain", _layout(2, 2, 4, 2), [ia], samples, cost, {"expert_assignment": True, **extra}
+        )
+        assert [r.llm_microbatches for r in on.iterations[0].assignment.replicas] != llm
 
 
 def _setup(ep: int) -> SystemSetup:
@@ -179,9 +185,10 @@ def test_the_decision_is_by_simulation_past_the_margin_and_recorded(on_ms, chose
     got = _decide_expert_assignment(_setup(2), judge, 0.02)
     (d,) = got.decisions
     assert d.name == "expert_assignment" and d.chosen == chosen and d.default == "off"
-    assert d.candidates == {"off": 100.0, "on": on_ms}
+    assert d.candidates == {"off": 100.0, "on": on_ms, EP_GROUP: on_ms}  # ties: the earlier, "on"
     assert got.options.get("expert_assignment", False) is (chosen == "on")
-    assert "expert_assignment" in EP_DECISIONS and seen == [["off", "on"]]
+    assert "expert_group_bins" not in got.options
+    assert "expert_assignment" in EP_DECISIONS and seen == [sorted(["off", "on", EP_GROUP])]
     assert _decide_expert_assignment(_setup(1), judge, 0.02) == _setup(1)  # ep 1: nothing to decide
 
 

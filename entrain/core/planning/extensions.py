@@ -194,12 +194,22 @@ def _decide_expert_assignment(setup: SystemSetup, judge: CandidateJudge, margin:
     """The ``expert_assignment`` decision (``ep > 1`` only, ``ScheduleOptions.expert_assignment``): the
     assignment weighs each sample's LLM work plus its predicted busiest-expert time (a third resource
     beside encoder and LLM work: the router-skew model's busiest rank and the all-to-all, per LLM token
-    at the mean microbatch, ``schedules.entrain.expert_works``), or its LLM work alone (``off``, the
-    default); ``on`` only where it simulates more than the margin faster."""
+    at the mean microbatch, ``schedules.entrain.expert_works``: ``on``), that and each EP group's
+    samples binned together (``EP_GROUP``), or its LLM work alone (``off``, the default); another than
+    ``off`` only where it simulates more than the margin faster."""
     if setup.layout.components["llm"].ep <= 1:
         return setup
-    cands = {n: _with_options(setup, expert_assignment=n == "on") for n in ("off", "on")}
+    cands = {
+        "off": _with_options(setup, expert_assignment=False),
+        "on": _with_options(setup, expert_assignment=True),
+        EP_GROUP: _with_options(setup, expert_assignment=True, expert_group_bins=True),
+    }
     return decide("expert_assignment", "off", cands, judge, margin)[0]
+
+
+EP_GROUP = "on, group bins"
+"""The ``expert_assignment`` candidate that also bins each EP group's samples together
+(``ScheduleOptions.expert_group_bins``)."""
 
 
 def _inert_split(on: SystemSetup, d: Decision) -> SystemSetup:
@@ -243,6 +253,8 @@ def _notes(options: dict) -> str:
         notes += "; heavy pairs first across each EP group"
     if options.get("expert_assignment"):
         notes += "; busiest-expert time in the assignment"
+    if options.get("expert_group_bins"):
+        notes += " (each EP group binned together)"
     return notes
 
 

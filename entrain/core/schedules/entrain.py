@@ -489,7 +489,7 @@ def generate(
     if ep > 1:  # one LLM microbatch count per expert-parallel group
         group_predict = search.as_assigned if costs is not None else None
         assignments = [same_count_per_ep_group(ia, balance, ep, predict=group_predict) for ia in assignments]
-        if balance is not samples:  # the group's samples binned together on the weighed works
+        if balance is not samples and opts.expert_group_bins:  # the group's samples binned together
             assignments = [ep_group_bins(ia, balance, ep, costs) for ia in assignments]
     check_replicas(layout, assignments)
     picked_per_replica = search.per_replica(assignments)
@@ -611,7 +611,7 @@ def ep_group_bins(
     ia: IterationAssignment, works: dict[str, SampleWork], ep: int, costs: PlanCosts
 ) -> IterationAssignment:
     """``ia`` with each expert-parallel group's samples (``ep`` consecutive replicas, one microbatch count
-    ``k``) binned together (``ScheduleOptions.expert_assignment``): the vector LPT of the two-resource
+    ``k``) binned together (``ScheduleOptions.expert_group_bins``): the vector LPT of the two-resource
     assignment (``assignment.two_resource.vector_lpt``: every pipeline rank's load, ``rank_shares``) on
     ``works`` (``expert_works``: LLM work plus the busiest-expert time) into ``ep * k`` microbatches, the
     ``j``-th to replica ``j % ep`` (DFLOP's mapping), then pairwise deferral per replica. The group's
@@ -673,6 +673,8 @@ def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
         out["expert_balance"] = True
     if opts.expert_assignment and max(c.ep for c in layout.components.values()) > 1:
         out["expert_assignment"] = True
+        if opts.expert_group_bins:
+            out["expert_group_bins"] = True
     return out
 
 

@@ -487,7 +487,8 @@ split at the run's degrees, the fastest at other degrees); the monitor takes the
 window time x iterations left + its own switch cost (checkpoint on the old layout, 60 s restart, reshard
 onto the new: the runtime restarts from a checkpoint for every re-plan, so a change of degrees costs what
 a change of split costs, only the shards' sizes differ) and fires when the gain net of that cost passes
-the threshold. The static rows are the tables' plans (no re-plan). Layouts: `E.PP / L.PP (dp, tp, mb)`."""
+the threshold. The static rows (no re-plan) are the plans of the same name above, simulated again at this
+section's commit. Layouts: `E.PP / L.PP (dp, tp, mb)`."""
 
 
 def degrees_md(section: dict) -> list[str]:

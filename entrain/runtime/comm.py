@@ -58,24 +58,29 @@ _MAX_DIMS = 4
 @dataclass(frozen=True, slots=True)
 class MessageKey:
     """Part ``part`` (index in the message's part names) of a message of sender stage ``stage``:
-    forward output (``backward=False``) or input gradient."""
+    forward output (``backward=False``) or input gradient; ``to``: the stage an input gradient goes to,
+    where the sender sends one per encoder pipeline (the first LLM stage of a plan with several; -1
+    otherwise), so that two pipelines' gradients on one channel (their last stages on one rank) keep
+    distinct keys."""
 
     stage: int
     backward: bool
     mb: int
     sub: int
     part: int = 0
+    to: int = -1
 
     @property
     def code(self) -> int:
-        return (((self.stage * 2 + int(self.backward)) * 4096 + self.mb) * 64 + self.sub) * 64 + self.part
+        base = (((self.stage * 2 + int(self.backward)) * 4096 + self.mb) * 64 + self.sub) * 64 + self.part
+        return base + ((self.to + 1) << 40)
 
     def with_part(self, part: int) -> MessageKey:
-        return MessageKey(self.stage, self.backward, self.mb, self.sub, part)
+        return MessageKey(self.stage, self.backward, self.mb, self.sub, part, self.to)
 
     def __str__(self) -> str:
         kind = "B" if self.backward else "F"
-        text = f"{self.stage}SEND_{kind}{self.mb}.{self.sub}"
+        text = f"{self.stage}SEND_{kind}{self.mb}.{self.sub}" + (f" to {self.to}" if self.to >= 0 else "")
         return text if self.part == 0 else f"{text}[part {self.part}]"
 
 

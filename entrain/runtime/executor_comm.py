@@ -40,7 +40,7 @@ class MessagePassing:
         self._handlers[c.action.kind](c.action)
 
     def _receive(self, peer: int, msg: Message) -> None:
-        key, names = _key(msg), message_part_names(self.layout, msg)
+        key, names = self._key(msg), message_part_names(self.layout, msg)
         ids = self._message_ids(peer, msg)
         if msg.kind == "F":  # sized from the plan once its stage's parts are known (MessageShapes)
             like = self.shapes.likes(msg.src, ids) if msg.src in self._sized else None
@@ -62,7 +62,7 @@ class MessagePassing:
         queue = self._unposted[peer]
         while queue and queue[0].kind == "B" and (queue[0].dst, queue[0].mb, queue[0].sub) in self._outputs:
             msg = queue.popleft()
-            self.transport.prepost_parts(peer, _key(msg), self._gradient_likes(peer, msg))
+            self.transport.prepost_parts(peer, self._key(msg), self._gradient_likes(peer, msg))
 
     # --- pieces of boundary messages that cross replicas ----------------------------------------------
     def _message_ids(self, peer: int, msg: Message) -> tuple[str, ...]:
@@ -124,6 +124,15 @@ class MessagePassing:
         rows = {n: sum(self._sample_rows(sid, n) for sid in ids) for n in names}
         return [torch.empty((rows[n], *out[n].shape[1:]), dtype=out[n].dtype, device="meta") for n in names]
 
+    def _gradient_to(self, sender: int, dst: int) -> int:
+        """``MessageKey.to`` of the input gradient ``sender`` sends to stage ``dst``: ``dst`` where
+        ``sender`` sends one per encoder pipeline, else -1."""
+        return dst if len(self._prev[sender]) > 1 else -1
+
+    def _key(self, msg: Message) -> MessageKey:
+        to = self._gradient_to(msg.src, msg.dst) if msg.kind == "B" else -1
+        return MessageKey(msg.src, msg.kind == "B", msg.mb, msg.sub, to=to)
+
     # --- communication ------------------------------------------------------------------------------
     def _send_forward(self, a: Action) -> None:
         s, mb, sub = a.stage, a.mb, a.sub_index
@@ -143,9 +152,11 @@ class MessagePassing:
             self.transport.send_parts(cut, peer, key, piece)
             self._prepost(peer)
 
-    def _take(self, stage: int, backward: bool, mb: int, sub: int, names: Sequence[str]) -> Parts:
-        """The parts ``names`` of message (``stage``: its sender) from the stash."""
-        key, peer = MessageKey(stage, backward, mb, sub), self._peer(stage)
+    def _take(
+        self, stage: int, backward: bool, mb: int, sub: int, names: Sequence[str], to: int = -1
+    ) -> Parts:
+        """The parts ``names`` of message (``stage``: its sender; ``to``: ``MessageKey.to``) from the stash."""
+        key, peer = MessageKey(stage, backward, mb, sub, to=to), self._peer(stage)
         return {n: self.transport.take(peer, key.with_part(i)) for i, n in enumerate(names)}
 
     def _recv_forward(self, a: Action) -> None:
@@ -182,7 +193,7 @@ class MessagePassing:
         else:
             ids = self._ids(s, mb, sub)
         key, peers = (
-            MessageKey(s, True, mb, sub),
+            MessageKey(s, True, mb, sub, to=self._gradient_to(s, src)),
             self._piece_peers(s, mb, sub) if s == self.first_llm else [],
         )
         self.transport.send_parts(grads, self._peer(src), key, ids)
@@ -196,7 +207,7 @@ class MessagePassing:
         if self._is_local(self._next[s]):
             return
         names = self.layout.stages[s].part_names
-        grads = self._take(self._next[s], True, mb, sub, names)
+        grads = self._take(self._next[s], True, mb, sub, names, self._gradient_to(self._next[s], s))
         peers = self._piece_peers(s, mb, sub)
         if peers:  # the pieces' gradients back in the rows of the whole output
             out, ids, key = (
@@ -216,10 +227,6 @@ class MessagePassing:
                     full[n].index_copy_(0, self._row_index(ids, piece, n), part[n])
             grads = full
         self._out_grads[(s, mb, sub)] = grads
-
-
-def _key(msg: Message) -> MessageKey:
-    return MessageKey(msg.src, msg.kind == "B", msg.mb, msg.sub)
 
 
 def receive_queues(program: Sequence[Step]) -> dict[int, deque[Message]]:

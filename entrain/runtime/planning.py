@@ -6,7 +6,9 @@
 * otherwise the planner, as ``entrain simulate`` chooses it (``entrain.core.planning.setups.system_setups``),
   for the processes started (GPUs = ``--nproc`` x nodes); Entrain on a model with several encoder
   towers (an audio tower beside the vision tower) plans one pipeline per tower (``encoders_setup``,
-  docs/design.md "N encoders") where a replica has a GPU for each tower and the LLM.
+  docs/design.md "N encoders") where a replica has a GPU for each tower and the LLM, and so does
+  DistTrain-like (one group per tower, its degrees from the N-way search on its one profiled sample of
+  the same profile, as ``simulate`` plans it: ``planning.encoders_baselines``).
 
 Then each iteration's Plan comes from the system's batcher and generator, as in the simulator."""
 
@@ -22,7 +24,12 @@ from entrain.core.errors import ConfigError
 from entrain.core.ir.p2p_check import check_plan
 from entrain.core.ir.plan import Layout, Plan
 from entrain.core.planning.encoders import Encoder, MultiEncoderConfig, search_encoders, shape_encoders
-from entrain.core.planning.encoders_plan import encoders_layout, generate_encoders_plan
+from entrain.core.planning.encoders_baselines import (
+    CONFIG_SYSTEMS,
+    disttrain_encoders_sample,
+    generate_config_plan,
+)
+from entrain.core.planning.encoders_plan import encoders_layout
 from entrain.core.planning.setups import (
     CandidateJudge,
     ConfigRequest,
@@ -31,7 +38,7 @@ from entrain.core.planning.setups import (
     read_plan_file,
     system_setups,
 )
-from entrain.core.systems import ENTRAIN, SYSTEMS, moves_across_replicas, plan_system
+from entrain.core.systems import DISTTRAIN, ENTRAIN, SYSTEMS, moves_across_replicas, plan_system
 from entrain.core.workload.work import SampleWork
 
 __all__ = [
@@ -163,11 +170,13 @@ def run_encoders(spec: RunConfig) -> tuple[Encoder, ...] | None:
 def encoders_setup(
     system: str, spec: RunConfig, sampler: Sampler, gpus: int, profile: EncodersProfile | None
 ) -> SystemSetup | None:
-    """Entrain's setup with one pipeline per encoder tower (``search_encoders`` on Algorithm 1's
-    profile, ``profile``), when the run plans one: Entrain, a model with several towers
-    (``run_encoders``) and a GPU per tower and for the LLM in a replica; None otherwise (the
-    one-encoder path: both towers in the first stages)."""
-    encoders = run_encoders(spec) if profile is not None and system == ENTRAIN else None
+    """The setup with one pipeline per encoder tower, when the run plans one: Entrain or DistTrain-like
+    (``encoders_baselines.CONFIG_SYSTEMS``), a model with several towers (``run_encoders``) and a GPU
+    per tower and for the LLM in a replica; None otherwise (the one-encoder path: both towers in the
+    first stages). Entrain's configuration is ``search_encoders``' best on Algorithm 1's profile
+    (``profile``), DistTrain-like's the search's best on its one profiled sample of that profile
+    (``disttrain_encoders_sample``), as ``simulate`` plans them (``plan_encoders_system``)."""
+    encoders = run_encoders(spec) if profile is not None and system in CONFIG_SYSTEMS else None
     if encoders is None or gpus // spec.parallel.dp_or_1 < len(encoders) + 1:
         return None
     if spec.schedule.replan == "auto":
@@ -177,15 +186,21 @@ def encoders_setup(
         )
     parallel = replace(spec.parallel, gpus=gpus)
     b, samples = profile(sampler, encoders, parallel)
+    names = ", ".join(e.name for e in encoders)
+    if system == DISTTRAIN:
+        one = disttrain_encoders_sample(samples, encoders)
+        cfg = search_encoders([one], encoders, parallel)[0]
+        source = f"DistTrain-like N-encoder ({names}), one profiled sample {one.id}"
+        return SystemSetup(encoders_layout(cfg), {}, source, profile=[one], config=cfg)
     cfg = search_encoders(samples, encoders, parallel)[0]
-    source = f"N-encoder planner ({', '.join(e.name for e in encoders)}), b_min {b.b_min}"
+    source = f"N-encoder planner ({names}), b_min {b.b_min}"
     return SystemSetup(encoders_layout(cfg), {}, source, b_min=b.b_min, profile=samples, config=cfg)
 
 
 @dataclass
 class EncodersStepPlanner:
-    """``(step, batch) -> one-iteration Plan`` with one pipeline per encoder tower
-    (``planning.encoders_plan.generate_encoders_plan`` on the searched configuration); picklable, as
+    """``(step, batch) -> one-iteration Plan`` with one pipeline per encoder tower, ``system``'s
+    (``planning.encoders_baselines.generate_config_plan`` on the searched configuration); picklable, as
     ``plan_prefetch.StepPlanner``."""
 
     encoders: tuple[Encoder, ...]
@@ -200,7 +215,7 @@ class EncodersStepPlanner:
 
     def plan(self, batches: Sequence[Sequence[SampleWork]]) -> Plan:
         """One iteration per global batch, checked deadlock-free (``entrain.core.ir.p2p``)."""
-        plan = generate_encoders_plan(batches, self.encoders, self.config, system=self.system)
+        plan = generate_config_plan(self.system, batches, self.encoders, self.config)
         if self.layout is not None:
             plan = replace(plan, layout=self.layout)
         check_plan(plan)

@@ -1,5 +1,5 @@
 """Systems on a model with several encoder towers (vision and audio, docs/design.md "N encoders"), end
-to end in simulation: the profile (Algorithm 1 with N encoders), each system's Plan
+to end in simulation: the profile (Algorithm 1 with N encoders, the deployed check), each system's Plan
 (``planning.encoders_baselines.plan_encoders_system``), the simulator priced by ``EncodersPlanCosts``.
 
 What ``entrain simulate`` runs for such a model. A system that cannot plan one pipeline per encoder
@@ -25,15 +25,15 @@ from entrain.core.costs.sampler import Sampler, draw_seed
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.ir.plan import Plan
-from entrain.core.planning.bmin import PAPER_BMIN_CONFIG
+from entrain.core.planning.bmin import PAPER_BMIN_CONFIG, DeployCheck
 from entrain.core.planning.encoders import (
     Encoder,
     EncodersBMin,
     MultiEncoderConfig,
-    find_b_min_encoders,
     search_encoders,
 )
 from entrain.core.planning.encoders_baselines import plan_encoders_system
+from entrain.core.planning.encoders_bmin import find_b_min_encoders_deployed
 from entrain.core.planning.encoders_plan import below_requested, generate_encoders_plan
 from entrain.core.planning.system_setup import DECISION_MARGIN, Decision, pick
 from entrain.core.schedules.encoder_costs import EncodersPlanCosts
@@ -51,10 +51,12 @@ MICROBATCH_COUNT = "microbatch count"
 def encoders_profile(
     sampler: Sampler, encoders: Sequence[Encoder], parallel: ParallelConfig
 ) -> tuple[EncodersBMin, list]:
-    """Algorithm 1 with N encoders (``find_b_min_encoders``, the paper's test, on a replica of
-    ``parallel.gpus / dp`` GPUs) and its reference draw at ``b_min``, the planner's profile."""
+    """Algorithm 1 with N encoders on a replica of ``parallel.gpus / dp`` GPUs, stability judged on the
+    configuration each draw's split deploys (``planning.encoders_bmin``: the one-encoder planner's
+    ``DeployCheck`` applied to every encoder group, up to the global batch), and its reference draw at
+    ``b_min``: the planner's profile."""
     gpus = parallel.gpus // (parallel.dp or 1) if parallel.gpus else len(encoders) + 1
-    b = find_b_min_encoders(sampler, encoders, gpus)
+    b = find_b_min_encoders_deployed(sampler, encoders, gpus, DeployCheck(parallel), dp=parallel.dp or 1)
     return b, list(sampler(b.b_min, draw_seed(PAPER_BMIN_CONFIG.seed, b.b_min, 0)))
 
 

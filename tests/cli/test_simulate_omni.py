@@ -1,5 +1,5 @@
 """``entrain simulate`` on the omni preset (``qwen25-omni-7b``: an audio tower beside the vision tower)
-takes the N-encoder path: Entrain and DistTrain-like get their Plan from ``plan_encoders_system`` (one
+takes the N-encoder path: Entrain, DistTrain-like and DIP-like get their Plan from ``plan_encoders_system`` (one
 pipeline per encoder), the other systems are named in ``not_built`` with their one-line reason."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ OMNI = ["--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops
 
 def test_omni_preset_plans_one_pipeline_per_encoder_and_names_the_rest(capsys):
     schema = json.loads(resources.files("entrain").joinpath("schemas/simulate.json").read_text())
-    assert main(["simulate", *OMNI, "--systems", "entrain,1f1b,disttrain,dip", "--json"]) == 0
+    assert main(["simulate", *OMNI, "--systems", "entrain,1f1b,disttrain,dip,dflop", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     jsonschema.validate(out, schema)
-    assert list(out["systems"]) == ["entrain", "disttrain"]
+    assert list(out["systems"]) == ["entrain", "disttrain", "dip"]
     for s in out["systems"].values():
         assert list(s["config"]["components"]) == ["vision", "audio", "llm"]
         assert s["iteration_time_ms"] >= s["lower_bound_ms"] > 0
     assert "one encoder component" in out["not_built"]["1f1b"]
-    assert "not planned by this system yet" in out["not_built"]["dip"]
+    assert "not planned by this system yet" in out["not_built"]["dflop"]
     assert all(why.startswith("cannot be built: ") and "\n" not in why for why in out["not_built"].values())
     assert out["model"] == QWEN25_OMNI_7B
 

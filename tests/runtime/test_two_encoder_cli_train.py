@@ -92,3 +92,39 @@ def test_replan_auto_is_refused_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="--replan auto: entrain plans one pipeline per encoder tower") as e:
         run_setups(spec, cost, load_data(spec, cost).train, 3, encoders_profile=encoders_profile)
     assert "\n" not in str(e.value)
+
+
+def test_disttrain_plans_one_group_per_tower(tmp_path, monkeypatch):
+    """``entrain train --system disttrain`` on the thinker: ``run_setups`` gives DistTrain-like's setup with
+    one group per tower (the N-way search on its one profiled sample of the planner's profile, as
+    ``simulate`` plans it) and each step's Plan is DistTrain-like's (1F1B, no deferral); the runtime
+    trains such a plan exactly (tests/runtime/test_two_encoder_train.py)."""
+    from dataclasses import replace
+
+    from entrain.cli import train as train_cli
+    from entrain.cli.main import main
+    from entrain.core.planning.encoders import search_encoders
+    from entrain.core.planning.encoders_baselines import generate_disttrain_encoders_plan
+    from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
+    from entrain.runtime.run_data import load_data
+    from entrain.sim.encoders_run import encoders_profile
+
+    folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    argv = ["train", "--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch",
+            "4", "--microbatch-size", "1", "--steps", "2", "--system", "disttrain", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    batches = load_data(spec, cost).train
+    setup = run_setups(spec, cost, batches, 3, encoders_profile=encoders_profile)["disttrain"]
+    assert setup.source.startswith("DistTrain-like N-encoder (vision, audio), one profiled sample")
+    assert setup.layout.encoder_names == ("vision", "audio") and setup.layout.world_size == 3
+    encoders = run_encoders(spec)
+    (one,) = setup.profile  # its one profiled sample
+    assert setup.config == search_encoders([one], encoders, replace(spec.parallel, gpus=3))[0]
+    plan = EncodersStepPlanner(encoders, setup.config, "disttrain", setup.layout)(0, batches[0])
+    assert plan.system == "disttrain"
+    assert all(mb.encoder_subs == mb.llm_subs for rep in plan.iterations[0].microbatches for mb in rep)
+    assert plan == generate_disttrain_encoders_plan([batches[0]], encoders, setup.config)

@@ -4,7 +4,9 @@ their own, side by side, feeding the first LLM stage, which receives one message
 microbatch, merges them as the thinker does (visual features at the image placeholders, audio features
 at the audio ones) and sends each gradient back to its own pipeline. Forked gloo ranks train one step
 of the mixed batch (images with clips, clips alone, images alone, text alone) on two layouts of four
-ranks (vision 1 + audio 1 + LLM 2; vision 1 + audio 2 + LLM 1: the audio tower cut between stages);
+ranks (vision 1 + audio 1 + LLM 2; vision 1 + audio 2 + LLM 1: the audio tower cut between stages), and
+in the same launch DistTrain-like's plan (``planning.encoders_baselines``: one group per tower) and
+DIP-like's on two replicas of two colocated ranks (a chunk of both towers and of the LLM on each rank);
 the loss, the gradient norm and every gradient before and after clipping equal transformers'
 ``Qwen2_5OmniThinkerForConditionalGeneration`` in fp64, every sample alone (the oracle of
 tests/runtime/test_qwen2_5_omni_train.py), at rel 1e-5."""
@@ -27,7 +29,8 @@ from entrain.core.planning.encoders import (
     search_encoders,
     vision_units,
 )
-from entrain.core.planning.encoders_plan import generate_encoders_plan
+from entrain.core.planning.encoders_baselines import generate_config_plan, plan_encoders_system
+from entrain.core.systems import DIP, DISTTRAIN, ENTRAIN
 from entrain.runtime.trainer import OptimConfig, PipelineTrainer
 
 from .cases import MAX_GRAD_NORM
@@ -39,6 +42,9 @@ MICROBATCH_SIZE = 2
 LAYOUTS = {"vision1+audio1+llm2": (1, 1, 2), "vision1+audio2+llm1": (1, 2, 1)}
 """GPUs of the vision pipeline, the audio pipeline and the LLM (one stage each)."""
 RECOMPUTED = "vision1+audio2+llm1-recomputed"
+DISTTRAIN_CASE = "disttrain-vision1+audio1+llm2"
+DIP_DP2 = "dip-dp2"
+"""DIP-like's colocated plan on 2 replicas of 2 ranks, each rank a chunk of both towers and of the LLM."""
 
 
 def encoders(fm: FamilyModel) -> tuple[Encoder, Encoder]:
@@ -48,14 +54,25 @@ def encoders(fm: FamilyModel) -> tuple[Encoder, Encoder]:
     return Encoder("vision", vision, vision_units), Encoder("audio", audio, audio_units)
 
 
-def two_encoder_plan(fm: FamilyModel, allocation: tuple[int, int, int]):
-    """Entrain's two-encoder plan of the batch with one stage per GPU of ``allocation``."""
+def two_encoder_plan(fm: FamilyModel, allocation: tuple[int, int, int], system: str = ENTRAIN):
+    """``system``'s two-encoder plan of the batch (Entrain's or DistTrain-like's) with one stage per GPU of
+    ``allocation``."""
     samples = [fm.metas[i] for i in sorted(fm.metas)]
     parallel = ParallelConfig(gpus=sum(allocation), dp=1, tp=1, cp=1, global_batch=len(samples),
                               microbatch_size=MICROBATCH_SIZE)  # fmt: skip
     configs = search_encoders(samples, encoders(fm), parallel, allocation=allocation)
     cfg = next(c for c in configs if (*(e.pp for e in c.encoders), c.llm.pp) == allocation)
-    return generate_encoders_plan([samples], encoders(fm), cfg)
+    return generate_config_plan(system, [samples], encoders(fm), cfg)
+
+
+def dip_dp2_plan(fm: FamilyModel):
+    """DIP-like's two-encoder plan of the batch on 4 GPUs in 2 replicas (``plan_encoders_system``: 2
+    colocated ranks each, its 4-sample profile the batch's first four)."""
+    samples = [fm.metas[i] for i in sorted(fm.metas)]
+    parallel = ParallelConfig(
+        gpus=4, dp=2, tp=1, cp=1, global_batch=len(samples), microbatch_size=MICROBATCH_SIZE
+    )
+    return plan_encoders_system(DIP, samples, [samples], encoders(fm), parallel)
 
 
 @pytest.fixture(scope="module")
@@ -74,26 +91,61 @@ def plans(fm):
     return out
 
 
+@pytest.fixture(scope="module")
+def baselines(fm):
+    """DistTrain-like's plan on the first layout and DIP-like's on two replicas, each valid and passing
+    the NCCL checker."""
+    out = {
+        DISTTRAIN_CASE: two_encoder_plan(fm, LAYOUTS["vision1+audio1+llm2"], DISTTRAIN),
+        DIP_DP2: dip_dp2_plan(fm),
+    }
+    for plan in out.values():
+        validate_plan(plan)
+        check_plan(plan)
+    return out
+
+
 def recomputed(plan, modes: dict[int, str]):
     """``plan`` with the stages of ``modes`` recomputed (``StageSpec.recompute``)."""
     stages = tuple(replace(st, recompute=modes.get(st.stage, st.recompute)) for st in plan.layout.stages)
     return replace(plan, layout=replace(plan.layout, stages=stages))
 
 
-def test_two_encoder_pipelines_train_as_transformers(fm, plans, tmp_path):
+def test_two_encoder_pipelines_train_as_transformers(fm, plans, baselines, tmp_path):
     """Both layouts, and the second with its vision stage and first audio stage recomputed in full, its
     last audio stage's and its LLM stage's attention recomputed (the family's recompute modules of an
-    audio pipeline's stage)."""
+    audio pipeline's stage); DistTrain-like's plan (one group per tower, ``entrain train --system
+    disttrain``'s), and DIP-like's on two replicas, each replica's ranks against the oracle on their own
+    (the gradients all-reduced over the replicas)."""
     cases = [(name, plan, False) for name, plan in plans.items()]
     modes = {0: "full", 1: "full", 2: "selective", 3: "selective"}
     cases.append((RECOMPUTED, recomputed(plans["vision1+audio2+llm1"], modes), False))
+    cases += [(name, plan, False) for name, plan in baselines.items()]
     results = run_workers(train_cases, 4, tmp_path, fm, cases)
     ref = oracle(fm, False)
     assert ref.grad_norm > MAX_GRAD_NORM, "clipping would not be exercised"
-    for name, *_ in cases:
-        _, before, _ = assert_ranks_match(name, [r[name] for r in results], ref, tol=1e-5)
-        assert any(".audio_tower.layers." in n for n in before), name
-        assert any(".visual.blocks." in n for n in before), name
+    for name, plan, _ in cases:
+        lay = plan.layout
+        for replica in range(lay.dp):
+            ranks = [results[lay.global_rank(replica, p)][name] for p in range(lay.ranks_per_replica)]
+            _, before, _ = assert_ranks_match(f"{name} replica {replica}", ranks, ref, tol=1e-5)
+            assert any(".audio_tower.layers." in n for n in before), name
+            assert any(".visual.blocks." in n for n in before), name
+
+
+def test_the_baselines_run_what_they_claim(baselines):
+    """DistTrain-like: one group per tower, 1F1B without deferral. DIP-like: 2 replicas of 2 ranks, each
+    rank a chunk of the vision tower, of the audio tower and of the LLM, and some encoder microbatch cut
+    into several subs under the caps."""
+    dist = baselines[DISTTRAIN_CASE]
+    assert dist.system == DISTTRAIN and [len(g) for g in dist.layout.encoder_groups] == [1, 1]
+    assert all(mb.encoder_subs == mb.llm_subs for rep in dist.iterations[0].microbatches for mb in rep)
+    dip = baselines[DIP_DP2]
+    lay = dip.layout
+    assert dip.system == DIP and (lay.dp, lay.ranks_per_replica, lay.world_size) == (2, 2, 4)
+    for r in range(2):
+        assert [s.encoder or s.component for s in lay.stages_of(r)] == ["vision", "audio", "llm"]
+    assert any(len(mb.encoder_subs) > 1 for rep in dip.iterations[0].microbatches for mb in rep)
 
 
 def test_the_plans_mix_images_and_clips_in_a_microbatch(fm, plans):

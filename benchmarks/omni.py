@@ -1,15 +1,17 @@
 """The omni preset (``qwen25-omni-7b``: Qwen2.5-Omni-7B's thinker, an audio tower beside the vision
 tower) on the ``omni`` workload, side by side in one process on the same batches:
 
-* the **N-encoder path** (what ``entrain simulate`` runs for this model): one pipeline per encoder,
-  Entrain's plan and DistTrain-like's from ``plan_encoders_system``, recomputation fitted to memory
-  (``entrain.sim.encoders_run``); the other systems are not built there (their one-line reasons listed);
-* **today's one-encoder path** (``simulate(..., one_encoder=True)``): both towers as one encoder
-  component (a clip's attention chunks priced as rows of the vision tower's layers,
-  ``SampleMeta.encoder_units``), every system with its own search, memory fitting and extensions.
+* the **N-encoder path** (``simulate(..., choose_towers=False)``): one pipeline per encoder, each system
+  that plans one (``entrain.sim.encoders_run``: Entrain's with its microbatch count chosen by
+  simulation, ``fit_entrain``), recomputation fitted to memory; the others not built (their reasons);
+* the **one-encoder path** (``simulate(..., one_encoder=True)``): both towers as one encoder component in
+  the first stages (1F1B's way), the audio tower priced from its own layer specs on the first encoder
+  layer (``LayerCost.audio``), every system with its own search, memory fitting and extensions.
 
-Ratios are each fitting baseline's iteration time over Entrain's (the N-encoder Entrain's, and the
-one-encoder Entrain's for its own path). Setup: the workload zoo's (64 GPUs, DP 4, TP 2, global batch
+Both paths price a sample's audio with the audio tower's layers (``model.omni.audio_tower_specs``), so
+ratios across paths are like for like. Entrain's layout is the faster fitting of its two runs
+(``simulate.choose_entrain_towers``, what ``entrain simulate`` reports for this model); ratios are each
+fitting baseline's iteration time over that Entrain's. Setup: the workload zoo's (64 GPUs, DP 4, TP 2, global batch
 512, microbatch size 4), seed 0.
 
     python benchmarks/omni.py [--hardware a40-flops,a40-paper] [--iterations 3] [--out benchmarks/results/omni.md]
@@ -29,7 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import source, stamped  # noqa: E402
 
 from entrain.cli.main import build_parser  # noqa: E402
-from entrain.cli.simulate import SimulateRequest, best_fitting_baseline, not_built, simulate  # noqa: E402
+from entrain.cli.simulate import (  # noqa: E402
+    ENTRAIN,
+    SimulateRequest,
+    best_fitting_baseline,
+    choose_entrain_towers,
+    not_built,
+    simulate,
+)
 from entrain.core.model.omni import QWEN25_OMNI_7B  # noqa: E402
 
 SYSTEMS = ["entrain", "entrain-1f1b", "1f1b", "disttrain", "dip", "dip-greedy"]
@@ -59,13 +68,21 @@ def _rows(runs: dict, configs: dict) -> list[dict]:
 def run_case(hardware: str, iterations: int, seed: int) -> dict:
     req = _request(hardware, iterations, seed)
     out = {"hardware": hardware}
+    got = {}
     for path, one in (("n_encoder", False), ("one_encoder", True)):
         t = time.time()
-        runs, configs = simulate(req, SYSTEMS, one_encoder=one)
+        runs, configs = simulate(req, SYSTEMS, one_encoder=one, choose_towers=False)
+        got[path] = (runs, configs)
         best, ratio = best_fitting_baseline(runs)
         out[path] = {"rows": _rows(runs, configs), "not_built": not_built(configs), "best_fitting_baseline": best,
                      "best_ratio": ratio, "wall_s": time.time() - t}  # fmt: skip
+        out[path]["decisions"] = configs.get(ENTRAIN, {}).get("decisions", [])
         print(f"omni: {hardware} {path} done in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+    (runs, configs), (one_runs, one_configs) = got["n_encoder"], got["one_encoder"]
+    if ENTRAIN in runs and ENTRAIN in one_runs:
+        d = choose_entrain_towers(dict(runs), dict(configs), one_runs[ENTRAIN], one_configs[ENTRAIN],
+                                  req.config.config_request().margin)  # fmt: skip
+        out["towers"] = d.to_json()
     return out
 
 
@@ -74,37 +91,65 @@ def fitting_ms(case: dict, path: str, system: str) -> float | None:
     return None if row is None or row["fits"] is False else row["ms"]
 
 
+PATHS = {"n_encoder": "one pipeline per encoder", "one_encoder": "both in the first stages"}
+"""Each path's layout, as the ``encoder towers`` decision names it (``simulate.PER_ENCODER`` / ``SHARED``)."""
+
+
+def chosen_path(case: dict) -> str | None:
+    """The path of Entrain's chosen layout (``case["towers"]``, the ``encoder towers`` decision)."""
+    d = case.get("towers")
+    return None if d is None else next(p for p, name in PATHS.items() if name == d["chosen"])
+
+
+def baselines(case: dict) -> list[tuple[str, str, float]]:
+    """(path, system, ms) of every fitting baseline on both paths, fastest first."""
+    rows = [(p, r["system"], r["ms"]) for p in PATHS for r in case[p]["rows"]
+            if r["fits"] is not False and r["system"] not in ("entrain", "entrain-1f1b")]  # fmt: skip
+    return sorted(rows, key=lambda x: x[2])
+
+
 def render(res: dict) -> str:
-    lines = ["# qwen25-omni-7b on omni: N-encoder plans against today's one-encoder path", ""]
+    lines = ["# qwen25-omni-7b on omni: Entrain's layout choice against every baseline on both paths", ""]
     lines += [f"64 GPUs (DP 4, TP 2), global batch 512, microbatch size 4, seed {res['seed']}, "
               f"{res['iterations']} iterations; wall time {res['wall_s']:.0f} s on a shared 2-core machine. "
-              "Times in ms per iteration (mean); ratio = the system's time / Entrain's on the N-encoder path "
-              "(> 1: Entrain faster); a plan over device memory (OOM) is no baseline.", ""]  # fmt: skip
+              "Times in ms per iteration (mean); ratio = the system's time / Entrain's on the layout it chose "
+              "(> 1: Entrain faster); a plan over device memory (OOM) is no baseline. Both paths price a "
+              "sample's audio with the audio tower's own layers.", ""]  # fmt: skip
     for case in res["cases"]:
-        mine = fitting_ms(case, "n_encoder", "entrain")
-        one = fitting_ms(case, "one_encoder", "entrain")
+        path = chosen_path(case)
+        mine = fitting_ms(case, path, "entrain") if path else None
         lines += [f"## {case['hardware']}", "",
-                  "| path | system | iter ms | / Entrain (N-enc) | / Entrain (1-enc) | fits | bubble | peak GB | configuration |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for path in ("n_encoder", "one_encoder"):
-            for r in case[path]["rows"]:
+                  "| path | system | iter ms | / Entrain (chosen) | fits | bubble | peak GB | configuration |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for p in PATHS:
+            for r in case[p]["rows"]:
                 vs = f"{r['ms'] / mine:.2f}x" if mine else "-"
-                vs1 = f"{r['ms'] / one:.2f}x" if one else "-"
-                lines.append(f"| {path.replace('_', '-')} | {r['system']} | {r['ms']:.0f} | {vs} | {vs1} | "
+                lines.append(f"| {p.replace('_', '-')} | {r['system']} | {r['ms']:.0f} | {vs} | "
                              f"{'yes' if r['fits'] else 'OOM'} | {r['bubble']:.3f} | {r['peak_gb']:.1f} | {r['config']} |")  # fmt: skip
-            for name, why in case[path]["not_built"].items():
-                lines.append(f"| {path.replace('_', '-')} | {name} | - | - | - | not built | - | - | {why} |")
-        fitting = [(p, r["system"], r["ms"]) for p in ("n_encoder", "one_encoder") for r in case[p]["rows"]
-                   if r["fits"] is not False and r["system"] not in ("entrain", "entrain-1f1b")]  # fmt: skip
+            for name, why in case[p]["not_built"].items():
+                lines.append(f"| {p.replace('_', '-')} | {name} | - | - | not built | - | - | {why} |")
         lines.append("")
-        if mine and fitting:
-            p, name, ms = min(fitting, key=lambda x: x[2])
-            lines.append(f"Entrain (N-encoder) {mine:.0f} ms; the fastest fitting baseline on either path: {name} "
-                         f"({p.replace('_', '-')}) at {ms:.0f} ms, {ms / mine:.2f}x (target >= 1.15x).")  # fmt: skip
-        if mine and one:
-            lines.append(
-                f"Entrain on the one-encoder path: {one:.0f} ms ({one / mine:.2f}x the N-encoder Entrain's)."
+        for d in case["n_encoder"].get("decisions", []):
+            if d["name"] == "microbatch count":
+                times = ", ".join(
+                    f"{n} {'does not fit' if v is None else f'{v:.0f} ms'}"
+                    for n, v in d["candidates"].items()
+                )
+                lines.append(f"Entrain (n-encoder): {d['name']}: {d['chosen']} ({times}).")  # fmt: skip
+        if path:
+            d = case["towers"]
+            times = ", ".join(
+                f"{n} {'does not fit' if v is None else f'{v:.0f} ms'}" for n, v in d["candidates"].items()
             )
+            lines.append(f"Entrain's layout (encoder towers): {d['chosen']} ({times}).")
+        fitting = baselines(case)
+        if mine and fitting:
+            each = "; ".join(f"{n} ({p.replace('_', '-')}) {ms / mine:.2f}x" for p, n, ms in fitting)
+            p, name, ms = fitting[0]
+            met = "met" if ms / mine >= 1.15 else "missed"
+            lines.append(f"Entrain ({PATHS[path]}) {mine:.0f} ms against every fitting baseline on both paths: {each}. "
+                         f"The fastest, {name} ({p.replace('_', '-')}) at {ms:.0f} ms: {ms / mine:.2f}x "
+                         f"(target >= 1.15x: {met}).")  # fmt: skip
         lines.append("")
     if res.get("notes"):
         lines += ["## Notes", "", *[f"- {n}" for n in res["notes"]], ""]

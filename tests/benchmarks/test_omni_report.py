@@ -28,10 +28,20 @@ def test_the_report_is_its_data_rendered(omni, benchmarks_on_path):
     assert provenance.stamped(omni.render(res), res["source"]) == text
 
 
-def test_the_n_encoder_path_plans_entrain_and_disttrain_only(omni):
+def test_both_paths_hold_every_system_and_entrains_choice_is_its_rows(omni):
+    """Every system appears on both paths (a row or its reason); Entrain's ``encoder towers`` decision
+    prices its two rows and names the faster fitting one, which the ratios divide by."""
     for case in _data(REPORT.read_text(encoding="utf-8"))["cases"]:
-        assert [r["system"] for r in case["n_encoder"]["rows"]] == ["entrain", "disttrain"]
-        assert set(case["n_encoder"]["not_built"]) == {"entrain-1f1b", "1f1b", "dip", "dip-greedy"}
+        rows = [r["system"] for r in case["n_encoder"]["rows"]]
+        assert rows[:2] == ["entrain", "disttrain"]
+        assert set(rows) | set(case["n_encoder"]["not_built"]) == set(omni.SYSTEMS)
+        assert all("vision PP" in r["config"] for r in case["n_encoder"]["rows"])
         assert {r["system"] for r in case["one_encoder"]["rows"]} == set(omni.SYSTEMS)
-        mine = omni.fitting_ms(case, "n_encoder", "entrain")
-        assert mine and all("vision PP" in r["config"] for r in case["n_encoder"]["rows"])
+        d = case["towers"]
+        ms = {name: omni.fitting_ms(case, p, "entrain") for p, name in omni.PATHS.items()}
+        assert d["candidates"] == ms
+        path = omni.chosen_path(case)
+        fits = {n: v for n, v in ms.items() if v is not None}
+        assert omni.PATHS[path] == d["chosen"] and (
+            d["chosen"] == d["default"] or ms[d["chosen"]] == min(fits.values())
+        )

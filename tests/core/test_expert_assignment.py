@@ -1,6 +1,6 @@
 """``expert_assignment``: with expert parallelism, Entrain's assignment may weigh each sample's predicted
 busiest-expert time (the router-skew model's busiest rank and the all-to-all, per LLM token at the mean
-microbatch: ``schedules.entrain.expert_works``) beside its encoder and LLM work. Every sample is still
+microbatch: ``schedules.expert_works.expert_works``) beside its encoder and LLM work. Every sample is still
 assigned once (an EP group's samples are binned together, so they may move between its replicas), the plan
 records the samples' own works, each EP group runs one LLM program; ``ep`` 1 is
 unchanged; the planner decides it by simulation (``on`` only past the margin) and lists the decision."""
@@ -26,7 +26,7 @@ from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.planning.extensions import EP_DECISIONS, EP_GROUP, _decide_expert_assignment
 from entrain.core.planning.system_setup import SystemSetup
 from entrain.core.schedules.action_costs import PlanCosts
-from entrain.core.schedules.entrain import ep_group_bins, expert_works, rank_shares
+from entrain.core.schedules.expert_works import ep_group_bins, expert_works, rank_shares
 from entrain.core.systems import generate_plan
 from entrain.core.workload.samples import SampleMeta
 from entrain.sim.executor import simulate_plan

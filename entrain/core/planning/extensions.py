@@ -194,7 +194,7 @@ def _decide_expert_assignment(setup: SystemSetup, judge: CandidateJudge, margin:
     """The ``expert_assignment`` decision (``ep > 1`` only, ``ScheduleOptions.expert_assignment``): the
     assignment weighs each sample's LLM work plus its predicted busiest-expert time (a third resource
     beside encoder and LLM work: the router-skew model's busiest rank and the all-to-all, per LLM token
-    at the mean microbatch, ``schedules.entrain.expert_works``: ``on``), that and each EP group's
+    at the mean microbatch, ``schedules.expert_works.expert_works``: ``on``), that and each EP group's
     samples binned together (``EP_GROUP``), or its LLM work alone (``off``, the default); another than
     ``off`` only where it simulates more than the margin faster."""
     if setup.layout.components["llm"].ep <= 1:

@@ -156,12 +156,12 @@ class ScheduleOptions:
     the DP re-split, the EP group's shared count and LLM refinement) it weighs that work plus the
     sample's LLM tokens times the marginal ms per token of the LLM stages' busiest-rank expert tokens
     and all-to-all (``CostModel.expert_ms``: the router-skew model) at the mean microbatch
-    (``schedules.entrain.expert_works``); the plan records the samples' own works. The
+    (``schedules.expert_works.expert_works``); the plan records the samples' own works. The
     ``expert_assignment`` decision (``entrain.core.planning.extensions``). No effect at ``ep`` 1."""
     expert_group_bins: bool = False
     """With ``expert_assignment`` (ours): each EP group's samples are binned together, the group's
     ``ep * k`` microbatches balanced against each other by the two-resource vector LPT on the weighed
-    works (``schedules.entrain.ep_group_bins``: the group's LLM stages run in lockstep), so a
+    works (``schedules.expert_works.ep_group_bins``: the group's LLM stages run in lockstep), so a
     replica's sample count may differ from the others'. The ``expert_assignment`` decision's third
     candidate. No effect without ``expert_assignment`` or at ``ep`` 1."""
 

@@ -483,12 +483,18 @@ def _recorded(out: str) -> dict:
     return json.load(open(path)) if os.path.exists(path) else {"results": {}, "idle": {}}
 
 
+def render(recorded: dict) -> str:
+    """``cpu_pipeline_paired.md`` of ``recorded``: the paired passes' report, then other modes' sections
+    (``cpu_omni.py``)."""
+    text = report(recorded["results"], recorded["idle"], recorded.get("sources", []))
+    return text + "".join(recorded.get("sections", {}).values())
+
+
 def _save(out: str, recorded: dict) -> str:
     """Write ``recorded`` and its report to ``out``; the report's text."""
     with open(os.path.join(out, f"{STEM}.json"), "w") as f:
         json.dump(recorded, f, indent=1)
-    text = report(recorded["results"], recorded["idle"], recorded.get("sources", []))
-    text += "".join(recorded.get("sections", {}).values())  # other modes' passes (cpu_omni.py)
+    text = render(recorded)
     with open(os.path.join(out, f"{STEM}.md"), "w") as f:
         f.write(text)
     return text

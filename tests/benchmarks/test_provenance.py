@@ -33,7 +33,8 @@ def test_a_run_names_this_checkout_and_its_command(provenance, monkeypatch):
 
 
 def test_the_paired_report_is_its_json_rendered(benchmarks_on_path):
-    """``cpu_pipeline_paired.md`` is what ``cpu_paired.report`` renders from the JSON, Source lines included
+    """``cpu_pipeline_paired.md`` is what ``cpu_paired.render`` renders from the JSON, Source lines and other
+    modes' sections included
     (the passes' sources are recorded, so a new pass rewrites the report without losing them)."""
     import json
     from pathlib import Path
@@ -41,5 +42,5 @@ def test_the_paired_report_is_its_json_rendered(benchmarks_on_path):
     paired = importlib.import_module("cpu_paired")
     results = Path(paired.RESULTS)
     data = json.loads((results / "cpu_pipeline_paired.json").read_text(encoding="utf-8"))
-    want = paired.report(data["results"], data["idle"], data["sources"])
+    want = paired.render(data)
     assert (results / "cpu_pipeline_paired.md").read_text(encoding="utf-8") == want

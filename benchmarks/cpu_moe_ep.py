@@ -47,6 +47,7 @@ from cpu_paired import (  # benchmarks/cpu_paired.py
     cpu_over_wall,
     iter_ms,
     load_cost,
+    profile_labelled,
     refit_profile,
     simulated_ms,
 )
@@ -189,13 +190,8 @@ def joint_profile(runs: list[str], out: str, label: str) -> dict:
     for run in runs[1:]:
         cmd += ["--also-trace", run]
     cmd += ["--fit-groups", "cuts", "--out", out, "--json"]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    with open(out) as f:
-        profile = json.load(f)
-    profile["notes"]["from_trace"] = label
-    with open(out, "w") as f:
-        json.dump(profile, f, indent=1)
-    notes, got = profile["notes"], json.loads(done.stdout)["from_trace"]
+    profile, stdout = profile_labelled(cmd, out, label)
+    notes, got = profile["notes"], json.loads(stdout)["from_trace"]
     return {
         "runs": len(runs),
         "scales": {

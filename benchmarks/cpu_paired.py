@@ -115,17 +115,23 @@ def simulated_ms(run: str, cost) -> float:
     return statistics.median(r.iteration_time_ms for r in runs)
 
 
-def refit_profile(run: str, out: str, label: str) -> dict:
-    """``entrain profile --from-trace run --out out``; its ``--json`` object. The profile's
-    ``notes.from_trace`` (the temporary run folder) becomes ``label``."""
-    cmd = [sys.executable, "-m", "entrain", "profile", "--from-trace", run, "--out", out, "--json"]
+def profile_labelled(cmd: list[str], out: str, label) -> tuple[dict, str]:
+    """Run ``cmd`` (an ``entrain profile --from-trace ... --out out``), then set the written profile's
+    ``notes.from_trace`` (the temporary run folders) to ``label``; the profile and the command's stdout."""
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     with open(out) as f:
         profile = json.load(f)
     profile["notes"]["from_trace"] = label
     with open(out, "w") as f:
         json.dump(profile, f, indent=1)
-    got = json.loads(done.stdout)
+    return profile, done.stdout
+
+
+def refit_profile(run: str, out: str, label: str) -> dict:
+    """``entrain profile --from-trace run --out out``; its ``--json`` object. The profile's
+    ``notes.from_trace`` (the temporary run folder) becomes ``label``."""
+    cmd = [sys.executable, "-m", "entrain", "profile", "--from-trace", run, "--out", out, "--json"]
+    got = json.loads(profile_labelled(cmd, out, label)[1])
     got["from_trace"]["run"] = label
     return got
 
@@ -137,12 +143,7 @@ def joint_prediction(first: str, out: str, label: str) -> dict:
     runs = [os.path.join(first, s) for s in ("1f1b", "entrain")]
     cmd = [sys.executable, "-m", "entrain", "profile", "--from-trace", runs[0], "--also-trace", runs[1],
            "--out", out]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    with open(out) as f:
-        profile = json.load(f)
-    profile["notes"]["from_trace"] = [f"{label}, {s}" for s in ("1f1b", "entrain")]
-    with open(out, "w") as f:
-        json.dump(profile, f, indent=1)
+    profile_labelled(cmd, out, [f"{label}, {s}" for s in ("1f1b", "entrain")])
     ms = {s: simulated_ms(os.path.join(first, s), load_cost("", out)) for s in PAIRED_SYSTEMS}
     return {"joint_sim_ms": ms, "joint_sim_ratio": ms["entrain"] / ms["1f1b"]}
 

@@ -164,20 +164,26 @@ def _memo_replanner(replan):
     return got, picks
 
 
-def run_model(model: str, samples: int, per_phase_list: list[int]) -> dict:
-    """Every row on the same sample batches (``samples`` a phase); see the md for the protocol."""
+def _curriculum(model: str, samples: int) -> tuple:
+    """What every section of the report runs on: the cost model, the curriculum's batches in phases of
+    ``samples``, the run's config request, the judge's timer, the whole mix's sampler and Entrain's
+    setup planned for the first phase only."""
     args = simulate_args(model, samples)
     cost = resolve_cost_model(args)
     batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
     phases = [batches[p * samples : (p + 1) * samples] for p in range(len(CURRICULUM_PHASES))]
     req = dataclasses.replace(RunConfig.from_args(args).config_request(), model=cost.model)
-    timer, t = Timer(cost, {"eager_budget_factor": args.eager_budget_factor}), time.time()
-    mix = dataset_sampler("curriculum", args.seed)
-    setups = system_setups(["entrain", *BASELINES], req, cost, mix)
+    timer = Timer(cost, {"eager_budget_factor": args.eager_budget_factor})
     first_req = dataclasses.replace(req, dataset=CURRICULUM_PHASES[0])
-    first = system_setups(["entrain"], first_req, cost, dataset_sampler(CURRICULUM_PHASES[0], args.seed))[
-        "entrain"
-    ]
+    first = system_setups(["entrain"], first_req, cost, dataset_sampler(CURRICULUM_PHASES[0], args.seed))
+    return cost, phases, req, timer, dataset_sampler("curriculum", args.seed), first["entrain"]
+
+
+def run_model(model: str, samples: int, per_phase_list: list[int]) -> dict:
+    """Every row on the same sample batches (``samples`` a phase); see the md for the protocol."""
+    t = time.time()
+    cost, phases, req, timer, mix, first = _curriculum(model, samples)
+    setups = system_setups(["entrain", *BASELINES], req, cost, mix)
     replan, picks = _memo_replanner(window_replanner("entrain", req, cost, timer.judge("entrain")))
     draws = planner_draws(mix, cost, req)
     statics = {MIX: ("entrain", setups["entrain"]), MIX_SIM: ("entrain", replan(draws)), FIRST: ("entrain", first),
@@ -208,18 +214,9 @@ def run_degrees(model: str, samples: int, per_phase_list: list[int]) -> dict:
     """Re-plans that may also change DP, TP and the microbatch size (``ReplanSettings.degrees``,
     ``adaptive.degrees_replanner``) against the re-plan at the run's degrees and no re-plan, on the same
     batches and judge as ``run_model`` (no baselines); the ceiling: per phase, the fastest plan found."""
-    args = simulate_args(model, samples)
-    cost = resolve_cost_model(args)
-    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
-    phases = [batches[p * samples : (p + 1) * samples] for p in range(len(CURRICULUM_PHASES))]
-    req = dataclasses.replace(RunConfig.from_args(args).config_request(), model=cost.model)
-    timer, t = Timer(cost, {"eager_budget_factor": args.eager_budget_factor}), time.time()
-    mix = dataset_sampler("curriculum", args.seed)
+    t = time.time()
+    cost, phases, req, timer, mix, first = _curriculum(model, samples)
     whole = system_setups(["entrain"], req, cost, mix)["entrain"]
-    first_req = dataclasses.replace(req, dataset=CURRICULUM_PHASES[0])
-    first = system_setups(["entrain"], first_req, cost, dataset_sampler(CURRICULUM_PHASES[0], args.seed))[
-        "entrain"
-    ]
     judge = timer.judge("entrain")
     split_replan, picks = _memo_replanner(window_replanner("entrain", req, cost, judge))
     free_replan, finals = _memo_replanner(degrees_replanner(split_replan, req, cost, judge))

@@ -134,7 +134,7 @@ def report(rows: list[dict], baseline: dict) -> str:
         f"Records are LLaVA conversations of about 230 bytes of JSON; the JSONL's images are {NUM_IMAGES} "
         "small PNGs shared by every record, the tar shards hold one PNG per sample. Peak RSS is "
         "`Maximum resident set size` of `/usr/bin/time -v`; the command is `python -m entrain` with the "
-        "arguments shown.",
+        "arguments shown (`WORK`: the `--work` folder the records were written to).",
         "",
         f"Baseline (the interpreter and imports, a 10-record file): {baseline['peak_rss_mib']:.0f} MiB, "
         f"`{' '.join(baseline['argv'])}`.",
@@ -176,11 +176,18 @@ def main() -> None:
         row = {"case": case, "records": n, "data_mib": _size_mib(path), **measure(argv)}
         print(f"{case:26s} {n:>9,} {row['wall_s']:7.0f} s {row['peak_rss_mib']:7.0f} MiB", flush=True)
         rows.append(row)
+    baseline, rows = _shown(baseline, args.work), [_shown(r, args.work) for r in rows]
     src = source()
     args.out.write_text(stamped(report(rows, baseline) + _notes(), src))
     args.out.with_suffix(".json").write_text(
         json.dumps({"source": src, "baseline": baseline, "rows": rows}, indent=1) + "\n"
     )
+
+
+def _shown(row: dict, work: Path) -> dict:
+    """``row`` with the ``--work`` folder written ``WORK`` in its arguments: the report names no folder of
+    the machine that measured it."""
+    return {**row, "argv": [a.replace(str(work), "WORK") for a in row["argv"]]}
 
 
 def _notes() -> str:

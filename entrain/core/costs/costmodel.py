@@ -37,7 +37,7 @@ from entrain.core.costs.layer_costs import (
 )
 from entrain.core.errors import ConfigError
 from entrain.core.model.layer_specs import MessagePart
-from entrain.core.workload.samples import LABEL_FRACTION, SampleMeta, audio_encoder_units
+from entrain.core.workload.samples import LABEL_FRACTION, SampleMeta
 from entrain.core.workload.work import SampleWork
 
 if TYPE_CHECKING:
@@ -160,11 +160,19 @@ class CostModel:
         knowing which are the audio tower's rows."""
         if component == "encoder":
             units = sample.encoder_units
-            layers = self.encoder.layers
-            if sample.audio and layers and layers[0].audio:
-                return EncoderUnits.of(units, sum(len(audio_encoder_units(f)) for f in sample.audio))
+            if sample.audio and self.audio_tower:
+                return EncoderUnits.of(units, len(sample.audio_units))
             return units
         return (sample.llm_tokens,)
+
+    @property
+    def audio_tower(self) -> bool:
+        """Whether the encoder's first layer runs an audio tower (``LayerCost.audio``): then a sample's
+        audio rows (``SampleMeta.audio_units``) are that tower's, priced by its own layers, here
+        (``units``) and in the planner's column statistics (``sampler.SampleStats``); else they are
+        rows of the encoder's layers."""
+        layers = self.encoder.layers
+        return bool(layers and layers[0].audio)
 
     @staticmethod
     def labels(component: Component, sample: SampleMeta) -> tuple[float, ...] | None:

@@ -116,10 +116,12 @@ def stage_memory_bytes(
 def recompute_ms(
     stats: SampleStats, cost: CostModel, comp: str, first: int, end: int, tp: int, cp: int, u: int, mode: str
 ) -> float:
-    """Recomputation ms of a mean ``u``-sample microbatch on layers ``[first, end)`` (one call)."""
+    """Recomputation ms of a mean ``u``-sample microbatch on layers ``[first, end)`` (one call); an audio
+    tower's rows are not recomputed (``CostModel.recompute_ms`` re-runs the encoder's layers over the
+    vision rows: ``SampleStats.tower_split``)."""
     if mode == "none" or not stats.has_tokens:
         return 0.0
-    mean_x1, mean_x2 = stats.column_summary(comp)[:2]
+    mean_x1, mean_x2 = stats.column_summary("vision" if stats.tower_split(cost, comp) else comp)[:2]
     total = 0.0
     for a, b, c in _recompute_coefficients(cost, comp, first, end, tp, cp, mode):
         total += u * (a * mean_x2 + b * mean_x1) + c

@@ -42,7 +42,7 @@ from entrain.core.model.layer_specs import LayerSpec
 from entrain.core.model.omni import QWEN25_OMNI_7B_AUDIO, AudioTower, EncoderSwapped, audio_tower_specs
 from entrain.core.planning.bmin import PAPER_BMIN_CONFIG, BMinConfig, num_validation_trials
 from entrain.core.planning.config_search import ComponentConfig, dp_options, evaluate_config, gpus_of
-from entrain.core.workload.samples import SampleMeta, audio_encoder_units, video_encoder_units
+from entrain.core.workload.samples import SampleMeta
 
 __all__ = [
     "AudioTower",
@@ -69,15 +69,14 @@ __all__ = [
 
 # --- sequence units per encoder ---------------------------------------------------------------------
 def vision_units(sample: SampleMeta) -> tuple[int, ...]:
-    """The vision tower's units of a sample: its images' (``vit_patches_per_image``), then its videos'
-    frames (``video_encoder_units``)."""
-    video = tuple(u for g in sample.video for u in video_encoder_units(g))
-    return sample.vit_patches_per_image + video
+    """The vision tower's units of a sample (``SampleMeta.vision_units``: its images' patches, then its
+    videos' frames), the one rule the one-encoder cost model and column statistics read too."""
+    return sample.vision_units
 
 
 def audio_units(sample: SampleMeta) -> tuple[int, ...]:
-    """The audio tower's units of a sample: its clips' attention chunks (``audio_encoder_units``)."""
-    return tuple(u for f in sample.audio for u in audio_encoder_units(f))
+    """The audio tower's units of a sample (``SampleMeta.audio_units``: its clips' attention chunks)."""
+    return sample.audio_units
 
 
 # the audio tower's layer specs: ``model.omni.audio_tower_specs`` (the one-encoder cost model prices the audio

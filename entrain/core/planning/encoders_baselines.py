@@ -9,8 +9,8 @@
   pipeline (the largest summed stage time over the batch; ties: the first) then the LLM's
   (``bottleneck_chain``); run as 1F1B at each stage's depth (``encoders_plan.encoders_compute``).
 * **1F1B**: both towers in the first (encoder) stages as one encoder component whose work is both
-  towers', which is the one-encoder path as the Omni family plans today (``SampleMeta.encoder_units``
-  prices a clip's chunks as rows of the vision tower's layers): nothing here.
+  towers', which is the one-encoder path as the Omni family plans today (the audio tower's layers on
+  the first encoder layer price a clip's rows, ``CostModel.units``): nothing here.
 * **DIP-like, as published** (``generate_dip_encoders_plan``; ``dip`` and ``dip-greedy``). DIP
   (ASPLOS'26, arXiv 2504.14145; reference notes, "DIP", Mechanism) handles several modalities by
   *modality-aware partitioning*: every modality module gets its own pipeline segments, interleaved

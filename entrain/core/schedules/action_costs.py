@@ -98,8 +98,13 @@ class PlanCosts:
         self.cost = cost
         self.samples = samples
         self.stage_quads = tuple(self._stage_quad(i) for i in range(len(layout.stages)))
-        self.tabled = tuple(self._has_table(i) for i in range(len(layout.stages)))
-        """Per stage: whether a layer has a cost table (priced exactly per sample, not by its quad)."""
+        self.tabled = tuple(
+            self._has_table(i) or self._beside_audio_tower(i) for i in range(len(layout.stages))
+        )
+        """Per stage: whether it is priced exactly per sample, not by its quad: a layer has a cost table,
+        or it is an encoder stage of a cost model whose encoder runs an audio tower (a sample's audio rows
+        are that tower's, on the first layer, and no other layer's: ``CostModel.units``; the quad would
+        price them as rows of every layer of the stage)."""
         self.expert_stages = tuple(self._has_experts(i) for i in range(len(layout.stages)))
         """Per stage: whether a layer is a mixture of experts (its calls add ``CostModel.expert_ms``)."""
         self.label_stages = tuple(self._has_label_layer(i) for i in range(len(layout.stages)))
@@ -215,6 +220,11 @@ class PlanCosts:
             for layer in self._layers(stage)
             for q in (layer.fwd.get(key), layer.bwd.get(key))
         )
+
+    def _beside_audio_tower(self, stage: int) -> bool:
+        """Whether ``stage`` is an encoder stage and the encoder runs an audio tower
+        (``CostModel.audio_tower``)."""
+        return self.layout.stages[stage].component == "encoder" and self.cost.audio_tower
 
     def _has_label_layer(self, stage: int) -> bool:
         return any(layer.per_label for layer in self._layers(stage))

@@ -234,16 +234,28 @@ class SampleMeta:
         return sample_encoder_units(self.vision, self.images)
 
     @property
-    def encoder_units(self) -> tuple[int, ...]:
-        """Every encoder sequence unit of the sample: its images' (``vit_patches_per_image``), then its
-        audio clips' attention chunks (``audio_encoder_units``). An analytic preset prices the audio rows
-        with the audio tower's own layers on the first encoder layer, where it runs
-        (``CostModel.units``, ``LayerCost.audio``); a measured profile and the planner's column statistics
-        (``sampler.SampleStats``) still price them as rows of the vision tower's layers."""
-        audio = tuple(u for f in self.audio for u in audio_encoder_units(f))
+    def vision_units(self) -> tuple[int, ...]:
+        """The vision tower's sequence units: its images' (``vit_patches_per_image``), then its videos'
+        frames (``video_encoder_units``). With ``audio_units`` the one rule of which encoder rows are
+        whose tower (``encoder_units``, ``CostModel.units``, ``sampler.SampleStats``' columns and the
+        N-encoder planner's ``planning.encoders.vision_units`` read it)."""
         video = tuple(u for g in self.video for u in video_encoder_units(g))
-        units = self.vit_patches_per_image + video if video else self.vit_patches_per_image
-        return units + audio if audio else units
+        return self.vit_patches_per_image + video if video else self.vit_patches_per_image
+
+    @property
+    def audio_units(self) -> tuple[int, ...]:
+        """The audio tower's sequence units: its clips' attention chunks' rows (``audio_encoder_units``)."""
+        return tuple(u for f in self.audio for u in audio_encoder_units(f))
+
+    @property
+    def encoder_units(self) -> tuple[int, ...]:
+        """Every encoder sequence unit of the sample: ``vision_units``, then ``audio_units``. Where the
+        encoder's first layer runs an audio tower (``LayerCost.audio``) the audio rows are priced by that
+        tower's own layers, in the cost model (``CostModel.units``) and in the planner's column
+        statistics (``sampler.SampleStats``' audio columns) alike; a measured profile, which times no
+        audio tower, prices them as rows of the encoder's layers."""
+        audio = self.audio_units
+        return self.vision_units + audio if audio else self.vision_units
 
     @property
     def image_tokens_per_image(self) -> tuple[int, ...]:

@@ -25,7 +25,12 @@ Model (documented assumptions):
   consecutive replicas, as the runtime groups them) meet at every sparse layer's all-to-all, so a
   compute action of a stage with mixture-of-experts layers lasts as long as the longest of that
   action over the group's replicas (each priced on its own samples: a heavier microbatch at the same
-  position keeps the others waiting). Start-time skew between replicas is not propagated.
+  position keeps the others waiting), and it starts on every replica of the group when the last of
+  them can start it (``_Lockstep``: a replica whose input arrived early waits at the first
+  all-to-all for the one whose input is late; the group's replicas are simulated together). The
+  runtime runs only plans whose replicas of a group run the same computations on those stages
+  (``runtime.expert_parallel.check_same_actions``); a group whose simulated programs differ there
+  keeps the durations' coupling only.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from entrain.core.workers import ordered_map
 __all__ = ["Span", "ReplicaRun", "IterationRun", "simulate_plan", "run_iteration", "run_replica"]
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+_EP = "ep"
+"""Wait key tag: a rank blocked until its expert-parallel group's replicas all reached an action."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +124,30 @@ def run_iteration(
 
     ep = max(c.ep for c in layout.components.values())
     coupled = ep > 1 and any(costs.expert_stages)
+    graphs = [ReplicaGraph(layout, it.microbatches[r]) for r in range(layout.dp)]
 
-    def run(replica: int) -> ReplicaRun:
-        ranks = [layout.global_rank(replica, r) for r in range(layout.ranks_per_replica)]
-        graph = ReplicaGraph(layout, it.microbatches[replica])
-        first = replica // ep * ep
-        peers = tuple(
-            ReplicaGraph(layout, it.microbatches[p])
-            for p in range(first, min(first + ep, len(it.microbatches)))
-            if coupled and p != replica
-        )
-        return run_replica(
-            graph, {g: it.actions[g] for g in ranks}, costs, replica, comm=comm, trace=trace, peers=peers
-        )
+    def replica_actions(replica: int) -> dict[int, tuple[Action, ...]]:
+        return {
+            g: it.actions[g]
+            for g in (layout.global_rank(replica, r) for r in range(layout.ranks_per_replica))
+        }
 
-    runs = ordered_map(run, range(layout.dp))  # replicas run independently
+    def run(first: int) -> list[ReplicaRun]:
+        """The replicas of the EP group starting at ``first`` (one replica where none is coupled)."""
+        group = range(first, min(first + (ep if coupled else 1), layout.dp))
+        acts = {p: replica_actions(p) for p in group}
+        lockstep = _Lockstep.of(costs, [acts[p] for p in group])
+        reps = [
+            _Replica(
+                graphs[p], acts[p], costs, comm, trace, tuple(graphs[q] for q in group if q != p), lockstep, i
+            )
+            for i, p in enumerate(group)
+        ]
+        _run(reps, lockstep)
+        return [_replica_run(rep, p) for rep, p in zip(reps, group)]
+
+    starts = range(0, layout.dp, ep if coupled else 1)
+    runs = [r for group in ordered_map(run, starts) for r in group]  # EP groups run independently
     allreduce = {r: costs.allreduce_ms(r) for r in range(layout.ranks_per_replica)}
     t = 0.0
     for r in range(layout.ranks_per_replica):
@@ -140,15 +156,72 @@ def run_iteration(
     return IterationRun(runs, t, allreduce)
 
 
+class _Lockstep:
+    """Where an expert-parallel group's replicas meet: each compute action of a stage with
+    mixture-of-experts layers starts on every replica of the group at the latest of their own start
+    times (their ranks' all-to-alls pair up, so the first of them waits for the last one)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.starts: dict[Action, dict[int, float]] = {}
+        """Per action, each replica's (position in the group) own start time, once it reached it."""
+        self.waiting: dict[Action, list[tuple[int, int]]] = {}
+        """Per action, the (replica position, rank) blocked on it."""
+        self.pending: list[tuple[int, int]] = []
+        """Woken (replica position, rank), for the run loop to advance."""
+
+    @classmethod
+    def of(cls, costs: PlanCosts, actions: list[dict[int, tuple[Action, ...]]]) -> _Lockstep | None:
+        """The group's meeting points, or None: a group of one, no action on a stage with experts, or
+        replicas whose ranks run different such actions or in another order (the runtime refuses
+        those plans; their simulation keeps the durations' coupling only)."""
+        if len(actions) < 2:
+            return None
+        programs = [
+            [
+                tuple(a for a in acts if a.kind.is_compute and costs.expert_stages[a.stage])
+                for acts in rep.values()
+            ]
+            for rep in actions
+        ]
+        if not any(any(p) for p in programs) or any(p != programs[0] for p in programs):
+            return None
+        return cls(len(actions))
+
+    def meet(self, pos: int, a: Action, start: float) -> float | None:
+        """Replica ``pos`` can start ``a`` at ``start``: the group's start once every replica reached it
+        (the ones blocked on it are woken), else None."""
+        got = self.starts.setdefault(a, {})
+        got.setdefault(pos, start)
+        if len(got) < self.size:
+            return None
+        self.pending += self.waiting.pop(a, [])
+        return max(got.values())
+
+    def met(self, a: Action) -> bool:
+        return len(self.starts.get(a, ())) == self.size
+
+
 class _Replica:
     """Event-driven in-order execution of one replica's ranks."""
 
     def __init__(
-        self, graph: ReplicaGraph, actions: dict, costs: PlanCosts, comm: bool, trace: bool, peers: tuple = ()
+        self,
+        graph: ReplicaGraph,
+        actions: dict,
+        costs: PlanCosts,
+        comm: bool,
+        trace: bool,
+        peers: tuple = (),
+        lockstep: _Lockstep | None = None,
+        pos: int = 0,
     ):
         self.graph, self.actions, self.costs, self.comm, self.trace = graph, actions, costs, comm, trace
         self.peers = peers
         """The other replicas of this one's expert-parallel group (their graphs; empty: none)."""
+        self.lockstep, self.pos = lockstep, pos
+        """The group's meeting points (None: this replica starts its actions on its own) and this
+        replica's position in the group."""
         self.has_comm_actions = any(a.kind.is_comm for acts in actions.values() for a in acts)
         self.ends: dict[tuple, float] = {}
         self.arrival: dict[Message, float] = {}
@@ -236,7 +309,14 @@ class _Replica:
                 if ready is None:
                     self._requeue(woken)
                     return key
-                woken += self._compute(g, a, max(ready, self.clock[g]))
+                start = max(ready, self.clock[g])
+                if self.lockstep is not None and self.costs.expert_stages[a.stage]:
+                    met = self.lockstep.meet(self.pos, a, start)
+                    if met is None:
+                        self._requeue(woken)
+                        return (_EP, a)
+                    start = met
+                woken += self._compute(g, a, start)
             elif a.kind in (ActionKind.RECV_F, ActionKind.RECV_B):
                 msgs = messages_of(self.graph.layout, a)  # one per encoder at a multi-encoder boundary
                 missing = next((m for m in msgs if m not in self.arrival), None)
@@ -328,40 +408,75 @@ class _Replica:
             self.memory[g].append((t, self.mem[g]))
 
 
-def _run(rep: _Replica) -> None:
-    stack = sorted(rep.actions, reverse=True)
-    waiting: dict[int, object] = {}
+def _run(reps: list[_Replica], lockstep: _Lockstep | None = None) -> None:
+    """Advance the ranks of ``reps`` (one replica, or an expert-parallel group's that meet at
+    ``lockstep``) until every one finished; ScheduleError on a deadlock."""
+    stack = [(i, g) for i in reversed(range(len(reps))) for g in sorted(reps[i].actions, reverse=True)]
+    waiting: list[dict[int, object]] = [{} for _ in reps]
     while stack:
-        g = stack.pop()
-        waiting.pop(g, None)
+        i, g = stack.pop()
+        rep = reps[i]
+        waiting[i].pop(g, None)
         key = rep._advance(g)
         if key is not None:
-            if _resolved(rep, key):
-                stack.append(g)
+            if _resolved(rep, key, lockstep):
+                stack.append((i, g))
             else:
-                rep.waiters.setdefault(key, []).append(g)
-                waiting[g] = key
-        stack.extend(rep._pending_wake)
+                if isinstance(key, tuple) and key[0] == _EP:
+                    lockstep.waiting.setdefault(key[1], []).append((i, g))
+                else:
+                    rep.waiters.setdefault(key, []).append(g)
+                waiting[i][g] = key
+        stack.extend((i, w) for w in rep._pending_wake)
         rep._pending_wake = []
+        if lockstep is not None:
+            stack.extend(lockstep.pending)
+            lockstep.pending = []
+    for rep, waits in zip(reps, waiting):
+        _no_deadlock(rep, waits)
+
+
+def _no_deadlock(rep: _Replica, waiting: dict[int, object]) -> None:
     blocked = {g: p for g, p in rep.ptr.items() if p < len(rep.actions[g])}
-    if blocked:
-        # blame a rank stuck on its own missing receive or local input before ranks waiting on peers
-        local = [g for g in sorted(blocked) if not isinstance(waiting.get(g), Message)]
-        g0 = local[0] if local else min(blocked)
-        lines = "; ".join(f"rank {g} step {p} ({rep.actions[g][p]})" for g, p in sorted(blocked.items()))
-        raise ScheduleError(
-            f"deadlock in simulation: rank {g0} step {blocked[g0]} ({rep.actions[g0][blocked[g0]]}) never becomes "
-            f"ready; blocked: {lines}\n"
-            + format_grid({g: list(a) for g, a in rep.actions.items()}, blocked, primary=g0)
-        )
+    if not blocked:
+        return
+    # blame a rank stuck on its own missing receive or local input before ranks waiting on peers
+    local = [g for g in sorted(blocked) if not isinstance(waiting.get(g), Message)]
+    g0 = local[0] if local else min(blocked)
+    lines = "; ".join(f"rank {g} step {p} ({rep.actions[g][p]})" for g, p in sorted(blocked.items()))
+    group = any(isinstance(k, tuple) and k[0] == _EP for k in waiting.values())
+    raise ScheduleError(
+        f"deadlock in simulation: rank {g0} step {blocked[g0]} ({rep.actions[g0][blocked[g0]]}) never becomes "
+        f"ready; blocked: {lines}"
+        + (" (some wait for their expert-parallel group's other replicas at an all-to-all)" if group else "")
+        + "\n"
+        + format_grid({g: list(a) for g, a in rep.actions.items()}, blocked, primary=g0)
+    )
 
 
-def _resolved(rep: _Replica, key: object) -> bool:
+def _resolved(rep: _Replica, key: object, lockstep: _Lockstep | None = None) -> bool:
     if isinstance(key, Message):
         return key in rep.arrival
     if key[0] == "recv":
         return key[1] in rep.received
+    if key[0] == _EP:
+        return lockstep is not None and lockstep.met(key[1])
     return key in rep.ends
+
+
+def _replica_run(rep: _Replica, replica: int) -> ReplicaRun:
+    return ReplicaRun(
+        replica=replica,
+        num_microbatches=len(rep.graph.microbatches),
+        busy_ms=rep.busy,
+        end_ms=dict(rep.clock),
+        peak_bytes=rep.peak,
+        fwd_ms=rep.fwd_ms,
+        bwd_ms=rep.bwd_ms,
+        spans=rep.spans,
+        memory=rep.memory,
+        step_bytes=rep.step_bytes,
+    )
 
 
 def run_replica(
@@ -374,17 +489,9 @@ def run_replica(
     trace: bool = False,
     peers: tuple = (),
 ) -> ReplicaRun:
+    """One replica on its own (``peers``: its EP group's other replicas' graphs, whose durations its
+    actions on stages with experts take when longer; their start times are not known here:
+    ``run_iteration`` simulates a group together)."""
     rep = _Replica(graph, actions, costs, comm, trace, peers)
-    _run(rep)
-    return ReplicaRun(
-        replica=replica,
-        num_microbatches=len(graph.microbatches),
-        busy_ms=rep.busy,
-        end_ms=dict(rep.clock),
-        peak_bytes=rep.peak,
-        fwd_ms=rep.fwd_ms,
-        bwd_ms=rep.bwd_ms,
-        spans=rep.spans,
-        memory=rep.memory,
-        step_bytes=rep.step_bytes,
-    )
+    _run([rep])
+    return _replica_run(rep, replica)

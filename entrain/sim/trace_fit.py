@@ -137,19 +137,49 @@ def _constants(costs: PlanCosts, stage: int) -> dict[str, float]:
     return {phase: coefs[phase][2] for phase in ("fwd", "bwd", "bwd_split")}
 
 
+def _lockstep(run: TracedRun) -> dict[int, tuple[float, tuple[str, ...]]]:
+    """Per compute event (``id``) of a stage with mixture-of-experts layers in a run with expert
+    parallelism: (its duration from the latest start of that action over its EP group's replicas,
+    the sample ids of the group's heaviest one by the run's cost model). The simulator starts such an
+    action on every replica of the group at once and prices it as its heaviest replica's
+    (``entrain.sim.executor``); a replica whose input came first waits inside the action at the first
+    all-to-all, time that is neither its compute nor its samples'. Empty without expert parallelism."""
+    layout = run.plan.layout
+    ep = max(c.ep for c in layout.components.values())
+    if ep <= 1:
+        return {}
+    costs = PlanCosts(layout, run.base, run.plan.samples)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for e in run.events:
+        a = e["args"]
+        if ActionKind(a["kind"]).is_compute and costs.expert_stages[a["stage"]]:
+            replica, _ = layout.replica_of(e["pid"] // run.tp)
+            groups[(a["step"], replica // ep, a["kind"], a["stage"], a["mb"], a["sub"])].append(e)
+    out: dict[int, tuple[float, tuple[str, ...]]] = {}
+    for (_, _, kind, stage, _, _), evs in groups.items():
+        start = max(e["ts"] for e in evs)
+        ids = max((_ids(run, e) for e in evs), key=lambda i: costs.compute_ms(stage, ActionKind(kind), i))
+        for e in evs:
+            out[id(e)] = (max(0.0, e["ts"] + e["dur"] - start), ids)
+    return out
+
+
 def _traced_computes(run: TracedRun) -> list[tuple[int, str, tuple[str, ...], int, float]]:
     """(stage, phase, sample ids, compute actions, measured ms): each forward, and each (sub-)microbatch
-    backward (``B``, or ``I`` + ``W`` summed: 2 actions)."""
+    backward (``B``, or ``I`` + ``W`` summed: 2 actions); with expert parallelism, an action of a stage
+    with experts as ``_lockstep`` measures it."""
     rows: dict[tuple, list] = {}
+    lockstep = _lockstep(run)
     for e in run.events:
         a = e["args"]
         if not ActionKind(a["kind"]).is_compute:
             continue
         phase = "fwd" if a["kind"] == "F" else "bwd"
         key = (e["pid"], a["step"], a["stage"], a["mb"], a["sub"], phase)
-        row = rows.setdefault(key, [a["stage"], phase, _ids(run, e), 0, 0.0])
+        dur_us, ids = lockstep.get(id(e), (e["dur"], None))
+        row = rows.setdefault(key, [a["stage"], phase, ids or _ids(run, e), 0, 0.0])
         row[3] += 1
-        row[4] += e["dur"] / 1e3
+        row[4] += dur_us / 1e3
     return [tuple(r) for r in rows.values()]
 
 

@@ -13,44 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrain.core.assignment.hierarchical import assign_entrain, same_count_per_ep_group
-from entrain.core.costs.costmodel import (
-    ComponentCost,
-    CostModel,
-    ExpertCost,
-    HardwareSpec,
-    LayerCost,
-    Quadratic,
-)
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.systems import generate_plan
 from entrain.core.workload.samples import SampleMeta
 from entrain.sim.executor import simulate_plan
+from tests.moe_fixtures import tiny_moe_cost
 
-KEY = "tp1cp1"
 IMAGES = [(56, 56), (112, 112), (224, 224), (448, 224)]
 
 
 def _cost() -> CostModel:
-    def layer(name, experts=None):
-        q = Quadratic(0.0, 0.01, 0.001)
-        return LayerCost(
-            name,
-            "decoder_layer",
-            {KEY: q},
-            {KEY: q.scaled(2.0)},
-            param_bytes=1000.0,
-            experts=experts,
-            activation_bytes_per_token=1000.0,
-        )
-
-    x = ExpertCost(num_experts=8, top_k=2, fraction=0.5, a2a_bytes_per_token=512.0, param_bytes=800.0)
-    hw = HardwareSpec("hand", allreduce_bandwidth_bytes_per_ms=1e6, allreduce_latency_ms=0.05)
-    return CostModel(
-        "hand",
-        hw,
-        ComponentCost("encoder", (layer("blocks.0"),)),
-        ComponentCost("llm", (layer("layers.0", x), layer("layers.1", x))),
-    )
+    return tiny_moe_cost(2, call_ms=0.001, activation=1000.0)
 
 
 def _layout(ep: int, dp: int, k: int, u: int) -> Layout:

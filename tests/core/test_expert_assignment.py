@@ -8,20 +8,14 @@ unchanged; the planner decides it by simulation (``on`` only past the margin) an
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrain.core.assignment.hierarchical import assign_entrain, same_count_per_ep_group
-from entrain.core.costs.costmodel import (
-    ComponentCost,
-    CostModel,
-    ExpertCost,
-    HardwareSpec,
-    LayerCost,
-    Quadratic,
-)
+from entrain.core.costs.costmodel import CostModel
 from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
 from entrain.core.planning.extensions import EP_DECISIONS, EP_GROUP, _decide_expert_assignment
 from entrain.core.planning.system_setup import SystemSetup
@@ -30,28 +24,18 @@ from entrain.core.schedules.expert_works import ep_group_bins, expert_works, ran
 from entrain.core.systems import generate_plan
 from entrain.core.workload.samples import SampleMeta
 from entrain.sim.executor import simulate_plan
+from tests.moe_fixtures import EXPERTS, tiny_moe_cost
 
-KEY = "tp1cp1"
 IMAGES = [(56, 56), (112, 112), (224, 224)]
 
 
 def _cost(skew: float = 4.0) -> CostModel:
     """Two sparse LLM layers whose attention is quadratic in the sequence (so a sample's LLM work and its
     tokens, which the experts' time follows, are not proportional), 8 experts, top 2."""
-
-    def layer(name, experts=None, a=0.0):
-        q = Quadratic(a, 0.01, 0.001)
-        return LayerCost(
-            name, "decoder_layer", {KEY: q}, {KEY: q.scaled(2.0)}, param_bytes=1000.0, experts=experts,
-            activation_bytes_per_token=1000.0,
-        )  # fmt: skip
-
-    x = ExpertCost(
-        num_experts=8, top_k=2, fraction=0.5, a2a_bytes_per_token=512.0, param_bytes=800.0, skew=skew
+    experts = replace(EXPERTS, skew=skew)
+    return tiny_moe_cost(
+        2, experts=experts, call_ms=0.001, quad=4e-5, activation=1000.0, allreduce_bandwidth=1e5
     )
-    hw = HardwareSpec("hand", allreduce_bandwidth_bytes_per_ms=1e5, allreduce_latency_ms=0.05)
-    llm = (layer("layers.0", x, 4e-5), layer("layers.1", x, 4e-5))
-    return CostModel("hand", hw, ComponentCost("encoder", (layer("blocks.0"),)), ComponentCost("llm", llm))
 
 
 def _layout(ep: int, dp: int, k: int, u: int) -> Layout:

@@ -10,47 +10,20 @@ import dataclasses
 import numpy as np
 import pytest
 
-from entrain.core.costs.costmodel import (
-    ComponentCost,
-    CostModel,
-    ExpertCost,
-    HardwareSpec,
-    LayerCost,
-    Quadratic,
-)
+from entrain.core.costs.costmodel import ComponentCost, CostModel, ExpertCost
 from entrain.core.costs.layer_costs import uniform_router_imbalance
 from entrain.core.costs.memory import ADAM_BYTES_PER_BF16_WEIGHT_BYTE, MicrobatchLoad, stage_memory_bytes
 from entrain.core.ir.plan import ActionKind, ComponentLayout, Layout, StageSpec
 from entrain.core.schedules.action_costs import PlanCosts
 from entrain.core.workload.samples import SampleMeta
 from entrain.core.workload.work import SampleWork
-
-KEY = "tp1cp1"
-EXPERTS = ExpertCost(num_experts=8, top_k=2, fraction=0.5, a2a_bytes_per_token=512.0, param_bytes=800.0)
-HW = HardwareSpec("hand", allreduce_bandwidth_bytes_per_ms=1e6, allreduce_latency_ms=0.05)
+from tests.moe_fixtures import EXPERTS, tiny_moe_cost
 
 
 def _cost(experts: ExpertCost | None = EXPERTS) -> CostModel:
     """One encoder layer and one LLM layer of 1000 parameter bytes, 800 of them experts'; forward
     0.01 ms a token + 0.1 ms a call, backward 0.02 + 0.2."""
-
-    def layer(name, comp_experts):
-        return LayerCost(
-            name,
-            "decoder_layer",
-            {KEY: Quadratic(0.0, 0.01, 0.1)},
-            {KEY: Quadratic(0.0, 0.02, 0.2)},
-            activation_bytes_per_token=10.0,
-            param_bytes=1000.0,
-            experts=comp_experts,
-        )
-
-    return CostModel(
-        "hand",
-        HW,
-        ComponentCost("encoder", (layer("blocks.0", None),)),
-        ComponentCost("llm", (layer("layers.0", experts),)),
-    )
+    return tiny_moe_cost(experts=experts, activation=10.0)
 
 
 # z_8 = Phi^-1((8 - 0.375) / 8.25) = 1.43420 (Blom's expected largest of 8 standard normals)

@@ -11,8 +11,9 @@ entrain,1f1b`` in an order drawn per round from ``--order-seed``) trains both sy
 processes, the built-in ``omni`` set (images capped at 224 x 224 px), global batch ``CONFIG``,
 planned with the ``cpu-tiny`` preset, traced, every step planned before the first
 (``ENTRAIN_PLAN_PREFETCH=ahead``, as ``cpu_paired``); the first step of each run is dropped from the timings.
-Entrain's planner places one pipeline per tower (``runtime.planning.encoders_setup``); 1F1B's is the
-one-encoder planner's (``system_setups``), as ``entrain train`` does for such a model.
+Entrain's planner places one pipeline per tower (``--decision-margin 99`` keeps the ``encoder towers``
+decision's default, see ``CONFIG``); 1F1B's is the one-encoder planner's (``system_setups``), as ``entrain
+train`` does for such a model.
 
 Recorded: per round the paired ratio Entrain / 1F1B of median iteration times (same launch), its
 median, min and max over rounds (target: at most ``REAL_TARGET``); per system and rank the process
@@ -50,7 +51,11 @@ CONFIG = {
     "seed": 0,
     "global_batch": 8,
     "microbatch_size": 1,
+    "decision_margin": 99,
 }
+"""``decision_margin``: ``entrain train`` makes Entrain's ``encoder towers`` decision by simulation as ``entrain
+plan`` does (``sim.towers``); a margin past any simulated gain keeps every decision's default, one pipeline
+per tower with the paper's microbatch count: the layout this pass measures."""
 REAL_TARGET = 1.0
 """Entrain's real paired ratio to 1F1B at most this."""
 SIM_TOLERANCE = 0.05

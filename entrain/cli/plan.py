@@ -31,23 +31,26 @@ from entrain.cli.common import (
     warn_profile_precision,
 )
 from entrain.cli.config_file import add_config_arg
-from entrain.cli.simulate import PER_ENCODER, SHARED, TOWERS
 from entrain.config import RunConfig
-from entrain.core.costs.memory import memory_check_iterations
 from entrain.core.costs.sampler import Sampler
-from entrain.core.costs.table_work import draw_works
 from entrain.core.errors import ConfigError
 from entrain.core.model.architectures import default_precision
 from entrain.core.planning.bmin import EQ2_TOLERANCE, BMinConfig
 from entrain.core.planning.entry import PlanResult, plan
 from entrain.core.planning.plan_file import CHECKPOINT_FLAGS, checkpoint_fingerprints
-from entrain.core.planning.setups import entrain_setup, entrain_variant, setup_to_json, system_setups
-from entrain.core.planning.system_setup import Decision, pick
+from entrain.core.planning.setups import (
+    SystemSetup,
+    entrain_setup,
+    entrain_variant,
+    setup_to_json,
+    system_setups,
+)
+from entrain.core.planning.system_setup import Decision
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.workers import worker_processes
 from entrain.sim.choose import candidate_judge
-from entrain.sim.memory_fit import deploy
-from entrain.sim.replica_sample import heaviest_batches
+from entrain.sim.memory_fit import check_batches, deploy
+from entrain.sim.towers import TOWERS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -161,17 +164,14 @@ def plan_command(req: PlanRequest) -> int:
             "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
-    setup_json, run = _setup_json(req, result, sampler, cost)
-    obj = {**to_json(result, req, cost.model, cost.hardware.name), **setup_json}
-    towers = _towers(req, searched, result, sampler, cost, run)
+    setup, run, checks = _deployed(req, result, sampler, cost)
+    towers = _towers(req, searched, sampler, checks, (setup, run))
     if towers is not None:
-        obj["decisions"].append(towers.to_json())
-        if req.out and towers.chosen != SHARED:
-            raise ConfigError(
-                f"--out {req.out}: {cost.model}: {ENTRAIN} simulates faster with {towers.chosen} "
-                f"({_ms(towers, towers.chosen)} against {_ms(towers, SHARED)} with {SHARED}), which a plan file "
-                "does not hold yet; run entrain train without --plan (it plans that layout the same way)"
-            )
+        setup, run = towers
+    obj = {
+        **to_json(result, req, cost.model, cost.hardware.name),
+        **_setup_json(config.schedule.systems[0], setup, run, cost),
+    }
     if req.out:
         _write(req.out, obj)
     if req.json:
@@ -180,21 +180,23 @@ def plan_command(req: PlanRequest) -> int:
         print_human(result, cost.model, cost.hardware.name, config.data.dataset)
         print(f"{obj['system']}: {obj['source']}")
         if towers is not None:
+            d = setup.decisions[-1]
             print(
-                f"{ENTRAIN}: {TOWERS}: {towers.chosen} ({', '.join(f'{n} {_ms(towers, n)}' for n in towers.candidates)}); "
-                f"this plan is the one with {SHARED}"
+                f"{ENTRAIN}: {TOWERS}: {d.chosen} ({', '.join(f'{n} {_ms(d, n)}' for n in d.candidates)}); "
+                f"this plan is the one with {d.chosen}"
             )
         if req.out:
             print(f"wrote {req.out} (entrain train --plan {req.out})")
     return 0
 
 
-def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> tuple[dict, object]:
-    """The plan-file keys of ``--system``'s setup (``entrain.core.planning.setups.setup_to_json``): Entrain's
-    from this result with the extensions asked for, a baseline's chosen its own way; then, like
-    ``simulate``, the simulated memory check (recomputation where a rank overflows; Entrain's one-line
-    error when nothing fits); ``decisions``: every automatic choice with its candidates' times. With the
-    check's run."""
+def _deployed(
+    req: PlanRequest, result: PlanResult, sampler: Sampler, cost
+) -> tuple[SystemSetup, object, list]:
+    """``--system``'s setup: Entrain's from this result with the extensions asked for, a baseline's
+    chosen its own way; then, like ``simulate``, the simulated memory check (recomputation where a rank
+    overflows; Entrain's one-line error when nothing fits) on the memory check's batches
+    (``sim.memory_fit.check_batches``). With the check's run and its batches."""
     config = req.config
     system, seed = config.schedule.systems[0], config.data.seed
     spec = get_system(system)
@@ -208,16 +210,19 @@ def _setup_json(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) ->
             setup = entrain_variant(setup, setup_req, cost, judge)
     else:
         setup = system_setups([system], setup_req, cost, sampler, judge)[system]
-    setup, run = deploy(
-        system, setup, _check_batches(req, result, sampler, cost), cost, margin=setup_req.margin
-    )
+    checks = check_batches(sampler, cost, result.config, config.parallel.global_batch, seed, req.iterations)
+    setup, run = deploy(system, setup, checks, cost, margin=setup_req.margin)
+    return setup, run, checks
+
+
+def _setup_json(system: str, setup: SystemSetup, run, cost) -> dict:
+    """The plan-file keys of the setup (``entrain.core.planning.setups.setup_to_json``: with one pipeline
+    per encoder, each encoder's stages and the LLM's, the microbatch count in its schedule options),
+    whether its run fits memory, and ``decisions``: every automatic choice with its candidates' times."""
     decisions = [d.to_json() for d in setup.decisions]
-    setup = dataclasses.replace(setup, layout=cost.layout_with_parts(setup.layout))  # the family's parts
-    return {
-        **setup_to_json(system, setup),
-        "fits_memory": run.metrics.fits_memory,
-        "decisions": decisions,
-    }, run
+    if not setup.layout.multi_encoder:
+        setup = dataclasses.replace(setup, layout=cost.layout_with_parts(setup.layout))  # the family's parts
+    return {**setup_to_json(system, setup), "fits_memory": run.metrics.fits_memory, "decisions": decisions}
 
 
 def _ms(d: Decision, name: str) -> str:
@@ -225,71 +230,24 @@ def _ms(d: Decision, name: str) -> str:
     return "does not fit" if ms == float("inf") else f"{ms:.1f} ms"
 
 
-def _towers(req: PlanRequest, parallel, result: PlanResult, sampler: Sampler, cost, run) -> Decision | None:
-    """Entrain on a model with several encoder towers (``runtime.planning.run_encoders``): its plan with one
-    pipeline per tower (``sim.encoders_run.run_encoders_systems``, as ``simulate`` and ``train`` plan it) on the
-    memory check's batches against this plan (both towers in the first stages, ``run``), simulated; the
-    ``encoder towers`` decision (``simulate.choose_entrain_towers``' rule). None for another system or model,
-    or where no such plan can be built."""
+def _towers(req: PlanRequest, parallel, sampler: Sampler, checks: list, shared: tuple) -> tuple | None:
+    """Entrain on a model with several encoder towers (``runtime.planning.run_encoders``): its setup and
+    run after the ``encoder towers`` decision (``sim.towers.choose_towers``, the rule ``simulate`` and
+    ``train`` apply) between its plan with one pipeline per tower and ``shared`` (this plan, both towers
+    in the first stages, after the memory check), both on the memory check's batches ``checks``. None
+    for another system or model, or where no plan with one pipeline per tower can be built."""
     from entrain.runtime.planning import run_encoders
-    from entrain.sim.encoders_run import run_encoders_systems
+    from entrain.sim.towers import choose_towers
 
     config = req.config
     encoders = run_encoders(config) if config.schedule.systems[0] == ENTRAIN else None
     if encoders is None:
         return None
-    checks = _check_batches(req, result, sampler, cost)
-    if any(w.meta is None for b in checks for w in b):  # raw work: one encoder's work only
-        return None
     unbuilt: dict[str, str] = {}
-    margin = config.config_request().margin
-    try:
-        runs, _ = run_encoders_systems(
-            [ENTRAIN],
-            sampler,
-            [[dataclasses.replace(w.meta, id=w.id) for w in b] for b in checks],  # ids unique, as the check's
-            encoders,
-            parallel,
-            unbuilt,
-            margin=margin,
-        )
-    except ConfigError as e:
-        unbuilt[ENTRAIN] = str(e)
-        runs = {}
-    if ENTRAIN not in runs:
-        print(f"entrain plan: one pipeline per encoder: {unbuilt.get(ENTRAIN)}", file=sys.stderr)
-        return None
-    ms = {
-        n: r.metrics.iteration_time_ms if r.metrics.fits_memory is not False else float("inf")
-        for n, r in ((PER_ENCODER, runs[ENTRAIN]), (SHARED, run))
-    }
-    return pick(TOWERS, PER_ENCODER, ms, margin)
-
-
-def _check_batches(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> list[list]:
-    """The memory check's global batches, drawn by Algorithm 1's seeded sampler (with replacement: a
-    file may hold fewer samples than the check needs), priced at the planned TP as ``simulate`` prices
-    its batches: the first ``costs.memory.memory_check_iterations`` of ``--iterations`` (all of them up
-    to DP 4 at 32 microbatches a replica; at DP 64, 2 global batches still hold 128 replica iterations).
-    Where a replica iteration holds so many microbatches that fewer batches hold as many replica
-    microbatches (DP 4 with 512 a replica: 2), those fewer are the heaviest of the batches drawn
-    (``replica_sample.heaviest_batches``: the largest samples set a rank's peak)."""
-    cfg, seed = result.config, req.config.data.seed
-    num = memory_check_iterations(cfg.dp, req.iterations)
-    batches = [
-        draw_works(
-            sampler(req.config.parallel.global_batch, seed * 1_000_003 + 7_919 * (i + 1)),
-            cost,
-            cfg.encoder.tp,
-            numbered=True,
-        )
-        for i in range(num)
-    ]  # a sample drawn twice is two samples of the batch (ids made unique)
-    fewer = memory_check_iterations(cfg.dp, req.iterations, num_microbatches=cfg.num_microbatches)
-    if fewer < num:
-        window = cfg.microbatch_size * cfg.to_layout().ranks_per_replica
-        batches = [batches[i] for i in heaviest_batches(batches, fewer, window)]
-    return batches
+    made = choose_towers(sampler, encoders, parallel, checks, shared, config.config_request().margin, unbuilt)
+    if made is None and ENTRAIN in unbuilt:
+        print(f"entrain plan: one pipeline per encoder: {unbuilt[ENTRAIN]}", file=sys.stderr)
+    return made
 
 
 def _write(path: str, obj: dict) -> None:

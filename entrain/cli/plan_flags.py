@@ -28,7 +28,7 @@ def _plan_values(d: dict) -> dict:
         "min_pixels": d["min_pixels"],
         "max_pixels": d["max_pixels"],
         "dp": d["layout"]["dp"],
-        "tp": d["layout"]["components"]["encoder"]["tp"],
+        "tp": d["layout"]["components"][stages[0].get("encoder", stages[0]["component"])]["tp"],
         "encoder_stages": sum(1 for s in stages if s["component"] == "encoder"),
         "llm_stages": sum(1 for s in stages if s["component"] == "llm"),
     }

@@ -23,12 +23,13 @@ from entrain.cli.replan_flags import add_replan_args
 from entrain.config import RunConfig
 from entrain.core.errors import ConfigError
 from entrain.core.planning.setups import system_setups
-from entrain.core.planning.system_setup import Decision, pick
+from entrain.core.planning.system_setup import Decision
 from entrain.core.systems import ENTRAIN, default_systems, systems_where
 from entrain.sim.adaptive import REPLAN_SYSTEMS, adaptive_deploy, monitor_for
 from entrain.sim.choose import candidate_judge
 from entrain.sim.memory_fit import deploy
 from entrain.sim.run import SystemRun
+from entrain.sim.towers import PER_ENCODER, SHARED, TOWERS, towers_decision
 
 DEFAULT_SYSTEMS = default_systems("simulate")
 OURS = systems_where("ours")
@@ -193,11 +194,8 @@ def _simulate_encoders(req: SimulateRequest, systems: list[str], batches, encode
     return runs, {**configs, **{n: {"source": why, "not_built": why} for n, why in unbuilt.items()}}
 
 
-TOWERS = "encoder towers"
-"""``choose_entrain_towers``' decision on a model with several encoder towers: ``PER_ENCODER`` (the default)
-or ``SHARED``."""
-PER_ENCODER = "one pipeline per encoder"
-SHARED = "both in the first stages"
+# ``choose_entrain_towers``' decision on a model with several encoder towers (``sim.towers``, the rule
+# ``plan`` and ``train`` apply too): TOWERS, PER_ENCODER (the default) or SHARED, imported above.
 
 
 def choose_entrain_towers(
@@ -206,14 +204,10 @@ def choose_entrain_towers(
     """Entrain on a model with several encoder towers: its N-encoder run (``runs[ENTRAIN]``, described in
     ``configs[ENTRAIN]``) or its one-encoder run (``one_run``, ``one_config``: both towers in the first
     stages), whichever simulates faster and fits (the N-encoder one unless the other is faster past
-    ``margin``, ``system_setup.pick``); ``runs`` and ``configs`` then hold the chosen one, its
+    ``margin``: ``sim.towers.towers_decision``); ``runs`` and ``configs`` then hold the chosen one, its
     ``decisions`` ending with this one (``TOWERS``)."""
     found = {PER_ENCODER: (runs[ENTRAIN], configs[ENTRAIN]), SHARED: (one_run, one_config)}
-    ms = {
-        n: r.metrics.iteration_time_ms if r.metrics.fits_memory is not False else float("inf")
-        for n, (r, _) in found.items()
-    }
-    d = pick(TOWERS, PER_ENCODER, ms, margin)
+    d = towers_decision(runs[ENTRAIN], one_run, margin)
     run, described = found[d.chosen]
     runs[ENTRAIN] = run
     configs[ENTRAIN] = {**described, "decisions": [*described.get("decisions", []), d.to_json()]}

@@ -99,13 +99,14 @@ def _with_plan_layout(spec: RunConfig) -> RunConfig:
     system, setup = plan_file(spec)
     layout = setup.layout
     ep = layout.components["llm"].ep
+    enc = layout.components[layout.stages[0].component_key]  # the (first) encoder's degrees
     return replace(
         spec,
         parallel=replace(
             spec.parallel,
             dp=layout.dp,
-            tp=layout.components["encoder"].tp,
-            cp=layout.components["encoder"].cp,
+            tp=enc.tp,
+            cp=enc.cp,
             ep=ep if ep > 1 else spec.parallel.ep,
             encoder_stages=None,
             llm_stages=None,

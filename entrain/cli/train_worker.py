@@ -1,8 +1,8 @@
 """One ``entrain train`` process: join the process group, train every system, print the summaries,
 and leave (quietly under torchrun: see ``entrain.runtime.launcher``). The planner's memory check,
-the simulated choices, the N-encoder planner's profile and memory check and ``--replan auto``'s
-drift monitor come from ``sim``, which the runtime does not import: they are handed to
-``entrain.runtime.session.run_systems`` from here."""
+the simulated choices, the N-encoder planner's profile, memory check and ``encoder towers`` decision
+and ``--replan auto``'s drift monitor come from ``sim``, which the runtime does not import: they are
+handed to ``entrain.runtime.session.run_systems`` from here."""
 
 from __future__ import annotations
 
@@ -90,6 +90,22 @@ def _encoders_fit(plan, encoders):
     return fit_recompute(plan, encoders).layout
 
 
+def _encoders_towers(spec, sampler, cost, one, req, gpus):
+    """Entrain's ``encoder towers`` decision (and its N-encoder path's ``microbatch count``) on ``plan``'s
+    draws, as ``plan`` makes it (``sim.towers.entrain_towers``); None where no plan with one pipeline per
+    tower can be built."""
+    from dataclasses import replace
+
+    from entrain.runtime.planning import MEMORY_CHECK_ITERATIONS, run_encoders
+    from entrain.sim.towers import entrain_towers
+
+    made = entrain_towers(
+        sampler, cost, run_encoders(spec), replace(spec.parallel, gpus=gpus), one, seed=spec.data.seed,
+        iterations=MEMORY_CHECK_ITERATIONS, margin=req.margin,
+    )  # fmt: skip
+    return None if made is None else made[0]
+
+
 def _judge_factory(sampler, cost, req):
     """Entrain's automatic choices decided by simulation, as in ``plan`` and ``simulate``."""
     from entrain.sim.choose import candidate_judge
@@ -145,7 +161,8 @@ def run_rank(spec, under_torchrun: bool) -> int:
         replan = {"monitor_factory": _monitor_factory} if spec.schedule.replan == "auto" else {}
         summaries = run_systems(
             spec, env, memory_check=_memory_check, judge_factory=_judge_factory,
-            encoders_profile=_encoders_profile, encoders_fit=_encoders_fit, **replan,
+            encoders_profile=_encoders_profile, encoders_fit=_encoders_fit, encoders_towers=_encoders_towers,
+            **replan,
         )  # fmt: skip
     except ReplanRequested:
         leave_for_replan(under_torchrun)

@@ -5,9 +5,11 @@
   layers (``entrain.core.planning.setups.fixed_stage_setup``);
 * otherwise the planner, as ``entrain simulate`` chooses it (``entrain.core.planning.setups.system_setups``),
   for the processes started (GPUs = ``--nproc`` x nodes); Entrain on a model with several encoder
-  towers (an audio tower beside the vision tower) plans one pipeline per tower (``encoders_setup``,
-  docs/design.md "N encoders") where a replica has a GPU for each tower and the LLM, and so does
-  DistTrain-like (one group per tower, its degrees from the N-way search on its one profiled sample of
+  towers (an audio tower beside the vision tower), where a replica has a GPU for each tower and the
+  LLM, makes ``plan``'s ``encoder towers`` decision on ``plan``'s draws (``EncodersTowers``, the CLI's
+  ``entrain.sim.towers.entrain_towers``: one pipeline per tower, docs/design.md "N encoders", or both
+  towers in the first stages), so it runs the layout ``plan --out`` writes; DistTrain-like plans one
+  pipeline per tower (one group per tower, its degrees from the N-way search on its one profiled sample of
   the same profile, as ``simulate`` plans it: ``planning.encoders_baselines``).
 
 Then each iteration's Plan comes from the system's batcher and generator, as in the simulator."""
@@ -52,6 +54,8 @@ __all__ = [
     "EncodersProfile",
     "EncodersMemoryFit",
     "run_encoders",
+    "EncodersTowers",
+    "plans_towers",
     "encoders_setup",
     "fit_encoders_setup",
     "EncodersStepPlanner",
@@ -76,6 +80,7 @@ def plan_file(spec: RunConfig) -> tuple[str, SystemSetup]:
     """``--plan``'s system and setup, checked against the run's model (its name and layer counts)."""
     family, shape = spec.model.family(), spec.model.arch()
     counts = {c: len(family.layer_names(shape, c)) for c in ("encoder", "llm")}
+    counts.update({e.name: e.cost.encoder.num_layers for e in run_encoders(spec) or ()})  # each tower's
     return read_plan_file(spec.schedule.plan, expect_model=spec.model.label(), layer_counts=counts)
 
 
@@ -100,8 +105,17 @@ EncodersMemoryFit = Callable[[Plan, Sequence[Encoder]], Layout]
 device memory recomputed further (``entrain.sim.encoders_run.fit_recompute``, what ``simulate`` does on
 such a plan; the CLI passes it in)."""
 
+EncodersTowers = Callable[
+    [RunConfig, Sampler, CostModel, SystemSetup, ConfigRequest, int], "SystemSetup | None"
+]
+"""``(spec, sampler, cost, one-encoder setup, request, gpus) -> setup``: Entrain's setup on a model with
+several encoder towers after the ``encoder towers`` decision (one pipeline per tower, its ``microbatch
+count`` decided, or both towers in the first stages), made as ``plan`` makes it: on the batches
+``plan``'s memory check draws, each candidate memory-fitted there (``entrain.sim.towers.entrain_towers``;
+the CLI passes it in). None where no plan with one pipeline per tower can be built."""
+
 MEMORY_CHECK_ITERATIONS = 20
-"""Global batches the memory check simulates (``simulate``'s default ``--iterations``)."""
+"""Global batches the memory check simulates (``simulate``'s and ``plan``'s default ``--iterations``)."""
 
 
 def run_setups(
@@ -113,32 +127,50 @@ def run_setups(
     judge_factory: JudgeFactory | None = None,
     encoders_profile: EncodersProfile | None = None,
     encoders_fit: EncodersMemoryFit | None = None,
+    encoders_towers: EncodersTowers | None = None,
 ) -> dict[str, SystemSetup]:
     """Each system's setup for a run on ``gpus`` processes (see the module docstring); a planned one
     (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``;
     ``judge_factory`` decides Entrain's automatic choices (``JudgeFactory``); each setup carries its
     ``decisions``. ``encoders_profile``: the N-encoder planner's profile (``EncodersProfile``; without
     it a model with several towers takes the one-encoder path); ``encoders_fit``: the memory check of
-    a setup with one pipeline per tower (``EncodersMemoryFit``)."""
+    a setup with one pipeline per tower (``EncodersMemoryFit``); ``encoders_towers``: Entrain's ``encoder
+    towers`` decision (``EncodersTowers``: its setup comes out memory-fitted, as ``plan --out`` writes it;
+    without it Entrain plans one pipeline per tower wherever a replica has a GPU for each)."""
     if spec.schedule.plan:
         system, setup = plan_file(spec)
         return {system: setup}
     req = spec.config_request(gpus)
     sampler = planner_sampler(spec, batches)
     judge = judge_factory(sampler, cost, req) if judge_factory is not None else None
+    decided: dict[str, SystemSetup] = {}  # Entrain's encoder towers decision, memory-fitted as plan does
     if fixed_stages(spec):
         probe = [w.meta if w.meta is not None else w for w in batches[0]]
         counts = _stage_counts(spec)
         setups = {s: fixed_stage_setup(s, req, cost, probe, *counts, judge) for s in spec.schedule.systems}
     else:
-        towers = {s: encoders_setup(s, spec, sampler, gpus, encoders_profile) for s in spec.schedule.systems}
+        decides = {
+            s
+            for s in spec.schedule.systems
+            if s == ENTRAIN and plans_towers(s, spec, gpus, encoders_towers) is not None
+        }
+        towers = {
+            s: None if s in decides else encoders_setup(s, spec, sampler, gpus, encoders_profile)
+            for s in spec.schedule.systems
+        }
         rest = [s for s, setup in towers.items() if setup is None]
         chosen = system_setups(rest, req, cost, sampler, judge) if rest else {}
-        setups = {s: towers[s] or chosen[s] for s in spec.schedule.systems}
+        for s in decides:  # the one-encoder setup is a candidate
+            made = encoders_towers(spec, sampler, cost, chosen[s], req, gpus)  # type: ignore[misc]
+            if made is not None:
+                decided[s] = made
+        setups = {s: decided.get(s) or towers[s] or chosen[s] for s in spec.schedule.systems}
     check = batches[:MEMORY_CHECK_ITERATIONS]
     out = {}
     for s, setup in setups.items():
-        if setup.layout.multi_encoder:
+        if s in decided:
+            out[s] = setup
+        elif setup.layout.multi_encoder:
             out[s] = fit_encoders_setup(spec, s, setup, check, encoders_fit)
         else:
             out[s] = setup if memory_check is None else memory_check(s, setup, check, cost, margin=req.margin)
@@ -167,6 +199,24 @@ def run_encoders(spec: RunConfig) -> tuple[Encoder, ...] | None:
     return shape_encoders(m.arch(), m.hardware_label(), freeze=m.freeze, attention=m.attention)
 
 
+def plans_towers(
+    system: str, spec: RunConfig, gpus: int, profile: object | None
+) -> tuple[Encoder, ...] | None:
+    """The towers of a run that plans ``system`` with one pipeline per tower (a candidate at least):
+    Entrain or DistTrain-like (``encoders_baselines.CONFIG_SYSTEMS``), a model with several towers
+    (``run_encoders``), a GPU per tower and for the LLM in a replica, and the N-encoder planner handed
+    in (``profile``, any of its callables); None otherwise. ``--replan auto`` is refused there."""
+    encoders = run_encoders(spec) if profile is not None and system in CONFIG_SYSTEMS else None
+    if encoders is None or gpus // spec.parallel.dp_or_1 < len(encoders) + 1:
+        return None
+    if spec.schedule.replan == "auto":
+        raise ConfigError(
+            f"--replan auto: {system} plans one pipeline per encoder tower "
+            f"({', '.join(e.name for e in encoders)}) here, which the drift monitor does not re-plan; run without it"
+        )
+    return encoders
+
+
 def encoders_setup(
     system: str, spec: RunConfig, sampler: Sampler, gpus: int, profile: EncodersProfile | None
 ) -> SystemSetup | None:
@@ -176,14 +226,9 @@ def encoders_setup(
     first stages). Entrain's configuration is ``search_encoders``' best on Algorithm 1's profile
     (``profile``), DistTrain-like's the search's best on its one profiled sample of that profile
     (``disttrain_encoders_sample``), as ``simulate`` plans them (``plan_encoders_system``)."""
-    encoders = run_encoders(spec) if profile is not None and system in CONFIG_SYSTEMS else None
-    if encoders is None or gpus // spec.parallel.dp_or_1 < len(encoders) + 1:
+    encoders = plans_towers(system, spec, gpus, profile)
+    if encoders is None:
         return None
-    if spec.schedule.replan == "auto":
-        raise ConfigError(
-            f"--replan auto: {system} plans one pipeline per encoder tower "
-            f"({', '.join(e.name for e in encoders)}) here, which the drift monitor does not re-plan; run without it"
-        )
     parallel = replace(spec.parallel, gpus=gpus)
     b, samples = profile(sampler, encoders, parallel)
     names = ", ".join(e.name for e in encoders)

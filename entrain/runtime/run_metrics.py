@@ -117,10 +117,13 @@ def _gather_events(env, events: list[dict]) -> list[dict]:
 
 
 def _write_config(spec: RunConfig, system: str, setup, env, out: str, start: int) -> None:
-    """Rank 0's ``config.json``: the run's configuration, where it runs and the step it starts at."""
+    """Rank 0's ``config.json``: the run's configuration, where it runs and the step it starts at;
+    ``decisions``: every automatic choice the planner made for the setup (``plan``'s and ``simulate``'s
+    ``decisions``; none for a ``--plan`` file's)."""
     config = {
         "spec": spec.to_json(),
         "setup": setup.source,
+        "decisions": [d.to_json() for d in setup.decisions],
         "flags": spec.run.flags,
         "system": system,
         "world_size": env.world_size,

@@ -36,6 +36,7 @@ from entrain.runtime.planning import (
     EncodersMemoryFit,
     EncodersProfile,
     EncodersStepPlanner,
+    EncodersTowers,
     JudgeFactory,
     MemoryCheck,
     make_plan,
@@ -83,9 +84,10 @@ def run_systems(
     monitor_factory=None,
     encoders_profile: EncodersProfile | None = None,
     encoders_fit: EncodersMemoryFit | None = None,
+    encoders_towers: EncodersTowers | None = None,
 ) -> list[SystemSummary]:
     """Train each of ``spec.schedule.systems`` in turn (fresh model each) on an initialised process group;
-    ``memory_check``, ``judge_factory``, ``encoders_profile``, ``encoders_fit``: see
+    ``memory_check``, ``judge_factory``, ``encoders_profile``, ``encoders_fit``, ``encoders_towers``: see
     ``entrain.runtime.planning.run_setups``;
     ``monitor_factory``: ``--replan auto``'s drift monitor (``entrain.runtime.replan``)."""
     from entrain.runtime.health import PeerWatch
@@ -99,7 +101,15 @@ def run_systems(
     data = load_data(spec, cost, owner=env.rank == 0, tokenizer=tokenizer)
     gpus = env.world_size // spec.parallel.tp
     setups = run_setups(
-        spec, cost, data.train, gpus, memory_check, judge_factory, encoders_profile, encoders_fit
+        spec,
+        cost,
+        data.train,
+        gpus,
+        memory_check,
+        judge_factory,
+        encoders_profile,
+        encoders_fit,
+        encoders_towers,
     )
     for system, setup in setups.items():
         if setup.layout.world_size * spec.parallel.tp != env.world_size:

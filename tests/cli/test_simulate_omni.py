@@ -130,15 +130,14 @@ def test_entrain_keeps_the_faster_fitting_of_its_two_layouts():
         assert len(configs["entrain"]["decisions"]) == (1 if want == SHARED else 2)
 
 
-def test_plan_reports_entrains_layout_choice_and_writes_only_the_one_encoder_plan(
-    tmp_path, capsys, monkeypatch
-):
+def test_plan_reports_entrains_layout_choice_and_writes_the_chosen_layout(tmp_path, capsys, monkeypatch):
     """``entrain plan`` on the preset simulates Entrain with one pipeline per tower too (the memory check's
     batches) and lists the ``encoder towers`` decision (here both towers in the first stages, 3.8 against
-    5.3 s, written to the plan file); a plan file holds only the one-encoder layout, so ``--out`` is
-    refused in one line where one pipeline per encoder is chosen."""
+    5.3 s, written to the plan file); where one pipeline per encoder is chosen, ``--out`` writes that
+    layout (each encoder's stages named, its degrees under its name, the N-encoder path's decisions),
+    which ``train --plan`` reads back with one pipeline per tower."""
     from entrain.cli.simulate import PER_ENCODER, SHARED, TOWERS
-    from entrain.core.planning.system_setup import Decision
+    from entrain.core.planning.system_setup import Decision, read_plan_file
 
     argv = ["plan", "--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops", "--gpus", "8",
             "--global-batch", "8", "--microbatch-size", "2", "--iterations", "1"]  # fmt: skip
@@ -155,8 +154,17 @@ def test_plan_reports_entrains_layout_choice_and_writes_only_the_one_encoder_pla
     def per_encoder(name, default, ms, margin):
         return Decision(name, PER_ENCODER, dict(ms), margin, default)
 
-    monkeypatch.setattr("entrain.cli.plan.pick", per_encoder)
+    monkeypatch.setattr("entrain.sim.towers.pick", per_encoder)
     other = tmp_path / "other.json"
-    assert main([*argv, "--out", str(other)]) == 2 and not other.exists()
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("entrain plan: error: --out") and PER_ENCODER in last
+    assert main([*argv, "--out", str(other)]) == 0
+    assert f"{TOWERS}: {PER_ENCODER}" in capsys.readouterr().out
+    written = json.loads(other.read_text())
+    jsonschema.validate(written, schema)
+    assert list(written["layout"]["components"]) == ["vision", "audio", "llm"]
+    named = [s["encoder"] for s in written["layout"]["stages"] if s["component"] == "encoder"]
+    assert list(dict.fromkeys(named)) == ["vision", "audio"]
+    assert written["source"].startswith("N-encoder planner (vision, audio)")
+    assert written["decisions"][-1]["chosen"] == PER_ENCODER
+    assert {x["name"] for x in written["decisions"][:-1]} <= {"microbatch count"}  # the N-encoder path's own
+    _, setup = read_plan_file(str(other))
+    assert setup.layout.encoder_names == ("vision", "audio") and setup.config is not None

@@ -1,14 +1,19 @@
 """``entrain train`` of a tiny Qwen2.5-Omni thinker on 3 forked ranks, the planner choosing the layout:
-Entrain plans one pipeline per encoder tower (``runtime.planning.encoders_setup``: the N-encoder
-planner's profile and search, as ``entrain simulate`` does for such a model), a vision rank and an
-audio rank feeding the LLM rank, and the run trains its steps on the ``omni`` draw (images, audio
-clips, videos with their tracks) with every step's Plan in ``plan.json``."""
+Entrain makes ``plan``'s ``encoder towers`` decision on ``plan``'s draws (``sim.towers``, handed in as
+``run_setups``' ``encoders_towers``) and plans one pipeline per encoder tower (the N-encoder planner's
+profile and search, as ``entrain simulate`` does for such a model), a vision rank and an audio rank
+feeding the LLM rank, and the run trains its steps on the ``omni`` draw (images, audio clips, videos
+with their tracks) with every step's Plan in ``plan.json`` and the decisions in ``config.json``: those
+``entrain plan`` writes. ``train --plan`` of that plan file trains the same Plans and losses."""
 
 from __future__ import annotations
 
 import json
 import math
 
+import pytest
+
+from entrain.cli.main import main
 from entrain.core.ir.plan import Plan
 from tests.models.qwen2_5_omni_tiny import save_whole
 
@@ -17,23 +22,119 @@ from .cli_ranks import run_ranks
 STEPS = 2
 
 
-def test_train_plans_one_pipeline_per_tower(tmp_path):
-    folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
-    out = tmp_path / "run"
-    argv = ["train", "--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny",
-            "--global-batch", "4", "--microbatch-size", "1", "--steps", str(STEPS), "--out", str(out),
-            "--no-progress"]  # fmt: skip
-    results = run_ranks(argv, 3, tmp_path / "ranks", timeout_s=120)
+def _rows(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+KEEP = ["--decision-margin", "99"]
+"""On this thinker both towers in the first stages simulate faster (934 against 1046 ms); a margin past
+that keeps every decision's default: one pipeline per encoder, the paper's microbatch count."""
+
+
+def _model(folder, margin: list[str] = KEEP) -> list[str]:
+    return ["--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch", "4",
+            "--microbatch-size", "1", *margin]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """The tiny thinker and ``entrain plan --gpus 3 --out`` of it, with ``KEEP`` and with the default margin."""
+    root = tmp_path_factory.mktemp("omni_plan")
+    folder = save_whole(root / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
+    paths = root / "plan.json", root / "plan_default.json"
+    for path, margin in zip(paths, (KEEP, [])):
+        assert main(["plan", *_model(folder, margin), "--gpus", "3", "--out", str(path)]) == 0
+    return folder, *paths
+
+
+def test_train_plans_one_pipeline_per_tower_as_plan_writes_it(tmp_path, planned):
+    folder, path, _ = planned
+    model = _model(folder)
+    written = json.loads(path.read_text())
+    assert [d["name"] for d in written["decisions"]][-1] == "encoder towers"
+    assert written["decisions"][-1]["chosen"] == "one pipeline per encoder"
+    out, steps = tmp_path / "run", ["--steps", str(STEPS), "--no-progress", "--hardware", "cpu-tiny"]
+    results = run_ranks(["train", *model, *steps, "--out", str(out)], 3, tmp_path / "ranks", timeout_s=120)
     assert [r.exitcode for r in results] == [0, 0, 0], "".join(r.stderr[-3000:] for r in results)
     config = json.loads((out / "config.json").read_text())
     assert config["setup"].startswith("N-encoder planner (vision, audio)"), config["setup"]
+    assert config["decisions"] == written["decisions"]  # train decided as plan did, on plan's draws
+    assert config["layout"] == written["layout"]
     plan = Plan.from_json(json.loads((out / "plan.json").read_text()))
     assert plan.layout.encoder_names == ("vision", "audio")
     assert [len(g) for g in plan.layout.encoder_groups] == [1, 1] and plan.layout.world_size == 3
     assert len(plan.iterations) == STEPS
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = _rows(out)
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert all(math.isfinite(r["loss"]) and r["loss"] > 0 and r["grad_norm"] > 0 for r in rows)
+    again = tmp_path / "again"  # the plan file, run: its layout, microbatches and losses are train's own
+    argv = ["train", "--plan", str(path), *steps, "--out", str(again)]
+    results = run_ranks(argv, 3, tmp_path / "ranks_plan", timeout_s=120)
+    assert [r.exitcode for r in results] == [0, 0, 0], "".join(r.stderr[-3000:] for r in results)
+    assert Plan.from_json(json.loads((again / "plan.json").read_text())) == plan
+    assert [(r["loss"], r["grad_norm"]) for r in _rows(again)] == [(r["loss"], r["grad_norm"]) for r in rows]
+
+
+def test_train_plan_runs_the_files_encoder_pipelines(tmp_path, monkeypatch, planned):
+    """``train --plan`` of a plan with one pipeline per encoder takes the file's layout (here its first
+    stage recomputed in full) and microbatch count (here ``requested``) and plans every step on them,
+    not on what the planner would choose."""
+    from entrain.cli import train as train_cli
+    from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
+    from entrain.runtime.run_data import load_data
+
+    folder, path, _ = planned
+    d = json.loads(path.read_text())
+    d["layout"]["stages"][0]["recompute"] = "full"
+    d["schedule_options"]["microbatch_count"] = "requested"
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(d))
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    argv = [
+        "train",
+        "--plan",
+        str(edited),
+        "--hardware",
+        "cpu-tiny",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    assert main(argv) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    batches = load_data(spec, cost).train
+    setup = run_setups(spec, cost, batches, 3)["entrain"]
+    assert setup.layout.to_json() == d["layout"] and setup.config.microbatch_count == "requested"
+    plan = EncodersStepPlanner(run_encoders(spec), setup.config, "entrain", setup.layout)(0, batches[0])
+    assert plan.layout == setup.layout and plan.options == {"microbatch_count": "requested"}
+
+
+def test_train_decides_the_towers_as_plan_does(tmp_path, monkeypatch, planned):
+    """At the default margin ``entrain plan`` chooses both towers in the first stages; ``train`` without
+    ``--plan`` (its worker's planner callables) makes the same decisions with the same candidate times and
+    takes the layout the plan file holds."""
+    from entrain.cli import train as train_cli
+    from entrain.cli import train_worker as worker
+    from entrain.runtime.planning import run_setups
+    from entrain.runtime.run_data import load_data
+
+    folder, _, path = planned
+    written = json.loads(path.read_text())
+    assert written["decisions"][-1]["chosen"] == "both in the first stages"
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    assert main(["train", *_model(folder, []), "--steps", "2", "--out", str(tmp_path / "run")]) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    setup = run_setups(
+        spec, cost, load_data(spec, cost).train, 3, worker._memory_check, worker._judge_factory,
+        worker._encoders_profile, worker._encoders_fit, worker._encoders_towers,
+    )["entrain"]  # fmt: skip
+    assert [d.to_json() for d in setup.decisions] == written["decisions"]
+    assert cost.layout_with_parts(setup.layout).to_json() == written["layout"]
 
 
 def test_the_memory_check_recomputes_as_simulate(tmp_path, monkeypatch):

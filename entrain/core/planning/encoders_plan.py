@@ -30,6 +30,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.ir.graph import ReplicaGraph
 from entrain.core.ir.microbatches import IterationAssignment
 from entrain.core.ir.plan import Action, ComponentLayout, Layout, Plan, StageSpec
+from entrain.core.planning.config_search import ComponentConfig
 from entrain.core.planning.encoders import Encoder, MultiEncoderConfig, encoder_works
 from entrain.core.schedules import entrain
 from entrain.core.schedules.common import build_plan, entrain_specs, one_f_one_b_order, stage_units
@@ -37,6 +38,8 @@ from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "encoders_layout",
+    "encoders_config",
+    "encoders_options",
     "encoders_compute",
     "encoder_weights",
     "generate_encoders_plan",
@@ -58,6 +61,34 @@ def encoders_layout(cfg: MultiEncoderConfig) -> Layout:
     comps = {c.name: ComponentLayout(c.tp, c.cp, c.pp) for c in cfg.encoders}
     comps["llm"] = ComponentLayout(cfg.llm.tp, cfg.llm.cp, cfg.llm.pp)
     return Layout(cfg.dp, cfg.microbatch_size, cfg.num_microbatches, comps, tuple(stages))
+
+
+def encoders_config(layout: Layout, microbatch_count: str = "paper") -> MultiEncoderConfig:
+    """The configuration whose ``encoders_layout`` is ``layout`` (one pipeline per encoder, one stage
+    per pipeline rank: a plan file's), with the microbatch count ``microbatch_count``: what the plans
+    of ``generate_encoders_plan`` and DistTrain-like's read of it (degrees, stages, recomputation, each
+    encoder's GPUs). The search's numbers (stage times, memory, Eq. 2) are not in a layout: zero."""
+
+    def component(name: str, kind: str, key: str) -> ComponentConfig:
+        stages = [s for s in layout.stages if s.component == kind and s.component_key == key]
+        par = layout.components[key]
+        ranges = tuple((s.first_layer, s.end_layer) for s in stages)
+        zeros = (0.0,) * len(stages)
+        recompute = tuple(s.recompute for s in stages)
+        return ComponentConfig(name, par.tp, par.cp, par.pp, (), ranges, zeros, zeros, recompute)
+
+    encoders = tuple(component(n, "encoder", n) for n in layout.encoder_names)
+    llm = component("llm", "llm", "llm")
+    alloc = tuple(c.gpus for c in (*encoders, llm))
+    return MultiEncoderConfig(
+        layout.dp, layout.microbatch_size, layout.num_microbatches, sum(alloc), alloc, encoders, llm, 0.0,
+        True, microbatch_count,
+    )  # fmt: skip
+
+
+def encoders_options(cfg: MultiEncoderConfig) -> dict:
+    """The schedule options of ``cfg``'s plans: its microbatch count where it is not the paper's."""
+    return {} if cfg.microbatch_count == "paper" else {"microbatch_count": cfg.microbatch_count}
 
 
 def _depth(layout: Layout, stage: int) -> int:
@@ -104,8 +135,9 @@ def generate_encoders_plan(
             samples[w.id] = SampleWork(w.id, w.encoder, w.llm, w.meta, w.encoders)
         reps = assign_multi_encoder(works, cfg.dp, cfg.num_microbatches, weights, rule=cfg.microbatch_count)
         assignments.append(IterationAssignment(tuple(r.replica for r in reps)))
-    options = {} if cfg.microbatch_count == "paper" else {"microbatch_count": cfg.microbatch_count}
-    return build_plan(system, layout, assignments, samples, entrain_specs, encoders_compute, options)
+    return build_plan(
+        system, layout, assignments, samples, entrain_specs, encoders_compute, encoders_options(cfg)
+    )
 
 
 def below_requested(plan: Plan) -> bool:

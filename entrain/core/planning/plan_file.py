@@ -42,6 +42,13 @@ class Items(NamedTuple):
     spec: object
 
 
+class Components(NamedTuple):
+    """``layout.components``: an object of ``llm`` and the encoder components, each a ``spec``: ``encoder``
+    in a one-encoder plan, else one per encoder the stages name (``check_stage_ranges`` checks which)."""
+
+    spec: object
+
+
 ANY = object()
 """A value ``train --plan`` does not read (a report's number or free-form map): any JSON value."""
 
@@ -54,7 +61,7 @@ def _report(*names: str) -> dict:
 _COMPONENT = {"tp": int, "cp": int, "pp": int, "ep": Maybe(int)}
 _PART = {"name": str, "width": int, "dtype_bytes": int, "rows": str, "rows_per_token": Maybe(float)}
 _STAGE = {"stage": int, "component": str, "layers": (int, int), "pp_rank": int, "recompute": Maybe(str),
-          "parts": Maybe(Items(_PART))}  # fmt: skip
+          "parts": Maybe(Items(_PART)), "encoder": Maybe(str)}  # fmt: skip
 PLAN_FIELDS: dict = {
     "system": str,
     "model": str,
@@ -68,7 +75,7 @@ PLAN_FIELDS: dict = {
         "dp": int,
         "microbatch_size": int,
         "num_microbatches": int,
-        "components": {"encoder": _COMPONENT, "llm": _COMPONENT},
+        "components": Components(_COMPONENT),
         "stages": [_STAGE],
     },
 }
@@ -154,6 +161,8 @@ def _check(value, spec, where: str, path: str) -> None:
         _check(value, spec.spec, where, path)
     elif isinstance(spec, dict):
         _check_object(value, spec, where, path)
+    elif isinstance(spec, Components):
+        _check_object(value, {"llm": spec.spec}, where, path, others=spec.spec)
     elif isinstance(spec, Items):
         if not isinstance(value, list):
             raise _fail(path, where, f"expected a list, got {_name(type(value))}")
@@ -171,10 +180,13 @@ def _check(value, spec, where: str, path: str) -> None:
         _check_scalar(value, spec, where, path)
 
 
-def _check_object(value, spec: dict, where: str, path: str) -> None:
-    """An object: every field of ``spec`` present (but a ``Maybe`` one) and no other field."""
+def _check_object(value, spec: dict, where: str, path: str, others=None) -> None:
+    """An object: every field of ``spec`` present (but a ``Maybe`` one) and no other field (``others``:
+    any other field, each of that spec)."""
     if not isinstance(value, dict):
         raise _fail(path, where, f"expected object, got {_name(type(value))}")
+    if others is not None:
+        spec = {**{k: others for k in value}, **spec}
     for key in value:
         if key not in spec:
             here = f"{where}.{key}" if where else key
@@ -234,7 +246,8 @@ def _check_options(options: dict, path: str) -> None:
 
 def check_stage_ranges(layout: dict, path: str, layer_counts: Mapping[str, int] | None = None) -> None:
     """The stages of ``layout`` (a plan file's, types checked) numbered 0..n-1 in order, the encoder's
-    before the LLM's, each component's covering ``[0, layer_counts[c])`` exactly once in order
+    before the LLM's (with one pipeline per encoder, every encoder's: ``_component_keys``; its layer
+    count in ``layer_counts`` under its name), each component's covering ``[0, layer_counts[c])`` exactly once in order
     (without ``layer_counts``: from 0, contiguous), ``components.<c>.pp`` the count of pipeline ranks its
     stages are on (a rank may hold consecutive stages: the memory check splits one by recomputation
     mode), its stages on non-decreasing ranks, and the ranks used exactly ``0..R-1``."""
@@ -259,9 +272,9 @@ def check_stage_ranges(layout: dict, path: str, layer_counts: Mapping[str, int] 
     comps = [s["component"] for s in stages]
     if comps != sorted(comps, key=lambda c: c != "encoder") or len(set(comps)) != 2:
         raise _fail(path, "layout.stages", f"expected the encoder's stages then the llm's, got {comps}")
-    for comp in ("encoder", "llm"):
-        mine = [(i, s) for i, s in enumerate(stages) if s["component"] == comp]
-        _check_component(comp, mine, layout["components"][comp]["pp"], path, (layer_counts or {}).get(comp))
+    for key in _component_keys(stages, layout["components"], path):
+        mine = [(i, s) for i, s in enumerate(stages) if s.get("encoder", s["component"]) == key]
+        _check_component(key, mine, layout["components"][key]["pp"], path, (layer_counts or {}).get(key))
     ranks = sorted({s["pp_rank"] for s in stages})
     if ranks != list(range(len(ranks))):
         raise _fail(
@@ -269,6 +282,38 @@ def check_stage_ranges(layout: dict, path: str, layer_counts: Mapping[str, int] 
             "layout.stages",
             f"pipeline ranks {ranks} leave a rank without a stage; expected 0..{len(ranks) - 1}",
         )
+
+
+def _component_keys(stages: list, components: dict, path: str) -> list[str]:
+    """The keys ``layout.components`` must hold: ``encoder`` and ``llm`` in a one-encoder plan; with one
+    pipeline per encoder, each encoder its stages name (``layout.stages[i].encoder``: every encoder
+    stage names one, each encoder's stages consecutive) and ``llm``."""
+    named = [(i, s["encoder"]) for i, s in enumerate(stages) if "encoder" in s]
+    for i, name in named:
+        where = f"layout.stages[{i}].encoder"
+        if stages[i]["component"] != "encoder":
+            raise _fail(path, where, f"{name!r} on an llm stage: only encoder stages name their encoder")
+        if name in ("", "encoder", "llm"):
+            raise _fail(path, where, f"{name!r}: an encoder is named neither '', 'encoder' nor 'llm'")
+    unnamed = [i for i, s in enumerate(stages) if s["component"] == "encoder" and "encoder" not in s]
+    if named and unnamed:
+        raise _fail(path, f"layout.stages[{unnamed[0]}].encoder", "missing (every encoder stage names its encoder when one does)")  # fmt: skip
+    names = [n for _, n in named]
+    order = list(dict.fromkeys(names))
+    if names != [n for n in order for _ in range(names.count(n))]:
+        raise _fail(
+            path, "layout.stages", f"encoder stages of {names}: each encoder's stages must be consecutive"
+        )
+    keys = [*(order or ["encoder"]), "llm"]
+    for key in keys:
+        if key not in components:
+            raise _fail(path, f"layout.components.{key}", "missing")
+    for key in components:
+        if key not in keys:
+            raise _fail(
+                path, f"layout.components.{key}", f"unknown field (the stages' components: {', '.join(keys)})"
+            )
+    return keys
 
 
 def _check_component(comp: str, mine: list, pp: int, path: str, num_layers: int | None) -> None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.ir.plan import Layout
+from entrain.core.planning.encoders_baselines import CONFIG_SYSTEMS
+from entrain.core.planning.encoders_plan import encoders_config, encoders_layout
 from entrain.core.planning.plan_file import check_stage_ranges, load_plan_dict
 from entrain.core.systems import get_system
 
@@ -123,7 +125,21 @@ def read_plan_file(
             f"'global_batch' {d['global_batch']}"
         )
     source = f"plan file {path}" + (f" ({d['source']})" if d.get("source") else "")
-    return d["system"], SystemSetup(layout, dict(d["schedule_options"]), source, b_min=d.get("b_min"))
+    options = dict(d["schedule_options"])
+    config = None
+    if layout.multi_encoder:  # one pipeline per encoder: its plans come from the configuration
+        if d["system"] not in CONFIG_SYSTEMS:
+            raise ConfigError(
+                f"--plan {path}: system {d['system']!r} with one pipeline per encoder: train runs such a plan "
+                f"for {', '.join(CONFIG_SYSTEMS)} only"
+            )
+        config = encoders_config(layout, options.get("microbatch_count", "paper"))
+        if encoders_layout(config) != layout:
+            raise ConfigError(
+                f"--plan {path}: layout.stages: with one pipeline per encoder every stage is on its own pipeline "
+                "rank, each encoder's then the llm's in order; write the plan again with `entrain plan ... --out FILE`"
+            )
+    return d["system"], SystemSetup(layout, options, source, b_min=d.get("b_min"), config=config)
 
 
 DECISION_MARGIN = 0.0033

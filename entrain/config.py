@@ -251,6 +251,9 @@ class ScheduleConfig:
     replan_window: int = _fp(DEFAULT_WINDOW, not_fp(REPLAN_ONLY))
     replan_threshold: float = _fp(DEFAULT_THRESHOLD, not_fp(REPLAN_ONLY))
     replan_restart_s: float = _fp(RESTART_MS / 1000, not_fp(REPLAN_ONLY))
+    replan_degrees: bool = _fp(False, not_fp(REPLAN_ONLY))
+    """``--replan-degrees``: a re-plan may also change DP, TP and the microbatch size
+    (``ReplanSettings.degrees``)."""
 
     def __post_init__(self) -> None:
         for name in self.systems:
@@ -268,7 +271,12 @@ class ScheduleConfig:
             raise ConfigError(f"--replan {self.replan!r}; choose from {', '.join(REPLAN_MODES)}")
 
     def replan_settings(self) -> ReplanSettings:
-        return ReplanSettings(self.replan_window, self.replan_threshold, self.replan_restart_s * 1000)
+        return ReplanSettings(
+            self.replan_window,
+            self.replan_threshold,
+            self.replan_restart_s * 1000,
+            degrees=self.replan_degrees,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,3 +25,9 @@ def add_replan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replan-restart-s", type=float, default=RESTART_MS / 1000,
                    help=f"the re-plan's restart cost in seconds, besides writing and reading the checkpoint "
                         f"(default {RESTART_MS / 1000:g})")  # fmt: skip
+    p.add_argument("--replan-degrees", action="store_true",
+                   help="with --replan auto: a re-plan may also change DP, TP and the microbatch size (the global "
+                        "batch and the GPU count kept): Algorithm 2's best configuration at each other degree is a "
+                        "candidate beside the best split at the run's degrees, the lower window time x iterations "
+                        "left + switch cost taken; train restarts the group on the new degrees from the "
+                        "checkpoint (resharded)")  # fmt: skip

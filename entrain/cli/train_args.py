@@ -77,9 +77,33 @@ def _on_last_layout(spec: RunConfig) -> RunConfig:
     path = last_plan(out, manifest["step"]) if manifest is not None else None
     if path is None:
         return spec
+    _check_run_degrees(spec, out, path)
     if os.environ.get("RANK", "0") == "0" and not launched_worker():
         print(f"entrain train: note: --resume continues on the run's last layout, {path}", file=sys.stderr)
     return _with_plan_layout(replace(spec, schedule=replace(spec.schedule, plan=path)))
+
+
+def _check_run_degrees(spec: RunConfig, out: str, path: str) -> None:
+    """ConfigError when ``--resume`` of a run that re-planned gives ``--tp`` or ``--microbatch-size``
+    another value than both the run's own (before its first re-plan: ``replan/state.json``) and the last
+    re-plan's (``path``): a change the user asked for, which the re-plan's layout would silently replace."""
+    from entrain.core.planning.plan_file import load_plan_dict
+    from entrain.runtime.replan import read_state
+
+    first = ((read_state(out) or {}).get("replans") or [None])[0]
+    if first is None or first.get("old_microbatch_size") is None:  # a state written before these fields
+        return
+    plan = load_plan_dict(path)
+    values = (
+        ("--tp", spec.parallel.tp, first["old_allocation"]["encoder"]["tp"], plan["layout"]["components"]["encoder"]["tp"]),
+        ("--microbatch-size", spec.parallel.microbatch_size, first["old_microbatch_size"], plan["microbatch_size"]),
+    )  # fmt: skip
+    for flag, given, own, replanned in values:
+        if given not in (own, replanned):
+            raise ConfigError(
+                f"--resume: the run in {out} was started with {flag} {own} and re-planned to {flag} {replanned} "
+                f"({path}), but {flag} {given} was given: resume with the run's flags, or train into a new --out"
+            )
 
 
 def _plan_flags(spec: RunConfig) -> dict:
@@ -217,8 +241,11 @@ def infer_dp(args: argparse.Namespace, world: int | None) -> None:
 
 def relaunch_args(args: argparse.Namespace, spec: RunConfig) -> argparse.Namespace:
     """The flags of the worker group after a re-plan (``entrain.runtime.replan``): the new plan file,
-    resumed from the re-plan's checkpoint (resharded onto the new layout)."""
+    resumed from the re-plan's checkpoint (resharded onto the new layout), with the plan's TP and
+    microbatch size (``--replan-degrees`` may change them; ``--plan`` refuses a flag beside it with
+    another value)."""
     from entrain.core.errors import EntrainError
+    from entrain.core.planning.plan_file import load_plan_dict
     from entrain.runtime.replan import read_state
     from entrain.runtime.run_folder import system_out
 
@@ -230,7 +257,9 @@ def relaunch_args(args: argparse.Namespace, spec: RunConfig) -> argparse.Namespa
         file=sys.stderr,
         flush=True,
     )
+    plan = load_plan_dict(state["plan"])
     return argparse.Namespace(
         **{**vars(args), "plan": state["plan"], "resume": True, "overwrite": False,
-           "encoder_stages": None, "llm_stages": None, "dp": None},
+           "encoder_stages": None, "llm_stages": None, "dp": None,
+           "tp": plan["layout"]["components"]["encoder"]["tp"], "microbatch_size": plan["microbatch_size"]},
     )  # fmt: skip

@@ -121,7 +121,7 @@ def _monitor_factory(spec, system, setup, cost, batches):
 
     if system not in REPLAN_SYSTEMS:
         return None
-    req = spec.config_request(setup.layout.world_size)
+    req = spec.config_request(setup.layout.world_size * spec.parallel.tp)  # every process: a re-plan's GPUs
     return monitor_for(
         system, setup, req, cost, planner_sampler(spec, batches), total_iterations=spec.run.steps,
         settings=spec.schedule.replan_settings(),

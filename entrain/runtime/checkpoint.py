@@ -433,7 +433,11 @@ def check_base_content(saved: dict, now: dict, head: str, action: str) -> None:
 
 def check_resumable(out: str | Path, fingerprint: dict) -> dict | None:
     """ConfigError when the newest checkpoint in ``out`` was written by a different configuration
-    (other than the layout keys of ``RESHARDABLE``); returns its manifest (None when there is none)."""
+    (other than the layout keys of ``RESHARDABLE``, and a value a re-plan set on its own checkpoint
+    where the run resumes with exactly that value: ``entrain.runtime.replan.replanned_values``); returns
+    its manifest (None when there is none)."""
+    from entrain.runtime.replan import replanned_values
+
     manifest = latest_manifest(out)
     if manifest is None:
         return None
@@ -441,6 +445,9 @@ def check_resumable(out: str | Path, fingerprint: dict) -> dict | None:
     now = {
         k: v for k, v in fingerprint.items() if k not in RESHARDABLE and (k in saved or k not in ADDED_LATER)
     }
+    for k, value in replanned_values(str(out), int(manifest.get("step", -1))).items():
+        if k in saved and now.get(k) == value:  # the re-plan's change, not the user's
+            now[k] = saved[k]
     check_base_content(saved, now, f"--resume: the checkpoints in {out} were trained from", "--resume")
     diff = fingerprint_mismatch(saved, now)
     if diff:

@@ -16,6 +16,11 @@ reaches the same decision without communicating. When a re-plan fires after step
 
 A later ``--resume`` with the run's original flags continues on the layout the run was last on
 (``last_plan``: the newest re-plan at or before its newest checkpoint), as the launcher's restart does.
+
+With ``--replan-degrees`` the new plan may have another DP, TP and microbatch size (the process count
+kept: ``StepMonitor.observe`` refuses a layout on another). The restart runs the plan's degrees
+(``relaunch_args``), the checkpoint is resharded to them, and the resume fingerprint accepts on the
+re-plan's own checkpoint the microbatch size its plan file set (``replanned_values``), no other.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from dataclasses import dataclass
 
 from entrain.config import RunConfig
 from entrain.core.costs.costmodel import CostModel
+from entrain.core.errors import EntrainError
+from entrain.core.ir.plan import Layout
+from entrain.core.planning.plan_file import load_plan_dict
 from entrain.core.planning.setups import SystemSetup, setup_to_json
 from entrain.core.workload.work import SampleWork
 
@@ -40,6 +48,8 @@ __all__ = [
     "step_monitor",
     "read_state",
     "last_plan",
+    "replanned_values",
+    "processes",
 ]
 
 REPLAN_EXIT = 75
@@ -82,6 +92,23 @@ def last_plan(out: str, checkpoint_step: int) -> str | None:
     return os.path.join(folder, f"plan-{max(steps)}.json") if steps else None
 
 
+def replanned_values(out: str, step: int) -> dict:
+    """The resume fingerprint's values a re-plan set that the checkpoint at ``step`` does not hold:
+    a re-plan's own checkpoint (``replan/plan-<step>.json`` exists: taken on the old layout) resumes on
+    its plan file, whose microbatch size (``{"microbatch_size": ...}``) may differ from the one the
+    checkpoint was written with; ``{}`` for every other checkpoint. DP and TP need none: a checkpoint is
+    resharded onto any (``entrain.runtime.checkpoint.RESHARDABLE``)."""
+    path = os.path.join(out, REPLAN_DIR, f"plan-{step}.json")
+    if not os.path.exists(path):
+        return {}
+    return {"microbatch_size": load_plan_dict(path)["microbatch_size"]}
+
+
+def processes(layout: Layout) -> int:
+    """The processes ``layout`` runs on: DP x pipeline ranks x TP (one ``--tp`` for both components)."""
+    return layout.world_size * layout.components["encoder"].tp
+
+
 @dataclass
 class StepMonitor:
     """One system's monitor in a training run."""
@@ -94,8 +121,18 @@ class StepMonitor:
 
     def observe(self, step: int, batch: Sequence[SampleWork]) -> dict | None:
         """The re-plan record (``Replan.to_json``) when one fires after ``step``."""
+        before = self.monitor.setup.layout
         self.pending = self.monitor.observe(step, batch)
-        return self.monitor.replans[-1].to_json() if self.pending is not None else None
+        if self.pending is None:
+            return None
+        if processes(self.pending.layout) != processes(before):  # the group restarts on the same processes
+            after = self.pending.layout
+            raise EntrainError(
+                f"the re-plan after step {step} chose dp {after.dp} x {after.ranks_per_replica} pipeline ranks "
+                f"x tp {after.components['encoder'].tp} = {processes(after)} processes, but the run has "
+                f"{processes(before)}"
+            )
+        return self.monitor.replans[-1].to_json()
 
     def hand_over(self, step: int, owner: bool) -> ReplanRequested:
         """Write the new plan file and the monitor's state (``owner``: rank 0); the signal to raise."""

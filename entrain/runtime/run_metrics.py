@@ -65,17 +65,19 @@ def summary_line(s: SystemSummary) -> str:
 
 
 def _replans_note(replans: Sequence[dict]) -> str:
-    """`` replans=N (after step S: E.PP a / L.PP b -> E.PP c / L.PP d; ...)``; empty without re-plans."""
+    """`` replans=N (after step S: E.PP a / L.PP b -> E.PP c / L.PP d; ...)``, each split with its
+    ``dp D tp T mb U`` where the re-plan changed a degree; empty without re-plans."""
     if not replans:
         return ""
 
-    def split(a: dict) -> str:
-        return f"E.PP {a['encoder']['pp']} / L.PP {a['llm']['pp']}"
+    def split(r: dict, side: str) -> str:
+        a = r[f"{side}_allocation"]
+        out = f"E.PP {a['encoder']['pp']} / L.PP {a['llm']['pp']}"
+        if set(r.get("changed", ())) - {"split"}:
+            out += f" dp {a['dp']} tp {a['encoder']['tp']} mb {r[f'{side}_microbatch_size']}"
+        return out
 
-    each = [
-        f"after step {r['iteration']}: {split(r['old_allocation'])} -> {split(r['new_allocation'])}"
-        for r in replans
-    ]
+    each = [f"after step {r['iteration']}: {split(r, 'old')} -> {split(r, 'new')}" for r in replans]
     return f" replans={len(replans)} ({'; '.join(each)})"
 
 
@@ -119,7 +121,7 @@ def _gather_events(env, events: list[dict]) -> list[dict]:
 def _write_config(spec: RunConfig, system: str, setup, env, out: str, start: int) -> None:
     """Rank 0's ``config.json``: the run's configuration, where it runs and the step it starts at;
     ``decisions``: every automatic choice the planner made for the setup (``plan``'s and ``simulate``'s
-    ``decisions``; none for a ``--plan`` file's)."""
+    ``decisions``; a ``--plan`` file's own)."""
     config = {
         "spec": spec.to_json(),
         "setup": setup.source,

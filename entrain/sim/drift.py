@@ -66,6 +66,7 @@ __all__ = [
     "ReplanChoice",
     "DriftMonitor",
     "allocation",
+    "what_changed",
     "replan_cost_ms",
 ]
 
@@ -129,6 +130,12 @@ class Replan:
     old_allocation: dict
     new_allocation: dict
     predicted_gain: float
+    old_microbatch_size: int | None = None
+    new_microbatch_size: int | None = None
+    """None in a re-plan recorded before these fields (a restored ``state.json``)."""
+    changed: tuple[str, ...] = ()
+    """What the re-plan changed (``what_changed``): of ``dp``, ``tp``, ``cp``, ``microbatch_size`` and
+    ``split`` (the stages: their components, layer ranges and pipeline ranks)."""
 
     def to_json(self) -> dict:
         return {
@@ -136,7 +143,14 @@ class Replan:
             "old_allocation": self.old_allocation,
             "new_allocation": self.new_allocation,
             "predicted_gain": self.predicted_gain,
+            "old_microbatch_size": self.old_microbatch_size,
+            "new_microbatch_size": self.new_microbatch_size,
+            "changed": list(self.changed),
         }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Replan:
+        return cls(**{**d, "changed": tuple(d.get("changed", ()))})
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,27 @@ def allocation(layout: Layout) -> dict:
         "ranks_per_replica": layout.ranks_per_replica,
         **{name: comp.to_json() for name, comp in layout.components.items()},
     }
+
+
+def what_changed(old: Layout, new: Layout) -> tuple[str, ...]:
+    """What moving from ``old`` to ``new`` changes, in this order: ``dp``, ``tp``, ``cp`` (any
+    component's), ``microbatch_size``, ``split`` (the stages' components, layer ranges or pipeline
+    ranks)."""
+
+    def degree(layout: Layout, name: str) -> dict:
+        return {c: getattr(comp, name) for c, comp in layout.components.items()}
+
+    def stages(layout: Layout) -> list:
+        return [(s.component, s.first_layer, s.end_layer, s.pp_rank) for s in layout.stages]
+
+    checks = (
+        ("dp", old.dp != new.dp),
+        ("tp", degree(old, "tp") != degree(new, "tp")),
+        ("cp", degree(old, "cp") != degree(new, "cp")),
+        ("microbatch_size", old.microbatch_size != new.microbatch_size),
+        ("split", stages(old) != stages(new)),
+    )
+    return tuple(name for name, moved in checks if moved)
 
 
 def _shard_ms(layout: Layout, cost: CostModel) -> float:
@@ -225,7 +260,11 @@ class DriftMonitor:
         self.history.append(IterationDrift(iteration, enc, llm, _drift(enc, llm), gain))
         if gain is None or new is None or gain <= self.settings.threshold:
             return None
-        self.replans.append(Replan(iteration, allocation(self.setup.layout), allocation(new.layout), gain))
+        before, after = self.setup.layout, new.layout
+        self.replans.append(
+            Replan(iteration, allocation(before), allocation(after), gain, before.microbatch_size,
+                   after.microbatch_size, what_changed(before, after))
+        )  # fmt: skip
         self.setup = new
         self.window.clear()
         return new
@@ -239,7 +278,7 @@ class DriftMonitor:
 
     def restore(self, state: dict) -> None:
         self.profile = WorkProfile(**state["profile"])
-        self.replans = [Replan(**r) for r in state["replans"]]
+        self.replans = [Replan.from_json(r) for r in state["replans"]]
 
     def _gate_open(self, iteration: int) -> bool:
         if len(self.window) < self.settings.window or iteration < self.next_evaluation:

@@ -49,9 +49,10 @@ class ReplanSettings:
     degrees_replanner``), the one whose window time plus its own switch cost over the iterations left is
     lower (``entrain.sim.drift.ReplanChoice``). The switch costs what any re-plan costs: the runtime
     restarts the worker group from a checkpoint for every re-plan and reshards the checkpoint by name
-    onto the new layout (``entrain.sim.drift.replan_cost_ms``). No flag sets it yet: ``train`` cannot
-    apply a new TP or microbatch size (its restart keeps the ``--tp`` and ``--microbatch-size`` it was
-    given, and the microbatch size is in the resume fingerprint)."""
+    onto the new layout (``entrain.sim.drift.replan_cost_ms``). ``--replan-degrees`` sets it for
+    ``simulate`` and ``train``; ``train``'s restart runs the new plan's DP, TP and microbatch size
+    (``entrain.cli.train_args.relaunch_args``), and the resume fingerprint accepts the microbatch size the
+    re-plan set on the checkpoint it took (``entrain.runtime.replan.replanned_values``)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:

@@ -64,6 +64,18 @@ def test_the_file_gives_the_layout_and_the_configurations_plans(tmp_path, count)
     )
 
 
+def test_the_files_decisions_are_the_setups(tmp_path):
+    """``train --plan`` records the plan's decisions (``config.json``); an entry of other types is left out."""
+    from entrain.core.planning.system_setup import Decision
+
+    _, _, layout = _setup()
+    made = Decision("encoder towers", "one pipeline per encoder", {"one pipeline per encoder": 1.0, "x": float("inf")},
+                    0.0033, "one pipeline per encoder")  # fmt: skip
+    obj = {**_file(layout, {}), "decisions": [made.to_json(), {"name": "microbatch count", "chosen": 3}]}
+    _, setup = read_plan_file(_write(tmp_path, obj))
+    assert setup.decisions == (made,)
+
+
 def test_a_one_encoder_file_reads_as_before(tmp_path):
     from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
 

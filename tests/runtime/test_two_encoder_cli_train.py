@@ -72,6 +72,7 @@ def test_train_plans_one_pipeline_per_tower_as_plan_writes_it(tmp_path, planned)
     results = run_ranks(argv, 3, tmp_path / "ranks_plan", timeout_s=120)
     assert [r.exitcode for r in results] == [0, 0, 0], "".join(r.stderr[-3000:] for r in results)
     assert Plan.from_json(json.loads((again / "plan.json").read_text())) == plan
+    assert json.loads((again / "config.json").read_text())["decisions"] == written["decisions"]  # the file's
     assert [(r["loss"], r["grad_norm"]) for r in _rows(again)] == [(r["loss"], r["grad_norm"]) for r in rows]
 
 

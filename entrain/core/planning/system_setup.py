@@ -139,7 +139,23 @@ def read_plan_file(
                 f"--plan {path}: layout.stages: with one pipeline per encoder every stage is on its own pipeline "
                 "rank, each encoder's then the llm's in order; write the plan again with `entrain plan ... --out FILE`"
             )
-    return d["system"], SystemSetup(layout, options, source, b_min=d.get("b_min"), config=config)
+    return d["system"], SystemSetup(
+        layout, options, source, b_min=d.get("b_min"), config=config, decisions=_file_decisions(d)
+    )
+
+
+def _file_decisions(d: dict) -> tuple[Decision, ...]:
+    """The plan's ``decisions`` (``train --plan`` records them in ``config.json`` as the decisions its layout
+    was made by; it runs on none of them, so an entry of other types is left out, not refused)."""
+    out = []
+    for x in d.get("decisions") or ():
+        try:
+            ms = {str(k): float("inf") if v is None else float(v) for k, v in x["candidates"].items()}
+            default = str(x.get("default", x["chosen"]))
+            out.append(Decision(str(x["name"]), str(x["chosen"]), ms, float(x["margin"]), default))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return tuple(out)
 
 
 DECISION_MARGIN = 0.0033

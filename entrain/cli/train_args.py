@@ -95,7 +95,7 @@ def _check_run_degrees(spec: RunConfig, out: str, path: str) -> None:
         return
     plan = load_plan_dict(path)
     values = (
-        ("--tp", spec.parallel.tp, first["old_allocation"]["encoder"]["tp"], plan["layout"]["components"]["encoder"]["tp"]),
+        ("--tp", spec.parallel.tp, first["old_allocation"]["llm"]["tp"], plan["layout"]["components"]["llm"]["tp"]),
         ("--microbatch-size", spec.parallel.microbatch_size, first["old_microbatch_size"], plan["microbatch_size"]),
     )  # fmt: skip
     for flag, given, own, replanned in values:
@@ -261,5 +261,5 @@ def relaunch_args(args: argparse.Namespace, spec: RunConfig) -> argparse.Namespa
     return argparse.Namespace(
         **{**vars(args), "plan": state["plan"], "resume": True, "overwrite": False,
            "encoder_stages": None, "llm_stages": None, "dp": None,
-           "tp": plan["layout"]["components"]["encoder"]["tp"], "microbatch_size": plan["microbatch_size"]},
+           "tp": plan["layout"]["components"]["llm"]["tp"], "microbatch_size": plan["microbatch_size"]},
     )  # fmt: skip

@@ -105,8 +105,9 @@ def replanned_values(out: str, step: int) -> dict:
 
 
 def processes(layout: Layout) -> int:
-    """The processes ``layout`` runs on: DP x pipeline ranks x TP (one ``--tp`` for both components)."""
-    return layout.world_size * layout.components["encoder"].tp
+    """The processes ``layout`` runs on: DP x pipeline ranks x TP (one ``--tp`` for every component; the
+    LLM's, which every layout has)."""
+    return layout.world_size * layout.components["llm"].tp
 
 
 @dataclass
@@ -129,7 +130,7 @@ class StepMonitor:
             after = self.pending.layout
             raise EntrainError(
                 f"the re-plan after step {step} chose dp {after.dp} x {after.ranks_per_replica} pipeline ranks "
-                f"x tp {after.components['encoder'].tp} = {processes(after)} processes, but the run has "
+                f"x tp {after.components['llm'].tp} = {processes(after)} processes, but the run has "
                 f"{processes(before)}"
             )
         return self.monitor.replans[-1].to_json()

@@ -83,7 +83,7 @@ def test_the_re_plan_is_logged_and_checkpointed(replanned):
     plan = json.loads(open(state["plan"]).read())
     assert plan["system"] == "entrain" and plan["layout"]["dp"] == record["new_allocation"]["dp"]
     assert plan["microbatch_size"] == NEW_MICROBATCH_SIZE
-    tp = plan["layout"]["components"]["encoder"]["tp"]
+    tp = plan["layout"]["components"]["llm"]["tp"]
     pipeline_ranks = 1 + max(s["pp_rank"] for s in plan["layout"]["stages"])
     assert plan["layout"]["dp"] * pipeline_ranks * tp == WORLD  # the same processes
 
@@ -163,9 +163,9 @@ def test_a_re_plan_onto_other_processes_is_refused():
     from entrain.runtime.replan import StepMonitor
 
     def setup(dp, ranks, tp):
-        encoder = SimpleNamespace(tp=tp)
+        comp = SimpleNamespace(tp=tp)
         return SimpleNamespace(layout=SimpleNamespace(dp=dp, ranks_per_replica=ranks, world_size=dp * ranks,
-                                                      components={"encoder": encoder}))  # fmt: skip
+                                                      components={"encoder": comp, "llm": comp}))  # fmt: skip
 
     class Monitor:
         def __init__(self, new):

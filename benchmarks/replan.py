@@ -489,14 +489,17 @@ section's commit. Layouts: `E.PP / L.PP (dp, tp, mb)`."""
 
 
 def degrees_md(section: dict) -> list[str]:
-    """The degrees section of replan.md from its JSON (``--merge-degrees``)."""
+    """The degrees section of replan.md from its JSON (``--merge-degrees``); a case added by another run
+    (``--add-degrees``) carries that run's ``source``, printed under its heading (the section's Source
+    line is the cases' without one)."""
     out = [DEGREES_INTRO, "", _source_line(section["source"]), ""]
     for case in section["cases"]:
         n = case["per_phase"][-1]
         free, split = case["adaptive_degrees"][str(n)], case["adaptive"][str(n)]
         rows = {ADAPTIVE_DEGREES: free, ADAPTIVE: split, **case["rows"]}
         out += [f"### {case['model']} ({n} iterations a phase; {case['samples_per_phase']} simulated batches a phase)",
-                "", "| system | mean iter ms | chartqa-like | docvqa-like | video-like | / dp-tp-mb-free | layouts |",
+                "", *([_source_line(case["source"]), ""] if case.get("source") else []),
+                "| system | mean iter ms | chartqa-like | docvqa-like | video-like | / dp-tp-mb-free | layouts |",
                 "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
         for name, r in rows.items():
             ph = " | ".join(f"{r['per_phase_ms'][p]:.0f}" for p in CURRICULUM_PHASES)
@@ -690,6 +693,9 @@ def _parser() -> argparse.ArgumentParser:
                         "run's degrees and no re-plan (run_degrees), writing {'degrees': ...} to --out")  # fmt: skip
     p.add_argument("--merge-degrees", default=None,
                    help="a --degrees run's JSON to add to the committed replan.json as its degrees section (--out)")  # fmt: skip
+    p.add_argument("--add-degrees", default=None,
+                   help="a --degrees run's JSON whose cases (other models, or other code: each keeps its run's Source "
+                        "line) to add to the committed replan.json's degrees section (--out)")  # fmt: skip
     p.add_argument("--degrees-ceiling", default=None,
                    help="with --merge-degrees: a benchmarks/replan_ceiling.py --degrees JSON (with its source)")  # fmt: skip
     p.add_argument("--commit", default=None,
@@ -733,6 +739,21 @@ def _merge_degrees(args) -> int:
     return 0
 
 
+def _add_degrees(args) -> int:
+    """The committed replan.json with a ``--degrees`` run's cases added to its degrees section, each with
+    that run's source (a case of the same model replaced); the rest as it was."""
+    data = json.loads(OUT.with_suffix(".json").read_text())
+    run = json.loads(Path(args.add_degrees).read_text())["degrees"]
+    added = {c["model"]: {**c, "source": run["source"]} for c in run["cases"]}
+    section = data["degrees"]
+    section["cases"] = [added.pop(c["model"], c) for c in section["cases"]] + list(added.values())
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.with_suffix(".md").write_text(render(data))
+    print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
+    return 0
+
+
 def _run_degrees(args, commit: str) -> int:
     per_phase = [int(x) for x in args.per_phase.split(",")]
     models = args.model or ["qwen25vl-llama3-3b"]
@@ -752,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.merge_degrees:
         return _merge_degrees(args)
+    if args.add_degrees:
+        return _add_degrees(args)
     commit = None if args.merge is not None else _head(args.commit)  # before a run of minutes, not after
     if args.degrees:
         return _run_degrees(args, commit)

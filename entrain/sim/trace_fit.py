@@ -527,7 +527,8 @@ def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
     of (v_g * variable_g + c_g * constant_g) [+ split terms] + k * actions``). A cut the runs saw is
     priced as they ran it (with ``cuts``, a cut inside a group by the base's split of it). The
     hardware's per-action overhead is the runs' mean gap overhead (``action_overhead_ms``) plus ``k``;
-    a split backward's input share, per stage as in ``refit``."""
+    a split backward's input share, per stage as in ``refit``. Layers no traced stage boundary separates
+    share their range's refitted total in the base's proportions (``_split_by_prior``)."""
     from scipy.optimize import nnls
 
     if by not in FIT_GROUPS:
@@ -551,6 +552,7 @@ def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
     scales = {c: float(solution[index[c]]) for c in columns}
     per_action_ms = float(solution[-1])
     layers = {c: list(base.component(c).layers) for c in ("encoder", "llm")}
+    fitted: dict[tuple[str, str, int], float] = {}
     for (comp, phase, name, part), s_g in scales.items():
         if part == "const" or phase == "split":
             continue
@@ -558,12 +560,14 @@ def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
         for i in groups[comp][name]:
             const = _layer_constant(base, comp, i, phase)
             layers[comp][i] = _layer(layers[comp][i], phase, s_g, c_g * const)
-            if phase == "bwd" and comp in split_fitted:
-                extra = scales[(comp, "split", "", "var")] / s_g if s_g > 0 else 0.0
-                split_ms = scales[(comp, "split", "", "const")]
-                layers[comp][i] = replace(
-                    layers[comp][i], split_extra_fraction=extra, split_extra_ms=split_ms
-                )
+            fitted[(comp, phase, i)] = s_g
+    spans = _groups(runs, "cuts")
+    fitted |= _split_by_prior(base, layers, spans, fitted)
+    for (comp, phase, i), s_i in fitted.items():
+        if phase == "bwd" and comp in split_fitted:
+            extra = scales[(comp, "split", "", "var")] / s_i if s_i > 0 else 0.0
+            split_ms = scales[(comp, "split", "", "const")]
+            layers[comp][i] = replace(layers[comp][i], split_extra_fraction=extra, split_extra_ms=split_ms)
     for run in runs:
         for stage, fraction in _input_fractions(run).items():
             spec = run.plan.layout.stages[stage]
@@ -589,8 +593,94 @@ def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
         ],
         "per_action_ms": per_action_ms,
         "gap_overhead_ms": gaps,
+        "split_by_base": [
+            {"component": c, "layers": list(span)}
+            for c, named in spans.items()
+            for span in named.values()
+            if len({n for n, g in groups[c].items() if set(g) & set(span)}) > 1
+        ],
     }
     return _refitted(runs[0], layers, gaps + per_action_ms, notes)
+
+
+TERMS = ("a", "b")
+"""The size-dependent terms of a layer's curve (``Quadratic``: ``a * x^2 + b * x``) split by the base."""
+
+
+def _split_by_prior(
+    base: CostModel,
+    layers: dict[str, list[LayerCost]],
+    spans: Groups,
+    fitted: dict[tuple[str, str, int], float],
+) -> dict[tuple[str, str, int], float]:
+    """Within each of ``spans`` (per component, the layer ranges no traced stage boundary falls inside:
+    ``_groups(runs, "cuts")``), the traces measured only the range's total, so how the fit's groups
+    divided it among the range's layers is whatever corner the non-negative fit landed on (on the
+    paired multi-image runs, a block's backward at 0). So each term of the refitted ``layers``' curves
+    summed over the range (per phase and parallel key: ``a`` and ``b`` of the layers priced per token,
+    those of the ``per_label`` layers, and the per-call constants) is split among its layers in the
+    base's proportions: every layer's term becomes the base's times the range's refitted total over its
+    base total. A traced stage (a union of ranges) keeps its fitted time for every sample; a cut inside
+    a range is priced by the base's split of the refitted total. Where a range holds one group (every
+    range of ``cuts``), nothing changes. A layer whose curve of that phase is a measured table keeps its
+    group's scale. ``fitted``: (component, phase, layer) -> its group's scale (``v_g``). Returns, for the
+    layers split here, the factor of their linear term (the split backward's extra share is of it)."""
+    out: dict[tuple[str, str, int], float] = {}
+    for comp, named in spans.items():
+        prior = base.component(comp).layers
+        for span in named.values():
+            for phase in ("fwd", "bwd"):
+                members = [
+                    i
+                    for i in span
+                    if (comp, phase, i) in fitted
+                    and not any(q.table for q in getattr(prior[i], phase).values())
+                ]
+                if len(members) < 2:
+                    continue
+                weight = {i: _phase_weight(base, comp, i, phase) for i in members}
+                curves = {i: dict(getattr(layers[comp][i], phase)) for i in members}
+                for key in getattr(prior[members[0]], phase):
+                    have = [i for i in members if key in getattr(prior[i], phase)]
+                    factors: dict[tuple[bool, str], float | None] = {}
+                    for per_label in (False, True):
+                        same = [i for i in have if prior[i].per_label == per_label]
+                        for term in TERMS:
+                            factors[(per_label, term)] = _share(
+                                [(weight[i], getattr(getattr(prior[i], phase)[key], term), getattr(curves[i][key], term)) for i in same]
+                            )  # fmt: skip
+                    constant = _share(
+                        [(weight[i], getattr(prior[i], phase)[key].c, curves[i][key].c) for i in have]
+                    )
+                    for i in have:
+                        q, p = getattr(prior[i], phase)[key], prior[i].per_label
+                        curves[i][key] = Quadratic(
+                            q.a * factors[(p, "a")] if factors[(p, "a")] is not None else curves[i][key].a,
+                            q.b * factors[(p, "b")] if factors[(p, "b")] is not None else curves[i][key].b,
+                            q.c * constant if constant is not None else curves[i][key].c,
+                        )
+                        if key == min(getattr(prior[i], phase)):
+                            f = factors[(p, "b")] if q.b > 0 else factors[(p, "a")]
+                            out[(comp, phase, i)] = fitted[(comp, phase, i)] if f is None else f
+                for i in members:
+                    layers[comp][i] = replace(layers[comp][i], **{phase: curves[i]})
+    return out
+
+
+def _share(terms: list[tuple[float, float, float]]) -> float | None:
+    """The refitted total of a term over the base's, both weighted (``(weight, base, refitted)`` per
+    layer); None where the base's total is 0 (nothing to split)."""
+    total = sum(w * b for w, b, _ in terms)
+    return sum(w * r for w, _, r in terms) / total if total > 0 else None
+
+
+def _phase_weight(base: CostModel, comp: str, i: int, phase: str) -> float:
+    """How much of layer ``i``'s stored ``phase`` curve it runs: a frozen layer's backward only its
+    input-gradient share, or nothing where no earlier layer trains (``CostModel._bwd_quadratic``)."""
+    layer = base.component(comp).layers[i]
+    if phase == "fwd" or layer.trainable:
+        return 1.0
+    return layer.bwd_input_fraction if base.input_grad_needed(comp, i) else 0.0
 
 
 def _layer_constant(base: CostModel, comp: str, i: int, phase: str) -> float:

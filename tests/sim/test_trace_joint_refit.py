@@ -132,3 +132,40 @@ def test_the_joint_refit_json_has_the_profile_schema_and_names_every_run(runs, t
     assert capsys.readouterr().err.strip() == (
         "entrain profile: error: --also-trace needs --from-trace (the runs to fit together)"
     )
+
+
+def _span_ms(cost: CostModel, comp: str, span: range, phase: str, x: int) -> float:
+    return sum(cost.layer_ms(comp, i, [x], phase, num_calls=0) for i in span)
+
+
+def test_layers_no_traced_cut_separates_split_their_fitted_total_as_the_base_does(runs):
+    """Both runs cut the encoder at 3 only: the window blocks (1x on the machine) and the full-attention
+    block (1.5x) are never timed apart, nor are the LLM's layers, so the refit keeps each range's
+    measured total (every size, every term) and splits it among the range's layers in the preset's
+    proportions (each term of each layer scaled alike), not where the fit's kinds happened to land; the
+    merger, which a traced cut sets apart, keeps its own scale (0.5x)."""
+    _, truth, _, joint, _ = runs
+    preset = build_cost_model("tiny", "cpu-tiny")
+    assert joint.notes["split_by_base"] == [
+        {"component": "encoder", "layers": [0, 1, 2]},
+        {"component": "llm", "layers": [0, 1, 2, 3, 4, 5]},
+    ]
+    for comp, span in (("encoder", range(3)), ("encoder", range(3, 4)), ("llm", range(6))):
+        for phase in ("fwd", "bwd"):
+            for x in (4, 256, 4096):
+                fitted, real = _span_ms(joint, comp, span, phase, x), _span_ms(truth, comp, span, phase, x)
+                assert fitted == pytest.approx(real, rel=1e-3), (comp, span, phase, x)
+    for phase in ("fwd", "bwd"):
+        scales: dict[tuple[str, str], set[float]] = {}
+        for i in range(3):
+            for key, q in getattr(preset.encoder.layers[i], phase).items():
+                fitted = getattr(joint.encoder.layers[i], phase)[key]
+                for term in ("a", "b"):
+                    if getattr(q, term) > 0:
+                        scales.setdefault((key, term), set()).add(
+                            round(getattr(fitted, term) / getattr(q, term), 6)
+                        )
+        assert scales and all(len(s) == 1 for s in scales.values()), (phase, scales)
+        assert all(abs(min(s) - 1.0) > 0.02 for s in scales.values())  # not the preset: a fitted share
+        merger = getattr(joint.encoder.layers[3], phase)["tp1cp1"]
+        assert merger.b == pytest.approx(0.5 * getattr(preset.encoder.layers[3], phase)["tp1cp1"].b, rel=1e-3)

@@ -164,10 +164,15 @@ def plan_command(req: PlanRequest) -> int:
             "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
-    setup, run, checks = _deployed(req, result, sampler, cost)
-    towers = _towers(req, searched, sampler, checks, (setup, run))
-    if towers is not None:
-        setup, run = towers
+    setup, checks, margin = _setup(req, result, sampler, cost)
+    try:
+        shared, no_fit = deploy(config.schedule.systems[0], setup, checks, cost, margin=margin), None
+    except ConfigError as e:  # Entrain's one-line error when nothing fits: one pipeline per tower may
+        shared, no_fit = None, e
+    towers = _towers(req, searched, sampler, checks, shared)
+    if towers is None and no_fit is not None:
+        raise no_fit
+    setup, run = towers or shared
     obj = {
         **to_json(result, req, cost.model, cost.hardware.name),
         **_setup_json(config.schedule.systems[0], setup, run, cost),
@@ -190,13 +195,11 @@ def plan_command(req: PlanRequest) -> int:
     return 0
 
 
-def _deployed(
-    req: PlanRequest, result: PlanResult, sampler: Sampler, cost
-) -> tuple[SystemSetup, object, list]:
+def _setup(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> tuple[SystemSetup, list, float]:
     """``--system``'s setup: Entrain's from this result with the extensions asked for, a baseline's
-    chosen its own way; then, like ``simulate``, the simulated memory check (recomputation where a rank
-    overflows; Entrain's one-line error when nothing fits) on the memory check's batches
-    (``sim.memory_fit.check_batches``). With the check's run and its batches."""
+    chosen its own way; the memory check's batches (``sim.memory_fit.check_batches``) and the decision
+    margin, on which ``plan_command`` then runs the simulated memory check like ``simulate``
+    (recomputation where a rank overflows; Entrain's one-line error when nothing fits)."""
     config = req.config
     system, seed = config.schedule.systems[0], config.data.seed
     spec = get_system(system)
@@ -211,8 +214,7 @@ def _deployed(
     else:
         setup = system_setups([system], setup_req, cost, sampler, judge)[system]
     checks = check_batches(sampler, cost, result.config, config.parallel.global_batch, seed, req.iterations)
-    setup, run = deploy(system, setup, checks, cost, margin=setup_req.margin)
-    return setup, run, checks
+    return setup, checks, setup_req.margin
 
 
 def _setup_json(system: str, setup: SystemSetup, run, cost) -> dict:
@@ -230,11 +232,12 @@ def _ms(d: Decision, name: str) -> str:
     return "does not fit" if ms == float("inf") else f"{ms:.1f} ms"
 
 
-def _towers(req: PlanRequest, parallel, sampler: Sampler, checks: list, shared: tuple) -> tuple | None:
+def _towers(req: PlanRequest, parallel, sampler: Sampler, checks: list, shared: tuple | None) -> tuple | None:
     """Entrain on a model with several encoder towers (``runtime.planning.run_encoders``): its setup and
     run after the ``encoder towers`` decision (``sim.towers.choose_towers``, the rule ``simulate`` and
     ``train`` apply) between its plan with one pipeline per tower and ``shared`` (this plan, both towers
-    in the first stages, after the memory check), both on the memory check's batches ``checks``. None
+    in the first stages, after the memory check; None: it fits nowhere), both on the memory check's
+    batches ``checks``. None
     for another system or model, or where no plan with one pipeline per tower can be built."""
     from entrain.runtime.planning import run_encoders
     from entrain.sim.towers import choose_towers

@@ -159,7 +159,17 @@ def run_setups(
             for s in spec.schedule.systems
         }
         rest = [s for s, setup in towers.items() if setup is None]
-        chosen = system_setups(rest, req, cost, sampler, judge) if rest else {}
+        try:
+            chosen = system_setups(rest, req, cost, sampler, judge) if rest else {}
+        except ConfigError:  # no one-encoder plan of Entrain's: one pipeline per tower, as planned without
+            if not decides:  # the decision (the one-encoder path's error stands where that cannot be built)
+                raise
+            fallback = {s: encoders_setup(s, spec, sampler, gpus, encoders_profile) for s in decides}
+            if any(setup is None for setup in fallback.values()):
+                raise
+            towers.update(fallback)
+            decides, others = set(), [s for s in rest if s not in fallback]
+            chosen = system_setups(others, req, cost, sampler, judge) if others else {}
         for s in decides:  # the one-encoder setup is a candidate
             made = encoders_towers(spec, sampler, cost, chosen[s], req, gpus)  # type: ignore[misc]
             if made is not None:

@@ -56,9 +56,13 @@ def fitting_ms(run: SystemRun) -> float:
     return run.metrics.iteration_time_ms if run.metrics.fits_memory is not False else float("inf")
 
 
-def towers_decision(per_encoder: SystemRun, shared: SystemRun, margin: float) -> Decision:
-    """The ``encoder towers`` decision on the two candidates' runs of the same batches."""
-    ms = {PER_ENCODER: fitting_ms(per_encoder), SHARED: fitting_ms(shared)}
+def towers_decision(per_encoder: SystemRun, shared: SystemRun | None, margin: float) -> Decision:
+    """The ``encoder towers`` decision on the two candidates' runs of the same batches (``shared`` None:
+    no one-encoder plan fits device memory, its time ``inf``)."""
+    ms = {
+        PER_ENCODER: fitting_ms(per_encoder),
+        SHARED: float("inf") if shared is None else fitting_ms(shared),
+    }
     return pick(TOWERS, PER_ENCODER, ms, margin)
 
 
@@ -98,13 +102,14 @@ def choose_towers(
     encoders: Sequence[Encoder],
     parallel: ParallelConfig,
     batches: Sequence[Sequence],
-    shared: tuple[SystemSetup, SystemRun],
+    shared: tuple[SystemSetup, SystemRun] | None,
     margin: float,
     unbuilt: dict[str, str] | None = None,
 ) -> tuple[SystemSetup, SystemRun] | None:
     """Entrain's setup and run after the ``encoder towers`` decision: ``entrain_encoders_setup`` on
     ``batches`` (``SampleWork`` with token metadata, ids unique) against ``shared`` (the one-encoder
-    setup after its memory check on the same batches, and its run); the chosen one carries the
+    setup after its memory check on the same batches, and its run; None where nothing of that path fits
+    device memory: the memory check's error); the chosen one carries the
     decision after its own. None where the batches hold raw work (one encoder's work only) or no plan
     with one pipeline per tower can be built (its reason in ``unbuilt[ENTRAIN]``)."""
     if any(w.meta is None for b in batches for w in b):
@@ -116,8 +121,8 @@ def choose_towers(
         if unbuilt is not None:
             unbuilt[ENTRAIN] = str(e)
         return None
-    d = towers_decision(per[1], shared[1], margin)
-    setup, run = per if d.chosen == PER_ENCODER else shared
+    d = towers_decision(per[1], None if shared is None else shared[1], margin)
+    setup, run = per if d.chosen == PER_ENCODER or shared is None else shared
     return replace(setup, decisions=(*setup.decisions, d)), run
 
 
@@ -137,9 +142,15 @@ def entrain_towers(
     (before its memory check) deployed on the batches ``plan``'s memory check draws
     (``check_batches`` on its Algorithm 2 configuration, ``iterations`` at most: ``plan``'s
     ``--iterations``), then ``choose_towers`` on them. None as ``choose_towers``, or where ``one`` has
-    no Algorithm 2 configuration."""
+    no Algorithm 2 configuration; the memory check's error where neither path fits."""
     if one.config is None:
         return None
     checks = check_batches(sampler, cost, one.config, parallel.global_batch, seed, iterations)
-    shared = deploy(ENTRAIN, one, checks, cost, margin=margin)
-    return choose_towers(sampler, encoders, parallel, checks, shared, margin, unbuilt)
+    try:
+        shared, no_fit = deploy(ENTRAIN, one, checks, cost, margin=margin), None
+    except ConfigError as e:  # no one-encoder plan fits: one pipeline per tower may
+        shared, no_fit = None, e
+    made = choose_towers(sampler, encoders, parallel, checks, shared, margin, unbuilt)
+    if made is None and no_fit is not None:
+        raise no_fit
+    return made

@@ -138,6 +138,48 @@ def test_train_decides_the_towers_as_plan_does(tmp_path, monkeypatch, planned):
     assert cost.layout_with_parts(setup.layout).to_json() == written["layout"]
 
 
+def test_where_the_one_encoder_path_fits_nowhere_the_towers_stay_apart(
+    tmp_path, monkeypatch, capsys, planned
+):
+    """Where no one-encoder plan of Entrain's fits device memory (the memory check's error, here raised
+    by a stand-in), ``plan`` and ``train`` choose one pipeline per tower (the candidate ``null`` / ``inf``);
+    where Algorithm 2 finds no one-encoder configuration at all, ``train`` plans one pipeline per tower
+    without the decision, as before it made one."""
+    from entrain.cli import train as train_cli
+    from entrain.cli import train_worker as worker
+    from entrain.core.errors import ConfigError
+    from entrain.runtime import planning
+    from entrain.runtime.run_data import load_data
+
+    def no_fit(*args, **kwargs):
+        raise ConfigError("no plan fits in device memory (stand-in)")
+
+    folder, _, _ = planned
+    with monkeypatch.context() as m:
+        m.setattr("entrain.cli.plan.deploy", no_fit)
+        path = tmp_path / "plan.json"
+        assert main(["plan", *_model(folder, []), "--gpus", "3", "--json", "--out", str(path)]) == 0
+    d = json.loads(capsys.readouterr().out)["decisions"][-1]
+    assert (d["chosen"], d["candidates"]["both in the first stages"]) == ("one pipeline per encoder", None)
+    assert list(json.loads(path.read_text())["layout"]["components"]) == ["vision", "audio", "llm"]
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    assert main(["train", *_model(folder, []), "--steps", "2", "--out", str(tmp_path / "run")]) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    batches = load_data(spec, cost).train
+    callables = (worker._memory_check, worker._judge_factory, worker._encoders_profile, worker._encoders_fit)
+    with monkeypatch.context() as m:
+        m.setattr("entrain.sim.towers.deploy", no_fit)
+        setup = planning.run_setups(spec, cost, batches, 3, *callables, worker._encoders_towers)["entrain"]
+    assert setup.layout.multi_encoder and setup.decisions[-1].candidates["both in the first stages"] == float(
+        "inf"
+    )
+    monkeypatch.setattr(planning, "system_setups", no_fit)
+    setup = planning.run_setups(spec, cost, batches, 3, *callables, worker._encoders_towers)["entrain"]
+    assert setup.source.startswith("N-encoder planner (vision, audio)") and setup.decisions == ()
+
+
 def test_the_memory_check_recomputes_as_simulate(tmp_path, monkeypatch):
     """``run_setups`` hands the two-encoder setup's Plan of the check batches to the memory fit (``simulate``'s
     ``fit_recompute`` in ``entrain train``; here a fit that recomputes every stage in full) and the run's

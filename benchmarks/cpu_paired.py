@@ -2,7 +2,7 @@
 
 ``python benchmarks/cpu_pipeline.py --paired --dataset WORKLOAD [--launches 3] [--steps 4]
 [--profile FILE]``: per round one ``torchrun`` launch trains ``entrain``, ``1f1b``, ``encoder-rebalance``
-and ``dflop`` in turn (order drawn per round) with ``--trace``; Entrain runs with every decision at ``train``'s default (decided by
+and ``dflop`` in turn (``launch_orders``: each system first equally often) with ``--trace``; Entrain runs with every decision at ``train``'s default (decided by
 simulation, ``core/planning/setups.py``). Recorded per workload: the real per-round paired ratio Entrain / 1F1B
 (median iteration time over the kept steps), and the simulator's ratio for the Plans that ran (round
 0's ``plan.json``) under (a) the cost model the run planned with and (b) the cost model refitted from
@@ -136,14 +136,21 @@ def refit_profile(run: str, out: str, label: str) -> dict:
     return got
 
 
-def joint_prediction(first: str, out: str, label: str) -> dict:
-    """Round 0's two Plans simulated under one profile fitted to both of its traces (``entrain profile
-    --from-trace 1F1B --also-trace ENTRAIN``: the cuts Entrain makes inside a component priced as they
-    ran; docs/profiling.md) -- in sample for the round, out of sample for the other rounds."""
+def joint_fit(first: str, out: str, label: str) -> str:
+    """``entrain profile --from-trace 1F1B --also-trace ENTRAIN`` of round ``first``'s two runs, written to
+    ``out`` (its notes name them by ``label``): the profile a closed-loop pass plans the next pass with."""
     runs = [os.path.join(first, s) for s in ("1f1b", "entrain")]
     cmd = [sys.executable, "-m", "entrain", "profile", "--from-trace", runs[0], "--also-trace", runs[1],
            "--out", out]  # fmt: skip
     profile_labelled(cmd, out, [f"{label}, {s}" for s in ("1f1b", "entrain")])
+    return out
+
+
+def joint_prediction(first: str, out: str, label: str) -> dict:
+    """Round 0's two Plans simulated under one profile fitted to both of its traces (``joint_fit``: the
+    cuts Entrain makes inside a component priced as they ran; docs/profiling.md) -- in sample for the
+    round, out of sample for the other rounds."""
+    joint_fit(first, out, label)
     ms = {s: simulated_ms(os.path.join(first, s), load_cost("", out)) for s in PAIRED_SYSTEMS}
     return {"joint_sim_ms": ms, "joint_sim_ratio": ms["entrain"] / ms["1f1b"]}
 
@@ -221,6 +228,28 @@ def pair(per_round: list[dict], sim_ms: dict, refit_ms: dict, base: str) -> dict
     }
 
 
+def launch_orders(systems, rounds: int, seed: int) -> list[list[str]]:
+    """Each round's launch order: a Williams square over ``systems`` in an order drawn from ``seed``
+    (row ``i``: the first row ``0, 1, n-1, 2, n-2, ...`` shifted by ``i``; for an odd count the rows
+    reversed too), its rows in turn. Over a full square (``n`` rounds, ``2n`` for odd ``n``) every system
+    runs first, and in every place, equally often, and follows every other system right after it
+    equally often; over any ``rounds``, first as often as any other give or take one. The orders drawn
+    per round before (``rng.sample``) could leave a system never first: Entrain in none of the 6
+    rounds of the four-systems passes of seed 0."""
+    names = random.Random(seed).sample(list(systems), len(systems))
+    n, first, lo, hi = len(names), [0], 1, len(names) - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    square = [[names[(j + i) % n] for j in first] for i in range(n)]
+    if n % 2:
+        square += [row[::-1] for row in square]
+    return [square[i % len(square)] for i in range(rounds)]
+
+
 def run_workload(
     name: str,
     rounds: int,
@@ -231,16 +260,14 @@ def run_workload(
     keep: str | None = None,
     systems: tuple[str, ...] = PASS_SYSTEMS,
 ) -> dict:
-    """One pass: ``rounds`` launches each training ``systems`` (order drawn per round), Entrain paired
+    """One pass: ``rounds`` launches each training ``systems`` (in ``launch_orders``), Entrain paired
     against each of the others (``pair``); the first table's 1F1B columns at the top level."""
     config = PAIRED_CONFIGS[name]
-    rng = random.Random(seed)
-    per_round, orders, cpu_wall = [], [], []
+    per_round, orders, cpu_wall = [], launch_orders(systems, rounds, seed), []
     with tempfile.TemporaryDirectory(prefix="entrain-paired-") as tmp:
         for i in range(rounds):
             out = os.path.join(tmp, f"round{i}")
-            orders.append(rng.sample(systems, len(systems)))
-            _launch(out, steps, orders[-1], config, profile)
+            _launch(out, steps, orders[i], config, profile)
             per_round.append({s: iter_ms(os.path.join(out, s)) for s in systems})
             cpu_wall.append({s: cpu_over_wall(os.path.join(out, s)) for s in systems})
             if keep:

@@ -1,6 +1,6 @@
 """Re-score a recorded ``cpu_pipeline.py --paired`` pass from the round folders it kept, running nothing again.
 
-``python benchmarks/cpu_paired_rescore.py --key KEY --rounds DIR/WORKLOAD [--source DIR2/WORKLOAD]``:
+``python benchmarks/cpu_paired_rescore.py --key KEY --rounds DIR/WORKLOAD [--source DIR2/WORKLOAD [--planned]]``:
 ``KEY`` is the pass's key in ``benchmarks/results/cpu_pipeline_paired.json`` (``WORKLOAD (PASS NAME)``),
 ``--rounds`` the folder its ``--keep-runs DIR`` kept (``round0`` ... each with a run folder per system:
 ``plan.json``, ``trace.json``, ``metrics.jsonl``). Three checks per pass, each added to the JSON's
@@ -21,6 +21,11 @@
   --from-trace ... --also-trace ...``, ``kinds``), against the same real ratios. The recorded sim ratio
   used round 0's 1F1B and Entrain traces only. A re-score, not the pass: the Plans stay those planned
   with the round-0 profile.
+* **Planned re-fit** (with ``--source`` and ``--planned``): the profile the pass planned with, round 0's
+  1F1B and Entrain traces of ``--source`` fitted jointly (``cpu_paired.joint_fit``, as the pass made it),
+  fitted again by the code at hand, and the pass's round-0 Plans simulated under it: the recorded sim
+  ratio as the current refit gives it, for the same Plans (a refit that would have priced a Plan
+  differently may also have planned differently: not re-planned here).
 """
 
 from __future__ import annotations
@@ -146,8 +151,19 @@ def joint_profile(rounds: list[str], out: str, label: str) -> str:
     return out
 
 
-def rescore(recorded: dict, rounds_dir: str, source_dir: str | None, profiles: str, label: str) -> dict:
-    """The three checks (module docstring) of the recorded pass ``recorded`` from ``rounds_dir``."""
+def planned_refit(source_dir: str, first: str, out: str, label: str) -> dict[str, float]:
+    """Median simulated ms of round ``first``'s Plans per system under the joint refit of the 1F1B and
+    Entrain runs of ``source_dir``'s round 0 (``cpu_paired.joint_fit``, written to ``out``)."""
+    from cpu_paired import joint_fit
+
+    cost = load_cost("", joint_fit(kept_rounds(source_dir)[0], out, f"round 0 of {label}"))
+    return {s: simulated_ms(os.path.join(first, s), cost) for s in PASS_SYSTEMS}
+
+
+def rescore(
+    recorded: dict, rounds_dir: str, source_dir: str | None, profiles: str, label: str, planned: bool = False
+) -> dict:
+    """The checks (module docstring) of the recorded pass ``recorded`` from ``rounds_dir``."""
     rounds = kept_rounds(rounds_dir)
     runs = {s: [os.path.join(r, s) for r in rounds] for s in PASS_SYSTEMS}
     replays = {s: [replay(r) for r in runs[s]] for s in PASS_SYSTEMS}
@@ -178,6 +194,13 @@ def rescore(recorded: dict, rounds_dir: str, source_dir: str | None, profiles: s
         cost = load_cost("", path)
         res["sim_ms"] = {s: simulated_ms(os.path.join(first, s), cost) for s in PASS_SYSTEMS}
         res["source_runs"] = len(kept_rounds(source_dir)) * len(PASS_SYSTEMS)
+    if source_dir and planned:
+        res["planned_sim_ms"] = planned_refit(
+            source_dir,
+            rounds[0],
+            os.path.join(profiles, f"{STEM}_rescore_{label}.planned.json"),
+            label,
+        )
     replayed = {s: per_round(s, "replay_ms", outside=True) for s in PASS_SYSTEMS}
     for b in BASELINES:
         p = recorded["pairs"][b]
@@ -195,6 +218,9 @@ def rescore(recorded: dict, rounds_dir: str, source_dir: str | None, profiles: s
         if source_dir:
             row["rescore_sim_ratio"] = res["sim_ms"]["entrain"] / res["sim_ms"][b]
             row["rescore_rel_error"] = row["rescore_sim_ratio"] / real - 1
+        if "planned_sim_ms" in res:
+            row["planned_refit_sim_ratio"] = res["planned_sim_ms"]["entrain"] / res["planned_sim_ms"][b]
+            row["planned_refit_rel_error"] = row["planned_refit_sim_ratio"] / real - 1
         res["pairs"][b] = row
     return res
 
@@ -211,10 +237,14 @@ def report(rescores: dict) -> str:
         "execution model alone gets wrong. Real 90 % = bootstrap interval of the median over rounds; error range = the "
         "recorded sim ratio's error over that interval. Re-score = the same round-0 Plans simulated under one joint refit of "
         "every kept round and system of the pass the profile came from (the recorded sim ratio: round 0's 1F1B and Entrain "
-        "traces of that pass); a re-score of Plans planned with the round-0 profile, not a new pass.",
+        "traces of that pass); a re-score of Plans planned with the round-0 profile, not a new pass. Planned re-fit = "
+        "the profile the pass planned with (round 0's 1F1B and Entrain traces of that pass, fitted jointly) fitted again "
+        "by the code at the row's commit, the same round-0 Plans simulated under it: the recorded sim ratio as that code's "
+        "refit prices it (not re-planned).",
         "",
-        "| pass | baseline | real ratio (90 %) | recorded sim (error, range) | replay (error) | re-score sim (error) |",
-        "|---|---|---|---|---|---|",
+        "| pass | baseline | real ratio (90 %) | recorded sim (error, range) | replay (error) | re-score sim (error) "
+        "| planned re-fit sim (error) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, r in rescores.items():
         for b, p in r["pairs"].items():
@@ -224,10 +254,15 @@ def report(rescores: dict) -> str:
                 if "rescore_sim_ratio" in p
                 else "-"
             )
+            planned = (
+                f"{p['planned_refit_sim_ratio']:.3f} ({p['planned_refit_rel_error']:+.1%})"
+                if "planned_refit_sim_ratio" in p
+                else "-"
+            )
             lines.append(
                 f"| {key} | {BASE_LABELS[b]} | {p['real_ratio']:.3f} ({lo:.3f}-{hi:.3f}) | {p['sim_ratio']:.3f} "
                 f"({p['sim_rel_error']:+.1%}, {p['error_range'][0]:+.1%} to {p['error_range'][1]:+.1%}) | "
-                f"{p['replay_ratio']:.3f} ({p['replay_rel_error']:+.1%}) | {rescored} |"
+                f"{p['replay_ratio']:.3f} ({p['replay_rel_error']:+.1%}) | {rescored} | {planned} |"
             )
     lines += [
         "",
@@ -251,17 +286,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", required=True, help="its kept rounds: DIR/WORKLOAD of --keep-runs DIR")
     ap.add_argument("--source", help="kept rounds of the pass whose joint refit it planned with (re-score)")
     ap.add_argument(
+        "--planned",
+        action="store_true",
+        help="with --source: also re-fit the profile the pass planned with (--source's round 0, 1F1B + Entrain)",
+    )
+    ap.add_argument(
         "--profiles", default=None, help="where the re-score's profile goes (default: a temporary folder)"
     )
     ap.add_argument("--note", default="", help="a note for the pass's row")
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
+    if args.planned and not args.source:
+        ap.error("--planned needs --source (the pass whose round 0 the profile was fitted on)")
     path = os.path.join(args.out, f"{STEM}.json")
     with open(path) as f:
         recorded = json.load(f)
     label = args.key.split(" ")[0] + ("-" + os.path.basename(os.path.dirname(os.path.abspath(args.rounds))))
     with tempfile.TemporaryDirectory(prefix="entrain-rescore-") as tmp:
-        res = rescore(recorded["results"][args.key], args.rounds, args.source, args.profiles or tmp, label)
+        res = rescore(
+            recorded["results"][args.key], args.rounds, args.source, args.profiles or tmp, label, args.planned
+        )
     src = source()
     command = src["command"]
     for given in (args.rounds, args.source, args.profiles):

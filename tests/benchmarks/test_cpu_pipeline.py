@@ -230,3 +230,28 @@ def test_paired_report_has_a_row_per_baseline_and_its_targets(benchmarks_on_path
         "Target: Entrain / DFLOP |sim / real - 1| <= 5%: met on 0 of 1; NOT met on skewed (four systems) -15.0%."
         in text
     )
+
+
+@pytest.mark.parametrize(
+    "systems", [("entrain", "1f1b", "encoder-rebalance", "dflop"), ("entrain", "1f1b", "dflop")]
+)
+def test_paired_launch_orders_put_every_system_first_equally_often(benchmarks_on_path, systems):
+    """``cpu_paired.launch_orders``: over a full Williams square (n rounds, 2n for odd n) every system
+    runs first and in every place equally often and right after every other equally often; over 6
+    rounds of 4 systems, first as often as any other give or take one (the orders drawn per round from
+    seed 0 never ran Entrain first)."""
+    from collections import Counter
+
+    cpu_paired = importlib.import_module("cpu_paired")
+    n = len(systems)
+    full = n if n % 2 == 0 else 2 * n
+    for seed in (0, 1, 7):
+        orders = cpu_paired.launch_orders(systems, full, seed)
+        assert all(sorted(o) == sorted(systems) for o in orders)
+        for place in range(n):
+            assert Counter(o[place] for o in orders) == {s: full // n for s in systems}, (seed, place)
+        after = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+        assert set(after.values()) == {full // n} and len(after) == n * (n - 1), seed
+        assert cpu_paired.launch_orders(systems, 2 * full, seed) == orders + orders
+    firsts = Counter(o[0] for o in cpu_paired.launch_orders(systems, 6, 0))
+    assert set(firsts) == set(systems) and max(firsts.values()) - min(firsts.values()) <= 1

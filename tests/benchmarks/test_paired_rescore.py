@@ -41,9 +41,9 @@ def _plan(dataset: str):
     return plan_system("1f1b", setup.layout, planner_draws(sampler, cost, req), cost, setup.options), cost
 
 
-def _write_run(folder, plan, cost) -> None:
+def _write_run(folder, plan, cost, slower: float = SLOWER) -> None:
     """A traced run folder of ``plan``: each rank's compute actions back to back (no gaps, no transfers
-    traced), each lasting ``SLOWER`` x its price; iteration time = the step's span + 20 ms."""
+    traced), each lasting ``slower`` x its price; iteration time = the step's span + 20 ms."""
     costs, events, iters = PlanCosts(plan.layout, cost, plan.samples), [], []
     for step, it in enumerate(plan.iterations):
         end = 0.0
@@ -52,7 +52,7 @@ def _write_run(folder, plan, cost) -> None:
             for a in (a for a in actions if a.kind.is_compute):
                 mb = it.microbatches[0][a.mb]
                 subs = mb.encoder_subs if plan.layout.stages[a.stage].component == "encoder" else mb.llm_subs
-                dur = SLOWER * costs.compute_ms(a.stage, a.kind, tuple(subs[a.sub_index]))
+                dur = slower * costs.compute_ms(a.stage, a.kind, tuple(subs[a.sub_index]))
                 args = {"step": step, "kind": a.kind.value, "stage": a.stage, "mb": a.mb, "sub": a.sub_index}
                 events.append(
                     {"cat": "compute", "ph": "X", "ts": ts * 1e3, "dur": dur * 1e3, "pid": rank, "args": args}
@@ -89,3 +89,25 @@ def test_the_spread_is_the_bootstrap_interval_of_the_median(rescore):
     assert rescore.median_interval([0.8, 0.9, 1.0], seed=3) == rescore.median_interval(
         [0.8, 0.9, 1.0], seed=3
     )
+
+
+def test_the_planned_refit_fits_round_0_of_the_source_pass_only(rescore, tmp_path):
+    """``--planned``: the profile the pass planned with is round 0's 1F1B and Entrain traces of the
+    source pass fitted jointly (``cpu_paired.joint_fit``); a later round of that pass, traced 2x slower,
+    does not enter it: the round-0 Plans simulate about ``SLOWER`` x their preset time under it."""
+    plan, cost = _plan("chartqa")
+    for i, slower in enumerate((SLOWER, 2 * SLOWER)):
+        for system in rescore.PASS_SYSTEMS:
+            folder = tmp_path / "source" / f"round{i}" / system
+            folder.mkdir(parents=True)
+            _write_run(folder, plan, cost, slower)
+    first = tmp_path / "source" / "round0"
+    out = tmp_path / "planned.json"
+    got = rescore.planned_refit(str(tmp_path / "source"), str(first), str(out), "test")
+    preset = rescore.simulated_ms(str(first / "1f1b"), cost)
+    assert set(got) == set(rescore.PASS_SYSTEMS)
+    assert got["1f1b"] / preset == pytest.approx(SLOWER, rel=0.1), got["1f1b"] / preset
+    notes = json.loads(out.read_text())["notes"]
+    assert notes["from_trace"] == ["round 0 of test, 1f1b", "round 0 of test, entrain"]
+    with pytest.raises(SystemExit):
+        rescore.main(["--key", "k", "--rounds", str(tmp_path), "--planned"])

@@ -382,6 +382,17 @@ MUTANTS = (
         (TRACE_SPLIT,),
     ),
     Mutant(
+        "trace-fit-corner-split",
+        "the joint trace fit keeps its groups' split of layers no traced cut separates (a corner of the fit)",
+        "entrain/sim/trace_fit.py",
+        "    fitted |= _split_by_prior(base, layers, spans, fitted)\n",
+        "",
+        (
+            "tests/sim/test_trace_joint_refit.py::"
+            "test_layers_no_traced_cut_separates_split_their_fitted_total_as_the_base_does",
+        ),
+    ),
+    Mutant(
         "trace-fit-keeps-warmup",
         "the trace fit keeps the run's first (warm-up) step",
         "entrain/sim/trace_fit.py",

@@ -5,7 +5,7 @@ constant per component spread evenly over its layers) mispriced the stage cuts E
 CPU: the merger and the full-attention block cost less against the window blocks than their FLOPs say,
 a backward split into ``I`` + ``W`` costs more than a whole one, and a compute action costs more than
 its layers. This script fits, in one non-negative least squares over every traced compute of the given
-runs (``entrain.sim.trace_fit.joint_refit``, layers grouped by kind), per layer kind the scale of the
+runs (``entrain.sim.trace_joint_fit.joint_refit``, layers grouped by kind), per layer kind the scale of the
 analytic curves' size-dependent part and of their per-call constant, per component the split
 backward's own cost, and the per-action overhead, relative to the analytic preset; and writes them where
 the preset reads them (``entrain/core/costs/fits/cpu_tiny.json``: ``CPU_TINY_KIND_SCALES``,
@@ -37,7 +37,8 @@ from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.presets import analytic_cpu_tiny, fitted_kind
 from entrain.core.ir.plan import Plan
 from entrain.sim.executor import simulate_plan
-from entrain.sim.trace_fit import joint_refit, load_run
+from entrain.sim.trace_fit import load_run
+from entrain.sim.trace_joint_fit import joint_refit
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SYSTEMS = ("1f1b", "entrain")

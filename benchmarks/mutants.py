@@ -384,7 +384,7 @@ MUTANTS = (
     Mutant(
         "trace-fit-corner-split",
         "the joint trace fit keeps its groups' split of layers no traced cut separates (a corner of the fit)",
-        "entrain/sim/trace_fit.py",
+        "entrain/sim/trace_joint_fit.py",
         "    fitted |= _split_by_prior(base, layers, spans, fitted)\n",
         "",
         (

@@ -66,14 +66,8 @@ def expert_imbalance(metrics: list[dict], skews: dict[int, float] | None = None)
 
 def run_from_trace(args: argparse.Namespace) -> int:
     from entrain.sim.expert_refit import refit_experts
-    from entrain.sim.trace_fit import (
-        fit_stages,
-        joint_refit,
-        load_run,
-        rank_overheads,
-        refit,
-        stage_errors,
-    )
+    from entrain.sim.trace_fit import fit_stages, load_run, rank_overheads, refit, stage_errors
+    from entrain.sim.trace_joint_fit import joint_refit
 
     run = load_run(args.from_trace, _cost_of)
     also = [load_run(folder, _cost_of) for folder in args.also_trace]

@@ -20,7 +20,8 @@ another layout paid a fraction of it).
 The new profile has the base's schema and layers: each layer of a stage gets its curves scaled by
 ``alpha`` and ``beta / layers`` as its constant (a mixture-of-experts layer's measured expert timing,
 ``ExpertTiming``, that phase's by ``alpha`` too); a split backward's input-gradient share is the
-measured ``I / (I + W)``. Documented in docs/profiling.md (``Refit from a trace``)."""
+measured ``I / (I + W)``. Several runs of other stage cuts, one fit: ``entrain.sim.trace_joint_fit``. Documented in docs/profiling.md
+(``Refit from a trace``)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from entrain.core.costs.costmodel import PROFILE_SOURCE, CostModel, LayerCost, Quadratic
-from entrain.core.costs.presets import fitted_kind
 from entrain.core.errors import ConfigError
 from entrain.core.ir.plan import ActionKind, Plan
 from entrain.core.schedules.action_costs import PlanCosts
 
 __all__ = [
     "TracedRun",
-    "joint_refit",
     "StageFit",
     "action_overhead_ms",
     "load_run",
@@ -164,7 +163,7 @@ def _lockstep(run: TracedRun) -> dict[int, tuple[float, tuple[str, ...]]]:
     return out
 
 
-def _traced_computes(run: TracedRun) -> list[tuple[int, str, tuple[str, ...], int, float]]:
+def traced_computes(run: TracedRun) -> list[tuple[int, str, tuple[str, ...], int, float]]:
     """(stage, phase, sample ids, compute actions, measured ms): each forward, and each (sub-)microbatch
     backward (``B``, or ``I`` + ``W`` summed: 2 actions); with expert parallelism, an action of a stage
     with experts as ``_lockstep`` measures it."""
@@ -185,10 +184,10 @@ def _traced_computes(run: TracedRun) -> list[tuple[int, str, tuple[str, ...], in
 
 def _samples(run: TracedRun, costs: PlanCosts) -> dict[tuple[int, str], list[tuple[float, float, float]]]:
     """(stage, phase) -> [(measured ms, predicted variable ms, tokens)]: each traced compute
-    (``_traced_computes``) as ``PlanCosts`` prices its layers (a split backward as ``bwd_split``), less
+    (``traced_computes``) as ``PlanCosts`` prices its layers (a split backward as ``bwd_split``), less
     the per-call constant."""
     out: dict[tuple[int, str], list] = defaultdict(list)
-    for stage, phase, ids, num_actions, ms in _traced_computes(run):
+    for stage, phase, ids, num_actions, ms in traced_computes(run):
         priced = "bwd_split" if num_actions > 1 else phase
         variable = costs._phase_ms(stage, priced, ids) - _constants(costs, stage)[priced]
         out[(stage, phase)].append((ms, variable, costs.tokens(stage, ids)))
@@ -300,7 +299,7 @@ def action_overhead_ms(run: TracedRun, overheads: dict[int, float]) -> float:
     return sum(overheads[p] * units[p] for p in overheads) / total if total else 0.0
 
 
-def _input_fractions(run: TracedRun) -> dict[int, float]:
+def input_fractions(run: TracedRun) -> dict[int, float]:
     """Per stage with split backwards: measured ``I / (I + W)``."""
     sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for e in run.events:
@@ -310,7 +309,7 @@ def _input_fractions(run: TracedRun) -> dict[int, float]:
     return {s: i / (i + w) for s, (i, w) in sums.items() if i + w > 0}
 
 
-def _layer(layer: LayerCost, phase: str, alpha: float, constant_ms: float) -> LayerCost:
+def scaled_layer(layer: LayerCost, phase: str, alpha: float, constant_ms: float) -> LayerCost:
     """``layer`` with ``phase``'s curves scaled by ``alpha`` (``_curve``), and a mixture-of-experts
     layer's measured expert timing of that phase (``ExpertTiming``: slot, call and router ms, which
     price its busiest rank's extra tokens beside the curves) by the same ``alpha``."""
@@ -345,7 +344,7 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
     """The base cost model with each traced stage's layers refitted (see the module docstring)."""
     layout = run.plan.layout
     layers = {c: list(run.base.component(c).layers) for c in ("encoder", "llm")}
-    fractions = _input_fractions(run)
+    fractions = input_fractions(run)
     for fit in fits:
         spec = layout.stages[fit.stage]
         span = range(spec.first_layer, spec.end_layer)
@@ -354,7 +353,7 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
             if fit.phase == "bwd" and fit.stage in fractions:  # split: the constant held the split's own
                 constant = max(0.0, constant - layer.split_extra_ms)
                 layer = replace(layer, bwd_input_fraction=fractions[fit.stage])
-            layer = _layer(layer, fit.phase, fit.alpha, constant)
+            layer = scaled_layer(layer, fit.phase, fit.alpha, constant)
             layers[spec.component][i] = layer
     notes = {
         "source": PROFILE_SOURCE,
@@ -374,10 +373,10 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
         ],  # fmt: skip
         "overhead_ms_per_action": {str(p): v for p, v in sorted(overheads.items())},
     }
-    return _refitted(run, layers, action_overhead_ms(run, overheads), notes)
+    return refitted_model(run, layers, action_overhead_ms(run, overheads), notes)
 
 
-def _refitted(
+def refitted_model(
     run: TracedRun, layers: dict[str, list[LayerCost]], overhead_ms: float, notes: dict
 ) -> CostModel:
     """``run``'s base cost model with ``layers``, per-action ``overhead_ms``, ``notes`` (and the run's
@@ -424,265 +423,3 @@ def stage_errors(run: TracedRun, cost: CostModel) -> dict:
         "span_mean_rel_error": statistics.fmean(span_errors),
         "span_max_rel_error": max(span_errors),
     }
-
-
-# --- several runs of other stage cuts: one fit (``--from-trace RUN --also-trace RUN2``) -------------------
-FIT_GROUPS = ("cuts", "kinds")
-"""How ``joint_refit`` groups layers: ``cuts``: the finest layer ranges every traced stage is a union
-of; ``kinds``: the layers of one kind (``LayerCost.kind``, as ``presets.fitted_kind`` groups them),
-wherever they sit, so any cut is priced from the kinds' scales."""
-
-Groups = dict[str, dict[str, tuple[int, ...]]]
-"""Per component: group name -> its layer indices."""
-
-
-def _groups(runs: list[TracedRun], by: str) -> Groups:
-    """Per component, the layer groups one scale is fitted for (``FIT_GROUPS``)."""
-    out: Groups = {}
-    for comp in ("encoder", "llm"):
-        layers = runs[0].base.component(comp).layers
-        if by == "kinds":
-            named: dict[str, list[int]] = defaultdict(list)
-            for i, layer in enumerate(layers):
-                named[fitted_kind(layer.kind)].append(i)
-            out[comp] = {k: tuple(v) for k, v in named.items()}
-            continue
-        cuts = {0, len(layers)}
-        for run in runs:
-            for spec in run.plan.layout.stages:
-                if spec.component == comp:
-                    cuts |= {spec.first_layer, spec.end_layer}
-        edges = sorted(cuts)
-        out[comp] = {f"[{a},{b})": tuple(range(a, b)) for a, b in zip(edges, edges[1:])}
-    return out
-
-
-def _group_ms(run: TracedRun, stage: int, group: tuple[int, ...], phase: str, ids) -> tuple[float, float]:
-    """The base's time of layers ``group`` of ``stage`` over ``ids``: (variable part, per sample,
-    recomputation included; one call's constants), as ``PlanCosts`` prices a stage."""
-    spec = run.plan.layout.stages[stage]
-    par = run.plan.layout.components[spec.component]
-    base, comp = run.base, spec.component
-    constant = sum(base.layer_ms(comp, i, (), phase, par.tp, par.cp, 1) for i in group)
-    total = 0.0
-    for sid in ids:
-        meta = run.plan.samples[sid].meta
-        units, labels = base.units(comp, meta), base.labels(comp, meta)
-        for i in group:
-            total += base.layer_ms(comp, i, units, phase, par.tp, par.cp, 0, labels)
-            if phase != "fwd":
-                total += base.recompute_ms(comp, i, units, spec.recompute, par.tp, par.cp, 0, labels)
-    return total, constant
-
-
-Traced = list[tuple[TracedRun, list[tuple[int, str, tuple[str, ...], int, float]]]]
-"""Each run with its ``_traced_computes``."""
-
-
-def _split_fitted(traced: Traced) -> set[str]:
-    """Components whose traced backwards include both kinds (``B``, and ``I`` + ``W``): only there can
-    the split's own cost be told from the backward's."""
-    kinds: dict[str, set[bool]] = defaultdict(set)
-    for run, computes in traced:
-        for stage, phase, _, num_actions, _ in computes:
-            if phase == "bwd":
-                kinds[run.plan.layout.stages[stage].component].add(num_actions > 1)
-    return {c for c, k in kinds.items() if k == {False, True}}
-
-
-def _joint_rows(traced: Traced, groups: Groups, split_fitted: set[str]):
-    """One row per traced compute (``_traced_computes``): the predicted ms of each group part it
-    covers (``(component, phase, group, "var" | "const")``; a split backward also the split's columns
-    ``(component, "split", "", "var" | "const")`` where ``split_fitted``), its compute actions, its
-    measured ms."""
-    rows = []
-    for run, computes in traced:
-        for stage, phase, ids, num_actions, ms in computes:
-            spec = run.plan.layout.stages[stage]
-            comp, split = spec.component, phase == "bwd" and num_actions > 1
-            priced = "bwd_split" if split and comp not in split_fitted else phase
-            covered: dict[tuple, float] = defaultdict(float)
-            for name, layers in groups[comp].items():
-                inside = tuple(i for i in layers if spec.first_layer <= i < spec.end_layer)
-                if not inside:
-                    continue
-                var, const = _group_ms(run, stage, inside, priced, ids)
-                covered[(comp, phase, name, "var")] += var
-                covered[(comp, phase, name, "const")] += const
-                if split and comp in split_fitted:
-                    trainable = [i for i in inside if run.base.component(comp).layers[i].trainable]
-                    covered[(comp, "split", "", "var")] += var
-                    covered[(comp, "split", "", "const")] += len(trainable)
-            rows.append((dict(covered), num_actions, ms))
-    return rows
-
-
-def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
-    """One cost model from runs of one model whose Plans cut the components at other layers (a paired
-    run's 1F1B and Entrain traces): per component, phase and layer group (``_groups``, ``by`` one of
-    ``FIT_GROUPS``) a scale of the base's size-dependent part and one of its per-call constants; per
-    component whose backwards ran both whole and split (``_split_fitted``) the split's own cost, a
-    share of the base's backward and a constant per layer; and one per-action constant, by
-    non-negative least squares over every traced compute (``measured = sum over the groups it covers
-    of (v_g * variable_g + c_g * constant_g) [+ split terms] + k * actions``). A cut the runs saw is
-    priced as they ran it (with ``cuts``, a cut inside a group by the base's split of it). The
-    hardware's per-action overhead is the runs' mean gap overhead (``action_overhead_ms``) plus ``k``;
-    a split backward's input share, per stage as in ``refit``. Layers no traced stage boundary separates
-    share their range's refitted total in the base's proportions (``_split_by_prior``)."""
-    from scipy.optimize import nnls
-
-    if by not in FIT_GROUPS:
-        raise ConfigError(f"fit groups {by!r}: choose from {', '.join(FIT_GROUPS)}")
-    base = runs[0].base
-    if any(r.base.to_json()["components"] != base.to_json()["components"] for r in runs[1:]):
-        raise ConfigError("--also-trace: every run must have been planned with the same cost model")
-    traced = [(run, _traced_computes(run)) for run in runs]
-    groups, split_fitted = _groups(runs, by), _split_fitted(traced)
-    rows = _joint_rows(traced, groups, split_fitted)
-    columns = sorted({c for covered, _, _ in rows for c in covered})
-    index = {c: i for i, c in enumerate(columns)}
-    a = np.zeros((len(rows), len(columns) + 1))
-    y = np.array([ms for _, _, ms in rows])
-    for r, (covered, num_actions, _) in enumerate(rows):
-        for c, ms in covered.items():
-            a[r, index[c]] = ms
-        a[r, -1] = num_actions
-    norm = np.maximum(np.abs(a).max(axis=0), 1e-12)
-    solution = nnls(a / norm, y)[0] / norm
-    scales = {c: float(solution[index[c]]) for c in columns}
-    per_action_ms = float(solution[-1])
-    layers = {c: list(base.component(c).layers) for c in ("encoder", "llm")}
-    fitted: dict[tuple[str, str, int], float] = {}
-    for (comp, phase, name, part), s_g in scales.items():
-        if part == "const" or phase == "split":
-            continue
-        c_g = scales.get((comp, phase, name, "const"), 1.0)
-        for i in groups[comp][name]:
-            const = _layer_constant(base, comp, i, phase)
-            layers[comp][i] = _layer(layers[comp][i], phase, s_g, c_g * const)
-            fitted[(comp, phase, i)] = s_g
-    spans = _groups(runs, "cuts")
-    fitted |= _split_by_prior(base, layers, spans, fitted)
-    for (comp, phase, i), s_i in fitted.items():
-        if phase == "bwd" and comp in split_fitted:
-            extra = scales[(comp, "split", "", "var")] / s_i if s_i > 0 else 0.0
-            split_ms = scales[(comp, "split", "", "const")]
-            layers[comp][i] = replace(layers[comp][i], split_extra_fraction=extra, split_extra_ms=split_ms)
-    for run in runs:
-        for stage, fraction in _input_fractions(run).items():
-            spec = run.plan.layout.stages[stage]
-            for i in range(spec.first_layer, spec.end_layer):
-                layers[spec.component][i] = replace(layers[spec.component][i], bwd_input_fraction=fraction)
-    gaps = statistics.fmean(action_overhead_ms(r, rank_overheads(r)) for r in runs)
-    notes = {
-        "source": PROFILE_SOURCE,
-        "from_trace": [os.path.abspath(r.folder) for r in runs],
-        "base": base.notes.get("source", base.hardware.name),
-        "device": runs[0].config.get("device"),
-        "fit_groups": by,
-        "group_scales": [
-            {
-                "component": c,
-                "phase": p,
-                "layers": list(groups[c][g]) if g else [],
-                "group": g,
-                "part": part,
-                "scale": v,
-            }
-            for (c, p, g, part), v in scales.items()
-        ],
-        "per_action_ms": per_action_ms,
-        "gap_overhead_ms": gaps,
-        "split_by_base": [
-            {"component": c, "layers": list(span)}
-            for c, named in spans.items()
-            for span in named.values()
-            if len({n for n, g in groups[c].items() if set(g) & set(span)}) > 1
-        ],
-    }
-    return _refitted(runs[0], layers, gaps + per_action_ms, notes)
-
-
-TERMS = ("a", "b")
-"""The size-dependent terms of a layer's curve (``Quadratic``: ``a * x^2 + b * x``) split by the base."""
-
-
-def _split_by_prior(
-    base: CostModel,
-    layers: dict[str, list[LayerCost]],
-    spans: Groups,
-    fitted: dict[tuple[str, str, int], float],
-) -> dict[tuple[str, str, int], float]:
-    """Within each of ``spans`` (per component, the layer ranges no traced stage boundary falls inside:
-    ``_groups(runs, "cuts")``), the traces measured only the range's total, so how the fit's groups
-    divided it among the range's layers is whatever corner the non-negative fit landed on (on the
-    paired multi-image runs, a block's backward at 0). So each term of the refitted ``layers``' curves
-    summed over the range (per phase and parallel key: ``a`` and ``b`` of the layers priced per token,
-    those of the ``per_label`` layers, and the per-call constants) is split among its layers in the
-    base's proportions: every layer's term becomes the base's times the range's refitted total over its
-    base total. A traced stage (a union of ranges) keeps its fitted time for every sample; a cut inside
-    a range is priced by the base's split of the refitted total. Where a range holds one group (every
-    range of ``cuts``), nothing changes. A layer whose curve of that phase is a measured table keeps its
-    group's scale. ``fitted``: (component, phase, layer) -> its group's scale (``v_g``). Returns, for the
-    layers split here, the factor of their linear term (the split backward's extra share is of it)."""
-    out: dict[tuple[str, str, int], float] = {}
-    for comp, named in spans.items():
-        prior = base.component(comp).layers
-        for span in named.values():
-            for phase in ("fwd", "bwd"):
-                members = [
-                    i
-                    for i in span
-                    if (comp, phase, i) in fitted
-                    and not any(q.table for q in getattr(prior[i], phase).values())
-                ]
-                if len(members) < 2:
-                    continue
-                weight = {i: _phase_weight(base, comp, i, phase) for i in members}
-                curves = {i: dict(getattr(layers[comp][i], phase)) for i in members}
-                for key in getattr(prior[members[0]], phase):
-                    have = [i for i in members if key in getattr(prior[i], phase)]
-                    factors: dict[tuple[bool, str], float | None] = {}
-                    for per_label in (False, True):
-                        same = [i for i in have if prior[i].per_label == per_label]
-                        for term in TERMS:
-                            factors[(per_label, term)] = _share(
-                                [(weight[i], getattr(getattr(prior[i], phase)[key], term), getattr(curves[i][key], term)) for i in same]
-                            )  # fmt: skip
-                    constant = _share(
-                        [(weight[i], getattr(prior[i], phase)[key].c, curves[i][key].c) for i in have]
-                    )
-                    for i in have:
-                        q, p = getattr(prior[i], phase)[key], prior[i].per_label
-                        curves[i][key] = Quadratic(
-                            q.a * factors[(p, "a")] if factors[(p, "a")] is not None else curves[i][key].a,
-                            q.b * factors[(p, "b")] if factors[(p, "b")] is not None else curves[i][key].b,
-                            q.c * constant if constant is not None else curves[i][key].c,
-                        )
-                        if key == min(getattr(prior[i], phase)):
-                            f = factors[(p, "b")] if q.b > 0 else factors[(p, "a")]
-                            out[(comp, phase, i)] = fitted[(comp, phase, i)] if f is None else f
-                for i in members:
-                    layers[comp][i] = replace(layers[comp][i], **{phase: curves[i]})
-    return out
-
-
-def _share(terms: list[tuple[float, float, float]]) -> float | None:
-    """The refitted total of a term over the base's, both weighted (``(weight, base, refitted)`` per
-    layer); None where the base's total is 0 (nothing to split)."""
-    total = sum(w * b for w, b, _ in terms)
-    return sum(w * r for w, _, r in terms) / total if total > 0 else None
-
-
-def _phase_weight(base: CostModel, comp: str, i: int, phase: str) -> float:
-    """How much of layer ``i``'s stored ``phase`` curve it runs: a frozen layer's backward only its
-    input-gradient share, or nothing where no earlier layer trains (``CostModel._bwd_quadratic``)."""
-    layer = base.component(comp).layers[i]
-    if phase == "fwd" or layer.trainable:
-        return 1.0
-    return layer.bwd_input_fraction if base.input_grad_needed(comp, i) else 0.0
-
-
-def _layer_constant(base: CostModel, comp: str, i: int, phase: str) -> float:
-    """The per-call constant of layer ``i``'s ``phase`` at TP 1, CP 1 (its one-call time on nothing)."""
-    return base.layer_ms(comp, i, (), phase, 1, 1, 1)

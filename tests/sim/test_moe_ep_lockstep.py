@@ -13,7 +13,7 @@ from entrain.core.systems import generate_plan
 from entrain.core.workload.samples import SampleMeta
 from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import simulate_plan
-from entrain.sim.trace_fit import TracedRun, _traced_computes
+from entrain.sim.trace_fit import TracedRun, traced_computes
 from tests.moe_fixtures import tiny_moe_cost
 
 
@@ -111,10 +111,10 @@ def _traced(ep: int) -> TracedRun:
 
 
 def test_the_refit_measures_an_ep_groups_action_from_its_last_start_on_its_heaviest_samples():
-    rows = sorted((stage, ids, ms) for stage, _, ids, _, ms in _traced_computes(_traced(2)))
+    rows = sorted((stage, ids, ms) for stage, _, ids, _, ms in traced_computes(_traced(2)))
     # the LLM: replica 0's 40 ms wait is not its compute; the group's action is priced on 'a' (heavier)
     assert rows == [(0, ("a",), 30.0), (0, ("c",), 30.0), (1, ("a",), 60.0), (1, ("a",), 60.0)]
-    alone = sorted((stage, ids, ms) for stage, _, ids, _, ms in _traced_computes(_traced(1)))
+    alone = sorted((stage, ids, ms) for stage, _, ids, _, ms in traced_computes(_traced(1)))
     assert alone == [
         (0, ("a",), 30.0),
         (0, ("c",), 30.0),

@@ -20,7 +20,7 @@ from entrain.core.costs.costmodel import (
 )
 from entrain.core.errors import ConfigError
 from entrain.sim.expert_refit import expert_skews, refit_experts
-from entrain.sim.trace_fit import _layer
+from entrain.sim.trace_fit import scaled_layer
 
 KEY = "tp1cp1"
 Z8 = 1.434203  # Blom's expected largest of 8 standard normals
@@ -104,7 +104,7 @@ def test_a_stage_refit_scales_a_sparse_layers_measured_expert_timing_with_its_cu
         hardware=HardwareSpec("hand", allreduce_latency_ms=0.0),
         llm=replace(hand.llm, layers=tuple(llm)),
     )
-    llm[1] = _layer(_layer(llm[1], "fwd", 1.5, 0.2), "bwd", 0.5, 0.3)
+    llm[1] = scaled_layer(scaled_layer(llm[1], "fwd", 1.5, 0.2), "bwd", 0.5, 0.3)
     refit = replace(base, llm=replace(base.llm, layers=tuple(llm)))
     m = refit.llm.layers[1].experts.measured
     got = (

@@ -165,14 +165,20 @@ def plan_command(req: PlanRequest) -> int:
             file=sys.stderr,
         )
     setup, checks, margin = _setup(req, result, sampler, cost)
-    try:
-        shared, no_fit = deploy(config.schedule.systems[0], setup, checks, cost, margin=margin), None
-    except ConfigError as e:  # Entrain's one-line error when nothing fits: one pipeline per tower may
-        shared, no_fit = None, e
-    towers = _towers(req, searched, sampler, checks, shared)
-    if towers is None and no_fit is not None:
-        raise no_fit
-    setup, run = towers or shared
+    apart = _baseline_towers(req, sampler, cost) if setup is None else None
+    towers = None
+    if apart is not None:  # a baseline with one group per tower, as train plans it
+        setup, run = apart
+    else:
+        setup = setup or _one_encoder_setup(req, result, sampler, cost)
+        try:
+            shared, no_fit = deploy(config.schedule.systems[0], setup, checks, cost, margin=margin), None
+        except ConfigError as e:  # Entrain's one-line error when nothing fits: one pipeline per tower may
+            shared, no_fit = None, e
+        towers = _towers(req, searched, sampler, checks, shared)
+        if towers is None and no_fit is not None:
+            raise no_fit
+        setup, run = towers or shared
     obj = {
         **to_json(result, req, cost.model, cost.hardware.name),
         **_setup_json(config.schedule.systems[0], setup, run, cost),
@@ -195,11 +201,32 @@ def plan_command(req: PlanRequest) -> int:
     return 0
 
 
-def _setup(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> tuple[SystemSetup, list, float]:
+def _setup(
+    req: PlanRequest, result: PlanResult, sampler: Sampler, cost
+) -> tuple[SystemSetup | None, list, float]:
     """``--system``'s setup: Entrain's from this result with the extensions asked for, a baseline's
-    chosen its own way; the memory check's batches (``sim.memory_fit.check_batches``) and the decision
-    margin, on which ``plan_command`` then runs the simulated memory check like ``simulate``
+    chosen its own way (None for a baseline that ``train`` plans with one group per encoder tower:
+    ``_baseline_towers``); the memory check's batches (``sim.memory_fit.check_batches``) and the
+    decision margin, on which ``plan_command`` then runs the simulated memory check like ``simulate``
     (recomputation where a rank overflows; Entrain's one-line error when nothing fits)."""
+    from entrain.runtime.planning import plans_towers
+
+    config = req.config
+    checks = check_batches(
+        sampler, cost, result.config, config.parallel.global_batch, config.data.seed, req.iterations
+    )
+    margin = config.config_request().margin
+    system = config.schedule.systems[0]
+    if (
+        system != ENTRAIN
+        and plans_towers(system, config, config.parallel.gpus, _encoders_profile) is not None
+    ):
+        return None, checks, margin
+    return _one_encoder_setup(req, result, sampler, cost), checks, margin
+
+
+def _one_encoder_setup(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> SystemSetup:
+    """``--system``'s setup on the one-encoder path (both towers of a model with several in the first stages)."""
     config = req.config
     system, seed = config.schedule.systems[0], config.data.seed
     spec = get_system(system)
@@ -213,8 +240,7 @@ def _setup(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> tupl
             setup = entrain_variant(setup, setup_req, cost, judge)
     else:
         setup = system_setups([system], setup_req, cost, sampler, judge)[system]
-    checks = check_batches(sampler, cost, result.config, config.parallel.global_batch, seed, req.iterations)
-    return setup, checks, setup_req.margin
+    return setup
 
 
 def _setup_json(system: str, setup: SystemSetup, run, cost) -> dict:
@@ -251,6 +277,36 @@ def _towers(req: PlanRequest, parallel, sampler: Sampler, checks: list, shared: 
     if made is None and ENTRAIN in unbuilt:
         print(f"entrain plan: one pipeline per encoder: {unbuilt[ENTRAIN]}", file=sys.stderr)
     return made
+
+
+def _encoders_profile(sampler: Sampler, encoders, parallel):
+    """The N-encoder planner's profile (``sim.encoders_run.encoders_profile``), as ``train`` hands it in."""
+    from entrain.sim.encoders_run import encoders_profile
+
+    return encoders_profile(sampler, encoders, parallel)
+
+
+def _baseline_towers(req: PlanRequest, sampler: Sampler, cost) -> tuple | None:
+    """A baseline's setup and run with one group per encoder tower where ``train`` plans one
+    (``runtime.planning.encoders_setup``, the rule ``train`` applies: DistTrain-like on a model with
+    several towers and a GPU per tower and for the LLM in a replica), its layout memory-fitted as
+    ``train`` fits it (``runtime.planning.fit_towers_setup`` with ``simulate``'s ``fit_recompute``, on
+    the draws of ``--iterations``); None otherwise."""
+    from entrain.runtime.planning import encoders_setup, fit_towers_setup
+    from entrain.sim.encoders_run import fit_recompute
+
+    config = req.config
+    system = config.schedule.systems[0]
+    setup = encoders_setup(system, config, sampler, config.parallel.gpus, _encoders_profile)
+    if setup is None:
+        return None
+    runs = []
+
+    def fit(plan, encoders):
+        runs.append(fit_recompute(plan, encoders))
+        return runs[-1].layout
+
+    return fit_towers_setup(config, system, setup, sampler, cost, fit, req.iterations), runs[-1]
 
 
 def _write(path: str, obj: dict) -> None:

@@ -10,7 +10,9 @@
   ``entrain.sim.towers.entrain_towers``: one pipeline per tower, docs/design.md "N encoders", or both
   towers in the first stages), so it runs the layout ``plan --out`` writes; DistTrain-like plans one
   pipeline per tower (one group per tower, its degrees from the N-way search on its one profiled sample of
-  the same profile, as ``simulate`` plans it: ``planning.encoders_baselines``).
+  the same profile, as ``simulate`` plans it: ``planning.encoders_baselines``), memory-fitted on
+  ``plan``'s draws (``fit_towers_setup``), so it too runs the layout ``plan --system disttrain --out``
+  writes.
 
 Then each iteration's Plan comes from the system's batcher and generator, as in the simulator."""
 
@@ -57,6 +59,8 @@ __all__ = [
     "EncodersTowers",
     "plans_towers",
     "encoders_setup",
+    "towers_check_batches",
+    "fit_towers_setup",
     "fit_encoders_setup",
     "EncodersStepPlanner",
 ]
@@ -181,10 +185,51 @@ def run_setups(
         if s in decided:
             out[s] = setup
         elif setup.layout.multi_encoder:
-            out[s] = fit_encoders_setup(spec, s, setup, check, encoders_fit)
+            out[s] = fit_towers_setup(spec, s, setup, sampler, cost, encoders_fit)
         else:
             out[s] = setup if memory_check is None else memory_check(s, setup, check, cost, margin=req.margin)
     return out
+
+
+def towers_check_batches(
+    sampler: Sampler,
+    cost: CostModel,
+    config: MultiEncoderConfig,
+    global_batch: int,
+    seed: int,
+    iterations: int,
+) -> list[list]:
+    """The global batches a setup with one pipeline per encoder tower is memory-fitted on, by ``plan``
+    and ``train`` alike (so ``train`` runs the layout ``plan --out`` writes, whatever its ``--steps``):
+    the planner's seeded draws of ``plan``'s memory check (``sim.memory_fit.check_batches``' seeds), as
+    many as ``memory_check_iterations`` gives ``config``'s DP over ``iterations``; each sample's
+    ``SampleMeta`` (raw work as drawn), ids made unique."""
+    from entrain.core.costs.memory import memory_check_iterations
+    from entrain.core.costs.table_work import draw_works
+
+    out = []
+    for i in range(memory_check_iterations(config.dp, iterations)):
+        works = draw_works(sampler(global_batch, seed * 1_000_003 + 7_919 * (i + 1)), cost, numbered=True)
+        out.append([w if w.meta is None else replace(w.meta, id=w.id) for w in works])
+    return out
+
+
+def fit_towers_setup(
+    spec: RunConfig,
+    system: str,
+    setup: SystemSetup,
+    sampler: Sampler,
+    cost: CostModel,
+    fit: EncodersMemoryFit | None,
+    iterations: int = MEMORY_CHECK_ITERATIONS,
+) -> SystemSetup:
+    """``setup`` (one pipeline per encoder tower) memory-fitted by ``fit`` on ``towers_check_batches``
+    (``iterations``: ``plan``'s ``--iterations``; ``train``'s, ``MEMORY_CHECK_ITERATIONS``, its default)."""
+    if fit is None:
+        return setup
+    par = spec.parallel
+    batches = towers_check_batches(sampler, cost, setup.config, par.global_batch, spec.data.seed, iterations)
+    return fit_encoders_setup(spec, system, setup, batches, fit)
 
 
 def fit_encoders_setup(

@@ -168,3 +168,40 @@ def test_plan_reports_entrains_layout_choice_and_writes_the_chosen_layout(tmp_pa
     assert {x["name"] for x in written["decisions"][:-1]} <= {"microbatch count"}  # the N-encoder path's own
     _, setup = read_plan_file(str(other))
     assert setup.layout.encoder_names == ("vision", "audio") and setup.config is not None
+
+
+def test_plan_writes_disttrains_groups_per_tower_as_train_fits_them(tmp_path, monkeypatch):
+    """``plan --system disttrain --out`` on the preset writes one group per tower memory-fitted as ``train
+    --system disttrain`` fits it (``runtime.planning.fit_towers_setup``: the same draws whatever train's
+    ``--steps``; here the vision stage and most LLM stages recomputed), equal to the layout ``train`` plans
+    with its worker's planner callables; ``train --plan`` of the file reads that layout back."""
+    from entrain.cli import train as train_cli
+    from entrain.cli import train_worker as worker
+    from entrain.runtime.planning import run_setups
+    from entrain.runtime.run_data import load_data
+
+    run = ["--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops", "--global-batch", "8",
+           "--microbatch-size", "2", "--system", "disttrain"]  # fmt: skip
+    path = tmp_path / "plan.json"
+    assert main(["plan", *run, "--gpus", "8", "--out", str(path)]) == 0
+    written = json.loads(path.read_text())
+    assert list(written["layout"]["components"]) == ["vision", "audio", "llm"]
+    assert [s["encoder"] for s in written["layout"]["stages"] if s["component"] == "encoder"] == [
+        "vision",
+        "audio",
+    ]
+    assert any(s.get("recompute", "none") != "none" for s in written["layout"]["stages"])  # the fit ran
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    assert main(["train", *run, "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    batches = load_data(spec, cost).train
+    callables = (worker._memory_check, worker._judge_factory, worker._encoders_profile, worker._encoders_fit)
+    setup = run_setups(spec, cost, batches, 8, *callables, worker._encoders_towers)["disttrain"]
+    assert setup.layout.to_json() == written["layout"] and setup.source == written["source"]
+    assert (
+        main(["train", "--plan", str(path), "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "p")])
+        == 0
+    )
+    assert run_setups(seen["spec"], cost, batches, 8)["disttrain"].layout == setup.layout

@@ -272,3 +272,62 @@ def test_disttrain_plans_one_group_per_tower(tmp_path, monkeypatch):
     assert plan.system == "disttrain"
     assert all(mb.encoder_subs == mb.llm_subs for rep in plan.iterations[0].microbatches for mb in rep)
     assert plan == generate_disttrain_encoders_plan([batches[0]], encoders, setup.config)
+
+
+def test_plan_writes_disttrains_groups_per_tower_as_train_plans_them(tmp_path, monkeypatch, planned):
+    """``entrain plan --system disttrain --out`` on the thinker writes DistTrain-like's one group per tower
+    (``runtime.planning.encoders_setup``, the rule ``train`` applies), the layout ``train --system disttrain``
+    plans with its worker's planner callables; ``train --plan`` of the file plans every step as that run."""
+    from entrain.cli import train as train_cli
+    from entrain.cli import train_worker as worker
+    from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
+    from entrain.runtime.run_data import load_data
+
+    folder, _, _ = planned
+    path = tmp_path / "disttrain.json"
+    assert (
+        main(["plan", *_model(folder, []), "--gpus", "3", "--system", "disttrain", "--out", str(path)]) == 0
+    )
+    written = json.loads(path.read_text())
+    assert written["system"] == "disttrain" and list(written["layout"]["components"]) == [
+        "vision",
+        "audio",
+        "llm",
+    ]
+    named = [s["encoder"] for s in written["layout"]["stages"] if s["component"] == "encoder"]
+    assert named == ["vision", "audio"] and written["source"].startswith(
+        "DistTrain-like N-encoder (vision, audio)"
+    )
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    steps = ["--steps", "2", "--system", "disttrain", "--out", str(tmp_path / "run")]
+    assert main(["train", *_model(folder, []), *steps]) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    batches = load_data(spec, cost).train
+    callables = (worker._memory_check, worker._judge_factory, worker._encoders_profile, worker._encoders_fit)
+    setup = run_setups(spec, cost, batches, 3, *callables, worker._encoders_towers)["disttrain"]
+    assert setup.layout.to_json() == written["layout"] and setup.source == written["source"]
+    assert (
+        main(
+            [
+                "train",
+                "--plan",
+                str(path),
+                "--hardware",
+                "cpu-tiny",
+                "--steps",
+                "2",
+                "--out",
+                str(tmp_path / "p"),
+            ]
+        )
+        == 0
+    )
+    spec = seen["spec"]
+    system, from_file = next(iter(run_setups(spec, cost, batches, 3).items()))
+    assert system == "disttrain" and from_file.layout == setup.layout
+    encoders = run_encoders(spec)
+    assert EncodersStepPlanner(encoders, from_file.config, system, from_file.layout)(0, batches[0]) == (
+        EncodersStepPlanner(encoders, setup.config, system, setup.layout)(0, batches[0])
+    )

@@ -8,6 +8,7 @@ import json
 from importlib import resources
 
 import jsonschema
+import pytest
 
 from entrain.cli.main import main
 from entrain.cli.simulate import SimulateRequest, simulate
@@ -205,3 +206,30 @@ def test_plan_writes_disttrains_groups_per_tower_as_train_fits_them(tmp_path, mo
         == 0
     )
     assert run_setups(seen["spec"], cost, batches, 8)["disttrain"].layout == setup.layout
+
+
+@pytest.mark.parametrize("system", ["1f1b", "dip", "dip-greedy"])
+def test_plan_keeps_both_towers_in_the_first_stages_where_train_does(tmp_path, monkeypatch, system):
+    """1F1B and DIP-like train both towers as one encoder component on the preset (``runtime.planning``
+    plans one group per tower for Entrain and DistTrain-like only); ``plan --system`` writes that path too."""
+    from entrain.cli import train as train_cli
+    from entrain.cli import train_worker as worker
+    from entrain.runtime.planning import run_setups
+    from entrain.runtime.run_data import load_data
+
+    run = ["--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops", "--global-batch", "8",
+           "--microbatch-size", "2", "--system", system]  # fmt: skip
+    path = tmp_path / "plan.json"
+    assert main(["plan", *run, "--gpus", "8", "--iterations", "1", "--out", str(path)]) == 0
+    written = json.loads(path.read_text())
+    assert written["system"] == system and list(written["layout"]["components"]) == ["encoder", "llm"]
+    assert all("encoder" not in s for s in written["layout"]["stages"])
+    seen = {}
+    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
+    assert main(["train", *run, "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
+    spec = seen["spec"]
+    cost = spec.model.cost_model()
+    setup = run_setups(spec, cost, load_data(spec, cost).train, 8, encoders_profile=worker._encoders_profile)[
+        system
+    ]
+    assert not setup.layout.multi_encoder and list(setup.layout.components) == ["encoder", "llm"]

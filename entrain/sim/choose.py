@@ -82,7 +82,8 @@ def candidate_judge(
     deploys with (``memory_fit.fit_memory_best``: every recomputation start, per rank and per layer,
     with and without eager forwards, the fastest that fits). It costs several simulations a
     candidate, so it is asked only where the plain check cannot tell candidates apart
-    (``planning.extensions``, ``CLOSE_CALLS``)."""
+    (``planning.extensions``, ``CLOSE_CALLS``) and for the layout, whose candidates differ in what each
+    rank holds (``extensions._entrain_layout``)."""
     draws: list[Sequence[SampleWork]] = []
     seen: dict[str, tuple[float, dict | None]] = {}
     deployed_seen: dict[str, float] = {}

@@ -65,3 +65,17 @@ def test_without_a_deployed_check_the_plain_one_decides():
     cost, base = _base()
     judge, _ = _judge({**SHARED, ("ramp", "auto"): 0.999}, None)
     assert _decisions(entrain_variant(base, REQ, cost, judge))["ramp"].chosen == "0"
+
+
+@pytest.mark.parametrize("deployed, chosen", [(1.05, "disjoint"), (0.9, "shared")])
+def test_the_layout_is_decided_on_the_deployed_check(deployed, chosen):
+    """The layouts hold different activations, so the recomputation each needs differs: the plain
+    check (the planner's recomputation) puts ``shared`` 10 % ahead, and the deployed check decides, its
+    times recorded (chartqa / Qwen3VL-30B-A3B: plain 5.5 % for ``shared``, deployed 2.8 % for
+    ``disjoint``). Planted bug: the layout decided on the plain check keeps ``shared``."""
+    cost, base = _base()
+    judge, asked = _judge({("layout", "shared"): 0.9}, {("layout", "shared"): deployed})
+    d = _decisions(entrain_variant(base, REQ, cost, judge))["layout"]
+    assert d.chosen == chosen
+    assert d.candidates["shared"] / d.candidates["disjoint"] == pytest.approx(deployed)
+    assert any(set(a) == set(d.candidates) for a in asked)

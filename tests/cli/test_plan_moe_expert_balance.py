@@ -14,10 +14,16 @@ import jsonschema
 from entrain.cli.main import main
 from entrain.core.planning.extensions import DECISIONS, EP_DECISIONS, EP_GROUP
 
+LAYOUT = ["--entrain-layout", "shared"]
+"""The layout the default's ``layout`` decision takes on this request, given: every later decision is
+made on that layout with the same candidate times, without the layout candidates' simulations on the
+deployed memory check (3/4 of the command's time). The decision itself: tests/sim/test_close_calls.py."""
+
 
 def test_plan_lists_the_expert_balance_decision(capsys):
     argv = ["plan", "--dataset", "chartqa", "--model", "qwen3vl-30b-a3b", "--gpus", "64", "--dp", "8",
-            "--global-batch", "48", "--microbatch-size", "1", "--iterations", "1", "--jobs", "1", "--json"]  # fmt: skip
+            "--global-batch", "48", "--microbatch-size", "1", "--iterations", "1", "--jobs", "1", "--json",
+            *LAYOUT]  # fmt: skip
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     jsonschema.validate(out, json.loads(resources.files("entrain").joinpath("schemas/plan.json").read_text()))

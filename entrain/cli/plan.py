@@ -32,6 +32,7 @@ from entrain.cli.common import (
 )
 from entrain.cli.config_file import add_config_arg
 from entrain.config import RunConfig
+from entrain.core.costs.memory import check_batches
 from entrain.core.costs.sampler import Sampler
 from entrain.core.errors import ConfigError
 from entrain.core.model.architectures import default_precision
@@ -49,7 +50,7 @@ from entrain.core.planning.system_setup import Decision
 from entrain.core.systems import CONFIG_ENTRAIN, ENTRAIN, SYSTEMS, get_system
 from entrain.core.workers import worker_processes
 from entrain.sim.choose import candidate_judge
-from entrain.sim.memory_fit import check_batches, deploy
+from entrain.sim.memory_fit import deploy
 from entrain.sim.towers import TOWERS
 
 
@@ -164,13 +165,14 @@ def plan_command(req: PlanRequest) -> int:
             "the static configuration is not guaranteed stable across iterations",
             file=sys.stderr,
         )
-    setup, checks, margin = _setup(req, result, sampler, cost)
+    setup = _setup(req, result, sampler, cost)
     apart = _baseline_towers(req, sampler, cost) if setup is None else None
     towers = None
     if apart is not None:  # a baseline with one group per tower, as train plans it
         setup, run = apart
     else:
         setup = setup or _one_encoder_setup(req, result, sampler, cost)
+        checks, margin = _check_batches(req, sampler, cost, setup), config.config_request().margin
         try:
             shared, no_fit = deploy(config.schedule.systems[0], setup, checks, cost, margin=margin), None
         except ConfigError as e:  # Entrain's one-line error when nothing fits: one pipeline per tower may
@@ -201,28 +203,31 @@ def plan_command(req: PlanRequest) -> int:
     return 0
 
 
-def _setup(
-    req: PlanRequest, result: PlanResult, sampler: Sampler, cost
-) -> tuple[SystemSetup | None, list, float]:
+def _setup(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> SystemSetup | None:
     """``--system``'s setup: Entrain's from this result with the extensions asked for, a baseline's
     chosen its own way (None for a baseline that ``train`` plans with one group per encoder tower:
-    ``_baseline_towers``); the memory check's batches (``sim.memory_fit.check_batches``) and the
-    decision margin, on which ``plan_command`` then runs the simulated memory check like ``simulate``
-    (recomputation where a rank overflows; Entrain's one-line error when nothing fits)."""
+    ``_baseline_towers``), on which ``plan_command`` then runs the simulated memory check like
+    ``simulate`` (recomputation where a rank overflows; Entrain's one-line error when nothing fits) on
+    ``_check_batches``."""
     from entrain.runtime.planning import plans_towers
 
     config = req.config
-    checks = check_batches(
-        sampler, cost, result.config, config.parallel.global_batch, config.data.seed, req.iterations
-    )
-    margin = config.config_request().margin
     system = config.schedule.systems[0]
     if (
         system != ENTRAIN
         and plans_towers(system, config, config.parallel.gpus, _encoders_profile) is not None
     ):
-        return None, checks, margin
-    return _one_encoder_setup(req, result, sampler, cost), checks, margin
+        return None
+    return _one_encoder_setup(req, result, sampler, cost)
+
+
+def _check_batches(req: PlanRequest, sampler: Sampler, cost, setup: SystemSetup) -> list:
+    """The global batches the memory check of ``setup`` deploys on (``costs.memory.check_batches``: the
+    rule ``train`` checks the same setup by, ``--iterations`` at most)."""
+    config = req.config
+    return check_batches(
+        sampler, cost, setup.layout, config.parallel.global_batch, config.data.seed, req.iterations
+    )
 
 
 def _one_encoder_setup(req: PlanRequest, result: PlanResult, sampler: Sampler, cost) -> SystemSetup:

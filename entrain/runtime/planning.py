@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from entrain.config import RunConfig
 from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.memory import check_batches
 from entrain.core.costs.sampler import Sampler, pool_sampler
 from entrain.core.errors import ConfigError
 from entrain.core.ir.p2p_check import check_plan
@@ -92,7 +93,8 @@ MemoryCheck = Callable[..., SystemSetup]
 """``(system, setup, batches, cost, margin=...) -> setup``: the simulated memory check ``plan`` and
 ``simulate`` run (``entrain.sim.memory_fit.deploy``, whose ``recompute`` decision departs from the
 planner's recomputation only past ``margin``, the run's ``--decision-margin``; the CLI passes it in,
-the runtime does not import the simulator)."""
+the runtime does not import the simulator), on the batches ``plan``'s check of the same setup draws
+(``costs.memory.check_batches``), not on the run's first ``--steps`` batches."""
 
 JudgeFactory = Callable[[Sampler, CostModel, ConfigRequest], CandidateJudge]
 """``(sampler, cost, request) -> judge``: what decides Entrain's automatic choices by simulation on the
@@ -134,7 +136,9 @@ def run_setups(
     encoders_towers: EncodersTowers | None = None,
 ) -> dict[str, SystemSetup]:
     """Each system's setup for a run on ``gpus`` processes (see the module docstring); a planned one
-    (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check``;
+    (not ``--plan``'s, which was checked when it was written) then goes through ``memory_check`` on the
+    batches ``plan``'s check of that setup deploys on (``costs.memory.check_batches``, at ``plan``'s
+    default ``--iterations``), so its recomputation is ``plan --out``'s whatever ``--steps``;
     ``judge_factory`` decides Entrain's automatic choices (``JudgeFactory``); each setup carries its
     ``decisions``. ``encoders_profile``: the N-encoder planner's profile (``EncodersProfile``; without
     it a model with several towers takes the one-encoder path); ``encoders_fit``: the memory check of
@@ -179,15 +183,18 @@ def run_setups(
             if made is not None:
                 decided[s] = made
         setups = {s: decided.get(s) or towers[s] or chosen[s] for s in spec.schedule.systems}
-    check = batches[:MEMORY_CHECK_ITERATIONS]
     out = {}
     for s, setup in setups.items():
         if s in decided:
             out[s] = setup
         elif setup.layout.multi_encoder:
             out[s] = fit_towers_setup(spec, s, setup, sampler, cost, encoders_fit)
+        elif memory_check is None or not SYSTEMS[s].memory_fitted:  # DIP's check changes nothing
+            out[s] = setup
         else:
-            out[s] = setup if memory_check is None else memory_check(s, setup, check, cost, margin=req.margin)
+            seed, iterations = spec.data.seed, MEMORY_CHECK_ITERATIONS  # plan's default --iterations
+            check = check_batches(sampler, cost, setup.layout, req.global_batch, seed, iterations)
+            out[s] = memory_check(s, setup, check, cost, margin=req.margin)
     return out
 
 
@@ -201,17 +208,10 @@ def towers_check_batches(
 ) -> list[list]:
     """The global batches a setup with one pipeline per encoder tower is memory-fitted on, by ``plan``
     and ``train`` alike (so ``train`` runs the layout ``plan --out`` writes, whatever its ``--steps``):
-    the planner's seeded draws of ``plan``'s memory check (``sim.memory_fit.check_batches``' seeds), as
-    many as ``memory_check_iterations`` gives ``config``'s DP over ``iterations``; each sample's
-    ``SampleMeta`` (raw work as drawn), ids made unique."""
-    from entrain.core.costs.memory import memory_check_iterations
-    from entrain.core.costs.table_work import draw_works
-
-    out = []
-    for i in range(memory_check_iterations(config.dp, iterations)):
-        works = draw_works(sampler(global_batch, seed * 1_000_003 + 7_919 * (i + 1)), cost, numbered=True)
-        out.append([w if w.meta is None else replace(w.meta, id=w.id) for w in works])
-    return out
+    ``costs.memory.check_batches`` of its layout (``encoders_layout``), the one rule of every memory
+    check's draws; each sample's ``SampleMeta`` (raw work as drawn), ids made unique."""
+    batches = check_batches(sampler, cost, encoders_layout(config), global_batch, seed, iterations)
+    return [[w if w.meta is None else replace(w.meta, id=w.id) for w in works] for works in batches]
 
 
 def fit_towers_setup(

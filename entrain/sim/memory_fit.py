@@ -8,22 +8,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from entrain.core.costs.costmodel import RECOMPUTE_MODES, CostModel
-from entrain.core.costs.memory import memory_check_iterations
-from entrain.core.costs.sampler import Sampler
-from entrain.core.costs.table_work import draw_works
 from entrain.core.errors import ConfigError
 from entrain.core.ir.plan import Layout, StageSpec
 from entrain.core.planning.setups import DECISION_MARGIN, SystemSetup, pick
 from entrain.core.systems import ENTRAIN, get_system, systems_where
 from entrain.core.workload.work import SampleWork
-from entrain.sim.replica_sample import heaviest_batches
 from entrain.sim.run import run_system
 
 __all__ = [
     "MEMORY_FITTED",
     "SPLIT_STAGES",
     "deploy",
-    "check_batches",
     "fit_memory",
     "escalate",
     "fit_memory_best",
@@ -318,33 +313,6 @@ def deploy(
     if system == ENTRAIN and run.metrics.fits_memory is False:
         raise ConfigError(no_fit_message(run, batches, cost))
     return setup, run
-
-
-def check_batches(
-    sampler: Sampler, cost: CostModel, config, global_batch: int, seed: int, iterations: int
-) -> list[list[SampleWork]]:
-    """The global batches ``plan``'s memory check deploys on (``train`` draws them too for the
-    ``encoder towers`` decision, ``entrain.sim.towers``), by the planner's seeded sampler (with
-    replacement: a file may hold fewer samples than the check needs), priced at ``config``'s TP
-    (Algorithm 2's ``StaticConfig``) as ``simulate`` prices its batches: the first
-    ``costs.memory.memory_check_iterations`` of ``iterations`` (all of them up to DP 4 at 32
-    microbatches a replica; at DP 64, 2 global batches still hold 128 replica iterations). Where a
-    replica iteration holds so many microbatches that fewer batches hold as many replica microbatches
-    (DP 4 with 512 a replica: 2), those fewer are the heaviest of the batches drawn
-    (``replica_sample.heaviest_batches``: the largest samples set a rank's peak). A sample drawn twice
-    is two samples of the batch (ids made unique)."""
-    num = memory_check_iterations(config.dp, iterations)
-    batches = [
-        draw_works(
-            sampler(global_batch, seed * 1_000_003 + 7_919 * (i + 1)), cost, config.encoder.tp, numbered=True
-        )
-        for i in range(num)
-    ]
-    fewer = memory_check_iterations(config.dp, iterations, num_microbatches=config.num_microbatches)
-    if fewer < num:
-        window = config.microbatch_size * config.to_layout().ranks_per_replica
-        batches = [batches[i] for i in heaviest_batches(batches, fewer, window)]
-    return batches
 
 
 PIXELS_PER_VIT_PATCH = 14 * 14

@@ -11,7 +11,7 @@ The two candidates, simulated on the same global batches:
 
 ``towers_decision`` takes the N-encoder one unless the other is faster past the decision margin or it
 does not fit (``system_setup.pick``). ``plan`` decides on its memory check's batches
-(``memory_fit.check_batches``) and ``train`` without ``--plan`` on the same draws
+(``costs.memory.check_batches``) and ``train`` without ``--plan`` on the same draws
 (``entrain_towers``), so ``train`` runs the layout ``plan --out`` writes; ``simulate`` decides on the
 batches it simulates.
 """
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from entrain.core.costs.costmodel import CostModel
+from entrain.core.costs.memory import check_batches
 from entrain.core.costs.sampler import Sampler
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
@@ -30,7 +31,7 @@ from entrain.core.planning.encoders_plan import encoders_options
 from entrain.core.planning.system_setup import Decision, SystemSetup, pick
 from entrain.core.systems import ENTRAIN
 from entrain.sim.encoders_run import encoders_profile, fit_entrain
-from entrain.sim.memory_fit import check_batches, deploy
+from entrain.sim.memory_fit import deploy
 from entrain.sim.run import SystemRun
 
 __all__ = [
@@ -140,12 +141,12 @@ def entrain_towers(
 ) -> tuple[SystemSetup, SystemRun] | None:
     """What ``train`` without ``--plan`` decides as ``plan`` does: Entrain's one-encoder setup ``one``
     (before its memory check) deployed on the batches ``plan``'s memory check draws
-    (``check_batches`` on its Algorithm 2 configuration, ``iterations`` at most: ``plan``'s
-    ``--iterations``), then ``choose_towers`` on them. None as ``choose_towers``, or where ``one`` has
+    (``check_batches`` of its layout, ``iterations`` at most: ``plan``'s ``--iterations``), then
+    ``choose_towers`` on them. None as ``choose_towers``, or where ``one`` has
     no Algorithm 2 configuration; the memory check's error where neither path fits."""
     if one.config is None:
         return None
-    checks = check_batches(sampler, cost, one.config, parallel.global_batch, seed, iterations)
+    checks = check_batches(sampler, cost, one.layout, parallel.global_batch, seed, iterations)
     try:
         shared, no_fit = deploy(ENTRAIN, one, checks, cost, margin=margin), None
     except ConfigError as e:  # no one-encoder plan fits: one pipeline per tower may

@@ -83,7 +83,8 @@ def test_without_fixed_stages_train_plans_as_simulate_does(tmp_path):
     planned = run_setups(
         spec, cost, load_data(spec, cost, owner=False).train, 4, memory_check, train_worker._judge_factory
     )
-    assert seen == [(s, 2) for s in systems.split(",")]  # every planned system, on the run's batches
+    # every memory-fitted system (DIP's check changes nothing), on plan's 20 draws, not the run's 2 batches
+    assert seen == [("entrain", 20), ("1f1b", 20)]
     sim_args = build_parser().parse_args(
         ["simulate", *common, "--gpus", "4", "--iterations", "2", "--systems", systems]
     )

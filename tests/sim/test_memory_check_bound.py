@@ -1,7 +1,7 @@
 """The plan's memory check at low DP: where a replica iteration holds many
 microbatches, ``memory_check_iterations`` simulates fewer global batches (as many (replica,
 microbatch) pairs as the paper's setup checks): the heaviest of the batches the full check would
-simulate (``replica_sample.heaviest_batches``). Here that gives the full check's verdict (the
+simulate (``costs.memory.heaviest_batches``). Here that gives the full check's verdict (the
 recomputation chosen per rank, and that it fits) where the first batches alone do not."""
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from entrain.core.costs.memory import memory_check_iterations
+from entrain.core.costs.memory import heaviest_batches, memory_check_iterations
 from entrain.core.planning.setups import SystemSetup
 from entrain.core.workload.work import SampleWork
 from entrain.sim.memory_fit import fit_memory_best
-from entrain.sim.replica_sample import heaviest_batches
 from entrain.sim.run import run_system
 from tests.sim.fixtures import disjoint_layout, toy_cost
 

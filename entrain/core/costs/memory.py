@@ -15,15 +15,19 @@ of its program, of what it holds at that step: activations and messages together
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from entrain.core.costs.costmodel import RECOMPUTE_MODES, CostModel
-from entrain.core.costs.sampler import SampleStats
+from entrain.core.costs.sampler import Sampler, SampleStats
+from entrain.core.costs.table_work import draw_works
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message
 from entrain.core.ir.p2p import Comm, encoder_pieces, rank_actions, rank_program
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
+from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "ADAM_BYTES_PER_BF16_WEIGHT_BYTE",
@@ -35,6 +39,9 @@ __all__ = [
     "MEMORY_CHECK_REPLICA_ITERATIONS",
     "MEMORY_CHECK_REPLICA_MICROBATCHES",
     "memory_check_iterations",
+    "check_seed",
+    "heaviest_batches",
+    "check_batches",
     "MessageBytes",
     "plan_message_bytes",
     "in_flight_message_bytes",
@@ -192,6 +199,53 @@ def memory_check_iterations(
     if num_microbatches:
         need = min(need, -(-int(replica_microbatches) // (dp * int(num_microbatches))))
     return max(1, min(int(iterations), need))
+
+
+def check_seed(seed: int, i: int) -> int:
+    """The sampler seed of the memory check's ``i``-th global batch (0-based) for the run's ``--seed``."""
+    return seed * 1_000_003 + 7_919 * (i + 1)
+
+
+def heaviest_batches(batches: Sequence[Sequence[SampleWork]], num: int, window: int) -> list[int]:
+    """Indices (ascending) of the ``num`` batches whose ``window`` heaviest samples on either
+    component weigh the most (each component's sums as fractions of their largest over the batches;
+    ties: the earlier batch): the batches holding the largest samples, which set a rank's memory peak
+    (``window``: the samples a rank holds at once, microbatch size x pipeline ranks)."""
+    sums = np.array(
+        [[sum(sorted((getattr(s, c) for s in b), reverse=True)[:window]) for c in ("encoder", "llm")]
+         for b in batches]
+    )  # fmt: skip
+    scale = sums.max(axis=0)
+    score = (sums / np.where(scale > 0, scale, 1.0)).max(axis=1)
+    return sorted(np.argsort(-score, kind="stable")[:num].tolist())
+
+
+def check_batches(
+    sampler: Sampler, cost: CostModel, layout: Layout, global_batch: int, seed: int, iterations: int
+) -> list[list[SampleWork]]:
+    """The global batches the simulated memory check of ``layout`` deploys on, the one rule of ``plan``
+    and ``train`` (its recomputation, Entrain's ``encoder towers`` decision, the memory fit of one
+    pipeline per tower), whatever ``train``'s ``--steps``: the planner's seeded sampler's draws
+    (``check_seed``; with replacement: a file may hold fewer samples than the check needs), priced at
+    the layout's encoder TP (1 with one pipeline per tower, whose callers re-price each tower) as
+    ``simulate`` prices its batches: the first ``memory_check_iterations`` of ``iterations`` at the
+    layout's DP (all of them up to DP 4 at 32 microbatches a replica; at DP 64, 2 global batches still
+    hold 128 replica iterations). Where a replica iteration holds so many microbatches that fewer
+    batches hold as many replica microbatches (DP 4 with 512 a replica: 2), those fewer are the
+    heaviest of the batches drawn (``heaviest_batches`` over the layout's microbatch size x pipeline
+    ranks: the largest samples set a rank's peak). A sample drawn twice is two samples of the batch
+    (ids made unique)."""
+    encoder = layout.components.get("encoder")
+    tp = encoder.tp if encoder is not None else 1
+    num = memory_check_iterations(layout.dp, iterations)
+    batches = [
+        draw_works(sampler(global_batch, check_seed(seed, i)), cost, tp, numbered=True) for i in range(num)
+    ]
+    fewer = memory_check_iterations(layout.dp, iterations, num_microbatches=layout.num_microbatches)
+    if fewer < num:
+        window = layout.microbatch_size * layout.ranks_per_replica
+        batches = [batches[i] for i in heaviest_batches(batches, fewer, window)]
+    return batches
 
 
 MessageBytes = Callable[[int, int, Message], float]

@@ -13,6 +13,7 @@ import pytest
 from entrain.cli.main import main
 from entrain.cli.simulate import SimulateRequest, simulate
 from entrain.core.model.omni import QWEN25_OMNI_7B
+from tests.train_front import train_spec, worker_setups
 
 OMNI = ["--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops", "--gpus", "4",
         "--dp", "1", "--global-batch", "8", "--microbatch-size", "2", "--iterations", "1"]  # fmt: skip
@@ -176,8 +177,6 @@ def test_plan_writes_disttrains_groups_per_tower_as_train_fits_them(tmp_path, mo
     --system disttrain`` fits it (``runtime.planning.fit_towers_setup``: the same draws whatever train's
     ``--steps``; here the vision stage and most LLM stages recomputed), equal to the layout ``train`` plans
     with its worker's planner callables; ``train --plan`` of the file reads that layout back."""
-    from entrain.cli import train as train_cli
-    from entrain.cli import train_worker as worker
     from entrain.runtime.planning import run_setups
     from entrain.runtime.run_data import load_data
 
@@ -192,27 +191,21 @@ def test_plan_writes_disttrains_groups_per_tower_as_train_fits_them(tmp_path, mo
         "audio",
     ]
     assert any(s.get("recompute", "none") != "none" for s in written["layout"]["stages"])  # the fit ran
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    assert main(["train", *run, "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
-    spec = seen["spec"]
+    spec = train_spec(monkeypatch, [*run, "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "run")])
     cost = spec.model.cost_model()
     batches = load_data(spec, cost).train
-    callables = (worker._memory_check, worker._judge_factory, worker._encoders_profile, worker._encoders_fit)
-    setup = run_setups(spec, cost, batches, 8, *callables, worker._encoders_towers)["disttrain"]
+    setup = worker_setups(spec, cost, batches, 8)["disttrain"]
     assert setup.layout.to_json() == written["layout"] and setup.source == written["source"]
-    assert (
-        main(["train", "--plan", str(path), "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "p")])
-        == 0
+    spec = train_spec(
+        monkeypatch, ["--plan", str(path), "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "p")]
     )
-    assert run_setups(seen["spec"], cost, batches, 8)["disttrain"].layout == setup.layout
+    assert run_setups(spec, cost, batches, 8)["disttrain"].layout == setup.layout
 
 
 @pytest.mark.parametrize("system", ["1f1b", "dip", "dip-greedy"])
 def test_plan_keeps_both_towers_in_the_first_stages_where_train_does(tmp_path, monkeypatch, system):
     """1F1B and DIP-like train both towers as one encoder component on the preset (``runtime.planning``
     plans one group per tower for Entrain and DistTrain-like only); ``plan --system`` writes that path too."""
-    from entrain.cli import train as train_cli
     from entrain.cli import train_worker as worker
     from entrain.runtime.planning import run_setups
     from entrain.runtime.run_data import load_data
@@ -224,10 +217,7 @@ def test_plan_keeps_both_towers_in_the_first_stages_where_train_does(tmp_path, m
     written = json.loads(path.read_text())
     assert written["system"] == system and list(written["layout"]["components"]) == ["encoder", "llm"]
     assert all("encoder" not in s for s in written["layout"]["stages"])
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    assert main(["train", *run, "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
-    spec = seen["spec"]
+    spec = train_spec(monkeypatch, [*run, "--nproc", "8", "--steps", "1", "--out", str(tmp_path / "run")])
     cost = spec.model.cost_model()
     setup = run_setups(spec, cost, load_data(spec, cost).train, 8, encoders_profile=worker._encoders_profile)[
         system

@@ -16,6 +16,7 @@ import pytest
 from entrain.cli.main import main
 from entrain.core.ir.plan import Plan
 from tests.models.qwen2_5_omni_tiny import save_whole
+from tests.train_front import train_spec, worker_setups
 
 from .cli_ranks import run_ranks
 
@@ -34,6 +35,12 @@ that keeps every decision's default: one pipeline per encoder, the paper's micro
 def _model(folder, margin: list[str] = KEEP) -> list[str]:
     return ["--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch", "4",
             "--microbatch-size", "1", *margin]  # fmt: skip
+
+
+def _thinker_spec(monkeypatch, folder, out, *flags: str):
+    """The spec ``entrain train`` of the thinker at ``folder`` (the default margin, 2 steps, ``flags``)
+    hands its launch (stubbed: no rank starts)."""
+    return train_spec(monkeypatch, [*_model(folder, []), "--steps", "2", *flags, "--out", str(out)])
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +87,6 @@ def test_train_plan_runs_the_files_encoder_pipelines(tmp_path, monkeypatch, plan
     """``train --plan`` of a plan with one pipeline per encoder takes the file's layout (here its first
     stage recomputed in full) and microbatch count (here ``requested``) and plans every step on them,
     not on what the planner would choose."""
-    from entrain.cli import train as train_cli
     from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
     from entrain.runtime.run_data import load_data
 
@@ -90,21 +96,8 @@ def test_train_plan_runs_the_files_encoder_pipelines(tmp_path, monkeypatch, plan
     d["schedule_options"]["microbatch_count"] = "requested"
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(d))
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    argv = [
-        "train",
-        "--plan",
-        str(edited),
-        "--hardware",
-        "cpu-tiny",
-        "--steps",
-        "2",
-        "--out",
-        str(tmp_path / "run"),
-    ]
-    assert main(argv) == 0
-    spec = seen["spec"]
+    argv = ["--plan", str(edited), "--hardware", "cpu-tiny", "--steps", "2", "--out", str(tmp_path / "run")]
+    spec = train_spec(monkeypatch, argv)
     cost = spec.model.cost_model()
     batches = load_data(spec, cost).train
     setup = run_setups(spec, cost, batches, 3)["entrain"]
@@ -117,23 +110,14 @@ def test_train_decides_the_towers_as_plan_does(tmp_path, monkeypatch, planned):
     """At the default margin ``entrain plan`` chooses both towers in the first stages; ``train`` without
     ``--plan`` (its worker's planner callables) makes the same decisions with the same candidate times and
     takes the layout the plan file holds."""
-    from entrain.cli import train as train_cli
-    from entrain.cli import train_worker as worker
-    from entrain.runtime.planning import run_setups
     from entrain.runtime.run_data import load_data
 
     folder, _, path = planned
     written = json.loads(path.read_text())
     assert written["decisions"][-1]["chosen"] == "both in the first stages"
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    assert main(["train", *_model(folder, []), "--steps", "2", "--out", str(tmp_path / "run")]) == 0
-    spec = seen["spec"]
+    spec = _thinker_spec(monkeypatch, folder, tmp_path / "run")
     cost = spec.model.cost_model()
-    setup = run_setups(
-        spec, cost, load_data(spec, cost).train, 3, worker._memory_check, worker._judge_factory,
-        worker._encoders_profile, worker._encoders_fit, worker._encoders_towers,
-    )["entrain"]  # fmt: skip
+    setup = worker_setups(spec, cost, load_data(spec, cost).train, 3)["entrain"]
     assert [d.to_json() for d in setup.decisions] == written["decisions"]
     assert cost.layout_with_parts(setup.layout).to_json() == written["layout"]
 
@@ -145,8 +129,6 @@ def test_where_the_one_encoder_path_fits_nowhere_the_towers_stay_apart(
     by a stand-in), ``plan`` and ``train`` choose one pipeline per tower (the candidate ``null`` / ``inf``);
     where Algorithm 2 finds no one-encoder configuration at all, ``train`` plans one pipeline per tower
     without the decision, as before it made one."""
-    from entrain.cli import train as train_cli
-    from entrain.cli import train_worker as worker
     from entrain.core.errors import ConfigError
     from entrain.runtime import planning
     from entrain.runtime.run_data import load_data
@@ -162,43 +144,31 @@ def test_where_the_one_encoder_path_fits_nowhere_the_towers_stay_apart(
     d = json.loads(capsys.readouterr().out)["decisions"][-1]
     assert (d["chosen"], d["candidates"]["both in the first stages"]) == ("one pipeline per encoder", None)
     assert list(json.loads(path.read_text())["layout"]["components"]) == ["vision", "audio", "llm"]
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    assert main(["train", *_model(folder, []), "--steps", "2", "--out", str(tmp_path / "run")]) == 0
-    spec = seen["spec"]
+    spec = _thinker_spec(monkeypatch, folder, tmp_path / "run")
     cost = spec.model.cost_model()
     batches = load_data(spec, cost).train
-    callables = (worker._memory_check, worker._judge_factory, worker._encoders_profile, worker._encoders_fit)
     with monkeypatch.context() as m:
         m.setattr("entrain.sim.towers.deploy", no_fit)
-        setup = planning.run_setups(spec, cost, batches, 3, *callables, worker._encoders_towers)["entrain"]
+        setup = worker_setups(spec, cost, batches, 3)["entrain"]
     assert setup.layout.multi_encoder and setup.decisions[-1].candidates["both in the first stages"] == float(
         "inf"
     )
     monkeypatch.setattr(planning, "system_setups", no_fit)
-    setup = planning.run_setups(spec, cost, batches, 3, *callables, worker._encoders_towers)["entrain"]
+    setup = worker_setups(spec, cost, batches, 3)["entrain"]
     assert setup.source.startswith("N-encoder planner (vision, audio)") and setup.decisions == ()
 
 
-def test_the_memory_check_recomputes_as_simulate(tmp_path, monkeypatch):
+def test_the_memory_check_recomputes_as_simulate(tmp_path, monkeypatch, planned):
     """``run_setups`` hands the two-encoder setup's Plan of the check batches to the memory fit (``simulate``'s
     ``fit_recompute`` in ``entrain train``; here a fit that recomputes every stage in full) and the run's
     layout and every step's Plan carry what it returns."""
     from dataclasses import replace
 
-    from entrain.cli import train as train_cli
-    from entrain.cli.main import main
     from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
     from entrain.runtime.run_data import load_data
     from entrain.sim.encoders_run import encoders_profile
 
-    folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    argv = ["train", "--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch",
-            "4", "--microbatch-size", "1", "--steps", "2", "--out", str(tmp_path / "run"), "--no-progress"]  # fmt: skip
-    assert main(argv) == 0
-    spec = seen["spec"]
+    spec = _thinker_spec(monkeypatch, planned[0], tmp_path / "run", "--no-progress")
     cost = spec.model.cost_model()
     batches = load_data(spec, cost).train
 
@@ -213,53 +183,35 @@ def test_the_memory_check_recomputes_as_simulate(tmp_path, monkeypatch):
     assert planner(1, batches[1]).layout == setup.layout
 
 
-def test_replan_auto_is_refused_in_one_line(tmp_path, monkeypatch):
+def test_replan_auto_is_refused_in_one_line(tmp_path, monkeypatch, planned):
     """The drift monitor re-plans one-encoder layouts only: ``--replan auto`` with one pipeline per tower
     is refused before any rank trains."""
-    import pytest
-
-    from entrain.cli import train as train_cli
-    from entrain.cli.main import main
     from entrain.core.errors import ConfigError
     from entrain.runtime.planning import run_setups
     from entrain.runtime.run_data import load_data
     from entrain.sim.encoders_run import encoders_profile
 
-    folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    argv = ["train", "--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch",
-            "4", "--microbatch-size", "1", "--steps", "2", "--replan", "auto", "--out", str(tmp_path / "run")]  # fmt: skip
-    assert main(argv) == 0
-    spec = seen["spec"]
+    spec = _thinker_spec(monkeypatch, planned[0], tmp_path / "run", "--replan", "auto")
     cost = spec.model.cost_model()
     with pytest.raises(ConfigError, match="--replan auto: entrain plans one pipeline per encoder tower") as e:
         run_setups(spec, cost, load_data(spec, cost).train, 3, encoders_profile=encoders_profile)
     assert "\n" not in str(e.value)
 
 
-def test_disttrain_plans_one_group_per_tower(tmp_path, monkeypatch):
+def test_disttrain_plans_one_group_per_tower(tmp_path, monkeypatch, planned):
     """``entrain train --system disttrain`` on the thinker: ``run_setups`` gives DistTrain-like's setup with
     one group per tower (the N-way search on its one profiled sample of the planner's profile, as
     ``simulate`` plans it) and each step's Plan is DistTrain-like's (1F1B, no deferral); the runtime
     trains such a plan exactly (tests/runtime/test_two_encoder_train.py)."""
     from dataclasses import replace
 
-    from entrain.cli import train as train_cli
-    from entrain.cli.main import main
     from entrain.core.planning.encoders import search_encoders
     from entrain.core.planning.encoders_baselines import generate_disttrain_encoders_plan
     from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
     from entrain.runtime.run_data import load_data
     from entrain.sim.encoders_run import encoders_profile
 
-    folder = save_whole(tmp_path / "tiny", text_layers=2, vision_depth=2, audio_layers=1)
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    argv = ["train", "--model-path", str(folder), "--dataset", "omni", "--hardware", "cpu-tiny", "--global-batch",
-            "4", "--microbatch-size", "1", "--steps", "2", "--system", "disttrain", "--out", str(tmp_path / "run")]  # fmt: skip
-    assert main(argv) == 0
-    spec = seen["spec"]
+    spec = _thinker_spec(monkeypatch, planned[0], tmp_path / "run", "--system", "disttrain")
     cost = spec.model.cost_model()
     batches = load_data(spec, cost).train
     setup = run_setups(spec, cost, batches, 3, encoders_profile=encoders_profile)["disttrain"]
@@ -278,8 +230,6 @@ def test_plan_writes_disttrains_groups_per_tower_as_train_plans_them(tmp_path, m
     """``entrain plan --system disttrain --out`` on the thinker writes DistTrain-like's one group per tower
     (``runtime.planning.encoders_setup``, the rule ``train`` applies), the layout ``train --system disttrain``
     plans with its worker's planner callables; ``train --plan`` of the file plans every step as that run."""
-    from entrain.cli import train as train_cli
-    from entrain.cli import train_worker as worker
     from entrain.runtime.planning import EncodersStepPlanner, run_encoders, run_setups
     from entrain.runtime.run_data import load_data
 
@@ -298,33 +248,13 @@ def test_plan_writes_disttrains_groups_per_tower_as_train_plans_them(tmp_path, m
     assert named == ["vision", "audio"] and written["source"].startswith(
         "DistTrain-like N-encoder (vision, audio)"
     )
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    steps = ["--steps", "2", "--system", "disttrain", "--out", str(tmp_path / "run")]
-    assert main(["train", *_model(folder, []), *steps]) == 0
-    spec = seen["spec"]
+    spec = _thinker_spec(monkeypatch, folder, tmp_path / "run", "--system", "disttrain")
     cost = spec.model.cost_model()
     batches = load_data(spec, cost).train
-    callables = (worker._memory_check, worker._judge_factory, worker._encoders_profile, worker._encoders_fit)
-    setup = run_setups(spec, cost, batches, 3, *callables, worker._encoders_towers)["disttrain"]
+    setup = worker_setups(spec, cost, batches, 3)["disttrain"]
     assert setup.layout.to_json() == written["layout"] and setup.source == written["source"]
-    assert (
-        main(
-            [
-                "train",
-                "--plan",
-                str(path),
-                "--hardware",
-                "cpu-tiny",
-                "--steps",
-                "2",
-                "--out",
-                str(tmp_path / "p"),
-            ]
-        )
-        == 0
-    )
-    spec = seen["spec"]
+    argv = ["--plan", str(path), "--hardware", "cpu-tiny", "--steps", "2", "--out", str(tmp_path / "p")]
+    spec = train_spec(monkeypatch, argv)
     system, from_file = next(iter(run_setups(spec, cost, batches, 3).items()))
     assert system == "disttrain" and from_file.layout == setup.layout
     encoders = run_encoders(spec)

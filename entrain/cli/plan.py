@@ -238,13 +238,12 @@ def _one_encoder_setup(req: PlanRequest, result: PlanResult, sampler: Sampler, c
     setup_req = dataclasses.replace(
         config.config_request(), dp=config.parallel.dp or result.config.dp, tp=result.config.encoder.tp
     )
-    judge = candidate_judge(sampler, cost, setup_req)
-    if spec.config == CONFIG_ENTRAIN:
-        setup = entrain_setup(result, sampler, cost, seed)
-        if spec.extensions:
-            setup = entrain_variant(setup, setup_req, cost, judge)
-    else:
-        setup = system_setups([system], setup_req, cost, sampler, judge)[system]
+    if spec.config != CONFIG_ENTRAIN:  # its DP chosen its own way (--dp where given), as train plans it
+        own = dataclasses.replace(setup_req, dp=config.parallel.dp)
+        return system_setups([system], own, cost, sampler)[system]
+    setup = entrain_setup(result, sampler, cost, seed)
+    if spec.extensions:
+        setup = entrain_variant(setup, setup_req, cost, candidate_judge(sampler, cost, setup_req))
     return setup
 
 

@@ -1,9 +1,9 @@
 """``entrain plan`` and ``entrain train`` without ``--plan`` make the same setup from the same flags:
 the memory check's batches are one rule (``core.costs.memory.check_batches`` of the checked layout, at
 ``plan``'s default ``--iterations``), whatever ``train``'s ``--steps``, with one pipeline per encoder
-tower too (the heaviest draws at a large microbatch count). ``train``'s setups come from its front
-process stopped at the launch and the planner callables its workers hand ``run_setups``
-(``cli.train_worker``): no rank starts."""
+tower too (the heaviest draws at a large microbatch count); a baseline's DP is its own in both
+(DIP-like: not Entrain's). ``train``'s setups come from its front process stopped at the launch and the
+planner callables its workers hand ``run_setups`` (``cli.train_worker``): no rank starts."""
 
 from __future__ import annotations
 
@@ -111,3 +111,18 @@ def test_1f1b_recomputes_in_train_as_its_plan_file_says(tmp_path, monkeypatch):
     run = ["--plan", str(path), "--hardware", "a40-flops", "--steps", "1"]
     from_file, _ = _train_setup(monkeypatch, tmp_path / "from_file", run, 8, "1f1b")
     assert from_file.layout == cost.layout_with_parts(setup.layout)
+
+
+def test_dip_keeps_its_own_dp_in_plan_as_in_train(tmp_path, monkeypatch):
+    """``plan --system dip`` writes DIP-like's layout on its own DP (at most 4: ``setups``' DIP rule), not
+    the DP of Entrain's Algorithm 2 the plan reports in ``config``; ``train --system dip`` on as many
+    processes plans the same layout."""
+    argv = ["--model", "tiny", "--dataset", "skewed", "--global-batch", "8", "--microbatch-size", "1"]
+    path = tmp_path / "plan.json"
+    assert main(["plan", *argv, "--gpus", "4", "--system", "dip", "--out", str(path)]) == 0
+    written = json.loads(path.read_text())
+    assert written["layout"]["dp"] == 2 != written["config"]["dp"]  # DIP's 4 // 2, Entrain's other
+    setup, cost = _train_setup(
+        monkeypatch, tmp_path / "run", [*argv, "--system", "dip", "--steps", "1"], 4, "dip"
+    )
+    assert cost.layout_with_parts(setup.layout).to_json() == written["layout"]

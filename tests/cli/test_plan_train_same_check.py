@@ -3,7 +3,7 @@ the memory check's batches are one rule (``core.costs.memory.check_batches`` of 
 ``plan``'s default ``--iterations``), whatever ``train``'s ``--steps``, with one pipeline per encoder
 tower too (the heaviest draws at a large microbatch count); a baseline's DP is its own in both
 (DIP-like: not Entrain's). ``train``'s setups come from its front process stopped at the launch and the
-planner callables its workers hand ``run_setups`` (``cli.train_worker``): no rank starts."""
+planner callables its workers hand ``run_setups`` (``tests/train_front.py``): no rank starts."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 from entrain.cli.main import main
 from entrain.core.costs.memory import check_batches
 from entrain.core.model.omni import QWEN25_OMNI_7B
+from tests.train_front import train_spec, worker_setups
 
 
 def _towers_config(num_microbatches: int):
@@ -54,23 +55,12 @@ OMNI = ["--model", QWEN25_OMNI_7B, "--dataset", "omni", "--hardware", "a40-flops
 
 
 def _train_setup(monkeypatch, out, argv: list[str], gpus: int, system: str):
-    """``system``'s setup as ``entrain train ARGV --out OUT`` on ``gpus`` processes plans it: the spec its
-    front process hands the launch (stubbed), then ``run_setups`` with its workers' planner callables."""
-    from entrain.cli import train as train_cli
-    from entrain.cli import train_worker as worker
-    from entrain.runtime.planning import run_setups
+    """``system``'s setup as ``entrain train ARGV --out OUT`` on ``gpus`` processes plans it, and the cost."""
     from entrain.runtime.run_data import load_data
 
-    seen = {}
-    monkeypatch.setattr(train_cli, "_launch", lambda args, spec, nproc: seen.update(spec=spec) or 0)
-    assert main(["train", *argv, "--nproc", str(gpus), "--out", str(out)]) == 0
-    spec = seen["spec"]
+    spec = train_spec(monkeypatch, [*argv, "--nproc", str(gpus), "--out", str(out)])
     cost = spec.model.cost_model()
-    callables = (worker._memory_check, worker._judge_factory, worker._encoders_profile, worker._encoders_fit)
-    setup = run_setups(spec, cost, load_data(spec, cost).train, gpus, *callables, worker._encoders_towers)[
-        system
-    ]
-    return setup, cost
+    return worker_setups(spec, cost, load_data(spec, cost).train, gpus)[system], cost
 
 
 def test_plan_and_train_fit_disttrains_towers_on_the_same_draws(tmp_path, monkeypatch):

@@ -20,7 +20,10 @@ Model (documented assumptions):
   by its sending stage), and its ``SEND_B`` sends each encoder its gradient.
 * Replicas run independently; the iteration ends when every pipeline rank of every replica has
   finished and then all-reduced its gradients over DP (``PlanCosts.allreduce_ms``): iteration time
-  = max over pipeline ranks r of (latest end of rank r over replicas + all-reduce of rank r).
+  = max over pipeline ranks r of (latest end of rank r over replicas + all-reduce of rank r), plus
+  the end-of-step phase (clipping, the optimizer step, the step's own collectives: a constant and a
+  part per trainable parameter byte of the heaviest rank, ``PlanCosts.step_end_ms``; 0 unless the
+  profile sets it).
 * Expert parallelism (a layout component with ``ep`` > 1): the replicas of an EP group (``ep``
   consecutive replicas, as the runtime groups them) meet at every sparse layer's all-to-all, so a
   compute action of a stage with mixture-of-experts layers lasts as long as the longest of that
@@ -92,6 +95,8 @@ class IterationRun:
     iteration_time_ms: float
     allreduce_ms: dict[int, float]
     """Per pipeline rank."""
+    step_end_ms: float = 0.0
+    """The end-of-step phase after the last all-reduce (``PlanCosts.step_end_ms``), in ``iteration_time_ms``."""
 
 
 def simulate_plan(
@@ -153,7 +158,8 @@ def run_iteration(
     for r in range(layout.ranks_per_replica):
         last = max(run.end_ms[layout.global_rank(run.replica, r)] for run in runs)
         t = max(t, last + allreduce[r])
-    return IterationRun(runs, t, allreduce)
+    tail = costs.step_end_ms()
+    return IterationRun(runs, t + tail, allreduce, tail)
 
 
 class _Lockstep:

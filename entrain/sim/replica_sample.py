@@ -69,10 +69,12 @@ def heaviest_replicas(
 
 def estimated_iteration_ms(run, full: Layout, cost: CostModel) -> float:
     """The full layout's iteration time from ``run`` on a sub-cluster of its heaviest replicas: per
-    iteration, the slowest simulated replica's ``max over ranks r (end_r + all-reduce_r at full.dp)``;
-    the mean over iterations (as ``metrics.iteration_time_ms``)."""
+    iteration, the slowest simulated replica's ``max over ranks r (end_r + all-reduce_r at full.dp)``
+    plus the end-of-step phase (``PlanCosts.step_end_ms``); the mean over iterations (as
+    ``metrics.iteration_time_ms``)."""
     allreduce = PlanCosts(full, cost, {})
     ar_ms = [allreduce.allreduce_ms(r) for r in range(full.ranks_per_replica)]
+    tail = allreduce.step_end_ms()
     layout = run.layout
     per_iteration = [
         max(
@@ -80,6 +82,7 @@ def estimated_iteration_ms(run, full: Layout, cost: CostModel) -> float:
             for rep in it.replicas
             for r in range(len(ar_ms))
         )
+        + tail
         for it in run.iterations
     ]
     return float(np.mean(per_iteration))

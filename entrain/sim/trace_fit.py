@@ -20,7 +20,9 @@ another layout paid a fraction of it).
 The new profile has the base's schema and layers: each layer of a stage gets its curves scaled by
 ``alpha`` and ``beta / layers`` as its constant (a mixture-of-experts layer's measured expert timing,
 ``ExpertTiming``, that phase's by ``alpha`` too); a split backward's input-gradient share is the
-measured ``I / (I + W)``. Several runs of other stage cuts, one fit: ``entrain.sim.trace_joint_fit``. Documented in docs/profiling.md
+measured ``I / (I + W)``. The run's time outside its traced actions (the end-of-step phase: clipping,
+the optimizer step, the step's collectives) is the hardware's ``step_end_ms`` (``entrain.sim.step_end_fit``).
+Several runs of other stage cuts, one fit: ``entrain.sim.trace_joint_fit``. Documented in docs/profiling.md
 (``Refit from a trace``)."""
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from entrain.core.costs.costmodel import PROFILE_SOURCE, CostModel, LayerCost, Q
 from entrain.core.errors import ConfigError
 from entrain.core.ir.plan import ActionKind, Plan
 from entrain.core.schedules.action_costs import PlanCosts
+from entrain.sim.step_end_fit import fit_step_end
 
 __all__ = [
     "TracedRun",
@@ -377,16 +380,30 @@ def refit(run: TracedRun, fits: list[StageFit], overheads: dict[int, float]) -> 
 
 
 def refitted_model(
-    run: TracedRun, layers: dict[str, list[LayerCost]], overhead_ms: float, notes: dict
+    run: TracedRun,
+    layers: dict[str, list[LayerCost]],
+    overhead_ms: float,
+    notes: dict,
+    runs: list[TracedRun] | None = None,
 ) -> CostModel:
     """``run``'s base cost model with ``layers``, per-action ``overhead_ms``, ``notes`` (and the run's
-    precision in them)."""
+    precision in them), and the end-of-step phase fitted on ``runs`` (default: ``run``;
+    ``step_end_fit.fit_step_end``, its fit in ``notes["step_end"]``)."""
     if run.config.get("precision"):
         notes["precision"] = run.config["precision"]
     base = run.base
+    step_ms, per_byte, step_notes = fit_step_end(runs or [run], base.hardware)
+    if step_notes:
+        notes["step_end"] = step_notes
+    hardware = replace(
+        base.hardware,
+        action_overhead_ms=overhead_ms,
+        step_end_ms=step_ms,
+        step_end_ms_per_param_byte=per_byte,
+    )
     return replace(
         base,
-        hardware=replace(base.hardware, action_overhead_ms=overhead_ms),
+        hardware=hardware,
         encoder=replace(base.encoder, layers=tuple(layers["encoder"])),
         llm=replace(base.llm, layers=tuple(layers["llm"])),
         notes=notes,

@@ -129,7 +129,9 @@ def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
     priced as they ran it (with ``cuts``, a cut inside a group by the base's split of it). The
     hardware's per-action overhead is the runs' mean gap overhead (``action_overhead_ms``) plus ``k``;
     a split backward's input share, per stage as in ``refit``. Layers no traced stage boundary separates
-    share their range's refitted total in the base's proportions (``_split_by_prior``)."""
+    share their range's refitted total in the base's proportions (``_split_by_prior``). The end-of-step
+    phase: one fit over every run (``step_end_fit``: their layouts' parameter bytes can tell its
+    per-byte part)."""
     if by not in FIT_GROUPS:
         raise ConfigError(f"fit groups {by!r}: choose from {', '.join(FIT_GROUPS)}")
     base = runs[0].base
@@ -162,7 +164,7 @@ def joint_refit(runs: list[TracedRun], by: str = "kinds") -> CostModel:
                 layers[spec.component][i] = replace(layers[spec.component][i], bwd_input_fraction=fraction)
     gaps = statistics.fmean(action_overhead_ms(r, rank_overheads(r)) for r in runs)
     notes = _notes(runs, by, groups, spans, scales, per_action_ms, gaps)
-    return refitted_model(runs[0], layers, gaps + per_action_ms, notes)
+    return refitted_model(runs[0], layers, gaps + per_action_ms, notes, runs)
 
 
 def _solve(rows) -> tuple[dict, float]:

@@ -431,9 +431,23 @@ class HardwareSpec:
     however many layers the stage holds: the executor's dispatch, posting the stage-boundary send, a
     receive's own copy. 0 in the GPU presets (the host runs ahead), ``cpu-tiny``'s fitted on traced runs;
     ``entrain profile --from-trace`` measures it on the run's ranks (docs/profiling.md)."""
+    step_end_ms: float = 0.0
+    """What a step spends outside its actions, once per iteration: the end-of-step phase (waiting for
+    the last sends, the loss and gradient-norm all-reduces, clipping, the optimizer step; at expert
+    parallelism the step's action check and routing statistics) and the start's label count, less the
+    DP gradient all-reduce the simulator prices on its own (``allreduce_*``). 0 in the presets (the
+    A40 presets are calibrated on whole iteration times, or not measured); ``entrain profile
+    --from-trace`` fits it from the runs' iteration times against their traced spans."""
+    step_end_ms_per_param_byte: float = 0.0
+    """Of the end-of-step phase, the per-parameter part (clipping and the optimizer update): ms per
+    trainable parameter byte (bf16, ``LayerCost.rank_param_bytes``) of the pipeline rank holding the
+    most (``PlanCosts.step_end_ms``). 0 in the presets; fitted where the traced runs' layouts differ."""
 
     def to_json(self) -> dict:
         extra = {"action_overhead_ms": self.action_overhead_ms} if self.action_overhead_ms else {}
+        for key in ("step_end_ms", "step_end_ms_per_param_byte"):
+            if getattr(self, key):
+                extra[key] = getattr(self, key)
         return {
             "name": self.name,
             "device_memory_bytes": self.device_memory_bytes,

@@ -33,6 +33,10 @@ by the simulator, so every executor of a Plan prices an action the same way.
   have the size of the activations they answer. DP all-reduce of a rank's trainable parameter
   gradients (bf16 ``param_bytes / tp``: ``LayerCost.rank_param_bytes``, replicated K/V projections
   whole): ``latency + 2 (dp-1)/dp * bytes / allreduce_bandwidth``.
+* End of step (``step_end_ms``), once per iteration after the last rank's all-reduce: the hardware's
+  ``step_end_ms`` plus ``step_end_ms_per_param_byte`` times the trainable parameter bytes of the
+  pipeline rank holding the most (clipping and the optimizer update are per-parameter work; the DP
+  all-reduce above is not in it). 0 unless a profile sets them (``entrain profile --from-trace``).
 * Model state of a rank (``model_state_bytes``): 18 bytes per trainable parameter (bf16 weight, fp32
   gradient, fp32 master weight and AdamW m, v), 2 per frozen one, divided by TP — the planner's
   memory check (``costs.memory.ADAM_BYTES_PER_BF16_WEIGHT_BYTE``).
@@ -40,15 +44,15 @@ by the simulator, so every executor of a Plan prices an action the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from entrain.core.costs.costmodel import CostModel, parallel_key
+from entrain.core.costs.costmodel import CostModel, HardwareSpec, parallel_key
 from entrain.core.costs.memory import ADAM_BYTES_PER_BF16_WEIGHT_BYTE
 from entrain.core.ir.plan import ActionKind, Layout
 from entrain.core.workload.work import SampleWork
 
-__all__ = ["PlanCosts", "StageQuad"]
+__all__ = ["PlanCosts", "StageQuad", "rank_param_bytes", "step_end_time_ms"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,3 +440,26 @@ class PlanCosts:
                 + 2.0 * (r - 1) / r * q.expert_grad_bytes
             )
         return hw.allreduce_latency_ms + moved / hw.allreduce_bandwidth_bytes_per_ms
+
+    def step_end_ms(self) -> float:
+        """What the iteration spends after its actions and DP all-reduce (``step_end_time_ms``)."""
+        return step_end_time_ms(self.layout, self.stage_quads, self.cost.hardware)
+
+
+def rank_param_bytes(layout: Layout, quads: Sequence[StageQuad]) -> list[float]:
+    """Per pipeline rank: the trainable parameter bytes of its stages (bf16, / tp, expert shards / ep:
+    ``StageQuad.grad_bytes``), what its optimizer step and clipping go over."""
+    out = [0.0] * layout.ranks_per_replica
+    for spec, q in zip(layout.stages, quads):
+        out[spec.pp_rank] += q.grad_bytes
+    return out
+
+
+def step_end_time_ms(layout: Layout, quads: Sequence[StageQuad], hw: HardwareSpec) -> float:
+    """The end-of-step phase of an iteration (module docstring): ``hw.step_end_ms`` plus
+    ``hw.step_end_ms_per_param_byte`` times the largest ``rank_param_bytes`` (every rank steps its
+    optimizer after the gradient-norm all-reduce, so the heaviest one ends the step). The DP gradient
+    all-reduce is not in it (``PlanCosts.allreduce_ms``)."""
+    if not hw.step_end_ms and not hw.step_end_ms_per_param_byte:
+        return 0.0
+    return hw.step_end_ms + hw.step_end_ms_per_param_byte * max(rank_param_bytes(layout, quads), default=0.0)

@@ -20,7 +20,7 @@ from dataclasses import replace
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.ir.plan import ActionKind, Layout, StageSpec
-from entrain.core.schedules.action_costs import PlanCosts, StageQuad
+from entrain.core.schedules.action_costs import PlanCosts, StageQuad, step_end_time_ms
 from entrain.core.workload.samples import SampleMeta
 from entrain.core.workload.work import SampleWork
 
@@ -159,3 +159,7 @@ class EncodersPlanCosts:
             return 0.0
         hw = self.cost.hardware
         return hw.allreduce_latency_ms + 2.0 * (dp - 1) / dp * num_bytes / hw.allreduce_bandwidth_bytes_per_ms
+
+    def step_end_ms(self) -> float:
+        """The end-of-step phase, as ``PlanCosts.step_end_ms`` (the first encoder's hardware)."""
+        return step_end_time_ms(self.layout, self.stage_quads, self.cost.hardware)

@@ -17,6 +17,7 @@ import pytest
 from entrain.cli import bench_report
 from entrain.cli.main import main
 from entrain.sim.ablation import DIP_GREEDY_STEPS
+from tests.shared_runs import session_folder, share_bench_paper
 
 NAMES = {"entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip", "dip-greedy", "dip-greedy-mem",
          "encoder-rebalance", "dflop", "entrain+ramp", "entrain+shared", "entrain+split", "entrain-paper"}  # fmt: skip
@@ -24,10 +25,12 @@ NAMES = {"entrain", "entrain-1f1b", "1f1b", "disttrain", "disttrain-paper", "dip
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> dict:
-    """One ``--quick`` run: the printed JSON, the written JSON and the report text."""
+    """One ``--quick`` run: the printed JSON, the written JSON and the report text (its numbers computed
+    once a session, tests/shared_runs.py: the README's command journey runs ``bench paper --quick`` too)."""
     out = tmp_path_factory.mktemp("bench") / "paper.md"
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(buf):
+        share_bench_paper(monkeypatch, session_folder(tmp_path_factory))
         assert main(["bench", "paper", "--quick", "--out", str(out), "--json"]) == 0
     return {
         "printed": json.loads(buf.getvalue()),

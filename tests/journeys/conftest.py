@@ -9,11 +9,20 @@ import pytest
 
 from tests.journeys.forked_launch import forked_workers
 from tests.journeys.scale import MODELS_ENV, STOCK_FOLDERS, scale
+from tests.shared_runs import session_folder, share_bench_paper
 
 
 @pytest.fixture(autouse=True)
 def _forked_train(monkeypatch):
     forked_workers(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def _shared_bench_numbers(monkeypatch, tmp_path_factory):
+    """``bench paper``'s numbers computed once a session for every test that runs it with the same flags
+    (tests/shared_runs.py: tests/cli/test_bench_cli.py runs ``--quick`` too); the command's flags, report
+    and files are this journey's own."""
+    share_bench_paper(monkeypatch, session_folder(tmp_path_factory))
 
 
 def _save(kind: str, folder: Path) -> Path:

@@ -220,6 +220,22 @@ MUTANTS = (
         (f"{SIM_EXECUTOR}::test_dp_allreduce_is_added_after_the_last_backward",),
     ),
     Mutant(
+        "sim-no-step-end",
+        "the simulator's iteration ends at the last rank's all-reduce, without the end-of-step phase",
+        "entrain/sim/executor.py",
+        "return IterationRun(runs, t + tail, allreduce, tail)",
+        "return IterationRun(runs, t, allreduce, tail)",
+        ("tests/sim/test_step_end.py::test_the_end_of_step_is_priced_once_after_the_all_reduce",),
+    ),
+    Mutant(
+        "step-end-fit-counts-allreduce",
+        "the end-of-step fit keeps the DP gradient all-reduce the simulator already prices (counted twice)",
+        "entrain/sim/step_end_fit.py",
+        "out.append(iteration[step] - (end - start) - priced)",
+        "out.append(iteration[step] - (end - start))",
+        ("tests/sim/test_step_end.py::test_the_fit_finds_both_terms_without_the_all_reduce",),
+    ),
+    Mutant(
         "tp-skipped-allreduce",
         "the LLM attention output projection under --tp returns each rank's partial sum (no all-reduce)",
         "entrain/models/families/composition/tp.py",

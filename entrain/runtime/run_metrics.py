@@ -205,12 +205,13 @@ class RunMetrics:
         """``--trace``'s action tracer (a resumed run keeps the earlier steps' events) and
         ``--tensorboard``'s scalar log (rank 0; later steps purged)."""
         if self.spec.run.trace:
-            from entrain.runtime.trace import ActionTracer, read_trace
+            from entrain.runtime.trace import ActionTracer, read_step_ends, read_trace
 
             self.tracer = trainer.executor.tracer = ActionTracer(self.env.rank)
             trace_path = os.path.join(self.out, "trace.json")
             if self.rank0 and start > 0 and os.path.exists(trace_path):
-                self.trace_events = [e for e in read_trace(trace_path) if e["args"]["step"] < start]
+                kept = read_trace(trace_path) + read_step_ends(trace_path)
+                self.trace_events = [e for e in kept if e["args"]["step"] < start]
         if self.spec.run.tensorboard and self.rank0:
             from entrain.runtime.tensorboard import ScalarLog
 

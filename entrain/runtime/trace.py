@@ -9,7 +9,10 @@ across machines); on a GPU each action is timed by a pair of CUDA events on the 
 anchor event recorded after a synchronisation at the step's start; each event's ``args`` carry the step, stage, microbatch, sub-microbatch and the
 peer of a transfer. Compute actions (F, B, I, W) have category ``compute``, transfers (SEND_*,
 RECV_*) ``comm``: a send's duration is the time to post it (transfers are asynchronous), a
-receive's the wait for its message.
+receive's the wait for its message. Each rank's end of step (from its last action's end to the end of
+its optimizer step: the wait for its sends and DP all-reduce, the loss and gradient-norm all-reduces,
+clipping, the optimizer step) is a record of its own under the file's ``stepEnds`` key (category
+``step_end``; not among ``traceEvents``, which hold actions only): ``read_step_ends``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from dataclasses import dataclass, field
 
 from entrain.core.ir.plan import Action, ActionKind
 
-__all__ = ["ActionTracer", "DeviceClock", "write_trace", "read_trace"]
+__all__ = ["ActionTracer", "DeviceClock", "STEP_END", "write_trace", "read_trace", "read_step_ends"]
+
+STEP_END = "step_end"
+"""Category of a rank's end-of-step record (``ActionTracer.step_end``)."""
 
 
 @dataclass
@@ -52,6 +58,21 @@ class ActionTracer:
                 "pid": self.rank,
                 "tid": 0 if kind.is_compute else 1,
                 "args": args,
+            }
+        )
+
+    def step_end(self, start_us: float, end_us: float) -> None:
+        """This rank's end of step: from its last action's end to the end of its optimizer step."""
+        self.events.append(
+            {
+                "name": "end of step",
+                "cat": STEP_END,
+                "ph": "X",
+                "ts": round(start_us, 1),
+                "dur": round(max(end_us - start_us, 0.0), 1),
+                "pid": self.rank,
+                "tid": 2,
+                "args": {"step": self.step},
             }
         )
 
@@ -133,11 +154,14 @@ def _names(ranks: list[int]) -> list[dict]:
 
 
 def write_trace(path: str, events: list[dict]) -> None:
-    """``{"traceEvents": [...], "displayTimeUnit": "ms"}`` with one named process per rank."""
+    """``{"traceEvents": [...], "displayTimeUnit": "ms", "stepEnds": [...]}`` with one named process per
+    rank; the ``STEP_END`` records under ``stepEnds``."""
     ranks = sorted({e["pid"] for e in events})
+    actions = [e for e in events if e.get("cat") != STEP_END]
+    ends = [e for e in events if e.get("cat") == STEP_END]
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"traceEvents": _names(ranks) + events, "displayTimeUnit": "ms"}, f)
+        json.dump({"traceEvents": _names(ranks) + actions, "displayTimeUnit": "ms", "stepEnds": ends}, f)
     os.replace(tmp, path)
 
 
@@ -145,3 +169,9 @@ def read_trace(path: str) -> list[dict]:
     """The action events (``ph == "X"``) of a trace.json."""
     with open(path) as f:
         return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def read_step_ends(path: str) -> list[dict]:
+    """The end-of-step records of a trace.json (none in a trace written before they were)."""
+    with open(path) as f:
+        return list(json.load(f).get("stepEnds", []))

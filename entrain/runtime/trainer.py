@@ -465,6 +465,7 @@ class PipelineTrainer:
         if self.env.device.type == "cuda":  # the next forward's inputs are copied while one computes
             self.renderer.expect_forwards(self._forward_inputs(it, actions))
         out = self.executor.run(it, actions, loss_scale=scale)
+        self._actions_end_us = time.time() * 1e6  # the traced end of step starts here
         self._collective("wait for the pipeline sends", self.transport.wait_all)
         for root in self.fsdp_roots:
             self._collective(
@@ -493,6 +494,8 @@ class PipelineTrainer:
             self.optimizer.step()
         if self.env.device.type == "cuda":
             torch.cuda.synchronize()
+        if self.executor.tracer is not None:
+            self.executor.tracer.step_end(self._actions_end_us, time.time() * 1e6)
         elapsed = torch.tensor(
             [(time.perf_counter() - t0) * 1e3], dtype=torch.float64, device=self.env.device
         )

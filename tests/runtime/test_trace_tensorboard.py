@@ -1,7 +1,7 @@
 """``entrain train --trace --tensorboard --precision bf16`` on 1 encoder + 1 LLM stage (two forked gloo
-workers, no torchrun): trace.json holds every action of every rank with start and duration,
-TensorBoard gets the step scalars, bf16 runs on the CPU with fp32 master weights, and
-``entrain plot-trace`` draws the real Gantt beside the simulated one."""
+workers, no torchrun): trace.json holds every action of every rank with start and duration and
+each rank's end of step after them, TensorBoard gets the step scalars, bf16 runs on the CPU with fp32
+master weights, and ``entrain plot-trace`` draws the real Gantt beside the simulated one."""
 
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ def test_trace_tensorboard_bf16_and_plot(tmp_path, capsys):
             )
             assert ran == Counter(a.kind.value for a in todo), (step, rank)
     assert {e["cat"] for e in actions} == {"compute", "comm"}
+    # each rank's end of step, after its last action (the all-reduces, clipping, the optimizer step)
+    ends = json.loads((run / "trace.json").read_text())["stepEnds"]
+    assert sorted((e["pid"], e["args"]["step"]) for e in ends) == [
+        (r, s) for r in (0, 1) for s in range(STEPS)
+    ]
+    for e in ends:
+        mine = [a for a in actions if a["pid"] == e["pid"] and a["args"]["step"] == e["args"]["step"]]
+        assert e["cat"] == "step_end" and e["dur"] > 0
+        assert e["ts"] >= max(a["ts"] + a["dur"] for a in mine) - 0.2  # rounded to 0.1 us
     assert {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"} == {
         "rank 0",
         "rank 1",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from entrain.cli.argtypes import POSITIVE
 from entrain.config import ModelConfig, RunConfig, parse_ramp
 from entrain.core.costs.costmodel import CostModel, precision_mismatch
+from entrain.core.costs.memory import MEMORY_CHECK_ITERATIONS
 from entrain.core.costs.presets import HARDWARE_PRESETS
 from entrain.core.errors import ConfigError
 from entrain.core.model.architectures import PRECISIONS
@@ -101,7 +102,7 @@ SHARED_FLAGS: dict[str, FlagSpec] = {
         _flag("--seed", type=int, default=0,
               help="seed of the samples drawn, of the planner's draws and (entrain train, entrain profile) of "
                    "the weights' init"),
-        _flag("--iterations", type=int, default=20, help="global batches (iterations) to draw"),
+        _flag("--iterations", type=int, default=MEMORY_CHECK_ITERATIONS, help="global batches (iterations) to draw"),
         _flag("--shuffle", action="store_true", help="shuffle a file's samples with the seed first"),
         _flag("--freeze", default="", help="comma list of frozen parts: encoder, vit (tower without merger), llm"),
         _flag("--json", action="store_true", help="print one JSON object on stdout"),

@@ -96,7 +96,8 @@ def _encoders_towers(spec, sampler, cost, one, req, gpus):
     tower can be built."""
     from dataclasses import replace
 
-    from entrain.runtime.planning import MEMORY_CHECK_ITERATIONS, run_encoders
+    from entrain.core.costs.memory import MEMORY_CHECK_ITERATIONS
+    from entrain.runtime.planning import run_encoders
     from entrain.sim.towers import entrain_towers
 
     made = entrain_towers(

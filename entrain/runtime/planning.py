@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from entrain.config import RunConfig
 from entrain.core.costs.costmodel import CostModel
-from entrain.core.costs.memory import check_batches
+from entrain.core.costs.memory import MEMORY_CHECK_ITERATIONS, check_batches
 from entrain.core.costs.sampler import Sampler, pool_sampler
 from entrain.core.errors import ConfigError
 from entrain.core.ir.p2p_check import check_plan
@@ -119,9 +119,6 @@ several encoder towers after the ``encoder towers`` decision (one pipeline per t
 count`` decided, or both towers in the first stages), made as ``plan`` makes it: on the batches
 ``plan``'s memory check draws, each candidate memory-fitted there (``entrain.sim.towers.entrain_towers``;
 the CLI passes it in). None where no plan with one pipeline per tower can be built."""
-
-MEMORY_CHECK_ITERATIONS = 20
-"""Global batches the memory check simulates (``simulate``'s and ``plan``'s default ``--iterations``)."""
 
 
 def run_setups(

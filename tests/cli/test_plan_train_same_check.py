@@ -15,6 +15,16 @@ from entrain.core.model.omni import QWEN25_OMNI_7B
 from tests.train_front import train_spec, worker_setups
 
 
+def test_train_checks_on_as_many_draws_as_plan_by_default():
+    """``train`` without ``--plan`` checks memory on ``MEMORY_CHECK_ITERATIONS`` draws: ``plan``'s (and
+    ``simulate``'s) default ``--iterations``, the flag's default being that constant."""
+    from entrain.cli.main import build_parser
+    from entrain.core.costs.memory import MEMORY_CHECK_ITERATIONS
+
+    for command in ("plan", "simulate"):
+        assert build_parser().parse_args([command]).iterations == MEMORY_CHECK_ITERATIONS
+
+
 def _towers_config(num_microbatches: int):
     """A configuration with one pipeline per tower (vision, audio, LLM: one stage each), DP 1, U 1."""
     from entrain.core.planning.config_search import ComponentConfig

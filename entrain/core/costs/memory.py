@@ -39,6 +39,7 @@ __all__ = [
     "MEMORY_CHECK_REPLICA_ITERATIONS",
     "MEMORY_CHECK_REPLICA_MICROBATCHES",
     "memory_check_iterations",
+    "MEMORY_CHECK_ITERATIONS",
     "check_seed",
     "heaviest_batches",
     "check_batches",
@@ -199,6 +200,11 @@ def memory_check_iterations(
     if num_microbatches:
         need = min(need, -(-int(replica_microbatches) // (dp * int(num_microbatches))))
     return max(1, min(int(iterations), need))
+
+
+MEMORY_CHECK_ITERATIONS = 20
+"""Global batches the memory check draws at most by default: ``plan``'s and ``simulate``'s default
+``--iterations`` (``cli.common``'s flag) and what ``train`` without ``--plan`` checks on."""
 
 
 def check_seed(seed: int, i: int) -> int:

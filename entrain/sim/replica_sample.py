@@ -37,7 +37,7 @@ from entrain.core.schedules.entrain import rank_shares
 from entrain.core.systems import ENTRAIN, get_system, stage_times_fn
 from entrain.core.workload.work import SampleWork
 
-__all__ = ["JUDGE_REPLICAS", "sub_layout", "heaviest_replicas", "estimated_iteration_ms", "heaviest_batches"]
+__all__ = ["JUDGE_REPLICAS", "sub_layout", "heaviest_replicas", "estimated_iteration_ms"]
 
 JUDGE_REPLICAS = 16
 """Above this DP the judge simulates this many replicas, the heaviest (at or below it, every replica:
@@ -86,17 +86,3 @@ def estimated_iteration_ms(run, full: Layout, cost: CostModel) -> float:
         for it in run.iterations
     ]
     return float(np.mean(per_iteration))
-
-
-def heaviest_batches(batches: Sequence[Sequence[SampleWork]], num: int, window: int) -> list[int]:
-    """Indices (ascending) of the ``num`` batches whose ``window`` heaviest samples on either
-    component weigh the most (each component's sums as fractions of their largest over the batches;
-    ties: the earlier batch): the batches holding the largest samples, which set a rank's memory peak
-    (``window``: the samples a rank holds at once, microbatch size x pipeline ranks)."""
-    sums = np.array(
-        [[sum(sorted((getattr(s, c) for s in b), reverse=True)[:window]) for c in ("encoder", "llm")]
-         for b in batches]
-    )  # fmt: skip
-    scale = sums.max(axis=0)
-    score = (sums / np.where(scale > 0, scale, 1.0)).max(axis=1)
-    return sorted(np.argsort(-score, kind="stable")[:num].tolist())

@@ -99,8 +99,10 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     stages; elsewhere both are one plan, simulated once), the memory split into sub-microbatches
     (off: recomputation alone; on), with ``ep > 1`` the EP group's heavy pairs first (off / on) and the
     busiest-expert time in the assignment (off / on), and the encoder's cross-replica rebalancing (off /
-    on)."""
+    on). Where no candidate of a decision fits on the judge's plain check, it is decided on the
+    memory check a command deploys with (``_fitting_judge``)."""
     m = req.margin
+    judge = _fitting_judge(judge)
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
         setup = decide(
@@ -131,6 +133,28 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
         chosen = _inert_split(cuts["on"], d)
     chosen = _decide_expert_assignment(_decide_expert_balance(chosen, judge, m), judge, m)
     return _decide_rebalance(chosen, judge, m)
+
+
+def _fitting_judge(judge: CandidateJudge) -> CandidateJudge:
+    """``judge``, except where none of the candidates fits on its plain check (every one ``inf``: the
+    planner's recomputation escalated per rank overflows a rank of each) and the judge carries
+    ``deployed``: then the candidates' times on the memory check a command deploys with
+    (``sim.memory_fit.fit_memory_best``: its other recomputation starts, the requested microbatch
+    count, the two-resource assignment where the paper's fits nowhere), which a command runs the
+    chosen setup with. Without it every such decision keeps its default on ``inf`` against ``inf``,
+    whatever the deployed plans would do."""
+    deployed = getattr(judge, "deployed", None)
+    if deployed is None:
+        return judge
+
+    def fitting(candidates: dict[str, SystemSetup]) -> dict[str, float]:
+        ms = judge(candidates)
+        if len(ms) < 2 or any(v != float("inf") for v in ms.values()):
+            return ms
+        return deployed(candidates)
+
+    fitting.deployed = deployed  # type: ignore[attr-defined]
+    return fitting
 
 
 CLOSE_CALLS = ("ramp", "backward_order")

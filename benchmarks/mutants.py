@@ -528,6 +528,15 @@ MUTANTS = (
         "pass  # a worker forks again",
         (ORDERED_MAP,),
     ),
+    Mutant(
+        "no-fit-decisions-kept-on-inf",
+        "a schedule-option decision none of whose candidates fits on the plain check keeps its default"
+        " (inf against inf) instead of asking the memory check a command deploys with",
+        "entrain/core/planning/extensions.py",
+        "    judge = _fitting_judge(judge)\n",
+        "",
+        ("tests/sim/test_no_fit_decisions.py",),
+    ),
 )
 
 

@@ -104,7 +104,9 @@ def test_single_process_dip_run_writes_the_run_folder(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_readme_main_job_with_two_steps(tmp_path):
-    """The README main job (``entrain train --demo``) on 2 torchrun processes, 2 steps per system."""
+    """The README main job (``entrain train --demo``) on 2 torchrun processes, 2 steps per system, at
+    the global batch the README's journey runs it with (4 microbatches; the demo's 16 train the same
+    code path, slower)."""
     out = tmp_path / "demo"
     proc = subprocess.run(
         [
@@ -115,6 +117,8 @@ def test_readme_main_job_with_two_steps(tmp_path):
             "--demo",
             "--steps",
             "2",
+            "--global-batch",
+            "4",
             "--no-progress",
             "--out",
             str(out),

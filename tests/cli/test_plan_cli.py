@@ -110,11 +110,12 @@ def test_bad_flags(capsys):
 
 def test_plan_and_simulate_share_the_sampler(capsys):
     """One seeded sampler: the same dataset and seed give the same b_min in ``plan`` and ``simulate``
-    (before, ``plan`` drew from a fixed pool and ``simulate`` fresh samples: 64 vs 128 here)."""
+    (before, ``plan`` drew from a fixed pool and ``simulate`` fresh samples: 64 vs 128 here). One
+    memory-check draw each: b_min is Algorithm 1's, from the sampler's draws alone."""
     common = ["--dataset", "llava150k", "--model", "qwen25vl-llama3-3b", "--gpus", "16", "--dp", "1",
-              "--tp", "2", "--global-batch", "64", "--seed", "0"]  # fmt: skip
+              "--tp", "2", "--global-batch", "64", "--seed", "0", "--iterations", "1"]  # fmt: skip
     planned = run_json(capsys, common)
-    assert main(["simulate", *common, "--iterations", "1", "--systems", "entrain", "--json"]) == 0
+    assert main(["simulate", *common, "--systems", "entrain", "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)["systems"]["entrain"]["config"]
     assert simulated["b_min"] == planned["b_min"]
     assert simulated["dp"] == planned["config"]["dp"]

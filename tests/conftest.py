@@ -30,12 +30,24 @@ def gpu_skip_reason(num_gpus: int, needed: int) -> str | None:
     return f"gpu test: needs {needed} CUDA devices, torch sees {num_gpus}"
 
 
+def pytest_configure(config):
+    """``-n 2 --dist loadfile`` hands the files out in collection order (``pytest_collection_modifyitems``'s
+    order), not pytest-xdist's default (>= 3.7) of most tests first, which left the one-test multi-process
+    files (tests/runtime/test_elastic.py, test_resume_multirank.py) to the end of the run: one worker ran
+    them alone while the other had finished."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip ``@pytest.mark.gpu`` tests (``@pytest.mark.gpu(min_gpus=2)``: multi-GPU) where torch sees
+    """Files holding a ``@pytest.mark.slow`` test first (collection order otherwise: tests in a file keep
+    theirs). Skip ``@pytest.mark.gpu`` tests (``@pytest.mark.gpu(min_gpus=2)``: multi-GPU) where torch sees
     too few CUDA devices; ``pytest -m gpu`` selects them. ``device_count`` asks NVML first, so the
     parent does not initialise CUDA (forked CPU workers stay usable)."""
     import pytest
 
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
     marked = [(item, item.get_closest_marker("gpu")) for item in items]
     marked = [(item, mark) for item, mark in marked if mark is not None]
     if not marked:

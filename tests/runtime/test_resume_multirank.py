@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from entrain.runtime.trainer import PipelineTrainer
@@ -110,6 +111,7 @@ def _assert_bitwise(a, b, where: str) -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+@pytest.mark.slow
 def test_multirank_entrain_resume_is_bitwise_the_straight_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # the straight run plans each step in line, the resumed one ahead in a background process

@@ -111,7 +111,7 @@ def _assert_bitwise(a, b, where: str) -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.mark.slow
+@pytest.mark.early  # not slow: benchmarks/mutants.py runs it (-m "not slow")
 def test_multirank_entrain_resume_is_bitwise_the_straight_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # the straight run plans each step in line, the resumed one ahead in a background process

@@ -40,14 +40,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files holding a ``@pytest.mark.slow`` or ``@pytest.mark.early`` test first (collection order otherwise: tests in a file keep
-    theirs). Skip ``@pytest.mark.gpu`` tests (``@pytest.mark.gpu(min_gpus=2)``: multi-GPU) where torch sees
+    """Files holding a ``@pytest.mark.slow`` or ``@pytest.mark.early`` test first (collection order
+    otherwise: tests in a file keep theirs). Skip ``@pytest.mark.gpu`` tests (``@pytest.mark.gpu(min_gpus=2)``: multi-GPU) where torch sees
     too few CUDA devices; ``pytest -m gpu`` selects them. ``device_count`` asks NVML first, so the
     parent does not initialise CUDA (forked CPU workers stay usable)."""
     import pytest
 
-    slow_files = {item.path for item in items if {"slow", "early"} & {m.name for m in item.iter_markers()}}
-    items.sort(key=lambda item: item.path not in slow_files)
+    first = {item.path for item in items if {"slow", "early"} & {m.name for m in item.iter_markers()}}
+    items.sort(key=lambda item: item.path not in first)
     marked = [(item, item.get_closest_marker("gpu")) for item in items]
     marked = [(item, mark) for item, mark in marked if mark is not None]
     if not marked:

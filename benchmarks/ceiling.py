@@ -51,14 +51,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import layer_bound
 import regression
 import workload_zoo as zoo
+from layer_bound import geomean
 from provenance import source, stamped
 
 from entrain.cli.common import resolve_cost_model, workload_source
@@ -309,6 +310,84 @@ def run_case(key: str, case: dict) -> dict:
     }  # fmt: skip
 
 
+def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> dict:
+    """``layer_bound``'s figures for one case (means over its iterations), with its systems' times simulated
+    now (``simulate``: each system's layout checked against the bound's premises) or from ``stored`` (a
+    ``run_case`` row)."""
+    args = build_parser().parse_args(case["argv"])
+    cost, dp = resolve_cost_model(args), args.dp or 1
+    batches = list(workload_source(args, cost).batches(args.global_batch, args.iterations))
+    per_it = [layer_bound.iteration_layer_bounds(b, cost, gpus=args.gpus, dp=dp, tp=args.tp) for b in batches]
+    setup = [iteration_bound(b, cost, gpus=args.gpus, dp=dp, tps=(args.tp,), cps=ALL_CP) for b in batches]
+    n = len(per_it)
+    row = {"case": key, "lists": case["lists"], "ranks": per_it[0]["ranks"],
+           "bound_ms": sum(x["bound_ms"] for x in setup) / n,
+           "packing_ms": sum(r["packing_ms"] for r in per_it) / n,
+           "contiguous_ms": sum(r["contiguous_ms"] for r in per_it) / n,
+           "layer_bound_ms": sum(max(x["bound_ms"], r["packing_ms"]) for x, r in zip(setup, per_it)) / n}  # fmt: skip
+    if simulate:
+        runs, _ = simulate_systems(args, list(case["systems"]))
+        n_enc = cost.component("encoder").num_layers
+        row["systems"] = {
+            name: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory,
+                   "covered": layer_bound.covered(r.layout, args.tp, row["ranks"]),
+                   "contiguous": layer_bound.contiguous_layout(r.layout, n_enc),
+                   "busiest_rank_ms": busiest_rank_ms(r)}
+            for name, r in runs.items()
+        }  # fmt: skip
+        row["best_fitting_baseline"] = best_fitting_baseline(runs)[0]
+    else:
+        row["systems"] = {
+            name: {**v, "covered": None, "contiguous": None} for name, v in stored["systems"].items()
+        }
+        row["best_fitting_baseline"] = stored["best_fitting_baseline"]
+    row["below_layer_bound"] = [
+        m for m, v in row["systems"].items() if _below(v, row, "layer_bound_ms", "packing_ms")
+    ]
+    row["below_contiguous"] = [
+        m
+        for m, v in row["systems"].items()
+        if v["contiguous"] and _below(v, row, "contiguous_ms", "contiguous_ms")
+    ]
+    return row
+
+
+def _below(system: dict, row: dict, time_key: str, busy_key: str) -> bool:
+    """Whether a system breaks the bound: its time below ``row[time_key]`` (unless its layout is known not
+    to be covered), or its busiest rank below ``row[busy_key]`` (where its layout is recorded and covered)."""
+    if system["covered"] is None:
+        return system["iteration_time_ms"] < row[time_key]
+    return system["covered"] and (
+        system["iteration_time_ms"] < row[time_key] or system["busiest_rank_ms"] < row[busy_key]
+    )
+
+
+def busiest_rank_ms(run) -> float:
+    """The busy time of a run's busiest pipeline rank, averaged over its replicas, then over iterations."""
+    layout, out = run.layout, []
+    for it in run.iterations:
+        busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
+        by_rank = [
+            sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp
+            for r in range(layout.ranks_per_replica)
+        ]
+        out.append(max(by_rank))
+    return sum(out) / len(out)
+
+
+def run_layers(res: dict, selected: dict, simulate: list[str]) -> dict:
+    """``res`` (a ceiling run) with its ``layer_bound`` section over ``selected`` cases: the cases in
+    ``simulate`` simulated now, the others on ``res``'s times."""
+    stored = {c["case"]: c for c in res["cases"] if "error" not in c}
+    t0, rows = time.perf_counter(), []
+    for key, case in selected.items():
+        if key in stored or key in simulate:
+            print(f"ceiling: layers {key} ...", file=sys.stderr, flush=True)
+            rows.append(layers_case(key, case, stored.get(key), key in simulate))
+    sec = {"cases": rows, "summary": layer_bound.summary(rows), "elapsed_s": time.perf_counter() - t0}
+    return {**res, "layer_bound": sec, "sources": [*res["sources"], source()]}
+
+
 def ratios(c: dict) -> dict:
     """Entrain, DistTrain and the best baseline's times, the ceiling and achieved ratios of a case row."""
     s = c["systems"]
@@ -323,11 +402,6 @@ def ratios(c: dict) -> dict:
         "disttrain_ceiling": d / c["bound_ms"] if d else None, "disttrain_achieved": d / me if d else None,
         "entrain_over_bound": me / c["bound_ms"],
     }  # fmt: skip
-
-
-def geomean(xs) -> float | None:
-    xs = [x for x in xs if x]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def summary(res: dict) -> dict:
@@ -429,6 +503,8 @@ def render(res: dict) -> str:
             f"({g['imbalance_ranks_ms']:.1f} + {g['imbalance_replicas_ms']:.1f}) | {g['idle_ms']:.1f} | {_busiest(g)} | "
             f"{g['bubble_ratio']:.3f} | {'/'.join(g['recompute'])} | {'yes' if c['recompute_forced'] else 'no'} |"
         )
+    if "layer_bound" in res:
+        lines += layer_bound.render_section(res["layer_bound"], TARGET_HEADLINE, TARGET_GEOMEAN)
     return "\n".join(lines) + "\n"
 
 
@@ -478,7 +554,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="render these runs together")
+    p.add_argument("--layers", default=None, metavar="JSON",
+                   help="add the whole-layer section (layer_bound.py) to this ceiling run's JSON, on its times")  # fmt: skip
+    p.add_argument("--simulate", action="append", default=[], metavar="KEY",
+                   help="with --layers: simulate this case's systems now, checking each plan's layout (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.layers:
+        res = json.loads(Path(args.layers).read_text())
+        write(run_layers(res, _select(args, all_cases()), args.simulate), Path(args.out))
+        return 0
     if args.merge:
         parts = [json.loads(Path(f).read_text()) for f in args.merge]
         order = list(all_cases())

@@ -1,0 +1,203 @@
+"""The whole-layer bound: what the setup's split of whole layers over pipeline ranks leaves of the ceiling.
+
+``ceiling.py --layers`` runs it over the ceiling's cases and adds its section to ``results/ceiling.md``.
+
+``ceiling.py``'s bound spreads the iteration's work evenly over every GPU. A pipeline cannot: at the setup's
+DP ``d`` and TP ``t`` on ``G`` GPUs, a plan whose every pipeline rank is one TP group (CP 1) has
+``P = G / (d t)`` ranks per replica, and every replica holds the same layers on the same rank (the split is
+static; a layer is not cut). Per iteration, with ``w_l`` = layer ``l``'s forward + backward ms at
+(TP ``t``, CP 1) summed over every sample of the batch and divided by ``d`` (per-call constants excluded,
+as in ``ceiling.py``): the iteration lasts at least its busiest GPU's busy time, which is at least the
+replica-mean busy time of the busiest rank, ``max_r sum(w_l, l on r)``. For any placement of the layers
+on ``P`` ranks (contiguous or not) that is at least
+
+* ``sum(w) / P`` (the work term of ``ceiling.py`` at these degrees), and
+* for every ``j``: of the ``j P + 1`` heaviest layers some rank holds ``j + 1`` (pigeonhole), so the
+  busiest rank holds at least the ``j + 1`` lightest of them.
+
+``packing`` is the largest of these; the case's **layer bound** = max(``ceiling.py``'s bound, packing),
+a bound on every system whose plans keep one TP group per rank (``covered``). Where every rank holds one
+contiguous run of the encoder-then-LLM layers (``contiguous_layout``: Entrain's disjoint and
+boundary-sharing layouts, DistTrain's, 1F1B's; not DIP's, which puts encoder chunk ``r`` and LLM chunk
+``r`` on rank ``r``), the busiest rank holds at least ``contiguous``: the bottleneck of the min-max
+partition of the concatenated layers into ``P`` runs (``planning.partition``), the best such a split can
+reach.
+"""
+
+from __future__ import annotations
+
+import math
+
+from entrain.core.costs.costmodel import CostModel
+from entrain.core.planning.partition import min_max_partition
+
+
+# --- the bound ----------------------------------------------------------------------------------------
+def layer_work_ms(batch, cost: CostModel, *, tp: int, dp: int) -> list[float]:
+    """Per layer (the encoder's, then the LLM's): forward + backward ms at (``tp``, CP 1) over every sample
+    of ``batch``, per-call constants excluded, divided by ``dp`` (the replica mean)."""
+    out = []
+    for comp in ("encoder", "llm"):
+        per_sample = [(cost.units(comp, s.meta), cost.labels(comp, s.meta)) for s in batch]
+        for i in range(cost.component(comp).num_layers):
+            ms = sum(
+                cost.layer_ms(comp, i, units, phase, tp, 1, 0, labels)
+                for units, labels in per_sample
+                if units
+                for phase in ("fwd", "bwd")
+            )
+            out.append(ms / dp)
+    return out
+
+
+def packing_bound_ms(work_ms: list[float], ranks: int) -> float:
+    """The least busiest-rank time of any placement of whole layers ``work_ms`` on ``ranks`` ranks can reach
+    is at least this: the mean, and for every ``j`` the ``j + 1`` lightest of the ``j * ranks + 1``
+    heaviest (some rank holds ``j + 1`` of them)."""
+    heavy = sorted(work_ms, reverse=True)
+    best = sum(heavy) / ranks
+    j = 0
+    while j * ranks + 1 <= len(heavy):
+        top = heavy[: j * ranks + 1]
+        best = max(best, sum(top[-(j + 1) :]))
+        j += 1
+    return best
+
+
+def contiguous_ms(work_ms: list[float], ranks: int) -> float:
+    """The busiest rank of the best split of the layers into ``ranks`` contiguous runs."""
+    return min_max_partition(work_ms, min(ranks, len(work_ms))).bottleneck_ms
+
+
+def iteration_layer_bounds(batch, cost: CostModel, *, gpus: int, dp: int, tp: int) -> dict:
+    ranks = gpus // (dp * tp)
+    work = layer_work_ms(batch, cost, tp=tp, dp=dp)
+    return {
+        "ranks": ranks,
+        "packing_ms": packing_bound_ms(work, ranks),
+        "contiguous_ms": contiguous_ms(work, ranks),
+    }
+
+
+# --- systems and ratios ----------------------------------------------------------------------------
+def covered(layout, tp: int, ranks: int) -> bool:
+    """Whether a system's plan keeps one TP group of the setup's TP per pipeline rank."""
+    pars = layout.components.values()
+    return all(p.tp == tp and p.cp == 1 for p in pars) and layout.ranks_per_replica == ranks
+
+
+def contiguous_layout(layout, num_encoder_layers: int) -> bool:
+    """Whether each pipeline rank of ``layout`` holds one contiguous run of the encoder-then-LLM layers."""
+    for r in range(layout.ranks_per_replica):
+        spans = sorted(
+            (st.first_layer + (num_encoder_layers if st.component == "llm" else 0),
+             st.end_layer + (num_encoder_layers if st.component == "llm" else 0))
+            for st in layout.stages_of(r)
+        )  # fmt: skip
+        if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+            return False
+    return True
+
+
+def ratios(c: dict) -> dict:
+    sy = c["systems"]
+    best = sy[c["best_fitting_baseline"]]["iteration_time_ms"] if c.get("best_fitting_baseline") else None
+    dist = sy.get("disttrain", {}).get("iteration_time_ms")
+    ent = sy["entrain"]["iteration_time_ms"]
+    return {
+        "ceiling": best / c["bound_ms"] if best else None,
+        "layer_ceiling": best / c["layer_bound_ms"] if best else None,
+        "disttrain_ceiling": dist / c["bound_ms"] if dist else None,
+        "disttrain_layer_ceiling": dist / c["layer_bound_ms"] if dist else None,
+        "contiguous_ceiling": best / max(c["bound_ms"], c["contiguous_ms"]) if best else None,
+        "disttrain_contiguous_ceiling": dist / max(c["bound_ms"], c["contiguous_ms"]) if dist else None,
+        "achieved": best / ent if best else None,
+        "disttrain_achieved": dist / ent if dist else None,
+        "entrain_over_layer_bound": ent / c["layer_bound_ms"],
+    }
+
+
+def summary(rows: list[dict]) -> dict:
+    """Over ``rows`` (the section's cases): the headline's ratios and the zoo's geometric means."""
+    zoo_rows = [ratios(c) for c in rows if "zoo" in c["lists"]]
+    head = [c for c in rows if "headline" in c["lists"]]
+    out = {
+        "zoo_cases": len(zoo_rows),
+        "zoo_geomean_ceiling": geomean(r["ceiling"] for r in zoo_rows),
+        "zoo_geomean_layer_ceiling": geomean(r["layer_ceiling"] for r in zoo_rows),
+        "zoo_geomean_contiguous_ceiling": geomean(r["contiguous_ceiling"] for r in zoo_rows),
+        "zoo_geomean_achieved": geomean(r["achieved"] for r in zoo_rows),
+        "below_layer_bound": [f"{c['case']}: {n}" for c in rows for n in c["below_layer_bound"]],
+        "below_contiguous": [f"{c['case']}: {n}" for c in rows for n in c["below_contiguous"]],
+    }
+    if head:
+        out["headline"] = {"case": head[0]["case"], **ratios(head[0])}
+    return out
+
+
+def geomean(xs) -> float | None:
+    """The geometric mean of the ``xs`` that are set (None when none is)."""
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+# --- report ------------------------------------------------------------------------------------------------
+def _f(x, nd=3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def render_section(sec: dict, target_headline: float, target_geomean: float) -> list[str]:
+    """The report's section on the whole-layer bound (``sec``: ``{"cases", "summary", "elapsed_s"}``)."""
+    s = sec["summary"]
+    lines = [
+        "", "## Whole layers on the setup's pipeline ranks", "",
+        f"From `python benchmarks/ceiling.py --layers` (wall time {sec['elapsed_s']:.0f} s; `benchmarks/layer_bound.py`'s "
+        "docstring gives the derivation). Per case and iteration, on the same batches: **packing** = a lower bound on "
+        "the busiest pipeline rank's replica-mean busy time for any placement of whole layers on the setup's ranks "
+        "(ranks = GPUs / (DP x TP), CP 1); **layer bound** = max(bound, packing), a bound on every system that keeps "
+        "one TP group per rank; **contiguous** = the busiest rank of the best split of the encoder-then-LLM layers "
+        "into contiguous runs, a bound on every plan whose ranks each hold one contiguous run (Entrain's disjoint and "
+        "boundary-sharing layouts, DistTrain's, 1F1B's; not DIP's interleaved placement). Ceilings divide the best "
+        "fitting baseline (or DistTrain) by them. *covered*: per system, whether its plan keeps one TP group per rank "
+        "and whether each rank holds one contiguous run (recorded where the case was simulated in this run; else the "
+        "systems' times are `ceiling.json`'s above, not checked).", "",
+    ]  # fmt: skip
+    h = s.get("headline")
+    if h:
+        lines.append(
+            f"- {h['case']}: target {target_headline:.2f}x DistTrain; achieved {_f(h['disttrain_achieved'])}x; ceiling "
+            f"{_f(h['disttrain_ceiling'])}x (bound), {_f(h['disttrain_layer_ceiling'])}x (layer bound, any placement), "
+            f"{_f(h['disttrain_contiguous_ceiling'])}x (contiguous runs)"
+        )  # fmt: skip
+    lines += [
+        f"- zoo ({s['zoo_cases']} cases), geometric mean of best fitting baseline / bound: target {target_geomean:.2f}x; "
+        f"achieved {_f(s['zoo_geomean_achieved'])}x; ceiling {_f(s['zoo_geomean_ceiling'])}x (bound), "
+        f"{_f(s['zoo_geomean_layer_ceiling'])}x (layer bound), {_f(s['zoo_geomean_contiguous_ceiling'])}x (contiguous runs)",
+        "- covered systems below their case's layer bound, or with contiguous runs below its contiguous figure (a "
+        "broken bound): " + (", ".join(s["below_layer_bound"] + s["below_contiguous"]) or "none"),
+        "",
+        "| case | ranks | bound | packing | layer bound | contiguous | Entrain | DistTrain | best baseline | ceiling | "
+        "layer ceiling | contiguous ceiling | DistTrain: layer / contiguous ceiling | Entrain / contiguous | covered |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
+    ]  # fmt: skip
+    for c in sec["cases"]:
+        r, sy = ratios(c), c["systems"]
+        best = c["best_fitting_baseline"]
+        dist = sy.get("disttrain", {}).get("iteration_time_ms")
+        ent = sy["entrain"]["iteration_time_ms"]
+        lines.append(
+            f"| {c['case']} | {c['ranks']} | {c['bound_ms']:.1f} | {c['packing_ms']:.1f} | {c['layer_bound_ms']:.1f} | "
+            f"{c['contiguous_ms']:.1f} | {ent:.1f} | {_f(dist, 1)} | {best} {sy[best]['iteration_time_ms']:.1f} | "
+            f"{_f(r['ceiling'])} | {_f(r['layer_ceiling'])} | {_f(r['contiguous_ceiling'])} | "
+            f"{_f(r['disttrain_layer_ceiling'])} / {_f(r['disttrain_contiguous_ceiling'])} | "
+            f"{ent / max(c['bound_ms'], c['contiguous_ms']):.3f} | {_covered(sy)} |"
+        )  # fmt: skip
+    return lines
+
+
+def _covered(systems: dict) -> str:
+    if all(v["covered"] is None for v in systems.values()):
+        return "not checked"
+    out = [n for n, v in systems.items() if not v["covered"]]
+    runs = [n for n, v in systems.items() if v["covered"] and not v["contiguous"]]
+    return f"all but {', '.join(out) or 'none'}; interleaved: {', '.join(runs) or 'none'}"

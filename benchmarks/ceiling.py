@@ -300,8 +300,9 @@ def run_case(key: str, case: dict) -> dict:
         raise SystemExit(f"ceiling: {key}: the batches drawn are not the ones the systems ran")
     bounds = case_bounds(batches, cost, args)
     best, _ = best_fitting_baseline(runs)
-    systems = {n: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory}
-               for n, r in runs.items()}  # fmt: skip
+    n_enc = cost.component("encoder").num_layers
+    systems = {n: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory,
+                   "layout": layer_bound.layout_facts(r, n_enc)} for n, r in runs.items()}  # fmt: skip
     below = [n for n, v in systems.items() if v["iteration_time_ms"] < bounds["bound_ms"]]
     return {
         **out, **bounds, "systems": systems, "best_fitting_baseline": best,
@@ -328,51 +329,23 @@ def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> di
     if simulate:
         runs, _ = simulate_systems(args, list(case["systems"]))
         n_enc = cost.component("encoder").num_layers
-        row["systems"] = {
-            name: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory,
-                   "covered": layer_bound.covered(r.layout, args.tp, row["ranks"]),
-                   "contiguous": layer_bound.contiguous_layout(r.layout, n_enc),
-                   "busiest_rank_ms": busiest_rank_ms(r)}
-            for name, r in runs.items()
-        }  # fmt: skip
+        systems = {name: {"iteration_time_ms": r.metrics.iteration_time_ms, "layout": layer_bound.layout_facts(r, n_enc)}
+                   for name, r in runs.items()}  # fmt: skip
         row["best_fitting_baseline"] = best_fitting_baseline(runs)[0]
     else:
-        row["systems"] = {
-            name: {**v, "covered": None, "contiguous": None} for name, v in stored["systems"].items()
-        }
-        row["best_fitting_baseline"] = stored["best_fitting_baseline"]
+        systems, row["best_fitting_baseline"] = stored["systems"], stored["best_fitting_baseline"]
+    row["systems"] = {name: layer_bound.checked(v, args.tp, row["ranks"]) for name, v in systems.items()}
     row["below_layer_bound"] = [
-        m for m, v in row["systems"].items() if _below(v, row, "layer_bound_ms", "packing_ms")
+        m
+        for m, v in row["systems"].items()
+        if layer_bound.breaks_bound(v, row, "layer_bound_ms", "packing_ms")
     ]
     row["below_contiguous"] = [
         m
         for m, v in row["systems"].items()
-        if v["contiguous"] and _below(v, row, "contiguous_ms", "contiguous_ms")
+        if v["contiguous"] and layer_bound.breaks_bound(v, row, "contiguous_ms", "contiguous_ms")
     ]
     return row
-
-
-def _below(system: dict, row: dict, time_key: str, busy_key: str) -> bool:
-    """Whether a system breaks the bound: its time below ``row[time_key]`` (unless its layout is known not
-    to be covered), or its busiest rank below ``row[busy_key]`` (where its layout is recorded and covered)."""
-    if system["covered"] is None:
-        return system["iteration_time_ms"] < row[time_key]
-    return system["covered"] and (
-        system["iteration_time_ms"] < row[time_key] or system["busiest_rank_ms"] < row[busy_key]
-    )
-
-
-def busiest_rank_ms(run) -> float:
-    """The busy time of a run's busiest pipeline rank, averaged over its replicas, then over iterations."""
-    layout, out = run.layout, []
-    for it in run.iterations:
-        busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
-        by_rank = [
-            sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp
-            for r in range(layout.ranks_per_replica)
-        ]
-        out.append(max(by_rank))
-    return sum(out) / len(out)
 
 
 def run_layers(res: dict, selected: dict, simulate: list[str]) -> dict:

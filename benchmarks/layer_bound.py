@@ -16,7 +16,7 @@ on ``P`` ranks (contiguous or not) that is at least
   busiest rank holds at least the ``j + 1`` lightest of them.
 
 ``packing`` is the largest of these; the case's **layer bound** = max(``ceiling.py``'s bound, packing),
-a bound on every system whose plans keep one TP group per rank (``covered``). Where every rank holds one
+a bound on every system whose plans keep one TP group per rank (``ceiling.py``'s ``_checked``). Where every rank holds one
 contiguous run of the encoder-then-LLM layers (``contiguous_layout``: Entrain's disjoint and
 boundary-sharing layouts, DistTrain's, 1F1B's; not DIP's, which puts encoder chunk ``r`` and LLM chunk
 ``r`` on rank ``r``), the busiest rank holds at least ``contiguous``: the bottleneck of the min-max
@@ -79,13 +79,7 @@ def iteration_layer_bounds(batch, cost: CostModel, *, gpus: int, dp: int, tp: in
     }
 
 
-# --- systems and ratios ----------------------------------------------------------------------------
-def covered(layout, tp: int, ranks: int) -> bool:
-    """Whether a system's plan keeps one TP group of the setup's TP per pipeline rank."""
-    pars = layout.components.values()
-    return all(p.tp == tp and p.cp == 1 for p in pars) and layout.ranks_per_replica == ranks
-
-
+# --- systems: the premises their plans meet -----------------------------------------------------------
 def contiguous_layout(layout, num_encoder_layers: int) -> bool:
     """Whether each pipeline rank of ``layout`` holds one contiguous run of the encoder-then-LLM layers."""
     for r in range(layout.ranks_per_replica):
@@ -99,6 +93,54 @@ def contiguous_layout(layout, num_encoder_layers: int) -> bool:
     return True
 
 
+def layout_facts(run, num_encoder_layers: int) -> dict:
+    """What ``layer_bound``'s premises ask of a run's plan: each component's (TP, CP), the pipeline ranks per
+    replica, whether each rank holds one contiguous run of layers, and its busiest rank's busy time."""
+    layout = run.layout
+    return {
+        "degrees": {c: [p.tp, p.cp] for c, p in layout.components.items()},
+        "ranks": layout.ranks_per_replica,
+        "contiguous": contiguous_layout(layout, num_encoder_layers),
+        "busiest_rank_ms": busiest_rank_ms(run),
+    }
+
+
+def checked(system: dict, tp: int, ranks: int) -> dict:
+    """A system's time with the premises its layout meets (None: not recorded, a run from before)."""
+    facts = system.get("layout")
+    out = {"iteration_time_ms": system["iteration_time_ms"], "covered": None, "contiguous": None}
+    if facts:
+        degrees = facts["degrees"].values()
+        out["covered"] = facts["ranks"] == ranks and all(d == [tp, 1] for d in degrees)
+        out["contiguous"] = facts["contiguous"]
+        out["busiest_rank_ms"] = facts["busiest_rank_ms"]
+    return out
+
+
+def busiest_rank_ms(run) -> float:
+    """The busy time of a run's busiest pipeline rank, averaged over its replicas, then over iterations."""
+    layout, out = run.layout, []
+    for it in run.iterations:
+        busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
+        by_rank = [
+            sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp
+            for r in range(layout.ranks_per_replica)
+        ]
+        out.append(max(by_rank))
+    return sum(out) / len(out)
+
+
+def breaks_bound(system: dict, row: dict, time_key: str, busy_key: str) -> bool:
+    """Whether a system breaks the bound: its time below ``row[time_key]`` (unless its layout is known not
+    to be covered), or its busiest rank below ``row[busy_key]`` (where its layout is recorded and covered)."""
+    if system["covered"] is None:
+        return system["iteration_time_ms"] < row[time_key]
+    return system["covered"] and (
+        system["iteration_time_ms"] < row[time_key] or system["busiest_rank_ms"] < row[busy_key]
+    )
+
+
+# --- ratios ----------------------------------------------------------------------------
 def ratios(c: dict) -> dict:
     sy = c["systems"]
     best = sy[c["best_fitting_baseline"]]["iteration_time_ms"] if c.get("best_fitting_baseline") else None

@@ -5,6 +5,7 @@
     python benchmarks/ceiling.py --case synthchartnet/1B/a40-paper/seed3 --out one     # some cases only
     python benchmarks/ceiling.py --part 1/2 --out part1 & python benchmarks/ceiling.py --part 2/2 --out part2
     python benchmarks/ceiling.py --merge part1.json part2.json                           # the parts in one report
+    python benchmarks/ceiling.py --layers results/ceiling.json --out results/ceiling     # + the whole-layer section
 
 Cases, imported, never retyped: ``regression.py``'s headline (``regression.HEADLINE``: synthchartnet, 1B,
 a40-paper, seed 3, 5 iterations) and its 20 workload-zoo cases, and ``workload_zoo.py``'s whole-model

@@ -242,4 +242,4 @@ def _covered(systems: dict) -> str:
         return "not checked"
     out = [n for n, v in systems.items() if not v["covered"]]
     runs = [n for n, v in systems.items() if v["covered"] and not v["contiguous"]]
-    return f"all but {', '.join(out) or 'none'}; interleaved: {', '.join(runs) or 'none'}"
+    return f"{'all but ' + ', '.join(out) if out else 'all'}; interleaved: {', '.join(runs) or 'none'}"

@@ -57,7 +57,8 @@ def test_ceiling_report_is_its_json_rendered(benchmarks_on_path):
 
 def test_design_doc_quotes_the_committed_ceiling():
     """docs/design.md's paragraph on what bounds the targets quotes ceiling.json at its rounding."""
-    s = json.loads((RESULTS / "ceiling.json").read_text(encoding="utf-8"))["summary"]
+    res = json.loads((RESULTS / "ceiling.json").read_text(encoding="utf-8"))
+    s, layers = res["summary"], res["layer_bound"]["summary"]
     h = s["headline"]
     text = " ".join(DESIGN.read_text(encoding="utf-8").split())
     want = [
@@ -66,6 +67,10 @@ def test_design_doc_quotes_the_committed_ceiling():
         f"geometric mean of best fitting baseline / bound is {s['zoo_geomean_ceiling']:.3f}x",
         f"achieved {s['zoo_geomean_achieved']:.3f}x",
         f"the zoo's {s['zoo_cases']} cases the geometric mean",
+        f"contiguous runs is {layers['headline']['disttrain_contiguous_ceiling']:.3f}x DistTrain",
+        f"any placement of whole layers {layers['headline']['disttrain_layer_ceiling']:.3f}x",
+        f"{layers['zoo_geomean_contiguous_ceiling']:.3f}x for contiguous runs",
+        f"{layers['zoo_geomean_layer_ceiling']:.3f}x for any placement",
     ]
     missing = [w for w in want if w not in text]
     assert not missing, f"docs/design.md does not quote ceiling.json: {missing}"

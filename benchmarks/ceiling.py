@@ -326,6 +326,7 @@ def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> di
            "bound_ms": sum(x["bound_ms"] for x in setup) / n,
            "packing_ms": sum(r["packing_ms"] for r in per_it) / n,
            "contiguous_ms": sum(r["contiguous_ms"] for r in per_it) / n,
+           "looped_ms": sum(r["looped_ms"] for r in per_it) / n,
            "layer_bound_ms": sum(max(x["bound_ms"], r["packing_ms"]) for x, r in zip(setup, per_it)) / n}  # fmt: skip
     if simulate:
         runs, _ = simulate_systems(args, list(case["systems"]))
@@ -340,6 +341,11 @@ def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> di
         m
         for m, v in row["systems"].items()
         if layer_bound.breaks_bound(v, row, "layer_bound_ms", "packing_ms")
+    ]
+    row["below_looped"] = [
+        m
+        for m, v in row["systems"].items()
+        if v["looped"] and layer_bound.breaks_bound(v, row, "looped_ms", "looped_ms")
     ]
     row["below_contiguous"] = [
         m

@@ -1,8 +1,8 @@
 """benchmarks/layer_bound.py: the whole-layer bound is a true lower bound. The packing bound is never
 above the best placement of whole layers (found by enumeration on small instances) and the contiguous
 figure is the best contiguous split; on a tiny case no system that keeps one TP group per rank runs
-faster than the layer bound, and Entrain (whose layouts split the layers contiguously) never faster than
-the contiguous figure. (``ceiling.md``, which carries the section, is its JSON rendered: test_ceiling.py.)"""
+faster than the layer bound, no looped placement (DIP's) faster than the looped figure, and Entrain (whose
+layouts split the layers contiguously) never faster than the contiguous figure. (``ceiling.md``, which carries the section, is its JSON rendered: test_ceiling.py.)"""
 
 from __future__ import annotations
 
@@ -43,6 +43,35 @@ def test_packing_is_below_every_placement_and_contiguous_is_the_best_split(bench
     assert lb.contiguous_ms(work, ranks) == pytest.approx(_best_contiguous(work, ranks), rel=1e-9, abs=1e-9)
 
 
+def _best_looped(enc: list[float], llm: list[float], ranks: int) -> float:
+    def cuts(n):  # non-decreasing boundaries 0 = b0 <= b1 <= ... <= b_ranks = n
+        for inner in itertools.combinations_with_replacement(range(n + 1), ranks - 1):
+            yield (0, *inner, n)
+
+    return min(
+        max(sum(enc[a[r] : a[r + 1]]) + sum(llm[b[r] : b[r + 1]]) for r in range(ranks))
+        for a in cuts(len(enc))
+        for b in cuts(len(llm))
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    enc=st.lists(st.floats(min_value=0.0, max_value=100.0, allow_nan=False), min_size=1, max_size=4),
+    llm=st.lists(st.floats(min_value=0.0, max_value=100.0, allow_nan=False), min_size=1, max_size=4),
+    ranks=st.integers(min_value=1, max_value=3),
+)
+def test_looped_is_the_best_looped_placement_between_packing_and_contiguous(
+    benchmarks_on_path, enc, llm, ranks
+):
+    lb = importlib.import_module("layer_bound")
+    looped = lb.looped_ms(enc, llm, ranks)
+    assert looped == pytest.approx(_best_looped(enc, llm, ranks), rel=1e-9, abs=1e-9)
+    assert lb.packing_bound_ms(enc + llm, ranks) <= looped * (1 + 1e-9) + 1e-9
+    if ranks <= len(enc) + len(llm):
+        assert looped <= lb.contiguous_ms(enc + llm, ranks) * (1 + 1e-9) + 1e-9
+
+
 def test_packing_counts_the_pigeonhole_not_only_the_mean(benchmarks_on_path):
     """Five equal layers on two ranks: one rank holds three, whatever the placement."""
     lb = importlib.import_module("layer_bound")
@@ -72,6 +101,28 @@ def test_no_covered_system_is_faster_than_the_layer_bound(benchmarks_on_path):
     runs = [n for n in covered if row["systems"][n]["contiguous"]]
     assert {"entrain", "disttrain"} <= set(runs) and not row["systems"]["dip-greedy"]["contiguous"]
     assert all(busiest[n] >= row["contiguous_ms"] for n in runs), (row["contiguous_ms"], busiest)
+    loops = [n for n in covered if row["systems"][n]["looped"]]
+    assert set(runs) < set(loops) and "dip-greedy" in loops and row["below_looped"] == []
+    assert all(busiest[n] >= row["looped_ms"] for n in loops), (row["looped_ms"], busiest)
+    assert row["packing_ms"] <= row["looped_ms"] * (1 + 1e-9) <= row["contiguous_ms"] * (1 + 2e-9)
     assert busiest["entrain"] < 1.25 * row["contiguous_ms"]  # the figure is near what Entrain's split reaches
     assert row["below_contiguous"] == []
     assert times["entrain"] >= row["contiguous_ms"] >= row["packing_ms"] * (1 - 1e-9)
+
+
+def _layout(stages):
+    from entrain.core.ir.plan import ComponentLayout, Layout, StageSpec
+
+    specs = tuple(StageSpec(i, c, f, e, r) for i, (c, f, e, r) in enumerate(stages))
+    comps = {c: ComponentLayout(1, 1, sum(1 for s in specs if s.component == c)) for c in ("encoder", "llm")}
+    return Layout(dp=1, microbatch_size=1, num_microbatches=2, components=comps, stages=specs)
+
+
+def test_layout_checks_tell_contiguous_looped_and_neither(benchmarks_on_path):
+    lb = importlib.import_module("layer_bound")
+    shared = _layout([("encoder", 0, 3, 0), ("encoder", 3, 4, 1), ("llm", 0, 2, 1), ("llm", 2, 4, 2)])
+    looped = _layout([("encoder", 0, 2, 0), ("encoder", 2, 4, 1), ("llm", 0, 2, 0), ("llm", 2, 4, 1)])
+    crossed = _layout([("encoder", 0, 2, 1), ("encoder", 2, 4, 0), ("llm", 0, 2, 0), ("llm", 2, 4, 1)])
+    assert lb.contiguous_layout(shared, 4) and lb.looped_layout(shared)
+    assert not lb.contiguous_layout(looped, 4) and lb.looped_layout(looped)
+    assert not lb.contiguous_layout(crossed, 4) and not lb.looped_layout(crossed)

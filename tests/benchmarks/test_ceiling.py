@@ -69,6 +69,8 @@ def test_design_doc_quotes_the_committed_ceiling():
         f"the zoo's {s['zoo_cases']} cases the geometric mean",
         f"contiguous runs is {layers['headline']['disttrain_contiguous_ceiling']:.3f}x DistTrain",
         f"any placement of whole layers {layers['headline']['disttrain_layer_ceiling']:.3f}x",
+        f"for looped placements {layers['headline']['disttrain_looped_ceiling']:.3f}x",
+        f"{layers['zoo_geomean_looped_ceiling']:.3f}x for looped placements",
         f"{layers['zoo_geomean_contiguous_ceiling']:.3f}x for contiguous runs",
         f"{layers['zoo_geomean_layer_ceiling']:.3f}x for any placement",
     ]

@@ -261,9 +261,7 @@ def gap(run, cost: CostModel, gpus: int, bounds: dict) -> dict:
         busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
         mean_busy = sum(weight[g] * b for g, b in busy.items()) / gpus
         recompute = sum(weight[g] * (busy[g] - no_rc[g]) for g in busy) / gpus
-        by_rank = [
-            sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp for r in range(p)
-        ]
+        by_rank = layer_bound.rank_busy_ms(layout, it)
         rank_busy = [a + b / len(plain) for a, b in zip(rank_busy, by_rank)]
         rows.append({"time": it.iteration_time_ms, "mean_busy": mean_busy, "recompute": recompute,
                      "max_busy": max(busy.values()), "max_rank": max(by_rank)})  # fmt: skip
@@ -301,15 +299,20 @@ def run_case(key: str, case: dict) -> dict:
         raise SystemExit(f"ceiling: {key}: the batches drawn are not the ones the systems ran")
     bounds = case_bounds(batches, cost, args)
     best, _ = best_fitting_baseline(runs)
-    n_enc = cost.component("encoder").num_layers
-    systems = {n: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory,
-                   "layout": layer_bound.layout_facts(r, n_enc)} for n, r in runs.items()}  # fmt: skip
+    systems = system_rows(runs, cost)
     below = [n for n, v in systems.items() if v["iteration_time_ms"] < bounds["bound_ms"]]
     return {
         **out, **bounds, "systems": systems, "best_fitting_baseline": best,
         "below_bound": below, "entrain_gap": gap(runs["entrain"], cost, args.gpus, bounds),
         "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
+
+
+def system_rows(runs: dict, cost: CostModel) -> dict:
+    """Per system: its time, whether it fits, and its plan's layout facts (``layer_bound.layout_facts``)."""
+    n_enc = cost.component("encoder").num_layers
+    return {n: {"iteration_time_ms": r.metrics.iteration_time_ms, "fits_memory": r.metrics.fits_memory,
+                "layout": layer_bound.layout_facts(r, n_enc)} for n, r in runs.items()}  # fmt: skip
 
 
 def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> dict:
@@ -330,28 +333,12 @@ def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> di
            "layer_bound_ms": sum(max(x["bound_ms"], r["packing_ms"]) for x, r in zip(setup, per_it)) / n}  # fmt: skip
     if simulate:
         runs, _ = simulate_systems(args, list(case["systems"]))
-        n_enc = cost.component("encoder").num_layers
-        systems = {name: {"iteration_time_ms": r.metrics.iteration_time_ms, "layout": layer_bound.layout_facts(r, n_enc)}
-                   for name, r in runs.items()}  # fmt: skip
+        systems = system_rows(runs, cost)
         row["best_fitting_baseline"] = best_fitting_baseline(runs)[0]
     else:
         systems, row["best_fitting_baseline"] = stored["systems"], stored["best_fitting_baseline"]
     row["systems"] = {name: layer_bound.checked(v, args.tp, row["ranks"]) for name, v in systems.items()}
-    row["below_layer_bound"] = [
-        m
-        for m, v in row["systems"].items()
-        if layer_bound.breaks_bound(v, row, "layer_bound_ms", "packing_ms")
-    ]
-    row["below_looped"] = [
-        m
-        for m, v in row["systems"].items()
-        if v["looped"] and layer_bound.breaks_bound(v, row, "looped_ms", "looped_ms")
-    ]
-    row["below_contiguous"] = [
-        m
-        for m, v in row["systems"].items()
-        if v["contiguous"] and layer_bound.breaks_bound(v, row, "contiguous_ms", "contiguous_ms")
-    ]
+    row.update(layer_bound.systems_below(row))
     return row
 
 

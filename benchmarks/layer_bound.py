@@ -168,17 +168,18 @@ def checked(system: dict, tp: int, ranks: int) -> dict:
     return out
 
 
+def rank_busy_ms(layout, it) -> list[float]:
+    """Per pipeline rank: its busy time in iteration ``it`` (a simulated iteration), averaged over replicas."""
+    busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
+    return [
+        sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp
+        for r in range(layout.ranks_per_replica)
+    ]
+
+
 def busiest_rank_ms(run) -> float:
     """The busy time of a run's busiest pipeline rank, averaged over its replicas, then over iterations."""
-    layout, out = run.layout, []
-    for it in run.iterations:
-        busy = {g: b for rep in it.replicas for g, b in rep.busy_ms.items()}
-        by_rank = [
-            sum(busy[layout.global_rank(d, r)] for d in range(layout.dp)) / layout.dp
-            for r in range(layout.ranks_per_replica)
-        ]
-        out.append(max(by_rank))
-    return sum(out) / len(out)
+    return sum(max(rank_busy_ms(run.layout, it)) for it in run.iterations) / len(run.iterations)
 
 
 def breaks_bound(system: dict, row: dict, time_key: str, busy_key: str) -> bool:
@@ -189,6 +190,27 @@ def breaks_bound(system: dict, row: dict, time_key: str, busy_key: str) -> bool:
     return system["covered"] and (
         system["iteration_time_ms"] < row[time_key] or system["busiest_rank_ms"] < row[busy_key]
     )
+
+
+BOUNDS = (
+    ("below_layer_bound", None, "layer_bound_ms", "packing_ms"),
+    ("below_looped", "looped", "looped_ms", "looped_ms"),
+    ("below_contiguous", "contiguous", "contiguous_ms", "contiguous_ms"),
+)
+"""Per figure of a case row: the list of systems below it, the premise a plan must meet for it to hold
+(None: covered alone), the time and the busiest-rank figure."""
+
+
+def systems_below(row: dict) -> dict[str, list[str]]:
+    """Per figure (``BOUNDS``), the systems of ``row`` whose plans meet its premise and break it."""
+    return {
+        name: [
+            m
+            for m, v in row["systems"].items()
+            if (premise is None or v[premise]) and breaks_bound(v, row, t, b)
+        ]
+        for name, premise, t, b in BOUNDS
+    }
 
 
 # --- ratios ----------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import layer_bound
+import looped_probe
 import regression
 import workload_zoo as zoo
 from layer_bound import geomean
@@ -335,6 +336,7 @@ def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> di
         runs, _ = simulate_systems(args, list(case["systems"]))
         systems = system_rows(runs, cost)
         row["best_fitting_baseline"] = best_fitting_baseline(runs)[0]
+        row["looped_probe"] = looped_probe.probe(runs["entrain"], batches, cost)
     else:
         systems, row["best_fitting_baseline"] = stored["systems"], stored["best_fitting_baseline"]
     row["systems"] = {name: layer_bound.checked(v, args.tp, row["ranks"]) for name, v in systems.items()}

@@ -24,7 +24,7 @@ partition of the concatenated layers into ``P`` runs (``planning.partition``), t
 reach. Where each rank holds one run of the encoder's layers and one of the LLM's (either may be empty),
 each component's runs in rank order (``looped_layout``: DIP's placement, and every contiguous split), it
 holds at least ``looped``: the best such placement, by dynamic programming over both components'
-boundaries (``looped_ms``). So packing <= looped <= contiguous.
+boundaries (``looped_ms``, ``looped_split``). So packing <= looped <= contiguous.
 """
 
 from __future__ import annotations
@@ -77,20 +77,39 @@ def contiguous_ms(work_ms: list[float], ranks: int) -> float:
 def looped_ms(encoder_ms: list[float], llm_ms: list[float], ranks: int) -> float:
     """The busiest rank of the best placement where rank ``r`` holds one contiguous run of the encoder's
     layers and one of the LLM's (either may be empty), each component's runs in rank order: DIP's looped
-    placement, and every contiguous split, are such placements. ``f[i, j]``: the best busiest rank of the
-    ranks so far covering the first ``i`` encoder and ``j`` LLM layers; each rank extends both runs."""
+    placement, and every contiguous split, are such placements (``looped_split``)."""
+    return looped_split(encoder_ms, llm_ms, ranks)[0]
+
+
+def looped_split(
+    encoder_ms: list[float], llm_ms: list[float], ranks: int
+) -> tuple[float, list[tuple[tuple[int, int], tuple[int, int]]]]:
+    """``looped_ms`` and a placement reaching it: per rank, its (first, end) encoder layers and (first, end)
+    LLM layers. ``f[i, j]``: the best busiest rank of the ranks so far covering the first ``i`` encoder and
+    ``j`` LLM layers; each rank extends both runs (``back``: where the rank's runs start)."""
     pe = np.concatenate([[0.0], np.cumsum(encoder_ms)])
     pl = np.concatenate([[0.0], np.cumsum(llm_ms)])
     f = np.full((len(pe), len(pl)), np.inf)
     f[0, 0] = 0.0
+    back = []
     for _ in range(ranks):
         g = np.full_like(f, np.inf)
+        start = np.zeros(f.shape + (2,), dtype=int)
         for i in range(len(pe)):
             enc = (pe[i] - pe[: i + 1])[:, None]
             for j in range(len(pl)):
-                g[i, j] = np.maximum(f[: i + 1, : j + 1], enc + (pl[j] - pl[: j + 1])[None, :]).min()
+                both = np.maximum(f[: i + 1, : j + 1], enc + (pl[j] - pl[: j + 1])[None, :])
+                k = np.unravel_index(np.argmin(both), both.shape)
+                g[i, j], start[i, j] = both[k], k
         f = g
-    return float(f[-1, -1])
+        back.append(start)
+    i, j = len(pe) - 1, len(pl) - 1
+    runs = []
+    for start in reversed(back):
+        a, b = (int(x) for x in start[i, j])
+        runs.append(((a, i), (b, j)))
+        i, j = a, b
+    return float(f[-1, -1]), runs[::-1]
 
 
 def iteration_layer_bounds(batch, cost: CostModel, *, gpus: int, dp: int, tp: int) -> dict:
@@ -317,6 +336,36 @@ def render_section(sec: dict, target_headline: float, target_geomean: float) -> 
             f"{_f(r['disttrain_contiguous_ceiling'])} | "
             f"{ent / max(c['bound_ms'], c['contiguous_ms']):.3f} | {_covered(sy)} |"
         )  # fmt: skip
+    return lines + _probe_lines(sec["cases"])
+
+
+def _probe_lines(rows: list[dict]) -> list[str]:
+    """The looped probe's table (``looped_probe.py``), for the cases simulated in this run."""
+    probed = [c for c in rows if c.get("looped_probe")]
+    if not probed:
+        return []
+    names = list(probed[0]["looped_probe"]["schedules"])
+    lines = [
+        "", "### The looped placement under the schedules we have", "",
+        "From `benchmarks/looped_probe.py`, on each case simulated in this run: Entrain's batcher on the best looped "
+        "placement of the case's layers (their work averaged over its batches), scheduled by each order the engine "
+        "has for a rank holding an encoder stage and an LLM stage, with no recomputation; per order the simulated "
+        "iteration time, the busiest rank's busy time, and whether it fits device memory. Entrain's own plan "
+        "(contiguous runs) is beside it.", "",
+        "| case | looped figure | Entrain | " + " | ".join(names) + " |",
+        "|---|---:|---:|" + "---:|" * len(names),
+    ]  # fmt: skip
+    for c in probed:
+        p = c["looped_probe"]
+        cells = [
+            f"{v['iteration_time_ms']:.1f} (busiest {v['busiest_rank_ms']:.1f}{'' if v['fits_memory'] else ', does not fit'})"
+            for v in p["schedules"].values()
+        ]
+        lines.append(
+            f"| {c['case']} | {p['looped_split_ms']:.1f} | {p['entrain_ms']:.1f} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return lines
 
 

@@ -65,8 +65,17 @@ def test_looped_is_the_best_looped_placement_between_packing_and_contiguous(
     benchmarks_on_path, enc, llm, ranks
 ):
     lb = importlib.import_module("layer_bound")
-    looped = lb.looped_ms(enc, llm, ranks)
+    looped, runs = lb.looped_split(enc, llm, ranks)
+    assert looped == lb.looped_ms(enc, llm, ranks)
     assert looped == pytest.approx(_best_looped(enc, llm, ranks), rel=1e-9, abs=1e-9)
+    # the placement returned reaches the figure: each component's runs cover its layers in rank order
+    assert len(runs) == ranks
+    for k, layers in enumerate((enc, llm)):
+        edges = [runs[0][k][0]] + [r[k][1] for r in runs]
+        assert edges[0] == 0 and edges[-1] == len(layers)
+        assert all(r[k][0] == e for r, e in zip(runs, edges)) and edges == sorted(edges)
+    reached = max(sum(enc[e[0] : e[1]]) + sum(llm[m[0] : m[1]]) for e, m in runs)
+    assert reached == pytest.approx(looped, rel=1e-9, abs=1e-9)
     assert lb.packing_bound_ms(enc + llm, ranks) <= looped * (1 + 1e-9) + 1e-9
     if ranks <= len(enc) + len(llm):
         assert looped <= lb.contiguous_ms(enc + llm, ranks) * (1 + 1e-9) + 1e-9
@@ -87,6 +96,7 @@ def test_no_covered_system_is_faster_than_the_layer_bound(benchmarks_on_path):
     systems = ["entrain", "disttrain", "dip-greedy", "dflop"]
     case = {"argv": argv, "systems": systems, "lists": ["zoo"]}
     row = ceiling.layers_case("tiny", case, None, True)
+    probe = row.pop("looped_probe")  # simulated cases only
     # a ceiling run records each plan's layout: the section on its stored times checks the same premises
     assert ceiling.layers_case("tiny", case, ceiling.run_case("tiny", case), False) == row
     times = {n: v["iteration_time_ms"] for n, v in row["systems"].items()}
@@ -108,6 +118,13 @@ def test_no_covered_system_is_faster_than_the_layer_bound(benchmarks_on_path):
     assert busiest["entrain"] < 1.25 * row["contiguous_ms"]  # the figure is near what Entrain's split reaches
     assert row["below_contiguous"] == []
     assert times["entrain"] >= row["contiguous_ms"] >= row["packing_ms"] * (1 - 1e-9)
+    # the looped probe simulates the placement its figure found: its busiest rank is at the figure (per-call
+    # constants on top), never below the looped figure of the same work
+    assert probe["entrain_ms"] == times["entrain"] and set(probe["schedules"]) == {"phase", "greedy", "greedy-mem"}
+    for v in probe["schedules"].values():
+        assert probe["looped_split_ms"] * (1 - 1e-9) <= v["busiest_rank_ms"] <= 1.02 * probe["looped_split_ms"]
+        assert v["iteration_time_ms"] >= v["busiest_rank_ms"]
+    assert probe["looped_split_ms"] == pytest.approx(row["looped_ms"], rel=1e-9)  # one iteration: the same work
 
 
 def _layout(stages):
@@ -126,3 +143,15 @@ def test_layout_checks_tell_contiguous_looped_and_neither(benchmarks_on_path):
     assert lb.contiguous_layout(shared, 4) and lb.looped_layout(shared)
     assert not lb.contiguous_layout(looped, 4) and lb.looped_layout(looped)
     assert not lb.contiguous_layout(crossed, 4) and not lb.looped_layout(crossed)
+
+
+def test_the_probe_lays_out_the_split_it_is_given(benchmarks_on_path):
+    """``looped_probe.looped_layout_of``: rank r holds runs[r]'s encoder and LLM layers, empty runs dropped."""
+    probe = importlib.import_module("looped_probe")
+    lb = importlib.import_module("layer_bound")
+    base = _layout([("encoder", 0, 4, 0), ("llm", 0, 4, 1), ("llm", 4, 5, 2)])
+    layout = probe.looped_layout_of(base, [((0, 0), (0, 3)), ((0, 3), (3, 5)), ((3, 4), (5, 5))])
+    got = [(s.stage, s.component, s.first_layer, s.end_layer, s.pp_rank) for s in layout.stages]
+    assert got == [(0, "encoder", 0, 3, 1), (1, "encoder", 3, 4, 2), (2, "llm", 0, 3, 0), (3, "llm", 3, 5, 1)]
+    assert {c: p.pp for c, p in layout.components.items()} == {"encoder": 2, "llm": 2}
+    assert layout.ranks_per_replica == 3 and lb.looped_layout(layout) and not lb.contiguous_layout(layout, 4)

@@ -74,5 +74,13 @@ def test_design_doc_quotes_the_committed_ceiling():
         f"{layers['zoo_geomean_contiguous_ceiling']:.3f}x for contiguous runs",
         f"{layers['zoo_geomean_layer_ceiling']:.3f}x for any placement",
     ]
+    head = next(c for c in res["layer_bound"]["cases"] if c["case"] == h["case"])["looped_probe"]
+    ms = {n: v["iteration_time_ms"] for n, v in head["schedules"].items()}
+    want += [
+        f"busiest rank is busy {head['schedules']['greedy']['busiest_rank_ms']:.0f} ms",
+        f"{ms['phase']:.0f} ms under DIP's phase order, {ms['greedy']:.0f} ms under DIP's greedy interleaver and "
+        f"{ms['greedy-mem']:.0f} ms under the interleaver within memory's window, against Entrain's "
+        f"{head['entrain_ms']:.0f} ms",
+    ]
     missing = [w for w in want if w not in text]
     assert not missing, f"docs/design.md does not quote ceiling.json: {missing}"

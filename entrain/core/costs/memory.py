@@ -25,7 +25,7 @@ from entrain.core.costs.sampler import Sampler, SampleStats
 from entrain.core.costs.table_work import draw_works
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message
-from entrain.core.ir.p2p import Comm, encoder_pieces, rank_actions, rank_program
+from entrain.core.ir.p2p import Comm, channel_orders, encoder_pieces, rank_actions, rank_program
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.workload.work import SampleWork
 
@@ -409,7 +409,11 @@ def _holds(layout: Layout, it: IterationPlan, ranks: list[int], pieces, forward_
         hit = _HOLDS.get(key)
         if hit is not None:
             return hit
-    programs = {g: rank_program(layout, it, g, forward_only=forward_only, pieces=pieces) for g in ranks}
+    orders = channel_orders(layout, it, ranks, forward_only, pieces)
+    programs = {
+        g: rank_program(layout, it, g, forward_only=forward_only, pieces=pieces, orders=orders.get(g, {}))
+        for g in ranks
+    }
     sent, received = _program_events(programs)
     clocks = _vector_clocks(programs, sent, received)
     index = {g: _compute_index(programs[g]) for g in ranks}

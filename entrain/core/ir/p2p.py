@@ -48,6 +48,7 @@ __all__ = [
     "channel_warmup",
     "FORWARD_KINDS",
     "rank_program",
+    "channel_orders",
     "replica_programs",
     "single_group",
     "receive_needs_header",
@@ -227,18 +228,23 @@ def _channel_orders(
     where pieces cross replicas)."""
     replica, _ = layout.replica_of(rank)
     replicas = range(layout.dp) if pieces else (replica,)
-    orders: dict[int, list[Message]] = {}
-    for r in replicas:
-        for pp in range(layout.ranks_per_replica):
-            sender = layout.global_rank(r, pp)
-            if sender == rank:
-                continue
-            for a in rank_actions(it, sender, forward_only):
-                if a.kind in _SENDS:
-                    for peer, msg in _targets(layout, pieces, sender, a):
-                        if peer == rank:
-                            orders.setdefault(sender, []).append(msg)
-    return orders
+    senders = [layout.global_rank(r, pp) for r in replicas for pp in range(layout.ranks_per_replica)]
+    return channel_orders(layout, it, senders, forward_only, pieces).get(rank, {})
+
+
+def channel_orders(
+    layout: Layout, it: IterationPlan, senders: Sequence[int], forward_only: bool, pieces: Pieces
+) -> dict[int, dict[int, list[Message]]]:
+    """Receiver -> its ``_channel_orders`` over ``senders``, in one pass over their send actions (every
+    receiver's program at once; ``senders``: a replica's ranks, or every rank where pieces cross replicas)."""
+    out: dict[int, dict[int, list[Message]]] = {}
+    for sender in senders:
+        for a in rank_actions(it, sender, forward_only):
+            if a.kind in _SENDS:
+                for peer, msg in _targets(layout, pieces, sender, a):
+                    if peer != sender:
+                        out.setdefault(peer, {}).setdefault(sender, []).append(msg)
+    return out
 
 
 def message_part_names(layout: Layout, msg: Message) -> tuple[str, ...]:
@@ -279,12 +285,15 @@ class _Builder:
         iteration: int,
         known_shape: KnownShape | None = None,
         pieces: Pieces | None = None,
+        orders: dict[int, list[Message]] | None = None,
     ):
         self.layout, self.rank, self.iteration = layout, rank, iteration
         self.known_shape = known_shape
         self.actions = rank_actions(it, rank, forward_only)
         self.pieces = encoder_pieces(layout, it) if pieces is None else pieces
-        self.orders = _channel_orders(layout, it, rank, forward_only, self.pieces)
+        if orders is None:
+            orders = _channel_orders(layout, it, rank, forward_only, self.pieces)
+        self.orders = orders
         self.position = {(src, m): i for src, msgs in self.orders.items() for i, m in enumerate(msgs)}
         self.received = dict.fromkeys(self.orders, 0)
 
@@ -333,6 +342,7 @@ def rank_program(
     known_shape: KnownShape | None = None,
     cross_replica: bool = False,
     pieces: Pieces | None = None,
+    orders: dict[int, list[Message]] | None = None,
 ) -> tuple[Step, ...]:
     """The steps ``rank`` runs for ``it``: its compute actions and its communication, in order; with
     ``warmup``, opened by the connection warm-up (the runtime's first step after building its groups).
@@ -341,8 +351,8 @@ def rank_program(
     only posts earlier, so the replay of the header-first program covers both. ``cross_replica``: the
     run has the channels between replicas that moved encoder work needs (``layout_channels``), which
     the warm-up connects too. ``pieces``: ``encoder_pieces(layout, it)`` when the caller has it already
-    (every rank's program at once)."""
-    steps = _Builder(layout, it, rank, forward_only, iteration, known_shape, pieces).build()
+    (every rank's program at once); ``orders``: the rank's ``channel_orders`` likewise."""
+    steps = _Builder(layout, it, rank, forward_only, iteration, known_shape, pieces, orders).build()
     head = warmup_batches(layout, rank, cross_replica) if warmup else ()
     return ((WarmUp(head),) if head else ()) + steps
 
@@ -357,10 +367,15 @@ def replica_programs(
     warmup: bool = False,
 ) -> dict[int, tuple[Step, ...]]:
     ranks = [layout.global_rank(replica, pp) for pp in range(layout.ranks_per_replica)]
+    pieces = encoder_pieces(layout, it)
+    orders = None if pieces else channel_orders(layout, it, ranks, forward_only, pieces)
     return {
-        g: rank_program(layout, it, g, forward_only=forward_only, iteration=iteration, warmup=warmup)
+        g: rank_program(
+            layout, it, g, forward_only=forward_only, iteration=iteration, warmup=warmup, pieces=pieces,
+            orders=None if orders is None else orders.get(g, {}),
+        )
         for g in ranks
-    }
+    }  # fmt: skip
 
 
 def single_group(programs: dict[int, Sequence[Step]]) -> dict[int, tuple[Step, ...]]:

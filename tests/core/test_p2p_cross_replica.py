@@ -11,7 +11,14 @@ from functools import cache
 import pytest
 
 from entrain.core.errors import ScheduleError
-from entrain.core.ir.p2p import Comm, encoder_pieces, layout_channels, rank_program
+from entrain.core.ir.p2p import (
+    Comm,
+    channel_orders,
+    encoder_pieces,
+    layout_channels,
+    rank_program,
+    replica_programs,
+)
 from entrain.core.ir.p2p_check import check_iteration, check_plan, check_program
 from entrain.core.ir.plan import ActionKind
 from entrain.core.systems import SYSTEMS, moves_across_replicas
@@ -94,3 +101,24 @@ def test_a_piece_its_owner_takes_before_it_arrives_is_named():
     broken = replace(it, actions={**it.actions, owner: tuple(acts)})
     with pytest.raises(ScheduleError, match="runs before it arrives"):
         check_iteration(plan.layout, broken, cross_replica=True)
+
+
+@pytest.mark.parametrize("system", ["encoder-rebalance", "entrain", "dip"])
+def test_one_pass_channel_orders_build_each_ranks_own_program(system):
+    """``channel_orders`` (every receiver at once) gives each rank the program it builds alone: where
+    pieces cross replicas (over every rank) and where each replica keeps its own (``replica_programs``)."""
+    plan = _plan() if system == "encoder-rebalance" else plan_for(system, 2, 2, 2, 3, works(batch_metas()))
+    layout = plan.layout
+    for it in plan.iterations:
+        pieces = encoder_pieces(layout, it)
+        assert bool(pieces) == (system == "encoder-rebalance")
+        alone = {g: rank_program(layout, it, g) for g in range(layout.world_size)}
+        if pieces:
+            orders = channel_orders(layout, it, range(layout.world_size), False, pieces)
+            together = {
+                g: rank_program(layout, it, g, pieces=pieces, orders=orders.get(g, {})) for g in alone
+            }
+        else:
+            together = {g: p for r in range(layout.dp) for g, p in replica_programs(layout, it, r).items()}
+        assert together == alone
+        assert any(isinstance(step, Comm) for program in alone.values() for step in program)

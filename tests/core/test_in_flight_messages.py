@@ -4,11 +4,14 @@ takes it, on a hand-built schedule whose every step is worked out below."""
 
 from __future__ import annotations
 
+import pytest
+
 from entrain.core.costs.memory import (
     in_flight_message_bytes,
     peak_in_flight_message_bytes,
     plan_message_bytes,
 )
+from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import ReplicaGraph
 from entrain.core.ir.plan import Action, ComponentLayout, IterationPlan, Layout, MicrobatchSpec, StageSpec
 from entrain.core.schedules.action_costs import PlanCosts
@@ -135,3 +138,33 @@ def test_without_pieces_each_replica_counts_its_own_messages_alone():
     local = in_flight_message_bytes(plan.layout, it, crossing, pieces={})
     assert set(local) == {0, 1, 2, 3} and max(map(max, local.values())) == 0
     assert max(map(max, in_flight_message_bytes(plan.layout, it, crossing).values())) > 0
+
+
+def test_a_sender_learns_of_a_receive_through_a_third_rank():
+    """A looped placement (encoder stages on ranks 0 and 1, LLM stages on ranks 2 and 0): rank 0's
+    message to rank 1 completes when rank 0 learns of rank 1's receive, which it does at its step 2,
+    through rank 2's message (sent after rank 2 heard from rank 1), not only at step 6 from rank 1."""
+    stages = (
+        StageSpec(0, "encoder", 0, 1, 0),
+        StageSpec(1, "encoder", 1, 2, 1),
+        StageSpec(2, "llm", 0, 1, 2),
+        StageSpec(3, "llm", 1, 2, 0),
+    )
+    layout = Layout(1, 1, 1, {"encoder": ComponentLayout(pp=2), "llm": ComponentLayout(pp=2)}, stages)
+    mbs = (MicrobatchSpec(0, 0, (("s0",),), (("s0",),)),)
+    acts = {
+        0: "0F0 0SEND_F0 3RECV_F0 3F0 3B0 3SEND_B0 0RECV_B0 0B0",
+        1: "1RECV_F0 1F0 1SEND_F0 1RECV_B0 1B0 1SEND_B0",
+        2: "2RECV_F0 2F0 2SEND_F0 2RECV_B0 2B0 2SEND_B0",
+    }
+    it = IterationPlan(None, (mbs,), {r: tuple(Action.parse(a) for a in t.split()) for r, t in acts.items()})
+    held = in_flight_message_bytes(layout, it, _size)
+    assert held[0] == [0, 100, 100, 0, 0, 100, 100, 0]
+    assert held[1] == [100, 0, 100, 100, 0, 100]
+    assert held[2] == [100, 0, 100, 100, 0, 100]
+
+
+def test_a_schedule_whose_ranks_wait_on_each_other_is_refused():
+    it = _iteration({0: "0F0 0RECV_B0 0SEND_F0 0B0", 1: "1RECV_F0 1F0 1B0 1SEND_B0"})
+    with pytest.raises(ScheduleError, match=r"ranks \[0, 1\] wait for messages that are never sent"):
+        in_flight_message_bytes(_layout(2), it, _size)

@@ -14,7 +14,7 @@ of its program, of what it holds at that step: activations and messages together
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +25,7 @@ from entrain.core.costs.sampler import Sampler, SampleStats
 from entrain.core.costs.table_work import draw_works
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message
-from entrain.core.ir.p2p import Comm, channel_orders, encoder_pieces, rank_actions, rank_program
+from entrain.core.ir.p2p import channel_orders, encoder_pieces, rank_actions, rank_events
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.workload.work import SampleWork
 
@@ -286,49 +286,80 @@ def plan_message_bytes(costs, it: IterationPlan, pieces=None) -> MessageBytes:
     return size
 
 
-def _program_events(programs: dict[int, tuple]) -> tuple[dict, dict]:
+def _program_events(events: dict[int, tuple]) -> tuple[dict, dict]:
     """(sender, receiver, message) -> the sender's step that posts it, and the receiver's step that
-    receives it (a message received ahead of its own action, in its channel's order, at that step)."""
+    receives it (a message received ahead of its own action, in its channel's order, at that step).
+    ``events``: per rank, ``entrain.core.ir.p2p.rank_events``."""
     sent, received = {}, {}
-    for g, steps in programs.items():
+    for g, steps in events.items():
         for i, step in enumerate(steps):
-            if not isinstance(step, Comm):
-                continue
-            for batch in step.batches:
-                for op in batch.ops:
-                    key = (g, op.peer, op.message) if op.send else (op.peer, g, op.message)
-                    (sent if op.send else received).setdefault(key, i)
+            for peer, msg, send in step or ():
+                if send:
+                    sent.setdefault((g, peer, msg), i)
+                else:
+                    received.setdefault((peer, g, msg), i)
     return sent, received
 
 
-def _vector_clocks(programs: dict[int, tuple], sent: dict, received: dict) -> dict[int, list[dict[int, int]]]:
-    """Per rank and step, per rank the last step that happens before it (program order and
-    messages: a receive after its send)."""
-    ranks = sorted(programs)
-    incoming: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for (src, dst, msg), i in received.items():
-        incoming.setdefault((dst, i), []).append((src, sent[(src, dst, msg)]))
-    clocks: dict[int, list[dict[int, int]]] = {g: [] for g in ranks}
-    moved = True
-    while moved:
-        moved = False
-        for g in ranks:
-            while len(clocks[g]) < len(programs[g]):
-                i = len(clocks[g])
-                deps = incoming.get((g, i), [])
-                if any(len(clocks[src]) <= j for src, j in deps):
-                    break
-                vc = dict(clocks[g][-1]) if i else {}
-                for src, j in deps:
-                    for r, k in clocks[src][j].items():
-                        vc[r] = max(vc.get(r, -1), k)
-                vc[g] = i
-                clocks[g].append(vc)
-                moved = True
-    stuck = [g for g in ranks if len(clocks[g]) < len(programs[g])]
-    if stuck:
-        raise ScheduleError(f"ranks {stuck} wait for messages that are never sent (a cycle)")
-    return clocks
+class _Clocks:
+    """Vector clocks of every rank's program (per step, per rank the last step that happens before it:
+    program order and messages, a receive after its send), kept only at the steps that receive: between
+    two of them a rank's clock changes only in its own entry."""
+
+    def __init__(self, ranks: Sequence[int], sent: dict, received: dict):
+        incoming: dict[int, dict[int, list[tuple[int, int]]]] = {g: {} for g in ranks}
+        for (src, dst, msg), i in received.items():
+            incoming[dst].setdefault(i, []).append((src, sent[(src, dst, msg)]))
+        self.marks = {g: sorted(incoming[g]) for g in ranks}
+        self.clocks: dict[int, list[dict[int, int]]] = {g: [] for g in ranks}
+        self._columns: dict[tuple[int, int], list[int]] = {}
+        moved = True
+        while moved:
+            moved = False
+            for g in ranks:
+                moved |= self._advance(g, incoming[g])
+        stuck = [g for g in ranks if len(self.clocks[g]) < len(self.marks[g])]
+        if stuck:
+            raise ScheduleError(f"ranks {stuck} wait for messages that are never sent (a cycle)")
+
+    def _advance(self, g: int, incoming: dict[int, list[tuple[int, int]]]) -> bool:
+        """Compute ``g``'s clocks at its next receiving steps whose senders' clocks are known."""
+        marks, clocks, moved = self.marks[g], self.clocks[g], False
+        while len(clocks) < len(marks):
+            i = marks[len(clocks)]
+            deps = incoming[i]
+            if any(not self._known(src, j) for src, j in deps):
+                break
+            vc = dict(clocks[-1]) if clocks else {}
+            for src, j in deps:
+                k = bisect_right(self.marks[src], j) - 1
+                for r, step in self.clocks[src][k].items() if k >= 0 else ():
+                    if step > vc.get(r, -1):
+                        vc[r] = step
+                if j > vc.get(src, -1):
+                    vc[src] = j
+            vc[g] = i
+            clocks.append(vc)
+            moved = True
+        return moved
+
+    def _known(self, g: int, step: int) -> bool:
+        """Whether ``g``'s clock at ``step`` is computed: every receiving step up to it is."""
+        marks, done = self.marks[g], len(self.clocks[g])
+        return done == len(marks) or marks[done] > step
+
+    def first_after(self, g: int, step: int, other: int, other_step: int, end: int) -> int:
+        """The first step of ``g`` from ``step`` on that ``other``'s ``other_step`` happens before
+        (``end`` when none). ``other`` != ``g``: that entry changes only at receiving steps."""
+        column = self._columns.get((g, other))
+        if column is None:
+            column = self._columns[(g, other)] = [vc.get(other, -1) for vc in self.clocks[g]]
+        marks = self.marks[g]
+        lo = bisect_left(marks, step)
+        if lo and column[lo - 1] >= other_step:
+            return step
+        k = bisect_left(column, other_step, lo=lo)
+        return marks[k] if k < len(marks) else end
 
 
 def _compute_index(steps: tuple) -> tuple[dict, dict]:
@@ -410,20 +441,20 @@ def _holds(layout: Layout, it: IterationPlan, ranks: list[int], pieces, forward_
         if hit is not None:
             return hit
     orders = channel_orders(layout, it, ranks, forward_only, pieces)
-    programs = {
-        g: rank_program(layout, it, g, forward_only=forward_only, pieces=pieces, orders=orders.get(g, {}))
+    events = {
+        g: rank_events(layout, it, g, forward_only=forward_only, pieces=pieces, orders=orders.get(g, {}))
         for g in ranks
     }
-    sent, received = _program_events(programs)
-    clocks = _vector_clocks(programs, sent, received)
-    index = {g: _compute_index(programs[g]) for g in ranks}
+    sent, received = _program_events(events)
+    clocks = _Clocks(ranks, sent, received)
+    actions = {g: rank_actions(it, g, forward_only) for g in ranks}
+    index = {g: _compute_index(actions[g]) for g in ranks}
     base = ranks[0]
     out = []
     for (src, dst, msg), i in sent.items():
         j = received[(src, dst, msg)]
-        mine = clocks[src]
-        end = next((k for k in range(i, len(mine)) if mine[k].get(dst, -1) >= j), len(mine))
-        took = _consumer(programs[dst], j, msg, index[dst])
+        end = clocks.first_after(src, i, dst, j, len(events[src]))
+        took = _consumer(actions[dst], j, msg, index[dst])
         out.append(((src - base, dst - base, msg), (i, end), (j, took)))
     holds = tuple(out)
     if key is not None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message
@@ -48,6 +48,8 @@ __all__ = [
     "channel_warmup",
     "FORWARD_KINDS",
     "rank_program",
+    "rank_events",
+    "Event",
     "channel_orders",
     "replica_programs",
     "single_group",
@@ -273,6 +275,14 @@ def _recv_batches(rank: int, peer: int, msg: Message, names: Sequence[str], know
     return (Batch((peer, rank), heads), Batch((peer, rank), data))
 
 
+class Event(NamedTuple):
+    """One message a step of a rank's program sends to (``send``) or receives from ``peer``."""
+
+    peer: int
+    message: Message
+    send: bool
+
+
 class _Builder:
     """One rank's action list -> its steps (see the module docstring)."""
 
@@ -297,23 +307,40 @@ class _Builder:
         self.position = {(src, m): i for src, msgs in self.orders.items() for i, m in enumerate(msgs)}
         self.received = dict.fromkeys(self.orders, 0)
 
+    def events(self) -> tuple[tuple[Event, ...] | None, ...]:
+        """Per step, ``None`` for a compute action, else the messages (``Event``) its operations carry."""
+        return tuple(None if a.kind.is_compute else self._events(i, a) for i, a in enumerate(self.actions))
+
     def build(self) -> tuple[Step, ...]:
         return tuple(
-            a if a.kind.is_compute else Comm(a, i, self._batches(i, a)) for i, a in enumerate(self.actions)
+            a if ev is None else Comm(a, i, self._batches(ev))
+            for i, (a, ev) in enumerate(zip(self.actions, self.events()))
         )
 
-    def _batches(self, step: int, a: Action) -> tuple[Batch, ...]:
-        out: list[Batch] = []
+    def _events(self, step: int, a: Action) -> tuple[Event, ...]:
+        out: list[Event] = []
         for peer, msg in _targets(self.layout, self.pieces, self.rank, a):
             if peer == self.rank:
                 continue  # a hand-over between stages of this rank
             if a.kind in _SENDS:
-                out.extend(_send_batches(self.rank, peer, msg, message_part_names(self.layout, msg)))
+                out.append(Event(peer, msg, True))
             else:
-                out.extend(self._receive(step, a, peer, msg))
+                out.extend(Event(peer, m, False) for m in self._receive(step, a, peer, msg))
         return tuple(out)
 
-    def _receive(self, step: int, a: Action, peer: int, msg: Message) -> tuple[Batch, ...]:
+    def _batches(self, events: tuple[Event, ...]) -> tuple[Batch, ...]:
+        out: list[Batch] = []
+        for peer, msg, send in events:
+            names = message_part_names(self.layout, msg)
+            if send:
+                out.extend(_send_batches(self.rank, peer, msg, names))
+            else:
+                out.extend(_recv_batches(self.rank, peer, msg, names, self._known(msg)))
+        return tuple(out)
+
+    def _receive(self, step: int, a: Action, peer: int, msg: Message) -> list[Message]:
+        """The messages from ``peer`` this receive takes: ``msg`` and those its channel sends before it
+        that no earlier receive took (FIFO matching)."""
         pos = self.position.get((peer, msg))
         if pos is None:
             raise ScheduleError(
@@ -321,11 +348,7 @@ class _Builder:
                 f"{peer} never sends"
             )
         first, self.received[peer] = self.received[peer], max(self.received[peer], pos + 1)
-        return tuple(
-            b
-            for m in self.orders[peer][first : pos + 1]
-            for b in _recv_batches(self.rank, peer, m, message_part_names(self.layout, m), self._known(m))
-        )
+        return self.orders[peer][first : pos + 1]
 
     def _known(self, msg: Message) -> bool:
         return msg.kind == "F" and self.known_shape is not None and self.known_shape(msg)
@@ -355,6 +378,20 @@ def rank_program(
     steps = _Builder(layout, it, rank, forward_only, iteration, known_shape, pieces, orders).build()
     head = warmup_batches(layout, rank, cross_replica) if warmup else ()
     return ((WarmUp(head),) if head else ()) + steps
+
+
+def rank_events(
+    layout: Layout,
+    it: IterationPlan,
+    rank: int,
+    *,
+    forward_only: bool = False,
+    pieces: Pieces | None = None,
+    orders: dict[int, list[Message]] | None = None,
+) -> tuple[tuple[Event, ...] | None, ...]:
+    """Per step of ``rank_program`` (without warm-up), the messages it sends and receives (``None`` for
+    a compute step): what the program's batches carry, without building them."""
+    return _Builder(layout, it, rank, forward_only, 0, None, pieces, orders).events()
 
 
 def replica_programs(

@@ -212,10 +212,17 @@ class Layout:
     """K = global_batch / (dp * microbatch_size): the user's microbatch count per replica."""
     components: dict[str, ComponentLayout]
     stages: tuple[StageSpec, ...]
+    _ranks_per_replica: int = field(init=False, repr=False, compare=False)
+    _num_encoder_stages: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if [s.stage for s in self.stages] != list(range(len(self.stages))):
             raise ValueError("stages must be numbered 0..n-1 in order")
+        # derived once: the p2p program and the memory model ask for them per action
+        object.__setattr__(self, "_ranks_per_replica", 1 + max((s.pp_rank for s in self.stages), default=-1))
+        object.__setattr__(
+            self, "_num_encoder_stages", sum(1 for s in self.stages if s.component == "encoder")
+        )
         for name, par in self.components.items():
             if par.ep < 1 or self.dp % par.ep:
                 raise ValueError(
@@ -246,7 +253,7 @@ class Layout:
 
     @property
     def ranks_per_replica(self) -> int:
-        return 1 + max(s.pp_rank for s in self.stages)
+        return self._ranks_per_replica
 
     @property
     def world_size(self) -> int:
@@ -254,7 +261,7 @@ class Layout:
 
     @property
     def num_encoder_stages(self) -> int:
-        return sum(1 for s in self.stages if s.component == "encoder")
+        return self._num_encoder_stages
 
     @property
     def encoder_groups(self) -> tuple[tuple[int, ...], ...]:

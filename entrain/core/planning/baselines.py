@@ -25,6 +25,7 @@ __all__ = [
     "PAPER_MICROBATCH",
     "paper_table1_config",
     "dip_layout",
+    "dip_dp",
 ]
 
 
@@ -81,6 +82,12 @@ def paper_table1_config(
         dp=PAPER_DP, tp=PAPER_TP, global_batch=global_batch, microbatch_size=microbatch_size
     )
     return evaluate_config(profile, cost, parallel, encoder=(PAPER_TP, 1, e_pp), llm=(PAPER_TP, 1, l_pp))
+
+
+def dip_dp(gpus: int, tp: int, cp: int = 1, dp: int | None = None) -> int:
+    """DIP's data-parallel degree, fixed up front like its TP and CP: ``dp`` as given, else 4 (fewer
+    replicas where ``gpus`` holds fewer than two ranks each), whichever other systems run beside it."""
+    return dp or max(1, min(4, gpus // (2 * tp * cp)))
 
 
 def dip_layout(

@@ -55,6 +55,7 @@ from entrain.core.errors import ConfigError
 from entrain.core.ir.microbatches import ReplicaAssignment
 from entrain.core.ir.parallel import ParallelConfig
 from entrain.core.ir.plan import ActionKind, ComponentLayout, Layout, MicrobatchSpec, Plan, StageSpec
+from entrain.core.planning.baselines import dip_dp
 from entrain.core.planning.config_search import evaluate_config, gpus_of
 from entrain.core.planning.encoders import (
     Encoder,
@@ -165,11 +166,11 @@ def generate_disttrain_encoders_plan(
 # --- DIP-like, as published ------------------------------------------------------------------------------
 def dip_encoders_parallel(parallel: ParallelConfig) -> tuple[ParallelConfig, int]:
     """DIP's degrees, fixed up front as the one-encoder DIP's (``planning.setups``): TP and CP as given
-    (1 when open), DP as given or 4 (fewer replicas on a few GPUs), and every remaining GPU of a replica
+    (1 when open), DP ``baselines.dip_dp``'s, and every remaining GPU of a replica
     a pipeline rank; ``parallel`` at those degrees and the rank count ``P``."""
     gpus = gpus_of(parallel)
     tp, cp = parallel.tp or 1, parallel.cp or 1
-    dp = parallel.dp or max(1, min(4, gpus // (2 * tp * cp)))
+    dp = dip_dp(gpus, tp, cp, parallel.dp)
     pp = gpus // (dp * tp * cp)
     if pp < 1:
         raise ConfigError(f"dip: {gpus} GPUs cannot hold dp {dp} x tp {tp} x cp {cp}")

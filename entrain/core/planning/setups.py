@@ -12,7 +12,7 @@
   and CP are searched on their own (they can differ where ``--tp`` is open), under one DP.
 * ``disttrain-paper``: the paper's Table 1 DistTrain config (``planning.baselines.paper_table1_config``).
 * ``dip``, ``dip-greedy``: the colocated layout over all ``gpus / (dp * tp)`` ranks of a replica
-  (dp: ``--dp``, else Entrain's planner's choice when it ran, else 4)
+  (dp: ``--dp``, else 4: ``planning.baselines.dip_dp``, the same whichever systems run beside it)
   ``planning.baselines.dip_layout`` from a 4-sample profile (one microbatch), whose mean per-sample ViT
   patches and LLM tokens, doubled, cap the sub-microbatches.
 
@@ -32,7 +32,7 @@ from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.sampler import MacroscopicProfiler, Sampler, draw_seed
 from entrain.core.errors import ConfigError
 from entrain.core.ir.parallel import ParallelConfig
-from entrain.core.planning.baselines import dip_layout, disttrain_profile_sample, paper_table1_config
+from entrain.core.planning.baselines import dip_dp, dip_layout, disttrain_profile_sample, paper_table1_config
 from entrain.core.planning.bmin import BMinConfig
 from entrain.core.planning.config_search import evaluate_config, search_config
 from entrain.core.planning.entry import PlanResult, plan
@@ -59,7 +59,6 @@ from entrain.core.planning.system_setup import (
 )
 from entrain.core.systems import (
     CONFIG_DFLOP,
-    CONFIG_DIP,
     CONFIG_DISTTRAIN,
     CONFIG_DISTTRAIN_PAPER,
     CONFIG_ENTRAIN,
@@ -116,7 +115,7 @@ def _setup(kind: str, req: ConfigRequest, cost: CostModel, sampler: Sampler) -> 
         )  # fmt: skip
         return SystemSetup(cfg.to_layout(), {}, "paper Table 1")
     profile = sampler(4, draw_seed(req.seed, 4, 0xD1B))
-    dp = req.dp or max(1, min(4, req.gpus // (2 * req.tp)))  # 4, or fewer replicas on a few GPUs
+    dp = dip_dp(req.gpus, req.tp, dp=req.dp)
     pp = req.gpus // (dp * req.tp)
     if pp < 1:
         raise ConfigError(f"dip: --gpus {req.gpus} cannot hold dp {dp} x tp {req.tp}")
@@ -205,12 +204,8 @@ def system_setups(
     failed: dict[str, str] = {}
     kinds = sorted({config_kind(n) for n in systems}, key=lambda k: k != CONFIG_ENTRAIN)
     for kind in kinds:
-        kind_req = req
-        if kind == CONFIG_DIP and req.dp is None and CONFIG_ENTRAIN in by_kind:
-            # DIP keeps the DP degree Entrain's planner chose (DIP fixes DP/TP/PP up front).
-            kind_req = replace(req, dp=by_kind[CONFIG_ENTRAIN].layout.dp)
         try:
-            by_kind[kind] = _setup(kind, kind_req, cost, sampler)
+            by_kind[kind] = _setup(kind, req, cost, sampler)
         except ConfigError as err:
             if unbuilt is None or kind == CONFIG_ENTRAIN:
                 raise

@@ -13,10 +13,10 @@ import pytest
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.p2p import (
     Comm,
-    channel_orders,
     encoder_pieces,
     layout_channels,
     rank_program,
+    receiver_orders,
     replica_programs,
 )
 from entrain.core.ir.p2p_check import check_iteration, check_plan, check_program
@@ -105,20 +105,18 @@ def test_a_piece_its_owner_takes_before_it_arrives_is_named():
 
 @pytest.mark.parametrize("system", ["encoder-rebalance", "entrain", "dip"])
 def test_one_pass_channel_orders_build_each_ranks_own_program(system):
-    """``channel_orders`` (every receiver at once) gives each rank the program it builds alone: where
-    pieces cross replicas (over every rank) and where each replica keeps its own (``replica_programs``)."""
+    """``receiver_orders`` (every receiver at once) gives each rank the program it builds alone: where
+    pieces cross replicas (over every rank) and where each replica keeps its own; ``replica_programs``
+    (one replica's ranks at once) too, with pieces or without."""
     plan = _plan() if system == "encoder-rebalance" else plan_for(system, 2, 2, 2, 3, works(batch_metas()))
     layout = plan.layout
     for it in plan.iterations:
         pieces = encoder_pieces(layout, it)
         assert bool(pieces) == (system == "encoder-rebalance")
         alone = {g: rank_program(layout, it, g) for g in range(layout.world_size)}
-        if pieces:
-            orders = channel_orders(layout, it, range(layout.world_size), False, pieces)
-            together = {
-                g: rank_program(layout, it, g, pieces=pieces, orders=orders.get(g, {})) for g in alone
-            }
-        else:
-            together = {g: p for r in range(layout.dp) for g, p in replica_programs(layout, it, r).items()}
+        orders = receiver_orders(layout, it, range(layout.world_size), False, pieces)
+        together = {g: rank_program(layout, it, g, pieces=pieces, orders=orders[g]) for g in alone}
         assert together == alone
+        per_replica = {g: p for r in range(layout.dp) for g, p in replica_programs(layout, it, r).items()}
+        assert per_replica == alone
         assert any(isinstance(step, Comm) for program in alone.values() for step in program)

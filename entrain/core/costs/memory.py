@@ -25,7 +25,7 @@ from entrain.core.costs.sampler import Sampler, SampleStats
 from entrain.core.costs.table_work import draw_works
 from entrain.core.errors import ScheduleError
 from entrain.core.ir.graph import Message
-from entrain.core.ir.p2p import channel_orders, encoder_pieces, rank_actions, rank_events
+from entrain.core.ir.p2p import encoder_pieces, rank_actions, rank_events, receiver_orders
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout
 from entrain.core.workload.work import SampleWork
 
@@ -440,9 +440,9 @@ def _holds(layout: Layout, it: IterationPlan, ranks: list[int], pieces, forward_
         hit = _HOLDS.get(key)
         if hit is not None:
             return hit
-    orders = channel_orders(layout, it, ranks, forward_only, pieces)
+    orders = receiver_orders(layout, it, ranks, forward_only, pieces)
     events = {
-        g: rank_events(layout, it, g, forward_only=forward_only, pieces=pieces, orders=orders.get(g, {}))
+        g: rank_events(layout, it, g, forward_only=forward_only, pieces=pieces, orders=orders[g])
         for g in ranks
     }
     sent, received = _program_events(events)

@@ -51,6 +51,7 @@ __all__ = [
     "rank_events",
     "Event",
     "channel_orders",
+    "receiver_orders",
     "replica_programs",
     "single_group",
     "receive_needs_header",
@@ -223,22 +224,26 @@ def _targets(layout: Layout, pieces: Pieces, rank: int, a: Action) -> list[tuple
     return own
 
 
-def _channel_orders(
-    layout: Layout, it: IterationPlan, rank: int, forward_only: bool, pieces: Pieces
-) -> dict[int, list[Message]]:
-    """Sender (plan rank) -> the messages it sends to ``rank``, in its send order (from every replica
-    where pieces cross replicas)."""
-    replica, _ = layout.replica_of(rank)
-    replicas = range(layout.dp) if pieces else (replica,)
-    senders = [layout.global_rank(r, pp) for r in replicas for pp in range(layout.ranks_per_replica)]
-    return channel_orders(layout, it, senders, forward_only, pieces).get(rank, {})
+def receiver_orders(
+    layout: Layout, it: IterationPlan, ranks: Sequence[int], forward_only: bool, pieces: Pieces
+) -> dict[int, dict[int, list[Message]]]:
+    """Per rank of ``ranks``: sender (plan rank) -> the messages it sends to that rank, in its send order,
+    from the rank's own replica, or from every replica where pieces cross replicas; one
+    ``channel_orders`` pass over those senders for every rank asked."""
+    if pieces:
+        senders: Sequence[int] = range(layout.world_size)
+    else:
+        replicas = sorted({layout.replica_of(g)[0] for g in ranks})
+        senders = [layout.global_rank(r, pp) for r in replicas for pp in range(layout.ranks_per_replica)]
+    orders = channel_orders(layout, it, senders, forward_only, pieces)
+    return {g: orders.get(g, {}) for g in ranks}
 
 
 def channel_orders(
     layout: Layout, it: IterationPlan, senders: Sequence[int], forward_only: bool, pieces: Pieces
 ) -> dict[int, dict[int, list[Message]]]:
-    """Receiver -> its ``_channel_orders`` over ``senders``, in one pass over their send actions (every
-    receiver's program at once; ``senders``: a replica's ranks, or every rank where pieces cross replicas)."""
+    """Receiver -> sender -> the messages the sender sends it, in its send order, over ``senders``, in one
+    pass over their send actions (``receiver_orders`` picks the senders a rank hears from)."""
     out: dict[int, dict[int, list[Message]]] = {}
     for sender in senders:
         for a in rank_actions(it, sender, forward_only):
@@ -302,7 +307,7 @@ class _Builder:
         self.actions = rank_actions(it, rank, forward_only)
         self.pieces = encoder_pieces(layout, it) if pieces is None else pieces
         if orders is None:
-            orders = _channel_orders(layout, it, rank, forward_only, self.pieces)
+            orders = receiver_orders(layout, it, [rank], forward_only, self.pieces)[rank]
         self.orders = orders
         self.position = {(src, m): i for src, msgs in self.orders.items() for i, m in enumerate(msgs)}
         self.received = dict.fromkeys(self.orders, 0)
@@ -405,11 +410,11 @@ def replica_programs(
 ) -> dict[int, tuple[Step, ...]]:
     ranks = [layout.global_rank(replica, pp) for pp in range(layout.ranks_per_replica)]
     pieces = encoder_pieces(layout, it)
-    orders = None if pieces else channel_orders(layout, it, ranks, forward_only, pieces)
+    orders = receiver_orders(layout, it, ranks, forward_only, pieces)
     return {
         g: rank_program(
             layout, it, g, forward_only=forward_only, iteration=iteration, warmup=warmup, pieces=pieces,
-            orders=None if orders is None else orders.get(g, {}),
+            orders=orders[g],
         )
         for g in ranks
     }  # fmt: skip

@@ -32,6 +32,7 @@ from entrain.core.ir.p2p import (
     encoder_pieces,
     rank_actions,
     rank_program,
+    receiver_orders,
     replica_programs,
 )
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout, Plan
@@ -325,12 +326,14 @@ def check_iteration(
     if cross_replica:
         check_pieces(layout, it, pieces, forward_only)
         ranks = range(layout.world_size)
+        orders = receiver_orders(layout, it, ranks, forward_only, pieces)
         programs = {
             g: rank_program(
-                layout, it, g, forward_only=forward_only, iteration=iteration, warmup=True, cross_replica=True
+                layout, it, g, forward_only=forward_only, iteration=iteration, warmup=True, cross_replica=True,
+                pieces=pieces, orders=orders[g],
             )
             for g in ranks
-        }
+        }  # fmt: skip
         check_program(programs, iteration, rules)
         return
     for replica in range(layout.dp):

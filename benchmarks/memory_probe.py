@@ -1,0 +1,114 @@
+"""The memory lever, measured: Entrain on a case as it runs, and again with device memory unlimited.
+
+The ceiling's bounds (``ceiling.py``, ``layer_bound.py``) leave the memory limit out. Where Entrain's plan
+recomputes, its time stays far above the contiguous figure. This probe measures how much of that gap the
+device memory accounts for: it runs Entrain (``entrain simulate``'s path, every decision Entrain takes) twice
+on the case's first iteration, side by side:
+
+* ``preset``: on the case's own cost model (its hardware preset's device memory, 48 GB on a40-paper);
+* ``unlimited``: on the same cost model with ``HardwareSpec.device_memory_bytes`` raised to
+  ``UNLIMITED_BYTES``, passed as a measured profile (``--profile``, ``CostModel.save``), so every memory check,
+  recomputation decision and eager budget sees memory that never binds. Nothing else changes: the same
+  samples (checked), degrees, costs and decisions.
+
+``ceiling.py --layers ... --memory KEY`` runs it on each case named and records it beside the whole-layer
+figures. One iteration (the first of the case's batches), not the case's three, to keep the two runs cheap;
+the contiguous figure beside them is that iteration's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import layer_bound
+
+from entrain.cli.common import resolve_cost_model
+from entrain.cli.main import build_parser
+from entrain.cli.simulate import simulate_systems
+
+UNLIMITED_BYTES = 1e15
+"""Device memory no plan of the zoo comes near (1 PB)."""
+
+
+def _one_iteration(argv: list[str]) -> list[str]:
+    out = list(argv)
+    if "--iterations" in out:
+        out[out.index("--iterations") + 1] = "1"
+    else:
+        out += ["--iterations", "1"]
+    return out
+
+
+def _with_profile(argv: list[str], profile: str) -> list[str]:
+    """``argv`` with its hardware preset (or profile) replaced by the measured profile ``profile``."""
+    out = list(argv)
+    for flag in ("--hardware", "--profile"):
+        if flag in out:
+            i = out.index(flag)
+            del out[i : i + 2]
+    return [*out, "--profile", profile]
+
+
+def _entrain(argv: list[str]) -> dict:
+    args = build_parser().parse_args(argv)
+    runs, configs = simulate_systems(args, ["entrain"])
+    run = runs["entrain"]
+    return {
+        "iteration_time_ms": run.metrics.iteration_time_ms,
+        "busiest_rank_ms": layer_bound.busiest_rank_ms(run),
+        "fits_memory": run.metrics.fits_memory,
+        "peak_memory_bytes": max(run.metrics.peak_memory_bytes_per_rank or [0.0]),
+        "recompute": sorted({s.recompute for s in run.layout.stages}),
+        "layout": [(s.component, s.first_layer, s.end_layer, s.pp_rank) for s in run.layout.stages],
+        "samples": sorted(run.plan.samples),
+    }
+
+
+def probe(argv: list[str], contiguous_ms: float) -> dict:
+    """Entrain on ``argv``'s (a ``simulate`` command line) first iteration, on its preset and with memory
+    unlimited; ``contiguous_ms``: that iteration's contiguous figure (``layer_bound``)."""
+    one = _one_iteration(argv)
+    cost = resolve_cost_model(build_parser().parse_args(one))
+    unlimited = replace(cost, hardware=replace(cost.hardware, device_memory_bytes=UNLIMITED_BYTES))
+    preset = _entrain(one)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "unlimited.json")
+        unlimited.save(path)
+        lifted = _entrain(_with_profile(one, path))
+    if preset.pop("samples") != lifted.pop("samples"):
+        raise SystemExit("memory probe: the run with memory unlimited drew other samples")
+    return {
+        "contiguous_ms": contiguous_ms,
+        "device_memory_bytes": cost.hardware.device_memory_bytes,
+        "preset": preset,
+        "unlimited": lifted,
+    }
+
+
+def render_lines(rows: list[dict]) -> list[str]:
+    """The probe's table, for the cases probed in this run."""
+    probed = [c for c in rows if c.get("memory_probe")]
+    if not probed:
+        return []
+    lines = [
+        "", "### Entrain with device memory unlimited", "",
+        "From `benchmarks/memory_probe.py`, on each case probed in this run: Entrain (every decision it takes) on "
+        "the case's first iteration, on its preset and again with the device memory raised to "
+        f"{UNLIMITED_BYTES:.0e} bytes, side by side on the same samples; the contiguous figure is that "
+        "iteration's. Recompute: the modes its stages use.", "",
+        "| case | contiguous figure | Entrain | busiest rank | recompute | Entrain, memory unlimited | busiest rank "
+        "| recompute | its peak memory (GB) | Entrain / figure | unlimited / figure |",
+        "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|",
+    ]  # fmt: skip
+    for c in probed:
+        p = c["memory_probe"]
+        a, b, fig = p["preset"], p["unlimited"], p["contiguous_ms"]
+        lines.append(
+            f"| {c['case']} | {fig:.1f} | {a['iteration_time_ms']:.1f} | {a['busiest_rank_ms']:.1f} | "
+            f"{'/'.join(a['recompute'])} | {b['iteration_time_ms']:.1f} | {b['busiest_rank_ms']:.1f} | "
+            f"{'/'.join(b['recompute'])} | {b['peak_memory_bytes'] / 1e9:.1f} | {a['iteration_time_ms'] / fig:.3f} | "
+            f"{b['iteration_time_ms'] / fig:.3f} |"
+        )  # fmt: skip
+    return lines

@@ -345,8 +345,8 @@ MUTANTS = (
         "p2p-no-channel-order",
         "a receive posts only its own message, not the earlier ones its sender sent first (FIFO matching)",
         "entrain/core/ir/p2p.py",
-        "for m in self.orders[peer][first : pos + 1]",
-        "for m in self.orders[peer][pos : pos + 1]",
+        "return self.orders[peer][first : pos + 1]",
+        "return self.orders[peer][pos : pos + 1]",
         (f"{P2P}::test_receives_follow_the_senders_order_per_channel",),
     ),
     Mutant(

@@ -317,7 +317,7 @@ def system_rows(runs: dict, cost: CostModel) -> dict:
                 "layout": layer_bound.layout_facts(r, n_enc)} for n, r in runs.items()}  # fmt: skip
 
 
-def layers_case(key: str, case: dict, stored: dict | None, simulate: bool, memory: bool = False) -> dict:
+def layers_case(key: str, case: dict, stored: dict | None, simulate: bool) -> dict:
     """``layer_bound``'s figures for one case (means over its iterations), with its systems' times simulated
     now (``simulate``: each system's layout checked against the bound's premises) or from ``stored`` (a
     ``run_case`` row)."""
@@ -342,20 +342,18 @@ def layers_case(key: str, case: dict, stored: dict | None, simulate: bool, memor
         systems, row["best_fitting_baseline"] = stored["systems"], stored["best_fitting_baseline"]
     row["systems"] = {name: layer_bound.checked(v, args.tp, row["ranks"]) for name, v in systems.items()}
     row.update(layer_bound.systems_below(row))
-    if memory:
-        row["memory_probe"] = memory_probe.probe(case["argv"], per_it[0]["contiguous_ms"])
     return row
 
 
-def run_layers(res: dict, selected: dict, simulate: list[str], memory: tuple[str, ...] = ()) -> dict:
+def run_layers(res: dict, selected: dict, simulate: list[str]) -> dict:
     """``res`` (a ceiling run) with its ``layer_bound`` section over ``selected`` cases: the cases in
-    ``simulate`` simulated now, the others on ``res``'s times; ``memory_probe`` on the cases in ``memory``."""
+    ``simulate`` simulated now, the others on ``res``'s times."""
     stored = {c["case"]: c for c in res["cases"] if "error" not in c}
     t0, rows = time.perf_counter(), []
     for key, case in selected.items():
         if key in stored or key in simulate:
             print(f"ceiling: layers {key} ...", file=sys.stderr, flush=True)
-            rows.append(layers_case(key, case, stored.get(key), key in simulate, key in memory))
+            rows.append(layers_case(key, case, stored.get(key), key in simulate))
     sec = {"cases": rows, "summary": layer_bound.summary(rows), "elapsed_s": time.perf_counter() - t0}
     return {**res, "layer_bound": sec, "sources": [*res["sources"], source()]}
 
@@ -531,12 +529,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="add the whole-layer section (layer_bound.py) to this ceiling run's JSON, on its times")  # fmt: skip
     p.add_argument("--simulate", action="append", default=[], metavar="KEY",
                    help="with --layers: simulate this case's systems now, checking each plan's layout (repeatable)")  # fmt: skip
-    p.add_argument("--memory", action="append", default=[], metavar="KEY",
-                   help="with --layers: run memory_probe.py on this case (repeatable)")  # fmt: skip
+    p.add_argument("--memory-from", nargs="+", default=None, metavar="JSON",
+                   help="with --layers: attach these memory_probe.py runs to the section's rows, nothing re-run")  # fmt: skip
     args = p.parse_args(argv)
     if args.layers:
         res = json.loads(Path(args.layers).read_text())
-        write(run_layers(res, _select(args, all_cases()), args.simulate, tuple(args.memory)), Path(args.out))
+        if args.memory_from:
+            probes = [json.loads(Path(f).read_text()) for f in args.memory_from]
+            write(memory_probe.attach(res, probes), Path(args.out))
+            return 0
+        write(run_layers(res, _select(args, all_cases()), args.simulate), Path(args.out))
         return 0
     if args.merge:
         parts = [json.loads(Path(f).read_text()) for f in args.merge]

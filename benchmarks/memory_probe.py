@@ -11,20 +11,27 @@ on the case's first iteration, side by side:
   recomputation decision and eager budget sees memory that never binds. Nothing else changes: the same
   samples (checked), degrees, costs and decisions.
 
-``ceiling.py --layers ... --memory KEY`` runs it on each case named and records it beside the whole-layer
-figures. One iteration (the first of the case's batches), not the case's three, to keep the two runs cheap;
-the contiguous figure beside them is that iteration's.
+``python benchmarks/memory_probe.py --case KEY ... --out FILE.json`` probes ceiling.py's cases (runs in
+parallel write their own files); ``ceiling.py --layers results/ceiling.json --memory-from FILE.json ...``
+attaches them to the whole-layer section's rows and renders their table, re-running nothing. One iteration
+(the first of the case's batches), not the case's three, to keep the two runs cheap; the contiguous figure
+beside them is that iteration's (``layer_bound``).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import layer_bound
+from provenance import source
 
-from entrain.cli.common import resolve_cost_model
+from entrain.cli.common import resolve_cost_model, workload_source
 from entrain.cli.main import build_parser
 from entrain.cli.simulate import simulate_systems
 
@@ -87,6 +94,27 @@ def probe(argv: list[str], contiguous_ms: float) -> dict:
     }
 
 
+def probe_case(argv: list[str]) -> dict:
+    """``probe`` on ``argv``'s case, beside its first iteration's contiguous figure."""
+    args = build_parser().parse_args(_one_iteration(argv))
+    cost = resolve_cost_model(args)
+    batch = next(iter(workload_source(args, cost).batches(args.global_batch, 1)))
+    figure = layer_bound.iteration_layer_bounds(batch, cost, gpus=args.gpus, dp=args.dp or 1, tp=args.tp)
+    return probe(argv, figure["contiguous_ms"])
+
+
+def attach(res: dict, probes: list[dict]) -> dict:
+    """``res`` (a ceiling run with its whole-layer section) with each of ``probes``' (``main``'s files) cases
+    recorded on its row, and their sources."""
+    rows = {c["case"]: c for c in res["layer_bound"]["cases"]}
+    for run in probes:
+        for key, got in run["cases"].items():
+            if key not in rows:
+                raise SystemExit(f"memory probe: {key} has no row in the whole-layer section")
+            rows[key]["memory_probe"] = got
+    return {**res, "sources": [*res["sources"], *(run["source"] for run in probes)]}
+
+
 def render_lines(rows: list[dict]) -> list[str]:
     """The probe's table, for the cases probed in this run."""
     probed = [c for c in rows if c.get("memory_probe")]
@@ -112,3 +140,28 @@ def render_lines(rows: list[dict]) -> list[str]:
             f"{b['iteration_time_ms'] / fig:.3f} |"
         )  # fmt: skip
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ceiling  # the cases; ceiling imports this module
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", action="append", required=True, help="a ceiling.py case key (repeatable)")
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    args = p.parse_args(argv)
+    every = ceiling.all_cases()
+    unknown = [k for k in args.case if k not in every]
+    if unknown:
+        raise SystemExit(f"memory probe: unknown case(s) {', '.join(unknown)}")
+    out = {"source": source(), "cases": {}}
+    t0 = time.perf_counter()
+    for key in args.case:
+        print(f"memory probe: {key} ...", file=sys.stderr, flush=True)
+        out["cases"][key] = probe_case(every[key]["argv"])
+        out["elapsed_s"] = time.perf_counter() - t0
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")  # after every case
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -187,7 +187,6 @@ def test_explicit_flags_are_not_decided():
     assert [d.name for d in got.decisions] == [
         "config",
         "dp_split",
-        "microbatch count",
         "split",
         "backward_order",
         "sub_microbatches",
@@ -196,7 +195,7 @@ def test_explicit_flags_are_not_decided():
     fixed = replace(fixed, entrain_split=True)
     got = entrain_variant(base, fixed, cost, judge)
     assert [d.name for d in got.decisions] == [
-        "config", "dp_split", "microbatch count", "backward_order", "sub_microbatches", "encoder_rebalance"
+        "config", "dp_split", "backward_order", "sub_microbatches", "encoder_rebalance"
     ]  # fmt: skip
     assert got.options["split_weight_grads"] is True
     assert got.options["ramp_microbatches"] == 2 and got.options["assignment"] == "two-resource"
@@ -360,15 +359,3 @@ def test_the_requested_microbatch_count_reuses_the_papers_time_only_where_k_eff_
     assert len(calls) == (1 if reused else 2)
     fresh = {n: choose.candidate_judge(sampler, cost, req)({n: s})[n] for n, s in cands.items()}
     assert got == fresh and (got["paper"] == got["requested"]) == reused
-
-
-def test_the_microbatch_count_is_left_to_the_memory_check_where_the_planner_recomputes():
-    cost, base = _base()
-    judge, _ = fake_judge({("microbatch count", "requested"): 0.9})
-    assert _decisions(entrain_variant(base, REQ, cost, judge))["microbatch count"].chosen == "requested"
-    stages = (replace(base.layout.stages[0], recompute="full"), *base.layout.stages[1:])
-    recomputing = replace(base, layout=replace(base.layout, stages=stages))
-    d = _decisions(
-        entrain_variant(recomputing, replace(REQ, entrain_layout="disjoint"), cost, judge, ties=False)
-    )
-    assert set(d["microbatch count"].candidates) == {"paper"} and d["microbatch count"].chosen == "paper"

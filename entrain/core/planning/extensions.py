@@ -122,7 +122,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
             "two-resource": _with_options(setup, dp_resplit=True),
         }
     setup = decide("dp_split", "paper", cands, judge, m)[0]
-    setup = _decide_microbatch_count(setup, judge, m)
+    counts = {n: _with_options(setup, microbatch_count=n) for n in MICROBATCH_COUNTS}
+    setup = decide(MICROBATCH_COUNT, "paper", counts, judge, m)[0]
     if req.entrain_ramp == "auto":
         ramps = {
             "0": _with_options(setup, ramp_microbatches=0),
@@ -141,18 +142,6 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
         chosen = _inert_split(cuts["on"], d)
     chosen = _decide_expert_assignment(_decide_expert_balance(chosen, judge, m), judge, m)
     return _decide_rebalance(chosen, judge, m)
-
-
-def _decide_microbatch_count(setup: SystemSetup, judge: CandidateJudge, margin: float) -> SystemSetup:
-    """The ``microbatch count`` decision: the paper's ``K_eff`` or the requested count, where the planner's
-    plan recomputes nothing. Where it recomputes, memory binds, and the count is the memory check's to
-    choose (``sim.memory_fit.fit_memory_best``'s requested start, on the batches it deploys on): a count
-    chosen here on the judge's draws fitted them with recomputation from their peaks and overflowed
-    another batch of the same pages (``tests/sim/test_memory_fit.py``); ``paper`` alone is listed."""
-    recomputes = any(st.recompute != "none" for st in setup.layout.stages)
-    names = ("paper",) if recomputes else MICROBATCH_COUNTS
-    counts = {n: _with_options(setup, microbatch_count=n) for n in names}
-    return decide(MICROBATCH_COUNT, "paper", counts, judge, margin)[0]
 
 
 def _fitting_judge(judge: CandidateJudge) -> CandidateJudge:

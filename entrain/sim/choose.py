@@ -12,8 +12,6 @@ from dataclasses import replace
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.costs.sampler import MacroscopicProfiler, Sampler
 from entrain.core.costs.table_work import draw_works
-from entrain.core.ir.plan import Plan
-from entrain.core.planning.encoders_plan import below_requested
 from entrain.core.planning.setups import CandidateJudge, ConfigRequest, SystemSetup
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.systems import ENTRAIN
@@ -47,19 +45,16 @@ def _all_paper(choices) -> bool:
 
 
 TWINS = (
-    ("memory_split", False, True, lambda p: "memory_split" not in p.options),
-    ("ramp_microbatches", 0, "auto",
-     lambda p: all(r[0] == 0 for it in p.options.get("ramp_chosen", []) for r in it)),
-    ("dp_resplit", False, True, lambda p: _all_paper(p.options.get("dp_split_chosen", []))),
+    ("memory_split", False, True, lambda p: "memory_split" not in p),
+    ("ramp_microbatches", 0, "auto", lambda p: all(r[0] == 0 for it in p.get("ramp_chosen", []) for r in it)),
+    ("dp_resplit", False, True, lambda p: _all_paper(p.get("dp_split_chosen", []))),
     ("assignment", "paper", "auto",
-     lambda p: _all_paper(p.options.get("assignment_chosen", [])) and _all_paper(p.options.get("dp_split_chosen", []))),
-    ("microbatch_count", "requested", "paper", lambda p: not below_requested(p)),
+     lambda p: _all_paper(p.get("assignment_chosen", [])) and _all_paper(p.get("dp_split_chosen", []))),
 )  # fmt: skip
-"""``(option, the candidate's value, its twin's, twin's plan -> the twin ran the candidate's plan)``: a
-candidate whose twin (the same setup with the option at the per-iteration, where-needed or paper's
+"""``(option, the candidate's value, its twin's, twin plan's options -> the twin ran the candidate's
+plan)``: a candidate whose twin (the same setup with the option at the per-iteration or where-needed
 value) was simulated without a memory-check step and chose, everywhere, what the candidate fixes (no
-cut, no ramp, the paper's split and assignment, the requested microbatch count) has the same plan, so
-the twin's time is reused."""
+cut, no ramp, the paper's split and assignment) has the same plan, so the twin's time is reused."""
 
 _DEFAULTS = ScheduleOptions().to_json()
 
@@ -90,7 +85,7 @@ def candidate_judge(
     (``planning.extensions``, ``CLOSE_CALLS``) and for the layout, whose candidates differ in what each
     rank holds (``extensions._entrain_layout``)."""
     draws: list[Sequence[SampleWork]] = []
-    seen: dict[str, tuple[float, Plan | None]] = {}
+    seen: dict[str, tuple[float, dict | None]] = {}
     deployed_seen: dict[str, float] = {}
     splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
@@ -98,8 +93,8 @@ def candidate_judge(
         for option, value, twin, same in TWINS:
             if setup.options.get(option, _DEFAULTS[option]) != value:
                 continue
-            ms, plan = seen.get(_key(setup.layout, {**setup.options, option: twin}), (None, None))
-            if plan is not None and same(plan):
+            ms, plan_options = seen.get(_key(setup.layout, {**setup.options, option: twin}), (None, None))
+            if plan_options is not None and same(plan_options):
                 return ms
         return None
 
@@ -142,9 +137,9 @@ def judged_ms(
     splits: dict[str, tuple] | None = None,
     deployed: bool = False,
     margin: float = 0.0,
-) -> tuple[float, Plan | None]:
-    """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan, or None
-    where the check changed the layout)`` of ``setup`` on ``draws``. Above
+) -> tuple[float, dict | None]:
+    """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan's
+    options, or None where the check changed the layout)`` of ``setup`` on ``draws``. Above
     ``replicas`` replicas: on a sub-cluster of the ``replicas`` heaviest replicas of each draw's DP
     split (``replica_sample``; it depends on the layout alone, not on the schedule options, and is
     kept in ``splits`` for the next candidate on the same layout), with the full DP's all-reduce.
@@ -175,4 +170,4 @@ def judged_ms(
         ms = run.metrics.iteration_time_ms
     else:
         ms = estimated_iteration_ms(run, replace(got.layout, dp=full.dp), cost)
-    return ms, run.plan if got.layout == layout else None
+    return ms, run.plan.options if got.layout == layout else None

@@ -10,7 +10,6 @@ from dataclasses import replace
 from entrain.core.costs.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.ir.plan import Layout, StageSpec
-from entrain.core.planning.encoders_plan import below_requested
 from entrain.core.planning.setups import DECISION_MARGIN, SystemSetup, pick
 from entrain.core.systems import ENTRAIN, get_system, systems_where
 from entrain.core.workload.work import SampleWork
@@ -265,9 +264,13 @@ rank). Fitting plans are unchanged: the start is tried only where none fits."""
 
 
 def _below_requested(system: str, run) -> bool:
-    """Whether ``system`` reads ``microbatch_count`` (Entrain's) and ``run``'s plan has a replica below
-    the requested microbatch count (``encoders_plan.below_requested``)."""
-    return get_system(system).extensions and below_requested(run.plan)
+    """Whether ``system`` reads ``microbatch_count`` (Entrain's) and some replica of ``run``'s plan has
+    fewer encoder microbatches than the requested count allows it (``K_eff`` below it)."""
+    if not get_system(system).extensions:
+        return False
+    k = run.layout.num_microbatches
+    reps = (rep for it in run.plan.iterations for rep in it.assignment.replicas)
+    return any(rep.k_eff < min(k, len(rep.sample_ids)) for rep in reps)
 
 
 def from_peaks(setup: SystemSetup) -> SystemSetup | None:

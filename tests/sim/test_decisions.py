@@ -31,9 +31,9 @@ from tests.sim.fixtures import disjoint_layout, toy_cost
 REQ = ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 64, 4, 2, 512, 4, seed=3)
 """The headline command, Entrain's defaults (every choice ``auto``)."""
 
-DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_split": "paper",
-            "microbatch count": "paper", "ramp": "0", "split": "off", "backward_order": "slot",
-            "sub_microbatches": "off", "encoder_rebalance": "off"}  # fmt: skip
+DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_split": "paper", "ramp": "0",
+            "split": "off", "backward_order": "slot", "sub_microbatches": "off",
+            "encoder_rebalance": "off"}  # fmt: skip
 """Each planning decision's paper default (``config``: Algorithm 2's own choice)."""
 
 
@@ -57,7 +57,6 @@ def features(setup: SystemSetup) -> dict[str, str]:
         "layout": "shared" if len(setup.layout.stages) > setup.layout.ranks_per_replica else "disjoint",
         "assignment": assignment,
         "dp_split": "two-resource" if resplit else "paper",
-        "microbatch count": o.get("microbatch_count", "paper"),
         "ramp": str(o.get("ramp_microbatches", 0)),
         "split": "on" if o.get("split_weight_grads") else "off",
         "backward_order": o.get("backward_order", "slot"),
@@ -92,8 +91,8 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     judge, seen = fake_judge({})
     got = entrain_variant(base, REQ, cost, judge)
     d = _decisions(got)
-    assert list(d) == ["config", "layout", "assignment", "dp_split", "microbatch count", "ramp", "split",
-                       "backward_order", "sub_microbatches", "encoder_rebalance"]  # fmt: skip
+    assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order",
+                       "sub_microbatches", "encoder_rebalance"]  # fmt: skip
     assert list(d) == [n for n in setups.DECISIONS if n != "recompute"]
     assert set(d["layout"].candidates) == {
         "disjoint",
@@ -102,7 +101,6 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     }  # b_min 8: the 512 draw differs
     assert set(d["assignment"].candidates) == {"paper", "two-resource", "auto"}
     assert set(d["dp_split"].candidates) == {"paper"}  # the paper's assignment: nothing to re-split
-    assert set(d["microbatch count"].candidates) == {"paper", "requested"}
     assert set(d["ramp"].candidates) == {"0", "auto"}
     assert set(d["split"].candidates) == {"off", "on"}
     assert set(d["backward_order"].candidates) == {"slot"}  # the disjoint layout: no rank holds two stages
@@ -115,13 +113,13 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     # a memory split the draws cannot tell from none (equal times: it cut nothing) stays on
     assert features(got) == {**features(base), "sub_microbatches": "on", "config": features(base)["config"]}
     assert "split_weight_grads" not in got.options  # no win: the paper's whole backwards
-    assert len(seen) == 10
+    assert len(seen) == 9
 
 
 @pytest.mark.parametrize(
     "decision, value",
-    [("layout", "shared"), ("assignment", "two-resource"), ("assignment", "auto"), ("microbatch count", "requested"),
-     ("ramp", "auto"), ("split", "on"), ("sub_microbatches", "on"), ("encoder_rebalance", "on")],
+    [("layout", "shared"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
+     ("split", "on"), ("sub_microbatches", "on"), ("encoder_rebalance", "on")],
 )  # fmt: skip
 @pytest.mark.parametrize("factor, flips", [(0.98, True), (0.998, False), (1.02, False)])
 def test_a_decision_departs_only_when_the_simulated_win_exceeds_the_margin(decision, value, factor, flips):
@@ -324,38 +322,3 @@ def test_the_judge_reuses_a_twins_time_only_where_the_twin_ran_the_same_plan(mon
     assert len(calls) == 2  # "auto" ramped somewhere (so "0" is simulated); "off": no cut, reused
     fresh = {n: choose.candidate_judge(sampler, cost, req)({n: s})[n] for n, s in cands.items()}
     assert got == fresh and got["0"] != got["auto"]
-
-
-@pytest.mark.parametrize(
-    "req, reused",
-    [
-        (ConfigRequest("text-heavy", "qwen25vl-llama3-1b", 16, 2, 2, 64, 4, seed=0), True),
-        (ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 8, 2, 1, 16, 2, seed=0), False),
-    ],
-)
-def test_the_requested_microbatch_count_reuses_the_papers_time_only_where_k_eff_is_requested(
-    monkeypatch, req, reused
-):
-    """``choose.TWINS``: ``microbatch_count`` ``requested`` reuses the paper count's time where every
-    replica's ``K_eff`` already is the requested count (text-heavy: one plan), and is simulated where some
-    replica's is below it (synthchartnet on 8 GPUs, global batch 16); each equals a fresh judge's."""
-    from entrain.sim import choose
-
-    cost = resolve_cost_model(req.model, hardware="a40-paper")
-    sampler = dataset_sampler(req.dataset, req.seed)
-    paper = replace(
-        req, entrain_layout="disjoint", entrain_ramp=0, entrain_split=False, entrain_assignment="paper"
-    )
-    base = system_setups(["entrain"], paper, cost, sampler)["entrain"]
-    cands = {
-        "paper": base,
-        "requested": replace(base, options={**base.options, "microbatch_count": "requested"}),
-    }
-    calls = []
-    real = choose.fit_memory
-    monkeypatch.setattr(choose, "fit_memory", lambda *a, **k: calls.append(1) or real(*a, **k))
-    shared = choose.candidate_judge(sampler, cost, req)
-    got = {n: shared({n: s})[n] for n, s in cands.items()}
-    assert len(calls) == (1 if reused else 2)
-    fresh = {n: choose.candidate_judge(sampler, cost, req)({n: s})[n] for n, s in cands.items()}
-    assert got == fresh and (got["paper"] == got["requested"]) == reused

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from entrain.core.assignment.stratified import MICROBATCH_COUNTS
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.planning.bmin import EQ2_TOLERANCE
@@ -47,11 +46,6 @@ from entrain.core.planning.system_setup import (
 from entrain.core.schedules.common import BACKWARD_ORDERS, ScheduleOptions, has_fused_rank
 
 ENTRAIN_LAYOUTS = ("auto", "shared", "disjoint")
-
-MICROBATCH_COUNT = "microbatch count"
-"""The decision between the paper's encoder microbatch count (``K_eff``) and the requested one
-(``ScheduleOptions.microbatch_count``), one name on the one-encoder path and the N-encoder path
-(``sim.encoders_run.fit_entrain``)."""
 
 
 def entrain_variant(
@@ -81,8 +75,8 @@ def entrain_variant(
 
 
 DECISIONS = (
-    "config", "layout", "assignment", "dp_split", "microbatch count", "ramp", "split", "backward_order",
-    "sub_microbatches", "encoder_rebalance", "recompute",
+    "config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order", "sub_microbatches",
+    "encoder_rebalance", "recompute",
 )  # fmt: skip
 """Every automatic choice, in the order it is made (``recompute``: by the memory check,
 ``entrain.sim.memory_fit.deploy``); docs/planner.md, "Decisions by simulation"."""
@@ -100,8 +94,7 @@ def _with_options(setup: SystemSetup, **delta) -> SystemSetup:
 
 def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudge) -> SystemSetup:
     """The schedule-option decisions: assignment (paper / two-resource / per-iteration auto), the DP
-    re-split (only under a non-paper assignment), the encoder microbatch count (the paper's ``K_eff`` /
-    the requested count; one plan where ``K_eff`` is the requested count), the ramp (0 / per-replica auto), the split backward
+    re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split backward
     (off / on, where ``entrain_split`` is ``"auto"``), its order (slot / per-b where a rank holds several
     stages; elsewhere both are one plan, simulated once), the memory split into sub-microbatches
     (off: recomputation alone; on), with ``ep > 1`` the EP group's heavy pairs first (off / on) and the
@@ -122,8 +115,6 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
             "two-resource": _with_options(setup, dp_resplit=True),
         }
     setup = decide("dp_split", "paper", cands, judge, m)[0]
-    counts = {n: _with_options(setup, microbatch_count=n) for n in MICROBATCH_COUNTS}
-    setup = decide(MICROBATCH_COUNT, "paper", counts, judge, m)[0]
     if req.entrain_ramp == "auto":
         ramps = {
             "0": _with_options(setup, ramp_microbatches=0),
@@ -278,8 +269,6 @@ def _notes(options: dict) -> str:
         notes += f"; assignment={options['assignment']}"
     if options.get("dp_resplit") is False:
         notes += "; paper DP split"
-    if options.get("microbatch_count", "paper") != "paper":
-        notes += "; the requested microbatch count"
     if options.get("memory_split") is False:
         notes += "; no memory split"
     if options.get("encoder_rebalance"):

@@ -123,10 +123,9 @@ class ScheduleOptions:
     microbatch_count: str = "paper"
     """Entrain's encoder microbatches per replica (``assignment.stratified.MICROBATCH_COUNTS``):
     ``"paper"``: ``K_eff`` (Algorithm 3's rule, at most the requested count); ``"requested"``: the
-    requested count (global batch / (dp x microbatch size)), for both assignments. Decided by
-    simulation (``planning.extensions``, the ``microbatch_count`` decision: one plan wherever ``K_eff``
-    is the requested count), and tried again by the simulated memory check where ``K_eff`` fell below it
-    (smaller microbatches hold fewer activations, so they may need less recomputation; ``sim.memory_fit``)."""
+    requested count (global batch / (dp x microbatch size)), for both assignments. Not decided by the
+    planner: the simulated memory check tries it where ``K_eff`` fell below it (smaller microbatches
+    hold fewer activations, so they may need less recomputation; ``sim.memory_fit``)."""
 
     dp_resplit: bool = True
     """Under ``assignment`` ``"two-resource"`` or ``"auto"``: whether the DP split may be re-chosen per

@@ -82,5 +82,14 @@ def test_design_doc_quotes_the_committed_ceiling():
         f"{ms['greedy-mem']:.0f} ms under the interleaver within memory's window, against Entrain's "
         f"{head['entrain_ms']:.0f} ms",
     ]
+    for c in res["layer_bound"]["cases"]:
+        if c.get("memory_probe"):
+            p, fig = c["memory_probe"], c["memory_probe"]["contiguous_ms"]
+            a, b = p["preset"]["iteration_time_ms"], p["unlimited"]["iteration_time_ms"]
+            want += [
+                f"{c['case'].split('/a40')[0]} Entrain takes {a:.0f} ms",
+                f"({a / fig:.3f}x)",
+                f"takes {b:.0f} ms ({b / fig:.3f}x)",
+            ]
     missing = [w for w in want if w not in text]
     assert not missing, f"docs/design.md does not quote ceiling.json: {missing}"

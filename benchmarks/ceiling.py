@@ -59,7 +59,6 @@ from pathlib import Path
 
 import layer_bound
 import looped_probe
-import memory_probe
 import regression
 import workload_zoo as zoo
 from layer_bound import geomean
@@ -358,6 +357,18 @@ def run_layers(res: dict, selected: dict, simulate: list[str]) -> dict:
     return {**res, "layer_bound": sec, "sources": [*res["sources"], source()]}
 
 
+def attach_memory(res: dict, probes: list[dict]) -> dict:
+    """``res`` (a ceiling run with its whole-layer section) with each of ``probes``' (``memory_probe.py``'s
+    files) cases recorded on its row, and their sources."""
+    rows = {c["case"]: c for c in res["layer_bound"]["cases"]}
+    for run in probes:
+        for key, got in run["cases"].items():
+            if key not in rows:
+                raise SystemExit(f"memory probe: {key} has no row in the whole-layer section")
+            rows[key]["memory_probe"] = got
+    return {**res, "sources": [*res["sources"], *(run["source"] for run in probes)]}
+
+
 def ratios(c: dict) -> dict:
     """Entrain, DistTrain and the best baseline's times, the ceiling and achieved ratios of a case row."""
     s = c["systems"]
@@ -475,7 +486,7 @@ def render(res: dict) -> str:
         )
     if "layer_bound" in res:
         lines += layer_bound.render_section(res["layer_bound"], TARGET_HEADLINE, TARGET_GEOMEAN)
-        lines += memory_probe.render_lines(res["layer_bound"]["cases"])
+        lines += layer_bound.memory_probe_lines(res["layer_bound"]["cases"])
     return "\n".join(lines) + "\n"
 
 
@@ -536,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads(Path(args.layers).read_text())
         if args.memory_from:
             probes = [json.loads(Path(f).read_text()) for f in args.memory_from]
-            write(memory_probe.attach(res, probes), Path(args.out))
+            write(attach_memory(res, probes), Path(args.out))
             return 0
         write(run_layers(res, _select(args, all_cases()), args.simulate), Path(args.out))
         return 0

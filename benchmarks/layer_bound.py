@@ -369,6 +369,33 @@ def _probe_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def memory_probe_lines(rows: list[dict]) -> list[str]:
+    """``memory_probe.py``'s table, for the cases it probed."""
+    probed = [c for c in rows if c.get("memory_probe")]
+    if not probed:
+        return []
+    lines = [
+        "", "### Entrain with device memory unlimited", "",
+        "From `benchmarks/memory_probe.py`, on each case it probed: Entrain (every decision it takes) on "
+        "the case's first iteration, on its preset and again with the device memory raised to "
+        "`UNLIMITED_BYTES` (1e15 bytes), side by side on the same samples; the contiguous figure is that "
+        "iteration's. Recompute: the modes its stages use.", "",
+        "| case | contiguous figure | Entrain | busiest rank | recompute | Entrain, memory unlimited | busiest rank "
+        "| recompute | its peak memory (GB) | Entrain / figure | unlimited / figure |",
+        "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|",
+    ]  # fmt: skip
+    for c in probed:
+        p = c["memory_probe"]
+        a, b, fig = p["preset"], p["unlimited"], p["contiguous_ms"]
+        lines.append(
+            f"| {c['case']} | {fig:.1f} | {a['iteration_time_ms']:.1f} | {a['busiest_rank_ms']:.1f} | "
+            f"{'/'.join(a['recompute'])} | {b['iteration_time_ms']:.1f} | {b['busiest_rank_ms']:.1f} | "
+            f"{'/'.join(b['recompute'])} | {b['peak_memory_bytes'] / 1e9:.1f} | {a['iteration_time_ms'] / fig:.3f} | "
+            f"{b['iteration_time_ms'] / fig:.3f} |"
+        )  # fmt: skip
+    return lines
+
+
 def _covered(systems: dict) -> str:
     if all(v["covered"] is None for v in systems.values()):
         return "not checked"

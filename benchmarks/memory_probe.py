@@ -13,7 +13,8 @@ on the case's first iteration, side by side:
 
 ``python benchmarks/memory_probe.py --case KEY ... --out FILE.json`` probes ceiling.py's cases (runs in
 parallel write their own files); ``ceiling.py --layers results/ceiling.json --memory-from FILE.json ...``
-attaches them to the whole-layer section's rows and renders their table, re-running nothing. One iteration
+attaches them to the whole-layer section's rows (``ceiling.attach_memory``) and renders their table
+(``layer_bound.memory_probe_lines``), re-running nothing. One iteration
 (the first of the case's batches), not the case's three, to keep the two runs cheap; the contiguous figure
 beside them is that iteration's (``layer_bound``).
 """
@@ -28,6 +29,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import ceiling
 import layer_bound
 from provenance import source
 
@@ -103,48 +105,7 @@ def probe_case(argv: list[str]) -> dict:
     return probe(argv, figure["contiguous_ms"])
 
 
-def attach(res: dict, probes: list[dict]) -> dict:
-    """``res`` (a ceiling run with its whole-layer section) with each of ``probes``' (``main``'s files) cases
-    recorded on its row, and their sources."""
-    rows = {c["case"]: c for c in res["layer_bound"]["cases"]}
-    for run in probes:
-        for key, got in run["cases"].items():
-            if key not in rows:
-                raise SystemExit(f"memory probe: {key} has no row in the whole-layer section")
-            rows[key]["memory_probe"] = got
-    return {**res, "sources": [*res["sources"], *(run["source"] for run in probes)]}
-
-
-def render_lines(rows: list[dict]) -> list[str]:
-    """The probe's table, for the cases probed in this run."""
-    probed = [c for c in rows if c.get("memory_probe")]
-    if not probed:
-        return []
-    lines = [
-        "", "### Entrain with device memory unlimited", "",
-        "From `benchmarks/memory_probe.py`, on each case probed in this run: Entrain (every decision it takes) on "
-        "the case's first iteration, on its preset and again with the device memory raised to "
-        f"{UNLIMITED_BYTES:.0e} bytes, side by side on the same samples; the contiguous figure is that "
-        "iteration's. Recompute: the modes its stages use.", "",
-        "| case | contiguous figure | Entrain | busiest rank | recompute | Entrain, memory unlimited | busiest rank "
-        "| recompute | its peak memory (GB) | Entrain / figure | unlimited / figure |",
-        "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|",
-    ]  # fmt: skip
-    for c in probed:
-        p = c["memory_probe"]
-        a, b, fig = p["preset"], p["unlimited"], p["contiguous_ms"]
-        lines.append(
-            f"| {c['case']} | {fig:.1f} | {a['iteration_time_ms']:.1f} | {a['busiest_rank_ms']:.1f} | "
-            f"{'/'.join(a['recompute'])} | {b['iteration_time_ms']:.1f} | {b['busiest_rank_ms']:.1f} | "
-            f"{'/'.join(b['recompute'])} | {b['peak_memory_bytes'] / 1e9:.1f} | {a['iteration_time_ms'] / fig:.3f} | "
-            f"{b['iteration_time_ms'] / fig:.3f} |"
-        )  # fmt: skip
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
-    import ceiling  # the cases; ceiling imports this module
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", action="append", required=True, help="a ceiling.py case key (repeatable)")
     p.add_argument("--out", required=True, help="the JSON file to write")

@@ -35,7 +35,9 @@ def test_the_probe_runs_the_case_and_again_with_memory_unlimited(benchmarks_on_p
     assert preset["recompute"] != ["none"] and preset["peak_memory_bytes"] <= 16e9  # the case binds
     assert lifted["recompute"] == ["none"] and lifted["fits_memory"]
     assert lifted["peak_memory_bytes"] > 16e9  # what the plan holds once nothing stops it
-    lines = memory_probe.render_lines([{"case": "small", "memory_probe": got}])
+    lines = importlib.import_module("layer_bound").memory_probe_lines(
+        [{"case": "small", "memory_probe": got}]
+    )
     assert lines[1] == "### Entrain with device memory unlimited"
     assert lines[-1].startswith(f"| small | 1000.0 | {preset['iteration_time_ms']:.1f} |")
 
@@ -61,23 +63,23 @@ def test_the_profile_replaces_the_preset_or_profile_given(benchmarks_on_path):
 def test_probes_attach_to_the_whole_layer_rows_and_render(benchmarks_on_path):
     import pytest
 
-    memory_probe = importlib.import_module("memory_probe")
+    ceiling, layer_bound = importlib.import_module("ceiling"), importlib.import_module("layer_bound")
     run = {"iteration_time_ms": 1200.0, "busiest_rank_ms": 1000.0, "fits_memory": True,
            "peak_memory_bytes": 5e10, "recompute": ["none"], "layout": []}  # fmt: skip
     got = {"contiguous_ms": 1000.0, "device_memory_bytes": 48e9,
            "preset": {**run, "iteration_time_ms": 1500.0, "recompute": ["full", "none"]}, "unlimited": run}  # fmt: skip
     res = {"sources": [{"commit": "a"}], "layer_bound": {"cases": [{"case": "x/1B"}, {"case": "y/1B"}]}}
     probes = [{"source": {"commit": "b"}, "cases": {"x/1B": got}}]
-    out = memory_probe.attach(res, probes)
+    out = ceiling.attach_memory(res, probes)
     assert (
         out["layer_bound"]["cases"][0]["memory_probe"] == got
         and "memory_probe" not in out["layer_bound"]["cases"][1]
     )
     assert out["sources"] == [{"commit": "a"}, {"commit": "b"}]
-    lines = memory_probe.render_lines(out["layer_bound"]["cases"])
+    lines = layer_bound.memory_probe_lines(out["layer_bound"]["cases"])
     assert (
         lines[-1]
         == "| x/1B | 1000.0 | 1500.0 | 1000.0 | full/none | 1200.0 | 1000.0 | none | 50.0 | 1.500 | 1.200 |"
     )
     with pytest.raises(SystemExit, match="z/1B has no row"):
-        memory_probe.attach(res, [{"source": {}, "cases": {"z/1B": got}}])
+        ceiling.attach_memory(res, [{"source": {}, "cases": {"z/1B": got}}])

@@ -50,7 +50,6 @@ __all__ = [
     "rank_program",
     "rank_events",
     "Event",
-    "channel_orders",
     "receiver_orders",
     "replica_programs",
     "single_group",
@@ -229,17 +228,17 @@ def receiver_orders(
 ) -> dict[int, dict[int, list[Message]]]:
     """Per rank of ``ranks``: sender (plan rank) -> the messages it sends to that rank, in its send order,
     from the rank's own replica, or from every replica where pieces cross replicas; one
-    ``channel_orders`` pass over those senders for every rank asked."""
+    ``_channel_orders`` pass over those senders for every rank asked."""
     if pieces:
         senders: Sequence[int] = range(layout.world_size)
     else:
         replicas = sorted({layout.replica_of(g)[0] for g in ranks})
         senders = [layout.global_rank(r, pp) for r in replicas for pp in range(layout.ranks_per_replica)]
-    orders = channel_orders(layout, it, senders, forward_only, pieces)
+    orders = _channel_orders(layout, it, senders, forward_only, pieces)
     return {g: orders.get(g, {}) for g in ranks}
 
 
-def channel_orders(
+def _channel_orders(
     layout: Layout, it: IterationPlan, senders: Sequence[int], forward_only: bool, pieces: Pieces
 ) -> dict[int, dict[int, list[Message]]]:
     """Receiver -> sender -> the messages the sender sends it, in its send order, over ``senders``, in one
@@ -379,7 +378,7 @@ def rank_program(
     only posts earlier, so the replay of the header-first program covers both. ``cross_replica``: the
     run has the channels between replicas that moved encoder work needs (``layout_channels``), which
     the warm-up connects too. ``pieces``: ``encoder_pieces(layout, it)`` when the caller has it already
-    (every rank's program at once); ``orders``: the rank's ``channel_orders`` likewise."""
+    (every rank's program at once); ``orders``: the rank's ``receiver_orders`` likewise."""
     steps = _Builder(layout, it, rank, forward_only, iteration, known_shape, pieces, orders).build()
     head = warmup_batches(layout, rank, cross_replica) if warmup else ()
     return ((WarmUp(head),) if head else ()) + steps

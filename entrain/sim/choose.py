@@ -47,6 +47,7 @@ def _all_paper(choices) -> bool:
 TWINS = (
     ("memory_split", False, True, lambda p: "memory_split" not in p),
     ("ramp_microbatches", 0, "auto", lambda p: all(r[0] == 0 for it in p.get("ramp_chosen", []) for r in it)),
+    ("pair_order", "paper", "auto", lambda p: _all_paper(p.get("pair_order_chosen", []))),
     ("dp_resplit", False, True, lambda p: _all_paper(p.get("dp_split_chosen", []))),
     ("assignment", "paper", "auto",
      lambda p: _all_paper(p.get("assignment_chosen", [])) and _all_paper(p.get("dp_split_chosen", []))),
@@ -54,7 +55,7 @@ TWINS = (
 """``(option, the candidate's value, its twin's, twin plan's options -> the twin ran the candidate's
 plan)``: a candidate whose twin (the same setup with the option at the per-iteration or where-needed
 value) was simulated without a memory-check step and chose, everywhere, what the candidate fixes (no
-cut, no ramp, the paper's split and assignment) has the same plan, so the twin's time is reused."""
+cut, no ramp, the paper's pair order, split and assignment) has the same plan, so the twin's time is reused."""
 
 _DEFAULTS = ScheduleOptions().to_json()
 

@@ -2,7 +2,7 @@
 sub-microbatches), boundary-sharing layouts (one rank holds the last encoder stage and the first
 LLM stage), split weight gradients (every backward as ``I`` then ``W``, on every stage kind:
 first encoder stage, a stage that feeds a local one, the LLM's last), the two-resource
-assignment (microbatches other than the paper's) and the memory split (encoder microbatches cut
+assignment (microbatches other than the paper's), the deferral pairs in another order and the memory split (encoder microbatches cut
 into more sub-microbatches so a fully recomputing encoder stays within a small budget) give the
 single-process reference gradients before and after clipping and its grad norm (fp32, < 1e-5
 relative per tensor), with deferrals and clipping on. One forked 2-rank gloo group runs every case."""
@@ -85,6 +85,7 @@ CASES = [
     ("split-shared-rank0-per-b", "shared-rank0", {"split_weight_grads": True, "backward_order": "per-b"}),
     ("split-shared-rank1-ramp", "shared-rank1", {"ramp_microbatches": 1, "split_weight_grads": True}),
     ("two-resource-1+1", None, {"assignment": "two-resource"}),
+    ("pair-order-1+1-split", None, {"pair_order": "light first", "split_weight_grads": True}),
     ("memory-split-1+1", "full-recompute-encoder", MEMORY_SPLIT),
     ("memory-split-1+1-split-wg", "full-recompute-encoder", {**MEMORY_SPLIT, "split_weight_grads": True}),
     ("split-rank0-recompute", "split-rank0", {"split_weight_grads": True}),
@@ -150,6 +151,10 @@ def test_ramped_and_boundary_sharing_plans_give_reference_gradients(reference, t
             assert sum(len(m.encoder_subs) for m in mbs) > sum(len(m.encoder_subs) for m in whole), name
         if options.get("assignment") == "two-resource":  # the Plan runs microbatches unlike the paper's
             assert rep != _plan(layout_name, {}).iterations[0].assignment.replicas[0], name
+        if "pair_order" in options:  # the same microbatches, the deferral pairs run in another order
+            paper = _plan(layout_name, {}).iterations[0].assignment.replicas[0]
+            assert rep.execution_order != paper.execution_order, name
+            assert replace(rep, execution_order=paper.execution_order) == paper, name
         kinds = {a.kind.value for acts in it.actions.values() for a in acts}
         assert ("B" not in kinds and {"I", "W"} <= kinds) == bool(options.get("split_weight_grads")), name
         if layout_name is not None and layout_name.startswith("shared"):

@@ -32,7 +32,7 @@ REQ = ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 64, 4, 2, 512, 4, see
 """The headline command, Entrain's defaults (every choice ``auto``)."""
 
 DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_split": "paper", "ramp": "0",
-            "split": "off", "backward_order": "slot", "sub_microbatches": "off",
+            "split": "off", "backward_order": "slot", "pair_order": "paper", "sub_microbatches": "off",
             "encoder_rebalance": "off"}  # fmt: skip
 """Each planning decision's paper default (``config``: Algorithm 2's own choice)."""
 
@@ -60,6 +60,7 @@ def features(setup: SystemSetup) -> dict[str, str]:
         "ramp": str(o.get("ramp_microbatches", 0)),
         "split": "on" if o.get("split_weight_grads") else "off",
         "backward_order": o.get("backward_order", "slot"),
+        "pair_order": o.get("pair_order", "paper"),
         "sub_microbatches": "on" if o.get("memory_split", True) else "off",
         "encoder_rebalance": "on" if o.get("encoder_rebalance") else "off",
     }
@@ -92,7 +93,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     got = entrain_variant(base, REQ, cost, judge)
     d = _decisions(got)
     assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order",
-                       "sub_microbatches", "encoder_rebalance"]  # fmt: skip
+                       "pair_order", "sub_microbatches", "encoder_rebalance"]  # fmt: skip
     assert list(d) == [n for n in setups.DECISIONS if n != "recompute"]
     assert set(d["layout"].candidates) == {
         "disjoint",
@@ -104,6 +105,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     assert set(d["ramp"].candidates) == {"0", "auto"}
     assert set(d["split"].candidates) == {"off", "on"}
     assert set(d["backward_order"].candidates) == {"slot"}  # the disjoint layout: no rank holds two stages
+    assert set(d["pair_order"].candidates) == {"paper", "auto"}
     assert set(d["sub_microbatches"].candidates) == {"off", "on"}
     assert set(d["encoder_rebalance"].candidates) == {"off", "on"}
     for name, default in DEFAULTS.items():
@@ -113,13 +115,13 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     # a memory split the draws cannot tell from none (equal times: it cut nothing) stays on
     assert features(got) == {**features(base), "sub_microbatches": "on", "config": features(base)["config"]}
     assert "split_weight_grads" not in got.options  # no win: the paper's whole backwards
-    assert len(seen) == 9
+    assert len(seen) == 10
 
 
 @pytest.mark.parametrize(
     "decision, value",
     [("layout", "shared"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
-     ("split", "on"), ("sub_microbatches", "on"), ("encoder_rebalance", "on")],
+     ("split", "on"), ("pair_order", "auto"), ("sub_microbatches", "on"), ("encoder_rebalance", "on")],
 )  # fmt: skip
 @pytest.mark.parametrize("factor, flips", [(0.98, True), (0.998, False), (1.02, False)])
 def test_a_decision_departs_only_when_the_simulated_win_exceeds_the_margin(decision, value, factor, flips):
@@ -187,13 +189,14 @@ def test_explicit_flags_are_not_decided():
         "dp_split",
         "split",
         "backward_order",
+        "pair_order",
         "sub_microbatches",
         "encoder_rebalance",
     ]
     fixed = replace(fixed, entrain_split=True)
     got = entrain_variant(base, fixed, cost, judge)
     assert [d.name for d in got.decisions] == [
-        "config", "dp_split", "backward_order", "sub_microbatches", "encoder_rebalance"
+        "config", "dp_split", "backward_order", "pair_order", "sub_microbatches", "encoder_rebalance"
     ]  # fmt: skip
     assert got.options["split_weight_grads"] is True
     assert got.options["ramp_microbatches"] == 2 and got.options["assignment"] == "two-resource"

@@ -16,6 +16,7 @@ from entrain.core.ir.graph import ReplicaGraph
 from entrain.core.ir.plan import ActionKind, ComponentLayout, Layout, StageSpec
 from entrain.core.ir.validate import validate_plan
 from entrain.core.schedules.action_costs import PlanCosts
+from entrain.core.schedules.common import PAIR_ORDERS
 from entrain.core.schedules.entrain import split_weight_grads
 from entrain.core.schedules.lowering import strip_comms
 from entrain.core.schedules.predict import predicted_makespan_ms
@@ -107,6 +108,35 @@ def test_auto_ramp_never_loses_to_any_candidate(w):
     mine = simulate_plan(auto, cost)[0].replicas[0].makespan_ms
     assert mine <= min(times) * (1 + 1e-12)
     assert list(auto.options["ramp_chosen"][0][0]) in [list(c) for c in candidates]
+
+
+@given(w=workloads())
+def test_auto_pair_order_never_loses_to_any_order_and_records_its_choice(w):
+    """``pair_order="auto"`` runs, per replica, the order of lowest predicted makespan among the paper's
+    and ``PAIR_ORDER_CANDIDATES`` (under the ramp it chose for the paper's): its simulated makespan is
+    at most each fixed order's under that ramp, and its assignment is the recorded order's."""
+    cost, layout, samples, auto = _setup((*w[:-1], "auto"))
+    groups, works, deferred, *_ = w
+    asg = one_iteration(deferral_assignment(groups, deferred))
+    plain = generate_plan("entrain", layout, asg, samples, cost, {"ramp_microbatches": "auto"})
+    r, q = plain.options["ramp_chosen"][0][0]
+    mine = generate_plan(
+        "entrain", layout, asg, samples, cost, {"ramp_microbatches": "auto", "pair_order": "auto"}
+    )
+    (chosen,) = mine.options["pair_order_chosen"][0]
+    assert (
+        mine.options["pair_order"] == "auto" and mine.options["ramp_chosen"] == plain.options["ramp_chosen"]
+    )
+    times = {}
+    for order in PAIR_ORDERS[:-1]:
+        fixed = generate_plan("entrain", layout, asg, samples, cost,
+                              {"ramp_microbatches": r, "ramp_pieces": q, "pair_order": order})  # fmt: skip
+        validate_plan(fixed)
+        times[order] = simulate_plan(fixed, cost)[0].replicas[0].makespan_ms
+        if order == chosen:
+            assert fixed.iterations[0].assignment == mine.iterations[0].assignment
+    validate_plan(mine)
+    assert simulate_plan(mine, cost)[0].replicas[0].makespan_ms <= min(times.values()) * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("system", ["entrain", "entrain-1f1b"])

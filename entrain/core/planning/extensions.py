@@ -43,7 +43,7 @@ from entrain.core.planning.system_setup import (
     decide,
     departs,
 )
-from entrain.core.schedules.common import BACKWARD_ORDERS, ScheduleOptions, has_fused_rank
+from entrain.core.schedules.common import BACKWARD_ORDERS, PAIR_ORDERS, ScheduleOptions, has_fused_rank
 
 ENTRAIN_LAYOUTS = ("auto", "shared", "disjoint")
 
@@ -75,7 +75,8 @@ def entrain_variant(
 
 
 DECISIONS = (
-    "config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order", "sub_microbatches",
+    "config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order", "pair_order",
+    "sub_microbatches",
     "encoder_rebalance", "recompute",
 )  # fmt: skip
 """Every automatic choice, in the order it is made (``recompute``: by the memory check,
@@ -96,7 +97,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     """The schedule-option decisions: assignment (paper / two-resource / per-iteration auto), the DP
     re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split backward
     (off / on, where ``entrain_split`` is ``"auto"``), its order (slot / per-b where a rank holds several
-    stages; elsewhere both are one plan, simulated once), the memory split into sub-microbatches
+    stages; elsewhere both are one plan, simulated once), the deferral pairs' order (the paper's /
+    per replica the predicted best of it, light first and heavy first), the memory split into sub-microbatches
     (off: recomputation alone; on), with ``ep > 1`` the EP group's heavy pairs first (off / on) and the
     busiest-expert time in the assignment (off / on), and the encoder's cross-replica rebalancing (off /
     on). Where no candidate of a decision fits on the judge's plain check, it is decided on the
@@ -127,6 +129,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     differ = setup.options.get("split_weight_grads") and has_fused_rank(setup.layout)
     orders = {o: _with_options(setup, backward_order=o) for o in (BACKWARD_ORDERS if differ else ("slot",))}
     setup = _decide_close("backward_order", "slot", orders, judge, m)
+    pair_orders = {o: _with_options(setup, pair_order=o) for o in PAIR_ORDERS}
+    setup = decide("pair_order", "paper", pair_orders, judge, m)[0]
     cuts = {"off": _with_options(setup, memory_split=False), "on": _with_options(setup, memory_split=True)}
     chosen, d = decide("sub_microbatches", "off", cuts, judge, m)
     if d.chosen == "off" and d.candidates["on"] == d.candidates["off"]:
@@ -267,6 +271,8 @@ def _notes(options: dict) -> str:
         notes += f" ({options['backward_order']} backward order)"
     if options.get("assignment", "paper") != "paper":
         notes += f"; assignment={options['assignment']}"
+    if options.get("pair_order", "paper") != "paper":
+        notes += f"; pair_order={options['pair_order']}"
     if options.get("dp_resplit") is False:
         notes += "; paper DP split"
     if options.get("memory_split") is False:

@@ -7,7 +7,7 @@ same Plan:
 * run-wide options a generator derives from the first iteration (DIP's sub-microbatch caps from
   its first microbatch, ``RUN_WIDE_OPTIONS``): ``pinned_options`` reads them off the first batch's
   Plan and ``plan_step`` passes them back for every later batch;
-* per-iteration records in ``Plan.options`` (Entrain's ``ramp_chosen``, ``assignment_chosen``,
+* per-iteration records in ``Plan.options`` (Entrain's ``ramp_chosen``, ``pair_order_chosen``, ``assignment_chosen``,
   ``dp_split_chosen``, ``memory_split.cuts``, ``PER_ITERATION_OPTIONS``): ``join_plans``
   concatenates them.
 
@@ -31,7 +31,7 @@ RUN_WIDE_OPTIONS = ("dip_encoder_cap_patches", "dip_llm_cap_tokens")
 """``Plan.options`` (also ``ScheduleOptions`` fields) a generator derives from the first iteration
 (``schedules.dip.dip_caps``)."""
 
-PER_ITERATION_OPTIONS = ("ramp_chosen", "assignment_chosen", "dp_split_chosen")
+PER_ITERATION_OPTIONS = ("ramp_chosen", "pair_order_chosen", "assignment_chosen", "dp_split_chosen")
 """``Plan.options`` lists with one entry per iteration (``schedules.entrain.generate``); the memory
 split's ``cuts`` (under ``"memory_split"``) too."""
 

@@ -24,12 +24,14 @@ from entrain.core.ir.graph import ReplicaGraph
 from entrain.core.ir.microbatches import IterationAssignment, ReplicaAssignment
 from entrain.core.ir.plan import Action, ActionKind, IterationPlan, Layout, MicrobatchSpec, Plan
 from entrain.core.schedules.lowering import add_comms
+from entrain.core.schedules.pairs import PAIR_ORDER_CANDIDATES
 from entrain.core.workload.work import SampleWork
 
 __all__ = [
     "PlanGenerator",
     "ASSIGNMENTS",
     "BACKWARD_ORDERS",
+    "PAIR_ORDERS",
     "ScheduleOptions",
     "plain_specs",
     "entrain_specs",
@@ -69,6 +71,9 @@ ASSIGNMENTS = ("paper", "two-resource", "auto")
 
 BACKWARD_ORDERS = ("slot", "per-b")
 """Orders of a split backward's ``I``s and ``W``s (``ScheduleOptions.backward_order``)."""
+
+PAIR_ORDERS = ("paper", *PAIR_ORDER_CANDIDATES, "auto")
+"""Orders of Entrain's deferral pairs in a replica's iteration (``ScheduleOptions.pair_order``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,16 @@ class ScheduleOptions:
     planner: the simulated memory check tries it where ``K_eff`` fell below it (smaller microbatches
     hold fewer activations, so they may need less recomputation; ``sim.memory_fit``)."""
 
+    pair_order: str = "paper"
+    """Entrain's order of its deferral pairs (``PAIR_ORDERS``): ``"paper"``, Algorithm 3's (by the OL
+    microbatch's index); ours: ``"light first"`` / ``"heavy first"``, the pairs by their predicted time
+    over every stage ascending (a short fill) or descending (a short drain), each pair still OL then
+    UL and an odd ``K_eff``'s median still last (``pairs.ordered_pairs``); ``"auto"``, per replica and
+    iteration, whichever of the three has the lowest predicted makespan (``predict.predicted_makespan_ms``, with the replica's chosen assignment
+    and ramp; ties: the paper's), recorded in ``Plan.options["pair_order_chosen"][iteration][replica]``.
+    The ``pair_order`` decision (``entrain.core.planning.extensions``). Gradients are unchanged: the
+    loss is normalised by the global label count."""
+
     dp_resplit: bool = True
     """Under ``assignment`` ``"two-resource"`` or ``"auto"``: whether the DP split may be re-chosen per
     iteration (the paper's or the two-resource one, ``entrain.balanced_dp_split``); False keeps the
@@ -172,6 +187,8 @@ class ScheduleOptions:
             raise ConfigError(
                 f"microbatch_count must be one of {', '.join(MICROBATCH_COUNTS)}, got {self.microbatch_count!r}"
             )
+        if self.pair_order not in PAIR_ORDERS:
+            raise ConfigError(f"pair_order must be one of {', '.join(PAIR_ORDERS)}, got {self.pair_order!r}")
         if self.backward_order not in BACKWARD_ORDERS:
             raise ConfigError(
                 f"backward_order must be one of {', '.join(BACKWARD_ORDERS)}, got {self.backward_order!r}"

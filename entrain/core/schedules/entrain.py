@@ -25,6 +25,11 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
   simulator's rules; ties to the earlier candidate); the choices ``[ramp, pieces]`` are recorded in
   ``Plan.options["ramp_chosen"][iteration][replica]``. Gradients are unchanged by construction (the loss is
   normalised by the global label count; tested against the single-process reference).
+* Pair order (``ScheduleOptions.pair_order``): ``"auto"`` keeps, per replica, Algorithm 3's order of
+  the deferral pairs or the pairs light first or heavy first (``pairs.ordered_pairs``), whichever has
+  the lowest predicted makespan with the replica's chosen assignment and ramp; recorded in
+  ``Plan.options["pair_order_chosen"][iteration][replica]``. Not under ``ep > 1``, whose groups align
+  their pairs instead (below).
 * Split weight gradients (``ScheduleOptions.split_weight_grads``): each ``B`` of the order becomes
   ``I`` and ``W``; the gradient leaves after ``I``, so fill/drain and every wait on a downstream
   gradient shrink by the weight-gradient half of a backward. Same work per rank, same order of
@@ -60,7 +65,6 @@ Extensions (ours, not the paper's; each can be switched off to get the paper's s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from entrain.core.assignment.hierarchical import assign_replica, replica_assignment, same_count_per_ep_group
 from entrain.core.assignment.stratified import microbatch_count, stratified_assign
@@ -95,6 +99,13 @@ from entrain.core.schedules.expert_works import (
 )
 from entrain.core.schedules.lowering import add_comms
 from entrain.core.schedules.memory_split import rank_rooms, split_to_fit
+from entrain.core.schedules.pairs import (
+    PAIR_ORDER_CANDIDATES,
+    aligned_pairs,
+    heaviest_pairs_first,
+    ordered_pairs,
+    pair_ranks,
+)
 from entrain.core.schedules.predict import predicted_makespan_ms
 from entrain.core.workers import ordered_map
 from entrain.core.workload.work import SampleWork
@@ -345,14 +356,51 @@ class _ReplicaSearch:
         return self.candidate(rep, 0, self.opts.ramp_pieces, predict=True)[0]
 
     def best_of(self, rep: ReplicaAssignment) -> tuple:
-        """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts) of the best."""
-        best = None
+        """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts, pair order) of the
+        best: each assignment candidate under each ramp candidate, then under ``pair_order`` ``"auto"``
+        the best one's pairs in each of ``PAIR_ORDER_CANDIDATES`` (its ramp kept)."""
+        best, fixed = None, self.opts.pair_order in PAIR_ORDER_CANDIDATES
         for name, assigned in self.candidates(rep):
+            if fixed:
+                assigned = ordered_pairs(assigned, self.opts.pair_order, self.microbatch_ms) or assigned
             for ramp, pieces in _ramp_candidates(self.opts, self.layout, assigned):
                 t, graph, compute, cut = self.candidate(assigned, ramp, pieces)
                 if best is None or t < best[0]:
-                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut)
+                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut, self.opts.pair_order)
+        if self.opts.pair_order == "auto" and self.costs is not None:
+            best = self._best_pair_order((*best[:-1], "paper"))
         return best[1], best[2].microbatches, add_comms(best[2], best[3]), *best[4:]
+
+    def _best_pair_order(self, best: tuple) -> tuple:
+        """``best`` or its assignment's pairs in another order (``ordered_pairs``), whichever has the
+        lowest predicted makespan (ties: the earlier, Algorithm 3's first)."""
+        (ramp, pieces), name, assigned = best[1], best[4], best[5]
+        if not self.auto:  # the candidates above were not predicted
+            best = (self.candidate(assigned, ramp, pieces, predict=True)[0], *best[1:])
+        for order in PAIR_ORDER_CANDIDATES:
+            alt = ordered_pairs(assigned, order, self.microbatch_ms)
+            if alt is None or alt.execution_order == assigned.execution_order:
+                continue
+            t, graph, compute, cut = self.candidate(alt, ramp, pieces, predict=True)
+            if t < best[0]:
+                best = (t, [ramp, pieces], graph, compute, name, alt, cut, order)
+        return best
+
+    def microbatch_ms(self, rep: ReplicaAssignment, i: int) -> float:
+        """Predicted forward + backward ms of ``rep``'s microbatch ``i``: its encoder microbatch on the
+        encoder stages, its LLM microbatch on the LLM's (``ordered_pairs``' weight); without a cost
+        model, the samples' encoder and LLM work."""
+        if self.costs is None:
+            return float(sum(self.samples[s].encoder for s in rep.encoder_microbatches[i])) + self.llm_ms(
+                rep.llm_microbatches[i]
+            )
+        enc = sum(
+            self.costs.compute_ms(spec.stage, kind, rep.encoder_microbatches[i])
+            for spec in self.layout.stages
+            if spec.component != "llm"
+            for kind in (ActionKind.F, ActionKind.B)
+        )
+        return enc + self.llm_ms(rep.llm_microbatches[i])
 
     def best_of_group(self, reps: list[ReplicaAssignment]) -> list[tuple]:
         """``best_of`` for the replicas of one expert-parallel group, which must run one LLM program
@@ -378,7 +426,7 @@ class _ReplicaSearch:
             for w in warms:
                 w[r] = least
         return [
-            (chosen, p[1].microbatches, add_comms(p[1], self.order(p[1], w)), p[2], p[3], p[4])
+            (chosen, p[1].microbatches, add_comms(p[1], self.order(p[1], w)), p[2], p[3], p[4], "paper")
             for p, w in zip(picks, warms)
         ]
 
@@ -455,9 +503,11 @@ def generate(
 ) -> Plan:
     require_stage_chain(layout, system)
     opts = ScheduleOptions.from_any(options)
-    auto = opts.ramp_microbatches == "auto" or opts.assignment == "auto"
+    auto = opts.ramp_microbatches == "auto" or opts.assignment == "auto" or opts.pair_order == "auto"
     if (eager or auto) and cost is None:
-        raise ConfigError("entrain's eager forward, ramp='auto' and assignment='auto' need a cost model")
+        raise ConfigError(
+            "entrain's eager forward, ramp='auto', assignment='auto' and pair_order='auto' need a cost model"
+        )
     costs = PlanCosts(layout, cost, samples) if cost is not None else None
     plan_options = _plan_options(opts, layout, eager)
     ep = max(c.ep for c in layout.components.values())
@@ -486,71 +536,22 @@ def generate(
     replica_results = iter(picked_per_replica)
 
     def replica(rep):
-        _, mbs, compute, _, assigned, _ = next(replica_results)
+        _, mbs, compute, _, assigned, _, _ = next(replica_results)
         return mbs, compute, assigned if balance is samples else priced(assigned, samples)
 
     plan = build_plan_per_replica(system, layout, assignments, samples, replica, plan_options, lowered=True)
     per_iteration = [slice(i * layout.dp, (i + 1) * layout.dp) for i in range(len(assignments))]
     if opts.ramp_microbatches == "auto":
         plan.options["ramp_chosen"] = [chosen[s] for s in per_iteration]
+    if opts.pair_order == "auto":
+        orders = [p[6] for p in picked_per_replica]
+        plan.options["pair_order_chosen"] = [orders[s] for s in per_iteration]
     if opts.assignment != "paper":
         plan.options["assignment_chosen"] = [chosen_assignment[s] for s in per_iteration]
         plan.options["dp_split_chosen"] = splits or ["paper"] * len(assignments)
     if any(cuts):
         plan.options["memory_split"] = {"room_bytes": search.rooms, "cuts": [cuts[s] for s in per_iteration]}
     return plan
-
-
-def _pairs(rep: ReplicaAssignment) -> list[tuple[int, ...]] | None:
-    """``rep``'s deferral pairs in execution order (consecutive OL, UL); None where its deferrals are not
-    Algorithm 3's pairs."""
-    order = rep.execution_order
-    pairs = [order[i : i + 2] for i in range(0, len(order) - len(order) % 2, 2)]
-    if any((d.from_mb, d.to_mb) not in pairs for d in rep.deferrals):
-        return None
-    return pairs
-
-
-def pair_ranks(rep: ReplicaAssignment, llm_ms: Callable[[Sequence[str]], float]) -> list[int] | None:
-    """The slots of ``rep``'s deferral pairs, heaviest pair first (``llm_ms`` of its two LLM microbatches;
-    ties: the earlier slot); None where ``_pairs`` is."""
-    pairs = _pairs(rep)
-    if pairs is None:
-        return None
-    weight = [llm_ms(rep.llm_microbatches[ol]) + llm_ms(rep.llm_microbatches[ul]) for ol, ul in pairs]
-    return sorted(range(len(pairs)), key=lambda i: (-weight[i], i))
-
-
-def aligned_pairs(
-    rep: ReplicaAssignment, slots: Sequence[int], llm_ms: Callable[[Sequence[str]], float]
-) -> ReplicaAssignment:
-    """``rep`` with its ``i``-th heaviest deferral pair run in slot ``slots[i]`` (a reference replica's
-    ``pair_ranks``), an odd ``K_eff``'s median still last; ``rep`` itself where its pairs are not
-    Algorithm 3's or their number differs."""
-    pairs, mine = _pairs(rep), pair_ranks(rep, llm_ms)
-    if pairs is None or mine is None or len(mine) != len(slots):
-        return rep
-    placed: list[tuple[int, ...]] = list(pairs)
-    for slot, j in zip(slots, mine):
-        placed[slot] = pairs[j]
-    new = tuple(m for pair in placed for m in pair) + rep.execution_order[len(pairs) * 2 :]
-    return rep if new == rep.execution_order else replace(rep, execution_order=new)
-
-
-def heaviest_pairs_first(
-    rep: ReplicaAssignment, llm_ms: Callable[[Sequence[str]], float]
-) -> ReplicaAssignment:
-    """``rep`` running its deferral pairs (``execution_order``'s consecutive OL, UL) by the pair's
-    ``llm_ms`` of its two LLM microbatches descending (ties: the earlier pair), an odd ``K_eff``'s
-    median still last (``ScheduleOptions.expert_balance``)."""
-    order = rep.execution_order
-    pairs = [order[i : i + 2] for i in range(0, len(order) - len(order) % 2, 2)]
-    if any((d.from_mb, d.to_mb) not in pairs for d in rep.deferrals):
-        return rep  # not Algorithm 3's pairs: kept as they are
-    weight = [llm_ms(rep.llm_microbatches[ol]) + llm_ms(rep.llm_microbatches[ul]) for ol, ul in pairs]
-    ranked = sorted(range(len(pairs)), key=lambda i: (-weight[i], i))
-    new = tuple(m for i in ranked for m in pairs[i]) + order[len(pairs) * 2 :]
-    return replace(rep, execution_order=new)
 
 
 def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
@@ -564,6 +565,8 @@ def _plan_options(opts: ScheduleOptions, layout: Layout, eager: bool) -> dict:
             out["backward_order"] = opts.backward_order
     if opts.assignment != "paper":
         out["assignment"] = opts.assignment
+    if opts.pair_order != "paper":
+        out["pair_order"] = opts.pair_order
     if opts.expert_balance and max(c.ep for c in layout.components.values()) > 1:
         out["expert_balance"] = True
     if opts.expert_assignment and max(c.ep for c in layout.components.values()) > 1:

@@ -8,7 +8,8 @@ ms, shared-batch 3077 -> 3066); the chosen plan and every other number are the s
 ``backward_order`` decision was added to the list (the disjoint layout: ``slot`` alone, the ramp's
 chosen time); nothing else changed. Then the ``split`` decision (split backward off / on, off the
 paper's default) was added: on, 2391 ms against 3260 ms off; nothing else changed. Then the
-``encoder_rebalance`` decision (off / on, 2391 ms each: off kept); nothing else changed."""
+``encoder_rebalance`` decision (off / on, 2391 ms each: off kept); nothing else changed. Then the
+``pair_order`` decision (paper / auto, 2391 ms each: paper kept); nothing else changed."""
 
 from __future__ import annotations
 

@@ -76,8 +76,7 @@ def entrain_variant(
 
 DECISIONS = (
     "config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order", "pair_order",
-    "sub_microbatches",
-    "encoder_rebalance", "recompute",
+    "sub_microbatches", "encoder_rebalance", "recompute",
 )  # fmt: skip
 """Every automatic choice, in the order it is made (``recompute``: by the memory check,
 ``entrain.sim.memory_fit.deploy``); docs/planner.md, "Decisions by simulation"."""

@@ -137,8 +137,9 @@ class ScheduleOptions:
     microbatch's index); ours: ``"light first"`` / ``"heavy first"``, the pairs by their predicted time
     over every stage ascending (a short fill) or descending (a short drain), each pair still OL then
     UL and an odd ``K_eff``'s median still last (``pairs.ordered_pairs``); ``"auto"``, per replica and
-    iteration, whichever of the three has the lowest predicted makespan (``predict.predicted_makespan_ms``, with the replica's chosen assignment
-    and ramp; ties: the paper's), recorded in ``Plan.options["pair_order_chosen"][iteration][replica]``.
+    iteration, whichever of the three has the lowest predicted makespan (``predict.predicted_makespan_ms``,
+    with the replica's chosen assignment and ramp; ties: the paper's), recorded in
+    ``Plan.options["pair_order_chosen"][iteration][replica]``.
     The ``pair_order`` decision (``entrain.core.planning.extensions``). Gradients are unchanged: the
     loss is normalised by the global label count."""
 

@@ -359,16 +359,17 @@ class _ReplicaSearch:
         """([ramp, pieces], specs, lowered order, assignment name, assignment, cuts, pair order) of the
         best: each assignment candidate under each ramp candidate, then under ``pair_order`` ``"auto"``
         the best one's pairs in each of ``PAIR_ORDER_CANDIDATES`` (its ramp kept)."""
-        best, fixed = None, self.opts.pair_order in PAIR_ORDER_CANDIDATES
+        fixed = self.opts.pair_order in PAIR_ORDER_CANDIDATES
+        best, order = None, self.opts.pair_order if fixed else "paper"
         for name, assigned in self.candidates(rep):
             if fixed:
                 assigned = ordered_pairs(assigned, self.opts.pair_order, self.microbatch_ms) or assigned
             for ramp, pieces in _ramp_candidates(self.opts, self.layout, assigned):
                 t, graph, compute, cut = self.candidate(assigned, ramp, pieces)
                 if best is None or t < best[0]:
-                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut, self.opts.pair_order)
+                    best = (t, [ramp, pieces], graph, compute, name, assigned, cut, order)
         if self.opts.pair_order == "auto" and self.costs is not None:
-            best = self._best_pair_order((*best[:-1], "paper"))
+            best = self._best_pair_order(best)
         return best[1], best[2].microbatches, add_comms(best[2], best[3]), *best[4:]
 
     def _best_pair_order(self, best: tuple) -> tuple:

@@ -45,8 +45,10 @@ def _placed(rep: ReplicaAssignment, pairs: Sequence[tuple[int, ...]]) -> Replica
     return rep if new == rep.execution_order else replace(rep, execution_order=new)
 
 
-def _pair_weights(rep: ReplicaAssignment, pairs, llm_ms: Callable[[Sequence[str]], float]) -> list[float]:
-    return [llm_ms(rep.llm_microbatches[ol]) + llm_ms(rep.llm_microbatches[ul]) for ol, ul in pairs]
+def _ranked(weight: Sequence[float], heaviest_first: bool) -> list[int]:
+    """Pair indices by ``weight``, heaviest or lightest first (ties: the earlier pair)."""
+    sign = -1.0 if heaviest_first else 1.0
+    return sorted(range(len(weight)), key=lambda i: (sign * weight[i], i))
 
 
 def pair_ranks(rep: ReplicaAssignment, llm_ms: Callable[[Sequence[str]], float]) -> list[int] | None:
@@ -55,8 +57,9 @@ def pair_ranks(rep: ReplicaAssignment, llm_ms: Callable[[Sequence[str]], float])
     pairs = _pairs(rep)
     if pairs is None:
         return None
-    weight = _pair_weights(rep, pairs, llm_ms)
-    return sorted(range(len(pairs)), key=lambda i: (-weight[i], i))
+    return _ranked(
+        [llm_ms(rep.llm_microbatches[ol]) + llm_ms(rep.llm_microbatches[ul]) for ol, ul in pairs], True
+    )
 
 
 def aligned_pairs(
@@ -100,6 +103,4 @@ def ordered_pairs(
     if pairs is None or len(pairs) < 2:
         return None
     weight = [microbatch_ms(rep, ol) + microbatch_ms(rep, ul) for ol, ul in pairs]
-    sign = 1.0 if order == "light first" else -1.0
-    ranked = sorted(range(len(pairs)), key=lambda i: (sign * weight[i], i))
-    return _placed(rep, [pairs[i] for i in ranked])
+    return _placed(rep, [pairs[i] for i in _ranked(weight, order == "heavy first")])

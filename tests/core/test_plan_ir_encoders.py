@@ -13,10 +13,12 @@ from entrain.core.ir.p2p import layout_channels
 from entrain.core.ir.p2p_check import check_plan
 from entrain.core.ir.plan import Action, ComponentLayout, Layout, Plan, StageSpec
 from entrain.core.ir.validate import messages_of, validate_plan
+from entrain.core.schedules.common import entrain_specs
 from entrain.core.schedules.lowering import add_comms, strip_comms
 from entrain.core.workload.work import SampleWork
 from entrain.sim.executor import simulate_plan
 from tests.sim import two_encoder_fixtures as two
+from tests.sim.fixtures import deferral_assignment, disjoint_layout, raw_samples
 
 
 def test_two_encoder_plan_round_trips_through_json():
@@ -75,6 +77,26 @@ def test_first_llm_stage_consumes_every_encoder_message():
         Message("F", 1, 2, 1, 0),
     )
     assert messages_of(plan.layout, Action.parse("1SEND_F1")) == (Message("F", 1, 2, 1, 0),)
+
+
+def test_sources_are_the_producers_of_the_messages_a_task_consumes():
+    """``fwd_sources`` / ``bwd_sources`` (the predicted makespan's dependencies) name the tasks
+    ``fwd_inputs`` and ``bwd_inputs`` + ``bwd_producers`` route, at the boundary of two encoder
+    pipelines and on one chain with a deferred sample."""
+    graphs = [ReplicaGraph(two.plan().layout, two.plan().iterations[0].microbatches[0])]
+    samples = raw_samples({sid: (1.0, 1.0) for sid in "abcde"})
+    rep = deferral_assignment([["a", "b"], ["c"], ["d", "e"]], {"b": (0, 1)})
+    graphs.append(ReplicaGraph(disjoint_layout(2, 2, k=3), entrain_specs(rep, samples, 1, 2)))
+    for graph in graphs:
+        for stage in range(graph.num_stages):
+            for _, m, u in graph.tasks(stage):
+                fwd = [(msg.src, msg.mb, msg.sub) for msg in graph.fwd_inputs(stage, m, u)]
+                bwd = [t for msg in graph.bwd_inputs(stage, m, u) for t in graph.bwd_producers(msg)]
+                assert graph.fwd_sources(stage, m, u) == fwd
+                assert graph.bwd_sources(stage, m, u) == bwd
+    boundary = graphs[1]
+    assert boundary.fwd_sources(2, 1, 0) == [(1, 0, 1), (1, 1, 0)]  # b: microbatch 0's deferred sub
+    assert boundary.bwd_sources(1, 0, 1) == [(2, 1, 0)] and boundary.bwd_sources(3, 0, 0) == []
 
 
 def test_validator_and_nccl_checker_accept_the_two_encoder_plan():

@@ -136,11 +136,25 @@ class ReplicaGraph:
     # --- dependencies ---------------------------------------------------------------------------------
     def fwd_inputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Forward messages consumed by ``F(stage, mb, sub)``."""
+        return [Message("F", p, stage, m, u) for p, m, u in self.fwd_sources(stage, mb, sub)]
+
+    def fwd_sources(self, stage: int, mb: int, sub: int) -> list[Task]:
+        """The forward tasks whose outputs ``F(stage, mb, sub)`` consumes: ``fwd_inputs``' sources, in
+        its order, without building the messages."""
         prev = self._prev[stage]
         if self._boundary(stage):
-            labels = self._llm_inputs.get((mb, sub), [])
-            return [Message("F", p, stage, m, u) for m, u in labels for p in prev]
-        return [Message("F", p, stage, mb, sub) for p in prev]
+            return [(p, m, u) for m, u in self._llm_inputs.get((mb, sub), []) for p in prev]
+        return [(p, mb, sub) for p in prev]
+
+    def bwd_sources(self, stage: int, mb: int, sub: int) -> list[Task]:
+        """The backward tasks (all on the next stage) whose gradients ``B``/``I`` of (stage, mb, sub)
+        consumes: ``bwd_producers`` of each of ``bwd_inputs``, without building the messages."""
+        nxt = self._next[stage]
+        if nxt is None:
+            return []
+        if self._boundary(nxt):
+            return [(nxt, m, u) for m, u in self._enc_consumers.get((mb, sub), [])]
+        return [(nxt, mb, sub)]
 
     def fwd_outputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Forward messages produced by ``F(stage, mb, sub)``."""

@@ -20,47 +20,60 @@ Key = tuple[str, int, int, int]
 
 
 def compute_deps(graph: ReplicaGraph, costs: PlanCosts, a: Action) -> list[tuple[Key, float]]:
-    """(predecessor key ``(F|B, stage, mb, sub)``, delay after its end) of a compute action."""
-    u = a.sub_index
-    out: list[tuple[Key, float]] = []
-    if a.kind is ActionKind.F:
-        for msg in graph.fwd_inputs(a.stage, a.mb, u):
-            delay = _message_ms(graph, costs, msg.src, msg) if graph.is_remote(msg) else 0.0
-            out.append((("F", msg.src, msg.mb, msg.sub), delay))
-        return out
-    if a.kind is ActionKind.W:
-        return [(("I", a.stage, a.mb, u), 0.0)]
-    out.append((("F", a.stage, a.mb, u), 0.0))
-    for msg in graph.bwd_inputs(a.stage, a.mb, u):
-        delay = _message_ms(graph, costs, msg.dst, msg) if graph.is_remote(msg) else 0.0
-        out += [(("B", *t), delay) for t in graph.bwd_producers(msg)]
+    """(predecessor key ``(F|B|I, stage, mb, sub)``, delay after its end) of a compute action."""
+    return _deps(graph, costs, _ranks(graph), a.kind, a.stage, a.mb, a.sub_index)
+
+
+def _ranks(graph: ReplicaGraph) -> list[int]:
+    return [st.pp_rank for st in graph.layout.stages]
+
+
+def _deps(
+    graph: ReplicaGraph, costs: PlanCosts, rank: list[int], kind: ActionKind, s: int, m: int, u: int
+) -> list[tuple[Key, float]]:
+    """``compute_deps`` of ``kind`` on (``s``, ``m``, ``u``), ``rank`` each stage's pipeline rank: a
+    remote input arrives ``message_ms`` of the forward stage's message after its producer ended."""
+    if kind is ActionKind.F:
+        return [
+            (("F", p, pm, pu), costs.message_ms(p, graph.ids(p, pm, pu)) if rank[p] != rank[s] else 0.0)
+            for p, pm, pu in graph.fwd_sources(s, m, u)
+        ]
+    if kind is ActionKind.W:
+        return [(("I", s, m, u), 0.0)]
+    out: list[tuple[Key, float]] = [(("F", s, m, u), 0.0)]
+    sources = graph.bwd_sources(s, m, u)
+    if sources:
+        delay = costs.message_ms(s, graph.ids(s, m, u)) if rank[sources[0][0]] != rank[s] else 0.0
+        out += [(("B", *t), delay) for t in sources]
     return out
-
-
-def _message_ms(graph: ReplicaGraph, costs: PlanCosts, fwd_stage: int, msg) -> float:
-    return costs.message_ms(fwd_stage, graph.ids(fwd_stage, msg.mb, msg.sub))
 
 
 _LETTER = {ActionKind.F: "F", ActionKind.B: "B", ActionKind.I: "I", ActionKind.W: "W"}
 
 
-def _key(a: Action) -> Key:
-    return (_LETTER[a.kind], a.stage, a.mb, a.sub_index)
+def _work(
+    graph: ReplicaGraph, costs: PlanCosts, acts: list[Action]
+) -> list[tuple[Key, float, list[tuple[Key, float]]]]:
+    """(key, duration, ``compute_deps``) of each compute action of ``acts``, in order."""
+    rank, ids, compute_ms = _ranks(graph), graph.ids, costs.compute_ms
+    out = []
+    for a in acts:
+        letter = _LETTER.get(a.kind)
+        if letter is not None:
+            s, m, u = a.stage, a.mb, a.sub_index
+            out.append(
+                (
+                    (letter, s, m, u),
+                    compute_ms(s, a.kind, ids(s, m, u)),
+                    _deps(graph, costs, rank, a.kind, s, m, u),
+                )
+            )
+    return out
 
 
 def predicted_makespan_ms(graph: ReplicaGraph, costs: PlanCosts, orders: dict[int, list[Action]]) -> float:
     """Makespan (ms) of one replica's per-rank compute orders; ``inf`` if the orders deadlock."""
-    work: dict[int, list[tuple[Key, float, list[tuple[Key, float]]]]] = {}
-    for rank, acts in orders.items():
-        work[rank] = [
-            (
-                _key(a),
-                costs.compute_ms(a.stage, a.kind, graph.ids(a.stage, a.mb, a.sub_index)),
-                compute_deps(graph, costs, a),
-            )
-            for a in acts
-            if a.kind in _LETTER
-        ]
+    work = {rank: _work(graph, costs, acts) for rank, acts in orders.items()}
     ptr = dict.fromkeys(work, 0)
     clock = dict.fromkeys(work, 0.0)
     end: dict[Key, float] = {}

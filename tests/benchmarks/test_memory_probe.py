@@ -19,19 +19,26 @@ def _argv(profile: str) -> list[str]:
             "--iterations", "2"]  # fmt: skip
 
 
-def test_the_probe_runs_the_case_and_again_with_memory_unlimited(benchmarks_on_path, tmp_path):
+def test_the_probe_runs_the_case_and_again_with_memory_unlimited(benchmarks_on_path, tmp_path, monkeypatch):
     memory_probe = importlib.import_module("memory_probe")
     cost = build_cost_model("qwen25vl-llama3-1b", "a40-paper")
     small = str(tmp_path / "small.json")
     replace(cost, hardware=replace(cost.hardware, device_memory_bytes=16e9)).save(small)
+    calls = []
+
+    def spy(args, systems):
+        runs, configs = simulate_systems(args, systems)
+        calls.append((vars(args), systems, runs["entrain"].metrics.iteration_time_ms))
+        return runs, configs
+
+    monkeypatch.setattr(memory_probe, "simulate_systems", spy)
     got = memory_probe.probe(_argv(small), 1000.0)
     preset, lifted = got["preset"], got["unlimited"]
     assert got["device_memory_bytes"] == 16e9 and got["contiguous_ms"] == 1000.0
-    # the first run is the case's own simulate, at one iteration
+    # the first run is the case's own simulate (its parsed command line, Entrain alone), at one iteration
     one = build_parser().parse_args(memory_probe._one_iteration(_argv(small)))
-    assert one.iterations == 1
-    runs, _ = simulate_systems(one, ["entrain"])
-    assert preset["iteration_time_ms"] == runs["entrain"].metrics.iteration_time_ms
+    assert one.iterations == 1 and len(calls) == 2
+    assert calls[0][:2] == (vars(one), ["entrain"]) and preset["iteration_time_ms"] == calls[0][2]
     assert preset["recompute"] != ["none"] and preset["peak_memory_bytes"] <= 16e9  # the case binds
     assert lifted["recompute"] == ["none"] and lifted["fits_memory"]
     assert lifted["peak_memory_bytes"] > 16e9  # what the plan holds once nothing stops it

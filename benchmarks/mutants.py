@@ -228,6 +228,14 @@ MUTANTS = (
         ("tests/sim/test_step_end.py::test_the_end_of_step_is_priced_once_after_the_all_reduce",),
     ),
     Mutant(
+        "predict-free-remote-gradient",
+        "the predicted makespan delays a gradient only between stages of one rank, not across ranks",
+        "entrain/core/schedules/predict.py",
+        "if rank[sources[0][0]] != rank[s] else 0.0",
+        "if rank[sources[0][0]] == rank[s] else 0.0",
+        ("tests/sim/test_extensions.py::test_chain_layouts_with_ramp_are_valid_and_predicted_exactly",),
+    ),
+    Mutant(
         "step-end-fit-counts-allreduce",
         "the end-of-step fit keeps the DP gradient all-reduce the simulator already prices (counted twice)",
         "entrain/sim/step_end_fit.py",

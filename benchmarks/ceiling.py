@@ -57,6 +57,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import gap_levers
 import layer_bound
 import looped_probe
 import regression
@@ -403,6 +404,7 @@ def summary(res: dict) -> dict:
     if head:
         r = ratios(head[0])
         out["headline"] = {"case": head[0]["case"], **r}
+    out["levers"] = gap_levers.levers(res)
     return out
 
 
@@ -487,6 +489,7 @@ def render(res: dict) -> str:
     if "layer_bound" in res:
         lines += layer_bound.render_section(res["layer_bound"], TARGET_HEADLINE, TARGET_GEOMEAN)
         lines += layer_bound.memory_probe_lines(res["layer_bound"]["cases"])
+    lines += gap_levers.render(s["levers"], TARGET_GEOMEAN)
     return "\n".join(lines) + "\n"
 
 

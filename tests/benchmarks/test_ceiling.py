@@ -82,14 +82,27 @@ def test_design_doc_quotes_the_committed_ceiling():
         f"{ms['greedy-mem']:.0f} ms under the interleaver within memory's window, against Entrain's "
         f"{head['entrain_ms']:.0f} ms",
     ]
+    quoted = []
     for c in res["layer_bound"]["cases"]:
-        if c.get("memory_probe"):
+        short = c["case"].split("/a40")[0]
+        if c.get("memory_probe") and f"On {short} Entrain takes" in text:  # the probed cases the doc names
             p, fig = c["memory_probe"], c["memory_probe"]["contiguous_ms"]
             a, b = p["preset"]["iteration_time_ms"], p["unlimited"]["iteration_time_ms"]
+            quoted.append(short)
             want += [
-                f"{c['case'].split('/a40')[0]} Entrain takes {a:.0f} ms",
+                f"{short} Entrain takes {a:.0f} ms",
                 f"({a / fig:.3f}x)",
                 f"takes {b:.0f} ms ({b / fig:.3f}x)",
             ]
+    assert len(quoted) >= 6, quoted
+    lv = s["levers"]
+    want += [
+        f"{lv['memory_probed']} of the zoo's {lv['zoo_cases']} cases",
+        f"memory unlimited on the probed cases {lv['memory']:.3f}x",
+        f"no idle {lv['idle']:.3f}x",
+        f"no recompute {lv['recompute']:.3f}x",
+        f"no imbalance beyond the best contiguous split {lv['imbalance beyond the best contiguous split']:.3f}x",
+        f"both {lv['idle and imbalance beyond the best contiguous split']:.3f}x",
+    ]
     missing = [w for w in want if w not in text]
     assert not missing, f"docs/design.md does not quote ceiling.json: {missing}"

@@ -67,6 +67,8 @@ class ReplicaGraph:
         self.microbatches = microbatches
         self.num_stages = len(layout.stages)
         self.num_encoder_stages = layout.num_encoder_stages
+        self.stage_ranks = tuple(st.pp_rank for st in layout.stages)
+        """Each stage's pipeline rank within the replica (``rank_of``, by index)."""
         n = self.num_stages
         if layout.multi_encoder:
             self._next = tuple(layout.next_stage(s) for s in range(n))
@@ -102,7 +104,7 @@ class ReplicaGraph:
 
     def rank_of(self, stage: int) -> int:
         """The pipeline rank (within the replica) holding ``stage``."""
-        return self.layout.stages[stage].pp_rank
+        return self.stage_ranks[stage]
 
     # --- routing at the encoder -> LLM boundary -------------------------------------------------------
     def _boundary(self, stage: int) -> bool:
@@ -148,13 +150,9 @@ class ReplicaGraph:
 
     def bwd_sources(self, stage: int, mb: int, sub: int) -> list[Task]:
         """The backward tasks (all on the next stage) whose gradients ``B``/``I`` of (stage, mb, sub)
-        consumes: ``bwd_producers`` of each of ``bwd_inputs``, without building the messages."""
+        consumes: ``bwd_producers`` of its ``bwd_inputs`` message, without building the message."""
         nxt = self._next[stage]
-        if nxt is None:
-            return []
-        if self._boundary(nxt):
-            return [(nxt, m, u) for m, u in self._enc_consumers.get((mb, sub), [])]
-        return [(nxt, mb, sub)]
+        return [] if nxt is None else self._grad_producers(nxt, mb, sub)
 
     def fwd_outputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Forward messages produced by ``F(stage, mb, sub)``."""
@@ -176,9 +174,14 @@ class ReplicaGraph:
 
     def bwd_producers(self, msg: Message) -> list[Task]:
         """Tasks at ``msg.src`` whose backward must all finish before gradient ``msg`` is sent."""
-        if self._boundary(msg.src):
-            return [(msg.src, m, u) for m, u in self._enc_consumers.get((msg.mb, msg.sub), [])]
-        return [(msg.src, msg.mb, msg.sub)]
+        return self._grad_producers(msg.src, msg.mb, msg.sub)
+
+    def _grad_producers(self, src: int, mb: int, sub: int) -> list[Task]:
+        """The backward tasks at ``src`` that make the gradient of (``mb``, ``sub``) it sends back: at the
+        boundary, every LLM task consuming the encoder label (none: nothing is sent)."""
+        if self._boundary(src):
+            return [(src, m, u) for m, u in self._enc_consumers.get((mb, sub), [])]
+        return [(src, mb, sub)]
 
     def bwd_outputs(self, stage: int, mb: int, sub: int) -> list[Message]:
         """Gradient messages that the backward of (stage, mb, sub) contributes to."""

@@ -21,15 +21,11 @@ Key = tuple[str, int, int, int]
 
 def compute_deps(graph: ReplicaGraph, costs: PlanCosts, a: Action) -> list[tuple[Key, float]]:
     """(predecessor key ``(F|B|I, stage, mb, sub)``, delay after its end) of a compute action."""
-    return _deps(graph, costs, _ranks(graph), a.kind, a.stage, a.mb, a.sub_index)
-
-
-def _ranks(graph: ReplicaGraph) -> list[int]:
-    return [st.pp_rank for st in graph.layout.stages]
+    return _deps(graph, costs, graph.stage_ranks, a.kind, a.stage, a.mb, a.sub_index)
 
 
 def _deps(
-    graph: ReplicaGraph, costs: PlanCosts, rank: list[int], kind: ActionKind, s: int, m: int, u: int
+    graph: ReplicaGraph, costs: PlanCosts, rank: tuple[int, ...], kind: ActionKind, s: int, m: int, u: int
 ) -> list[tuple[Key, float]]:
     """``compute_deps`` of ``kind`` on (``s``, ``m``, ``u``), ``rank`` each stage's pipeline rank: a
     remote input arrives ``message_ms`` of the forward stage's message after its producer ended."""
@@ -55,7 +51,7 @@ def _work(
     graph: ReplicaGraph, costs: PlanCosts, acts: list[Action]
 ) -> list[tuple[Key, float, list[tuple[Key, float]]]]:
     """(key, duration, ``compute_deps``) of each compute action of ``acts``, in order."""
-    rank, ids, compute_ms = _ranks(graph), graph.ids, costs.compute_ms
+    rank, ids, compute_ms = graph.stage_ranks, graph.ids, costs.compute_ms
     out = []
     for a in acts:
         letter = _LETTER.get(a.kind)

@@ -16,7 +16,7 @@ from entrain.core.planning.setups import CandidateJudge, ConfigRequest, SystemSe
 from entrain.core.schedules.common import ScheduleOptions
 from entrain.core.systems import ENTRAIN
 from entrain.core.workload.work import SampleWork
-from entrain.sim.memory_fit import fit_memory, fit_memory_best
+from entrain.sim.memory_fit import below_requested_by, fit_memory, fit_memory_best
 from entrain.sim.replica_sample import JUDGE_REPLICAS, estimated_iteration_ms, heaviest_replicas, sub_layout
 
 __all__ = ["JUDGE_DRAWS", "TWINS", "planner_draws", "candidate_judge"]
@@ -86,7 +86,7 @@ def candidate_judge(
     (``planning.extensions``, ``CLOSE_CALLS``) and for the layout, whose candidates differ in what each
     rank holds (``extensions._entrain_layout``)."""
     draws: list[Sequence[SampleWork]] = []
-    seen: dict[str, tuple[float, dict | None]] = {}
+    seen: dict[str, tuple[float, dict | None, bool]] = {}
     deployed_seen: dict[str, float] = {}
     splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
@@ -94,8 +94,16 @@ def candidate_judge(
         for option, value, twin, same in TWINS:
             if setup.options.get(option, _DEFAULTS[option]) != value:
                 continue
-            ms, plan_options = seen.get(_key(setup.layout, {**setup.options, option: twin}), (None, None))
+            ms, plan_options, _ = seen.get(
+                _key(setup.layout, {**setup.options, option: twin}), (None, None, True)
+            )
             if plan_options is not None and same(plan_options):
+                return ms
+        if setup.options.get("microbatch_count") == "requested":  # K_eff nowhere below it: one plan
+            ms, _, below = seen.get(
+                _key(setup.layout, {**setup.options, "microbatch_count": "paper"}), (None, None, True)
+            )
+            if not below:
                 return ms
         return None
 
@@ -104,7 +112,7 @@ def candidate_judge(
         if key not in seen:
             reused = twin_ms(setup)
             if reused is not None:
-                seen[key] = (reused, None)
+                seen[key] = (reused, None, True)
             else:
                 seen[key] = judged_ms(setup, draws, cost, replicas, splits=splits)
         return seen[key][0]
@@ -138,9 +146,11 @@ def judged_ms(
     splits: dict[str, tuple] | None = None,
     deployed: bool = False,
     margin: float = 0.0,
-) -> tuple[float, dict | None]:
+) -> tuple[float, dict | None, bool]:
     """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan's
-    options, or None where the check changed the layout)`` of ``setup`` on ``draws``. Above
+    options, or None where the check changed the layout; whether some replica's ``K_eff`` fell below
+    the requested count, ``memory_fit.below_requested_by``: where the requested count gives another plan)``
+    of ``setup`` on ``draws``. Above
     ``replicas`` replicas: on a sub-cluster of the ``replicas`` heaviest replicas of each draw's DP
     split (``replica_sample``; it depends on the layout alone, not on the schedule options, and is
     kept in ``splits`` for the next candidate on the same layout), with the full DP's all-reduce.
@@ -171,4 +181,4 @@ def judged_ms(
         ms = run.metrics.iteration_time_ms
     else:
         ms = estimated_iteration_ms(run, replace(got.layout, dp=full.dp), cost)
-    return ms, run.plan.options if got.layout == layout else None
+    return ms, run.plan.options if got.layout == layout else None, below_requested_by(system, run)

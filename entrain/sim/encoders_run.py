@@ -35,6 +35,7 @@ from entrain.core.planning.encoders import (
 from entrain.core.planning.encoders_baselines import plan_encoders_system
 from entrain.core.planning.encoders_bmin import find_b_min_encoders_deployed
 from entrain.core.planning.encoders_plan import below_requested, generate_encoders_plan
+from entrain.core.planning.extensions import MICROBATCH_COUNT
 from entrain.core.planning.system_setup import DECISION_MARGIN, Decision, pick
 from entrain.core.schedules.encoder_costs import EncodersPlanCosts
 from entrain.core.systems import ENTRAIN
@@ -43,9 +44,6 @@ from entrain.sim.metrics import compute_metrics
 from entrain.sim.run import SystemRun
 
 __all__ = ["encoders_profile", "fit_recompute", "fit_entrain", "run_encoders_systems", "MICROBATCH_COUNT"]
-
-MICROBATCH_COUNT = "microbatch count"
-"""``fit_entrain``'s decision: ``paper`` (``K_eff``, the default) or ``requested``."""
 
 
 def encoders_profile(

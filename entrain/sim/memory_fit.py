@@ -10,6 +10,7 @@ from dataclasses import replace
 from entrain.core.costs.costmodel import RECOMPUTE_MODES, CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.ir.plan import Layout, StageSpec
+from entrain.core.planning.encoders_plan import below_requested
 from entrain.core.planning.setups import DECISION_MARGIN, SystemSetup, pick
 from entrain.core.systems import ENTRAIN, get_system, systems_where
 from entrain.core.workload.work import SampleWork
@@ -23,6 +24,7 @@ __all__ = [
     "escalate",
     "fit_memory_best",
     "from_peaks",
+    "below_requested_by",
     "no_fit_message",
 ]
 
@@ -240,7 +242,7 @@ def _recompute_candidates(
             source = f"{start.source}; the paper's pair order (memory)"
             paired = PAPER_PAIRS if name == "planner" else f"{name}, {PAPER_PAIRS}"
             queue.append((paired, replace(start, options=paper, source=source), paper))
-        if name == "planner" and recomputes and _below_requested(system, found[name][1]):
+        if name == "planner" and recomputes and below_requested_by(system, found[name][1]):
             more = {**opts, "microbatch_count": "requested"}
             source = f"{start.source}; the requested microbatch count (memory)"
             queue.append((REQUESTED, replace(start, options=more, source=source), more))
@@ -278,14 +280,10 @@ assignment's largest 24,626, and no start of the paper's assignment fitted 48 GB
 rank). Fitting plans are unchanged: the start is tried only where none fits."""
 
 
-def _below_requested(system: str, run) -> bool:
+def below_requested_by(system: str, run) -> bool:
     """Whether ``system`` reads ``microbatch_count`` (Entrain's) and some replica of ``run``'s plan has
-    fewer encoder microbatches than the requested count allows it (``K_eff`` below it)."""
-    if not get_system(system).extensions:
-        return False
-    k = run.layout.num_microbatches
-    reps = (rep for it in run.plan.iterations for rep in it.assignment.replicas)
-    return any(rep.k_eff < min(k, len(rep.sample_ids)) for rep in reps)
+    fewer encoder microbatches than the requested count allows it (``encoders_plan.below_requested``)."""
+    return get_system(system).extensions and below_requested(run.plan)
 
 
 def from_peaks(setup: SystemSetup) -> SystemSetup | None:

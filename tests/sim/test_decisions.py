@@ -31,7 +31,7 @@ from tests.sim.fixtures import disjoint_layout, toy_cost
 REQ = ConfigRequest("synthchartnet", "qwen25vl-llama3-1b", 64, 4, 2, 512, 4, seed=3)
 """The headline command, Entrain's defaults (every choice ``auto``)."""
 
-DEFAULTS = {"config": None, "layout": "disjoint", "assignment": "paper", "dp_split": "paper", "ramp": "0",
+DEFAULTS = {"config": None, "layout": "disjoint", "microbatch count": "paper", "assignment": "paper", "dp_split": "paper", "ramp": "0",
             "split": "off", "backward_order": "slot", "pair_order": "paper", "sub_microbatches": "off",
             "encoder_rebalance": "off"}  # fmt: skip
 """Each planning decision's paper default (``config``: Algorithm 2's own choice)."""
@@ -55,6 +55,7 @@ def features(setup: SystemSetup) -> dict[str, str]:
     return {
         "config": f"pp{len(setup.layout.stages) - setup.layout.num_encoder_stages}",
         "layout": "shared" if len(setup.layout.stages) > setup.layout.ranks_per_replica else "disjoint",
+        "microbatch count": o.get("microbatch_count", "paper"),
         "assignment": assignment,
         "dp_split": "two-resource" if resplit else "paper",
         "ramp": str(o.get("ramp_microbatches", 0)),
@@ -92,7 +93,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     judge, seen = fake_judge({})
     got = entrain_variant(base, REQ, cost, judge)
     d = _decisions(got)
-    assert list(d) == ["config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order",
+    assert list(d) == ["config", "layout", "microbatch count", "assignment", "dp_split", "ramp", "split", "backward_order",
                        "pair_order", "sub_microbatches", "encoder_rebalance"]  # fmt: skip
     assert list(d) == [n for n in setups.DECISIONS if n != "recompute"]
     assert set(d["layout"].candidates) == {
@@ -100,6 +101,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
         "shared",
         "shared-batch",
     }  # b_min 8: the 512 draw differs
+    assert set(d["microbatch count"].candidates) == {"paper", "requested"}
     assert set(d["assignment"].candidates) == {"paper", "two-resource", "auto"}
     assert set(d["dp_split"].candidates) == {"paper"}  # the paper's assignment: nothing to re-split
     assert set(d["ramp"].candidates) == {"0", "auto"}
@@ -115,12 +117,12 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
     # a memory split the draws cannot tell from none (equal times: it cut nothing) stays on
     assert features(got) == {**features(base), "sub_microbatches": "on", "config": features(base)["config"]}
     assert "split_weight_grads" not in got.options  # no win: the paper's whole backwards
-    assert len(seen) == 10
+    assert len(seen) == 11
 
 
 @pytest.mark.parametrize(
     "decision, value",
-    [("layout", "shared"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
+    [("layout", "shared"), ("microbatch count", "requested"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
      ("split", "on"), ("pair_order", "auto"), ("sub_microbatches", "on"), ("encoder_rebalance", "on")],
 )  # fmt: skip
 @pytest.mark.parametrize("factor, flips", [(0.98, True), (0.998, False), (1.02, False)])
@@ -186,6 +188,7 @@ def test_explicit_flags_are_not_decided():
     got = entrain_variant(base, fixed, cost, judge)
     assert [d.name for d in got.decisions] == [
         "config",
+        "microbatch count",
         "dp_split",
         "split",
         "backward_order",
@@ -196,7 +199,7 @@ def test_explicit_flags_are_not_decided():
     fixed = replace(fixed, entrain_split=True)
     got = entrain_variant(base, fixed, cost, judge)
     assert [d.name for d in got.decisions] == [
-        "config", "dp_split", "backward_order", "pair_order", "sub_microbatches", "encoder_rebalance"
+        "config", "microbatch count", "dp_split", "backward_order", "pair_order", "sub_microbatches", "encoder_rebalance"
     ]  # fmt: skip
     assert got.options["split_weight_grads"] is True
     assert got.options["ramp_microbatches"] == 2 and got.options["assignment"] == "two-resource"
@@ -325,3 +328,35 @@ def test_the_judge_reuses_a_twins_time_only_where_the_twin_ran_the_same_plan(mon
     assert len(calls) == 2  # "auto" ramped somewhere (so "0" is simulated); "off": no cut, reused
     fresh = {n: choose.candidate_judge(sampler, cost, req)({n: s})[n] for n, s in cands.items()}
     assert got == fresh and got["0"] != got["auto"]
+
+
+@pytest.mark.parametrize("dataset, simulated", [("mixture", 2), ("text-heavy", 1)])
+def test_the_judge_simulates_the_requested_count_only_where_k_eff_fell_below_it(
+    monkeypatch, dataset, simulated
+):
+    """The ``microbatch count`` decision's ``requested`` candidate is simulated only where ``K_eff`` left
+    some replica of the draws fewer microbatches than requested (mixture: a long video dwarfs the rest),
+    elsewhere it is the ``paper`` candidate's plan and its time is reused; either way each time equals a
+    fresh judge's simulation of the candidate itself."""
+    from entrain.sim import choose
+
+    req = ConfigRequest(dataset, "qwen25vl-llama3-1b", 16, 2, 2, 64, 4, seed=0)
+    cost = resolve_cost_model(req.model, hardware="a40-paper")
+    sampler = dataset_sampler(req.dataset, req.seed)
+    paper = replace(
+        req, entrain_layout="disjoint", entrain_ramp=0, entrain_split=False, entrain_assignment="paper"
+    )
+    base = system_setups(["entrain"], paper, cost, sampler)["entrain"]
+    cands = {
+        "paper": base,
+        "requested": replace(base, options={**base.options, "microbatch_count": "requested"}),
+    }
+    calls = []
+    real = choose.fit_memory
+    monkeypatch.setattr(choose, "fit_memory", lambda *a, **k: calls.append(1) or real(*a, **k))
+    shared = choose.candidate_judge(sampler, cost, req)
+    got = {n: shared({n: s})[n] for n, s in cands.items()}
+    assert len(calls) == simulated
+    fresh = {n: choose.candidate_judge(sampler, cost, req)({n: s})[n] for n, s in cands.items()}
+    assert got == fresh
+    assert (got["paper"] != got["requested"]) == (simulated == 2)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from entrain.core.assignment.stratified import MICROBATCH_COUNTS
 from entrain.core.costs.costmodel import CostModel
 from entrain.core.errors import ConfigError
 from entrain.core.planning.bmin import EQ2_TOLERANCE
@@ -74,8 +75,13 @@ def entrain_variant(
     return replace(current, source=current.source + _notes(current.options))
 
 
+MICROBATCH_COUNT = "microbatch count"
+"""The decision between ``ScheduleOptions.microbatch_count``'s rules (``"paper"``: ``K_eff``;
+``"requested"``), on the one-encoder path (``_decide_options``) and the N-encoder one
+(``entrain.sim.encoders_run.fit_entrain``)."""
+
 DECISIONS = (
-    "config", "layout", "assignment", "dp_split", "ramp", "split", "backward_order", "pair_order",
+    "config", "layout", MICROBATCH_COUNT, "assignment", "dp_split", "ramp", "split", "backward_order", "pair_order",
     "sub_microbatches", "encoder_rebalance", "recompute",
 )  # fmt: skip
 """Every automatic choice, in the order it is made (``recompute``: by the memory check,
@@ -93,7 +99,9 @@ def _with_options(setup: SystemSetup, **delta) -> SystemSetup:
 
 
 def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudge) -> SystemSetup:
-    """The schedule-option decisions: assignment (paper / two-resource / per-iteration auto), the DP
+    """The schedule-option decisions: the microbatch count (``K_eff`` / the requested count: the
+    decisions after it are made at the count the plan runs; the judge simulates the requested count only
+    where ``K_eff`` fell below it on the draws, ``sim.choose``), the assignment (paper / two-resource / per-iteration auto), the DP
     re-split (only under a non-paper assignment), the ramp (0 / per-replica auto), the split backward
     (off / on, where ``entrain_split`` is ``"auto"``), its order (slot / per-b where a rank holds several
     stages; elsewhere both are one plan, simulated once), the deferral pairs' order (the paper's /
@@ -104,6 +112,8 @@ def _decide_options(setup: SystemSetup, req: ConfigRequest, judge: CandidateJudg
     memory check a command deploys with (``_fitting_judge``)."""
     m = req.margin
     judge = _fitting_judge(judge)
+    counts = {n: _with_options(setup, microbatch_count=n) for n in MICROBATCH_COUNTS}
+    setup = decide(MICROBATCH_COUNT, "paper", counts, judge, m)[0]
     if req.entrain_assignment == "auto":
         names = ("paper", "two-resource", "auto")
         setup = decide(

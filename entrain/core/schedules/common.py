@@ -128,9 +128,12 @@ class ScheduleOptions:
     microbatch_count: str = "paper"
     """Entrain's encoder microbatches per replica (``assignment.stratified.MICROBATCH_COUNTS``):
     ``"paper"``: ``K_eff`` (Algorithm 3's rule, at most the requested count); ``"requested"``: the
-    requested count (global batch / (dp x microbatch size)), for both assignments. Not decided by the
-    planner: the simulated memory check tries it where ``K_eff`` fell below it (smaller microbatches
-    hold fewer activations, so they may need less recomputation; ``sim.memory_fit``)."""
+    requested count (global batch / (dp x microbatch size)), for both assignments. Decided by
+    simulation first among the schedule options (the ``microbatch count`` decision,
+    ``entrain.core.planning.extensions``: the later ones are made at the count the plan runs), and the
+    simulated memory check tries it again where the plan recomputes and ``K_eff`` fell below it
+    (smaller microbatches hold fewer activations, so they may need less recomputation;
+    ``sim.memory_fit``)."""
 
     pair_order: str = "paper"
     """Entrain's order of its deferral pairs (``PAIR_ORDERS``): ``"paper"``, Algorithm 3's (by the OL

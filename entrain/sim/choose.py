@@ -87,7 +87,7 @@ def candidate_judge(
     rank holds (``extensions._entrain_layout``)."""
     draws: list[Sequence[SampleWork]] = []
     seen: dict[str, tuple[float, dict | None, bool]] = {}
-    deployed_seen: dict[str, float] = {}
+    deployed_seen: dict[str, tuple[float, bool]] = {}
     splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
     def twin_ms(setup: SystemSetup) -> float | None:
@@ -128,10 +128,15 @@ def candidate_judge(
         for setup in candidates.values():
             key = _key(setup.layout, setup.options)
             if key not in deployed_seen:
-                deployed_seen[key] = judged_ms(
+                paper = deployed_seen.get(_key(setup.layout, {**setup.options, "microbatch_count": "paper"}))
+                if setup.options.get("microbatch_count") == "requested" and paper and not paper[1]:
+                    deployed_seen[key] = paper  # K_eff nowhere below the requested count: one plan
+                    continue
+                ms, _, below = judged_ms(
                     setup, draws, cost, replicas, splits=splits, deployed=True, margin=req.margin
-                )[0]
-        return {name: deployed_seen[_key(s.layout, s.options)] for name, s in candidates.items()}
+                )
+                deployed_seen[key] = (ms, below)
+        return {name: deployed_seen[_key(s.layout, s.options)][0] for name, s in candidates.items()}
 
     judge.deployed = deployed  # type: ignore[attr-defined]
     return judge

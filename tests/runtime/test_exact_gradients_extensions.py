@@ -2,7 +2,7 @@
 sub-microbatches), boundary-sharing layouts (one rank holds the last encoder stage and the first
 LLM stage), split weight gradients (every backward as ``I`` then ``W``, on every stage kind:
 first encoder stage, a stage that feeds a local one, the LLM's last), the two-resource
-assignment (microbatches other than the paper's), the deferral pairs in another order and the memory split (encoder microbatches cut
+assignment (microbatches other than the paper's), twice the requested microbatch count, the deferral pairs in another order and the memory split (encoder microbatches cut
 into more sub-microbatches so a fully recomputing encoder stays within a small budget) give the
 single-process reference gradients before and after clipping and its grad norm (fp32, < 1e-5
 relative per tensor), with deferrals and clipping on. One forked 2-rank gloo group runs every case."""
@@ -85,6 +85,7 @@ CASES = [
     ("split-shared-rank0-per-b", "shared-rank0", {"split_weight_grads": True, "backward_order": "per-b"}),
     ("split-shared-rank1-ramp", "shared-rank1", {"ramp_microbatches": 1, "split_weight_grads": True}),
     ("two-resource-1+1", None, {"assignment": "two-resource"}),
+    ("double-count-1+1", "1+1, K 2", {"microbatch_count": "double"}),  # 4 microbatches of 2 samples
     ("pair-order-1+1-split", None, {"pair_order": "light first", "split_weight_grads": True}),
     ("memory-split-1+1", "full-recompute-encoder", MEMORY_SPLIT),
     ("memory-split-1+1-split-wg", "full-recompute-encoder", {**MEMORY_SPLIT, "split_weight_grads": True}),
@@ -97,6 +98,8 @@ def _plan(layout_name: str | None, options: dict) -> Plan:
     batch = works(batch_metas())
     if layout_name is None:
         return plan_for("entrain", 1, 1, 1, K, batch, options)
+    if layout_name == "1+1, K 2":  # the disjoint 1+1 runtime layout at half the microbatch count
+        return plan_for("entrain", 1, 1, 1, 2, batch, options)
     return make_plan("entrain", LAYOUTS[layout_name], [batch], cost, options)
 
 
@@ -151,6 +154,8 @@ def test_ramped_and_boundary_sharing_plans_give_reference_gradients(reference, t
             assert sum(len(m.encoder_subs) for m in mbs) > sum(len(m.encoder_subs) for m in whole), name
         if options.get("assignment") == "two-resource":  # the Plan runs microbatches unlike the paper's
             assert rep != _plan(layout_name, {}).iterations[0].assignment.replicas[0], name
+        if options.get("microbatch_count") == "double":  # twice the requested 2 microbatches
+            assert rep.k_eff == len(mbs) == 4, name
         if "pair_order" in options:  # the same microbatches, the deferral pairs run in another order
             paper = _plan(layout_name, {}).iterations[0].assignment.replicas[0]
             assert rep.execution_order != paper.execution_order, name

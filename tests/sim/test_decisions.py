@@ -101,7 +101,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
         "shared",
         "shared-batch",
     }  # b_min 8: the 512 draw differs
-    assert set(d["microbatch count"].candidates) == {"paper", "requested"}
+    assert set(d["microbatch count"].candidates) == {"paper", "requested", "double"}
     assert set(d["assignment"].candidates) == {"paper", "two-resource", "auto"}
     assert set(d["dp_split"].candidates) == {"paper"}  # the paper's assignment: nothing to re-split
     assert set(d["ramp"].candidates) == {"0", "auto"}
@@ -122,7 +122,7 @@ def test_every_decision_is_listed_with_its_candidates_and_defaults_without_a_win
 
 @pytest.mark.parametrize(
     "decision, value",
-    [("layout", "shared"), ("microbatch count", "requested"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
+    [("layout", "shared"), ("microbatch count", "requested"), ("microbatch count", "double"), ("assignment", "two-resource"), ("assignment", "auto"), ("ramp", "auto"),
      ("split", "on"), ("pair_order", "auto"), ("sub_microbatches", "on"), ("encoder_rebalance", "on")],
 )  # fmt: skip
 @pytest.mark.parametrize("factor, flips", [(0.98, True), (0.998, False), (1.02, False)])

@@ -34,6 +34,8 @@ def test_the_requested_count_is_the_runs_own_at_most_one_per_sample():
     assert effective_num_microbatches(work, K) == microbatch_count(work, K) == 2
     assert microbatch_count(work, K, "requested") == K
     assert microbatch_count(work[:5], K, "requested") == 5
+    assert microbatch_count(work, K, "double") == 2 * K  # twice the requested count: two samples each
+    assert microbatch_count(work, 10, "double") == 16  # at most one per sample
 
 
 def test_memory_check_deploys_the_requested_count_where_it_fits_without_recomputation():
@@ -62,3 +64,23 @@ def test_baselines_and_fitting_plans_get_no_requested_start():
     roomy = replace(cost, hardware=replace(cost.hardware, device_memory_bytes=1e18))
     got, _ = fit_memory_best("entrain", SystemSetup(layout, {}, ""), batches, roomy)
     assert list(got.decisions[-1].candidates) == ["planner"]  # nothing recomputed: nothing to try
+
+
+def test_the_doubled_count_runs_twice_the_microbatches_of_half_the_size_with_fewer_activations_held():
+    """``microbatch_count`` ``"double"``: each replica's encoder and LLM microbatches are twice the requested
+    count (every sample in exactly one), the same samples and the same total work per rank, and the
+    largest microbatch's activations, so the peak each rank holds, below the requested count's."""
+    cost, layout, batches = _case()
+    runs = {
+        n: run_system("entrain", layout, batches, cost, {"microbatch_count": n})
+        for n in ("requested", "double")
+    }
+    reps = {n: r.plan.iterations[0].assignment.replicas[0] for n, r in runs.items()}
+    assert (reps["requested"].k_eff, reps["double"].k_eff) == (K, 2 * K)
+    assert len(reps["double"].encoder_microbatches) == len(reps["double"].llm_microbatches) == 2 * K
+    ids = sorted(s for mb in reps["double"].encoder_microbatches for s in mb)
+    assert ids == sorted(w.id for w in batches[0])
+    busy = {n: sorted(r.iterations[0].replicas[0].busy_ms.values()) for n, r in runs.items()}
+    peaks = {n: max(r.metrics.peak_memory_bytes_per_rank) for n, r in runs.items()}
+    assert peaks["double"] < peaks["requested"]
+    assert sum(busy["double"]) >= sum(busy["requested"])  # more calls: per-call constants, never less work

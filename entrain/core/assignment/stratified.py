@@ -38,7 +38,7 @@ __all__ = [
 
 _FLOOR_RTOL = 1e-9
 
-MICROBATCH_COUNTS = ("paper", "requested")
+MICROBATCH_COUNTS = ("paper", "requested", "double")
 """How many encoder microbatches a replica gets (``microbatch_count``; ``ScheduleOptions.microbatch_count``)."""
 
 
@@ -54,15 +54,19 @@ def effective_num_microbatches(encoder_work: Sequence[float], num_microbatches: 
 
 def microbatch_count(encoder_work: Sequence[float], num_microbatches: int, rule: str = "paper") -> int:
     """A replica's encoder microbatch count: ``"paper"``: ``K_eff`` (``effective_num_microbatches``);
-    ``"requested"``: the run's ``K`` (global batch / (dp x microbatch size)), at most one per sample.
+    ``"requested"``: the run's ``K`` (global batch / (dp x microbatch size)), at most one per sample;
+    ``"double"``: ``2 K``, at most one per sample (microbatches of about half the requested size: the same
+    samples and gradients, fewer activations held per microbatch, a finer pipeline fill and drain, more
+    per-call constants; Entrain's ``microbatch count`` decision weighs them by simulation).
     ``K_eff`` keeps the largest sample from bounding a microbatch, but where one sample dwarfs the rest
     (a long video in a mixture) it leaves a few microbatches of many samples each, whose activations
     can need recomputation on every rank; ``K`` microbatches of the requested size may then fit with
     little or none (the memory check tries both for Entrain, ``sim.memory_fit``)."""
     if rule not in MICROBATCH_COUNTS:
         raise ValueError(f"microbatch count rule {rule!r}; choose from {', '.join(MICROBATCH_COUNTS)}")
-    if rule == "requested":
-        return max(1, min(num_microbatches, len(encoder_work)))
+    if rule in ("requested", "double"):
+        wanted = num_microbatches * (2 if rule == "double" else 1)
+        return max(1, min(wanted, len(encoder_work)))
     return effective_num_microbatches(encoder_work, num_microbatches)
 
 

@@ -128,7 +128,8 @@ class ScheduleOptions:
     microbatch_count: str = "paper"
     """Entrain's encoder microbatches per replica (``assignment.stratified.MICROBATCH_COUNTS``):
     ``"paper"``: ``K_eff`` (Algorithm 3's rule, at most the requested count); ``"requested"``: the
-    requested count (global batch / (dp x microbatch size)), for both assignments. Decided by
+    requested count (global batch / (dp x microbatch size)), for both assignments; ``"double"``: twice
+    the requested count (microbatches of about half the requested size; ours). Decided by
     simulation first among the schedule options (the ``microbatch count`` decision,
     ``entrain.core.planning.extensions``: the later ones are made at the count the plan runs), and the
     simulated memory check tries it again where the plan recomputes and ``K_eff`` fell below it

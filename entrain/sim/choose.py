@@ -81,13 +81,14 @@ def candidate_judge(
 
     The judge carries ``deployed``: the same on the same draws, after the memory check a command
     deploys with (``memory_fit.fit_memory_best``: every recomputation start, per rank and per layer,
-    with and without eager forwards, the fastest that fits). It costs several simulations a
+    with and without eager forwards, the fastest that fits); ``deployed.recomputes(setup)``: whether that
+    plan recomputes on some stage. It costs several simulations a
     candidate, so it is asked only where the plain check cannot tell candidates apart
     (``planning.extensions``, ``CLOSE_CALLS``) and for the layout, whose candidates differ in what each
     rank holds (``extensions._entrain_layout``)."""
     draws: list[Sequence[SampleWork]] = []
     seen: dict[str, tuple[float, dict | None, bool]] = {}
-    deployed_seen: dict[str, tuple[float, bool]] = {}
+    deployed_seen: dict[str, tuple[float, bool, bool]] = {}
     splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
     def twin_ms(setup: SystemSetup) -> float | None:
@@ -114,7 +115,7 @@ def candidate_judge(
             if reused is not None:
                 seen[key] = (reused, None, True)
             else:
-                seen[key] = judged_ms(setup, draws, cost, replicas, splits=splits)
+                seen[key] = judged_ms(setup, draws, cost, replicas, splits=splits)[:3]
         return seen[key][0]
 
     def judge(candidates: dict[str, SystemSetup]) -> dict[str, float]:
@@ -132,12 +133,17 @@ def candidate_judge(
                 if setup.options.get("microbatch_count") == "requested" and paper and not paper[1]:
                     deployed_seen[key] = paper  # K_eff nowhere below the requested count: one plan
                     continue
-                ms, _, below = judged_ms(
+                ms, _, below, recomputes = judged_ms(
                     setup, draws, cost, replicas, splits=splits, deployed=True, margin=req.margin
                 )
-                deployed_seen[key] = (ms, below)
+                deployed_seen[key] = (ms, below, recomputes)
         return {name: deployed_seen[_key(s.layout, s.options)][0] for name, s in candidates.items()}
 
+    def recomputes(setup: SystemSetup) -> bool:
+        deployed({"setup": setup})
+        return deployed_seen[_key(setup.layout, setup.options)][2]
+
+    deployed.recomputes = recomputes  # type: ignore[attr-defined]
     judge.deployed = deployed  # type: ignore[attr-defined]
     return judge
 
@@ -151,11 +157,11 @@ def judged_ms(
     splits: dict[str, tuple] | None = None,
     deployed: bool = False,
     margin: float = 0.0,
-) -> tuple[float, dict | None, bool]:
+) -> tuple[float, dict | None, bool, bool]:
     """``(simulated iteration ms after the memory check, or inf where it does not fit; the plan's
     options, or None where the check changed the layout; whether some replica's ``K_eff`` fell below
-    the requested count, ``memory_fit.below_requested_by``: where the requested count gives another plan)``
-    of ``setup`` on ``draws``. Above
+    the requested count, ``memory_fit.below_requested_by``: where the requested count gives another plan;
+    whether the plan recomputes on some stage)`` of ``setup`` on ``draws``. Above
     ``replicas`` replicas: on a sub-cluster of the ``replicas`` heaviest replicas of each draw's DP
     split (``replica_sample``; it depends on the layout alone, not on the schedule options, and is
     kept in ``splits`` for the next candidate on the same layout), with the full DP's all-reduce.
@@ -186,4 +192,5 @@ def judged_ms(
         ms = run.metrics.iteration_time_ms
     else:
         ms = estimated_iteration_ms(run, replace(got.layout, dp=full.dp), cost)
-    return ms, run.plan.options if got.layout == layout else None, below_requested_by(system, run)
+    recomputes = any(st.recompute != "none" for st in got.layout.stages)
+    return ms, run.plan.options if got.layout == layout else None, below_requested_by(system, run), recomputes

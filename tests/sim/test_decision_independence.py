@@ -51,6 +51,7 @@ def _meddling(judge, extras: list[SystemSetup]):
         judge({**more, **dict(reversed(candidates.items()))})
         return judge(candidates)
 
+    meddled.deployed = judge.deployed  # type: ignore[attr-defined]  # the deployed check as the plain run's
     return meddled
 
 

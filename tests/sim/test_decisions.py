@@ -360,3 +360,19 @@ def test_the_judge_simulates_the_requested_count_only_where_k_eff_fell_below_it(
     fresh = {n: choose.candidate_judge(sampler, cost, req)({n: s})[n] for n, s in cands.items()}
     assert got == fresh
     assert (got["paper"] != got["requested"]) == (simulated == 2)
+
+
+@pytest.mark.parametrize("recomputes", [False, True])
+def test_finer_microbatch_counts_are_candidates_only_where_the_papers_count_recomputes(recomputes):
+    """On the deployed check (``judge.deployed``) the ``microbatch count`` decision lists ``requested`` and
+    ``double`` only where the paper's count recomputes (``deployed.recomputes``): a finer count buys memory;
+    elsewhere ``paper`` alone, whatever the draws would say."""
+    cost, base = _base()
+    judge, _ = fake_judge({("microbatch count", "double"): 0.9})
+    asked = []
+    judge.deployed = judge  # type: ignore[attr-defined]
+    judge.recomputes = lambda s: asked.append(s.options.get("microbatch_count", "paper")) or recomputes  # type: ignore[attr-defined]
+    d = _decisions(entrain_variant(base, REQ, cost, judge))["microbatch count"]
+    assert asked == ["paper"]
+    assert set(d.candidates) == ({"paper", "requested", "double"} if recomputes else {"paper"})
+    assert d.chosen == ("double" if recomputes else "paper")

@@ -153,9 +153,16 @@ def _decide_microbatch_count(setup: SystemSetup, judge: CandidateJudge, margin: 
     planner's recomputation, priced by Algorithm 2 at the requested microbatch size, can misprice a
     finer one. Measured on docvqa + OV-7B (a40-paper, 64 GPUs, DP 4, TP 2, one iteration): the plain
     check put ``double`` 3.5 % ahead (104410 vs 108234 ms), the run then took 85087 ms instead of
-    106910 ms, less recomputation on every rank."""
+    106910 ms, less recomputation on every rank. Only where the paper's count recomputes on the deployed
+    check (``deployed.recomputes``) are the other counts candidates: what a finer count buys is memory, and
+    without recomputation to save a count that wins on the draws by its fill and drain can lose on the
+    run's batches (chartqa + 1B: ``requested`` 0.5 % ahead on the draws, the run 1.4 % slower, 9425 ->
+    9558 ms)."""
     counts = {n: _with_options(setup, microbatch_count=n) for n in MICROBATCH_COUNTS}
     deployed = getattr(judge, "deployed", None)
+    recomputes = getattr(deployed, "recomputes", None)
+    if recomputes is not None and not recomputes(counts["paper"]):
+        counts = {"paper": counts["paper"]}  # nothing recomputed at K_eff: no memory for a finer count to buy
     return decide(MICROBATCH_COUNT, "paper", counts, judge if deployed is None else deployed, margin)[0]
 
 

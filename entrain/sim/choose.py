@@ -64,6 +64,29 @@ def _key(layout, options: dict) -> str:
     return repr((layout, sorted((k, v) for k, v in options.items() if v != _DEFAULTS.get(k, object()))))
 
 
+def _paper_count(seen: dict, setup: SystemSetup):
+    """For a ``requested`` microbatch count candidate, ``seen``'s entry of the same setup at the paper's
+    count (its second field: whether ``K_eff`` fell below the requested count), else None."""
+    if setup.options.get("microbatch_count") != "requested":
+        return None
+    return seen.get(_key(setup.layout, {**setup.options, "microbatch_count": "paper"}))
+
+
+def _twin_ms(seen: dict, setup: SystemSetup) -> float | None:
+    """The time of ``setup``'s twin in ``seen`` where the twin ran ``setup``'s plan (``TWINS``; the paper's
+    microbatch count where ``K_eff`` fell nowhere below the requested one), else None."""
+    for option, value, twin, same in TWINS:
+        if setup.options.get(option, _DEFAULTS[option]) != value:
+            continue
+        ms, plan_options, _ = seen.get(
+            _key(setup.layout, {**setup.options, option: twin}), (None, None, True)
+        )
+        if plan_options is not None and same(plan_options):
+            return ms
+    paper = _paper_count(seen, setup)
+    return paper[0] if paper is not None and not paper[2] else None
+
+
 def candidate_judge(
     sampler: Sampler,
     cost: CostModel,
@@ -91,27 +114,10 @@ def candidate_judge(
     deployed_seen: dict[str, tuple[float, bool, bool]] = {}
     splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
-    def twin_ms(setup: SystemSetup) -> float | None:
-        for option, value, twin, same in TWINS:
-            if setup.options.get(option, _DEFAULTS[option]) != value:
-                continue
-            ms, plan_options, _ = seen.get(
-                _key(setup.layout, {**setup.options, option: twin}), (None, None, True)
-            )
-            if plan_options is not None and same(plan_options):
-                return ms
-        if setup.options.get("microbatch_count") == "requested":  # K_eff nowhere below it: one plan
-            ms, _, below = seen.get(
-                _key(setup.layout, {**setup.options, "microbatch_count": "paper"}), (None, None, True)
-            )
-            if not below:
-                return ms
-        return None
-
     def simulate(setup: SystemSetup) -> float:
         key = _key(setup.layout, setup.options)
         if key not in seen:
-            reused = twin_ms(setup)
+            reused = _twin_ms(seen, setup)
             if reused is not None:
                 seen[key] = (reused, None, True)
             else:
@@ -129,8 +135,8 @@ def candidate_judge(
         for setup in candidates.values():
             key = _key(setup.layout, setup.options)
             if key not in deployed_seen:
-                paper = deployed_seen.get(_key(setup.layout, {**setup.options, "microbatch_count": "paper"}))
-                if setup.options.get("microbatch_count") == "requested" and paper and not paper[1]:
+                paper = _paper_count(deployed_seen, setup)
+                if paper is not None and not paper[1]:
                     deployed_seen[key] = paper  # K_eff nowhere below the requested count: one plan
                     continue
                 ms, _, below, recomputes = judged_ms(

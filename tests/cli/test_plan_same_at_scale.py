@@ -9,7 +9,9 @@ ms, shared-batch 3077 -> 3066); the chosen plan and every other number are the s
 chosen time); nothing else changed. Then the ``split`` decision (split backward off / on, off the
 paper's default) was added: on, 2391 ms against 3260 ms off; nothing else changed. Then the
 ``encoder_rebalance`` decision (off / on, 2391 ms each: off kept); nothing else changed. Then the
-``pair_order`` decision (paper / auto, 2391 ms each: paper kept); nothing else changed."""
+``pair_order`` decision (paper / auto, 2391 ms each: paper kept); nothing else changed. Then the
+``microbatch count`` decision (``paper`` alone: the plan recomputes nowhere, so no finer count is a
+candidate); nothing else changed."""
 
 from __future__ import annotations
 

@@ -64,9 +64,9 @@ def _key(layout, options: dict) -> str:
     return repr((layout, sorted((k, v) for k, v in options.items() if v != _DEFAULTS.get(k, object()))))
 
 
-def _paper_count(seen: dict, setup: SystemSetup):
-    """For a ``requested`` microbatch count candidate, ``seen``'s entry of the same setup at the paper's
-    count (its second field: whether ``K_eff`` fell below the requested count), else None."""
+def _paper_count(seen: dict, setup: SystemSetup) -> tuple | None:
+    """For a ``requested`` microbatch count candidate, ``seen``'s ``judged_ms`` entry of the same setup at
+    the paper's count, else None."""
     if setup.options.get("microbatch_count") != "requested":
         return None
     return seen.get(_key(setup.layout, {**setup.options, "microbatch_count": "paper"}))
@@ -78,13 +78,15 @@ def _twin_ms(seen: dict, setup: SystemSetup) -> float | None:
     for option, value, twin, same in TWINS:
         if setup.options.get(option, _DEFAULTS[option]) != value:
             continue
-        ms, plan_options, _ = seen.get(
-            _key(setup.layout, {**setup.options, option: twin}), (None, None, True)
-        )
+        ms, plan_options, _, _ = seen.get(_key(setup.layout, {**setup.options, option: twin}), _UNKNOWN)
         if plan_options is not None and same(plan_options):
             return ms
     paper = _paper_count(seen, setup)
-    return paper[0] if paper is not None and not paper[2] else None
+    return paper[0] if paper is not None and not paper[2] else None  # K_eff nowhere below it: one plan
+
+
+_UNKNOWN = (None, None, True, True)
+"""A cache entry whose plan the judge did not see (a reused twin time): no twin of it is reused."""
 
 
 def candidate_judge(
@@ -110,8 +112,8 @@ def candidate_judge(
     (``planning.extensions``, ``CLOSE_CALLS``) and for the layout, whose candidates differ in what each
     rank holds (``extensions._entrain_layout``)."""
     draws: list[Sequence[SampleWork]] = []
-    seen: dict[str, tuple[float, dict | None, bool]] = {}
-    deployed_seen: dict[str, tuple[float, bool, bool]] = {}
+    seen: dict[str, tuple] = {}  # judged_ms's tuple per candidate, plain check
+    deployed_seen: dict[str, tuple] = {}  # the same, deployed check
     splits: dict[str, tuple] = {}  # the heaviest replicas of the draws' DP split, per layout
 
     def simulate(setup: SystemSetup) -> float:
@@ -119,9 +121,9 @@ def candidate_judge(
         if key not in seen:
             reused = _twin_ms(seen, setup)
             if reused is not None:
-                seen[key] = (reused, None, True)
+                seen[key] = (reused, *_UNKNOWN[1:])
             else:
-                seen[key] = judged_ms(setup, draws, cost, replicas, splits=splits)[:3]
+                seen[key] = judged_ms(setup, draws, cost, replicas, splits=splits)
         return seen[key][0]
 
     def judge(candidates: dict[str, SystemSetup]) -> dict[str, float]:
@@ -136,18 +138,17 @@ def candidate_judge(
             key = _key(setup.layout, setup.options)
             if key not in deployed_seen:
                 paper = _paper_count(deployed_seen, setup)
-                if paper is not None and not paper[1]:
+                if paper is not None and not paper[2]:
                     deployed_seen[key] = paper  # K_eff nowhere below the requested count: one plan
                     continue
-                ms, _, below, recomputes = judged_ms(
+                deployed_seen[key] = judged_ms(
                     setup, draws, cost, replicas, splits=splits, deployed=True, margin=req.margin
                 )
-                deployed_seen[key] = (ms, below, recomputes)
         return {name: deployed_seen[_key(s.layout, s.options)][0] for name, s in candidates.items()}
 
     def recomputes(setup: SystemSetup) -> bool:
         deployed({"setup": setup})
-        return deployed_seen[_key(setup.layout, setup.options)][2]
+        return deployed_seen[_key(setup.layout, setup.options)][3]
 
     deployed.recomputes = recomputes  # type: ignore[attr-defined]
     judge.deployed = deployed  # type: ignore[attr-defined]

@@ -38,7 +38,9 @@ __all__ = [
 
 _FLOOR_RTOL = 1e-9
 
-MICROBATCH_COUNTS = ("paper", "requested", "double")
+_PER_REQUESTED = {"requested": 1, "double": 2}
+"""Microbatches per requested one, for the rules other than the paper's."""
+MICROBATCH_COUNTS = ("paper", *_PER_REQUESTED)
 """How many encoder microbatches a replica gets (``microbatch_count``; ``ScheduleOptions.microbatch_count``)."""
 
 
@@ -64,9 +66,8 @@ def microbatch_count(encoder_work: Sequence[float], num_microbatches: int, rule:
     little or none (the memory check tries both for Entrain, ``sim.memory_fit``)."""
     if rule not in MICROBATCH_COUNTS:
         raise ValueError(f"microbatch count rule {rule!r}; choose from {', '.join(MICROBATCH_COUNTS)}")
-    if rule in ("requested", "double"):
-        wanted = num_microbatches * (2 if rule == "double" else 1)
-        return max(1, min(wanted, len(encoder_work)))
+    if rule in _PER_REQUESTED:
+        return max(1, min(num_microbatches * _PER_REQUESTED[rule], len(encoder_work)))
     return effective_num_microbatches(encoder_work, num_microbatches)
 
 

@@ -76,9 +76,9 @@ def entrain_variant(
 
 
 MICROBATCH_COUNT = "microbatch count"
-"""The decision between ``ScheduleOptions.microbatch_count``'s rules (``"paper"``: ``K_eff``;
-``"requested"``), on the one-encoder path (``_decide_options``) and the N-encoder one
-(``entrain.sim.encoders_run.fit_entrain``)."""
+"""The decision between ``ScheduleOptions.microbatch_count``'s rules: on the one-encoder path every one
+of ``MICROBATCH_COUNTS`` (``_decide_microbatch_count``), on the N-encoder one ``"paper"`` (``K_eff``) or
+``"requested"`` (``entrain.sim.encoders_run.fit_entrain``)."""
 
 DECISIONS = (
     "config", "layout", MICROBATCH_COUNT, "assignment", "dp_split", "ramp", "split", "backward_order", "pair_order",

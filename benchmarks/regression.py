@@ -22,7 +22,8 @@ makes Entrain look better, so it fails too (exit 2 tells it apart): either the s
 or it is intended and the baseline is rewritten (``--rebaseline``, alias ``--update``) in a commit of
 its own that says why: it is refused while tracked files other than the baseline's differ from HEAD,
 prints every row that moves (any change, within the tolerance too) and writes them into the proposed
-commit message (``benchmarks/results/REBASELINE_MSG.txt``).
+commit message (``benchmarks/results/REBASELINE_MSG.txt``); the report (``--out``) is then re-rendered
+against the new baseline, to be committed after the baseline's own commit.
 
 Every run also lists the results files older than the code they measure (``stale_results``: a file
 whose ``Source: commit X`` line, or JSON ``commit``, is older than a commit to ``entrain/core`` or
@@ -477,6 +478,16 @@ def _print_rows(rows: list[dict]) -> None:
               f"{_ms(r['current_ms']):>10}  ({ratio})")  # fmt: skip
 
 
+def _rerender(args, run: dict, log) -> int:
+    """The report compared with the baseline just written (a report against the old one would say rows
+    moved that the baseline now holds); it lands in a commit after the baseline's own."""
+    base = load_baseline(args.baseline)
+    rows = compare(base, run)
+    args.out.write_text(render(base, run, rows, exit_status(rows), args.note or run.get("note", "")))
+    log(f"regression: re-rendered {args.out} against the new baseline; commit it after the baseline")
+    return 0
+
+
 def main(argv_: list[str] | None = None) -> int:
     args = _parser().parse_args(argv_)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
@@ -486,7 +497,8 @@ def main(argv_: list[str] | None = None) -> int:
     else:  # the first recording
         base = {"settings": _settings(ITERATIONS, SEED), "commit": "none", "cases": {}}
     if args.rebaseline and args.from_run:
-        return rebaseline(args.baseline, base, complete_run(load_baseline(args.from_run)), args.why, log)
+        run = complete_run(load_baseline(args.from_run))
+        return rebaseline(args.baseline, base, run, args.why, log) or _rerender(args, run, log)
     settings = base["settings"]
     every = cases(settings["iterations"], settings["seed"])
     unknown = [k for k in args.case or () if k not in every]
@@ -502,7 +514,7 @@ def main(argv_: list[str] | None = None) -> int:
         current = {"settings": settings, **run_all(selected, log), "stale_results": stale_results(),
                    "command": command, "note": args.note}  # fmt: skip
     if args.rebaseline:
-        return rebaseline(args.baseline, base, current, args.why, log)
+        return rebaseline(args.baseline, base, current, args.why, log) or _rerender(args, current, log)
     rows = compare(base, current)
     status = exit_status(rows)
     args.out.write_text(render(base, current, rows, status, args.note or current.get("note", "")))

@@ -5,6 +5,7 @@ code). The full regression is never run here."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 from pathlib import Path
@@ -96,3 +97,18 @@ def test_it_refuses_a_run_older_than_the_code_or_on_a_dirty_tree(regression, rep
         assert _rebaseline(regression, repo, _run(commit, entrain=(1.0, True))) == 3
         assert why in capsys.readouterr().out
     assert json.loads((repo / BASELINE).read_text()) == OLD
+
+
+def test_the_report_is_re_rendered_against_the_new_baseline(regression, repo, capsys):
+    """After a rebaseline the report compares the run with the baseline it became: every row ok, none
+    "faster" (a report left compared with the old baseline disagrees with its own JSON)."""
+    head = _git(repo, "rev-parse", "--short", "HEAD")
+    new = _run(head, entrain=(990.0, True), disttrain=(1200.0, True), dip=(1500.0, False))
+    new["settings"] = OLD["settings"] = regression._settings(1, 0)
+    assert _rebaseline(regression, repo, new) == 0
+    out = repo / "benchmarks" / "results" / "regression.md"
+    args = argparse.Namespace(baseline=repo / BASELINE, out=out, note="")
+    assert regression._rerender(args, new, print) == 0
+    report = out.read_text()
+    assert "PASS" in report and "faster" not in report
+    assert "| c/1B | entrain | 990.0 | 990.0 | 1.0000 | ok |" in report

@@ -218,6 +218,13 @@ def _short(e: Exception) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
+CONVERT_THREADS = 1
+"""Threads of FFmpeg's pixel-format and audio-rate converters (``to_ndarray``, ``AudioResampler``). Left at
+FFmpeg's choice (0: one per core), PyAV 18.1.1 keeps the converter's threads alive after the frames and
+the container are gone (a cached converter; the audio filter graph until a garbage collection), and a
+process forked after a decode (a DataLoader worker, a forked rank) can deadlock on a lock one of them
+held. One thread converts the same pixels (``tests/data/test_video_threads.py``)."""
+
 PROBED_IN_SHARDS = 1024
 _probed: dict[tuple, VideoInfo] = {}
 """``probe_video`` of videos inside shards, by location and the shard's state (at most
@@ -308,13 +315,14 @@ def _decode(src: Source) -> VideoInfo:
             raise VideoFileError(
                 str(src), "truncated", f"decoding stopped after {count} frame(s): {_short(e)}"
             ) from None
+        audio_problem = track and track.problem()  # reads the stream: PyAV 18.1.1 refuses once it is closed
     if count == 0:
         raise VideoFileError(str(src), "no frames", f"its stream declares {declared}")
     if declared and count < declared:
         raise VideoFileError(str(src), "truncated", f"{count} of the {declared} frames its stream declares")
     if fps <= 0:
         raise VideoFileError(str(src), "undecodable", "no frame rate")
-    return VideoInfo(count, fps, size[0], size[1], track is not None, track and track.problem())
+    return VideoInfo(count, fps, size[0], size[1], track is not None, audio_problem)
 
 
 def sample_indices(total: int, video_fps: float, s: VideoSettings = DEFAULT_SETTINGS) -> list[int]:
@@ -408,7 +416,7 @@ def read_frames(path: str | os.PathLike | ImageRef, indices: Sequence[int]) -> n
             if i > last:
                 break
             if i in wanted:
-                frames[i] = frame.to_ndarray(format="rgb24")
+                frames[i] = frame.to_ndarray(format="rgb24", threads=CONVERT_THREADS)
     missing = [i for i in indices if i not in frames]
     if missing:
         raise VideoFileError(path, "truncated", f"frame {missing[0]} could not be decoded")
@@ -484,7 +492,7 @@ def audio_track(path: str | os.PathLike | ImageRef, rate: int = 16_000) -> np.nd
     with _open(path) as container:
         if not container.streams.audio:
             raise VideoFileError(path, "no audio track", f"the record asks for it ({AUDIO_IN_VIDEO_FIELD})")
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate, threads=CONVERT_THREADS)
         parts = []
         try:
             for frame in container.decode(container.streams.audio[0]):

@@ -478,12 +478,18 @@ def _print_rows(rows: list[dict]) -> None:
               f"{_ms(r['current_ms']):>10}  ({ratio})")  # fmt: skip
 
 
+def _write_report(args, base: dict, run: dict) -> tuple[list[dict], int]:
+    """``run`` compared with ``base``, rendered to ``--out``; the rows and the exit status."""
+    rows = compare(base, run)
+    status = exit_status(rows)
+    args.out.write_text(render(base, run, rows, status, args.note or run.get("note", "")))
+    return rows, status
+
+
 def _rerender(args, run: dict, log) -> int:
     """The report compared with the baseline just written (a report against the old one would say rows
     moved that the baseline now holds); it lands in a commit after the baseline's own."""
-    base = load_baseline(args.baseline)
-    rows = compare(base, run)
-    args.out.write_text(render(base, run, rows, exit_status(rows), args.note or run.get("note", "")))
+    _write_report(args, load_baseline(args.baseline), run)
     log(f"regression: re-rendered {args.out} against the new baseline; commit it after the baseline")
     return 0
 
@@ -515,9 +521,7 @@ def main(argv_: list[str] | None = None) -> int:
                    "command": command, "note": args.note}  # fmt: skip
     if args.rebaseline:
         return rebaseline(args.baseline, base, current, args.why, log) or _rerender(args, current, log)
-    rows = compare(base, current)
-    status = exit_status(rows)
-    args.out.write_text(render(base, current, rows, status, args.note or current.get("note", "")))
+    rows, status = _write_report(args, base, current)
     if not args.from_run:
         args.out.with_suffix(".json").write_text(json.dumps(current, indent=1) + "\n")
     _print_rows(rows)

@@ -19,6 +19,7 @@ from entrain.data.check import DEFAULT_MAX_TOKENS, check_dataset
 from entrain.data.processing import ProcessImages
 from entrain.data.tokenizer import load_tokenizer
 from entrain.models.families.registry import DEFAULT_FAMILY, family_of_source, get_family
+from entrain.models.families.token_check import check_vision_tokens
 
 
 def add_check_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -52,13 +53,15 @@ def image_processing(args: argparse.Namespace, rule: ImageTokenRule) -> ProcessI
 
 def _tokenizer(args: argparse.Namespace):
     """``--tokenizer``; else a ``--model-path`` checkpoint's own (its family's runtime tokenizer, the
-    one ``train`` uses); else the built-in Qwen2 tokenizer."""
-    if args.tokenizer is None and args.model_path is not None:
-        source = model_source_of(args)
-        tok = family_of_source(source).runtime_config(source)[1]
-        if tok is not None:
-            return tok
-    return load_tokenizer(args.tokenizer)
+    one ``train`` uses); else the built-in Qwen2 tokenizer. With ``--model-path`` the tokenizer must
+    write the checkpoint's vision tokens (``check_vision_tokens``, as ``train`` checks before launch)."""
+    if args.model_path is None:
+        return load_tokenizer(args.tokenizer)
+    source = model_source_of(args)
+    family = family_of_source(source)
+    cfg, tok = family.runtime_config(source)  # None: train remaps the built-in one's ids (map_token_id)
+    check_vision_tokens(family, cfg, tok)
+    return tok if tok is not None else load_tokenizer(None)
 
 
 def run_check(args: argparse.Namespace) -> int:

@@ -82,7 +82,8 @@ def check_resume(spec: RunConfig) -> None:
 def check_dataset_size(spec: RunConfig) -> None:
     """Refuse a file dataset with fewer usable samples than one global batch (plus the held-out
     validation batches), before any process starts. A LLaVA/Parquet file is screened for it (under
-    ``--on-bad-sample error`` a bad record stops here with the report)."""
+    ``--on-bad-sample error`` a bad record stops here with the report), after the checkpoint's tokenizer
+    is checked to write the model's vision tokens (``check_vision_tokens``)."""
     from entrain.data.generators import is_builtin
     from entrain.data.workload_io import (
         detect_format,
@@ -97,9 +98,12 @@ def check_dataset_size(spec: RunConfig) -> None:
     path = resolve_dataset_file(spec.data.dataset)
     fmt = detect_format(path)
     if fmt == "conversation":  # with the run's tokenizer: a record without a label token is bad
-        from entrain.runtime.model_source import model_config
+        from entrain.models.families.token_check import check_vision_tokens
+        from entrain.runtime.model_source import model_config, model_family
 
-        usable = len(screen(spec, None, tokenizer=model_config(spec)[1]).samples)
+        cfg, tokenizer = model_config(spec)
+        check_vision_tokens(model_family(spec), cfg, tokenizer)
+        usable = len(screen(spec, None, tokenizer=tokenizer).samples)
     elif fmt == "workload":
         metas = read_workload_jsonl(path)
         if metas and all(m.answer_tokens == 0 for m in metas):

@@ -28,6 +28,7 @@ from pathlib import Path
 from entrain.cli.argtypes import is_run_folder
 from entrain.cli.common import add_shared_flags
 from entrain.core.errors import ConfigError
+from entrain.models.families.export_dtype import DEFAULT_EXPORT_DTYPE, EXPORT_DTYPES
 
 EXPORT_INFO = "entrain_export.json"
 
@@ -39,6 +40,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (with checkpoints/)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--step", type=int, default=None, help="export this step's checkpoint (default: newest)")
+    p.add_argument(
+        "--dtype",
+        choices=EXPORT_DTYPES,
+        default=DEFAULT_EXPORT_DTYPE,
+        help="the weights' dtype (default float32: the trained master weights as they are; bfloat16 "
+        "halves the files and is what published checkpoints ship)",
+    )
     add_shared_flags(p, "export", "json", "overwrite")
     p.set_defaults(func=run)
 
@@ -136,12 +144,18 @@ def _staged(out: str):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def export(run_dir: str, out: str, step: int | None = None, overwrite: bool = False) -> dict:
-    """Write the HF folders into ``out`` whole (through a temporary folder); returns the summary
-    (also written as ``entrain_export.json``)."""
+def export(
+    run_dir: str,
+    out: str,
+    step: int | None = None,
+    overwrite: bool = False,
+    dtype: str = DEFAULT_EXPORT_DTYPE,
+) -> dict:
+    """Write the HF folders into ``out`` whole (through a temporary folder), the weights in ``dtype``
+    (``export_dtype.cast_export``); returns the summary (also written as ``entrain_export.json``)."""
     check_out(run_dir, out, overwrite)
     with _staged(out) as tmp:
-        info = _export_into(run_dir, str(tmp), step)
+        info = _export_into(run_dir, str(tmp), step, dtype)
         info = _relocated(info, str(tmp), str(out))
         Path(tmp, EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n")
     return info
@@ -157,9 +171,10 @@ def _relocated(info: dict, tmp: str, out: str) -> dict:
     return {**info, **paths, "out": out, "files": [moved(f) for f in info["files"]]}
 
 
-def _export_into(run_dir: str, out: str, step: int | None = None) -> dict:
-    """Write the run's model family's Hugging Face folder(s) into ``out`` (``ModelFamily.export``);
-    returns the summary (also written as ``entrain_export.json``)."""
+def _export_into(run_dir: str, out: str, step: int | None = None, dtype: str = DEFAULT_EXPORT_DTYPE) -> dict:
+    """Write the run's model family's Hugging Face folder(s) into ``out`` (``ModelFamily.export``),
+    the weights in ``dtype``; returns the summary (also written as ``entrain_export.json``)."""
+    from entrain.models.families.export_dtype import cast_export
     from entrain.models.families.registry import family_of_manifest
 
     manifest, params = _choose(run_dir, step)
@@ -168,7 +183,8 @@ def _export_into(run_dir: str, out: str, step: int | None = None) -> dict:
         fields = family_of_manifest(manifest).export(manifest, params, out)
     except ConfigError as e:
         raise ConfigError(f"{run_dir}: {e}") from None
-    return _write_info(run_dir, out, manifest, params, fields)
+    cast_export(out, dtype)
+    return _write_info(run_dir, out, manifest, params, {**fields, "dtype": dtype})
 
 
 def check_base_unchanged(run_dir: str, manifest: dict) -> None:
@@ -204,7 +220,7 @@ def _write_info(run_dir: str, out: str, manifest: dict, params: dict, fields: di
 
 
 def run(args: argparse.Namespace) -> int:
-    info = export(args.run_dir, args.out, args.step, overwrite=args.overwrite)
+    info = export(args.run_dir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype)
     if args.json:
         from entrain.cli.common import emit_json
 

@@ -72,3 +72,32 @@ def test_export_reloads_with_transformers_and_gives_the_trained_logits(run_dir, 
 def test_export_refuses_a_folder_without_checkpoints(tmp_path, capsys):
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "no checkpoints found" in capsys.readouterr().err
+
+
+def test_export_in_bfloat16_is_the_float32_export_rounded(run_dir, tmp_path, capsys):
+    """``--dtype bfloat16``: every floating tensor of every folder is the float32 export's rounded to
+    bfloat16 (the same names), each ``config.json`` says so, transformers loads it as bfloat16 with
+    ``dtype="auto"``, and the JSON (schema-valid) records the dtype."""
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    full, half = tmp_path / "fp32", tmp_path / "bf16"
+    assert main(["export", str(run_dir), "--out", str(full)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--out", str(half), "--dtype", "bfloat16", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    schema = json.loads(resources.files("entrain").joinpath("schemas/export.json").read_text())
+    jsonschema.validate(info, schema)
+    assert info["dtype"] == "bfloat16"
+    assert json.loads((full / "entrain_export.json").read_text())["dtype"] == "float32"
+    for folder in ("vision", "llm"):
+        ref, got = (
+            load_file(full / folder / "model.safetensors"),
+            load_file(half / folder / "model.safetensors"),
+        )
+        assert set(got) == set(ref)
+        for name, t in ref.items():
+            assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], t.to(torch.bfloat16)), name
+        assert json.loads((half / folder / "config.json").read_text())["dtype"] == "bfloat16"
+    llm = LlamaForCausalLM.from_pretrained(half / "llm", dtype="auto")
+    assert {p.dtype for p in llm.parameters()} == {torch.bfloat16}

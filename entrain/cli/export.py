@@ -183,8 +183,10 @@ def _export_into(run_dir: str, out: str, step: int | None = None, dtype: str = D
         fields = family_of_manifest(manifest).export(manifest, params, out)
     except ConfigError as e:
         raise ConfigError(f"{run_dir}: {e}") from None
+    num_parameters = sum(v.numel() for v in params.values())
+    del params  # the trained float32 tensors are written: not held while the files are cast
     cast_export(out, dtype)
-    return _write_info(run_dir, out, manifest, params, {**fields, "dtype": dtype})
+    return _write_info(run_dir, out, manifest, num_parameters, {**fields, "dtype": dtype})
 
 
 def check_base_unchanged(run_dir: str, manifest: dict) -> None:
@@ -202,7 +204,7 @@ def check_base_unchanged(run_dir: str, manifest: dict) -> None:
     check_base_content(saved, now, f"{run_dir}: trained from", "exporting it")
 
 
-def _write_info(run_dir: str, out: str, manifest: dict, params: dict, fields: dict) -> dict:
+def _write_info(run_dir: str, out: str, manifest: dict, num_parameters: int, fields: dict) -> dict:
     """The export summary (the family's ``fields``: folders, ``image_token_id``, ``files``), also
     written as ``entrain_export.json``."""
     info = {
@@ -212,7 +214,7 @@ def _write_info(run_dir: str, out: str, manifest: dict, params: dict, fields: di
         "system": manifest.get("system"),
         "out": str(out),
         **{k: v for k, v in fields.items() if k != "files"},
-        "num_parameters": sum(v.numel() for v in params.values()),
+        "num_parameters": num_parameters,
         "files": fields["files"],
     }
     Path(out, EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n")
